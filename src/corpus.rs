@@ -1,0 +1,116 @@
+//! Corpus input: `.txt` files (one document per file), `.jsonl`, `.jsonl.gz` and `.jsonl.zst`
+//! (one document per line, its `text` field; the other fields are kept as the document's
+//! metadata, as infini-gram's indexer does), directories walked recursively in sorted order.
+
+use crate::error::{Error, Result};
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+
+/// One document: its text and a JSON metadata line.
+pub struct Doc {
+    /// The text.
+    pub text: String,
+    /// Metadata as one line of JSON.
+    pub meta: String,
+}
+
+/// How a file is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Text,
+    Jsonl,
+    JsonlGz,
+    JsonlZst,
+}
+
+fn kind_of(path: &Path) -> Kind {
+    let name = path.file_name().map(|n| n.to_string_lossy().to_lowercase()).unwrap_or_default();
+    if name.ends_with(".jsonl.gz") || name.ends_with(".json.gz") {
+        Kind::JsonlGz
+    } else if name.ends_with(".jsonl.zst") || name.ends_with(".json.zst") {
+        Kind::JsonlZst
+    } else if name.ends_with(".jsonl") {
+        Kind::Jsonl
+    } else {
+        Kind::Text
+    }
+}
+
+/// Expands inputs (files and directories) into the list of files, sorted within directories.
+pub fn list_files(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for input in inputs {
+        if input.is_dir() {
+            for entry in walkdir::WalkDir::new(input).sort_by_file_name() {
+                let entry = entry.map_err(|e| Error::input(format!("{}: {e}", input.display())))?;
+                if entry.file_type().is_file() {
+                    files.push(entry.into_path());
+                }
+            }
+        } else if input.is_file() {
+            files.push(input.clone());
+        } else {
+            return Err(Error::input(format!(
+                "{}: no such file or directory",
+                input.display()
+            )));
+        }
+    }
+    Ok(files)
+}
+
+/// Total size in bytes of `files` on disk (for progress).
+pub fn total_bytes(files: &[PathBuf]) -> u64 {
+    files.iter().filter_map(|f| f.metadata().ok()).map(|m| m.len()).sum()
+}
+
+/// Reads every document of `files` in order, calling `f(doc, bytes_read)`.
+pub fn for_each_doc(
+    files: &[PathBuf],
+    root_of: impl Fn(&Path) -> String,
+    mut f: impl FnMut(Doc, u64) -> Result<()>,
+) -> Result<()> {
+    for path in files {
+        let kind = kind_of(path);
+        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        if kind == Kind::Text {
+            let mut bytes = Vec::new();
+            BufReader::new(file).read_to_end(&mut bytes).map_err(|e| Error::io(path, e))?;
+            let n = bytes.len() as u64;
+            let text = match String::from_utf8(bytes) {
+                Ok(s) => s,
+                Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+            };
+            let meta = serde_json::json!({ "path": root_of(path) }).to_string();
+            f(Doc { text, meta }, n)?;
+            continue;
+        }
+        let reader: Box<dyn Read> = match kind {
+            Kind::JsonlGz => Box::new(flate2::read::MultiGzDecoder::new(file)),
+            Kind::JsonlZst => Box::new(zstd::Decoder::new(file).map_err(|e| Error::io(path, e))?),
+            _ => Box::new(file),
+        };
+        for (lineno, line) in BufReader::with_capacity(1 << 20, reader).lines().enumerate() {
+            let line = line.map_err(|e| Error::io(path, e))?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let n = line.len() as u64 + 1;
+            let mut value: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&line)
+                .map_err(|e| Error::input(format!("{}:{}: not a JSON object ({e})", path.display(), lineno + 1)))?;
+            let text = match value.remove("text") {
+                Some(serde_json::Value::String(s)) => s,
+                _ => {
+                    return Err(Error::input(format!(
+                        "{}:{}: no string field \"text\"",
+                        path.display(),
+                        lineno + 1
+                    )))
+                }
+            };
+            let meta = serde_json::Value::Object(value).to_string();
+            f(Doc { text, meta }, n)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,87 @@
+//! The library's one error type. Every I/O or corruption error names the file it
+//! concerns and, where there is one, the action that fixes it.
+
+use std::path::PathBuf;
+
+/// Errors of the infgram library. The binary wraps them in `anyhow` and prints them with `{:#}`.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An operating-system error on a named file.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file of an index is damaged or incomplete.
+    #[error("{path}: index is corrupt: {what}; rebuild it with `infgram index`")]
+    Corrupt {
+        /// The damaged file.
+        path: PathBuf,
+        /// What is wrong with it.
+        what: String,
+    },
+    /// The index was written by another format version.
+    #[error("{path}: index format version {got}, this infgram reads version {expected}; rebuild it with `infgram index`")]
+    Version {
+        /// The header file.
+        path: PathBuf,
+        /// The version this build reads.
+        expected: u32,
+        /// The version found.
+        got: u32,
+    },
+    /// A query used a different tokenizer from the one the index was built with.
+    #[error("index built with tokenizer {index} (fingerprint {index_fp}), query uses {query} (fingerprint {query_fp}): pass --tokenizer matching the index, or rebuild the index")]
+    TokenizerMismatch {
+        /// Tokenizer named by the index.
+        index: String,
+        /// Its fingerprint.
+        index_fp: String,
+        /// Tokenizer of the query.
+        query: String,
+        /// Its fingerprint.
+        query_fp: String,
+    },
+    /// A tokenizer could not be loaded or used.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// Bad input from the user (a query, a corpus, an option).
+    #[error("{0}")]
+    Input(String),
+    /// A neural-model or tensor error.
+    #[error("model: {0}")]
+    Model(String),
+}
+
+/// Shorthand for results of this crate.
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    /// An I/O error on `path`.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+    /// A corruption error on `path`.
+    pub fn corrupt(path: impl Into<PathBuf>, what: impl Into<String>) -> Self {
+        Error::Corrupt {
+            path: path.into(),
+            what: what.into(),
+        }
+    }
+    /// A user-input error.
+    pub fn input(msg: impl Into<String>) -> Self {
+        Error::Input(msg.into())
+    }
+}
+
+impl From<candle_core::Error> for Error {
+    fn from(e: candle_core::Error) -> Self {
+        Error::Model(e.to_string())
+    }
+}

@@ -1,0 +1,227 @@
+//! The ∞-gram index: build ([`build`]), on-disk format ([`format`]), one shard ([`Shard`]),
+//! and the whole index ([`Index`]) with its queries ([`query`]).
+//!
+//! An [`Index`] is generic over the bytes of its files: [`Index::open`] memory-maps a directory
+//! (`Index<Mmap>`), [`Index::from_shards`] wraps freshly built bytes (`Index<Vec<u8>>`). The two
+//! answer every query identically; tests check that they do.
+
+pub mod build;
+pub mod format;
+pub mod pipeline;
+pub mod query;
+mod shard;
+
+pub use shard::{Range, Shard};
+
+use crate::error::{Error, Result};
+use crate::tokenizer::TokenizerSpec;
+use build::ShardBytes;
+use format::*;
+use memmap2::Mmap;
+use std::path::{Path, PathBuf};
+
+/// An index: a header and its shards.
+pub struct Index<S> {
+    header: Header,
+    shards: Vec<Shard<S>>,
+    dir: Option<PathBuf>,
+}
+
+/// Memory-maps `path` read-only.
+///
+/// # Safety
+/// The file must not be modified or truncated while the map lives: a write by another process
+/// would change answers, and a truncation would make reads fault (`SIGBUS`). infgram never writes
+/// to a finished index (builds happen in a temporary directory and are renamed into place).
+unsafe fn map_file(path: &Path) -> Result<Mmap> {
+    let f = std::fs::File::open(path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            Error::corrupt(path, "file missing; the shard is incomplete")
+        } else {
+            Error::io(path, e)
+        }
+    })?;
+    // SAFETY: forwarded to the caller (see the function's contract).
+    let map = unsafe { Mmap::map(&f) }.map_err(|e| Error::io(path, e))?;
+    #[cfg(unix)]
+    if let Err(e) = map.advise(memmap2::Advice::Random) {
+        eprintln!("warning: madvise on {}: {e}", path.display());
+    }
+    Ok(map)
+}
+
+impl Index<Mmap> {
+    /// Opens the index in `dir`: validates the header, the presence and size of every file,
+    /// and the checksums of the small files. [`Index::verify`] checks the large ones too.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let header = Header::read(dir)?;
+        let mut shards = Vec::with_capacity(header.shards.len());
+        for sh in &header.shards {
+            let sdir = dir.join(&sh.dir);
+            if !sdir.is_dir() {
+                return Err(Error::corrupt(
+                    &sdir,
+                    "shard directory missing; restore it or rebuild the index",
+                ));
+            }
+            let open = |name: &str| -> Result<Mmap> {
+                let path = sdir.join(name);
+                let info = sh
+                    .files
+                    .get(name)
+                    .ok_or_else(|| Error::corrupt(dir.join(HEADER_FILE), format!("no entry for {name}")))?;
+                // SAFETY: finished indexes are never written to (see `map_file`).
+                let map = unsafe { map_file(&path)? };
+                if map.len() as u64 != info.bytes {
+                    return Err(Error::corrupt(
+                        &path,
+                        format!("{} bytes, the header says {} (truncated or overwritten)", map.len(), info.bytes),
+                    ));
+                }
+                if info.bytes <= SMALL_FILE_LIMIT && crc32fast::hash(&map) != info.crc32 {
+                    return Err(Error::corrupt(&path, "checksum mismatch"));
+                }
+                Ok(map)
+            };
+            let w = header.token_width as usize;
+            let tokens = open("tokens.bin")?;
+            let sa = open("sa.bin")?;
+            let rsa = if sh.reverse { Some(open("rsa.bin")?) } else { None };
+            let docs = open("docs.bin")?;
+            let meta = (open("meta.jsonl")?, open("meta_offsets.bin")?);
+            let n = sh.tokens as usize;
+            let pw = sh.pointer_width as usize;
+            let sa_ok = |m: &Mmap| m.len() == n * pw + SA_PADDING;
+            if tokens.len() != n * w || !sa_ok(&sa) || rsa.as_ref().is_some_and(|r| !sa_ok(r)) {
+                return Err(Error::corrupt(&sdir, "file sizes disagree with the token count"));
+            }
+            if docs.len() != (sh.documents as usize + 1) * 8 {
+                return Err(Error::corrupt(sdir.join("docs.bin"), "size disagrees with the document count"));
+            }
+            shards.push(Shard::new(tokens, sa, rsa, docs, Some(meta), w, pw, header.separator));
+        }
+        Ok(Index {
+            header,
+            shards,
+            dir: Some(dir.to_path_buf()),
+        })
+    }
+
+    /// Checks the checksum of every file, large ones included (reads the whole index).
+    pub fn verify(&self) -> Result<()> {
+        let dir = self.dir.as_ref().expect("opened from a directory");
+        for sh in &self.header.shards {
+            for (name, info) in &sh.files {
+                let path = dir.join(&sh.dir).join(name);
+                let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+                if crc32fast::hash(&bytes) != info.crc32 {
+                    return Err(Error::corrupt(&path, "checksum mismatch"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Index<Vec<u8>> {
+    /// Builds an in-memory index of tokenized documents, `docs_per_shard` documents a shard.
+    pub fn from_docs(
+        tokenizer: TokenizerSpec,
+        docs: &[Vec<u32>],
+        docs_per_shard: usize,
+        reverse: bool,
+    ) -> Result<Self> {
+        let width = token_width_for_vocab(tokenizer.vocab_size);
+        let mut built = Vec::new();
+        for chunk in docs.chunks(docs_per_shard.max(1)) {
+            let mut w = build::ShardWriter::new(width);
+            for d in chunk {
+                w.push(d, "{}")?;
+            }
+            built.push(w.finish(tokenizer.vocab_size, reverse)?);
+        }
+        if built.is_empty() {
+            built.push(build::ShardWriter::new(width).finish(tokenizer.vocab_size, reverse)?);
+        }
+        Ok(Self::from_shards(tokenizer, width, built))
+    }
+
+    /// Wraps shards built in memory (tests, small corpora).
+    pub fn from_shards(tokenizer: TokenizerSpec, width: u8, built: Vec<ShardBytes>) -> Self {
+        let sep = separator_for_width(width);
+        let mut header = Header {
+            magic: MAGIC.into(),
+            format_version: FORMAT_VERSION,
+            byte_order: "little".into(),
+            tokenizer,
+            token_width: width,
+            separator: sep,
+            total_tokens: 0,
+            total_documents: 0,
+            shards: Vec::new(),
+            created_by: concat!("infgram ", env!("CARGO_PKG_VERSION")).into(),
+            header_crc32: 0,
+        };
+        let mut shards = Vec::new();
+        for (i, b) in built.into_iter().enumerate() {
+            let n = b.tokens.len() / width as usize;
+            header.total_tokens += n as u64 - b.documents;
+            header.total_documents += b.documents;
+            header.shards.push(ShardHeader {
+                dir: format!("shard-{i:04}"),
+                tokens: n as u64,
+                documents: b.documents,
+                pointer_width: b.pointer_width,
+                reverse: b.rsa.is_some(),
+                files: Default::default(),
+            });
+            shards.push(Shard::new(
+                b.tokens,
+                b.sa,
+                b.rsa,
+                b.docs,
+                Some((b.meta, b.meta_offsets)),
+                width as usize,
+                b.pointer_width as usize,
+                sep,
+            ));
+        }
+        header.seal();
+        Index {
+            header,
+            shards,
+            dir: None,
+        }
+    }
+}
+
+impl<S: AsRef<[u8]> + Sync> Index<S> {
+    /// The header.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+    /// The shards.
+    pub fn shards(&self) -> &[Shard<S>] {
+        &self.shards
+    }
+    /// The directory the index was opened from.
+    pub fn dir(&self) -> Option<&Path> {
+        self.dir.as_deref()
+    }
+    /// Corpus tokens, separators excluded.
+    pub fn total_tokens(&self) -> u64 {
+        self.header.total_tokens
+    }
+    /// The document separator id.
+    pub fn separator(&self) -> u32 {
+        self.header.separator
+    }
+    /// Vocabulary size of the index's tokenizer.
+    pub fn vocab_size(&self) -> usize {
+        self.header.tokenizer.vocab_size
+    }
+    /// Whether every shard has the reversed suffix array.
+    pub fn has_reverse(&self) -> bool {
+        self.shards.iter().all(|s| s.has_reverse())
+    }
+}

@@ -1,0 +1,199 @@
+//! `infgram index`: reads a corpus, tokenizes it in parallel, cuts it into shards that fit the
+//! memory budget, builds each shard and writes the index atomically (see [`super::build`]).
+
+use super::build::{write_shard, ShardWriter, TempIndexDir};
+use super::format::*;
+use crate::corpus;
+use crate::error::{Error, Result};
+use crate::tokenizer::Tokenizer;
+use rayon::prelude::*;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Options of a build.
+#[derive(Clone, Debug)]
+pub struct BuildOptions {
+    /// Memory budget in bytes; a shard is cut when its build would exceed it.
+    pub mem_bytes: u64,
+    /// Also build the reversed suffix array (fast ∞-gram and SBIS queries; +pointer bytes/token).
+    pub reverse: bool,
+    /// Replace an existing index.
+    pub overwrite: bool,
+    /// Show a progress bar (on a terminal).
+    pub progress: bool,
+}
+
+impl Default for BuildOptions {
+    fn default() -> Self {
+        BuildOptions {
+            mem_bytes: default_mem_bytes(),
+            reverse: true,
+            overwrite: false,
+            progress: true,
+        }
+    }
+}
+
+/// Half of the memory available now (from /proc/meminfo), at least 1 GiB; 4 GiB if unknown.
+pub fn default_mem_bytes() -> u64 {
+    let avail = std::fs::read_to_string("/proc/meminfo").ok().and_then(|s| {
+        s.lines()
+            .find(|l| l.starts_with("MemAvailable:"))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+    });
+    avail.map_or(4 << 30, |kb| (kb * 1024 / 2).max(1 << 30))
+}
+
+/// Peak resident memory of this process in bytes (VmHWM), if known.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let l = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    Some(l.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+}
+
+/// What a build did.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct BuildSummary {
+    /// Corpus tokens (separators excluded).
+    pub tokens: u64,
+    /// Documents.
+    pub documents: u64,
+    /// Shards.
+    pub shards: usize,
+    /// Bytes of all index files.
+    pub disk_bytes: u64,
+    /// Disk bytes per corpus token.
+    pub bytes_per_token: f64,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+    /// Peak resident memory of the process.
+    pub peak_rss_bytes: Option<u64>,
+}
+
+/// Largest shard (in tokens) whose build fits `mem` bytes.
+fn shard_capacity(mem: u64, width: u8, reverse: bool) -> usize {
+    // Tokens + a converted copy for 2/4-byte alphabets (or the reversed copy) + 32-bit SA
+    // under construction + packed pointers of both arrays.
+    let w = width as u64;
+    let per_token = w + if width == 1 { w } else { 4 } + 4 + if reverse { 8 } else { 4 };
+    ((mem / per_token) as usize).max(1 << 16)
+}
+
+/// Builds an index of `inputs` into `out`.
+pub fn build_index(
+    inputs: &[PathBuf],
+    out: &Path,
+    tokenizer: &dyn Tokenizer,
+    opts: &BuildOptions,
+) -> Result<BuildSummary> {
+    let t0 = Instant::now();
+    let files = corpus::list_files(inputs)?;
+    if files.is_empty() {
+        return Err(Error::input("no input files: pass .txt, .jsonl[.gz|.zst] files or directories"));
+    }
+    let total_in = corpus::total_bytes(&files);
+    let width = token_width_for_vocab(tokenizer.vocab_size());
+    let cap = shard_capacity(opts.mem_bytes, width, opts.reverse);
+    let tmp = TempIndexDir::create(out, opts.overwrite)?;
+    let bar = progress_bar(total_in, opts.progress);
+
+    let mut header = Header {
+        magic: MAGIC.into(),
+        format_version: FORMAT_VERSION,
+        byte_order: "little".into(),
+        tokenizer: tokenizer.spec(),
+        token_width: width,
+        separator: separator_for_width(width),
+        total_tokens: 0,
+        total_documents: 0,
+        shards: Vec::new(),
+        created_by: concat!("infgram ", env!("CARGO_PKG_VERSION")).into(),
+        header_crc32: 0,
+    };
+    let mut writer = ShardWriter::new(width);
+    let mut batch: Vec<corpus::Doc> = Vec::new();
+    let mut batch_bytes = 0usize;
+    let vocab = tokenizer.vocab_size();
+
+    let flush_shard = |writer: ShardWriter, header: &mut Header| -> Result<()> {
+        let name = format!("shard-{:04}", header.shards.len());
+        bar.set_message(format!("sorting suffixes of {name}"));
+        let bytes = writer.finish(vocab, opts.reverse)?;
+        let sh = write_shard(tmp.path(), &name, &bytes, opts.reverse)?;
+        header.total_tokens += sh.tokens - sh.documents;
+        header.total_documents += sh.documents;
+        header.shards.push(sh);
+        bar.set_message("tokenizing");
+        Ok(())
+    };
+    let tokenize_batch = |batch: &mut Vec<corpus::Doc>, writer: &mut ShardWriter, header: &mut Header| -> Result<()> {
+        let encoded: Vec<Result<Vec<u32>>> = batch.par_iter().map(|d| tokenizer.encode(&d.text)).collect();
+        for (doc, ids) in batch.drain(..).zip(encoded) {
+            let ids = ids?;
+            if writer.len() + ids.len() + 1 > cap && !writer.is_empty() {
+                let full = std::mem::replace(writer, ShardWriter::new(width));
+                flush_shard(full, header)?;
+            }
+            writer.push(&ids, &doc.meta)?;
+        }
+        Ok(())
+    };
+    let roots: Vec<PathBuf> = inputs.to_vec();
+    let rel = |p: &Path| -> String {
+        for r in &roots {
+            if let Ok(x) = p.strip_prefix(r) {
+                if !x.as_os_str().is_empty() {
+                    return x.display().to_string();
+                }
+            }
+        }
+        p.display().to_string()
+    };
+    corpus::for_each_doc(&files, rel, |doc, n| {
+        bar.inc(n);
+        batch_bytes += doc.text.len();
+        batch.push(doc);
+        if batch_bytes > 8 << 20 || batch.len() >= 4096 {
+            tokenize_batch(&mut batch, &mut writer, &mut header)?;
+            batch_bytes = 0;
+        }
+        Ok(())
+    })?;
+    tokenize_batch(&mut batch, &mut writer, &mut header)?;
+    if !writer.is_empty() || header.shards.is_empty() {
+        flush_shard(writer, &mut header)?;
+    }
+    header.seal();
+    header.write(tmp.path())?;
+    let disk_bytes: u64 = header
+        .shards
+        .iter()
+        .flat_map(|s| s.files.values().map(|f| f.bytes))
+        .sum();
+    tmp.commit()?;
+    bar.finish_and_clear();
+    Ok(BuildSummary {
+        tokens: header.total_tokens,
+        documents: header.total_documents,
+        shards: header.shards.len(),
+        disk_bytes,
+        bytes_per_token: disk_bytes as f64 / header.total_tokens.max(1) as f64,
+        seconds: t0.elapsed().as_secs_f64(),
+        peak_rss_bytes: peak_rss_bytes(),
+    })
+}
+
+fn progress_bar(total: u64, show: bool) -> indicatif::ProgressBar {
+    if !show {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::with_draw_target(Some(total), indicatif::ProgressDrawTarget::stderr());
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:30} {bytes}/{total_bytes} ({bytes_per_sec}) {msg}",
+        )
+        .expect("valid template"),
+    );
+    bar.set_message("tokenizing");
+    bar
+}

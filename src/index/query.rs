@@ -1,0 +1,532 @@
+//! The infini-gram query types on an [`Index`]: `count`, `prob`, `ntd`, `infgram_prob`,
+//! `infgram_ntd`, `find`, documents by rank or pointer, `search_docs` (CNF) and
+//! `longest_match`. Field names of the result types follow the infini-gram Python package.
+//!
+//! Semantics, for a corpus of documents each followed by a separator:
+//! * `count(q)`: occurrences of `q`; `count([])` is the number of corpus tokens.
+//! * `prob(p, c)`: `count(p·c) / count(p)` (no backoff; `prob` is -1 when `count(p)` is 0).
+//! * `ntd(p)`: for every token `x` that follows an occurrence of `p`, `count(p·x)`; the
+//!   denominator `prompt_cnt` counts the occurrences of `p` followed by a token (occurrences at
+//!   a document's end have no next token).
+//! * `infgram_*`: the same on the longest suffix of the prompt that has a next token somewhere
+//!   (`suffix_len` tokens long; 0 means the unigram distribution).
+
+use super::{Index, Range, Shard};
+use crate::error::{Error, Result};
+use rayon::prelude::*;
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+
+/// Reversed-suffix-array ranges up to this size are scanned instead of searched.
+const SCAN_LIMIT: usize = 64;
+
+/// Occurrences of a context in one shard, as a range of the forward or of the reversed suffix
+/// array (the reversed one when the context was extended to the left).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Occ {
+    /// A range of `SA`.
+    Fwd(Range),
+    /// A range of `RSA`.
+    Rev(Range),
+}
+
+impl Occ {
+    /// Number of occurrences.
+    pub fn len(&self) -> usize {
+        let (Occ::Fwd((a, b)) | Occ::Rev((a, b))) = *self;
+        b - a
+    }
+    /// Whether there is none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// `{cont_cnt, prob}` of one next token.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TokenProb {
+    /// Occurrences of prompt·token.
+    pub cont_cnt: u64,
+    /// `cont_cnt / prompt_cnt`.
+    pub prob: f64,
+}
+
+/// Result of `count`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CountResult {
+    /// Occurrences.
+    pub count: u64,
+    /// Always false: counts are exact.
+    pub approx: bool,
+}
+
+/// Result of `prob` and `infgram_prob`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ProbResult {
+    /// Occurrences of the (suffix of the) prompt.
+    pub prompt_cnt: u64,
+    /// Occurrences of it followed by the continuation.
+    pub cont_cnt: u64,
+    /// `cont_cnt / prompt_cnt`, or -1 when `prompt_cnt` is 0.
+    pub prob: f64,
+    /// For `infgram_prob`: length of the suffix used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub suffix_len: Option<usize>,
+}
+
+/// Result of `ntd` and `infgram_ntd`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct NtdResult {
+    /// Occurrences of the (suffix of the) prompt that have a next token.
+    pub prompt_cnt: u64,
+    /// Next token id → `{cont_cnt, prob}`.
+    pub result_by_token_id: BTreeMap<u32, TokenProb>,
+    /// Always false: distributions are exact.
+    pub approx: bool,
+    /// For `infgram_ntd`: length of the suffix used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub suffix_len: Option<usize>,
+}
+
+/// Result of `find`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FindResult {
+    /// Occurrences in all shards.
+    pub cnt: u64,
+    /// `[lo, hi)` of the suffix array of each shard.
+    pub segment_by_shard: Vec<(usize, usize)>,
+}
+
+/// A document (or a window of it) returned by `get_doc_by_*` and `search_docs`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Document {
+    /// Shard of the document.
+    pub s: usize,
+    /// Document index in the whole index.
+    pub doc_ix: u64,
+    /// Tokens in the document.
+    pub doc_len: usize,
+    /// Tokens shown.
+    pub disp_len: usize,
+    /// Position of the match in the window.
+    pub needle_offset: usize,
+    /// The document's metadata line.
+    pub metadata: String,
+    /// Token ids of the window.
+    pub token_ids: Vec<u32>,
+}
+
+/// Result of `search_docs`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SearchResult {
+    /// Matching occurrences of the CNF (occurrences of its rarest clause that satisfy all).
+    pub cnt: u64,
+    /// True when a clause had more occurrences than `max_clause_freq` and was sampled.
+    pub approx: bool,
+    /// Up to `maxnum` matching documents.
+    pub documents: Vec<Document>,
+}
+
+/// One position of `longest_match`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Match {
+    /// Length of the longest span ending here that occurs in the corpus.
+    pub len: usize,
+    /// Its occurrences.
+    pub count: u64,
+}
+
+/// A next-token distribution as sorted `(token, count)` pairs.
+pub type Counts = Vec<(u32, u64)>;
+
+fn merge_counts(parts: impl IntoIterator<Item = Counts>) -> Counts {
+    let mut acc: BTreeMap<u32, u64> = BTreeMap::new();
+    for p in parts {
+        for (t, c) in p {
+            *acc.entry(t).or_default() += c;
+        }
+    }
+    acc.into_iter().collect()
+}
+
+fn to_ntd(counts: &Counts, suffix_len: Option<usize>) -> NtdResult {
+    let total: u64 = counts.iter().map(|&(_, c)| c).sum();
+    NtdResult {
+        prompt_cnt: total,
+        result_by_token_id: counts
+            .iter()
+            .map(|&(t, c)| {
+                (
+                    t,
+                    TokenProb {
+                        cont_cnt: c,
+                        prob: c as f64 / total as f64,
+                    },
+                )
+            })
+            .collect(),
+        approx: false,
+        suffix_len,
+    }
+}
+
+impl<S: AsRef<[u8]>> Shard<S> {
+    /// Next-token counts (separator excluded) of the occurrences `occ` of `ctx`.
+    pub fn occ_counts(&self, occ: Occ, ctx: &[u32]) -> Counts {
+        let sep = self.separator();
+        let mut out: Counts = Vec::new();
+        match occ {
+            Occ::Rev(r) if r.1 - r.0 <= SCAN_LIMIT => {
+                let mut v: Vec<u32> = (r.0..r.1).filter_map(|i| self.rnext(i)).filter(|&t| t != sep).collect();
+                v.sort_unstable();
+                for t in v {
+                    match out.last_mut() {
+                        Some((x, c)) if *x == t => *c += 1,
+                        _ => out.push((t, 1)),
+                    }
+                }
+            }
+            Occ::Rev(_) => return self.occ_counts(Occ::Fwd(self.find(ctx)), ctx),
+            Occ::Fwd(r) => self.runs(r, ctx.len(), |t, c, _| {
+                if t != sep && t != u32::MAX {
+                    out.push((t, c as u64));
+                }
+            }),
+        }
+        out
+    }
+
+    /// Occurrences of the suffixes of `ctx`, for lengths `0, 1, …` while they occur (and at most
+    /// `ctx.len()`): entry `l` holds the occurrences of the last `l` tokens.
+    pub fn suffix_occs(&self, ctx: &[u32]) -> Vec<Occ> {
+        let n = self.len();
+        let mut out = Vec::with_capacity(16);
+        if self.has_reverse() {
+            // The empty context: every position (the reversed array cannot give the first one).
+            let mut r = (0, n);
+            out.push(Occ::Fwd(r));
+            for (d, &x) in ctx.iter().rev().enumerate() {
+                r = self.rnarrow(r, d, x);
+                if r.0 == r.1 {
+                    break;
+                }
+                out.push(Occ::Rev(r));
+            }
+        } else {
+            out.push(Occ::Fwd((0, n)));
+            for l in 1..=ctx.len() {
+                let r = self.find(&ctx[ctx.len() - l..]);
+                if r.0 == r.1 {
+                    break;
+                }
+                out.push(Occ::Fwd(r));
+            }
+        }
+        out
+    }
+
+    /// Occurrences of `q` followed by a token (not at a document's end).
+    fn cont_count(&self, occ: Occ, q: &[u32]) -> u64 {
+        match occ {
+            Occ::Rev(r) if r.1 - r.0 <= SCAN_LIMIT => (r.0..r.1)
+                .filter(|&i| self.rnext(i).is_some_and(|t| t != self.separator()))
+                .count() as u64,
+            _ => {
+                let mut qs = q.to_vec();
+                qs.push(self.separator());
+                let all = if let Occ::Fwd(r) = occ { r.1 - r.0 } else { occ.len() };
+                let f = self.find(&qs);
+                (all - (f.1 - f.0)) as u64
+            }
+        }
+    }
+}
+
+impl<S: AsRef<[u8]> + Sync> Index<S> {
+    fn check_query(&self, q: &[u32]) -> Result<()> {
+        let sep = self.separator();
+        if let Some(&t) = q.iter().find(|&&t| t >= sep || t as usize >= self.vocab_size().max(1)) {
+            return Err(Error::input(format!(
+                "token id {t} is outside the index's vocabulary (0..{})",
+                self.vocab_size()
+            )));
+        }
+        Ok(())
+    }
+
+    fn par_shards<T: Send>(&self, f: impl Fn(&Shard<S>) -> T + Sync + Send) -> Vec<T> {
+        if self.shards().len() > 1 {
+            self.shards().par_iter().map(f).collect()
+        } else {
+            self.shards().iter().map(f).collect()
+        }
+    }
+
+    /// Occurrences of `q` (`count([])` = corpus tokens).
+    pub fn count(&self, q: &[u32]) -> Result<CountResult> {
+        self.check_query(q)?;
+        let count = if q.is_empty() {
+            self.total_tokens()
+        } else {
+            self.par_shards(|s| {
+                let r = s.find(q);
+                (r.1 - r.0) as u64
+            })
+            .into_iter()
+            .sum()
+        };
+        Ok(CountResult { count, approx: false })
+    }
+
+    /// `count(prompt·cont) / count(prompt)`.
+    pub fn prob(&self, prompt: &[u32], cont: u32) -> Result<ProbResult> {
+        let prompt_cnt = self.count(prompt)?.count;
+        let mut full = prompt.to_vec();
+        full.push(cont);
+        let cont_cnt = self.count(&full)?.count;
+        Ok(ProbResult {
+            prompt_cnt,
+            cont_cnt,
+            prob: if prompt_cnt == 0 { -1.0 } else { cont_cnt as f64 / prompt_cnt as f64 },
+            suffix_len: None,
+        })
+    }
+
+    /// Exact next-token counts of `prompt`, all shards merged.
+    pub fn next_counts(&self, prompt: &[u32]) -> Result<Counts> {
+        self.check_query(prompt)?;
+        Ok(merge_counts(self.par_shards(|s| {
+            let r = s.find(prompt);
+            s.occ_counts(Occ::Fwd(r), prompt)
+        })))
+    }
+
+    /// Exact next-token distribution of `prompt`.
+    pub fn ntd(&self, prompt: &[u32]) -> Result<NtdResult> {
+        Ok(to_ntd(&self.next_counts(prompt)?, None))
+    }
+
+    /// Length of the longest suffix of `prompt` that is followed by a token somewhere, and the
+    /// occurrences of that suffix in each shard.
+    pub fn longest_suffix(&self, prompt: &[u32]) -> Result<(usize, Vec<Occ>)> {
+        self.check_query(prompt)?;
+        let per_shard = self.par_shards(|s| s.suffix_occs(prompt));
+        let mut l = per_shard.iter().map(|o| o.len() - 1).max().unwrap_or(0);
+        while l > 0 {
+            let q = &prompt[prompt.len() - l..];
+            let cont: u64 = self
+                .shards()
+                .iter()
+                .zip(&per_shard)
+                .filter_map(|(s, o)| o.get(l).map(|&occ| s.cont_count(occ, q)))
+                .sum();
+            if cont > 0 {
+                break;
+            }
+            l -= 1;
+        }
+        let occs = per_shard
+            .iter()
+            .map(|o| o.get(l).copied().unwrap_or(Occ::Fwd((0, 0))))
+            .collect();
+        Ok((l, occs))
+    }
+
+    /// Next-token counts of the ∞-gram: those of the longest suffix of `prompt` that has any.
+    pub fn infgram_counts(&self, prompt: &[u32]) -> Result<(usize, Counts)> {
+        let (l, occs) = self.longest_suffix(prompt)?;
+        let q = &prompt[prompt.len() - l..];
+        let counts = merge_counts(
+            self.shards()
+                .iter()
+                .zip(occs)
+                .filter(|(_, o)| !o.is_empty())
+                .map(|(s, o)| s.occ_counts(o, q)),
+        );
+        Ok((l, counts))
+    }
+
+    /// ∞-gram next-token distribution.
+    pub fn infgram_ntd(&self, prompt: &[u32]) -> Result<NtdResult> {
+        let (l, counts) = self.infgram_counts(prompt)?;
+        Ok(to_ntd(&counts, Some(l)))
+    }
+
+    /// ∞-gram probability of `cont` after `prompt`.
+    pub fn infgram_prob(&self, prompt: &[u32], cont: u32) -> Result<ProbResult> {
+        self.check_query(&[cont])?;
+        let (l, counts) = self.infgram_counts(prompt)?;
+        let prompt_cnt: u64 = counts.iter().map(|&(_, c)| c).sum();
+        let cont_cnt = counts.iter().find(|&&(t, _)| t == cont).map_or(0, |&(_, c)| c);
+        Ok(ProbResult {
+            prompt_cnt,
+            cont_cnt,
+            prob: if prompt_cnt == 0 { -1.0 } else { cont_cnt as f64 / prompt_cnt as f64 },
+            suffix_len: Some(l),
+        })
+    }
+
+    /// Suffix-array segments of `q` in every shard.
+    pub fn find(&self, q: &[u32]) -> Result<FindResult> {
+        self.check_query(q)?;
+        let segs = self.par_shards(|s| s.find(q));
+        Ok(FindResult {
+            cnt: segs.iter().map(|r| (r.1 - r.0) as u64).sum(),
+            segment_by_shard: segs,
+        })
+    }
+
+    fn doc_window(&self, s: usize, pos: usize, needle_len: usize, max_disp_len: usize) -> Document {
+        let sh = &self.shards()[s];
+        let d = sh.doc_of(pos);
+        let (a, b) = sh.doc_span(d);
+        let half = max_disp_len / 2;
+        let lo = pos.saturating_sub(half).max(a);
+        let hi = (pos + needle_len + half).min(b).max(lo);
+        let before: u64 = self.shards()[..s].iter().map(|x| x.num_docs() as u64).sum();
+        Document {
+            s,
+            doc_ix: before + d as u64,
+            doc_len: b - a,
+            disp_len: hi - lo,
+            needle_offset: pos - lo,
+            metadata: sh.doc_meta(d).unwrap_or("").to_string(),
+            token_ids: sh.slice(lo, hi),
+        }
+    }
+
+    /// The document around suffix-array rank `rank` of shard `s` (a window of `max_disp_len`).
+    pub fn get_doc_by_rank(&self, s: usize, rank: usize, needle_len: usize, max_disp_len: usize) -> Result<Document> {
+        let sh = self
+            .shards()
+            .get(s)
+            .ok_or_else(|| Error::input(format!("shard {s} does not exist ({} shards)", self.shards().len())))?;
+        if rank >= sh.len() {
+            return Err(Error::input(format!("rank {rank} is outside shard {s} (0..{})", sh.len())));
+        }
+        Ok(self.doc_window(s, sh.sa(rank), needle_len, max_disp_len))
+    }
+
+    /// The document around token position `ptr` of shard `s`.
+    pub fn get_doc_by_ptr(&self, s: usize, ptr: usize, needle_len: usize, max_disp_len: usize) -> Result<Document> {
+        let sh = self
+            .shards()
+            .get(s)
+            .ok_or_else(|| Error::input(format!("shard {s} does not exist ({} shards)", self.shards().len())))?;
+        if ptr >= sh.len() {
+            return Err(Error::input(format!("pointer {ptr} is outside shard {s} (0..{})", sh.len())));
+        }
+        Ok(self.doc_window(s, ptr, needle_len, max_disp_len))
+    }
+
+    /// Documents matching a CNF: every clause (an OR of n-grams) has an occurrence within
+    /// `max_diff_tokens` of an occurrence of the rarest clause, in the same document.
+    pub fn search_docs(
+        &self,
+        cnf: &[Vec<Vec<u32>>],
+        maxnum: usize,
+        max_diff_tokens: usize,
+        max_clause_freq: usize,
+        max_disp_len: usize,
+    ) -> Result<SearchResult> {
+        if cnf.is_empty() || cnf.iter().any(|c| c.is_empty() || c.iter().any(|g| g.is_empty())) {
+            return Err(Error::input("search_docs needs at least one clause, and no empty clause or n-gram"));
+        }
+        for g in cnf.iter().flatten() {
+            self.check_query(g)?;
+        }
+        let mut cnt = 0u64;
+        let mut approx = false;
+        let mut documents = Vec::new();
+        let mut seen_docs = std::collections::HashSet::new();
+        for (s, sh) in self.shards().iter().enumerate() {
+            // Positions (start, end) of each clause's occurrences, sorted by start.
+            let mut clauses: Vec<Vec<(usize, usize)>> = Vec::with_capacity(cnf.len());
+            for clause in cnf {
+                let mut pos = Vec::new();
+                for g in clause {
+                    let r = sh.find(g);
+                    let len = r.1 - r.0;
+                    let step = if len > max_clause_freq {
+                        approx = true;
+                        len.div_ceil(max_clause_freq)
+                    } else {
+                        1
+                    };
+                    pos.extend((r.0..r.1).step_by(step).map(|i| (sh.sa(i), sh.sa(i) + g.len())));
+                }
+                pos.sort_unstable();
+                clauses.push(pos);
+            }
+            let rarest = (0..clauses.len()).min_by_key(|&i| clauses[i].len()).unwrap_or(0);
+            for &(p, e) in &clauses[rarest] {
+                let doc = sh.doc_of(p);
+                let (da, db) = sh.doc_span(doc);
+                let ok = clauses.iter().enumerate().all(|(ci, occ)| {
+                    ci == rarest || {
+                        let lo = p.saturating_sub(max_diff_tokens).max(da);
+                        let k = occ.partition_point(|&(a, _)| a < lo);
+                        occ[k..]
+                            .iter()
+                            .take_while(|&&(a, _)| a <= e + max_diff_tokens && a < db)
+                            .any(|&(_, b)| b <= db)
+                    }
+                });
+                if ok {
+                    cnt += 1;
+                    if documents.len() < maxnum && seen_docs.insert((s, doc)) {
+                        documents.push(self.doc_window(s, p, e - p, max_disp_len));
+                    }
+                }
+            }
+        }
+        Ok(SearchResult { cnt, approx, documents })
+    }
+
+    /// For each position `j` of `tokens`, the longest span ending at `j` that occurs in the
+    /// corpus, and its count. Uses that the span at `j+1` is at most one token longer.
+    pub fn longest_match(&self, tokens: &[u32]) -> Result<Vec<Match>> {
+        self.check_query(tokens)?;
+        let mut out = Vec::with_capacity(tokens.len());
+        let mut prev = 0usize;
+        for j in 0..tokens.len() {
+            let start = (j + 1).saturating_sub(prev + 1);
+            let ctx = &tokens[start..=j];
+            let per_shard = self.par_shards(|s| s.suffix_occs(ctx));
+            let len = per_shard.iter().map(|o| o.len() - 1).max().unwrap_or(0);
+            let count = per_shard
+                .iter()
+                .filter_map(|o| o.get(len))
+                .map(|o| o.len() as u64)
+                .sum();
+            out.push(Match { len, count: if len == 0 { 0 } else { count } });
+            prev = len;
+        }
+        Ok(out)
+    }
+}
+
+/// A cache of next-token counts of large occurrence sets (short contexts recur constantly in
+/// generation and scoring). Keyed by shard, context length and range.
+#[derive(Default)]
+pub struct CountsCache {
+    map: HashMap<(usize, usize, bool, usize, usize), std::sync::Arc<Counts>>,
+}
+
+/// Occurrence sets at least this large are cached.
+pub const CACHE_MIN: usize = 256;
+
+impl CountsCache {
+    /// Counts of `occ` (occurrences of `ctx` in shard `s`), from the cache when large.
+    pub fn get<S: AsRef<[u8]>>(&mut self, s: usize, sh: &Shard<S>, occ: Occ, ctx: &[u32]) -> std::sync::Arc<Counts> {
+        if occ.len() < CACHE_MIN {
+            return std::sync::Arc::new(sh.occ_counts(occ, ctx));
+        }
+        let (Occ::Fwd((a, b)) | Occ::Rev((a, b))) = occ;
+        let key = (s, ctx.len(), matches!(occ, Occ::Rev(_)), a, b);
+        self.map
+            .entry(key)
+            .or_insert_with(|| std::sync::Arc::new(sh.occ_counts(occ, ctx)))
+            .clone()
+    }
+}

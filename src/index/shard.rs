@@ -1,0 +1,320 @@
+//! One shard of an index, read side: token access, suffix-array searches, next-token runs.
+//!
+//! A shard holds the token sequence `T` (documents, each followed by the separator), its
+//! suffix array `SA`, optionally the suffix array `RSA` of the reversed sequence
+//! `R[j] = T[n-1-j]`, document offsets and metadata. It is generic over its bytes (`S:
+//! AsRef<[u8]>`): a `Vec<u8>` in tests, a memory map in production.
+//!
+//! ## Searches
+//! * **Forward range** of a pattern `q` ([`Shard::find`]): two binary searches over `SA`,
+//!   `O(|q| log n)` token comparisons but only `O(log n)` random probes.
+//! * **Narrowing** ([`Shard::narrow`], [`Shard::rnarrow`]): inside the range of `q`, suffixes are
+//!   sorted by the token at offset `|q|`, so the range of `q·x` is found by a binary search on one
+//!   token per probe. In `RSA` the same step extends a *right-anchored* context to the left,
+//!   which is what ∞-gram queries and SBIS need: the ranges of a prompt's suffixes nest.
+//! * **Next-token runs** ([`Shard::runs`]): within the forward range of `q` each distinct next
+//!   token is one run; galloping finds all `D` runs in `O(D log range)` probes, exactly.
+
+use crate::index::format::SA_PADDING;
+use std::cmp::Ordering;
+
+/// A half-open range `[lo, hi)` of a suffix array.
+pub type Range = (usize, usize);
+
+/// Read side of one shard.
+pub struct Shard<S> {
+    pub(crate) tokens: S,
+    pub(crate) sa: S,
+    pub(crate) rsa: Option<S>,
+    pub(crate) docs: S,
+    pub(crate) meta: Option<(S, S)>,
+    pub(crate) n: usize,
+    pub(crate) width: usize,
+    pub(crate) ptr_width: usize,
+    pub(crate) sep: u32,
+    pub(crate) n_docs: usize,
+}
+
+impl<S: AsRef<[u8]>> Shard<S> {
+    /// Assembles a shard from its parts; sizes must already be validated.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        tokens: S,
+        sa: S,
+        rsa: Option<S>,
+        docs: S,
+        meta: Option<(S, S)>,
+        width: usize,
+        ptr_width: usize,
+        sep: u32,
+    ) -> Self {
+        let n = tokens.as_ref().len() / width;
+        let n_docs = (docs.as_ref().len() / 8).saturating_sub(1);
+        Shard {
+            tokens,
+            sa,
+            rsa,
+            docs,
+            meta,
+            n,
+            width,
+            ptr_width,
+            sep,
+            n_docs,
+        }
+    }
+
+    /// Tokens in the shard, separators included.
+    pub fn len(&self) -> usize {
+        self.n
+    }
+    /// Whether the shard holds no token.
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+    /// Documents in the shard.
+    pub fn num_docs(&self) -> usize {
+        self.n_docs
+    }
+    /// Corpus tokens (separators excluded).
+    pub fn content_tokens(&self) -> usize {
+        self.n - self.n_docs
+    }
+    /// Whether the reversed suffix array is present.
+    pub fn has_reverse(&self) -> bool {
+        self.rsa.is_some()
+    }
+
+    /// Token at position `i` of `T`.
+    #[inline(always)]
+    pub fn tok(&self, i: usize) -> u32 {
+        let t = self.tokens.as_ref();
+        match self.width {
+            1 => t[i] as u32,
+            2 => u16::from_le_bytes([t[2 * i], t[2 * i + 1]]) as u32,
+            _ => u32::from_le_bytes([t[4 * i], t[4 * i + 1], t[4 * i + 2], t[4 * i + 3]]),
+        }
+    }
+
+    #[inline(always)]
+    fn read_ptr(&self, bytes: &[u8], i: usize) -> usize {
+        let o = i * self.ptr_width;
+        let word = u64::from_le_bytes(bytes[o..o + SA_PADDING].try_into().expect("8 bytes"));
+        let mask = if self.ptr_width >= 8 {
+            u64::MAX
+        } else {
+            (1u64 << (8 * self.ptr_width)) - 1
+        };
+        (word & mask) as usize
+    }
+
+    /// `SA[i]`: start in `T` of the `i`-th smallest suffix.
+    #[inline(always)]
+    pub fn sa(&self, i: usize) -> usize {
+        self.read_ptr(self.sa.as_ref(), i)
+    }
+
+    /// `RSA[i]`: start in `R` of the `i`-th smallest suffix of the reversed sequence.
+    #[inline(always)]
+    fn rsa(&self, i: usize) -> usize {
+        self.read_ptr(self.rsa.as_ref().expect("reverse index").as_ref(), i)
+    }
+
+    /// Token at offset `d` of the suffix `SA[i]`, or -1 past the end of `T`.
+    #[inline(always)]
+    fn key(&self, i: usize, d: usize) -> i64 {
+        let p = self.sa(i) + d;
+        if p < self.n {
+            self.tok(p) as i64
+        } else {
+            -1
+        }
+    }
+
+    /// Token at offset `d` of the reversed suffix `RSA[i]` (i.e. `d` tokens left of its end in
+    /// `T`), or -1 past the start of `T`.
+    #[inline(always)]
+    fn rkey(&self, i: usize, d: usize) -> i64 {
+        let r = self.rsa(i) + d;
+        if r < self.n {
+            self.tok(self.n - 1 - r) as i64
+        } else {
+            -1
+        }
+    }
+
+    /// Compares the suffix of `T` at `pos`, cut to `q.len()` tokens, with `q`.
+    #[inline]
+    fn cmp_suffix(&self, pos: usize, q: &[u32]) -> Ordering {
+        if self.width == 1 {
+            let t = self.tokens.as_ref();
+            let end = (pos + q.len()).min(self.n);
+            // u8 tokens: compare bytes directly; q holds bytes only when all ids < 256.
+            for (k, &b) in t[pos..end].iter().enumerate() {
+                let c = (b as u32).cmp(&q[k]);
+                if c != Ordering::Equal {
+                    return c;
+                }
+            }
+            return (end - pos).cmp(&q.len());
+        }
+        for (k, &x) in q.iter().enumerate() {
+            let p = pos + k;
+            if p >= self.n {
+                return Ordering::Less;
+            }
+            let c = self.tok(p).cmp(&x);
+            if c != Ordering::Equal {
+                return c;
+            }
+        }
+        Ordering::Equal
+    }
+
+    /// Range of `SA` whose suffixes start with `q` (the whole array for an empty `q`).
+    pub fn find(&self, q: &[u32]) -> Range {
+        let (mut lo, mut hi) = (0usize, self.n);
+        // Lower bound: first suffix >= q.
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.cmp_suffix(self.sa(mid), q) == Ordering::Less {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        let start = lo;
+        hi = self.n;
+        // Upper bound: first suffix > q (prefix-wise).
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.cmp_suffix(self.sa(mid), q) == Ordering::Greater {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        (start, lo)
+    }
+
+    /// Sub-range of `r` where `key(i) == x`, for keys sorted within `r`.
+    #[inline]
+    fn equal_range(r: Range, x: i64, key: impl Fn(usize) -> i64) -> Range {
+        let (mut lo, mut hi) = r;
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if key(mid) < x {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        let start = lo;
+        hi = r.1;
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if key(mid) <= x {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        (start, lo)
+    }
+
+    /// Given the `SA` range `r` of some `q` with `|q| = d`, the range of `q·x`.
+    pub fn narrow(&self, r: Range, d: usize, x: u32) -> Range {
+        Self::equal_range(r, x as i64, |i| self.key(i, d))
+    }
+
+    /// Given the `RSA` range `r` of a reversed context of length `d`, the range of the context
+    /// extended by `x` on its left. The full range is `(0, len())`.
+    pub fn rnarrow(&self, r: Range, d: usize, x: u32) -> Range {
+        Self::equal_range(r, x as i64, |i| self.rkey(i, d))
+    }
+
+    /// The next token (in `T`) after the occurrence of a context of length `d` whose reversed
+    /// occurrence starts at `RSA[i]`; `None` at the end of `T`.
+    #[inline]
+    pub fn rnext(&self, i: usize) -> Option<u32> {
+        let r = self.rsa(i);
+        (r >= 1).then(|| self.tok(self.n - r))
+    }
+
+    /// Start in `T` of the occurrence of a length-`d` context recorded at `RSA[i]`.
+    #[inline]
+    pub fn rstart(&self, i: usize, d: usize) -> usize {
+        self.n - self.rsa(i) - d
+    }
+
+    /// Calls `f(token, count)` for each run of equal next tokens (offset `d`) in the forward
+    /// range `r`, in token order; the separator and the end of `T` are included (as the
+    /// separator id and `u32::MAX` respectively) so callers decide what to drop.
+    pub fn runs(&self, r: Range, d: usize, mut f: impl FnMut(u32, usize, Range)) {
+        let (mut i, hi) = r;
+        while i < hi {
+            let t = self.key(i, d);
+            // Gallop: double the step while the run continues, then binary-search its end.
+            let mut step = 1;
+            while i + step < hi && self.key(i + step, d) == t {
+                step *= 2;
+            }
+            let (mut lo, mut up) = (i + step / 2 + 1, (i + step).min(hi));
+            while lo < up {
+                let mid = lo + (up - lo) / 2;
+                if self.key(mid, d) == t {
+                    lo = mid + 1;
+                } else {
+                    up = mid;
+                }
+            }
+            let tok = if t < 0 { u32::MAX } else { t as u32 };
+            f(tok, lo - i, (i, lo));
+            i = lo;
+        }
+    }
+
+    /// Document index of position `pos` of `T`.
+    pub fn doc_of(&self, pos: usize) -> usize {
+        let (mut lo, mut hi) = (0usize, self.n_docs);
+        while lo + 1 < hi {
+            let mid = (lo + hi) / 2;
+            if self.doc_start(mid) <= pos {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+
+    /// First token of document `d`; `doc_start(num_docs())` is `len()`.
+    pub fn doc_start(&self, d: usize) -> usize {
+        let b = self.docs.as_ref();
+        u64::from_le_bytes(b[8 * d..8 * d + 8].try_into().expect("8 bytes")) as usize
+    }
+
+    /// Tokens of document `d` without its separator.
+    pub fn doc_span(&self, d: usize) -> Range {
+        (self.doc_start(d), self.doc_start(d + 1) - 1)
+    }
+
+    /// Metadata line of document `d`, if the shard stores metadata.
+    pub fn doc_meta(&self, d: usize) -> Option<&str> {
+        let (meta, offs) = self.meta.as_ref()?;
+        let o = offs.as_ref();
+        let a = u64::from_le_bytes(o[8 * d..8 * d + 8].try_into().ok()?) as usize;
+        let b = u64::from_le_bytes(o[8 * d + 8..8 * d + 16].try_into().ok()?) as usize;
+        std::str::from_utf8(meta.as_ref().get(a..b)?).ok().map(|s| s.trim_end())
+    }
+
+    /// Tokens `T[a..b]`.
+    pub fn slice(&self, a: usize, b: usize) -> Vec<u32> {
+        (a..b).map(|i| self.tok(i)).collect()
+    }
+
+    /// Separator id of the shard.
+    pub fn separator(&self) -> u32 {
+        self.sep
+    }
+}

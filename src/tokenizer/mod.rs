@@ -1,0 +1,301 @@
+//! Tokenizers behind one trait.
+//!
+//! * [`ByteTokenizer`]: each byte one token (the char-level setting of the seed and of Tiny
+//!   Shakespeare). Byte `0xFF` never occurs in UTF-8 text and is reserved as the document
+//!   separator of a 1-byte index, so the vocabulary is the 255 values `0..=254`.
+//! * [`HfTokenizer`]: a Hugging Face `tokenizer.json`, through the `tokenizers` crate.
+//! * [`HfTokenizer::from_gguf`]: the tokenizer embedded in a GGUF model file, rebuilt from its
+//!   `tokenizer.ggml.*` metadata. For `tokenizer.ggml.pre = "smollm"` (SmolLM2) the
+//!   pre-tokenizer is: digits split one by one, then the GPT-2 regex, byte-level with no prefix
+//!   space — exactly the `tokenizer.json` SmolLM2 ships with, which we write out and load.
+//!
+//! Every tokenizer has a *fingerprint*: a hash of everything that decides its ids. The index
+//! stores it, and a query with another tokenizer is refused.
+
+mod gguf;
+
+use crate::error::{Error, Result};
+use std::path::Path;
+
+pub use gguf::gguf_tokenizer_json;
+
+/// Turns text into token ids and back.
+pub trait Tokenizer: Send + Sync {
+    /// Token ids of `text` (no special tokens added).
+    fn encode(&self, text: &str) -> Result<Vec<u32>>;
+    /// Text of `ids`; bytes that do not form UTF-8 are replaced by U+FFFD.
+    fn decode(&self, ids: &[u32]) -> Result<String>;
+    /// Raw bytes of `ids` where the tokenizer is byte-level (exact for partial UTF-8).
+    fn decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>> {
+        Ok(self.decode(ids)?.into_bytes())
+    }
+    /// Number of ids (the largest id is `vocab_size() - 1`).
+    fn vocab_size(&self) -> usize;
+    /// Short human-readable name (`bytes`, a file name).
+    fn name(&self) -> String;
+    /// Hash of everything that decides the ids, as 16 hex digits.
+    fn fingerprint(&self) -> String;
+    /// Description that lets a reader of the index reload this tokenizer.
+    fn spec(&self) -> TokenizerSpec;
+}
+
+/// How an index refers to its tokenizer.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TokenizerSpec {
+    /// `bytes`, `hf` or `gguf`.
+    pub kind: String,
+    /// Path of the file it was loaded from (absolute), empty for `bytes`.
+    pub path: String,
+    /// Fingerprint (see [`Tokenizer::fingerprint`]).
+    pub fingerprint: String,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+}
+
+/// 64-bit FNV-1a, the hash behind fingerprints (stable across platforms and releases).
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for &b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+/// Each byte of UTF-8 text is one token; byte 0xFF is reserved (it is not valid UTF-8).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ByteTokenizer;
+
+impl Tokenizer for ByteTokenizer {
+    fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        Ok(text.bytes().map(u32::from).collect())
+    }
+    fn decode(&self, ids: &[u32]) -> Result<String> {
+        Ok(String::from_utf8_lossy(&self.decode_bytes(ids)?).into_owned())
+    }
+    fn decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>> {
+        ids.iter()
+            .map(|&t| {
+                u8::try_from(t)
+                    .ok()
+                    .filter(|&b| b != 0xFF)
+                    .ok_or_else(|| Error::input(format!("token id {t} is not a byte token (0..=254)")))
+            })
+            .collect()
+    }
+    fn vocab_size(&self) -> usize {
+        255
+    }
+    fn name(&self) -> String {
+        "bytes".into()
+    }
+    fn fingerprint(&self) -> String {
+        format!("{:016x}", fnv1a64(b"infgram-bytes-v1"))
+    }
+    fn spec(&self) -> TokenizerSpec {
+        TokenizerSpec {
+            kind: "bytes".into(),
+            path: String::new(),
+            fingerprint: self.fingerprint(),
+            vocab_size: self.vocab_size(),
+        }
+    }
+}
+
+/// A Hugging Face tokenizer (from `tokenizer.json` or rebuilt from GGUF metadata).
+pub struct HfTokenizer {
+    inner: tokenizers::Tokenizer,
+    kind: &'static str,
+    path: String,
+    fingerprint: String,
+    /// GPT-2 byte-level alphabet inverse: char → byte, for exact byte decoding.
+    byte_decoder: Option<std::collections::HashMap<char, u8>>,
+    id_to_token: Vec<String>,
+}
+
+impl HfTokenizer {
+    /// Loads a `tokenizer.json`.
+    pub fn from_json_file(path: &Path) -> Result<Self> {
+        let json = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        Self::from_json_str(&json, "hf", path)
+    }
+
+    /// Rebuilds the tokenizer embedded in a GGUF model file.
+    pub fn from_gguf(path: &Path) -> Result<Self> {
+        let json = gguf_tokenizer_json(path)?;
+        Self::from_json_str(&json, "gguf", path)
+    }
+
+    fn from_json_str(json: &str, kind: &'static str, path: &Path) -> Result<Self> {
+        let inner: tokenizers::Tokenizer = json
+            .parse()
+            .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+        let vocab = inner.get_vocab(true);
+        let size = vocab.values().map(|&v| v as usize + 1).max().unwrap_or(0);
+        let mut id_to_token = vec![String::new(); size];
+        for (tok, id) in vocab {
+            id_to_token[id as usize] = tok;
+        }
+        let byte_level = json.contains("\"ByteLevel\"");
+        let abs = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        Ok(HfTokenizer {
+            fingerprint: format!("{:016x}", fnv1a64(canonical_model_json(json).as_bytes())),
+            inner,
+            kind,
+            path: abs.display().to_string(),
+            byte_decoder: byte_level.then(gpt2_byte_decoder),
+            id_to_token,
+        })
+    }
+
+    /// The wrapped `tokenizers` tokenizer.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+
+    /// The id of a token string (special tokens included), if any.
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+}
+
+/// The parts of a tokenizer.json that decide ids, serialized canonically (keys sorted), so
+/// that whitespace or key order do not change the fingerprint.
+fn canonical_model_json(json: &str) -> String {
+    match serde_json::from_str::<serde_json::Value>(json) {
+        Ok(v) => {
+            let keep = ["model", "normalizer", "pre_tokenizer", "added_tokens"];
+            let parts: Vec<String> = keep
+                .iter()
+                .map(|k| serde_json::to_string(&v.get(*k)).unwrap_or_default())
+                .collect();
+            parts.join("\n")
+        }
+        Err(_) => json.to_string(),
+    }
+}
+
+/// The inverse of GPT-2's bytes→unicode table.
+fn gpt2_byte_decoder() -> std::collections::HashMap<char, u8> {
+    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32)
+        .chain(0xA1..=0xAC)
+        .chain(0xAE..=0xFF)
+        .collect();
+    let mut cs = bs.clone();
+    let mut n = 0;
+    for b in 0..256u32 {
+        if !bs.contains(&b) {
+            bs.push(b);
+            cs.push(256 + n);
+            n += 1;
+        }
+    }
+    bs.into_iter()
+        .zip(cs)
+        .map(|(b, c)| (char::from_u32(c).expect("valid char"), b as u8))
+        .collect()
+}
+
+impl Tokenizer for HfTokenizer {
+    fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode_fast(text, false)
+            .map_err(|e| Error::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+    fn decode(&self, ids: &[u32]) -> Result<String> {
+        if self.byte_decoder.is_some() {
+            return Ok(String::from_utf8_lossy(&self.decode_bytes(ids)?).into_owned());
+        }
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| Error::Tokenizer(e.to_string()))
+    }
+    fn decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>> {
+        let Some(dec) = &self.byte_decoder else {
+            return Ok(self.decode(ids)?.into_bytes());
+        };
+        let mut out = Vec::with_capacity(ids.len() * 4);
+        for &id in ids {
+            let tok = self
+                .id_to_token
+                .get(id as usize)
+                .ok_or_else(|| Error::input(format!("token id {id} is outside the vocabulary")))?;
+            // Special tokens (e.g. <|im_start|>) are not byte-encoded: emit them verbatim.
+            if tok.chars().all(|c| dec.contains_key(&c)) {
+                out.extend(tok.chars().map(|c| dec[&c]));
+            } else {
+                out.extend_from_slice(tok.as_bytes());
+            }
+        }
+        Ok(out)
+    }
+    fn vocab_size(&self) -> usize {
+        self.id_to_token.len()
+    }
+    fn name(&self) -> String {
+        Path::new(&self.path)
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_else(|| self.path.clone())
+    }
+    fn fingerprint(&self) -> String {
+        self.fingerprint.clone()
+    }
+    fn spec(&self) -> TokenizerSpec {
+        TokenizerSpec {
+            kind: self.kind.into(),
+            path: self.path.clone(),
+            fingerprint: self.fingerprint(),
+            vocab_size: self.vocab_size(),
+        }
+    }
+}
+
+/// Loads a tokenizer from a command-line name: `bytes`, a `tokenizer.json`, or a `.gguf` file.
+pub fn load(name: &str) -> Result<Box<dyn Tokenizer>> {
+    if name == "bytes" {
+        return Ok(Box::new(ByteTokenizer));
+    }
+    let path = Path::new(name);
+    if !path.exists() {
+        return Err(Error::input(format!(
+            "tokenizer {name:?} not found: pass `bytes`, a tokenizer.json or a .gguf model file"
+        )));
+    }
+    if name.ends_with(".gguf") {
+        Ok(Box::new(HfTokenizer::from_gguf(path)?))
+    } else {
+        Ok(Box::new(HfTokenizer::from_json_file(path)?))
+    }
+}
+
+/// Reloads the tokenizer an index was built with.
+pub fn from_spec(spec: &TokenizerSpec) -> Result<Box<dyn Tokenizer>> {
+    let tok: Box<dyn Tokenizer> = match spec.kind.as_str() {
+        "bytes" => Box::new(ByteTokenizer),
+        "hf" | "gguf" => load(&spec.path).map_err(|e| {
+            Error::input(format!(
+                "the index's tokenizer {} cannot be loaded ({e}); pass --tokenizer FILE",
+                spec.path
+            ))
+        })?,
+        other => return Err(Error::input(format!("unknown tokenizer kind {other:?} in index"))),
+    };
+    check_fingerprint(spec, tok.as_ref())?;
+    Ok(tok)
+}
+
+/// Refuses a tokenizer whose fingerprint differs from the index's.
+pub fn check_fingerprint(spec: &TokenizerSpec, tok: &dyn Tokenizer) -> Result<()> {
+    if spec.fingerprint != tok.fingerprint() {
+        return Err(Error::TokenizerMismatch {
+            index: if spec.path.is_empty() { spec.kind.clone() } else { spec.path.clone() },
+            index_fp: spec.fingerprint.clone(),
+            query: tok.name(),
+            query_fp: tok.fingerprint(),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,198 @@
+//! Every query type against a brute-force oracle on small random corpora (proptest), for token
+//! widths 1, 2 and 4, one shard and several, with and without the reversed suffix array; plus
+//! a table of edge cases.
+
+use infgram::index::query::Match;
+use infgram::tokenizer::TokenizerSpec;
+use infgram::Index;
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+
+fn spec(vocab: usize) -> TokenizerSpec {
+    TokenizerSpec {
+        kind: "test".into(),
+        path: String::new(),
+        fingerprint: "0".into(),
+        vocab_size: vocab,
+    }
+}
+
+/// All occurrences (doc, start) of `q` inside documents.
+fn occurrences(docs: &[Vec<u32>], q: &[u32]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    for (d, doc) in docs.iter().enumerate() {
+        if q.is_empty() {
+            continue;
+        }
+        for i in 0..doc.len() {
+            if doc.len() - i >= q.len() && doc[i..i + q.len()] == *q {
+                out.push((d, i));
+            }
+        }
+    }
+    out
+}
+
+fn brute_count(docs: &[Vec<u32>], q: &[u32]) -> u64 {
+    if q.is_empty() {
+        return docs.iter().map(|d| d.len() as u64).sum();
+    }
+    occurrences(docs, q).len() as u64
+}
+
+fn brute_ntd(docs: &[Vec<u32>], q: &[u32]) -> BTreeMap<u32, u64> {
+    let mut m = BTreeMap::new();
+    if q.is_empty() {
+        for d in docs {
+            for &t in d {
+                *m.entry(t).or_default() += 1;
+            }
+        }
+        return m;
+    }
+    for (d, i) in occurrences(docs, q) {
+        if let Some(&t) = docs[d].get(i + q.len()) {
+            *m.entry(t).or_default() += 1;
+        }
+    }
+    m
+}
+
+fn brute_infgram(docs: &[Vec<u32>], p: &[u32]) -> (usize, BTreeMap<u32, u64>) {
+    for l in (1..=p.len()).rev() {
+        let m = brute_ntd(docs, &p[p.len() - l..]);
+        if !m.is_empty() {
+            return (l, m);
+        }
+    }
+    (0, brute_ntd(docs, &[]))
+}
+
+fn check_all(docs: &[Vec<u32>], vocab: usize, queries: &[Vec<u32>]) {
+    for per_shard in [docs.len().max(1), 2, 1] {
+        for reverse in [true, false] {
+            let idx = Index::from_docs(spec(vocab), docs, per_shard, reverse).unwrap();
+            for q in queries {
+                assert_eq!(idx.count(q).unwrap().count, brute_count(docs, q), "count {q:?}");
+                if !q.is_empty() {
+                    assert_eq!(idx.find(q).unwrap().cnt, brute_count(docs, q), "find {q:?}");
+                }
+                let ntd: BTreeMap<u32, u64> = idx
+                    .ntd(q)
+                    .unwrap()
+                    .result_by_token_id
+                    .into_iter()
+                    .map(|(t, p)| (t, p.cont_cnt))
+                    .collect();
+                assert_eq!(ntd, brute_ntd(docs, q), "ntd {q:?}");
+                let (l, m) = brute_infgram(docs, q);
+                let got = idx.infgram_ntd(q).unwrap();
+                assert_eq!(got.suffix_len, Some(l), "infgram suffix_len {q:?}");
+                let got: BTreeMap<u32, u64> =
+                    got.result_by_token_id.into_iter().map(|(t, p)| (t, p.cont_cnt)).collect();
+                assert_eq!(got, m, "infgram_ntd {q:?}");
+                if let Some((&last, prompt)) = q.split_last() {
+                    let pr = idx.prob(prompt, last).unwrap();
+                    assert_eq!(pr.prompt_cnt, brute_count(docs, prompt));
+                    assert_eq!(pr.cont_cnt, brute_count(docs, q));
+                    let ip = idx.infgram_prob(prompt, last).unwrap();
+                    let (l, m) = brute_infgram(docs, prompt);
+                    assert_eq!(ip.suffix_len, Some(l));
+                    assert_eq!(ip.cont_cnt, m.get(&last).copied().unwrap_or(0));
+                }
+                // longest_match against brute force.
+                let lm = idx.longest_match(q).unwrap();
+                for (j, got) in lm.iter().enumerate() {
+                    let mut want = Match { len: 0, count: 0 };
+                    for l in (1..=j + 1).rev() {
+                        let c = brute_count(docs, &q[j + 1 - l..=j]);
+                        if c > 0 {
+                            want = Match { len: l, count: c };
+                            break;
+                        }
+                    }
+                    assert_eq!(*got, want, "longest_match {q:?} at {j}");
+                }
+            }
+        }
+    }
+}
+
+/// A random corpus over `vocab` ids with a skewed distribution (so n-grams repeat), plus
+/// queries cut from it and random ones.
+fn corpus_and_queries(vocab: u32) -> impl Strategy<Value = (Vec<Vec<u32>>, Vec<Vec<u32>>)> {
+    let small = 2u32.min(vocab).max(2);
+    let tok = prop_oneof![
+        3 => 0..small.min(vocab),
+        1 => 0..vocab,
+        1 => Just(vocab - 1),
+    ];
+    let docs = prop::collection::vec(prop::collection::vec(tok.clone(), 0..40), 1..6);
+    let qs = prop::collection::vec(prop::collection::vec(tok, 0..6), 1..6);
+    (docs, qs).prop_map(|(docs, mut qs)| {
+        // Add substrings of the corpus (prefixes of suffixes) as queries.
+        for d in &docs {
+            if d.len() >= 3 {
+                qs.push(d[1..d.len().min(5)].to_vec());
+                qs.push(d[d.len() - 3..].to_vec());
+            }
+        }
+        (docs, qs)
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    #[test]
+    fn u8_tokens((docs, qs) in corpus_and_queries(4)) { check_all(&docs, 4, &qs); }
+    #[test]
+    fn u8_tokens_wide((docs, qs) in corpus_and_queries(254)) { check_all(&docs, 254, &qs); }
+    #[test]
+    fn u16_tokens((docs, qs) in corpus_and_queries(1000)) { check_all(&docs, 1000, &qs); }
+    #[test]
+    fn u32_tokens((docs, qs) in corpus_and_queries(70_000)) { check_all(&docs, 70_000, &qs); }
+    #[test]
+    fn binary_vocab((docs, qs) in corpus_and_queries(2)) { check_all(&docs, 2, &qs); }
+}
+
+#[test]
+fn edge_cases() {
+    // One-token corpus.
+    check_all(&[vec![0]], 2, &[vec![], vec![0], vec![1], vec![0, 0]]);
+    // Query across a document boundary never matches.
+    let docs = vec![vec![1, 2, 3], vec![4, 5]];
+    check_all(&docs, 10, &[vec![3, 4], vec![3], vec![2, 3], vec![5], vec![9]]);
+    let idx = Index::from_docs(spec(10), &docs, 1, true).unwrap();
+    assert_eq!(idx.count(&[3, 4]).unwrap().count, 0);
+    assert_eq!(idx.count(&[]).unwrap().count, 5, "empty query counts corpus tokens");
+    // Largest token id of each width.
+    for vocab in [254usize, 65534, 70_000] {
+        let top = vocab as u32 - 1;
+        check_all(&[vec![top, 0, top], vec![top]], vocab, &[vec![top], vec![top, 0], vec![0, top, 0]]);
+    }
+    // Ids outside the vocabulary are refused, not answered.
+    assert!(idx.count(&[10]).is_err());
+    assert!(idx.count(&[u32::MAX]).is_err());
+    // Empty corpus.
+    let empty = Index::from_docs(spec(10), &[], 1, true).unwrap();
+    assert_eq!(empty.count(&[1]).unwrap().count, 0);
+    assert_eq!(empty.infgram_ntd(&[1]).unwrap().suffix_len, Some(0));
+    // A prompt that never occurs backs off to the unigram distribution.
+    let r = idx.infgram_ntd(&[9, 9, 9]).unwrap();
+    assert_eq!((r.suffix_len, r.prompt_cnt), (Some(0), 5));
+}
+
+#[test]
+fn search_docs_cnf() {
+    let docs = vec![vec![1, 2, 3, 4, 5, 6], vec![1, 2, 9, 9, 9, 9, 9, 5, 6], vec![5, 6, 1, 2]];
+    let idx = Index::from_docs(spec(10), &docs, 2, true).unwrap();
+    // (1 2) AND (5 6) within 3 tokens: docs 0 and 2, not 1 (too far).
+    let r = idx.search_docs(&[vec![vec![1, 2]], vec![vec![5, 6]]], 10, 3, 1000, 20).unwrap();
+    let mut found: Vec<u64> = r.documents.iter().map(|d| d.doc_ix).collect();
+    found.sort();
+    assert_eq!(found, vec![0, 2]);
+    // OR inside a clause.
+    let r = idx.search_docs(&[vec![vec![3], vec![9, 9]]], 10, 0, 1000, 20).unwrap();
+    assert_eq!(r.cnt, 1 + 4);
+    assert!(idx.search_docs(&[], 10, 3, 1000, 20).is_err());
+}
