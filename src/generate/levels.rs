@@ -1,0 +1,108 @@
+//! SBIS levels: the distinct counts among a context's suffixes, longest suffix first.
+//!
+//! For suffix lengths `l = L, L-1, …, 1` the occurrence count of the last `l` tokens never
+//! decreases. A *level* is a length where it changes; its next-token counts are kept when
+//! their total exceeds that of the previous kept level (DESIGN.md §5). The occurrence ranges of
+//! all suffixes come from the reversed suffix array in one left-to-right narrowing (ranges
+//! nest), so the change points cost one binary search per suffix length that occurs, and the
+//! counts are computed only at change points (cached for large, recurring ranges).
+
+use crate::index::query::{Counts, CountsCache, Occ};
+use crate::index::Index;
+use std::sync::Arc;
+
+/// One kept level.
+#[derive(Clone, Debug)]
+pub struct Level {
+    /// Suffix length `n` of the level.
+    pub len: usize,
+    /// Total of its next-token counts `m`.
+    pub total: u64,
+    /// Next-token counts, sorted by token id.
+    pub counts: Arc<Counts>,
+}
+
+/// Computes levels on an index, caching next-token counts of large occurrence sets.
+pub struct LevelFinder<'a, S> {
+    index: &'a Index<S>,
+    cache: CountsCache,
+    keep_end: bool,
+}
+
+impl<'a, S: AsRef<[u8]> + Sync> LevelFinder<'a, S> {
+    /// A finder; with `keep_end`, document ends count as the separator token.
+    pub fn new(index: &'a Index<S>, keep_end: bool) -> Self {
+        LevelFinder {
+            index,
+            cache: CountsCache::default(),
+            keep_end,
+        }
+    }
+
+    /// The index.
+    pub fn index(&self) -> &'a Index<S> {
+        self.index
+    }
+
+    /// Next-token counts of the suffix of length `l` of `ctx`, merged over shards.
+    fn counts_at(&mut self, per_shard: &[Vec<Occ>], ctx: &[u32], l: usize) -> Arc<Counts> {
+        let q = &ctx[ctx.len() - l..];
+        let mut parts: Vec<Arc<Counts>> = Vec::new();
+        for (s, (sh, occs)) in self.index.shards().iter().zip(per_shard).enumerate() {
+            if let Some(&occ) = occs.get(l) {
+                if !occ.is_empty() {
+                    parts.push(self.cache.get(s, sh, occ, q, self.keep_end));
+                }
+            }
+        }
+        match parts.len() {
+            0 => Arc::new(Vec::new()),
+            1 => parts.pop().expect("one part"),
+            _ => {
+                let mut acc = std::collections::BTreeMap::<u32, u64>::new();
+                for p in parts {
+                    for &(t, c) in p.iter() {
+                        *acc.entry(t).or_default() += c;
+                    }
+                }
+                Arc::new(acc.into_iter().collect())
+            }
+        }
+    }
+
+    /// Up to `k` levels of `ctx` (all when `k < 0`), longest suffix first. With
+    /// `include_empty`, the empty context (the unigram distribution) may end the list.
+    pub fn levels(&mut self, ctx: &[u32], k: i64, include_empty: bool) -> Vec<Level> {
+        let per_shard: Vec<Vec<Occ>> = self.index.shards().iter().map(|s| s.suffix_occs(ctx)).collect();
+        let lmax = per_shard.iter().map(|o| o.len() - 1).max().unwrap_or(0);
+        let raw = |l: usize| -> usize { per_shard.iter().filter_map(|o| o.get(l)).map(|o| o.len()).sum() };
+        let mut kept: Vec<Level> = Vec::new();
+        let (mut prev_raw, mut prev_total) = (0usize, 0u64);
+        let lowest = if include_empty { 0 } else { 1 };
+        for l in (lowest..=lmax).rev() {
+            let r = raw(l);
+            if r == prev_raw && l > 0 {
+                continue;
+            }
+            prev_raw = r;
+            let counts = self.counts_at(&per_shard, ctx, l);
+            let total: u64 = counts.iter().map(|&(_, c)| c).sum();
+            if total > prev_total {
+                prev_total = total;
+                kept.push(Level { len: l, total, counts });
+                if k >= 0 && kept.len() as i64 >= k {
+                    break;
+                }
+            }
+        }
+        kept
+    }
+}
+
+/// Count of `tok` in sorted `counts`.
+#[inline]
+pub fn count_of(counts: &Counts, tok: u32) -> u64 {
+    counts
+        .binary_search_by_key(&tok, |&(t, _)| t)
+        .map_or(0, |i| counts[i].1)
+}

@@ -1,0 +1,100 @@
+//! Sampling from a distribution: greedy, temperature, top-k, top-p, with a seeded RNG.
+//! One sampler for every generator.
+
+use rand::{Rng, SeedableRng};
+
+/// Sampling settings.
+#[derive(Clone, Debug)]
+pub struct SamplerConfig {
+    /// Temperature; 0 means greedy (argmax). Applied as `p^(1/T)`.
+    pub temperature: f64,
+    /// Keep the smallest set of most likely tokens whose mass reaches `top_p` (1 = all).
+    pub top_p: f64,
+    /// Keep the `top_k` most likely tokens (0 = all).
+    pub top_k: usize,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        SamplerConfig {
+            temperature: 0.8,
+            top_p: 1.0,
+            top_k: 0,
+        }
+    }
+}
+
+/// A sampler with its RNG.
+pub struct Sampler {
+    cfg: SamplerConfig,
+    rng: rand::rngs::StdRng,
+}
+
+impl Sampler {
+    /// A sampler; the same seed gives the same choices.
+    pub fn new(cfg: SamplerConfig, seed: Option<u64>) -> Self {
+        let rng = match seed {
+            Some(s) => rand::rngs::StdRng::seed_from_u64(s),
+            None => rand::rngs::StdRng::from_os_rng(),
+        };
+        Sampler { cfg, rng }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &SamplerConfig {
+        &self.cfg
+    }
+
+    /// Draws a token from `(token, probability)` pairs (probabilities need not be normalized).
+    /// Ties in greedy mode go to the smallest token id. Returns `None` for an empty input.
+    pub fn sample(&mut self, dist: &[(u32, f64)]) -> Option<u32> {
+        if dist.is_empty() {
+            return None;
+        }
+        if self.cfg.temperature <= 0.0 {
+            return dist
+                .iter()
+                .fold(None, |best: Option<(u32, f64)>, &(t, p)| match best {
+                    Some((_, bp)) if bp >= p => best,
+                    _ => Some((t, p)),
+                })
+                .map(|(t, _)| t);
+        }
+        let inv_t = 1.0 / self.cfg.temperature;
+        let mut w: Vec<(u32, f64)> = dist
+            .iter()
+            .filter(|&&(_, p)| p > 0.0)
+            .map(|&(t, p)| (t, if inv_t == 1.0 { p } else { p.powf(inv_t) }))
+            .collect();
+        if w.is_empty() {
+            return None;
+        }
+        if self.cfg.top_k > 0 || self.cfg.top_p < 1.0 {
+            w.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            if self.cfg.top_k > 0 {
+                w.truncate(self.cfg.top_k);
+            }
+            if self.cfg.top_p < 1.0 {
+                let total: f64 = w.iter().map(|x| x.1).sum();
+                let (mut acc, mut keep) = (0.0, 0);
+                for x in &w {
+                    acc += x.1;
+                    keep += 1;
+                    if acc >= self.cfg.top_p * total {
+                        break;
+                    }
+                }
+                w.truncate(keep.max(1));
+            }
+        }
+        let total: f64 = w.iter().map(|x| x.1).sum();
+        let mut u = self.rng.random::<f64>() * total;
+        for &(t, p) in &w {
+            if u < p {
+                return Some(t);
+            }
+            u -= p;
+        }
+        w.last().map(|x| x.0)
+    }
+}

@@ -1,0 +1,45 @@
+//! Selective backoff interpolation sampling (SBIS): the next-token distribution
+//! `P(x) ∝ Σ_j decay^j · count_j(x)` over the kept levels `j = 0, 1, …` (longest first), as
+//! defined by "Generating Shakespeare Without Neural Networks" and DESIGN.md §5.
+
+use super::levels::{count_of, Level};
+
+/// Probability of `tok` under SBIS with the given levels, or `None` without levels.
+pub fn sbis_prob(levels: &[Level], decay: f64, tok: u32) -> Option<f64> {
+    if levels.is_empty() {
+        return None;
+    }
+    let (mut num, mut den, mut w) = (0.0, 0.0, 1.0);
+    for lv in levels {
+        num += w * count_of(&lv.counts, tok) as f64;
+        den += w * lv.total as f64;
+        w *= decay;
+    }
+    Some(num / den)
+}
+
+/// The SBIS distribution as `(token, probability)` pairs sorted by token. The shortest
+/// level's tokens are a superset of every longer level's (nested occurrence sets).
+pub fn sbis_distribution(levels: &[Level], decay: f64) -> Vec<(u32, f64)> {
+    let Some(base) = levels.last() else {
+        return Vec::new();
+    };
+    let mut out: Vec<(u32, f64)> = base.counts.iter().map(|&(t, _)| (t, 0.0)).collect();
+    let (mut den, mut w) = (0.0, 1.0);
+    for lv in levels {
+        // Merge-join of two sorted lists.
+        let mut i = 0;
+        for &(t, c) in lv.counts.iter() {
+            while out[i].0 < t {
+                i += 1;
+            }
+            out[i].1 += w * c as f64;
+        }
+        den += w * lv.total as f64;
+        w *= decay;
+    }
+    for x in &mut out {
+        x.1 /= den;
+    }
+    out
+}

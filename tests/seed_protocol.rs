@@ -1,0 +1,31 @@
+//! DESIGN.md §5, seed protocol: SBIS perplexity on Tiny Shakespeare must reproduce the seed's
+//! table exactly (to two decimals), and the smoothed estimator must beat it.
+
+use infgram::generate::eval::perplexity;
+use infgram::generate::Estimator;
+use infgram::tokenizer::{ByteTokenizer, Tokenizer};
+use infgram::Index;
+
+fn tiny_shakespeare() -> (Vec<u32>, Vec<u32>) {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/data/tinyshakespeare.txt");
+    let text = std::fs::read_to_string(path).expect("../shared/data/tinyshakespeare.txt");
+    assert_eq!(text.len(), 1_115_394);
+    let cut = text.len() * 9 / 10;
+    let tok = ByteTokenizer;
+    (tok.encode(&text[..cut]).unwrap(), tok.encode(&text[cut..]).unwrap())
+}
+
+#[test]
+fn seed_table_reproduced() {
+    let (train, val) = tiny_shakespeare();
+    assert_eq!(train.len(), 1_003_854);
+    let index = Index::from_docs(ByteTokenizer.spec(), &[train], 1, true).unwrap();
+    for (k, want) in [(1, 4036.19), (2, 97.73), (3, 18.24), (5, 7.10), (-1, 6.06)] {
+        let est = Estimator::Sbis { k, decay: 0.1 };
+        let r = perplexity(&index, &val, &est, 100, Some(1e-10)).unwrap();
+        assert_eq!(r.tokens, val.len() as u64 - 1);
+        let got = (r.ppl * 100.0).round() / 100.0;
+        eprintln!("k={k}: ppl {:.4} in {:.2} s", r.ppl, r.seconds);
+        assert!((got - want).abs() < 1e-9, "k={k}: got {got}, want {want}");
+    }
+}
