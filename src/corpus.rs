@@ -24,7 +24,10 @@ enum Kind {
 }
 
 fn kind_of(path: &Path) -> Kind {
-    let name = path.file_name().map(|n| n.to_string_lossy().to_lowercase()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().to_lowercase())
+        .unwrap_or_default();
     if name.ends_with(".jsonl.gz") || name.ends_with(".json.gz") {
         Kind::JsonlGz
     } else if name.ends_with(".jsonl.zst") || name.ends_with(".json.zst") {
@@ -61,7 +64,11 @@ pub fn list_files(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
 
 /// Total size in bytes of `files` on disk (for progress).
 pub fn total_bytes(files: &[PathBuf]) -> u64 {
-    files.iter().filter_map(|f| f.metadata().ok()).map(|m| m.len()).sum()
+    files
+        .iter()
+        .filter_map(|f| f.metadata().ok())
+        .map(|m| m.len())
+        .sum()
 }
 
 /// Reads every document of `files` in order, calling `f(doc, bytes_read)`.
@@ -75,7 +82,9 @@ pub fn for_each_doc(
         let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
         if kind == Kind::Text {
             let mut bytes = Vec::new();
-            BufReader::new(file).read_to_end(&mut bytes).map_err(|e| Error::io(path, e))?;
+            BufReader::new(file)
+                .read_to_end(&mut bytes)
+                .map_err(|e| Error::io(path, e))?;
             let n = bytes.len() as u64;
             let text = match String::from_utf8(bytes) {
                 Ok(s) => s,
@@ -90,14 +99,23 @@ pub fn for_each_doc(
             Kind::JsonlZst => Box::new(zstd::Decoder::new(file).map_err(|e| Error::io(path, e))?),
             _ => Box::new(file),
         };
-        for (lineno, line) in BufReader::with_capacity(1 << 20, reader).lines().enumerate() {
+        for (lineno, line) in BufReader::with_capacity(1 << 20, reader)
+            .lines()
+            .enumerate()
+        {
             let line = line.map_err(|e| Error::io(path, e))?;
             if line.trim().is_empty() {
                 continue;
             }
             let n = line.len() as u64 + 1;
             let mut value: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&line)
-                .map_err(|e| Error::input(format!("{}:{}: not a JSON object ({e})", path.display(), lineno + 1)))?;
+                .map_err(|e| {
+                    Error::input(format!(
+                        "{}:{}: not a JSON object ({e})",
+                        path.display(),
+                        lineno + 1
+                    ))
+                })?;
             let text = match value.remove("text") {
                 Some(serde_json::Value::String(s)) => s,
                 _ => {

@@ -1,1 +1,58 @@
-fn main() {}
+//! The `infgram` command-line tool: one file per subcommand under `cli/`.
+
+mod cli;
+
+use clap::{Parser, Subcommand};
+
+/// infgram: an ∞-gram engine and text generator.
+#[derive(Parser, Debug)]
+#[command(name = "infgram", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Build an index of a corpus.
+    Index(cli::index::IndexArgs),
+    /// Query an index (count, prob, ntd, infgram_prob, infgram_ntd, find, search_docs, ...).
+    Query(cli::query::QueryArgs),
+    /// Generate text from an index with selective backoff interpolation sampling.
+    Gen(cli::gen::GenArgs),
+    /// Perplexity and agreement of the ∞-gram on a text.
+    Ppl(cli::ppl::PplArgs),
+    /// Check every checksum of an index.
+    Verify {
+        /// The index directory.
+        index: std::path::PathBuf,
+    },
+    /// Fetch a known model (`smollm2-135m`) or the default corpus (`shakespeare`).
+    Fetch {
+        /// What to fetch.
+        what: String,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Index(a) => cli::index::run(a),
+        Command::Query(a) => cli::query::run(a),
+        Command::Gen(a) => cli::gen::run(a),
+        Command::Ppl(a) => cli::ppl::run(a),
+        Command::Verify { index } => cli::verify(&index),
+        Command::Fetch { what } => cli::fetch(&what),
+    };
+    if let Err(e) = result {
+        // A closed pipe (e.g. `| head`) is not an error.
+        if e.chain().any(|c| {
+            c.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        }) {
+            std::process::exit(0);
+        }
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

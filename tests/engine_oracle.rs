@@ -73,7 +73,11 @@ fn check_all(docs: &[Vec<u32>], vocab: usize, queries: &[Vec<u32>]) {
         for reverse in [true, false] {
             let idx = Index::from_docs(spec(vocab), docs, per_shard, reverse).unwrap();
             for q in queries {
-                assert_eq!(idx.count(q).unwrap().count, brute_count(docs, q), "count {q:?}");
+                assert_eq!(
+                    idx.count(q).unwrap().count,
+                    brute_count(docs, q),
+                    "count {q:?}"
+                );
                 if !q.is_empty() {
                     assert_eq!(idx.find(q).unwrap().cnt, brute_count(docs, q), "find {q:?}");
                 }
@@ -88,8 +92,11 @@ fn check_all(docs: &[Vec<u32>], vocab: usize, queries: &[Vec<u32>]) {
                 let (l, m) = brute_infgram(docs, q);
                 let got = idx.infgram_ntd(q).unwrap();
                 assert_eq!(got.suffix_len, Some(l), "infgram suffix_len {q:?}");
-                let got: BTreeMap<u32, u64> =
-                    got.result_by_token_id.into_iter().map(|(t, p)| (t, p.cont_cnt)).collect();
+                let got: BTreeMap<u32, u64> = got
+                    .result_by_token_id
+                    .into_iter()
+                    .map(|(t, p)| (t, p.cont_cnt))
+                    .collect();
                 assert_eq!(got, m, "infgram_ntd {q:?}");
                 if let Some((&last, prompt)) = q.split_last() {
                     let pr = idx.prob(prompt, last).unwrap();
@@ -161,14 +168,26 @@ fn edge_cases() {
     check_all(&[vec![0]], 2, &[vec![], vec![0], vec![1], vec![0, 0]]);
     // Query across a document boundary never matches.
     let docs = vec![vec![1, 2, 3], vec![4, 5]];
-    check_all(&docs, 10, &[vec![3, 4], vec![3], vec![2, 3], vec![5], vec![9]]);
+    check_all(
+        &docs,
+        10,
+        &[vec![3, 4], vec![3], vec![2, 3], vec![5], vec![9]],
+    );
     let idx = Index::from_docs(spec(10), &docs, 1, true).unwrap();
     assert_eq!(idx.count(&[3, 4]).unwrap().count, 0);
-    assert_eq!(idx.count(&[]).unwrap().count, 5, "empty query counts corpus tokens");
+    assert_eq!(
+        idx.count(&[]).unwrap().count,
+        5,
+        "empty query counts corpus tokens"
+    );
     // Largest token id of each width.
     for vocab in [254usize, 65534, 70_000] {
         let top = vocab as u32 - 1;
-        check_all(&[vec![top, 0, top], vec![top]], vocab, &[vec![top], vec![top, 0], vec![0, top, 0]]);
+        check_all(
+            &[vec![top, 0, top], vec![top]],
+            vocab,
+            &[vec![top], vec![top, 0], vec![0, top, 0]],
+        );
     }
     // Ids outside the vocabulary are refused, not answered.
     assert!(idx.count(&[10]).is_err());
@@ -184,15 +203,23 @@ fn edge_cases() {
 
 #[test]
 fn search_docs_cnf() {
-    let docs = vec![vec![1, 2, 3, 4, 5, 6], vec![1, 2, 9, 9, 9, 9, 9, 5, 6], vec![5, 6, 1, 2]];
+    let docs = vec![
+        vec![1, 2, 3, 4, 5, 6],
+        vec![1, 2, 9, 9, 9, 9, 9, 5, 6],
+        vec![5, 6, 1, 2],
+    ];
     let idx = Index::from_docs(spec(10), &docs, 2, true).unwrap();
     // (1 2) AND (5 6) within 3 tokens: docs 0 and 2, not 1 (too far).
-    let r = idx.search_docs(&[vec![vec![1, 2]], vec![vec![5, 6]]], 10, 3, 1000, 20).unwrap();
+    let r = idx
+        .search_docs(&[vec![vec![1, 2]], vec![vec![5, 6]]], 10, 3, 1000, 20)
+        .unwrap();
     let mut found: Vec<u64> = r.documents.iter().map(|d| d.doc_ix).collect();
     found.sort();
     assert_eq!(found, vec![0, 2]);
     // OR inside a clause.
-    let r = idx.search_docs(&[vec![vec![3], vec![9, 9]]], 10, 0, 1000, 20).unwrap();
+    let r = idx
+        .search_docs(&[vec![vec![3], vec![9, 9]]], 10, 0, 1000, 20)
+        .unwrap();
     assert_eq!(r.cnt, 1 + 4);
     assert!(idx.search_docs(&[], 10, 3, 1000, 20).is_err());
 }

@@ -7,12 +7,18 @@ use infgram::tokenizer::{ByteTokenizer, Tokenizer};
 use infgram::Index;
 
 fn tiny_shakespeare() -> (Vec<u32>, Vec<u32>) {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/data/tinyshakespeare.txt");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../shared/data/tinyshakespeare.txt"
+    );
     let text = std::fs::read_to_string(path).expect("../shared/data/tinyshakespeare.txt");
     assert_eq!(text.len(), 1_115_394);
     let cut = text.len() * 9 / 10;
     let tok = ByteTokenizer;
-    (tok.encode(&text[..cut]).unwrap(), tok.encode(&text[cut..]).unwrap())
+    (
+        tok.encode(&text[..cut]).unwrap(),
+        tok.encode(&text[cut..]).unwrap(),
+    )
 }
 
 #[test]

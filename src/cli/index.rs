@@ -36,7 +36,9 @@ pub struct IndexArgs {
 pub fn run(args: IndexArgs) -> Result<()> {
     let tok = infgram::tokenizer::load(&super::query::resolve_tokenizer_name(&args.tokenizer))?;
     let opts = BuildOptions {
-        mem_bytes: args.mem.map_or_else(default_mem_bytes, |gb| (gb * 1e9) as u64),
+        mem_bytes: args
+            .mem
+            .map_or_else(default_mem_bytes, |gb| (gb * 1e9) as u64),
         reverse: !args.no_reverse,
         overwrite: args.force,
         progress: std::io::stderr().is_terminal(),

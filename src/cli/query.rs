@@ -97,7 +97,10 @@ pub struct Request {
 }
 
 /// Opens the index and the tokenizer that must go with it.
-pub fn open_index(dir: &std::path::Path, tokenizer: Option<&str>) -> Result<(Index<Mmap>, Box<dyn Tokenizer>)> {
+pub fn open_index(
+    dir: &std::path::Path,
+    tokenizer: Option<&str>,
+) -> Result<(Index<Mmap>, Box<dyn Tokenizer>)> {
     let index = Index::open(dir)?;
     let tok = match tokenizer {
         Some(name) => {
@@ -155,7 +158,11 @@ pub fn run(args: QueryArgs) -> Result<()> {
         text: args.text.clone(),
         cont_id: args.cont_id,
         cont_text: args.cont_text.clone(),
-        cnf: args.cnf.as_deref().map(|c| parse_cnf_arg(c, tok.as_ref())).transpose()?,
+        cnf: args
+            .cnf
+            .as_deref()
+            .map(|c| parse_cnf_arg(c, tok.as_ref()))
+            .transpose()?,
         maxnum: Some(args.maxnum),
         max_diff_tokens: Some(args.max_diff_tokens),
         max_clause_freq: Some(args.max_clause_freq),
@@ -209,7 +216,10 @@ fn cont_of(req: &Request, tok: &dyn Tokenizer) -> Result<u32> {
     };
     match tok.encode(t)?.as_slice() {
         [one] => Ok(*one),
-        ids => bail!("--cont-text {t:?} is {} tokens; it must be exactly one", ids.len()),
+        ids => bail!(
+            "--cont-text {t:?} is {} tokens; it must be exactly one",
+            ids.len()
+        ),
     }
 }
 
@@ -218,7 +228,11 @@ fn ntd_json(r: NtdResult) -> Value {
 }
 
 /// Runs one request and returns its JSON result.
-pub fn execute<S: AsRef<[u8]> + Sync>(index: &Index<S>, tok: &dyn Tokenizer, req: &Request) -> Result<Value> {
+pub fn execute<S: AsRef<[u8]> + Sync>(
+    index: &Index<S>,
+    tok: &dyn Tokenizer,
+    req: &Request,
+) -> Result<Value> {
     let ids = ids_of(req, tok)?;
     Ok(match req.query_type.as_str() {
         "count" => serde_json::to_value(index.count(&ids)?)?,
@@ -230,8 +244,9 @@ pub fn execute<S: AsRef<[u8]> + Sync>(index: &Index<S>, tok: &dyn Tokenizer, req
         "longest_match" => json!({ "matches": index.longest_match(&ids)? }),
         "search_docs" => {
             let cnf: Vec<Vec<Vec<u32>>> = match &req.cnf {
-                Some(v) => serde_json::from_value(v.clone())
-                    .context("cnf must be a list of clauses, each a list of n-grams (lists of ids)")?,
+                Some(v) => serde_json::from_value(v.clone()).context(
+                    "cnf must be a list of clauses, each a list of n-grams (lists of ids)",
+                )?,
                 None => vec![vec![ids]],
             };
             let r = index.search_docs(
@@ -242,7 +257,12 @@ pub fn execute<S: AsRef<[u8]> + Sync>(index: &Index<S>, tok: &dyn Tokenizer, req
                 req.max_disp_len.unwrap_or(100),
             )?;
             let mut v = serde_json::to_value(&r)?;
-            for (d, doc) in v["documents"].as_array_mut().into_iter().flatten().zip(&r.documents) {
+            for (d, doc) in v["documents"]
+                .as_array_mut()
+                .into_iter()
+                .flatten()
+                .zip(&r.documents)
+            {
                 d["text"] = json!(tok.decode(&doc.token_ids)?);
             }
             v
@@ -251,7 +271,9 @@ pub fn execute<S: AsRef<[u8]> + Sync>(index: &Index<S>, tok: &dyn Tokenizer, req
             let s = req.s.unwrap_or(0);
             let disp = req.max_disp_len.unwrap_or(100);
             let doc = if req.query_type == "get_doc_by_rank" {
-                let rank = req.rank.context("get_doc_by_rank needs \"rank\" (--rank)")?;
+                let rank = req
+                    .rank
+                    .context("get_doc_by_rank needs \"rank\" (--rank)")?;
                 index.get_doc_by_rank(s, rank, ids.len(), disp)?
             } else {
                 let ptr = req.ptr.context("get_doc_by_ptr needs \"ptr\" (--rank)")?;
@@ -297,23 +319,48 @@ fn print_table(out: &mut impl Write, req: &Request, v: &Value, tok: &dyn Tokeniz
         }
         "longest_match" => {
             let ids = ids_of(req, tok)?;
-            writeln!(out, "{:>5}  {:>12}  {:>6}  {:>10}  span ending here", "pos", "token", "len", "count")?;
+            writeln!(
+                out,
+                "{:>5}  {:>12}  {:>6}  {:>10}  span ending here",
+                "pos", "token", "len", "count"
+            )?;
             for (j, m) in v["matches"].as_array().into_iter().flatten().enumerate() {
                 let len = m["len"].as_u64().unwrap_or(0) as usize;
                 let span = tok.decode(&ids[j + 1 - len..=j]).unwrap_or_default();
-                writeln!(out, "{j:>5}  {:>12}  {len:>6}  {:>10}  {span:?}", show_token(tok, ids[j]), m["count"])?;
+                writeln!(
+                    out,
+                    "{j:>5}  {:>12}  {len:>6}  {:>10}  {span:?}",
+                    show_token(tok, ids[j]),
+                    m["count"]
+                )?;
             }
         }
         "search_docs" | "get_doc_by_rank" | "get_doc_by_ptr" => {
             let docs: Vec<&Value> = match v.get("documents") {
                 Some(d) => {
-                    writeln!(out, "cnt {}{}", v["cnt"], if v["approx"] == json!(true) { " (approx)" } else { "" })?;
+                    writeln!(
+                        out,
+                        "cnt {}{}",
+                        v["cnt"],
+                        if v["approx"] == json!(true) {
+                            " (approx)"
+                        } else {
+                            ""
+                        }
+                    )?;
                     d.as_array().into_iter().flatten().collect()
                 }
                 None => vec![v],
             };
             for d in docs {
-                writeln!(out, "--- doc {} (shard {}, {} tokens) {}", d["doc_ix"], d["s"], d["doc_len"], d["metadata"].as_str().unwrap_or(""))?;
+                writeln!(
+                    out,
+                    "--- doc {} (shard {}, {} tokens) {}",
+                    d["doc_ix"],
+                    d["s"],
+                    d["doc_len"],
+                    d["metadata"].as_str().unwrap_or("")
+                )?;
                 writeln!(out, "{}", d["text"].as_str().unwrap_or(""))?;
             }
         }

@@ -85,7 +85,10 @@ pub fn perplexity<S: AsRef<[u8]> + Sync>(
     }
     let vocab = index.vocab_size();
     let positions: Vec<usize> = (1..tokens.len()).collect();
-    let chunk = positions.len().div_ceil(rayon::current_num_threads() * 4).max(1);
+    let chunk = positions
+        .len()
+        .div_ceil(rayon::current_num_threads() * 4)
+        .max(1);
     let parts: Vec<Result<Partial>> = positions
         .par_chunks(chunk)
         .map(|chunk| {

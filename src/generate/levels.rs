@@ -73,9 +73,20 @@ impl<'a, S: AsRef<[u8]> + Sync> LevelFinder<'a, S> {
     /// Up to `k` levels of `ctx` (all when `k < 0`), longest suffix first. With
     /// `include_empty`, the empty context (the unigram distribution) may end the list.
     pub fn levels(&mut self, ctx: &[u32], k: i64, include_empty: bool) -> Vec<Level> {
-        let per_shard: Vec<Vec<Occ>> = self.index.shards().iter().map(|s| s.suffix_occs(ctx)).collect();
+        let per_shard: Vec<Vec<Occ>> = self
+            .index
+            .shards()
+            .iter()
+            .map(|s| s.suffix_occs(ctx))
+            .collect();
         let lmax = per_shard.iter().map(|o| o.len() - 1).max().unwrap_or(0);
-        let raw = |l: usize| -> usize { per_shard.iter().filter_map(|o| o.get(l)).map(|o| o.len()).sum() };
+        let raw = |l: usize| -> usize {
+            per_shard
+                .iter()
+                .filter_map(|o| o.get(l))
+                .map(|o| o.len())
+                .sum()
+        };
         let mut kept: Vec<Level> = Vec::new();
         let (mut prev_raw, mut prev_total) = (0usize, 0u64);
         let lowest = if include_empty { 0 } else { 1 };
@@ -89,7 +100,11 @@ impl<'a, S: AsRef<[u8]> + Sync> LevelFinder<'a, S> {
             let total: u64 = counts.iter().map(|&(_, c)| c).sum();
             if total > prev_total {
                 prev_total = total;
-                kept.push(Level { len: l, total, counts });
+                kept.push(Level {
+                    len: l,
+                    total,
+                    counts,
+                });
                 if k >= 0 && kept.len() as i64 >= k {
                     break;
                 }

@@ -34,7 +34,11 @@ pub enum Estimator {
 
 impl Estimator {
     /// The levels this estimator needs for a context.
-    pub fn levels<S: AsRef<[u8]> + Sync>(&self, finder: &mut LevelFinder<'_, S>, ctx: &[u32]) -> Vec<Level> {
+    pub fn levels<S: AsRef<[u8]> + Sync>(
+        &self,
+        finder: &mut LevelFinder<'_, S>,
+        ctx: &[u32],
+    ) -> Vec<Level> {
         match self {
             Estimator::Sbis { k, .. } => finder.levels(ctx, *k, false),
             Estimator::Smoothed(_) => finder.levels(ctx, -1, true),
@@ -100,7 +104,9 @@ pub fn generate<S: AsRef<[u8]> + Sync>(
     mut on_token: impl FnMut(u32),
 ) -> Result<Generation> {
     if index.total_tokens() == 0 {
-        return Err(Error::input("the index is empty: index a corpus with some text first"));
+        return Err(Error::input(
+            "the index is empty: index a corpus with some text first",
+        ));
     }
     let sep = index.separator();
     let vocab = index.vocab_size();
@@ -121,8 +127,12 @@ pub fn generate<S: AsRef<[u8]> + Sync>(
         out.steps.push(StepStats {
             levels: levels.iter().map(|l| (l.len, l.total)).collect(),
         });
-        let dist = cfg.estimator.distribution(&levels, vocab.max(sep as usize + 1));
-        let Some(tok) = sampler.sample(&dist) else { break };
+        let dist = cfg
+            .estimator
+            .distribution(&levels, vocab.max(sep as usize + 1));
+        let Some(tok) = sampler.sample(&dist) else {
+            break;
+        };
         if tok == sep {
             out.hit_end = true;
             break;

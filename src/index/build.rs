@@ -101,7 +101,10 @@ impl ShardWriter {
             for chunk in self.tokens.chunks_exact(w).rev() {
                 rev.extend_from_slice(chunk);
             }
-            Some(pack_pointers(&suffix_array(&rev, self.width, vocab_size)?, pw))
+            Some(pack_pointers(
+                &suffix_array(&rev, self.width, vocab_size)?,
+                pw,
+            ))
         } else {
             None
         };
@@ -131,15 +134,24 @@ fn suffix_array(tokens: &[u8], width: u8, vocab_size: usize) -> Result<Vec<i64>>
     } else {
         ThreadCount::fixed(1)
     };
-    let err = |e: libsais::LibsaisError| Error::input(format!("suffix array construction failed: {e:?}"));
+    let err =
+        |e: libsais::LibsaisError| Error::input(format!("suffix array construction failed: {e:?}"));
     let small = n < (i32::MAX as usize) - 16;
     macro_rules! run {
         ($c:expr) => {{
             if small {
-                let sa = $c.in_owned_buffer32().multi_threaded(threads).run().map_err(err)?;
+                let sa = $c
+                    .in_owned_buffer32()
+                    .multi_threaded(threads)
+                    .run()
+                    .map_err(err)?;
                 sa.suffix_array().iter().map(|&x| x as i64).collect()
             } else {
-                let sa = $c.in_owned_buffer64().multi_threaded(threads).run().map_err(err)?;
+                let sa = $c
+                    .in_owned_buffer64()
+                    .multi_threaded(threads)
+                    .run()
+                    .map_err(err)?;
                 sa.suffix_array().to_vec()
             }
         }};
@@ -179,7 +191,12 @@ fn suffix_array(tokens: &[u8], width: u8, vocab_size: usize) -> Result<Vec<i64>>
                     .multi_threaded(threads);
                 // SAFETY: every value of `t` was checked to lie in [0, sep_code].
                 let c = unsafe { c.with_alphabet_size(alphabet) };
-                c.run().map_err(err)?.suffix_array().iter().map(|&x| x as i64).collect()
+                c.run()
+                    .map_err(err)?
+                    .suffix_array()
+                    .iter()
+                    .map(|&x| x as i64)
+                    .collect()
             } else {
                 let alphabet = libsais::suffix_array::AlphabetSize::new(sep_code as i64 + 1);
                 let mut t64: Vec<i64> = t.iter().map(|&x| x as i64).collect();
@@ -225,9 +242,16 @@ impl TempIndexDir {
         let name = out
             .file_name()
             .ok_or_else(|| Error::input(format!("{}: not a directory name", out.display())))?;
-        let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let parent = out
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
         std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
-        let tmp = parent.join(format!("{}.tmp-{}", name.to_string_lossy(), std::process::id()));
+        let tmp = parent.join(format!(
+            "{}.tmp-{}",
+            name.to_string_lossy(),
+            std::process::id()
+        ));
         if tmp.exists() {
             let _ = std::fs::remove_dir_all(&tmp);
         }

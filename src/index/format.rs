@@ -137,7 +137,10 @@ impl Header {
         let value: serde_json::Value = serde_json::from_slice(&text)
             .map_err(|e| Error::corrupt(&path, format!("not valid JSON ({e})")))?;
         if value.get("magic").and_then(|m| m.as_str()) != Some(MAGIC) {
-            return Err(Error::corrupt(&path, "not an infgram index header (bad magic)"));
+            return Err(Error::corrupt(
+                &path,
+                "not an infgram index header (bad magic)",
+            ));
         }
         let got = value
             .get("format_version")
@@ -156,10 +159,16 @@ impl Header {
             return Err(Error::corrupt(&path, "header checksum mismatch"));
         }
         if header.byte_order != "little" || !matches!(header.token_width, 1 | 2 | 4) {
-            return Err(Error::corrupt(&path, "unsupported byte order or token width"));
+            return Err(Error::corrupt(
+                &path,
+                "unsupported byte order or token width",
+            ));
         }
         if header.separator != separator_for_width(header.token_width) {
-            return Err(Error::corrupt(&path, "separator does not match the token width"));
+            return Err(Error::corrupt(
+                &path,
+                "separator does not match the token width",
+            ));
         }
         Ok(header)
     }

@@ -66,16 +66,19 @@ impl Index<Mmap> {
             }
             let open = |name: &str| -> Result<Mmap> {
                 let path = sdir.join(name);
-                let info = sh
-                    .files
-                    .get(name)
-                    .ok_or_else(|| Error::corrupt(dir.join(HEADER_FILE), format!("no entry for {name}")))?;
+                let info = sh.files.get(name).ok_or_else(|| {
+                    Error::corrupt(dir.join(HEADER_FILE), format!("no entry for {name}"))
+                })?;
                 // SAFETY: finished indexes are never written to (see `map_file`).
                 let map = unsafe { map_file(&path)? };
                 if map.len() as u64 != info.bytes {
                     return Err(Error::corrupt(
                         &path,
-                        format!("{} bytes, the header says {} (truncated or overwritten)", map.len(), info.bytes),
+                        format!(
+                            "{} bytes, the header says {} (truncated or overwritten)",
+                            map.len(),
+                            info.bytes
+                        ),
                     ));
                 }
                 if info.bytes <= SMALL_FILE_LIMIT && crc32fast::hash(&map) != info.crc32 {
@@ -86,19 +89,38 @@ impl Index<Mmap> {
             let w = header.token_width as usize;
             let tokens = open("tokens.bin")?;
             let sa = open("sa.bin")?;
-            let rsa = if sh.reverse { Some(open("rsa.bin")?) } else { None };
+            let rsa = if sh.reverse {
+                Some(open("rsa.bin")?)
+            } else {
+                None
+            };
             let docs = open("docs.bin")?;
             let meta = (open("meta.jsonl")?, open("meta_offsets.bin")?);
             let n = sh.tokens as usize;
             let pw = sh.pointer_width as usize;
             let sa_ok = |m: &Mmap| m.len() == n * pw + SA_PADDING;
             if tokens.len() != n * w || !sa_ok(&sa) || rsa.as_ref().is_some_and(|r| !sa_ok(r)) {
-                return Err(Error::corrupt(&sdir, "file sizes disagree with the token count"));
+                return Err(Error::corrupt(
+                    &sdir,
+                    "file sizes disagree with the token count",
+                ));
             }
             if docs.len() != (sh.documents as usize + 1) * 8 {
-                return Err(Error::corrupt(sdir.join("docs.bin"), "size disagrees with the document count"));
+                return Err(Error::corrupt(
+                    sdir.join("docs.bin"),
+                    "size disagrees with the document count",
+                ));
             }
-            shards.push(Shard::new(tokens, sa, rsa, docs, Some(meta), w, pw, header.separator));
+            shards.push(Shard::new(
+                tokens,
+                sa,
+                rsa,
+                docs,
+                Some(meta),
+                w,
+                pw,
+                header.separator,
+            ));
         }
         Ok(Index {
             header,

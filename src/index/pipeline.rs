@@ -89,7 +89,9 @@ pub fn build_index(
     let t0 = Instant::now();
     let files = corpus::list_files(inputs)?;
     if files.is_empty() {
-        return Err(Error::input("no input files: pass .txt, .jsonl[.gz|.zst] files or directories"));
+        return Err(Error::input(
+            "no input files: pass .txt, .jsonl[.gz|.zst] files or directories",
+        ));
     }
     let total_in = corpus::total_bytes(&files);
     let width = token_width_for_vocab(tokenizer.vocab_size());
@@ -126,8 +128,14 @@ pub fn build_index(
         bar.set_message("tokenizing");
         Ok(())
     };
-    let tokenize_batch = |batch: &mut Vec<corpus::Doc>, writer: &mut ShardWriter, header: &mut Header| -> Result<()> {
-        let encoded: Vec<Result<Vec<u32>>> = batch.par_iter().map(|d| tokenizer.encode(&d.text)).collect();
+    let tokenize_batch = |batch: &mut Vec<corpus::Doc>,
+                          writer: &mut ShardWriter,
+                          header: &mut Header|
+     -> Result<()> {
+        let encoded: Vec<Result<Vec<u32>>> = batch
+            .par_iter()
+            .map(|d| tokenizer.encode(&d.text))
+            .collect();
         for (doc, ids) in batch.drain(..).zip(encoded) {
             let ids = ids?;
             if writer.len() + ids.len() + 1 > cap && !writer.is_empty() {
@@ -187,7 +195,10 @@ fn progress_bar(total: u64, show: bool) -> indicatif::ProgressBar {
     if !show {
         return indicatif::ProgressBar::hidden();
     }
-    let bar = indicatif::ProgressBar::with_draw_target(Some(total), indicatif::ProgressDrawTarget::stderr());
+    let bar = indicatif::ProgressBar::with_draw_target(
+        Some(total),
+        indicatif::ProgressDrawTarget::stderr(),
+    );
     bar.set_style(
         indicatif::ProgressStyle::with_template(
             "{spinner} [{elapsed_precise}] {bar:30} {bytes}/{total_bytes} ({bytes_per_sec}) {msg}",

@@ -184,7 +184,10 @@ impl<S: AsRef<[u8]>> Shard<S> {
         let mut out: Counts = Vec::new();
         match occ {
             Occ::Rev(r) if r.1 - r.0 <= SCAN_LIMIT => {
-                let mut v: Vec<u32> = (r.0..r.1).filter_map(|i| self.rnext(i)).filter(|&t| keep(t)).collect();
+                let mut v: Vec<u32> = (r.0..r.1)
+                    .filter_map(|i| self.rnext(i))
+                    .filter(|&t| keep(t))
+                    .collect();
                 v.sort_unstable();
                 for t in v {
                     match out.last_mut() {
@@ -242,7 +245,11 @@ impl<S: AsRef<[u8]>> Shard<S> {
             _ => {
                 let mut qs = q.to_vec();
                 qs.push(self.separator());
-                let all = if let Occ::Fwd(r) = occ { r.1 - r.0 } else { occ.len() };
+                let all = if let Occ::Fwd(r) = occ {
+                    r.1 - r.0
+                } else {
+                    occ.len()
+                };
                 let f = self.find(&qs);
                 (all - (f.1 - f.0)) as u64
             }
@@ -253,7 +260,10 @@ impl<S: AsRef<[u8]>> Shard<S> {
 impl<S: AsRef<[u8]> + Sync> Index<S> {
     fn check_query(&self, q: &[u32]) -> Result<()> {
         let sep = self.separator();
-        if let Some(&t) = q.iter().find(|&&t| t >= sep || t as usize >= self.vocab_size().max(1)) {
+        if let Some(&t) = q
+            .iter()
+            .find(|&&t| t >= sep || t as usize >= self.vocab_size().max(1))
+        {
             return Err(Error::input(format!(
                 "token id {t} is outside the index's vocabulary (0..{})",
                 self.vocab_size()
@@ -283,7 +293,10 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
             .into_iter()
             .sum()
         };
-        Ok(CountResult { count, approx: false })
+        Ok(CountResult {
+            count,
+            approx: false,
+        })
     }
 
     /// `count(prompt·cont) / count(prompt)`.
@@ -295,7 +308,11 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
         Ok(ProbResult {
             prompt_cnt,
             cont_cnt,
-            prob: if prompt_cnt == 0 { -1.0 } else { cont_cnt as f64 / prompt_cnt as f64 },
+            prob: if prompt_cnt == 0 {
+                -1.0
+            } else {
+                cont_cnt as f64 / prompt_cnt as f64
+            },
             suffix_len: None,
         })
     }
@@ -365,11 +382,18 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
         self.check_query(&[cont])?;
         let (l, counts) = self.infgram_counts(prompt)?;
         let prompt_cnt: u64 = counts.iter().map(|&(_, c)| c).sum();
-        let cont_cnt = counts.iter().find(|&&(t, _)| t == cont).map_or(0, |&(_, c)| c);
+        let cont_cnt = counts
+            .iter()
+            .find(|&&(t, _)| t == cont)
+            .map_or(0, |&(_, c)| c);
         Ok(ProbResult {
             prompt_cnt,
             cont_cnt,
-            prob: if prompt_cnt == 0 { -1.0 } else { cont_cnt as f64 / prompt_cnt as f64 },
+            prob: if prompt_cnt == 0 {
+                -1.0
+            } else {
+                cont_cnt as f64 / prompt_cnt as f64
+            },
             suffix_len: Some(l),
         })
     }
@@ -404,25 +428,47 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
     }
 
     /// The document around suffix-array rank `rank` of shard `s` (a window of `max_disp_len`).
-    pub fn get_doc_by_rank(&self, s: usize, rank: usize, needle_len: usize, max_disp_len: usize) -> Result<Document> {
-        let sh = self
-            .shards()
-            .get(s)
-            .ok_or_else(|| Error::input(format!("shard {s} does not exist ({} shards)", self.shards().len())))?;
+    pub fn get_doc_by_rank(
+        &self,
+        s: usize,
+        rank: usize,
+        needle_len: usize,
+        max_disp_len: usize,
+    ) -> Result<Document> {
+        let sh = self.shards().get(s).ok_or_else(|| {
+            Error::input(format!(
+                "shard {s} does not exist ({} shards)",
+                self.shards().len()
+            ))
+        })?;
         if rank >= sh.len() {
-            return Err(Error::input(format!("rank {rank} is outside shard {s} (0..{})", sh.len())));
+            return Err(Error::input(format!(
+                "rank {rank} is outside shard {s} (0..{})",
+                sh.len()
+            )));
         }
         Ok(self.doc_window(s, sh.sa(rank), needle_len, max_disp_len))
     }
 
     /// The document around token position `ptr` of shard `s`.
-    pub fn get_doc_by_ptr(&self, s: usize, ptr: usize, needle_len: usize, max_disp_len: usize) -> Result<Document> {
-        let sh = self
-            .shards()
-            .get(s)
-            .ok_or_else(|| Error::input(format!("shard {s} does not exist ({} shards)", self.shards().len())))?;
+    pub fn get_doc_by_ptr(
+        &self,
+        s: usize,
+        ptr: usize,
+        needle_len: usize,
+        max_disp_len: usize,
+    ) -> Result<Document> {
+        let sh = self.shards().get(s).ok_or_else(|| {
+            Error::input(format!(
+                "shard {s} does not exist ({} shards)",
+                self.shards().len()
+            ))
+        })?;
         if ptr >= sh.len() {
-            return Err(Error::input(format!("pointer {ptr} is outside shard {s} (0..{})", sh.len())));
+            return Err(Error::input(format!(
+                "pointer {ptr} is outside shard {s} (0..{})",
+                sh.len()
+            )));
         }
         Ok(self.doc_window(s, ptr, needle_len, max_disp_len))
     }
@@ -437,8 +483,14 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
         max_clause_freq: usize,
         max_disp_len: usize,
     ) -> Result<SearchResult> {
-        if cnf.is_empty() || cnf.iter().any(|c| c.is_empty() || c.iter().any(|g| g.is_empty())) {
-            return Err(Error::input("search_docs needs at least one clause, and no empty clause or n-gram"));
+        if cnf.is_empty()
+            || cnf
+                .iter()
+                .any(|c| c.is_empty() || c.iter().any(|g| g.is_empty()))
+        {
+            return Err(Error::input(
+                "search_docs needs at least one clause, and no empty clause or n-gram",
+            ));
         }
         for g in cnf.iter().flatten() {
             self.check_query(g)?;
@@ -461,12 +513,18 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
                     } else {
                         1
                     };
-                    pos.extend((r.0..r.1).step_by(step).map(|i| (sh.sa(i), sh.sa(i) + g.len())));
+                    pos.extend(
+                        (r.0..r.1)
+                            .step_by(step)
+                            .map(|i| (sh.sa(i), sh.sa(i) + g.len())),
+                    );
                 }
                 pos.sort_unstable();
                 clauses.push(pos);
             }
-            let rarest = (0..clauses.len()).min_by_key(|&i| clauses[i].len()).unwrap_or(0);
+            let rarest = (0..clauses.len())
+                .min_by_key(|&i| clauses[i].len())
+                .unwrap_or(0);
             for &(p, e) in &clauses[rarest] {
                 let doc = sh.doc_of(p);
                 let (da, db) = sh.doc_span(doc);
@@ -488,7 +546,11 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
                 }
             }
         }
-        Ok(SearchResult { cnt, approx, documents })
+        Ok(SearchResult {
+            cnt,
+            approx,
+            documents,
+        })
     }
 
     /// For each position `j` of `tokens`, the longest span ending at `j` that occurs in the
@@ -507,7 +569,10 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
                 .filter_map(|o| o.get(len))
                 .map(|o| o.len() as u64)
                 .sum();
-            out.push(Match { len, count: if len == 0 { 0 } else { count } });
+            out.push(Match {
+                len,
+                count: if len == 0 { 0 } else { count },
+            });
             prev = len;
         }
         Ok(out)

@@ -305,7 +305,9 @@ impl<S: AsRef<[u8]>> Shard<S> {
         let o = offs.as_ref();
         let a = u64::from_le_bytes(o[8 * d..8 * d + 8].try_into().ok()?) as usize;
         let b = u64::from_le_bytes(o[8 * d + 8..8 * d + 16].try_into().ok()?) as usize;
-        std::str::from_utf8(meta.as_ref().get(a..b)?).ok().map(|s| s.trim_end())
+        std::str::from_utf8(meta.as_ref().get(a..b)?)
+            .ok()
+            .map(|s| s.trim_end())
     }
 
     /// Tokens `T[a..b]`.

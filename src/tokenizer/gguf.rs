@@ -68,18 +68,19 @@ pub fn gguf_tokenizer_json(path: &Path) -> Result<String> {
         "gpt2" | "default" => json!({
             "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true
         }),
-        other => {
-            return Err(Error::Tokenizer(format!(
-                "{}: GGUF pre-tokenizer {other:?} is not supported (known: smollm, starcoder, gpt2); \
+        other => return Err(Error::Tokenizer(format!(
+            "{}: GGUF pre-tokenizer {other:?} is not supported (known: smollm, starcoder, gpt2); \
                  pass the model's tokenizer.json with --tokenizer instead",
-                path.display()
-            )))
-        }
+            path.display()
+        ))),
     };
     let tokens = strings(&content, "tokenizer.ggml.tokens", path)?;
     let merges = strings(&content, "tokenizer.ggml.merges", path)?;
     let types: Vec<i64> = match content.metadata.get("tokenizer.ggml.token_type") {
-        Some(Value::Array(a)) => a.iter().map(|v| v.to_i32().map(i64::from).unwrap_or(1)).collect(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| v.to_i32().map(i64::from).unwrap_or(1))
+            .collect(),
         _ => vec![1; tokens.len()],
     };
     let vocab: serde_json::Map<String, serde_json::Value> = tokens

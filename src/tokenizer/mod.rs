@@ -76,10 +76,9 @@ impl Tokenizer for ByteTokenizer {
     fn decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>> {
         ids.iter()
             .map(|&t| {
-                u8::try_from(t)
-                    .ok()
-                    .filter(|&b| b != 0xFF)
-                    .ok_or_else(|| Error::input(format!("token id {t} is not a byte token (0..=254)")))
+                u8::try_from(t).ok().filter(|&b| b != 0xFF).ok_or_else(|| {
+                    Error::input(format!("token id {t} is not a byte token (0..=254)"))
+                })
             })
             .collect()
     }
@@ -281,7 +280,11 @@ pub fn from_spec(spec: &TokenizerSpec) -> Result<Box<dyn Tokenizer>> {
                 spec.path
             ))
         })?,
-        other => return Err(Error::input(format!("unknown tokenizer kind {other:?} in index"))),
+        other => {
+            return Err(Error::input(format!(
+                "unknown tokenizer kind {other:?} in index"
+            )))
+        }
     };
     check_fingerprint(spec, tok.as_ref())?;
     Ok(tok)
@@ -291,7 +294,11 @@ pub fn from_spec(spec: &TokenizerSpec) -> Result<Box<dyn Tokenizer>> {
 pub fn check_fingerprint(spec: &TokenizerSpec, tok: &dyn Tokenizer) -> Result<()> {
     if spec.fingerprint != tok.fingerprint() {
         return Err(Error::TokenizerMismatch {
-            index: if spec.path.is_empty() { spec.kind.clone() } else { spec.path.clone() },
+            index: if spec.path.is_empty() {
+                spec.kind.clone()
+            } else {
+                spec.path.clone()
+            },
             index_fp: spec.fingerprint.clone(),
             query: tok.name(),
             query_fp: tok.fingerprint(),

@@ -1,0 +1,201 @@
+//! `infgram gen`: generate text from the ∞-gram index with SBIS (or the smoothed estimator).
+
+use anyhow::{bail, Result};
+use clap::Args;
+use infgram::generate::sampler::{Sampler, SamplerConfig};
+use infgram::generate::smoothed::Discounts;
+use infgram::generate::{generate, Estimator, GenConfig};
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+
+/// Arguments of `infgram gen`.
+#[derive(Args, Debug)]
+pub struct GenArgs {
+    /// The prompt.
+    #[arg(long, default_value = "")]
+    pub prompt: String,
+    /// Index to generate from (default: Shakespeare's complete works, fetched and indexed on first use).
+    #[arg(long, conflicts_with = "corpus")]
+    pub index: Option<PathBuf>,
+    /// Corpus files to generate from (indexed into the cache on first use, keyed by content).
+    #[arg(long, num_args = 1..)]
+    pub corpus: Vec<PathBuf>,
+    /// Estimator: `sbis` (selective backoff interpolation) or `smoothed`.
+    #[arg(long, default_value = "sbis")]
+    pub estimator: String,
+    /// SBIS levels to interpolate (−1: all).
+    #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
+    pub k: i64,
+    /// SBIS weight ratio between consecutive levels.
+    #[arg(long, default_value_t = 0.1)]
+    pub decay: f64,
+    /// Sampling temperature (0: greedy).
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f64,
+    /// Nucleus sampling mass.
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f64,
+    /// Keep only the k most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Context length in tokens.
+    #[arg(long, default_value_t = 200)]
+    pub context: usize,
+    /// Tokens to generate at most.
+    #[arg(long, default_value_t = 500)]
+    pub max_tokens: usize,
+    /// Random seed (same seed, same text).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Print tokens as they come (default on a terminal).
+    #[arg(long)]
+    pub stream: bool,
+    /// Print per-level statistics and speed.
+    #[arg(long)]
+    pub stats: bool,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Incremental decoder that prints only complete UTF-8.
+struct Stream {
+    pending: Vec<u8>,
+}
+
+impl Stream {
+    fn push(&mut self, bytes: &[u8], out: &mut impl Write) -> std::io::Result<()> {
+        self.pending.extend_from_slice(bytes);
+        let valid = match std::str::from_utf8(&self.pending) {
+            Ok(_) => self.pending.len(),
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            Err(_) => self.pending.len(), // invalid bytes: flush them lossily
+        };
+        let chunk: Vec<u8> = self.pending.drain(..valid).collect();
+        out.write_all(String::from_utf8_lossy(&chunk).as_bytes())?;
+        out.flush()
+    }
+}
+
+fn stats_line(xs: &mut [f64]) -> String {
+    if xs.is_empty() {
+        return "-".into();
+    }
+    xs.sort_by(f64::total_cmp);
+    let mean = xs.iter().sum::<f64>() / xs.len() as f64;
+    let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / xs.len() as f64;
+    format!(
+        "median {:>8.1}  mean {:>9.1}  std {:>9.1}",
+        xs[xs.len() / 2],
+        mean,
+        var.sqrt()
+    )
+}
+
+/// Runs `infgram gen`.
+pub fn run(args: GenArgs) -> Result<()> {
+    let dir = match &args.index {
+        Some(d) => d.clone(),
+        None => super::cached_byte_index(&args.corpus)?,
+    };
+    let (index, tok) = super::query::open_index(&dir, None)?;
+    let estimator = match args.estimator.as_str() {
+        "sbis" => Estimator::Sbis {
+            k: args.k,
+            decay: args.decay,
+        },
+        "smoothed" => Estimator::Smoothed(Discounts::default()),
+        other => bail!("unknown estimator {other:?}: use sbis or smoothed"),
+    };
+    if args.k == 0 {
+        bail!("--k must be −1 (all levels) or at least 1");
+    }
+    let prompt = tok.encode(&args.prompt)?;
+    let cfg = GenConfig {
+        estimator,
+        context: args.context.max(1),
+        max_tokens: args.max_tokens,
+    };
+    let mut sampler = Sampler::new(
+        SamplerConfig {
+            temperature: args.temperature,
+            top_p: args.top_p,
+            top_k: args.top_k,
+        },
+        args.seed,
+    );
+    let stream = !args.json && (args.stream || std::io::stdout().is_terminal());
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let mut streamer = Stream {
+        pending: Vec::new(),
+    };
+    if stream {
+        out.write_all(args.prompt.as_bytes())?;
+    }
+    let t0 = std::time::Instant::now();
+    let mut io_err = None;
+    let g = generate(&index, &prompt, &cfg, &mut sampler, |t| {
+        if stream && io_err.is_none() {
+            if let Err(e) = tok
+                .decode_bytes(&[t])
+                .map_err(anyhow::Error::from)
+                .and_then(|b| Ok(streamer.push(&b, &mut out)?))
+            {
+                io_err = Some(e);
+            }
+        }
+    })?;
+    let secs = t0.elapsed().as_secs_f64();
+    if let Some(e) = io_err {
+        return Err(e);
+    }
+    let text = tok.decode(&g.tokens)?;
+    let tps = g.tokens.len() as f64 / secs.max(1e-12);
+    if args.json {
+        let v = serde_json::json!({
+            "prompt": args.prompt,
+            "text": text,
+            "tokens": g.tokens.len(),
+            "token_ids": g.tokens,
+            "seconds": secs,
+            "tokens_per_second": tps,
+            "stopped_at_document_end": g.hit_end,
+        });
+        writeln!(out, "{v}")?;
+    } else if !stream {
+        writeln!(out, "{}{}", args.prompt, text)?;
+    } else {
+        writeln!(out)?;
+    }
+    if args.stats {
+        let depth = g.steps.iter().map(|s| s.levels.len()).max().unwrap_or(0);
+        eprintln!(
+            "{} tokens in {:.4} s ({:.0} tokens/s)",
+            g.tokens.len(),
+            secs,
+            tps
+        );
+        for j in 0..depth {
+            let mut n: Vec<f64> = g
+                .steps
+                .iter()
+                .filter_map(|s| s.levels.get(j))
+                .map(|l| l.0 as f64)
+                .collect();
+            let mut m: Vec<f64> = g
+                .steps
+                .iter()
+                .filter_map(|s| s.levels.get(j))
+                .map(|l| l.1 as f64)
+                .collect();
+            eprintln!(
+                "level {j}: steps {:>5}  n: {}  m: {}",
+                n.len(),
+                stats_line(&mut n),
+                stats_line(&mut m)
+            );
+        }
+    }
+    Ok(())
+}

