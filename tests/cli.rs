@@ -1,0 +1,225 @@
+//! The command-line contract, across processes: an index written by `infgram index` is read by
+//! `infgram query`; damaged indexes, wrong tokenizers and bad input give clear errors; a failed
+//! build leaves nothing behind.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+fn infgram(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_infgram"))
+        .args(args)
+        .env("INFGRAM_CACHE", std::env::temp_dir().join("infgram-test-cache"))
+        .output()
+        .expect("run infgram")
+}
+
+fn ok(out: &Output) -> String {
+    assert!(out.status.success(), "failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+fn err(out: &Output) -> String {
+    assert!(!out.status.success(), "should fail: {}", String::from_utf8_lossy(&out.stdout));
+    let e = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!e.contains("panicked"), "panic instead of an error: {e}");
+    e
+}
+
+/// A corpus of .txt, .jsonl and .jsonl.gz files; returns (dir, index dir).
+fn build(tmp: &Path) -> PathBuf {
+    let corpus = tmp.join("corpus");
+    std::fs::create_dir_all(corpus.join("sub")).unwrap();
+    std::fs::write(corpus.join("a.txt"), "the cat sat on the mat").unwrap();
+    std::fs::write(corpus.join("sub/b.txt"), "the dog sat on the log").unwrap();
+    std::fs::write(corpus.join("c.jsonl"), "{\"text\": \"the cat ate\", \"id\": 7}\n").unwrap();
+    let gz = std::fs::File::create(corpus.join("d.jsonl.gz")).unwrap();
+    let mut enc = flate2::write::GzEncoder::new(gz, flate2::Compression::default());
+    enc.write_all(b"{\"text\": \"a cat\", \"source\": \"gz\"}\n").unwrap();
+    enc.finish().unwrap();
+    let index = tmp.join("idx");
+    ok(&infgram(&["index", "-o", index.to_str().unwrap(), corpus.to_str().unwrap()]));
+    index
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_str(ok(out).trim()).unwrap()
+}
+
+#[test]
+fn index_then_query_in_other_processes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let index = build(tmp.path());
+    let idx = index.to_str().unwrap();
+    let v = json(&infgram(&["query", idx, "count", "--text", "cat", "--json"]));
+    assert_eq!(v["count"], 3);
+    let v = json(&infgram(&["query", idx, "count", "--text", "", "--json"]));
+    assert_eq!(v["count"], 22 + 22 + 11 + 5);
+    let v = json(&infgram(&["query", idx, "prob", "--text", "the ca", "--cont-text", "t", "--json"]));
+    assert_eq!((v["prompt_cnt"].as_u64(), v["cont_cnt"].as_u64()), (Some(2), Some(2)));
+    let v = json(&infgram(&["query", idx, "ntd", "--text", "sat on the ", "--json"]));
+    assert_eq!(v["prompt_cnt"], 2);
+    assert_eq!(v["result_by_token_id"][(b'm' as u32).to_string()]["cont_cnt"], 1);
+    let v = json(&infgram(&["query", idx, "infgram_ntd", "--text", "xyz the d", "--json"]));
+    assert_eq!(v["suffix_len"], 5);
+    let v = json(&infgram(&["query", idx, "find", "--text", "at", "--json"]));
+    assert_eq!(v["cnt"], 7); // cat ×3, sat ×2, mat, ate
+    let v = json(&infgram(&["query", idx, "search_docs", "--cnf", "cat AND sat", "--json"]));
+    assert_eq!(v["documents"].as_array().unwrap().len(), 1);
+    assert!(v["documents"][0]["metadata"].as_str().unwrap().contains("a.txt"));
+    // Metadata of jsonl documents keeps the other fields.
+    let v = json(&infgram(&["query", idx, "search_docs", "--cnf", "a cat", "--json"]));
+    assert!(v["documents"][0]["metadata"].as_str().unwrap().contains("gz"));
+    // A readable table without --json.
+    let table = ok(&infgram(&["query", idx, "ntd", "--text", "the "]));
+    assert!(table.contains("\"c\"") && table.contains("prompt_cnt"));
+    // Batch: one result per line, a bad line gets an error object and the batch goes on.
+    let batch = tmp.path().join("q.jsonl");
+    std::fs::write(
+        &batch,
+        "{\"query_type\": \"count\", \"input_ids\": [116, 104, 101]}\n\
+         not json\n\
+         {\"query_type\": \"prob\", \"prompt_ids\": [116, 104], \"cont_id\": 101}\n\
+         {\"query_type\": \"count\", \"input_ids\": [999]}\n\
+         {\"query_type\": \"infgram_ntd\", \"text\": \"the c\"}\n",
+    )
+    .unwrap();
+    let out = ok(&infgram(&["query", idx, "--batch", batch.to_str().unwrap()]));
+    let lines: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 5);
+    assert_eq!(lines[0]["count"], 5);
+    assert!(lines[1]["error"].is_string());
+    assert_eq!(lines[2]["prob"], 1.0);
+    assert!(lines[3]["error"].as_str().unwrap().contains("vocabulary"));
+    assert_eq!(lines[4]["suffix_len"], 5);
+    // Stdin works too.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_infgram"))
+        .args(["query", idx, "--batch", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"{\"query_type\": \"count\", \"text\": \"sat\"}\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "{\"approx\":false,\"count\":2}");
+    ok(&infgram(&["verify", idx]));
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+#[test]
+fn damaged_indexes_are_detected() {
+    let tmp = tempfile::tempdir().unwrap();
+    let good = build(tmp.path());
+    let case = |name: &str, damage: &dyn Fn(&Path), expect: &str| {
+        let dir = tmp.path().join(name);
+        copy_dir(&good, &dir);
+        damage(&dir);
+        let e = err(&infgram(&["query", dir.to_str().unwrap(), "count", "--text", "cat"]));
+        assert!(e.contains(expect), "{name}: {e}");
+    };
+    let shard = |d: &Path| d.join("shard-0000");
+    case("truncated", &|d| {
+        let f = shard(d).join("sa.bin");
+        let len = std::fs::metadata(&f).unwrap().len();
+        std::fs::OpenOptions::new().write(true).open(&f).unwrap().set_len(len - 3).unwrap();
+    }, "sa.bin");
+    case("flipped", &|d| {
+        let f = shard(d).join("docs.bin");
+        let mut b = std::fs::read(&f).unwrap();
+        b[9] ^= 0x40;
+        std::fs::write(&f, b).unwrap();
+    }, "checksum");
+    case("version", &|d| {
+        let f = d.join("index.json");
+        let s = std::fs::read_to_string(&f).unwrap().replace("\"format_version\": 1", "\"format_version\": 99");
+        std::fs::write(&f, s).unwrap();
+    }, "version 99");
+    case("header", &|d| {
+        let f = d.join("index.json");
+        let s = std::fs::read_to_string(&f).unwrap().replacen("\"documents\": 4", "\"documents\": 5", 1);
+        std::fs::write(&f, s).unwrap();
+    }, "checksum");
+    case("missing-shard", &|d| std::fs::remove_dir_all(shard(d)).unwrap(), "shard-0000");
+    case("missing-header", &|d| std::fs::remove_file(d.join("index.json")).unwrap(), "index.json");
+    // verify catches damage to a large file that opening does not read.
+    let e = err(&infgram(&["query", tmp.path().join("nope").to_str().unwrap(), "count", "--text", "x"]));
+    assert!(e.contains("infgram index"), "{e}");
+}
+
+#[test]
+fn wrong_tokenizer_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let index = build(tmp.path());
+    // A tiny word-level tokenizer.json: a different tokenizer from `bytes`.
+    let tj = tmp.path().join("tokenizer.json");
+    std::fs::write(
+        &tj,
+        r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,
+            "pre_tokenizer":{"type":"Whitespace"},"post_processor":null,"decoder":null,
+            "model":{"type":"WordLevel","vocab":{"[UNK]":0,"the":1,"cat":2},"unk_token":"[UNK]"}}"#,
+    )
+    .unwrap();
+    let e = err(&infgram(&["query", index.to_str().unwrap(), "count", "--text", "cat", "--tokenizer", tj.to_str().unwrap()]));
+    assert!(e.contains("tokenizer") && e.contains("rebuild"), "{e}");
+    // ... while an index built with it answers with it.
+    let corpus = tmp.path().join("w.txt");
+    std::fs::write(&corpus, "the cat the cat the").unwrap();
+    let widx = tmp.path().join("widx");
+    ok(&infgram(&["index", "-o", widx.to_str().unwrap(), "--tokenizer", tj.to_str().unwrap(), corpus.to_str().unwrap()]));
+    let v = json(&infgram(&["query", widx.to_str().unwrap(), "count", "--text", "the cat", "--json"]));
+    assert_eq!(v["count"], 2);
+}
+
+#[test]
+fn failed_builds_leave_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bad = tmp.path().join("bad.jsonl");
+    std::fs::write(&bad, "{\"text\": \"fine\"}\n{\"no_text\": 1}\n").unwrap();
+    let out = tmp.path().join("idx");
+    let e = err(&infgram(&["index", "-o", out.to_str().unwrap(), bad.to_str().unwrap()]));
+    assert!(e.contains("bad.jsonl:2") && e.contains("text"), "{e}");
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left.len(), 1, "only the input remains: {left:?}");
+    // An existing index is not overwritten without --force.
+    let good = tmp.path().join("good.txt");
+    std::fs::write(&good, "hello").unwrap();
+    ok(&infgram(&["index", "-o", out.to_str().unwrap(), good.to_str().unwrap()]));
+    let e = err(&infgram(&["index", "-o", out.to_str().unwrap(), good.to_str().unwrap()]));
+    assert!(e.contains("--force"), "{e}");
+    let e = err(&infgram(&["index", "-o", tmp.path().join("x").to_str().unwrap(), "/nonexistent/file.txt"]));
+    assert!(e.contains("no such file"), "{e}");
+}
+
+#[test]
+fn gen_and_ppl_on_a_small_corpus() {
+    let tmp = tempfile::tempdir().unwrap();
+    let corpus = tmp.path().join("c.txt");
+    std::fs::write(&corpus, "ROMEO: But soft, what light through yonder window breaks?\n".repeat(3)).unwrap();
+    let c = corpus.to_str().unwrap();
+    let a = json(&infgram(&["gen", "--corpus", c, "--prompt", "ROMEO:", "--seed", "3", "--max-tokens", "40", "--json"]));
+    let b = json(&infgram(&["gen", "--corpus", c, "--prompt", "ROMEO:", "--seed", "3", "--max-tokens", "40", "--json"]));
+    assert_eq!(a["text"], b["text"]);
+    assert!(a["tokens"].as_u64().unwrap() > 0 && a["tokens_per_second"].as_f64().unwrap() > 0.0);
+    // A prompt of unseen characters and an empty prompt still generate.
+    ok(&infgram(&["gen", "--corpus", c, "--prompt", "ζζ", "--max-tokens", "10"]));
+    ok(&infgram(&["gen", "--corpus", c, "--max-tokens", "10"]));
+    let e = err(&infgram(&["gen", "--index", tmp.path().join("none").to_str().unwrap(), "--prompt", "x"]));
+    assert!(e.contains("no index"), "{e}");
+    let v = json(&infgram(&["ppl", "--corpus", c, "--text", c, "--estimator", "sbis", "--k", "2", "--floor", "1e-10", "--json"]));
+    assert!(v["ppl"].as_f64().unwrap() >= 1.0 && v["bits_per_token"].is_number() && v["seconds"].is_number());
+    let empty = tmp.path().join("empty.txt");
+    std::fs::write(&empty, "").unwrap();
+    let e = err(&infgram(&["gen", "--corpus", empty.to_str().unwrap(), "--prompt", "x"]));
+    assert!(e.contains("empty"), "{e}");
+}
