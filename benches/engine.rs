@@ -9,8 +9,11 @@ use infgram::Index;
 use std::hint::black_box;
 
 fn tiny_train() -> Vec<u32> {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/data/tinyshakespeare.txt"))
-        .expect("../shared/data/tinyshakespeare.txt");
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../shared/data/tinyshakespeare.txt"
+    ))
+    .expect("../shared/data/tinyshakespeare.txt");
     ByteTokenizer.encode(&text[..text.len() * 9 / 10]).unwrap()
 }
 
@@ -26,11 +29,21 @@ fn queries(c: &mut Criterion, name: &str, spec: TokenizerSpec, corpus: Vec<u32>)
         b.iter(|| Index::from_docs(spec.clone(), std::slice::from_ref(&corpus), 1, true).unwrap())
     });
     let index = Index::from_docs(spec, std::slice::from_ref(&corpus), 1, true).unwrap();
-    let qs: Vec<&[u32]> = (0..64).map(|i| &corpus[(i * 104_729) % (corpus.len() - 200)..][..150]).collect();
+    let qs: Vec<&[u32]> = (0..64)
+        .map(|i| &corpus[(i * 104_729) % (corpus.len() - 200)..][..150])
+        .collect();
     for q in &qs[..4] {
-        assert_eq!(index.count(&q[..10]).unwrap().count, scan_count(&corpus, &q[..10]), "count is exact");
+        assert_eq!(
+            index.count(&q[..10]).unwrap().count,
+            scan_count(&corpus, &q[..10]),
+            "count is exact"
+        );
         let ntd = index.ntd(&q[..5]).unwrap();
-        assert_eq!(ntd.prompt_cnt, scan_count(&corpus[..corpus.len() - 1], &q[..5]), "ntd is exact");
+        assert_eq!(
+            ntd.prompt_cnt,
+            scan_count(&corpus[..corpus.len() - 1], &q[..5]),
+            "ntd is exact"
+        );
     }
     g.throughput(Throughput::Elements(1));
     g.sample_size(30);
@@ -39,17 +52,35 @@ fn queries(c: &mut Criterion, name: &str, spec: TokenizerSpec, corpus: Vec<u32>)
         i = (i + 1) % qs.len();
         qs[i]
     };
-    g.bench_function("count(10)", |b| b.iter(|| black_box(index.count(&next()[..10]).unwrap())));
-    g.bench_function("prob(4+1)", |b| b.iter(|| { let q = next(); black_box(index.prob(&q[..4], q[4]).unwrap()) }));
-    g.bench_function("ntd(5)", |b| b.iter(|| black_box(index.ntd(&next()[..5]).unwrap())));
+    g.bench_function("count(10)", |b| {
+        b.iter(|| black_box(index.count(&next()[..10]).unwrap()))
+    });
+    g.bench_function("prob(4+1)", |b| {
+        b.iter(|| {
+            let q = next();
+            black_box(index.prob(&q[..4], q[4]).unwrap())
+        })
+    });
+    g.bench_function("ntd(5)", |b| {
+        b.iter(|| black_box(index.ntd(&next()[..5]).unwrap()))
+    });
     for ctx in [10usize, 100] {
         g.bench_with_input(BenchmarkId::new("infgram_ntd", ctx), &ctx, |b, &ctx| {
             b.iter(|| black_box(index.infgram_ntd(&next()[..ctx]).unwrap()))
         });
     }
-    g.bench_function("infgram_prob(100)", |b| b.iter(|| { let q = next(); black_box(index.infgram_prob(&q[..100], q[100]).unwrap()) }));
-    g.bench_function("find(10)", |b| b.iter(|| black_box(index.find(&next()[..10]).unwrap())));
-    g.bench_function("longest_match(100)", |b| b.iter(|| black_box(index.longest_match(&next()[..100]).unwrap())));
+    g.bench_function("infgram_prob(100)", |b| {
+        b.iter(|| {
+            let q = next();
+            black_box(index.infgram_prob(&q[..100], q[100]).unwrap())
+        })
+    });
+    g.bench_function("find(10)", |b| {
+        b.iter(|| black_box(index.find(&next()[..10]).unwrap()))
+    });
+    g.bench_function("longest_match(100)", |b| {
+        b.iter(|| black_box(index.longest_match(&next()[..100]).unwrap()))
+    });
     g.finish();
 }
 
@@ -75,7 +106,12 @@ fn large(c: &mut Criterion) {
             ((r % 1000) * ((r >> 20) % 50) % 50_000) as u32
         })
         .collect();
-    let spec = TokenizerSpec { kind: "bench".into(), path: String::new(), fingerprint: "0".into(), vocab_size: 50_000 };
+    let spec = TokenizerSpec {
+        kind: "bench".into(),
+        path: String::new(),
+        fingerprint: "0".into(),
+        vocab_size: 50_000,
+    };
     queries(c, "generated_100m", spec, corpus);
 }
 

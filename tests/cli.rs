@@ -9,18 +9,29 @@ use std::process::{Command, Output, Stdio};
 fn infgram(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_infgram"))
         .args(args)
-        .env("INFGRAM_CACHE", std::env::temp_dir().join("infgram-test-cache"))
+        .env(
+            "INFGRAM_CACHE",
+            std::env::temp_dir().join("infgram-test-cache"),
+        )
         .output()
         .expect("run infgram")
 }
 
 fn ok(out: &Output) -> String {
-    assert!(out.status.success(), "failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout.clone()).unwrap()
 }
 
 fn err(out: &Output) -> String {
-    assert!(!out.status.success(), "should fail: {}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        !out.status.success(),
+        "should fail: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     let e = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!e.contains("panicked"), "panic instead of an error: {e}");
     e
@@ -32,13 +43,23 @@ fn build(tmp: &Path) -> PathBuf {
     std::fs::create_dir_all(corpus.join("sub")).unwrap();
     std::fs::write(corpus.join("a.txt"), "the cat sat on the mat").unwrap();
     std::fs::write(corpus.join("sub/b.txt"), "the dog sat on the log").unwrap();
-    std::fs::write(corpus.join("c.jsonl"), "{\"text\": \"the cat ate\", \"id\": 7}\n").unwrap();
+    std::fs::write(
+        corpus.join("c.jsonl"),
+        "{\"text\": \"the cat ate\", \"id\": 7}\n",
+    )
+    .unwrap();
     let gz = std::fs::File::create(corpus.join("d.jsonl.gz")).unwrap();
     let mut enc = flate2::write::GzEncoder::new(gz, flate2::Compression::default());
-    enc.write_all(b"{\"text\": \"a cat\", \"source\": \"gz\"}\n").unwrap();
+    enc.write_all(b"{\"text\": \"a cat\", \"source\": \"gz\"}\n")
+        .unwrap();
     enc.finish().unwrap();
     let index = tmp.join("idx");
-    ok(&infgram(&["index", "-o", index.to_str().unwrap(), corpus.to_str().unwrap()]));
+    ok(&infgram(&[
+        "index",
+        "-o",
+        index.to_str().unwrap(),
+        corpus.to_str().unwrap(),
+    ]));
     index
 }
 
@@ -51,25 +72,76 @@ fn index_then_query_in_other_processes() {
     let tmp = tempfile::tempdir().unwrap();
     let index = build(tmp.path());
     let idx = index.to_str().unwrap();
-    let v = json(&infgram(&["query", idx, "count", "--text", "cat", "--json"]));
+    let v = json(&infgram(&[
+        "query", idx, "count", "--text", "cat", "--json",
+    ]));
     assert_eq!(v["count"], 3);
     let v = json(&infgram(&["query", idx, "count", "--text", "", "--json"]));
     assert_eq!(v["count"], 22 + 22 + 11 + 5);
-    let v = json(&infgram(&["query", idx, "prob", "--text", "the ca", "--cont-text", "t", "--json"]));
-    assert_eq!((v["prompt_cnt"].as_u64(), v["cont_cnt"].as_u64()), (Some(2), Some(2)));
-    let v = json(&infgram(&["query", idx, "ntd", "--text", "sat on the ", "--json"]));
+    let v = json(&infgram(&[
+        "query",
+        idx,
+        "prob",
+        "--text",
+        "the ca",
+        "--cont-text",
+        "t",
+        "--json",
+    ]));
+    assert_eq!(
+        (v["prompt_cnt"].as_u64(), v["cont_cnt"].as_u64()),
+        (Some(2), Some(2))
+    );
+    let v = json(&infgram(&[
+        "query",
+        idx,
+        "ntd",
+        "--text",
+        "sat on the ",
+        "--json",
+    ]));
     assert_eq!(v["prompt_cnt"], 2);
-    assert_eq!(v["result_by_token_id"][(b'm' as u32).to_string()]["cont_cnt"], 1);
-    let v = json(&infgram(&["query", idx, "infgram_ntd", "--text", "xyz the d", "--json"]));
+    assert_eq!(
+        v["result_by_token_id"][(b'm' as u32).to_string()]["cont_cnt"],
+        1
+    );
+    let v = json(&infgram(&[
+        "query",
+        idx,
+        "infgram_ntd",
+        "--text",
+        "xyz the d",
+        "--json",
+    ]));
     assert_eq!(v["suffix_len"], 5);
     let v = json(&infgram(&["query", idx, "find", "--text", "at", "--json"]));
     assert_eq!(v["cnt"], 7); // cat ×3, sat ×2, mat, ate
-    let v = json(&infgram(&["query", idx, "search_docs", "--cnf", "cat AND sat", "--json"]));
+    let v = json(&infgram(&[
+        "query",
+        idx,
+        "search_docs",
+        "--cnf",
+        "cat AND sat",
+        "--json",
+    ]));
     assert_eq!(v["documents"].as_array().unwrap().len(), 1);
-    assert!(v["documents"][0]["metadata"].as_str().unwrap().contains("a.txt"));
+    assert!(v["documents"][0]["metadata"]
+        .as_str()
+        .unwrap()
+        .contains("a.txt"));
     // Metadata of jsonl documents keeps the other fields.
-    let v = json(&infgram(&["query", idx, "search_docs", "--cnf", "a cat", "--json"]));
-    assert!(v["documents"][0]["metadata"].as_str().unwrap().contains("gz"));
+    let v = json(&infgram(&[
+        "query",
+        idx,
+        "search_docs",
+        "--cnf",
+        "a cat",
+        "--json",
+    ]));
+    assert!(v["documents"][0]["metadata"]
+        .as_str()
+        .unwrap()
+        .contains("gz"));
     // A readable table without --json.
     let table = ok(&infgram(&["query", idx, "ntd", "--text", "the "]));
     assert!(table.contains("\"c\"") && table.contains("prompt_cnt"));
@@ -84,8 +156,16 @@ fn index_then_query_in_other_processes() {
          {\"query_type\": \"infgram_ntd\", \"text\": \"the c\"}\n",
     )
     .unwrap();
-    let out = ok(&infgram(&["query", idx, "--batch", batch.to_str().unwrap()]));
-    let lines: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let out = ok(&infgram(&[
+        "query",
+        idx,
+        "--batch",
+        batch.to_str().unwrap(),
+    ]));
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(lines.len(), 5);
     assert_eq!(lines[0]["count"], 5);
     assert!(lines[1]["error"].is_string());
@@ -99,9 +179,17 @@ fn index_then_query_in_other_processes() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(b"{\"query_type\": \"count\", \"text\": \"sat\"}\n").unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"{\"query_type\": \"count\", \"text\": \"sat\"}\n")
+        .unwrap();
     let out = child.wait_with_output().unwrap();
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "{\"approx\":false,\"count\":2}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "{\"approx\":false,\"count\":2}"
+    );
     ok(&infgram(&["verify", idx]));
 }
 
@@ -125,35 +213,82 @@ fn damaged_indexes_are_detected() {
         let dir = tmp.path().join(name);
         copy_dir(&good, &dir);
         damage(&dir);
-        let e = err(&infgram(&["query", dir.to_str().unwrap(), "count", "--text", "cat"]));
+        let e = err(&infgram(&[
+            "query",
+            dir.to_str().unwrap(),
+            "count",
+            "--text",
+            "cat",
+        ]));
         assert!(e.contains(expect), "{name}: {e}");
     };
     let shard = |d: &Path| d.join("shard-0000");
-    case("truncated", &|d| {
-        let f = shard(d).join("sa.bin");
-        let len = std::fs::metadata(&f).unwrap().len();
-        std::fs::OpenOptions::new().write(true).open(&f).unwrap().set_len(len - 3).unwrap();
-    }, "sa.bin");
-    case("flipped", &|d| {
-        let f = shard(d).join("docs.bin");
-        let mut b = std::fs::read(&f).unwrap();
-        b[9] ^= 0x40;
-        std::fs::write(&f, b).unwrap();
-    }, "checksum");
-    case("version", &|d| {
-        let f = d.join("index.json");
-        let s = std::fs::read_to_string(&f).unwrap().replace("\"format_version\": 1", "\"format_version\": 99");
-        std::fs::write(&f, s).unwrap();
-    }, "version 99");
-    case("header", &|d| {
-        let f = d.join("index.json");
-        let s = std::fs::read_to_string(&f).unwrap().replacen("\"documents\": 4", "\"documents\": 5", 1);
-        std::fs::write(&f, s).unwrap();
-    }, "checksum");
-    case("missing-shard", &|d| std::fs::remove_dir_all(shard(d)).unwrap(), "shard-0000");
-    case("missing-header", &|d| std::fs::remove_file(d.join("index.json")).unwrap(), "index.json");
+    case(
+        "truncated",
+        &|d| {
+            let f = shard(d).join("sa.bin");
+            let len = std::fs::metadata(&f).unwrap().len();
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&f)
+                .unwrap()
+                .set_len(len - 3)
+                .unwrap();
+        },
+        "sa.bin",
+    );
+    case(
+        "flipped",
+        &|d| {
+            let f = shard(d).join("docs.bin");
+            let mut b = std::fs::read(&f).unwrap();
+            b[9] ^= 0x40;
+            std::fs::write(&f, b).unwrap();
+        },
+        "checksum",
+    );
+    case(
+        "version",
+        &|d| {
+            let f = d.join("index.json");
+            let s = std::fs::read_to_string(&f)
+                .unwrap()
+                .replace("\"format_version\": 1", "\"format_version\": 99");
+            std::fs::write(&f, s).unwrap();
+        },
+        "version 99",
+    );
+    case(
+        "header",
+        &|d| {
+            let f = d.join("index.json");
+            let s = std::fs::read_to_string(&f).unwrap().replacen(
+                "\"documents\": 4",
+                "\"documents\": 5",
+                1,
+            );
+            std::fs::write(&f, s).unwrap();
+        },
+        "checksum",
+    );
+    case(
+        "missing-shard",
+        &|d| std::fs::remove_dir_all(shard(d)).unwrap(),
+        "shard-0000",
+    );
+    case(
+        "missing-header",
+        &|d| std::fs::remove_file(d.join("index.json")).unwrap(),
+        "index.json",
+    );
     // verify catches damage to a large file that opening does not read.
-    let e = err(&infgram(&["query", tmp.path().join("nope").to_str().unwrap(), "count", "--text", "x"]));
+    let e = err(&infgram(&[
+        "query",
+        tmp.path().join("nope").to_str().unwrap(),
+        "count",
+        "--text",
+        "x",
+    ]));
     assert!(e.contains("infgram index"), "{e}");
 }
 
@@ -170,14 +305,36 @@ fn wrong_tokenizer_is_refused() {
             "model":{"type":"WordLevel","vocab":{"[UNK]":0,"the":1,"cat":2},"unk_token":"[UNK]"}}"#,
     )
     .unwrap();
-    let e = err(&infgram(&["query", index.to_str().unwrap(), "count", "--text", "cat", "--tokenizer", tj.to_str().unwrap()]));
+    let e = err(&infgram(&[
+        "query",
+        index.to_str().unwrap(),
+        "count",
+        "--text",
+        "cat",
+        "--tokenizer",
+        tj.to_str().unwrap(),
+    ]));
     assert!(e.contains("tokenizer") && e.contains("rebuild"), "{e}");
     // ... while an index built with it answers with it.
     let corpus = tmp.path().join("w.txt");
     std::fs::write(&corpus, "the cat the cat the").unwrap();
     let widx = tmp.path().join("widx");
-    ok(&infgram(&["index", "-o", widx.to_str().unwrap(), "--tokenizer", tj.to_str().unwrap(), corpus.to_str().unwrap()]));
-    let v = json(&infgram(&["query", widx.to_str().unwrap(), "count", "--text", "the cat", "--json"]));
+    ok(&infgram(&[
+        "index",
+        "-o",
+        widx.to_str().unwrap(),
+        "--tokenizer",
+        tj.to_str().unwrap(),
+        corpus.to_str().unwrap(),
+    ]));
+    let v = json(&infgram(&[
+        "query",
+        widx.to_str().unwrap(),
+        "count",
+        "--text",
+        "the cat",
+        "--json",
+    ]));
     assert_eq!(v["count"], 2);
 }
 
@@ -187,17 +344,40 @@ fn failed_builds_leave_nothing() {
     let bad = tmp.path().join("bad.jsonl");
     std::fs::write(&bad, "{\"text\": \"fine\"}\n{\"no_text\": 1}\n").unwrap();
     let out = tmp.path().join("idx");
-    let e = err(&infgram(&["index", "-o", out.to_str().unwrap(), bad.to_str().unwrap()]));
+    let e = err(&infgram(&[
+        "index",
+        "-o",
+        out.to_str().unwrap(),
+        bad.to_str().unwrap(),
+    ]));
     assert!(e.contains("bad.jsonl:2") && e.contains("text"), "{e}");
-    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert_eq!(left.len(), 1, "only the input remains: {left:?}");
     // An existing index is not overwritten without --force.
     let good = tmp.path().join("good.txt");
     std::fs::write(&good, "hello").unwrap();
-    ok(&infgram(&["index", "-o", out.to_str().unwrap(), good.to_str().unwrap()]));
-    let e = err(&infgram(&["index", "-o", out.to_str().unwrap(), good.to_str().unwrap()]));
+    ok(&infgram(&[
+        "index",
+        "-o",
+        out.to_str().unwrap(),
+        good.to_str().unwrap(),
+    ]));
+    let e = err(&infgram(&[
+        "index",
+        "-o",
+        out.to_str().unwrap(),
+        good.to_str().unwrap(),
+    ]));
     assert!(e.contains("--force"), "{e}");
-    let e = err(&infgram(&["index", "-o", tmp.path().join("x").to_str().unwrap(), "/nonexistent/file.txt"]));
+    let e = err(&infgram(&[
+        "index",
+        "-o",
+        tmp.path().join("x").to_str().unwrap(),
+        "/nonexistent/file.txt",
+    ]));
     assert!(e.contains("no such file"), "{e}");
 }
 
@@ -205,21 +385,84 @@ fn failed_builds_leave_nothing() {
 fn gen_and_ppl_on_a_small_corpus() {
     let tmp = tempfile::tempdir().unwrap();
     let corpus = tmp.path().join("c.txt");
-    std::fs::write(&corpus, "ROMEO: But soft, what light through yonder window breaks?\n".repeat(3)).unwrap();
+    std::fs::write(
+        &corpus,
+        "ROMEO: But soft, what light through yonder window breaks?\n".repeat(3),
+    )
+    .unwrap();
     let c = corpus.to_str().unwrap();
-    let a = json(&infgram(&["gen", "--corpus", c, "--prompt", "ROMEO:", "--seed", "3", "--max-tokens", "40", "--json"]));
-    let b = json(&infgram(&["gen", "--corpus", c, "--prompt", "ROMEO:", "--seed", "3", "--max-tokens", "40", "--json"]));
+    let a = json(&infgram(&[
+        "gen",
+        "--corpus",
+        c,
+        "--prompt",
+        "ROMEO:",
+        "--seed",
+        "3",
+        "--max-tokens",
+        "40",
+        "--json",
+    ]));
+    let b = json(&infgram(&[
+        "gen",
+        "--corpus",
+        c,
+        "--prompt",
+        "ROMEO:",
+        "--seed",
+        "3",
+        "--max-tokens",
+        "40",
+        "--json",
+    ]));
     assert_eq!(a["text"], b["text"]);
     assert!(a["tokens"].as_u64().unwrap() > 0 && a["tokens_per_second"].as_f64().unwrap() > 0.0);
     // A prompt of unseen characters and an empty prompt still generate.
-    ok(&infgram(&["gen", "--corpus", c, "--prompt", "ζζ", "--max-tokens", "10"]));
+    ok(&infgram(&[
+        "gen",
+        "--corpus",
+        c,
+        "--prompt",
+        "ζζ",
+        "--max-tokens",
+        "10",
+    ]));
     ok(&infgram(&["gen", "--corpus", c, "--max-tokens", "10"]));
-    let e = err(&infgram(&["gen", "--index", tmp.path().join("none").to_str().unwrap(), "--prompt", "x"]));
+    let e = err(&infgram(&[
+        "gen",
+        "--index",
+        tmp.path().join("none").to_str().unwrap(),
+        "--prompt",
+        "x",
+    ]));
     assert!(e.contains("no index"), "{e}");
-    let v = json(&infgram(&["ppl", "--corpus", c, "--text", c, "--estimator", "sbis", "--k", "2", "--floor", "1e-10", "--json"]));
-    assert!(v["ppl"].as_f64().unwrap() >= 1.0 && v["bits_per_token"].is_number() && v["seconds"].is_number());
+    let v = json(&infgram(&[
+        "ppl",
+        "--corpus",
+        c,
+        "--text",
+        c,
+        "--estimator",
+        "sbis",
+        "--k",
+        "2",
+        "--floor",
+        "1e-10",
+        "--json",
+    ]));
+    assert!(
+        v["ppl"].as_f64().unwrap() >= 1.0
+            && v["bits_per_token"].is_number()
+            && v["seconds"].is_number()
+    );
     let empty = tmp.path().join("empty.txt");
     std::fs::write(&empty, "").unwrap();
-    let e = err(&infgram(&["gen", "--corpus", empty.to_str().unwrap(), "--prompt", "x"]));
+    let e = err(&infgram(&[
+        "gen",
+        "--corpus",
+        empty.to_str().unwrap(),
+        "--prompt",
+        "x",
+    ]));
     assert!(e.contains("empty"), "{e}");
 }

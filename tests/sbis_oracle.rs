@@ -11,7 +11,12 @@ use proptest::prelude::*;
 use std::collections::BTreeMap;
 
 fn spec(vocab: usize) -> TokenizerSpec {
-    TokenizerSpec { kind: "test".into(), path: String::new(), fingerprint: "0".into(), vocab_size: vocab }
+    TokenizerSpec {
+        kind: "test".into(),
+        path: String::new(),
+        fingerprint: "0".into(),
+        vocab_size: vocab,
+    }
 }
 
 /// The seed's definition, literally: for l = len..1, count the token after every occurrence of
@@ -95,23 +100,54 @@ fn seeded_generation_is_reproducible() {
     let text = "to be or not to be, that is the question; to sleep, perchance to dream";
     let docs = vec![text.bytes().map(u32::from).collect::<Vec<_>>()];
     let index = Index::from_docs(spec(255), &docs, 1, true).unwrap();
-    let cfg = GenConfig { estimator: Estimator::Sbis { k: -1, decay: 0.1 }, context: 200, max_tokens: 200 };
+    let cfg = GenConfig {
+        estimator: Estimator::Sbis { k: -1, decay: 0.1 },
+        context: 200,
+        max_tokens: 200,
+    };
     let run = |seed| {
         let mut s = Sampler::new(SamplerConfig::default(), Some(seed));
-        generate(&index, b"to ".map(u32::from).as_ref(), &cfg, &mut s, |_| {}).unwrap().tokens
+        generate(&index, b"to ".map(u32::from).as_ref(), &cfg, &mut s, |_| {})
+            .unwrap()
+            .tokens
     };
     assert_eq!(run(7), run(7));
-    assert!((0..5).any(|s| run(s) != run(7)), "different seeds should differ");
+    assert!(
+        (0..5).any(|s| run(s) != run(7)),
+        "different seeds should differ"
+    );
     // Greedy generation follows the corpus.
-    let mut g = Sampler::new(SamplerConfig { temperature: 0.0, ..Default::default() }, None);
-    let out = generate(&index, &b"to be or not".map(u32::from), &cfg, &mut g, |_| {}).unwrap();
+    let mut g = Sampler::new(
+        SamplerConfig {
+            temperature: 0.0,
+            ..Default::default()
+        },
+        None,
+    );
+    let out = generate(
+        &index,
+        &b"to be or not".map(u32::from),
+        &cfg,
+        &mut g,
+        |_| {},
+    )
+    .unwrap();
     let s: String = out.tokens.iter().map(|&t| t as u8 as char).collect();
     assert!(s.starts_with(" to be, that is"), "{s:?}");
-    assert!(out.hit_end, "greedy copying reaches the document end and stops there");
+    assert!(
+        out.hit_end,
+        "greedy copying reaches the document end and stops there"
+    );
     // An empty prompt and an unseen prompt back off instead of failing.
     let mut s = Sampler::new(SamplerConfig::default(), Some(1));
-    assert!(!generate(&index, &[], &cfg, &mut s, |_| {}).unwrap().tokens.is_empty());
-    assert!(!generate(&index, &[200, 201], &cfg, &mut s, |_| {}).unwrap().tokens.is_empty());
+    assert!(!generate(&index, &[], &cfg, &mut s, |_| {})
+        .unwrap()
+        .tokens
+        .is_empty());
+    assert!(!generate(&index, &[200, 201], &cfg, &mut s, |_| {})
+        .unwrap()
+        .tokens
+        .is_empty());
     // An empty index is an error, not a panic.
     let empty = Index::from_docs(spec(255), &[], 1, true).unwrap();
     assert!(generate(&empty, &[1], &cfg, &mut s, |_| {}).is_err());

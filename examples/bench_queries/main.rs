@@ -22,14 +22,16 @@ fn time_per<F: FnMut(usize)>(n: usize, mut f: F) -> f64 {
 }
 
 fn main() {
-    let path = std::env::args().nth(1).unwrap_or_else(|| "../shared/data/tinyshakespeare.txt".into());
+    let path = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "../shared/data/tinyshakespeare.txt".into());
     let text = std::fs::read_to_string(&path).expect("tinyshakespeare.txt");
     let cut = text.len() * 9 / 10;
     let tok = ByteTokenizer;
     let train = tok.encode(&text[..cut]).unwrap();
     let val = tok.encode(&text[cut..]).unwrap();
     let t = Instant::now();
-    let index = Index::from_docs(tok.spec(), &[train.clone()], 1, true).unwrap();
+    let index = Index::from_docs(tok.spec(), std::slice::from_ref(&train), 1, true).unwrap();
     let build = t.elapsed().as_secs_f64();
     println!("machine: {} cores; index of {} tokens built in {:.3} s (forward + reversed suffix arrays)\n",
         std::thread::available_parallelism().map_or(0, |n| n.get()), train.len(), build);
@@ -43,14 +45,30 @@ fn main() {
         let p = q(i, 10);
         black_box(train.windows(10).filter(|w| *w == p).count());
     });
-    let count = time_per(n, |i| { black_box(index.count(q(i, 10)).unwrap()); });
-    let prob = time_per(n, |i| { black_box(index.prob(q(i, 4), q(i, 5)[4]).unwrap()); });
-    let ntd = time_per(n, |i| { black_box(index.ntd(q(i, 5)).unwrap()); });
-    let ntd1 = time_per(2000, |i| { black_box(index.ntd(q(i, 1)).unwrap()); });
-    let iprob = time_per(n, |i| { black_box(index.infgram_prob(q(i, 100), q(i, 101)[100]).unwrap()); });
-    let intd = time_per(n, |i| { black_box(index.infgram_ntd(q(i, 100)).unwrap()); });
-    let lm = time_per(200, |i| { black_box(index.longest_match(q(i, 100)).unwrap()); });
-    println!("| query (Tiny Shakespeare train, warm) | infgram µs | infini-gram 2.6.0 µs | ratio |");
+    let count = time_per(n, |i| {
+        black_box(index.count(q(i, 10)).unwrap());
+    });
+    let prob = time_per(n, |i| {
+        black_box(index.prob(q(i, 4), q(i, 5)[4]).unwrap());
+    });
+    let ntd = time_per(n, |i| {
+        black_box(index.ntd(q(i, 5)).unwrap());
+    });
+    let ntd1 = time_per(2000, |i| {
+        black_box(index.ntd(q(i, 1)).unwrap());
+    });
+    let iprob = time_per(n, |i| {
+        black_box(index.infgram_prob(q(i, 100), q(i, 101)[100]).unwrap());
+    });
+    let intd = time_per(n, |i| {
+        black_box(index.infgram_ntd(q(i, 100)).unwrap());
+    });
+    let lm = time_per(200, |i| {
+        black_box(index.longest_match(q(i, 100)).unwrap());
+    });
+    println!(
+        "| query (Tiny Shakespeare train, warm) | infgram µs | infini-gram 2.6.0 µs | ratio |"
+    );
     println!("|---|---:|---:|---:|");
     let row = |name: &str, ours: f64, theirs: Option<f64>| {
         let us = ours * 1e6;
@@ -72,28 +90,63 @@ fn main() {
     println!("| SBIS (seed protocol) | infgram | seed Go engine | ratio | ppl |");
     println!("|---|---:|---:|---:|---:|");
     for (k, seed_s) in [(3i64, 7.0), (5, 32.9), (-1, 116.0)] {
-        let r = perplexity(&index, &val, &Estimator::Sbis { k, decay: 0.1 }, 100, Some(1e-10)).unwrap();
-        println!("| score val, k = {k} | {:.3} s | {seed_s} s | {:.0}× | {:.2} |", r.seconds, seed_s / r.seconds, r.ppl);
+        let r = perplexity(
+            &index,
+            &val,
+            &Estimator::Sbis { k, decay: 0.1 },
+            100,
+            Some(1e-10),
+        )
+        .unwrap();
+        println!(
+            "| score val, k = {k} | {:.3} s | {seed_s} s | {:.0}× | {:.2} |",
+            r.seconds,
+            seed_s / r.seconds,
+            r.ppl
+        );
     }
     for (k, seed_ms) in [(2i64, 67.0), (3, 74.0), (-1, 1169.0)] {
-        let cfg = GenConfig { estimator: Estimator::Sbis { k, decay: 0.1 }, context: 200, max_tokens: 1000 };
+        let cfg = GenConfig {
+            estimator: Estimator::Sbis { k, decay: 0.1 },
+            context: 200,
+            max_tokens: 1000,
+        };
         let reps = 20;
         let mut total = 0.0;
         let mut made = 0;
         for s in 0..reps {
-            let mut sampler = Sampler::new(SamplerConfig { temperature: 0.8, ..Default::default() }, Some(s));
+            let mut sampler = Sampler::new(
+                SamplerConfig {
+                    temperature: 0.8,
+                    ..Default::default()
+                },
+                Some(s),
+            );
             let prompt = tok.encode("ROMEO:").unwrap();
             let t = Instant::now();
             // Generation stops at a document end; restart until 1,000 characters are made.
             let mut got = 0;
             while got < 1000 {
-                let g = generate(&index, &prompt, &GenConfig { max_tokens: 1000 - got, ..cfg.clone() }, &mut sampler, |_| {}).unwrap();
+                let g = generate(
+                    &index,
+                    &prompt,
+                    &GenConfig {
+                        max_tokens: 1000 - got,
+                        ..cfg.clone()
+                    },
+                    &mut sampler,
+                    |_| {},
+                )
+                .unwrap();
                 got += g.tokens.len().max(1);
             }
             total += t.elapsed().as_secs_f64();
             made += got;
         }
         let ms = total / reps as f64 * 1000.0 * 1000.0 / (made as f64 / reps as f64);
-        println!("| generate 1,000 chars, k = {k}, T = 0.8 | {ms:.3} ms | {seed_ms} ms | {:.0}× | |", seed_ms / ms);
+        println!(
+            "| generate 1,000 chars, k = {k}, T = 0.8 | {ms:.3} ms | {seed_ms} ms | {:.0}× | |",
+            seed_ms / ms
+        );
     }
 }

@@ -1,4 +1,4 @@
-//! The ∞-gram index: build ([`build`]), on-disk format ([`format`]), one shard ([`Shard`]),
+//! The ∞-gram index: build ([`build`]), on-disk format ([`format`](mod@format)), one shard ([`Shard`]),
 //! and the whole index ([`Index`]) with its queries ([`query`]).
 //!
 //! An [`Index`] is generic over the bytes of its files: [`Index::open`] memory-maps a directory

@@ -583,8 +583,11 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
 /// generation and scoring). Keyed by shard, context length and range.
 #[derive(Default)]
 pub struct CountsCache {
-    map: HashMap<(usize, usize, bool, usize, usize, bool), std::sync::Arc<Counts>>,
+    map: HashMap<CacheKey, std::sync::Arc<Counts>>,
 }
+
+/// (shard, context length, reversed?, lo, hi, keep_end).
+type CacheKey = (usize, usize, bool, usize, usize, bool);
 
 /// Occurrence sets at least this large are cached.
 pub const CACHE_MIN: usize = 256;

@@ -68,11 +68,13 @@ pub fn gguf_tokenizer_json(path: &Path) -> Result<String> {
         "gpt2" | "default" => json!({
             "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true
         }),
-        other => return Err(Error::Tokenizer(format!(
+        other => {
+            return Err(Error::Tokenizer(format!(
             "{}: GGUF pre-tokenizer {other:?} is not supported (known: smollm, starcoder, gpt2); \
                  pass the model's tokenizer.json with --tokenizer instead",
             path.display()
-        ))),
+        )))
+        }
     };
     let tokens = strings(&content, "tokenizer.ggml.tokens", path)?;
     let merges = strings(&content, "tokenizer.ggml.merges", path)?;
