@@ -466,3 +466,59 @@ fn gen_and_ppl_on_a_small_corpus() {
     ]));
     assert!(e.contains("empty"), "{e}");
 }
+
+#[test]
+fn sharded_mmap_index_agrees_with_in_memory_index() {
+    use infgram::tokenizer::{ByteTokenizer, Tokenizer};
+    let tmp = tempfile::tempdir().unwrap();
+    let corpus = tmp.path().join("corpus");
+    std::fs::create_dir_all(&corpus).unwrap();
+    // ~240k bytes in 12 files: a tiny --mem budget forces several shards (≥ 64k tokens each).
+    let mut docs = Vec::new();
+    let mut x: u64 = 12345;
+    for f in 0..12 {
+        let text: String = (0..20_000)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ["the ", "cat ", "sat ", "on ", "a ", "mat\n"][(x >> 33) as usize % 6]
+            })
+            .collect::<String>()[..20_000]
+            .to_string();
+        std::fs::write(corpus.join(format!("{f:02}.txt")), &text).unwrap();
+        docs.push(ByteTokenizer.encode(&text).unwrap());
+    }
+    let dir = tmp.path().join("idx");
+    ok(&infgram(&[
+        "index",
+        "-o",
+        dir.to_str().unwrap(),
+        "--mem",
+        "0.000001",
+        corpus.to_str().unwrap(),
+    ]));
+    let mapped = infgram::Index::open(&dir).unwrap();
+    assert!(
+        mapped.shards().len() >= 3,
+        "{} shards",
+        mapped.shards().len()
+    );
+    let memory = infgram::Index::from_docs(ByteTokenizer.spec(), &docs, docs.len(), true).unwrap();
+    let text = std::fs::read_to_string(corpus.join("03.txt")).unwrap();
+    for start in (0..19_000).step_by(997) {
+        for len in [1usize, 3, 8, 30, 120] {
+            let q = ByteTokenizer.encode(&text[start..start + len]).unwrap();
+            assert_eq!(mapped.count(&q).unwrap(), memory.count(&q).unwrap());
+            assert_eq!(mapped.ntd(&q).unwrap(), memory.ntd(&q).unwrap());
+            assert_eq!(
+                mapped.infgram_ntd(&q).unwrap(),
+                memory.infgram_ntd(&q).unwrap()
+            );
+            assert_eq!(
+                mapped.longest_match(&q).unwrap(),
+                memory.longest_match(&q).unwrap()
+            );
+        }
+    }
+}

@@ -217,6 +217,19 @@ impl<S: AsRef<[u8]>> Shard<S> {
             let mut r = (0, n);
             out.push(Occ::Fwd(r));
             for (d, &x) in ctx.iter().rev().enumerate() {
+                if r.1 - r.0 == 1 {
+                    // One occurrence left: extend it by direct comparison, no search.
+                    let end = self.rstart(r.0, 0); // T position just after the occurrence
+                    let matched = ctx
+                        .iter()
+                        .rev()
+                        .skip(d)
+                        .zip((0..end - d).rev())
+                        .take_while(|&(&x, p)| self.tok(p) == x)
+                        .count();
+                    out.extend(std::iter::repeat_n(Occ::Rev(r), matched));
+                    break;
+                }
                 r = self.rnarrow(r, d, x);
                 if r.0 == r.1 {
                     break;
