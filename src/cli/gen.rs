@@ -1,10 +1,9 @@
 //! `infgram gen`: generate text from the ∞-gram index with SBIS (or the smoothed estimator).
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Args;
 use infgram::generate::sampler::{Sampler, SamplerConfig};
-use infgram::generate::smoothed::Discounts;
-use infgram::generate::{generate, Estimator, GenConfig};
+use infgram::generate::{generate, GenConfig};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
@@ -20,15 +19,9 @@ pub struct GenArgs {
     /// Corpus files to generate from (indexed into the cache on first use, keyed by content).
     #[arg(long, num_args = 1..)]
     pub corpus: Vec<PathBuf>,
-    /// Estimator: `sbis` (selective backoff interpolation) or `smoothed`.
-    #[arg(long, default_value = "sbis")]
-    pub estimator: String,
-    /// SBIS levels to interpolate (−1: all).
-    #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
-    pub k: i64,
-    /// SBIS weight ratio between consecutive levels.
-    #[arg(long, default_value_t = 0.1)]
-    pub decay: f64,
+    /// The estimator and its settings.
+    #[command(flatten)]
+    pub est: super::EstimatorArgs,
     /// Sampling temperature (0: greedy).
     #[arg(long, default_value_t = 0.8)]
     pub temperature: f64,
@@ -99,17 +92,7 @@ pub fn run(args: GenArgs) -> Result<()> {
         None => super::cached_byte_index(&args.corpus)?,
     };
     let (index, tok) = super::query::open_index(&dir, None)?;
-    let estimator = match args.estimator.as_str() {
-        "sbis" => Estimator::Sbis {
-            k: args.k,
-            decay: args.decay,
-        },
-        "smoothed" => Estimator::Smoothed(Discounts::default()),
-        other => bail!("unknown estimator {other:?}: use sbis or smoothed"),
-    };
-    if args.k == 0 {
-        bail!("--k must be −1 (all levels) or at least 1");
-    }
+    let estimator = args.est.estimator(None)?;
     let prompt = tok.encode(&args.prompt)?;
     let cfg = GenConfig {
         estimator,

@@ -6,10 +6,52 @@ pub mod ppl;
 pub mod query;
 
 use anyhow::Result;
+use infgram::generate::smoothed::Discounts;
+use infgram::generate::Estimator;
 use infgram::index::pipeline::{build_index, BuildOptions};
 use infgram::tokenizer::{fnv1a64, ByteTokenizer};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+
+/// Estimator flags shared by `gen` and `ppl`.
+#[derive(clap::Args, Debug)]
+pub struct EstimatorArgs {
+    /// Estimator: `sbis` (selective backoff interpolation) or `smoothed`.
+    #[arg(long, default_value = "sbis")]
+    pub estimator: String,
+    /// SBIS levels to interpolate (−1: all).
+    #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
+    pub k: i64,
+    /// SBIS weight ratio between consecutive levels.
+    #[arg(long, default_value_t = 0.1)]
+    pub decay: f64,
+}
+
+impl EstimatorArgs {
+    /// Whether the smoothed estimator is chosen (an unknown name is an error).
+    pub fn is_smoothed(&self) -> Result<bool> {
+        match self.estimator.as_str() {
+            "sbis" => Ok(false),
+            "smoothed" => Ok(true),
+            other => anyhow::bail!("unknown estimator {other:?}: use sbis or smoothed"),
+        }
+    }
+
+    /// The estimator; the smoothed one uses `discounts` or the fitted defaults.
+    pub fn estimator(&self, discounts: Option<Discounts>) -> Result<Estimator> {
+        if self.k == 0 {
+            anyhow::bail!("--k must be −1 (all levels) or at least 1");
+        }
+        Ok(if self.is_smoothed()? {
+            Estimator::Smoothed(discounts.unwrap_or_default())
+        } else {
+            Estimator::Sbis {
+                k: self.k,
+                decay: self.decay,
+            }
+        })
+    }
+}
 
 /// `infgram verify INDEX`.
 pub fn verify(dir: &Path) -> Result<()> {

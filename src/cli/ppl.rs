@@ -5,7 +5,6 @@ use clap::Args;
 use infgram::generate::eval::{perplexity, PplReport};
 use infgram::generate::levels::LevelFinder;
 use infgram::generate::smoothed::{fit_discounts, Discounts};
-use infgram::generate::Estimator;
 use infgram::tokenizer::{ByteTokenizer, Tokenizer};
 use infgram::Index;
 use std::path::PathBuf;
@@ -25,15 +24,9 @@ pub struct PplArgs {
     /// Index the first FRACTION of --text (one document) and score the rest (DESIGN.md §5: 0.9).
     #[arg(long)]
     pub split: Option<f64>,
-    /// `sbis` or `smoothed`.
-    #[arg(long, default_value = "sbis")]
-    pub estimator: String,
-    /// SBIS levels (−1: all).
-    #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
-    pub k: i64,
-    /// SBIS weight ratio between consecutive levels.
-    #[arg(long, default_value_t = 0.1)]
-    pub decay: f64,
+    /// The estimator and its settings.
+    #[command(flatten)]
+    pub est: super::EstimatorArgs,
     /// Context length in tokens.
     #[arg(long, default_value_t = 100)]
     pub context: usize,
@@ -74,11 +67,7 @@ pub fn fit_on_train(
 pub fn run(args: PplArgs) -> Result<()> {
     let raw =
         std::fs::read_to_string(&args.text).with_context(|| format!("{}", args.text.display()))?;
-    let smoothed = match args.estimator.as_str() {
-        "sbis" => false,
-        "smoothed" => true,
-        other => bail!("unknown estimator {other:?}: use sbis or smoothed"),
-    };
+    let smoothed = args.est.is_smoothed()?;
     let given = args.discounts.as_ref().map(|d| -> Result<Discounts> {
         match d.as_slice() {
             [a, b, c] => Ok(Discounts([*a, *b, *c])),
@@ -86,16 +75,7 @@ pub fn run(args: PplArgs) -> Result<()> {
         }
     });
     let given = given.transpose()?;
-    let make_est = |d: Option<Discounts>| {
-        if smoothed {
-            Estimator::Smoothed(d.unwrap_or_default())
-        } else {
-            Estimator::Sbis {
-                k: args.k,
-                decay: args.decay,
-            }
-        }
-    };
+    let make_est = |d: Option<Discounts>| args.est.estimator(d);
     let report: PplReport;
     let mut discounts = given;
     if let Some(frac) = args.split {
@@ -114,7 +94,13 @@ pub fn run(args: PplArgs) -> Result<()> {
             discounts = Some(fit_on_train(&train, tok.spec(), args.context)?);
         }
         let index = Index::from_docs(tok.spec(), &[train], 1, true)?;
-        report = perplexity(&index, &val, &make_est(discounts), args.context, args.floor)?;
+        report = perplexity(
+            &index,
+            &val,
+            &make_est(discounts)?,
+            args.context,
+            args.floor,
+        )?;
     } else {
         let dir = match &args.index {
             Some(d) => d.clone(),
@@ -126,7 +112,7 @@ pub fn run(args: PplArgs) -> Result<()> {
         report = perplexity(
             &index,
             &tokens,
-            &make_est(discounts),
+            &make_est(discounts)?,
             args.context,
             args.floor,
         )?;

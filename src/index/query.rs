@@ -440,6 +440,24 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
         }
     }
 
+    /// Shard `s` after checking that `i` is one of its positions (`what` names `i` in errors).
+    fn shard_position(&self, s: usize, i: usize, what: &str) -> Result<&Shard<S>> {
+        let shards = self.shards();
+        let sh = shards.get(s).ok_or_else(|| {
+            Error::input(format!(
+                "shard {s} does not exist ({} shards)",
+                shards.len()
+            ))
+        })?;
+        if i >= sh.len() {
+            return Err(Error::input(format!(
+                "{what} {i} is outside shard {s} (0..{})",
+                sh.len()
+            )));
+        }
+        Ok(sh)
+    }
+
     /// The document around suffix-array rank `rank` of shard `s` (a window of `max_disp_len`).
     pub fn get_doc_by_rank(
         &self,
@@ -448,18 +466,7 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
         needle_len: usize,
         max_disp_len: usize,
     ) -> Result<Document> {
-        let sh = self.shards().get(s).ok_or_else(|| {
-            Error::input(format!(
-                "shard {s} does not exist ({} shards)",
-                self.shards().len()
-            ))
-        })?;
-        if rank >= sh.len() {
-            return Err(Error::input(format!(
-                "rank {rank} is outside shard {s} (0..{})",
-                sh.len()
-            )));
-        }
+        let sh = self.shard_position(s, rank, "rank")?;
         Ok(self.doc_window(s, sh.sa(rank), needle_len, max_disp_len))
     }
 
@@ -471,18 +478,7 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
         needle_len: usize,
         max_disp_len: usize,
     ) -> Result<Document> {
-        let sh = self.shards().get(s).ok_or_else(|| {
-            Error::input(format!(
-                "shard {s} does not exist ({} shards)",
-                self.shards().len()
-            ))
-        })?;
-        if ptr >= sh.len() {
-            return Err(Error::input(format!(
-                "pointer {ptr} is outside shard {s} (0..{})",
-                sh.len()
-            )));
-        }
+        self.shard_position(s, ptr, "pointer")?;
         Ok(self.doc_window(s, ptr, needle_len, max_disp_len))
     }
 
