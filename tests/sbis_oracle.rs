@@ -1,7 +1,7 @@
 //! SBIS levels and weights against a brute-force implementation of DESIGN.md §5 on random
 //! corpora; the smoothed distribution sums to 1; seeded generation is reproducible.
 
-use infgram::generate::levels::LevelFinder;
+use infgram::generate::levels::{self, LevelFinder};
 use infgram::generate::sampler::{Sampler, SamplerConfig};
 use infgram::generate::smoothed::{smoothed_distribution, smoothed_prob, Discounts};
 use infgram::generate::{generate, sbis, Estimator, GenConfig};
@@ -90,6 +90,38 @@ proptest! {
             for (t, &pt) in p.iter().enumerate() {
                 prop_assert!(pt > 0.0);
                 prop_assert!((smoothed_prob(&all, &d, 3, t as u32) - pt).abs() < 1e-12);
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// The amortized levels of generation equal levels computed from scratch at every step.
+    #[test]
+    fn incremental_levels_match_scratch(
+        (docs, start, shards) in corpus(),
+        steps in prop::collection::vec(0u32..3, 1..40),
+        k in 1i64..4,
+        window in 2usize..12,
+    ) {
+        let index = Index::from_docs(spec(3), &docs, shards, true).unwrap();
+        let mut inc = LevelFinder::new(&index, true);
+        let mut scratch = LevelFinder::new(&index, true);
+        let mut tracker = levels::Tracker::default();
+        let mut ctx = start.clone();
+        let mut appended = None;
+        for &x in std::iter::once(&u32::MAX).chain(&steps) {
+            if x != u32::MAX {
+                ctx.push(x);
+                appended = Some(x);
+            }
+            let w = &ctx[ctx.len().saturating_sub(window)..];
+            let a = inc.next_levels(&mut tracker, w, appended, k);
+            let b = scratch.levels(w, k, false);
+            prop_assert_eq!(a.len(), b.len());
+            for (a, b) in a.iter().zip(&b) {
+                prop_assert_eq!((a.len, a.total, &a.counts), (b.len, b.total, &b.counts));
             }
         }
     }

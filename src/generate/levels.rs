@@ -22,6 +22,24 @@ pub struct Level {
     pub counts: Arc<Counts>,
 }
 
+/// Occurrences (shard, start in `T`) of one change-point suffix of the previous context.
+#[derive(Clone, Debug)]
+struct Tracked {
+    len: usize,
+    starts: Vec<(usize, usize)>,
+}
+
+/// Change points with at most this many occurrences are tracked between generation steps.
+const TRACK_MAX: usize = 64;
+
+/// The small levels of the previous generation step, extended by each new token without any
+/// search (see [`LevelFinder::next_levels`]).
+#[derive(Default)]
+pub struct Tracker {
+    tracked: Vec<Tracked>,
+    ready: bool,
+}
+
 /// Computes levels on an index, caching next-token counts of large occurrence sets.
 pub struct LevelFinder<'a, S> {
     index: &'a Index<S>,
@@ -111,6 +129,123 @@ impl<'a, S: AsRef<[u8]> + Sync> LevelFinder<'a, S> {
             }
         }
         kept
+    }
+}
+
+impl<S: AsRef<[u8]> + Sync> LevelFinder<'_, S> {
+    /// The first `k > 0` SBIS levels of `ctx` during generation, where `ctx` is the previous
+    /// step's context plus `appended` (cut to the context window).
+    ///
+    /// Amortized: the change points of `c·x` are among `{L·x : L a change point of c}` (two
+    /// suffixes of `c` with the same occurrences keep the same occurrences when extended by
+    /// `x`), so extending the previous step's small levels by `x` (one token read per
+    /// occurrence) gives an exact prefix of the new level list. When that prefix is shorter than
+    /// `k`, or the top level outgrows the window, the levels are computed from scratch and the
+    /// small ones tracked again. Equal to `levels(ctx, k, false)` with `keep_end` (tested).
+    pub fn next_levels(
+        &mut self,
+        tracker: &mut Tracker,
+        ctx: &[u32],
+        appended: Option<u32>,
+        k: i64,
+    ) -> Vec<Level> {
+        if k <= 0 || !self.keep_end {
+            return self.levels(ctx, k, false);
+        }
+        if let (Some(x), true) = (appended, tracker.ready) {
+            if let Some(levels) = self.advance(tracker, x, ctx.len(), k as usize) {
+                return levels;
+            }
+        }
+        let per_shard: Vec<Vec<Occ>> = self
+            .index
+            .shards()
+            .iter()
+            .map(|s| s.suffix_occs(ctx))
+            .collect();
+        tracker.tracked.clear();
+        let lmax = per_shard.iter().map(|o| o.len() - 1).max().unwrap_or(0);
+        let mut prev = 0usize;
+        for l in (1..=lmax).rev() {
+            let raw: usize = per_shard
+                .iter()
+                .filter_map(|o| o.get(l))
+                .map(|o| o.len())
+                .sum();
+            if raw == prev {
+                continue;
+            }
+            if raw > TRACK_MAX {
+                break;
+            }
+            prev = raw;
+            let mut starts = Vec::with_capacity(raw);
+            for (s, (sh, occs)) in self.index.shards().iter().zip(&per_shard).enumerate() {
+                match occs.get(l) {
+                    Some(&Occ::Rev((a, b))) => starts.extend((a..b).map(|i| (s, sh.rstart(i, l)))),
+                    Some(&Occ::Fwd((a, b))) => starts.extend((a..b).map(|i| (s, sh.sa(i)))),
+                    None => {}
+                }
+            }
+            tracker.tracked.push(Tracked { len: l, starts });
+        }
+        tracker.ready = true;
+        self.levels(ctx, k, false)
+    }
+
+    /// Extends the tracked levels by `x`; `None` when they do not give `k` levels.
+    fn advance(
+        &mut self,
+        tracker: &mut Tracker,
+        x: u32,
+        window: usize,
+        k: usize,
+    ) -> Option<Vec<Level>> {
+        let shards = self.index.shards();
+        let mut next: Vec<Tracked> = Vec::with_capacity(tracker.tracked.len());
+        for t in &tracker.tracked {
+            let starts: Vec<(usize, usize)> = t
+                .starts
+                .iter()
+                .copied()
+                .filter(|&(s, p)| shards[s].tok(p + t.len) == x)
+                .collect();
+            if starts.len() > next.last().map_or(0, |n| n.starts.len()) {
+                next.push(Tracked {
+                    len: t.len + 1,
+                    starts,
+                });
+            }
+        }
+        if next.len() < k || next[0].len > window {
+            tracker.ready = false;
+            return None;
+        }
+        let levels = next[..k]
+            .iter()
+            .map(|t| {
+                let mut toks: Vec<u32> = t
+                    .starts
+                    .iter()
+                    .map(|&(s, p)| shards[s].tok(p + t.len))
+                    .collect();
+                toks.sort_unstable();
+                let mut counts: Counts = Vec::new();
+                for tok in toks {
+                    match counts.last_mut() {
+                        Some((y, c)) if *y == tok => *c += 1,
+                        _ => counts.push((tok, 1)),
+                    }
+                }
+                Level {
+                    len: t.len,
+                    total: t.starts.len() as u64,
+                    counts: Arc::new(counts),
+                }
+            })
+            .collect();
+        tracker.tracked = next;
+        Some(levels)
     }
 }
 

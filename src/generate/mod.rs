@@ -112,6 +112,8 @@ pub fn generate<S: AsRef<[u8]> + Sync>(
     let vocab = index.vocab_size();
     let mut finder = LevelFinder::new(index, true);
     let mut ctx: Vec<u32> = prompt.to_vec();
+    let mut tracker = levels::Tracker::default();
+    let mut appended = None;
     let mut out = Generation {
         tokens: Vec::with_capacity(cfg.max_tokens),
         hit_end: false,
@@ -119,7 +121,12 @@ pub fn generate<S: AsRef<[u8]> + Sync>(
     };
     for _ in 0..cfg.max_tokens {
         let window = &ctx[ctx.len().saturating_sub(cfg.context)..];
-        let mut levels = cfg.estimator.levels(&mut finder, window);
+        let mut levels = match cfg.estimator {
+            Estimator::Sbis { k, .. } if k > 0 => {
+                finder.next_levels(&mut tracker, window, appended, k)
+            }
+            _ => cfg.estimator.levels(&mut finder, window),
+        };
         if levels.is_empty() {
             // Nothing of the context occurs (e.g. an empty prompt): back off to the unigram.
             levels = finder.levels(&[], 1, true);
@@ -139,6 +146,7 @@ pub fn generate<S: AsRef<[u8]> + Sync>(
         }
         out.tokens.push(tok);
         ctx.push(tok);
+        appended = Some(tok);
         on_token(tok);
     }
     Ok(out)

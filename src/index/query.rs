@@ -19,6 +19,8 @@ use std::collections::{BTreeMap, HashMap};
 
 /// Reversed-suffix-array ranges up to this size are scanned instead of searched.
 const SCAN_LIMIT: usize = 64;
+/// Below this many occurrences, suffix ranges are extended by direct comparison.
+const SMALL_RANGE: usize = 8;
 
 /// Occurrences of a context in one shard, as a range of the forward or of the reversed suffix
 /// array (the reversed one when the context was extended to the left).
@@ -216,18 +218,30 @@ impl<S: AsRef<[u8]>> Shard<S> {
             // The empty context: every position (the reversed array cannot give the first one).
             let mut r = (0, n);
             out.push(Occ::Fwd(r));
-            for (d, &x) in ctx.iter().rev().enumerate() {
-                if r.1 - r.0 == 1 {
-                    // One occurrence left: extend it by direct comparison, no search.
-                    let end = self.rstart(r.0, 0); // T position just after the occurrence
-                    let matched = ctx
-                        .iter()
-                        .rev()
-                        .skip(d)
-                        .zip((0..end - d).rev())
-                        .take_while(|&(&x, p)| self.tok(p) == x)
-                        .count();
-                    out.extend(std::iter::repeat_n(Occ::Rev(r), matched));
+            // The first two steps from the memo where it applies.
+            let mut skip = 0;
+            let mut rev = ctx.iter().rev();
+            if let (Some(&x0), x1) = (rev.next(), rev.next()) {
+                if let Some(r1) = self.rrange_short(x0, None) {
+                    if r1.0 == r1.1 {
+                        return out;
+                    }
+                    out.push(Occ::Rev(r1));
+                    r = r1;
+                    skip = 1;
+                    if let Some(r2) = x1.and_then(|&x1| self.rrange_short(x0, Some(x1))) {
+                        if r2.0 == r2.1 {
+                            return out;
+                        }
+                        out.push(Occ::Rev(r2));
+                        r = r2;
+                        skip = 2;
+                    }
+                }
+            }
+            for (d, &x) in ctx.iter().rev().enumerate().skip(skip) {
+                if r.1 - r.0 <= SMALL_RANGE {
+                    self.extend_small(r, d, ctx, &mut out);
                     break;
                 }
                 r = self.rnarrow(r, d, x);
@@ -247,6 +261,37 @@ impl<S: AsRef<[u8]>> Shard<S> {
             }
         }
         out
+    }
+
+    /// Finishes [`Shard::suffix_occs`] for a small `RSA` range `r` of the last `d` tokens of
+    /// `ctx`: the match length of each occurrence is found by direct comparison (sequential
+    /// reads of `T`, no search); the occurrences matching `d + k` tokens are a contiguous
+    /// sub-range of `r` (they share a prefix in `RSA` order).
+    fn extend_small(&self, r: Range, d: usize, ctx: &[u32], out: &mut Vec<Occ>) {
+        let rest = &ctx[..ctx.len() - d];
+        let mut m = [0usize; SMALL_RANGE];
+        for (k, i) in (r.0..r.1).enumerate() {
+            let start = self.rstart(i, d); // T position of the occurrence's first token
+            m[k] = rest
+                .iter()
+                .rev()
+                .zip((0..start).rev())
+                .take_while(|&(&x, p)| self.tok(p) == x)
+                .count();
+        }
+        let m = &m[..r.1 - r.0];
+        let longest = m.iter().copied().max().unwrap_or(0);
+        for k in 1..=longest {
+            let lo = m
+                .iter()
+                .position(|&x| x >= k)
+                .expect("some occurrence matches");
+            let hi = m
+                .iter()
+                .rposition(|&x| x >= k)
+                .expect("some occurrence matches");
+            out.push(Occ::Rev((r.0 + lo, r.0 + hi + 1)));
+        }
     }
 
     /// Occurrences of `q` followed by a token (not at a document's end).

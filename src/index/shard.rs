@@ -17,6 +17,7 @@
 
 use crate::index::format::SA_PADDING;
 use std::cmp::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 
 /// A half-open range `[lo, hi)` of a suffix array.
 pub type Range = (usize, usize);
@@ -33,7 +34,14 @@ pub struct Shard<S> {
     pub(crate) ptr_width: usize,
     pub(crate) sep: u32,
     pub(crate) n_docs: usize,
+    /// Memo of `RSA` ranges of 1- and 2-token contexts, for 1-byte tokens (see
+    /// [`Shard::rrange_short`]): the first two narrowing steps are the most expensive ones
+    /// (ranges of ~n and ~n/σ), and a byte vocabulary has only 65,536 two-token contexts.
+    short_ranges: std::sync::OnceLock<Box<[AtomicU64]>>,
 }
+
+/// Marks an entry of the short-range memo as not computed yet.
+const UNKNOWN: u64 = u64::MAX;
 
 impl<S: AsRef<[u8]>> Shard<S> {
     /// Assembles a shard from its parts; sizes must already be validated.
@@ -61,6 +69,7 @@ impl<S: AsRef<[u8]>> Shard<S> {
             ptr_width,
             sep,
             n_docs,
+            short_ranges: std::sync::OnceLock::new(),
         }
     }
 
@@ -231,6 +240,35 @@ impl<S: AsRef<[u8]>> Shard<S> {
     /// extended by `x` on its left. The full range is `(0, len())`.
     pub fn rnarrow(&self, r: Range, d: usize, x: u32) -> Range {
         Self::equal_range(r, x as i64, |i| self.rkey(i, d))
+    }
+
+    /// `RSA` range of the context `[.., x1, x0]` cut to its last one (`x1 = None`) or two
+    /// tokens, memoized for 1-byte tokens; `None` when the memo does not apply.
+    pub fn rrange_short(&self, x0: u32, x1: Option<u32>) -> Option<Range> {
+        if self.width != 1 || self.rsa.is_none() || self.n >= u32::MAX as usize || x0 > 0xFF {
+            return None;
+        }
+        let memo = self.short_ranges.get_or_init(|| {
+            (0..256 + 256 * 256)
+                .map(|_| AtomicU64::new(UNKNOWN))
+                .collect()
+        });
+        let slot = match x1 {
+            None => x0 as usize,
+            Some(x1) if x1 <= 0xFF => 256 + ((x0 as usize) << 8 | x1 as usize),
+            Some(_) => return None,
+        };
+        let v = memo[slot].load(AtomicOrdering::Relaxed);
+        if v != UNKNOWN {
+            return Some(((v >> 32) as usize, (v & 0xFFFF_FFFF) as usize));
+        }
+        let r1 = self.rnarrow((0, self.n), 0, x0);
+        let r = match x1 {
+            None => r1,
+            Some(x1) => self.rnarrow(r1, 1, x1),
+        };
+        memo[slot].store(((r.0 as u64) << 32) | r.1 as u64, AtomicOrdering::Relaxed);
+        Some(r)
     }
 
     /// The next token (in `T`) after the occurrence of a context of length `d` whose reversed
