@@ -2,6 +2,7 @@
 
 pub mod gen;
 pub mod index;
+pub mod plot;
 pub mod ppl;
 pub mod query;
 

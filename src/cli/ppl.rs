@@ -39,6 +39,9 @@ pub struct PplArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Draw agreement and token counts by effective n into this PNG file.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
 }
 
 /// Fits the smoothed discounts on the last 5% of `train`, indexing the first 95%.
@@ -116,6 +119,9 @@ pub fn run(args: PplArgs) -> Result<()> {
             args.context,
             args.floor,
         )?;
+    }
+    if let Some(path) = &args.plot {
+        super::plot::agreement_by_n(&report, path)?;
     }
     print_report(&report, args.json, discounts.filter(|_| smoothed))
 }
