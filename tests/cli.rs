@@ -455,6 +455,19 @@ fn gen_and_ppl_on_a_small_corpus() {
             && v["bits_per_token"].is_number()
             && v["seconds"].is_number()
     );
+    let png = tmp.path().join("agreement.png");
+    ok(&infgram(&[
+        "ppl",
+        "--corpus",
+        c,
+        "--text",
+        c,
+        "--floor",
+        "1e-10",
+        "--plot",
+        png.to_str().unwrap(),
+    ]));
+    assert_eq!(&std::fs::read(&png).unwrap()[..4], b"\x89PNG");
     let empty = tmp.path().join("empty.txt");
     std::fs::write(&empty, "").unwrap();
     let e = err(&infgram(&[
