@@ -3,7 +3,7 @@
 
 use infgram::generate::levels::{self, LevelFinder};
 use infgram::generate::sampler::{Sampler, SamplerConfig};
-use infgram::generate::smoothed::{smoothed_distribution, smoothed_prob, Discounts};
+use infgram::generate::smoothed::{smoothed_distribution, smoothed_prob, Discounts, CLASSES};
 use infgram::generate::{generate, sbis, Estimator, GenConfig};
 use infgram::tokenizer::TokenizerSpec;
 use infgram::Index;
@@ -84,7 +84,9 @@ proptest! {
             }
             // The smoothed estimator is a distribution over the whole vocabulary.
             let all = f.levels(&ctx, -1, true);
-            let d = Discounts([0.6, 1.1, 1.7]);
+            let mut d = Discounts::uniform([0.6, 1.1, 1.7]);
+            d.0[0] = [0.3, 0.9, 2.5];
+            d.0[CLASSES - 1] = [0.8, 1.5, 2.9];
             let p = smoothed_distribution(&all, &d, 3);
             prop_assert!((p.iter().sum::<f64>() - 1.0).abs() < 1e-9);
             for (t, &pt) in p.iter().enumerate() {

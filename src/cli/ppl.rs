@@ -4,7 +4,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use infgram::generate::eval::{perplexity, PplReport};
 use infgram::generate::levels::LevelFinder;
-use infgram::generate::smoothed::{fit_discounts, Discounts};
+use infgram::generate::smoothed::{fit_discounts, Discounts, CLASSES};
 use infgram::tokenizer::{ByteTokenizer, Tokenizer};
 use infgram::Index;
 use std::path::PathBuf;
@@ -33,7 +33,8 @@ pub struct PplArgs {
     /// Probability given to a token the estimator gives 0 (the seed protocol uses 1e-10).
     #[arg(long)]
     pub floor: Option<f64>,
-    /// Smoothed estimator: discounts `d1,d2,d3` instead of fitting them.
+    /// Smoothed estimator: discounts `d1,d2,d3` (or nine: three per class of level total
+    /// ≤ 4, ≤ 64, more) instead of fitting them.
     #[arg(long, value_delimiter = ',')]
     pub discounts: Option<Vec<f64>>,
     /// Print one JSON object.
@@ -73,8 +74,18 @@ pub fn run(args: PplArgs) -> Result<()> {
     let smoothed = args.est.is_smoothed()?;
     let given = args.discounts.as_ref().map(|d| -> Result<Discounts> {
         match d.as_slice() {
-            [a, b, c] => Ok(Discounts([*a, *b, *c])),
-            _ => bail!("--discounts takes three numbers: d1,d2,d3"),
+            [a, b, c] => Ok(Discounts::uniform([*a, *b, *c])),
+            v if v.len() == 3 * CLASSES => {
+                let mut d = Discounts::uniform([0.0; 3]);
+                for (k, row) in v.chunks(3).enumerate() {
+                    d.0[k] = [row[0], row[1], row[2]];
+                }
+                Ok(d)
+            }
+            _ => bail!(
+                "--discounts takes three numbers d1,d2,d3, or {} (three per class of level total)",
+                3 * CLASSES
+            ),
         }
     });
     let given = given.transpose()?;
@@ -143,7 +154,11 @@ fn print_report(r: &PplReport, json: bool, discounts: Option<Discounts>) -> Resu
         println!("floored         {}", r.floored);
     }
     if let Some(d) = discounts {
-        println!("discounts       {:.3} {:.3} {:.3}", d.0[0], d.0[1], d.0[2]);
+        let rows: Vec<String> =
+            d.0.iter()
+                .map(|r| format!("{:.3},{:.3},{:.3}", r[0], r[1], r[2]))
+                .collect();
+        println!("discounts       {}", rows.join(","));
     }
     println!("\n∞-gram agreement (argmax = actual token)");
     println!("{:<14}{:>10}{:>10}", "", "tokens", "agree");

@@ -6,32 +6,53 @@
 //! From the shortest level up: `P_j(x) = max(c_j(x) − D(c_j(x)), 0) / T_j + γ_j · P_{j+1}(x)`
 //! with `γ_j = Σ_x D(c_j(x)) [c_j(x) > 0] / T_j`, and `D(c) = d1, d2 or d3` for
 //! `c = 1, 2, ≥ 3` (the count-dependent discounts of modified Kneser–Ney, applied to raw
-//! counts). The three discounts are fitted on a slice of the training text held out from the
-//! index ([`fit_discounts`]).
+//! counts). Each of three classes of levels has its own three discounts: levels with a total
+//! `T_j ≤ 4`, `≤ 64` and more (a continuation seen a few times deserves less trust than one seen
+//! in thousands of places). The nine discounts are fitted on a slice of the training text held
+//! out from the index ([`fit_discounts`]).
 
 use super::levels::{count_of, Level};
 
-/// Discounts of counts 1, 2 and ≥ 3.
+/// Upper bounds of level totals of each class but the last.
+const CLASS_BOUNDS: [u64; CLASSES - 1] = [1, 2, 4, 16, 64, 1024];
+/// Classes of levels by total.
+pub const CLASSES: usize = 7;
+
+/// Discounts of counts 1, 2 and ≥ 3, for levels with totals ≤ 4, ≤ 64 and more.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
-pub struct Discounts(pub [f64; 3]);
+pub struct Discounts(pub [[f64; 3]; CLASSES]);
 
 impl Default for Discounts {
     /// Fitted on the last 5% of Tiny Shakespeare's train split, indexing the first 95%
     /// (`infgram ppl --text ../shared/data/tinyshakespeare.txt --split 0.9 --estimator smoothed`
     /// fits them and prints them).
     fn default() -> Self {
-        Discounts([0.883, 1.594, 2.836])
+        Discounts([[0.883, 1.594, 2.836]; CLASSES])
     }
 }
 
 impl Discounts {
+    /// The same three discounts for every class of level.
+    pub fn uniform(d: [f64; 3]) -> Self {
+        Discounts([d; CLASSES])
+    }
+
     #[inline]
-    fn of(&self, c: u64) -> f64 {
+    fn class(total: u64) -> usize {
+        CLASS_BOUNDS
+            .iter()
+            .position(|&b| total <= b)
+            .unwrap_or(CLASSES - 1)
+    }
+
+    #[inline]
+    fn of(&self, class: usize, c: u64) -> f64 {
+        let d = &self.0[class];
         match c {
             0 => 0.0,
-            1 => self.0[0],
-            2 => self.0[1],
-            _ => self.0[2],
+            1 => d[0],
+            2 => d[1],
+            _ => d[2],
         }
         .min(c as f64)
     }
@@ -39,7 +60,8 @@ impl Discounts {
 
 /// Backoff weight and discounted mass of one level.
 fn gamma(level: &Level, d: &Discounts) -> f64 {
-    let mass: f64 = level.counts.iter().map(|&(_, c)| d.of(c)).sum();
+    let class = Discounts::class(level.total);
+    let mass: f64 = level.counts.iter().map(|&(_, c)| d.of(class, c)).sum();
     mass / level.total as f64
 }
 
@@ -49,7 +71,8 @@ pub fn smoothed_prob(levels: &[Level], d: &Discounts, vocab: usize, tok: u32) ->
     let mut p = 1.0 / vocab as f64;
     for lv in levels.iter().rev() {
         let c = count_of(&lv.counts, tok);
-        p = (c as f64 - d.of(c)).max(0.0) / lv.total as f64 + gamma(lv, d) * p;
+        let class = Discounts::class(lv.total);
+        p = (c as f64 - d.of(class, c)).max(0.0) / lv.total as f64 + gamma(lv, d) * p;
     }
     p
 }
@@ -59,38 +82,79 @@ pub fn smoothed_distribution(levels: &[Level], d: &Discounts, vocab: usize) -> V
     let mut p = vec![1.0 / vocab as f64; vocab];
     for lv in levels.iter().rev() {
         let g = gamma(lv, d);
+        let class = Discounts::class(lv.total);
         let inv = 1.0 / lv.total as f64;
         for x in p.iter_mut() {
             *x *= g;
         }
         for &(t, c) in lv.counts.iter() {
             if (t as usize) < vocab {
-                p[t as usize] += (c as f64 - d.of(c)).max(0.0) * inv;
+                p[t as usize] += (c as f64 - d.of(class, c)).max(0.0) * inv;
             }
         }
     }
     p
 }
 
-/// Fits the discounts by coordinate descent on the mean log-likelihood of `tokens`, given a
-/// function returning the levels at each position (computed once and reused).
+/// What the fit needs of one level at one position: its class, total, the number of tokens
+/// seen once, twice and more, and the count of the actual token.
+struct LevelFacts {
+    class: usize,
+    total: f64,
+    n: [f64; 3],
+    actual: u64,
+}
+
+fn facts(levels: &[Level], tok: u32) -> Vec<LevelFacts> {
+    levels
+        .iter()
+        .map(|lv| {
+            let mut n = [0.0; 3];
+            for &(_, c) in lv.counts.iter() {
+                n[(c.min(3) - 1) as usize] += 1.0;
+            }
+            LevelFacts {
+                class: Discounts::class(lv.total),
+                total: lv.total as f64,
+                n,
+                actual: count_of(&lv.counts, tok),
+            }
+        })
+        .collect()
+}
+
+/// [`smoothed_prob`] from precomputed facts (`γ = (d1·n1 + d2·n2 + d3·n3) / T`, as
+/// `d1 < 1 ≤ d2 < 2 ≤ d3 < 3` keeps every discount below its count).
+fn prob_from_facts(facts: &[LevelFacts], d: &Discounts, vocab: usize) -> f64 {
+    let mut p = 1.0 / vocab as f64;
+    for f in facts.iter().rev() {
+        let dc = &d.0[f.class];
+        let gamma = (dc[0] * f.n[0] + dc[1] * f.n[1] + dc[2] * f.n[2]) / f.total;
+        p = (f.actual as f64 - d.of(f.class, f.actual)).max(0.0) / f.total + gamma * p;
+    }
+    p
+}
+
+/// Fits the discounts by coordinate descent on the mean log-likelihood of the actual tokens,
+/// given the levels at each held-out position.
 pub fn fit_discounts(levels_by_pos: &[(Vec<Level>, u32)], vocab: usize) -> Discounts {
+    let data: Vec<Vec<LevelFacts>> = levels_by_pos.iter().map(|(lv, t)| facts(lv, *t)).collect();
     let nll = |d: &Discounts| -> f64 {
-        levels_by_pos
-            .iter()
-            .map(|(lv, t)| -smoothed_prob(lv, d, vocab, *t).ln())
+        data.iter()
+            .map(|f| -prob_from_facts(f, d, vocab).ln())
             .sum::<f64>()
-            / levels_by_pos.len().max(1) as f64
+            / data.len().max(1) as f64
     };
-    let mut best = Discounts([0.5, 1.0, 1.5]);
+    let mut best = Discounts::uniform([0.5, 1.0, 1.5]);
     let mut best_nll = nll(&best);
     let mut step = 0.25;
-    while step > 0.005 {
+    while step > 0.002 {
         let mut improved = false;
-        for i in 0..3 {
+        for (class, i) in (0..CLASSES).flat_map(|k| (0..3).map(move |i| (k, i))) {
             for dir in [-1.0, 1.0] {
                 let mut cand = best;
-                cand.0[i] = (cand.0[i] + dir * step).clamp(0.01, (i + 1) as f64 - 0.01);
+                let x = &mut cand.0[class][i];
+                *x = (*x + dir * step).clamp(0.01, (i + 1) as f64 - 0.01);
                 let v = nll(&cand);
                 if v < best_nll {
                     best = cand;
