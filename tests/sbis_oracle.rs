@@ -83,7 +83,24 @@ proptest! {
                 prop_assert!((dist.iter().map(|x| x.1).sum::<f64>() - 1.0).abs() < 1e-9);
             }
             // The smoothed estimator is a distribution over the whole vocabulary.
-            let all = f.levels(&ctx, -1, true);
+            let all = f.levels_with(&ctx, -1, true, true);
+            // Continuation counts: distinct left neighbours (or a document start) per next token.
+            // (Over several shards they add up, counting a pair once per shard it occurs in.)
+            for lv in all.iter().skip(1).filter(|_| index.shards().len() == 1) {
+                let q = &ctx[ctx.len() - lv.len..];
+                let mut want: BTreeMap<u32, std::collections::BTreeSet<Option<u32>>> = BTreeMap::new();
+                for d in &docs {
+                    for i in 0..d.len() {
+                        if i + q.len() < d.len() && d[i..i + q.len()] == *q {
+                            let prev = i.checked_sub(1).map(|j| d[j]);
+                            want.entry(d[i + q.len()]).or_default().insert(prev);
+                        }
+                    }
+                }
+                let want: BTreeMap<u32, u64> = want.into_iter().map(|(x, s)| (x, s.len() as u64)).collect();
+                let got: BTreeMap<u32, u64> = lv.continuations.as_ref().unwrap().iter().copied().collect();
+                prop_assert_eq!(got, want, "continuations of {:?}", q);
+            }
             let mut d = Discounts::uniform([0.6, 1.1, 1.7]);
             d.0[0] = [0.3, 0.9, 2.5];
             d.0[CLASSES - 1] = [0.8, 1.5, 2.9];

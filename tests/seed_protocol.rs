@@ -35,3 +35,15 @@ fn seed_table_reproduced() {
         assert!((got - want).abs() < 1e-9, "k={k}: got {got}, want {want}");
     }
 }
+
+#[test]
+fn smoothed_estimator_beats_the_seed() {
+    let (train, val) = tiny_shakespeare();
+    // Discounts fitted on held-out train only (the last 5%, with the first 95% indexed).
+    let d = infgram::generate::smoothed::fit_on_train(&train, ByteTokenizer.spec(), 100).unwrap();
+    let index = Index::from_docs(ByteTokenizer.spec(), &[train], 1, true).unwrap();
+    let r = perplexity(&index, &val, &Estimator::Smoothed(d), 100, None).unwrap();
+    eprintln!("smoothed: ppl {:.4} in {:.2} s", r.ppl, r.seconds);
+    assert_eq!(r.floored, 0);
+    assert!(r.ppl <= 4.8, "smoothed ppl {}", r.ppl);
+}

@@ -3,8 +3,7 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use infgram::generate::eval::{perplexity, PplReport};
-use infgram::generate::levels::LevelFinder;
-use infgram::generate::smoothed::{fit_discounts, Discounts, CLASSES};
+use infgram::generate::smoothed::{fit_on_train, Discounts, CLASSES};
 use infgram::tokenizer::{ByteTokenizer, Tokenizer};
 use infgram::Index;
 use std::path::PathBuf;
@@ -43,28 +42,6 @@ pub struct PplArgs {
     /// Draw agreement and token counts by effective n into this PNG file.
     #[arg(long)]
     pub plot: Option<PathBuf>,
-}
-
-/// Fits the smoothed discounts on the last 5% of `train`, indexing the first 95%.
-pub fn fit_on_train(
-    train: &[u32],
-    spec: infgram::tokenizer::TokenizerSpec,
-    context: usize,
-) -> Result<Discounts> {
-    let cut = train.len() * 95 / 100;
-    let (head, held) = (&train[..cut], &train[cut..]);
-    let index = Index::from_docs(spec, &[head.to_vec()], 1, true)?;
-    let mut finder = LevelFinder::new(&index, false);
-    let vocab = index.vocab_size();
-    let data: Vec<_> = (1..held.len())
-        .map(|i| {
-            (
-                finder.levels(&held[i.saturating_sub(context)..i], -1, true),
-                held[i],
-            )
-        })
-        .collect();
-    Ok(fit_discounts(&data, vocab))
 }
 
 /// Runs `infgram ppl`.

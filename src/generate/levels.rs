@@ -20,6 +20,8 @@ pub struct Level {
     pub total: u64,
     /// Next-token counts, sorted by token id.
     pub counts: Arc<Counts>,
+    /// Kneser–Ney continuation counts (distinct left neighbours per next token), when asked for.
+    pub continuations: Option<Arc<Counts>>,
 }
 
 /// Occurrences (shard, start in `T`) of one change-point suffix of the previous context.
@@ -63,13 +65,22 @@ impl<'a, S: AsRef<[u8]> + Sync> LevelFinder<'a, S> {
     }
 
     /// Next-token counts of the suffix of length `l` of `ctx`, merged over shards.
-    fn counts_at(&mut self, per_shard: &[Vec<Occ>], ctx: &[u32], l: usize) -> Arc<Counts> {
+    fn counts_at(
+        &mut self,
+        per_shard: &[Vec<Occ>],
+        ctx: &[u32],
+        l: usize,
+        continuation: bool,
+    ) -> Arc<Counts> {
         let q = &ctx[ctx.len() - l..];
         let mut parts: Vec<Arc<Counts>> = Vec::new();
         for (s, (sh, occs)) in self.index.shards().iter().zip(per_shard).enumerate() {
             if let Some(&occ) = occs.get(l) {
                 if !occ.is_empty() {
-                    parts.push(self.cache.get(s, sh, occ, q, self.keep_end));
+                    parts.push(
+                        self.cache
+                            .get_mode(s, sh, occ, q, self.keep_end, continuation),
+                    );
                 }
             }
         }
@@ -91,6 +102,18 @@ impl<'a, S: AsRef<[u8]> + Sync> LevelFinder<'a, S> {
     /// Up to `k` levels of `ctx` (all when `k < 0`), longest suffix first. With
     /// `include_empty`, the empty context (the unigram distribution) may end the list.
     pub fn levels(&mut self, ctx: &[u32], k: i64, include_empty: bool) -> Vec<Level> {
+        self.levels_with(ctx, k, include_empty, false)
+    }
+
+    /// [`LevelFinder::levels`], with the continuation counts of every level but the first when
+    /// `continuation` is set (for the smoothed estimator).
+    pub fn levels_with(
+        &mut self,
+        ctx: &[u32],
+        k: i64,
+        include_empty: bool,
+        continuation: bool,
+    ) -> Vec<Level> {
         let per_shard: Vec<Vec<Occ>> = self
             .index
             .shards()
@@ -114,14 +137,17 @@ impl<'a, S: AsRef<[u8]> + Sync> LevelFinder<'a, S> {
                 continue;
             }
             prev_raw = r;
-            let counts = self.counts_at(&per_shard, ctx, l);
+            let counts = self.counts_at(&per_shard, ctx, l, false);
             let total: u64 = counts.iter().map(|&(_, c)| c).sum();
             if total > prev_total {
                 prev_total = total;
+                let continuations = (continuation && !kept.is_empty())
+                    .then(|| self.counts_at(&per_shard, ctx, l, true));
                 kept.push(Level {
                     len: l,
                     total,
                     counts,
+                    continuations,
                 });
                 if k >= 0 && kept.len() as i64 >= k {
                     break;
@@ -241,6 +267,7 @@ impl<S: AsRef<[u8]> + Sync> LevelFinder<'_, S> {
                     len: t.len,
                     total: t.starts.len() as u64,
                     counts: Arc::new(counts),
+                    continuations: None,
                 }
             })
             .collect();

@@ -41,7 +41,7 @@ impl Estimator {
     ) -> Vec<Level> {
         match self {
             Estimator::Sbis { k, .. } => finder.levels(ctx, *k, false),
-            Estimator::Smoothed(_) => finder.levels(ctx, -1, true),
+            Estimator::Smoothed(_) => finder.levels_with(ctx, -1, true, true),
         }
     }
 

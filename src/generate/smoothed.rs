@@ -3,7 +3,11 @@
 //! a uniform distribution over the vocabulary. Its probabilities are never zero, so its
 //! perplexity is finite without a floor.
 //!
-//! From the shortest level up: `P_j(x) = max(c_j(x) − D(c_j(x)), 0) / T_j + γ_j · P_{j+1}(x)`
+//! From the shortest level up: `P_j(x) = max(c_j(x) − D(c_j(x)), 0) / T_j + γ_j · P_{j+1}(x)`.
+//! As in Kneser–Ney, `c_j` is the plain count only for the longest level; every shorter level
+//! uses *continuation counts* (for each next token, the number of distinct tokens seen just
+//! before the context): a lower level only speaks for continuations the longer ones have not
+//! seen, and what matters there is in how many different contexts a token follows.
 //! with `γ_j = Σ_x D(c_j(x)) [c_j(x) > 0] / T_j`, and `D(c) = d1, d2 or d3` for
 //! `c = 1, 2, ≥ 3` (the count-dependent discounts of modified Kneser–Ney, applied to raw
 //! counts). Each of three classes of levels has its own three discounts: levels with a total
@@ -12,6 +16,7 @@
 //! out from the index ([`fit_discounts`]).
 
 use super::levels::{count_of, Level};
+use crate::index::query::Counts;
 
 /// Upper bounds of level totals of each class but the last.
 const CLASS_BOUNDS: [u64; CLASSES - 1] = [1, 2, 4, 16, 64, 1024];
@@ -27,7 +32,15 @@ impl Default for Discounts {
     /// (`infgram ppl --text ../shared/data/tinyshakespeare.txt --split 0.9 --estimator smoothed`
     /// fits them and prints them).
     fn default() -> Self {
-        Discounts([[0.883, 1.594, 2.836]; CLASSES])
+        Discounts([
+            [0.924, 1.000, 1.500],
+            [0.963, 1.258, 1.500],
+            [0.943, 1.461, 1.641],
+            [0.924, 1.535, 1.996],
+            [0.832, 1.348, 1.926],
+            [0.812, 1.129, 2.059],
+            [0.605, 0.010, 2.168],
+        ])
     }
 }
 
@@ -58,11 +71,20 @@ impl Discounts {
     }
 }
 
-/// Backoff weight and discounted mass of one level.
-fn gamma(level: &Level, d: &Discounts) -> f64 {
-    let class = Discounts::class(level.total);
-    let mass: f64 = level.counts.iter().map(|&(_, c)| d.of(class, c)).sum();
-    mass / level.total as f64
+/// The counts a level contributes and their total: its Kneser–Ney continuation counts when
+/// the level finder computed them (every level below the longest), else its plain counts.
+fn level_counts(level: &Level) -> (&Counts, u64) {
+    match &level.continuations {
+        Some(c) => (c, c.iter().map(|&(_, n)| n).sum()),
+        None => (&level.counts, level.total),
+    }
+}
+
+/// Backoff weight (discounted mass) of one level.
+fn gamma(counts: &Counts, total: u64, d: &Discounts) -> f64 {
+    let class = Discounts::class(total);
+    let mass: f64 = counts.iter().map(|&(_, c)| d.of(class, c)).sum();
+    mass / total as f64
 }
 
 /// Smoothed probability of `tok` given the context's levels (longest first, ending with the
@@ -70,9 +92,10 @@ fn gamma(level: &Level, d: &Discounts) -> f64 {
 pub fn smoothed_prob(levels: &[Level], d: &Discounts, vocab: usize, tok: u32) -> f64 {
     let mut p = 1.0 / vocab as f64;
     for lv in levels.iter().rev() {
-        let c = count_of(&lv.counts, tok);
-        let class = Discounts::class(lv.total);
-        p = (c as f64 - d.of(class, c)).max(0.0) / lv.total as f64 + gamma(lv, d) * p;
+        let (counts, total) = level_counts(lv);
+        let c = count_of(counts, tok);
+        let class = Discounts::class(total);
+        p = (c as f64 - d.of(class, c)).max(0.0) / total as f64 + gamma(counts, total, d) * p;
     }
     p
 }
@@ -81,13 +104,14 @@ pub fn smoothed_prob(levels: &[Level], d: &Discounts, vocab: usize, tok: u32) ->
 pub fn smoothed_distribution(levels: &[Level], d: &Discounts, vocab: usize) -> Vec<f64> {
     let mut p = vec![1.0 / vocab as f64; vocab];
     for lv in levels.iter().rev() {
-        let g = gamma(lv, d);
-        let class = Discounts::class(lv.total);
-        let inv = 1.0 / lv.total as f64;
+        let (counts, total) = level_counts(lv);
+        let g = gamma(counts, total, d);
+        let class = Discounts::class(total);
+        let inv = 1.0 / total as f64;
         for x in p.iter_mut() {
             *x *= g;
         }
-        for &(t, c) in lv.counts.iter() {
+        for &(t, c) in counts.iter() {
             if (t as usize) < vocab {
                 p[t as usize] += (c as f64 - d.of(class, c)).max(0.0) * inv;
             }
@@ -109,15 +133,16 @@ fn facts(levels: &[Level], tok: u32) -> Vec<LevelFacts> {
     levels
         .iter()
         .map(|lv| {
+            let (counts, total) = level_counts(lv);
             let mut n = [0.0; 3];
-            for &(_, c) in lv.counts.iter() {
+            for &(_, c) in counts.iter() {
                 n[(c.min(3) - 1) as usize] += 1.0;
             }
             LevelFacts {
-                class: Discounts::class(lv.total),
-                total: lv.total as f64,
+                class: Discounts::class(total),
+                total: total as f64,
                 n,
-                actual: count_of(&lv.counts, tok),
+                actual: count_of(counts, tok),
             }
         })
         .collect()
@@ -168,4 +193,27 @@ pub fn fit_discounts(levels_by_pos: &[(Vec<Level>, u32)], vocab: usize) -> Disco
         }
     }
     best
+}
+
+/// Fits the discounts for an index of `train`: indexes its first 95% (one document) and fits
+/// on the last 5%, each position with the previous `context` tokens of that slice.
+pub fn fit_on_train(
+    train: &[u32],
+    spec: crate::tokenizer::TokenizerSpec,
+    context: usize,
+) -> crate::Result<Discounts> {
+    let cut = train.len() * 95 / 100;
+    let (head, held) = (&train[..cut], &train[cut..]);
+    let index = crate::Index::from_docs(spec, &[head.to_vec()], 1, true)?;
+    let mut finder = super::levels::LevelFinder::new(&index, false);
+    let est = super::Estimator::Smoothed(Discounts::default());
+    let data: Vec<_> = (1..held.len())
+        .map(|i| {
+            (
+                est.levels(&mut finder, &held[i.saturating_sub(context)..i]),
+                held[i],
+            )
+        })
+        .collect();
+    Ok(fit_discounts(&data, index.vocab_size()))
 }

@@ -209,6 +209,38 @@ impl<S: AsRef<[u8]>> Shard<S> {
         out
     }
 
+    /// Kneser–Ney continuation counts of the occurrences `occ` of `ctx`: for each next token
+    /// `x`, the number of distinct tokens found just before an occurrence of `ctx·x` (the
+    /// start of a document counts as one more such token). Scans every occurrence. Over several
+    /// shards these counts are added, so a pair present in two shards counts twice.
+    pub fn occ_continuations(&self, occ: Occ, ctx: &[u32], keep_end: bool) -> Counts {
+        let sep = self.separator();
+        let d = ctx.len();
+        let prev = |start: usize| if start == 0 { sep } else { self.tok(start - 1) };
+        let mut pairs: Vec<(u32, u32)> = match occ {
+            Occ::Rev((a, b)) => (a..b)
+                .filter_map(|i| self.rnext(i).map(|x| (x, prev(self.rstart(i, d)))))
+                .collect(),
+            Occ::Fwd((a, b)) => (a..b)
+                .filter_map(|i| {
+                    let p = self.sa(i);
+                    (p + d < self.len()).then(|| (self.tok(p + d), prev(p)))
+                })
+                .collect(),
+        };
+        pairs.retain(|&(x, _)| keep_end || x != sep);
+        pairs.sort_unstable();
+        pairs.dedup();
+        let mut out: Counts = Vec::new();
+        for (x, _) in pairs {
+            match out.last_mut() {
+                Some((y, c)) if *y == x => *c += 1,
+                _ => out.push((x, 1)),
+            }
+        }
+        out
+    }
+
     /// Occurrences of the suffixes of `ctx`, for lengths `0, 1, …` while they occur (and at most
     /// `ctx.len()`): entry `l` holds the occurrences of the last `l` tokens.
     pub fn suffix_occs(&self, ctx: &[u32]) -> Vec<Occ> {
@@ -640,8 +672,8 @@ pub struct CountsCache {
     map: HashMap<CacheKey, std::sync::Arc<Counts>>,
 }
 
-/// (shard, context length, reversed?, lo, hi, keep_end).
-type CacheKey = (usize, usize, bool, usize, usize, bool);
+/// (shard, context length, reversed?, lo, hi, keep_end, continuation counts?).
+type CacheKey = (usize, usize, bool, usize, usize, bool, bool);
 
 /// Occurrence sets at least this large are cached.
 pub const CACHE_MIN: usize = 256;
@@ -656,14 +688,40 @@ impl CountsCache {
         ctx: &[u32],
         keep_end: bool,
     ) -> std::sync::Arc<Counts> {
+        self.get_mode(s, sh, occ, ctx, keep_end, false)
+    }
+
+    /// Like [`CountsCache::get`], or the continuation counts of
+    /// [`Shard::occ_continuations`] when `continuation` is set.
+    pub fn get_mode<S: AsRef<[u8]>>(
+        &mut self,
+        s: usize,
+        sh: &Shard<S>,
+        occ: Occ,
+        ctx: &[u32],
+        keep_end: bool,
+        continuation: bool,
+    ) -> std::sync::Arc<Counts> {
+        let compute = || {
+            std::sync::Arc::new(if continuation {
+                sh.occ_continuations(occ, ctx, keep_end)
+            } else {
+                sh.occ_counts_ext(occ, ctx, keep_end)
+            })
+        };
         if occ.len() < CACHE_MIN {
-            return std::sync::Arc::new(sh.occ_counts_ext(occ, ctx, keep_end));
+            return compute();
         }
         let (Occ::Fwd((a, b)) | Occ::Rev((a, b))) = occ;
-        let key = (s, ctx.len(), matches!(occ, Occ::Rev(_)), a, b, keep_end);
-        self.map
-            .entry(key)
-            .or_insert_with(|| std::sync::Arc::new(sh.occ_counts_ext(occ, ctx, keep_end)))
-            .clone()
+        let key = (
+            s,
+            ctx.len(),
+            matches!(occ, Occ::Rev(_)),
+            a,
+            b,
+            keep_end,
+            continuation,
+        );
+        self.map.entry(key).or_insert_with(compute).clone()
     }
 }
