@@ -153,7 +153,7 @@ proptest! {
     #[test]
     fn u8_tokens((docs, qs) in corpus_and_queries(4)) { check_all(&docs, 4, &qs); }
     #[test]
-    fn u8_tokens_wide((docs, qs) in corpus_and_queries(254)) { check_all(&docs, 254, &qs); }
+    fn u8_tokens_wide((docs, qs) in corpus_and_queries(255)) { check_all(&docs, 255, &qs); }
     #[test]
     fn u16_tokens((docs, qs) in corpus_and_queries(1000)) { check_all(&docs, 1000, &qs); }
     #[test]
@@ -180,8 +180,14 @@ fn edge_cases() {
         5,
         "empty query counts corpus tokens"
     );
+    // Token widths follow the vocabulary: bytes (255 ids) fit one byte beside the separator.
+    for (vocab, width) in [(2usize, 1u8), (255, 1), (256, 2), (65_535, 2), (65_536, 4)] {
+        let idx = Index::from_docs(spec(vocab), &[vec![vocab as u32 - 1]], 1, true).unwrap();
+        assert_eq!(idx.header().token_width, width, "vocab {vocab}");
+        assert_eq!(idx.count(&[vocab as u32 - 1]).unwrap().count, 1);
+    }
     // Largest token id of each width.
-    for vocab in [254usize, 65534, 70_000] {
+    for vocab in [255usize, 65535, 70_000] {
         let top = vocab as u32 - 1;
         check_all(
             &[vec![top, 0, top], vec![top]],

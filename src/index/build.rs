@@ -94,17 +94,14 @@ impl ShardWriter {
     pub fn finish(self, vocab_size: usize, reverse: bool) -> Result<ShardBytes> {
         let n = self.len();
         let pw = pointer_width_for_len(n as u64);
-        let sa = pack_pointers(&suffix_array(&self.tokens, self.width, vocab_size)?, pw);
+        let sa = suffix_array(&self.tokens, self.width, vocab_size, pw)?;
         let rsa = if reverse {
             let w = self.width as usize;
             let mut rev = Vec::with_capacity(self.tokens.len());
             for chunk in self.tokens.chunks_exact(w).rev() {
                 rev.extend_from_slice(chunk);
             }
-            Some(pack_pointers(
-                &suffix_array(&rev, self.width, vocab_size)?,
-                pw,
-            ))
+            Some(suffix_array(&rev, self.width, vocab_size, pw)?)
         } else {
             None
         };
@@ -123,11 +120,13 @@ impl ShardWriter {
     }
 }
 
-/// Suffix array (as `i64` pointers) of a little-endian token sequence.
-fn suffix_array(tokens: &[u8], width: u8, vocab_size: usize) -> Result<Vec<i64>> {
+/// Suffix array of a little-endian token sequence, packed into `pw`-byte pointers (the
+/// 32- or 64-bit array libsais returns is packed straight away, never widened: peak memory is
+/// tokens + libsais's array + the packed one).
+fn suffix_array(tokens: &[u8], width: u8, vocab_size: usize, pw: u8) -> Result<Vec<u8>> {
     let n = tokens.len() / width as usize;
     if n == 0 {
-        return Ok(Vec::new());
+        return Ok(pack_pointers(&[] as &[i32], pw));
     }
     let threads = if n > 1 << 20 {
         ThreadCount::openmp_default()
@@ -145,14 +144,14 @@ fn suffix_array(tokens: &[u8], width: u8, vocab_size: usize) -> Result<Vec<i64>>
                     .multi_threaded(threads)
                     .run()
                     .map_err(err)?;
-                sa.suffix_array().iter().map(|&x| x as i64).collect()
+                pack_pointers(sa.suffix_array(), pw)
             } else {
                 let sa = $c
                     .in_owned_buffer64()
                     .multi_threaded(threads)
                     .run()
                     .map_err(err)?;
-                sa.suffix_array().to_vec()
+                pack_pointers(sa.suffix_array(), pw)
             }
         }};
     }
@@ -191,12 +190,7 @@ fn suffix_array(tokens: &[u8], width: u8, vocab_size: usize) -> Result<Vec<i64>>
                     .multi_threaded(threads);
                 // SAFETY: every value of `t` was checked to lie in [0, sep_code].
                 let c = unsafe { c.with_alphabet_size(alphabet) };
-                c.run()
-                    .map_err(err)?
-                    .suffix_array()
-                    .iter()
-                    .map(|&x| x as i64)
-                    .collect()
+                pack_pointers(c.run().map_err(err)?.suffix_array(), pw)
             } else {
                 let alphabet = libsais::suffix_array::AlphabetSize::new(sep_code as i64 + 1);
                 let mut t64: Vec<i64> = t.iter().map(|&x| x as i64).collect();
@@ -206,18 +200,19 @@ fn suffix_array(tokens: &[u8], width: u8, vocab_size: usize) -> Result<Vec<i64>>
                     .multi_threaded(threads);
                 // SAFETY: as above.
                 let c = unsafe { c.with_alphabet_size(alphabet) };
-                c.run().map_err(err)?.suffix_array().to_vec()
+                pack_pointers(c.run().map_err(err)?.suffix_array(), pw)
             }
         }
     })
 }
 
 /// Packs pointers into `pw` little-endian bytes each, followed by [`SA_PADDING`] zero bytes.
-fn pack_pointers(sa: &[i64], pw: u8) -> Vec<u8> {
+fn pack_pointers<P: Copy + TryInto<u64>>(sa: &[P], pw: u8) -> Vec<u8> {
     let pw = pw as usize;
     let mut out = Vec::with_capacity(sa.len() * pw + SA_PADDING);
     for &p in sa {
-        out.extend_from_slice(&(p as u64).to_le_bytes()[..pw]);
+        let p: u64 = p.try_into().unwrap_or(0); // libsais pointers are never negative
+        out.extend_from_slice(&p.to_le_bytes()[..pw]);
     }
     out.extend_from_slice(&[0u8; SA_PADDING]);
     out

@@ -74,9 +74,10 @@ pub struct Header {
 
 /// Token width for a vocabulary of `vocab_size` ids, keeping the all-ones id free as separator.
 pub fn token_width_for_vocab(vocab_size: usize) -> u8 {
-    if vocab_size < 0xFF {
+    // Ids are 0..vocab_size; the separator (all bits set) must stay above the largest id.
+    if vocab_size <= 0xFF {
         1
-    } else if vocab_size < 0xFFFF {
+    } else if vocab_size <= 0xFFFF {
         2
     } else {
         4
