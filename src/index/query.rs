@@ -326,6 +326,29 @@ impl<S: AsRef<[u8]>> Shard<S> {
         }
     }
 
+    /// The longest suffix of `ctx` that occurs, and its occurrences: by narrowing in `RSA`, or
+    /// without it by binary search on the length (counts never grow with it), `O(log |ctx|)`
+    /// forward searches (infini-gram paper, §A.4).
+    pub fn longest_occurring(&self, ctx: &[u32]) -> (usize, Occ) {
+        if self.has_reverse() {
+            let occs = self.suffix_occs(ctx);
+            return (occs.len() - 1, *occs.last().expect("the empty context"));
+        }
+        let (mut lo, mut hi) = (0usize, ctx.len() + 1); // lo occurs, hi does not
+        let mut best = (0, self.len());
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            let r = self.find(&ctx[ctx.len() - mid..]);
+            if r.0 < r.1 {
+                lo = mid;
+                best = r;
+            } else {
+                hi = mid;
+            }
+        }
+        (lo, Occ::Fwd(best))
+    }
+
     /// Occurrences of `q` followed by a token (not at a document's end).
     fn cont_count(&self, occ: Occ, q: &[u32]) -> u64 {
         match occ {
@@ -362,6 +385,10 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
         Ok(())
     }
 
+    /// Runs `f` on every shard, in parallel when there are several. Point lookups (`count`,
+    /// `find`) do not use it: waking the pool costs more than their probes when the index is
+    /// in memory (measured on the Linux-kernel index: 29 µs parallel vs 11 µs sequential per
+    /// count, while from a cold cache parallel wins, 5.8 vs 9.5 ms).
     fn par_shards<T: Send>(&self, f: impl Fn(&Shard<S>) -> T + Sync + Send) -> Vec<T> {
         if self.shards().len() > 1 {
             self.shards().par_iter().map(f).collect()
@@ -376,12 +403,13 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
         let count = if q.is_empty() {
             self.total_tokens()
         } else {
-            self.par_shards(|s| {
-                let r = s.find(q);
-                (r.1 - r.0) as u64
-            })
-            .into_iter()
-            .sum()
+            self.shards()
+                .iter()
+                .map(|s| {
+                    let r = s.find(q);
+                    (r.1 - r.0) as u64
+                })
+                .sum()
         };
         Ok(CountResult {
             count,
@@ -425,26 +453,33 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
     /// occurrences of that suffix in each shard.
     pub fn longest_suffix(&self, prompt: &[u32]) -> Result<(usize, Vec<Occ>)> {
         self.check_query(prompt)?;
-        let per_shard = self.par_shards(|s| s.suffix_occs(prompt));
-        let mut l = per_shard.iter().map(|o| o.len() - 1).max().unwrap_or(0);
-        while l > 0 {
+        let tops = self.par_shards(|s| s.longest_occurring(prompt));
+        let mut l = tops.iter().map(|t| t.0).max().unwrap_or(0);
+        loop {
             let q = &prompt[prompt.len() - l..];
+            let occs: Vec<Occ> = self
+                .shards()
+                .iter()
+                .zip(&tops)
+                .map(|(s, &(ls, occ))| match l {
+                    0 => Occ::Fwd((0, s.len())),
+                    _ if ls == l => occ,
+                    _ if ls > l => Occ::Fwd(s.find(q)),
+                    _ => Occ::Fwd((0, 0)),
+                })
+                .collect();
+            // Occurrences only at documents' ends have no next token: back off further.
             let cont: u64 = self
                 .shards()
                 .iter()
-                .zip(&per_shard)
-                .filter_map(|(s, o)| o.get(l).map(|&occ| s.cont_count(occ, q)))
+                .zip(&occs)
+                .map(|(s, &o)| s.cont_count(o, q))
                 .sum();
-            if cont > 0 {
-                break;
+            if l == 0 || cont > 0 {
+                return Ok((l, occs));
             }
             l -= 1;
         }
-        let occs = per_shard
-            .iter()
-            .map(|o| o.get(l).copied().unwrap_or(Occ::Fwd((0, 0))))
-            .collect();
-        Ok((l, occs))
     }
 
     /// Next-token counts of the ∞-gram: those of the longest suffix of `prompt` that has any.
@@ -491,7 +526,7 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
     /// Suffix-array segments of `q` in every shard.
     pub fn find(&self, q: &[u32]) -> Result<FindResult> {
         self.check_query(q)?;
-        let segs = self.par_shards(|s| s.find(q));
+        let segs: Vec<Range> = self.shards().iter().map(|s| s.find(q)).collect();
         Ok(FindResult {
             cnt: segs.iter().map(|r| (r.1 - r.0) as u64).sum(),
             segment_by_shard: segs,

@@ -181,29 +181,42 @@ impl<S: AsRef<[u8]>> Shard<S> {
     }
 
     /// Range of `SA` whose suffixes start with `q` (the whole array for an empty `q`).
+    ///
+    /// One binary search while the probes miss `q`; at the first probe inside the range, the
+    /// search splits into a lower-bound search on its left and an upper-bound search on its
+    /// right. The shared part is probed once, not twice.
     pub fn find(&self, q: &[u32]) -> Range {
         let (mut lo, mut hi) = (0usize, self.n);
-        // Lower bound: first suffix >= q.
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            if self.cmp_suffix(self.sa(mid), q) == Ordering::Less {
-                lo = mid + 1;
-            } else {
-                hi = mid;
+            match self.cmp_suffix(self.sa(mid), q) {
+                Ordering::Less => lo = mid + 1,
+                Ordering::Greater => hi = mid,
+                Ordering::Equal => {
+                    // First suffix >= q in [lo, mid]; first suffix > q in (mid, hi].
+                    let (mut a, mut b) = (lo, mid);
+                    while a < b {
+                        let m = a + (b - a) / 2;
+                        if self.cmp_suffix(self.sa(m), q) == Ordering::Less {
+                            a = m + 1;
+                        } else {
+                            b = m;
+                        }
+                    }
+                    let (mut c, mut d) = (mid + 1, hi);
+                    while c < d {
+                        let m = c + (d - c) / 2;
+                        if self.cmp_suffix(self.sa(m), q) == Ordering::Greater {
+                            d = m;
+                        } else {
+                            c = m + 1;
+                        }
+                    }
+                    return (a, c);
+                }
             }
         }
-        let start = lo;
-        hi = self.n;
-        // Upper bound: first suffix > q (prefix-wise).
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if self.cmp_suffix(self.sa(mid), q) == Ordering::Greater {
-                hi = mid;
-            } else {
-                lo = mid + 1;
-            }
-        }
-        (start, lo)
+        (lo, lo)
     }
 
     /// Sub-range of `r` where `key(i) == x`, for keys sorted within `r`.
