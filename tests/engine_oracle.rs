@@ -229,3 +229,46 @@ fn search_docs_cnf() {
     assert_eq!(r.cnt, 1 + 4);
     assert!(idx.search_docs(&[], 10, 3, 1000, 20).is_err());
 }
+
+/// Corpora large enough for the sampled keys (one per 256 suffixes) to bracket the searches:
+/// every query length around the key length (8 bytes of tokens), each width.
+#[test]
+fn sampled_keys_agree_with_brute_force() {
+    for vocab in [3u32, 300, 70_000] {
+        let mut x: u64 = 88172645463325252;
+        let mut rnd = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let docs: Vec<Vec<u32>> = (0..12)
+            .map(|_| {
+                (0..700)
+                    .map(|_| (rnd() % 3) as u32 * (vocab / 3).max(1) % vocab)
+                    .collect()
+            })
+            .collect();
+        let idx = Index::from_docs(spec(vocab as usize), &docs, 5, true).unwrap();
+        for d in 0..docs.len() {
+            for start in [0usize, 17, 333, 690] {
+                for len in [1usize, 2, 3, 4, 5, 7, 8, 9, 12, 30] {
+                    let q = &docs[d][start..(start + len).min(docs[d].len())];
+                    assert_eq!(
+                        idx.count(q).unwrap().count,
+                        brute_count(&docs, q),
+                        "vocab {vocab} {q:?}"
+                    );
+                }
+            }
+        }
+        // Queries that do not occur, below and above everything.
+        for q in [
+            vec![0u32; 40],
+            vec![vocab - 1; 40],
+            vec![vocab - 1, 0, vocab - 1],
+        ] {
+            assert_eq!(idx.count(&q).unwrap().count, brute_count(&docs, &q));
+        }
+    }
+}

@@ -23,6 +23,8 @@ pub struct ShardBytes {
     pub sa: Vec<u8>,
     /// Suffix array of the reversed sequence, if built.
     pub rsa: Option<Vec<u8>>,
+    /// Sampled keys of the suffix array (`sample.bin`).
+    pub sample: Vec<u8>,
     /// Document start offsets (u64), one more than documents.
     pub docs: Vec<u8>,
     /// Metadata, one JSON line per document.
@@ -95,6 +97,7 @@ impl ShardWriter {
         let n = self.len();
         let pw = pointer_width_for_len(n as u64);
         let sa = suffix_array(&self.tokens, self.width, vocab_size, pw)?;
+        let sample = super::shard::sample_keys(&self.tokens, self.width as usize, &sa, pw as usize);
         let rsa = if reverse {
             let w = self.width as usize;
             let mut rev = Vec::with_capacity(self.tokens.len());
@@ -113,6 +116,7 @@ impl ShardWriter {
             tokens: self.tokens,
             sa,
             rsa,
+            sample,
             meta: self.meta,
             pointer_width: pw,
             width: self.width,
@@ -306,6 +310,7 @@ pub fn write_shard(dir: &Path, name: &str, s: &ShardBytes, reverse: bool) -> Res
     if let Some(rsa) = &s.rsa {
         put("rsa.bin", rsa)?;
     }
+    put("sample.bin", &s.sample)?;
     put("docs.bin", &s.docs)?;
     put("meta.jsonl", &s.meta)?;
     put("meta_offsets.bin", &s.meta_offsets)?;

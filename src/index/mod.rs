@@ -96,6 +96,12 @@ impl Index<Mmap> {
             };
             let docs = open("docs.bin")?;
             let meta = (open("meta.jsonl")?, open("meta_offsets.bin")?);
+            // Optional: indexes written before sample.bin existed still open.
+            let sample = if sh.files.contains_key("sample.bin") {
+                Some(open("sample.bin")?)
+            } else {
+                None
+            };
             let n = sh.tokens as usize;
             let pw = sh.pointer_width as usize;
             let sa_ok = |m: &Mmap| m.len() == n * pw + SA_PADDING;
@@ -111,16 +117,10 @@ impl Index<Mmap> {
                     "size disagrees with the document count",
                 ));
             }
-            shards.push(Shard::new(
-                tokens,
-                sa,
-                rsa,
-                docs,
-                Some(meta),
-                w,
-                pw,
-                header.separator,
-            ));
+            shards.push(
+                Shard::new(tokens, sa, rsa, docs, Some(meta), w, pw, header.separator)
+                    .with_sample(sample),
+            );
         }
         Ok(Index {
             header,
@@ -197,16 +197,19 @@ impl Index<Vec<u8>> {
                 reverse: b.rsa.is_some(),
                 files: Default::default(),
             });
-            shards.push(Shard::new(
-                b.tokens,
-                b.sa,
-                b.rsa,
-                b.docs,
-                Some((b.meta, b.meta_offsets)),
-                width as usize,
-                b.pointer_width as usize,
-                sep,
-            ));
+            shards.push(
+                Shard::new(
+                    b.tokens,
+                    b.sa,
+                    b.rsa,
+                    b.docs,
+                    Some((b.meta, b.meta_offsets)),
+                    width as usize,
+                    b.pointer_width as usize,
+                    sep,
+                )
+                .with_sample(Some(b.sample)),
+            );
         }
         header.seal();
         Index {

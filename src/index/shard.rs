@@ -27,6 +27,8 @@ pub struct Shard<S> {
     pub(crate) tokens: S,
     pub(crate) sa: S,
     pub(crate) rsa: Option<S>,
+    /// Every [`SAMPLE_STEP`]-th suffix's first 8 bytes of tokens (`sample.bin`), if present.
+    sample: Option<S>,
     pub(crate) docs: S,
     pub(crate) meta: Option<(S, S)>,
     pub(crate) n: usize,
@@ -62,6 +64,7 @@ impl<S: AsRef<[u8]>> Shard<S> {
             tokens,
             sa,
             rsa,
+            sample: None,
             docs,
             meta,
             n,
@@ -180,13 +183,64 @@ impl<S: AsRef<[u8]>> Shard<S> {
         Ordering::Equal
     }
 
+    /// Adds the sampled keys of `sample.bin` (see [`sample_keys`]); they are ignored unless
+    /// their count matches the shard.
+    pub(crate) fn with_sample(mut self, sample: Option<S>) -> Self {
+        self.sample = sample.filter(|b| b.as_ref().len() == sample_len(self.n) * 8);
+        self
+    }
+
+    /// `[lo, hi)` bounds of the `SA` range of `q` from the sampled keys: a key below every
+    /// possible key of `q` puts its suffix before the range, one above after it.
+    fn sample_bracket(&self, q: &[u32]) -> Range {
+        let Some(sample) = &self.sample else {
+            return (0, self.n);
+        };
+        let b = sample.as_ref();
+        let m = b.len() / 8;
+        let key = |j: usize| u64::from_le_bytes(b[8 * j..8 * j + 8].try_into().expect("8 bytes"));
+        let (qlow, qhigh) = query_keys(q, self.width);
+        let (mut lo, mut hi) = (0usize, m);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if key(mid) < qlow {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        let below = lo; // entries 0..below are < q
+        hi = m;
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if key(mid) <= qhigh {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        let start = if below == 0 {
+            0
+        } else {
+            (below - 1) * SAMPLE_STEP + 1
+        };
+        let end = if lo >= m { self.n } else { lo * SAMPLE_STEP };
+        (start.min(self.n), end.min(self.n))
+    }
+
     /// Range of `SA` whose suffixes start with `q` (the whole array for an empty `q`).
     ///
-    /// One binary search while the probes miss `q`; at the first probe inside the range, the
+    /// The sampled keys (when present) narrow the search to a bracket of at most
+    /// [`SAMPLE_STEP`] entries for any query of 8 bytes or more, without touching `SA` or `T`.
+    /// Then one binary search while the probes miss `q`; at the first probe inside the range, the
     /// search splits into a lower-bound search on its left and an upper-bound search on its
     /// right. The shared part is probed once, not twice.
     pub fn find(&self, q: &[u32]) -> Range {
-        let (mut lo, mut hi) = (0usize, self.n);
+        let (mut lo, mut hi) = if q.is_empty() {
+            (0, self.n)
+        } else {
+            self.sample_bracket(q)
+        };
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
             match self.cmp_suffix(self.sa(mid), q) {
@@ -370,4 +424,58 @@ impl<S: AsRef<[u8]>> Shard<S> {
     pub fn separator(&self) -> u32 {
         self.sep
     }
+}
+
+/// One sampled key every this many suffixes.
+pub const SAMPLE_STEP: usize = 256;
+
+/// Number of sampled keys of a shard of `n` tokens.
+pub fn sample_len(n: usize) -> usize {
+    n.div_ceil(SAMPLE_STEP)
+}
+
+/// The first 8 bytes of tokens from `tokens[0..]` as a number whose order is the suffix order
+/// (tokens big-endian, missing tokens as 0: a shorter suffix sorts first).
+fn pack_key(tokens: impl Iterator<Item = u32>, width: usize, fill: u32) -> u64 {
+    let per = 8 / width;
+    let bits = 8 * width as u32;
+    let mut key = 0u64;
+    let mut it = tokens;
+    for _ in 0..per {
+        let t = it.next().unwrap_or(fill) as u64;
+        key = if bits == 64 { t } else { (key << bits) | t };
+    }
+    key
+}
+
+/// The smallest and largest keys of suffixes starting with `q`.
+fn query_keys(q: &[u32], width: usize) -> (u64, u64) {
+    let max = if width >= 4 {
+        u32::MAX
+    } else {
+        (1u32 << (8 * width)) - 1
+    };
+    (
+        pack_key(q.iter().copied(), width, 0),
+        pack_key(q.iter().copied(), width, max),
+    )
+}
+
+/// `sample.bin` of a shard: the key of every [`SAMPLE_STEP`]-th suffix, u64 little-endian.
+pub fn sample_keys(tokens: &[u8], width: usize, sa: &[u8], pw: usize) -> Vec<u8> {
+    let n = tokens.len() / width;
+    let tok = |i: usize| -> u32 {
+        let mut b = [0u8; 4];
+        b[..width].copy_from_slice(&tokens[width * i..width * i + width]);
+        u32::from_le_bytes(b)
+    };
+    let mut out = Vec::with_capacity(sample_len(n) * 8);
+    for i in (0..n).step_by(SAMPLE_STEP) {
+        let mut p = [0u8; 8];
+        p[..pw].copy_from_slice(&sa[i * pw..i * pw + pw]);
+        let start = u64::from_le_bytes(p) as usize;
+        let key = pack_key((start..n).map(tok), width, 0);
+        out.extend_from_slice(&key.to_le_bytes());
+    }
+    out
 }
