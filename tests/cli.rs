@@ -391,30 +391,21 @@ fn gen_and_ppl_on_a_small_corpus() {
     )
     .unwrap();
     let c = corpus.to_str().unwrap();
-    let a = json(&infgram(&[
-        "gen",
-        "--corpus",
-        c,
-        "--prompt",
-        "ROMEO:",
-        "--seed",
-        "3",
-        "--max-tokens",
-        "40",
-        "--json",
-    ]));
-    let b = json(&infgram(&[
-        "gen",
-        "--corpus",
-        c,
-        "--prompt",
-        "ROMEO:",
-        "--seed",
-        "3",
-        "--max-tokens",
-        "40",
-        "--json",
-    ]));
+    let seeded = || {
+        json(&infgram(&[
+            "gen",
+            "--corpus",
+            c,
+            "--prompt",
+            "ROMEO:",
+            "--seed",
+            "3",
+            "--max-tokens",
+            "40",
+            "--json",
+        ]))
+    };
+    let (a, b) = (seeded(), seeded());
     assert_eq!(a["text"], b["text"]);
     assert!(a["tokens"].as_u64().unwrap() > 0 && a["tokens_per_second"].as_f64().unwrap() > 0.0);
     // A prompt of unseen characters and an empty prompt still generate.

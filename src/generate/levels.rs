@@ -64,6 +64,15 @@ impl<'a, S: AsRef<[u8]> + Sync> LevelFinder<'a, S> {
         self.index
     }
 
+    /// Occurrences of the suffixes of `ctx` in every shard (see [`crate::index::Shard::suffix_occs`]).
+    fn suffix_occs(&self, ctx: &[u32]) -> Vec<Vec<Occ>> {
+        self.index
+            .shards()
+            .iter()
+            .map(|s| s.suffix_occs(ctx))
+            .collect()
+    }
+
     /// Next-token counts of the suffix of length `l` of `ctx`, merged over shards.
     fn counts_at(
         &mut self,
@@ -77,10 +86,7 @@ impl<'a, S: AsRef<[u8]> + Sync> LevelFinder<'a, S> {
         for (s, (sh, occs)) in self.index.shards().iter().zip(per_shard).enumerate() {
             if let Some(&occ) = occs.get(l) {
                 if !occ.is_empty() {
-                    parts.push(
-                        self.cache
-                            .get_mode(s, sh, occ, q, self.keep_end, continuation),
-                    );
+                    parts.push(self.cache.get(s, sh, occ, q, self.keep_end, continuation));
                 }
             }
         }
@@ -114,12 +120,7 @@ impl<'a, S: AsRef<[u8]> + Sync> LevelFinder<'a, S> {
         include_empty: bool,
         continuation: bool,
     ) -> Vec<Level> {
-        let per_shard: Vec<Vec<Occ>> = self
-            .index
-            .shards()
-            .iter()
-            .map(|s| s.suffix_occs(ctx))
-            .collect();
+        let per_shard = self.suffix_occs(ctx);
         let lmax = per_shard.iter().map(|o| o.len() - 1).max().unwrap_or(0);
         let raw = |l: usize| -> usize {
             per_shard
@@ -183,12 +184,7 @@ impl<S: AsRef<[u8]> + Sync> LevelFinder<'_, S> {
                 return levels;
             }
         }
-        let per_shard: Vec<Vec<Occ>> = self
-            .index
-            .shards()
-            .iter()
-            .map(|s| s.suffix_occs(ctx))
-            .collect();
+        let per_shard = self.suffix_occs(ctx);
         tracker.tracked.clear();
         let lmax = per_shard.iter().map(|o| o.len() - 1).max().unwrap_or(0);
         let mut prev = 0usize;

@@ -714,21 +714,10 @@ type CacheKey = (usize, usize, bool, usize, usize, bool, bool);
 pub const CACHE_MIN: usize = 256;
 
 impl CountsCache {
-    /// Counts of `occ` (occurrences of `ctx` in shard `s`), from the cache when large.
+    /// Next-token counts of `occ` (occurrences of `ctx` in shard `s`), or the continuation
+    /// counts of [`Shard::occ_continuations`] when `continuation` is set; from the cache when
+    /// the set is large.
     pub fn get<S: AsRef<[u8]>>(
-        &mut self,
-        s: usize,
-        sh: &Shard<S>,
-        occ: Occ,
-        ctx: &[u32],
-        keep_end: bool,
-    ) -> std::sync::Arc<Counts> {
-        self.get_mode(s, sh, occ, ctx, keep_end, false)
-    }
-
-    /// Like [`CountsCache::get`], or the continuation counts of
-    /// [`Shard::occ_continuations`] when `continuation` is set.
-    pub fn get_mode<S: AsRef<[u8]>>(
         &mut self,
         s: usize,
         sh: &Shard<S>,
