@@ -121,6 +121,18 @@ impl<'a, S: AsRef<[u8]> + Sync> LevelFinder<'a, S> {
         continuation: bool,
     ) -> Vec<Level> {
         let per_shard = self.suffix_occs(ctx);
+        self.levels_from(&per_shard, ctx, k, include_empty, continuation)
+    }
+
+    /// The levels, given the occurrences of `ctx`'s suffixes in every shard.
+    fn levels_from(
+        &mut self,
+        per_shard: &[Vec<Occ>],
+        ctx: &[u32],
+        k: i64,
+        include_empty: bool,
+        continuation: bool,
+    ) -> Vec<Level> {
         let lmax = per_shard.iter().map(|o| o.len() - 1).max().unwrap_or(0);
         let raw = |l: usize| -> usize {
             per_shard
@@ -138,12 +150,12 @@ impl<'a, S: AsRef<[u8]> + Sync> LevelFinder<'a, S> {
                 continue;
             }
             prev_raw = r;
-            let counts = self.counts_at(&per_shard, ctx, l, false);
+            let counts = self.counts_at(per_shard, ctx, l, false);
             let total: u64 = counts.iter().map(|&(_, c)| c).sum();
             if total > prev_total {
                 prev_total = total;
                 let continuations = (continuation && !kept.is_empty())
-                    .then(|| self.counts_at(&per_shard, ctx, l, true));
+                    .then(|| self.counts_at(per_shard, ctx, l, true));
                 kept.push(Level {
                     len: l,
                     total,
@@ -212,7 +224,7 @@ impl<S: AsRef<[u8]> + Sync> LevelFinder<'_, S> {
             tracker.tracked.push(Tracked { len: l, starts });
         }
         tracker.ready = true;
-        self.levels(ctx, k, false)
+        self.levels_from(&per_shard, ctx, k, false, false)
     }
 
     /// Extends the tracked levels by `x`; `None` when they do not give `k` levels.
@@ -243,17 +255,15 @@ impl<S: AsRef<[u8]> + Sync> LevelFinder<'_, S> {
             tracker.ready = false;
             return None;
         }
+        let mut toks: Vec<u32> = Vec::with_capacity(TRACK_MAX);
         let levels = next[..k]
             .iter()
             .map(|t| {
-                let mut toks: Vec<u32> = t
-                    .starts
-                    .iter()
-                    .map(|&(s, p)| shards[s].tok(p + t.len))
-                    .collect();
+                toks.clear();
+                toks.extend(t.starts.iter().map(|&(s, p)| shards[s].tok(p + t.len)));
                 toks.sort_unstable();
-                let mut counts: Counts = Vec::new();
-                for tok in toks {
+                let mut counts: Counts = Vec::with_capacity(toks.len());
+                for &tok in &toks {
                     match counts.last_mut() {
                         Some((y, c)) if *y == tok => *c += 1,
                         _ => counts.push((tok, 1)),

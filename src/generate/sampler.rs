@@ -28,6 +28,8 @@ impl Default for SamplerConfig {
 pub struct Sampler {
     cfg: SamplerConfig,
     rng: rand::rngs::StdRng,
+    /// Scratch space of `sample`, kept to avoid an allocation per token.
+    weights: Vec<(u32, f64)>,
 }
 
 impl Sampler {
@@ -37,7 +39,11 @@ impl Sampler {
             Some(s) => rand::rngs::StdRng::seed_from_u64(s),
             None => rand::rngs::StdRng::from_os_rng(),
         };
-        Sampler { cfg, rng }
+        Sampler {
+            cfg,
+            rng,
+            weights: Vec::new(),
+        }
     }
 
     /// The settings.
@@ -61,11 +67,20 @@ impl Sampler {
                 .map(|(t, _)| t);
         }
         let inv_t = 1.0 / self.cfg.temperature;
-        let mut w: Vec<(u32, f64)> = dist
-            .iter()
-            .filter(|&&(_, p)| p > 0.0)
-            .map(|&(t, p)| (t, if inv_t == 1.0 { p } else { p.powf(inv_t) }))
-            .collect();
+        let mut w = std::mem::take(&mut self.weights);
+        w.clear();
+        w.extend(
+            dist.iter()
+                .filter(|&&(_, p)| p > 0.0)
+                .map(|&(t, p)| (t, if inv_t == 1.0 { p } else { p.powf(inv_t) })),
+        );
+        let choice = self.draw(&mut w);
+        self.weights = w;
+        choice
+    }
+
+    /// Applies top-k / top-p to the tempered weights `w` and draws one token.
+    fn draw(&mut self, w: &mut Vec<(u32, f64)>) -> Option<u32> {
         if w.is_empty() {
             return None;
         }
@@ -77,7 +92,7 @@ impl Sampler {
             if self.cfg.top_p < 1.0 {
                 let total: f64 = w.iter().map(|x| x.1).sum();
                 let (mut acc, mut keep) = (0.0, 0);
-                for x in &w {
+                for x in w.iter() {
                     acc += x.1;
                     keep += 1;
                     if acc >= self.cfg.top_p * total {
@@ -89,7 +104,7 @@ impl Sampler {
         }
         let total: f64 = w.iter().map(|x| x.1).sum();
         let mut u = self.rng.random::<f64>() * total;
-        for &(t, p) in &w {
+        for &(t, p) in w.iter() {
             if u < p {
                 return Some(t);
             }
