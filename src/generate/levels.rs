@@ -236,21 +236,21 @@ impl<S: AsRef<[u8]> + Sync> LevelFinder<'_, S> {
         k: usize,
     ) -> Option<Vec<Level>> {
         let shards = self.index.shards();
-        let mut next: Vec<Tracked> = Vec::with_capacity(tracker.tracked.len());
-        for t in &tracker.tracked {
-            let starts: Vec<(usize, usize)> = t
-                .starts
-                .iter()
-                .copied()
-                .filter(|&(s, p)| shards[s].tok(p + t.len) == x)
-                .collect();
-            if starts.len() > next.last().map_or(0, |n| n.starts.len()) {
-                next.push(Tracked {
-                    len: t.len + 1,
-                    starts,
-                });
-            }
+        // Extend every tracked suffix by `x` in place, then keep the first of each count.
+        for t in tracker.tracked.iter_mut() {
+            let len = t.len;
+            t.starts.retain(|&(s, p)| shards[s].tok(p + len) == x);
+            t.len += 1;
         }
+        let mut prev = 0;
+        tracker.tracked.retain(|t| {
+            let keep = t.starts.len() > prev;
+            if keep {
+                prev = t.starts.len();
+            }
+            keep
+        });
+        let next = &tracker.tracked;
         if next.len() < k || next[0].len > window {
             tracker.ready = false;
             return None;
@@ -277,7 +277,6 @@ impl<S: AsRef<[u8]> + Sync> LevelFinder<'_, S> {
                 }
             })
             .collect();
-        tracker.tracked = next;
         Some(levels)
     }
 }
