@@ -15,6 +15,7 @@ pub mod corpus;
 pub mod error;
 pub mod generate;
 pub mod index;
+pub mod neural;
 pub mod tokenizer;
 
 pub use error::{Error, Result};

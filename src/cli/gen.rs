@@ -49,6 +49,13 @@ pub struct GenArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Generate with a neural model instead of the index: a short name (`smollm2-135m`,
+    /// fetched on first use) or a `.gguf` file.
+    #[arg(long, conflicts_with_all = ["index", "corpus"])]
+    pub model: Option<String>,
+    /// With --model: use the prompt as is, without the chat template.
+    #[arg(long)]
+    pub raw: bool,
 }
 
 /// Incremental decoder that prints only complete UTF-8.
@@ -87,6 +94,9 @@ fn stats_line(xs: &mut [f64]) -> String {
 
 /// Runs `infgram gen`.
 pub fn run(args: GenArgs) -> Result<()> {
+    if let Some(model) = args.model.clone() {
+        return run_model(&args, &model);
+    }
     let dir = match &args.index {
         Some(d) => d.clone(),
         None => super::cached_byte_index(&args.corpus)?,
@@ -179,6 +189,80 @@ pub fn run(args: GenArgs) -> Result<()> {
                 stats_line(&mut m)
             );
         }
+    }
+    Ok(())
+}
+
+/// `infgram gen --model M`: plain decoding with the neural model.
+fn run_model(args: &GenArgs, model: &str) -> Result<()> {
+    use infgram::neural::LanguageModel;
+    use infgram::tokenizer::Tokenizer;
+    let path = if model.ends_with(".gguf") {
+        PathBuf::from(model)
+    } else {
+        infgram::assets::ensure_model(model)?
+    };
+    let tok = infgram::tokenizer::HfTokenizer::from_gguf(&path)?;
+    let mut llm = infgram::neural::llama::Llama::from_gguf(&path)?;
+    let text = if args.raw {
+        args.prompt.clone()
+    } else {
+        infgram::neural::chat_prompt(&args.prompt)
+    };
+    let prompt = tok.encode(&text)?;
+    let mut sampler = Sampler::new(
+        SamplerConfig {
+            temperature: args.temperature,
+            top_p: args.top_p,
+            top_k: args.top_k,
+        },
+        args.seed,
+    );
+    let stream = !args.json && (args.stream || std::io::stdout().is_terminal());
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let mut streamer = Stream {
+        pending: Vec::new(),
+    };
+    let t0 = std::time::Instant::now();
+    let mut io_err = None;
+    let ids = infgram::neural::generate(&mut llm, &prompt, args.max_tokens, &mut sampler, |t| {
+        if stream && io_err.is_none() {
+            if let Err(e) = tok
+                .decode_bytes(&[t])
+                .map_err(anyhow::Error::from)
+                .and_then(|b| Ok(streamer.push(&b, &mut out)?))
+            {
+                io_err = Some(e);
+            }
+        }
+    })?;
+    let secs = t0.elapsed().as_secs_f64();
+    if let Some(e) = io_err {
+        return Err(e);
+    }
+    let generated = tok.decode(&ids)?;
+    let tps = ids.len() as f64 / secs.max(1e-12);
+    if args.json {
+        let v = serde_json::json!({
+            "prompt": args.prompt, "text": generated, "tokens": ids.len(), "token_ids": ids,
+            "seconds": secs, "tokens_per_second": tps, "model": path.display().to_string(),
+            "prompt_tokens": prompt.len(), "context_tokens": llm.cache_len(),
+        });
+        writeln!(out, "{v}")?;
+    } else {
+        if !stream {
+            write!(out, "{generated}")?;
+        }
+        writeln!(out)?;
+        out.flush()?;
+        eprintln!(
+            "{} tokens in {:.2} s ({:.1} tokens/s, prompt {} tokens)",
+            ids.len(),
+            secs,
+            tps,
+            prompt.len()
+        );
     }
     Ok(())
 }

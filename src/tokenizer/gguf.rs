@@ -13,7 +13,16 @@ use std::path::Path;
 
 /// Reads the GGUF metadata of `path` (not its tensors).
 pub fn read_gguf_metadata(path: &Path) -> Result<Content> {
-    let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut f = std::fs::File::open(path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            Error::input(format!(
+                "model file {} not found; fetch it with `infgram fetch smollm2-135m` (see models/README.md)",
+                path.display()
+            ))
+        } else {
+            Error::io(path, e)
+        }
+    })?;
     Content::read(&mut f).map_err(|e| {
         Error::input(format!(
             "{}: not a readable GGUF file ({e}); fetch the model again (see models/README.md)",

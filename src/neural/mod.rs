@@ -1,0 +1,85 @@
+//! Neural language models run by candle, behind one trait the generation runtime uses.
+//!
+//! This layer knows nothing of the ∞-gram index. A [`LanguageModel`] is fed tokens and returns
+//! the logits of *every* fed position (speculative verification scores several draft tokens in
+//! one pass; mixing needs the full distribution at each step), and its KV cache can be cut back
+//! to any length (rolling back rejected drafts).
+
+pub mod llama;
+
+use crate::error::Result;
+
+/// A causal language model with a KV cache.
+pub trait LanguageModel {
+    /// Feeds `tokens` after the cached ones; returns one row of logits per fed token.
+    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>>;
+    /// Tokens in the KV cache.
+    fn cache_len(&self) -> usize;
+    /// Cuts the KV cache back to its first `len` tokens.
+    fn truncate(&mut self, len: usize);
+    /// Empties the KV cache.
+    fn clear(&mut self) {
+        self.truncate(0);
+    }
+    /// Number of logits per position.
+    fn vocab_size(&self) -> usize;
+    /// Ids that end a generation.
+    fn eos_tokens(&self) -> &[u32];
+}
+
+/// Index of the largest logit (the smallest id among ties).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    for (i, &x) in logits.iter().enumerate() {
+        if x > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Softmax of `logits` as `(id, probability)` pairs, for the shared sampler.
+pub fn softmax(logits: &[f32]) -> Vec<(u32, f64)> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let exps: Vec<f64> = logits.iter().map(|&x| (x as f64 - max).exp()).collect();
+    let sum: f64 = exps.iter().sum();
+    exps.into_iter()
+        .enumerate()
+        .map(|(i, e)| (i as u32, e / sum))
+        .collect()
+}
+
+/// Plain decoding with the model alone: feeds `prompt`, then samples one token per forward
+/// pass until an end token or `max_tokens`. Returns the generated ids (end token excluded).
+/// (The speculative runtime will replace this loop with one that drafts and verifies.)
+pub fn generate(
+    model: &mut dyn LanguageModel,
+    prompt: &[u32],
+    max_tokens: usize,
+    sampler: &mut crate::generate::sampler::Sampler,
+    mut on_token: impl FnMut(u32),
+) -> Result<Vec<u32>> {
+    if prompt.is_empty() {
+        return Err(crate::Error::input("the model needs a non-empty prompt"));
+    }
+    model.clear();
+    let mut logits = model.forward(prompt)?.pop().expect("one row per token");
+    let mut out = Vec::with_capacity(max_tokens);
+    for _ in 0..max_tokens {
+        let Some(next) = sampler.sample(&softmax(&logits)) else {
+            break;
+        };
+        if model.eos_tokens().contains(&next) {
+            break;
+        }
+        out.push(next);
+        on_token(next);
+        logits = model.forward(&[next])?.pop().expect("one row");
+    }
+    Ok(out)
+}
+
+/// The chat template of SmolLM2-Instruct (ChatML) around one user message.
+pub fn chat_prompt(user: &str) -> String {
+    format!("<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
+}
