@@ -56,6 +56,10 @@ pub struct GenArgs {
     /// With --model: use the prompt as is, without the chat template.
     #[arg(long)]
     pub raw: bool,
+    /// With --model: re-quantize the weights at load (`q8_0`: about 2× faster decoding on CPU
+    /// than the file's Q4_1, logits within ~1.3 of the reference; `q4_0`).
+    #[arg(long)]
+    pub requantize: Option<String>,
 }
 
 /// Incremental decoder that prints only complete UTF-8.
@@ -203,7 +207,13 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
         infgram::assets::ensure_model(model)?
     };
     let tok = infgram::tokenizer::HfTokenizer::from_gguf(&path)?;
-    let mut llm = infgram::neural::llama::Llama::from_gguf(&path)?;
+    let requantize = match args.requantize.as_deref() {
+        None => None,
+        Some("q8_0") => Some(candle_core::quantized::GgmlDType::Q8_0),
+        Some("q4_0") => Some(candle_core::quantized::GgmlDType::Q4_0),
+        Some(other) => anyhow::bail!("--requantize {other:?}: use q8_0 or q4_0"),
+    };
+    let mut llm = infgram::neural::llama::Llama::load(&path, requantize)?;
     let text = if args.raw {
         args.prompt.clone()
     } else {

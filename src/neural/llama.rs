@@ -48,8 +48,17 @@ fn model_err(path: &Path, e: impl std::fmt::Display) -> Error {
 }
 
 impl Llama {
-    /// Loads a llama-architecture GGUF file.
+    /// Loads a llama-architecture GGUF file, keeping its quantization.
     pub fn from_gguf(path: &Path) -> Result<Self> {
+        Self::load(path, None)
+    }
+
+    /// Loads a GGUF file and re-quantizes every matrix to `dtype` (e.g. Q8_0, which candle
+    /// multiplies with SIMD kernels while Q4_1 has none), or keeps the file's types with `None`.
+    pub fn load(
+        path: &Path,
+        requantize: Option<candle_core::quantized::GgmlDType>,
+    ) -> Result<Self> {
         if !path.exists() {
             return Err(Error::input(format!(
                 "model file {} not found; fetch it with `infgram fetch smollm2-135m` (see models/README.md)",
@@ -105,21 +114,38 @@ impl Llama {
             ct.tensor(&mut file, name, &device)
                 .map_err(|e| model_err(path, format!("tensor {name}: {e}")))
         };
+        let requant =
+            |t: candle_core::quantized::QTensor| -> Result<candle_core::quantized::QTensor> {
+                match requantize {
+                    Some(dtype)
+                        if t.dtype() != dtype
+                            && t.shape()
+                                .dims()
+                                .last()
+                                .is_some_and(|d| d % dtype.block_size() == 0) =>
+                    {
+                        Ok(candle_core::quantized::QTensor::quantize(
+                            &t.dequantize(&Device::Cpu)?,
+                            dtype,
+                        )?)
+                    }
+                    _ => Ok(t),
+                }
+            };
         let embd_q = tensor("token_embd.weight")?;
         let embeddings = embd_q.dequantize(&device)?;
         let vocab = embeddings.dim(0)?;
         let norm = tensor("output_norm.weight")?.dequantize(&device)?;
         // SmolLM2 ties the output projection to the embeddings.
         let output = match tensor("output.weight") {
-            Ok(t) => QMatMul::from_qtensor(t)?,
-            Err(_) => QMatMul::from_qtensor(embd_q)?,
+            Ok(t) => QMatMul::from_qtensor(requant(t)?)?,
+            Err(_) => QMatMul::from_qtensor(requant(embd_q)?)?,
         };
         let mut layers = Vec::with_capacity(n_layer);
         for i in 0..n_layer {
             let mut q = |n: &str| -> Result<QMatMul> {
-                Ok(QMatMul::from_qtensor(tensor(&format!(
-                    "blk.{i}.{n}.weight"
-                ))?)?)
+                let t = tensor(&format!("blk.{i}.{n}.weight"))?;
+                Ok(QMatMul::from_qtensor(requant(t)?)?)
             };
             let (wq, wk, wv, wo) = (q("attn_q")?, q("attn_k")?, q("attn_v")?, q("attn_output")?);
             let (w_gate, w_up, w_down) = (q("ffn_gate")?, q("ffn_up")?, q("ffn_down")?);
