@@ -134,3 +134,41 @@ fn gen_with_model_from_the_command_line() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not found"));
 }
+
+#[test]
+fn windowed_perplexity_scores_each_token_once() {
+    let (mut model, tok, _) = setup();
+    let ids = tok
+        .encode(
+            "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.",
+        )
+        .unwrap();
+    let n = ids.len();
+    // One window covering everything: the mean of -ln p over a full pass.
+    let logits = model.forward(&ids).unwrap();
+    let manual: f64 = (1..n)
+        .map(|t| {
+            let row = &logits[t - 1];
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let lse = max
+                + row
+                    .iter()
+                    .map(|&x| (x as f64 - max).exp())
+                    .sum::<f64>()
+                    .ln();
+            lse - row[ids[t] as usize] as f64
+        })
+        .sum::<f64>()
+        / (n - 1) as f64;
+    let (whole, scored) = infgram::neural::perplexity(&mut model, &ids, 1024, 512).unwrap();
+    assert_eq!(scored, n - 1);
+    assert!((whole - manual).abs() < 1e-4, "{whole} vs {manual}");
+    // Sliding windows still score every token once, with less context: a higher loss.
+    let (sliding, scored) = infgram::neural::perplexity(&mut model, &ids, 8, 4).unwrap();
+    assert_eq!(scored, n - 1);
+    assert!(
+        sliding > whole && sliding.exp() < 1e4,
+        "{sliding} vs {whole}"
+    );
+    assert!(infgram::neural::perplexity(&mut model, &ids, 8, 9).is_err());
+}

@@ -207,12 +207,7 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
         infgram::assets::ensure_model(model)?
     };
     let tok = infgram::tokenizer::HfTokenizer::from_gguf(&path)?;
-    let requantize = match args.requantize.as_deref() {
-        None => None,
-        Some("q8_0") => Some(candle_core::quantized::GgmlDType::Q8_0),
-        Some("q4_0") => Some(candle_core::quantized::GgmlDType::Q4_0),
-        Some(other) => anyhow::bail!("--requantize {other:?}: use q8_0 or q4_0"),
-    };
+    let requantize = parse_requantize(args.requantize.as_deref())?;
     let mut llm = infgram::neural::llama::Llama::load(&path, requantize)?;
     let text = if args.raw {
         args.prompt.clone()
@@ -275,4 +270,14 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `--requantize` values.
+pub fn parse_requantize(name: Option<&str>) -> Result<Option<candle_core::quantized::GgmlDType>> {
+    Ok(match name {
+        None => None,
+        Some("q8_0") => Some(candle_core::quantized::GgmlDType::Q8_0),
+        Some("q4_0") => Some(candle_core::quantized::GgmlDType::Q4_0),
+        Some(other) => anyhow::bail!("--requantize {other:?}: use q8_0 or q4_0"),
+    })
 }

@@ -42,12 +42,31 @@ pub struct PplArgs {
     /// Draw agreement and token counts by effective n into this PNG file.
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Score with a neural model instead (`smollm2-135m` or a `.gguf` file): windows of
+    /// --window tokens moved by --stride.
+    #[arg(long, conflicts_with_all = ["index", "corpus", "split"])]
+    pub model: Option<String>,
+    /// With --model: window length in tokens.
+    #[arg(long, default_value_t = 1024)]
+    pub window: usize,
+    /// With --model: window stride in tokens.
+    #[arg(long, default_value_t = 512)]
+    pub stride: usize,
+    /// With --model: score only the first N tokens of the text (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub limit: usize,
+    /// With --model: re-quantize the weights at load (`q8_0`, `q4_0`).
+    #[arg(long)]
+    pub requantize: Option<String>,
 }
 
 /// Runs `infgram ppl`.
 pub fn run(args: PplArgs) -> Result<()> {
     let raw =
         std::fs::read_to_string(&args.text).with_context(|| format!("{}", args.text.display()))?;
+    if let Some(model) = &args.model {
+        return run_model(&args, model, &raw);
+    }
     let smoothed = args.est.is_smoothed()?;
     let given = args.discounts.as_ref().map(|d| -> Result<Discounts> {
         match d.as_slice() {
@@ -147,6 +166,44 @@ fn print_report(r: &PplReport, json: bool, discounts: Option<Discounts>) -> Resu
     row("non-sparse", &r.agreement_nonsparse);
     for (n, a) in &r.agreement_by_n {
         row(&format!("n = {n}"), a);
+    }
+    Ok(())
+}
+
+/// `infgram ppl --model M`: perplexity of the neural model.
+fn run_model(args: &PplArgs, model: &str, raw: &str) -> Result<()> {
+    use infgram::tokenizer::Tokenizer;
+    let path = if model.ends_with(".gguf") {
+        PathBuf::from(model)
+    } else {
+        infgram::assets::ensure_model(model)?
+    };
+    let requantize = super::gen::parse_requantize(args.requantize.as_deref())?;
+    let tok = infgram::tokenizer::HfTokenizer::from_gguf(&path)?;
+    let mut llm = infgram::neural::llama::Llama::load(&path, requantize)?;
+    let mut ids = tok.encode(raw)?;
+    if args.limit > 0 {
+        ids.truncate(args.limit);
+    }
+    let t0 = std::time::Instant::now();
+    let (nll, scored) = infgram::neural::perplexity(&mut llm, &ids, args.window, args.stride)?;
+    let secs = t0.elapsed().as_secs_f64();
+    let ppl = nll.exp();
+    // Per byte as well, to compare with byte-level models (the ∞-gram's char-level perplexity).
+    let bytes = tok.decode_bytes(&ids[1..])?.len().max(1);
+    let bits_per_byte = nll * scored as f64 / bytes as f64 / std::f64::consts::LN_2;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({"ppl": ppl, "tokens": scored, "bits_per_token": ppl.log2(),
+                "bits_per_byte": bits_per_byte, "seconds": secs, "window": args.window, "stride": args.stride})
+        );
+    } else {
+        println!("perplexity      {ppl:.4}");
+        println!("bits per token  {:.4}", ppl.log2());
+        println!("bits per byte   {bits_per_byte:.4}");
+        println!("tokens          {scored}");
+        println!("seconds         {secs:.2}");
     }
     Ok(())
 }

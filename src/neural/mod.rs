@@ -83,3 +83,43 @@ pub fn generate(
 pub fn chat_prompt(user: &str) -> String {
     format!("<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
 }
+
+/// Perplexity of a token sequence under the model, in windows of at most `window` tokens
+/// moved by `stride` (DESIGN.md §5): each token is scored once, with the most context its
+/// window gives; the first token has no context and is not scored. Returns (mean −ln p, scored).
+pub fn perplexity(
+    model: &mut dyn LanguageModel,
+    tokens: &[u32],
+    window: usize,
+    stride: usize,
+) -> Result<(f64, usize)> {
+    if tokens.len() < 2 || window < 2 || stride == 0 || stride > window {
+        return Err(crate::Error::input(
+            "need at least two tokens, a window of at least 2 and 0 < stride <= window",
+        ));
+    }
+    let (mut nll, mut scored) = (0.0f64, 0usize);
+    let mut done = 1; // tokens[0..done] are scored (token 0 never is)
+    let mut begin = 0;
+    while done < tokens.len() {
+        let end = (begin + window).min(tokens.len());
+        model.clear();
+        let logits = model.forward(&tokens[begin..end])?;
+        // Row r predicts tokens[begin + r + 1]; score the targets not scored yet.
+        for target in done.max(begin + 1)..end {
+            let row = &logits[target - begin - 1];
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let lse = max
+                + row
+                    .iter()
+                    .map(|&x| (x as f64 - max).exp())
+                    .sum::<f64>()
+                    .ln();
+            nll += lse - row[tokens[target] as usize] as f64;
+            scored += 1;
+        }
+        done = end;
+        begin += stride;
+    }
+    Ok((nll / scored as f64, scored))
+}
