@@ -96,6 +96,47 @@ fn stats_line(xs: &mut [f64]) -> String {
     )
 }
 
+/// The shared sampler with the command's settings.
+fn sampler_for(args: &GenArgs) -> Sampler {
+    Sampler::new(
+        SamplerConfig {
+            temperature: args.temperature,
+            top_p: args.top_p,
+            top_k: args.top_k,
+        },
+        args.seed,
+    )
+}
+
+/// Runs a generation, printing each token as it comes when `stream` (complete UTF-8 only);
+/// returns its result and the seconds it took.
+fn streamed<T>(
+    tok: &dyn infgram::tokenizer::Tokenizer,
+    stream: bool,
+    out: &mut impl Write,
+    run: impl FnOnce(&mut dyn FnMut(u32)) -> infgram::Result<T>,
+) -> Result<(T, f64)> {
+    let mut streamer = Stream {
+        pending: Vec::new(),
+    };
+    let mut io_err = None;
+    let t0 = std::time::Instant::now();
+    let result = run(&mut |t| {
+        if stream && io_err.is_none() {
+            let shown = tok
+                .decode_bytes(&[t])
+                .map_err(anyhow::Error::from)
+                .and_then(|b| Ok(streamer.push(&b, out)?));
+            io_err = shown.err();
+        }
+    })?;
+    let secs = t0.elapsed().as_secs_f64();
+    match io_err {
+        Some(e) => Err(e),
+        None => Ok((result, secs)),
+    }
+}
+
 /// Runs `infgram gen`.
 pub fn run(args: GenArgs) -> Result<()> {
     if let Some(model) = args.model.clone() {
@@ -113,40 +154,16 @@ pub fn run(args: GenArgs) -> Result<()> {
         context: args.context.max(1),
         max_tokens: args.max_tokens,
     };
-    let mut sampler = Sampler::new(
-        SamplerConfig {
-            temperature: args.temperature,
-            top_p: args.top_p,
-            top_k: args.top_k,
-        },
-        args.seed,
-    );
+    let mut sampler = sampler_for(&args);
     let stream = !args.json && (args.stream || std::io::stdout().is_terminal());
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let mut streamer = Stream {
-        pending: Vec::new(),
-    };
     if stream {
         out.write_all(args.prompt.as_bytes())?;
     }
-    let t0 = std::time::Instant::now();
-    let mut io_err = None;
-    let g = generate(&index, &prompt, &cfg, &mut sampler, |t| {
-        if stream && io_err.is_none() {
-            if let Err(e) = tok
-                .decode_bytes(&[t])
-                .map_err(anyhow::Error::from)
-                .and_then(|b| Ok(streamer.push(&b, &mut out)?))
-            {
-                io_err = Some(e);
-            }
-        }
+    let (g, secs) = streamed(tok.as_ref(), stream, &mut out, |emit| {
+        generate(&index, &prompt, &cfg, &mut sampler, emit)
     })?;
-    let secs = t0.elapsed().as_secs_f64();
-    if let Some(e) = io_err {
-        return Err(e);
-    }
     let text = tok.decode(&g.tokens)?;
     let tps = g.tokens.len() as f64 / secs.max(1e-12);
     if args.json {
@@ -215,37 +232,13 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
         infgram::neural::chat_prompt(&args.prompt)
     };
     let prompt = tok.encode(&text)?;
-    let mut sampler = Sampler::new(
-        SamplerConfig {
-            temperature: args.temperature,
-            top_p: args.top_p,
-            top_k: args.top_k,
-        },
-        args.seed,
-    );
+    let mut sampler = sampler_for(args);
     let stream = !args.json && (args.stream || std::io::stdout().is_terminal());
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let mut streamer = Stream {
-        pending: Vec::new(),
-    };
-    let t0 = std::time::Instant::now();
-    let mut io_err = None;
-    let ids = infgram::neural::generate(&mut llm, &prompt, args.max_tokens, &mut sampler, |t| {
-        if stream && io_err.is_none() {
-            if let Err(e) = tok
-                .decode_bytes(&[t])
-                .map_err(anyhow::Error::from)
-                .and_then(|b| Ok(streamer.push(&b, &mut out)?))
-            {
-                io_err = Some(e);
-            }
-        }
+    let (ids, secs) = streamed(&tok, stream, &mut out, |emit| {
+        infgram::neural::generate(&mut llm, &prompt, args.max_tokens, &mut sampler, emit)
     })?;
-    let secs = t0.elapsed().as_secs_f64();
-    if let Some(e) = io_err {
-        return Err(e);
-    }
     let generated = tok.decode(&ids)?;
     let tps = ids.len() as f64 / secs.max(1e-12);
     if args.json {
