@@ -7,7 +7,7 @@
 //! nest), so the change points cost one binary search per suffix length that occurs, and the
 //! counts are computed only at change points (cached for large, recurring ranges).
 
-use crate::index::query::{Counts, CountsCache, Occ};
+use crate::index::query::{merge_counts, tally_sorted, Counts, CountsCache, Occ};
 use crate::index::Index;
 use std::sync::Arc;
 
@@ -93,15 +93,7 @@ impl<'a, S: AsRef<[u8]> + Sync> LevelFinder<'a, S> {
         match parts.len() {
             0 => Arc::new(Vec::new()),
             1 => parts.pop().expect("one part"),
-            _ => {
-                let mut acc = std::collections::BTreeMap::<u32, u64>::new();
-                for p in parts {
-                    for &(t, c) in p.iter() {
-                        *acc.entry(t).or_default() += c;
-                    }
-                }
-                Arc::new(acc.into_iter().collect())
-            }
+            _ => Arc::new(merge_counts(parts)),
         }
     }
 
@@ -134,13 +126,7 @@ impl<'a, S: AsRef<[u8]> + Sync> LevelFinder<'a, S> {
         continuation: bool,
     ) -> Vec<Level> {
         let lmax = per_shard.iter().map(|o| o.len() - 1).max().unwrap_or(0);
-        let raw = |l: usize| -> usize {
-            per_shard
-                .iter()
-                .filter_map(|o| o.get(l))
-                .map(|o| o.len())
-                .sum()
-        };
+        let raw = |l: usize| raw_count(per_shard, l);
         let mut kept: Vec<Level> = Vec::new();
         let (mut prev_raw, mut prev_total) = (0usize, 0u64);
         let lowest = if include_empty { 0 } else { 1 };
@@ -201,11 +187,7 @@ impl<S: AsRef<[u8]> + Sync> LevelFinder<'_, S> {
         let lmax = per_shard.iter().map(|o| o.len() - 1).max().unwrap_or(0);
         let mut prev = 0usize;
         for l in (1..=lmax).rev() {
-            let raw: usize = per_shard
-                .iter()
-                .filter_map(|o| o.get(l))
-                .map(|o| o.len())
-                .sum();
+            let raw = raw_count(&per_shard, l);
             if raw == prev {
                 continue;
             }
@@ -262,13 +244,7 @@ impl<S: AsRef<[u8]> + Sync> LevelFinder<'_, S> {
                 toks.clear();
                 toks.extend(t.starts.iter().map(|&(s, p)| shards[s].tok(p + t.len)));
                 toks.sort_unstable();
-                let mut counts: Counts = Vec::with_capacity(toks.len());
-                for &tok in &toks {
-                    match counts.last_mut() {
-                        Some((y, c)) if *y == tok => *c += 1,
-                        _ => counts.push((tok, 1)),
-                    }
-                }
+                let counts = tally_sorted(toks.iter().copied());
                 Level {
                     len: t.len,
                     total: t.starts.len() as u64,
@@ -279,6 +255,15 @@ impl<S: AsRef<[u8]> + Sync> LevelFinder<'_, S> {
             .collect();
         Some(levels)
     }
+}
+
+/// Occurrences, over all shards, of the suffix of length `l` (0 past a shard's longest).
+fn raw_count(per_shard: &[Vec<Occ>], l: usize) -> usize {
+    per_shard
+        .iter()
+        .filter_map(|o| o.get(l))
+        .map(|o| o.len())
+        .sum()
 }
 
 /// Count of `tok` in sorted `counts`.

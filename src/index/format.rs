@@ -100,6 +100,23 @@ pub fn pointer_width_for_len(n: u64) -> u8 {
 }
 
 impl Header {
+    /// The header of an index with no shard yet, written by this version.
+    pub fn new(tokenizer: TokenizerSpec, token_width: u8) -> Self {
+        Header {
+            magic: MAGIC.into(),
+            format_version: FORMAT_VERSION,
+            byte_order: "little".into(),
+            tokenizer,
+            token_width,
+            separator: separator_for_width(token_width),
+            total_tokens: 0,
+            total_documents: 0,
+            shards: Vec::new(),
+            created_by: concat!("infgram ", env!("CARGO_PKG_VERSION")).into(),
+            header_crc32: 0,
+        }
+    }
+
     fn crc(&self) -> u32 {
         let mut h = self.clone();
         h.header_crc32 = 0;

@@ -171,19 +171,7 @@ impl Index<Vec<u8>> {
     /// Wraps shards built in memory (tests, small corpora).
     pub fn from_shards(tokenizer: TokenizerSpec, width: u8, built: Vec<ShardBytes>) -> Self {
         let sep = separator_for_width(width);
-        let mut header = Header {
-            magic: MAGIC.into(),
-            format_version: FORMAT_VERSION,
-            byte_order: "little".into(),
-            tokenizer,
-            token_width: width,
-            separator: sep,
-            total_tokens: 0,
-            total_documents: 0,
-            shards: Vec::new(),
-            created_by: concat!("infgram ", env!("CARGO_PKG_VERSION")).into(),
-            header_crc32: 0,
-        };
+        let mut header = Header::new(tokenizer, width);
         let mut shards = Vec::new();
         for (i, b) in built.into_iter().enumerate() {
             let n = b.tokens.len() / width as usize;

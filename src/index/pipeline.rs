@@ -99,19 +99,7 @@ pub fn build_index(
     let tmp = TempIndexDir::create(out, opts.overwrite)?;
     let bar = progress_bar(total_in, opts.progress);
 
-    let mut header = Header {
-        magic: MAGIC.into(),
-        format_version: FORMAT_VERSION,
-        byte_order: "little".into(),
-        tokenizer: tokenizer.spec(),
-        token_width: width,
-        separator: separator_for_width(width),
-        total_tokens: 0,
-        total_documents: 0,
-        shards: Vec::new(),
-        created_by: concat!("infgram ", env!("CARGO_PKG_VERSION")).into(),
-        header_crc32: 0,
-    };
+    let mut header = Header::new(tokenizer.spec(), width);
     let mut writer = ShardWriter::new(width);
     let mut batch: Vec<corpus::Doc> = Vec::new();
     let mut batch_bytes = 0usize;

@@ -141,14 +141,27 @@ pub struct Match {
 /// A next-token distribution as sorted `(token, count)` pairs.
 pub type Counts = Vec<(u32, u64)>;
 
-fn merge_counts(parts: impl IntoIterator<Item = Counts>) -> Counts {
+/// Sums next-token counts of several shards.
+pub fn merge_counts<C: std::borrow::Borrow<Counts>>(parts: impl IntoIterator<Item = C>) -> Counts {
     let mut acc: BTreeMap<u32, u64> = BTreeMap::new();
     for p in parts {
-        for (t, c) in p {
+        for &(t, c) in p.borrow() {
             *acc.entry(t).or_default() += c;
         }
     }
     acc.into_iter().collect()
+}
+
+/// Counts of the tokens of a sorted sequence, as sorted `(token, count)` pairs.
+pub fn tally_sorted(sorted: impl IntoIterator<Item = u32>) -> Counts {
+    let mut out: Counts = Vec::new();
+    for t in sorted {
+        match out.last_mut() {
+            Some((x, c)) if *x == t => *c += 1,
+            _ => out.push((t, 1)),
+        }
+    }
+    out
 }
 
 fn to_ntd(counts: &Counts, suffix_len: Option<usize>) -> NtdResult {
@@ -191,12 +204,7 @@ impl<S: AsRef<[u8]>> Shard<S> {
                     .filter(|&t| keep(t))
                     .collect();
                 v.sort_unstable();
-                for t in v {
-                    match out.last_mut() {
-                        Some((x, c)) if *x == t => *c += 1,
-                        _ => out.push((t, 1)),
-                    }
-                }
+                out = tally_sorted(v);
             }
             Occ::Rev(_) => return self.occ_counts_ext(Occ::Fwd(self.find(ctx)), ctx, keep_end),
             // T ends with a separator, so a context never runs into the end of T.
@@ -231,14 +239,7 @@ impl<S: AsRef<[u8]>> Shard<S> {
         pairs.retain(|&(x, _)| keep_end || x != sep);
         pairs.sort_unstable();
         pairs.dedup();
-        let mut out: Counts = Vec::new();
-        for (x, _) in pairs {
-            match out.last_mut() {
-                Some((y, c)) if *y == x => *c += 1,
-                _ => out.push((x, 1)),
-            }
-        }
-        out
+        tally_sorted(pairs.into_iter().map(|(x, _)| x))
     }
 
     /// Occurrences of the suffixes of `ctx`, for lengths `0, 1, …` while they occur (and at most
@@ -352,19 +353,15 @@ impl<S: AsRef<[u8]>> Shard<S> {
     /// Occurrences of `q` followed by a token (not at a document's end).
     fn cont_count(&self, occ: Occ, q: &[u32]) -> u64 {
         match occ {
+            _ if occ.is_empty() => 0,
             Occ::Rev(r) if r.1 - r.0 <= SCAN_LIMIT => (r.0..r.1)
                 .filter(|&i| self.rnext(i).is_some_and(|t| t != self.separator()))
                 .count() as u64,
             _ => {
                 let mut qs = q.to_vec();
                 qs.push(self.separator());
-                let all = if let Occ::Fwd(r) = occ {
-                    r.1 - r.0
-                } else {
-                    occ.len()
-                };
                 let f = self.find(&qs);
-                (all - (f.1 - f.0)) as u64
+                (occ.len() - (f.1 - f.0)) as u64
             }
         }
     }
