@@ -1,12 +1,14 @@
-//! The neural runtime's speed table: for each weight representation (the GGUF's Q4_1, and
-//! re-quantized at load), greedy decoding tokens/s and the cost of one forward pass over k new
+//! The neural runtime's speed table: for each forward pass (candle ops, the baseline measured in
+//! the same run, and infgram's own kernels) and weight representation (the GGUF's Q4_1, or
+//! re-quantized to Q8_0 at load), greedy decoding tokens/s and the cost of one forward pass over k new
 //! tokens after a 256-token context (k = 1, 2, 4, 8, 16: the speculative decoder's cost
-//! table), plus the largest logit difference from the Q4_1 reference. Compare with llama.cpp's
+//! table), plus the largest logit difference from the candle Q4_1 reference. Compare with llama.cpp's
 //! figures in DESIGN.md §7.
 //!
-//! `cargo run --release --example bench_model` (one thread: CANDLE_NUM_THREADS=1 by default)
+//! `cargo run --release --example bench_model` (candle with CANDLE_NUM_THREADS=1 unless set)
 
 use candle_core::quantized::GgmlDType;
+use infgram::neural::candle_llama::CandleLlama;
 use infgram::neural::llama::Llama;
 use infgram::neural::{argmax, LanguageModel};
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
@@ -28,14 +30,38 @@ fn main() {
     let ids = tok.encode(&text[..4000]).unwrap();
     let ctx = &ids[..256];
     let mut reference: Option<Vec<f32>> = None;
-    println!("| weights | decode tokens/s | k=1 ms | k=2 | k=4 | k=8 | k=16 | k=8 / k=1 | max logit diff vs Q4_1 |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for (name, dtype) in [
-        ("Q4_1 (file)", None),
-        ("Q8_0 (re-quantized)", Some(GgmlDType::Q8_0)),
-        ("Q4_0 (re-quantized)", Some(GgmlDType::Q4_0)),
-    ] {
-        let mut m = Llama::load(&path, dtype).unwrap();
+    println!("| forward pass | weights | decode tokens/s | k=1 ms | k=2 | k=4 | k=8 | k=16 | k=8 / k=1 | max logit diff vs Q4_1 |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    type Loader = Box<dyn Fn() -> Box<dyn LanguageModel>>;
+    let q8 = Some(GgmlDType::Q8_0);
+    let p = path.clone();
+    let native = move |dtype, threads| -> Loader {
+        let p = p.clone();
+        Box::new(move || Box::new(Llama::load(&p, dtype).unwrap().with_threads(threads)))
+    };
+    let p = path.clone();
+    let candle = move |dtype| -> Loader {
+        let p = p.clone();
+        Box::new(move || Box::new(CandleLlama::load(&p, dtype).unwrap()))
+    };
+    let rows: Vec<(&str, &str, Loader)> = vec![
+        ("candle ops, 1 thread", "Q4_1 (file)", candle(None)),
+        ("candle ops, 1 thread", "Q8_0 (re-quantized)", candle(q8)),
+        ("infgram kernels, 1 thread", "Q4_1 (file)", native(None, 1)),
+        ("infgram kernels, 2 threads", "Q4_1 (file)", native(None, 2)),
+        (
+            "infgram kernels, 1 thread",
+            "Q8_0 (re-quantized)",
+            native(q8, 1),
+        ),
+        (
+            "infgram kernels, 2 threads",
+            "Q8_0 (re-quantized)",
+            native(q8, 2),
+        ),
+    ];
+    for (pass, name, load) in rows {
+        let mut m = load();
         let last = m.forward(ctx).unwrap().pop().unwrap();
         let diff = match &reference {
             None => {
@@ -69,7 +95,7 @@ fn main() {
         }
         let tps = 64.0 / t.elapsed().as_secs_f64();
         println!(
-            "| {name} | {tps:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1}× | {diff:.3} |",
+            "| {pass} | {name} | {tps:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1}× | {diff:.3} |",
             cost[0],
             cost[1],
             cost[2],

@@ -56,10 +56,8 @@ pub struct GenArgs {
     /// With --model: use the prompt as is, without the chat template.
     #[arg(long)]
     pub raw: bool,
-    /// With --model: re-quantize the weights at load (`q8_0`: about 2× faster decoding on CPU
-    /// than the file's Q4_1, logits within ~1.3 of the reference; `q4_0`).
-    #[arg(long)]
-    pub requantize: Option<String>,
+    #[command(flatten)]
+    pub model_args: super::ModelArgs,
 }
 
 /// Incremental decoder that prints only complete UTF-8.
@@ -216,16 +214,12 @@ pub fn run(args: GenArgs) -> Result<()> {
 
 /// `infgram gen --model M`: plain decoding with the neural model.
 fn run_model(args: &GenArgs, model: &str) -> Result<()> {
-    use infgram::neural::LanguageModel;
     use infgram::tokenizer::Tokenizer;
-    let path = if model.ends_with(".gguf") {
-        PathBuf::from(model)
-    } else {
-        infgram::assets::ensure_model(model)?
-    };
-    let tok = infgram::tokenizer::HfTokenizer::from_gguf(&path)?;
-    let requantize = parse_requantize(args.requantize.as_deref())?;
-    let mut llm = infgram::neural::llama::Llama::load(&path, requantize)?;
+    let super::LoadedModel {
+        model: mut llm,
+        tokenizer: tok,
+        path,
+    } = args.model_args.load(model)?;
     let text = if args.raw {
         args.prompt.clone()
     } else {
@@ -237,7 +231,7 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let (ids, secs) = streamed(&tok, stream, &mut out, |emit| {
-        infgram::neural::generate(&mut llm, &prompt, args.max_tokens, &mut sampler, emit)
+        infgram::neural::generate(llm.as_mut(), &prompt, args.max_tokens, &mut sampler, emit)
     })?;
     let generated = tok.decode(&ids)?;
     let tps = ids.len() as f64 / secs.max(1e-12);
@@ -263,14 +257,4 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// `--requantize` values.
-pub fn parse_requantize(name: Option<&str>) -> Result<Option<candle_core::quantized::GgmlDType>> {
-    Ok(match name {
-        None => None,
-        Some("q8_0") => Some(candle_core::quantized::GgmlDType::Q8_0),
-        Some("q4_0") => Some(candle_core::quantized::GgmlDType::Q4_0),
-        Some(other) => anyhow::bail!("--requantize {other:?}: use q8_0 or q4_0"),
-    })
 }

@@ -120,3 +120,66 @@ pub fn cached_byte_index(corpus: &[PathBuf]) -> Result<PathBuf> {
     );
     Ok(dir)
 }
+
+/// How a neural model is loaded and run (`gen --model`, `ppl --model`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// With --model: threads for the forward pass (0: one per core). The logits do not depend
+    /// on it.
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// With --model: `native` (infgram's kernels, the default) or `candle` (the candle-ops
+    /// reference, several times slower).
+    #[arg(long, default_value = "native")]
+    pub backend: String,
+    /// With --model: re-quantize the weights at load (`q8_0`; the candle backend also takes
+    /// `q4_0`). The file's own Q4_1 is the fastest with the native backend.
+    #[arg(long)]
+    pub requantize: Option<String>,
+}
+
+/// A loaded neural model with its tokenizer.
+pub struct LoadedModel {
+    pub model: Box<dyn infgram::neural::LanguageModel>,
+    pub tokenizer: infgram::tokenizer::HfTokenizer,
+    pub path: PathBuf,
+}
+
+impl ModelArgs {
+    /// Resolves `spec` (a short name, fetched on first use, or a `.gguf` file) and loads it.
+    pub fn load(&self, spec: &str) -> Result<LoadedModel> {
+        use candle_core::quantized::GgmlDType;
+        let path = if spec.ends_with(".gguf") {
+            PathBuf::from(spec)
+        } else {
+            infgram::assets::ensure_model(spec)?
+        };
+        let requantize = match self.requantize.as_deref() {
+            None => None,
+            Some("q8_0") => Some(GgmlDType::Q8_0),
+            Some("q4_0") => Some(GgmlDType::Q4_0),
+            Some(other) => {
+                anyhow::bail!("--requantize {other:?}: use q8_0 (or q4_0 with --backend candle)")
+            }
+        };
+        let threads = match self.threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        };
+        let model: Box<dyn infgram::neural::LanguageModel> = match self.backend.as_str() {
+            "native" => Box::new(
+                infgram::neural::llama::Llama::load(&path, requantize)?.with_threads(threads),
+            ),
+            "candle" => Box::new(infgram::neural::candle_llama::CandleLlama::load(
+                &path, requantize,
+            )?),
+            other => anyhow::bail!("--backend {other:?}: use native or candle"),
+        };
+        let tokenizer = infgram::tokenizer::HfTokenizer::from_gguf(&path)?;
+        Ok(LoadedModel {
+            model,
+            tokenizer,
+            path,
+        })
+    }
+}

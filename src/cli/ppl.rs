@@ -55,9 +55,8 @@ pub struct PplArgs {
     /// With --model: score only the first N tokens of the text (0: all).
     #[arg(long, default_value_t = 0)]
     pub limit: usize,
-    /// With --model: re-quantize the weights at load (`q8_0`, `q4_0`).
-    #[arg(long)]
-    pub requantize: Option<String>,
+    #[command(flatten)]
+    pub model_args: super::ModelArgs,
 }
 
 /// Runs `infgram ppl`.
@@ -173,20 +172,17 @@ fn print_report(r: &PplReport, json: bool, discounts: Option<Discounts>) -> Resu
 /// `infgram ppl --model M`: perplexity of the neural model.
 fn run_model(args: &PplArgs, model: &str, raw: &str) -> Result<()> {
     use infgram::tokenizer::Tokenizer;
-    let path = if model.ends_with(".gguf") {
-        PathBuf::from(model)
-    } else {
-        infgram::assets::ensure_model(model)?
-    };
-    let requantize = super::gen::parse_requantize(args.requantize.as_deref())?;
-    let tok = infgram::tokenizer::HfTokenizer::from_gguf(&path)?;
-    let mut llm = infgram::neural::llama::Llama::load(&path, requantize)?;
+    let super::LoadedModel {
+        model: mut llm,
+        tokenizer: tok,
+        path: _,
+    } = args.model_args.load(model)?;
     let mut ids = tok.encode(raw)?;
     if args.limit > 0 {
         ids.truncate(args.limit);
     }
     let t0 = std::time::Instant::now();
-    let (nll, scored) = infgram::neural::perplexity(&mut llm, &ids, args.window, args.stride)?;
+    let (nll, scored) = infgram::neural::perplexity(llm.as_mut(), &ids, args.window, args.stride)?;
     let secs = t0.elapsed().as_secs_f64();
     let ppl = nll.exp();
     // Per byte as well, to compare with byte-level models (the ∞-gram's char-level perplexity).

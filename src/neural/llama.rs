@@ -1,270 +1,399 @@
-//! The llama architecture (SmolLM2 and kin) from a GGUF file, written with candle ops.
+//! The llama architecture (SmolLM2 and kin) from a GGUF file, on infgram's own CPU kernels.
 //!
-//! Unlike candle-transformers' `quantized_llama`, this forward pass returns the logits of every
-//! fed position and keeps a KV cache that can be truncated to any length. Weights stay in their
-//! GGUF quantization and are multiplied with candle's `QMatMul`; embeddings are dequantized
-//! once. RoPE is the interleaved ("normal") variant that llama-architecture GGUF files expect.
+//! This is the forward pass the runtime uses. Matrices stay in the file's Q4_1 (or Q8_0)
+//! blocks and are multiplied by [`super::kernels`], which reuse each weight block across the
+//! rows of a verification pass; everything else (RMS norm, rotary embedding, attention over the
+//! KV cache, SiLU) is plain Rust on f32 rows. Each position is computed by the same operations
+//! in the same order whether it is fed alone or in a batch, so incremental decoding, a k-token
+//! pass and a full pass give bit-identical logits. [`super::candle_llama::CandleLlama`] is the
+//! candle-ops reference this one is tested against.
 
+use super::gguf::{model_err, Gguf, LlamaConfig};
+use super::kernels::{matmul, Isa, QMatrix, QRows};
+use super::pool::{DisjointOut, Pool};
 use super::LanguageModel;
 use crate::error::{Error, Result};
-use candle_core::quantized::{gguf_file, QMatMul};
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::quantized::{GgmlDType, QTensor};
 use std::path::Path;
 
 struct Layer {
-    wq: QMatMul,
-    wk: QMatMul,
-    wv: QMatMul,
-    wo: QMatMul,
-    w_gate: QMatMul,
-    w_up: QMatMul,
-    w_down: QMatMul,
-    attn_norm: Tensor,
-    ffn_norm: Tensor,
-    /// Keys and values of the cached positions: `(1, n_kv_head, len, head_dim)`.
-    cache: Option<(Tensor, Tensor)>,
+    wq: QMatrix,
+    wk: QMatrix,
+    wv: QMatrix,
+    wo: QMatrix,
+    w_gate: QMatrix,
+    w_up: QMatrix,
+    w_down: QMatrix,
+    attn_norm: Vec<f32>,
+    ffn_norm: Vec<f32>,
+    /// Keys of the cached positions, `len × n_kv_head·head_dim`, rotary embedding applied.
+    keys: Vec<f32>,
+    /// Values of the cached positions, `len × n_kv_head·head_dim`.
+    values: Vec<f32>,
 }
 
-/// A quantized llama model loaded from GGUF.
+/// A quantized llama model loaded from GGUF, run on infgram's kernels.
 pub struct Llama {
-    embeddings: Tensor,
+    cfg: LlamaConfig,
+    isa: Isa,
+    pool: Pool,
+    /// Token embeddings, also the output projection when the file ties them (SmolLM2 does).
+    embeddings: QMatrix,
+    output: Option<QMatrix>,
     layers: Vec<Layer>,
-    norm: Tensor,
-    output: QMatMul,
-    n_head: usize,
-    n_kv_head: usize,
-    head_dim: usize,
-    eps: f64,
-    cos: Tensor,
-    sin: Tensor,
+    norm: Vec<f32>,
+    /// `cos`/`sin` of the rotary angles, `positions × head_dim/2`, grown on demand.
+    rope_cos: Vec<f32>,
+    rope_sin: Vec<f32>,
     cached: usize,
-    vocab: usize,
-    eos: Vec<u32>,
-    device: Device,
+    /// Reused buffer for quantized activations.
+    acts: QRows,
 }
 
-fn model_err(path: &Path, e: impl std::fmt::Display) -> Error {
-    Error::Model(format!("{}: {e}", path.display()))
+/// Converts a GGUF matrix to the kernels' layout; types other than Q4_1 and Q8_0, or any type
+/// when `requantize` is Q8_0, go through f32 to Q8_0.
+fn to_matrix(path: &Path, name: &str, t: QTensor, requantize: bool) -> Result<QMatrix> {
+    let (rows, cols) = t
+        .shape()
+        .dims2()
+        .map_err(|e| model_err(path, format!("tensor {name}: {e}")))?;
+    let bad = || {
+        model_err(
+            path,
+            format!("tensor {name}: malformed {:?} data", t.dtype()),
+        )
+    };
+    match t.dtype() {
+        GgmlDType::Q4_1 if !requantize => {
+            QMatrix::from_q4_1(rows, cols, &t.data()?).ok_or_else(bad)
+        }
+        GgmlDType::Q8_0 => QMatrix::from_q8_0(rows, cols, &t.data()?).ok_or_else(bad),
+        _ => {
+            let values = t
+                .dequantize(&candle_core::Device::Cpu)?
+                .flatten_all()?
+                .to_vec1()?;
+            QMatrix::quantize_q8_0(rows, cols, &values).ok_or_else(|| {
+                model_err(
+                    path,
+                    format!("tensor {name}: {cols} columns are not a multiple of 32"),
+                )
+            })
+        }
+    }
+}
+
+fn vector(gguf: &mut Gguf, name: &str) -> Result<Vec<f32>> {
+    Ok(gguf
+        .tensor(name)?
+        .dequantize(&candle_core::Device::Cpu)?
+        .flatten_all()?
+        .to_vec1()?)
 }
 
 impl Llama {
-    /// Loads a llama-architecture GGUF file, keeping its quantization.
+    /// Loads a llama-architecture GGUF file, keeping its Q4_1/Q8_0 blocks.
     pub fn from_gguf(path: &Path) -> Result<Self> {
         Self::load(path, None)
     }
 
-    /// Loads a GGUF file and re-quantizes every matrix to `dtype` (e.g. Q8_0, which candle
-    /// multiplies with SIMD kernels while Q4_1 has none), or keeps the file's types with `None`.
-    pub fn load(
-        path: &Path,
-        requantize: Option<candle_core::quantized::GgmlDType>,
-    ) -> Result<Self> {
-        if !path.exists() {
-            return Err(Error::input(format!(
-                "model file {} not found; fetch it with `infgram fetch smollm2-135m` (see models/README.md)",
-                path.display()
-            )));
-        }
-        let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-        let ct = gguf_file::Content::read(&mut file).map_err(|e| {
-            model_err(
-                path,
-                format!("not a readable GGUF file ({e}); fetch it again"),
-            )
-        })?;
-        let md = |k: &str| {
-            ct.metadata
-                .get(k)
-                .ok_or_else(|| model_err(path, format!("GGUF metadata has no {k}")))
+    /// Loads a GGUF file; `requantize` may be Q8_0 (every matrix re-quantized through f32).
+    pub fn load(path: &Path, requantize: Option<GgmlDType>) -> Result<Self> {
+        let requant = match requantize {
+            None => false,
+            Some(GgmlDType::Q8_0) => true,
+            Some(other) => {
+                return Err(Error::input(format!(
+                    "the native runtime re-quantizes to q8_0 only, not {other:?}"
+                )))
+            }
         };
-        let arch = md("general.architecture")?
-            .to_string()
-            .map_err(|e| model_err(path, e))?
-            .clone();
-        if arch != "llama" {
-            return Err(model_err(
-                path,
-                format!("architecture {arch:?} is not supported (supported: llama)"),
-            ));
-        }
-        let u = |k: &str| -> Result<usize> {
-            Ok(md(k)?.to_u32().map_err(|e| model_err(path, e))? as usize)
+        let mut gguf = Gguf::open(path)?;
+        let cfg = gguf.llama_config()?;
+        let matrix = |gguf: &mut Gguf, name: &str| -> Result<QMatrix> {
+            let t = gguf.tensor(name)?;
+            to_matrix(path, name, t, requant)
         };
-        let n_head = u("llama.attention.head_count")?;
-        let n_kv_head = u("llama.attention.head_count_kv")?;
-        let n_layer = u("llama.block_count")?;
-        let dim = u("llama.embedding_length")?;
-        let head_dim = dim / n_head;
-        let eps = md("llama.attention.layer_norm_rms_epsilon")?
-            .to_f32()
-            .map_err(|e| model_err(path, e))? as f64;
-        let base = ct
-            .metadata
-            .get("llama.rope.freq_base")
-            .and_then(|v| v.to_f32().ok())
-            .unwrap_or(10_000.0);
-        let eos: Vec<u32> = ct
-            .metadata
-            .get("tokenizer.ggml.eos_token_id")
-            .and_then(|v| v.to_u32().ok())
-            .into_iter()
-            .collect();
-        let device = Device::Cpu;
-        let mut tensor = |name: &str| {
-            ct.tensor(&mut file, name, &device)
-                .map_err(|e| model_err(path, format!("tensor {name}: {e}")))
+        let embeddings = matrix(&mut gguf, "token_embd.weight")?;
+        let output = if gguf.has("output.weight") {
+            Some(matrix(&mut gguf, "output.weight")?)
+        } else {
+            None
         };
-        let requant =
-            |t: candle_core::quantized::QTensor| -> Result<candle_core::quantized::QTensor> {
-                match requantize {
-                    Some(dtype)
-                        if t.dtype() != dtype
-                            && t.shape()
-                                .dims()
-                                .last()
-                                .is_some_and(|d| d % dtype.block_size() == 0) =>
-                    {
-                        Ok(candle_core::quantized::QTensor::quantize(
-                            &t.dequantize(&Device::Cpu)?,
-                            dtype,
-                        )?)
-                    }
-                    _ => Ok(t),
-                }
-            };
-        let embd_q = tensor("token_embd.weight")?;
-        let embeddings = embd_q.dequantize(&device)?;
-        let vocab = embeddings.dim(0)?;
-        let norm = tensor("output_norm.weight")?.dequantize(&device)?;
-        // SmolLM2 ties the output projection to the embeddings.
-        let output = match tensor("output.weight") {
-            Ok(t) => QMatMul::from_qtensor(requant(t)?)?,
-            Err(_) => QMatMul::from_qtensor(requant(embd_q)?)?,
-        };
-        let mut layers = Vec::with_capacity(n_layer);
-        for i in 0..n_layer {
-            let mut q = |n: &str| -> Result<QMatMul> {
-                let t = tensor(&format!("blk.{i}.{n}.weight"))?;
-                Ok(QMatMul::from_qtensor(requant(t)?)?)
-            };
-            let (wq, wk, wv, wo) = (q("attn_q")?, q("attn_k")?, q("attn_v")?, q("attn_output")?);
-            let (w_gate, w_up, w_down) = (q("ffn_gate")?, q("ffn_up")?, q("ffn_down")?);
-            let attn_norm = tensor(&format!("blk.{i}.attn_norm.weight"))?.dequantize(&device)?;
-            let ffn_norm = tensor(&format!("blk.{i}.ffn_norm.weight"))?.dequantize(&device)?;
+        let mut layers = Vec::with_capacity(cfg.n_layer);
+        for i in 0..cfg.n_layer {
+            let mut m = |n: &str| matrix(&mut gguf, &format!("blk.{i}.{n}.weight"));
             layers.push(Layer {
-                wq,
-                wk,
-                wv,
-                wo,
-                w_gate,
-                w_up,
-                w_down,
-                attn_norm,
-                ffn_norm,
-                cache: None,
+                wq: m("attn_q")?,
+                wk: m("attn_k")?,
+                wv: m("attn_v")?,
+                wo: m("attn_output")?,
+                w_gate: m("ffn_gate")?,
+                w_up: m("ffn_up")?,
+                w_down: m("ffn_down")?,
+                attn_norm: vector(&mut gguf, &format!("blk.{i}.attn_norm.weight"))?,
+                ffn_norm: vector(&mut gguf, &format!("blk.{i}.ffn_norm.weight"))?,
+                keys: Vec::new(),
+                values: Vec::new(),
             });
         }
-        // RoPE tables for 8k positions: angle(p, i) = p / base^(2i / head_dim).
-        let max_pos = 8192usize;
-        let inv: Vec<f32> = (0..head_dim / 2)
-            .map(|i| 1.0 / base.powf(2.0 * i as f32 / head_dim as f32))
-            .collect();
-        let angles: Vec<f32> = (0..max_pos)
-            .flat_map(|p| inv.iter().map(move |f| p as f32 * f))
-            .collect();
-        let angles = Tensor::from_vec(angles, (max_pos, head_dim / 2), &device)?;
+        let norm = vector(&mut gguf, "output_norm.weight")?;
+        let kv_dim = cfg.n_kv_head * cfg.head_dim;
+        if layers[0].wq.rows() != cfg.dim || layers[0].wk.rows() != kv_dim {
+            return Err(model_err(
+                path,
+                "attention shapes disagree with the metadata",
+            ));
+        }
         Ok(Llama {
-            cos: angles.cos()?,
-            sin: angles.sin()?,
+            cfg,
+            isa: Isa::detect(),
+            pool: Pool::new(1),
             embeddings,
+            output,
             layers,
             norm,
-            output,
-            n_head,
-            n_kv_head,
-            head_dim,
-            eps,
+            rope_cos: Vec::new(),
+            rope_sin: Vec::new(),
             cached: 0,
-            vocab,
-            eos,
-            device,
+            acts: QRows::default(),
         })
     }
 
-    /// RMS normalization with candle-nn's fused kernel. Its rounding matters: activations are
-    /// quantized to 8 bits before each quantized matmul, so one-ulp differences here grow into
-    /// visible logit differences after 30 layers.
-    fn rms_norm(&self, x: &Tensor, w: &Tensor) -> Result<Tensor> {
-        Ok(candle_nn::ops::rms_norm(x, w, self.eps as f32)?)
+    /// Splits matrix products and attention across `threads` threads (1 by default). The
+    /// logits are the same bit for bit.
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.pool = Pool::new(threads);
+        self
     }
 
-    /// Interleaved rotary embedding of `x: (1, heads, t, head_dim)` for positions `pos..pos+t`.
-    fn rope(&self, x: &Tensor, pos: usize) -> Result<Tensor> {
-        let t = x.dim(2)?;
-        let cos = self.cos.narrow(0, pos, t)?;
-        let sin = self.sin.narrow(0, pos, t)?;
-        Ok(candle_nn::rotary_emb::rope_i(&x.contiguous()?, &cos, &sin)?)
+    /// Forces an instruction set (tests compare them); `Isa::detect()` is the default.
+    pub fn with_isa(mut self, isa: Isa) -> Self {
+        if Isa::available().contains(&isa) {
+            self.isa = isa;
+        }
+        self
     }
 
-    fn attention(&mut self, li: usize, x: &Tensor, pos: usize) -> Result<Tensor> {
-        let (_, t, dim) = x.dims3()?;
-        let (nh, nkv, hd) = (self.n_head, self.n_kv_head, self.head_dim);
-        let layer = &self.layers[li];
-        let q = layer
-            .wq
-            .forward(x)?
-            .reshape((1, t, nh, hd))?
-            .transpose(1, 2)?
-            .contiguous()?;
-        let k = layer
-            .wk
-            .forward(x)?
-            .reshape((1, t, nkv, hd))?
-            .transpose(1, 2)?
-            .contiguous()?;
-        let v = layer
-            .wv
-            .forward(x)?
-            .reshape((1, t, nkv, hd))?
-            .transpose(1, 2)?
-            .contiguous()?;
-        let q = self.rope(&q, pos)?;
-        let k = self.rope(&k, pos)?;
-        let (k, v) = match &self.layers[li].cache {
-            Some((ck, cv)) => (Tensor::cat(&[ck, &k], 2)?, Tensor::cat(&[cv, &v], 2)?),
-            None => (k, v),
-        };
-        self.layers[li].cache = Some((k.clone(), v.clone()));
-        let kv_len = k.dim(2)?;
-        // Grouped-query attention: each key/value head serves n_head / n_kv_head query heads.
-        let rep = nh / nkv;
-        let k = k
-            .unsqueeze(2)?
-            .expand((1, nkv, rep, kv_len, hd))?
-            .reshape((1, nh, kv_len, hd))?;
-        let v = v
-            .unsqueeze(2)?
-            .expand((1, nkv, rep, kv_len, hd))?
-            .reshape((1, nh, kv_len, hd))?;
-        let att = (q.matmul(&k.t()?)? / (hd as f64).sqrt())?;
-        let att = if t > 1 {
-            // Query i (absolute position pos + i) sees keys 0..=pos + i.
-            let mask: Vec<f32> = (0..t)
-                .flat_map(|i| {
-                    (0..kv_len).map(move |j| if j > pos + i { f32::NEG_INFINITY } else { 0.0 })
-                })
-                .collect();
-            att.broadcast_add(&Tensor::from_vec(mask, (1, 1, t, kv_len), &self.device)?)?
-        } else {
-            att
-        };
-        let att = candle_nn::ops::softmax_last_dim(&att)?;
-        let y = att
-            .matmul(&v.contiguous()?)?
-            .transpose(1, 2)?
-            .reshape((1, t, dim))?;
-        Ok(self.layers[li].wo.forward(&y)?)
+    /// The instruction set in use.
+    pub fn isa(&self) -> Isa {
+        self.isa
     }
+
+    /// Extends the rotary tables to cover positions `0..end`.
+    fn ensure_rope(&mut self, end: usize) {
+        let half = self.cfg.head_dim / 2;
+        let have = self.rope_cos.len() / half;
+        for p in have..end {
+            for i in 0..half {
+                let freq = 1.0
+                    / self
+                        .cfg
+                        .rope_base
+                        .powf(2.0 * i as f32 / self.cfg.head_dim as f32);
+                let angle = p as f32 * freq;
+                self.rope_cos.push(angle.cos());
+                self.rope_sin.push(angle.sin());
+            }
+        }
+    }
+}
+
+/// Rotates the interleaved pairs of every head of every row of `x` (rows of `width`); row r is
+/// at position pos + r. `cos`/`sin` are the tables of [`Llama::ensure_rope`].
+fn rope(x: &mut [f32], width: usize, head_dim: usize, pos: usize, cos: &[f32], sin: &[f32]) {
+    let half = head_dim / 2;
+    for (r, row) in x.chunks_exact_mut(width).enumerate() {
+        let at = (pos + r) * half..(pos + r + 1) * half;
+        let (cos, sin) = (&cos[at.clone()], &sin[at]);
+        for head in row.chunks_exact_mut(head_dim) {
+            for i in 0..half {
+                let (a, b) = (head[2 * i], head[2 * i + 1]);
+                head[2 * i] = a * cos[i] - b * sin[i];
+                head[2 * i + 1] = a * sin[i] + b * cos[i];
+            }
+        }
+    }
+}
+
+/// The products of the quantized activation rows with `w`, row-major.
+fn project(isa: Isa, pool: &mut Pool, acts: &QRows, w: &QMatrix) -> Vec<f32> {
+    let mut out = vec![0.0; acts.rows() * w.rows()];
+    matmul(isa, w, acts, &mut out, pool);
+    out
+}
+
+/// Causal attention of the query rows `q` (row r at position pos + r) over a layer's cache,
+/// which already holds their keys and values. The heads are split across the pool's threads.
+fn attend(
+    isa: Isa,
+    pool: &mut Pool,
+    cfg: &LlamaConfig,
+    layer: &Layer,
+    q: &[f32],
+    pos: usize,
+) -> Vec<f32> {
+    let mut out = vec![0.0f32; q.len()];
+    let shared = DisjointOut::new(&mut out);
+    let parts = pool.threads().min(cfg.n_head);
+    let per = cfg.n_head.div_ceil(parts);
+    pool.run(&|part| {
+        let heads = (part * per).min(cfg.n_head)..((part + 1) * per).min(cfg.n_head);
+        attend_heads(isa, cfg, layer, q, pos, heads, shared);
+    });
+    out
+}
+
+/// [`attend_portable`] compiled for AVX2 where the CPU has it (the same operations in the same
+/// order, in wider registers).
+fn attend_heads(
+    isa: Isa,
+    cfg: &LlamaConfig,
+    layer: &Layer,
+    q: &[f32],
+    pos: usize,
+    heads: std::ops::Range<usize>,
+    out: DisjointOut,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar {
+        // SAFETY: `Isa::detect` saw AVX2 and FMA before choosing a non-scalar ISA.
+        return unsafe { attend_avx2(cfg, layer, q, pos, heads, out) };
+    }
+    let _ = isa;
+    attend_portable(cfg, layer, q, pos, heads, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_avx2(
+    cfg: &LlamaConfig,
+    layer: &Layer,
+    q: &[f32],
+    pos: usize,
+    heads: std::ops::Range<usize>,
+    out: DisjointOut,
+) {
+    attend_portable(cfg, layer, q, pos, heads, out)
+}
+
+/// Attention for the query heads `heads`, written into their columns of `out`. Plain loops
+/// (no iterator closures) so that everything inlines into the AVX2 entry point. The query
+/// heads that share a key/value head are served together, so each cached key and value is
+/// read once per group.
+#[inline(always)]
+fn attend_portable(
+    cfg: &LlamaConfig,
+    layer: &Layer,
+    q: &[f32],
+    pos: usize,
+    heads: std::ops::Range<usize>,
+    out: DisjointOut,
+) {
+    let (dim, hd) = (cfg.dim, cfg.head_dim);
+    let kv_dim = cfg.n_kv_head * hd;
+    let group = cfg.n_head / cfg.n_kv_head;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let rows = q.len() / dim;
+    let mut scores = vec![0.0f32; group * (pos + rows)];
+    let mut acc = vec![0.0f32; group * hd];
+    for r in 0..rows {
+        let seen = pos + r + 1;
+        for g in 0..cfg.n_kv_head {
+            let mine = (g * group).max(heads.start)..((g + 1) * group).min(heads.end);
+            if mine.is_empty() {
+                continue;
+            }
+            let n = mine.len();
+            for j in 0..seen {
+                let key = &layer.keys[j * kv_dim + g * hd..j * kv_dim + (g + 1) * hd];
+                for i in 0..n {
+                    let h = mine.start + i;
+                    let qh = &q[r * dim + h * hd..r * dim + (h + 1) * hd];
+                    scores[i * seen + j] = dot(qh, key) * scale;
+                }
+            }
+            for i in 0..n {
+                softmax_in_place(&mut scores[i * seen..(i + 1) * seen]);
+            }
+            acc[..n * hd].fill(0.0);
+            for j in 0..seen {
+                let value = &layer.values[j * kv_dim + g * hd..j * kv_dim + (g + 1) * hd];
+                for i in 0..n {
+                    axpy(scores[i * seen + j], value, &mut acc[i * hd..(i + 1) * hd]);
+                }
+            }
+            for i in 0..n {
+                let h = mine.start + i;
+                for c in 0..hd {
+                    // SAFETY: only this part computes head h.
+                    unsafe { out.write(r * dim + h * hd + c, acc[i * hd + c]) };
+                }
+            }
+        }
+    }
+}
+
+/// Dot product in sixteen lanes (two AVX registers), reduced in a fixed order.
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 16];
+    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
+    let mut tail = 0.0f32;
+    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
+        tail += x * y;
+    }
+    for (x, y) in ca.zip(cb) {
+        for i in 0..16 {
+            lanes[i] += x[i] * y[i];
+        }
+    }
+    // Pairwise reduction: short dependency chains, still one fixed order.
+    for width in [8, 4, 2, 1] {
+        for i in 0..width {
+            lanes[i] += lanes[i + width];
+        }
+    }
+    lanes[0] + tail
+}
+
+#[inline(always)]
+fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+    for (y, x) in y.iter_mut().zip(x) {
+        *y += alpha * x;
+    }
+}
+
+#[inline(always)]
+fn softmax_in_place(x: &mut [f32]) {
+    let mut max = f32::NEG_INFINITY;
+    for &v in x.iter() {
+        max = max.max(v);
+    }
+    let mut sum = 0.0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// RMS normalization of every row, scaled by `w`.
+fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    let mut out = Vec::with_capacity(x.len());
+    for row in x.chunks_exact(w.len()) {
+        let mean_sq = dot(row, row) / w.len() as f32;
+        let inv = 1.0 / (mean_sq + eps).sqrt();
+        out.extend(row.iter().zip(w).map(|(v, w)| v * inv * w));
+    }
+    out
+}
+
+fn add_in_place(x: &mut [f32], y: &[f32]) {
+    x.iter_mut().zip(y).for_each(|(x, y)| *x += y);
 }
 
 impl LanguageModel for Llama {
@@ -272,28 +401,69 @@ impl LanguageModel for Llama {
         if tokens.is_empty() {
             return Ok(Vec::new());
         }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.vocab) {
+        let vocab = self.vocab_size();
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
             return Err(Error::input(format!(
-                "token id {bad} is outside the model's vocabulary ({})",
-                self.vocab
+                "token id {bad} is outside the model's vocabulary ({vocab})"
             )));
         }
-        let pos = self.cached;
-        let ids = Tensor::new(tokens, &self.device)?;
-        let mut x = self.embeddings.index_select(&ids, 0)?.unsqueeze(0)?;
-        for li in 0..self.layers.len() {
-            let h = self.rms_norm(&x, &self.layers[li].attn_norm)?;
-            x = (self.attention(li, &h, pos)? + x)?;
-            let layer = &self.layers[li];
-            let h = self.rms_norm(&x, &layer.ffn_norm)?;
-            let gate = candle_nn::ops::silu(&layer.w_gate.forward(&h)?)?;
-            let up = layer.w_up.forward(&h)?;
-            x = (layer.w_down.forward(&(gate * up)?)? + x)?;
+        let (t, pos, dim, eps) = (tokens.len(), self.cached, self.cfg.dim, self.cfg.eps);
+        let kv_dim = self.cfg.n_kv_head * self.cfg.head_dim;
+        self.ensure_rope(pos + t);
+        let mut x = vec![0.0f32; t * dim];
+        for (row, &tok) in x.chunks_exact_mut(dim).zip(tokens) {
+            self.embeddings.dequantize_row(tok as usize, row);
         }
-        let x = self.rms_norm(&x, &self.norm)?;
-        let logits = self.output.forward(&x)?.squeeze(0)?.to_dtype(DType::F32)?;
-        self.cached += tokens.len();
-        Ok(logits.to_vec2()?)
+        let (isa, pool, cfg) = (self.isa, &mut self.pool, &self.cfg);
+        let acts = &mut self.acts;
+        for layer in &mut self.layers {
+            acts.quantize(&rms_norm(&x, &layer.attn_norm, eps), dim);
+            let mut q = project(isa, pool, acts, &layer.wq);
+            let mut k = project(isa, pool, acts, &layer.wk);
+            let v = project(isa, pool, acts, &layer.wv);
+            rope(
+                &mut q,
+                dim,
+                cfg.head_dim,
+                pos,
+                &self.rope_cos,
+                &self.rope_sin,
+            );
+            rope(
+                &mut k,
+                kv_dim,
+                cfg.head_dim,
+                pos,
+                &self.rope_cos,
+                &self.rope_sin,
+            );
+            layer.keys.extend_from_slice(&k);
+            layer.values.extend_from_slice(&v);
+            acts.quantize(&attend(isa, pool, cfg, layer, &q, pos), dim);
+            add_in_place(&mut x, &project(isa, pool, acts, &layer.wo));
+            acts.quantize(&rms_norm(&x, &layer.ffn_norm, eps), dim);
+            let gate = project(isa, pool, acts, &layer.w_gate);
+            let up = project(isa, pool, acts, &layer.w_up);
+            let act: Vec<f32> = gate
+                .iter()
+                .zip(&up)
+                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                .collect();
+            acts.quantize(&act, layer.w_up.rows());
+            add_in_place(&mut x, &project(isa, pool, acts, &layer.w_down));
+        }
+        acts.quantize(&rms_norm(&x, &self.norm, eps), dim);
+        let logits = project(
+            isa,
+            pool,
+            acts,
+            self.output.as_ref().unwrap_or(&self.embeddings),
+        );
+        self.cached += t;
+        if t == 1 {
+            return Ok(vec![logits]);
+        }
+        Ok(logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
     }
 
     fn cache_len(&self) -> usize {
@@ -302,23 +472,19 @@ impl LanguageModel for Llama {
 
     fn truncate(&mut self, len: usize) {
         let len = len.min(self.cached);
+        let kv_dim = self.cfg.n_kv_head * self.cfg.head_dim;
         for layer in &mut self.layers {
-            layer.cache = match (&layer.cache, len) {
-                (_, 0) | (None, _) => None,
-                (Some((k, v)), _) => Some((
-                    k.narrow(2, 0, len).expect("len within cache"),
-                    v.narrow(2, 0, len).expect("len within cache"),
-                )),
-            };
+            layer.keys.truncate(len * kv_dim);
+            layer.values.truncate(len * kv_dim);
         }
         self.cached = len;
     }
 
     fn vocab_size(&self) -> usize {
-        self.vocab
+        self.output.as_ref().unwrap_or(&self.embeddings).rows()
     }
 
     fn eos_tokens(&self) -> &[u32] {
-        &self.eos
+        &self.cfg.eos
     }
 }
