@@ -6,12 +6,16 @@
 //! * [`corpus`]: reading `.txt` and `.jsonl[.gz|.zst]` inputs.
 //! * [`generate`]: selective backoff interpolation sampling (SBIS), a smoothed estimator,
 //!   generation and perplexity.
+//! * [`neural`]: the llama forward pass on infgram's CPU kernels (and the candle reference).
+//! * [`decode`]: the generation runtime: one decode loop with drafters (speculative decoding),
+//!   processors and the sampler.
 //! * [`assets`]: fetching the default corpus and model from package registries.
 //!
 //! `ARCHITECTURE.md` walks through the modules; `FORMAT.md` draws the index format.
 
 pub mod assets;
 pub mod corpus;
+pub mod decode;
 pub mod error;
 pub mod generate;
 pub mod index;

@@ -50,9 +50,24 @@ pub struct GenArgs {
     #[arg(long)]
     pub json: bool,
     /// Generate with a neural model instead of the index: a short name (`smollm2-135m`,
-    /// fetched on first use) or a `.gguf` file.
-    #[arg(long, conflicts_with_all = ["index", "corpus"])]
+    /// fetched on first use) or a `.gguf` file. With --speculative, --index is the drafting
+    /// index (built with `infgram index --tokenizer` and the same model).
+    #[arg(long, conflicts_with = "corpus")]
     pub model: Option<String>,
+    /// With --model: speculative decoding. The live prompt index (and --index, if given)
+    /// drafts tokens, the model verifies them in one pass; the output is the model's own.
+    #[arg(long, requires = "model")]
+    pub speculative: bool,
+    /// With --speculative: longest draft verified in one pass.
+    #[arg(long, default_value_t = 16)]
+    pub draft_max: usize,
+    /// With --model: also decode without drafts and print both speeds, the ratio, and whether
+    /// the outputs are identical.
+    #[arg(long, requires = "model")]
+    pub compare: bool,
+    /// With --model: repetition penalty (1: none) over the last 64 tokens.
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
     /// With --model: use the prompt as is, without the chat template.
     #[arg(long)]
     pub raw: bool,
@@ -212,8 +227,9 @@ pub fn run(args: GenArgs) -> Result<()> {
     Ok(())
 }
 
-/// `infgram gen --model M`: plain decoding with the neural model.
+/// `infgram gen --model M`: decoding with the neural model, plain or speculative.
 fn run_model(args: &GenArgs, model: &str) -> Result<()> {
+    use infgram::decode::{decode, DecodeConfig, Drafter, Processor, RepetitionPenalty};
     use infgram::tokenizer::Tokenizer;
     let super::LoadedModel {
         model: mut llm,
@@ -226,34 +242,109 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
         infgram::neural::chat_prompt(&args.prompt)
     };
     let prompt = tok.encode(&text)?;
+    let mut drafters: Vec<Box<dyn Drafter>> = Vec::new();
+    if args.speculative {
+        drafters.push(Box::new(infgram::decode::drafters::PromptLookup::new(8)));
+        if let Some(dir) = &args.index {
+            let index = infgram::Index::open(dir)?;
+            infgram::tokenizer::check_fingerprint(&index.header().tokenizer, &tok)?;
+            drafters.push(Box::new(infgram::decode::drafters::CorpusDrafter::new(
+                index,
+            )));
+        }
+    }
+    let processors = || -> Vec<Box<dyn Processor>> {
+        if args.repetition_penalty == 1.0 {
+            return Vec::new();
+        }
+        vec![Box::new(RepetitionPenalty {
+            penalty: args.repetition_penalty,
+            window: 64,
+        })]
+    };
+    let cfg = DecodeConfig {
+        max_tokens: args.max_tokens,
+        draft_max: args.draft_max,
+        ..DecodeConfig::default()
+    };
     let mut sampler = sampler_for(args);
     let stream = !args.json && (args.stream || std::io::stdout().is_terminal());
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let (ids, secs) = streamed(&tok, stream, &mut out, |emit| {
-        infgram::neural::generate(llm.as_mut(), &prompt, args.max_tokens, &mut sampler, emit)
+    let ((ids, stats), _) = streamed(&tok, stream, &mut out, |emit| {
+        decode(
+            llm.as_mut(),
+            &mut drafters,
+            &mut processors(),
+            &mut sampler,
+            &prompt,
+            &cfg,
+            emit,
+        )
     })?;
-    let generated = tok.decode(&ids)?;
-    let tps = ids.len() as f64 / secs.max(1e-12);
-    if args.json {
-        let v = serde_json::json!({
-            "prompt": args.prompt, "text": generated, "tokens": ids.len(), "token_ids": ids,
-            "seconds": secs, "tokens_per_second": tps, "model": path.display().to_string(),
-            "prompt_tokens": prompt.len(), "context_tokens": llm.cache_len(),
-        });
-        writeln!(out, "{v}")?;
+    let plain = if args.compare {
+        let mut sampler = sampler_for(args);
+        Some(decode(
+            llm.as_mut(),
+            &mut [],
+            &mut processors(),
+            &mut sampler,
+            &prompt,
+            &cfg,
+            |_| {},
+        )?)
     } else {
-        if !stream {
-            write!(out, "{generated}")?;
+        None
+    };
+    let generated = tok.decode(&ids)?;
+    let tps = stats.tokens_per_second();
+    if args.json {
+        let mut v = serde_json::json!({
+            "prompt": args.prompt, "text": generated, "tokens": ids.len(), "token_ids": ids,
+            "seconds": stats.seconds, "tokens_per_second": tps, "model": path.display().to_string(),
+            "prompt_tokens": prompt.len(), "context_tokens": llm.cache_len(),
+            "speculative": args.speculative, "acceptance_rate": stats.acceptance_rate(),
+            "mean_accepted": stats.mean_accepted(), "stats": stats,
+        });
+        if let Some((plain_ids, plain_stats)) = &plain {
+            v["plain_tokens_per_second"] = plain_stats.tokens_per_second().into();
+            v["speedup"] = (tps / plain_stats.tokens_per_second()).into();
+            v["identical"] = (plain_ids == &ids).into();
         }
-        writeln!(out)?;
-        out.flush()?;
+        writeln!(out, "{v}")?;
+        return Ok(());
+    }
+    if !stream {
+        write!(out, "{generated}")?;
+    }
+    writeln!(out)?;
+    out.flush()?;
+    eprintln!(
+        "{} tokens in {:.2} s ({:.1} tokens/s, prompt {} tokens)",
+        ids.len(),
+        stats.seconds,
+        tps,
+        prompt.len()
+    );
+    if args.stats && args.speculative {
         eprintln!(
-            "{} tokens in {:.2} s ({:.1} tokens/s, prompt {} tokens)",
-            ids.len(),
-            secs,
+            "speculative: {} passes, {} drafted, {} accepted (acceptance {:.1}%, mean accepted {:.2} per drafted pass); drafting {:.3} s, model {:.3} s",
+            stats.passes,
+            stats.drafted,
+            stats.accepted,
+            100.0 * stats.acceptance_rate(),
+            stats.mean_accepted(),
+            stats.draft_seconds,
+            stats.model_seconds
+        );
+    }
+    if let Some((plain_ids, plain_stats)) = &plain {
+        eprintln!(
+            "plain decoding: {:.1} tokens/s; speculative: {:.1} tokens/s; speed-up {:.2}×; outputs {}",
+            plain_stats.tokens_per_second(),
             tps,
-            prompt.len()
+            tps / plain_stats.tokens_per_second(),
+            if plain_ids == &ids { "identical" } else { "differ (sampling)" }
         );
     }
     Ok(())

@@ -66,24 +66,28 @@ impl Sampler {
                 })
                 .map(|(t, _)| t);
         }
-        let inv_t = 1.0 / self.cfg.temperature;
         let mut w = std::mem::take(&mut self.weights);
+        self.target_weights(dist, &mut w);
+        let choice = self.draw_weighted(&w);
+        self.weights = w;
+        choice
+    }
+
+    /// Whether this sampler takes the argmax.
+    pub fn is_greedy(&self) -> bool {
+        self.cfg.temperature <= 0.0
+    }
+
+    /// The weights `sample` draws from when not greedy (tempered, then top-k / top-p
+    /// filtered; not normalized), into `w`. Speculative verification tests drafts against them.
+    pub fn target_weights(&self, dist: &[(u32, f64)], w: &mut Vec<(u32, f64)>) {
+        let inv_t = 1.0 / self.cfg.temperature;
         w.clear();
         w.extend(
             dist.iter()
                 .filter(|&&(_, p)| p > 0.0)
                 .map(|&(t, p)| (t, if inv_t == 1.0 { p } else { p.powf(inv_t) })),
         );
-        let choice = self.draw(&mut w);
-        self.weights = w;
-        choice
-    }
-
-    /// Applies top-k / top-p to the tempered weights `w` and draws one token.
-    fn draw(&mut self, w: &mut Vec<(u32, f64)>) -> Option<u32> {
-        if w.is_empty() {
-            return None;
-        }
         if self.cfg.top_k > 0 || self.cfg.top_p < 1.0 {
             w.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
             if self.cfg.top_k > 0 {
@@ -101,6 +105,18 @@ impl Sampler {
                 }
                 w.truncate(keep.max(1));
             }
+        }
+    }
+
+    /// A uniform draw from [0, 1).
+    pub fn uniform(&mut self) -> f64 {
+        self.rng.random::<f64>()
+    }
+
+    /// Draws a token with probability proportional to its weight.
+    pub fn draw_weighted(&mut self, w: &[(u32, f64)]) -> Option<u32> {
+        if w.is_empty() {
+            return None;
         }
         let total: f64 = w.iter().map(|x| x.1).sum();
         let mut u = self.rng.random::<f64>() * total;

@@ -53,36 +53,6 @@ pub fn softmax(logits: &[f32]) -> Vec<(u32, f64)> {
         .collect()
 }
 
-/// Plain decoding with the model alone: feeds `prompt`, then samples one token per forward
-/// pass until an end token or `max_tokens`. Returns the generated ids (end token excluded).
-/// (The speculative runtime will replace this loop with one that drafts and verifies.)
-pub fn generate(
-    model: &mut dyn LanguageModel,
-    prompt: &[u32],
-    max_tokens: usize,
-    sampler: &mut crate::generate::sampler::Sampler,
-    mut on_token: impl FnMut(u32),
-) -> Result<Vec<u32>> {
-    if prompt.is_empty() {
-        return Err(crate::Error::input("the model needs a non-empty prompt"));
-    }
-    model.clear();
-    let mut logits = model.forward(prompt)?.pop().expect("one row per token");
-    let mut out = Vec::with_capacity(max_tokens);
-    for _ in 0..max_tokens {
-        let Some(next) = sampler.sample(&softmax(&logits)) else {
-            break;
-        };
-        if model.eos_tokens().contains(&next) {
-            break;
-        }
-        out.push(next);
-        on_token(next);
-        logits = model.forward(&[next])?.pop().expect("one row");
-    }
-    Ok(out)
-}
-
 /// The chat template of SmolLM2-Instruct (ChatML) around one user message. The GGUF's own
 /// template also inserts a default system message; with it this 135M model answered "What is
 /// the capital of France?" with French gibberish (both backends), without it "Paris", so

@@ -1,0 +1,205 @@
+//! Drafters: where draft tokens come from.
+//!
+//! - [`PromptLookup`]: a live index of the prompt and everything generated so far (it learns
+//!   each accepted token). Grounded answers repeat their prompt, and generated text repeats
+//!   itself.
+//! - [`CorpusDrafter`]: an ∞-gram index built with the model's tokenizer
+//!   (`infgram index --tokenizer smollm2-135m`). It follows the longest suffix of the context
+//!   that occurs in the corpus and drafts its most frequent continuation (the argmax chain of
+//!   the ∞-gram, which is what greedy decoding can accept).
+//!
+//! Both extend a draft one token at a time, re-matching the context plus the draft so far, and
+//! attach to every token a confidence from the evidence (match length, how many occurrences
+//! agree); the decode loop cuts the draft where the expected gain no longer pays for the longer
+//! pass, and drafts nothing when nothing is likely.
+
+use super::{Draft, Drafter};
+use crate::error::Result;
+use crate::index::Index;
+use std::collections::HashMap;
+
+/// Chance that a continuation seen `agree` times out of `total` occurrences of a suffix of
+/// `len` tokens comes next again: the agreeing share with half a pseudo-occurrence against
+/// it, discounted for short matches (1 − 2^−len). The decode loop calibrates it against the
+/// model's acceptances.
+fn confidence(agree: u64, total: u64, len: usize) -> f64 {
+    let share = (agree as f64 + 0.5) / (total as f64 + 1.0);
+    let length = 1.0 - 0.5f64.powi(len.min(60) as i32);
+    share * length
+}
+
+/// Prompt lookup over a live n-gram index of the sequence.
+pub struct PromptLookup {
+    /// Longest suffix matched (the index keys n-grams of 1..=max_ngram tokens).
+    max_ngram: usize,
+    /// n-gram hash → positions of the token that followed each occurrence.
+    followers: HashMap<u64, Vec<u32>>,
+    /// Tokens indexed so far (a prefix of the context).
+    indexed: Vec<u32>,
+}
+
+impl PromptLookup {
+    pub fn new(max_ngram: usize) -> Self {
+        PromptLookup {
+            max_ngram: max_ngram.max(1),
+            followers: HashMap::new(),
+            indexed: Vec::new(),
+        }
+    }
+
+    fn key(gram: &[u32]) -> u64 {
+        let mut h = 0xcbf2_9ce4_8422_2325u64 ^ gram.len() as u64;
+        for &t in gram {
+            h = (h ^ t as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+        h
+    }
+
+    /// Indexes `context` beyond what is indexed (or from scratch if it is not an extension).
+    fn sync(&mut self, context: &[u32]) {
+        if !context.starts_with(&self.indexed) {
+            self.followers.clear();
+            self.indexed.clear();
+        }
+        for p in self.indexed.len()..context.len() {
+            // The n-grams ending at p - 1 are followed by position p.
+            for n in 1..=self.max_ngram.min(p) {
+                let key = Self::key(&context[p - n..p]);
+                self.followers.entry(key).or_default().push(p as u32);
+            }
+        }
+        self.indexed = context.to_vec();
+    }
+
+    /// The continuation of the longest suffix of `seq` seen before in it: (token, agreeing
+    /// occurrences, occurrences, suffix length), by majority over the latest 16 occurrences.
+    fn next(&self, seq: &[u32]) -> Option<(u32, u64, u64, usize)> {
+        for n in (1..=self.max_ngram.min(seq.len())).rev() {
+            let Some(positions) = self.followers.get(&Self::key(&seq[seq.len() - n..])) else {
+                continue;
+            };
+            // Occurrences whose follower exists and is not the suffix's own end; the hash may
+            // collide, so check the tokens.
+            let votes: Vec<u32> = positions
+                .iter()
+                .rev()
+                .map(|&p| p as usize)
+                .filter(|&p| p < seq.len() && seq[p - n..p] == seq[seq.len() - n..])
+                .take(16)
+                .map(|p| seq[p])
+                .collect();
+            if votes.is_empty() {
+                continue;
+            }
+            // Majority vote; ties go to the most recent continuation.
+            let mut tally: Vec<(u32, u64)> = Vec::new();
+            for &v in &votes {
+                match tally.iter_mut().find(|t| t.0 == v) {
+                    Some(t) => t.1 += 1,
+                    None => tally.push((v, 1)),
+                }
+            }
+            let best = tally
+                .iter()
+                .fold(tally[0], |b, &t| if t.1 > b.1 { t } else { b });
+            return Some((best.0, best.1, votes.len() as u64, n));
+        }
+        None
+    }
+}
+
+impl Drafter for PromptLookup {
+    fn propose(&mut self, context: &[u32], max: usize) -> Result<Draft> {
+        self.sync(context);
+        let mut seq = context.to_vec();
+        let mut draft = Draft::default();
+        while draft.tokens.len() < max {
+            // Positions inside the draft are not indexed; `next` only follows indexed ones.
+            let Some((tok, agree, total, len)) = self.next(&seq) else {
+                break;
+            };
+            draft.tokens.push(tok);
+            draft.confidence.push(confidence(agree, total, len));
+            seq.push(tok);
+        }
+        Ok(draft)
+    }
+
+    fn observe(&mut self, context: &[u32], _old_len: usize) {
+        self.sync(context);
+    }
+
+    fn name(&self) -> &str {
+        "prompt"
+    }
+}
+
+/// Drafts from an ∞-gram index of a corpus in the model's tokens.
+pub struct CorpusDrafter<S: AsRef<[u8]> + Sync> {
+    index: Index<S>,
+    /// Shortest suffix match worth drafting from.
+    min_match: usize,
+    /// The context is cut to its last this many tokens before matching.
+    max_context: usize,
+}
+
+impl<S: AsRef<[u8]> + Sync> CorpusDrafter<S> {
+    pub fn new(index: Index<S>) -> Self {
+        CorpusDrafter {
+            index,
+            min_match: 2,
+            max_context: 64,
+        }
+    }
+}
+
+impl<S: AsRef<[u8]> + Sync> Drafter for CorpusDrafter<S> {
+    fn propose(&mut self, context: &[u32], max: usize) -> Result<Draft> {
+        let from = context.len().saturating_sub(self.max_context);
+        let mut seq = context[from..].to_vec();
+        let mut draft = Draft::default();
+        while draft.tokens.len() < max {
+            let (len, counts) = self.index.infgram_counts(&seq)?;
+            if len < self.min_match {
+                break;
+            }
+            let total: u64 = counts.iter().map(|c| c.1).sum();
+            let Some(&(tok, agree)) = counts
+                .iter()
+                .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
+            else {
+                break;
+            };
+            draft.tokens.push(tok);
+            draft.confidence.push(confidence(agree, total, len));
+            seq.push(tok);
+        }
+        Ok(draft)
+    }
+
+    fn name(&self) -> &str {
+        "corpus"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompt_lookup_follows_the_latest_repeat_and_learns_new_tokens() {
+        let mut d = PromptLookup::new(4);
+        // "1 2 3 4 5 ... 1 2 3" → drafts "4 5".
+        let ctx = [1, 2, 3, 4, 5, 9, 1, 2, 3];
+        let draft = d.propose(&ctx, 2).unwrap();
+        assert_eq!(draft.tokens, vec![4, 5]);
+        assert!(draft.confidence.iter().all(|&c| c > 0.0 && c < 1.0));
+        // Nothing seen before: no draft.
+        assert!(d.propose(&[7, 8], 4).unwrap().tokens.is_empty());
+        // Growing the context: the new tokens are indexed.
+        let mut longer = ctx.to_vec();
+        longer.extend([6, 6, 1, 2, 3]);
+        d.observe(&longer, ctx.len());
+        assert_eq!(d.propose(&longer, 1).unwrap().tokens, vec![6]);
+    }
+}

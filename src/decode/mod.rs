@@ -1,0 +1,391 @@
+//! The generation runtime: one decode loop with pluggable parts (DESIGN.md §2).
+//!
+//! - A **scorer** ([`LanguageModel`]) is fed tokens and returns the logits of every fed
+//!   position; its KV cache can be cut back.
+//! - **Drafters** ([`Drafter`]) propose tokens that are likely to come next, each with a
+//!   confidence (the chance it is accepted if the tokens before it were).
+//! - **Processors** ([`Processor`]) edit each position's logits before sampling (repetition
+//!   penalty now; the mixer and the copy guard plug in here).
+//! - The **sampler** ([`Sampler`]) turns a distribution into a token.
+//!
+//! Each step feeds the pending token plus a draft in one pass, verifies the draft left to right
+//! and keeps the longest accepted prefix plus one token of the model's own, then rolls the cache
+//! back past the rest. Greedy verification accepts a draft token when it is the argmax, so the
+//! output equals plain greedy decoding (the native forward pass is batch-invariant, so the
+//! logits are the same bits either way). Sampled verification is lossless rejection sampling:
+//! accept draft x with probability p(x), otherwise sample from p without x, renormalized.
+//! Plain decoding is this loop with no drafter.
+
+pub mod drafters;
+
+use crate::error::{Error, Result};
+use crate::generate::sampler::Sampler;
+use crate::neural::{softmax, LanguageModel};
+use std::time::Instant;
+
+/// A draft: tokens to try next, and for each the estimated chance that it is accepted given
+/// that the ones before it were.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Draft {
+    pub tokens: Vec<u32>,
+    pub confidence: Vec<f64>,
+}
+
+/// Proposes tokens to follow a context.
+pub trait Drafter {
+    /// Up to `max` tokens likely to follow `context` (prompt and generated text so far).
+    fn propose(&mut self, context: &[u32], max: usize) -> Result<Draft>;
+    /// `context` grew by the tokens after `old_len` (live indexes learn them).
+    fn observe(&mut self, _context: &[u32], _old_len: usize) {}
+    /// A short name for statistics.
+    fn name(&self) -> &str;
+}
+
+/// Edits the logits of one position before sampling.
+pub trait Processor {
+    /// `context` is everything before the position whose `logits` these are.
+    fn process(&mut self, context: &[u32], logits: &mut [f32]);
+}
+
+/// Divides positive logits (multiplies negative ones) of tokens seen in the last `window`
+/// tokens by `penalty` (the CTRL / llama.cpp repetition penalty).
+pub struct RepetitionPenalty {
+    pub penalty: f32,
+    pub window: usize,
+}
+
+impl Processor for RepetitionPenalty {
+    fn process(&mut self, context: &[u32], logits: &mut [f32]) {
+        let from = context.len().saturating_sub(self.window);
+        let mut seen: Vec<u32> = context[from..].to_vec();
+        seen.sort_unstable();
+        seen.dedup();
+        for t in seen {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l = if *l > 0.0 {
+                    *l / self.penalty
+                } else {
+                    *l * self.penalty
+                };
+            }
+        }
+    }
+}
+
+/// The cost of one forward pass over n tokens, relative to a single-token step, and the draft
+/// length it makes worth verifying.
+#[derive(Clone, Debug)]
+pub struct CostModel {
+    /// `(n, relative cost)` points, n ascending, starting at (1, 1).
+    points: Vec<(usize, f64)>,
+}
+
+impl Default for CostModel {
+    /// The native Q4_1 pass with 2 threads at a 256-token context on the 2-core development
+    /// machine (`cargo run --release --example bench_model`): 9.3 / 12.5 / 23.8 / 38.8 /
+    /// 69.5 ms for n = 1 / 2 / 4 / 8 / 16.
+    fn default() -> Self {
+        CostModel::from_ms(&[(1, 9.3), (2, 12.5), (4, 23.8), (8, 38.8), (16, 69.5)])
+    }
+}
+
+impl CostModel {
+    /// From measured `(n, milliseconds)` pairs, n ascending from 1.
+    pub fn from_ms(points: &[(usize, f64)]) -> CostModel {
+        let base = points[0].1;
+        CostModel {
+            points: points.iter().map(|&(n, ms)| (n, ms / base)).collect(),
+        }
+    }
+
+    /// Relative cost of a pass over `n` tokens (linear between points, extrapolated after).
+    pub fn cost(&self, n: usize) -> f64 {
+        let p = &self.points;
+        let i = p
+            .iter()
+            .position(|&(m, _)| m >= n)
+            .unwrap_or(p.len() - 1)
+            .max(1);
+        let ((n0, c0), (n1, c1)) = (p[i - 1], p[i]);
+        c0 + (c1 - c0) * (n as f64 - n0 as f64) / (n1 as f64 - n0 as f64)
+    }
+
+    /// The prefix length k of a draft with per-token acceptance chances `confidence` that
+    /// maximizes expected tokens per unit of time, (1 + Σ_{i≤k} Π_{j≤i} c_j) / cost(k + 1).
+    /// Returns (k, expected speed relative to plain decoding).
+    pub fn best_length(&self, confidence: &[f64]) -> (usize, f64) {
+        let (mut best, mut best_speed) = (0, 1.0);
+        let (mut expected, mut reach) = (1.0, 1.0);
+        for (i, &c) in confidence.iter().enumerate() {
+            reach *= c.clamp(0.0, 1.0);
+            expected += reach;
+            let speed = expected / self.cost(i + 2);
+            if speed > best_speed {
+                (best, best_speed) = (i + 1, speed);
+            }
+        }
+        (best, best_speed)
+    }
+}
+
+/// Settings of the decode loop.
+#[derive(Clone, Debug)]
+pub struct DecodeConfig {
+    pub max_tokens: usize,
+    /// Longest draft verified in one pass.
+    pub draft_max: usize,
+    pub cost: CostModel,
+}
+
+impl Default for DecodeConfig {
+    fn default() -> Self {
+        DecodeConfig {
+            max_tokens: 256,
+            draft_max: 16,
+            cost: CostModel::default(),
+        }
+    }
+}
+
+/// What a decode run did.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct DecodeStats {
+    /// Tokens generated (end token excluded).
+    pub tokens: usize,
+    /// Forward passes after the prompt.
+    pub passes: usize,
+    /// Passes that carried a draft.
+    pub drafted_passes: usize,
+    /// Draft tokens verified.
+    pub drafted: usize,
+    /// Draft tokens accepted.
+    pub accepted: usize,
+    /// Seconds in the drafters.
+    pub draft_seconds: f64,
+    /// Seconds in the model (prompt included).
+    pub model_seconds: f64,
+    /// Seconds in all.
+    pub seconds: f64,
+}
+
+impl DecodeStats {
+    /// Accepted draft tokens / verified draft tokens (0 with no drafts).
+    pub fn acceptance_rate(&self) -> f64 {
+        self.accepted as f64 / self.drafted.max(1) as f64
+    }
+
+    /// Accepted draft tokens per pass that carried a draft.
+    pub fn mean_accepted(&self) -> f64 {
+        self.accepted as f64 / self.drafted_passes.max(1) as f64
+    }
+
+    pub fn tokens_per_second(&self) -> f64 {
+        self.tokens as f64 / self.seconds.max(1e-12)
+    }
+}
+
+/// Calibrates a drafter's confidences against what the model accepts: the ratio of accepted
+/// to predicted draft tokens, with a prior of a few tokens at face value.
+#[derive(Clone, Debug)]
+struct Calibration {
+    predicted: f64,
+    accepted: f64,
+}
+
+impl Calibration {
+    const PRIOR: f64 = 4.0;
+
+    fn new() -> Self {
+        Calibration {
+            predicted: Self::PRIOR,
+            accepted: Self::PRIOR,
+        }
+    }
+
+    fn factor(&self) -> f64 {
+        (self.accepted / self.predicted).clamp(0.1, 2.0)
+    }
+
+    fn record(&mut self, confidence: &[f64], accepted: usize) {
+        // Token i was tried only if 0..i were accepted: count tries up to the first rejection.
+        let tried = (accepted + 1).min(confidence.len());
+        self.predicted += confidence[..tried].iter().sum::<f64>();
+        self.accepted += accepted as f64;
+    }
+}
+
+/// Generates up to `cfg.max_tokens` tokens after `prompt`. `drafters` may be empty (plain
+/// decoding); `on_token` sees each token as it is accepted. Stops at the model's end token
+/// (not included).
+pub fn decode(
+    model: &mut dyn LanguageModel,
+    drafters: &mut [Box<dyn Drafter>],
+    processors: &mut [Box<dyn Processor>],
+    sampler: &mut Sampler,
+    prompt: &[u32],
+    cfg: &DecodeConfig,
+    mut on_token: impl FnMut(u32),
+) -> Result<(Vec<u32>, DecodeStats)> {
+    let Some((&last, head)) = prompt.split_last() else {
+        return Err(Error::input("the model needs a non-empty prompt"));
+    };
+    let start = Instant::now();
+    let mut stats = DecodeStats::default();
+    let mut calibration = vec![Calibration::new(); drafters.len()];
+    let eos = model.eos_tokens().to_vec();
+    let mut context = prompt.to_vec();
+    model.clear();
+    if !head.is_empty() {
+        model.forward(head)?;
+    }
+    stats.model_seconds += start.elapsed().as_secs_f64();
+    // `pending` is the last token of the context, not yet fed to the model.
+    let mut pending = last;
+    let mut weights = Vec::new();
+    let mut done = false;
+    while !done && stats.tokens < cfg.max_tokens {
+        let budget = cfg.max_tokens - stats.tokens;
+        let t = Instant::now();
+        let (draft, chosen) = plan_draft(drafters, &calibration, &context, cfg, budget)?;
+        stats.draft_seconds += t.elapsed().as_secs_f64();
+
+        let mut fed = Vec::with_capacity(draft.tokens.len() + 1);
+        fed.push(pending);
+        fed.extend_from_slice(&draft.tokens);
+        let cached = model.cache_len();
+        let t = Instant::now();
+        let rows = model.forward(&fed)?;
+        stats.model_seconds += t.elapsed().as_secs_f64();
+        stats.passes += 1;
+
+        // Verify left to right; row i predicts the token after fed[i].
+        let old_len = context.len();
+        let mut accepted = 0;
+        for (i, mut logits) in rows.into_iter().enumerate() {
+            for p in processors.iter_mut() {
+                p.process(&context, &mut logits);
+            }
+            let dist = softmax(&logits);
+            let proposal = draft.tokens.get(i).copied();
+            let (token, is_draft) = verify(sampler, &dist, proposal, &mut weights);
+            if eos.contains(&token) {
+                done = true;
+                break;
+            }
+            context.push(token);
+            stats.tokens += 1;
+            on_token(token);
+            if !is_draft {
+                break;
+            }
+            accepted += 1;
+            if stats.tokens >= cfg.max_tokens {
+                break;
+            }
+        }
+        if let Some(d) = chosen {
+            stats.drafted_passes += 1;
+            stats.drafted += draft.tokens.len();
+            stats.accepted += accepted;
+            calibration[d].record(&draft.confidence, accepted);
+        }
+        // Keep the pending token and the accepted drafts; the last token of the context is
+        // the new pending one. (When the budget ends on an accepted draft token, that token
+        // stays in the cache too; the loop ends there.)
+        model.truncate(cached + 1 + accepted);
+        pending = *context.last().expect("non-empty");
+        for d in drafters.iter_mut() {
+            d.observe(&context, old_len);
+        }
+    }
+    stats.seconds = start.elapsed().as_secs_f64();
+    Ok((context[prompt.len()..].to_vec(), stats))
+}
+
+/// Asks every drafter and keeps the draft (cut to its best length) with the highest expected
+/// speed; `None` when no draft beats plain decoding.
+fn plan_draft(
+    drafters: &mut [Box<dyn Drafter>],
+    calibration: &[Calibration],
+    context: &[u32],
+    cfg: &DecodeConfig,
+    budget: usize,
+) -> Result<(Draft, Option<usize>)> {
+    let max = cfg.draft_max.min(budget.saturating_sub(1));
+    let mut best: (Draft, Option<usize>, f64) = (Draft::default(), None, 1.0);
+    if max == 0 {
+        return Ok((best.0, None));
+    }
+    for (d, drafter) in drafters.iter_mut().enumerate() {
+        let mut draft = drafter.propose(context, max)?;
+        draft.tokens.truncate(max);
+        draft.confidence.truncate(draft.tokens.len());
+        let f = calibration[d].factor();
+        let calibrated: Vec<f64> = draft.confidence.iter().map(|c| (c * f).min(0.99)).collect();
+        let (k, speed) = cfg.cost.best_length(&calibrated);
+        if k > 0 && speed > best.2 {
+            draft.tokens.truncate(k);
+            draft.confidence.truncate(k);
+            best = (draft, Some(d), speed);
+        }
+    }
+    Ok((best.0, best.1))
+}
+
+/// Decides the token at one position: the draft token if verification accepts it, otherwise
+/// the model's own choice. Returns (token, whether it is the draft token).
+fn verify(
+    sampler: &mut Sampler,
+    dist: &[(u32, f64)],
+    proposal: Option<u32>,
+    weights: &mut Vec<(u32, f64)>,
+) -> (u32, bool) {
+    if sampler.is_greedy() {
+        let target = sampler.sample(dist).expect("a non-empty distribution");
+        return (target, proposal == Some(target));
+    }
+    sampler.target_weights(dist, weights);
+    if let Some(x) = proposal {
+        let total: f64 = weights.iter().map(|w| w.1).sum();
+        let px = weights.iter().find(|w| w.0 == x).map_or(0.0, |w| w.1) / total;
+        if sampler.uniform() < px {
+            return (x, true);
+        }
+        // Rejected: sample from p with x removed and renormalized.
+        weights.retain(|w| w.0 != x);
+    }
+    let token = sampler
+        .draw_weighted(weights)
+        .expect("a non-empty distribution");
+    (token, false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn best_length_trades_confidence_against_pass_cost() {
+        let cost = CostModel::default();
+        assert_eq!(cost.best_length(&[]), (0, 1.0));
+        // Weak drafts are not worth a longer pass.
+        assert_eq!(cost.best_length(&[0.2, 0.2]).0, 0);
+        // Sure drafts are taken in full.
+        assert_eq!(cost.best_length(&[0.99; 8]).0, 8);
+        // A confident head and a weak tail: only the head.
+        assert_eq!(cost.best_length(&[0.95, 0.95, 0.95, 0.95, 0.1, 0.1]).0, 4);
+        assert!((cost.cost(1) - 1.0).abs() < 1e-12);
+        assert!(cost.cost(3) > cost.cost(2) && cost.cost(20) > cost.cost(16));
+    }
+
+    #[test]
+    fn repetition_penalty_pushes_seen_tokens_down() {
+        let mut p = RepetitionPenalty {
+            penalty: 2.0,
+            window: 2,
+        };
+        let mut logits = vec![4.0, -4.0, 4.0, 4.0];
+        p.process(&[2, 0, 1], &mut logits);
+        assert_eq!(logits, vec![2.0, -8.0, 4.0, 4.0]);
+    }
+}
