@@ -18,6 +18,9 @@ use crate::error::Result;
 use crate::index::Index;
 use std::collections::HashMap;
 
+/// A draft stops growing once the chance that all of it is accepted falls below this.
+const MIN_REACH: f64 = 0.05;
+
 /// Chance that a continuation seen `agree` times out of `total` occurrences of a suffix of
 /// `len` tokens comes next again: the agreeing share with half a pseudo-occurrence against
 /// it, discounted for short matches (1 − 2^−len). The decode loop calibrates it against the
@@ -121,6 +124,9 @@ impl Drafter for PromptLookup {
             draft.tokens.push(tok);
             draft.confidence.push(confidence(agree, total, len));
             seq.push(tok);
+            if draft.confidence.iter().product::<f64>() < MIN_REACH {
+                break;
+            }
         }
         Ok(draft)
     }
@@ -173,6 +179,9 @@ impl<S: AsRef<[u8]> + Sync> Drafter for CorpusDrafter<S> {
             draft.tokens.push(tok);
             draft.confidence.push(confidence(agree, total, len));
             seq.push(tok);
+            if draft.confidence.iter().product::<f64>() < MIN_REACH {
+                break;
+            }
         }
         Ok(draft)
     }

