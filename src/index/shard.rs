@@ -231,7 +231,7 @@ impl<S: AsRef<[u8]>> Shard<S> {
     /// Range of `SA` whose suffixes start with `q` (the whole array for an empty `q`).
     ///
     /// The sampled keys (when present) narrow the search to a bracket of at most
-    /// [`SAMPLE_STEP`] entries for any query of 8 bytes or more, without touching `SA` or `T`.
+    /// `SAMPLE_STEP` entries for any query of 8 bytes or more, without touching `SA` or `T`.
     /// Then one binary search while the probes miss `q`; at the first probe inside the range, the
     /// search splits into a lower-bound search on its left and an upper-bound search on its
     /// right. The shared part is probed once, not twice.
