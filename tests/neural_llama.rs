@@ -22,10 +22,7 @@ fn setup() -> (Llama, HfTokenizer, std::path::PathBuf) {
 /// Mean −ln p of `ids[1..]` given the logits of a full pass.
 fn loss(logits: &[Vec<f32>], ids: &[u32]) -> f64 {
     let nll: f64 = (1..ids.len())
-        .map(|t| {
-            let p = infgram::neural::softmax(&logits[t - 1]);
-            -p[ids[t] as usize].1.ln()
-        })
+        .map(|t| infgram::neural::neg_log_prob(&logits[t - 1], ids[t]))
         .sum();
     nll / (ids.len() - 1) as f64
 }
@@ -206,17 +203,7 @@ fn windowed_perplexity_scores_each_token_once() {
     // One window covering everything: the mean of -ln p over a full pass.
     let logits = model.forward(&ids).unwrap();
     let manual: f64 = (1..n)
-        .map(|t| {
-            let row = &logits[t - 1];
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-            let lse = max
-                + row
-                    .iter()
-                    .map(|&x| (x as f64 - max).exp())
-                    .sum::<f64>()
-                    .ln();
-            lse - row[ids[t] as usize] as f64
-        })
+        .map(|t| infgram::neural::neg_log_prob(&logits[t - 1], ids[t]))
         .sum::<f64>()
         / (n - 1) as f64;
     let (whole, scored) = infgram::neural::perplexity(&mut model, &ids, 1024, 512).unwrap();

@@ -42,6 +42,13 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
+/// −ln p(`token`) under the softmax of `logits` (log-sum-exp in f64).
+pub fn neg_log_prob(logits: &[f32], token: u32) -> f64 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = logits.iter().map(|&x| (x as f64 - max).exp()).sum();
+    max + sum.ln() - logits[token as usize] as f64
+}
+
 /// Softmax of `logits` as `(id, probability)` pairs, for the shared sampler.
 pub fn softmax(logits: &[f32]) -> Vec<(u32, f64)> {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
@@ -84,15 +91,7 @@ pub fn perplexity(
         let logits = model.forward(&tokens[begin..end])?;
         // Row r predicts tokens[begin + r + 1]; score the targets not scored yet.
         for target in done.max(begin + 1)..end {
-            let row = &logits[target - begin - 1];
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-            let lse = max
-                + row
-                    .iter()
-                    .map(|&x| (x as f64 - max).exp())
-                    .sum::<f64>()
-                    .ln();
-            nll += lse - row[tokens[target] as usize] as f64;
+            nll += neg_log_prob(&logits[target - begin - 1], tokens[target]);
             scored += 1;
         }
         done = end;
