@@ -21,6 +21,31 @@ use std::collections::HashMap;
 /// A draft stops growing once the chance that all of it is accepted falls below this.
 const MIN_REACH: f64 = 0.05;
 
+/// Extends `seq` one token at a time with `next` (the token and its confidence after the
+/// sequence so far, or `None` to stop) until the draft has `max` tokens or the chance that all
+/// of it is accepted falls below [`MIN_REACH`].
+fn grow_draft(
+    mut seq: Vec<u32>,
+    max: usize,
+    mut next: impl FnMut(&[u32]) -> Result<Option<(u32, f64)>>,
+) -> Result<Draft> {
+    let mut draft = Draft::default();
+    let mut reach = 1.0;
+    while draft.tokens.len() < max {
+        let Some((tok, conf)) = next(&seq)? else {
+            break;
+        };
+        draft.tokens.push(tok);
+        draft.confidence.push(conf);
+        seq.push(tok);
+        reach *= conf;
+        if reach < MIN_REACH {
+            break;
+        }
+    }
+    Ok(draft)
+}
+
 /// Chance that a continuation seen `agree` times out of `total` occurrences of a suffix of
 /// `len` tokens comes next again: the agreeing share with half a pseudo-occurrence against
 /// it, discounted for short matches (1 − 2^−len). The decode loop calibrates it against the
@@ -114,21 +139,12 @@ impl PromptLookup {
 impl Drafter for PromptLookup {
     fn propose(&mut self, context: &[u32], max: usize) -> Result<Draft> {
         self.sync(context);
-        let mut seq = context.to_vec();
-        let mut draft = Draft::default();
-        while draft.tokens.len() < max {
-            // Positions inside the draft are not indexed; `next` only follows indexed ones.
-            let Some((tok, agree, total, len)) = self.next(&seq) else {
-                break;
-            };
-            draft.tokens.push(tok);
-            draft.confidence.push(confidence(agree, total, len));
-            seq.push(tok);
-            if draft.confidence.iter().product::<f64>() < MIN_REACH {
-                break;
-            }
-        }
-        Ok(draft)
+        // Positions inside the draft are not indexed; `next` only follows indexed ones.
+        grow_draft(context.to_vec(), max, |seq| {
+            Ok(self
+                .next(seq)
+                .map(|(tok, agree, total, len)| (tok, confidence(agree, total, len))))
+        })
     }
 
     fn observe(&mut self, context: &[u32], _old_len: usize) {
@@ -162,28 +178,17 @@ impl<S: AsRef<[u8]> + Sync> CorpusDrafter<S> {
 impl<S: AsRef<[u8]> + Sync> Drafter for CorpusDrafter<S> {
     fn propose(&mut self, context: &[u32], max: usize) -> Result<Draft> {
         let from = context.len().saturating_sub(self.max_context);
-        let mut seq = context[from..].to_vec();
-        let mut draft = Draft::default();
-        while draft.tokens.len() < max {
-            let (len, counts) = self.index.infgram_counts(&seq)?;
+        grow_draft(context[from..].to_vec(), max, |seq| {
+            let (len, counts) = self.index.infgram_counts(seq)?;
             if len < self.min_match {
-                break;
+                return Ok(None);
             }
             let total: u64 = counts.iter().map(|c| c.1).sum();
-            let Some(&(tok, agree)) = counts
+            Ok(counts
                 .iter()
                 .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
-            else {
-                break;
-            };
-            draft.tokens.push(tok);
-            draft.confidence.push(confidence(agree, total, len));
-            seq.push(tok);
-            if draft.confidence.iter().product::<f64>() < MIN_REACH {
-                break;
-            }
-        }
-        Ok(draft)
+                .map(|&(tok, agree)| (tok, confidence(agree, total, len))))
+        })
     }
 
     fn name(&self) -> &str {
