@@ -20,7 +20,7 @@ pub mod drafters;
 
 use crate::error::{Error, Result};
 use crate::generate::sampler::Sampler;
-use crate::neural::{softmax, LanguageModel};
+use crate::neural::{argmax, softmax, LanguageModel};
 use std::time::Instant;
 
 /// A draft: tokens to try next, and for each the estimated chance that it is accepted given
@@ -269,9 +269,8 @@ pub fn decode(
             for p in processors.iter_mut() {
                 p.process(&context, &mut logits);
             }
-            let dist = softmax(&logits);
             let proposal = draft.tokens.get(i).copied();
-            let (token, is_draft) = verify(sampler, &dist, proposal, &mut weights);
+            let (token, is_draft) = verify(sampler, &logits, proposal, &mut weights);
             if eos.contains(&token) {
                 done = true;
                 break;
@@ -344,18 +343,20 @@ fn plan_draft(
 }
 
 /// Decides the token at one position: the draft token if verification accepts it, otherwise
-/// the model's own choice. Returns (token, whether it is the draft token).
+/// the model's own choice. Returns (token, whether it is the draft token). Greedy decoding
+/// takes the argmax of the logits directly (the sampler's argmax of the softmax, smallest id
+/// among ties), saving a full-vocabulary softmax per position.
 fn verify(
     sampler: &mut Sampler,
-    dist: &[(u32, f64)],
+    logits: &[f32],
     proposal: Option<u32>,
     weights: &mut Vec<(u32, f64)>,
 ) -> (u32, bool) {
     if sampler.is_greedy() {
-        let target = sampler.sample(dist).expect("a non-empty distribution");
+        let target = argmax(logits);
         return (target, proposal == Some(target));
     }
-    sampler.target_weights(dist, weights);
+    sampler.target_weights(&softmax(logits), weights);
     if let Some(x) = proposal {
         let total: f64 = weights.iter().map(|w| w.1).sum();
         let px = weights.iter().find(|w| w.0 == x).map_or(0.0, |w| w.1) / total;
