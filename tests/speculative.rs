@@ -11,16 +11,6 @@ use infgram::neural::llama::Llama;
 use infgram::neural::{chat_prompt, LanguageModel};
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 
-fn greedy() -> Sampler {
-    Sampler::new(
-        SamplerConfig {
-            temperature: 0.0,
-            ..SamplerConfig::default()
-        },
-        Some(0),
-    )
-}
-
 /// Drafts from a fixed script of what comes after the prompt, edited by `edit`.
 struct Scripted {
     prompt_len: usize,
@@ -62,7 +52,7 @@ fn greedy_speculative_output_equals_plain_greedy() {
         &mut model,
         &mut [],
         &mut [],
-        &mut greedy(),
+        &mut Sampler::greedy(),
         &prompt,
         &cfg,
         |_| {},
@@ -100,7 +90,7 @@ fn greedy_speculative_output_equals_plain_greedy() {
             &mut model,
             &mut drafters,
             &mut [],
-            &mut greedy(),
+            &mut Sampler::greedy(),
             &prompt,
             &cfg,
             |_| {},
@@ -126,7 +116,7 @@ fn greedy_speculative_output_equals_plain_greedy() {
         &mut model,
         &mut drafters,
         &mut [],
-        &mut greedy(),
+        &mut Sampler::greedy(),
         &prompt,
         &short,
         |_| {},
@@ -156,7 +146,7 @@ fn long_prompt_lookup_run_matches_plain_decoding_token_by_token() {
         &mut model,
         &mut [],
         &mut [],
-        &mut greedy(),
+        &mut Sampler::greedy(),
         &prompt,
         &cfg,
         |_| {},
@@ -167,7 +157,7 @@ fn long_prompt_lookup_run_matches_plain_decoding_token_by_token() {
         &mut model,
         &mut drafters,
         &mut [],
-        &mut greedy(),
+        &mut Sampler::greedy(),
         &prompt,
         &cfg,
         |_| {},

@@ -8,7 +8,7 @@
 
 use infgram::decode::drafters::{CorpusDrafter, PromptLookup};
 use infgram::decode::{decode, DecodeConfig, DecodeStats, Drafter};
-use infgram::generate::sampler::{Sampler, SamplerConfig};
+use infgram::generate::sampler::Sampler;
 use infgram::index::pipeline::{build_index, BuildOptions};
 use infgram::neural::chat_prompt;
 use infgram::neural::llama::Llama;
@@ -55,16 +55,6 @@ fn shakespeare_index(model: &Path, tok: &HfTokenizer) -> PathBuf {
         build_index(&[texts], &dir, tok, &opts).expect("build the index");
     }
     dir
-}
-
-fn greedy() -> Sampler {
-    Sampler::new(
-        SamplerConfig {
-            temperature: 0.0,
-            ..SamplerConfig::default()
-        },
-        Some(0),
-    )
 }
 
 #[derive(Default)]
@@ -118,7 +108,7 @@ fn main() {
                 &mut model,
                 &mut [],
                 &mut [],
-                &mut greedy(),
+                &mut Sampler::greedy(),
                 &prompt,
                 &cfg,
                 |_| {},
@@ -134,7 +124,7 @@ fn main() {
                 &mut model,
                 &mut drafters,
                 &mut [],
-                &mut greedy(),
+                &mut Sampler::greedy(),
                 &prompt,
                 &cfg,
                 |_| {},

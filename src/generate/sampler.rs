@@ -46,6 +46,17 @@ impl Sampler {
         }
     }
 
+    /// The greedy sampler (temperature 0; it draws no random numbers).
+    pub fn greedy() -> Self {
+        Sampler::new(
+            SamplerConfig {
+                temperature: 0.0,
+                ..SamplerConfig::default()
+            },
+            Some(0),
+        )
+    }
+
     /// The settings.
     pub fn config(&self) -> &SamplerConfig {
         &self.cfg
