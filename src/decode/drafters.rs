@@ -96,7 +96,8 @@ impl PromptLookup {
                 self.followers.entry(key).or_default().push(p as u32);
             }
         }
-        self.indexed = context.to_vec();
+        self.indexed
+            .extend_from_slice(&context[self.indexed.len()..]);
     }
 
     /// The continuation of the longest suffix of `seq` seen before in it: (token, agreeing
@@ -147,7 +148,7 @@ impl Drafter for PromptLookup {
         })
     }
 
-    fn observe(&mut self, context: &[u32], _old_len: usize) {
+    fn observe(&mut self, context: &[u32]) {
         self.sync(context);
     }
 
@@ -213,7 +214,7 @@ mod tests {
         // Growing the context: the new tokens are indexed.
         let mut longer = ctx.to_vec();
         longer.extend([6, 6, 1, 2, 3]);
-        d.observe(&longer, ctx.len());
+        d.observe(&longer);
         assert_eq!(d.propose(&longer, 1).unwrap().tokens, vec![6]);
     }
 }

@@ -35,8 +35,8 @@ pub struct Draft {
 pub trait Drafter {
     /// Up to `max` tokens likely to follow `context` (prompt and generated text so far).
     fn propose(&mut self, context: &[u32], max: usize) -> Result<Draft>;
-    /// `context` grew by the tokens after `old_len` (live indexes learn them).
-    fn observe(&mut self, _context: &[u32], _old_len: usize) {}
+    /// `context` grew by accepted tokens (live indexes learn them).
+    fn observe(&mut self, _context: &[u32]) {}
     /// A short name for statistics.
     fn name(&self) -> &str;
 }
@@ -263,7 +263,6 @@ pub fn decode(
         stats.passes += 1;
 
         // Verify left to right; row i predicts the token after fed[i].
-        let old_len = context.len();
         let mut accepted = 0;
         for (i, mut logits) in rows.into_iter().enumerate() {
             for p in processors.iter_mut() {
@@ -298,7 +297,7 @@ pub fn decode(
         model.truncate(cached + 1 + accepted);
         pending = *context.last().expect("non-empty");
         for d in drafters.iter_mut() {
-            d.observe(&context, old_len);
+            d.observe(&context);
         }
     }
     stats.seconds = start.elapsed().as_secs_f64();

@@ -116,8 +116,4 @@ impl Gguf {
             .tensor(&mut self.file, name, &Device::Cpu)
             .map_err(|e| model_err(&self.path, format!("tensor {name}: {e}")))
     }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
 }
