@@ -535,6 +535,7 @@ mod x86 {
         }
         let mut tail = [0.0f32; N];
         if b < nb {
+            // No offsets (`m` empty): the whole row's offset term is added below.
             tail = q4_1_avx2::<N>(&d[b..], &[], &qs[b..], &rows_from(rows, b));
         }
         let mut out = [0.0f32; N];
