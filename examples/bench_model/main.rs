@@ -5,7 +5,8 @@
 //! table), plus the largest logit difference from the candle Q4_1 reference. Compare with llama.cpp's
 //! figures in DESIGN.md §7.
 //!
-//! `cargo run --release --example bench_model` (candle with CANDLE_NUM_THREADS=1 unless set)
+//! `cargo run --release --example bench_model [-- FILTER]` (candle with CANDLE_NUM_THREADS=1
+//! unless set; FILTER keeps only the rows whose pass name contains it, e.g. `infgram`)
 
 use candle_core::quantized::GgmlDType;
 use infgram::neural::candle_llama::CandleLlama;
@@ -60,7 +61,11 @@ fn main() {
             native(q8, 2),
         ),
     ];
+    let filter = std::env::args().nth(1).unwrap_or_default();
     for (pass, name, load) in rows {
+        if !pass.contains(&filter) {
+            continue;
+        }
         let mut m = load();
         let last = m.forward(ctx).unwrap().pop().unwrap();
         let diff = match &reference {

@@ -1,20 +1,30 @@
 //! Quantized matrix kernels for the native llama forward pass.
 //!
 //! Weights keep the GGUF file's Q4_1 blocks (or Q8_0; other types are re-quantized to Q8_0 at
-//! load), with the f16 scales widened to f32 and stored apart from the quants. Activations are
-//! quantized per row to blocks of 32 signed bytes with a scale `d` and `d·Σq` (ggml's Q8_1), so
-//! a block's dot product is an integer dot product of 32 pairs: AVX-VNNI `vpdpbusd` where the
-//! CPU has it, AVX2 `vpmaddubsw` otherwise, plain Rust as the last resort.
+//! load), repacked at load into *tiles* of 16 weight rows × one block of 32 columns. In a tile
+//! the rows are interleaved four columns at a time, so one 64-byte load holds the same four
+//! columns of 16 rows: a single `vpdpbusd` against four broadcast activation bytes advances 16
+//! dot products at once, and a block's integer sums land in one register, one lane per weight
+//! row. The per-block float work (convert, scale, accumulate) is then one instruction per 16
+//! outputs instead of one per output, which is what made multi-row passes compute-bound.
 //!
-//! [`matmul`] walks the weight matrix once and multiplies each weight row with every activation
-//! row while it is in L1, unpacking each weight block once for up to four rows. Every output is
-//! still computed by the same instruction sequence whatever the number of rows in the pass, so a
-//! k-token verification pass gives each position bit-for-bit the logits of a single-token step.
+//! Activations are quantized per row to blocks of 32 signed bytes with a scale `d` and `d·Σq`
+//! (ggml's Q8_1). Every ISA computes each block's dot product exactly in integers and then
+//! applies the same float operations in the same order (see [`tile_scalar`]), so every ISA
+//! gives the same bits, and an output does not depend on the other rows in the pass: a k-token
+//! verification pass gives each position bit-for-bit the logits of a single-token step.
 
 use super::pool::{DisjointOut, Pool};
+use half::f16;
 
 /// Weights and activations are quantized in blocks of this many values.
 pub const BLOCK: usize = 32;
+
+/// Weight rows interleaved in one tile (one AVX-512 register of 32-bit lanes).
+pub const TILE_ROWS: usize = 16;
+
+/// Activation rows multiplied with a tile while its unpacked weights sit in registers.
+const ROWS_PER_PASS: usize = 4;
 
 /// The instruction set the kernels use, chosen once per process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,11 +59,14 @@ impl Isa {
                 && std::arch::is_x86_feature_detected!("avx512bw")
                 && std::arch::is_x86_feature_detected!("avx512vnni")
                 && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c")
+                && std::arch::is_x86_feature_detected!("avx2")
             {
                 return Isa::Avx512Vnni;
             }
             if std::arch::is_x86_feature_detected!("avx2")
                 && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c")
             {
                 if std::arch::is_x86_feature_detected!("avxvnni") {
                     return Isa::AvxVnni;
@@ -72,24 +85,57 @@ fn has_avxvnni() -> bool {
     false
 }
 
-/// A weight matrix of `rows × cols` (output features × input features) in quantized blocks.
+/// A weight matrix of `rows × cols` (output features × input features) in quantized tiles.
 pub struct QMatrix {
     rows: usize,
     cols: usize,
-    /// Block scales, `rows × cols / 32`.
-    d: Vec<f32>,
     quants: Quants,
 }
 
+/// Tiles in group-major order: tile `g·nb + b` holds rows `16g..16g+16`, block `b`. Rows past
+/// `rows` (padding of the last group) are zero.
 enum Quants {
-    /// `value = d·q + m`, q in 0..16; byte j holds values j (low nibble) and j + 16 (high).
-    Q4_1 { m: Vec<f32>, qs: Vec<[u8; 16]> },
-    /// `value = d·q`, q in −128..128.
-    Q8_0 { qs: Vec<[i8; 32]> },
+    Q4_1(Vec<Q4_1Tile>),
+    Q8_0(Vec<Q8_0Tile>),
+}
+
+/// 16 rows × 32 columns of Q4_1 (`value = d·q + m`, q in 0..16); 320 bytes.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct Q4_1Tile {
+    /// Chunk t, byte 4·i + c: row i's quant at column 4t + c in the low nibble and at column
+    /// 4(t + 4) + c in the high nibble.
+    qs: [[u8; 64]; 4],
+    d: [f16; TILE_ROWS],
+    m: [f16; TILE_ROWS],
+}
+
+/// 16 rows × 32 columns of Q8_0 (`value = d·q`, q in −127..=127); 640 bytes.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct Q8_0Tile {
+    /// Chunk t, byte 4·i + c: row i's quant at column 4t + c.
+    qs: [[i8; 64]; 8],
+    d: [f32; TILE_ROWS],
+    /// `128·Σq` of each row: what the VNNI kernels' unsigned activations (q + 128) add.
+    bias: [i32; TILE_ROWS],
+}
+
+/// One block of one row before tiling: scale, offset (Q4_1) and the 32 quants in column order.
+struct RowBlock<Q> {
+    d: f32,
+    m: f32,
+    q: [Q; BLOCK],
 }
 
 fn f16_at(bytes: &[u8], at: usize) -> f32 {
-    half::f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
+    f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
+}
+
+/// Where column c of a tile row lives: (chunk, byte offset within the 4 of the row, high nibble).
+#[inline(always)]
+fn q4_1_slot(c: usize) -> (usize, usize, bool) {
+    ((c / 4) % 4, c % 4, c >= 16)
 }
 
 impl QMatrix {
@@ -105,80 +151,156 @@ impl QMatrix {
         self.cols / BLOCK
     }
 
-    /// Reads ggml Q4_1 blocks (f16 d, f16 m, 16 bytes of nibbles).
-    pub fn from_q4_1(rows: usize, cols: usize, bytes: &[u8]) -> Option<QMatrix> {
-        let n = rows * cols / BLOCK;
-        if !cols.is_multiple_of(BLOCK) || bytes.len() != n * 20 {
-            return None;
+    fn groups(&self) -> usize {
+        self.rows.div_ceil(TILE_ROWS)
+    }
+
+    /// Tiles `rows × cols` from `block(row, b)`; padding rows are zero.
+    fn tiled<Q: Copy + Default, T>(
+        rows: usize,
+        cols: usize,
+        block: impl Fn(usize, usize) -> RowBlock<Q>,
+        empty: T,
+        put: impl Fn(&mut T, usize, &RowBlock<Q>),
+    ) -> Vec<T>
+    where
+        T: Copy,
+    {
+        let nb = cols / BLOCK;
+        let groups = rows.div_ceil(TILE_ROWS);
+        let mut tiles = vec![empty; groups * nb];
+        for (t, tile) in tiles.iter_mut().enumerate() {
+            let (g, b) = (t / nb, t % nb);
+            for i in 0..TILE_ROWS {
+                let r = g * TILE_ROWS + i;
+                if r < rows {
+                    put(tile, i, &block(r, b));
+                }
+            }
         }
-        let (mut d, mut m, mut qs) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::new());
-        for block in bytes.chunks_exact(20) {
-            d.push(f16_at(block, 0));
-            m.push(f16_at(block, 2));
-            qs.push(block[4..20].try_into().expect("16 bytes"));
-        }
-        Some(QMatrix {
+        tiles
+    }
+
+    fn from_q4_1_blocks(
+        rows: usize,
+        cols: usize,
+        block: impl Fn(usize, usize) -> RowBlock<u8>,
+    ) -> QMatrix {
+        let empty = Q4_1Tile {
+            qs: [[0; 64]; 4],
+            d: [f16::ZERO; TILE_ROWS],
+            m: [f16::ZERO; TILE_ROWS],
+        };
+        let tiles = Self::tiled(rows, cols, block, empty, |tile, i, rb| {
+            tile.d[i] = f16::from_f32(rb.d);
+            tile.m[i] = f16::from_f32(rb.m);
+            for (c, &q) in rb.q.iter().enumerate() {
+                let (t, k, high) = q4_1_slot(c);
+                tile.qs[t][4 * i + k] |= if high { q << 4 } else { q };
+            }
+        });
+        QMatrix {
             rows,
             cols,
-            d,
-            quants: Quants::Q4_1 { m, qs },
-        })
+            quants: Quants::Q4_1(tiles),
+        }
+    }
+
+    fn from_q8_0_blocks(
+        rows: usize,
+        cols: usize,
+        block: impl Fn(usize, usize) -> RowBlock<i8>,
+    ) -> QMatrix {
+        let empty = Q8_0Tile {
+            qs: [[0; 64]; 8],
+            d: [0.0; TILE_ROWS],
+            bias: [0; TILE_ROWS],
+        };
+        let tiles = Self::tiled(rows, cols, block, empty, |tile, i, rb| {
+            tile.d[i] = rb.d;
+            tile.bias[i] = 128 * rb.q.iter().map(|&q| q as i32).sum::<i32>();
+            for (c, &q) in rb.q.iter().enumerate() {
+                tile.qs[c / 4][4 * i + c % 4] = q;
+            }
+        });
+        QMatrix {
+            rows,
+            cols,
+            quants: Quants::Q8_0(tiles),
+        }
+    }
+
+    /// Reads ggml Q4_1 blocks (f16 d, f16 m, 16 bytes: byte j holds values j and j + 16).
+    pub fn from_q4_1(rows: usize, cols: usize, bytes: &[u8]) -> Option<QMatrix> {
+        let nb = cols / BLOCK;
+        if !cols.is_multiple_of(BLOCK) || bytes.len() != rows * nb * 20 {
+            return None;
+        }
+        Some(Self::from_q4_1_blocks(rows, cols, |r, b| {
+            let raw = &bytes[(r * nb + b) * 20..][..20];
+            RowBlock {
+                d: f16_at(raw, 0),
+                m: f16_at(raw, 2),
+                q: std::array::from_fn(|c| {
+                    let byte = raw[4 + c % 16];
+                    if c < 16 {
+                        byte & 15
+                    } else {
+                        byte >> 4
+                    }
+                }),
+            }
+        }))
     }
 
     /// Reads ggml Q8_0 blocks (f16 d, 32 signed bytes).
     pub fn from_q8_0(rows: usize, cols: usize, bytes: &[u8]) -> Option<QMatrix> {
-        let n = rows * cols / BLOCK;
-        if !cols.is_multiple_of(BLOCK) || bytes.len() != n * 34 {
+        let nb = cols / BLOCK;
+        if !cols.is_multiple_of(BLOCK) || bytes.len() != rows * nb * 34 {
             return None;
         }
-        let (mut d, mut qs) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        for block in bytes.chunks_exact(34) {
-            d.push(f16_at(block, 0));
-            qs.push(std::array::from_fn(|i| block[2 + i] as i8));
-        }
-        Some(QMatrix {
-            rows,
-            cols,
-            d,
-            quants: Quants::Q8_0 { qs },
-        })
+        Some(Self::from_q8_0_blocks(rows, cols, |r, b| {
+            let raw = &bytes[(r * nb + b) * 34..][..34];
+            RowBlock {
+                d: f16_at(raw, 0),
+                m: 0.0,
+                // ggml writes −128 never; clamp so the AVX2 sign trick stays exact regardless.
+                q: std::array::from_fn(|c| (raw[2 + c] as i8).max(-127)),
+            }
+        }))
     }
 
-    /// Quantizes f32 weights (`rows × cols`, row-major) to Q8_0.
+    /// Quantizes `values` (`rows × cols`, row-major) to Q8_0, as ggml does.
     pub fn quantize_q8_0(rows: usize, cols: usize, values: &[f32]) -> Option<QMatrix> {
         if !cols.is_multiple_of(BLOCK) || values.len() != rows * cols {
             return None;
         }
-        let (mut d, mut qs) = (Vec::new(), Vec::new());
-        for block in values.chunks_exact(BLOCK) {
-            let (scale, q, _) = quantize_block(block);
-            d.push(scale);
-            qs.push(q);
-        }
-        Some(QMatrix {
-            rows,
-            cols,
-            d,
-            quants: Quants::Q8_0 { qs },
-        })
+        Some(Self::from_q8_0_blocks(rows, cols, |r, b| {
+            let (d, q, _) = quantize_block(&values[r * cols + b * BLOCK..][..BLOCK]);
+            RowBlock { d, m: 0.0, q }
+        }))
     }
 
     /// Writes row `r`, dequantized, into `out` (`cols` values).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         let nb = self.blocks_per_row();
+        let (g, i) = (r / TILE_ROWS, r % TILE_ROWS);
         for (b, chunk) in out[..self.cols].chunks_exact_mut(BLOCK).enumerate() {
-            let i = r * nb + b;
-            let d = self.d[i];
             match &self.quants {
-                Quants::Q4_1 { m, qs } => {
-                    for (j, &byte) in qs[i].iter().enumerate() {
-                        chunk[j] = d * (byte & 15) as f32 + m[i];
-                        chunk[j + 16] = d * (byte >> 4) as f32 + m[i];
+                Quants::Q4_1(tiles) => {
+                    let tile = &tiles[g * nb + b];
+                    let (d, m) = (tile.d[i].to_f32(), tile.m[i].to_f32());
+                    for (c, x) in chunk.iter_mut().enumerate() {
+                        let (t, k, high) = q4_1_slot(c);
+                        let byte = tile.qs[t][4 * i + k];
+                        let q = if high { byte >> 4 } else { byte & 15 };
+                        *x = d * q as f32 + m;
                     }
                 }
-                Quants::Q8_0 { qs } => {
-                    for (x, &q) in chunk.iter_mut().zip(&qs[i]) {
-                        *x = d * q as f32;
+                Quants::Q8_0(tiles) => {
+                    let tile = &tiles[g * nb + b];
+                    for (c, x) in chunk.iter_mut().enumerate() {
+                        *x = tile.d[i] * tile.qs[c / 4][4 * i + c % 4] as f32;
                     }
                 }
             }
@@ -191,9 +313,18 @@ fn quantize_block(x: &[f32]) -> (f32, [i8; 32], f32) {
     let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
     let d = amax / 127.0;
     let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-    let q: [i8; 32] = std::array::from_fn(|i| (x[i] * id).round() as i8);
+    let q: [i8; 32] = std::array::from_fn(|i| round_small(x[i] * id) as i8);
     let sum: i32 = q.iter().map(|&v| v as i32).sum();
     (d, q, d * sum as f32)
+}
+
+/// Rounds to the nearest integer, ties to even, for |x| < 2²²: adding and subtracting 1.5·2²³
+/// leaves no fraction bits. Plain float arithmetic that vectorizes on any x86-64, where
+/// `f32::round` is a libm call per value (a tenth of a forward pass's time).
+#[inline(always)]
+fn round_small(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (x + MAGIC) - MAGIC
 }
 
 /// Activation rows quantized for [`matmul`]; reused from pass to pass to avoid allocation.
@@ -205,6 +336,8 @@ pub struct QRows {
     /// `d·Σq` of each block, for Q4_1's offset term.
     s: Vec<f32>,
     qs: Vec<[i8; 32]>,
+    /// `q + 128` as unsigned bytes, for `vpdpbusd` against signed Q8_0 weights.
+    us: Vec<[u8; 32]>,
 }
 
 impl QRows {
@@ -216,11 +349,13 @@ impl QRows {
         self.d.clear();
         self.s.clear();
         self.qs.clear();
+        self.us.clear();
         for block in x.chunks_exact(BLOCK) {
             let (d, q, s) = quantize_block(block);
             self.d.push(d);
             self.s.push(s);
             self.qs.push(q);
+            self.us.push(q.map(|v| (v as u8) ^ 0x80));
         }
     }
 
@@ -235,7 +370,8 @@ impl QRows {
         Row {
             d: &self.d[span.clone()],
             s: &self.s[span.clone()],
-            qs: &self.qs[span],
+            qs: &self.qs[span.clone()],
+            us: &self.us[span],
         }
     }
 }
@@ -245,346 +381,347 @@ struct Row<'a> {
     d: &'a [f32],
     s: &'a [f32],
     qs: &'a [[i8; 32]],
+    us: &'a [[u8; 32]],
 }
 
-/// Below this many weight rows per thread a product is not split.
-const MIN_ROWS_PER_THREAD: usize = 64;
+/// Below this many tile groups (of 16 weight rows) per thread a product is not split.
+const MIN_GROUPS_PER_THREAD: usize = 4;
 
 /// `out[r·n + j] = Σ_c a[r][c]·w[j][c]` for every activation row r and weight row j, where
-/// `n = w.rows()`. The weight rows are split across the pool's threads; each output is
+/// `n = w.rows()`. The tile groups are split across the pool's threads; each output is
 /// computed by one thread in the same way, so the result is the same bit for bit.
 pub fn matmul(isa: Isa, w: &QMatrix, a: &QRows, out: &mut [f32], pool: &mut Pool) {
     assert_eq!(w.cols, a.cols, "matmul: inner dimensions differ");
     let (n, k) = (w.rows, a.rows);
     assert_eq!(out.len(), n * k);
-    let parts = pool.threads().min(n / MIN_ROWS_PER_THREAD).max(1);
+    let groups = w.groups();
+    let parts = pool.threads().min(groups / MIN_GROUPS_PER_THREAD).max(1);
+    let store = |shared: DisjointOut, j0: usize, r: usize, v: &[f32; TILE_ROWS]| {
+        let len = TILE_ROWS.min(n - j0);
+        // SAFETY: each (r, j) is written once, by the part that owns group j / 16.
+        unsafe { shared.write_slice(r * n + j0, &v[..len]) }
+    };
+    let shared = DisjointOut::new(out);
     if parts == 1 {
-        matmul_span(isa, w, a, 0..n, &mut |j, r, v| out[r * n + j] = v);
+        matmul_groups(isa, w, a, 0..groups, &mut |j0, r, v| {
+            store(shared, j0, r, v)
+        });
         return;
     }
-    let span = n.div_ceil(parts);
-    let shared = DisjointOut::new(out);
+    let span = groups.div_ceil(parts);
     pool.run(&|part| {
-        let js = (part * span).min(n)..((part + 1) * span).min(n);
-        // SAFETY: part p writes only the columns j of its own span.
-        matmul_span(isa, w, a, js, &mut |j, r, v| unsafe {
-            shared.write(r * n + j, v)
-        });
+        let gs = (part * span).min(groups)..((part + 1) * span).min(groups);
+        matmul_groups(isa, w, a, gs, &mut |j0, r, v| store(shared, j0, r, v));
     });
 }
 
-/// Weight rows `js` times all activation rows; `put(j, r, value)` stores each output.
-fn matmul_span(
+/// Tile groups `gs` times all activation rows; `put(j0, r, values)` stores the outputs of
+/// weight rows `j0..j0 + 16` for activation row r.
+fn matmul_groups(
     isa: Isa,
     w: &QMatrix,
     a: &QRows,
-    js: std::ops::Range<usize>,
-    put: &mut impl FnMut(usize, usize, f32),
+    gs: std::ops::Range<usize>,
+    put: &mut impl FnMut(usize, usize, &[f32; TILE_ROWS]),
 ) {
     let nb = w.blocks_per_row();
     let k = a.rows;
     let rows: Vec<Row> = (0..k).map(|r| a.row(r)).collect();
-    let mut o = [0.0f32; 4];
-    for j in js {
-        let wd = &w.d[j * nb..(j + 1) * nb];
+    let mut o = [[0.0f32; TILE_ROWS]; ROWS_PER_PASS];
+    for g in gs {
+        let tiles = g * nb..(g + 1) * nb;
         let mut r = 0;
         while r < k {
-            let group = (k - r).min(4);
-            let rs = &rows[r..r + group];
+            let n = (k - r).min(ROWS_PER_PASS);
+            let rs = &rows[r..r + n];
             match &w.quants {
-                Quants::Q4_1 { m, qs } => {
-                    let (wm, wq) = (&m[j * nb..(j + 1) * nb], &qs[j * nb..(j + 1) * nb]);
-                    match group {
-                        4 => q4_1_rows::<4>(isa, wd, wm, wq, rs, &mut o),
-                        3 => q4_1_rows::<3>(isa, wd, wm, wq, rs, &mut o),
-                        2 => q4_1_rows::<2>(isa, wd, wm, wq, rs, &mut o),
-                        _ => q4_1_rows::<1>(isa, wd, wm, wq, rs, &mut o),
-                    }
-                }
-                Quants::Q8_0 { qs } => {
-                    let wq = &qs[j * nb..(j + 1) * nb];
-                    match group {
-                        4 => q8_0_rows::<4>(isa, wd, wq, rs, &mut o),
-                        3 => q8_0_rows::<3>(isa, wd, wq, rs, &mut o),
-                        2 => q8_0_rows::<2>(isa, wd, wq, rs, &mut o),
-                        _ => q8_0_rows::<1>(isa, wd, wq, rs, &mut o),
-                    }
-                }
+                Quants::Q4_1(t) => tile_rows(isa, Tiles::Q4_1(&t[tiles.clone()]), rs, &mut o),
+                Quants::Q8_0(t) => tile_rows(isa, Tiles::Q8_0(&t[tiles.clone()]), rs, &mut o),
             }
-            for (i, &v) in o[..group].iter().enumerate() {
-                put(j, r + i, v);
+            for (i, v) in o[..n].iter().enumerate() {
+                put(g * TILE_ROWS, r + i, v);
             }
-            r += group;
+            r += n;
         }
     }
 }
 
-/// The Q4_1 offset term `Σ_b m_b·s_b` of one output, summed in eight lanes (which the
-/// compiler vectorizes) and reduced in a fixed order.
-#[inline(always)]
-fn offset_term(m: &[f32], s: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    let (cm, cs) = (m.chunks_exact(8), s.chunks_exact(8));
-    let tail = cm
-        .remainder()
-        .iter()
-        .zip(cs.remainder())
-        .fold(0.0f32, |acc, (m, s)| acc + m * s);
-    for (m, s) in cm.zip(cs) {
-        for i in 0..8 {
-            lanes[i] += m[i] * s[i];
+/// The tiles of one group (16 weight rows, all blocks).
+#[derive(Clone, Copy)]
+enum Tiles<'a> {
+    Q4_1(&'a [Q4_1Tile]),
+    Q8_0(&'a [Q8_0Tile]),
+}
+
+/// One group of tiles times `rows` (at most [`ROWS_PER_PASS`]) into `out[..rows.len()]`.
+fn tile_rows(isa: Isa, tiles: Tiles, rows: &[Row], out: &mut [[f32; TILE_ROWS]; ROWS_PER_PASS]) {
+    macro_rules! dispatch {
+        ($n:literal) => {{
+            let rows: &[Row; $n] = rows.try_into().expect("row count");
+            let out: &mut [[f32; TILE_ROWS]; $n] = (&mut out[..$n]).try_into().expect("rows");
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `Isa::detect` chose these only after checking the CPU features.
+                Isa::Avx512Vnni => unsafe { x86::tile_avx512::<$n>(tiles, rows, out) },
+                #[cfg(target_arch = "x86_64")]
+                Isa::AvxVnni => unsafe { x86::tile_vnni::<$n>(tiles, rows, out) },
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => unsafe { x86::tile_avx2::<$n>(tiles, rows, out) },
+                _ => tile_scalar::<$n>(tiles, rows, out),
+            }
+        }};
+    }
+    match rows.len() {
+        4 => dispatch!(4),
+        3 => dispatch!(3),
+        2 => dispatch!(2),
+        _ => dispatch!(1),
+    }
+}
+
+/// The reference every ISA reproduces bit for bit: per block, the exact integer dot product
+/// `isum`, then `acc = fma(isum·d_a, d_w, acc)` and, for Q4_1, `acc = fma(m_w, d_a·Σq_a, acc)`.
+fn tile_scalar<const N: usize>(tiles: Tiles, rows: &[Row; N], out: &mut [[f32; TILE_ROWS]; N]) {
+    for (row, o) in rows.iter().zip(out.iter_mut()) {
+        for (i, acc) in o.iter_mut().enumerate() {
+            *acc = 0.0;
+            match tiles {
+                Tiles::Q4_1(tiles) => {
+                    for (b, tile) in tiles.iter().enumerate() {
+                        let isum: i32 = (0..BLOCK)
+                            .map(|c| {
+                                let (t, k, high) = q4_1_slot(c);
+                                let byte = tile.qs[t][4 * i + k];
+                                let q = if high { byte >> 4 } else { byte & 15 };
+                                q as i32 * row.qs[b][c] as i32
+                            })
+                            .sum();
+                        let t = isum as f32 * row.d[b];
+                        *acc = t.mul_add(tile.d[i].to_f32(), *acc);
+                        *acc = tile.m[i].to_f32().mul_add(row.s[b], *acc);
+                    }
+                }
+                Tiles::Q8_0(tiles) => {
+                    for (b, tile) in tiles.iter().enumerate() {
+                        let isum: i32 = (0..BLOCK)
+                            .map(|c| tile.qs[c / 4][4 * i + c % 4] as i32 * row.qs[b][c] as i32)
+                            .sum();
+                        let t = isum as f32 * row.d[b];
+                        *acc = t.mul_add(tile.d[i], *acc);
+                    }
+                }
+            }
         }
     }
-    lanes.iter().sum::<f32>() + tail
-}
-
-fn q4_1_rows<const N: usize>(
-    isa: Isa,
-    d: &[f32],
-    m: &[f32],
-    qs: &[[u8; 16]],
-    rows: &[Row],
-    out: &mut [f32],
-) {
-    let rows: [Row; N] = std::array::from_fn(|i| rows[i]);
-    let dots: [f32; N] = match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::detect` chose these only after checking the CPU features.
-        Isa::Avx512Vnni => unsafe { x86::q4_1_avx512::<N>(d, m, qs, &rows) },
-        #[cfg(target_arch = "x86_64")]
-        Isa::AvxVnni => unsafe { x86::q4_1_vnni::<N>(d, m, qs, &rows) },
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { x86::q4_1_avx2::<N>(d, m, qs, &rows) },
-        _ => std::array::from_fn(|i| {
-            let row = rows[i];
-            (0..d.len()).fold(0.0f32, |acc, b| {
-                let mut sum = 0i32;
-                for (j, &byte) in qs[b].iter().enumerate() {
-                    sum += (byte & 15) as i32 * row.qs[b][j] as i32;
-                    sum += (byte >> 4) as i32 * row.qs[b][j + 16] as i32;
-                }
-                acc + sum as f32 * (d[b] * row.d[b])
-            }) + offset_term(m, row.s)
-        }),
-    };
-    out[..N].copy_from_slice(&dots);
-}
-
-fn q8_0_rows<const N: usize>(isa: Isa, d: &[f32], qs: &[[i8; 32]], rows: &[Row], out: &mut [f32]) {
-    let rows: [Row; N] = std::array::from_fn(|i| rows[i]);
-    let dots: [f32; N] = match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::detect` chose these only after checking the CPU features.
-        Isa::Avx512Vnni => unsafe { x86::q8_0_avx512::<N>(d, qs, &rows) },
-        #[cfg(target_arch = "x86_64")]
-        Isa::AvxVnni => unsafe { x86::q8_0_vnni::<N>(d, qs, &rows) },
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { x86::q8_0_avx2::<N>(d, qs, &rows) },
-        _ => std::array::from_fn(|i| {
-            let row = rows[i];
-            (0..d.len()).fold(0.0f32, |acc, b| {
-                let sum: i32 = (0..BLOCK)
-                    .map(|j| qs[b][j] as i32 * row.qs[b][j] as i32)
-                    .sum();
-                acc + sum as f32 * (d[b] * row.d[b])
-            })
-        }),
-    };
-    out[..N].copy_from_slice(&dots);
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    //! AVX2 and AVX-VNNI block dot products. Each row keeps its own 8-lane accumulator and
-    //! is reduced in a fixed order, so a row's result does not depend on its neighbours.
-    use super::{offset_term, Row};
+    //! SIMD versions of [`super::tile_scalar`]: the same integer sums and the same float
+    //! operations in the same order, 16 (AVX-512) or 8 (AVX2) weight rows per register.
+    use super::{Row, Tiles, TILE_ROWS};
     use std::arch::x86_64::*;
 
+    /// Activation bytes `4t..4t+4` of a block as one 32-bit word, for broadcasting.
     #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
-        let lo = _mm256_castps256_ps128(v);
-        let hi = _mm256_extractf128_ps(v, 1);
-        let s = _mm_add_ps(lo, hi);
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-        _mm_cvtss_f32(s)
+    unsafe fn quad<T>(q: &[T; 32], t: usize) -> i32 {
+        (q.as_ptr().add(4 * t) as *const i32).read_unaligned()
     }
 
-    /// The 32 nibbles of a Q4_1 block as bytes 0..16, in value order.
+    /// Asks for the cache lines [`PREFETCH_BYTES`] past `tile`'s: the weights stream from
+    /// memory once per pass, and the hardware prefetcher alone leaves the loads waiting.
+    /// (Prefetching past the end of the matrix is harmless: prefetches never fault.)
     #[inline(always)]
-    unsafe fn unpack_nibbles(qs: &[u8; 16]) -> __m256i {
-        let raw = _mm_loadu_si128(qs.as_ptr() as *const __m128i);
-        let both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
-        _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+    unsafe fn prefetch_ahead<T>(tile: &T) {
+        let at = (tile as *const T as *const i8).wrapping_add(PREFETCH_BYTES);
+        for line in (0..std::mem::size_of::<T>()).step_by(64) {
+            _mm_prefetch(at.wrapping_add(line), _MM_HINT_T0);
+        }
     }
 
-    #[inline(always)]
-    unsafe fn load_i8(qs: &[i8; 32]) -> __m256i {
-        _mm256_loadu_si256(qs.as_ptr() as *const __m256i)
-    }
+    const PREFETCH_BYTES: usize = 2048;
 
-    /// Eight partial sums of 32 unsigned × signed byte products (AVX2; no overflow while
-    /// |u·s| ≤ 128·127, which Q4 nibbles and |weights| of Q8_0 satisfy).
-    #[inline(always)]
-    unsafe fn dot_u8i8_avx2(u: __m256i, s: __m256i) -> __m256i {
-        _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
-    }
-
-    #[inline(always)]
-    unsafe fn dot_u8i8_vnni(u: __m256i, s: __m256i) -> __m256i {
-        _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s)
-    }
-
-    macro_rules! kernels {
-        ($q4:ident, $q8:ident, $dot:ident, $features:literal) => {
-            #[target_feature(enable = $features)]
-            pub unsafe fn $q4<const N: usize>(
-                d: &[f32],
-                m: &[f32],
-                qs: &[[u8; 16]],
-                rows: &[Row; N],
-            ) -> [f32; N] {
-                let mut acc = [_mm256_setzero_ps(); N];
-                for b in 0..d.len() {
-                    let w = unpack_nibbles(&qs[b]);
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
+    pub unsafe fn tile_avx512<const N: usize>(
+        tiles: Tiles,
+        rows: &[Row; N],
+        out: &mut [[f32; TILE_ROWS]; N],
+    ) {
+        let mut acc = [_mm512_setzero_ps(); N];
+        match tiles {
+            Tiles::Q4_1(tiles) => {
+                let mask = _mm512_set1_epi8(0x0F);
+                for (b, tile) in tiles.iter().enumerate() {
+                    prefetch_ahead(tile);
+                    let mut w = [_mm512_setzero_si512(); 8];
+                    for t in 0..4 {
+                        let x = _mm512_loadu_si512(tile.qs[t].as_ptr() as *const __m512i);
+                        w[t] = _mm512_and_si512(x, mask);
+                        w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(x, 4), mask);
+                    }
+                    let dw = _mm512_cvtph_ps(_mm256_loadu_si256(tile.d.as_ptr() as *const __m256i));
+                    let mw = _mm512_cvtph_ps(_mm256_loadu_si256(tile.m.as_ptr() as *const __m256i));
                     for i in 0..N {
-                        let p = $dot(w, load_i8(&rows[i].qs[b]));
-                        let scale = _mm256_set1_ps(d[b] * rows[i].d[b]);
-                        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[i]);
+                        let a = &rows[i].qs[b];
+                        let (mut s0, mut s1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                        for t in (0..8).step_by(2) {
+                            s0 = _mm512_dpbusd_epi32(s0, w[t], _mm512_set1_epi32(quad(a, t)));
+                            s1 = _mm512_dpbusd_epi32(
+                                s1,
+                                w[t + 1],
+                                _mm512_set1_epi32(quad(a, t + 1)),
+                            );
+                        }
+                        let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+                        let t = _mm512_mul_ps(isum, _mm512_set1_ps(rows[i].d[b]));
+                        acc[i] = _mm512_fmadd_ps(t, dw, acc[i]);
+                        acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(rows[i].s[b]), acc[i]);
                     }
                 }
-                let mut out = [0.0f32; N];
-                for i in 0..N {
-                    out[i] = hsum(acc[i]) + offset_term(m, rows[i].s);
-                }
-                out
             }
-
-            #[target_feature(enable = $features)]
-            pub unsafe fn $q8<const N: usize>(
-                d: &[f32],
-                qs: &[[i8; 32]],
-                rows: &[Row; N],
-            ) -> [f32; N] {
-                let mut acc = [_mm256_setzero_ps(); N];
-                for b in 0..d.len() {
-                    let w = load_i8(&qs[b]);
-                    let w_abs = _mm256_sign_epi8(w, w);
+            Tiles::Q8_0(tiles) => {
+                for (b, tile) in tiles.iter().enumerate() {
+                    prefetch_ahead(tile);
+                    let w: [__m512i; 8] = std::array::from_fn(|t| {
+                        _mm512_loadu_si512(tile.qs[t].as_ptr() as *const __m512i)
+                    });
+                    let dw = _mm512_loadu_ps(tile.d.as_ptr());
+                    let bias = _mm512_loadu_si512(tile.bias.as_ptr() as *const __m512i);
                     for i in 0..N {
-                        let a = _mm256_sign_epi8(load_i8(&rows[i].qs[b]), w);
-                        let p = $dot(w_abs, a);
-                        let scale = _mm256_set1_ps(d[b] * rows[i].d[b]);
-                        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[i]);
+                        // Unsigned activations q + 128; the bias takes the 128·Σw back out.
+                        let a = &rows[i].us[b];
+                        let (mut s0, mut s1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                        for t in (0..8).step_by(2) {
+                            s0 = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32(quad(a, t)), w[t]);
+                            s1 = _mm512_dpbusd_epi32(
+                                s1,
+                                _mm512_set1_epi32(quad(a, t + 1)),
+                                w[t + 1],
+                            );
+                        }
+                        let isum = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), bias);
+                        let t =
+                            _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(rows[i].d[b]));
+                        acc[i] = _mm512_fmadd_ps(t, dw, acc[i]);
                     }
                 }
-                std::array::from_fn(|i| hsum(acc[i]))
+            }
+        }
+        for i in 0..N {
+            _mm512_storeu_ps(out[i].as_mut_ptr(), acc[i]);
+        }
+    }
+
+    /// `acc + Σ` of four u8 × i8 products per lane (AVX2: no overflow while |u·s| ≤ 128·127,
+    /// which nibbles and |Q8_0 weights| ≤ 127 satisfy).
+    #[inline(always)]
+    unsafe fn dot_avx2(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        let pairs = _mm256_maddubs_epi16(u, s);
+        _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+    }
+
+    #[inline(always)]
+    unsafe fn dot_vnni(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_dpbusd_avx_epi32(acc, u, s)
+    }
+
+    /// Q8_0 weights `w` times activation quad (signed `q`, unsigned `u = q + 128`): AVX2 moves
+    /// the weights' signs onto the activations; VNNI uses `u` and leaves the bias to subtract.
+    #[inline(always)]
+    unsafe fn dot_q8_avx2(acc: __m256i, w: __m256i, q: i32, _u: i32) -> __m256i {
+        let a = _mm256_sign_epi8(_mm256_set1_epi32(q), w);
+        dot_avx2(acc, _mm256_abs_epi8(w), a)
+    }
+
+    #[inline(always)]
+    unsafe fn dot_q8_vnni(acc: __m256i, w: __m256i, _q: i32, u: i32) -> __m256i {
+        _mm256_dpbusd_avx_epi32(acc, _mm256_set1_epi32(u), w)
+    }
+
+    macro_rules! tile_256 {
+        ($name:ident, $dot:ident, $dot_q8:ident, $q8_bias:literal, $features:literal) => {
+            /// Two halves of 8 weight rows, each a 256-bit register of lanes.
+            #[target_feature(enable = $features)]
+            pub unsafe fn $name<const N: usize>(
+                tiles: Tiles,
+                rows: &[Row; N],
+                out: &mut [[f32; TILE_ROWS]; N],
+            ) {
+                for h in 0..2 {
+                    let mut acc = [_mm256_setzero_ps(); N];
+                    let half = |bytes: *const u8| bytes.add(32 * h) as *const __m256i;
+                    match tiles {
+                        Tiles::Q4_1(tiles) => {
+                            let mask = _mm256_set1_epi8(0x0F);
+                            for (b, tile) in tiles.iter().enumerate() {
+                                let mut w = [_mm256_setzero_si256(); 8];
+                                for t in 0..4 {
+                                    let x = _mm256_loadu_si256(half(tile.qs[t].as_ptr()));
+                                    w[t] = _mm256_and_si256(x, mask);
+                                    w[t + 4] = _mm256_and_si256(_mm256_srli_epi16(x, 4), mask);
+                                }
+                                let d = tile.d[8 * h..].as_ptr() as *const __m128i;
+                                let m = tile.m[8 * h..].as_ptr() as *const __m128i;
+                                let dw = _mm256_cvtph_ps(_mm_loadu_si128(d));
+                                let mw = _mm256_cvtph_ps(_mm_loadu_si128(m));
+                                for i in 0..N {
+                                    let a = &rows[i].qs[b];
+                                    let mut s = _mm256_setzero_si256();
+                                    for t in 0..8 {
+                                        s = $dot(s, w[t], _mm256_set1_epi32(quad(a, t)));
+                                    }
+                                    let t = _mm256_mul_ps(
+                                        _mm256_cvtepi32_ps(s),
+                                        _mm256_set1_ps(rows[i].d[b]),
+                                    );
+                                    acc[i] = _mm256_fmadd_ps(t, dw, acc[i]);
+                                    acc[i] =
+                                        _mm256_fmadd_ps(mw, _mm256_set1_ps(rows[i].s[b]), acc[i]);
+                                }
+                            }
+                        }
+                        Tiles::Q8_0(tiles) => {
+                            for (b, tile) in tiles.iter().enumerate() {
+                                let w: [__m256i; 8] = std::array::from_fn(|t| {
+                                    _mm256_loadu_si256(half(tile.qs[t].as_ptr() as *const u8))
+                                });
+                                let dw = _mm256_loadu_ps(tile.d[8 * h..].as_ptr());
+                                let bias = tile.bias[8 * h..].as_ptr() as *const __m256i;
+                                let bias = _mm256_loadu_si256(bias);
+                                for i in 0..N {
+                                    let (q, u) = (&rows[i].qs[b], &rows[i].us[b]);
+                                    let mut s = _mm256_setzero_si256();
+                                    for t in 0..8 {
+                                        s = $dot_q8(s, w[t], quad(q, t), quad(u, t));
+                                    }
+                                    if $q8_bias {
+                                        s = _mm256_sub_epi32(s, bias);
+                                    }
+                                    let t = _mm256_mul_ps(
+                                        _mm256_cvtepi32_ps(s),
+                                        _mm256_set1_ps(rows[i].d[b]),
+                                    );
+                                    acc[i] = _mm256_fmadd_ps(t, dw, acc[i]);
+                                }
+                            }
+                        }
+                    }
+                    for i in 0..N {
+                        _mm256_storeu_ps(out[i][8 * h..].as_mut_ptr(), acc[i]);
+                    }
+                }
             }
         };
     }
 
-    kernels!(q4_1_avx2, q8_0_avx2, dot_u8i8_avx2, "avx2,fma");
-    kernels!(q4_1_vnni, q8_0_vnni, dot_u8i8_vnni, "avx2,fma,avxvnni");
-
-    /// `[d_w[b]·d_a[b] × 8, d_w[b+1]·d_a[b+1] × 8]`: the scales of a pair of blocks.
-    #[inline(always)]
-    unsafe fn pair_scales(dw: &[f32], da: &[f32], b: usize) -> __m512 {
-        let w = _mm_castpd_ps(_mm_load_sd(dw.as_ptr().add(b) as *const f64));
-        let a = _mm_castpd_ps(_mm_load_sd(da.as_ptr().add(b) as *const f64));
-        let idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-        _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_mul_ps(w, a)))
-    }
-
-    /// Sums the two accumulators of a row and reduces them in a fixed order.
-    #[inline(always)]
-    unsafe fn reduce_pair(a: __m512, b: __m512) -> f32 {
-        let s = _mm512_add_ps(a, b);
-        let lo = _mm512_castps512_ps256(s);
-        let hi = _mm512_extractf32x8_ps(s, 1);
-        hsum(_mm256_add_ps(lo, hi))
-    }
-
-    /// AVX-512 Q4_1: two blocks per `vpdpbusd`, two accumulators per row (even and odd pairs)
-    /// so consecutive FMAs do not wait on each other; an odd last block goes through 256 bits.
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx2,fma")]
-    pub unsafe fn q4_1_avx512<const N: usize>(
-        d: &[f32],
-        m: &[f32],
-        qs: &[[u8; 16]],
-        rows: &[Row; N],
-    ) -> [f32; N] {
-        let nb = d.len();
-        let mut acc = [[_mm512_setzero_ps(); 2]; N];
-        let lanes = _mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0);
-        let mask = _mm512_set1_epi8(0x0F);
-        let mut b = 0;
-        while b + 2 <= nb {
-            let raw = _mm256_loadu_si256(qs.as_ptr().add(b) as *const __m256i);
-            let x = _mm512_permutexvar_epi64(lanes, _mm512_castsi256_si512(raw));
-            let w = _mm512_and_si512(
-                _mm512_mask_blend_epi64(0xCC, x, _mm512_srli_epi16(x, 4)),
-                mask,
-            );
-            let slot = (b / 2) & 1;
-            for i in 0..N {
-                let a = _mm512_loadu_si512(rows[i].qs.as_ptr().add(b) as *const __m512i);
-                let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, a);
-                let scale = pair_scales(d, rows[i].d, b);
-                acc[i][slot] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scale, acc[i][slot]);
-            }
-            b += 2;
-        }
-        let mut tail = [0.0f32; N];
-        if b < nb {
-            // No offsets (`m` empty): the whole row's offset term is added below.
-            tail = q4_1_avx2::<N>(&d[b..], &[], &qs[b..], &rows_from(rows, b));
-        }
-        let mut out = [0.0f32; N];
-        for i in 0..N {
-            out[i] = reduce_pair(acc[i][0], acc[i][1]) + tail[i] + offset_term(m, rows[i].s);
-        }
-        out
-    }
-
-    /// AVX-512 Q8_0, laid out like [`q4_1_avx512`]; signs move from the weights to the
-    /// activations so the weights can enter `vpdpbusd` as unsigned bytes.
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vnni,avx2,fma")]
-    pub unsafe fn q8_0_avx512<const N: usize>(
-        d: &[f32],
-        qs: &[[i8; 32]],
-        rows: &[Row; N],
-    ) -> [f32; N] {
-        let nb = d.len();
-        let mut acc = [[_mm512_setzero_ps(); 2]; N];
-        let mut b = 0;
-        while b + 2 <= nb {
-            let w = _mm512_loadu_si512(qs.as_ptr().add(b) as *const __m512i);
-            let negative = _mm512_movepi8_mask(w);
-            let w_abs = _mm512_abs_epi8(w);
-            let slot = (b / 2) & 1;
-            for i in 0..N {
-                let a = _mm512_loadu_si512(rows[i].qs.as_ptr().add(b) as *const __m512i);
-                let a = _mm512_mask_sub_epi8(a, negative, _mm512_setzero_si512(), a);
-                let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w_abs, a);
-                let scale = pair_scales(d, rows[i].d, b);
-                acc[i][slot] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scale, acc[i][slot]);
-            }
-            b += 2;
-        }
-        let mut tail = [0.0f32; N];
-        if b < nb {
-            tail = q8_0_avx2::<N>(&d[b..], &qs[b..], &rows_from(rows, b));
-        }
-        std::array::from_fn(|i| reduce_pair(acc[i][0], acc[i][1]) + tail[i])
-    }
-
-    /// Rows `rows` seen from block `from` on.
-    fn rows_from<'a, const N: usize>(rows: &[Row<'a>; N], from: usize) -> [Row<'a>; N] {
-        std::array::from_fn(|i| Row {
-            d: &rows[i].d[from..],
-            s: &rows[i].s[from..],
-            qs: &rows[i].qs[from..],
-        })
-    }
+    tile_256!(tile_avx2, dot_avx2, dot_q8_avx2, false, "avx2,fma,f16c");
+    tile_256!(
+        tile_vnni,
+        dot_vnni,
+        dot_q8_vnni,
+        true,
+        "avx2,fma,f16c,avxvnni"
+    );
 }
 
 #[cfg(test)]
@@ -634,7 +771,7 @@ mod tests {
     }
 
     #[test]
-    fn every_isa_matches_the_dequantized_product_and_is_batch_invariant() {
+    fn every_isa_gives_the_scalar_bits_matches_the_dequantized_product_and_is_batch_invariant() {
         let (rows, cols) = (150, 96 + 32);
         let mats = [
             q4_1_matrix(rows, cols, 7),
@@ -656,6 +793,9 @@ mod tests {
                             assert!((g - e).abs() < 0.05 + 0.01 * e.abs(), "{isa:?}: {g} vs {e}");
                         }
                         // Row r alone gives the same bits as row r inside the batch.
+                        let mut scalar = vec![0.0; k * rows];
+                        matmul(Isa::Scalar, w, &a, &mut scalar, &mut pool);
+                        assert_eq!(got, scalar, "{isa:?} differs from the scalar reference");
                         let r = k - 1;
                         let mut one = QRows::default();
                         one.quantize(&x[r * cols..], cols);

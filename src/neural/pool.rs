@@ -169,6 +169,16 @@ impl DisjointOut {
         assert!(i < self.len);
         self.ptr.add(i).write(value);
     }
+
+    /// Writes `values` at `i..i + values.len()`.
+    ///
+    /// # Safety
+    /// No other part may access those indices during the same [`Pool::run`].
+    #[inline(always)]
+    pub unsafe fn write_slice(self, i: usize, values: &[f32]) {
+        assert!(i + values.len() <= self.len);
+        std::ptr::copy_nonoverlapping(values.as_ptr(), self.ptr.add(i), values.len());
+    }
 }
 
 #[cfg(test)]
