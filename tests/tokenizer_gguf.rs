@@ -81,3 +81,67 @@ fn gguf_index_answers_in_model_tokens() {
     let next: Vec<u32> = r.result_by_token_id.keys().copied().collect();
     assert_eq!(next, tok.encode(" yonder").unwrap()[..1].to_vec());
 }
+
+/// Ids from an independent implementation: OpenAI's `tiktoken` (its own regex engine and BPE)
+/// rebuilt from the same GGUF fields by `tests/reference/tokenizer_ids.py`, which also checks
+/// that rank-by-id BPE equals merge-list BPE for this vocabulary. Regenerate with the command
+/// in that script's docstring.
+const REFERENCE_IDS: [(&str, &[u32]); 8] = [
+    (
+        "12345 + 678 = 13023, 3.14159 and 2026-11-22",
+        &[
+            33, 34, 35, 36, 37, 1232, 216, 38, 39, 40, 446, 216, 33, 35, 32, 34, 35, 28, 216, 35,
+            30, 33, 36, 33, 37, 41, 284, 216, 34, 32, 34, 38, 29, 33, 33, 29, 34, 34,
+        ],
+    ),
+    (
+        "  leading, double  and   triple   spaces  ",
+        &[216, 2899, 28, 5561, 216, 284, 256, 20930, 256, 5600, 256],
+    ),
+    (
+        "line one\nline two\n\n\tindented\r\nend\n",
+        &[
+            1311, 582, 198, 1311, 827, 1116, 197, 526, 6574, 201, 198, 486, 198,
+        ],
+    ),
+    (
+        "naïve café — 日本語のテキスト 🙂👍🏽",
+        &[
+            3546, 46494, 37366, 1841, 17097, 241, 115, 40993, 179, 120, 248, 26453, 11100, 224,
+            10391, 251, 10391, 134, 11100, 226, 47526, 10813, 235, 231, 10813, 233, 138,
+        ],
+    ),
+    (
+        "Ünïcödé ½ ² ३४५ Ⅻ ٣",
+        &[
+            142, 246, 94, 25972, 83, 7466, 84, 2756, 216, 16738, 216, 19133, 216, 9310, 119, 9310,
+            120, 9310, 121, 216, 173, 223, 121, 216, 164, 113,
+        ],
+    ),
+    (
+        "<|im_start|>user\nHi there!<|im_end|>\n",
+        &[1, 4093, 198, 26843, 665, 17, 2, 198],
+    ),
+    (
+        "It's what we'll do, they're sure: don't 'quote' me",
+        &[
+            1589, 506, 732, 392, 3060, 536, 28, 502, 2316, 2090, 42, 1326, 982, 637, 31942, 23, 549,
+        ],
+    ),
+    (
+        "fn main() {\n    println!(\"{}\", 42);\n}\n",
+        &[
+            7853, 1085, 1000, 1662, 472, 1628, 34115, 17, 43331, 1002, 216, 36, 34, 4258, 198, 109,
+            198,
+        ],
+    ),
+];
+
+#[test]
+fn ids_agree_with_an_independent_implementation() {
+    let tok = smollm2();
+    for (text, want) in REFERENCE_IDS {
+        assert_eq!(tok.encode(text).unwrap(), want, "{text:?}");
+        assert_eq!(tok.decode(want).unwrap(), text, "{text:?}");
+    }
+}

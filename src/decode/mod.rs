@@ -73,19 +73,29 @@ impl Processor for RepetitionPenalty {
 }
 
 /// The cost of one forward pass over n tokens, relative to a single-token step, and the draft
-/// length it makes worth verifying.
+/// length it makes worth verifying. Starts from a measured table (the prior) and learns the
+/// passes it sees: once a size and single steps have each been timed a few times, their ratio
+/// replaces the prior's (context depth, thread count and the machine all move it).
 #[derive(Clone, Debug)]
 pub struct CostModel {
     /// `(n, relative cost)` points, n ascending, starting at (1, 1).
     points: Vec<(usize, f64)>,
+    /// Per pass size n: moving average of its seconds and how many passes were timed.
+    observed: Vec<(f64, u32)>,
 }
+
+/// Timed passes of a size (and of single steps) before its measured cost replaces the prior.
+const MIN_TIMED: u32 = 3;
+
+/// Weight of the newest pass in the moving average of a size's seconds.
+const TIMING_WEIGHT: f64 = 0.2;
 
 impl Default for CostModel {
     /// The native Q4_1 pass with 2 threads at a 256-token context on the 2-core development
-    /// machine (`cargo run --release --example bench_model`): 9.3 / 12.5 / 23.8 / 38.8 /
-    /// 69.5 ms for n = 1 / 2 / 4 / 8 / 16.
+    /// machine (`cargo run --release --example bench_model`): 6.1 / 6.5 / 9.9 / 17.4 /
+    /// 33.3 ms for n = 1 / 2 / 4 / 8 / 16.
     fn default() -> Self {
-        CostModel::from_ms(&[(1, 9.3), (2, 12.5), (4, 23.8), (8, 38.8), (16, 69.5)])
+        CostModel::from_ms(&[(1, 6.1), (2, 6.5), (4, 9.9), (8, 17.4), (16, 33.3)])
     }
 }
 
@@ -95,11 +105,35 @@ impl CostModel {
         let base = points[0].1;
         CostModel {
             points: points.iter().map(|&(n, ms)| (n, ms / base)).collect(),
+            observed: Vec::new(),
         }
     }
 
-    /// Relative cost of a pass over `n` tokens (linear between points, extrapolated after).
+    /// Records that a pass over `n` tokens took `seconds`.
+    pub fn observe(&mut self, n: usize, seconds: f64) {
+        if self.observed.len() <= n {
+            self.observed.resize(n + 1, (0.0, 0));
+        }
+        let (avg, count) = &mut self.observed[n];
+        *avg = if *count == 0 {
+            seconds
+        } else {
+            *avg + TIMING_WEIGHT * (seconds - *avg)
+        };
+        *count += 1;
+    }
+
+    /// Relative cost of a pass over `n` tokens: measured if timed enough, else the prior.
     pub fn cost(&self, n: usize) -> f64 {
+        let timed = |n: usize| self.observed.get(n).filter(|o| o.1 >= MIN_TIMED);
+        match (timed(1), timed(n)) {
+            (Some(one), Some(this)) if n > 1 => (this.0 / one.0).max(1.0),
+            _ => self.prior(n),
+        }
+    }
+
+    /// The prior table's cost of `n` tokens (linear between points, extrapolated after).
+    fn prior(&self, n: usize) -> f64 {
         let p = &self.points;
         let i = p
             .iter()
@@ -217,6 +251,59 @@ impl Calibration {
     }
 }
 
+/// A drafter whose calls cost more than this share of a model step sits out after calls that
+/// brought no accepted token.
+const COSTLY_SHARE: f64 = 0.02;
+
+/// Longest rest, in steps, of a costly drafter that keeps missing.
+const MAX_REST: usize = 64;
+
+/// What the loop knows about one drafter: its calibration, what its calls cost, and how long it
+/// sits out. A drafter that is cheap next to a model step (prompt lookup, microseconds) is asked
+/// every step; a costly one (a suffix-array search over a large corpus) that keeps proposing
+/// nothing useful rests for 1, 2, 4, … steps, and is asked every step again once it helps.
+#[derive(Clone, Debug)]
+struct DrafterState {
+    calibration: Calibration,
+    calls: usize,
+    seconds: f64,
+    /// Consecutive calls that brought no accepted token.
+    misses: u32,
+    /// Steps left to sit out.
+    rest: usize,
+    /// Asked in the current step.
+    asked: bool,
+}
+
+impl DrafterState {
+    fn new() -> Self {
+        DrafterState {
+            calibration: Calibration::new(),
+            calls: 0,
+            seconds: 0.0,
+            misses: 0,
+            rest: 0,
+            asked: false,
+        }
+    }
+
+    /// After a step: `accepted` tokens came from this drafter's draft.
+    fn settle(&mut self, accepted: usize, step_seconds: f64) {
+        if !std::mem::take(&mut self.asked) {
+            return;
+        }
+        if accepted > 0 {
+            self.misses = 0;
+            return;
+        }
+        self.misses += 1;
+        let call = self.seconds / self.calls.max(1) as f64;
+        if call > COSTLY_SHARE * step_seconds {
+            self.rest = (1usize << self.misses.min(16)).min(MAX_REST) - 1;
+        }
+    }
+}
+
 /// Generates up to `cfg.max_tokens` tokens after `prompt`. `drafters` may be empty (plain
 /// decoding); `on_token` sees each token as it is accepted. Stops at the model's end token
 /// (not included).
@@ -234,7 +321,8 @@ pub fn decode(
     };
     let start = Instant::now();
     let mut stats = DecodeStats::default();
-    let mut calibration = vec![Calibration::new(); drafters.len()];
+    let mut states = vec![DrafterState::new(); drafters.len()];
+    let mut cost = cfg.cost.clone();
     let eos = model.eos_tokens().to_vec();
     let mut context = prompt.to_vec();
     model.clear();
@@ -250,7 +338,7 @@ pub fn decode(
     while !done && stats.tokens < cfg.max_tokens {
         let budget = cfg.max_tokens - stats.tokens;
         let t = Instant::now();
-        let (draft, chosen) = plan_draft(drafters, &calibration, &context, cfg, budget)?;
+        let (draft, chosen) = plan_draft(drafters, &mut states, &context, &cost, cfg, budget)?;
         stats.draft_seconds += t.elapsed().as_secs_f64();
 
         let mut fed = Vec::with_capacity(draft.tokens.len() + 1);
@@ -259,7 +347,9 @@ pub fn decode(
         let cached = model.cache_len();
         let t = Instant::now();
         let rows = model.forward(&fed)?;
-        stats.model_seconds += t.elapsed().as_secs_f64();
+        let pass_seconds = t.elapsed().as_secs_f64();
+        stats.model_seconds += pass_seconds;
+        cost.observe(fed.len(), pass_seconds);
         stats.passes += 1;
 
         // Verify left to right; row i predicts the token after fed[i].
@@ -289,7 +379,12 @@ pub fn decode(
             stats.drafted_passes += 1;
             stats.drafted += draft.tokens.len();
             stats.accepted += accepted;
-            calibration[d].record(&draft.confidence, accepted);
+            states[d].calibration.record(&draft.confidence, accepted);
+        }
+        let step_seconds = (stats.model_seconds - stats.prompt_seconds) / stats.passes as f64;
+        for (d, state) in states.iter_mut().enumerate() {
+            let gained = if chosen == Some(d) { accepted } else { 0 };
+            state.settle(gained, step_seconds);
         }
         // Keep the pending token and the accepted drafts; the last token of the context is
         // the new pending one. (When the budget ends on an accepted draft token, that token
@@ -311,8 +406,9 @@ const GOOD_ENOUGH: f64 = 1.3;
 /// speed; `None` when no draft beats plain decoding.
 fn plan_draft(
     drafters: &mut [Box<dyn Drafter>],
-    calibration: &[Calibration],
+    states: &mut [DrafterState],
     context: &[u32],
+    cost: &CostModel,
     cfg: &DecodeConfig,
     budget: usize,
 ) -> Result<(Draft, Option<usize>)> {
@@ -321,17 +417,25 @@ fn plan_draft(
     if max == 0 {
         return Ok((best.0, None));
     }
-    for (d, drafter) in drafters.iter_mut().enumerate() {
+    for (d, (drafter, state)) in drafters.iter_mut().zip(states.iter_mut()).enumerate() {
         if best.2 >= GOOD_ENOUGH {
             // An earlier (cheaper) drafter already has a good draft: skip the rest.
             break;
         }
+        if state.rest > 0 {
+            state.rest -= 1;
+            continue;
+        }
+        let t = Instant::now();
         let mut draft = drafter.propose(context, max)?;
+        state.seconds += t.elapsed().as_secs_f64();
+        state.calls += 1;
+        state.asked = true;
         draft.tokens.truncate(max);
         draft.confidence.truncate(draft.tokens.len());
-        let f = calibration[d].factor();
+        let f = state.calibration.factor();
         let calibrated: Vec<f64> = draft.confidence.iter().map(|c| (c * f).min(0.99)).collect();
-        let (k, speed) = cfg.cost.best_length(&calibrated);
+        let (k, speed) = cost.best_length(&calibrated);
         if k > 0 && speed > best.2 {
             draft.tokens.truncate(k);
             draft.confidence.truncate(k);
@@ -380,13 +484,32 @@ mod tests {
         let cost = CostModel::default();
         assert_eq!(cost.best_length(&[]), (0, 1.0));
         // Weak drafts are not worth a longer pass.
-        assert_eq!(cost.best_length(&[0.2, 0.2]).0, 0);
+        assert_eq!(cost.best_length(&[0.05, 0.05]).0, 0);
         // Sure drafts are taken in full.
         assert_eq!(cost.best_length(&[0.99; 8]).0, 8);
         // A confident head and a weak tail: only the head.
         assert_eq!(cost.best_length(&[0.95, 0.95, 0.95, 0.95, 0.1, 0.1]).0, 4);
         assert!((cost.cost(1) - 1.0).abs() < 1e-12);
         assert!(cost.cost(3) > cost.cost(2) && cost.cost(20) > cost.cost(16));
+    }
+
+    #[test]
+    fn measured_pass_costs_replace_the_prior() {
+        let mut cost = CostModel::default();
+        let prior = cost.cost(4);
+        for _ in 0..MIN_TIMED {
+            cost.observe(1, 0.010);
+            cost.observe(4, 0.030);
+        }
+        assert!(
+            (cost.cost(4) - 3.0).abs() < 1e-9,
+            "{} (prior {prior})",
+            cost.cost(4)
+        );
+        // Untimed sizes keep the prior; a draft worth 3 tokens under the prior is cut to 2.
+        assert_eq!(cost.cost(8), CostModel::default().cost(8));
+        assert_eq!(CostModel::default().best_length(&[0.9; 3]).0, 3);
+        assert_eq!(cost.best_length(&[0.9; 3]).0, 2);
     }
 
     #[test]
