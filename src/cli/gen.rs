@@ -50,7 +50,8 @@ pub struct GenArgs {
     #[arg(long)]
     pub json: bool,
     /// Generate with a neural model instead of the index: a short name (`smollm2-135m`,
-    /// fetched on first use) or a `.gguf` file. With --speculative, --index is the drafting
+    /// fetched on first use), a `.gguf` file, a safetensors model directory, or
+    /// `hf:OWNER/REPO[:FILE]` (downloaded from the Hugging Face Hub). With --speculative, --index is the drafting
     /// index (built with `infgram index --tokenizer` and the same model).
     #[arg(long, conflicts_with = "corpus")]
     pub model: Option<String>,

@@ -12,7 +12,8 @@ pub struct IndexArgs {
     /// Output index directory (must not exist, unless --force).
     #[arg(short, long)]
     pub output: PathBuf,
-    /// `bytes`, a tokenizer.json, a .gguf model file, or a model name (`smollm2-135m`).
+    /// `bytes`, a tokenizer.json, a .gguf model file, a model name (`smollm2-135m`), a
+    /// safetensors model directory, or `hf:OWNER/REPO[:FILE]`.
     #[arg(long, default_value = "bytes")]
     pub tokenizer: String,
     /// Memory budget in GB (default: half of the available memory); larger corpora are sharded.
@@ -34,7 +35,7 @@ pub struct IndexArgs {
 
 /// Runs `infgram index`.
 pub fn run(args: IndexArgs) -> Result<()> {
-    let tok = infgram::tokenizer::load(&super::query::resolve_tokenizer_name(&args.tokenizer))?;
+    let tok = infgram::tokenizer::load(&super::query::resolve_tokenizer_name(&args.tokenizer)?)?;
     let opts = BuildOptions {
         mem_bytes: args
             .mem

@@ -146,14 +146,12 @@ pub struct LoadedModel {
 }
 
 impl ModelArgs {
-    /// Resolves `spec` (a short name, fetched on first use, or a `.gguf` file) and loads it.
+    /// Resolves `spec` (a short name, fetched on first use; a `.gguf` file; a safetensors
+    /// directory; or `hf:OWNER/REPO[:FILE]`) and loads it.
     pub fn load(&self, spec: &str) -> Result<LoadedModel> {
         use candle_core::quantized::GgmlDType;
-        let path = if spec.ends_with(".gguf") {
-            PathBuf::from(spec)
-        } else {
-            infgram::assets::ensure_model(spec)?
-        };
+        use infgram::neural::source::ModelSource;
+        let source = ModelSource::resolve(spec)?;
         let requantize = match self.requantize.as_deref() {
             None => None,
             Some("q8_0") => Some(GgmlDType::Q8_0),
@@ -166,16 +164,22 @@ impl ModelArgs {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
         };
-        let model: Box<dyn infgram::neural::LanguageModel> = match self.backend.as_str() {
-            "native" => Box::new(
+        let path = source.path().to_path_buf();
+        let model: Box<dyn infgram::neural::LanguageModel> = match (&source, self.backend.as_str())
+        {
+            (ModelSource::Safetensors(_), _) if requantize.is_some() => {
+                anyhow::bail!("--requantize applies to GGUF models only")
+            }
+            (ModelSource::Safetensors(_), "native" | "candle") => source.load_safetensors()?,
+            (ModelSource::Gguf(_), "native") => Box::new(
                 infgram::neural::llama::Llama::load(&path, requantize)?.with_threads(threads),
             ),
-            "candle" => Box::new(infgram::neural::candle_llama::CandleLlama::load(
-                &path, requantize,
-            )?),
-            other => anyhow::bail!("--backend {other:?}: use native or candle"),
+            (ModelSource::Gguf(_), "candle") => Box::new(
+                infgram::neural::candle_llama::CandleLlama::load(&path, requantize)?,
+            ),
+            (_, other) => anyhow::bail!("--backend {other:?}: use native or candle"),
         };
-        let tokenizer = infgram::tokenizer::HfTokenizer::from_gguf(&path)?;
+        let tokenizer = source.tokenizer()?;
         Ok(LoadedModel {
             model,
             tokenizer,

@@ -42,8 +42,8 @@ pub struct PplArgs {
     /// Draw agreement and token counts by effective n into this PNG file.
     #[arg(long)]
     pub plot: Option<PathBuf>,
-    /// Score with a neural model instead (`smollm2-135m` or a `.gguf` file): windows of
-    /// --window tokens moved by --stride.
+    /// Score with a neural model instead (`smollm2-135m`, a `.gguf` file, a safetensors model
+    /// directory or `hf:OWNER/REPO[:FILE]`): windows of --window tokens moved by --stride.
     #[arg(long, conflicts_with_all = ["index", "corpus", "split"])]
     pub model: Option<String>,
     /// With --model: window length in tokens.

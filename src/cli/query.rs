@@ -104,7 +104,7 @@ pub fn open_index(
     let index = Index::open(dir)?;
     let tok = match tokenizer {
         Some(name) => {
-            let tok = infgram::tokenizer::load(&resolve_tokenizer_name(name))?;
+            let tok = infgram::tokenizer::load(&resolve_tokenizer_name(name)?)?;
             infgram::tokenizer::check_fingerprint(&index.header().tokenizer, tok.as_ref())?;
             tok
         }
@@ -113,12 +113,18 @@ pub fn open_index(
     Ok((index, tok))
 }
 
-/// Maps model short names (`smollm2-135m`) to their GGUF file; other names pass through.
-pub fn resolve_tokenizer_name(name: &str) -> String {
-    match infgram::assets::model_path_for_name(name) {
-        Some(p) => p.display().to_string(),
-        None => name.to_string(),
+/// Maps model names (`smollm2-135m`, a safetensors directory, `hf:OWNER/REPO[:FILE]`) to the
+/// file their tokenizer comes from; other names (`bytes`, tokenizer files) pass through.
+pub fn resolve_tokenizer_name(name: &str) -> Result<String> {
+    if let Some(p) = infgram::assets::model_path_for_name(name) {
+        return Ok(p.display().to_string());
     }
+    let path = std::path::Path::new(name);
+    if name.starts_with("hf:") || path.join("config.json").exists() {
+        let source = infgram::neural::source::ModelSource::resolve(name)?;
+        return Ok(source.tokenizer_file().display().to_string());
+    }
+    Ok(name.to_string())
 }
 
 /// Runs `infgram query`.

@@ -327,7 +327,7 @@ pub fn decode(
     let mut context = prompt.to_vec();
     model.clear();
     if !head.is_empty() {
-        model.forward(head)?;
+        model.feed(head)?;
     }
     stats.prompt_seconds = start.elapsed().as_secs_f64();
     stats.model_seconds += stats.prompt_seconds;

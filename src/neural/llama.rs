@@ -398,6 +398,42 @@ fn add_in_place(x: &mut [f32], y: &[f32]) {
 
 impl LanguageModel for Llama {
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        self.run(tokens, true)
+    }
+
+    /// Skips the output projection (a fifth of a pass's weights, and 49,152 logits per
+    /// position): a prompt's logits are not needed.
+    fn feed(&mut self, tokens: &[u32]) -> Result<()> {
+        self.run(tokens, false).map(drop)
+    }
+
+    fn cache_len(&self) -> usize {
+        self.cached
+    }
+
+    fn truncate(&mut self, len: usize) {
+        let len = len.min(self.cached);
+        let kv_dim = self.cfg.n_kv_head * self.cfg.head_dim;
+        for layer in &mut self.layers {
+            layer.keys.truncate(len * kv_dim);
+            layer.values.truncate(len * kv_dim);
+        }
+        self.cached = len;
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.output.as_ref().unwrap_or(&self.embeddings).rows()
+    }
+
+    fn eos_tokens(&self) -> &[u32] {
+        &self.cfg.eos
+    }
+}
+
+impl Llama {
+    /// Feeds `tokens` through every layer into the cache; with `logits`, returns each
+    /// position's logits.
+    fn run(&mut self, tokens: &[u32], logits: bool) -> Result<Vec<Vec<f32>>> {
         if tokens.is_empty() {
             return Ok(Vec::new());
         }
@@ -452,6 +488,10 @@ impl LanguageModel for Llama {
             acts.quantize(&act, layer.w_up.rows());
             add_in_place(&mut x, &project(isa, pool, acts, &layer.w_down));
         }
+        self.cached += t;
+        if !logits {
+            return Ok(Vec::new());
+        }
         acts.quantize(&rms_norm(&x, &self.norm, eps), dim);
         let logits = project(
             isa,
@@ -459,32 +499,9 @@ impl LanguageModel for Llama {
             acts,
             self.output.as_ref().unwrap_or(&self.embeddings),
         );
-        self.cached += t;
         if t == 1 {
             return Ok(vec![logits]);
         }
         Ok(logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
-    }
-
-    fn cache_len(&self) -> usize {
-        self.cached
-    }
-
-    fn truncate(&mut self, len: usize) {
-        let len = len.min(self.cached);
-        let kv_dim = self.cfg.n_kv_head * self.cfg.head_dim;
-        for layer in &mut self.layers {
-            layer.keys.truncate(len * kv_dim);
-            layer.values.truncate(len * kv_dim);
-        }
-        self.cached = len;
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.output.as_ref().unwrap_or(&self.embeddings).rows()
-    }
-
-    fn eos_tokens(&self) -> &[u32] {
-        &self.cfg.eos
     }
 }

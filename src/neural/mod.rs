@@ -7,9 +7,11 @@
 
 pub mod candle_llama;
 pub mod gguf;
+pub mod hf_llama;
 pub mod kernels;
 pub mod llama;
 pub mod pool;
+pub mod source;
 
 use crate::error::Result;
 
@@ -17,6 +19,10 @@ use crate::error::Result;
 pub trait LanguageModel {
     /// Feeds `tokens` after the cached ones; returns one row of logits per fed token.
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>>;
+    /// Feeds `tokens` without returning logits (a prompt): models may skip work.
+    fn feed(&mut self, tokens: &[u32]) -> Result<()> {
+        self.forward(tokens).map(drop)
+    }
     /// Tokens in the KV cache.
     fn cache_len(&self) -> usize;
     /// Cuts the KV cache back to its first `len` tokens.
