@@ -10,7 +10,7 @@
 //!
 //! Activations are quantized per row to blocks of 32 signed bytes with a scale `d` and `d·Σq`
 //! (ggml's Q8_1). Every ISA computes each block's dot product exactly in integers and then
-//! applies the same float operations in the same order (see [`tile_scalar`]), so every ISA
+//! applies the same float operations in the same order (the scalar reference), so every ISA
 //! gives the same bits, and an output does not depend on the other rows in the pass: a k-token
 //! verification pass gives each position bit-for-bit the logits of a single-token step.
 
