@@ -4,17 +4,21 @@
 //! * [`sbis`]: the selective backoff interpolation distribution.
 //! * [`smoothed`]: interpolated absolute discounting across all levels (finite perplexity).
 //! * [`sampler`]: temperature / top-k / top-p sampling with a seeded RNG.
+//! * [`model`]: the ∞-gram as a language model of the decode loop ([`generate`] runs it).
 //! * [`eval`]: perplexity and the paper's token-wise agreement analysis.
 
 pub mod eval;
 pub mod levels;
+pub mod model;
 pub mod sampler;
 pub mod sbis;
 pub mod smoothed;
 
+use crate::decode::{decode, DecodeConfig};
 use crate::error::{Error, Result};
 use crate::index::Index;
 use levels::{Level, LevelFinder};
+use model::InfgramModel;
 use sampler::Sampler;
 use smoothed::Discounts;
 
@@ -95,59 +99,42 @@ pub struct Generation {
     pub steps: Vec<StepStats>,
 }
 
-/// Generates from the index alone, calling `on_token` after each token (for streaming).
+/// Generates from the index alone, calling `on_token` after each token (for streaming): the
+/// decode loop ([`crate::decode::decode`]) with the ∞-gram as its model and no drafters. The
+/// prompt starts a document (the separator goes first); generation stops at the next
+/// document boundary.
 pub fn generate<S: AsRef<[u8]> + Sync>(
     index: &Index<S>,
     prompt: &[u32],
     cfg: &GenConfig,
     sampler: &mut Sampler,
-    mut on_token: impl FnMut(u32),
+    on_token: impl FnMut(u32),
 ) -> Result<Generation> {
     if index.total_tokens() == 0 {
         return Err(Error::input(
             "the index is empty: index a corpus with some text first",
         ));
     }
-    let sep = index.separator();
-    let vocab = index.vocab_size();
-    let mut finder = LevelFinder::new(index, true);
-    let mut ctx: Vec<u32> = prompt.to_vec();
-    let mut tracker = levels::Tracker::default();
-    let mut appended = None;
-    let mut out = Generation {
-        tokens: Vec::with_capacity(cfg.max_tokens),
-        hit_end: false,
-        steps: Vec::new(),
+    let mut model = InfgramModel::new(index, cfg.estimator.clone(), cfg.context);
+    let mut fed = Vec::with_capacity(prompt.len() + 1);
+    fed.push(index.separator());
+    fed.extend_from_slice(prompt);
+    let decode_cfg = DecodeConfig {
+        max_tokens: cfg.max_tokens,
+        ..Default::default()
     };
-    for _ in 0..cfg.max_tokens {
-        let window = &ctx[ctx.len().saturating_sub(cfg.context)..];
-        let mut levels = match cfg.estimator {
-            Estimator::Sbis { k, .. } if k > 0 => {
-                finder.next_levels(&mut tracker, window, appended, k)
-            }
-            _ => cfg.estimator.levels(&mut finder, window),
-        };
-        if levels.is_empty() {
-            // Nothing of the context occurs (e.g. an empty prompt): back off to the unigram.
-            levels = finder.levels(&[], 1, true);
-        }
-        out.steps.push(StepStats {
-            levels: levels.iter().map(|l| (l.len, l.total)).collect(),
-        });
-        let dist = cfg
-            .estimator
-            .distribution(&levels, vocab.max(sep as usize + 1));
-        let Some(tok) = sampler.sample(&dist) else {
-            break;
-        };
-        if tok == sep {
-            out.hit_end = true;
-            break;
-        }
-        out.tokens.push(tok);
-        ctx.push(tok);
-        appended = Some(tok);
-        on_token(tok);
-    }
-    Ok(out)
+    let (tokens, _) = decode(
+        &mut model,
+        &mut [],
+        &mut [],
+        sampler,
+        &fed,
+        &decode_cfg,
+        on_token,
+    )?;
+    Ok(Generation {
+        hit_end: tokens.len() < cfg.max_tokens,
+        tokens,
+        steps: model.steps,
+    })
 }
