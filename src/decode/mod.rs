@@ -92,10 +92,10 @@ const TIMING_WEIGHT: f64 = 0.2;
 
 impl Default for CostModel {
     /// The native Q4_1 pass with 2 threads at a 256-token context on the 2-core development
-    /// machine (`cargo run --release --example bench_model`): 6.1 / 6.5 / 9.9 / 17.4 /
-    /// 33.3 ms for n = 1 / 2 / 4 / 8 / 16.
+    /// machine (`cargo run --release --example bench_model`): 5.7 / 6.1 / 8.6 / 14.0 /
+    /// 25.6 ms for n = 1 / 2 / 4 / 8 / 16.
     fn default() -> Self {
-        CostModel::from_ms(&[(1, 6.1), (2, 6.5), (4, 9.9), (8, 17.4), (16, 33.3)])
+        CostModel::from_ms(&[(1, 5.7), (2, 6.1), (4, 8.6), (8, 14.0), (16, 25.6)])
     }
 }
 

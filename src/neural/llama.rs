@@ -8,9 +8,10 @@
 //! pass and a full pass give bit-identical logits. [`super::candle_llama::CandleLlama`] is the
 //! candle-ops reference this one is tested against.
 
+use super::attention::{attend, KvCache};
 use super::gguf::{model_err, Gguf, LlamaConfig};
 use super::kernels::{matmul, Isa, QMatrix, QRows};
-use super::pool::{DisjointOut, Pool};
+use super::pool::Pool;
 use super::LanguageModel;
 use crate::error::{Error, Result};
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -26,10 +27,7 @@ struct Layer {
     w_down: QMatrix,
     attn_norm: Vec<f32>,
     ffn_norm: Vec<f32>,
-    /// Keys of the cached positions, `len × n_kv_head·head_dim`, rotary embedding applied.
-    keys: Vec<f32>,
-    /// Values of the cached positions, `len × n_kv_head·head_dim`.
-    values: Vec<f32>,
+    cache: KvCache,
 }
 
 /// A quantized llama model loaded from GGUF, run on infgram's kernels.
@@ -133,8 +131,7 @@ impl Llama {
                 w_down: m("ffn_down")?,
                 attn_norm: vector(&mut gguf, &format!("blk.{i}.attn_norm.weight"))?,
                 ffn_norm: vector(&mut gguf, &format!("blk.{i}.ffn_norm.weight"))?,
-                keys: Vec::new(),
-                values: Vec::new(),
+                cache: KvCache::new(cfg.n_kv_head, cfg.head_dim),
             });
         }
         let norm = vector(&mut gguf, "output_norm.weight")?;
@@ -223,117 +220,6 @@ fn project(isa: Isa, pool: &mut Pool, acts: &QRows, w: &QMatrix) -> Vec<f32> {
     out
 }
 
-/// Causal attention of the query rows `q` (row r at position pos + r) over a layer's cache,
-/// which already holds their keys and values. The heads are split across the pool's threads.
-fn attend(
-    isa: Isa,
-    pool: &mut Pool,
-    cfg: &LlamaConfig,
-    layer: &Layer,
-    q: &[f32],
-    pos: usize,
-) -> Vec<f32> {
-    let mut out = vec![0.0f32; q.len()];
-    let shared = DisjointOut::new(&mut out);
-    let parts = pool.threads().min(cfg.n_head);
-    let per = cfg.n_head.div_ceil(parts);
-    pool.run(&|part| {
-        let heads = (part * per).min(cfg.n_head)..((part + 1) * per).min(cfg.n_head);
-        attend_heads(isa, cfg, layer, q, pos, heads, shared);
-    });
-    out
-}
-
-/// [`attend_portable`] compiled for AVX2 where the CPU has it (the same operations in the same
-/// order, in wider registers).
-fn attend_heads(
-    isa: Isa,
-    cfg: &LlamaConfig,
-    layer: &Layer,
-    q: &[f32],
-    pos: usize,
-    heads: std::ops::Range<usize>,
-    out: DisjointOut,
-) {
-    #[cfg(target_arch = "x86_64")]
-    if isa != Isa::Scalar {
-        // SAFETY: `Isa::detect` saw AVX2 and FMA before choosing a non-scalar ISA.
-        return unsafe { attend_avx2(cfg, layer, q, pos, heads, out) };
-    }
-    let _ = isa;
-    attend_portable(cfg, layer, q, pos, heads, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn attend_avx2(
-    cfg: &LlamaConfig,
-    layer: &Layer,
-    q: &[f32],
-    pos: usize,
-    heads: std::ops::Range<usize>,
-    out: DisjointOut,
-) {
-    attend_portable(cfg, layer, q, pos, heads, out)
-}
-
-/// Attention for the query heads `heads`, written into their columns of `out`. Plain loops
-/// (no iterator closures) so that everything inlines into the AVX2 entry point. The query
-/// heads that share a key/value head are served together, so each cached key and value is
-/// read once per group.
-#[inline(always)]
-fn attend_portable(
-    cfg: &LlamaConfig,
-    layer: &Layer,
-    q: &[f32],
-    pos: usize,
-    heads: std::ops::Range<usize>,
-    out: DisjointOut,
-) {
-    let (dim, hd) = (cfg.dim, cfg.head_dim);
-    let kv_dim = cfg.n_kv_head * hd;
-    let group = cfg.n_head / cfg.n_kv_head;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let rows = q.len() / dim;
-    let mut scores = vec![0.0f32; group * (pos + rows)];
-    let mut acc = vec![0.0f32; group * hd];
-    for r in 0..rows {
-        let seen = pos + r + 1;
-        for g in 0..cfg.n_kv_head {
-            let mine = (g * group).max(heads.start)..((g + 1) * group).min(heads.end);
-            if mine.is_empty() {
-                continue;
-            }
-            let n = mine.len();
-            for j in 0..seen {
-                let key = &layer.keys[j * kv_dim + g * hd..j * kv_dim + (g + 1) * hd];
-                for i in 0..n {
-                    let h = mine.start + i;
-                    let qh = &q[r * dim + h * hd..r * dim + (h + 1) * hd];
-                    scores[i * seen + j] = dot(qh, key) * scale;
-                }
-            }
-            for i in 0..n {
-                softmax_in_place(&mut scores[i * seen..(i + 1) * seen]);
-            }
-            acc[..n * hd].fill(0.0);
-            for j in 0..seen {
-                let value = &layer.values[j * kv_dim + g * hd..j * kv_dim + (g + 1) * hd];
-                for i in 0..n {
-                    axpy(scores[i * seen + j], value, &mut acc[i * hd..(i + 1) * hd]);
-                }
-            }
-            for i in 0..n {
-                let h = mine.start + i;
-                for c in 0..hd {
-                    // SAFETY: only this part computes head h.
-                    unsafe { out.write(r * dim + h * hd + c, acc[i * hd + c]) };
-                }
-            }
-        }
-    }
-}
-
 /// Dot product in sixteen lanes (two AVX registers), reduced in a fixed order.
 #[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -355,30 +241,6 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
         }
     }
     lanes[0] + tail
-}
-
-#[inline(always)]
-fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
-    for (y, x) in y.iter_mut().zip(x) {
-        *y += alpha * x;
-    }
-}
-
-#[inline(always)]
-fn softmax_in_place(x: &mut [f32]) {
-    let mut max = f32::NEG_INFINITY;
-    for &v in x.iter() {
-        max = max.max(v);
-    }
-    let mut sum = 0.0f32;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
-    }
-    let inv = 1.0 / sum;
-    for v in x.iter_mut() {
-        *v *= inv;
-    }
 }
 
 /// RMS normalization of every row, scaled by `w`.
@@ -413,10 +275,8 @@ impl LanguageModel for Llama {
 
     fn truncate(&mut self, len: usize) {
         let len = len.min(self.cached);
-        let kv_dim = self.cfg.n_kv_head * self.cfg.head_dim;
         for layer in &mut self.layers {
-            layer.keys.truncate(len * kv_dim);
-            layer.values.truncate(len * kv_dim);
+            layer.cache.truncate(len);
         }
         self.cached = len;
     }
@@ -473,9 +333,8 @@ impl Llama {
                 &self.rope_cos,
                 &self.rope_sin,
             );
-            layer.keys.extend_from_slice(&k);
-            layer.values.extend_from_slice(&v);
-            acts.quantize(&attend(isa, pool, cfg, layer, &q, pos), dim);
+            layer.cache.append(&k, &v);
+            acts.quantize(&attend(isa, pool, cfg, &layer.cache, &q, pos), dim);
             add_in_place(&mut x, &project(isa, pool, acts, &layer.wo));
             acts.quantize(&rms_norm(&x, &layer.ffn_norm, eps), dim);
             let gate = project(isa, pool, acts, &layer.w_gate);

@@ -5,6 +5,7 @@
 //! one pass; mixing needs the full distribution at each step), and its KV cache can be cut back
 //! to any length (rolling back rejected drafts).
 
+pub mod attention;
 pub mod candle_llama;
 pub mod gguf;
 pub mod hf_llama;
