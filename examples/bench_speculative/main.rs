@@ -83,6 +83,40 @@ impl Row {
     }
 }
 
+/// How often the drafters' first and second candidates for the next token are the model's
+/// token: the most a width-2 tree root could add over a chain.
+#[derive(Default)]
+struct TreeRoot {
+    positions: usize,
+    with_candidate: usize,
+    first_right: usize,
+    only_second_right: usize,
+}
+
+impl TreeRoot {
+    fn add(&mut self, prompt: &[u32], output: &[u32], index_dir: &Path) {
+        let mut prompt_lookup = PromptLookup::new(8);
+        let mut corpus = CorpusDrafter::new(infgram::Index::open(index_dir).unwrap());
+        let mut context = prompt.to_vec();
+        for &want in output {
+            let mut candidates = prompt_lookup.alternatives(&context, 2).unwrap();
+            if candidates.is_empty() {
+                candidates = corpus.alternatives(&context, 2).unwrap();
+            }
+            self.positions += 1;
+            if let Some(first) = candidates.first() {
+                self.with_candidate += 1;
+                if first.0 == want {
+                    self.first_right += 1;
+                } else if candidates.get(1).is_some_and(|c| c.0 == want) {
+                    self.only_second_right += 1;
+                }
+            }
+            context.push(want);
+        }
+    }
+}
+
 fn main() {
     let path = infgram::assets::ensure_model("smollm2-135m").expect("fetch the model");
     let tok = HfTokenizer::from_gguf(&path).unwrap();
@@ -99,8 +133,10 @@ fn main() {
     ];
     println!("| prompt set | plain tokens/s | speculative tokens/s | ratio (mean of prompts; min–max) | acceptance | mean accepted | identical |");
     println!("|---|---:|---:|---:|---:|---:|---:|");
+    let mut trees = Vec::new();
     for (name, prompts, chat) in sets {
         let mut row = Row::default();
+        let mut tree = TreeRoot::default();
         for p in prompts {
             let text = if chat { chat_prompt(p) } else { p.to_string() };
             let prompt = tok.encode(&text).unwrap();
@@ -141,7 +177,9 @@ fn main() {
                 spec.draft_seconds
             );
             row.add(&plain, &spec, ids == plain_ids);
+            tree.add(&prompt, &plain_ids, &index_dir);
         }
+        trees.push((name, tree));
         let n = row.prompts as f64;
         let mean_ratio = row.ratios.iter().sum::<f64>() / n;
         let min = row.ratios.iter().copied().fold(f64::MAX, f64::min);
@@ -163,4 +201,17 @@ fn main() {
         "\nmachine: {} cores; targets: grounded ≥ 1.8×, Shakespeare ≥ 1.5×, open ≥ 0.95×",
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
+    println!("\nWhat a token tree's second root candidate could add (drafters asked at every position of the plain output):\n");
+    println!("| prompt set | positions | with a candidate | first candidate right | only the second right |");
+    println!("|---|---:|---:|---:|---:|");
+    for (name, t) in trees {
+        let pct = |x: usize| 100.0 * x as f64 / t.positions.max(1) as f64;
+        println!(
+            "| {name} | {} | {:.1}% | {:.1}% | {:.1}% |",
+            t.positions,
+            pct(t.with_candidate),
+            pct(t.first_right),
+            pct(t.only_second_right)
+        );
+    }
 }

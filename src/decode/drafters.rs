@@ -56,6 +56,16 @@ fn confidence(agree: u64, total: u64, len: usize) -> f64 {
     share * length
 }
 
+/// What the occurrences of a suffix voted for.
+struct Votes {
+    /// `(token, votes)`, most votes first, ties to the most recent continuation.
+    tally: Vec<(u32, u64)>,
+    /// Occurrences that voted.
+    occurrences: u64,
+    /// Length of the matched suffix.
+    suffix_len: usize,
+}
+
 /// Prompt lookup over a live n-gram index of the sequence.
 pub struct PromptLookup {
     /// Longest suffix matched (the index keys n-grams of 1..=max_ngram tokens).
@@ -100,9 +110,9 @@ impl PromptLookup {
             .extend_from_slice(&context[self.indexed.len()..]);
     }
 
-    /// The continuation of the longest suffix of `seq` seen before in it: (token, agreeing
-    /// occurrences, occurrences, suffix length), by majority over the latest 16 occurrences.
-    fn next(&self, seq: &[u32]) -> Option<(u32, u64, u64, usize)> {
+    /// The continuations of the longest suffix of `seq` seen before in it, over its latest 16
+    /// occurrences.
+    fn tally(&self, seq: &[u32]) -> Option<Votes> {
         for n in (1..=self.max_ngram.min(seq.len())).rev() {
             let Some(positions) = self.followers.get(&Self::key(&seq[seq.len() - n..])) else {
                 continue;
@@ -120,7 +130,6 @@ impl PromptLookup {
             if votes.is_empty() {
                 continue;
             }
-            // Majority vote; ties go to the most recent continuation.
             let mut tally: Vec<(u32, u64)> = Vec::new();
             for &v in &votes {
                 match tally.iter_mut().find(|t| t.0 == v) {
@@ -128,12 +137,22 @@ impl PromptLookup {
                     None => tally.push((v, 1)),
                 }
             }
-            let best = tally
-                .iter()
-                .fold(tally[0], |b, &t| if t.1 > b.1 { t } else { b });
-            return Some((best.0, best.1, votes.len() as u64, n));
+            // Stable: among equal votes the most recent continuation stays first.
+            tally.sort_by_key(|t| std::cmp::Reverse(t.1));
+            return Some(Votes {
+                tally,
+                occurrences: votes.len() as u64,
+                suffix_len: n,
+            });
         }
         None
+    }
+
+    /// The majority continuation of `seq`: (token, agreeing occurrences, occurrences, suffix
+    /// length).
+    fn next(&self, seq: &[u32]) -> Option<(u32, u64, u64, usize)> {
+        self.tally(seq)
+            .map(|v| (v.tally[0].0, v.tally[0].1, v.occurrences, v.suffix_len))
     }
 }
 
@@ -146,6 +165,17 @@ impl Drafter for PromptLookup {
                 .next(seq)
                 .map(|(tok, agree, total, len)| (tok, confidence(agree, total, len))))
         })
+    }
+
+    fn alternatives(&mut self, context: &[u32], n: usize) -> Result<Vec<(u32, f64)>> {
+        self.sync(context);
+        Ok(self.tally(context).map_or(Vec::new(), |v| {
+            v.tally
+                .into_iter()
+                .take(n)
+                .map(|(tok, agree)| (tok, confidence(agree, v.occurrences, v.suffix_len)))
+                .collect()
+        }))
     }
 
     fn observe(&mut self, context: &[u32]) {
@@ -176,20 +206,41 @@ impl<S: AsRef<[u8]> + Sync> CorpusDrafter<S> {
     }
 }
 
+impl<S: AsRef<[u8]> + Sync> CorpusDrafter<S> {
+    /// The `n` most frequent continuations of the longest matching suffix of `seq` with their
+    /// confidences, best first (ties to the smaller id); none below `min_match`.
+    fn ranked(&self, seq: &[u32], n: usize) -> Result<Vec<(u32, f64)>> {
+        let (len, mut counts) = self.index.infgram_counts(seq)?;
+        if len < self.min_match {
+            return Ok(Vec::new());
+        }
+        let total: u64 = counts.iter().map(|c| c.1).sum();
+        let order = |a: &(u32, u64), b: &(u32, u64)| b.1.cmp(&a.1).then(a.0.cmp(&b.0));
+        if n == 1 {
+            // The draft's chain needs only the best: no sort of a long tail.
+            counts = counts.into_iter().min_by(order).into_iter().collect();
+        } else {
+            counts.sort_by(order);
+            counts.truncate(n);
+        }
+        Ok(counts
+            .into_iter()
+            .map(|(tok, agree)| (tok, confidence(agree, total, len)))
+            .collect())
+    }
+}
+
 impl<S: AsRef<[u8]> + Sync> Drafter for CorpusDrafter<S> {
     fn propose(&mut self, context: &[u32], max: usize) -> Result<Draft> {
         let from = context.len().saturating_sub(self.max_context);
         grow_draft(context[from..].to_vec(), max, |seq| {
-            let (len, counts) = self.index.infgram_counts(seq)?;
-            if len < self.min_match {
-                return Ok(None);
-            }
-            let total: u64 = counts.iter().map(|c| c.1).sum();
-            Ok(counts
-                .iter()
-                .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
-                .map(|&(tok, agree)| (tok, confidence(agree, total, len))))
+            Ok(self.ranked(seq, 1)?.into_iter().next())
         })
+    }
+
+    fn alternatives(&mut self, context: &[u32], n: usize) -> Result<Vec<(u32, f64)>> {
+        let from = context.len().saturating_sub(self.max_context);
+        self.ranked(&context[from..], n)
     }
 
     fn name(&self) -> &str {

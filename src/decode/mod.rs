@@ -35,6 +35,18 @@ pub struct Draft {
 pub trait Drafter {
     /// Up to `max` tokens likely to follow `context` (prompt and generated text so far).
     fn propose(&mut self, context: &[u32], max: usize) -> Result<Draft>;
+    /// Up to `n` candidates for the token after `context` with their confidences, best first
+    /// (the root of a token tree; `bench_speculative` measures what a second candidate would
+    /// add). By default the first token of [`Drafter::propose`].
+    fn alternatives(&mut self, context: &[u32], n: usize) -> Result<Vec<(u32, f64)>> {
+        let draft = self.propose(context, 1)?;
+        Ok(draft
+            .tokens
+            .into_iter()
+            .zip(draft.confidence)
+            .take(n)
+            .collect())
+    }
     /// `context` grew by accepted tokens (live indexes learn them).
     fn observe(&mut self, _context: &[u32]) {}
     /// A short name for statistics.
