@@ -197,6 +197,23 @@ fn model_sources_fail_with_clear_errors() {
         let err = ModelSource::resolve(spec).expect_err(spec);
         assert!(err.to_string().contains(says), "{spec}: {err}");
     }
+    // A corrupt GGUF and a truncated one, from the CLI: a clear error, no panic.
+    let gguf = infgram::assets::ensure_model("smollm2-135m").unwrap();
+    let truncated = tmp.path().join("truncated.gguf");
+    let bytes = std::fs::read(&gguf).unwrap();
+    std::fs::write(&truncated, &bytes[..1_000_000]).unwrap();
+    let garbage = tmp.path().join("garbage.gguf");
+    std::fs::write(&garbage, b"not a model at all").unwrap();
+    for bad in [&truncated, &garbage] {
+        let out = infgram()
+            .args(["gen", "--model", bad.to_str().unwrap(), "--prompt", "hi"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(stderr.contains("not a readable GGUF file"), "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
     // hf: with no reachable Hub (a closed local port stands in for "offline"): an error that
     // says what to do, not a panic, from the CLI.
     let out = infgram()

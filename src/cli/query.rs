@@ -113,11 +113,13 @@ pub fn open_index(
     Ok((index, tok))
 }
 
-/// Maps model names (`smollm2-135m`, a safetensors directory, `hf:OWNER/REPO[:FILE]`) to the
-/// file their tokenizer comes from; other names (`bytes`, tokenizer files) pass through.
+/// Maps model names (`smollm2-135m`, fetched on first use; a safetensors directory;
+/// `hf:OWNER/REPO[:FILE]`) to the file their tokenizer comes from; other names (`bytes`,
+/// tokenizer files) pass through.
 pub fn resolve_tokenizer_name(name: &str) -> Result<String> {
-    if let Some(p) = infgram::assets::model_path_for_name(name) {
-        return Ok(p.display().to_string());
+    if infgram::assets::model_path_for_name(name).is_some() {
+        // A known model: fetched on first use, as for --model.
+        return Ok(infgram::assets::ensure_model(name)?.display().to_string());
     }
     let path = std::path::Path::new(name);
     if name.starts_with("hf:") || path.join("config.json").exists() {

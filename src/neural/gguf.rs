@@ -30,8 +30,20 @@ pub struct Gguf {
     content: gguf_file::Content,
 }
 
+/// A model error about `path`.
 pub(crate) fn model_err(path: &Path, e: impl std::fmt::Display) -> Error {
-    Error::Model(format!("{}: {e}", path.display()))
+    Error::Model(format!("{}: {}", path.display(), plain(e)))
+}
+
+/// An error's message without the stack backtrace candle appends to its errors' text when
+/// `RUST_BACKTRACE` is set.
+pub(crate) fn plain(e: impl std::fmt::Display) -> String {
+    let text = e.to_string();
+    text.split("\n   0: ")
+        .next()
+        .unwrap_or_default()
+        .trim_end()
+        .to_string()
 }
 
 impl Gguf {
@@ -47,7 +59,10 @@ impl Gguf {
         let content = gguf_file::Content::read(&mut file).map_err(|e| {
             model_err(
                 path,
-                format!("not a readable GGUF file ({e}); fetch it again"),
+                format!(
+                    "not a readable GGUF file ({}); fetch it again, or pass another model",
+                    plain(e)
+                ),
             )
         })?;
         Ok(Gguf {

@@ -9,6 +9,7 @@
 //! [`LanguageModel`] but has none of the native GGUF path's speed: speculative decoding gains
 //! nothing with it.
 
+use super::gguf::model_err;
 use super::LanguageModel;
 use crate::error::{Error, Result};
 use candle_core::{DType, Device, Tensor};
@@ -27,10 +28,6 @@ pub struct HfLlama {
     stale: bool,
     eos: Vec<u32>,
     device: Device,
-}
-
-fn model_err(path: &Path, e: impl std::fmt::Display) -> Error {
-    Error::Model(format!("{}: {e}", path.display()))
 }
 
 /// The weight files of a model directory: the shards of `model.safetensors.index.json`, or
