@@ -6,7 +6,7 @@
 //! `cargo run --release --example bench_speculative` (builds the Shakespeare index into the cache
 //! on first use).
 
-use infgram::decode::drafters::{CorpusDrafter, PromptLookup};
+use infgram::decode::drafters::{CorpusDrafter, CorpusRule, PromptLookup};
 use infgram::decode::{decode, DecodeConfig, DecodeStats, Drafter};
 use infgram::generate::sampler::Sampler;
 use infgram::index::pipeline::{build_index, BuildOptions};
@@ -91,12 +91,21 @@ struct TreeRoot {
     with_candidate: usize,
     first_right: usize,
     only_second_right: usize,
+    /// Positions where the corpus index matches a suffix of at least two tokens, and how often
+    /// its most frequent continuation and the SBIS argmax are the model's token there.
+    corpus_positions: usize,
+    most_frequent_right: usize,
+    sbis_right: usize,
 }
 
 impl TreeRoot {
     fn add(&mut self, prompt: &[u32], output: &[u32], index_dir: &Path) {
         let mut prompt_lookup = PromptLookup::new(8);
         let mut corpus = CorpusDrafter::new(infgram::Index::open(index_dir).unwrap());
+        let mut frequent = CorpusDrafter::with_rule(
+            infgram::Index::open(index_dir).unwrap(),
+            CorpusRule::MostFrequent,
+        );
         let mut context = prompt.to_vec();
         for &want in output {
             let mut candidates = prompt_lookup.alternatives(&context, 2).unwrap();
@@ -104,6 +113,14 @@ impl TreeRoot {
                 candidates = corpus.alternatives(&context, 2).unwrap();
             }
             self.positions += 1;
+            let most_frequent = frequent.alternatives(&context, 1).unwrap();
+            if let Some(&(most_frequent, _)) = most_frequent.first() {
+                // The two corpus rules over the same context (the same matches: ≥ 2 tokens).
+                let sbis = corpus.alternatives(&context, 1).unwrap();
+                self.corpus_positions += 1;
+                self.most_frequent_right += (most_frequent == want) as usize;
+                self.sbis_right += sbis.first().is_some_and(|c| c.0 == want) as usize;
+            }
             if let Some(first) = candidates.first() {
                 self.with_candidate += 1;
                 if first.0 == want {
@@ -201,6 +218,18 @@ fn main() {
         "\nmachine: {} cores; targets: grounded ≥ 1.8×, Shakespeare ≥ 1.5×, open ≥ 0.95×",
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
+    println!("\nThe corpus drafter's rule: most frequent continuation of the longest suffix vs the SBIS argmax (decay 0.1, all levels), where the corpus matches ≥ 2 tokens:\n");
+    println!("| prompt set | positions | most frequent right | SBIS argmax right |");
+    println!("|---|---:|---:|---:|");
+    for (name, t) in &trees {
+        let pct = |x: usize| 100.0 * x as f64 / t.corpus_positions.max(1) as f64;
+        println!(
+            "| {name} | {} | {:.1}% | {:.1}% |",
+            t.corpus_positions,
+            pct(t.most_frequent_right),
+            pct(t.sbis_right)
+        );
+    }
     println!("\nWhat a token tree's second root candidate could add (drafters asked at every position of the plain output):\n");
     println!("| prompt set | positions | with a candidate | first candidate right | only the second right |");
     println!("|---|---:|---:|---:|---:|");

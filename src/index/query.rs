@@ -368,6 +368,12 @@ impl<S: AsRef<[u8]>> Shard<S> {
 }
 
 impl<S: AsRef<[u8]> + Sync> Index<S> {
+    /// Refuses token ids outside the index's vocabulary (the separator and above), which
+    /// every query does first.
+    pub fn check_tokens(&self, q: &[u32]) -> Result<()> {
+        self.check_query(q)
+    }
+
     fn check_query(&self, q: &[u32]) -> Result<()> {
         let sep = self.separator();
         if let Some(&t) = q
