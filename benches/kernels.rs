@@ -7,35 +7,14 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use infgram::neural::kernels::{matmul, Isa, QMatrix, QRows};
 use infgram::neural::pool::Pool;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use std::hint::black_box;
 
-fn pseudo(n: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(2_654_435_761).max(1);
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            (s % 2001) as f32 / 1000.0 - 1.0
-        })
-        .collect()
-}
-
-/// Q4_1 blocks of `values` in ggml's layout (f16 d, f16 min, 16 bytes of nibbles).
-fn q4_1(rows: usize, cols: usize, values: &[f32]) -> QMatrix {
-    let mut bytes = Vec::new();
-    for block in values.chunks_exact(32) {
-        let min = block.iter().copied().fold(f32::MAX, f32::min);
-        let max = block.iter().copied().fold(f32::MIN, f32::max);
-        let d = (max - min) / 15.0;
-        bytes.extend(half::f16::from_f32(d).to_le_bytes());
-        bytes.extend(half::f16::from_f32(min).to_le_bytes());
-        let q = |x: f32| ((x - min) / d).round().clamp(0.0, 15.0) as u8;
-        for j in 0..16 {
-            bytes.push(q(block[j]) | (q(block[j + 16]) << 4));
-        }
-    }
-    QMatrix::from_q4_1(rows, cols, &bytes).expect("Q4_1 blocks")
+/// `n` values in [−1, 1) from a seeded generator.
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..n).map(|_| rng.random_range(-1.0..1.0)).collect()
 }
 
 fn products(c: &mut Criterion) {
@@ -43,11 +22,11 @@ fn products(c: &mut Criterion) {
     let shapes = [
         (
             "ffn 1536x576 Q4_1",
-            q4_1(1536, cols, &pseudo(1536 * cols, 1)),
+            QMatrix::quantize_q4_1(1536, cols, &values(1536 * cols, 1)).unwrap(),
         ),
         (
             "output 49152x576 Q8_0",
-            QMatrix::quantize_q8_0(49_152, cols, &pseudo(49_152 * cols, 2)).unwrap(),
+            QMatrix::quantize_q8_0(49_152, cols, &values(49_152 * cols, 2)).unwrap(),
         ),
     ];
     let mut pool = Pool::new(1);
@@ -56,7 +35,7 @@ fn products(c: &mut Criterion) {
         g.sample_size(10);
         for k in [1usize, 8] {
             let mut a = QRows::default();
-            a.quantize(&pseudo(k * cols, 3), cols);
+            a.quantize(&values(k * cols, 3), cols);
             let mut want = vec![0.0; k * w.rows()];
             matmul(Isa::Scalar, w, &a, &mut want, &mut pool);
             g.throughput(Throughput::Elements((k * w.rows() * cols) as u64));

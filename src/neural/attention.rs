@@ -148,31 +148,26 @@ fn attend_heads(
     attend_portable(cfg, cache, q, pos, heads, out)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn attend_avx512(
-    cfg: &LlamaConfig,
-    cache: &KvCache,
-    q: &[f32],
-    pos: usize,
-    heads: std::ops::Range<usize>,
-    out: DisjointOut,
-) {
-    attend_portable(cfg, cache, q, pos, heads, out)
+/// Entry points compiled with wider vectors; each is [`attend_portable`] inlined.
+macro_rules! attend_entry {
+    ($name:ident, $features:literal) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        unsafe fn $name(
+            cfg: &LlamaConfig,
+            cache: &KvCache,
+            q: &[f32],
+            pos: usize,
+            heads: std::ops::Range<usize>,
+            out: DisjointOut,
+        ) {
+            attend_portable(cfg, cache, q, pos, heads, out)
+        }
+    };
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn attend_avx2(
-    cfg: &LlamaConfig,
-    cache: &KvCache,
-    q: &[f32],
-    pos: usize,
-    heads: std::ops::Range<usize>,
-    out: DisjointOut,
-) {
-    attend_portable(cfg, cache, q, pos, heads, out)
-}
+attend_entry!(attend_avx512, "avx512f,avx2,fma");
+attend_entry!(attend_avx2, "avx2,fma");
 
 /// Attention for the query heads `heads`, written into their columns of `out`. Plain loops
 /// over fixed-size blocks, inlined into the entry points above so they vectorize there.

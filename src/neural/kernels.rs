@@ -281,6 +281,26 @@ impl QMatrix {
         }))
     }
 
+    /// Quantizes `values` (`rows × cols`, row-major) to Q4_1, as ggml does: per block of 32,
+    /// `d = (max − min)/15` and the minimum as offset, both stored in f16.
+    pub fn quantize_q4_1(rows: usize, cols: usize, values: &[f32]) -> Option<QMatrix> {
+        if !cols.is_multiple_of(BLOCK) || values.len() != rows * cols {
+            return None;
+        }
+        Some(Self::from_q4_1_blocks(rows, cols, |r, b| {
+            let x = &values[r * cols + b * BLOCK..][..BLOCK];
+            let min = x.iter().copied().fold(f32::MAX, f32::min);
+            let max = x.iter().copied().fold(f32::MIN, f32::max);
+            let d = (max - min) / 15.0;
+            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+            RowBlock {
+                d: f16::from_f32(d).to_f32(),
+                m: f16::from_f32(min).to_f32(),
+                q: std::array::from_fn(|c| ((x[c] - min) * id).round().clamp(0.0, 15.0) as u8),
+            }
+        }))
+    }
+
     /// Writes row `r`, dequantized, into `out` (`cols` values).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         let nb = self.blocks_per_row();
@@ -753,28 +773,11 @@ mod tests {
             .collect()
     }
 
-    fn q4_1_matrix(rows: usize, cols: usize, seed: u32) -> QMatrix {
-        let v = pseudo(rows * cols, seed);
-        let mut bytes = Vec::new();
-        for block in v.chunks_exact(BLOCK) {
-            let min = block.iter().cloned().fold(f32::MAX, f32::min);
-            let max = block.iter().cloned().fold(f32::MIN, f32::max);
-            let d = (max - min) / 15.0;
-            bytes.extend(half::f16::from_f32(d).to_le_bytes());
-            bytes.extend(half::f16::from_f32(min).to_le_bytes());
-            let q = |x: f32| ((x - min) / d).round().clamp(0.0, 15.0) as u8;
-            for j in 0..16 {
-                bytes.push(q(block[j]) | (q(block[j + 16]) << 4));
-            }
-        }
-        QMatrix::from_q4_1(rows, cols, &bytes).unwrap()
-    }
-
     #[test]
     fn every_isa_gives_the_scalar_bits_matches_the_dequantized_product_and_is_batch_invariant() {
         let (rows, cols) = (150, 96 + 32);
         let mats = [
-            q4_1_matrix(rows, cols, 7),
+            QMatrix::quantize_q4_1(rows, cols, &pseudo(rows * cols, 7)).unwrap(),
             QMatrix::quantize_q8_0(rows, cols, &pseudo(rows * cols, 9)).unwrap(),
         ];
         let isas = Isa::available();
