@@ -135,12 +135,22 @@ impl CostModel {
         *count += 1;
     }
 
-    /// Relative cost of a pass over `n` tokens: measured if timed enough, else the prior.
+    /// Relative cost of a pass over `n` tokens: measured if timed enough, else the prior, but
+    /// never below the measured cost of a smaller pass (the prior's scale may be off).
     pub fn cost(&self, n: usize) -> f64 {
+        if let Some(c) = self.measured(n) {
+            return c;
+        }
+        let floor = (2..n).filter_map(|m| self.measured(m)).fold(1.0, f64::max);
+        self.prior(n).max(floor)
+    }
+
+    /// The measured relative cost of `n` tokens, once `n` and single steps were timed enough.
+    fn measured(&self, n: usize) -> Option<f64> {
         let timed = |n: usize| self.observed.get(n).filter(|o| o.1 >= MIN_TIMED);
         match (timed(1), timed(n)) {
-            (Some(one), Some(this)) if n > 1 => (this.0 / one.0).max(1.0),
-            _ => self.prior(n),
+            (Some(one), Some(this)) if n > 1 => Some((this.0 / one.0).max(1.0)),
+            _ => None,
         }
     }
 
@@ -273,7 +283,8 @@ const MAX_REST: usize = 64;
 /// What the loop knows about one drafter: its calibration, what its calls cost, and how long it
 /// sits out. A drafter that is cheap next to a model step (prompt lookup, microseconds) is asked
 /// every step; a costly one (a suffix-array search over a large corpus) that keeps proposing
-/// nothing useful rests for 1, 2, 4, … steps, and is asked every step again once it helps.
+/// nothing useful rests for 1, 3, 7, … (2^misses − 1, at most 64) steps, and is asked every
+/// step again once it helps.
 #[derive(Clone, Debug)]
 struct DrafterState {
     calibration: Calibration,
@@ -518,8 +529,11 @@ mod tests {
             "{} (prior {prior})",
             cost.cost(4)
         );
-        // Untimed sizes keep the prior; a draft worth 3 tokens under the prior is cut to 2.
-        assert_eq!(cost.cost(8), CostModel::default().cost(8));
+        // Untimed sizes keep the prior, raised to the measured cost of a smaller pass (the
+        // prior says 8 tokens cost 2.5 steps, but 4 were measured at 3); a draft worth 3
+        // tokens under the prior is cut to 2.
+        assert_eq!(cost.cost(8), 3.0);
+        assert_eq!(cost.cost(16), CostModel::default().cost(16));
         assert_eq!(CostModel::default().best_length(&[0.9; 3]).0, 3);
         assert_eq!(cost.best_length(&[0.9; 3]).0, 2);
     }
