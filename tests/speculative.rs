@@ -5,7 +5,7 @@
 //! distribution is known; the stub exists only for that test).
 
 use infgram::decode::drafters::PromptLookup;
-use infgram::decode::{decode, DecodeConfig, Draft, Drafter};
+use infgram::decode::{decode, greedy, DecodeConfig, Draft, Drafter};
 use infgram::generate::sampler::{Sampler, SamplerConfig};
 use infgram::neural::llama::Llama;
 use infgram::neural::{chat_prompt, LanguageModel};
@@ -48,16 +48,7 @@ fn greedy_speculative_output_equals_plain_greedy() {
     let prompt = tok
         .encode(&chat_prompt("What is the capital of France?"))
         .unwrap();
-    let (plain, _) = decode(
-        &mut model,
-        &mut [],
-        &mut [],
-        &mut Sampler::greedy(),
-        &prompt,
-        &cfg,
-        |_| {},
-    )
-    .unwrap();
+    let (plain, _) = greedy(&mut model, &mut [], &prompt, &cfg).unwrap();
     assert!(
         plain.len() < cfg.max_tokens,
         "the answer should end: {}",
@@ -86,16 +77,7 @@ fn greedy_speculative_output_equals_plain_greedy() {
             edit,
             length,
         })];
-        let (spec, stats) = decode(
-            &mut model,
-            &mut drafters,
-            &mut [],
-            &mut Sampler::greedy(),
-            &prompt,
-            &cfg,
-            |_| {},
-        )
-        .unwrap();
+        let (spec, stats) = greedy(&mut model, &mut drafters, &prompt, &cfg).unwrap();
         assert_eq!(spec, plain, "{name}");
         if name == "always right" {
             assert!(stats.passes < plain.len() / 2, "{name}: {stats:?}");
@@ -112,16 +94,7 @@ fn greedy_speculative_output_equals_plain_greedy() {
         edit: |_, t| t,
         length: 500,
     })];
-    let (spec, _) = decode(
-        &mut model,
-        &mut drafters,
-        &mut [],
-        &mut Sampler::greedy(),
-        &prompt,
-        &short,
-        |_| {},
-    )
-    .unwrap();
+    let (spec, _) = greedy(&mut model, &mut drafters, &prompt, &short).unwrap();
     assert_eq!(spec, plain[..5]);
 }
 
@@ -142,27 +115,9 @@ fn long_prompt_lookup_run_matches_plain_decoding_token_by_token() {
         max_tokens: 160,
         ..DecodeConfig::default()
     };
-    let (plain, _) = decode(
-        &mut model,
-        &mut [],
-        &mut [],
-        &mut Sampler::greedy(),
-        &prompt,
-        &cfg,
-        |_| {},
-    )
-    .unwrap();
+    let (plain, _) = greedy(&mut model, &mut [], &prompt, &cfg).unwrap();
     let mut drafters: Vec<Box<dyn Drafter>> = vec![Box::new(PromptLookup::new(8))];
-    let (spec, stats) = decode(
-        &mut model,
-        &mut drafters,
-        &mut [],
-        &mut Sampler::greedy(),
-        &prompt,
-        &cfg,
-        |_| {},
-    )
-    .unwrap();
+    let (spec, stats) = greedy(&mut model, &mut drafters, &prompt, &cfg).unwrap();
     for (i, (a, b)) in spec.iter().zip(&plain).enumerate() {
         assert_eq!(a, b, "token {i}");
     }

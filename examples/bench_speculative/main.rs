@@ -7,8 +7,7 @@
 //! on first use).
 
 use infgram::decode::drafters::{CorpusDrafter, CorpusRule, PromptLookup};
-use infgram::decode::{decode, DecodeConfig, DecodeStats, Drafter};
-use infgram::generate::sampler::Sampler;
+use infgram::decode::{greedy, DecodeConfig, DecodeStats, Drafter};
 use infgram::index::pipeline::{build_index, BuildOptions};
 use infgram::neural::chat_prompt;
 use infgram::neural::llama::Llama;
@@ -157,32 +156,14 @@ fn main() {
         for p in prompts {
             let text = if chat { chat_prompt(p) } else { p.to_string() };
             let prompt = tok.encode(&text).unwrap();
-            let (plain_ids, plain) = decode(
-                &mut model,
-                &mut [],
-                &mut [],
-                &mut Sampler::greedy(),
-                &prompt,
-                &cfg,
-                |_| {},
-            )
-            .unwrap();
+            let (plain_ids, plain) = greedy(&mut model, &mut [], &prompt, &cfg).unwrap();
             let mut drafters: Vec<Box<dyn Drafter>> = vec![
                 Box::new(PromptLookup::new(8)),
                 Box::new(CorpusDrafter::new(
                     infgram::Index::open(&index_dir).unwrap(),
                 )),
             ];
-            let (ids, spec) = decode(
-                &mut model,
-                &mut drafters,
-                &mut [],
-                &mut Sampler::greedy(),
-                &prompt,
-                &cfg,
-                |_| {},
-            )
-            .unwrap();
+            let (ids, spec) = greedy(&mut model, &mut drafters, &prompt, &cfg).unwrap();
             eprintln!(
                 "{name}: {} tokens, plain {:.1} tok/s, speculative {:.1} tok/s ({:.2}×), accepted {}/{}, drafting {:.3} s",
                 ids.len(),

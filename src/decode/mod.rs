@@ -422,6 +422,25 @@ pub fn decode(
     Ok((context[prompt.len()..].to_vec(), stats))
 }
 
+/// Greedy [`decode`] with `drafters`, no processors and no streaming: what benchmarks and tests
+/// compare (plain greedy decoding is `greedy(model, &mut [], prompt, cfg)`).
+pub fn greedy(
+    model: &mut dyn LanguageModel,
+    drafters: &mut [Box<dyn Drafter>],
+    prompt: &[u32],
+    cfg: &DecodeConfig,
+) -> Result<(Vec<u32>, DecodeStats)> {
+    decode(
+        model,
+        drafters,
+        &mut [],
+        &mut Sampler::greedy(),
+        prompt,
+        cfg,
+        |_| {},
+    )
+}
+
 /// Expected speed-up at which the drafters after the one that offers it are not asked.
 const GOOD_ENOUGH: f64 = 1.3;
 
