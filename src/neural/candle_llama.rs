@@ -8,7 +8,7 @@
 
 use super::gguf::{Gguf, LlamaConfig};
 use super::LanguageModel;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Module, Tensor};
 use std::path::Path;
@@ -229,12 +229,7 @@ impl LanguageModel for CandleLlama {
         if tokens.is_empty() {
             return Ok(Vec::new());
         }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.vocab) {
-            return Err(Error::input(format!(
-                "token id {bad} is outside the model's vocabulary ({})",
-                self.vocab
-            )));
-        }
+        super::check_vocab(tokens, self.vocab)?;
         let pos = self.cached;
         let ids = Tensor::new(tokens, &self.device)?;
         let mut x = self.embeddings.index_select(&ids, 0)?.unsqueeze(0)?;

@@ -10,7 +10,7 @@
 //! nothing with it.
 
 use super::gguf::model_err;
-use super::LanguageModel;
+use super::{check_vocab, LanguageModel};
 use crate::error::{Error, Result};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
@@ -138,27 +138,17 @@ impl HfLlama {
         }
         Ok(())
     }
-
-    fn check(&self, tokens: &[u32]) -> Result<()> {
-        let vocab = self.config.vocab_size;
-        match tokens.iter().find(|&&t| t as usize >= vocab) {
-            Some(bad) => Err(Error::input(format!(
-                "token id {bad} is outside the model's vocabulary ({vocab})"
-            ))),
-            None => Ok(()),
-        }
-    }
 }
 
 impl LanguageModel for HfLlama {
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
-        self.check(tokens)?;
+        check_vocab(tokens, self.config.vocab_size)?;
         self.refresh()?;
         tokens.iter().map(|&t| self.pass(&[t])).collect()
     }
 
     fn feed(&mut self, tokens: &[u32]) -> Result<()> {
-        self.check(tokens)?;
+        check_vocab(tokens, self.config.vocab_size)?;
         self.refresh()?;
         match tokens.len() {
             0 => Ok(()),

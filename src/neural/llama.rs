@@ -298,11 +298,7 @@ impl Llama {
             return Ok(Vec::new());
         }
         let vocab = self.vocab_size();
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(Error::input(format!(
-                "token id {bad} is outside the model's vocabulary ({vocab})"
-            )));
-        }
+        super::check_vocab(tokens, vocab)?;
         let (t, pos, dim, eps) = (tokens.len(), self.cached, self.cfg.dim, self.cfg.eps);
         let kv_dim = self.cfg.n_kv_head * self.cfg.head_dim;
         self.ensure_rope(pos + t);

@@ -38,6 +38,16 @@ pub trait LanguageModel {
     fn eos_tokens(&self) -> &[u32];
 }
 
+/// Refuses token ids at or beyond `vocab` (every model's forward pass checks its input).
+pub fn check_vocab(tokens: &[u32], vocab: usize) -> Result<()> {
+    match tokens.iter().find(|&&t| t as usize >= vocab) {
+        Some(bad) => Err(crate::error::Error::input(format!(
+            "token id {bad} is outside the model's vocabulary ({vocab})"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Index of the largest logit (the smallest id among ties).
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0usize;
