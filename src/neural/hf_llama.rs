@@ -30,19 +30,29 @@ pub struct HfLlama {
     device: Device,
 }
 
+/// The shard file names a `model.safetensors.index.json` lists, sorted, each once.
+pub(crate) fn shard_names(index: &Path) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(index).map_err(|e| Error::io(index, e))?;
+    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| model_err(index, e))?;
+    let map = json["weight_map"]
+        .as_object()
+        .ok_or_else(|| model_err(index, "no weight_map"))?;
+    let mut names: Vec<String> = map
+        .values()
+        .filter_map(|v| v.as_str().map(str::to_string))
+        .collect();
+    names.sort();
+    names.dedup();
+    Ok(names)
+}
+
 /// The weight files of a model directory: the shards of `model.safetensors.index.json`, or
 /// every `*.safetensors` file.
 fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let index = dir.join("model.safetensors.index.json");
     let mut files: Vec<PathBuf> = if index.exists() {
-        let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
-        let json: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| model_err(&index, e))?;
-        let map = json["weight_map"]
-            .as_object()
-            .ok_or_else(|| model_err(&index, "no weight_map"))?;
-        map.values()
-            .filter_map(|v| v.as_str())
+        shard_names(&index)?
+            .into_iter()
             .map(|f| dir.join(f))
             .collect()
     } else {

@@ -115,17 +115,8 @@ fn from_hub(spec: &str) -> Result<ModelSource> {
             get("tokenizer.json")?;
             match hub.get("model.safetensors.index.json") {
                 Ok(index) => {
-                    let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
-                    let json: serde_json::Value = serde_json::from_str(&text)
-                        .map_err(|e| Error::Model(format!("{}: {e}", index.display())))?;
-                    let mut shards: Vec<&str> = json["weight_map"]
-                        .as_object()
-                        .map(|m| m.values().filter_map(|v| v.as_str()).collect())
-                        .unwrap_or_default();
-                    shards.sort();
-                    shards.dedup();
-                    for shard in shards {
-                        get(shard)?;
+                    for shard in super::hf_llama::shard_names(&index)? {
+                        get(&shard)?;
                     }
                 }
                 Err(_) => {
