@@ -194,6 +194,75 @@ impl Llama {
             }
         }
     }
+
+    /// Feeds `tokens` through every layer into the cache; with `logits`, returns each
+    /// position's logits.
+    fn run(&mut self, tokens: &[u32], logits: bool) -> Result<Vec<Vec<f32>>> {
+        if tokens.is_empty() {
+            return Ok(Vec::new());
+        }
+        let vocab = self.vocab_size();
+        super::check_vocab(tokens, vocab)?;
+        let (t, pos, dim, eps) = (tokens.len(), self.cached, self.cfg.dim, self.cfg.eps);
+        let kv_dim = self.cfg.n_kv_head * self.cfg.head_dim;
+        self.ensure_rope(pos + t);
+        let mut x = vec![0.0f32; t * dim];
+        for (row, &tok) in x.chunks_exact_mut(dim).zip(tokens) {
+            self.embeddings.dequantize_row(tok as usize, row);
+        }
+        let (isa, pool, cfg) = (self.isa, &mut self.pool, &self.cfg);
+        let acts = &mut self.acts;
+        for layer in &mut self.layers {
+            acts.quantize(&rms_norm(&x, &layer.attn_norm, eps), dim);
+            let mut q = project(isa, pool, acts, &layer.wq);
+            let mut k = project(isa, pool, acts, &layer.wk);
+            let v = project(isa, pool, acts, &layer.wv);
+            rope(
+                &mut q,
+                dim,
+                cfg.head_dim,
+                pos,
+                &self.rope_cos,
+                &self.rope_sin,
+            );
+            rope(
+                &mut k,
+                kv_dim,
+                cfg.head_dim,
+                pos,
+                &self.rope_cos,
+                &self.rope_sin,
+            );
+            layer.cache.append(&k, &v);
+            acts.quantize(&attend(isa, pool, cfg, &layer.cache, &q, pos), dim);
+            add_in_place(&mut x, &project(isa, pool, acts, &layer.wo));
+            acts.quantize(&rms_norm(&x, &layer.ffn_norm, eps), dim);
+            let gate = project(isa, pool, acts, &layer.w_gate);
+            let up = project(isa, pool, acts, &layer.w_up);
+            let act: Vec<f32> = gate
+                .iter()
+                .zip(&up)
+                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                .collect();
+            acts.quantize(&act, layer.w_up.rows());
+            add_in_place(&mut x, &project(isa, pool, acts, &layer.w_down));
+        }
+        self.cached += t;
+        if !logits {
+            return Ok(Vec::new());
+        }
+        acts.quantize(&rms_norm(&x, &self.norm, eps), dim);
+        let logits = project(
+            isa,
+            pool,
+            acts,
+            self.output.as_ref().unwrap_or(&self.embeddings),
+        );
+        if t == 1 {
+            return Ok(vec![logits]);
+        }
+        Ok(logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
+    }
 }
 
 /// Rotates the interleaved pairs of every head of every row of `x` (rows of `width`); row r is
@@ -287,76 +356,5 @@ impl LanguageModel for Llama {
 
     fn eos_tokens(&self) -> &[u32] {
         &self.cfg.eos
-    }
-}
-
-impl Llama {
-    /// Feeds `tokens` through every layer into the cache; with `logits`, returns each
-    /// position's logits.
-    fn run(&mut self, tokens: &[u32], logits: bool) -> Result<Vec<Vec<f32>>> {
-        if tokens.is_empty() {
-            return Ok(Vec::new());
-        }
-        let vocab = self.vocab_size();
-        super::check_vocab(tokens, vocab)?;
-        let (t, pos, dim, eps) = (tokens.len(), self.cached, self.cfg.dim, self.cfg.eps);
-        let kv_dim = self.cfg.n_kv_head * self.cfg.head_dim;
-        self.ensure_rope(pos + t);
-        let mut x = vec![0.0f32; t * dim];
-        for (row, &tok) in x.chunks_exact_mut(dim).zip(tokens) {
-            self.embeddings.dequantize_row(tok as usize, row);
-        }
-        let (isa, pool, cfg) = (self.isa, &mut self.pool, &self.cfg);
-        let acts = &mut self.acts;
-        for layer in &mut self.layers {
-            acts.quantize(&rms_norm(&x, &layer.attn_norm, eps), dim);
-            let mut q = project(isa, pool, acts, &layer.wq);
-            let mut k = project(isa, pool, acts, &layer.wk);
-            let v = project(isa, pool, acts, &layer.wv);
-            rope(
-                &mut q,
-                dim,
-                cfg.head_dim,
-                pos,
-                &self.rope_cos,
-                &self.rope_sin,
-            );
-            rope(
-                &mut k,
-                kv_dim,
-                cfg.head_dim,
-                pos,
-                &self.rope_cos,
-                &self.rope_sin,
-            );
-            layer.cache.append(&k, &v);
-            acts.quantize(&attend(isa, pool, cfg, &layer.cache, &q, pos), dim);
-            add_in_place(&mut x, &project(isa, pool, acts, &layer.wo));
-            acts.quantize(&rms_norm(&x, &layer.ffn_norm, eps), dim);
-            let gate = project(isa, pool, acts, &layer.w_gate);
-            let up = project(isa, pool, acts, &layer.w_up);
-            let act: Vec<f32> = gate
-                .iter()
-                .zip(&up)
-                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
-                .collect();
-            acts.quantize(&act, layer.w_up.rows());
-            add_in_place(&mut x, &project(isa, pool, acts, &layer.w_down));
-        }
-        self.cached += t;
-        if !logits {
-            return Ok(Vec::new());
-        }
-        acts.quantize(&rms_norm(&x, &self.norm, eps), dim);
-        let logits = project(
-            isa,
-            pool,
-            acts,
-            self.output.as_ref().unwrap_or(&self.embeddings),
-        );
-        if t == 1 {
-            return Ok(vec![logits]);
-        }
-        Ok(logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
     }
 }

@@ -147,7 +147,7 @@ pub struct DisjointOut {
     len: usize,
 }
 
-// SAFETY: parts write disjoint indices (the caller's contract in `write`), and the owner
+// SAFETY: parts write disjoint indices (the caller's contract in `write_slice`), and the owner
 // does not touch the buffer until `Pool::run` returns.
 unsafe impl Sync for DisjointOut {}
 unsafe impl Send for DisjointOut {}
@@ -158,16 +158,6 @@ impl DisjointOut {
             ptr: out.as_mut_ptr(),
             len: out.len(),
         }
-    }
-
-    /// Writes `value` at `i`.
-    ///
-    /// # Safety
-    /// No other part may access index `i` during the same [`Pool::run`].
-    #[inline(always)]
-    pub unsafe fn write(self, i: usize, value: f32) {
-        assert!(i < self.len);
-        self.ptr.add(i).write(value);
     }
 
     /// Writes `values` at `i..i + values.len()`.
