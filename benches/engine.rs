@@ -9,12 +9,8 @@ use infgram::Index;
 use std::hint::black_box;
 
 fn tiny_train() -> Vec<u32> {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../shared/data/tinyshakespeare.txt"
-    ))
-    .expect("../shared/data/tinyshakespeare.txt");
-    ByteTokenizer.encode(&text[..text.len() * 9 / 10]).unwrap()
+    let (train, _) = infgram::assets::tiny_shakespeare_split().expect("Tiny Shakespeare");
+    ByteTokenizer.encode(&train).unwrap()
 }
 
 fn scan_count(corpus: &[u32], q: &[u32]) -> u64 {

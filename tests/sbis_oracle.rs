@@ -1,14 +1,18 @@
-//! SBIS levels and weights against a brute-force implementation of DESIGN.md §5 on random
+//! SBIS levels and weights against a brute-force implementation of their definition (`ARCHITECTURE.md`, "SBIS") on random
 //! corpora; the smoothed distribution sums to 1; seeded generation is reproducible.
 
-use infgram::generate::levels::{self, LevelFinder};
-use infgram::generate::sampler::{Sampler, SamplerConfig};
-use infgram::generate::smoothed::{smoothed_distribution, smoothed_prob, Discounts, CLASSES};
-use infgram::generate::{generate, sbis, Estimator, GenConfig};
+use infgram::decode::{decode, DecodeConfig};
+use infgram::decode::{Sampler, SamplerConfig};
+use infgram::lm::LanguageModel;
+use infgram::ngram::levels::{self, LevelFinder};
+use infgram::ngram::smoothed::{smoothed_distribution, smoothed_prob, Discounts, CLASSES};
+use infgram::ngram::{sbis, Estimator, InfgramModel};
+use infgram::service::{generate, GenConfig};
 use infgram::tokenizer::TokenizerSpec;
 use infgram::Index;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 fn spec(vocab: usize) -> TokenizerSpec {
     TokenizerSpec {
@@ -19,7 +23,7 @@ fn spec(vocab: usize) -> TokenizerSpec {
     }
 }
 
-/// The seed's definition, literally: for l = len..1, count the token after every occurrence of
+/// The definition of tiny-infini-gram (the reference SBIS implementation), literally: for l = len..1, count the token after every occurrence of
 /// the suffix (inside a document); keep a level if its total exceeds the last kept total.
 fn brute_levels(docs: &[Vec<u32>], ctx: &[u32], k: i64) -> Vec<(usize, u64, BTreeMap<u32, u64>)> {
     let mut kept = Vec::new();
@@ -60,8 +64,8 @@ proptest! {
     fn levels_match_brute_force((docs, ctx, shards) in corpus(), k in prop_oneof![Just(-1i64), 1i64..4]) {
         for reverse in [true, false] {
             let index = Index::from_docs(spec(3), &docs, shards, reverse).unwrap();
-            let mut f = LevelFinder::new(&index, false);
-            let got = f.levels(&ctx, k, false);
+            let mut f = LevelFinder::new(false);
+            let got = f.levels(&index, &ctx, k, false);
             let want = brute_levels(&docs, &ctx, k);
             prop_assert_eq!(got.len(), want.len());
             for (g, w) in got.iter().zip(&want) {
@@ -83,7 +87,7 @@ proptest! {
                 prop_assert!((dist.iter().map(|x| x.1).sum::<f64>() - 1.0).abs() < 1e-9);
             }
             // The smoothed estimator is a distribution over the whole vocabulary.
-            let all = f.levels_with(&ctx, -1, true, true);
+            let all = f.levels_with(&index, &ctx, -1, true, true);
             // Continuation counts: distinct left neighbours (or a document start) per next token.
             // (Over several shards they add up, counting a pair once per shard it occurs in.)
             for lv in all.iter().skip(1).filter(|_| index.shards().len() == 1) {
@@ -125,8 +129,8 @@ proptest! {
         window in 2usize..12,
     ) {
         let index = Index::from_docs(spec(3), &docs, shards, true).unwrap();
-        let mut inc = LevelFinder::new(&index, true);
-        let mut scratch = LevelFinder::new(&index, true);
+        let mut inc = LevelFinder::new(true);
+        let mut scratch = LevelFinder::new(true);
         let mut tracker = levels::Tracker::default();
         let mut ctx = start.clone();
         let mut appended = None;
@@ -136,8 +140,8 @@ proptest! {
                 appended = Some(x);
             }
             let w = &ctx[ctx.len().saturating_sub(window)..];
-            let a = inc.next_levels(&mut tracker, w, appended, k);
-            let b = scratch.levels(w, k, false);
+            let a = inc.next_levels(&index, &mut tracker, w, appended, k);
+            let b = scratch.levels(&index, w, k, false);
             prop_assert_eq!(a.len(), b.len());
             for (a, b) in a.iter().zip(&b) {
                 prop_assert_eq!((a.len, a.total, &a.counts), (b.len, b.total, &b.counts));
@@ -150,7 +154,7 @@ proptest! {
 fn seeded_generation_is_reproducible() {
     let text = "to be or not to be, that is the question; to sleep, perchance to dream";
     let docs = vec![text.bytes().map(u32::from).collect::<Vec<_>>()];
-    let index = Index::from_docs(spec(255), &docs, 1, true).unwrap();
+    let index = Arc::new(Index::from_docs(spec(255), &docs, 1, true).unwrap());
     let cfg = GenConfig {
         estimator: Estimator::Sbis { k: -1, decay: 0.1 },
         context: 200,
@@ -158,9 +162,15 @@ fn seeded_generation_is_reproducible() {
     };
     let run = |seed| {
         let mut s = Sampler::new(SamplerConfig::default(), Some(seed));
-        generate(&index, b"to ".map(u32::from).as_ref(), &cfg, &mut s, |_| {})
-            .unwrap()
-            .tokens
+        generate(
+            index.clone(),
+            b"to ".map(u32::from).as_ref(),
+            &cfg,
+            &mut s,
+            |_| {},
+        )
+        .unwrap()
+        .tokens
     };
     assert_eq!(run(7), run(7));
     assert!(
@@ -176,7 +186,7 @@ fn seeded_generation_is_reproducible() {
         None,
     );
     let out = generate(
-        &index,
+        index.clone(),
         &b"to be or not".map(u32::from),
         &cfg,
         &mut g,
@@ -191,15 +201,168 @@ fn seeded_generation_is_reproducible() {
     );
     // An empty prompt and an unseen prompt back off instead of failing.
     let mut s = Sampler::new(SamplerConfig::default(), Some(1));
-    assert!(!generate(&index, &[], &cfg, &mut s, |_| {})
+    assert!(!generate(index.clone(), &[], &cfg, &mut s, |_| {})
         .unwrap()
         .tokens
         .is_empty());
-    assert!(!generate(&index, &[200, 201], &cfg, &mut s, |_| {})
+    assert!(!generate(index.clone(), &[200, 201], &cfg, &mut s, |_| {})
         .unwrap()
         .tokens
         .is_empty());
     // An empty index is an error, not a panic.
     let empty = Index::from_docs(spec(255), &[], 1, true).unwrap();
-    assert!(generate(&empty, &[1], &cfg, &mut s, |_| {}).is_err());
+    assert!(generate(Arc::new(empty), &[1], &cfg, &mut s, |_| {}).is_err());
+}
+
+/// A model whose rows reach the decode loop dense: the loop's path before sparse rows.
+struct DenseRows<M>(M);
+
+impl<M: LanguageModel> LanguageModel for DenseRows<M> {
+    fn forward(&mut self, tokens: &[u32]) -> infgram::Result<Vec<Vec<f32>>> {
+        self.0.forward(tokens)
+    }
+    fn cache_len(&self) -> usize {
+        self.0.cache_len()
+    }
+    fn truncate(&mut self, len: usize) {
+        self.0.truncate(len)
+    }
+    fn vocab_size(&self) -> usize {
+        self.0.vocab_size()
+    }
+    fn eos_tokens(&self) -> &[u32] {
+        self.0.eos_tokens()
+    }
+}
+
+#[test]
+fn sparse_rows_generate_the_same_text_as_dense_rows() {
+    let text = "to be or not to be, that is the question; to sleep, perchance to dream. \
+                the rest is silence. to thine own self be true.";
+    let docs: Vec<Vec<u32>> = text
+        .split(". ")
+        .map(|d| d.bytes().map(u32::from).collect())
+        .collect();
+    let index = Arc::new(Index::from_docs(spec(255), &docs, 2, true).unwrap());
+    let estimators = [
+        Estimator::Sbis { k: 2, decay: 0.1 },
+        Estimator::Sbis { k: -1, decay: 0.1 },
+        Estimator::Smoothed(Discounts::default()),
+    ];
+    for est in estimators {
+        for (seed, temperature, top_p) in [(1, 0.8, 1.0), (2, 1.0, 0.9), (3, 0.0, 1.0)] {
+            let sampler = || {
+                Sampler::new(
+                    SamplerConfig {
+                        temperature,
+                        top_p,
+                        top_k: 0,
+                    },
+                    Some(seed),
+                )
+            };
+            let mut fed = vec![index.separator()];
+            fed.extend(b"to ".map(u32::from));
+            let cfg = DecodeConfig {
+                max_tokens: 150,
+                ..Default::default()
+            };
+            let model = || InfgramModel::new(index.clone(), est.clone(), 50).unwrap();
+            let sparse = decode(
+                &mut model(),
+                &mut [],
+                &mut [],
+                &mut sampler(),
+                &fed,
+                &cfg,
+                |_| {},
+            );
+            let dense = decode(
+                &mut DenseRows(model()),
+                &mut [],
+                &mut [],
+                &mut sampler(),
+                &fed,
+                &cfg,
+                |_| {},
+            );
+            assert_eq!(sparse.unwrap().0, dense.unwrap().0, "{est:?} seed {seed}");
+        }
+    }
+}
+
+#[test]
+fn infgram_model_takes_a_model_vocabulary_with_the_separator_as_end_token() {
+    // Tokens 0..3 in documents; the separator (255) is reported as end token 3 of a
+    // 4-token vocabulary.
+    let docs = vec![vec![0, 1, 2], vec![0, 1, 0, 1, 2]];
+    let index = Arc::new(Index::from_docs(spec(3), &docs, 1, true).unwrap());
+    let est = Estimator::Sbis { k: -1, decay: 0.1 };
+    let plain = InfgramModel::new(index.clone(), est.clone(), 10).unwrap();
+    assert_eq!(plain.vocab_size(), 256);
+    assert_eq!(plain.eos_tokens(), &[255]);
+    let mut m = InfgramModel::new(index.clone(), est.clone(), 10)
+        .unwrap()
+        .with_vocab(4, 3)
+        .unwrap();
+    assert_eq!(m.vocab_size(), 4);
+    assert_eq!(m.eos_tokens(), &[3]);
+    let rows = m.score(&[3, 0, 1, 2]).unwrap();
+    for row in &rows {
+        assert_eq!(row.vocab(), 4);
+    }
+    // After "0 1 2" every document ends: the end token is certain.
+    assert_eq!(rows[3].argmax(), Some(3));
+    assert!(rows[3].get(3) > -1e-6);
+    // The end token read back starts a new document: the context is empty again.
+    let again = m.score(&[3]).unwrap();
+    assert_eq!(again[0], rows[0]);
+    // The dense form of the same rows has exactly 4 logits.
+    assert_eq!(m.forward(&[0]).unwrap()[0].len(), 4);
+    assert!(InfgramModel::new(index, est, 10)
+        .unwrap()
+        .with_vocab(3, 3)
+        .is_err());
+}
+
+#[test]
+fn a_bounded_counts_cache_stays_within_its_budget_and_changes_no_level() {
+    // Long documents over 3 tokens: short contexts have thousands of occurrences (cached).
+    let mut x = 12345u64;
+    let docs: Vec<Vec<u32>> = (0..4)
+        .map(|_| {
+            (0..4000)
+                .map(|_| {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    ((x >> 33) % 3) as u32
+                })
+                .collect()
+        })
+        .collect();
+    let index = Index::from_docs(spec(3), &docs, 2, true).unwrap();
+    let capacity = 64;
+    let mut bounded = LevelFinder::with_cache_capacity(false, capacity);
+    let mut unbounded = LevelFinder::new(false);
+    for i in 0..300 {
+        let d = &docs[i % 4];
+        let ctx = &d[(i * 37) % 3000..][..(i % 7) + 1];
+        let a = bounded.levels_with(&index, ctx, -1, true, true);
+        let b = unbounded.levels_with(&index, ctx, -1, true, true);
+        assert_eq!(a.len(), b.len());
+        for (a, b) in a.iter().zip(&b) {
+            assert_eq!((a.len, a.total, &a.counts), (b.len, b.total, &b.counts));
+            assert_eq!(a.continuations, b.continuations);
+        }
+        assert!(
+            bounded.cache_stats().held <= capacity,
+            "{:?}",
+            bounded.cache_stats()
+        );
+    }
+    let (s, u) = (bounded.cache_stats(), unbounded.cache_stats());
+    assert!(s.evicted > 0 && s.hits > 0, "{s:?}");
+    assert_eq!(u.evicted, 0);
+    assert!(u.hit_rate() > s.hit_rate(), "{u:?} vs {s:?}");
 }

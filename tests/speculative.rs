@@ -3,12 +3,14 @@
 //! draft, drafts longer than the budget) and over a long prompt-lookup run. Sampling: rejection
 //! sampling keeps the scorer's distribution (chi-square test against a stub scorer whose
 //! distribution is known; the stub exists only for that test).
+#![cfg(feature = "neural")]
 
 use infgram::decode::drafters::PromptLookup;
 use infgram::decode::{decode, greedy, DecodeConfig, Draft, Drafter};
-use infgram::generate::sampler::{Sampler, SamplerConfig};
+use infgram::decode::{Sampler, SamplerConfig};
+use infgram::lm::LanguageModel;
+use infgram::neural::chat_prompt;
 use infgram::neural::llama::Llama;
-use infgram::neural::{chat_prompt, LanguageModel};
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 
 /// Drafts from a fixed script of what comes after the prompt, edited by `edit`.
@@ -216,7 +218,7 @@ fn rejection_sampling_keeps_the_scorer_distribution() {
         if n < 500.0 {
             continue;
         }
-        let p: Vec<(u32, f64)> = infgram::neural::softmax(&stub_logits(prev));
+        let p: Vec<(u32, f64)> = infgram::lm::softmax(&stub_logits(prev));
         // Token 4 ends the text, so the second token is drawn from p restricted to 0..4.
         let mass: f64 = p[..4].iter().map(|x| x.1).sum();
         let chi2: f64 = (0..4)

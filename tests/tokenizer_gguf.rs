@@ -2,6 +2,7 @@
 //! step, `infgram fetch smollm2-135m`, on first run): exact round trip of Tiny Shakespeare, and
 //! ids checked against the vocabulary for the cases the "smollm" pre-tokenizer decides
 //! (digits one by one, GPT-2 regex, byte-level with no prefix space, special tokens).
+#![cfg(feature = "neural")]
 
 use infgram::tokenizer::{ByteTokenizer, HfTokenizer, Tokenizer};
 
@@ -14,11 +15,7 @@ fn smollm2() -> HfTokenizer {
 fn round_trips_tiny_shakespeare_and_splits_like_smollm() {
     let tok = smollm2();
     assert_eq!(tok.vocab_size(), 49_152);
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../shared/data/tinyshakespeare.txt"
-    );
-    let text = std::fs::read_to_string(path).unwrap();
+    let text = infgram::assets::tiny_shakespeare().unwrap();
     let ids = tok.encode(&text).unwrap();
     assert!(
         ids.len() > 250_000 && ids.len() < 400_000,

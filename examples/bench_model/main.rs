@@ -3,15 +3,15 @@
 //! re-quantized to Q8_0 at load), greedy decoding tokens/s and the cost of one forward pass over k new
 //! tokens after a 256-token context (k = 1, 2, 4, 8, 16: the speculative decoder's cost
 //! table), plus the largest logit difference from the candle Q4_1 reference. Compare with llama.cpp's
-//! figures in DESIGN.md §7.
+//! figures in BENCHMARKS.md.
 //!
 //! `cargo run --release --example bench_model [-- FILTER]` (candle with CANDLE_NUM_THREADS=1
 //! unless set; FILTER keeps only the rows whose pass name contains it, e.g. `infgram`)
 
 use candle_core::quantized::GgmlDType;
+use infgram::lm::{argmax, LanguageModel};
 use infgram::neural::candle_llama::CandleLlama;
 use infgram::neural::llama::Llama;
-use infgram::neural::{argmax, LanguageModel};
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 use std::time::Instant;
 
@@ -26,8 +26,7 @@ fn main() {
     }
     let path = infgram::assets::ensure_model("smollm2-135m").expect("fetch the model");
     let tok = HfTokenizer::from_gguf(&path).unwrap();
-    let text = std::fs::read_to_string("../shared/data/tinyshakespeare.txt")
-        .unwrap_or_else(|_| "To be or not to be. ".repeat(200));
+    let text = infgram::assets::tiny_shakespeare().expect("the in-tree Tiny Shakespeare");
     let ids = tok.encode(&text[..4000]).unwrap();
     let ctx = &ids[..256];
     let mut reference: Option<Vec<f32>> = None;
@@ -109,5 +108,5 @@ fn main() {
             cost[3] / cost[0]
         );
     }
-    println!("\nllama.cpp (DESIGN.md §7, 2 threads): 177 tokens/s; k = 1/2/4/8/16: 6.7 / 13.0 / 19.3 / 35.0 / 56.6 ms (Q4_0: 5.9 / 8.4 / 11.7 / 16.8 / 24.8)");
+    println!("\nllama.cpp (BENCHMARKS.md, 2 threads): 177 tokens/s; k = 1/2/4/8/16: 6.7 / 13.0 / 19.3 / 35.0 / 56.6 ms (Q4_0: 5.9 / 8.4 / 11.7 / 16.8 / 24.8)");
 }

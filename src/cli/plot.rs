@@ -3,7 +3,7 @@
 //! paper.
 
 use anyhow::{anyhow, Result};
-use infgram::generate::eval::PplReport;
+use infgram::eval::PplReport;
 use plotters::prelude::*;
 use std::path::Path;
 

@@ -2,8 +2,8 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use infgram::generate::eval::{perplexity, PplReport};
-use infgram::generate::smoothed::{fit_on_train, Discounts, CLASSES};
+use infgram::eval::{perplexity, PplReport};
+use infgram::ngram::smoothed::{fit_on_train, Discounts, CLASSES};
 use infgram::tokenizer::{ByteTokenizer, Tokenizer};
 use infgram::Index;
 use std::path::PathBuf;
@@ -20,7 +20,7 @@ pub struct PplArgs {
     /// Corpus files to index (byte-level, cached) and score with.
     #[arg(long, num_args = 1..)]
     pub corpus: Vec<PathBuf>,
-    /// Index the first FRACTION of --text (one document) and score the rest (DESIGN.md §5: 0.9).
+    /// Index the first FRACTION of --text (one document) and score the rest (the Tiny Shakespeare protocol: 0.9).
     #[arg(long)]
     pub split: Option<f64>,
     /// The estimator and its settings.
@@ -29,7 +29,7 @@ pub struct PplArgs {
     /// Context length in tokens.
     #[arg(long, default_value_t = 100)]
     pub context: usize,
-    /// Probability given to a token the estimator gives 0 (the seed protocol uses 1e-10).
+    /// Probability given to a token the estimator gives 0 (the tiny-infini-gram protocol uses 1e-10).
     #[arg(long)]
     pub floor: Option<f64>,
     /// Smoothed estimator: discounts `d1,d2,d3` (or nine: three per class of level total
@@ -64,9 +64,12 @@ pub fn run(args: PplArgs) -> Result<()> {
     let raw =
         std::fs::read_to_string(&args.text).with_context(|| format!("{}", args.text.display()))?;
     if let Some(model) = &args.model {
+        #[cfg(feature = "neural")]
         return run_model(&args, model, &raw);
+        #[cfg(not(feature = "neural"))]
+        return Err(super::no_neural().context(model.clone()));
     }
-    let smoothed = args.est.is_smoothed()?;
+    let smoothed = args.est.is_smoothed();
     let given = args.discounts.as_ref().map(|d| -> Result<Discounts> {
         match d.as_slice() {
             [a, b, c] => Ok(Discounts::uniform([*a, *b, *c])),
@@ -113,10 +116,10 @@ pub fn run(args: PplArgs) -> Result<()> {
     } else {
         let dir = match &args.index {
             Some(d) => d.clone(),
-            None if !args.corpus.is_empty() => super::cached_byte_index(&args.corpus)?,
+            None if !args.corpus.is_empty() => infgram::service::cached_byte_index(&args.corpus)?,
             None => bail!("give --index DIR, --corpus FILES, or --split FRACTION"),
         };
-        let (index, tok) = super::query::open_index(&dir, None)?;
+        let (index, tok) = infgram::service::open_index(&dir, None)?;
         let tokens = tok.encode(&raw)?;
         report = perplexity(
             &index,
@@ -127,7 +130,13 @@ pub fn run(args: PplArgs) -> Result<()> {
         )?;
     }
     if let Some(path) = &args.plot {
+        #[cfg(feature = "plot")]
         super::plot::agreement_by_n(&report, path)?;
+        #[cfg(not(feature = "plot"))]
+        bail!(
+            "--plot {}: this infgram was built without the `plot` feature",
+            path.display()
+        );
     }
     print_report(&report, args.json, discounts.filter(|_| smoothed))
 }
@@ -157,7 +166,7 @@ fn print_report(r: &PplReport, json: bool, discounts: Option<Discounts>) -> Resu
     }
     println!("\n∞-gram agreement (argmax = actual token)");
     println!("{:<14}{:>10}{:>10}", "", "tokens", "agree");
-    let row = |name: &str, a: &infgram::generate::eval::Agreement| {
+    let row = |name: &str, a: &infgram::eval::Agreement| {
         println!("{name:<14}{:>10}{:>9.1}%", a.tokens, 100.0 * a.rate());
     };
     row("all", &r.agreement);
@@ -170,19 +179,20 @@ fn print_report(r: &PplReport, json: bool, discounts: Option<Discounts>) -> Resu
 }
 
 /// `infgram ppl --model M`: perplexity of the neural model.
+#[cfg(feature = "neural")]
 fn run_model(args: &PplArgs, model: &str, raw: &str) -> Result<()> {
-    use infgram::tokenizer::Tokenizer;
-    let super::LoadedModel {
+    let infgram::service::models::LoadedModel {
         model: mut llm,
         tokenizer: tok,
         path: _,
-    } = args.model_args.load(model)?;
+    } = infgram::service::models::load_model(model, &args.model_args.options())?;
     let mut ids = tok.encode(raw)?;
     if args.limit > 0 {
         ids.truncate(args.limit);
     }
     let t0 = std::time::Instant::now();
-    let (nll, scored) = infgram::neural::perplexity(llm.as_mut(), &ids, args.window, args.stride)?;
+    let (nll, scored) =
+        infgram::eval::windowed_perplexity(llm.as_mut(), &ids, args.window, args.stride)?;
     let secs = t0.elapsed().as_secs_f64();
     let ppl = nll.exp();
     // Per byte as well, to compare with byte-level models (the ∞-gram's char-level perplexity).

@@ -1,25 +1,39 @@
-//! `infgram query`: one query from flags, or a batch of JSON lines, through one executor.
-//! Requests and results use the infini-gram Python package's parameter and field names.
+//! `infgram query`: one query from flags, or a batch of JSON lines, through the service's one
+//! executor ([`infgram::service::query`]). Requests and results use the infini-gram Python
+//! package's parameter and field names.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
-use infgram::index::query::NtdResult;
+use infgram::service::query::{execute, parse_cnf, Continuation, Query, Subject};
 use infgram::tokenizer::Tokenizer;
-use infgram::Index;
-use memmap2::Mmap;
-use serde::Deserialize;
 use serde_json::{json, Value};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
+
+/// The query types of the infini-gram package.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+#[value(rename_all = "snake_case")]
+pub enum QueryType {
+    Count,
+    Prob,
+    Ntd,
+    InfgramProb,
+    InfgramNtd,
+    Find,
+    SearchDocs,
+    LongestMatch,
+    GetDocByRank,
+    GetDocByPtr,
+}
 
 /// Arguments of `infgram query`.
 #[derive(Args, Debug)]
 pub struct QueryArgs {
     /// The index directory.
     pub index: PathBuf,
-    /// count | prob | ntd | infgram_prob | infgram_ntd | find | search_docs | longest_match |
-    /// get_doc_by_rank | get_doc_by_ptr
-    pub query_type: Option<String>,
+    /// The query type.
+    #[arg(value_enum)]
+    pub query_type: Option<QueryType>,
     /// The query (or prompt) as text, tokenized with the index's tokenizer.
     #[arg(long)]
     pub text: Option<String>,
@@ -50,9 +64,12 @@ pub struct QueryArgs {
     /// get_doc_by_rank / get_doc_by_ptr: the shard.
     #[arg(long, default_value_t = 0)]
     pub shard: usize,
-    /// get_doc_by_rank: suffix-array rank; get_doc_by_ptr: token position.
+    /// get_doc_by_rank: the suffix-array rank.
     #[arg(long)]
     pub rank: Option<usize>,
+    /// get_doc_by_ptr: the token position in the shard.
+    #[arg(long)]
+    pub ptr: Option<usize>,
     /// Tokenizer to use (must match the index); default: the one the index names.
     #[arg(long)]
     pub tokenizer: Option<String>,
@@ -64,74 +81,57 @@ pub struct QueryArgs {
     pub json: bool,
 }
 
-/// A query, as a batch line or assembled from flags.
-#[derive(Deserialize, Debug, Default)]
-pub struct Request {
-    query_type: String,
-    #[serde(default)]
-    input_ids: Option<Vec<u32>>,
-    #[serde(default)]
-    prompt_ids: Option<Vec<u32>>,
-    #[serde(default)]
-    cont_id: Option<u32>,
-    #[serde(default)]
-    text: Option<String>,
-    #[serde(default)]
-    cont_text: Option<String>,
-    #[serde(default)]
-    cnf: Option<Value>,
-    #[serde(default)]
-    maxnum: Option<usize>,
-    #[serde(default)]
-    max_diff_tokens: Option<usize>,
-    #[serde(default)]
-    max_clause_freq: Option<usize>,
-    #[serde(default)]
-    max_disp_len: Option<usize>,
-    #[serde(default)]
-    s: Option<usize>,
-    #[serde(default)]
-    rank: Option<usize>,
-    #[serde(default)]
-    ptr: Option<usize>,
-}
-
-/// Opens the index and the tokenizer that must go with it.
-pub fn open_index(
-    dir: &std::path::Path,
-    tokenizer: Option<&str>,
-) -> Result<(Index<Mmap>, Box<dyn Tokenizer>)> {
-    let index = Index::open(dir)?;
-    let tok = match tokenizer {
-        Some(name) => {
-            let tok = infgram::tokenizer::load(&resolve_tokenizer_name(name)?)?;
-            infgram::tokenizer::check_fingerprint(&index.header().tokenizer, tok.as_ref())?;
-            tok
-        }
-        None => infgram::tokenizer::from_spec(&index.header().tokenizer)?,
+/// The query the flags describe.
+fn query_from_flags(args: &QueryArgs, qt: QueryType, tok: &dyn Tokenizer) -> Result<Query> {
+    let subject = Subject {
+        input_ids: args.ids.clone(),
+        text: args.text.clone(),
+        ..Default::default()
     };
-    Ok((index, tok))
-}
-
-/// Maps model names (`smollm2-135m`, fetched on first use; a safetensors directory;
-/// `hf:OWNER/REPO[:FILE]`) to the file their tokenizer comes from; other names (`bytes`,
-/// tokenizer files) pass through.
-pub fn resolve_tokenizer_name(name: &str) -> Result<String> {
-    if infgram::assets::model_path_for_name(name).is_some() {
-        // A known model: fetched on first use, as for --model.
-        return Ok(infgram::assets::ensure_model(name)?.display().to_string());
-    }
-    let path = std::path::Path::new(name);
-    if name.starts_with("hf:") || path.join("config.json").exists() {
-        let source = infgram::neural::source::ModelSource::resolve(name)?;
-        return Ok(source.tokenizer_file().display().to_string());
-    }
-    Ok(name.to_string())
+    let cont = || Continuation {
+        cont_id: args.cont_id,
+        cont_text: args.cont_text.clone(),
+    };
+    Ok(match qt {
+        QueryType::Count => Query::Count { subject },
+        QueryType::Prob => Query::Prob {
+            subject,
+            cont: cont(),
+        },
+        QueryType::Ntd => Query::Ntd { subject },
+        QueryType::InfgramProb => Query::InfgramProb {
+            subject,
+            cont: cont(),
+        },
+        QueryType::InfgramNtd => Query::InfgramNtd { subject },
+        QueryType::Find => Query::Find { subject },
+        QueryType::LongestMatch => Query::LongestMatch { subject },
+        QueryType::SearchDocs => Query::SearchDocs {
+            subject,
+            cnf: args.cnf.as_deref().map(|c| parse_cnf(c, tok)).transpose()?,
+            maxnum: args.maxnum,
+            max_diff_tokens: args.max_diff_tokens,
+            max_clause_freq: args.max_clause_freq,
+            max_disp_len: args.max_disp_len,
+        },
+        QueryType::GetDocByRank => Query::GetDocByRank {
+            subject,
+            s: args.shard,
+            rank: args.rank.context("get_doc_by_rank needs --rank")?,
+            max_disp_len: args.max_disp_len,
+        },
+        QueryType::GetDocByPtr => Query::GetDocByPtr {
+            subject,
+            s: args.shard,
+            ptr: args.ptr.context("get_doc_by_ptr needs --ptr")?,
+            max_disp_len: args.max_disp_len,
+        },
+    })
 }
 
 /// Runs `infgram query`.
 pub fn run(args: QueryArgs) -> Result<()> {
-    let (index, tok) = open_index(&args.index, args.tokenizer.as_deref())?;
+    let (index, tok) = infgram::service::open_index(&args.index, args.tokenizer.as_deref())?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     if let Some(batch) = &args.batch {
@@ -147,152 +147,25 @@ pub fn run(args: QueryArgs) -> Result<()> {
             if line.trim().is_empty() {
                 continue;
             }
-            let result = serde_json::from_str::<Request>(&line)
-                .map_err(|e| anyhow::anyhow!("bad query line: {e}"))
-                .and_then(|req| execute(&index, tok.as_ref(), &req));
-            let v = result.unwrap_or_else(|e| json!({ "error": format!("{e:#}") }));
+            let result = Query::from_json(&line).and_then(|q| execute(&index, tok.as_ref(), &q));
+            let v = result.unwrap_or_else(|e| json!({ "error": e.to_string() }));
             if writeln!(out, "{v}").is_err() {
                 return Ok(()); // broken pipe: the reader is gone
             }
         }
         return Ok(());
     }
-    let Some(qt) = args.query_type.clone() else {
-        bail!("give a query type (count, prob, ntd, infgram_prob, infgram_ntd, find, search_docs, longest_match, get_doc_by_rank, get_doc_by_ptr) or --batch FILE");
+    let Some(qt) = args.query_type else {
+        anyhow::bail!("give a query type (count, prob, ntd, infgram_prob, infgram_ntd, find, search_docs, longest_match, get_doc_by_rank, get_doc_by_ptr) or --batch FILE");
     };
-    let req = Request {
-        query_type: qt,
-        input_ids: args.ids.clone(),
-        text: args.text.clone(),
-        cont_id: args.cont_id,
-        cont_text: args.cont_text.clone(),
-        cnf: args
-            .cnf
-            .as_deref()
-            .map(|c| parse_cnf_arg(c, tok.as_ref()))
-            .transpose()?,
-        maxnum: Some(args.maxnum),
-        max_diff_tokens: Some(args.max_diff_tokens),
-        max_clause_freq: Some(args.max_clause_freq),
-        max_disp_len: Some(args.max_disp_len),
-        s: Some(args.shard),
-        rank: args.rank,
-        ptr: args.rank,
-        ..Default::default()
-    };
-    let v = execute(&index, tok.as_ref(), &req)?;
+    let query = query_from_flags(&args, qt, tok.as_ref())?;
+    let v = execute(&index, tok.as_ref(), &query)?;
     if args.json {
         writeln!(out, "{v}")?;
     } else {
-        print_table(&mut out, &req, &v, tok.as_ref())?;
+        print_table(&mut out, &query, &v, tok.as_ref())?;
     }
     Ok(())
-}
-
-/// `a b OR c d AND e f` (tokenized text) or JSON ids, into the JSON CNF form.
-fn parse_cnf_arg(s: &str, tok: &dyn Tokenizer) -> Result<Value> {
-    if s.trim_start().starts_with('[') {
-        return Ok(serde_json::from_str(s)?);
-    }
-    let mut cnf = Vec::new();
-    for clause in s.split(" AND ") {
-        let mut ors = Vec::new();
-        for g in clause.split(" OR ") {
-            ors.push(tok.encode(g)?);
-        }
-        cnf.push(ors);
-    }
-    Ok(serde_json::to_value(cnf)?)
-}
-
-fn ids_of(req: &Request, tok: &dyn Tokenizer) -> Result<Vec<u32>> {
-    if let Some(ids) = req.input_ids.as_ref().or(req.prompt_ids.as_ref()) {
-        return Ok(ids.clone());
-    }
-    match &req.text {
-        Some(t) => Ok(tok.encode(t)?),
-        None => Ok(Vec::new()),
-    }
-}
-
-fn cont_of(req: &Request, tok: &dyn Tokenizer) -> Result<u32> {
-    if let Some(c) = req.cont_id {
-        return Ok(c);
-    }
-    let Some(t) = &req.cont_text else {
-        bail!("this query needs a continuation: --cont-id N or --cont-text T (\"cont_id\" in a batch)");
-    };
-    match tok.encode(t)?.as_slice() {
-        [one] => Ok(*one),
-        ids => bail!(
-            "--cont-text {t:?} is {} tokens; it must be exactly one",
-            ids.len()
-        ),
-    }
-}
-
-fn ntd_json(r: NtdResult) -> Value {
-    serde_json::to_value(r).expect("serializable")
-}
-
-/// Runs one request and returns its JSON result.
-pub fn execute<S: AsRef<[u8]> + Sync>(
-    index: &Index<S>,
-    tok: &dyn Tokenizer,
-    req: &Request,
-) -> Result<Value> {
-    let ids = ids_of(req, tok)?;
-    Ok(match req.query_type.as_str() {
-        "count" => serde_json::to_value(index.count(&ids)?)?,
-        "prob" => serde_json::to_value(index.prob(&ids, cont_of(req, tok)?)?)?,
-        "ntd" => ntd_json(index.ntd(&ids)?),
-        "infgram_prob" => serde_json::to_value(index.infgram_prob(&ids, cont_of(req, tok)?)?)?,
-        "infgram_ntd" => ntd_json(index.infgram_ntd(&ids)?),
-        "find" => serde_json::to_value(index.find(&ids)?)?,
-        "longest_match" => json!({ "matches": index.longest_match(&ids)? }),
-        "search_docs" => {
-            let cnf: Vec<Vec<Vec<u32>>> = match &req.cnf {
-                Some(v) => serde_json::from_value(v.clone()).context(
-                    "cnf must be a list of clauses, each a list of n-grams (lists of ids)",
-                )?,
-                None => vec![vec![ids]],
-            };
-            let r = index.search_docs(
-                &cnf,
-                req.maxnum.unwrap_or(10),
-                req.max_diff_tokens.unwrap_or(10),
-                req.max_clause_freq.unwrap_or(100_000),
-                req.max_disp_len.unwrap_or(100),
-            )?;
-            let mut v = serde_json::to_value(&r)?;
-            for (d, doc) in v["documents"]
-                .as_array_mut()
-                .into_iter()
-                .flatten()
-                .zip(&r.documents)
-            {
-                d["text"] = json!(tok.decode(&doc.token_ids)?);
-            }
-            v
-        }
-        "get_doc_by_rank" | "get_doc_by_ptr" => {
-            let s = req.s.unwrap_or(0);
-            let disp = req.max_disp_len.unwrap_or(100);
-            let doc = if req.query_type == "get_doc_by_rank" {
-                let rank = req
-                    .rank
-                    .context("get_doc_by_rank needs \"rank\" (--rank)")?;
-                index.get_doc_by_rank(s, rank, ids.len(), disp)?
-            } else {
-                let ptr = req.ptr.context("get_doc_by_ptr needs \"ptr\" (--rank)")?;
-                index.get_doc_by_ptr(s, ptr, ids.len(), disp)?
-            };
-            let mut v = serde_json::to_value(&doc)?;
-            v["text"] = json!(tok.decode(&doc.token_ids)?);
-            v
-        }
-        other => bail!("unknown query type {other:?}"),
-    })
 }
 
 fn show_token(tok: &dyn Tokenizer, id: u32) -> String {
@@ -300,8 +173,8 @@ fn show_token(tok: &dyn Tokenizer, id: u32) -> String {
     format!("{s:?}")
 }
 
-fn print_table(out: &mut impl Write, req: &Request, v: &Value, tok: &dyn Tokenizer) -> Result<()> {
-    match req.query_type.as_str() {
+fn print_table(out: &mut impl Write, query: &Query, v: &Value, tok: &dyn Tokenizer) -> Result<()> {
+    match query.query_type() {
         "ntd" | "infgram_ntd" => {
             if let Some(l) = v.get("suffix_len") {
                 writeln!(out, "suffix_len  {l}")?;
@@ -326,7 +199,7 @@ fn print_table(out: &mut impl Write, req: &Request, v: &Value, tok: &dyn Tokeniz
             }
         }
         "longest_match" => {
-            let ids = ids_of(req, tok)?;
+            let ids = query.subject().tokens(tok)?;
             writeln!(
                 out,
                 "{:>5}  {:>12}  {:>6}  {:>10}  span ending here",

@@ -15,10 +15,11 @@
 
 use super::{Draft, Drafter};
 use crate::error::Result;
-use crate::generate::levels::LevelFinder;
-use crate::generate::sbis::sbis_distribution;
 use crate::index::Index;
+use crate::ngram::levels::LevelFinder;
+use crate::ngram::sbis::sbis_distribution;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// A draft stops growing once the chance that all of it is accepted falls below this.
 const MIN_REACH: f64 = 0.05;
@@ -200,9 +201,11 @@ pub enum CorpusRule {
     MostFrequent,
 }
 
-/// Drafts from an ∞-gram index of a corpus in the model's tokens.
+/// Drafts from an ∞-gram index of a corpus in the model's tokens. It keeps one level finder
+/// (and its counts cache) across drafts.
 pub struct CorpusDrafter<S: AsRef<[u8]> + Sync> {
-    index: Index<S>,
+    index: Arc<Index<S>>,
+    finder: LevelFinder,
     rule: CorpusRule,
     /// Shortest suffix match worth drafting from.
     min_match: usize,
@@ -212,13 +215,14 @@ pub struct CorpusDrafter<S: AsRef<[u8]> + Sync> {
 
 impl<S: AsRef<[u8]> + Sync> CorpusDrafter<S> {
     /// Drafts the SBIS argmax chain (decay 0.1, all levels).
-    pub fn new(index: Index<S>) -> Self {
+    pub fn new(index: Arc<Index<S>>) -> Self {
         Self::with_rule(index, CorpusRule::Sbis { decay: 0.1 })
     }
 
-    pub fn with_rule(index: Index<S>, rule: CorpusRule) -> Self {
+    pub fn with_rule(index: Arc<Index<S>>, rule: CorpusRule) -> Self {
         CorpusDrafter {
             index,
+            finder: LevelFinder::new(false),
             rule,
             min_match: 2,
             max_context: 64,
@@ -227,7 +231,7 @@ impl<S: AsRef<[u8]> + Sync> CorpusDrafter<S> {
 
     /// The `n` likeliest next tokens after `seq` with their confidences, best first (ties to
     /// the smaller id); none when the longest match is shorter than `min_match`.
-    fn ranked(&self, seq: &[u32], n: usize) -> Result<Vec<(u32, f64)>> {
+    fn ranked(&mut self, seq: &[u32], n: usize) -> Result<Vec<(u32, f64)>> {
         let (len, mut scored) = match self.rule {
             CorpusRule::MostFrequent => {
                 let (len, counts) = self.index.infgram_counts(seq)?;
@@ -240,8 +244,7 @@ impl<S: AsRef<[u8]> + Sync> CorpusDrafter<S> {
             }
             CorpusRule::Sbis { decay } => {
                 self.index.check_tokens(seq)?;
-                let mut finder = LevelFinder::new(&self.index, false);
-                let levels = finder.levels(seq, -1, false);
+                let levels = self.finder.levels(&self.index, seq, -1, false);
                 let len = levels.first().map_or(0, |l| l.len);
                 (len, sbis_distribution(&levels, decay))
             }
@@ -303,7 +306,7 @@ mod tests {
     }
 
     /// A corpus where "1 2 3" is followed by 4 once, but "2 3" is followed by 5 thirty times.
-    fn corpus_index() -> Index<Vec<u8>> {
+    fn corpus_index() -> Arc<Index<Vec<u8>>> {
         let spec = crate::tokenizer::TokenizerSpec {
             kind: "test".into(),
             path: String::new(),
@@ -312,7 +315,7 @@ mod tests {
         };
         let mut docs = vec![vec![1, 2, 3, 4, 7, 8]];
         docs.extend((0..30).map(|i| vec![10 + i % 20, 2, 3, 5, 6]));
-        Index::from_docs(spec, &docs, 2, true).unwrap()
+        Arc::new(Index::from_docs(spec, &docs, 2, true).unwrap())
     }
 
     #[test]

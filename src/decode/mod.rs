@@ -1,12 +1,14 @@
-//! The generation runtime: one decode loop with pluggable parts (DESIGN.md §2).
+//! The generation runtime: one decode loop with pluggable parts (`ARCHITECTURE.md`, "The decode
+//! loop").
 //!
 //! - A **scorer** ([`LanguageModel`]) is fed tokens and returns the logits of every fed
-//!   position; its KV cache can be cut back.
+//!   position, dense or sparse ([`Logits`]); its KV cache can be cut back.
 //! - **Drafters** ([`Drafter`]) propose tokens that are likely to come next, each with a
 //!   confidence (the chance it is accepted if the tokens before it were).
 //! - **Processors** ([`Processor`]) edit each position's logits before sampling (repetition
 //!   penalty now; the mixer and the copy guard plug in here).
-//! - The **sampler** ([`Sampler`]) turns a distribution into a token.
+//! - The **sampler** ([`Sampler`]) turns a distribution into a token. A sparse row (the
+//!   ∞-gram's support) is sampled and verified over its support alone: no dense softmax.
 //!
 //! Each step feeds the pending token plus a draft in one pass, verifies the draft left to right
 //! and keeps the longest accepted prefix plus one token of the model's own, then rolls the cache
@@ -17,10 +19,12 @@
 //! Plain decoding is this loop with no drafter.
 
 pub mod drafters;
+pub mod sampler;
+
+pub use sampler::{Sampler, SamplerConfig};
 
 use crate::error::{Error, Result};
-use crate::generate::sampler::Sampler;
-use crate::neural::{argmax, softmax, LanguageModel};
+use crate::lm::{LanguageModel, Logits};
 use std::time::Instant;
 
 /// A draft: tokens to try next, and for each the estimated chance that it is accepted given
@@ -56,7 +60,7 @@ pub trait Drafter {
 /// Edits the logits of one position before sampling.
 pub trait Processor {
     /// `context` is everything before the position whose `logits` these are.
-    fn process(&mut self, context: &[u32], logits: &mut [f32]);
+    fn process(&mut self, context: &[u32], logits: &mut Logits);
 }
 
 /// Divides positive logits (multiplies negative ones) of tokens seen in the last `window`
@@ -67,13 +71,13 @@ pub struct RepetitionPenalty {
 }
 
 impl Processor for RepetitionPenalty {
-    fn process(&mut self, context: &[u32], logits: &mut [f32]) {
+    fn process(&mut self, context: &[u32], logits: &mut Logits) {
         let from = context.len().saturating_sub(self.window);
         let mut seen: Vec<u32> = context[from..].to_vec();
         seen.sort_unstable();
         seen.dedup();
         for t in seen {
-            if let Some(l) = logits.get_mut(t as usize) {
+            if let Some(l) = logits.get_mut(t) {
                 *l = if *l > 0.0 {
                     *l / self.penalty
                 } else {
@@ -369,7 +373,7 @@ pub fn decode(
         fed.extend_from_slice(&draft.tokens);
         let cached = model.cache_len();
         let t = Instant::now();
-        let rows = model.forward(&fed)?;
+        let rows = model.score(&fed)?;
         let pass_seconds = t.elapsed().as_secs_f64();
         stats.model_seconds += pass_seconds;
         cost.observe(fed.len(), pass_seconds);
@@ -382,7 +386,7 @@ pub fn decode(
                 p.process(&context, &mut logits);
             }
             let proposal = draft.tokens.get(i).copied();
-            let (token, is_draft) = verify(sampler, &logits, proposal, &mut weights);
+            let (token, is_draft) = verify(sampler, &logits, proposal, &mut weights)?;
             if eos.contains(&token) {
                 done = true;
                 break;
@@ -490,31 +494,31 @@ fn plan_draft(
 /// Decides the token at one position: the draft token if verification accepts it, otherwise
 /// the model's own choice. Returns (token, whether it is the draft token). Greedy decoding
 /// takes the argmax of the logits directly (the sampler's argmax of the softmax, smallest id
-/// among ties), saving a full-vocabulary softmax per position.
+/// among ties), saving a softmax per position; a sparse row is sampled over its support. An
+/// error when every token has probability 0 (processors masked them all).
 fn verify(
     sampler: &mut Sampler,
-    logits: &[f32],
+    logits: &Logits,
     proposal: Option<u32>,
     weights: &mut Vec<(u32, f64)>,
-) -> (u32, bool) {
+) -> Result<(u32, bool)> {
+    let nothing = || Error::input("no token can come next: every candidate has probability 0");
     if sampler.is_greedy() {
-        let target = argmax(logits);
-        return (target, proposal == Some(target));
+        let target = logits.argmax().ok_or_else(nothing)?;
+        return Ok((target, proposal == Some(target)));
     }
-    sampler.target_weights(&softmax(logits), weights);
+    sampler.target_weights(&logits.softmax(), weights);
     if let Some(x) = proposal {
         let total: f64 = weights.iter().map(|w| w.1).sum();
         let px = weights.iter().find(|w| w.0 == x).map_or(0.0, |w| w.1) / total;
         if sampler.uniform() < px {
-            return (x, true);
+            return Ok((x, true));
         }
         // Rejected: sample from p with x removed and renormalized.
         weights.retain(|w| w.0 != x);
     }
-    let token = sampler
-        .draw_weighted(weights)
-        .expect("a non-empty distribution");
-    (token, false)
+    let token = sampler.draw_weighted(weights).ok_or_else(nothing)?;
+    Ok((token, false))
 }
 
 #[cfg(test)]
@@ -563,8 +567,14 @@ mod tests {
             penalty: 2.0,
             window: 2,
         };
-        let mut logits = vec![4.0, -4.0, 4.0, 4.0];
+        let mut logits = Logits::Dense(vec![4.0, -4.0, 4.0, 4.0]);
         p.process(&[2, 0, 1], &mut logits);
-        assert_eq!(logits, vec![2.0, -8.0, 4.0, 4.0]);
+        assert_eq!(logits, Logits::Dense(vec![2.0, -8.0, 4.0, 4.0]));
+        let mut sparse = Logits::Sparse {
+            vocab: 4,
+            entries: vec![(0, 4.0), (1, -4.0), (3, 4.0)],
+        };
+        p.process(&[2, 0, 1], &mut sparse);
+        assert_eq!(sparse.into_dense(), vec![2.0, -8.0, f32::NEG_INFINITY, 4.0]);
     }
 }

@@ -15,7 +15,7 @@ use super::{Index, Range, Shard};
 use crate::error::{Error, Result};
 use rayon::prelude::*;
 use serde::Serialize;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 /// Reversed-suffix-array ranges up to this size are scanned instead of searched.
 const SCAN_LIMIT: usize = 64;
@@ -700,55 +700,5 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
             prev = len;
         }
         Ok(out)
-    }
-}
-
-/// A cache of next-token counts of large occurrence sets (short contexts recur constantly in
-/// generation and scoring). Keyed by shard, context length and range.
-#[derive(Default)]
-pub struct CountsCache {
-    map: HashMap<CacheKey, std::sync::Arc<Counts>>,
-}
-
-/// (shard, context length, reversed?, lo, hi, keep_end, continuation counts?).
-type CacheKey = (usize, usize, bool, usize, usize, bool, bool);
-
-/// Occurrence sets at least this large are cached.
-pub const CACHE_MIN: usize = 256;
-
-impl CountsCache {
-    /// Next-token counts of `occ` (occurrences of `ctx` in shard `s`), or the continuation
-    /// counts of [`Shard::occ_continuations`] when `continuation` is set; from the cache when
-    /// the set is large.
-    pub fn get<S: AsRef<[u8]>>(
-        &mut self,
-        s: usize,
-        sh: &Shard<S>,
-        occ: Occ,
-        ctx: &[u32],
-        keep_end: bool,
-        continuation: bool,
-    ) -> std::sync::Arc<Counts> {
-        let compute = || {
-            std::sync::Arc::new(if continuation {
-                sh.occ_continuations(occ, ctx, keep_end)
-            } else {
-                sh.occ_counts_ext(occ, ctx, keep_end)
-            })
-        };
-        if occ.len() < CACHE_MIN {
-            return compute();
-        }
-        let (Occ::Fwd((a, b)) | Occ::Rev((a, b))) = occ;
-        let key = (
-            s,
-            ctx.len(),
-            matches!(occ, Occ::Rev(_)),
-            a,
-            b,
-            keep_end,
-            continuation,
-        );
-        self.map.entry(key).or_insert_with(compute).clone()
     }
 }

@@ -7,8 +7,8 @@
 //! once. RoPE is the interleaved ("normal") variant that llama-architecture GGUF files expect.
 
 use super::gguf::{Gguf, LlamaConfig};
-use super::LanguageModel;
 use crate::error::Result;
+use crate::lm::LanguageModel;
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Module, Tensor};
 use std::path::Path;
@@ -229,7 +229,7 @@ impl LanguageModel for CandleLlama {
         if tokens.is_empty() {
             return Ok(Vec::new());
         }
-        super::check_vocab(tokens, self.vocab)?;
+        crate::lm::check_vocab(tokens, self.vocab)?;
         let pos = self.cached;
         let ids = Tensor::new(tokens, &self.device)?;
         let mut x = self.embeddings.index_select(&ids, 0)?.unsqueeze(0)?;

@@ -10,8 +10,8 @@
 //! nothing with it.
 
 use super::gguf::model_err;
-use super::{check_vocab, LanguageModel};
 use crate::error::{Error, Result};
+use crate::lm::{check_vocab, LanguageModel};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::llama::{Cache, Config, Llama, LlamaConfig, LlamaEosToks};

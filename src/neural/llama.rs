@@ -12,8 +12,8 @@ use super::attention::{attend, KvCache};
 use super::gguf::{model_err, Gguf, LlamaConfig};
 use super::kernels::{matmul, Isa, QMatrix, QRows};
 use super::pool::Pool;
-use super::LanguageModel;
 use crate::error::{Error, Result};
+use crate::lm::LanguageModel;
 use candle_core::quantized::{GgmlDType, QTensor};
 use std::path::Path;
 
@@ -202,7 +202,7 @@ impl Llama {
             return Ok(Vec::new());
         }
         let vocab = self.vocab_size();
-        super::check_vocab(tokens, vocab)?;
+        crate::lm::check_vocab(tokens, vocab)?;
         let (t, pos, dim, eps) = (tokens.len(), self.cached, self.cfg.dim, self.cfg.eps);
         let kv_dim = self.cfg.n_kv_head * self.cfg.head_dim;
         self.ensure_rope(pos + t);

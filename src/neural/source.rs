@@ -3,8 +3,8 @@
 //! Face Hub through hf-hub. The Hub is the only network access infgram makes at run time, and
 //! only when a user names a Hub model; offline it fails with a message that says what to do.
 
-use super::LanguageModel;
 use crate::error::{Error, Result};
+use crate::lm::LanguageModel;
 use crate::tokenizer::HfTokenizer;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};

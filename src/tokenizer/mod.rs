@@ -12,11 +12,13 @@
 //! Every tokenizer has a *fingerprint*: a hash of everything that decides its ids. The index
 //! stores it, and a query with another tokenizer is refused.
 
+#[cfg(feature = "neural")]
 mod gguf;
 
 use crate::error::{Error, Result};
 use std::path::Path;
 
+#[cfg(feature = "neural")]
 pub use gguf::gguf_tokenizer_json;
 
 /// Turns text into token ids and back.
@@ -121,8 +123,17 @@ impl HfTokenizer {
 
     /// Rebuilds the tokenizer embedded in a GGUF model file.
     pub fn from_gguf(path: &Path) -> Result<Self> {
-        let json = gguf_tokenizer_json(path)?;
-        Self::from_json_str(&json, "gguf", path)
+        #[cfg(feature = "neural")]
+        {
+            let json = gguf_tokenizer_json(path)?;
+            Self::from_json_str(&json, "gguf", path)
+        }
+        #[cfg(not(feature = "neural"))]
+        Err(Error::input(format!(
+            "{}: reading the tokenizer of a GGUF file needs infgram built with the `neural` \
+             feature (the default build has it)",
+            path.display()
+        )))
     }
 
     fn from_json_str(json: &str, kind: &'static str, path: &Path) -> Result<Self> {

@@ -1,6 +1,6 @@
 //! Helpers shared by the neural-model tests.
 
-use infgram::neural::{argmax, neg_log_prob};
+use infgram::lm::{argmax, neg_log_prob};
 
 /// Mean −ln p of `ids[1..]` given the logits of a full pass over `ids`.
 pub fn mean_loss(logits: &[Vec<f32>], ids: &[u32]) -> f64 {

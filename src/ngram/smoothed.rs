@@ -29,7 +29,7 @@ pub struct Discounts(pub [[f64; 3]; CLASSES]);
 
 impl Default for Discounts {
     /// Fitted on the last 5% of Tiny Shakespeare's train split, indexing the first 95%
-    /// (`infgram ppl --text ../shared/data/tinyshakespeare.txt --split 0.9 --estimator smoothed`
+    /// (`infgram ppl --text $(infgram fetch tiny-shakespeare) --split 0.9 --estimator smoothed`
     /// fits them and prints them).
     fn default() -> Self {
         Discounts([
@@ -205,12 +205,12 @@ pub fn fit_on_train(
     let cut = train.len() * 95 / 100;
     let (head, held) = (&train[..cut], &train[cut..]);
     let index = crate::Index::from_docs(spec, &[head.to_vec()], 1, true)?;
-    let mut finder = super::levels::LevelFinder::new(&index, false);
+    let mut finder = super::levels::LevelFinder::new(false);
     let est = super::Estimator::Smoothed(Discounts::default());
     let data: Vec<_> = (1..held.len())
         .map(|i| {
             (
-                est.levels(&mut finder, &held[i.saturating_sub(context)..i]),
+                est.levels(&mut finder, &index, &held[i.saturating_sub(context)..i]),
                 held[i],
             )
         })

@@ -1,6 +1,7 @@
 //! Selective backoff interpolation sampling (SBIS): the next-token distribution
 //! `P(x) ∝ Σ_j decay^j · count_j(x)` over the kept levels `j = 0, 1, …` (longest first), as
-//! defined by "Generating Shakespeare Without Neural Networks" and DESIGN.md §5.
+//! defined by "Generating Shakespeare Without Neural Networks" (tiny-infini-gram) and written out
+//! in `ARCHITECTURE.md`, "SBIS".
 
 use super::levels::{count_of, Level};
 

@@ -2,12 +2,13 @@
 //!
 //! For suffix lengths `l = L, L-1, …, 1` the occurrence count of the last `l` tokens never
 //! decreases. A *level* is a length where it changes; its next-token counts are kept when
-//! their total exceeds that of the previous kept level (DESIGN.md §5). The occurrence ranges of
+//! their total exceeds that of the previous kept level (`ARCHITECTURE.md`, "SBIS"). The occurrence ranges of
 //! all suffixes come from the reversed suffix array in one left-to-right narrowing (ranges
 //! nest), so the change points cost one binary search per suffix length that occurs, and the
 //! counts are computed only at change points (cached for large, recurring ranges).
 
-use crate::index::query::{merge_counts, tally_sorted, Counts, CountsCache, Occ};
+use super::cache::{CacheStats, CountsCache};
+use crate::index::query::{merge_counts, tally_sorted, Counts, Occ};
 use crate::index::Index;
 use std::sync::Arc;
 
@@ -42,40 +43,45 @@ pub struct Tracker {
     ready: bool,
 }
 
-/// Computes levels on an index, caching next-token counts of large occurrence sets.
-pub struct LevelFinder<'a, S> {
-    index: &'a Index<S>,
+/// Computes levels on an index, caching next-token counts of large occurrence sets. The index
+/// is passed to each call, so the owner of both (a model, a drafter) keeps one finder and its
+/// cache for its whole life; a finder (its cache) serves one index.
+pub struct LevelFinder {
     cache: CountsCache,
     keep_end: bool,
 }
 
-impl<'a, S: AsRef<[u8]> + Sync> LevelFinder<'a, S> {
+impl LevelFinder {
     /// A finder; with `keep_end`, document ends count as the separator token.
-    pub fn new(index: &'a Index<S>, keep_end: bool) -> Self {
+    pub fn new(keep_end: bool) -> Self {
         LevelFinder {
-            index,
             cache: CountsCache::default(),
             keep_end,
         }
     }
 
-    /// The index.
-    pub fn index(&self) -> &'a Index<S> {
-        self.index
+    /// A finder whose cache holds at most `capacity` `(token, count)` pairs.
+    pub fn with_cache_capacity(keep_end: bool, capacity: usize) -> Self {
+        LevelFinder {
+            cache: CountsCache::with_capacity(capacity),
+            keep_end,
+        }
+    }
+
+    /// How the counts cache has served.
+    pub fn cache_stats(&self) -> CacheStats {
+        self.cache.stats()
     }
 
     /// Occurrences of the suffixes of `ctx` in every shard (see [`crate::index::Shard::suffix_occs`]).
-    fn suffix_occs(&self, ctx: &[u32]) -> Vec<Vec<Occ>> {
-        self.index
-            .shards()
-            .iter()
-            .map(|s| s.suffix_occs(ctx))
-            .collect()
+    fn suffix_occs<S: AsRef<[u8]> + Sync>(index: &Index<S>, ctx: &[u32]) -> Vec<Vec<Occ>> {
+        index.shards().iter().map(|s| s.suffix_occs(ctx)).collect()
     }
 
     /// Next-token counts of the suffix of length `l` of `ctx`, merged over shards.
-    fn counts_at(
+    fn counts_at<S: AsRef<[u8]> + Sync>(
         &mut self,
+        index: &Index<S>,
         per_shard: &[Vec<Occ>],
         ctx: &[u32],
         l: usize,
@@ -83,7 +89,7 @@ impl<'a, S: AsRef<[u8]> + Sync> LevelFinder<'a, S> {
     ) -> Arc<Counts> {
         let q = &ctx[ctx.len() - l..];
         let mut parts: Vec<Arc<Counts>> = Vec::new();
-        for (s, (sh, occs)) in self.index.shards().iter().zip(per_shard).enumerate() {
+        for (s, (sh, occs)) in index.shards().iter().zip(per_shard).enumerate() {
             if let Some(&occ) = occs.get(l) {
                 if !occ.is_empty() {
                     parts.push(self.cache.get(s, sh, occ, q, self.keep_end, continuation));
@@ -99,26 +105,34 @@ impl<'a, S: AsRef<[u8]> + Sync> LevelFinder<'a, S> {
 
     /// Up to `k` levels of `ctx` (all when `k < 0`), longest suffix first. With
     /// `include_empty`, the empty context (the unigram distribution) may end the list.
-    pub fn levels(&mut self, ctx: &[u32], k: i64, include_empty: bool) -> Vec<Level> {
-        self.levels_with(ctx, k, include_empty, false)
+    pub fn levels<S: AsRef<[u8]> + Sync>(
+        &mut self,
+        index: &Index<S>,
+        ctx: &[u32],
+        k: i64,
+        include_empty: bool,
+    ) -> Vec<Level> {
+        self.levels_with(index, ctx, k, include_empty, false)
     }
 
     /// [`LevelFinder::levels`], with the continuation counts of every level but the first when
     /// `continuation` is set (for the smoothed estimator).
-    pub fn levels_with(
+    pub fn levels_with<S: AsRef<[u8]> + Sync>(
         &mut self,
+        index: &Index<S>,
         ctx: &[u32],
         k: i64,
         include_empty: bool,
         continuation: bool,
     ) -> Vec<Level> {
-        let per_shard = self.suffix_occs(ctx);
-        self.levels_from(&per_shard, ctx, k, include_empty, continuation)
+        let per_shard = Self::suffix_occs(index, ctx);
+        self.levels_from(index, &per_shard, ctx, k, include_empty, continuation)
     }
 
     /// The levels, given the occurrences of `ctx`'s suffixes in every shard.
-    fn levels_from(
+    fn levels_from<S: AsRef<[u8]> + Sync>(
         &mut self,
+        index: &Index<S>,
         per_shard: &[Vec<Occ>],
         ctx: &[u32],
         k: i64,
@@ -136,12 +150,12 @@ impl<'a, S: AsRef<[u8]> + Sync> LevelFinder<'a, S> {
                 continue;
             }
             prev_raw = r;
-            let counts = self.counts_at(per_shard, ctx, l, false);
+            let counts = self.counts_at(index, per_shard, ctx, l, false);
             let total: u64 = counts.iter().map(|&(_, c)| c).sum();
             if total > prev_total {
                 prev_total = total;
                 let continuations = (continuation && !kept.is_empty())
-                    .then(|| self.counts_at(per_shard, ctx, l, true));
+                    .then(|| self.counts_at(index, per_shard, ctx, l, true));
                 kept.push(Level {
                     len: l,
                     total,
@@ -155,9 +169,7 @@ impl<'a, S: AsRef<[u8]> + Sync> LevelFinder<'a, S> {
         }
         kept
     }
-}
 
-impl<S: AsRef<[u8]> + Sync> LevelFinder<'_, S> {
     /// The first `k > 0` SBIS levels of `ctx` during generation, where `ctx` is the previous
     /// step's context plus `appended` (cut to the context window).
     ///
@@ -167,22 +179,23 @@ impl<S: AsRef<[u8]> + Sync> LevelFinder<'_, S> {
     /// occurrence) gives an exact prefix of the new level list. When that prefix is shorter than
     /// `k`, or the top level outgrows the window, the levels are computed from scratch and the
     /// small ones tracked again. Equal to `levels(ctx, k, false)` with `keep_end` (tested).
-    pub fn next_levels(
+    pub fn next_levels<S: AsRef<[u8]> + Sync>(
         &mut self,
+        index: &Index<S>,
         tracker: &mut Tracker,
         ctx: &[u32],
         appended: Option<u32>,
         k: i64,
     ) -> Vec<Level> {
         if k <= 0 || !self.keep_end {
-            return self.levels(ctx, k, false);
+            return self.levels(index, ctx, k, false);
         }
         if let (Some(x), true) = (appended, tracker.ready) {
-            if let Some(levels) = self.advance(tracker, x, ctx.len(), k as usize) {
+            if let Some(levels) = Self::advance(index, tracker, x, ctx.len(), k as usize) {
                 return levels;
             }
         }
-        let per_shard = self.suffix_occs(ctx);
+        let per_shard = Self::suffix_occs(index, ctx);
         tracker.tracked.clear();
         let lmax = per_shard.iter().map(|o| o.len() - 1).max().unwrap_or(0);
         let mut prev = 0usize;
@@ -196,7 +209,7 @@ impl<S: AsRef<[u8]> + Sync> LevelFinder<'_, S> {
             }
             prev = raw;
             let mut starts = Vec::with_capacity(raw);
-            for (s, (sh, occs)) in self.index.shards().iter().zip(&per_shard).enumerate() {
+            for (s, (sh, occs)) in index.shards().iter().zip(&per_shard).enumerate() {
                 match occs.get(l) {
                     Some(&Occ::Rev((a, b))) => starts.extend((a..b).map(|i| (s, sh.rstart(i, l)))),
                     Some(&Occ::Fwd((a, b))) => starts.extend((a..b).map(|i| (s, sh.sa(i)))),
@@ -206,18 +219,18 @@ impl<S: AsRef<[u8]> + Sync> LevelFinder<'_, S> {
             tracker.tracked.push(Tracked { len: l, starts });
         }
         tracker.ready = true;
-        self.levels_from(&per_shard, ctx, k, false, false)
+        self.levels_from(index, &per_shard, ctx, k, false, false)
     }
 
     /// Extends the tracked levels by `x`; `None` when they do not give `k` levels.
-    fn advance(
-        &mut self,
+    fn advance<S: AsRef<[u8]> + Sync>(
+        index: &Index<S>,
         tracker: &mut Tracker,
         x: u32,
         window: usize,
         k: usize,
     ) -> Option<Vec<Level>> {
-        let shards = self.index.shards();
+        let shards = index.shards();
         // Extend every tracked suffix by `x` in place, then keep the first of each count.
         for t in tracker.tracked.iter_mut() {
             let len = t.len;

@@ -1,17 +1,15 @@
-//! DESIGN.md §5, seed protocol: SBIS perplexity on Tiny Shakespeare must reproduce the seed's
-//! table exactly (to two decimals), and the smoothed estimator must beat it.
+//! The SBIS protocol of tiny-infini-gram (the reference implementation of "Generating
+//! Shakespeare Without Neural Networks"): SBIS perplexity on Tiny Shakespeare must reproduce its
+//! published table exactly (to two decimals), and the smoothed estimator must beat it. The
+//! protocol is written out in `ARCHITECTURE.md` ("Evaluation protocols").
 
-use infgram::generate::eval::perplexity;
-use infgram::generate::Estimator;
+use infgram::eval::perplexity;
+use infgram::ngram::Estimator;
 use infgram::tokenizer::{ByteTokenizer, Tokenizer};
 use infgram::Index;
 
 fn tiny_shakespeare() -> (Vec<u32>, Vec<u32>) {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../shared/data/tinyshakespeare.txt"
-    );
-    let text = std::fs::read_to_string(path).expect("../shared/data/tinyshakespeare.txt");
+    let text = infgram::assets::tiny_shakespeare().expect("the in-tree Tiny Shakespeare");
     assert_eq!(text.len(), 1_115_394);
     let cut = text.len() * 9 / 10;
     let tok = ByteTokenizer;
@@ -40,7 +38,7 @@ fn seed_table_reproduced() {
 fn smoothed_estimator_beats_the_seed() {
     let (train, val) = tiny_shakespeare();
     // Discounts fitted on held-out train only (the last 5%, with the first 95% indexed).
-    let d = infgram::generate::smoothed::fit_on_train(&train, ByteTokenizer.spec(), 100).unwrap();
+    let d = infgram::ngram::smoothed::fit_on_train(&train, ByteTokenizer.spec(), 100).unwrap();
     let index = Index::from_docs(ByteTokenizer.spec(), &[train], 1, true).unwrap();
     let r = perplexity(&index, &val, &Estimator::Smoothed(d), 100, None).unwrap();
     eprintln!("smoothed: ppl {:.4} in {:.2} s", r.ppl, r.seconds);

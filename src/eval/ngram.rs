@@ -3,10 +3,10 @@
 //! effective n (suffix length + 1), and for sparse (one possible next token) and non-sparse
 //! estimates.
 
-use super::levels::LevelFinder;
-use super::Estimator;
 use crate::error::{Error, Result};
 use crate::index::Index;
+use crate::ngram::levels::LevelFinder;
+use crate::ngram::Estimator;
 use rayon::prelude::*;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -92,12 +92,12 @@ pub fn perplexity<S: AsRef<[u8]> + Sync>(
     let parts: Vec<Result<Partial>> = positions
         .par_chunks(chunk)
         .map(|chunk| {
-            let mut finder = LevelFinder::new(index, false);
+            let mut finder = LevelFinder::new(false);
             let mut p = Partial::default();
             for &i in chunk {
                 let ctx = &tokens[i.saturating_sub(context)..i];
                 let actual = tokens[i];
-                let levels = estimator.levels(&mut finder, ctx);
+                let levels = estimator.levels(&mut finder, index, ctx);
                 let prob = estimator.prob(&levels, vocab, actual).unwrap_or(0.0);
                 let prob = if prob > 0.0 {
                     prob

@@ -1,0 +1,37 @@
+//! Perplexity of any language model in sliding windows.
+
+use crate::error::{Error, Result};
+use crate::lm::LanguageModel;
+
+/// Perplexity of a token sequence under the model, in windows of at most `window` tokens
+/// moved by `stride` (the infini-gram paper's protocol: 1,024 and 512; see `ARCHITECTURE.md`,
+/// "Evaluation protocols"): each token is scored once, with the most context its window gives;
+/// the first token has no context and is not scored. Returns (mean −ln p, tokens scored).
+pub fn windowed_perplexity(
+    model: &mut dyn LanguageModel,
+    tokens: &[u32],
+    window: usize,
+    stride: usize,
+) -> Result<(f64, usize)> {
+    if tokens.len() < 2 || window < 2 || stride == 0 || stride > window {
+        return Err(Error::input(
+            "need at least two tokens, a window of at least 2 and 0 < stride <= window",
+        ));
+    }
+    let (mut nll, mut scored) = (0.0f64, 0usize);
+    let mut done = 1; // tokens[0..done] are scored (token 0 never is)
+    let mut begin = 0;
+    while done < tokens.len() {
+        let end = (begin + window).min(tokens.len());
+        model.clear();
+        let rows = model.score(&tokens[begin..end])?;
+        // Row r predicts tokens[begin + r + 1]; score the targets not scored yet.
+        for target in done.max(begin + 1)..end {
+            nll += rows[target - begin - 1].neg_log_prob(tokens[target]);
+            scored += 1;
+        }
+        done = end;
+        begin += stride;
+    }
+    Ok((nll / scored as f64, scored))
+}

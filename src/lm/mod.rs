@@ -1,0 +1,247 @@
+//! The language-model interface every scorer implements, at the bottom of the generation stack.
+//!
+//! A [`LanguageModel`] is fed tokens and returns the logits of *every* fed position (speculative
+//! verification scores several draft tokens in one pass; mixing and perplexity need the full
+//! distribution at each step), and its state (a KV cache, an ∞-gram context) can be cut back to
+//! any length (rolling back rejected drafts). The neural models (`crate::neural`, with the
+//! `neural` feature) and the ∞-gram ([`crate::ngram::InfgramModel`]) both implement it, so the
+//! decode loop, perplexity and (next) the mixer treat them alike.
+//!
+//! A row of scores is [`Logits`]: dense (one logit per vocabulary id, as a neural model gives)
+//! or sparse (only the ids with a finite logit, as the ∞-gram gives: its support is a handful of
+//! tokens). The sampler and verification work on either without building a dense row.
+
+use crate::error::{Error, Result};
+
+/// One position's next-token scores: natural-log-scale logits, softmax-normalized by the user.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Logits {
+    /// One logit per id of the vocabulary.
+    Dense(Vec<f32>),
+    /// The ids with a finite logit, sorted by id, over a vocabulary of `vocab` ids; every
+    /// other id has logit −∞ (probability 0).
+    Sparse {
+        /// Vocabulary size.
+        vocab: usize,
+        /// `(id, logit)`, ids ascending and distinct.
+        entries: Vec<(u32, f32)>,
+    },
+}
+
+impl Logits {
+    /// Number of ids these logits range over.
+    pub fn vocab(&self) -> usize {
+        match self {
+            Logits::Dense(v) => v.len(),
+            Logits::Sparse { vocab, .. } => *vocab,
+        }
+    }
+
+    /// The logit of `id` (−∞ outside a sparse row's support or the vocabulary).
+    pub fn get(&self, id: u32) -> f32 {
+        match self {
+            Logits::Dense(v) => v.get(id as usize).copied().unwrap_or(f32::NEG_INFINITY),
+            Logits::Sparse { entries, .. } => entries
+                .binary_search_by_key(&id, |e| e.0)
+                .map_or(f32::NEG_INFINITY, |i| entries[i].1),
+        }
+    }
+
+    /// The logit of `id`, to edit in place; `None` when it is −∞ in a sparse row (an edit that
+    /// keeps −∞ at −∞ has nothing to do there) or outside the vocabulary.
+    pub fn get_mut(&mut self, id: u32) -> Option<&mut f32> {
+        match self {
+            Logits::Dense(v) => v.get_mut(id as usize),
+            Logits::Sparse { entries, .. } => entries
+                .binary_search_by_key(&id, |e| e.0)
+                .ok()
+                .map(|i| &mut entries[i].1),
+        }
+    }
+
+    /// Gives `id` probability 0.
+    pub fn mask(&mut self, id: u32) {
+        match self {
+            Logits::Dense(v) => {
+                if let Some(x) = v.get_mut(id as usize) {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+            Logits::Sparse { entries, .. } => {
+                if let Ok(i) = entries.binary_search_by_key(&id, |e| e.0) {
+                    entries.remove(i);
+                }
+            }
+        }
+    }
+
+    /// The dense row (−∞ outside a sparse row's support).
+    pub fn into_dense(self) -> Vec<f32> {
+        match self {
+            Logits::Dense(v) => v,
+            Logits::Sparse { vocab, entries } => {
+                let mut v = vec![f32::NEG_INFINITY; vocab];
+                for (id, x) in entries {
+                    v[id as usize] = x;
+                }
+                v
+            }
+        }
+    }
+
+    /// Id of the largest logit, the smallest id among ties; `None` when every logit is −∞
+    /// (nothing can come next).
+    pub fn argmax(&self) -> Option<u32> {
+        let mut best: Option<(u32, f32)> = None;
+        let mut consider = |id: u32, x: f32| {
+            if x > best.map_or(f32::NEG_INFINITY, |b| b.1) {
+                best = Some((id, x));
+            }
+        };
+        match self {
+            Logits::Dense(v) => v
+                .iter()
+                .enumerate()
+                .for_each(|(i, &x)| consider(i as u32, x)),
+            Logits::Sparse { entries, .. } => entries.iter().for_each(|&(i, x)| consider(i, x)),
+        }
+        best.map(|b| b.0)
+    }
+
+    /// Softmax as `(id, probability)` pairs, ids ascending; a sparse row gives its support
+    /// only (the other ids have probability 0). The same numbers as [`softmax`] of the dense
+    /// row, bit for bit.
+    pub fn softmax(&self) -> Vec<(u32, f64)> {
+        match self {
+            Logits::Dense(v) => softmax(v),
+            Logits::Sparse { entries, .. } => {
+                let max = entries
+                    .iter()
+                    .map(|e| e.1)
+                    .fold(f32::NEG_INFINITY, f32::max) as f64;
+                let exps: Vec<(u32, f64)> = entries
+                    .iter()
+                    .map(|&(id, x)| (id, (x as f64 - max).exp()))
+                    .collect();
+                let sum: f64 = exps.iter().map(|e| e.1).sum();
+                exps.into_iter().map(|(id, e)| (id, e / sum)).collect()
+            }
+        }
+    }
+
+    /// −ln p(`token`) under the softmax (+∞ when `token` has probability 0).
+    pub fn neg_log_prob(&self, token: u32) -> f64 {
+        match self {
+            Logits::Dense(v) => neg_log_prob(v, token),
+            Logits::Sparse { entries, .. } => {
+                let max = entries
+                    .iter()
+                    .map(|e| e.1)
+                    .fold(f32::NEG_INFINITY, f32::max) as f64;
+                let sum: f64 = entries.iter().map(|e| (e.1 as f64 - max).exp()).sum();
+                max + sum.ln() - self.get(token) as f64
+            }
+        }
+    }
+}
+
+/// A causal language model with a state that can be cut back (a KV cache).
+pub trait LanguageModel {
+    /// Feeds `tokens` after the cached ones; returns one row of logits per fed token.
+    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>>;
+    /// [`LanguageModel::forward`] as [`Logits`] rows: a model whose rows are mostly −∞ (the
+    /// ∞-gram) returns sparse rows here, and the decode loop calls this. By default, the dense
+    /// rows of `forward`.
+    fn score(&mut self, tokens: &[u32]) -> Result<Vec<Logits>> {
+        Ok(self
+            .forward(tokens)?
+            .into_iter()
+            .map(Logits::Dense)
+            .collect())
+    }
+    /// Feeds `tokens` without returning logits (a prompt): models may skip work.
+    fn feed(&mut self, tokens: &[u32]) -> Result<()> {
+        self.forward(tokens).map(drop)
+    }
+    /// Tokens in the cache.
+    fn cache_len(&self) -> usize;
+    /// Cuts the cache back to its first `len` tokens.
+    fn truncate(&mut self, len: usize);
+    /// Empties the cache.
+    fn clear(&mut self) {
+        self.truncate(0);
+    }
+    /// Number of logits per position.
+    fn vocab_size(&self) -> usize;
+    /// Ids that end a generation.
+    fn eos_tokens(&self) -> &[u32];
+}
+
+/// Refuses token ids at or beyond `vocab` (every model's forward pass checks its input).
+pub fn check_vocab(tokens: &[u32], vocab: usize) -> Result<()> {
+    match tokens.iter().find(|&&t| t as usize >= vocab) {
+        Some(bad) => Err(Error::input(format!(
+            "token id {bad} is outside the model's vocabulary ({vocab})"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Index of the largest logit (the smallest id among ties).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    for (i, &x) in logits.iter().enumerate() {
+        if x > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// −ln p(`token`) under the softmax of `logits` (log-sum-exp in f64).
+pub fn neg_log_prob(logits: &[f32], token: u32) -> f64 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = logits.iter().map(|&x| (x as f64 - max).exp()).sum();
+    max + sum.ln() - logits[token as usize] as f64
+}
+
+/// Softmax of `logits` as `(id, probability)` pairs, for the shared sampler.
+pub fn softmax(logits: &[f32]) -> Vec<(u32, f64)> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let exps: Vec<f64> = logits.iter().map(|&x| (x as f64 - max).exp()).collect();
+    let sum: f64 = exps.iter().sum();
+    exps.into_iter()
+        .enumerate()
+        .map(|(i, e)| (i as u32, e / sum))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sparse_rows_agree_with_their_dense_form() {
+        let sparse = Logits::Sparse {
+            vocab: 6,
+            entries: vec![(1, -2.0), (3, -0.5), (4, -0.5)],
+        };
+        let dense = Logits::Dense(sparse.clone().into_dense());
+        assert_eq!(sparse.argmax(), Some(3));
+        assert_eq!(dense.argmax(), Some(3));
+        let nonzero: Vec<(u32, f64)> = dense.softmax().into_iter().filter(|p| p.1 > 0.0).collect();
+        assert_eq!(sparse.softmax(), nonzero);
+        for t in 0..6 {
+            assert_eq!(sparse.get(t), dense.get(t));
+            let (a, b) = (sparse.neg_log_prob(t), dense.neg_log_prob(t));
+            assert!(a == b || (a - b).abs() < 1e-12, "{t}: {a} vs {b}");
+        }
+        let mut masked = sparse.clone();
+        masked.mask(3);
+        assert_eq!(masked.argmax(), Some(4));
+        masked.mask(4);
+        masked.mask(1);
+        assert_eq!(masked.argmax(), None);
+        assert_eq!(Logits::Dense(vec![f32::NEG_INFINITY; 3]).argmax(), None);
+    }
+}

@@ -1,0 +1,72 @@
+//! The ∞-gram as a language model: next-token estimators over an index.
+//!
+//! * [`levels`]: the SBIS levels of a context (distinct suffix counts, longest first), with a
+//!   bounded cache of next-token counts and the incremental tracker used in generation.
+//! * [`sbis`]: the selective backoff interpolation distribution.
+//! * [`smoothed`]: interpolated absolute discounting across all levels (finite perplexity).
+//! * [`model`]: [`InfgramModel`], the ∞-gram as a [`crate::lm::LanguageModel`] with sparse rows,
+//!   so generation, speculative decoding and perplexity run it like any model.
+//!
+//! The algorithms are described in `ARCHITECTURE.md` ("The ∞-gram estimators").
+
+pub mod cache;
+pub mod levels;
+pub mod model;
+pub mod sbis;
+pub mod smoothed;
+
+pub use model::{InfgramModel, StepStats};
+
+use crate::index::Index;
+use levels::{Level, LevelFinder};
+use smoothed::Discounts;
+
+/// Which next-token estimator to use.
+#[derive(Clone, Debug)]
+pub enum Estimator {
+    /// SBIS with `k` levels (−1 = all) and the given decay.
+    Sbis {
+        /// Levels to keep (−1: all).
+        k: i64,
+        /// Weight ratio between consecutive levels.
+        decay: f64,
+    },
+    /// Interpolated absolute discounting down to uniform.
+    Smoothed(Discounts),
+}
+
+impl Estimator {
+    /// The levels this estimator needs for a context.
+    pub fn levels<S: AsRef<[u8]> + Sync>(
+        &self,
+        finder: &mut LevelFinder,
+        index: &Index<S>,
+        ctx: &[u32],
+    ) -> Vec<Level> {
+        match self {
+            Estimator::Sbis { k, .. } => finder.levels(index, ctx, *k, false),
+            Estimator::Smoothed(_) => finder.levels_with(index, ctx, -1, true, true),
+        }
+    }
+
+    /// The distribution given the levels, as `(token, probability)` pairs sorted by token
+    /// (SBIS: its support only; smoothed: every token of the vocabulary).
+    pub fn distribution(&self, levels: &[Level], vocab: usize) -> Vec<(u32, f64)> {
+        match self {
+            Estimator::Sbis { decay, .. } => sbis::sbis_distribution(levels, *decay),
+            Estimator::Smoothed(d) => smoothed::smoothed_distribution(levels, d, vocab)
+                .into_iter()
+                .enumerate()
+                .map(|(t, p)| (t as u32, p))
+                .collect(),
+        }
+    }
+
+    /// Probability of `tok` given the levels (`None` when SBIS has no level).
+    pub fn prob(&self, levels: &[Level], vocab: usize, tok: u32) -> Option<f64> {
+        match self {
+            Estimator::Sbis { decay, .. } => sbis::sbis_prob(levels, *decay, tok),
+            Estimator::Smoothed(d) => Some(smoothed::smoothed_prob(levels, d, vocab, tok)),
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! The ∞-gram as a [`LanguageModel`], so that generation from the index alone runs through the
+//! same decode loop as neural decoding, and the ∞-gram can be scored, mixed and verified like
+//! any model.
+//!
+//! Each fed token's row holds the natural logarithms of the estimator's next-token
+//! probabilities, as a sparse row over the estimator's support (SBIS gives a handful of
+//! tokens; the decode loop never builds a dense row for it); the sampler's softmax and
+//! temperature then give `P^(1/T)`, the ∞-gram generator's rule. The index's document separator
+//! is the end token, and feeding the end token starts a new document: the context after it is
+//! empty. The incremental level tracker of [`super::levels`] keeps a step at about a microsecond
+//! per corpus occurrence it follows; truncating the context (a rolled-back draft) resets it.
+//!
+//! Vocabulary: over a byte index (255 byte ids, separator 255) the model has 256 ids and the
+//! separator is its own end token. Over an index built with a neural model's tokenizer
+//! (separator 65,535 or 2³²−1, far past the vocabulary), [`InfgramModel::with_vocab`] gives the
+//! model's exact vocabulary and maps the separator to the model's end token, so the two
+//! distributions line up id for id.
+
+use super::levels::{self, Level, LevelFinder};
+use super::Estimator;
+use crate::error::{Error, Result};
+use crate::index::Index;
+use crate::lm::{LanguageModel, Logits};
+use std::sync::Arc;
+
+/// Per-step record for `--stats`: suffix length `n` and total `m` of each kept level.
+#[derive(Clone, Debug, Default)]
+pub struct StepStats {
+    /// `(n, m)` of each kept level, longest first.
+    pub levels: Vec<(usize, u64)>,
+}
+
+/// Next-token distributions of the ∞-gram of an index.
+pub struct InfgramModel<S: AsRef<[u8]> + Sync> {
+    index: Arc<Index<S>>,
+    finder: LevelFinder,
+    estimator: Estimator,
+    /// Tokens of context the estimator looks at.
+    window: usize,
+    /// Every fed token, in index ids (end tokens mapped to the separator).
+    fed: Vec<u32>,
+    /// Where the current document starts in `fed` (after the last separator).
+    doc_start: usize,
+    tracker: levels::Tracker,
+    /// The token fed since the levels were last computed, for the tracker.
+    appended: Option<u32>,
+    separator: u32,
+    vocab: usize,
+    /// The id the separator is reported as (and read back from).
+    eos: [u32; 1],
+    /// The levels used at each scored position, for `--stats`.
+    pub steps: Vec<StepStats>,
+}
+
+impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
+    /// The ∞-gram of `index` with `estimator`, looking at the last `window` tokens. Its
+    /// vocabulary is the index's ids and the separator, which is the end token (for a byte
+    /// index: 256 ids, end token 255). An index of a neural model's tokens wants
+    /// [`InfgramModel::with_vocab`].
+    pub fn new(index: Arc<Index<S>>, estimator: Estimator, window: usize) -> Result<Self> {
+        if index.total_tokens() == 0 {
+            return Err(Error::input(
+                "the index is empty: index a corpus with some text first",
+            ));
+        }
+        let separator = index.separator();
+        let vocab = index.vocab_size().max(separator as usize + 1);
+        Ok(InfgramModel {
+            index,
+            finder: LevelFinder::new(true),
+            estimator,
+            window: window.max(1),
+            fed: Vec::new(),
+            doc_start: 0,
+            tracker: levels::Tracker::default(),
+            appended: None,
+            separator,
+            vocab,
+            eos: [separator],
+            steps: Vec::new(),
+        })
+    }
+
+    /// The same model over exactly `vocab` ids, with the separator reported as `end_token` (a
+    /// neural model's end-of-text id) and `end_token` fed back read as the separator. Corpus
+    /// tokens at or beyond `vocab` (none, for an index built with the model's tokenizer) are
+    /// left out of the rows.
+    pub fn with_vocab(mut self, vocab: usize, end_token: u32) -> Result<Self> {
+        if end_token as usize >= vocab {
+            return Err(Error::input(format!(
+                "end token {end_token} is outside the vocabulary of {vocab} ids"
+            )));
+        }
+        self.vocab = vocab;
+        self.eos = [end_token];
+        Ok(self)
+    }
+
+    /// The index.
+    pub fn index(&self) -> &Arc<Index<S>> {
+        &self.index
+    }
+
+    /// How the level finder's counts cache has served.
+    pub fn cache_stats(&self) -> super::cache::CacheStats {
+        self.finder.cache_stats()
+    }
+
+    /// A token of the model's vocabulary as an index id.
+    fn to_index_id(&self, token: u32) -> u32 {
+        if token == self.eos[0] {
+            self.separator
+        } else {
+            token
+        }
+    }
+
+    /// An index id as a token of the model's vocabulary (`None` outside it).
+    fn to_model_id(&self, id: u32) -> Option<u32> {
+        let t = if id == self.separator {
+            self.eos[0]
+        } else {
+            id
+        };
+        ((t as usize) < self.vocab).then_some(t)
+    }
+
+    fn push(&mut self, token: u32) {
+        let token = self.to_index_id(token);
+        if self.appended.is_some() {
+            // Two tokens since the last levels: the tracker only advances by one.
+            self.tracker = levels::Tracker::default();
+        }
+        self.fed.push(token);
+        if token == self.separator {
+            self.doc_start = self.fed.len();
+            self.tracker = levels::Tracker::default();
+            self.appended = None;
+        } else {
+            self.appended = Some(token);
+        }
+    }
+
+    /// The levels after the tokens fed so far (the unigram level when nothing matches).
+    fn levels(&mut self) -> Vec<Level> {
+        let doc = &self.fed[self.doc_start..];
+        let ctx = &doc[doc.len().saturating_sub(self.window)..];
+        let appended = self.appended.take();
+        let index = &*self.index;
+        let mut levels = match self.estimator {
+            Estimator::Sbis { k, .. } if k > 0 => {
+                self.finder
+                    .next_levels(index, &mut self.tracker, ctx, appended, k)
+            }
+            _ => self.estimator.levels(&mut self.finder, index, ctx),
+        };
+        if levels.is_empty() {
+            // Nothing of the context occurs (e.g. an empty prompt): back off to the unigram.
+            levels = self.finder.levels(index, &[], 1, true);
+        }
+        levels
+    }
+
+    /// The row after the tokens fed so far: ln p of every token with p > 0, by model id.
+    fn row(&mut self) -> Logits {
+        let levels = self.levels();
+        self.steps.push(StepStats {
+            levels: levels.iter().map(|l| (l.len, l.total)).collect(),
+        });
+        let index_vocab = self.index.vocab_size().max(self.separator as usize + 1);
+        let mut entries: Vec<(u32, f32)> = self
+            .estimator
+            .distribution(&levels, index_vocab)
+            .into_iter()
+            .filter(|&(_, p)| p > 0.0)
+            .filter_map(|(id, p)| Some((self.to_model_id(id)?, p.ln() as f32)))
+            .collect();
+        if self.eos[0] != self.separator {
+            // The separator moved to the end token's place: restore the id order.
+            entries.sort_unstable_by_key(|e| e.0);
+        }
+        Logits::Sparse {
+            vocab: self.vocab,
+            entries,
+        }
+    }
+}
+
+impl<S: AsRef<[u8]> + Sync> LanguageModel for InfgramModel<S> {
+    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        Ok(self
+            .score(tokens)?
+            .into_iter()
+            .map(Logits::into_dense)
+            .collect())
+    }
+
+    fn score(&mut self, tokens: &[u32]) -> Result<Vec<Logits>> {
+        let mut rows = Vec::with_capacity(tokens.len());
+        for &t in tokens {
+            self.push(t);
+            rows.push(self.row());
+        }
+        Ok(rows)
+    }
+
+    fn feed(&mut self, tokens: &[u32]) -> Result<()> {
+        for &t in tokens {
+            self.push(t);
+        }
+        Ok(())
+    }
+
+    fn cache_len(&self) -> usize {
+        self.fed.len()
+    }
+
+    fn truncate(&mut self, len: usize) {
+        if len < self.fed.len() {
+            self.fed.truncate(len);
+            self.doc_start = self
+                .fed
+                .iter()
+                .rposition(|&t| t == self.separator)
+                .map_or(0, |p| p + 1);
+            self.tracker = levels::Tracker::default();
+            self.appended = None;
+        }
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+
+    fn eos_tokens(&self) -> &[u32] {
+        &self.eos
+    }
+}

@@ -1,0 +1,19 @@
+//! The library's service layer: what a front end (the CLI now; the HTTP server and the Python
+//! module next) calls, so none of them owns library logic.
+//!
+//! * [`query`]: the typed query protocol ([`query::Query`], serde) and its executor.
+//! * [`indexes`]: opening an index with the tokenizer that must go with it, resolving tokenizer
+//!   names, and the cached default corpus index.
+//! * [`models`]: loading a neural model and its tokenizer from a `--model`
+//!   spec with a backend.
+//! * [`generate`]: generation from the index alone, and the assembly of a neural generation
+//!   (drafters, processors) from options.
+
+pub mod generate;
+pub mod indexes;
+pub mod models;
+pub mod query;
+
+pub use generate::{generate, GenConfig, Generation};
+pub use indexes::{cached_byte_index, cached_index, open_index, resolve_tokenizer_name};
+pub use query::{execute, Query};

@@ -1,0 +1,96 @@
+//! Loading a neural model and its tokenizer from a `--model` spec (feature `neural`; the
+//! options are there in every build, so front ends parse them alike).
+
+#[cfg(feature = "neural")]
+use crate::error::{Error, Result};
+#[cfg(feature = "neural")]
+use crate::lm::LanguageModel;
+#[cfg(feature = "neural")]
+use crate::neural::source::ModelSource;
+#[cfg(feature = "neural")]
+use crate::tokenizer::HfTokenizer;
+#[cfg(feature = "neural")]
+use candle_core::quantized::GgmlDType;
+use serde::{Deserialize, Serialize};
+#[cfg(feature = "neural")]
+use std::path::PathBuf;
+
+/// Which forward pass runs a GGUF model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    /// infgram's own kernels (the fastest).
+    #[default]
+    Native,
+    /// The candle-ops reference (several times slower).
+    Candle,
+}
+
+/// A quantization to convert GGUF weights to at load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+pub enum Requantize {
+    /// 8-bit blocks (both backends).
+    #[value(name = "q8_0")]
+    #[serde(rename = "q8_0")]
+    Q8_0,
+    /// 4-bit blocks (the candle backend only).
+    #[value(name = "q4_0")]
+    #[serde(rename = "q4_0")]
+    Q4_0,
+}
+
+/// How a model is loaded and run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModelOptions {
+    /// Threads of the native pass (0: one per core). The logits do not depend on it.
+    pub threads: usize,
+    /// The forward pass of GGUF models.
+    pub backend: Backend,
+    /// Re-quantize GGUF weights at load.
+    pub requantize: Option<Requantize>,
+}
+
+/// A loaded neural model with its tokenizer.
+#[cfg(feature = "neural")]
+pub struct LoadedModel {
+    /// The model.
+    pub model: Box<dyn LanguageModel>,
+    /// Its tokenizer.
+    pub tokenizer: HfTokenizer,
+    /// The GGUF file or model directory it came from.
+    pub path: PathBuf,
+}
+
+/// Resolves `spec` (a short name, fetched on first use; a `.gguf` file; a safetensors
+/// directory; or `hf:OWNER/REPO[:FILE]`) and loads it.
+#[cfg(feature = "neural")]
+pub fn load_model(spec: &str, opts: &ModelOptions) -> Result<LoadedModel> {
+    let source = ModelSource::resolve(spec)?;
+    let requantize = opts.requantize.map(|r| match r {
+        Requantize::Q8_0 => GgmlDType::Q8_0,
+        Requantize::Q4_0 => GgmlDType::Q4_0,
+    });
+    let threads = match opts.threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    let path = source.path().to_path_buf();
+    let model: Box<dyn LanguageModel> = match (&source, opts.backend) {
+        (ModelSource::Safetensors(_), _) if requantize.is_some() => {
+            return Err(Error::input("--requantize applies to GGUF models only"))
+        }
+        (ModelSource::Safetensors(_), _) => source.load_safetensors()?,
+        (ModelSource::Gguf(_), Backend::Native) => {
+            Box::new(crate::neural::llama::Llama::load(&path, requantize)?.with_threads(threads))
+        }
+        (ModelSource::Gguf(_), Backend::Candle) => Box::new(
+            crate::neural::candle_llama::CandleLlama::load(&path, requantize)?,
+        ),
+    };
+    let tokenizer = source.tokenizer()?;
+    Ok(LoadedModel {
+        model,
+        tokenizer,
+        path,
+    })
+}

@@ -1,0 +1,358 @@
+//! The typed query protocol: one [`Query`] enum with the infini-gram Python package's parameter
+//! names, read from JSON (`infgram query --batch`, and next the HTTP server and Python) or built
+//! from command-line flags, and one [`execute`] that answers it with the package's field names.
+//!
+//! A query line looks like `{"query_type": "prob", "prompt_ids": [1, 2], "cont_id": 3}`; the
+//! tokens of a query come from `input_ids` / `prompt_ids` or from `text` (tokenized with the
+//! index's tokenizer), a continuation from `cont_id` or `cont_text`.
+
+use crate::error::{Error, Result};
+use crate::index::Index;
+use crate::tokenizer::Tokenizer;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+/// The tokens a query is about: ids, or text for the index's tokenizer (ids win).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct Subject {
+    /// Token ids (the package's name for n-gram queries).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_ids: Option<Vec<u32>>,
+    /// Token ids (the package's name for prompts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_ids: Option<Vec<u32>>,
+    /// Text, tokenized with the index's tokenizer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+}
+
+impl Subject {
+    /// The subject given as ids.
+    pub fn ids(ids: Vec<u32>) -> Self {
+        Subject {
+            input_ids: Some(ids),
+            ..Default::default()
+        }
+    }
+
+    /// The subject given as text.
+    pub fn text(text: impl Into<String>) -> Self {
+        Subject {
+            text: Some(text.into()),
+            ..Default::default()
+        }
+    }
+
+    /// The token ids (empty when nothing is given: the empty n-gram).
+    pub fn tokens(&self, tok: &dyn Tokenizer) -> Result<Vec<u32>> {
+        if let Some(ids) = self.input_ids.as_ref().or(self.prompt_ids.as_ref()) {
+            return Ok(ids.clone());
+        }
+        match &self.text {
+            Some(t) => tok.encode(t),
+            None => Ok(Vec::new()),
+        }
+    }
+}
+
+/// The one token after a prompt: an id, or text that must be exactly one token.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct Continuation {
+    /// The continuation's id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cont_id: Option<u32>,
+    /// The continuation as text (one token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cont_text: Option<String>,
+}
+
+impl Continuation {
+    /// The continuation's id.
+    pub fn token(&self, tok: &dyn Tokenizer) -> Result<u32> {
+        if let Some(c) = self.cont_id {
+            return Ok(c);
+        }
+        let Some(t) = &self.cont_text else {
+            return Err(Error::input(
+                "this query needs a continuation: --cont-id N or --cont-text T (\"cont_id\" in a batch)",
+            ));
+        };
+        match tok.encode(t)?.as_slice() {
+            [one] => Ok(*one),
+            ids => Err(Error::input(format!(
+                "--cont-text {t:?} is {} tokens; it must be exactly one",
+                ids.len()
+            ))),
+        }
+    }
+}
+
+/// Documents to show: how many tokens of each.
+fn default_disp_len() -> usize {
+    100
+}
+fn default_maxnum() -> usize {
+    10
+}
+fn default_max_diff_tokens() -> usize {
+    10
+}
+fn default_max_clause_freq() -> usize {
+    100_000
+}
+
+/// One query of the infini-gram protocol.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(tag = "query_type", rename_all = "snake_case")]
+pub enum Query {
+    /// Occurrences of an n-gram.
+    Count {
+        #[serde(flatten)]
+        subject: Subject,
+    },
+    /// n-gram probability of a continuation (no backoff).
+    Prob {
+        #[serde(flatten)]
+        subject: Subject,
+        #[serde(flatten)]
+        cont: Continuation,
+    },
+    /// n-gram next-token distribution.
+    Ntd {
+        #[serde(flatten)]
+        subject: Subject,
+    },
+    /// ∞-gram probability: the longest suffix of the prompt with a next token.
+    InfgramProb {
+        #[serde(flatten)]
+        subject: Subject,
+        #[serde(flatten)]
+        cont: Continuation,
+    },
+    /// ∞-gram next-token distribution.
+    InfgramNtd {
+        #[serde(flatten)]
+        subject: Subject,
+    },
+    /// Suffix-array ranges of an n-gram in every shard.
+    Find {
+        #[serde(flatten)]
+        subject: Subject,
+    },
+    /// Documents matching a CNF of n-grams (AND of ORs); the subject alone when no CNF.
+    SearchDocs {
+        #[serde(flatten)]
+        subject: Subject,
+        /// Clauses, each a list of n-grams (lists of ids).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cnf: Option<Vec<Vec<Vec<u32>>>>,
+        /// Documents to return.
+        #[serde(default = "default_maxnum")]
+        maxnum: usize,
+        /// Largest distance in tokens between clauses.
+        #[serde(default = "default_max_diff_tokens")]
+        max_diff_tokens: usize,
+        /// Occurrences per n-gram above which a clause is sampled (approx).
+        #[serde(default = "default_max_clause_freq")]
+        max_clause_freq: usize,
+        /// Tokens of a document window to show.
+        #[serde(default = "default_disp_len")]
+        max_disp_len: usize,
+    },
+    /// For each position, the longest span ending there that occurs in the corpus.
+    LongestMatch {
+        #[serde(flatten)]
+        subject: Subject,
+    },
+    /// The document window around suffix-array rank `rank` of shard `s`.
+    GetDocByRank {
+        #[serde(flatten)]
+        subject: Subject,
+        /// The shard.
+        #[serde(default)]
+        s: usize,
+        /// Suffix-array rank.
+        rank: usize,
+        /// Tokens of the window to show.
+        #[serde(default = "default_disp_len")]
+        max_disp_len: usize,
+    },
+    /// The document window around token position `ptr` of shard `s`.
+    GetDocByPtr {
+        #[serde(flatten)]
+        subject: Subject,
+        /// The shard.
+        #[serde(default)]
+        s: usize,
+        /// Token position in the shard.
+        ptr: usize,
+        /// Tokens of the window to show.
+        #[serde(default = "default_disp_len")]
+        max_disp_len: usize,
+    },
+}
+
+impl Query {
+    /// Reads one query from a JSON line (an error names what is wrong).
+    pub fn from_json(line: &str) -> Result<Query> {
+        serde_json::from_str(line).map_err(|e| Error::input(format!("bad query line: {e}")))
+    }
+
+    /// The package's name of the query type.
+    pub fn query_type(&self) -> &'static str {
+        match self {
+            Query::Count { .. } => "count",
+            Query::Prob { .. } => "prob",
+            Query::Ntd { .. } => "ntd",
+            Query::InfgramProb { .. } => "infgram_prob",
+            Query::InfgramNtd { .. } => "infgram_ntd",
+            Query::Find { .. } => "find",
+            Query::SearchDocs { .. } => "search_docs",
+            Query::LongestMatch { .. } => "longest_match",
+            Query::GetDocByRank { .. } => "get_doc_by_rank",
+            Query::GetDocByPtr { .. } => "get_doc_by_ptr",
+        }
+    }
+
+    /// The tokens the query is about.
+    pub fn subject(&self) -> &Subject {
+        match self {
+            Query::Count { subject }
+            | Query::Prob { subject, .. }
+            | Query::Ntd { subject }
+            | Query::InfgramProb { subject, .. }
+            | Query::InfgramNtd { subject }
+            | Query::Find { subject }
+            | Query::SearchDocs { subject, .. }
+            | Query::LongestMatch { subject }
+            | Query::GetDocByRank { subject, .. }
+            | Query::GetDocByPtr { subject, .. } => subject,
+        }
+    }
+}
+
+fn to_json<T: Serialize>(x: T) -> Result<Value> {
+    serde_json::to_value(x).map_err(|e| Error::input(format!("cannot encode the result: {e}")))
+}
+
+/// Answers one query with the Python package's field names (plus `text` for documents).
+pub fn execute<S: AsRef<[u8]> + Sync>(
+    index: &Index<S>,
+    tok: &dyn Tokenizer,
+    query: &Query,
+) -> Result<Value> {
+    let ids = query.subject().tokens(tok)?;
+    match query {
+        Query::Count { .. } => to_json(index.count(&ids)?),
+        Query::Prob { cont, .. } => to_json(index.prob(&ids, cont.token(tok)?)?),
+        Query::Ntd { .. } => to_json(index.ntd(&ids)?),
+        Query::InfgramProb { cont, .. } => to_json(index.infgram_prob(&ids, cont.token(tok)?)?),
+        Query::InfgramNtd { .. } => to_json(index.infgram_ntd(&ids)?),
+        Query::Find { .. } => to_json(index.find(&ids)?),
+        Query::LongestMatch { .. } => Ok(json!({ "matches": index.longest_match(&ids)? })),
+        Query::SearchDocs {
+            cnf,
+            maxnum,
+            max_diff_tokens,
+            max_clause_freq,
+            max_disp_len,
+            ..
+        } => {
+            let cnf = cnf.clone().unwrap_or_else(|| vec![vec![ids]]);
+            let r = index.search_docs(
+                &cnf,
+                *maxnum,
+                *max_diff_tokens,
+                *max_clause_freq,
+                *max_disp_len,
+            )?;
+            let mut v = to_json(&r)?;
+            for (d, doc) in v["documents"]
+                .as_array_mut()
+                .into_iter()
+                .flatten()
+                .zip(&r.documents)
+            {
+                d["text"] = json!(tok.decode(&doc.token_ids)?);
+            }
+            Ok(v)
+        }
+        Query::GetDocByRank {
+            s,
+            rank,
+            max_disp_len,
+            ..
+        } => {
+            let doc = index.get_doc_by_rank(*s, *rank, ids.len(), *max_disp_len)?;
+            let mut v = to_json(&doc)?;
+            v["text"] = json!(tok.decode(&doc.token_ids)?);
+            Ok(v)
+        }
+        Query::GetDocByPtr {
+            s,
+            ptr,
+            max_disp_len,
+            ..
+        } => {
+            let doc = index.get_doc_by_ptr(*s, *ptr, ids.len(), *max_disp_len)?;
+            let mut v = to_json(&doc)?;
+            v["text"] = json!(tok.decode(&doc.token_ids)?);
+            Ok(v)
+        }
+    }
+}
+
+/// Parses a CNF given on the command line: `a b OR c d AND e f` (each n-gram tokenized as
+/// text), or the JSON ids form `[[[1,2],[3]],[[4]]]`.
+pub fn parse_cnf(s: &str, tok: &dyn Tokenizer) -> Result<Vec<Vec<Vec<u32>>>> {
+    if s.trim_start().starts_with('[') {
+        return serde_json::from_str(s).map_err(|e| {
+            Error::input(format!(
+                "cnf must be a list of clauses, each a list of n-grams (lists of ids): {e}"
+            ))
+        });
+    }
+    s.split(" AND ")
+        .map(|clause| clause.split(" OR ").map(|g| tok.encode(g)).collect())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_read_the_package_parameter_names() {
+        let q = Query::from_json(r#"{"query_type": "prob", "prompt_ids": [1, 2], "cont_id": 3}"#)
+            .unwrap();
+        assert_eq!(
+            q,
+            Query::Prob {
+                subject: Subject {
+                    prompt_ids: Some(vec![1, 2]),
+                    ..Default::default()
+                },
+                cont: Continuation {
+                    cont_id: Some(3),
+                    cont_text: None
+                }
+            }
+        );
+        let q = Query::from_json(r#"{"query_type": "search_docs", "cnf": [[[1], [2]], [[3]]]}"#)
+            .unwrap();
+        match &q {
+            Query::SearchDocs { cnf, maxnum, .. } => {
+                assert_eq!(cnf.as_ref().unwrap().len(), 2);
+                assert_eq!(*maxnum, 10);
+            }
+            other => panic!("{other:?}"),
+        }
+        // Round trip through JSON.
+        let back = Query::from_json(&serde_json::to_string(&q).unwrap()).unwrap();
+        assert_eq!(back, q);
+        let e = Query::from_json(r#"{"query_type": "nope"}"#).unwrap_err();
+        assert!(e.to_string().contains("unknown variant"), "{e}");
+        let e = Query::from_json(r#"{"query_type": "get_doc_by_ptr", "s": 0}"#).unwrap_err();
+        assert!(e.to_string().contains("ptr"), "{e}");
+    }
+}
