@@ -125,7 +125,7 @@ proptest! {
     fn incremental_levels_match_scratch(
         (docs, start, shards) in corpus(),
         steps in prop::collection::vec(0u32..3, 1..40),
-        k in 1i64..4,
+        k in prop_oneof![Just(-1i64), 1i64..4],
         window in 2usize..12,
     ) {
         let index = Index::from_docs(spec(3), &docs, shards, true).unwrap();

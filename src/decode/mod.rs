@@ -222,7 +222,8 @@ pub struct DecodeStats {
     pub accepted: usize,
     /// Seconds in the drafters.
     pub draft_seconds: f64,
-    /// Seconds in the model (prompt included).
+    /// Seconds in the model (prompt included; with no drafters, passes are not timed one by
+    /// one and this is the whole run).
     pub model_seconds: f64,
     /// Seconds spent reading the prompt (the first pass).
     pub prompt_seconds: f64,
@@ -362,21 +363,29 @@ pub fn decode(
     let mut pending = last;
     let mut weights = Vec::new();
     let mut done = false;
+    // Without drafters nothing needs the pass times (the cost model plans drafts): a step of a
+    // cheap scorer (the ∞-gram, about a microsecond) is not worth two clock reads.
+    let timed = !drafters.is_empty();
+    let mut fed = Vec::with_capacity(cfg.draft_max + 1);
     while !done && stats.tokens < cfg.max_tokens {
         let budget = cfg.max_tokens - stats.tokens;
-        let t = Instant::now();
+        let t = timed.then(Instant::now);
         let (draft, chosen) = plan_draft(drafters, &mut states, &context, &cost, cfg, budget)?;
-        stats.draft_seconds += t.elapsed().as_secs_f64();
+        if let Some(t) = t {
+            stats.draft_seconds += t.elapsed().as_secs_f64();
+        }
 
-        let mut fed = Vec::with_capacity(draft.tokens.len() + 1);
+        fed.clear();
         fed.push(pending);
         fed.extend_from_slice(&draft.tokens);
         let cached = model.cache_len();
-        let t = Instant::now();
+        let t = timed.then(Instant::now);
         let rows = model.score(&fed)?;
-        let pass_seconds = t.elapsed().as_secs_f64();
-        stats.model_seconds += pass_seconds;
-        cost.observe(fed.len(), pass_seconds);
+        if let Some(t) = t {
+            let pass_seconds = t.elapsed().as_secs_f64();
+            stats.model_seconds += pass_seconds;
+            cost.observe(fed.len(), pass_seconds);
+        }
         stats.passes += 1;
 
         // Verify left to right; row i predicts the token after fed[i].
@@ -423,6 +432,10 @@ pub fn decode(
         }
     }
     stats.seconds = start.elapsed().as_secs_f64();
+    if !timed {
+        // Everything but the sampler was the model.
+        stats.model_seconds = stats.seconds;
+    }
     Ok((context[prompt.len()..].to_vec(), stats))
 }
 

@@ -17,7 +17,7 @@ use std::sync::Arc;
 type CacheKey = (usize, usize, bool, usize, usize, bool, bool);
 
 /// Occurrence sets at least this large are cached.
-pub const CACHE_MIN: usize = 256;
+pub const CACHE_MIN: usize = 64;
 
 /// Default budget: 4 M `(token, count)` pairs (64 MB).
 pub const DEFAULT_CAPACITY: usize = 1 << 22;

@@ -126,10 +126,21 @@ impl LevelFinder {
         continuation: bool,
     ) -> Vec<Level> {
         let per_shard = Self::suffix_occs(index, ctx);
-        self.levels_from(index, &per_shard, ctx, k, include_empty, continuation)
+        self.levels_from(
+            index,
+            &per_shard,
+            ctx,
+            k,
+            include_empty,
+            continuation,
+            (0, 0),
+        )
     }
 
-    /// The levels, given the occurrences of `ctx`'s suffixes in every shard.
+    /// The levels, given the occurrences of `ctx`'s suffixes in every shard. `prev` is the
+    /// (occurrence count, total) of the level just longer than `ctx`, when levels of a longer
+    /// context come before these ((0, 0) otherwise).
+    #[allow(clippy::too_many_arguments)]
     fn levels_from<S: AsRef<[u8]> + Sync>(
         &mut self,
         index: &Index<S>,
@@ -138,11 +149,12 @@ impl LevelFinder {
         k: i64,
         include_empty: bool,
         continuation: bool,
+        prev: (usize, u64),
     ) -> Vec<Level> {
         let lmax = per_shard.iter().map(|o| o.len() - 1).max().unwrap_or(0);
         let raw = |l: usize| raw_count(per_shard, l);
         let mut kept: Vec<Level> = Vec::new();
-        let (mut prev_raw, mut prev_total) = (0usize, 0u64);
+        let (mut prev_raw, mut prev_total) = prev;
         let lowest = if include_empty { 0 } else { 1 };
         for l in (lowest..=lmax).rev() {
             let r = raw(l);
@@ -170,15 +182,20 @@ impl LevelFinder {
         kept
     }
 
-    /// The first `k > 0` SBIS levels of `ctx` during generation, where `ctx` is the previous
-    /// step's context plus `appended` (cut to the context window).
+    /// The first `k` SBIS levels of `ctx` (all when `k < 0`) during generation, where `ctx` is
+    /// the previous step's context plus `appended` (cut to the context window).
     ///
     /// Amortized: the change points of `c·x` are among `{L·x : L a change point of c}` (two
     /// suffixes of `c` with the same occurrences keep the same occurrences when extended by
-    /// `x`), so extending the previous step's small levels by `x` (one token read per
-    /// occurrence) gives an exact prefix of the new level list. When that prefix is shorter than
-    /// `k`, or the top level outgrows the window, the levels are computed from scratch and the
-    /// small ones tracked again. Equal to `levels(ctx, k, false)` with `keep_end` (tested).
+    /// `x`). The tracker holds the longest change points of the previous step, those with at
+    /// most `TRACK_MAX` occurrences, with their occurrences; extending them by `x` (one token
+    /// read per occurrence) gives an exact prefix of the new level list: a change point that
+    /// comes from an untracked (more frequent, so shorter) suffix is shorter than all of them.
+    /// The levels past that prefix (short suffixes, frequent, their counts mostly cached) are
+    /// searched for in the context cut just below the shortest tracked length, and the small
+    /// ones among them tracked for the next step. When the longest tracked suffix outgrows the
+    /// window, everything is searched again. Equal to `levels(ctx, k, false)` with `keep_end`
+    /// (tested).
     pub fn next_levels<S: AsRef<[u8]> + Sync>(
         &mut self,
         index: &Index<S>,
@@ -187,27 +204,39 @@ impl LevelFinder {
         appended: Option<u32>,
         k: i64,
     ) -> Vec<Level> {
-        if k <= 0 || !self.keep_end {
+        if k == 0 || !self.keep_end {
             return self.levels(index, ctx, k, false);
         }
-        if let (Some(x), true) = (appended, tracker.ready) {
-            if let Some(levels) = Self::advance(index, tracker, x, ctx.len(), k as usize) {
-                return levels;
+        let want = usize::try_from(k).unwrap_or(usize::MAX);
+        let mut levels = match (appended, tracker.ready) {
+            (Some(x), true) => Self::advance(index, tracker, x, ctx.len(), want),
+            _ => {
+                tracker.tracked.clear();
+                Vec::new()
             }
+        };
+        tracker.ready = true;
+        if levels.len() >= want {
+            return levels;
         }
-        let per_shard = Self::suffix_occs(index, ctx);
-        tracker.tracked.clear();
+        // The rest: suffixes shorter than the shortest tracked one.
+        let (shortest, prev) = match tracker.tracked.last() {
+            Some(t) => (t.len, (t.starts.len(), t.starts.len() as u64)),
+            None => (ctx.len() + 1, (0, 0)),
+        };
+        let tail = &ctx[ctx.len() + 1 - shortest..];
+        let per_shard = Self::suffix_occs(index, tail);
         let lmax = per_shard.iter().map(|o| o.len() - 1).max().unwrap_or(0);
-        let mut prev = 0usize;
+        let mut prev_raw = prev.0;
         for l in (1..=lmax).rev() {
             let raw = raw_count(&per_shard, l);
-            if raw == prev {
+            if raw == prev_raw {
                 continue;
             }
             if raw > TRACK_MAX {
                 break;
             }
-            prev = raw;
+            prev_raw = raw;
             let mut starts = Vec::with_capacity(raw);
             for (s, (sh, occs)) in index.shards().iter().zip(&per_shard).enumerate() {
                 match occs.get(l) {
@@ -218,18 +247,21 @@ impl LevelFinder {
             }
             tracker.tracked.push(Tracked { len: l, starts });
         }
-        tracker.ready = true;
-        self.levels_from(index, &per_shard, ctx, k, false, false)
+        let rest = (want - levels.len()) as i64;
+        let rest = if k < 0 { -1 } else { rest };
+        levels.extend(self.levels_from(index, &per_shard, tail, rest, false, false, prev));
+        levels
     }
 
-    /// Extends the tracked levels by `x`; `None` when they do not give `k` levels.
+    /// Extends the tracked suffixes by `x` and returns the levels they give, at most `want`
+    /// (longest first); clears them when the longest outgrows the window.
     fn advance<S: AsRef<[u8]> + Sync>(
         index: &Index<S>,
         tracker: &mut Tracker,
         x: u32,
         window: usize,
-        k: usize,
-    ) -> Option<Vec<Level>> {
+        want: usize,
+    ) -> Vec<Level> {
         let shards = index.shards();
         // Extend every tracked suffix by `x` in place, then keep the first of each count.
         for t in tracker.tracked.iter_mut() {
@@ -245,14 +277,15 @@ impl LevelFinder {
             }
             keep
         });
-        let next = &tracker.tracked;
-        if next.len() < k || next[0].len > window {
-            tracker.ready = false;
-            return None;
+        if tracker.tracked.first().is_some_and(|t| t.len > window) {
+            tracker.tracked.clear();
+            return Vec::new();
         }
         let mut toks: Vec<u32> = Vec::with_capacity(TRACK_MAX);
-        let levels = next[..k]
+        tracker
+            .tracked
             .iter()
+            .take(want)
             .map(|t| {
                 toks.clear();
                 toks.extend(t.starts.iter().map(|&(s, p)| shards[s].tok(p + t.len)));
@@ -265,8 +298,7 @@ impl LevelFinder {
                     continuations: None,
                 }
             })
-            .collect();
-        Some(levels)
+            .collect()
     }
 }
 

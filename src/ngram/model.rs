@@ -148,7 +148,7 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
         let appended = self.appended.take();
         let index = &*self.index;
         let mut levels = match self.estimator {
-            Estimator::Sbis { k, .. } if k > 0 => {
+            Estimator::Sbis { k, .. } => {
                 self.finder
                     .next_levels(index, &mut self.tracker, ctx, appended, k)
             }
