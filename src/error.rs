@@ -80,6 +80,7 @@ impl Error {
     }
 }
 
+#[cfg(feature = "neural")]
 impl From<candle_core::Error> for Error {
     fn from(e: candle_core::Error) -> Self {
         Error::Model(e.to_string())

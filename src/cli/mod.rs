@@ -75,7 +75,8 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    /// The service's model options.
+    /// The service's model options (unused in a build without neural models).
+    #[cfg_attr(not(feature = "neural"), allow(dead_code))]
     pub fn options(&self) -> ModelOptions {
         ModelOptions {
             threads: self.threads,
