@@ -6,7 +6,7 @@
 //!   names, and the cached default corpus index.
 //! * [`models`]: loading a neural model and its tokenizer from a `--model`
 //!   spec with a backend.
-//! * [`generate`]: generation from the index alone, and the assembly of a neural generation
+//! * [`mod@generate`]: generation from the index alone, and the assembly of a neural generation
 //!   (drafters, processors) from options.
 
 pub mod generate;
