@@ -3,7 +3,7 @@
 
 use infgram::decode::{decode, DecodeConfig};
 use infgram::decode::{Sampler, SamplerConfig};
-use infgram::lm::LanguageModel;
+use infgram::lm::{DenseRows, LanguageModel};
 use infgram::ngram::levels::{self, LevelFinder};
 use infgram::ngram::smoothed::{smoothed_distribution, smoothed_prob, Discounts, CLASSES};
 use infgram::ngram::{sbis, Estimator, InfgramModel};
@@ -214,27 +214,6 @@ fn seeded_generation_is_reproducible() {
     assert!(generate(Arc::new(empty), &[1], &cfg, &mut s, |_| {}).is_err());
 }
 
-/// A model whose rows reach the decode loop dense: the loop's path before sparse rows.
-struct DenseRows<M>(M);
-
-impl<M: LanguageModel> LanguageModel for DenseRows<M> {
-    fn forward(&mut self, tokens: &[u32]) -> infgram::Result<Vec<Vec<f32>>> {
-        self.0.forward(tokens)
-    }
-    fn cache_len(&self) -> usize {
-        self.0.cache_len()
-    }
-    fn truncate(&mut self, len: usize) {
-        self.0.truncate(len)
-    }
-    fn vocab_size(&self) -> usize {
-        self.0.vocab_size()
-    }
-    fn eos_tokens(&self) -> &[u32] {
-        self.0.eos_tokens()
-    }
-}
-
 #[test]
 fn sparse_rows_generate_the_same_text_as_dense_rows() {
     let text = "to be or not to be, that is the question; to sleep, perchance to dream. \
@@ -267,26 +246,14 @@ fn sparse_rows_generate_the_same_text_as_dense_rows() {
                 max_tokens: 150,
                 ..Default::default()
             };
+            let run = |model: &mut dyn LanguageModel| {
+                let out = decode(model, &mut [], &mut [], &mut sampler(), &fed, &cfg, |_| {});
+                out.unwrap().0
+            };
             let model = || InfgramModel::new(index.clone(), est.clone(), 50).unwrap();
-            let sparse = decode(
-                &mut model(),
-                &mut [],
-                &mut [],
-                &mut sampler(),
-                &fed,
-                &cfg,
-                |_| {},
-            );
-            let dense = decode(
-                &mut DenseRows(model()),
-                &mut [],
-                &mut [],
-                &mut sampler(),
-                &fed,
-                &cfg,
-                |_| {},
-            );
-            assert_eq!(sparse.unwrap().0, dense.unwrap().0, "{est:?} seed {seed}");
+            let sparse = run(&mut model());
+            let dense = run(&mut DenseRows(model()));
+            assert_eq!(sparse, dense, "{est:?} seed {seed}");
         }
     }
 }

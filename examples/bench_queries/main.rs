@@ -10,7 +10,7 @@
 
 use infgram::decode::{decode, DecodeConfig, Sampler, SamplerConfig};
 use infgram::eval::perplexity;
-use infgram::lm::LanguageModel;
+use infgram::lm::DenseRows;
 use infgram::ngram::{Estimator, InfgramModel};
 use infgram::service::{generate, GenConfig};
 use infgram::tokenizer::{ByteTokenizer, Tokenizer};
@@ -18,30 +18,6 @@ use infgram::Index;
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Instant;
-
-/// A model whose rows are handed to the decode loop dense: the baseline of the sparse path.
-struct Dense<M>(M);
-
-impl<M: LanguageModel> LanguageModel for Dense<M> {
-    fn forward(&mut self, tokens: &[u32]) -> infgram::Result<Vec<Vec<f32>>> {
-        self.0.forward(tokens)
-    }
-    fn feed(&mut self, tokens: &[u32]) -> infgram::Result<()> {
-        self.0.feed(tokens)
-    }
-    fn cache_len(&self) -> usize {
-        self.0.cache_len()
-    }
-    fn truncate(&mut self, len: usize) {
-        self.0.truncate(len)
-    }
-    fn vocab_size(&self) -> usize {
-        self.0.vocab_size()
-    }
-    fn eos_tokens(&self) -> &[u32] {
-        self.0.eos_tokens()
-    }
-}
 
 /// Milliseconds per 1,000 generated characters over `reps` seeded runs (T = 0.8, prompt
 /// "ROMEO:"); generation stops at a document end, so each run restarts until 1,000 are made.
@@ -200,7 +176,7 @@ fn main() {
                 ..Default::default()
             };
             decode(
-                &mut Dense(model),
+                &mut DenseRows(model),
                 &mut [],
                 &mut [],
                 sampler,

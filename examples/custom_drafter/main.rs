@@ -12,7 +12,6 @@ use infgram::decode::drafters::PromptLookup;
 use infgram::decode::{greedy, DecodeConfig, Draft, Drafter};
 use infgram::ngram::{Estimator, InfgramModel};
 use infgram::tokenizer::{ByteTokenizer, Tokenizer};
-use infgram::Index;
 use std::sync::Arc;
 
 /// Proposes the last word of the context again, with a modest confidence per token.
@@ -36,14 +35,8 @@ impl Drafter for RepeatLastWord {
 }
 
 fn main() -> infgram::Result<()> {
-    let (train, _) = infgram::assets::tiny_shakespeare_split()?;
     let tok = ByteTokenizer;
-    let index = Arc::new(Index::from_docs(
-        tok.spec(),
-        &[tok.encode(&train)?],
-        1,
-        true,
-    )?);
+    let index = Arc::new(infgram::service::tiny_shakespeare_index()?);
     let estimator = Estimator::Sbis { k: -1, decay: 0.1 };
     let mut prompt = vec![index.separator()]; // the prompt starts a document
     prompt.extend(tok.encode("ROMEO:\nWhat light through yonder")?);

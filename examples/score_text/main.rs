@@ -11,7 +11,6 @@ use infgram::eval::windowed_perplexity;
 use infgram::lm::LanguageModel;
 use infgram::ngram::{smoothed::Discounts, Estimator, InfgramModel};
 use infgram::tokenizer::{ByteTokenizer, Tokenizer};
-use infgram::Index;
 use std::sync::Arc;
 
 fn report(name: &str, model: &mut dyn LanguageModel, tokens: &[u32]) -> infgram::Result<()> {
@@ -26,15 +25,10 @@ fn report(name: &str, model: &mut dyn LanguageModel, tokens: &[u32]) -> infgram:
 }
 
 fn main() -> infgram::Result<()> {
-    let (train, val) = infgram::assets::tiny_shakespeare_split()?;
+    let (_, val) = infgram::assets::tiny_shakespeare_split()?;
     let val = &val[..20_000];
     let tok = ByteTokenizer;
-    let index = Arc::new(Index::from_docs(
-        tok.spec(),
-        &[tok.encode(&train)?],
-        1,
-        true,
-    )?);
+    let index = Arc::new(infgram::service::tiny_shakespeare_index()?);
     let estimator = Estimator::Smoothed(Discounts::default());
     let mut infgram = InfgramModel::new(index, estimator, 100)?;
     report(

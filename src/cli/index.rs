@@ -35,8 +35,7 @@ pub struct IndexArgs {
 
 /// Runs `infgram index`.
 pub fn run(args: IndexArgs) -> Result<()> {
-    let tok =
-        infgram::tokenizer::load(&infgram::service::resolve_tokenizer_name(&args.tokenizer)?)?;
+    let tok = infgram::service::load_tokenizer(&args.tokenizer)?;
     let opts = BuildOptions {
         mem_bytes: args
             .mem

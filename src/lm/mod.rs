@@ -110,38 +110,46 @@ impl Logits {
 
     /// Softmax as `(id, probability)` pairs, ids ascending; a sparse row gives its support
     /// only (the other ids have probability 0). The same numbers as [`softmax`] of the dense
-    /// row, bit for bit.
+    /// row, bit for bit (the −∞ entries add exact zeros to the sum).
     pub fn softmax(&self) -> Vec<(u32, f64)> {
         match self {
             Logits::Dense(v) => softmax(v),
-            Logits::Sparse { entries, .. } => {
-                let max = entries
-                    .iter()
-                    .map(|e| e.1)
-                    .fold(f32::NEG_INFINITY, f32::max) as f64;
-                let exps: Vec<(u32, f64)> = entries
-                    .iter()
-                    .map(|&(id, x)| (id, (x as f64 - max).exp()))
-                    .collect();
-                let sum: f64 = exps.iter().map(|e| e.1).sum();
-                exps.into_iter().map(|(id, e)| (id, e / sum)).collect()
-            }
+            Logits::Sparse { entries, .. } => softmax_pairs(entries.iter().copied()),
         }
     }
 
     /// −ln p(`token`) under the softmax (+∞ when `token` has probability 0).
     pub fn neg_log_prob(&self, token: u32) -> f64 {
-        match self {
-            Logits::Dense(v) => neg_log_prob(v, token),
-            Logits::Sparse { entries, .. } => {
-                let max = entries
-                    .iter()
-                    .map(|e| e.1)
-                    .fold(f32::NEG_INFINITY, f32::max) as f64;
-                let sum: f64 = entries.iter().map(|e| (e.1 as f64 - max).exp()).sum();
-                max + sum.ln() - self.get(token) as f64
-            }
-        }
+        let lse = match self {
+            Logits::Dense(v) => log_sum_exp(v.iter().copied()),
+            Logits::Sparse { entries, .. } => log_sum_exp(entries.iter().map(|e| e.1)),
+        };
+        lse - self.get(token) as f64
+    }
+}
+
+/// A model whose rows reach the decode loop dense, whatever the model returns: the baseline
+/// that tests and benchmarks hold a sparse scorer against (same text, slower).
+pub struct DenseRows<M>(pub M);
+
+impl<M: LanguageModel> LanguageModel for DenseRows<M> {
+    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        self.0.forward(tokens)
+    }
+    fn feed(&mut self, tokens: &[u32]) -> Result<()> {
+        self.0.feed(tokens)
+    }
+    fn cache_len(&self) -> usize {
+        self.0.cache_len()
+    }
+    fn truncate(&mut self, len: usize) {
+        self.0.truncate(len)
+    }
+    fn vocab_size(&self) -> usize {
+        self.0.vocab_size()
+    }
+    fn eos_tokens(&self) -> &[u32] {
+        self.0.eos_tokens()
     }
 }
 
@@ -200,20 +208,27 @@ pub fn argmax(logits: &[f32]) -> u32 {
 
 /// −ln p(`token`) under the softmax of `logits` (log-sum-exp in f64).
 pub fn neg_log_prob(logits: &[f32], token: u32) -> f64 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let sum: f64 = logits.iter().map(|&x| (x as f64 - max).exp()).sum();
-    max + sum.ln() - logits[token as usize] as f64
+    log_sum_exp(logits.iter().copied()) - logits[token as usize] as f64
 }
 
 /// Softmax of `logits` as `(id, probability)` pairs, for the shared sampler.
 pub fn softmax(logits: &[f32]) -> Vec<(u32, f64)> {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let exps: Vec<f64> = logits.iter().map(|&x| (x as f64 - max).exp()).collect();
-    let sum: f64 = exps.iter().sum();
-    exps.into_iter()
-        .enumerate()
-        .map(|(i, e)| (i as u32, e / sum))
-        .collect()
+    softmax_pairs(logits.iter().enumerate().map(|(i, &x)| (i as u32, x)))
+}
+
+/// `ln Σ exp(x)` in f64, shifted by the largest `x`.
+fn log_sum_exp(xs: impl Iterator<Item = f32> + Clone) -> f64 {
+    let max = xs.clone().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = xs.map(|x| (x as f64 - max).exp()).sum();
+    max + sum.ln()
+}
+
+/// Softmax of `(id, logit)` pairs, in their order.
+fn softmax_pairs(pairs: impl Iterator<Item = (u32, f32)> + Clone) -> Vec<(u32, f64)> {
+    let max = pairs.clone().map(|p| p.1).fold(f32::NEG_INFINITY, f32::max) as f64;
+    let exps: Vec<(u32, f64)> = pairs.map(|(i, x)| (i, (x as f64 - max).exp())).collect();
+    let sum: f64 = exps.iter().map(|e| e.1).sum();
+    exps.into_iter().map(|(i, e)| (i, e / sum)).collect()
 }
 
 #[cfg(test)]

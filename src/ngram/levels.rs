@@ -40,7 +40,6 @@ const TRACK_MAX: usize = 64;
 #[derive(Default)]
 pub struct Tracker {
     tracked: Vec<Tracked>,
-    ready: bool,
 }
 
 /// Computes levels on an index, caching next-token counts of large occurrence sets. The index
@@ -208,14 +207,14 @@ impl LevelFinder {
             return self.levels(index, ctx, k, false);
         }
         let want = usize::try_from(k).unwrap_or(usize::MAX);
-        let mut levels = match (appended, tracker.ready) {
-            (Some(x), true) => Self::advance(index, tracker, x, ctx.len(), want),
-            _ => {
+        // Without the one appended token the tracked suffixes say nothing about `ctx`.
+        let mut levels = match appended {
+            Some(x) => Self::advance(index, tracker, x, ctx.len(), want),
+            None => {
                 tracker.tracked.clear();
                 Vec::new()
             }
         };
-        tracker.ready = true;
         if levels.len() >= want {
             return levels;
         }
@@ -247,8 +246,11 @@ impl LevelFinder {
             }
             tracker.tracked.push(Tracked { len: l, starts });
         }
-        let rest = (want - levels.len()) as i64;
-        let rest = if k < 0 { -1 } else { rest };
+        let rest = if k < 0 {
+            -1
+        } else {
+            (want - levels.len()) as i64
+        };
         levels.extend(self.levels_from(index, &per_shard, tail, rest, false, false, prev));
         levels
     }

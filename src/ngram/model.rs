@@ -45,6 +45,9 @@ pub struct InfgramModel<S: AsRef<[u8]> + Sync> {
     /// The token fed since the levels were last computed, for the tracker.
     appended: Option<u32>,
     separator: u32,
+    /// Ids the estimator ranges over: the index's vocabulary and the separator.
+    index_vocab: usize,
+    /// Ids of the rows (the model's vocabulary with [`InfgramModel::with_vocab`]).
     vocab: usize,
     /// The id the separator is reported as (and read back from).
     eos: [u32; 1],
@@ -64,7 +67,7 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
             ));
         }
         let separator = index.separator();
-        let vocab = index.vocab_size().max(separator as usize + 1);
+        let index_vocab = index.vocab_size().max(separator as usize + 1);
         Ok(InfgramModel {
             index,
             finder: LevelFinder::new(true),
@@ -75,7 +78,8 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
             tracker: levels::Tracker::default(),
             appended: None,
             separator,
-            vocab,
+            index_vocab,
+            vocab: index_vocab,
             eos: [separator],
             steps: Vec::new(),
         })
@@ -167,10 +171,9 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
         self.steps.push(StepStats {
             levels: levels.iter().map(|l| (l.len, l.total)).collect(),
         });
-        let index_vocab = self.index.vocab_size().max(self.separator as usize + 1);
         let mut entries: Vec<(u32, f32)> = self
             .estimator
-            .distribution(&levels, index_vocab)
+            .distribution(&levels, self.index_vocab)
             .into_iter()
             .filter(|&(_, p)| p > 0.0)
             .filter_map(|(id, p)| Some((self.to_model_id(id)?, p.ln() as f32)))

@@ -19,13 +19,27 @@ pub fn open_index(
     let index = Index::open(dir)?;
     let tok = match tokenizer {
         Some(name) => {
-            let tok = tokenizer::load(&resolve_tokenizer_name(name)?)?;
+            let tok = load_tokenizer(name)?;
             tokenizer::check_fingerprint(&index.header().tokenizer, tok.as_ref())?;
             tok
         }
         None => tokenizer::from_spec(&index.header().tokenizer)?,
     };
     Ok((index, tok))
+}
+
+/// The tokenizer a name gives (`bytes`, a tokenizer file, or a model as
+/// [`resolve_tokenizer_name`] takes).
+pub fn load_tokenizer(name: &str) -> Result<Box<dyn Tokenizer>> {
+    tokenizer::load(&resolve_tokenizer_name(name)?)
+}
+
+/// A byte-level index of Tiny Shakespeare's training split (the first 90%, one document), in
+/// memory: what the examples and the protocol score against.
+pub fn tiny_shakespeare_index() -> Result<Index<Vec<u8>>> {
+    let (train, _) = crate::assets::tiny_shakespeare_split()?;
+    let tok = ByteTokenizer;
+    Index::from_docs(tok.spec(), &[tok.encode(&train)?], 1, true)
 }
 
 /// Maps model names (`smollm2-135m`, fetched on first use; a safetensors directory;

@@ -15,5 +15,8 @@ pub mod models;
 pub mod query;
 
 pub use generate::{generate, GenConfig, Generation};
-pub use indexes::{cached_byte_index, cached_index, open_index, resolve_tokenizer_name};
+pub use indexes::{
+    cached_byte_index, cached_index, load_tokenizer, open_index, resolve_tokenizer_name,
+    tiny_shakespeare_index,
+};
 pub use query::{execute, Query};

@@ -1,19 +1,10 @@
 //! Loading a neural model and its tokenizer from a `--model` spec (feature `neural`; the
 //! options are there in every build, so front ends parse them alike).
 
-#[cfg(feature = "neural")]
-use crate::error::{Error, Result};
-#[cfg(feature = "neural")]
-use crate::lm::LanguageModel;
-#[cfg(feature = "neural")]
-use crate::neural::source::ModelSource;
-#[cfg(feature = "neural")]
-use crate::tokenizer::HfTokenizer;
-#[cfg(feature = "neural")]
-use candle_core::quantized::GgmlDType;
 use serde::{Deserialize, Serialize};
+
 #[cfg(feature = "neural")]
-use std::path::PathBuf;
+pub use loading::{load_model, LoadedModel};
 
 /// Which forward pass runs a GGUF model.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
@@ -50,47 +41,57 @@ pub struct ModelOptions {
     pub requantize: Option<Requantize>,
 }
 
-/// A loaded neural model with its tokenizer.
+/// The loader, in builds with neural models.
 #[cfg(feature = "neural")]
-pub struct LoadedModel {
-    /// The model.
-    pub model: Box<dyn LanguageModel>,
-    /// Its tokenizer.
-    pub tokenizer: HfTokenizer,
-    /// The GGUF file or model directory it came from.
-    pub path: PathBuf,
-}
+mod loading {
+    use super::{Backend, ModelOptions, Requantize};
+    use crate::error::{Error, Result};
+    use crate::lm::LanguageModel;
+    use crate::neural::source::ModelSource;
+    use crate::tokenizer::HfTokenizer;
+    use candle_core::quantized::GgmlDType;
+    use std::path::PathBuf;
 
-/// Resolves `spec` (a short name, fetched on first use; a `.gguf` file; a safetensors
-/// directory; or `hf:OWNER/REPO[:FILE]`) and loads it.
-#[cfg(feature = "neural")]
-pub fn load_model(spec: &str, opts: &ModelOptions) -> Result<LoadedModel> {
-    let source = ModelSource::resolve(spec)?;
-    let requantize = opts.requantize.map(|r| match r {
-        Requantize::Q8_0 => GgmlDType::Q8_0,
-        Requantize::Q4_0 => GgmlDType::Q4_0,
-    });
-    let threads = match opts.threads {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        n => n,
-    };
-    let path = source.path().to_path_buf();
-    let model: Box<dyn LanguageModel> = match (&source, opts.backend) {
-        (ModelSource::Safetensors(_), _) if requantize.is_some() => {
-            return Err(Error::input("--requantize applies to GGUF models only"))
-        }
-        (ModelSource::Safetensors(_), _) => source.load_safetensors()?,
-        (ModelSource::Gguf(_), Backend::Native) => {
-            Box::new(crate::neural::llama::Llama::load(&path, requantize)?.with_threads(threads))
-        }
-        (ModelSource::Gguf(_), Backend::Candle) => Box::new(
-            crate::neural::candle_llama::CandleLlama::load(&path, requantize)?,
-        ),
-    };
-    let tokenizer = source.tokenizer()?;
-    Ok(LoadedModel {
-        model,
-        tokenizer,
-        path,
-    })
+    /// A loaded neural model with its tokenizer.
+    pub struct LoadedModel {
+        /// The model.
+        pub model: Box<dyn LanguageModel>,
+        /// Its tokenizer.
+        pub tokenizer: HfTokenizer,
+        /// The GGUF file or model directory it came from.
+        pub path: PathBuf,
+    }
+
+    /// Resolves `spec` (a short name, fetched on first use; a `.gguf` file; a safetensors
+    /// directory; or `hf:OWNER/REPO[:FILE]`) and loads it.
+    pub fn load_model(spec: &str, opts: &ModelOptions) -> Result<LoadedModel> {
+        let source = ModelSource::resolve(spec)?;
+        let requantize = opts.requantize.map(|r| match r {
+            Requantize::Q8_0 => GgmlDType::Q8_0,
+            Requantize::Q4_0 => GgmlDType::Q4_0,
+        });
+        let threads = match opts.threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        };
+        let path = source.path().to_path_buf();
+        let model: Box<dyn LanguageModel> = match (&source, opts.backend) {
+            (ModelSource::Safetensors(_), _) if requantize.is_some() => {
+                return Err(Error::input("--requantize applies to GGUF models only"))
+            }
+            (ModelSource::Safetensors(_), _) => source.load_safetensors()?,
+            (ModelSource::Gguf(_), Backend::Native) => Box::new(
+                crate::neural::llama::Llama::load(&path, requantize)?.with_threads(threads),
+            ),
+            (ModelSource::Gguf(_), Backend::Candle) => Box::new(
+                crate::neural::candle_llama::CandleLlama::load(&path, requantize)?,
+            ),
+        };
+        let tokenizer = source.tokenizer()?;
+        Ok(LoadedModel {
+            model,
+            tokenizer,
+            path,
+        })
+    }
 }

@@ -7,6 +7,7 @@
 //! index's tokenizer), a continuation from `cont_id` or `cont_text`.
 
 use crate::error::{Error, Result};
+use crate::index::query::Document;
 use crate::index::Index;
 use crate::tokenizer::Tokenizer;
 use serde::{Deserialize, Serialize};
@@ -267,14 +268,11 @@ pub fn execute<S: AsRef<[u8]> + Sync>(
                 *max_disp_len,
             )?;
             let mut v = to_json(&r)?;
-            for (d, doc) in v["documents"]
-                .as_array_mut()
-                .into_iter()
-                .flatten()
-                .zip(&r.documents)
-            {
-                d["text"] = json!(tok.decode(&doc.token_ids)?);
-            }
+            v["documents"] = r
+                .documents
+                .iter()
+                .map(|d| doc_json(d, tok))
+                .collect::<Result<_>>()?;
             Ok(v)
         }
         Query::GetDocByRank {
@@ -282,24 +280,27 @@ pub fn execute<S: AsRef<[u8]> + Sync>(
             rank,
             max_disp_len,
             ..
-        } => {
-            let doc = index.get_doc_by_rank(*s, *rank, ids.len(), *max_disp_len)?;
-            let mut v = to_json(&doc)?;
-            v["text"] = json!(tok.decode(&doc.token_ids)?);
-            Ok(v)
-        }
+        } => doc_json(
+            &index.get_doc_by_rank(*s, *rank, ids.len(), *max_disp_len)?,
+            tok,
+        ),
         Query::GetDocByPtr {
             s,
             ptr,
             max_disp_len,
             ..
-        } => {
-            let doc = index.get_doc_by_ptr(*s, *ptr, ids.len(), *max_disp_len)?;
-            let mut v = to_json(&doc)?;
-            v["text"] = json!(tok.decode(&doc.token_ids)?);
-            Ok(v)
-        }
+        } => doc_json(
+            &index.get_doc_by_ptr(*s, *ptr, ids.len(), *max_disp_len)?,
+            tok,
+        ),
     }
+}
+
+/// A document window with the package's fields, plus its `text`.
+fn doc_json(doc: &Document, tok: &dyn Tokenizer) -> Result<Value> {
+    let mut v = to_json(doc)?;
+    v["text"] = json!(tok.decode(&doc.token_ids)?);
+    Ok(v)
 }
 
 /// Parses a CNF given on the command line: `a b OR c d AND e f` (each n-gram tokenized as
