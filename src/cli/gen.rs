@@ -243,14 +243,10 @@ fn run_infgram(args: &GenArgs) -> Result<()> {
             secs,
             tps
         ));
-        let depth = g.steps.iter().map(|s| s.levels.len()).max().unwrap_or(0);
+        let depth = g.steps.steps().map(<[_]>::len).max().unwrap_or(0);
         for j in 0..depth {
             let level = |f: fn(&(usize, u64)) -> f64| -> Vec<f64> {
-                g.steps
-                    .iter()
-                    .filter_map(|s| s.levels.get(j))
-                    .map(f)
-                    .collect()
+                g.steps.steps().filter_map(|s| s.get(j)).map(f).collect()
             };
             let (mut n, mut m) = (level(|l| l.0 as f64), level(|l| l.1 as f64));
             stats.push(format!(

@@ -154,7 +154,7 @@ pub fn merge_counts<C: std::borrow::Borrow<Counts>>(parts: impl IntoIterator<Ite
 
 /// Counts of the tokens of a sorted sequence, as sorted `(token, count)` pairs.
 pub fn tally_sorted(sorted: impl IntoIterator<Item = u32>) -> Counts {
-    let mut out: Counts = Vec::new();
+    let mut out: Counts = Vec::with_capacity(16);
     for t in sorted {
         match out.last_mut() {
             Some((x, c)) if *x == t => *c += 1,
@@ -196,7 +196,7 @@ impl<S: AsRef<[u8]>> Shard<S> {
     pub fn occ_counts_ext(&self, occ: Occ, ctx: &[u32], keep_end: bool) -> Counts {
         let sep = self.separator();
         let keep = |t: u32| keep_end || t != sep;
-        let mut out: Counts = Vec::new();
+        let mut out: Counts = Vec::with_capacity(16);
         match occ {
             Occ::Rev(r) if r.1 - r.0 <= SCAN_LIMIT => {
                 let mut v: Vec<u32> = (r.0..r.1)

@@ -45,7 +45,7 @@ impl CacheStats {
 /// Next-token counts of large occurrence sets, least recently used out first.
 pub struct CountsCache {
     /// Entry and the tick of its last use.
-    map: HashMap<CacheKey, (Arc<Counts>, u64)>,
+    map: HashMap<CacheKey, (Arc<Counts>, u64), foldhash::fast::RandomState>,
     tick: u64,
     capacity: usize,
     stats: CacheStats,
@@ -61,7 +61,7 @@ impl CountsCache {
     /// A cache that holds at most `capacity` `(token, count)` pairs.
     pub fn with_capacity(capacity: usize) -> Self {
         CountsCache {
-            map: HashMap::new(),
+            map: HashMap::default(),
             tick: 0,
             capacity,
             stats: CacheStats::default(),

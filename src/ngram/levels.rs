@@ -40,6 +40,15 @@ const TRACK_MAX: usize = 64;
 #[derive(Default)]
 pub struct Tracker {
     tracked: Vec<Tracked>,
+    /// Scratch space for the next tokens of a tracked suffix.
+    toks: Vec<u32>,
+}
+
+impl Tracker {
+    /// Forgets the tracked suffixes (the context changed by more than one appended token).
+    pub fn reset(&mut self) {
+        self.tracked.clear();
+    }
 }
 
 /// Computes levels on an index, caching next-token counts of large occurrence sets. The index
@@ -211,7 +220,7 @@ impl LevelFinder {
         let mut levels = match appended {
             Some(x) => Self::advance(index, tracker, x, ctx.len(), want),
             None => {
-                tracker.tracked.clear();
+                tracker.reset();
                 Vec::new()
             }
         };
@@ -283,7 +292,7 @@ impl LevelFinder {
             tracker.tracked.clear();
             return Vec::new();
         }
-        let mut toks: Vec<u32> = Vec::with_capacity(TRACK_MAX);
+        let toks = &mut tracker.toks;
         tracker
             .tracked
             .iter()

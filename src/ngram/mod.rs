@@ -15,7 +15,7 @@ pub mod model;
 pub mod sbis;
 pub mod smoothed;
 
-pub use model::{InfgramModel, StepStats};
+pub use model::{InfgramModel, LevelLog};
 
 use crate::index::Index;
 use levels::{Level, LevelFinder};

@@ -23,11 +23,37 @@ use crate::index::Index;
 use crate::lm::{LanguageModel, Logits};
 use std::sync::Arc;
 
-/// Per-step record for `--stats`: suffix length `n` and total `m` of each kept level.
+/// The levels used at each scored position, for `--stats`: suffix length `n` and total `m`
+/// of each kept level, longest first. One flat list, so recording a step allocates nothing.
 #[derive(Clone, Debug, Default)]
-pub struct StepStats {
-    /// `(n, m)` of each kept level, longest first.
-    pub levels: Vec<(usize, u64)>,
+pub struct LevelLog {
+    /// Where each step's levels end in `levels`.
+    ends: Vec<usize>,
+    levels: Vec<(usize, u64)>,
+}
+
+impl LevelLog {
+    /// Records one step's levels.
+    pub fn push(&mut self, levels: impl IntoIterator<Item = (usize, u64)>) {
+        self.levels.extend(levels);
+        self.ends.push(self.levels.len());
+    }
+
+    /// Steps recorded.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Whether no step was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// The `(n, m)` of each level of every step, in order.
+    pub fn steps(&self) -> impl Iterator<Item = &[(usize, u64)]> {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        starts.zip(&self.ends).map(|(a, &b)| &self.levels[a..b])
+    }
 }
 
 /// Next-token distributions of the ∞-gram of an index.
@@ -52,7 +78,7 @@ pub struct InfgramModel<S: AsRef<[u8]> + Sync> {
     /// The id the separator is reported as (and read back from).
     eos: [u32; 1],
     /// The levels used at each scored position, for `--stats`.
-    pub steps: Vec<StepStats>,
+    pub steps: LevelLog,
 }
 
 impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
@@ -81,7 +107,7 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
             index_vocab,
             vocab: index_vocab,
             eos: [separator],
-            steps: Vec::new(),
+            steps: LevelLog::default(),
         })
     }
 
@@ -133,12 +159,12 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
         let token = self.to_index_id(token);
         if self.appended.is_some() {
             // Two tokens since the last levels: the tracker only advances by one.
-            self.tracker = levels::Tracker::default();
+            self.tracker.reset();
         }
         self.fed.push(token);
         if token == self.separator {
             self.doc_start = self.fed.len();
-            self.tracker = levels::Tracker::default();
+            self.tracker.reset();
             self.appended = None;
         } else {
             self.appended = Some(token);
@@ -168,9 +194,7 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
     /// The row after the tokens fed so far: ln p of every token with p > 0, by model id.
     fn row(&mut self) -> Logits {
         let levels = self.levels();
-        self.steps.push(StepStats {
-            levels: levels.iter().map(|l| (l.len, l.total)).collect(),
-        });
+        self.steps.push(levels.iter().map(|l| (l.len, l.total)));
         let mut entries: Vec<(u32, f32)> = self
             .estimator
             .distribution(&levels, self.index_vocab)
@@ -226,7 +250,7 @@ impl<S: AsRef<[u8]> + Sync> LanguageModel for InfgramModel<S> {
                 .iter()
                 .rposition(|&t| t == self.separator)
                 .map_or(0, |p| p + 1);
-            self.tracker = levels::Tracker::default();
+            self.tracker.reset();
             self.appended = None;
         }
     }

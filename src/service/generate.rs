@@ -8,7 +8,7 @@ use crate::decode::{
 use crate::error::Result;
 use crate::index::Index;
 use crate::ngram::cache::CacheStats;
-use crate::ngram::{Estimator, InfgramModel, StepStats};
+use crate::ngram::{Estimator, InfgramModel, LevelLog};
 use crate::tokenizer::{check_fingerprint, Tokenizer};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -32,7 +32,7 @@ pub struct Generation {
     /// Whether it stopped at a document boundary.
     pub hit_end: bool,
     /// Per-step statistics.
-    pub steps: Vec<StepStats>,
+    pub steps: LevelLog,
     /// How the counts cache served.
     pub cache: CacheStats,
     /// What the decode loop did.
