@@ -196,25 +196,29 @@ impl<S: AsRef<[u8]>> Shard<S> {
     pub fn occ_counts_ext(&self, occ: Occ, ctx: &[u32], keep_end: bool) -> Counts {
         let sep = self.separator();
         let keep = |t: u32| keep_end || t != sep;
-        let mut out: Counts = Vec::with_capacity(16);
         match occ {
             Occ::Rev(r) if r.1 - r.0 <= SCAN_LIMIT => {
-                let mut v: Vec<u32> = (r.0..r.1)
-                    .filter_map(|i| self.rnext(i))
-                    .filter(|&t| keep(t))
-                    .collect();
+                let mut v: Vec<u32> = Vec::with_capacity(r.1 - r.0);
+                v.extend(
+                    (r.0..r.1)
+                        .filter_map(|i| self.rnext(i))
+                        .filter(|&t| keep(t)),
+                );
                 v.sort_unstable();
-                out = tally_sorted(v);
+                tally_sorted(v)
             }
-            Occ::Rev(_) => return self.occ_counts_ext(Occ::Fwd(self.find(ctx)), ctx, keep_end),
+            Occ::Rev(_) => self.occ_counts_ext(Occ::Fwd(self.find(ctx)), ctx, keep_end),
             // T ends with a separator, so a context never runs into the end of T.
-            Occ::Fwd(r) => self.runs(r, ctx.len(), |t, c, _| {
-                if keep(t) {
-                    out.push((t, c as u64));
-                }
-            }),
+            Occ::Fwd(r) => {
+                let mut out: Counts = Vec::with_capacity(64);
+                self.runs(r, ctx.len(), |t, c, _| {
+                    if keep(t) {
+                        out.push((t, c as u64));
+                    }
+                });
+                out
+            }
         }
-        out
     }
 
     /// Kneser–Ney continuation counts of the occurrences `occ` of `ctx`: for each next token

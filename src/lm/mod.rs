@@ -112,9 +112,16 @@ impl Logits {
     /// only (the other ids have probability 0). The same numbers as [`softmax`] of the dense
     /// row, bit for bit (the −∞ entries add exact zeros to the sum).
     pub fn softmax(&self) -> Vec<(u32, f64)> {
+        let mut out = Vec::new();
+        self.softmax_into(&mut out);
+        out
+    }
+
+    /// [`Logits::softmax`] into `out` (cleared first), reusing its allocation.
+    pub fn softmax_into(&self, out: &mut Vec<(u32, f64)>) {
         match self {
-            Logits::Dense(v) => softmax(v),
-            Logits::Sparse { entries, .. } => softmax_pairs(entries.iter().copied()),
+            Logits::Dense(v) => softmax_pairs(dense_pairs(v), out),
+            Logits::Sparse { entries, .. } => softmax_pairs(entries.iter().copied(), out),
         }
     }
 
@@ -213,7 +220,14 @@ pub fn neg_log_prob(logits: &[f32], token: u32) -> f64 {
 
 /// Softmax of `logits` as `(id, probability)` pairs, for the shared sampler.
 pub fn softmax(logits: &[f32]) -> Vec<(u32, f64)> {
-    softmax_pairs(logits.iter().enumerate().map(|(i, &x)| (i as u32, x)))
+    let mut out = Vec::new();
+    softmax_pairs(dense_pairs(logits), &mut out);
+    out
+}
+
+/// A dense row as `(id, logit)` pairs.
+fn dense_pairs(logits: &[f32]) -> impl Iterator<Item = (u32, f32)> + Clone + '_ {
+    logits.iter().enumerate().map(|(i, &x)| (i as u32, x))
 }
 
 /// `ln Σ exp(x)` in f64, shifted by the largest `x`.
@@ -223,12 +237,15 @@ fn log_sum_exp(xs: impl Iterator<Item = f32> + Clone) -> f64 {
     max + sum.ln()
 }
 
-/// Softmax of `(id, logit)` pairs, in their order.
-fn softmax_pairs(pairs: impl Iterator<Item = (u32, f32)> + Clone) -> Vec<(u32, f64)> {
+/// Softmax of `(id, logit)` pairs, in their order, into `out`.
+fn softmax_pairs(pairs: impl Iterator<Item = (u32, f32)> + Clone, out: &mut Vec<(u32, f64)>) {
     let max = pairs.clone().map(|p| p.1).fold(f32::NEG_INFINITY, f32::max) as f64;
-    let exps: Vec<(u32, f64)> = pairs.map(|(i, x)| (i, (x as f64 - max).exp())).collect();
-    let sum: f64 = exps.iter().map(|e| e.1).sum();
-    exps.into_iter().map(|(i, e)| (i, e / sum)).collect()
+    out.clear();
+    out.extend(pairs.map(|(i, x)| (i, (x as f64 - max).exp())));
+    let sum: f64 = out.iter().map(|e| e.1).sum();
+    for e in out.iter_mut() {
+        e.1 /= sum;
+    }
 }
 
 #[cfg(test)]

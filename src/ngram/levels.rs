@@ -96,18 +96,19 @@ impl LevelFinder {
         continuation: bool,
     ) -> Arc<Counts> {
         let q = &ctx[ctx.len() - l..];
-        let mut parts: Vec<Arc<Counts>> = Vec::new();
-        for (s, (sh, occs)) in index.shards().iter().zip(per_shard).enumerate() {
-            if let Some(&occ) = occs.get(l) {
-                if !occ.is_empty() {
-                    parts.push(self.cache.get(s, sh, occ, q, self.keep_end, continuation));
-                }
-            }
-        }
-        match parts.len() {
-            0 => Arc::new(Vec::new()),
-            1 => parts.pop().expect("one part"),
-            _ => Arc::new(merge_counts(parts)),
+        let mut parts = index
+            .shards()
+            .iter()
+            .zip(per_shard)
+            .enumerate()
+            .filter_map(|(s, (sh, occs))| Some((s, sh, *occs.get(l)?)))
+            .filter(|(_, _, occ)| !occ.is_empty())
+            .map(|(s, sh, occ)| self.cache.get(s, sh, occ, q, self.keep_end, continuation));
+        // Most indexes have one shard, or the suffix occurs in one: no merge, no list.
+        match (parts.next(), parts.next()) {
+            (None, _) => Arc::new(Vec::new()),
+            (Some(one), None) => one,
+            (Some(a), Some(b)) => Arc::new(merge_counts([a, b].into_iter().chain(parts))),
         }
     }
 
@@ -161,7 +162,7 @@ impl LevelFinder {
     ) -> Vec<Level> {
         let lmax = per_shard.iter().map(|o| o.len() - 1).max().unwrap_or(0);
         let raw = |l: usize| raw_count(per_shard, l);
-        let mut kept: Vec<Level> = Vec::new();
+        let mut kept: Vec<Level> = Vec::with_capacity(16);
         let (mut prev_raw, mut prev_total) = prev;
         let lowest = if include_empty { 0 } else { 1 };
         for l in (lowest..=lmax).rev() {

@@ -52,13 +52,20 @@ impl Estimator {
     /// The distribution given the levels, as `(token, probability)` pairs sorted by token
     /// (SBIS: its support only; smoothed: every token of the vocabulary).
     pub fn distribution(&self, levels: &[Level], vocab: usize) -> Vec<(u32, f64)> {
+        let mut out = Vec::new();
+        self.distribution_into(levels, vocab, &mut out);
+        out
+    }
+
+    /// [`Estimator::distribution`] into `out` (cleared first), reusing its allocation.
+    pub fn distribution_into(&self, levels: &[Level], vocab: usize, out: &mut Vec<(u32, f64)>) {
         match self {
-            Estimator::Sbis { decay, .. } => sbis::sbis_distribution(levels, *decay),
-            Estimator::Smoothed(d) => smoothed::smoothed_distribution(levels, d, vocab)
-                .into_iter()
-                .enumerate()
-                .map(|(t, p)| (t as u32, p))
-                .collect(),
+            Estimator::Sbis { decay, .. } => sbis::sbis_distribution_into(levels, *decay, out),
+            Estimator::Smoothed(d) => {
+                out.clear();
+                let dense = smoothed::smoothed_distribution(levels, d, vocab);
+                out.extend(dense.into_iter().enumerate().map(|(t, p)| (t as u32, p)));
+            }
         }
     }
 

@@ -77,6 +77,8 @@ pub struct InfgramModel<S: AsRef<[u8]> + Sync> {
     vocab: usize,
     /// The id the separator is reported as (and read back from).
     eos: [u32; 1],
+    /// Scratch space for the estimator's distribution.
+    dist: Vec<(u32, f64)>,
     /// The levels used at each scored position, for `--stats`.
     pub steps: LevelLog,
 }
@@ -107,6 +109,7 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
             index_vocab,
             vocab: index_vocab,
             eos: [separator],
+            dist: Vec::new(),
             steps: LevelLog::default(),
         })
     }
@@ -143,16 +146,6 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
         } else {
             token
         }
-    }
-
-    /// An index id as a token of the model's vocabulary (`None` outside it).
-    fn to_model_id(&self, id: u32) -> Option<u32> {
-        let t = if id == self.separator {
-            self.eos[0]
-        } else {
-            id
-        };
-        ((t as usize) < self.vocab).then_some(t)
     }
 
     fn push(&mut self, token: u32) {
@@ -195,13 +188,22 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
     fn row(&mut self) -> Logits {
         let levels = self.levels();
         self.steps.push(levels.iter().map(|l| (l.len, l.total)));
-        let mut entries: Vec<(u32, f32)> = self
-            .estimator
-            .distribution(&levels, self.index_vocab)
-            .into_iter()
-            .filter(|&(_, p)| p > 0.0)
-            .filter_map(|(id, p)| Some((self.to_model_id(id)?, p.ln() as f32)))
-            .collect();
+        self.estimator
+            .distribution_into(&levels, self.index_vocab, &mut self.dist);
+        // Index ids as ids of the model's vocabulary (the separator as the end token; none
+        // outside the vocabulary).
+        let (separator, eos, vocab) = (self.separator, self.eos[0], self.vocab);
+        let to_model_id = |id: u32| {
+            let t = if id == separator { eos } else { id };
+            ((t as usize) < vocab).then_some(t)
+        };
+        let mut entries: Vec<(u32, f32)> = Vec::with_capacity(self.dist.len());
+        entries.extend(
+            self.dist
+                .iter()
+                .filter(|&&(_, p)| p > 0.0)
+                .filter_map(|&(id, p)| Some((to_model_id(id)?, p.ln() as f32))),
+        );
         if self.eos[0] != self.separator {
             // The separator moved to the end token's place: restore the id order.
             entries.sort_unstable_by_key(|e| e.0);

@@ -22,10 +22,18 @@ pub fn sbis_prob(levels: &[Level], decay: f64, tok: u32) -> Option<f64> {
 /// The SBIS distribution as `(token, probability)` pairs sorted by token. The shortest
 /// level's tokens are a superset of every longer level's (nested occurrence sets).
 pub fn sbis_distribution(levels: &[Level], decay: f64) -> Vec<(u32, f64)> {
+    let mut out = Vec::new();
+    sbis_distribution_into(levels, decay, &mut out);
+    out
+}
+
+/// [`sbis_distribution`] into `out` (cleared first), reusing its allocation.
+pub fn sbis_distribution_into(levels: &[Level], decay: f64, out: &mut Vec<(u32, f64)>) {
+    out.clear();
     let Some(base) = levels.last() else {
-        return Vec::new();
+        return;
     };
-    let mut out: Vec<(u32, f64)> = base.counts.iter().map(|&(t, _)| (t, 0.0)).collect();
+    out.extend(base.counts.iter().map(|&(t, _)| (t, 0.0)));
     let (mut den, mut w) = (0.0, 1.0);
     for lv in levels {
         // Merge-join of two sorted lists.
@@ -39,8 +47,7 @@ pub fn sbis_distribution(levels: &[Level], decay: f64) -> Vec<(u32, f64)> {
         den += w * lv.total as f64;
         w *= decay;
     }
-    for x in &mut out {
+    for x in out.iter_mut() {
         x.1 /= den;
     }
-    out
 }
