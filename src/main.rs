@@ -22,6 +22,10 @@ enum Command {
     Gen(cli::gen::GenArgs),
     /// Perplexity and agreement of the ∞-gram on a text.
     Ppl(cli::ppl::PplArgs),
+    /// The spans of a text that occur in the corpus, with their counts and documents.
+    Attribute(cli::attribute::AttributeArgs),
+    /// How much of a text no long corpus span covers: L-uniqueness and the Creativity Index.
+    Creativity(cli::attribute::CreativityArgs),
     /// Check every checksum of an index.
     Verify {
         /// The index directory.
@@ -46,6 +50,8 @@ fn main() {
         Command::Query(a) => cli::query::run(a),
         Command::Gen(a) => cli::gen::run(a),
         Command::Ppl(a) => cli::ppl::run(a),
+        Command::Attribute(a) => cli::attribute::run_attribute(a),
+        Command::Creativity(a) => cli::attribute::run_creativity(a),
         Command::Verify { index } => cli::verify(&index),
         Command::Fetch { what } => cli::fetch(&what),
     };

@@ -533,3 +533,173 @@ fn sharded_mmap_index_agrees_with_in_memory_index() {
         }
     }
 }
+
+#[test]
+fn copy_guard_attribution_and_creativity_from_the_command_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let corpus = tmp.path().join("c.txt");
+    std::fs::write(
+        &corpus,
+        "ROMEO: But soft, what light through yonder window breaks? It is the east.\n".repeat(3),
+    )
+    .unwrap();
+    let idx = tmp.path().join("idx");
+    ok(&infgram(&[
+        "index",
+        "-o",
+        idx.to_str().unwrap(),
+        corpus.to_str().unwrap(),
+    ]));
+    let i = idx.to_str().unwrap();
+    let gen = |extra: &[&str]| {
+        let mut args = vec![
+            "gen",
+            "--index",
+            i,
+            "--prompt",
+            "ROMEO: But",
+            "--seed",
+            "1",
+            "--max-tokens",
+            "60",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        json(&infgram(&args))
+    };
+    // Unguarded SBIS copies the corpus; the guard holds it to 6 bytes.
+    let free = gen(&[]);
+    assert!(free["max_copied_span"].as_u64().unwrap() > 6, "{free}");
+    let guarded = gen(&["--guard", "6"]);
+    assert!(
+        guarded["max_copied_span"].as_u64().unwrap() <= 6,
+        "{guarded}"
+    );
+    assert!(guarded["guard_blocked"].as_u64().unwrap() > 0, "{guarded}");
+    assert!(guarded["guard_seconds"].is_number());
+    let e = err(&infgram(&["gen", "--index", i, "--guard", "0"]));
+    assert!(e.contains("at least 1"), "{e}");
+    // A guard index of another tokenizer is refused.
+    let tj = tmp.path().join("tokenizer.json");
+    std::fs::write(
+        &tj,
+        r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,
+            "pre_tokenizer":{"type":"Whitespace"},"post_processor":null,"decoder":null,
+            "model":{"type":"WordLevel","vocab":{"[UNK]":0,"the":1,"cat":2},"unk_token":"[UNK]"}}"#,
+    )
+    .unwrap();
+    let widx = tmp.path().join("widx");
+    ok(&infgram(&[
+        "index",
+        "-o",
+        widx.to_str().unwrap(),
+        "--tokenizer",
+        tj.to_str().unwrap(),
+        corpus.to_str().unwrap(),
+    ]));
+    let e = err(&infgram(&[
+        "gen",
+        "--index",
+        i,
+        "--guard",
+        "4",
+        "--guard-index",
+        widx.to_str().unwrap(),
+    ]));
+    assert!(e.contains("another tokenizer"), "{e}");
+
+    // Attribution: the quoted line is one span, found three times, in its document.
+    let text = tmp.path().join("t.txt");
+    std::fs::write(
+        &text,
+        "He said: what light through yonder window breaks? Nothing.",
+    )
+    .unwrap();
+    let t = text.to_str().unwrap();
+    let html = tmp.path().join("a.html");
+    let v = json(&infgram(&[
+        "attribute",
+        "--index",
+        i,
+        "--text",
+        t,
+        "--min-len",
+        "12",
+        "--json",
+        "--html",
+        html.to_str().unwrap(),
+    ]));
+    let spans = v["spans"].as_array().unwrap();
+    assert_eq!(spans.len(), 1, "{v}");
+    assert_eq!(
+        spans[0]["text"],
+        " what light through yonder window breaks? "
+    );
+    assert_eq!(spans[0]["count"], 3);
+    assert_eq!(spans[0]["docs"].as_array().unwrap().len(), 1);
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("<mark") && page.contains("yonder"));
+    let plain = ok(&infgram(&[
+        "attribute",
+        "--index",
+        i,
+        "--text",
+        t,
+        "--min-len",
+        "12",
+    ]));
+    assert!(
+        plain.contains("[[ what light through yonder window breaks? ]]"),
+        "{plain}"
+    );
+    // Creativity: uniqueness never grows as n shrinks; the index sums it.
+    let v = json(&infgram(&[
+        "creativity",
+        "--index",
+        i,
+        "--text",
+        t,
+        "--min-n",
+        "5",
+        "--max-n",
+        "12",
+        "--json",
+    ]));
+    let u: Vec<f64> = v["uniqueness"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p[1].as_f64().unwrap())
+        .collect();
+    assert_eq!(u.len(), 8);
+    assert!(u.windows(2).all(|w| w[0] <= w[1]), "{u:?}");
+    let sum: f64 = u.iter().sum();
+    assert!((v["creativity_index"].as_f64().unwrap() - sum).abs() < 1e-9);
+    let e = err(&infgram(&[
+        "creativity",
+        "--index",
+        i,
+        "--text",
+        t,
+        "--min-n",
+        "9",
+        "--max-n",
+        "3",
+    ]));
+    assert!(e.contains("min n"), "{e}");
+    // The batch protocol serves both.
+    let batch = tmp.path().join("q.jsonl");
+    std::fs::write(
+        &batch,
+        "{\"query_type\": \"attribute\", \"text\": \"what light through yonder\", \"min_len\": 10}\n\
+         {\"query_type\": \"creativity\", \"text\": \"what light\"}\n",
+    )
+    .unwrap();
+    let out = ok(&infgram(&["query", i, "--batch", batch.to_str().unwrap()]));
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["spans"][0]["length"], 25, "{}", lines[0]);
+    assert!(lines[1]["creativity_index"].is_number(), "{}", lines[1]);
+}

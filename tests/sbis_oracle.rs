@@ -159,6 +159,7 @@ fn seeded_generation_is_reproducible() {
         estimator: Estimator::Sbis { k: -1, decay: 0.1 },
         context: 200,
         max_tokens: 200,
+        guard: None,
     };
     let run = |seed| {
         let mut s = Sampler::new(SamplerConfig::default(), Some(seed));

@@ -153,6 +153,7 @@ fn main() {
             estimator: Estimator::Sbis { k, decay: 0.1 },
             context: 200,
             max_tokens: 1000,
+            guard: None,
         };
         let reps = 20;
         let sparse = generation_ms(reps, |sampler, budget| {

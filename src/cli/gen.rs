@@ -4,7 +4,7 @@
 use anyhow::Result;
 use clap::Args;
 use infgram::decode::{Sampler, SamplerConfig};
-use infgram::service::{generate, GenConfig};
+use infgram::service::{generate, GenConfig, GuardConfig, GuardReport};
 use infgram::tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use std::io::{IsTerminal, Write};
@@ -76,9 +76,51 @@ pub struct GenArgs {
     /// With --model: use the prompt as is, without the chat template.
     #[arg(long)]
     pub raw: bool,
+    /// Copy guard: the output never repeats more than L consecutive tokens of the guard's
+    /// corpus (the prompt's tail counts). Exact: tokens that would make a longer copied span
+    /// are masked at each step.
+    #[arg(long, value_name = "L")]
+    pub guard: Option<usize>,
+    /// The corpus the guard protects (default: the generation's index; with --model, the
+    /// --index drafting index). Must use the generation's tokenizer.
+    #[arg(long, value_name = "DIR", requires = "guard")]
+    pub guard_index: Option<PathBuf>,
+    /// The guard counts only generated tokens: the output may finish a quotation the prompt
+    /// began.
+    #[arg(long, requires = "guard")]
+    pub guard_ignore_prompt: bool,
     #[command(flatten)]
     pub model_args: super::ModelArgs,
 }
+
+impl GenArgs {
+    /// The copy guard the flags ask for.
+    fn guard(&self) -> Option<GuardConfig> {
+        self.guard.map(|max_span| GuardConfig {
+            max_span,
+            index: self.guard_index.clone(),
+            ignore_prompt: self.guard_ignore_prompt,
+        })
+    }
+}
+
+/// The `--stats` line of a copy guard.
+fn guard_line(report: &GuardReport) -> Option<String> {
+    let g = report.guard?;
+    Some(format!(
+        "copy guard (L = {}): {} steps blocked, {} tokens masked, {} searches, {:.2} ms; longest copied span {} tokens",
+        g.max_span,
+        g.blocked,
+        g.masked,
+        g.searches,
+        g.seconds * 1e3,
+        report.max_copied_span
+    ))
+}
+
+/// The line printed when the guard left no token to generate.
+const EXHAUSTED: &str =
+    "generation stopped: the copy guard masked every token that could come next";
 
 /// Incremental decoder that prints only complete UTF-8.
 #[derive(Default)]
@@ -216,14 +258,24 @@ fn run_infgram(args: &GenArgs) -> Result<()> {
         estimator: args.est.estimator(None)?,
         context: args.context.max(1),
         max_tokens: args.max_tokens,
+        guard: args.guard(),
     };
     let mut sampler = sampler_for(args);
     let mut out = Output::new(args, tok.as_ref());
     out.start(&args.prompt)?;
     let t0 = std::time::Instant::now();
-    let g = generate(index, &prompt, &cfg, &mut sampler, |t| out.token(t))?;
+    let g = generate(index.clone(), &prompt, &cfg, &mut sampler, |t| out.token(t))?;
     let secs = t0.elapsed().as_secs_f64();
     let text = tok.decode(&g.tokens)?;
+    // Without a guard, the longest copied span is measured here when it is shown.
+    let copying = match g.copying {
+        Some(c) => c,
+        None if args.stats || args.json => GuardReport {
+            guard: None,
+            max_copied_span: infgram::eval::attribution::max_copied_span(&index, &g.tokens),
+        },
+        None => GuardReport::default(),
+    };
     let tps = g.tokens.len() as f64 / secs.max(1e-12);
     let fields = json!({
         "prompt": args.prompt,
@@ -234,8 +286,16 @@ fn run_infgram(args: &GenArgs) -> Result<()> {
         "tokens_per_second": tps,
         "stopped_at_document_end": g.hit_end,
         "cache": g.cache,
+        "max_copied_span": copying.max_copied_span,
+        "guard": copying.guard,
+        "guard_blocked": copying.guard.map(|s| s.blocked),
+        "guard_seconds": copying.guard.map(|s| s.seconds),
+        "guard_exhausted": g.decode.exhausted,
     });
     let mut stats = Vec::new();
+    if g.decode.exhausted && !args.json {
+        stats.push(EXHAUSTED.to_string());
+    }
     if args.stats {
         stats.push(format!(
             "{} tokens in {:.4} s ({:.0} tokens/s)",
@@ -264,6 +324,17 @@ fn run_infgram(args: &GenArgs) -> Result<()> {
             g.cache.evicted,
             g.cache.held
         ));
+        stats.push(format!(
+            "longest span of the output found in the corpus: {} tokens",
+            copying.max_copied_span
+        ));
+        stats.extend(guard_line(&copying));
+        if g.decode.backoffs > 0 {
+            stats.push(format!(
+                "{} steps backed off to shorter levels (the guard masked the kept levels' continuations)",
+                g.decode.backoffs
+            ));
+        }
     }
     out.finish(&args.prompt, &text, fields, &stats)
 }
@@ -288,8 +359,10 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
         speculative: args.speculative,
         drafting_index: args.index.clone(),
         repetition_penalty: args.repetition_penalty,
+        guard: args.guard(),
     };
     let mut drafters = drafters(&assembly, &tok)?;
+    let (mut guarded, guard) = processors(&assembly, &tok)?;
     let cfg = infgram::decode::DecodeConfig {
         max_tokens: args.max_tokens,
         draft_max: args.draft_max,
@@ -300,7 +373,7 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
     let (ids, stats) = decode(
         llm.as_mut(),
         &mut drafters,
-        &mut processors(&assembly),
+        &mut guarded,
         &mut sampler,
         &prompt,
         &cfg,
@@ -308,10 +381,11 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
     )?;
     let plain = if args.compare {
         let mut sampler = sampler_for(args);
+        let (mut plain_processors, _) = processors(&assembly, &tok)?;
         Some(decode(
             llm.as_mut(),
             &mut [],
-            &mut processors(&assembly),
+            &mut plain_processors,
             &mut sampler,
             &prompt,
             &cfg,
@@ -329,6 +403,14 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
         "speculative": args.speculative, "acceptance_rate": stats.acceptance_rate(),
         "mean_accepted": stats.mean_accepted(), "stats": stats,
     });
+    let report = guard.as_ref().map(|g| g.report(&ids));
+    if let Some(r) = &report {
+        fields["max_copied_span"] = r.max_copied_span.into();
+        fields["guard"] = serde_json::to_value(r.guard)?;
+        fields["guard_blocked"] = r.guard.map(|s| s.blocked).into();
+        fields["guard_seconds"] = r.guard.map(|s| s.seconds).into();
+        fields["guard_exhausted"] = stats.exhausted.into();
+    }
     let mut lines = vec![format!(
         "{} tokens in {:.2} s ({:.1} tokens/s, prompt {} tokens)",
         ids.len(),
@@ -347,6 +429,12 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
             stats.draft_seconds,
             stats.model_seconds
         ));
+    }
+    if stats.exhausted {
+        lines.push(EXHAUSTED.to_string());
+    }
+    if args.stats {
+        lines.extend(report.as_ref().and_then(guard_line));
     }
     if let Some((plain_ids, plain_stats)) = &plain {
         let identical = plain_ids == &ids;

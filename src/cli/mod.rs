@@ -1,5 +1,6 @@
 //! Subcommands of the `infgram` binary: clap types, turned into [`infgram::service`] calls.
 
+pub mod attribute;
 pub mod gen;
 pub mod index;
 #[cfg(feature = "plot")]

@@ -19,6 +19,7 @@
 //! Plain decoding is this loop with no drafter.
 
 pub mod drafters;
+pub mod guard;
 pub mod sampler;
 
 pub use sampler::{Sampler, SamplerConfig};
@@ -59,8 +60,16 @@ pub trait Drafter {
 
 /// Edits the logits of one position before sampling.
 pub trait Processor {
+    /// A generation starts after `prompt` (processors with state reset it here).
+    fn start(&mut self, _prompt: &[u32]) {}
     /// `context` is everything before the position whose `logits` these are.
     fn process(&mut self, context: &[u32], logits: &mut Logits);
+    /// How many leading tokens of `draft` (to follow `context`) this processor can let
+    /// through: a draft token it would give probability 0 can never be accepted, so the draft
+    /// is cut before it. By default all.
+    fn admit(&mut self, _context: &[u32], draft: &[u32]) -> usize {
+        draft.len()
+    }
 }
 
 /// Divides positive logits (multiplies negative ones) of tokens seen in the last `window`
@@ -229,6 +238,12 @@ pub struct DecodeStats {
     pub prompt_seconds: f64,
     /// Seconds in all.
     pub seconds: f64,
+    /// Positions where the processors masked every candidate and the model's wider
+    /// distribution ([`LanguageModel::backoff`]) was used.
+    pub backoffs: usize,
+    /// Whether generation ended because no token could come next: the processors (the copy
+    /// guard) masked every candidate, even of the model's wider distribution.
+    pub exhausted: bool,
 }
 
 impl DecodeStats {
@@ -353,6 +368,9 @@ pub fn decode(
     let mut cost = cfg.cost.clone();
     let eos = model.eos_tokens().to_vec();
     let mut context = prompt.to_vec();
+    for p in processors.iter_mut() {
+        p.start(prompt);
+    }
     model.clear();
     if !head.is_empty() {
         model.feed(head)?;
@@ -371,7 +389,15 @@ pub fn decode(
     while !done && stats.tokens < cfg.max_tokens {
         let budget = cfg.max_tokens - stats.tokens;
         let t = timed.then(Instant::now);
-        let (draft, chosen) = plan_draft(drafters, &mut states, &context, &cost, cfg, budget)?;
+        let (draft, chosen) = plan_draft(
+            drafters,
+            &mut states,
+            processors,
+            &context,
+            &cost,
+            cfg,
+            budget,
+        )?;
         if let Some(t) = t {
             stats.draft_seconds += t.elapsed().as_secs_f64();
         }
@@ -394,6 +420,21 @@ pub fn decode(
         for (i, mut logits) in rows.into_iter().enumerate() {
             for p in processors.iter_mut() {
                 p.process(&context, &mut logits);
+            }
+            if !logits.has_support() {
+                // Every candidate was masked: ask the model for a wider distribution.
+                if let Some(mut wider) = model.backoff(&context)? {
+                    for p in processors.iter_mut() {
+                        p.process(&context, &mut wider);
+                    }
+                    stats.backoffs += 1;
+                    logits = wider;
+                }
+                if !logits.has_support() {
+                    stats.exhausted = true;
+                    done = true;
+                    break;
+                }
             }
             let proposal = draft.tokens.get(i).copied();
             let (token, is_draft) = verify(sampler, &logits, proposal, &mut probs, &mut weights)?;
@@ -467,6 +508,7 @@ const GOOD_ENOUGH: f64 = 1.3;
 fn plan_draft(
     drafters: &mut [Box<dyn Drafter>],
     states: &mut [DrafterState],
+    processors: &mut [Box<dyn Processor>],
     context: &[u32],
     cost: &CostModel,
     cfg: &DecodeConfig,
@@ -492,6 +534,11 @@ fn plan_draft(
         state.calls += 1;
         state.asked = true;
         draft.tokens.truncate(max);
+        // Tokens a processor would mask cannot be accepted: cut the draft before them.
+        for p in processors.iter_mut() {
+            let admitted = p.admit(context, &draft.tokens);
+            draft.tokens.truncate(admitted);
+        }
         draft.confidence.truncate(draft.tokens.len());
         let f = state.calibration.factor();
         let calibrated: Vec<f64> = draft.confidence.iter().map(|c| (c * f).min(0.99)).collect();

@@ -372,6 +372,12 @@ impl<S: AsRef<[u8]>> Shard<S> {
 }
 
 impl<S: AsRef<[u8]> + Sync> Index<S> {
+    /// Whether `t` is an id of the index's vocabulary (below its size and its separator): only
+    /// those can occur.
+    pub fn holds_token(&self, t: u32) -> bool {
+        t < self.separator() && (t as usize) < self.vocab_size().max(1)
+    }
+
     /// Refuses token ids outside the index's vocabulary (the separator and above), which
     /// every query does first.
     pub fn check_tokens(&self, q: &[u32]) -> Result<()> {
@@ -379,11 +385,7 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
     }
 
     fn check_query(&self, q: &[u32]) -> Result<()> {
-        let sep = self.separator();
-        if let Some(&t) = q
-            .iter()
-            .find(|&&t| t >= sep || t as usize >= self.vocab_size().max(1))
-        {
+        if let Some(&t) = q.iter().find(|&&t| !self.holds_token(t)) {
             return Err(Error::input(format!(
                 "token id {t} is outside the index's vocabulary (0..{})",
                 self.vocab_size()

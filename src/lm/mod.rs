@@ -75,6 +75,14 @@ impl Logits {
         }
     }
 
+    /// Whether some id has a finite logit (something can come next).
+    pub fn has_support(&self) -> bool {
+        match self {
+            Logits::Dense(v) => v.iter().any(|&x| x > f32::NEG_INFINITY),
+            Logits::Sparse { entries, .. } => entries.iter().any(|e| e.1 > f32::NEG_INFINITY),
+        }
+    }
+
     /// The dense row (−∞ outside a sparse row's support).
     pub fn into_dense(self) -> Vec<f32> {
         match self {
@@ -158,6 +166,12 @@ impl<M: LanguageModel> LanguageModel for DenseRows<M> {
     fn eos_tokens(&self) -> &[u32] {
         self.0.eos_tokens()
     }
+    fn backoff(&mut self, context: &[u32]) -> Result<Option<Logits>> {
+        Ok(self
+            .0
+            .backoff(context)?
+            .map(|row| Logits::Dense(row.into_dense())))
+    }
 }
 
 /// A causal language model with a state that can be cut back (a KV cache).
@@ -190,6 +204,13 @@ pub trait LanguageModel {
     fn vocab_size(&self) -> usize;
     /// Ids that end a generation.
     fn eos_tokens(&self) -> &[u32];
+    /// A wider distribution for the position after `context` (everything fed before it), for
+    /// when the decode loop's processors masked every token of the row: the ∞-gram backs off
+    /// to all its levels down to the unigram. `None` (the default) when the model has nothing
+    /// wider, as a neural model, whose rows cover the vocabulary.
+    fn backoff(&mut self, _context: &[u32]) -> Result<Option<Logits>> {
+        Ok(None)
+    }
 }
 
 /// Refuses token ids at or beyond `vocab` (every model's forward pass checks its input).

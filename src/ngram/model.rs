@@ -188,8 +188,13 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
     fn row(&mut self) -> Logits {
         let levels = self.levels();
         self.steps.push(levels.iter().map(|l| (l.len, l.total)));
-        self.estimator
-            .distribution_into(&levels, self.index_vocab, &mut self.dist);
+        let estimator = self.estimator.clone();
+        self.row_of(&estimator, &levels)
+    }
+
+    /// The row of `estimator` over `levels`, by model id.
+    fn row_of(&mut self, estimator: &Estimator, levels: &[Level]) -> Logits {
+        estimator.distribution_into(levels, self.index_vocab, &mut self.dist);
         // Index ids as ids of the model's vocabulary (the separator as the end token; none
         // outside the vocabulary).
         let (separator, eos, vocab) = (self.separator, self.eos[0], self.vocab);
@@ -263,5 +268,25 @@ impl<S: AsRef<[u8]> + Sync> LanguageModel for InfgramModel<S> {
 
     fn eos_tokens(&self) -> &[u32] {
         &self.eos
+    }
+
+    /// SBIS over every level of the context down to the unigram (the empty context), with
+    /// the same decay: when a processor (the copy guard) masked all of the `k` kept levels'
+    /// continuations, the shorter levels' continuations take over, weighted by how far down
+    /// they come. The smoothed estimator's rows already cover the vocabulary: `None`.
+    fn backoff(&mut self, context: &[u32]) -> Result<Option<Logits>> {
+        let Estimator::Sbis { decay, .. } = self.estimator else {
+            return Ok(None);
+        };
+        let ids: Vec<u32> = context.iter().map(|&t| self.to_index_id(t)).collect();
+        let doc = match ids.iter().rposition(|&t| t == self.separator) {
+            Some(p) => &ids[p + 1..],
+            None => &ids[..],
+        };
+        let ctx = &doc[doc.len().saturating_sub(self.window)..];
+        let index = self.index.clone();
+        let levels = self.finder.levels(&index, ctx, -1, true);
+        let all = Estimator::Sbis { k: -1, decay };
+        Ok(Some(self.row_of(&all, &levels)))
     }
 }

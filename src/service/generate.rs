@@ -1,16 +1,22 @@
 //! Assembling generations: from the index alone (the decode loop with the ∞-gram as its
-//! model), and the drafters and processors of a neural generation from options.
+//! model), and the drafters and processors of a neural generation from options; the copy
+//! guard ([`CopyGuard`]) for either.
 
 use crate::decode::drafters::{CorpusDrafter, PromptLookup};
+use crate::decode::guard::{CopyGuard, GuardStats};
 use crate::decode::{
     decode, DecodeConfig, DecodeStats, Drafter, Processor, RepetitionPenalty, Sampler,
 };
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::eval::attribution::max_copied_span;
 use crate::index::Index;
 use crate::ngram::cache::CacheStats;
 use crate::ngram::{Estimator, InfgramModel, LevelLog};
 use crate::tokenizer::{check_fingerprint, Tokenizer};
+use memmap2::Mmap;
+use std::cell::Cell;
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::sync::Arc;
 
 /// Settings of a generation from the index alone.
@@ -22,6 +28,62 @@ pub struct GenConfig {
     pub context: usize,
     /// Tokens to generate at most.
     pub max_tokens: usize,
+    /// The copy guard, if any.
+    pub guard: Option<GuardConfig>,
+}
+
+/// Settings of the copy guard ([`CopyGuard`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GuardConfig {
+    /// The longest span of the corpus the output may repeat, in tokens (`--guard L`).
+    pub max_span: usize,
+    /// The index of the corpus to guard against (default: the generation's own index, or the
+    /// drafting index of a neural generation).
+    pub index: Option<PathBuf>,
+    /// Count only generated tokens (default: the prompt's tail counts too).
+    pub ignore_prompt: bool,
+}
+
+impl GuardConfig {
+    /// The guard with `max_span` against the default index, the prompt counting.
+    pub fn new(max_span: usize) -> Self {
+        GuardConfig {
+            max_span,
+            index: None,
+            ignore_prompt: false,
+        }
+    }
+
+    /// Refuses a guard that would allow no span at all.
+    fn check(&self) -> Result<()> {
+        if self.max_span == 0 {
+            return Err(Error::input(
+                "--guard 0 would forbid every token of the corpus: give the longest span the \
+                 output may repeat, at least 1 (e.g. --guard 16)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The guard over `index`, and a handle on its statistics.
+    fn build<S: AsRef<[u8]> + Sync + 'static>(
+        &self,
+        index: Arc<Index<S>>,
+    ) -> (Box<dyn Processor>, Rc<Cell<GuardStats>>) {
+        let guard = CopyGuard::new(index, self.max_span).ignore_prompt(self.ignore_prompt);
+        let stats = guard.stats();
+        (Box::new(guard), stats)
+    }
+}
+
+/// What the copy guard of a generation did, and the longest corpus span of the output.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct GuardReport {
+    /// The guard's statistics (`None` without a guard).
+    pub guard: Option<GuardStats>,
+    /// The longest span of the output that occurs in the guard's corpus (or, without a guard,
+    /// in the generation's index).
+    pub max_copied_span: usize,
 }
 
 /// What a generation produced.
@@ -37,13 +99,15 @@ pub struct Generation {
     pub cache: CacheStats,
     /// What the decode loop did.
     pub decode: DecodeStats,
+    /// With a guard: its work and the longest copied span of the output.
+    pub copying: Option<GuardReport>,
 }
 
 /// Generates from the index alone, calling `on_token` after each token (for streaming): the
 /// decode loop ([`crate::decode::decode`]) with the ∞-gram as its model and no drafters. The
 /// prompt starts a document (the separator goes first); generation stops at the next
 /// document boundary.
-pub fn generate<S: AsRef<[u8]> + Sync>(
+pub fn generate<S: AsRef<[u8]> + Sync + 'static>(
     index: Arc<Index<S>>,
     prompt: &[u32],
     cfg: &GenConfig,
@@ -51,7 +115,25 @@ pub fn generate<S: AsRef<[u8]> + Sync>(
     on_token: impl FnMut(u32),
 ) -> Result<Generation> {
     let separator = index.separator();
-    let mut model = InfgramModel::new(index, cfg.estimator.clone(), cfg.context)?;
+    // The guard's index: the generation's own, or another with the same tokenizer.
+    let mut processors = Vec::new();
+    let mut guard_stats = None;
+    let mut other_index = None;
+    if let Some(g) = &cfg.guard {
+        g.check()?;
+        let (p, stats) = match &g.index {
+            None => g.build(index.clone()),
+            Some(dir) => {
+                let other = Arc::new(Index::open(dir)?);
+                same_tokenizer(&index, &other, dir)?;
+                other_index = Some(other.clone());
+                g.build(other)
+            }
+        };
+        processors.push(p);
+        guard_stats = Some(stats);
+    }
+    let mut model = InfgramModel::new(index.clone(), cfg.estimator.clone(), cfg.context)?;
     let mut fed = Vec::with_capacity(prompt.len() + 1);
     fed.push(separator);
     fed.extend_from_slice(prompt);
@@ -62,19 +144,49 @@ pub fn generate<S: AsRef<[u8]> + Sync>(
     let (tokens, stats) = decode(
         &mut model,
         &mut [],
-        &mut [],
+        &mut processors,
         sampler,
         &fed,
         &decode_cfg,
         on_token,
     )?;
+    // The longest copied span costs a pass over the output: only with a guard.
+    let copying = guard_stats.map(|stats| GuardReport {
+        guard: Some(stats.get()),
+        max_copied_span: match &other_index {
+            Some(other) => max_copied_span(other, &tokens),
+            None => max_copied_span(&index, &tokens),
+        },
+    });
     Ok(Generation {
-        hit_end: tokens.len() < cfg.max_tokens,
+        hit_end: tokens.len() < cfg.max_tokens && !stats.exhausted,
         tokens,
         cache: model.cache_stats(),
         steps: std::mem::take(&mut model.steps),
         decode: stats,
+        copying,
     })
+}
+
+/// Refuses a guard index whose tokenizer is not the generation index's.
+fn same_tokenizer<S: AsRef<[u8]> + Sync, T: AsRef<[u8]> + Sync>(
+    index: &Index<S>,
+    guard: &Index<T>,
+    guard_dir: &std::path::Path,
+) -> Result<()> {
+    let (a, b) = (&index.header().tokenizer, &guard.header().tokenizer);
+    if a.fingerprint != b.fingerprint {
+        return Err(Error::input(format!(
+            "the guard index {} was built with another tokenizer ({}, fingerprint {}) than the \
+             generation's index ({}, fingerprint {}): rebuild it with the same tokenizer",
+            guard_dir.display(),
+            b.kind,
+            b.fingerprint,
+            a.kind,
+            a.fingerprint
+        )));
+    }
+    Ok(())
 }
 
 /// How a neural generation's decode loop is assembled.
@@ -86,6 +198,27 @@ pub struct AssemblyOptions {
     pub drafting_index: Option<PathBuf>,
     /// Repetition penalty over the last [`REPETITION_WINDOW`] tokens (1: none).
     pub repetition_penalty: f32,
+    /// The copy guard (its index defaults to the drafting index).
+    pub guard: Option<GuardConfig>,
+}
+
+/// A neural generation's copy guard: its index (for the longest copied span afterwards) and
+/// its statistics.
+pub struct GuardHandle {
+    /// The guard's index.
+    pub index: Arc<Index<Mmap>>,
+    /// The guard's statistics, updated as the decode loop runs.
+    pub stats: Rc<Cell<GuardStats>>,
+}
+
+impl GuardHandle {
+    /// The guard's statistics and the longest span of `output` found in its corpus.
+    pub fn report(&self, output: &[u32]) -> GuardReport {
+        GuardReport {
+            guard: Some(self.stats.get()),
+            max_copied_span: max_copied_span(&self.index, output),
+        }
+    }
 }
 
 /// Tokens the repetition penalty looks back over.
@@ -107,13 +240,35 @@ pub fn drafters(opts: &AssemblyOptions, tok: &dyn Tokenizer) -> Result<Vec<Box<d
     Ok(drafters)
 }
 
-/// The processors of a generation (the repetition penalty when it is not 1).
-pub fn processors(opts: &AssemblyOptions) -> Vec<Box<dyn Processor>> {
-    if opts.repetition_penalty == 1.0 {
-        return Vec::new();
+/// The processors of a decode loop, applied in order.
+pub type Processors = Vec<Box<dyn Processor>>;
+
+/// The processors of a neural generation: the repetition penalty when it is not 1, then the
+/// copy guard (its index refused unless built with `tok`), with a handle on the guard.
+pub fn processors(
+    opts: &AssemblyOptions,
+    tok: &dyn Tokenizer,
+) -> Result<(Processors, Option<GuardHandle>)> {
+    let mut processors: Vec<Box<dyn Processor>> = Vec::new();
+    if opts.repetition_penalty != 1.0 {
+        processors.push(Box::new(RepetitionPenalty {
+            penalty: opts.repetition_penalty,
+            window: REPETITION_WINDOW,
+        }));
     }
-    vec![Box::new(RepetitionPenalty {
-        penalty: opts.repetition_penalty,
-        window: REPETITION_WINDOW,
-    })]
+    let Some(g) = &opts.guard else {
+        return Ok((processors, None));
+    };
+    g.check()?;
+    let Some(dir) = g.index.as_ref().or(opts.drafting_index.as_ref()) else {
+        return Err(Error::input(
+            "the copy guard needs an index built with the model's tokenizer \
+             (`infgram index --tokenizer MODEL`): give it with --guard-index DIR or --index DIR",
+        ));
+    };
+    let index = Arc::new(Index::open(dir)?);
+    check_fingerprint(&index.header().tokenizer, tok)?;
+    let (p, stats) = g.build(index.clone());
+    processors.push(p);
+    Ok((processors, Some(GuardHandle { index, stats })))
 }

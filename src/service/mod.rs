@@ -14,7 +14,7 @@ pub mod indexes;
 pub mod models;
 pub mod query;
 
-pub use generate::{generate, GenConfig, Generation};
+pub use generate::{generate, GenConfig, Generation, GuardConfig, GuardReport};
 pub use indexes::{
     cached_byte_index, cached_index, load_tokenizer, open_index, resolve_tokenizer_name,
     tiny_shakespeare_index,

@@ -7,6 +7,7 @@
 //! index's tokenizer), a continuation from `cont_id` or `cont_text`.
 
 use crate::error::{Error, Result};
+use crate::eval::attribution::{attribute, creativity, Span};
 use crate::index::query::Document;
 use crate::index::Index;
 use crate::tokenizer::Tokenizer;
@@ -101,6 +102,18 @@ fn default_max_diff_tokens() -> usize {
 fn default_max_clause_freq() -> usize {
     100_000
 }
+fn default_min_len() -> usize {
+    8
+}
+fn default_docs_per_span() -> usize {
+    3
+}
+fn default_min_n() -> usize {
+    5
+}
+fn default_max_n() -> usize {
+    12
+}
 
 /// One query of the infini-gram protocol.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -165,6 +178,31 @@ pub enum Query {
         #[serde(flatten)]
         subject: Subject,
     },
+    /// The maximal spans of the text that occur in the corpus, with counts and documents.
+    Attribute {
+        #[serde(flatten)]
+        subject: Subject,
+        /// Shortest span reported, in tokens.
+        #[serde(default = "default_min_len")]
+        min_len: usize,
+        /// Documents per span.
+        #[serde(default = "default_docs_per_span")]
+        maxnum: usize,
+        /// Tokens of a document window to show.
+        #[serde(default = "default_disp_len")]
+        max_disp_len: usize,
+    },
+    /// L-uniqueness for `n = min_n ..= max_n` and the Creativity Index.
+    Creativity {
+        #[serde(flatten)]
+        subject: Subject,
+        /// Shortest span length scored.
+        #[serde(default = "default_min_n")]
+        min_n: usize,
+        /// Longest span length scored.
+        #[serde(default = "default_max_n")]
+        max_n: usize,
+    },
     /// The document window around suffix-array rank `rank` of shard `s`.
     GetDocByRank {
         #[serde(flatten)]
@@ -210,6 +248,8 @@ impl Query {
             Query::Find { .. } => "find",
             Query::SearchDocs { .. } => "search_docs",
             Query::LongestMatch { .. } => "longest_match",
+            Query::Attribute { .. } => "attribute",
+            Query::Creativity { .. } => "creativity",
             Query::GetDocByRank { .. } => "get_doc_by_rank",
             Query::GetDocByPtr { .. } => "get_doc_by_ptr",
         }
@@ -226,6 +266,8 @@ impl Query {
             | Query::Find { subject }
             | Query::SearchDocs { subject, .. }
             | Query::LongestMatch { subject }
+            | Query::Attribute { subject, .. }
+            | Query::Creativity { subject, .. }
             | Query::GetDocByRank { subject, .. }
             | Query::GetDocByPtr { subject, .. } => subject,
         }
@@ -251,6 +293,16 @@ pub fn execute<S: AsRef<[u8]> + Sync>(
         Query::InfgramNtd { .. } => to_json(index.infgram_ntd(&ids)?),
         Query::Find { .. } => to_json(index.find(&ids)?),
         Query::LongestMatch { .. } => Ok(json!({ "matches": index.longest_match(&ids)? })),
+        Query::Attribute {
+            min_len,
+            maxnum,
+            max_disp_len,
+            ..
+        } => {
+            let spans = attribute(index, &ids, *min_len, *maxnum, *max_disp_len)?;
+            Ok(json!({ "spans": spans_json(&spans, &ids, tok)?, "token_ids": ids }))
+        }
+        Query::Creativity { min_n, max_n, .. } => to_json(creativity(index, &ids, *min_n, *max_n)?),
         Query::SearchDocs {
             cnf,
             maxnum,
@@ -294,6 +346,23 @@ pub fn execute<S: AsRef<[u8]> + Sync>(
             tok,
         ),
     }
+}
+
+/// Attributed spans with the package's fields, plus the `text` of each span and document.
+pub fn spans_json(spans: &[Span], ids: &[u32], tok: &dyn Tokenizer) -> Result<Value> {
+    spans
+        .iter()
+        .map(|sp| {
+            let mut v = to_json(sp)?;
+            v["text"] = json!(tok.decode(&ids[sp.l..sp.r])?);
+            v["docs"] = sp
+                .docs
+                .iter()
+                .map(|d| doc_json(d, tok))
+                .collect::<Result<_>>()?;
+            Ok(v)
+        })
+        .collect()
 }
 
 /// A document window with the package's fields, plus its `text`.

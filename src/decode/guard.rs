@@ -1,0 +1,268 @@
+//! The copy guard: a processor that keeps generated text from repeating more than `L`
+//! consecutive tokens of a reference corpus, exactly (`ARCHITECTURE.md`, "The copy guard").
+//!
+//! A span of `L + 1` tokens ending at the next position occurs in the corpus only if its first
+//! `L` tokens — the last `L` tokens of the context — occur. So at each position the guard looks
+//! up the context's last `L` tokens in the index and, when they occur, masks exactly the tokens
+//! that follow them somewhere in the corpus (document ends excepted: the separator is not a
+//! token). No false positives, no false negatives, any `L`.
+//!
+//! Most positions need no search: the longest suffix of the context that occurs grows by at
+//! most one token per step, so after a search that found the longest occurring suffix to be
+//! `m < L` tokens long, the next `L − m − 1` positions cannot be blocked. A search is one
+//! narrowing per matched token in the reversed suffix array ([`crate::index::Shard::suffix_occs`]).
+//!
+//! The prompt counts by default (a model cannot finish a quotation that the prompt began);
+//! [`CopyGuard::ignore_prompt`] counts only generated tokens. Ids the index does not hold (past
+//! its vocabulary, its separator) break spans, as document ends do.
+
+use super::Processor;
+use crate::index::query::Occ;
+use crate::index::Index;
+use crate::lm::Logits;
+use std::cell::Cell;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What a guard did during a generation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct GuardStats {
+    /// The longest span allowed (`L`).
+    pub max_span: usize,
+    /// Positions where the guard masked at least one candidate.
+    pub blocked: usize,
+    /// Candidates masked in all (several per blocked position).
+    pub masked: usize,
+    /// Positions that needed an index search.
+    pub searches: usize,
+    /// Seconds spent in the guard.
+    pub seconds: f64,
+}
+
+/// The copy guard over an index (see the module docs).
+pub struct CopyGuard<S: AsRef<[u8]> + Sync> {
+    index: Arc<Index<S>>,
+    max_span: usize,
+    ignore_prompt: bool,
+    /// Tokens of the prompt (set by [`Processor::start`]).
+    prompt_len: usize,
+    /// A context length and an upper bound on the longest suffix of that context that occurs
+    /// (capped at `max_span`).
+    bound: Option<(usize, usize)>,
+    /// Scratch space for the tokens to mask.
+    next: Vec<u32>,
+    stats: Rc<Cell<GuardStats>>,
+}
+
+impl<S: AsRef<[u8]> + Sync> CopyGuard<S> {
+    /// A guard that allows at most `max_span` consecutive tokens of `index`'s corpus (at least
+    /// 1; the caller refuses 0).
+    pub fn new(index: Arc<Index<S>>, max_span: usize) -> Self {
+        let max_span = max_span.max(1);
+        CopyGuard {
+            index,
+            max_span,
+            ignore_prompt: false,
+            prompt_len: 0,
+            bound: None,
+            next: Vec::new(),
+            stats: Rc::new(Cell::new(GuardStats {
+                max_span,
+                ..GuardStats::default()
+            })),
+        }
+    }
+
+    /// Counts only generated tokens: spans that begin in the prompt are not checked.
+    pub fn ignore_prompt(mut self, ignore: bool) -> Self {
+        self.ignore_prompt = ignore;
+        self
+    }
+
+    /// A handle on the guard's statistics, readable after the decode loop took the guard.
+    pub fn stats(&self) -> Rc<Cell<GuardStats>> {
+        self.stats.clone()
+    }
+
+    /// The part of `context` the guard looks at: its last `max_span` tokens, cut after the
+    /// last id the index does not hold (and after the prompt, when it is ignored).
+    fn window<'c>(&self, context: &'c [u32]) -> &'c [u32] {
+        let from = if self.ignore_prompt {
+            self.prompt_len.min(context.len())
+        } else {
+            0
+        };
+        let tail = &context[from.max(context.len().saturating_sub(self.max_span))..];
+        match tail.iter().rposition(|&t| !self.index.holds_token(t)) {
+            Some(p) => &tail[p + 1..],
+            None => tail,
+        }
+    }
+
+    /// The longest suffix of `window` that occurs (capped at its length), and when that is
+    /// `max_span` long, the tokens that follow it in the corpus into `next` (sorted, distinct).
+    fn search(&mut self, window: &[u32]) -> usize {
+        self.next.clear();
+        let per_shard: Vec<Vec<Occ>> = self
+            .index
+            .shards()
+            .iter()
+            .map(|sh| sh.suffix_occs(window))
+            .collect();
+        let longest = per_shard.iter().map(|o| o.len() - 1).max().unwrap_or(0);
+        if longest == self.max_span {
+            for (sh, occs) in self.index.shards().iter().zip(&per_shard) {
+                if let Some(&occ) = occs.get(longest) {
+                    let counts = sh.occ_counts_ext(occ, window, false);
+                    self.next.extend(counts.iter().map(|&(t, _)| t));
+                }
+            }
+            self.next.sort_unstable();
+            self.next.dedup();
+        }
+        longest
+    }
+
+    /// The tokens that may not follow `context`, into `self.next` (empty when none); keeps the
+    /// bound for the next position when `remember`.
+    fn forbidden(&mut self, context: &[u32], remember: bool) {
+        // Reuse the bound of a shorter context: the longest occurring suffix grows by at most
+        // one token per appended token.
+        let bound = match self.bound {
+            Some((len, m)) if len <= context.len() => (m + context.len() - len).min(self.max_span),
+            _ => self.max_span,
+        };
+        let window = self.window(context);
+        if bound < self.max_span || window.len() < self.max_span {
+            self.next.clear();
+            if remember {
+                self.bound = Some((context.len(), bound.min(window.len())));
+            }
+            return;
+        }
+        let window = window.to_vec();
+        let longest = self.search(&window);
+        let mut stats = self.stats.get();
+        stats.searches += 1;
+        self.stats.set(stats);
+        if remember {
+            self.bound = Some((context.len(), longest));
+        }
+    }
+
+    fn add_time(&self, since: Instant) {
+        let mut stats = self.stats.get();
+        stats.seconds += since.elapsed().as_secs_f64();
+        self.stats.set(stats);
+    }
+}
+
+impl<S: AsRef<[u8]> + Sync> Processor for CopyGuard<S> {
+    fn start(&mut self, prompt: &[u32]) {
+        self.prompt_len = prompt.len();
+        self.bound = None;
+    }
+
+    fn process(&mut self, context: &[u32], logits: &mut Logits) {
+        let t = Instant::now();
+        self.forbidden(context, true);
+        if !self.next.is_empty() {
+            let mut masked = 0;
+            for &x in &self.next {
+                if logits.get(x) > f32::NEG_INFINITY {
+                    logits.mask(x);
+                    masked += 1;
+                }
+            }
+            let mut stats = self.stats.get();
+            stats.blocked += usize::from(masked > 0);
+            stats.masked += masked;
+            self.stats.set(stats);
+        }
+        self.add_time(t);
+    }
+
+    fn admit(&mut self, context: &[u32], draft: &[u32]) -> usize {
+        let t = Instant::now();
+        // Walk the draft without touching the bound kept for the real context.
+        let saved = self.bound;
+        let mut seq = context.to_vec();
+        let mut admitted = draft.len();
+        for (i, &x) in draft.iter().enumerate() {
+            self.forbidden(&seq, true);
+            if self.next.binary_search(&x).is_ok() {
+                admitted = i;
+                break;
+            }
+            seq.push(x);
+        }
+        self.bound = saved;
+        self.add_time(t);
+        admitted
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn index(docs: &[&[u32]]) -> Arc<Index<Vec<u8>>> {
+        let docs: Vec<Vec<u32>> = docs.iter().map(|d| d.to_vec()).collect();
+        let spec = crate::tokenizer::TokenizerSpec {
+            kind: "test".into(),
+            path: String::new(),
+            fingerprint: "0".into(),
+            vocab_size: 10,
+        };
+        Arc::new(Index::from_docs(spec, &docs, 1, true).expect("index"))
+    }
+
+    fn masked_after(guard: &mut CopyGuard<Vec<u8>>, context: &[u32]) -> Vec<u32> {
+        let mut logits = Logits::Dense(vec![0.0; 10]);
+        guard.process(context, &mut logits);
+        (0..10u32)
+            .filter(|&t| logits.get(t) == f32::NEG_INFINITY)
+            .collect()
+    }
+
+    #[test]
+    fn masks_exactly_the_continuations_of_a_copied_span() {
+        let ix = index(&[&[1, 2, 3, 4], &[2, 3, 5]]);
+        let mut guard = CopyGuard::new(ix, 2);
+        guard.start(&[]);
+        // "2 3" occurs, followed by 4 and 5.
+        assert_eq!(masked_after(&mut guard, &[7, 2, 3]), vec![4, 5]);
+        // "1 2" occurs, followed by 3 only.
+        guard.start(&[]);
+        assert_eq!(masked_after(&mut guard, &[1, 2]), vec![3]);
+        // "3 4" ends a document: nothing follows it.
+        guard.start(&[]);
+        assert_eq!(masked_after(&mut guard, &[3, 4]), Vec::<u32>::new());
+        // "4 2" does not occur.
+        guard.start(&[]);
+        assert_eq!(masked_after(&mut guard, &[4, 2]), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn an_ignored_prompt_does_not_count() {
+        let ix = index(&[&[1, 2, 3, 4]]);
+        let mut guard = CopyGuard::new(ix.clone(), 2).ignore_prompt(true);
+        guard.start(&[1]);
+        assert_eq!(masked_after(&mut guard, &[1, 2]), Vec::<u32>::new());
+        assert_eq!(masked_after(&mut guard, &[1, 2, 3]), vec![4]);
+        let mut counting = CopyGuard::new(ix, 2);
+        counting.start(&[1]);
+        assert_eq!(masked_after(&mut counting, &[1, 2]), vec![3]);
+    }
+
+    #[test]
+    fn drafts_are_cut_before_the_first_violation() {
+        let ix = index(&[&[1, 2, 3, 4, 5]]);
+        let mut guard = CopyGuard::new(ix, 2);
+        guard.start(&[1]);
+        assert_eq!(guard.admit(&[1], &[2, 6, 7]), 3);
+        assert_eq!(guard.admit(&[1], &[2, 3, 9]), 1);
+        assert_eq!(guard.admit(&[9], &[2, 3, 4]), 2);
+    }
+}
