@@ -267,14 +267,14 @@ fn run_infgram(args: &GenArgs) -> Result<()> {
     let g = generate(index.clone(), &prompt, &cfg, &mut sampler, |t| out.token(t))?;
     let secs = t0.elapsed().as_secs_f64();
     let text = tok.decode(&g.tokens)?;
-    // Without a guard, the longest copied span is measured here when it is shown.
-    let copying = match g.copying {
-        Some(c) => c,
-        None if args.stats || args.json => GuardReport {
-            guard: None,
-            max_copied_span: infgram::eval::attribution::max_copied_span(&index, &g.tokens),
-        },
-        None => GuardReport::default(),
+    // The longest copied span (on the guard's index, or the generation's), when it is shown.
+    let copying = if args.stats || args.json {
+        match &args.guard_index {
+            Some(dir) => GuardReport::measure(g.guard, &infgram::Index::open(dir)?, &g.tokens),
+            None => GuardReport::measure(g.guard, &index, &g.tokens),
+        }
+    } else {
+        GuardReport::default()
     };
     let tps = g.tokens.len() as f64 / secs.max(1e-12);
     let fields = json!({

@@ -7,10 +7,13 @@
 //! that follow them somewhere in the corpus (document ends excepted: the separator is not a
 //! token). No false positives, no false negatives, any `L`.
 //!
-//! Most positions need no search: the longest suffix of the context that occurs grows by at
-//! most one token per step, so after a search that found the longest occurring suffix to be
-//! `m < L` tokens long, the next `L − m − 1` positions cannot be blocked. A search is one
-//! narrowing per matched token in the reversed suffix array ([`crate::index::Shard::suffix_occs`]).
+//! Most positions need no search. The longest suffix of the context that occurs grows by at
+//! most one token per step, so after a search that found it `m < L` tokens long, the next
+//! `L − m − 1` positions cannot be blocked. And when it occurs at most [`TRACK_MAX`] times, its
+//! occurrences are followed token by token (one read of the corpus per occurrence): while they
+//! continue with the generated token, the match grows by one without a search. A search is one
+//! narrowing per matched token in the reversed suffix array
+//! ([`crate::index::Shard::suffix_occs`]).
 //!
 //! The prompt counts by default (a model cannot finish a quotation that the prompt began);
 //! [`CopyGuard::ignore_prompt`] counts only generated tokens. Ids the index does not hold (past
@@ -40,6 +43,22 @@ pub struct GuardStats {
     pub seconds: f64,
 }
 
+/// Occurrence sets at most this large are followed from step to step instead of searched.
+const TRACK_MAX: usize = 32;
+
+/// The longest suffix of a context that occurs in the corpus (capped at the guard's `L`).
+#[derive(Clone, Debug)]
+struct MatchState {
+    /// Length of the context.
+    context_len: usize,
+    /// The suffix's length, or an upper bound on it when not `exact`.
+    len: usize,
+    exact: bool,
+    /// Its occurrences `(shard, start in T)`, when exact and at most [`TRACK_MAX`]; empty
+    /// otherwise.
+    starts: Vec<(usize, usize)>,
+}
+
 /// The copy guard over an index (see the module docs).
 pub struct CopyGuard<S: AsRef<[u8]> + Sync> {
     index: Arc<Index<S>>,
@@ -47,9 +66,8 @@ pub struct CopyGuard<S: AsRef<[u8]> + Sync> {
     ignore_prompt: bool,
     /// Tokens of the prompt (set by [`Processor::start`]).
     prompt_len: usize,
-    /// A context length and an upper bound on the longest suffix of that context that occurs
-    /// (capped at `max_span`).
-    bound: Option<(usize, usize)>,
+    /// What is known of the longest occurring suffix of the last context seen.
+    state: Option<MatchState>,
     /// Scratch space for the tokens to mask.
     next: Vec<u32>,
     stats: Rc<Cell<GuardStats>>,
@@ -65,7 +83,7 @@ impl<S: AsRef<[u8]> + Sync> CopyGuard<S> {
             max_span,
             ignore_prompt: false,
             prompt_len: 0,
-            bound: None,
+            state: None,
             next: Vec::new(),
             stats: Rc::new(Cell::new(GuardStats {
                 max_span,
@@ -100,55 +118,121 @@ impl<S: AsRef<[u8]> + Sync> CopyGuard<S> {
         }
     }
 
-    /// The longest suffix of `window` that occurs (capped at its length), and when that is
-    /// `max_span` long, the tokens that follow it in the corpus into `next` (sorted, distinct).
-    fn search(&mut self, window: &[u32]) -> usize {
-        self.next.clear();
-        let per_shard: Vec<Vec<Occ>> = self
-            .index
-            .shards()
-            .iter()
-            .map(|sh| sh.suffix_occs(window))
-            .collect();
+    /// The longest suffix of `window` that occurs (capped at its length) with its occurrences
+    /// when they are few, and when it is `max_span` long, the tokens that follow it in the
+    /// corpus into `next` (sorted, distinct).
+    fn search(&mut self, window: &[u32]) -> (usize, Vec<(usize, usize)>) {
+        let shards = self.index.shards();
+        let per_shard: Vec<Vec<Occ>> = shards.iter().map(|sh| sh.suffix_occs(window)).collect();
         let longest = per_shard.iter().map(|o| o.len() - 1).max().unwrap_or(0);
+        let occs = || {
+            shards
+                .iter()
+                .zip(&per_shard)
+                .enumerate()
+                .filter_map(move |(s, (sh, o))| Some((s, sh, *o.get(longest)?)))
+        };
         if longest == self.max_span {
-            for (sh, occs) in self.index.shards().iter().zip(&per_shard) {
-                if let Some(&occ) = occs.get(longest) {
-                    let counts = sh.occ_counts_ext(occ, window, false);
-                    self.next.extend(counts.iter().map(|&(t, _)| t));
+            for (_, sh, occ) in occs() {
+                let counts = sh.occ_counts_ext(occ, window, false);
+                self.next.extend(counts.iter().map(|&(t, _)| t));
+            }
+            self.next.sort_unstable();
+            self.next.dedup();
+        }
+        let mut starts = Vec::new();
+        if longest > 0 && occs().map(|o| o.2.len()).sum::<usize>() <= TRACK_MAX {
+            for (s, sh, occ) in occs() {
+                match occ {
+                    Occ::Rev((a, b)) => starts.extend((a..b).map(|i| (s, sh.rstart(i, longest)))),
+                    Occ::Fwd((a, b)) => starts.extend((a..b).map(|i| (s, sh.sa(i)))),
+                }
+            }
+        }
+        (longest, starts)
+    }
+
+    /// Follows the tracked occurrences of `state` (one token shorter context) by `x`: the new
+    /// state when some continue with `x` (then the longest occurring suffix is one longer), and
+    /// the tokens after it into `next` when it is `max_span` long.
+    fn extend(&mut self, state: &MatchState, x: u32) -> Option<MatchState> {
+        let shards = self.index.shards();
+        let len = state.len;
+        let starts: Vec<(usize, usize)> = state
+            .starts
+            .iter()
+            .copied()
+            .filter(|&(s, p)| p + len < shards[s].len() && shards[s].tok(p + len) == x)
+            .collect();
+        if starts.is_empty() {
+            return None;
+        }
+        let len = len + 1;
+        if len == self.max_span {
+            for &(s, p) in &starts {
+                if let Some(t) = (p + len < shards[s].len()).then(|| shards[s].tok(p + len)) {
+                    if self.index.holds_token(t) {
+                        self.next.push(t);
+                    }
                 }
             }
             self.next.sort_unstable();
             self.next.dedup();
         }
-        longest
+        Some(MatchState {
+            context_len: state.context_len + 1,
+            len,
+            exact: true,
+            starts,
+        })
     }
 
-    /// The tokens that may not follow `context`, into `self.next` (empty when none); keeps the
-    /// bound for the next position when `remember`.
-    fn forbidden(&mut self, context: &[u32], remember: bool) {
-        // Reuse the bound of a shorter context: the longest occurring suffix grows by at most
-        // one token per appended token.
-        let bound = match self.bound {
-            Some((len, m)) if len <= context.len() => (m + context.len() - len).min(self.max_span),
-            _ => self.max_span,
-        };
+    /// The tokens that may not follow `context`, into `self.next` (empty when none), and what
+    /// is known of the context's match for the next position.
+    fn forbidden(&mut self, context: &[u32]) {
+        self.next.clear();
         let window = self.window(context);
-        if bound < self.max_span || window.len() < self.max_span {
-            self.next.clear();
-            if remember {
-                self.bound = Some((context.len(), bound.min(window.len())));
+        let n = context.len();
+        let state = self.state.take().filter(|st| st.context_len <= n);
+        // One token appended to a context whose few occurrences are known: follow them.
+        if let (Some(st), Some(&x)) = (&state, context.last()) {
+            let appended = st.context_len + 1 == n && !window.is_empty();
+            if appended && st.exact && !st.starts.is_empty() && st.len < self.max_span {
+                if let Some(next) = self.extend(st, x) {
+                    self.state = Some(next);
+                    return;
+                }
             }
+        }
+        // The longest occurring suffix grows by at most one token per appended token (and not
+        // at all past a token whose tracked occurrences do not continue with it).
+        let bound = match &state {
+            Some(st) if st.context_len + 1 == n && st.exact && !st.starts.is_empty() => st.len,
+            Some(st) => st.len + (n - st.context_len),
+            None => self.max_span,
+        }
+        .min(self.max_span)
+        .min(window.len());
+        if bound < self.max_span {
+            self.state = Some(MatchState {
+                context_len: n,
+                len: bound,
+                exact: false,
+                starts: Vec::new(),
+            });
             return;
         }
         let window = window.to_vec();
-        let longest = self.search(&window);
+        let (len, starts) = self.search(&window);
         let mut stats = self.stats.get();
         stats.searches += 1;
         self.stats.set(stats);
-        if remember {
-            self.bound = Some((context.len(), longest));
-        }
+        self.state = Some(MatchState {
+            context_len: n,
+            len,
+            exact: true,
+            starts,
+        });
     }
 
     fn add_time(&self, since: Instant) {
@@ -161,12 +245,12 @@ impl<S: AsRef<[u8]> + Sync> CopyGuard<S> {
 impl<S: AsRef<[u8]> + Sync> Processor for CopyGuard<S> {
     fn start(&mut self, prompt: &[u32]) {
         self.prompt_len = prompt.len();
-        self.bound = None;
+        self.state = None;
     }
 
     fn process(&mut self, context: &[u32], logits: &mut Logits) {
         let t = Instant::now();
-        self.forbidden(context, true);
+        self.forbidden(context);
         if !self.next.is_empty() {
             let mut masked = 0;
             for &x in &self.next {
@@ -185,19 +269,19 @@ impl<S: AsRef<[u8]> + Sync> Processor for CopyGuard<S> {
 
     fn admit(&mut self, context: &[u32], draft: &[u32]) -> usize {
         let t = Instant::now();
-        // Walk the draft without touching the bound kept for the real context.
-        let saved = self.bound;
+        // Walk the draft without touching the state kept for the real context.
+        let saved = self.state.clone();
         let mut seq = context.to_vec();
         let mut admitted = draft.len();
         for (i, &x) in draft.iter().enumerate() {
-            self.forbidden(&seq, true);
+            self.forbidden(&seq);
             if self.next.binary_search(&x).is_ok() {
                 admitted = i;
                 break;
             }
             seq.push(x);
         }
-        self.bound = saved;
+        self.state = saved;
         self.add_time(t);
         admitted
     }

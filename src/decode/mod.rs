@@ -5,8 +5,10 @@
 //!   position, dense or sparse ([`Logits`]); its KV cache can be cut back.
 //! - **Drafters** ([`Drafter`]) propose tokens that are likely to come next, each with a
 //!   confidence (the chance it is accepted if the tokens before it were).
-//! - **Processors** ([`Processor`]) edit each position's logits before sampling (repetition
-//!   penalty now; the mixer and the copy guard plug in here).
+//! - **Processors** ([`Processor`]) edit each position's logits before sampling: the repetition
+//!   penalty, and the copy guard ([`guard::CopyGuard`]), which masks tokens that would copy
+//!   more than L tokens of a corpus and cuts drafts before them. When processors mask every
+//!   candidate, the model is asked for a wider row ([`LanguageModel::backoff`]).
 //! - The **sampler** ([`Sampler`]) turns a distribution into a token. A sparse row (the
 //!   ∞-gram's support) is sampled and verified over its support alone: no dense softmax.
 //!
@@ -386,6 +388,7 @@ pub fn decode(
     // cheap scorer (the ∞-gram, about a microsecond) is not worth two clock reads.
     let timed = !drafters.is_empty();
     let mut fed = Vec::with_capacity(cfg.draft_max + 1);
+    let mut support = Vec::new();
     while !done && stats.tokens < cfg.max_tokens {
         let budget = cfg.max_tokens - stats.tokens;
         let t = timed.then(Instant::now);
@@ -418,23 +421,31 @@ pub fn decode(
         // Verify left to right; row i predicts the token after fed[i].
         let mut accepted = 0;
         for (i, mut logits) in rows.into_iter().enumerate() {
+            // A sparse row's support, kept in case the processors mask all of it.
+            support.clear();
+            if let (false, Logits::Sparse { entries, .. }) = (processors.is_empty(), &logits) {
+                support.extend(entries.iter().map(|e| e.0));
+            }
             for p in processors.iter_mut() {
                 p.process(&context, &mut logits);
             }
-            if !logits.has_support() {
-                // Every candidate was masked: ask the model for a wider distribution.
-                if let Some(mut wider) = model.backoff(&context)? {
-                    for p in processors.iter_mut() {
-                        p.process(&context, &mut wider);
-                    }
-                    stats.backoffs += 1;
-                    logits = wider;
-                }
-                if !logits.has_support() {
-                    stats.exhausted = true;
-                    done = true;
+            // Every candidate was masked: ask the model for wider distributions, each with a
+            // candidate outside every support masked so far (so this ends).
+            while !logits.has_support() {
+                let Some(mut wider) = model.backoff(&context, &support)? else {
                     break;
+                };
+                wider.support_into(&mut support);
+                for p in processors.iter_mut() {
+                    p.process(&context, &mut wider);
                 }
+                stats.backoffs += 1;
+                logits = wider;
+            }
+            if !logits.has_support() {
+                stats.exhausted = true;
+                done = true;
+                break;
             }
             let proposal = draft.tokens.get(i).copied();
             let (token, is_draft) = verify(sampler, &logits, proposal, &mut probs, &mut weights)?;

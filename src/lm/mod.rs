@@ -83,6 +83,21 @@ impl Logits {
         }
     }
 
+    /// Appends the ids with a finite logit to `out`.
+    pub fn support_into(&self, out: &mut Vec<u32>) {
+        match self {
+            Logits::Dense(v) => {
+                out.extend((0..v.len() as u32).filter(|&i| v[i as usize] > f32::NEG_INFINITY))
+            }
+            Logits::Sparse { entries, .. } => out.extend(
+                entries
+                    .iter()
+                    .filter(|e| e.1 > f32::NEG_INFINITY)
+                    .map(|e| e.0),
+            ),
+        }
+    }
+
     /// The dense row (−∞ outside a sparse row's support).
     pub fn into_dense(self) -> Vec<f32> {
         match self {
@@ -166,10 +181,10 @@ impl<M: LanguageModel> LanguageModel for DenseRows<M> {
     fn eos_tokens(&self) -> &[u32] {
         self.0.eos_tokens()
     }
-    fn backoff(&mut self, context: &[u32]) -> Result<Option<Logits>> {
+    fn backoff(&mut self, context: &[u32], masked: &[u32]) -> Result<Option<Logits>> {
         Ok(self
             .0
-            .backoff(context)?
+            .backoff(context, masked)?
             .map(|row| Logits::Dense(row.into_dense())))
     }
 }
@@ -205,10 +220,11 @@ pub trait LanguageModel {
     /// Ids that end a generation.
     fn eos_tokens(&self) -> &[u32];
     /// A wider distribution for the position after `context` (everything fed before it), for
-    /// when the decode loop's processors masked every token of the row: the ∞-gram backs off
-    /// to all its levels down to the unigram. `None` (the default) when the model has nothing
-    /// wider, as a neural model, whose rows cover the vocabulary.
-    fn backoff(&mut self, _context: &[u32]) -> Result<Option<Logits>> {
+    /// when the decode loop's processors masked every token of the row (`masked`: the row's
+    /// support): the ∞-gram backs off to shorter levels with allowed continuations. `None`
+    /// (the default) when the model has nothing wider, as a neural model, whose rows cover the
+    /// vocabulary.
+    fn backoff(&mut self, _context: &[u32], _masked: &[u32]) -> Result<Option<Logits>> {
         Ok(None)
     }
 }

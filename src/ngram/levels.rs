@@ -143,12 +143,30 @@ impl LevelFinder {
             include_empty,
             continuation,
             (0, 0),
+            &|_| true,
         )
+    }
+
+    /// The first `k` levels of `ctx` (all when `k < 0`, the empty context included) among
+    /// those whose next-token counts pass `keep`: the levels are chosen as by
+    /// [`LevelFinder::levels`], and those `keep` refuses are skipped (for SBIS after a
+    /// processor masked every continuation of the kept levels: the next levels that have an
+    /// allowed continuation).
+    pub fn levels_where<S: AsRef<[u8]> + Sync>(
+        &mut self,
+        index: &Index<S>,
+        ctx: &[u32],
+        k: i64,
+        keep: &dyn Fn(&Counts) -> bool,
+    ) -> Vec<Level> {
+        let per_shard = Self::suffix_occs(index, ctx);
+        self.levels_from(index, &per_shard, ctx, k, true, false, (0, 0), keep)
     }
 
     /// The levels, given the occurrences of `ctx`'s suffixes in every shard. `prev` is the
     /// (occurrence count, total) of the level just longer than `ctx`, when levels of a longer
-    /// context come before these ((0, 0) otherwise).
+    /// context come before these ((0, 0) otherwise). Levels whose counts `keep` refuses are
+    /// left out (and not counted towards `k`).
     #[allow(clippy::too_many_arguments)]
     fn levels_from<S: AsRef<[u8]> + Sync>(
         &mut self,
@@ -159,6 +177,7 @@ impl LevelFinder {
         include_empty: bool,
         continuation: bool,
         prev: (usize, u64),
+        keep: &dyn Fn(&Counts) -> bool,
     ) -> Vec<Level> {
         let lmax = per_shard.iter().map(|o| o.len() - 1).max().unwrap_or(0);
         let raw = |l: usize| raw_count(per_shard, l);
@@ -175,6 +194,9 @@ impl LevelFinder {
             let total: u64 = counts.iter().map(|&(_, c)| c).sum();
             if total > prev_total {
                 prev_total = total;
+                if !keep(&counts) {
+                    continue;
+                }
                 let continuations = (continuation && !kept.is_empty())
                     .then(|| self.counts_at(index, per_shard, ctx, l, true));
                 kept.push(Level {
@@ -261,7 +283,8 @@ impl LevelFinder {
         } else {
             (want - levels.len()) as i64
         };
-        levels.extend(self.levels_from(index, &per_shard, tail, rest, false, false, prev));
+        levels
+            .extend(self.levels_from(index, &per_shard, tail, rest, false, false, prev, &|_| true));
         levels
     }
 

@@ -270,13 +270,20 @@ impl<S: AsRef<[u8]> + Sync> LanguageModel for InfgramModel<S> {
         &self.eos
     }
 
-    /// SBIS over every level of the context down to the unigram (the empty context), with
-    /// the same decay: when a processor (the copy guard) masked all of the `k` kept levels'
-    /// continuations, the shorter levels' continuations take over, weighted by how far down
-    /// they come. The smoothed estimator's rows already cover the vocabulary: `None`.
-    fn backoff(&mut self, context: &[u32]) -> Result<Option<Logits>> {
-        let Estimator::Sbis { decay, .. } = self.estimator else {
+    /// SBIS over the first `k` levels of the context, down to the unigram (the empty
+    /// context), that have a continuation outside `masked`: when a processor (the copy guard)
+    /// masked every continuation of the kept levels, the next shorter levels whose
+    /// continuations are allowed take over, with the same decay. The smoothed estimator's rows
+    /// already cover the vocabulary: `None`.
+    fn backoff(&mut self, context: &[u32], masked: &[u32]) -> Result<Option<Logits>> {
+        let Estimator::Sbis { k, .. } = self.estimator else {
             return Ok(None);
+        };
+        // The masked ids as index ids, sorted for lookups.
+        let mut masked: Vec<u32> = masked.iter().map(|&t| self.to_index_id(t)).collect();
+        masked.sort_unstable();
+        let allowed = |counts: &crate::index::query::Counts| {
+            counts.iter().any(|c| masked.binary_search(&c.0).is_err())
         };
         let ids: Vec<u32> = context.iter().map(|&t| self.to_index_id(t)).collect();
         let doc = match ids.iter().rposition(|&t| t == self.separator) {
@@ -285,8 +292,10 @@ impl<S: AsRef<[u8]> + Sync> LanguageModel for InfgramModel<S> {
         };
         let ctx = &doc[doc.len().saturating_sub(self.window)..];
         let index = self.index.clone();
-        let levels = self.finder.levels(&index, ctx, -1, true);
-        let all = Estimator::Sbis { k: -1, decay };
-        Ok(Some(self.row_of(&all, &levels)))
+        let levels = self.finder.levels_where(&index, ctx, k, &allowed);
+        if levels.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(self.row_of(&self.estimator.clone(), &levels)))
     }
 }

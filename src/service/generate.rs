@@ -81,9 +81,23 @@ impl GuardConfig {
 pub struct GuardReport {
     /// The guard's statistics (`None` without a guard).
     pub guard: Option<GuardStats>,
-    /// The longest span of the output that occurs in the guard's corpus (or, without a guard,
-    /// in the generation's index).
+    /// The longest span of the output that occurs in the corpus.
     pub max_copied_span: usize,
+}
+
+impl GuardReport {
+    /// The report of a generation's `output`, its longest copied span measured on `index`
+    /// (the guard's, or the generation's own).
+    pub fn measure<S: AsRef<[u8]> + Sync>(
+        guard: Option<GuardStats>,
+        index: &Index<S>,
+        output: &[u32],
+    ) -> GuardReport {
+        GuardReport {
+            guard,
+            max_copied_span: max_copied_span(index, output),
+        }
+    }
 }
 
 /// What a generation produced.
@@ -99,8 +113,9 @@ pub struct Generation {
     pub cache: CacheStats,
     /// What the decode loop did.
     pub decode: DecodeStats,
-    /// With a guard: its work and the longest copied span of the output.
-    pub copying: Option<GuardReport>,
+    /// What the copy guard did (`None` without a guard). The longest copied span is not
+    /// measured here (a pass over the output): [`GuardReport::measure`].
+    pub guard: Option<GuardStats>,
 }
 
 /// Generates from the index alone, calling `on_token` after each token (for streaming): the
@@ -118,7 +133,6 @@ pub fn generate<S: AsRef<[u8]> + Sync + 'static>(
     // The guard's index: the generation's own, or another with the same tokenizer.
     let mut processors = Vec::new();
     let mut guard_stats = None;
-    let mut other_index = None;
     if let Some(g) = &cfg.guard {
         g.check()?;
         let (p, stats) = match &g.index {
@@ -126,7 +140,6 @@ pub fn generate<S: AsRef<[u8]> + Sync + 'static>(
             Some(dir) => {
                 let other = Arc::new(Index::open(dir)?);
                 same_tokenizer(&index, &other, dir)?;
-                other_index = Some(other.clone());
                 g.build(other)
             }
         };
@@ -150,21 +163,13 @@ pub fn generate<S: AsRef<[u8]> + Sync + 'static>(
         &decode_cfg,
         on_token,
     )?;
-    // The longest copied span costs a pass over the output: only with a guard.
-    let copying = guard_stats.map(|stats| GuardReport {
-        guard: Some(stats.get()),
-        max_copied_span: match &other_index {
-            Some(other) => max_copied_span(other, &tokens),
-            None => max_copied_span(&index, &tokens),
-        },
-    });
     Ok(Generation {
         hit_end: tokens.len() < cfg.max_tokens && !stats.exhausted,
         tokens,
         cache: model.cache_stats(),
         steps: std::mem::take(&mut model.steps),
         decode: stats,
-        copying,
+        guard: guard_stats.map(|stats| stats.get()),
     })
 }
 
@@ -214,10 +219,7 @@ pub struct GuardHandle {
 impl GuardHandle {
     /// The guard's statistics and the longest span of `output` found in its corpus.
     pub fn report(&self, output: &[u32]) -> GuardReport {
-        GuardReport {
-            guard: Some(self.stats.get()),
-            max_copied_span: max_copied_span(&self.index, output),
-        }
+        GuardReport::measure(Some(self.stats.get()), &self.index, output)
     }
 }
 
