@@ -11,7 +11,9 @@
 //! 3. [`ngram`]: the ∞-gram estimators (SBIS, smoothed) and the ∞-gram as a language model.
 //!    `neural` (feature `neural`): the llama forward passes and where models come from.
 //! 4. [`decode`]: the generation runtime: one decode loop with drafters, processors and the
-//!    sampler. [`eval`]: perplexity of any language model, and the ∞-gram's agreement analysis.
+//!    sampler, with the copy guard. [`mix`]: the ∞-gram mixed with a neural model, λ per
+//!    position. [`eval`]: perplexity of any language model and of the mixture, the ∞-gram's
+//!    agreement analysis, attribution.
 //! 5. [`service`]: what front ends call: the typed query protocol, opening indexes and models,
 //!    assembling generations.
 //!
@@ -25,6 +27,7 @@ pub mod error;
 pub mod eval;
 pub mod index;
 pub mod lm;
+pub mod mix;
 #[cfg(feature = "neural")]
 pub mod neural;
 pub mod ngram;

@@ -26,6 +26,9 @@ enum Command {
     Attribute(cli::attribute::AttributeArgs),
     /// How much of a text no long corpus span covers: L-uniqueness and the Creativity Index.
     Creativity(cli::attribute::CreativityArgs),
+    /// Mix the ∞-gram with a neural model: fit λ on held-out text.
+    #[command(subcommand)]
+    Mix(cli::mix::MixCommand),
     /// Check every checksum of an index.
     Verify {
         /// The index directory.
@@ -52,6 +55,7 @@ fn main() {
         Command::Ppl(a) => cli::ppl::run(a),
         Command::Attribute(a) => cli::attribute::run_attribute(a),
         Command::Creativity(a) => cli::attribute::run_creativity(a),
+        Command::Mix(c) => cli::mix::run(c),
         Command::Verify { index } => cli::verify(&index),
         Command::Fetch { what } => cli::fetch(&what),
     };

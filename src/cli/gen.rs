@@ -73,6 +73,12 @@ pub struct GenArgs {
     /// With --model: repetition penalty (1: none) over the last 64 tokens.
     #[arg(long, default_value_t = 1.0)]
     pub repetition_penalty: f32,
+    /// With --model and --index (built with the model's tokenizer): sample from the mixture of
+    /// the model and the ∞-gram, λ per position from the mixer file written by `infgram mix
+    /// fit` (no file: the mixer fitted on Tiny Shakespeare). With --speculative the drafts are
+    /// verified against the mixture.
+    #[arg(long, num_args = 0..=1, default_missing_value = "", value_name = "MIX_JSON", requires_all = ["model", "index"])]
+    pub mix: Option<PathBuf>,
     /// With --model: use the prompt as is, without the chat template.
     #[arg(long)]
     pub raw: bool,
@@ -349,6 +355,14 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
         tokenizer: tok,
         path,
     } = infgram::service::models::load_model(model, &args.model_args.options())?;
+    if let (Some(mix), Some(dir)) = (&args.mix, &args.index) {
+        // The scorer is the mixture of the model and the ∞-gram of --index.
+        use infgram::service::mixing::{load_mixer, mixture_model, open_mixing_index};
+        let file = (!mix.as_os_str().is_empty()).then_some(mix.as_path());
+        let mixer = load_mixer(file)?;
+        let index = open_mixing_index(dir, &tok)?;
+        llm = Box::new(mixture_model(llm, index, mixer)?);
+    }
     let text = if args.raw {
         args.prompt.clone()
     } else {
@@ -400,7 +414,7 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
         "prompt": args.prompt, "text": generated, "tokens": ids.len(), "token_ids": ids,
         "seconds": stats.seconds, "tokens_per_second": tps, "model": path.display().to_string(),
         "prompt_tokens": prompt.len(), "context_tokens": llm.cache_len(),
-        "speculative": args.speculative, "acceptance_rate": stats.acceptance_rate(),
+        "speculative": args.speculative, "mix": args.mix.is_some(), "acceptance_rate": stats.acceptance_rate(),
         "mean_accepted": stats.mean_accepted(), "stats": stats,
     });
     let report = guard.as_ref().map(|g| g.report(&ids));

@@ -3,6 +3,7 @@
 pub mod attribute;
 pub mod gen;
 pub mod index;
+pub mod mix;
 #[cfg(feature = "plot")]
 pub mod plot;
 pub mod ppl;

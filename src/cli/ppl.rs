@@ -44,8 +44,14 @@ pub struct PplArgs {
     pub plot: Option<PathBuf>,
     /// Score with a neural model instead (`smollm2-135m`, a `.gguf` file, a safetensors model
     /// directory or `hf:OWNER/REPO[:FILE]`): windows of --window tokens moved by --stride.
-    #[arg(long, conflicts_with_all = ["index", "corpus", "split"])]
+    /// With --index (built with the model's tokenizer): the neural model, the ∞-gram and their
+    /// mixture.
+    #[arg(long, conflicts_with_all = ["corpus", "split"])]
     pub model: Option<String>,
+    /// With --model and --index: the mixer (λ per position) written by `infgram mix fit`
+    /// (default: the one fitted on Tiny Shakespeare).
+    #[arg(long, requires_all = ["model", "index"])]
+    pub mix: Option<PathBuf>,
     /// With --model: window length in tokens.
     #[arg(long, default_value_t = 1024)]
     pub window: usize,
@@ -189,6 +195,21 @@ fn run_model(args: &PplArgs, model: &str, raw: &str) -> Result<()> {
     let mut ids = tok.encode(raw)?;
     if args.limit > 0 {
         ids.truncate(args.limit);
+    }
+    if let Some(dir) = &args.index {
+        // The mixture of the model and the ∞-gram of the index.
+        use infgram::service::mixing::{load_mixer, open_mixing_index, score_both};
+        let mixer = load_mixer(args.mix.as_deref())?;
+        let index = open_mixing_index(dir, &tok)?;
+        let scoring = score_both(
+            llm.as_mut(),
+            &index,
+            &ids,
+            mixer.estimator,
+            args.window,
+            args.stride,
+        )?;
+        return super::mix::print_mixture(&scoring.report(&mixer), args.json);
     }
     let t0 = std::time::Instant::now();
     let (nll, scored) =

@@ -21,7 +21,7 @@ pub struct Agreement {
 }
 
 impl Agreement {
-    fn add(&mut self, hit: bool) {
+    pub(crate) fn add(&mut self, hit: bool) {
         self.tokens += 1;
         self.agree += hit as u64;
     }

@@ -13,12 +13,24 @@ pub fn windowed_perplexity(
     window: usize,
     stride: usize,
 ) -> Result<(f64, usize)> {
+    let nll = windowed_neg_log_probs(model, tokens, window, stride)?;
+    Ok((nll.iter().sum::<f64>() / nll.len() as f64, nll.len()))
+}
+
+/// −ln p of every token but the first (entry `i` is token `i + 1`), scored in windows as
+/// [`windowed_perplexity`] does.
+pub fn windowed_neg_log_probs(
+    model: &mut dyn LanguageModel,
+    tokens: &[u32],
+    window: usize,
+    stride: usize,
+) -> Result<Vec<f64>> {
     if tokens.len() < 2 || window < 2 || stride == 0 || stride > window {
         return Err(Error::input(
             "need at least two tokens, a window of at least 2 and 0 < stride <= window",
         ));
     }
-    let (mut nll, mut scored) = (0.0f64, 0usize);
+    let mut nll = Vec::with_capacity(tokens.len() - 1);
     let mut done = 1; // tokens[0..done] are scored (token 0 never is)
     let mut begin = 0;
     while done < tokens.len() {
@@ -27,11 +39,10 @@ pub fn windowed_perplexity(
         let rows = model.score(&tokens[begin..end])?;
         // Row r predicts tokens[begin + r + 1]; score the targets not scored yet.
         for target in done.max(begin + 1)..end {
-            nll += rows[target - begin - 1].neg_log_prob(tokens[target]);
-            scored += 1;
+            nll.push(rows[target - begin - 1].neg_log_prob(tokens[target]));
         }
         done = end;
         begin += stride;
     }
-    Ok((nll / scored as f64, scored))
+    Ok(nll)
 }

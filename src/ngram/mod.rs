@@ -21,6 +21,38 @@ use crate::index::Index;
 use levels::{Level, LevelFinder};
 use smoothed::Discounts;
 
+/// What the ∞-gram knew at one position: the longest suffix of the context with a next token
+/// in the corpus (the first level). The mixer's λ depends on it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Evidence {
+    /// Length of the longest suffix with a next token (0: none, the unigram).
+    pub suffix_len: usize,
+    /// Its occurrences followed by a token.
+    pub count: u64,
+    /// Distinct tokens that follow it.
+    pub distinct: usize,
+}
+
+impl Evidence {
+    /// The evidence of a list of levels (longest first).
+    pub fn of(levels: &[Level]) -> Evidence {
+        match levels.first() {
+            Some(l) => Evidence {
+                suffix_len: l.len,
+                count: l.total,
+                distinct: l.counts.len(),
+            },
+            None => Evidence::default(),
+        }
+    }
+
+    /// Whether the ∞-gram estimate is sparse: one possible next token (the infini-gram paper's
+    /// definition).
+    pub fn sparse(&self) -> bool {
+        self.distinct == 1
+    }
+}
+
 /// Which next-token estimator to use.
 #[derive(Clone, Debug)]
 pub enum Estimator {

@@ -81,6 +81,8 @@ pub struct InfgramModel<S: AsRef<[u8]> + Sync> {
     dist: Vec<(u32, f64)>,
     /// The levels used at each scored position, for `--stats`.
     pub steps: LevelLog,
+    /// The evidence of each row of the last [`LanguageModel::score`] call.
+    evidence: Vec<super::Evidence>,
 }
 
 impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
@@ -111,6 +113,7 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
             eos: [separator],
             dist: Vec::new(),
             steps: LevelLog::default(),
+            evidence: Vec::new(),
         })
     }
 
@@ -127,6 +130,11 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
         self.vocab = vocab;
         self.eos = [end_token];
         Ok(self)
+    }
+
+    /// What the ∞-gram knew at each row of the last [`LanguageModel::score`] call.
+    pub fn last_evidence(&self) -> &[super::Evidence] {
+        &self.evidence
     }
 
     /// The index.
@@ -188,6 +196,7 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
     fn row(&mut self) -> Logits {
         let levels = self.levels();
         self.steps.push(levels.iter().map(|l| (l.len, l.total)));
+        self.evidence.push(super::Evidence::of(&levels));
         let estimator = self.estimator.clone();
         self.row_of(&estimator, &levels)
     }
@@ -230,6 +239,7 @@ impl<S: AsRef<[u8]> + Sync> LanguageModel for InfgramModel<S> {
     }
 
     fn score(&mut self, tokens: &[u32]) -> Result<Vec<Logits>> {
+        self.evidence.clear();
         let mut rows = Vec::with_capacity(tokens.len());
         for &t in tokens {
             self.push(t);

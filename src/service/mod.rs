@@ -7,10 +7,13 @@
 //! * [`models`]: loading a neural model and its tokenizer from a `--model`
 //!   spec with a backend.
 //! * [`mod@generate`]: generation from the index alone, and the assembly of a neural generation
-//!   (drafters, processors) from options.
+//!   (drafters, processors, the copy guard) from options.
+//! * [`mixing`]: the ∞-gram mixed with a neural model: mixer files, the mixture as a scorer,
+//!   interpolated perplexity and fitting λ.
 
 pub mod generate;
 pub mod indexes;
+pub mod mixing;
 pub mod models;
 pub mod query;
 

@@ -1,0 +1,152 @@
+//! Mixing SmolLM2-135M with the ∞-gram on Tiny Shakespeare, the protocol: the index is
+//! the train split (first 90%) in SmolLM2 tokens; λ is fitted on the last 5% of train with the
+//! first 95% indexed; everything is scored on val. Prints, for each ∞-gram distribution mixed
+//! in (the paper's sparse ∞-gram, SBIS k = 2, the smoothed estimator) and each λ model (the
+//! paper's two weights, the table by suffix length): the perplexities and the relative
+//! improvement; the time of interpolated against neural-only scoring; the fitted tables
+//! (`Mixer::default` holds the SBIS k = 2 one); then decoding speed with that table: plain
+//! neural, the mixture, and speculative decoding of the mixture.
+//!
+//! `cargo run --release --example bench_mix [-- MAX_VAL_TOKENS]` (default: all of val, about
+//! 36,000 tokens; about 10 minutes on 2 cores)
+
+use infgram::decode::drafters::{CorpusDrafter, PromptLookup};
+use infgram::decode::{greedy, DecodeConfig, Drafter};
+use infgram::eval::mixture::{fitting_data, infgram_positions, neural_probs, MixReport};
+use infgram::lm::LanguageModel;
+use infgram::mix::{Interpolated, MixEstimator, Mixer, TABLE_EDGES};
+use infgram::neural::llama::Llama;
+use infgram::tokenizer::{HfTokenizer, Tokenizer};
+use infgram::Index;
+use std::sync::Arc;
+use std::time::Instant;
+
+fn main() {
+    let limit: usize = std::env::args()
+        .nth(1)
+        .map_or(0, |s| s.parse().expect("a number"));
+    let path = infgram::assets::ensure_model("smollm2-135m").unwrap();
+    let tok = HfTokenizer::from_gguf(&path).unwrap();
+    let mut model = Llama::from_gguf(&path).unwrap().with_threads(2);
+    let (train, val) = infgram::assets::tiny_shakespeare_split().unwrap();
+    let cut = (0..=train.len() * 95 / 100)
+        .rev()
+        .find(|&c| train.is_char_boundary(c))
+        .unwrap();
+    let (train95, heldout) = train.split_at(cut);
+    let enc = |s: &str| tok.encode(s).unwrap();
+    let index95 = Index::from_docs(tok.spec(), &[enc(train95)], 1, true).unwrap();
+    let index = Arc::new(Index::from_docs(tok.spec(), &[enc(&train)], 1, true).unwrap());
+    let heldout = enc(heldout);
+    let mut val = enc(&val);
+    if limit > 0 {
+        val.truncate(limit);
+    }
+    println!(
+        "index: {} tokens (train), fitting: {} held-out tokens (index of the first 95%), val: {} tokens",
+        index.total_tokens(),
+        heldout.len(),
+        val.len()
+    );
+
+    let t = Instant::now();
+    let q_held = neural_probs(&mut model, &heldout, 1024, 512).unwrap();
+    let held_secs = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let q_val = neural_probs(&mut model, &val, 1024, 512).unwrap();
+    let neural_secs = t.elapsed().as_secs_f64();
+    println!("neural scoring: held-out {held_secs:.1} s, val {neural_secs:.1} s");
+
+    println!("\n| ∞-gram mixed in | λ | ppl mixture | ppl SmolLM2 | ppl ∞-gram (smoothed) | relative improvement | mean λ | ∞-gram time (val) | interpolated / neural time |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    let mut default_table = None;
+    let mut tables = Vec::new();
+    for est in [
+        MixEstimator::Infgram,
+        MixEstimator::Sbis { k: 2 },
+        MixEstimator::Smoothed,
+    ] {
+        let fit_data = fitting_data(&infgram_positions(&index95, &heldout, est, 100), &q_held);
+        let t = Instant::now();
+        let g_val = infgram_positions(&index, &val, est, 100);
+        let inf_secs = t.elapsed().as_secs_f64();
+        for (name, edges) in [("two weights", &[][..]), ("table by n", &TABLE_EDGES[..])] {
+            let mixer = Mixer::fit(est, edges, &fit_data);
+            let r = MixReport::new(&g_val, &q_val, &mixer);
+            println!(
+                "| {est:?} | {name} | {:.3} | {:.3} | {:.3} | {:.1}% | {:.3} | {inf_secs:.2} s | {:.3}× |",
+                r.ppl,
+                r.ppl_neural,
+                r.ppl_infgram,
+                100.0 * r.relative_improvement,
+                r.lambda_mean,
+                (neural_secs + inf_secs) / neural_secs
+            );
+            if !edges.is_empty() {
+                let round =
+                    |v: &[f64]| -> Vec<f64> { v.iter().map(|x| (x * 1e4).round() / 1e4).collect() };
+                tables.push(format!(
+                    "{est:?}: sparse {:?}\n{:width$}dense  {:?}",
+                    round(&mixer.sparse),
+                    "",
+                    round(&mixer.dense),
+                    width = format!("{est:?}: ").len()
+                ));
+                if est == (MixEstimator::Sbis { k: 2 }) {
+                    default_table = Some(mixer);
+                }
+            }
+        }
+    }
+    println!("\nfitted tables (Mixer::default holds the SBIS k = 2 one):");
+    for t in &tables {
+        println!("{t}");
+    }
+    let table = default_table.unwrap();
+
+    // Decoding speed: plain neural, mixture, speculative mixture (greedy, same prompts).
+    let prompts = [
+        "Continue this scene from Shakespeare:\n\nROMEO:\nBut soft, what light through yonder window breaks?",
+        "Continue this speech from Shakespeare:\n\nFirst Citizen:\nBefore we proceed any further, hear me speak.",
+        "Continue this scene from Shakespeare:\n\nKING RICHARD III:\nNow is the winter of our discontent",
+    ];
+    let cfg = DecodeConfig {
+        max_tokens: 128,
+        ..Default::default()
+    };
+    println!("\n| prompt | plain SmolLM2 tok/s | mixture tok/s | mixture / plain | speculative mixture tok/s | speculative / mixture | acceptance | identical |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    let mut mixed = Interpolated::new(
+        Box::new(Llama::from_gguf(&path).unwrap().with_threads(2)),
+        index.clone(),
+        table,
+        100,
+    )
+    .unwrap();
+    for p in prompts {
+        let prompt = tok.encode(&infgram::neural::chat_prompt(p)).unwrap();
+        let (_, plain) = greedy(&mut model, &mut [], &prompt, &cfg).unwrap();
+        let (out_mix, mix) = greedy(&mut mixed, &mut [], &prompt, &cfg).unwrap();
+        let mut drafters: Vec<Box<dyn Drafter>> = vec![
+            Box::new(PromptLookup::new(8)),
+            Box::new(CorpusDrafter::new(index.clone())),
+        ];
+        let (out_spec, spec) = greedy(&mut mixed, &mut drafters, &prompt, &cfg).unwrap();
+        let short: String = p
+            .chars()
+            .skip(p.find('\n').unwrap_or(0) + 2)
+            .take(30)
+            .collect();
+        println!(
+            "| {short:?} | {:.1} | {:.1} | {:.2}× | {:.1} | {:.2}× | {:.0}% | {} |",
+            plain.tokens_per_second(),
+            mix.tokens_per_second(),
+            mix.tokens_per_second() / plain.tokens_per_second(),
+            spec.tokens_per_second(),
+            spec.tokens_per_second() / mix.tokens_per_second(),
+            100.0 * spec.acceptance_rate(),
+            out_spec == out_mix
+        );
+    }
+    let _ = mixed.vocab_size();
+}

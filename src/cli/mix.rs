@@ -1,0 +1,168 @@
+//! `infgram mix fit` and `infgram ppl --model M --index I`: fitting λ and interpolated
+//! perplexity ([`infgram::service::mixing`]).
+
+use anyhow::Result;
+use clap::{Args, Subcommand, ValueEnum};
+use infgram::mix::{MixEstimator, TABLE_EDGES};
+use infgram::service::mixing::{ScoredMixture, OVERLAP_N, OVERLAP_WARN};
+use std::path::PathBuf;
+
+/// The ∞-gram distributions that can be mixed in.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MixKind {
+    /// The paper's ∞-gram: the longest suffix with a next token (sparse).
+    Infgram,
+    /// SBIS with --k levels.
+    Sbis,
+    /// The smoothed estimator (never zero).
+    Smoothed,
+}
+
+/// `infgram mix …`.
+#[derive(Subcommand, Debug)]
+pub enum MixCommand {
+    /// Fit λ on held-out text (never the text you will score) and write it as JSON.
+    Fit(FitArgs),
+}
+
+/// Arguments of `infgram mix fit`.
+#[derive(Args, Debug)]
+pub struct FitArgs {
+    /// The neural model.
+    #[arg(long)]
+    pub model: String,
+    /// An index built with the model's tokenizer (`infgram index --tokenizer MODEL`).
+    #[arg(long)]
+    pub index: PathBuf,
+    /// Held-out text to fit on.
+    #[arg(long)]
+    pub text: PathBuf,
+    /// Where to write the mixer.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// The ∞-gram distribution mixed in.
+    #[arg(long, value_enum, default_value_t = MixKind::Infgram)]
+    pub estimator: MixKind,
+    /// With --estimator sbis: levels (−1: all).
+    #[arg(long, default_value_t = 2, allow_hyphen_values = true)]
+    pub k: i64,
+    /// The infini-gram paper's two weights (sparse / not sparse) instead of a table by suffix
+    /// length.
+    #[arg(long)]
+    pub two_weights: bool,
+    /// Window length of the neural model, in tokens.
+    #[arg(long, default_value_t = 1024)]
+    pub window: usize,
+    /// Window stride, in tokens.
+    #[arg(long, default_value_t = 512)]
+    pub stride: usize,
+    #[command(flatten)]
+    pub model_args: super::ModelArgs,
+}
+
+impl MixKind {
+    fn estimator(self, k: i64) -> MixEstimator {
+        match self {
+            MixKind::Infgram => MixEstimator::Infgram,
+            MixKind::Sbis => MixEstimator::Sbis { k },
+            MixKind::Smoothed => MixEstimator::Smoothed,
+        }
+    }
+}
+
+/// Runs `infgram mix …`.
+pub fn run(cmd: MixCommand) -> Result<()> {
+    match cmd {
+        #[cfg(feature = "neural")]
+        MixCommand::Fit(args) => fit(&args),
+        #[cfg(not(feature = "neural"))]
+        MixCommand::Fit(_) => Err(super::no_neural()),
+    }
+}
+
+#[cfg(feature = "neural")]
+fn fit(args: &FitArgs) -> Result<()> {
+    use infgram::service::mixing::{open_mixing_index, score_both};
+    if args.k == 0 {
+        anyhow::bail!("--k must be −1 (all levels) or at least 1");
+    }
+    let loaded = infgram::service::models::load_model(&args.model, &args.model_args.options())?;
+    let index = open_mixing_index(&args.index, &loaded.tokenizer)?;
+    let text = std::fs::read_to_string(&args.text)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", args.text.display()))?;
+    let tokens = infgram::tokenizer::Tokenizer::encode(&loaded.tokenizer, &text)?;
+    let estimator = args.estimator.estimator(args.k);
+    let mut model = loaded.model;
+    let scoring = score_both(
+        model.as_mut(),
+        &index,
+        &tokens,
+        estimator,
+        args.window,
+        args.stride,
+    )?;
+    let edges: &[usize] = if args.two_weights { &[] } else { &TABLE_EDGES };
+    let mixer = scoring.fit(estimator, edges);
+    mixer.save(&args.output)?;
+    let r = scoring.report(&mixer);
+    print_mixture(&r, false)?;
+    eprintln!(
+        "wrote {} (fitted on {} tokens of {})",
+        args.output.display(),
+        r.report.tokens,
+        args.text.display()
+    );
+    Ok(())
+}
+
+/// Prints an interpolated-perplexity report (JSON with `json`).
+pub fn print_mixture(r: &ScoredMixture, json: bool) -> Result<()> {
+    if r.overlap > OVERLAP_WARN {
+        eprintln!(
+            "warning: {:.0}% of the text's {OVERLAP_N}-token windows are in the index: the text is \
+             largely part of the corpus (the infini-gram paper drops documents above 80%), so the \
+             mixture's gain is inflated",
+            100.0 * r.overlap
+        );
+    }
+    if json {
+        println!("{}", serde_json::to_value(r)?);
+        return Ok(());
+    }
+    let m = &r.report;
+    println!("perplexity (mixture)  {:.4}", m.ppl);
+    println!("perplexity (neural)   {:.4}", m.ppl_neural);
+    println!(
+        "perplexity (∞-gram)   {:.4}  (smoothed estimator)",
+        m.ppl_infgram
+    );
+    println!(
+        "relative improvement  {:.1}%  (1 − (ppl − 1)/(ppl_neural − 1))",
+        100.0 * m.relative_improvement
+    );
+    println!("mean λ                {:.3}", m.lambda_mean);
+    println!("tokens                {}", m.tokens);
+    println!(
+        "{OVERLAP_N}-gram overlap        {:.1}% of the text's windows occur in the index",
+        100.0 * r.overlap
+    );
+    println!(
+        "seconds               {:.2} (neural {:.2}, ∞-gram {:.2})",
+        r.seconds, r.neural_seconds, r.infgram_seconds
+    );
+    println!(
+        "\n{:>4} {:>8} {:>8} {:>8} {:>10} {:>10}",
+        "n", "tokens", "agree", "λ", "ppl neural", "ppl mix"
+    );
+    for (n, row) in &m.by_n {
+        println!(
+            "{n:>4} {:>8} {:>7.1}% {:>8.3} {:>10.3} {:>10.3}",
+            row.agreement.tokens,
+            100.0 * row.agreement.rate(),
+            row.lambda,
+            row.nll_neural.exp(),
+            row.nll_mix.exp()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,187 @@
+//! Interpolated perplexity: a text scored by the neural model (in the paper's windows), by the
+//! ∞-gram (every position straight from the levels, in parallel) and by their mixture, from one
+//! pass of each; the same per-position numbers fit λ ([`crate::mix::Mixer::fit`]). Also the
+//! decontamination check: how much of the text the index already holds.
+
+use super::ngram::Agreement;
+use crate::error::Result;
+use crate::index::Index;
+use crate::lm::LanguageModel;
+use crate::mix::{MixEstimator, Mixer};
+use crate::ngram::levels::LevelFinder;
+use crate::ngram::{Estimator, Evidence};
+use rayon::prelude::*;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// What the ∞-gram says at one position of a text.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct InfgramPosition {
+    /// Probability of the actual token under the mixed-in estimator (may be 0).
+    pub p: f64,
+    /// … under the smoothed estimator (never 0): the ∞-gram's finite perplexity.
+    pub p_smoothed: f64,
+    /// What the ∞-gram knew.
+    pub evidence: Evidence,
+    /// Whether the ∞-gram's argmax (of the longest level) is the actual token.
+    pub agrees: bool,
+}
+
+/// The ∞-gram at every position `1..` of `tokens` (entry `i` is token `i + 1`), with the
+/// last `context` tokens as context, in parallel.
+pub fn infgram_positions<S: AsRef<[u8]> + Sync>(
+    index: &Index<S>,
+    tokens: &[u32],
+    estimator: MixEstimator,
+    context: usize,
+) -> Vec<InfgramPosition> {
+    let mixed = estimator.estimator();
+    let smoothed = Estimator::Smoothed(Default::default());
+    let vocab = index.vocab_size();
+    let positions: Vec<usize> = (1..tokens.len()).collect();
+    let chunk = positions
+        .len()
+        .div_ceil(rayon::current_num_threads() * 4)
+        .max(1);
+    positions
+        .par_chunks(chunk)
+        .flat_map_iter(|chunk| {
+            let mut finder = LevelFinder::new(false);
+            chunk
+                .iter()
+                .map(|&i| {
+                    let ctx = &tokens[i.saturating_sub(context)..i];
+                    let actual = tokens[i];
+                    let all = smoothed.levels(&mut finder, index, ctx);
+                    let p_smoothed = smoothed.prob(&all, vocab, actual).unwrap_or(0.0);
+                    let levels = match estimator {
+                        MixEstimator::Smoothed => all.clone(),
+                        _ => mixed.levels(&mut finder, index, ctx),
+                    };
+                    let p = mixed.prob(&levels, vocab, actual).unwrap_or(0.0);
+                    let first = levels.first().filter(|l| l.len > 0);
+                    let argmax = first.and_then(|l| {
+                        l.counts
+                            .iter()
+                            .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
+                            .map(|x| x.0)
+                    });
+                    InfgramPosition {
+                        p,
+                        p_smoothed,
+                        evidence: Evidence::of(first.map(std::slice::from_ref).unwrap_or(&[])),
+                        agrees: argmax == Some(actual),
+                    }
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// The neural model's probability of every token but the first, in windows of `window` moved
+/// by `stride`.
+pub fn neural_probs(
+    model: &mut dyn LanguageModel,
+    tokens: &[u32],
+    window: usize,
+    stride: usize,
+) -> Result<Vec<f64>> {
+    Ok(
+        super::windowed::windowed_neg_log_probs(model, tokens, window, stride)?
+            .into_iter()
+            .map(|nll| (-nll).exp())
+            .collect(),
+    )
+}
+
+/// By effective n (the ∞-gram's suffix length + 1): tokens, the ∞-gram's agreement, the mean
+/// λ, and the mean −ln p of the neural model and of the mixture.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ByN {
+    /// Tokens and how often the ∞-gram's argmax was the actual token.
+    pub agreement: Agreement,
+    /// Mean λ.
+    pub lambda: f64,
+    /// Mean −ln p of the neural model.
+    pub nll_neural: f64,
+    /// Mean −ln p of the mixture.
+    pub nll_mix: f64,
+}
+
+/// Perplexities of the neural model, the ∞-gram and their mixture on one text.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct MixReport {
+    /// Perplexity of the mixture.
+    pub ppl: f64,
+    /// … of the neural model alone.
+    pub ppl_neural: f64,
+    /// … of the ∞-gram (the smoothed estimator: finite).
+    pub ppl_infgram: f64,
+    /// `1 − (ppl − 1) / (ppl_neural − 1)` (the infini-gram paper's relative improvement).
+    pub relative_improvement: f64,
+    /// Tokens scored.
+    pub tokens: usize,
+    /// Mean λ.
+    pub lambda_mean: f64,
+    /// The infini-gram paper's analysis, by effective n.
+    pub by_n: BTreeMap<usize, ByN>,
+}
+
+impl MixReport {
+    /// The report of the mixture `mixer` over the scored positions.
+    pub fn new(infgram: &[InfgramPosition], neural: &[f64], mixer: &Mixer) -> MixReport {
+        let n = infgram.len().min(neural.len());
+        let (mut nll_mix, mut nll_neural, mut nll_inf, mut lambdas) = (0.0, 0.0, 0.0, 0.0);
+        let mut by_n: BTreeMap<usize, ByN> = BTreeMap::new();
+        for (g, &q) in infgram.iter().zip(neural) {
+            let lambda = mixer.lambda(&g.evidence);
+            let mix = -(lambda * g.p + (1.0 - lambda) * q).ln();
+            nll_mix += mix;
+            nll_neural -= q.ln();
+            nll_inf -= g.p_smoothed.ln();
+            lambdas += lambda;
+            let row = by_n.entry(g.evidence.suffix_len + 1).or_default();
+            row.agreement.add(g.agrees);
+            row.lambda += lambda;
+            row.nll_neural -= q.ln();
+            row.nll_mix += mix;
+        }
+        for row in by_n.values_mut() {
+            let t = row.agreement.tokens.max(1) as f64;
+            row.lambda /= t;
+            row.nll_neural /= t;
+            row.nll_mix /= t;
+        }
+        let per = |x: f64| (x / n.max(1) as f64).exp();
+        let (ppl, ppl_neural) = (per(nll_mix), per(nll_neural));
+        MixReport {
+            ppl,
+            ppl_neural,
+            ppl_infgram: per(nll_inf),
+            relative_improvement: 1.0 - (ppl - 1.0) / (ppl_neural - 1.0),
+            tokens: n,
+            lambda_mean: lambdas / n.max(1) as f64,
+            by_n,
+        }
+    }
+}
+
+/// The `(P∞, P_neural, evidence)` triples [`Mixer::fit`] learns from.
+pub fn fitting_data(infgram: &[InfgramPosition], neural: &[f64]) -> Vec<(f64, f64, Evidence)> {
+    infgram
+        .iter()
+        .zip(neural)
+        .map(|(g, &q)| (g.p, q, g.evidence))
+        .collect()
+}
+
+/// Share of the text's `n`-token windows that occur in the corpus (the decontamination check
+/// of the infini-gram paper uses 13-grams; it dropped documents with more than 80% overlap).
+pub fn overlap<S: AsRef<[u8]> + Sync>(index: &Index<S>, tokens: &[u32], n: usize) -> f64 {
+    if tokens.len() < n || n == 0 {
+        return 0.0;
+    }
+    let matches = super::attribution::match_lengths(index, tokens);
+    let found = matches[n - 1..].iter().filter(|m| m.len >= n).count();
+    found as f64 / (tokens.len() + 1 - n) as f64
+}

@@ -1,0 +1,436 @@
+//! Mixing the ∞-gram with a neural model at every step (`ARCHITECTURE.md`, "Mixing"):
+//! `P = λ·P∞ + (1 − λ)·P_neural`, with λ chosen per position from what the ∞-gram knew there
+//! ([`Evidence`]: the length of the longest matching suffix and whether its continuation is
+//! unique), as the infini-gram paper (Liu et al. 2024, §5) does with two weights and its
+//! time-shifted experiment does with features.
+//!
+//! * [`Mixer`]: λ as a table over (suffix-length bucket, sparse), fitted by maximum likelihood
+//!   (EM, each cell on its own) on held-out positions ([`Mixer::fit`]); read from and written to
+//!   `mix.json`. [`Mixer::default`] was fitted on Tiny Shakespeare.
+//! * [`Interpolated`]: the mixture as a [`LanguageModel`], so generation, speculative decoding
+//!   (the ∞-gram drafts, the mixture verifies) and scoring get it like any model.
+
+use crate::error::{Error, Result};
+use crate::index::Index;
+use crate::lm::{LanguageModel, Logits};
+use crate::ngram::{Estimator, Evidence, InfgramModel};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// The ∞-gram distribution that is mixed in.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MixEstimator {
+    /// The paper's ∞-gram: the next-token distribution of the longest suffix with a next
+    /// token (SBIS with one level). Sparse: zero for every token never seen after that suffix.
+    Infgram,
+    /// SBIS with `k` levels (−1: all) and decay 0.1.
+    Sbis {
+        /// Levels.
+        k: i64,
+    },
+    /// Interpolated absolute discounting down to uniform (never zero), default discounts.
+    Smoothed,
+}
+
+impl MixEstimator {
+    /// The estimator.
+    pub fn estimator(&self) -> Estimator {
+        match *self {
+            MixEstimator::Infgram => Estimator::Sbis { k: 1, decay: 0.1 },
+            MixEstimator::Sbis { k } => Estimator::Sbis { k, decay: 0.1 },
+            MixEstimator::Smoothed => Estimator::Smoothed(Default::default()),
+        }
+    }
+}
+
+/// Upper ends (exclusive) of the suffix-length buckets of [`Mixer::table`]: 0, 1, 2, 3, 4–5,
+/// 6–7, 8–11, 12–15, 16 and more.
+pub const TABLE_EDGES: [usize; 8] = [1, 2, 3, 4, 6, 8, 12, 16];
+
+/// λ per position: a table over (suffix-length bucket, sparse or not).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Mixer {
+    /// The ∞-gram distribution mixed in.
+    pub estimator: MixEstimator,
+    /// Upper ends (exclusive) of the suffix-length buckets; empty: one bucket.
+    pub edges: Vec<usize>,
+    /// λ of each bucket where the ∞-gram estimate is sparse (one possible next token).
+    pub sparse: Vec<f64>,
+    /// λ of each bucket where it is not.
+    pub dense: Vec<f64>,
+}
+
+impl Default for Mixer {
+    /// SBIS with two levels and the table by suffix length, fitted with SmolLM2-135M on Tiny
+    /// Shakespeare: index = the first 95% of train, λ fitted on the rest of train
+    /// (`cargo run --release --example bench_mix` prints it; `BENCHMARKS.md`, "Mixing"). Of the
+    /// three ∞-gram distributions it scores within 0.3% of the best (the smoothed estimator)
+    /// while its rows stay sparse, so mixing costs a handful of ids per step.
+    fn default() -> Self {
+        Mixer {
+            estimator: MixEstimator::Sbis { k: 2 },
+            edges: TABLE_EDGES.to_vec(),
+            sparse: vec![
+                0.0707, 0.0536, 0.0528, 0.0904, 0.098, 0.0905, 0.3842, 0.1457, 0.0707,
+            ],
+            dense: vec![
+                0.0, 0.0428, 0.0913, 0.1362, 0.089, 0.1079, 0.0344, 0.0707, 0.0707,
+            ],
+        }
+    }
+}
+
+impl Mixer {
+    /// One λ everywhere.
+    pub fn constant(estimator: MixEstimator, lambda: f64) -> Mixer {
+        Mixer {
+            estimator,
+            edges: Vec::new(),
+            sparse: vec![lambda],
+            dense: vec![lambda],
+        }
+    }
+
+    /// The bucket of a suffix length.
+    fn bucket(&self, suffix_len: usize) -> usize {
+        self.edges.partition_point(|&e| e <= suffix_len)
+    }
+
+    /// λ at a position with this evidence.
+    pub fn lambda(&self, ev: &Evidence) -> f64 {
+        let b = self.bucket(ev.suffix_len);
+        if ev.sparse() {
+            self.sparse[b]
+        } else {
+            self.dense[b]
+        }
+    }
+
+    /// Refuses a malformed table (wrong lengths, λ outside [0, 1], edges not increasing).
+    pub fn check(&self) -> Result<()> {
+        let cells = self.edges.len() + 1;
+        if self.sparse.len() != cells || self.dense.len() != cells {
+            return Err(Error::input(format!(
+                "a mixer with {} edges needs {cells} λ for sparse and {cells} for dense positions (got {} and {})",
+                self.edges.len(),
+                self.sparse.len(),
+                self.dense.len()
+            )));
+        }
+        if let Some(l) = self
+            .sparse
+            .iter()
+            .chain(&self.dense)
+            .find(|l| !(0.0..=1.0).contains(*l))
+        {
+            return Err(Error::input(format!("λ must be between 0 and 1 (got {l})")));
+        }
+        if self.edges.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(Error::input("the mixer's edges must increase"));
+        }
+        Ok(())
+    }
+
+    /// Reads `mix.json` (written by [`Mixer::save`]).
+    pub fn load(path: &Path) -> Result<Mixer> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let mixer: Mixer = serde_json::from_str(&text).map_err(|e| {
+            Error::input(format!(
+                "{} is not a mixer file (write one with `infgram mix fit`): {e}",
+                path.display()
+            ))
+        })?;
+        mixer.check()?;
+        Ok(mixer)
+    }
+
+    /// Writes the mixer as JSON.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let text = serde_json::to_string_pretty(self).expect("a mixer serializes");
+        std::fs::write(path, text + "\n").map_err(|e| Error::io(path, e))
+    }
+
+    /// Fits λ by maximum likelihood on held-out positions, each cell of the table on its own
+    /// (EM: λ ← mean posterior of the ∞-gram component, from 0.5 until it moves less than
+    /// 1e-7). `positions` are `(P∞(actual), P_neural(actual), evidence)`. Cells with fewer
+    /// than `MIN_CELL` positions take the λ fitted on all positions.
+    pub fn fit(
+        estimator: MixEstimator,
+        edges: &[usize],
+        positions: &[(f64, f64, Evidence)],
+    ) -> Mixer {
+        const MIN_CELL: usize = 30;
+        let mut mixer = Mixer {
+            estimator,
+            edges: edges.to_vec(),
+            sparse: vec![0.0; edges.len() + 1],
+            dense: vec![0.0; edges.len() + 1],
+        };
+        let pooled = em_lambda(positions.iter().map(|p| (p.0, p.1)));
+        for b in 0..=edges.len() {
+            for sparse in [true, false] {
+                let cell: Vec<(f64, f64)> = positions
+                    .iter()
+                    .filter(|p| mixer.bucket(p.2.suffix_len) == b && p.2.sparse() == sparse)
+                    .map(|p| (p.0, p.1))
+                    .collect();
+                let l = if cell.len() < MIN_CELL {
+                    pooled
+                } else {
+                    em_lambda(cell.iter().copied())
+                };
+                if sparse {
+                    mixer.sparse[b] = l;
+                } else {
+                    mixer.dense[b] = l;
+                }
+            }
+        }
+        mixer
+    }
+}
+
+/// The λ maximizing `Σ ln(λ·p + (1 − λ)·q)` over `(p, q)` pairs (EM; 0.5 without data).
+pub fn em_lambda(pairs: impl Iterator<Item = (f64, f64)> + Clone) -> f64 {
+    let n = pairs.clone().count();
+    if n == 0 {
+        return 0.5;
+    }
+    let mut lambda = 0.5;
+    for _ in 0..1000 {
+        let post: f64 = pairs
+            .clone()
+            .map(|(p, q)| {
+                let mix = lambda * p + (1.0 - lambda) * q;
+                if mix > 0.0 {
+                    lambda * p / mix
+                } else {
+                    0.0
+                }
+            })
+            .sum();
+        let next = post / n as f64;
+        let moved = (next - lambda).abs();
+        lambda = next;
+        if moved < 1e-7 {
+            break;
+        }
+    }
+    lambda
+}
+
+/// One mixed row: `ln(λ·P∞ + (1 − λ)·softmax(neural))` for every id, from the neural model's
+/// dense logits and the ∞-gram's row (log-probabilities, sparse). λ = 0 gives the neural
+/// distribution and λ = 1 the ∞-gram's (its row as it is).
+pub fn mix_row(neural: Logits, infgram: Logits, lambda: f64) -> Logits {
+    if lambda >= 1.0 {
+        return infgram;
+    }
+    let mut out = neural.into_dense();
+    let lse = log_sum_exp(&out);
+    let base = ((1.0 - lambda).ln() - lse) as f32;
+    for x in out.iter_mut() {
+        *x += base;
+    }
+    if lambda > 0.0 {
+        let entries: Vec<(u32, f32)> = match infgram {
+            Logits::Sparse { entries, .. } => entries,
+            dense => {
+                let v = dense.into_dense();
+                (0..v.len() as u32).map(|i| (i, v[i as usize])).collect()
+            }
+        };
+        for (id, lp) in entries {
+            if let Some(x) = out.get_mut(id as usize) {
+                let q = (*x as f64 - (1.0 - lambda).ln()).exp(); // P_neural(id)
+                let p = (lp as f64).exp();
+                *x = (lambda * p + (1.0 - lambda) * q).ln() as f32;
+            }
+        }
+    }
+    Logits::Dense(out)
+}
+
+fn log_sum_exp(v: &[f32]) -> f64 {
+    let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    max + v.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln()
+}
+
+/// The mixture of a neural model and the ∞-gram as one [`LanguageModel`]: every fed position
+/// gets `ln(λ·P∞ + (1 − λ)·P_neural)`, λ from the ∞-gram's evidence there.
+pub struct Interpolated<S: AsRef<[u8]> + Sync> {
+    neural: Box<dyn LanguageModel>,
+    infgram: InfgramModel<S>,
+    mixer: Mixer,
+    /// λ of each row of the last `score` call.
+    lambdas: Vec<f64>,
+}
+
+impl<S: AsRef<[u8]> + Sync> Interpolated<S> {
+    /// Mixes `neural` with the ∞-gram of `index` (built with the neural model's tokenizer: the
+    /// caller checks the fingerprint) over the last `context` tokens.
+    pub fn new(
+        neural: Box<dyn LanguageModel>,
+        index: std::sync::Arc<Index<S>>,
+        mixer: Mixer,
+        context: usize,
+    ) -> Result<Self> {
+        mixer.check()?;
+        let eos = *neural
+            .eos_tokens()
+            .first()
+            .ok_or_else(|| Error::input("the neural model has no end token"))?;
+        let infgram = InfgramModel::new(index, mixer.estimator.estimator(), context)?
+            .with_vocab(neural.vocab_size(), eos)?;
+        Ok(Interpolated {
+            neural,
+            infgram,
+            mixer,
+            lambdas: Vec::new(),
+        })
+    }
+
+    /// λ of each row of the last score call.
+    pub fn last_lambdas(&self) -> &[f64] {
+        &self.lambdas
+    }
+
+    /// The mixer.
+    pub fn mixer(&self) -> &Mixer {
+        &self.mixer
+    }
+}
+
+impl<S: AsRef<[u8]> + Sync> LanguageModel for Interpolated<S> {
+    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        Ok(self
+            .score(tokens)?
+            .into_iter()
+            .map(Logits::into_dense)
+            .collect())
+    }
+
+    fn score(&mut self, tokens: &[u32]) -> Result<Vec<Logits>> {
+        let neural = self.neural.score(tokens)?;
+        let infgram = self.infgram.score(tokens)?;
+        let mixer = &self.mixer;
+        self.lambdas.clear();
+        self.lambdas
+            .extend(self.infgram.last_evidence().iter().map(|e| mixer.lambda(e)));
+        Ok(neural
+            .into_iter()
+            .zip(infgram)
+            .zip(&self.lambdas)
+            .map(|((n, g), &l)| mix_row(n, g, l))
+            .collect())
+    }
+
+    fn feed(&mut self, tokens: &[u32]) -> Result<()> {
+        self.neural.feed(tokens)?;
+        self.infgram.feed(tokens)
+    }
+
+    fn cache_len(&self) -> usize {
+        self.neural.cache_len()
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.neural.truncate(len);
+        self.infgram.truncate(len);
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.neural.vocab_size()
+    }
+
+    fn eos_tokens(&self) -> &[u32] {
+        self.neural.eos_tokens()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mixed_rows_are_distributions_and_the_ends_are_the_components() {
+        let neural = Logits::Dense(vec![1.0, 2.0, 0.5, -1.0]);
+        let infgram = Logits::Sparse {
+            vocab: 4,
+            entries: vec![(1, 0.25f32.ln()), (3, 0.75f32.ln())],
+        };
+        for lambda in [0.0, 0.3, 0.9, 1.0] {
+            let row = mix_row(neural.clone(), infgram.clone(), lambda);
+            let p = row.softmax();
+            let total: f64 = row
+                .clone()
+                .into_dense()
+                .iter()
+                .map(|&x| (x as f64).exp())
+                .sum();
+            assert!((total - 1.0).abs() < 1e-6, "λ={lambda}: Σ = {total}");
+            let q = neural.softmax();
+            let g = infgram.clone().into_dense();
+            for id in 0..4u32 {
+                let want =
+                    lambda * (g[id as usize] as f64).exp() + (1.0 - lambda) * q[id as usize].1;
+                let got = p.iter().find(|x| x.0 == id).map_or(0.0, |x| x.1);
+                assert!(
+                    (got - want).abs() < 1e-6,
+                    "λ={lambda} id={id}: {got} vs {want}"
+                );
+            }
+        }
+        assert_eq!(mix_row(neural.clone(), infgram.clone(), 1.0), infgram);
+    }
+
+    #[test]
+    fn em_recovers_the_generating_lambda() {
+        // Tokens drawn from λ·p + (1 − λ)·q over 4 ids with a seeded generator.
+        use rand::{Rng, SeedableRng};
+        let p = [0.7, 0.1, 0.1, 0.1];
+        let q = [0.1, 0.2, 0.3, 0.4];
+        for truth in [0.2, 0.5, 0.8] {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+            let pairs: Vec<(f64, f64)> = (0..20_000)
+                .map(|_| {
+                    let dist = if rng.random::<f64>() < truth { &p } else { &q };
+                    let mut u = rng.random::<f64>();
+                    let mut x = 0;
+                    while u >= dist[x] && x < 3 {
+                        u -= dist[x];
+                        x += 1;
+                    }
+                    (p[x], q[x])
+                })
+                .collect();
+            let got = em_lambda(pairs.iter().copied());
+            assert!((got - truth).abs() < 0.03, "{got} vs {truth}");
+        }
+    }
+
+    #[test]
+    fn mixer_files_are_checked() {
+        let mut m = Mixer::default();
+        m.check().unwrap();
+        m.sparse[0] = 1.5;
+        assert!(m
+            .check()
+            .unwrap_err()
+            .to_string()
+            .contains("between 0 and 1"));
+        let mut m = Mixer::default();
+        m.dense.pop();
+        assert!(m.check().is_err());
+        let ev = |n, d| Evidence {
+            suffix_len: n,
+            count: 5,
+            distinct: d,
+        };
+        let m = Mixer::default();
+        assert_eq!(m.lambda(&ev(0, 1)), m.sparse[0]);
+        assert_eq!(m.lambda(&ev(20, 3)), m.dense[8]);
+        assert_eq!(m.lambda(&ev(5, 3)), m.dense[4]);
+    }
+}

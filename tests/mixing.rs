@@ -1,0 +1,192 @@
+//! The mixture of two scorers as one language model: every row is a distribution, λ = 0 and
+//! λ = 1 give the components, speculative decoding of the mixture equals plain decoding of the
+//! mixture (greedy) with adversarial drafters, and sampled decoding keeps the mixture's
+//! distribution (chi-square). The "neural" component here is a real full-vocabulary scorer, the
+//! smoothed ∞-gram of another corpus, fed as dense rows; `tests/mixing_neural.rs` uses SmolLM2.
+
+use infgram::decode::drafters::CorpusDrafter;
+use infgram::decode::{decode, greedy, DecodeConfig, Draft, Drafter, Sampler, SamplerConfig};
+use infgram::lm::{DenseRows, LanguageModel, Logits};
+use infgram::mix::{Interpolated, MixEstimator, Mixer};
+use infgram::ngram::{Estimator, InfgramModel};
+use infgram::tokenizer::TokenizerSpec;
+use infgram::Index;
+use proptest::prelude::*;
+use std::sync::Arc;
+
+fn spec() -> TokenizerSpec {
+    TokenizerSpec {
+        kind: "test".into(),
+        path: String::new(),
+        fingerprint: "0".into(),
+        vocab_size: 6,
+    }
+}
+
+type Ix = Arc<Index<Vec<u8>>>;
+
+fn index(docs: &[Vec<u32>]) -> Ix {
+    Arc::new(Index::from_docs(spec(), docs, 1, true).unwrap())
+}
+
+/// The stand-in neural model: the smoothed ∞-gram of `docs`, as dense rows.
+fn neural(docs: &[Vec<u32>]) -> Box<dyn LanguageModel> {
+    let m = InfgramModel::new(index(docs), Estimator::Smoothed(Default::default()), 20).unwrap();
+    Box::new(DenseRows(m))
+}
+
+fn mixture(a: &[Vec<u32>], b: &[Vec<u32>], mixer: Mixer) -> Interpolated<Vec<u8>> {
+    Interpolated::new(neural(a), index(b), mixer, 20).unwrap()
+}
+
+fn docs() -> impl Strategy<Value = Vec<Vec<u32>>> {
+    prop::collection::vec(prop::collection::vec(0u32..6, 2..30), 1..4)
+}
+
+/// Always drafts the same tokens.
+struct Fixed(Vec<u32>);
+
+impl Drafter for Fixed {
+    fn propose(&mut self, _context: &[u32], max: usize) -> infgram::Result<Draft> {
+        let tokens: Vec<u32> = self.0.iter().copied().take(max).collect();
+        Ok(Draft {
+            confidence: vec![0.99; tokens.len()],
+            tokens,
+        })
+    }
+    fn name(&self) -> &str {
+        "fixed"
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Every mixed row is a distribution; λ = 1 is the ∞-gram's row, λ = 0 the neural model's.
+    #[test]
+    fn rows_are_distributions_and_the_ends_are_the_components(
+        a in docs(), b in docs(), text in prop::collection::vec(0u32..6, 1..20),
+    ) {
+        let mut mix = mixture(&a, &b, Mixer::default());
+        for row in mix.score(&text).unwrap() {
+            let total: f64 = row.into_dense().iter().map(|&x| (x as f64).exp()).sum();
+            prop_assert!((total - 1.0).abs() < 1e-5, "Σ = {}", total);
+        }
+        let mut one = mixture(&a, &b, Mixer::constant(MixEstimator::Infgram, 1.0));
+        let mut alone = InfgramModel::new(index(&b), Estimator::Sbis { k: 1, decay: 0.1 }, 20)
+            .unwrap()
+            .with_vocab(256, 255)
+            .unwrap();
+        prop_assert_eq!(one.score(&text).unwrap(), alone.score(&text).unwrap());
+        let mut zero = mixture(&a, &b, Mixer::constant(MixEstimator::Infgram, 0.0));
+        let mut n = neural(&a);
+        for (m, q) in zero.score(&text).unwrap().iter().zip(n.score(&text).unwrap()) {
+            for (x, y) in m.softmax().iter().zip(q.softmax()) {
+                prop_assert!((x.1 - y.1).abs() < 1e-6);
+            }
+        }
+    }
+
+    /// Greedy speculative decoding of the mixture equals plain greedy decoding of the mixture,
+    /// with drafters that copy the ∞-gram's corpus and with a fixed wrong one.
+    #[test]
+    fn speculative_mixture_equals_plain_mixture(a in docs(), b in docs(), start in 0u32..6) {
+        let cfg = DecodeConfig { max_tokens: 30, draft_max: 5, ..Default::default() };
+        let prompt = vec![start];
+        let (plain, _) = greedy(&mut mixture(&a, &b, Mixer::default()), &mut [], &prompt, &cfg).unwrap();
+        let drafter_sets: Vec<Vec<Box<dyn Drafter>>> = vec![
+            vec![Box::new(CorpusDrafter::new(index(&b)))],
+            vec![Box::new(Fixed(vec![1, 2, 3, 4, 5]))],
+        ];
+        for mut drafters in drafter_sets {
+            let (spec, _) = greedy(&mut mixture(&a, &b, Mixer::default()), &mut drafters, &prompt, &cfg)
+                .unwrap();
+            prop_assert_eq!(&spec, &plain);
+        }
+    }
+}
+
+#[test]
+fn sampled_speculative_mixture_keeps_the_mixture_distribution() {
+    let a = vec![vec![0, 1, 2, 3, 4, 5, 0, 2, 4, 1, 3, 5]];
+    let b = vec![vec![1, 2, 1, 2, 1, 3, 1, 2, 5]];
+    let mixer = Mixer::constant(MixEstimator::Infgram, 0.6);
+    let prompt = [1u32];
+    // The mixture's row after the prompt.
+    let row: Logits = mixture(&a, &b, mixer.clone())
+        .score(&prompt)
+        .unwrap()
+        .remove(0);
+    let p = row.softmax();
+    let cfg = DecodeConfig {
+        max_tokens: 2,
+        ..DecodeConfig::default()
+    };
+    let mut sampler = Sampler::new(
+        SamplerConfig {
+            temperature: 1.0,
+            ..SamplerConfig::default()
+        },
+        Some(11),
+    );
+    let runs = 6000;
+    let mut observed = vec![0f64; 256];
+    let mut mix = mixture(&a, &b, mixer);
+    for _ in 0..runs {
+        // Drafts "2" (the ∞-gram's favourite) at the first position: accepted or rejected by
+        // rejection sampling against the mixture.
+        let mut drafters: Vec<Box<dyn Drafter>> = vec![Box::new(Fixed(vec![2]))];
+        let (out, _) = decode(
+            &mut mix,
+            &mut drafters,
+            &mut [],
+            &mut sampler,
+            &prompt,
+            &cfg,
+            |_| {},
+        )
+        .unwrap();
+        // An end token (255) first gives an empty output.
+        observed[out.first().map_or(255, |&t| t as usize)] += 1.0;
+    }
+    let cells: Vec<(usize, f64)> = p
+        .iter()
+        .filter(|x| x.1 * runs as f64 >= 20.0)
+        .map(|x| (x.0 as usize, x.1))
+        .collect();
+    let chi2: f64 = cells
+        .iter()
+        .map(|&(t, q)| {
+            let expected = runs as f64 * q;
+            (observed[t] - expected).powi(2) / expected
+        })
+        .sum();
+    // At most 6 degrees of freedom here: P(chi2 > 22.46) = 0.001.
+    assert!(cells.len() <= 7, "{cells:?}");
+    assert!(
+        chi2 < 22.46,
+        "chi2 {chi2}: {cells:?} vs {:?}",
+        &observed[..6]
+    );
+}
+
+#[test]
+fn bad_mixer_files_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("none.json");
+    assert!(Mixer::load(&missing).is_err());
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, "{\"estimator\": 3}").unwrap();
+    let e = Mixer::load(&bad).unwrap_err().to_string();
+    assert!(e.contains("not a mixer file"), "{e}");
+    let mut m = Mixer::default();
+    m.dense[2] = -0.1;
+    let out = dir.path().join("m.json");
+    m.save(&out).unwrap();
+    let e = Mixer::load(&out).unwrap_err().to_string();
+    assert!(e.contains("between 0 and 1"), "{e}");
+    Mixer::default().save(&out).unwrap();
+    assert_eq!(Mixer::load(&out).unwrap(), Mixer::default());
+    // A mixer that refuses itself is refused by the mixture too.
+    assert!(Interpolated::new(neural(&[vec![1, 2]]), index(&[vec![1, 2]]), m, 20).is_err());
+}

@@ -1,0 +1,196 @@
+//! The mixture on the real SmolLM2: rows are distributions, speculative decoding of the mixture
+//! (prompt lookup and the ∞-gram drafting) gives the same greedy text as plain decoding of the
+//! mixture, and an index of another tokenizer is refused.
+#![cfg(feature = "neural")]
+
+use infgram::decode::drafters::{CorpusDrafter, PromptLookup};
+use infgram::decode::{greedy, DecodeConfig, Drafter};
+use infgram::lm::LanguageModel;
+use infgram::mix::{Interpolated, Mixer};
+use infgram::neural::llama::Llama;
+use infgram::tokenizer::{HfTokenizer, Tokenizer};
+use infgram::Index;
+use std::sync::Arc;
+
+#[test]
+fn mixture_of_smollm2_and_the_infgram() {
+    let path = infgram::assets::ensure_model("smollm2-135m").unwrap();
+    let tok = HfTokenizer::from_gguf(&path).unwrap();
+    let (train, _) = infgram::assets::tiny_shakespeare_split().unwrap();
+    let text = &train[..20_000];
+    let index =
+        Arc::new(Index::from_docs(tok.spec(), &[tok.encode(text).unwrap()], 1, true).unwrap());
+    let neural = Box::new(Llama::from_gguf(&path).unwrap().with_threads(2));
+    let mut mix = Interpolated::new(neural, index.clone(), Mixer::default(), 100).unwrap();
+    let ids = tok.encode(&text[..400]).unwrap();
+    for row in mix.score(&ids).unwrap() {
+        let total: f64 = row.into_dense().iter().map(|&x| (x as f64).exp()).sum();
+        assert!((total - 1.0).abs() < 1e-3, "Σ = {total}");
+    }
+    assert!(
+        mix.last_lambdas().iter().any(|&l| l > 0.3),
+        "{:?}",
+        mix.last_lambdas()
+    );
+    let prompt = tok
+        .encode(&infgram::neural::chat_prompt(
+            "Continue this scene:\n\nFirst Citizen:\nBefore we proceed any further, hear me speak.",
+        ))
+        .unwrap();
+    let cfg = DecodeConfig {
+        max_tokens: 40,
+        ..DecodeConfig::default()
+    };
+    let (plain, _) = greedy(&mut mix, &mut [], &prompt, &cfg).unwrap();
+    let mut drafters: Vec<Box<dyn Drafter>> = vec![
+        Box::new(PromptLookup::new(8)),
+        Box::new(CorpusDrafter::new(index.clone())),
+    ];
+    let (spec, stats) = greedy(&mut mix, &mut drafters, &prompt, &cfg).unwrap();
+    assert_eq!(spec, plain);
+    assert!(stats.drafted > 0, "{stats:?}");
+    // A byte-level index is refused for mixing with SmolLM2.
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("c.txt");
+    std::fs::write(&corpus, "to be or not to be").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_infgram"))
+        .args(["index", "-o"])
+        .arg(dir.path().join("idx"))
+        .arg(&corpus)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let e = infgram::service::mixing::open_mixing_index(&dir.path().join("idx"), &tok)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("model's tokenizer"), "{e}");
+}
+
+/// `infgram mix fit`, `ppl --model --index --mix` and `gen --mix` end to end, and their errors.
+#[test]
+fn mixing_from_the_command_line() {
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_infgram"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let ok = |out: std::process::Output| {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let (train, val) = infgram::assets::tiny_shakespeare_split().unwrap();
+    std::fs::write(p("train.txt"), &train[..200_000]).unwrap();
+    std::fs::write(p("held.txt"), &train[200_000..202_000]).unwrap();
+    std::fs::write(p("val.txt"), &val[..2_000]).unwrap();
+    ok(run(&[
+        "index",
+        "--tokenizer",
+        "smollm2-135m",
+        "-o",
+        &p("idx"),
+        &p("train.txt"),
+    ]));
+    ok(run(&[
+        "mix",
+        "fit",
+        "--model",
+        "smollm2-135m",
+        "--index",
+        &p("idx"),
+        "--text",
+        &p("held.txt"),
+        "-o",
+        &p("mix.json"),
+        "--estimator",
+        "sbis",
+    ]));
+    let mixer = infgram::mix::Mixer::load(std::path::Path::new(&p("mix.json"))).unwrap();
+    assert_eq!(mixer.estimator, infgram::mix::MixEstimator::Sbis { k: 2 });
+    let v: serde_json::Value = serde_json::from_str(&ok(run(&[
+        "ppl",
+        "--model",
+        "smollm2-135m",
+        "--index",
+        &p("idx"),
+        "--text",
+        &p("val.txt"),
+        "--mix",
+        &p("mix.json"),
+        "--json",
+    ])))
+    .unwrap();
+    for field in [
+        "ppl",
+        "ppl_neural",
+        "ppl_infgram",
+        "relative_improvement",
+        "tokens",
+        "seconds",
+        "overlap",
+    ] {
+        assert!(v[field].is_number(), "{field}: {v}");
+    }
+    let v: serde_json::Value = serde_json::from_str(&ok(run(&[
+        "gen",
+        "--model",
+        "smollm2-135m",
+        "--index",
+        &p("idx"),
+        "--mix",
+        &p("mix.json"),
+        "--speculative",
+        "--prompt",
+        "Continue: ROMEO:",
+        "--max-tokens",
+        "8",
+        "--temperature",
+        "0",
+        "--json",
+    ])))
+    .unwrap();
+    assert_eq!(v["mix"], true);
+    assert!(v["tokens"].as_u64().unwrap() > 0);
+    // A missing or malformed mixer file, and a byte-level index, are refused.
+    std::fs::write(p("bad.json"), "[1, 2]").unwrap();
+    for (mix, what) in [
+        (p("none.json"), "none.json"),
+        (p("bad.json"), "not a mixer file"),
+    ] {
+        let out = run(&[
+            "ppl",
+            "--model",
+            "smollm2-135m",
+            "--index",
+            &p("idx"),
+            "--text",
+            &p("val.txt"),
+            "--mix",
+            &mix,
+        ]);
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && e.contains(what), "{e}");
+    }
+    ok(run(&["index", "-o", &p("bytes"), &p("val.txt")]));
+    let out = run(&[
+        "ppl",
+        "--model",
+        "smollm2-135m",
+        "--index",
+        &p("bytes"),
+        "--text",
+        &p("val.txt"),
+    ]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && e.contains("model's tokenizer"),
+        "{e}"
+    );
+}
