@@ -158,6 +158,24 @@ fn mixing_from_the_command_line() {
     .unwrap();
     assert_eq!(v["mix"], true);
     assert!(v["tokens"].as_u64().unwrap() > 0);
+    // `--mix` alone: the default mixer.
+    let v: serde_json::Value = serde_json::from_str(&ok(run(&[
+        "gen",
+        "--model",
+        "smollm2-135m",
+        "--index",
+        &p("idx"),
+        "--mix",
+        "--prompt",
+        "Hello",
+        "--max-tokens",
+        "4",
+        "--temperature",
+        "0",
+        "--json",
+    ])))
+    .unwrap();
+    assert_eq!(v["mix"], true);
     // A missing or malformed mixer file, and a byte-level index, are refused.
     std::fs::write(p("bad.json"), "[1, 2]").unwrap();
     for (mix, what) in [

@@ -75,9 +75,9 @@ pub struct GenArgs {
     pub repetition_penalty: f32,
     /// With --model and --index (built with the model's tokenizer): sample from the mixture of
     /// the model and the ∞-gram, λ per position from the mixer file written by `infgram mix
-    /// fit` (no file: the mixer fitted on Tiny Shakespeare). With --speculative the drafts are
-    /// verified against the mixture.
-    #[arg(long, num_args = 0..=1, default_missing_value = "", value_name = "MIX_JSON", requires_all = ["model", "index"])]
+    /// fit` (`--mix` alone or `--mix default`: the mixer fitted on Tiny Shakespeare). With
+    /// --speculative the drafts are verified against the mixture.
+    #[arg(long, num_args = 0..=1, default_missing_value = "default", value_name = "MIX_JSON", requires_all = ["model", "index"])]
     pub mix: Option<PathBuf>,
     /// With --model: use the prompt as is, without the chat template.
     #[arg(long)]
@@ -358,7 +358,7 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
     if let (Some(mix), Some(dir)) = (&args.mix, &args.index) {
         // The scorer is the mixture of the model and the ∞-gram of --index.
         use infgram::service::mixing::{load_mixer, mixture_model, open_mixing_index};
-        let file = (!mix.as_os_str().is_empty()).then_some(mix.as_path());
+        let file = (mix.as_os_str() != "default").then_some(mix.as_path());
         let mixer = load_mixer(file)?;
         let index = open_mixing_index(dir, &tok)?;
         llm = Box::new(mixture_model(llm, index, mixer)?);

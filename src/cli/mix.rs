@@ -3,7 +3,9 @@
 
 use anyhow::Result;
 use clap::{Args, Subcommand, ValueEnum};
-use infgram::mix::{MixEstimator, TABLE_EDGES};
+#[cfg(feature = "neural")]
+use infgram::mix::MixEstimator;
+#[cfg(feature = "neural")]
 use infgram::service::mixing::{ScoredMixture, OVERLAP_N, OVERLAP_WARN};
 use std::path::PathBuf;
 
@@ -60,6 +62,7 @@ pub struct FitArgs {
     pub model_args: super::ModelArgs,
 }
 
+#[cfg(feature = "neural")]
 impl MixKind {
     fn estimator(self, k: i64) -> MixEstimator {
         match self {
@@ -101,7 +104,11 @@ fn fit(args: &FitArgs) -> Result<()> {
         args.window,
         args.stride,
     )?;
-    let edges: &[usize] = if args.two_weights { &[] } else { &TABLE_EDGES };
+    let edges: &[usize] = if args.two_weights {
+        &[]
+    } else {
+        &infgram::mix::TABLE_EDGES
+    };
     let mixer = scoring.fit(estimator, edges);
     mixer.save(&args.output)?;
     let r = scoring.report(&mixer);
@@ -116,6 +123,7 @@ fn fit(args: &FitArgs) -> Result<()> {
 }
 
 /// Prints an interpolated-perplexity report (JSON with `json`).
+#[cfg(feature = "neural")]
 pub fn print_mixture(r: &ScoredMixture, json: bool) -> Result<()> {
     if r.overlap > OVERLAP_WARN {
         eprintln!(

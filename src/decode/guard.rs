@@ -9,7 +9,7 @@
 //!
 //! Most positions need no search. The longest suffix of the context that occurs grows by at
 //! most one token per step, so after a search that found it `m < L` tokens long, the next
-//! `L − m − 1` positions cannot be blocked. And when it occurs at most [`TRACK_MAX`] times, its
+//! `L − m − 1` positions cannot be blocked. And when it occurs at most 32 times, its
 //! occurrences are followed token by token (one read of the corpus per occurrence): while they
 //! continue with the generated token, the match grows by one without a search. A search is one
 //! narrowing per matched token in the reversed suffix array

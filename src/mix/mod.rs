@@ -44,7 +44,7 @@ impl MixEstimator {
     }
 }
 
-/// Upper ends (exclusive) of the suffix-length buckets of [`Mixer::table`]: 0, 1, 2, 3, 4–5,
+/// Upper ends (exclusive) of the suffix-length buckets of the λ table ([`Mixer`]): 0, 1, 2, 3, 4–5,
 /// 6–7, 8–11, 12–15, 16 and more.
 pub const TABLE_EDGES: [usize; 8] = [1, 2, 3, 4, 6, 8, 12, 16];
 
