@@ -703,3 +703,110 @@ fn copy_guard_attribution_and_creativity_from_the_command_line() {
     assert_eq!(lines[0]["spans"][0]["length"], 25, "{}", lines[0]);
     assert!(lines[1]["creativity_index"].is_number(), "{}", lines[1]);
 }
+
+/// Reliability: numeric options are checked at parse time, a CNF past the limits or with
+/// `max_clause_freq` 0 gets an error object and the batch goes on, every input line of a batch
+/// gets an output line (blank and non-UTF-8 ones an error), huge `max_diff_tokens` does not
+/// overflow, and a write error other than a closed pipe is an error.
+#[test]
+fn bad_numbers_bad_lines_and_write_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let index = build(tmp.path());
+    let idx = index.to_str().unwrap();
+    let corpus = tmp.path().join("corpus").join("a.txt");
+    let c = corpus.to_str().unwrap();
+    for (args, what) in [
+        (vec!["gen", "--index", idx, "--decay", "NaN"], "--decay"),
+        (vec!["gen", "--index", idx, "--decay", "inf"], "--decay"),
+        (
+            vec!["gen", "--index", idx, "--temperature", "NaN"],
+            "--temperature",
+        ),
+        (vec!["gen", "--index", idx, "--top-p", "0"], "--top-p"),
+        (vec!["gen", "--index", idx, "--k", "-5"], "--k"),
+        (vec!["gen", "--index", idx, "--context", "0"], "--context"),
+        (
+            vec!["gen", "--index", idx, "--repetition-penalty", "0"],
+            "--repetition-penalty",
+        ),
+        (
+            vec!["ppl", "--index", idx, "--text", c, "--floor", "0"],
+            "--floor",
+        ),
+        (
+            vec!["ppl", "--index", idx, "--text", c, "--floor", "inf"],
+            "--floor",
+        ),
+        (
+            vec![
+                "ppl",
+                "--index",
+                idx,
+                "--text",
+                c,
+                "--estimator",
+                "smoothed",
+                "--discounts",
+                "NaN,1,1",
+            ],
+            "--discounts",
+        ),
+        (vec!["index", "-o", "x", "--mem", "0", c], "--mem"),
+        (vec!["index", "-o", "x", "--mem=-1", c], "--mem"),
+    ] {
+        let e = err(&infgram(&args));
+        assert!(e.contains(what), "{args:?}: {e}");
+    }
+    let batch = tmp.path().join("q.jsonl");
+    let mut lines: Vec<u8> = Vec::new();
+    lines.extend_from_slice(
+        b"{\"query_type\": \"search_docs\", \"cnf\": [[[116]]], \"max_clause_freq\": 0}\n",
+    );
+    lines.extend_from_slice(b"\n");
+    lines.extend_from_slice(b"{\"query_type\": \"count\", \"text\": \"\xff\xfe\"}\n");
+    lines.extend_from_slice(b"\xff\xfe not utf-8\n");
+    lines.extend_from_slice(
+        b"{\"query_type\": \"search_docs\", \"cnf\": [[[1]],[[2]],[[3]],[[4]],[[5]]]}\n",
+    );
+    lines.extend_from_slice(
+        b"{\"query_type\": \"search_docs\", \"text\": \"cat\", \"max_diff_tokens\": 18446744073709551615}\n",
+    );
+    lines.extend_from_slice(b"{\"query_type\": \"count\", \"text\": \"sat\"}\n");
+    std::fs::write(&batch, lines).unwrap();
+    let out = ok(&infgram(&[
+        "query",
+        idx,
+        "--batch",
+        batch.to_str().unwrap(),
+    ]));
+    let v: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(v.len(), 7, "{out}");
+    assert!(v[0]["error"].as_str().unwrap().contains("max_clause_freq"));
+    assert!(v[1]["error"].as_str().unwrap().contains("line 2"));
+    assert!(v[2]["error"].is_string());
+    assert!(v[3]["error"].as_str().unwrap().contains("UTF-8"));
+    assert!(v[4]["error"]
+        .as_str()
+        .unwrap()
+        .contains("at most 4 clauses"));
+    assert_eq!(v[5]["cnt"], 3, "{}", v[5]);
+    assert_eq!(v[6]["count"], 2);
+    // A full disk is an error, not a quiet success.
+    if std::path::Path::new("/dev/full").exists() {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_infgram"))
+            .args(["query", idx, "--batch", batch.to_str().unwrap()])
+            .stdout(full)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(e.contains("space") && !e.contains("panicked"), "{e}");
+    }
+}

@@ -27,16 +27,16 @@ pub struct GenArgs {
     #[command(flatten)]
     pub est: super::EstimatorArgs,
     /// Sampling temperature (0: greedy).
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = 0.8, value_parser = super::temperature)]
     pub temperature: f64,
-    /// Nucleus sampling mass.
-    #[arg(long, default_value_t = 1.0)]
+    /// Nucleus sampling mass, in (0, 1].
+    #[arg(long, default_value_t = 1.0, value_parser = super::mass)]
     pub top_p: f64,
     /// Keep only the k most likely tokens (0: all).
     #[arg(long, default_value_t = 0)]
     pub top_k: usize,
-    /// Context length in tokens.
-    #[arg(long, default_value_t = 200)]
+    /// Context length in tokens (at least 1).
+    #[arg(long, default_value_t = 200, value_parser = super::positive)]
     pub context: usize,
     /// Tokens to generate at most.
     #[arg(long, default_value_t = 500)]
@@ -70,8 +70,8 @@ pub struct GenArgs {
     /// the outputs are identical.
     #[arg(long, requires = "model")]
     pub compare: bool,
-    /// With --model: repetition penalty (1: none) over the last 64 tokens.
-    #[arg(long, default_value_t = 1.0)]
+    /// With --model: repetition penalty (1: none, above 0) over the last 64 tokens.
+    #[arg(long, default_value_t = 1.0, value_parser = super::penalty)]
     pub repetition_penalty: f32,
     /// With --model and --index (built with the model's tokenizer): sample from the mixture of
     /// the model and the ∞-gram, λ per position from the mixer file written by `infgram mix

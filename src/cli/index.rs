@@ -17,7 +17,7 @@ pub struct IndexArgs {
     #[arg(long, default_value = "bytes")]
     pub tokenizer: String,
     /// Memory budget in GB (default: half of the available memory); larger corpora are sharded.
-    #[arg(long)]
+    #[arg(long, value_parser = super::gigabytes)]
     pub mem: Option<f64>,
     /// Do not build the reversed suffix array (smaller index; slower ∞-gram and SBIS queries).
     #[arg(long)]

@@ -46,7 +46,7 @@ pub struct FitArgs {
     #[arg(long, value_enum, default_value_t = MixKind::Infgram)]
     pub estimator: MixKind,
     /// With --estimator sbis: levels (−1: all).
-    #[arg(long, default_value_t = 2, allow_hyphen_values = true)]
+    #[arg(long, default_value_t = 2, allow_hyphen_values = true, value_parser = super::levels)]
     pub k: i64,
     /// The infini-gram paper's two weights (sparse / not sparse) instead of a table by suffix
     /// length.

@@ -15,6 +15,62 @@ use infgram::ngram::Estimator;
 use infgram::service::models::{Backend, ModelOptions, Requantize};
 use std::path::Path;
 
+/// Parses a finite number in `lo..=hi` (each end excluded when `open`), naming the range in
+/// the error.
+fn number_in(s: &str, lo: (f64, bool), hi: (f64, bool)) -> Result<f64, String> {
+    let x: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
+    let above = if lo.1 { x > lo.0 } else { x >= lo.0 };
+    let below = if hi.1 { x < hi.0 } else { x <= hi.0 };
+    if x.is_finite() && above && below {
+        return Ok(x);
+    }
+    let (l, h) = (if lo.1 { "(" } else { "[" }, if hi.1 { ")" } else { "]" });
+    Err(format!("{s} is outside {l}{}, {}{h}", lo.0, hi.0))
+}
+
+/// A temperature: finite, at least 0.
+pub fn temperature(s: &str) -> Result<f64, String> {
+    number_in(s, (0.0, false), (1e6, false))
+}
+
+/// A probability mass in (0, 1].
+pub fn mass(s: &str) -> Result<f64, String> {
+    number_in(s, (0.0, true), (1.0, false))
+}
+
+/// A probability floor in (0, 1).
+pub fn floor(s: &str) -> Result<f64, String> {
+    number_in(s, (0.0, true), (1.0, true))
+}
+
+/// A penalty factor: finite, above 0.
+pub fn penalty(s: &str) -> Result<f32, String> {
+    number_in(s, (0.0, true), (1e6, false)).map(|x| x as f32)
+}
+
+/// A memory budget in GB: finite, above 0.
+pub fn gigabytes(s: &str) -> Result<f64, String> {
+    number_in(s, (0.0, true), (1e6, false))
+}
+
+/// A count of at least 1.
+pub fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("{s}: give a whole number ≥ 1")),
+    }
+}
+
+/// SBIS levels: −1 (all) or at least 1.
+pub fn levels(s: &str) -> Result<i64, String> {
+    match s.parse::<i64>() {
+        Ok(k) if k == -1 || k >= 1 => Ok(k),
+        _ => Err(format!(
+            "{s}: give −1 (all levels) or a number of levels ≥ 1"
+        )),
+    }
+}
+
 /// The ∞-gram estimators.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EstimatorKind {
@@ -31,10 +87,10 @@ pub struct EstimatorArgs {
     #[arg(long, value_enum, default_value_t = EstimatorKind::Sbis)]
     pub estimator: EstimatorKind,
     /// SBIS levels to interpolate (−1: all).
-    #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
+    #[arg(long, default_value_t = -1, allow_hyphen_values = true, value_parser = levels)]
     pub k: i64,
-    /// SBIS weight ratio between consecutive levels.
-    #[arg(long, default_value_t = 0.1)]
+    /// SBIS weight ratio between consecutive levels, in (0, 1].
+    #[arg(long, default_value_t = 0.1, value_parser = mass)]
     pub decay: f64,
 }
 

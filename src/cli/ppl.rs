@@ -26,11 +26,12 @@ pub struct PplArgs {
     /// The estimator and its settings.
     #[command(flatten)]
     pub est: super::EstimatorArgs,
-    /// Context length in tokens.
-    #[arg(long, default_value_t = 100)]
+    /// Context length in tokens (at least 1).
+    #[arg(long, default_value_t = 100, value_parser = super::positive)]
     pub context: usize,
-    /// Probability given to a token the estimator gives 0 (the tiny-infini-gram protocol uses 1e-10).
-    #[arg(long)]
+    /// Probability given to a token the estimator gives 0, in (0, 1) (the tiny-infini-gram
+    /// protocol uses 1e-10).
+    #[arg(long, value_parser = super::floor)]
     pub floor: Option<f64>,
     /// Smoothed estimator: discounts `d1,d2,d3` (or nine: three per class of level total
     /// ≤ 4, ≤ 64, more) instead of fitting them.
@@ -93,6 +94,11 @@ pub fn run(args: PplArgs) -> Result<()> {
         }
     });
     let given = given.transpose()?;
+    if let Some(d) = &args.discounts {
+        if d.iter().any(|x| !x.is_finite() || *x < 0.0) {
+            bail!("--discounts must be finite and at least 0 (got {d:?})");
+        }
+    }
     let make_est = |d: Option<Discounts>| args.est.estimator(d);
     let report: PplReport;
     let mut discounts = given;

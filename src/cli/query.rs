@@ -142,17 +142,21 @@ pub fn run(args: QueryArgs) -> Result<()> {
                 std::fs::File::open(batch).with_context(|| format!("{}", batch.display()))?,
             ))
         };
-        for line in reader.lines() {
+        // Output line N answers input line N: blank and non-UTF-8 lines get an error object.
+        // A write error ends the batch (a closed pipe quietly, in `main`).
+        for (n, line) in reader.split(b'\n').enumerate() {
             let line = line?;
-            if line.trim().is_empty() {
-                continue;
-            }
-            let result = Query::from_json(&line).and_then(|q| execute(&index, tok.as_ref(), &q));
-            let v = result.unwrap_or_else(|e| json!({ "error": e.to_string() }));
-            if writeln!(out, "{v}").is_err() {
-                return Ok(()); // broken pipe: the reader is gone
-            }
+            let result = match std::str::from_utf8(&line) {
+                Err(_) => Err(format!("line {}: not valid UTF-8", n + 1)),
+                Ok(l) if l.trim().is_empty() => Err(format!("line {}: empty query", n + 1)),
+                Ok(l) => Query::from_json(l)
+                    .and_then(|q| execute(&index, tok.as_ref(), &q))
+                    .map_err(|e| e.to_string()),
+            };
+            let v = result.unwrap_or_else(|e| json!({ "error": e }));
+            writeln!(out, "{v}")?;
         }
+        out.flush()?;
         return Ok(());
     }
     let Some(qt) = args.query_type else {

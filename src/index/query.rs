@@ -625,6 +625,11 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
         for g in cnf.iter().flatten() {
             self.check_query(g)?;
         }
+        if max_clause_freq == 0 {
+            return Err(Error::input(
+                "max_clause_freq must be at least 1 (occurrences per n-gram before sampling)",
+            ));
+        }
         let mut cnt = 0u64;
         let mut approx = false;
         let mut documents = Vec::new();
@@ -661,10 +666,11 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
                 let ok = clauses.iter().enumerate().all(|(ci, occ)| {
                     ci == rarest || {
                         let lo = p.saturating_sub(max_diff_tokens).max(da);
+                        let hi = e.saturating_add(max_diff_tokens);
                         let k = occ.partition_point(|&(a, _)| a < lo);
                         occ[k..]
                             .iter()
-                            .take_while(|&&(a, _)| a <= e + max_diff_tokens && a < db)
+                            .take_while(|&&(a, _)| a <= hi && a < db)
                             .any(|&(_, b)| b <= db)
                     }
                 });

@@ -312,6 +312,7 @@ pub fn execute<S: AsRef<[u8]> + Sync>(
             ..
         } => {
             let cnf = cnf.clone().unwrap_or_else(|| vec![vec![ids]]);
+            check_cnf_limits(&cnf, *max_clause_freq)?;
             let r = index.search_docs(
                 &cnf,
                 *maxnum,
@@ -346,6 +347,28 @@ pub fn execute<S: AsRef<[u8]> + Sync>(
             tok,
         ),
     }
+}
+
+/// Clauses of a CNF query at most (the infini-gram API's limit).
+pub const MAX_CLAUSES: usize = 4;
+/// n-grams per clause at most (the infini-gram API's limit).
+pub const MAX_TERMS: usize = 4;
+/// `max_clause_freq` at most (the infini-gram API's limit).
+pub const MAX_CLAUSE_FREQ: usize = 500_000;
+
+/// Refuses CNF queries past the protocol's limits, which bound the work of one query.
+fn check_cnf_limits(cnf: &[Vec<Vec<u32>>], max_clause_freq: usize) -> Result<()> {
+    if cnf.len() > MAX_CLAUSES || cnf.iter().any(|c| c.len() > MAX_TERMS) {
+        return Err(Error::input(format!(
+            "a CNF may have at most {MAX_CLAUSES} clauses of at most {MAX_TERMS} n-grams each"
+        )));
+    }
+    if !(1..=MAX_CLAUSE_FREQ).contains(&max_clause_freq) {
+        return Err(Error::input(format!(
+            "max_clause_freq must be between 1 and {MAX_CLAUSE_FREQ} (got {max_clause_freq})"
+        )));
+    }
+    Ok(())
 }
 
 /// Attributed spans with the package's fields, plus the `text` of each span and document.
