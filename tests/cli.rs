@@ -810,3 +810,58 @@ fn bad_numbers_bad_lines_and_write_errors() {
         assert!(e.contains("space") && !e.contains("panicked"), "{e}");
     }
 }
+
+/// Every subcommand's output: a closed pipe (`| head`) ends it quietly with success, a full disk
+/// is an error — never a panic.
+#[test]
+fn closed_pipes_and_full_disks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let index = build(tmp.path());
+    let idx = index.to_str().unwrap();
+    let corpus = tmp.path().join("corpus").join("a.txt");
+    let c = corpus.to_str().unwrap();
+    let commands: [Vec<&str>; 3] = [
+        vec!["verify", idx],
+        vec!["ppl", "--index", idx, "--text", c, "--floor", "1e-10"],
+        vec!["fetch", "tiny-shakespeare"],
+    ];
+    for args in &commands {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_infgram"))
+            .args(args)
+            .env(
+                "INFGRAM_CACHE",
+                std::env::temp_dir().join("infgram-test-cache"),
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take()); // the reader is gone before anything is written
+        let out = child.wait_with_output().unwrap();
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && !e.contains("panicked"),
+            "{args:?}: {e}"
+        );
+        if std::path::Path::new("/dev/full").exists() {
+            let full = std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .unwrap();
+            let out = Command::new(env!("CARGO_BIN_EXE_infgram"))
+                .args(args)
+                .env(
+                    "INFGRAM_CACHE",
+                    std::env::temp_dir().join("infgram-test-cache"),
+                )
+                .stdout(full)
+                .output()
+                .unwrap();
+            let e = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                !out.status.success() && e.contains("space") && !e.contains("panicked"),
+                "{args:?}: {e}"
+            );
+        }
+    }
+}

@@ -46,9 +46,9 @@ pub fn run(args: IndexArgs) -> Result<()> {
     };
     let s = build_index(&args.inputs, &args.output, tok.as_ref(), &opts)?;
     if args.json {
-        println!("{}", serde_json::to_string(&s)?);
+        outln!("{}", serde_json::to_string(&s)?)?;
     } else {
-        println!(
+        outln!(
             "indexed {} tokens in {} documents, {} shard(s), {:.2} bytes/token on disk ({:.1} MB), {:.2} s, peak memory {}",
             s.tokens,
             s.documents,
@@ -57,7 +57,7 @@ pub fn run(args: IndexArgs) -> Result<()> {
             s.disk_bytes as f64 / 1e6,
             s.seconds,
             s.peak_rss_bytes.map_or("unknown".into(), |b| format!("{:.1} MB", b as f64 / 1e6)),
-        );
+        )?;
     }
     Ok(())
 }

@@ -134,43 +134,50 @@ pub fn print_mixture(r: &ScoredMixture, json: bool) -> Result<()> {
         );
     }
     if json {
-        println!("{}", serde_json::to_value(r)?);
+        outln!("{}", serde_json::to_value(r)?)?;
         return Ok(());
     }
     let m = &r.report;
-    println!("perplexity (mixture)  {:.4}", m.ppl);
-    println!("perplexity (neural)   {:.4}", m.ppl_neural);
-    println!(
+    outln!("perplexity (mixture)  {:.4}", m.ppl)?;
+    outln!("perplexity (neural)   {:.4}", m.ppl_neural)?;
+    outln!(
         "perplexity (∞-gram)   {:.4}  (smoothed estimator)",
         m.ppl_infgram
-    );
-    println!(
+    )?;
+    outln!(
         "relative improvement  {:.1}%  (1 − (ppl − 1)/(ppl_neural − 1))",
         100.0 * m.relative_improvement
-    );
-    println!("mean λ                {:.3}", m.lambda_mean);
-    println!("tokens                {}", m.tokens);
-    println!(
+    )?;
+    outln!("mean λ                {:.3}", m.lambda_mean)?;
+    outln!("tokens                {}", m.tokens)?;
+    outln!(
         "{OVERLAP_N}-gram overlap        {:.1}% of the text's windows occur in the index",
         100.0 * r.overlap
-    );
-    println!(
+    )?;
+    outln!(
         "seconds               {:.2} (neural {:.2}, ∞-gram {:.2})",
-        r.seconds, r.neural_seconds, r.infgram_seconds
-    );
-    println!(
+        r.seconds,
+        r.neural_seconds,
+        r.infgram_seconds
+    )?;
+    outln!(
         "\n{:>4} {:>8} {:>8} {:>8} {:>10} {:>10}",
-        "n", "tokens", "agree", "λ", "ppl neural", "ppl mix"
-    );
+        "n",
+        "tokens",
+        "agree",
+        "λ",
+        "ppl neural",
+        "ppl mix"
+    )?;
     for (n, row) in &m.by_n {
-        println!(
+        outln!(
             "{n:>4} {:>8} {:>7.1}% {:>8.3} {:>10.3} {:>10.3}",
             row.agreement.tokens,
             100.0 * row.agreement.rate(),
             row.lambda,
             row.nll_neural.exp(),
             row.nll_mix.exp()
-        );
+        )?;
     }
     Ok(())
 }

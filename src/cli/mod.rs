@@ -1,5 +1,14 @@
 //! Subcommands of the `infgram` binary: clap types, turned into [`infgram::service`] calls.
 
+/// `println!` that returns a write error instead of panicking: `main` treats a closed pipe as
+/// success and any other write error (a full disk) as an error.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
 pub mod attribute;
 pub mod gen;
 pub mod index;
@@ -157,12 +166,12 @@ pub fn no_neural() -> anyhow::Error {
 pub fn verify(dir: &Path) -> Result<()> {
     let index = infgram::Index::open(dir)?;
     index.verify()?;
-    println!(
+    outln!(
         "{}: ok ({} tokens, {} shards)",
         dir.display(),
         index.total_tokens(),
         index.shards().len()
-    );
+    )?;
     Ok(())
 }
 
@@ -173,6 +182,6 @@ pub fn fetch(what: &str) -> Result<()> {
         "tiny-shakespeare" => infgram::assets::ensure_tiny_shakespeare()?,
         name => infgram::assets::ensure_model(name)?,
     };
-    println!("{}", path.display());
+    outln!("{}", path.display())?;
     Ok(())
 }

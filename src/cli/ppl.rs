@@ -159,33 +159,33 @@ fn print_report(r: &PplReport, json: bool, discounts: Option<Discounts>) -> Resu
         if let Some(d) = discounts {
             v["discounts"] = serde_json::to_value(d.0)?;
         }
-        println!("{v}");
+        outln!("{v}")?;
         return Ok(());
     }
-    println!("perplexity      {:.4}", r.ppl);
-    println!("bits per token  {:.4}", r.bits_per_token);
-    println!("tokens          {}", r.tokens);
-    println!("seconds         {:.3}", r.seconds);
+    outln!("perplexity      {:.4}", r.ppl)?;
+    outln!("bits per token  {:.4}", r.bits_per_token)?;
+    outln!("tokens          {}", r.tokens)?;
+    outln!("seconds         {:.3}", r.seconds)?;
     if r.floored > 0 {
-        println!("floored         {}", r.floored);
+        outln!("floored         {}", r.floored)?;
     }
     if let Some(d) = discounts {
         let rows: Vec<String> =
             d.0.iter()
                 .map(|r| format!("{:.3},{:.3},{:.3}", r[0], r[1], r[2]))
                 .collect();
-        println!("discounts       {}", rows.join(","));
+        outln!("discounts       {}", rows.join(","))?;
     }
-    println!("\n∞-gram agreement (argmax = actual token)");
-    println!("{:<14}{:>10}{:>10}", "", "tokens", "agree");
+    outln!("\n∞-gram agreement (argmax = actual token)")?;
+    outln!("{:<14}{:>10}{:>10}", "", "tokens", "agree")?;
     let row = |name: &str, a: &infgram::eval::Agreement| {
-        println!("{name:<14}{:>10}{:>9.1}%", a.tokens, 100.0 * a.rate());
+        outln!("{name:<14}{:>10}{:>9.1}%", a.tokens, 100.0 * a.rate())
     };
-    row("all", &r.agreement);
-    row("sparse", &r.agreement_sparse);
-    row("non-sparse", &r.agreement_nonsparse);
+    row("all", &r.agreement)?;
+    row("sparse", &r.agreement_sparse)?;
+    row("non-sparse", &r.agreement_nonsparse)?;
     for (n, a) in &r.agreement_by_n {
-        row(&format!("n = {n}"), a);
+        row(&format!("n = {n}"), a)?;
     }
     Ok(())
 }
@@ -226,17 +226,17 @@ fn run_model(args: &PplArgs, model: &str, raw: &str) -> Result<()> {
     let bytes = tok.decode_bytes(&ids[1..])?.len().max(1);
     let bits_per_byte = nll * scored as f64 / bytes as f64 / std::f64::consts::LN_2;
     if args.json {
-        println!(
+        outln!(
             "{}",
             serde_json::json!({"ppl": ppl, "tokens": scored, "bits_per_token": ppl.log2(),
                 "bits_per_byte": bits_per_byte, "seconds": secs, "window": args.window, "stride": args.stride})
-        );
+        )?;
     } else {
-        println!("perplexity      {ppl:.4}");
-        println!("bits per token  {:.4}", ppl.log2());
-        println!("bits per byte   {bits_per_byte:.4}");
-        println!("tokens          {scored}");
-        println!("seconds         {secs:.2}");
+        outln!("perplexity      {ppl:.4}")?;
+        outln!("bits per token  {:.4}", ppl.log2())?;
+        outln!("bits per byte   {bits_per_byte:.4}")?;
+        outln!("tokens          {scored}")?;
+        outln!("seconds         {secs:.2}")?;
     }
     Ok(())
 }
