@@ -865,3 +865,50 @@ fn closed_pipes_and_full_disks() {
         }
     }
 }
+
+/// `--force` never destroys what is not an index, never an input, and swaps a rebuilt index in
+/// whole: queries running during rebuilds see the old index or the new one, never a hole.
+#[test]
+fn force_replaces_only_indexes_and_readers_never_see_a_hole() {
+    let tmp = tempfile::tempdir().unwrap();
+    let index = build(tmp.path());
+    let idx = index.to_str().unwrap();
+    let corpus = tmp.path().join("corpus");
+    let c = corpus.to_str().unwrap();
+    // A directory of the user's files, and the input itself, are refused.
+    let e = err(&infgram(&["index", "-o", c, "--force", c]));
+    assert!(e.contains("not an infgram index"), "{e}");
+    assert!(corpus.join("a.txt").exists());
+    // Rebuild four times while another thread queries (bounded in count).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let stop = stop.clone();
+        let idx = idx.to_string();
+        std::thread::spawn(move || {
+            let mut failures = Vec::new();
+            for _ in 0..400 {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                let out = infgram(&["query", &idx, "count", "--text", "cat", "--json"]);
+                if !out.status.success() {
+                    failures.push(String::from_utf8_lossy(&out.stderr).into_owned());
+                }
+            }
+            failures
+        })
+    };
+    for _ in 0..4 {
+        ok(&infgram(&["index", "-o", idx, "--force", c]));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let failures = reader.join().unwrap();
+    assert!(failures.is_empty(), "{failures:?}");
+    let leftovers: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp-") || n.contains(".old-"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}

@@ -226,31 +226,130 @@ fn pack_pointers<P: Copy + TryInto<u64>>(sa: &[P], pw: u8) -> Vec<u8> {
 pub struct TempIndexDir {
     tmp: PathBuf,
     out: PathBuf,
+    overwrite: bool,
     done: bool,
 }
 
-impl TempIndexDir {
-    /// Creates `OUT.tmp-PID` beside `out`, clearing a stale one. Fails if `out` exists.
-    pub fn create(out: &Path, overwrite: bool) -> Result<Self> {
-        if out.exists() && !overwrite {
+/// Whether `dir` is an infgram index (it has a header): only those are replaced by `--force`.
+fn is_index(dir: &Path) -> bool {
+    dir.join(super::format::HEADER_FILE).is_file()
+}
+
+/// Refuses to replace `out` unless it is an index, and never when an input lies inside it.
+fn check_replaceable(out: &Path, inputs: &[PathBuf]) -> Result<()> {
+    if !is_index(out) {
+        return Err(Error::input(format!(
+            "{} exists and is not an infgram index (no {}): --force replaces only an index; \
+             choose another -o or remove it yourself",
+            out.display(),
+            super::format::HEADER_FILE
+        )));
+    }
+    let out_abs = out.canonicalize().map_err(|e| Error::io(out, e))?;
+    for input in inputs {
+        if input
+            .canonicalize()
+            .is_ok_and(|i| i.starts_with(&out_abs) || out_abs.starts_with(&i))
+        {
             return Err(Error::input(format!(
-                "{} already exists; choose another -o or pass --force to replace it",
-                out.display()
+                "{} holds the input {} (or lies inside it): it will not be replaced",
+                out.display(),
+                input.display()
             )));
+        }
+    }
+    Ok(())
+}
+
+/// Whether process `pid` is alive (on Linux; elsewhere every process counts as alive).
+fn process_alive(pid: u32) -> bool {
+    if cfg!(target_os = "linux") {
+        Path::new("/proc").join(pid.to_string()).exists()
+    } else {
+        true
+    }
+}
+
+/// Removes `NAME.tmp-PID` and `NAME.old-PID` directories in `parent` left by builds that died.
+fn remove_stale(parent: &Path, name: &str) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let file = e.file_name();
+        let file = file.to_string_lossy();
+        let pid = [".tmp-", ".old-"]
+            .iter()
+            .find_map(|tag| file.strip_prefix(name)?.strip_prefix(tag))
+            .and_then(|p| p.parse::<u32>().ok());
+        if pid.is_some_and(|p| p != std::process::id() && !process_alive(p)) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// `OUT.TAG-PID` beside `out`: this process's temporary (`tmp`) or replaced (`old`) directory.
+fn sibling(out: &Path, tag: &str) -> PathBuf {
+    let name = out.file_name().unwrap_or_default().to_string_lossy();
+    out.with_file_name(format!("{name}.{tag}-{}", std::process::id()))
+}
+
+/// Swaps two directory entries atomically (Linux `renameat2(RENAME_EXCHANGE)`); `false` where
+/// the system cannot.
+fn exchange(a: &Path, b: &Path) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let (Ok(a), Ok(b)) = (
+            std::ffi::CString::new(a.as_os_str().as_bytes()),
+            std::ffi::CString::new(b.as_os_str().as_bytes()),
+        ) else {
+            return false;
+        };
+        // SAFETY: both paths are valid NUL-terminated strings for the duration of the call.
+        let r = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                a.as_ptr(),
+                libc::AT_FDCWD,
+                b.as_ptr(),
+                libc::RENAME_EXCHANGE,
+            )
+        };
+        r == 0
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (a, b);
+        false
+    }
+}
+
+impl TempIndexDir {
+    /// Creates `OUT.tmp-PID` beside `out` (removing those of builds that died). Fails if `out`
+    /// exists, unless `overwrite` and `out` is an index that holds none of `inputs`.
+    pub fn create(out: &Path, overwrite: bool, inputs: &[PathBuf]) -> Result<Self> {
+        if out.exists() {
+            if !overwrite {
+                return Err(Error::input(format!(
+                    "{} already exists; choose another -o or pass --force to replace it",
+                    out.display()
+                )));
+            }
+            check_replaceable(out, inputs)?;
         }
         let name = out
             .file_name()
-            .ok_or_else(|| Error::input(format!("{}: not a directory name", out.display())))?;
+            .ok_or_else(|| Error::input(format!("{}: not a directory name", out.display())))?
+            .to_string_lossy()
+            .into_owned();
         let parent = out
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
         std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
-        let tmp = parent.join(format!(
-            "{}.tmp-{}",
-            name.to_string_lossy(),
-            std::process::id()
-        ));
+        remove_stale(parent, &name);
+        let tmp = sibling(out, "tmp");
         if tmp.exists() {
             let _ = std::fs::remove_dir_all(&tmp);
         }
@@ -258,6 +357,7 @@ impl TempIndexDir {
         Ok(TempIndexDir {
             tmp,
             out: out.to_path_buf(),
+            overwrite,
             done: false,
         })
     }
@@ -267,10 +367,37 @@ impl TempIndexDir {
         &self.tmp
     }
 
-    /// Renames the finished directory into place (replacing an old index if asked).
+    /// Moves the finished directory into place. A new `out` is a plain rename, which fails if
+    /// something appeared at `out` meanwhile (nothing is removed that this build did not
+    /// create). An index being replaced (`--force`) is swapped atomically where the system
+    /// can (readers see the old index or the new one, never a hole), then deleted.
     pub fn commit(mut self) -> Result<()> {
         if self.out.exists() {
-            std::fs::remove_dir_all(&self.out).map_err(|e| Error::io(&self.out, e))?;
+            if !self.overwrite {
+                return Err(Error::input(format!(
+                    "{} appeared while this index was being built; it was left alone and the \
+                     new index discarded",
+                    self.out.display()
+                )));
+            }
+            if !is_index(&self.out) {
+                return Err(Error::input(format!(
+                    "{} is no longer an infgram index; it was left alone",
+                    self.out.display()
+                )));
+            }
+            if exchange(&self.tmp, &self.out) {
+                // `tmp` now holds the old index.
+                self.done = true;
+                let _ = std::fs::remove_dir_all(&self.tmp);
+                return Ok(());
+            }
+            let old = sibling(&self.out, "old");
+            std::fs::rename(&self.out, &old).map_err(|e| Error::io(&self.out, e))?;
+            std::fs::rename(&self.tmp, &self.out).map_err(|e| Error::io(&self.out, e))?;
+            self.done = true;
+            let _ = std::fs::remove_dir_all(&old);
+            return Ok(());
         }
         std::fs::rename(&self.tmp, &self.out).map_err(|e| Error::io(&self.out, e))?;
         self.done = true;
@@ -322,4 +449,83 @@ pub fn write_shard(dir: &Path, name: &str, s: &ShardBytes, reverse: bool) -> Res
         reverse,
         files,
     })
+}
+
+#[cfg(test)]
+mod temp_dir_tests {
+    use super::*;
+
+    fn index_dir(path: &Path, marker: &str) {
+        std::fs::create_dir_all(path).unwrap();
+        std::fs::write(path.join(super::super::format::HEADER_FILE), marker).unwrap();
+    }
+
+    #[test]
+    fn a_directory_that_appears_during_the_build_is_left_alone() {
+        let t = tempfile::tempdir().unwrap();
+        let out = t.path().join("idx");
+        let tmp = TempIndexDir::create(&out, false, &[]).unwrap();
+        std::fs::create_dir(&out).unwrap();
+        std::fs::write(out.join("mine.txt"), "keep").unwrap();
+        let e = tmp.commit().unwrap_err().to_string();
+        assert!(e.contains("appeared"), "{e}");
+        assert_eq!(
+            std::fs::read_to_string(out.join("mine.txt")).unwrap(),
+            "keep"
+        );
+        assert_eq!(
+            std::fs::read_dir(t.path()).unwrap().count(),
+            1,
+            "no temporary left"
+        );
+    }
+
+    #[test]
+    fn force_replaces_only_an_index_and_swaps_it_whole() {
+        let t = tempfile::tempdir().unwrap();
+        let out = t.path().join("idx");
+        // Not an index: refused, untouched.
+        std::fs::create_dir(&out).unwrap();
+        std::fs::write(out.join("thesis.txt"), "years of work").unwrap();
+        let e = TempIndexDir::create(&out, true, &[])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("not an infgram index"), "{e}");
+        assert!(out.join("thesis.txt").exists());
+        std::fs::remove_dir_all(&out).unwrap();
+        // An index holding an input: refused.
+        index_dir(&out, "old");
+        let input = out.join("corpus.txt");
+        std::fs::write(&input, "text").unwrap();
+        let e = TempIndexDir::create(&out, true, std::slice::from_ref(&input))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("holds the input"), "{e}");
+        std::fs::remove_file(&input).unwrap();
+        // An index: replaced whole, nothing left beside it.
+        let tmp = TempIndexDir::create(&out, true, &[]).unwrap();
+        index_dir(tmp.path(), "new");
+        tmp.commit().unwrap();
+        let header = std::fs::read_to_string(out.join(super::super::format::HEADER_FILE)).unwrap();
+        assert_eq!(header, "new");
+        assert_eq!(std::fs::read_dir(t.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn temporaries_of_dead_builds_are_removed() {
+        let t = tempfile::tempdir().unwrap();
+        let out = t.path().join("idx");
+        // No process has this id (above Linux's pid_max).
+        let stale = t.path().join("idx.tmp-4294967");
+        std::fs::create_dir(&stale).unwrap();
+        std::fs::write(stale.join("sa.bin"), "half").unwrap();
+        let other = t.path().join("other.tmp-4294967");
+        std::fs::create_dir(&other).unwrap();
+        let tmp = TempIndexDir::create(&out, false, &[]).unwrap();
+        assert!(!stale.exists() || !cfg!(target_os = "linux"));
+        assert!(other.exists(), "another index's temporaries are not ours");
+        drop(tmp);
+    }
 }

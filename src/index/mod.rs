@@ -50,10 +50,38 @@ unsafe fn map_file(path: &Path) -> Result<Mmap> {
     Ok(map)
 }
 
+/// The identity (device, inode) of a directory, to notice that it was swapped.
+fn dir_identity(dir: &Path) -> Option<(u64, u64)> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(dir).ok().map(|m| (m.dev(), m.ino()))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = dir;
+        None
+    }
+}
+
 impl Index<Mmap> {
     /// Opens the index in `dir`: validates the header, the presence and size of every file,
     /// and the checksums of the small files. [`Index::verify`] checks the large ones too.
+    ///
+    /// An index rebuilt with `--force` is swapped in whole; an open that failed because the
+    /// directory was swapped under it (its identity changed) is tried again.
     pub fn open(dir: &Path) -> Result<Self> {
+        let mut tries = 0;
+        loop {
+            let before = dir_identity(dir);
+            match Self::open_once(dir) {
+                Err(_) if tries < 3 && dir_identity(dir) != before => tries += 1,
+                result => return result,
+            }
+        }
+    }
+
+    fn open_once(dir: &Path) -> Result<Self> {
         let header = Header::read(dir)?;
         let mut shards = Vec::with_capacity(header.shards.len());
         for sh in &header.shards {

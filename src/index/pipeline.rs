@@ -96,7 +96,7 @@ pub fn build_index(
     let total_in = corpus::total_bytes(&files);
     let width = token_width_for_vocab(tokenizer.vocab_size());
     let cap = shard_capacity(opts.mem_bytes, width, opts.reverse);
-    let tmp = TempIndexDir::create(out, opts.overwrite)?;
+    let tmp = TempIndexDir::create(out, opts.overwrite, inputs)?;
     let bar = progress_bar(total_in, opts.progress);
 
     let mut header = Header::new(tokenizer.spec(), width);
