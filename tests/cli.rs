@@ -751,6 +751,10 @@ fn bad_numbers_bad_lines_and_write_errors() {
             ],
             "--discounts",
         ),
+        (
+            vec!["query", idx, "count", "--text", "a", "--ids", "1"],
+            "cannot be used with",
+        ),
         (vec!["index", "-o", "x", "--mem", "0", c], "--mem"),
         (vec!["index", "-o", "x", "--mem=-1", c], "--mem"),
     ] {

@@ -145,8 +145,20 @@ impl ModelArgs {
     /// The service's model options (unused in a build without neural models).
     #[cfg_attr(not(feature = "neural"), allow(dead_code))]
     pub fn options(&self) -> ModelOptions {
+        // More threads than cores oversubscribes the spinning pool (46 s for 5 tokens with 8
+        // threads on 2 cores): cap them.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = if self.threads > cores {
+            eprintln!(
+                "warning: --threads {} is more than the {cores} cores here; using {cores}",
+                self.threads
+            );
+            cores
+        } else {
+            self.threads
+        };
         ModelOptions {
-            threads: self.threads,
+            threads,
             backend: self.backend,
             requantize: self.requantize,
         }

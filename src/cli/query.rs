@@ -35,7 +35,7 @@ pub struct QueryArgs {
     #[arg(value_enum)]
     pub query_type: Option<QueryType>,
     /// The query (or prompt) as text, tokenized with the index's tokenizer.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "ids")]
     pub text: Option<String>,
     /// The query (or prompt) as comma-separated token ids.
     #[arg(long, value_delimiter = ',')]

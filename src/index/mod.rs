@@ -85,6 +85,19 @@ impl Index<Mmap> {
         let header = Header::read(dir)?;
         let mut shards = Vec::with_capacity(header.shards.len());
         for sh in &header.shards {
+            // A shard directory is a plain name inside the index, never a path out of it.
+            let plain = Path::new(&sh.dir)
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+            if !plain || sh.dir.is_empty() {
+                return Err(Error::corrupt(
+                    dir.join(HEADER_FILE),
+                    format!(
+                        "shard directory {:?} is not a name inside the index",
+                        sh.dir
+                    ),
+                ));
+            }
             let sdir = dir.join(&sh.dir);
             if !sdir.is_dir() {
                 return Err(Error::corrupt(
