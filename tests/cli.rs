@@ -292,12 +292,9 @@ fn damaged_indexes_are_detected() {
     assert!(e.contains("infgram index"), "{e}");
 }
 
-#[test]
-fn wrong_tokenizer_is_refused() {
-    let tmp = tempfile::tempdir().unwrap();
-    let index = build(tmp.path());
-    // A tiny word-level tokenizer.json: a different tokenizer from `bytes`.
-    let tj = tmp.path().join("tokenizer.json");
+/// Writes a tiny word-level `tokenizer.json` into `dir` (a tokenizer other than `bytes`).
+fn word_level_tokenizer(dir: &Path) -> PathBuf {
+    let tj = dir.join("tokenizer.json");
     std::fs::write(
         &tj,
         r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,
@@ -305,6 +302,15 @@ fn wrong_tokenizer_is_refused() {
             "model":{"type":"WordLevel","vocab":{"[UNK]":0,"the":1,"cat":2},"unk_token":"[UNK]"}}"#,
     )
     .unwrap();
+    tj
+}
+
+#[test]
+fn wrong_tokenizer_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let index = build(tmp.path());
+    // A tiny word-level tokenizer.json: a different tokenizer from `bytes`.
+    let tj = word_level_tokenizer(tmp.path());
     let e = err(&infgram(&[
         "query",
         index.to_str().unwrap(),
@@ -580,14 +586,7 @@ fn copy_guard_attribution_and_creativity_from_the_command_line() {
     let e = err(&infgram(&["gen", "--index", i, "--guard", "0"]));
     assert!(e.contains("at least 1"), "{e}");
     // A guard index of another tokenizer is refused.
-    let tj = tmp.path().join("tokenizer.json");
-    std::fs::write(
-        &tj,
-        r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,
-            "pre_tokenizer":{"type":"Whitespace"},"post_processor":null,"decoder":null,
-            "model":{"type":"WordLevel","vocab":{"[UNK]":0,"the":1,"cat":2},"unk_token":"[UNK]"}}"#,
-    )
-    .unwrap();
+    let tj = word_level_tokenizer(tmp.path());
     let widx = tmp.path().join("widx");
     ok(&infgram(&[
         "index",

@@ -8,7 +8,7 @@ use crate::error::Result;
 use crate::index::Index;
 use crate::lm::LanguageModel;
 use crate::mix::{MixEstimator, Mixer};
-use crate::ngram::levels::LevelFinder;
+use crate::ngram::levels::{top_token, LevelFinder};
 use crate::ngram::{Estimator, Evidence};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -60,12 +60,7 @@ pub fn infgram_positions<S: AsRef<[u8]> + Sync>(
                     };
                     let p = mixed.prob(&levels, vocab, actual).unwrap_or(0.0);
                     let first = levels.first().filter(|l| l.len > 0);
-                    let argmax = first.and_then(|l| {
-                        l.counts
-                            .iter()
-                            .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
-                            .map(|x| x.0)
-                    });
+                    let argmax = first.and_then(|l| top_token(&l.counts));
                     InfgramPosition {
                         p,
                         p_smoothed,

@@ -113,7 +113,7 @@ pub fn perplexity<S: AsRef<[u8]> + Sync>(
                 p.tokens += 1;
                 // The ∞-gram proper: the longest level with any continuation.
                 if let Some(top) = levels.first().filter(|l| l.len > 0) {
-                    let argmax = top.counts.iter().max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0))).map(|x| x.0);
+                    let argmax = crate::ngram::levels::top_token(&top.counts);
                     let hit = argmax == Some(actual);
                     p.all.add(hit);
                     if top.counts.len() == 1 { p.sparse.add(hit) } else { p.nonsparse.add(hit) }

@@ -268,7 +268,7 @@ fn dense_pairs(logits: &[f32]) -> impl Iterator<Item = (u32, f32)> + Clone + '_ 
 }
 
 /// `ln Σ exp(x)` in f64, shifted by the largest `x`.
-fn log_sum_exp(xs: impl Iterator<Item = f32> + Clone) -> f64 {
+pub fn log_sum_exp(xs: impl Iterator<Item = f32> + Clone) -> f64 {
     let max = xs.clone().fold(f32::NEG_INFINITY, f32::max) as f64;
     let sum: f64 = xs.map(|x| (x as f64 - max).exp()).sum();
     max + sum.ln()

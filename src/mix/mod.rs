@@ -228,7 +228,7 @@ pub fn mix_row(neural: Logits, infgram: Logits, lambda: f64) -> Logits {
         return infgram;
     }
     let mut out = neural.into_dense();
-    let lse = log_sum_exp(&out);
+    let lse = crate::lm::log_sum_exp(out.iter().copied());
     let base = ((1.0 - lambda).ln() - lse) as f32;
     for x in out.iter_mut() {
         *x += base;
@@ -250,11 +250,6 @@ pub fn mix_row(neural: Logits, infgram: Logits, lambda: f64) -> Logits {
         }
     }
     Logits::Dense(out)
-}
-
-fn log_sum_exp(v: &[f32]) -> f64 {
-    let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    max + v.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln()
 }
 
 /// The mixture of a neural model and the ∞-gram as one [`LanguageModel`]: every fed position

@@ -353,3 +353,11 @@ pub fn count_of(counts: &Counts, tok: u32) -> u64 {
         .binary_search_by_key(&tok, |&(t, _)| t)
         .map_or(0, |i| counts[i].1)
 }
+
+/// The most frequent token of `counts` (the smallest id among ties).
+pub fn top_token(counts: &Counts) -> Option<u32> {
+    counts
+        .iter()
+        .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
+        .map(|x| x.0)
+}

@@ -197,13 +197,13 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
         let levels = self.levels();
         self.steps.push(levels.iter().map(|l| (l.len, l.total)));
         self.evidence.push(super::Evidence::of(&levels));
-        let estimator = self.estimator.clone();
-        self.row_of(&estimator, &levels)
+        self.row_of(&levels)
     }
 
-    /// The row of `estimator` over `levels`, by model id.
-    fn row_of(&mut self, estimator: &Estimator, levels: &[Level]) -> Logits {
-        estimator.distribution_into(levels, self.index_vocab, &mut self.dist);
+    /// The estimator's row over `levels`, by model id.
+    fn row_of(&mut self, levels: &[Level]) -> Logits {
+        self.estimator
+            .distribution_into(levels, self.index_vocab, &mut self.dist);
         // Index ids as ids of the model's vocabulary (the separator as the end token; none
         // outside the vocabulary).
         let (separator, eos, vocab) = (self.separator, self.eos[0], self.vocab);
@@ -306,6 +306,6 @@ impl<S: AsRef<[u8]> + Sync> LanguageModel for InfgramModel<S> {
         if levels.is_empty() {
             return Ok(None);
         }
-        Ok(Some(self.row_of(&self.estimator.clone(), &levels)))
+        Ok(Some(self.row_of(&levels)))
     }
 }
