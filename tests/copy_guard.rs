@@ -94,6 +94,7 @@ proptest! {
         for estimator in estimators() {
             for temperature in [0.0, 0.8] {
                 let cfg = GenConfig {
+                    cancel: None,
                     estimator: estimator.clone(),
                     context: 50,
                     max_tokens: 60,
@@ -120,7 +121,7 @@ proptest! {
         let index = Arc::new(Index::from_docs(spec(vocab), &docs, 2, true).unwrap());
         let prompt = vec![docs[0][0]];
         for estimator in estimators() {
-            let cfg = GenConfig { estimator, context: 50, max_tokens: 80, guard: None };
+            let cfg = GenConfig { cancel: None, estimator, context: 50, max_tokens: 80, guard: None };
             let plain = generate(index.clone(), &prompt, &cfg, &mut sampler(0.8, seed), |_| {}).unwrap();
             let guarded_cfg = GenConfig { guard: Some(GuardConfig::new(100)), ..cfg };
             let guarded = generate(index.clone(), &prompt, &guarded_cfg, &mut sampler(0.8, seed), |_| {})
@@ -243,6 +244,7 @@ fn edge_cases() {
     let index = Arc::new(Index::from_docs(spec(6), &docs, 1, true).unwrap());
     // L = 0 is refused with a message.
     let cfg = GenConfig {
+        cancel: None,
         estimator: Estimator::Sbis { k: -1, decay: 0.1 },
         context: 50,
         max_tokens: 10,
@@ -253,6 +255,7 @@ fn edge_cases() {
     // The corpus is all copies: with L = 1 the guard leaves SBIS nothing but other tokens, and
     // generation either finds one or stops, never copying two tokens.
     let cfg = GenConfig {
+        cancel: None,
         guard: Some(GuardConfig::new(1)),
         ..cfg
     };

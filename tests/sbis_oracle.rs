@@ -156,6 +156,7 @@ fn seeded_generation_is_reproducible() {
     let docs = vec![text.bytes().map(u32::from).collect::<Vec<_>>()];
     let index = Arc::new(Index::from_docs(spec(255), &docs, 1, true).unwrap());
     let cfg = GenConfig {
+        cancel: None,
         estimator: Estimator::Sbis { k: -1, decay: 0.1 },
         context: 200,
         max_tokens: 200,

@@ -29,6 +29,7 @@ fn sampler(seed: u64) -> Sampler {
 
 fn cfg(k: i64, guard: Option<usize>, max_tokens: usize) -> GenConfig {
     GenConfig {
+        cancel: None,
         estimator: Estimator::Sbis { k, decay: 0.1 },
         context: 200,
         max_tokens,

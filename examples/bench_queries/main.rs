@@ -150,6 +150,7 @@ fn main() {
         (-1, 1169.0, "≤ 8 ms"),
     ] {
         let cfg = GenConfig {
+            cancel: None,
             estimator: Estimator::Sbis { k, decay: 0.1 },
             context: 200,
             max_tokens: 1000,

@@ -5,7 +5,7 @@ use anyhow::Result;
 use clap::Args;
 use infgram::decode::{Sampler, SamplerConfig};
 use infgram::service::{generate, GenConfig, GuardConfig, GuardReport};
-use infgram::tokenizer::Tokenizer;
+use infgram::tokenizer::{Tokenizer, Utf8Stream};
 use serde_json::{json, Value};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -128,26 +128,6 @@ fn guard_line(report: &GuardReport) -> Option<String> {
 const EXHAUSTED: &str =
     "generation stopped: the copy guard masked every token that could come next";
 
-/// Incremental decoder that prints only complete UTF-8.
-#[derive(Default)]
-struct Stream {
-    pending: Vec<u8>,
-}
-
-impl Stream {
-    fn push(&mut self, bytes: &[u8], out: &mut impl Write) -> std::io::Result<()> {
-        self.pending.extend_from_slice(bytes);
-        let valid = match std::str::from_utf8(&self.pending) {
-            Ok(_) => self.pending.len(),
-            Err(e) if e.error_len().is_none() => e.valid_up_to(),
-            Err(_) => self.pending.len(), // invalid bytes: flush them lossily
-        };
-        let chunk: Vec<u8> = self.pending.drain(..valid).collect();
-        out.write_all(String::from_utf8_lossy(&chunk).as_bytes())?;
-        out.flush()
-    }
-}
-
 fn stats_line(xs: &mut [f64]) -> String {
     if xs.is_empty() {
         return "-".into();
@@ -183,7 +163,7 @@ struct Output<'a> {
     stream: bool,
     json: bool,
     out: std::io::StdoutLock<'static>,
-    streamer: Stream,
+    streamer: Utf8Stream,
     io_err: Option<anyhow::Error>,
 }
 
@@ -194,7 +174,7 @@ impl<'a> Output<'a> {
             stream: !args.json && (args.stream || std::io::stdout().is_terminal()),
             json: args.json,
             out: std::io::stdout().lock(),
-            streamer: Stream::default(),
+            streamer: Utf8Stream::default(),
             io_err: None,
         }
     }
@@ -214,7 +194,11 @@ impl<'a> Output<'a> {
                 .tok
                 .decode_bytes(&[t])
                 .map_err(anyhow::Error::from)
-                .and_then(|b| Ok(self.streamer.push(&b, &mut self.out)?));
+                .and_then(|b| {
+                    let text = self.streamer.push(&b);
+                    self.out.write_all(text.as_bytes())?;
+                    Ok(self.out.flush()?)
+                });
             self.io_err = shown.err();
         }
     }
@@ -261,6 +245,7 @@ fn run_infgram(args: &GenArgs) -> Result<()> {
     let index = Arc::new(index);
     let prompt = tok.encode(&args.prompt)?;
     let cfg = GenConfig {
+        cancel: None,
         estimator: args.est.estimator(None)?,
         context: args.context.max(1),
         max_tokens: args.max_tokens,
@@ -348,76 +333,62 @@ fn run_infgram(args: &GenArgs) -> Result<()> {
 /// `infgram gen --model M`: decoding with the neural model, plain or speculative.
 #[cfg(feature = "neural")]
 fn run_model(args: &GenArgs, model: &str) -> Result<()> {
-    use infgram::decode::decode;
-    use infgram::service::generate::{drafters, processors, AssemblyOptions};
+    use infgram::service::generate::{generate_with_model, AssemblyOptions, ModelGenRequest};
     let infgram::service::models::LoadedModel {
         model: mut llm,
         tokenizer: tok,
         path,
     } = infgram::service::models::load_model(model, &args.model_args.options())?;
-    if let (Some(mix), Some(dir)) = (&args.mix, &args.index) {
-        // The scorer is the mixture of the model and the ∞-gram of --index.
-        use infgram::service::mixing::{load_mixer, mixture_model, open_mixing_index};
-        let file = (mix.as_os_str() != "default").then_some(mix.as_path());
-        let mixer = load_mixer(file)?;
-        let index = open_mixing_index(dir, &tok)?;
-        llm = Box::new(mixture_model(llm, index, mixer)?);
-    }
+    // With --mix the scorer is the mixture of the model and the ∞-gram of --index.
+    let mix = match &args.mix {
+        Some(mix) => {
+            let file = (mix.as_os_str() != "default").then_some(mix.as_path());
+            Some(infgram::service::mixing::load_mixer(file)?)
+        }
+        None => None,
+    };
     let text = if args.raw {
         args.prompt.clone()
     } else {
         infgram::neural::chat_prompt(&args.prompt)
     };
-    let prompt = tok.encode(&text)?;
-    let assembly = AssemblyOptions {
-        speculative: args.speculative,
-        drafting_index: args.index.clone(),
-        repetition_penalty: args.repetition_penalty,
-        guard: args.guard(),
+    let mut req = ModelGenRequest {
+        prompt: tok.encode(&text)?,
+        assembly: AssemblyOptions {
+            speculative: args.speculative,
+            drafting_index: args.index.clone(),
+            repetition_penalty: args.repetition_penalty,
+            guard: args.guard(),
+        },
+        mix,
+        decode: infgram::decode::DecodeConfig {
+            max_tokens: args.max_tokens,
+            draft_max: args.draft_max,
+            ..Default::default()
+        },
     };
-    let mut drafters = drafters(&assembly, &tok)?;
-    let (mut guarded, guard) = processors(&assembly, &tok)?;
-    let cfg = infgram::decode::DecodeConfig {
-        max_tokens: args.max_tokens,
-        draft_max: args.draft_max,
-        ..Default::default()
-    };
+    let prompt = req.prompt.clone();
     let mut sampler = sampler_for(args);
     let mut out = Output::new(args, &tok);
-    let (ids, stats) = decode(
-        llm.as_mut(),
-        &mut drafters,
-        &mut guarded,
-        &mut sampler,
-        &prompt,
-        &cfg,
-        |t| out.token(t),
-    )?;
+    let g = generate_with_model(llm.as_mut(), &tok, &req, &mut sampler, |t| out.token(t))?;
     let plain = if args.compare {
+        req.assembly.speculative = false;
         let mut sampler = sampler_for(args);
-        let (mut plain_processors, _) = processors(&assembly, &tok)?;
-        Some(decode(
-            llm.as_mut(),
-            &mut [],
-            &mut plain_processors,
-            &mut sampler,
-            &prompt,
-            &cfg,
-            |_| {},
-        )?)
+        let p = generate_with_model(llm.as_mut(), &tok, &req, &mut sampler, |_| {})?;
+        Some((p.tokens, p.stats))
     } else {
         None
     };
+    let (ids, stats, report) = (g.tokens, g.stats, g.guard);
     let generated = tok.decode(&ids)?;
     let tps = stats.tokens_per_second();
     let mut fields = json!({
         "prompt": args.prompt, "text": generated, "tokens": ids.len(), "token_ids": ids,
         "seconds": stats.seconds, "tokens_per_second": tps, "model": path.display().to_string(),
-        "prompt_tokens": prompt.len(), "context_tokens": llm.cache_len(),
+        "prompt_tokens": prompt.len(), "context_tokens": g.context_tokens,
         "speculative": args.speculative, "mix": args.mix.is_some(), "acceptance_rate": stats.acceptance_rate(),
         "mean_accepted": stats.mean_accepted(), "stats": stats,
     });
-    let report = guard.as_ref().map(|g| g.report(&ids));
     if let Some(r) = &report {
         fields["max_copied_span"] = r.max_copied_span.into();
         fields["guard"] = serde_json::to_value(r.guard)?;

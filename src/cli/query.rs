@@ -46,7 +46,7 @@ pub struct QueryArgs {
     /// Continuation token id for prob / infgram_prob.
     #[arg(long)]
     pub cont_id: Option<u32>,
-    /// CNF for search_docs: `a b OR c d AND e f`, or JSON ids `[[[1,2],[3]],[[4]]]`.
+    /// CNF for search_docs and count: `a b OR c d AND e f`, or JSON ids `[[[1,2],[3]],[[4]]]`.
     #[arg(long)]
     pub cnf: Option<String>,
     /// search_docs: documents to return.
@@ -93,7 +93,12 @@ fn query_from_flags(args: &QueryArgs, qt: QueryType, tok: &dyn Tokenizer) -> Res
         cont_text: args.cont_text.clone(),
     };
     Ok(match qt {
-        QueryType::Count => Query::Count { subject },
+        QueryType::Count => Query::Count {
+            subject,
+            cnf: args.cnf.as_deref().map(|c| parse_cnf(c, tok)).transpose()?,
+            max_diff_tokens: args.max_diff_tokens,
+            max_clause_freq: args.max_clause_freq,
+        },
         QueryType::Prob => Query::Prob {
             subject,
             cont: cont(),

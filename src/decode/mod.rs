@@ -202,10 +202,31 @@ impl CostModel {
 /// Settings of the decode loop.
 #[derive(Clone, Debug)]
 pub struct DecodeConfig {
+    /// Tokens to generate at most.
     pub max_tokens: usize,
     /// Longest draft verified in one pass.
     pub draft_max: usize,
+    /// What a pass of each length costs (learnt as the loop runs; plans drafts).
     pub cost: CostModel,
+    /// Stops the loop before its next pass once set (a client gone, a time limit passed).
+    pub cancel: Option<Cancel>,
+}
+
+/// A flag that stops a decode loop from another thread: set it, and the loop ends before its
+/// next pass with what it has (`DecodeStats::cancelled`).
+#[derive(Clone, Debug, Default)]
+pub struct Cancel(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Cancel {
+    /// Asks the loop to stop.
+    pub fn cancel(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether it was asked to stop.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 impl Default for DecodeConfig {
@@ -214,6 +235,7 @@ impl Default for DecodeConfig {
             max_tokens: 256,
             draft_max: 16,
             cost: CostModel::default(),
+            cancel: None,
         }
     }
 }
@@ -246,6 +268,8 @@ pub struct DecodeStats {
     /// Whether generation ended because no token could come next: the processors (the copy
     /// guard) masked every candidate, even of the model's wider distribution.
     pub exhausted: bool,
+    /// Whether generation ended because [`DecodeConfig::cancel`] was set.
+    pub cancelled: bool,
 }
 
 impl DecodeStats {
@@ -390,6 +414,10 @@ pub fn decode(
     let mut fed = Vec::with_capacity(cfg.draft_max + 1);
     let mut support = Vec::new();
     while !done && stats.tokens < cfg.max_tokens {
+        if cfg.cancel.as_ref().is_some_and(Cancel::is_cancelled) {
+            stats.cancelled = true;
+            break;
+        }
         let budget = cfg.max_tokens - stats.tokens;
         let t = timed.then(Instant::now);
         let (draft, chosen) = plan_draft(

@@ -254,19 +254,22 @@ pub fn mix_row(neural: Logits, infgram: Logits, lambda: f64) -> Logits {
 
 /// The mixture of a neural model and the ∞-gram as one [`LanguageModel`]: every fed position
 /// gets `ln(λ·P∞ + (1 − λ)·P_neural)`, λ from the ∞-gram's evidence there.
-pub struct Interpolated<S: AsRef<[u8]> + Sync> {
-    neural: Box<dyn LanguageModel>,
+///
+/// The neural model is owned (`Box<dyn LanguageModel>`, the default) or borrowed (`&mut M`, a
+/// server's model loaded once and mixed for one request).
+pub struct Interpolated<S: AsRef<[u8]> + Sync, N: LanguageModel = Box<dyn LanguageModel>> {
+    neural: N,
     infgram: InfgramModel<S>,
     mixer: Mixer,
     /// λ of each row of the last `score` call.
     lambdas: Vec<f64>,
 }
 
-impl<S: AsRef<[u8]> + Sync> Interpolated<S> {
+impl<S: AsRef<[u8]> + Sync, N: LanguageModel> Interpolated<S, N> {
     /// Mixes `neural` with the ∞-gram of `index` (built with the neural model's tokenizer: the
     /// caller checks the fingerprint) over the last `context` tokens.
     pub fn new(
-        neural: Box<dyn LanguageModel>,
+        neural: N,
         index: std::sync::Arc<Index<S>>,
         mixer: Mixer,
         context: usize,
@@ -297,7 +300,7 @@ impl<S: AsRef<[u8]> + Sync> Interpolated<S> {
     }
 }
 
-impl<S: AsRef<[u8]> + Sync> LanguageModel for Interpolated<S> {
+impl<S: AsRef<[u8]> + Sync, N: LanguageModel> LanguageModel for Interpolated<S, N> {
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
         Ok(self
             .score(tokens)?

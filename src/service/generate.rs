@@ -5,13 +5,16 @@
 use crate::decode::drafters::{CorpusDrafter, PromptLookup};
 use crate::decode::guard::{CopyGuard, GuardStats};
 use crate::decode::{
-    decode, DecodeConfig, DecodeStats, Drafter, Processor, RepetitionPenalty, Sampler,
+    decode, Cancel, DecodeConfig, DecodeStats, Drafter, Processor, RepetitionPenalty, Sampler,
 };
 use crate::error::{Error, Result};
 use crate::eval::attribution::max_copied_span;
 use crate::index::Index;
+use crate::lm::LanguageModel;
+use crate::mix::Mixer;
 use crate::ngram::cache::CacheStats;
 use crate::ngram::{Estimator, InfgramModel, LevelLog};
+use crate::service::mixing::{mixture_model, open_mixing_index};
 use crate::tokenizer::{check_fingerprint, Tokenizer};
 use memmap2::Mmap;
 use std::cell::Cell;
@@ -30,6 +33,8 @@ pub struct GenConfig {
     pub max_tokens: usize,
     /// The copy guard, if any.
     pub guard: Option<GuardConfig>,
+    /// Stops generation early when set (a client gone, a time limit passed).
+    pub cancel: Option<Cancel>,
 }
 
 /// Settings of the copy guard ([`CopyGuard`]).
@@ -152,6 +157,7 @@ pub fn generate<S: AsRef<[u8]> + Sync + 'static>(
     fed.extend_from_slice(prompt);
     let decode_cfg = DecodeConfig {
         max_tokens: cfg.max_tokens,
+        cancel: cfg.cancel.clone(),
         ..Default::default()
     };
     let (tokens, stats) = decode(
@@ -164,7 +170,7 @@ pub fn generate<S: AsRef<[u8]> + Sync + 'static>(
         on_token,
     )?;
     Ok(Generation {
-        hit_end: tokens.len() < cfg.max_tokens && !stats.exhausted,
+        hit_end: tokens.len() < cfg.max_tokens && !stats.exhausted && !stats.cancelled,
         tokens,
         cache: model.cache_stats(),
         steps: std::mem::take(&mut model.steps),
@@ -273,4 +279,79 @@ pub fn processors(
     let (p, stats) = g.build(index.clone());
     processors.push(p);
     Ok((processors, Some(GuardHandle { index, stats })))
+}
+
+/// A generation with a (neural) model: plain or speculative, mixed with an index or not,
+/// guarded or not.
+#[derive(Clone, Debug)]
+pub struct ModelGenRequest {
+    /// The prompt's tokens (a chat template already applied, if wanted).
+    pub prompt: Vec<u32>,
+    /// Drafters, processors and the copy guard.
+    pub assembly: AssemblyOptions,
+    /// Sample from the mixture of the model and the ∞-gram of the drafting index
+    /// (`assembly.drafting_index`, built with the model's tokenizer), λ from this mixer.
+    pub mix: Option<Mixer>,
+    /// The decode loop's settings.
+    pub decode: DecodeConfig,
+}
+
+/// What a generation with a model produced.
+#[derive(Clone, Debug)]
+pub struct ModelGeneration {
+    /// Generated token ids (the prompt excluded).
+    pub tokens: Vec<u32>,
+    /// What the decode loop did.
+    pub stats: DecodeStats,
+    /// The copy guard's report (`None` without a guard).
+    pub guard: Option<GuardReport>,
+    /// Tokens in the model's cache at the end.
+    pub context_tokens: usize,
+}
+
+/// Generates with `model` (borrowed: a server loads it once) as `req` asks, calling `on_token`
+/// after each token: the drafters and processors of [`drafters`] and [`processors`], the
+/// mixture of [`crate::service::mixing::mixture_model`] when `req.mix` is set.
+pub fn generate_with_model(
+    model: &mut dyn LanguageModel,
+    tok: &dyn Tokenizer,
+    req: &ModelGenRequest,
+    sampler: &mut Sampler,
+    on_token: impl FnMut(u32),
+) -> Result<ModelGeneration> {
+    let mut drafters = drafters(&req.assembly, tok)?;
+    let (mut processors, guard) = processors(&req.assembly, tok)?;
+    let run = |scorer: &mut dyn LanguageModel| {
+        let (tokens, stats) = decode(
+            scorer,
+            &mut drafters,
+            &mut processors,
+            sampler,
+            &req.prompt,
+            &req.decode,
+            on_token,
+        )?;
+        let context_tokens = scorer.cache_len();
+        Ok::<_, Error>((tokens, stats, context_tokens))
+    };
+    let (tokens, stats, context_tokens) = match &req.mix {
+        None => run(model)?,
+        Some(mixer) => {
+            let Some(dir) = &req.assembly.drafting_index else {
+                return Err(Error::input(
+                    "mixing needs an index built with the model's tokenizer \
+                     (`infgram index --tokenizer MODEL`): give it with --index DIR",
+                ));
+            };
+            let index = open_mixing_index(dir, tok)?;
+            let mut mixed = mixture_model(&mut *model, index, mixer.clone())?;
+            run(&mut mixed)?
+        }
+    };
+    Ok(ModelGeneration {
+        guard: guard.as_ref().map(|g| g.report(&tokens)),
+        tokens,
+        stats,
+        context_tokens,
+    })
 }

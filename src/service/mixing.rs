@@ -43,11 +43,11 @@ pub fn open_mixing_index(dir: &Path, tok: &dyn Tokenizer) -> Result<Arc<Index<Mm
 }
 
 /// The mixture of `neural` and the ∞-gram of `index` as one scorer.
-pub fn mixture_model(
-    neural: Box<dyn LanguageModel>,
+pub fn mixture_model<N: LanguageModel>(
+    neural: N,
     index: Arc<Index<Mmap>>,
     mixer: Mixer,
-) -> Result<Interpolated<Mmap>> {
+) -> Result<Interpolated<Mmap, N>> {
     Interpolated::new(neural, index, mixer, MIX_CONTEXT)
 }
 

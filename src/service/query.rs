@@ -119,10 +119,20 @@ fn default_max_n() -> usize {
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(tag = "query_type", rename_all = "snake_case")]
 pub enum Query {
-    /// Occurrences of an n-gram.
+    /// Occurrences of an n-gram, or of a CNF of n-grams (AND of ORs: occurrences of the
+    /// rarest clause with every other clause within `max_diff_tokens`, as `search_docs`).
     Count {
         #[serde(flatten)]
         subject: Subject,
+        /// Clauses, each a list of n-grams (lists of ids).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cnf: Option<Vec<Vec<Vec<u32>>>>,
+        /// With `cnf`: largest distance in tokens between clauses.
+        #[serde(default = "default_max_diff_tokens")]
+        max_diff_tokens: usize,
+        /// With `cnf`: occurrences per n-gram above which a clause is sampled (approx).
+        #[serde(default = "default_max_clause_freq")]
+        max_clause_freq: usize,
     },
     /// n-gram probability of a continuation (no backoff).
     Prob {
@@ -258,7 +268,7 @@ impl Query {
     /// The tokens the query is about.
     pub fn subject(&self) -> &Subject {
         match self {
-            Query::Count { subject }
+            Query::Count { subject, .. }
             | Query::Prob { subject, .. }
             | Query::Ntd { subject }
             | Query::InfgramProb { subject, .. }
@@ -286,6 +296,16 @@ pub fn execute<S: AsRef<[u8]> + Sync>(
 ) -> Result<Value> {
     let ids = query.subject().tokens(tok)?;
     match query {
+        Query::Count {
+            cnf: Some(cnf),
+            max_diff_tokens,
+            max_clause_freq,
+            ..
+        } => {
+            check_cnf_limits(cnf, *max_clause_freq)?;
+            let r = index.search_docs(cnf, 0, *max_diff_tokens, *max_clause_freq, 0)?;
+            Ok(json!({ "count": r.cnt, "approx": r.approx }))
+        }
         Query::Count { .. } => to_json(index.count(&ids)?),
         Query::Prob { cont, .. } => to_json(index.prob(&ids, cont.token(tok)?)?),
         Query::Ntd { .. } => to_json(index.ntd(&ids)?),

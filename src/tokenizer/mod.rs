@@ -104,6 +104,7 @@ impl Tokenizer for ByteTokenizer {
 }
 
 /// A Hugging Face tokenizer (from `tokenizer.json` or rebuilt from GGUF metadata).
+#[derive(Clone)]
 pub struct HfTokenizer {
     inner: tokenizers::Tokenizer,
     kind: &'static str,
@@ -316,4 +317,31 @@ pub fn check_fingerprint(spec: &TokenizerSpec, tok: &dyn Tokenizer) -> Result<()
         });
     }
     Ok(())
+}
+
+/// Turns the bytes of tokens, given one token at a time, into text that is complete UTF-8:
+/// a character split across tokens waits for its last byte (streaming output).
+#[derive(Debug, Default)]
+pub struct Utf8Stream {
+    pending: Vec<u8>,
+}
+
+impl Utf8Stream {
+    /// The text that `bytes` complete (possibly empty); invalid bytes come out lossily.
+    pub fn push(&mut self, bytes: &[u8]) -> String {
+        self.pending.extend_from_slice(bytes);
+        let valid = match std::str::from_utf8(&self.pending) {
+            Ok(_) => self.pending.len(),
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            Err(_) => self.pending.len(),
+        };
+        let chunk: Vec<u8> = self.pending.drain(..valid).collect();
+        String::from_utf8_lossy(&chunk).into_owned()
+    }
+
+    /// What is left (an unfinished character, lossily).
+    pub fn finish(&mut self) -> String {
+        let rest = std::mem::take(&mut self.pending);
+        String::from_utf8_lossy(&rest).into_owned()
+    }
 }
