@@ -31,6 +31,8 @@ pub mod mix;
 #[cfg(feature = "neural")]
 pub mod neural;
 pub mod ngram;
+#[cfg(feature = "server")]
+pub mod server;
 pub mod service;
 pub mod tokenizer;
 

@@ -29,6 +29,9 @@ enum Command {
     /// Mix the ∞-gram with a neural model: fit λ on held-out text.
     #[command(subcommand)]
     Mix(cli::mix::MixCommand),
+    /// Serve the infini-gram HTTP API and generation (`POST /`, `POST /v1/completions`).
+    #[cfg(feature = "server")]
+    Serve(cli::serve::ServeArgs),
     /// Check every checksum of an index.
     Verify {
         /// The index directory.
@@ -56,6 +59,8 @@ fn main() {
         Command::Attribute(a) => cli::attribute::run_attribute(a),
         Command::Creativity(a) => cli::attribute::run_creativity(a),
         Command::Mix(c) => cli::mix::run(c),
+        #[cfg(feature = "server")]
+        Command::Serve(a) => cli::serve::run(a),
         Command::Verify { index } => cli::verify(&index),
         Command::Fetch { what } => cli::fetch(&what),
     };

@@ -17,6 +17,8 @@ pub mod mix;
 pub mod plot;
 pub mod ppl;
 pub mod query;
+#[cfg(feature = "server")]
+pub mod serve;
 
 use anyhow::Result;
 use infgram::ngram::smoothed::Discounts;

@@ -1,0 +1,124 @@
+//! `infgram serve`: the HTTP server of [`infgram::server`] with its limits as flags.
+
+use anyhow::Result;
+use clap::Args;
+use std::path::PathBuf;
+
+/// Arguments of `infgram serve`.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// An index to serve, as NAME=DIR (repeat for several; requests name it in "index").
+    /// Default: Tiny Shakespeare's byte-level index as `shakespeare` (built on first use).
+    #[arg(long = "index", value_name = "NAME=DIR", value_parser = name_and_dir)]
+    pub indexes: Vec<(String, PathBuf)>,
+    /// A neural model for /v1/completions (as `gen --model` takes it), loaded once at start.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Address to listen on (port 0: any free port, printed at start).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub addr: std::net::SocketAddr,
+    /// Do not log one line per request on stderr.
+    #[arg(long)]
+    pub quiet: bool,
+    /// Largest request body, in bytes.
+    #[arg(long, default_value_t = 64 * 1024, value_parser = super::positive)]
+    pub max_body: usize,
+    /// Longest query string, in characters.
+    #[arg(long, default_value_t = 1000, value_parser = super::positive)]
+    pub max_query_chars: usize,
+    /// Longest query, in tokens.
+    #[arg(long, default_value_t = 500, value_parser = super::positive)]
+    pub max_query_tokens: usize,
+    /// Most documents a search_docs or attribute query returns (`maxnum`).
+    #[arg(long, default_value_t = 10)]
+    pub max_maxnum: usize,
+    /// Longest document window, in tokens (`max_disp_len`).
+    #[arg(long, default_value_t = 10_000)]
+    pub max_disp_len: usize,
+    /// Longest completion, in tokens (`max_tokens`).
+    #[arg(long, default_value_t = 2048, value_parser = super::positive)]
+    pub max_tokens: usize,
+    /// Longest completion prompt, in tokens.
+    #[arg(long, default_value_t = 4096, value_parser = super::positive)]
+    pub max_prompt_tokens: usize,
+    /// Seconds a query may take before it is answered 408.
+    #[arg(long, default_value_t = 10.0, value_parser = seconds)]
+    pub query_timeout: f64,
+    /// Seconds a generation may run (it ends there with what it has).
+    #[arg(long, default_value_t = 120.0, value_parser = seconds)]
+    pub generation_timeout: f64,
+    /// Seconds a client has to send a request's headers, and again its body.
+    #[arg(long, default_value_t = 10.0, value_parser = seconds)]
+    pub client_timeout: f64,
+    /// Generations that may wait for the worker (more are answered 429).
+    #[arg(long, default_value_t = 8)]
+    pub backlog: usize,
+    /// Queries that run at once (more wait their turn).
+    #[arg(long, default_value_t = 64, value_parser = super::positive)]
+    pub concurrent_queries: usize,
+    #[command(flatten)]
+    pub model_args: super::ModelArgs,
+}
+
+/// Parses `NAME=DIR`.
+fn name_and_dir(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((name, dir)) if !name.is_empty() && !dir.is_empty() => {
+            Ok((name.to_string(), PathBuf::from(dir)))
+        }
+        _ => Err(format!(
+            "`{s}` is not NAME=DIR (e.g. --index shakespeare=./shakespeare.idx)"
+        )),
+    }
+}
+
+/// Seconds: finite, above 0, at most a day.
+fn seconds(s: &str) -> Result<f64, String> {
+    super::number_in(s, (0.0, true), (86_400.0, false))
+}
+
+/// Runs `infgram serve` until SIGINT or SIGTERM.
+pub fn run(args: ServeArgs) -> Result<()> {
+    let indexes = if args.indexes.is_empty() {
+        vec![(
+            "shakespeare".to_string(),
+            infgram::service::cached_byte_index(&[])?,
+        )]
+    } else {
+        args.indexes.clone()
+    };
+    let limits = infgram::server::Limits {
+        body_bytes: args.max_body,
+        query_chars: args.max_query_chars,
+        query_tokens: args.max_query_tokens,
+        maxnum: args.max_maxnum,
+        max_disp_len: args.max_disp_len,
+        max_tokens: args.max_tokens,
+        prompt_tokens: args.max_prompt_tokens,
+        query_time: std::time::Duration::from_secs_f64(args.query_timeout),
+        generation_time: std::time::Duration::from_secs_f64(args.generation_timeout),
+        client_time: std::time::Duration::from_secs_f64(args.client_timeout),
+        backlog: args.backlog,
+        concurrent_queries: args.concurrent_queries,
+        ..Default::default()
+    };
+    let names: Vec<String> = indexes.iter().map(|(n, _)| n.clone()).collect();
+    let config = infgram::server::ServerConfig {
+        addr: args.addr,
+        indexes,
+        model: args.model.clone(),
+        model_options: args.model_args.options(),
+        limits,
+        log_requests: !args.quiet,
+    };
+    infgram::server::serve(config, |server| {
+        eprintln!(
+            "listening on http://{} (indexes: {}; model: {}); Ctrl-C stops",
+            server.local_addr(),
+            names.join(", "),
+            server.model_name().unwrap_or("none, sbis only")
+        );
+    })?;
+    eprintln!("stopped");
+    Ok(())
+}

@@ -1,0 +1,422 @@
+//! The infini-gram HTTP API: a request `{"index": NAME, "query_type": T, "query": TEXT |
+//! "query_ids": [...], ...}` read into the service's [`Query`], and its answer given the API's
+//! extra fields (`latency`, `token_ids`, `tokens`).
+//!
+//! As in the infini-gram API, `prob` and `infgram_prob` take the query's last token as the
+//! continuation (unless `cont_id` is given); `count` and `search_docs` read a CNF from a query
+//! string with ` AND ` / ` OR ` or from nested `query_ids`; `search_docs` returns one document
+//! unless `maxnum` says more.
+
+use super::Limits;
+use crate::service::query::{parse_cnf, Continuation, Query, Subject};
+use crate::tokenizer::Tokenizer;
+use serde_json::{json, Map, Value};
+
+/// A request the API refuses, with the HTTP status to answer and the message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    /// 400 (bad request), 404 (unknown index), 408, 413, 429, 500…
+    pub status: u16,
+    /// What is wrong and what to do.
+    pub message: String,
+}
+
+impl ApiError {
+    /// A 400 with `message`.
+    pub fn bad(message: impl Into<String>) -> Self {
+        ApiError {
+            status: 400,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<crate::Error> for ApiError {
+    fn from(e: crate::Error) -> Self {
+        use crate::Error;
+        let status = match &e {
+            Error::Input(_) | Error::TokenizerMismatch { .. } | Error::Tokenizer(_) => 400,
+            _ => 500,
+        };
+        ApiError {
+            status,
+            message: e.to_string(),
+        }
+    }
+}
+
+/// The query types the API answers (the package's names).
+pub const QUERY_TYPES: [&str; 12] = [
+    "count",
+    "prob",
+    "ntd",
+    "infgram_prob",
+    "infgram_ntd",
+    "find",
+    "search_docs",
+    "longest_match",
+    "attribute",
+    "creativity",
+    "get_doc_by_rank",
+    "get_doc_by_ptr",
+];
+
+/// A request's query, read and checked against the limits.
+#[derive(Debug, Clone)]
+pub struct ApiQuery {
+    /// The index it asks (`None`: the server's only index).
+    pub index: Option<String>,
+    /// Its query type.
+    pub query_type: &'static str,
+    /// What the request gave as its query: text, or ids (for `token_ids` in the answer).
+    pub input: Input,
+    /// Extra numeric parameters, as given.
+    params: Map<String, Value>,
+}
+
+/// A request's query: text (`query`) or ids (`query_ids`: a list, or a CNF as nested lists).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// No query (`get_doc_by_*`).
+    None,
+    /// A string, tokenized with the index's tokenizer.
+    Text(String),
+    /// A list of ids.
+    Ids(Vec<u32>),
+    /// A CNF: clauses of n-grams of ids.
+    Cnf(Vec<Vec<Vec<u32>>>),
+}
+
+/// Reads a request body into an [`ApiQuery`]; the answer names what is wrong.
+pub fn read_request(body: &[u8], limits: &Limits) -> Result<ApiQuery, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad(format!("the body is not valid JSON: {e}")))?;
+    let Value::Object(mut obj) = value else {
+        return Err(ApiError::bad(
+            "the body must be a JSON object: {\"index\": ..., \"query_type\": ..., \"query\": ...}",
+        ));
+    };
+    let index = match obj.remove("index").or_else(|| obj.remove("corpus")) {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s),
+        Some(other) => {
+            return Err(ApiError::bad(format!(
+                "\"index\" must be a string, got {other}"
+            )))
+        }
+    };
+    let query_type = match obj.remove("query_type") {
+        Some(Value::String(t)) => {
+            QUERY_TYPES
+                .iter()
+                .find(|&&q| q == t)
+                .copied()
+                .ok_or_else(|| {
+                    ApiError::bad(format!(
+                        "unknown query_type {t:?}; one of: {}",
+                        QUERY_TYPES.join(", ")
+                    ))
+                })?
+        }
+        Some(other) => {
+            return Err(ApiError::bad(format!(
+                "\"query_type\" must be a string, got {other}"
+            )))
+        }
+        None => {
+            return Err(ApiError::bad(format!(
+                "the request needs a \"query_type\": one of {}",
+                QUERY_TYPES.join(", ")
+            )))
+        }
+    };
+    let input = read_input(obj.remove("query"), obj.remove("query_ids"), limits)?;
+    Ok(ApiQuery {
+        index,
+        query_type,
+        input,
+        params: obj,
+    })
+}
+
+/// The query from `query` (text) or `query_ids` (ids or a CNF), within the limits.
+fn read_input(
+    query: Option<Value>,
+    query_ids: Option<Value>,
+    limits: &Limits,
+) -> Result<Input, ApiError> {
+    match (query, query_ids) {
+        (Some(Value::String(text)), None) => {
+            let chars = text.chars().count();
+            if chars > limits.query_chars {
+                return Err(ApiError::bad(format!(
+                    "the query is {chars} characters; this server takes at most {}",
+                    limits.query_chars
+                )));
+            }
+            Ok(Input::Text(text))
+        }
+        (Some(other), None) => Err(ApiError::bad(format!(
+            "\"query\" must be a string (or give \"query_ids\"), got {}",
+            type_name(&other)
+        ))),
+        (None, Some(ids)) => {
+            let input = if ids
+                .as_array()
+                .and_then(|a| a.first())
+                .is_some_and(Value::is_array)
+            {
+                let cnf: Vec<Vec<Vec<u32>>> = serde_json::from_value(ids).map_err(|e| {
+                    ApiError::bad(format!(
+                        "\"query_ids\" must be a list of token ids, or a CNF: a list of clauses, \
+                         each a list of lists of ids ({e})"
+                    ))
+                })?;
+                Input::Cnf(cnf)
+            } else {
+                let ids: Vec<u32> = serde_json::from_value(ids).map_err(|e| {
+                    ApiError::bad(format!(
+                        "\"query_ids\" must be a list of token ids (integers 0..2^32): {e}"
+                    ))
+                })?;
+                Input::Ids(ids)
+            };
+            check_tokens(&input, limits)?;
+            Ok(input)
+        }
+        (Some(_), Some(_)) => Err(ApiError::bad(
+            "give \"query\" (text) or \"query_ids\" (token ids), not both",
+        )),
+        (None, None) => Ok(Input::None),
+    }
+}
+
+/// A JSON value's kind, for messages.
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Refuses queries of more tokens than the limit.
+fn check_tokens(input: &Input, limits: &Limits) -> Result<(), ApiError> {
+    let n = match input {
+        Input::Ids(ids) => ids.len(),
+        Input::Cnf(cnf) => cnf.iter().flatten().map(Vec::len).sum(),
+        Input::None | Input::Text(_) => 0,
+    };
+    if n > limits.query_tokens {
+        return Err(ApiError::bad(format!(
+            "the query is {n} tokens; this server takes at most {}",
+            limits.query_tokens
+        )));
+    }
+    Ok(())
+}
+
+impl ApiQuery {
+    /// A numeric parameter: absent → `default`; otherwise a non-negative integer at most
+    /// `max` (the error names the parameter and the range).
+    fn number(&self, name: &str, default: usize, max: usize) -> Result<usize, ApiError> {
+        match self.params.get(name) {
+            None | Some(Value::Null) => Ok(default),
+            Some(v) => match v.as_u64() {
+                Some(n) if n as usize <= max => Ok(n as usize),
+                _ => Err(ApiError::bad(format!(
+                    "\"{name}\" must be an integer between 0 and {max}, got {v}"
+                ))),
+            },
+        }
+    }
+
+    /// The service query this request asks, with the token ids of its query (tokenized with
+    /// the index's tokenizer) for the answer.
+    pub fn to_query(
+        &self,
+        tok: &dyn Tokenizer,
+        limits: &Limits,
+    ) -> Result<(Query, Tokens), ApiError> {
+        let tokens = match &self.input {
+            Input::None => Tokens::Ids(Vec::new()),
+            Input::Ids(ids) => Tokens::Ids(ids.clone()),
+            Input::Cnf(cnf) => Tokens::Cnf(cnf.clone()),
+            Input::Text(text)
+                if self.takes_cnf() && (text.contains(" AND ") || text.contains(" OR ")) =>
+            {
+                Tokens::Cnf(parse_cnf(text, tok)?)
+            }
+            Input::Text(text) => Tokens::Ids(tok.encode(text)?),
+        };
+        check_tokens(&tokens.as_input(), limits)?;
+        let ids = match &tokens {
+            Tokens::Ids(ids) => ids.clone(),
+            Tokens::Cnf(_) if self.takes_cnf() => Vec::new(),
+            Tokens::Cnf(_) => {
+                return Err(ApiError::bad(format!(
+                    "{} takes one n-gram, not a CNF (only count and search_docs do)",
+                    self.query_type
+                )))
+            }
+        };
+        let cnf = match &tokens {
+            Tokens::Cnf(cnf) => Some(cnf.clone()),
+            Tokens::Ids(_) => None,
+        };
+        let subject = Subject::ids(ids.clone());
+        let max_diff_tokens = self.number("max_diff_tokens", 10, limits.max_diff_tokens)?;
+        let max_clause_freq = self.number(
+            "max_clause_freq",
+            50_000,
+            crate::service::query::MAX_CLAUSE_FREQ,
+        )?;
+        let max_disp_len = self.number("max_disp_len", 1000, limits.max_disp_len)?;
+        let maxnum = self.number("maxnum", 1, limits.maxnum)?;
+        let query = match self.query_type {
+            "count" => Query::Count {
+                subject,
+                cnf,
+                max_diff_tokens,
+                max_clause_freq,
+            },
+            "prob" | "infgram_prob" => {
+                let (prompt, cont) = self.prompt_and_cont(&ids)?;
+                let (subject, cont) = (
+                    Subject::ids(prompt),
+                    Continuation {
+                        cont_id: Some(cont),
+                        cont_text: None,
+                    },
+                );
+                if self.query_type == "prob" {
+                    Query::Prob { subject, cont }
+                } else {
+                    Query::InfgramProb { subject, cont }
+                }
+            }
+            "ntd" => Query::Ntd { subject },
+            "infgram_ntd" => Query::InfgramNtd { subject },
+            "find" => Query::Find { subject },
+            "search_docs" => Query::SearchDocs {
+                cnf: Some(cnf.unwrap_or_else(|| vec![vec![ids.clone()]])),
+                subject,
+                maxnum,
+                max_diff_tokens,
+                max_clause_freq,
+                max_disp_len,
+            },
+            "longest_match" => Query::LongestMatch { subject },
+            "attribute" => Query::Attribute {
+                subject,
+                min_len: self.number("min_len", 8, usize::MAX)?.max(1),
+                maxnum: self.number("maxnum", 3, limits.maxnum)?,
+                max_disp_len: self.number("max_disp_len", 100, limits.max_disp_len)?,
+            },
+            "creativity" => Query::Creativity {
+                subject,
+                min_n: self.number("min_n", 5, 1000)?,
+                max_n: self.number("max_n", 12, 1000)?,
+            },
+            "get_doc_by_rank" => Query::GetDocByRank {
+                subject,
+                s: self.number("s", 0, usize::MAX)?,
+                rank: self.required("rank")?,
+                max_disp_len,
+            },
+            "get_doc_by_ptr" => Query::GetDocByPtr {
+                subject,
+                s: self.number("s", 0, usize::MAX)?,
+                ptr: self.required("ptr")?,
+                max_disp_len,
+            },
+            other => return Err(ApiError::bad(format!("unknown query_type {other:?}"))),
+        };
+        Ok((query, tokens))
+    }
+
+    /// A parameter the query type needs.
+    fn required(&self, name: &str) -> Result<usize, ApiError> {
+        if self.params.get(name).is_none_or(Value::is_null) {
+            return Err(ApiError::bad(format!(
+                "{} needs \"{name}\" (a non-negative integer)",
+                self.query_type
+            )));
+        }
+        self.number(name, 0, usize::MAX)
+    }
+
+    /// Whether the query type reads a CNF.
+    fn takes_cnf(&self) -> bool {
+        matches!(self.query_type, "count" | "search_docs")
+    }
+
+    /// `prob`'s prompt and continuation: `cont_id` if given, else the query's last token.
+    fn prompt_and_cont(&self, ids: &[u32]) -> Result<(Vec<u32>, u32), ApiError> {
+        if let Some(v) = self.params.get("cont_id").filter(|v| !v.is_null()) {
+            let cont = v
+                .as_u64()
+                .and_then(|c| u32::try_from(c).ok())
+                .ok_or_else(|| ApiError::bad(format!("\"cont_id\" must be a token id, got {v}")))?;
+            return Ok((ids.to_vec(), cont));
+        }
+        match ids.split_last() {
+            Some((&cont, prompt)) => Ok((prompt.to_vec(), cont)),
+            None => Err(ApiError::bad(format!(
+                "{} needs a query of at least one token: its last token is the continuation",
+                self.query_type
+            ))),
+        }
+    }
+}
+
+/// The tokens of a query, for the answer's `token_ids` / `tokens`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Tokens {
+    /// One n-gram.
+    Ids(Vec<u32>),
+    /// A CNF (`token_idsss` / `tokensss`, as the infini-gram API names them).
+    Cnf(Vec<Vec<Vec<u32>>>),
+}
+
+impl Tokens {
+    fn as_input(&self) -> Input {
+        match self {
+            Tokens::Ids(ids) => Input::Ids(ids.clone()),
+            Tokens::Cnf(cnf) => Input::Cnf(cnf.clone()),
+        }
+    }
+}
+
+/// The text of each token (decoded one by one).
+fn token_texts(ids: &[u32], tok: &dyn Tokenizer) -> Vec<String> {
+    ids.iter()
+        .map(|&t| tok.decode(&[t]).unwrap_or_default())
+        .collect()
+}
+
+/// Adds the API's fields to an answer: `latency` (ms), and `token_ids` / `tokens` (or
+/// `token_idsss` / `tokensss` for a CNF).
+pub fn finish_answer(answer: &mut Value, tokens: &Tokens, tok: &dyn Tokenizer, latency_ms: f64) {
+    let Value::Object(obj) = answer else {
+        return;
+    };
+    obj.insert("latency".into(), json!(latency_ms));
+    match tokens {
+        Tokens::Ids(ids) => {
+            obj.insert("token_ids".into(), json!(ids));
+            obj.insert("tokens".into(), json!(token_texts(ids, tok)));
+        }
+        Tokens::Cnf(cnf) => {
+            let texts: Vec<Vec<Vec<String>>> = cnf
+                .iter()
+                .map(|c| c.iter().map(|g| token_texts(g, tok)).collect())
+                .collect();
+            obj.insert("token_idsss".into(), json!(cnf));
+            obj.insert("tokensss".into(), json!(texts));
+        }
+    }
+}

@@ -1,0 +1,615 @@
+//! `POST /v1/completions`: generation in the OpenAI shape (`prompt`, `max_tokens`,
+//! `temperature`, `top_p`, `seed`, `stream` as server-sent events), with infgram's own options
+//! (`mode`: sbis | neural | speculative | mix; `guard`; `index`; `top_k`; `k`).
+//!
+//! Generation runs on one worker thread that owns the neural model (loaded once, at start) and
+//! takes jobs from a bounded queue: a full queue answers 429, and queries, which run on other
+//! threads, never wait for a generation. A job whose client has gone is skipped; a client that
+//! disconnects mid-stream, or a generation past the time limit, stops the decode loop through
+//! its [`Cancel`] flag.
+
+use super::api::ApiError;
+use super::{Limits, Served};
+use crate::decode::{Cancel, DecodeConfig, Sampler, SamplerConfig};
+use crate::ngram::Estimator;
+use crate::service::generate::{generate, AssemblyOptions, GenConfig, GuardConfig};
+use crate::service::generate::{generate_with_model, ModelGenRequest};
+use crate::service::models::ModelOptions;
+use crate::tokenizer::{Tokenizer, Utf8Stream};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// How a completion is generated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// From the index alone (SBIS).
+    Sbis,
+    /// The neural model, plain decoding.
+    Neural,
+    /// The neural model, speculative decoding (prompt lookup and the index draft).
+    Speculative,
+    /// The mixture of the neural model and the ∞-gram of the index.
+    Mix,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Sbis => "sbis",
+            Mode::Neural => "neural",
+            Mode::Speculative => "speculative",
+            Mode::Mix => "mix",
+        }
+    }
+}
+
+/// A completion request: OpenAI's fields and infgram's.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompletionRequest {
+    /// The prompt: text, or token ids.
+    pub prompt: Prompt,
+    /// Tokens to generate at most (OpenAI's default: 16).
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: usize,
+    /// Sampling temperature (0: greedy; OpenAI's default: 1).
+    #[serde(default = "one")]
+    pub temperature: f64,
+    /// Nucleus mass, in (0, 1].
+    #[serde(default = "one")]
+    pub top_p: f64,
+    /// Keep the k most likely tokens (0: all).
+    #[serde(default)]
+    pub top_k: usize,
+    /// Random seed (same seed, same text).
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// Stream the text as server-sent events.
+    #[serde(default)]
+    pub stream: bool,
+    /// Completions per prompt: only 1.
+    #[serde(default)]
+    pub n: Option<usize>,
+    /// The model's name (any value: the server has one model).
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Not supported: given, the request is refused rather than silently ignored.
+    #[serde(default)]
+    pub stop: Option<Value>,
+    /// OpenAI options that change nothing here.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// How to generate (default: `neural` with a model, else `sbis`).
+    #[serde(default)]
+    pub mode: Option<Mode>,
+    /// The served index to generate from (sbis) or to draft, mix and guard with.
+    #[serde(default)]
+    pub index: Option<String>,
+    /// The copy guard: the output never repeats more than this many tokens of the index.
+    #[serde(default)]
+    pub guard: Option<usize>,
+    /// SBIS levels (−1: all).
+    #[serde(default)]
+    pub k: Option<i64>,
+}
+
+fn default_max_tokens() -> usize {
+    16
+}
+fn one() -> f64 {
+    1.0
+}
+
+/// A prompt: text, or token ids.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    /// Text, tokenized with the generator's tokenizer.
+    Text(String),
+    /// Token ids.
+    Ids(Vec<u32>),
+}
+
+/// What the worker sends back while it generates.
+#[derive(Debug)]
+pub enum Event {
+    /// More text (complete UTF-8).
+    Text(String),
+    /// The end: the summary, or why it failed.
+    Done(Result<Summary, ApiError>),
+}
+
+/// The end of a completion.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    /// Tokens of the prompt.
+    pub prompt_tokens: usize,
+    /// Tokens generated.
+    pub completion_tokens: usize,
+    /// `length` (max_tokens reached, or the time limit) or `stop` (an end token, a
+    /// document's end, or the guard left nothing).
+    pub finish_reason: &'static str,
+    /// infgram's statistics.
+    pub infgram: Value,
+}
+
+/// A generation job, checked and ready to run.
+enum Plan {
+    Sbis { served: Arc<Served>, cfg: GenConfig },
+    Model { req: ModelGenRequest },
+}
+
+struct Job {
+    plan: Plan,
+    prompt: Vec<u32>,
+    sampler: SamplerConfig,
+    seed: Option<u64>,
+    mode: Mode,
+    deadline: Instant,
+    cancel: Cancel,
+    events: UnboundedSender<Event>,
+}
+
+/// The generation worker: its queue and what it serves.
+pub struct Generator {
+    queue: SyncSender<Job>,
+    waiting: Arc<AtomicUsize>,
+    backlog: usize,
+    /// The model's tokenizer (with a model).
+    model_tokenizer: Option<Arc<dyn Tokenizer>>,
+    /// The model's name and file (with a model).
+    pub model_name: Option<String>,
+}
+
+impl Generator {
+    /// Starts the worker, loading `model` (if any) on it: an error to load it is returned here.
+    pub fn start(model: Option<&str>, opts: &ModelOptions, backlog: usize) -> crate::Result<Self> {
+        let (queue, jobs) = sync_channel::<Job>(backlog);
+        let (ready_tx, ready) = std::sync::mpsc::channel();
+        let waiting = Arc::new(AtomicUsize::new(0));
+        let spec = model.map(str::to_string);
+        let opts = opts.clone();
+        let worker_waiting = waiting.clone();
+        std::thread::Builder::new()
+            .name("infgram-generate".into())
+            .spawn(move || worker(spec, opts, jobs, worker_waiting, ready_tx))
+            .map_err(|e| crate::Error::input(format!("cannot start the generation thread: {e}")))?;
+        let loaded = ready
+            .recv()
+            .map_err(|_| crate::Error::input("the generation thread ended while loading"))??;
+        let (model_tokenizer, model_name) = match loaded {
+            Some((tok, name)) => (Some(tok), Some(name)),
+            None => (None, None),
+        };
+        Ok(Generator {
+            queue,
+            waiting,
+            backlog,
+            model_tokenizer,
+            model_name,
+        })
+    }
+
+    /// Jobs waiting for the worker.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Relaxed)
+    }
+
+    /// Checks `req`, queues it, and returns the channel its text and end come on (429 when
+    /// the queue is full).
+    pub fn submit(
+        &self,
+        req: CompletionRequest,
+        indexes: &super::Indexes,
+        limits: &Limits,
+    ) -> Result<(tokio::sync::mpsc::UnboundedReceiver<Event>, Mode), ApiError> {
+        let mode = req.mode.unwrap_or(if self.model_tokenizer.is_some() {
+            Mode::Neural
+        } else {
+            Mode::Sbis
+        });
+        check_sampling(&req, limits)?;
+        let (plan, prompt) = self.plan(&req, mode, indexes, limits)?;
+        let (events, rx) = tokio::sync::mpsc::unbounded_channel();
+        let job = Job {
+            plan,
+            prompt,
+            sampler: SamplerConfig {
+                temperature: req.temperature,
+                top_p: req.top_p,
+                top_k: req.top_k,
+            },
+            seed: req.seed,
+            mode,
+            deadline: Instant::now() + limits.generation_time,
+            cancel: Cancel::default(),
+            events,
+        };
+        self.waiting.fetch_add(1, Relaxed);
+        match self.queue.try_send(job) {
+            Ok(()) => Ok((rx, mode)),
+            Err(e) => {
+                self.waiting.fetch_sub(1, Relaxed);
+                Err(match e {
+                    TrySendError::Full(_) => ApiError {
+                        status: 429,
+                        message: format!(
+                            "the generation queue is full ({} waiting, one running); retry later",
+                            self.backlog
+                        ),
+                    },
+                    TrySendError::Disconnected(_) => ApiError {
+                        status: 503,
+                        message: "the generation worker has stopped".into(),
+                    },
+                })
+            }
+        }
+    }
+
+    /// The job `req` asks for, and its prompt's tokens.
+    fn plan(
+        &self,
+        req: &CompletionRequest,
+        mode: Mode,
+        indexes: &super::Indexes,
+        limits: &Limits,
+    ) -> Result<(Plan, Vec<u32>), ApiError> {
+        let guard =
+            match req.guard {
+                Some(0) => return Err(ApiError::bad(
+                    "\"guard\" is the longest span of the corpus the output may repeat: at least 1",
+                )),
+                g => g.map(GuardConfig::new),
+            };
+        if mode == Mode::Sbis {
+            let served = indexes.get(req.index.as_deref())?;
+            let prompt = prompt_ids(&req.prompt, served.tokenizer.as_ref(), limits)?;
+            let k = req.k.unwrap_or(-1);
+            if k == 0 || k < -1 {
+                return Err(ApiError::bad(
+                    "\"k\" is the number of SBIS levels: -1 (all) or at least 1",
+                ));
+            }
+            let cfg = GenConfig {
+                estimator: Estimator::Sbis { k, decay: 0.1 },
+                context: 200,
+                max_tokens: req.max_tokens,
+                guard,
+                cancel: None,
+            };
+            return Ok((Plan::Sbis { served, cfg }, prompt));
+        }
+        let Some(model_tok) = &self.model_tokenizer else {
+            return Err(ApiError::bad(format!(
+                "mode {:?} needs a model: start the server with --model (this one serves the \
+                 index alone: mode \"sbis\")",
+                mode.name()
+            )));
+        };
+        // The index to draft, mix and guard with: the named one, else the first built with
+        // the model's tokenizer.
+        let index = match &req.index {
+            Some(name) => {
+                let served = indexes.get(Some(name))?;
+                if served.tokenizer.fingerprint() != model_tok.fingerprint() {
+                    return Err(ApiError::bad(format!(
+                        "index {name:?} was not built with the model's tokenizer; build one with \
+                         `infgram index --tokenizer MODEL` and serve it"
+                    )));
+                }
+                Some(served)
+            }
+            None => indexes.with_tokenizer(model_tok.as_ref()),
+        };
+        let dir = index.and_then(|s| s.index.dir().map(std::path::Path::to_path_buf));
+        if dir.is_none() && (mode == Mode::Mix || guard.is_some()) {
+            return Err(ApiError::bad(
+                "mixing and the copy guard need an index built with the model's tokenizer: \
+                 serve one (`infgram index --tokenizer MODEL`) and name it in \"index\"",
+            ));
+        }
+        let prompt = prompt_ids(&req.prompt, model_tok.as_ref(), limits)?;
+        let req = ModelGenRequest {
+            prompt: prompt.clone(),
+            assembly: AssemblyOptions {
+                speculative: mode == Mode::Speculative,
+                drafting_index: dir,
+                repetition_penalty: 1.0,
+                guard,
+            },
+            mix: (mode == Mode::Mix).then(crate::mix::Mixer::default),
+            decode: DecodeConfig {
+                max_tokens: req.max_tokens,
+                ..Default::default()
+            },
+        };
+        Ok((Plan::Model { req }, prompt))
+    }
+}
+
+/// Refuses sampling settings out of range.
+fn check_sampling(req: &CompletionRequest, limits: &Limits) -> Result<(), ApiError> {
+    if req.max_tokens == 0 || req.max_tokens > limits.max_tokens {
+        return Err(ApiError::bad(format!(
+            "\"max_tokens\" must be between 1 and {} (this server's limit), got {}",
+            limits.max_tokens, req.max_tokens
+        )));
+    }
+    if !(req.temperature.is_finite() && (0.0..=100.0).contains(&req.temperature)) {
+        return Err(ApiError::bad(format!(
+            "\"temperature\" must be between 0 (greedy) and 100, got {}",
+            req.temperature
+        )));
+    }
+    if !(req.top_p > 0.0 && req.top_p <= 1.0) {
+        return Err(ApiError::bad(format!(
+            "\"top_p\" must be in (0, 1], got {}",
+            req.top_p
+        )));
+    }
+    if req.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::bad(
+            "\"n\": this server returns one completion per request",
+        ));
+    }
+    if req.stop.as_ref().is_some_and(|s| !s.is_null()) {
+        return Err(ApiError::bad(
+            "\"stop\" sequences are not supported: generation ends at max_tokens, an end \
+             token, or the end of a document",
+        ));
+    }
+    Ok(())
+}
+
+/// The prompt's tokens, within the limit.
+fn prompt_ids(prompt: &Prompt, tok: &dyn Tokenizer, limits: &Limits) -> Result<Vec<u32>, ApiError> {
+    let ids = match prompt {
+        Prompt::Text(t) => {
+            let chars = t.chars().count();
+            if chars > limits.prompt_chars {
+                return Err(ApiError::bad(format!(
+                    "the prompt is {chars} characters; this server takes at most {}",
+                    limits.prompt_chars
+                )));
+            }
+            tok.encode(t)?
+        }
+        Prompt::Ids(ids) => ids.clone(),
+    };
+    if ids.len() > limits.prompt_tokens {
+        return Err(ApiError::bad(format!(
+            "the prompt is {} tokens; this server takes at most {}",
+            ids.len(),
+            limits.prompt_tokens
+        )));
+    }
+    Ok(ids)
+}
+
+/// A loaded model's tokenizer and name, for the handlers.
+type ModelInfo = (Arc<dyn Tokenizer>, String);
+
+/// What the worker owns: the model, if any.
+struct Worker {
+    #[cfg(feature = "neural")]
+    model: Option<crate::service::models::LoadedModel>,
+}
+
+/// The worker thread: loads the model, reports, then runs jobs until the queue closes.
+fn worker(
+    spec: Option<String>,
+    opts: ModelOptions,
+    jobs: std::sync::mpsc::Receiver<Job>,
+    waiting: Arc<AtomicUsize>,
+    ready: std::sync::mpsc::Sender<crate::Result<Option<ModelInfo>>>,
+) {
+    let mut state = match load(spec.as_deref(), &opts) {
+        Ok((w, info)) => {
+            let _ = ready.send(Ok(info));
+            w
+        }
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    for job in jobs {
+        waiting.fetch_sub(1, Relaxed);
+        if job.events.is_closed() {
+            continue; // the client left while the job waited
+        }
+        let events = job.events.clone();
+        let result = run_job(&mut state, job);
+        let _ = events.send(Event::Done(result));
+    }
+}
+
+/// Loads the model (with the `neural` feature).
+fn load(spec: Option<&str>, opts: &ModelOptions) -> crate::Result<(Worker, Option<ModelInfo>)> {
+    match spec {
+        None => Ok((
+            Worker {
+                #[cfg(feature = "neural")]
+                model: None,
+            },
+            None,
+        )),
+        #[cfg(feature = "neural")]
+        Some(spec) => {
+            let loaded = crate::service::models::load_model(spec, opts)?;
+            let tok: Arc<dyn Tokenizer> = Arc::new(loaded.tokenizer.clone());
+            let name = format!("{spec} ({})", loaded.path.display());
+            Ok((
+                Worker {
+                    model: Some(loaded),
+                },
+                Some((tok, name)),
+            ))
+        }
+        #[cfg(not(feature = "neural"))]
+        Some(_) => {
+            let _ = opts;
+            Err(crate::Error::input(
+                "this infgram was built without neural models (feature `neural`); rebuild with \
+                 default features to serve --model",
+            ))
+        }
+    }
+}
+
+/// Runs one job, sending its text as it comes.
+fn run_job(state: &mut Worker, job: Job) -> Result<Summary, ApiError> {
+    let Job {
+        plan,
+        prompt,
+        sampler,
+        seed,
+        mode,
+        deadline,
+        cancel,
+        events,
+    } = job;
+    let mut sampler = Sampler::new(sampler, seed);
+    let mut stream = Utf8Stream::default();
+    let mut timed_out = false;
+    let started = Instant::now();
+    let mut emit = |tok: &dyn Tokenizer, t: u32| {
+        let text = stream.push(&tok.decode_bytes(&[t]).unwrap_or_default());
+        if !text.is_empty() && events.send(Event::Text(text)).is_err() {
+            cancel.cancel(); // the client has gone
+        }
+        if Instant::now() > deadline {
+            timed_out = true;
+            cancel.cancel();
+        }
+    };
+    let (tokens, stopped_early, mut infgram) = match plan {
+        Plan::Sbis { served, mut cfg } => {
+            cfg.cancel = Some(cancel.clone());
+            let tok = served.tokenizer.clone();
+            let g = generate(served.index.clone(), &prompt, &cfg, &mut sampler, |t| {
+                emit(tok.as_ref(), t)
+            })?;
+            let natural_end = g.hit_end || g.decode.exhausted;
+            let info = json!({
+                "stopped_at_document_end": g.hit_end,
+                "guard": g.guard,
+                "guard_exhausted": g.decode.exhausted,
+            });
+            (g.tokens.len(), natural_end, info)
+        }
+        Plan::Model { mut req } => {
+            req.decode.cancel = Some(cancel.clone());
+            model_job(state, &req, &mut sampler, &mut emit)?
+        }
+    };
+    let rest = stream.finish();
+    if !rest.is_empty() {
+        let _ = events.send(Event::Text(rest));
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    infgram["mode"] = json!(mode.name());
+    infgram["seconds"] = json!(seconds);
+    infgram["tokens_per_second"] = json!(tokens as f64 / seconds.max(1e-9));
+    infgram["time_limit_reached"] = json!(timed_out);
+    Ok(Summary {
+        prompt_tokens: prompt.len(),
+        completion_tokens: tokens,
+        finish_reason: if stopped_early && !timed_out {
+            "stop"
+        } else {
+            "length"
+        },
+        infgram,
+    })
+}
+
+/// A job of the neural model: tokens generated, whether it ended by itself, statistics.
+#[cfg(feature = "neural")]
+fn model_job(
+    state: &mut Worker,
+    req: &ModelGenRequest,
+    sampler: &mut Sampler,
+    emit: &mut dyn FnMut(&dyn Tokenizer, u32),
+) -> Result<(usize, bool, Value), ApiError> {
+    let Some(crate::service::models::LoadedModel {
+        model, tokenizer, ..
+    }) = state.model.as_mut()
+    else {
+        return Err(ApiError::bad("this server has no model"));
+    };
+    let tok: &dyn Tokenizer = tokenizer;
+    let g = generate_with_model(model.as_mut(), tok, req, sampler, |t| emit(tok, t))?;
+    let natural_end =
+        !g.stats.cancelled && (g.tokens.len() < req.decode.max_tokens || g.stats.exhausted);
+    let info = json!({
+        "stats": g.stats,
+        "acceptance_rate": g.stats.acceptance_rate(),
+        "max_copied_span": g.guard.map(|r| r.max_copied_span),
+        "guard": g.guard.and_then(|r| r.guard),
+        "guard_exhausted": g.stats.exhausted,
+    });
+    Ok((g.tokens.len(), natural_end, info))
+}
+
+/// Without the `neural` feature there is no model job.
+#[cfg(not(feature = "neural"))]
+fn model_job(
+    _state: &mut Worker,
+    _req: &ModelGenRequest,
+    _sampler: &mut Sampler,
+    _emit: &mut dyn FnMut(&dyn Tokenizer, u32),
+) -> Result<(usize, bool, Value), ApiError> {
+    Err(ApiError::bad(
+        "this infgram was built without neural models",
+    ))
+}
+
+/// The OpenAI completion object (`chunk`: one event of a stream, no usage).
+pub fn completion_json(
+    id: &str,
+    created: u64,
+    model: &str,
+    text: &str,
+    finish_reason: Option<&str>,
+    summary: Option<&Summary>,
+) -> Value {
+    let mut v = json!({
+        "id": id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{
+            "text": text,
+            "index": 0,
+            "logprobs": null,
+            "finish_reason": finish_reason,
+        }],
+    });
+    if let Some(s) = summary {
+        v["usage"] = json!({
+            "prompt_tokens": s.prompt_tokens,
+            "completion_tokens": s.completion_tokens,
+            "total_tokens": s.prompt_tokens + s.completion_tokens,
+        });
+        v["infgram"] = s.infgram.clone();
+    }
+    v
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// How long a generation may run, by default.
+pub const DEFAULT_GENERATION_TIME: Duration = Duration::from_secs(120);

@@ -1,0 +1,670 @@
+//! `infgram serve`: the infini-gram HTTP API and an OpenAI-style generation API over the
+//! service layer (feature `server`: axum on tokio, connections served by hyper).
+//!
+//! * `POST /` — the infini-gram API ([`api`]): `{"index", "query_type", "query" |
+//!   "query_ids", ...}` → the service's [`execute`] plus `latency`, `token_ids`, `tokens`.
+//!   Queries run on tokio's blocking pool (at most [`Limits::concurrent_queries`] at once), so
+//!   a slow one never holds an I/O thread.
+//! * `POST /v1/completions` — generation ([`completions`]) on one worker thread with a bounded
+//!   queue; streamed as server-sent events with `"stream": true`.
+//! * `GET /health`, `GET /metrics` (Prometheus text, [`metrics`]), `GET /v1/models`.
+//!
+//! Every refusal is `{"error": MESSAGE}` with a 4xx status. Limits ([`Limits`]) bound the body,
+//! the query, the work of one query and the time a request or a slow client may take. One
+//! line per request goes to stderr (unless `log_requests` is off). SIGINT or SIGTERM stops
+//! accepting connections and lets the open ones finish (for at most [`SHUTDOWN_GRACE`]).
+
+pub mod api;
+pub mod completions;
+pub mod metrics;
+
+use crate::index::Index;
+use crate::service::execute;
+use crate::service::models::ModelOptions;
+use crate::tokenizer::Tokenizer;
+use api::{finish_answer, read_request, ApiError};
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use completions::{completion_json, unix_seconds, CompletionRequest, Event, Generator};
+use memmap2::Mmap;
+use metrics::Metrics;
+use serde_json::{json, Value};
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long open connections may take to finish after a shutdown signal.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// What the server accepts; each is a clear 4xx when passed.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Request body, in bytes (413 past it).
+    pub body_bytes: usize,
+    /// Characters of a query string (infini-gram's API: 1,000).
+    pub query_chars: usize,
+    /// Tokens of a query (infini-gram's API: 500).
+    pub query_tokens: usize,
+    /// Documents a `search_docs` / `attribute` query returns at most (`maxnum`).
+    pub maxnum: usize,
+    /// Tokens of a document window at most (`max_disp_len`).
+    pub max_disp_len: usize,
+    /// `max_diff_tokens` of a CNF query at most.
+    pub max_diff_tokens: usize,
+    /// Characters of a completion prompt.
+    pub prompt_chars: usize,
+    /// Tokens of a completion prompt.
+    pub prompt_tokens: usize,
+    /// `max_tokens` of a completion at most.
+    pub max_tokens: usize,
+    /// Time a query may take (408 past it).
+    pub query_time: Duration,
+    /// Time a generation may take (it ends there, `finish_reason: "length"`).
+    pub generation_time: Duration,
+    /// Time a client has to send a request's headers, and its body.
+    pub client_time: Duration,
+    /// Generations waiting at most (429 past it).
+    pub backlog: usize,
+    /// Queries running at once at most (more wait their turn).
+    pub concurrent_queries: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            body_bytes: 64 * 1024,
+            query_chars: 1000,
+            query_tokens: 500,
+            maxnum: 10,
+            max_disp_len: 10_000,
+            max_diff_tokens: 1000,
+            prompt_chars: 20_000,
+            prompt_tokens: 4096,
+            max_tokens: 2048,
+            query_time: Duration::from_secs(10),
+            generation_time: completions::DEFAULT_GENERATION_TIME,
+            client_time: Duration::from_secs(10),
+            backlog: 8,
+            concurrent_queries: 64,
+        }
+    }
+}
+
+/// What to serve, where, and within which limits.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Address to listen on (port 0: any free port).
+    pub addr: SocketAddr,
+    /// Indexes by name.
+    pub indexes: Vec<(String, PathBuf)>,
+    /// A neural model for `/v1/completions` (as `gen --model` takes it).
+    pub model: Option<String>,
+    /// How the model is loaded.
+    pub model_options: ModelOptions,
+    /// The limits.
+    pub limits: Limits,
+    /// One line per request on stderr.
+    pub log_requests: bool,
+}
+
+/// A served index with its tokenizer.
+pub struct Served {
+    /// Its name in requests.
+    pub name: String,
+    /// The index.
+    pub index: Arc<Index<Mmap>>,
+    /// The tokenizer it was built with.
+    pub tokenizer: Arc<dyn Tokenizer>,
+}
+
+/// The served indexes.
+pub struct Indexes {
+    list: Vec<Arc<Served>>,
+}
+
+impl Indexes {
+    /// Opens each `(name, dir)` with the tokenizer it names.
+    pub fn open(dirs: &[(String, PathBuf)]) -> crate::Result<Self> {
+        let mut list = Vec::new();
+        for (name, dir) in dirs {
+            if list.iter().any(|s: &Arc<Served>| &s.name == name) {
+                return Err(crate::Error::input(format!(
+                    "two indexes are named {name:?}: give each --index NAME=DIR its own name"
+                )));
+            }
+            let (index, tok) = crate::service::open_index(dir, None)?;
+            list.push(Arc::new(Served {
+                name: name.clone(),
+                index: Arc::new(index),
+                tokenizer: Arc::from(tok),
+            }));
+        }
+        if list.is_empty() {
+            return Err(crate::Error::input("the server needs at least one index"));
+        }
+        Ok(Indexes { list })
+    }
+
+    /// The index `name`, or the only one when `None` (404 when there is no such index).
+    pub fn get(&self, name: Option<&str>) -> Result<Arc<Served>, ApiError> {
+        let found = match name {
+            Some(n) => self.list.iter().find(|s| s.name == n),
+            None if self.list.len() == 1 => self.list.first(),
+            None => {
+                return Err(ApiError::bad(format!(
+                    "this server has several indexes: name one in \"index\" ({})",
+                    self.names()
+                )))
+            }
+        };
+        found.cloned().ok_or_else(|| ApiError {
+            status: 404,
+            message: format!(
+                "no index {:?} here; this server has: {}",
+                name.unwrap_or_default(),
+                self.names()
+            ),
+        })
+    }
+
+    /// The first index built with `tok`.
+    pub fn with_tokenizer(&self, tok: &dyn Tokenizer) -> Option<Arc<Served>> {
+        let fp = tok.fingerprint();
+        self.list
+            .iter()
+            .find(|s| s.tokenizer.fingerprint() == fp)
+            .cloned()
+    }
+
+    fn names(&self) -> String {
+        self.list
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// Everything the handlers share.
+struct AppState {
+    indexes: Indexes,
+    limits: Limits,
+    metrics: Metrics,
+    generator: Generator,
+    queries: tokio::sync::Semaphore,
+    log_requests: bool,
+    started: Instant,
+    completions: AtomicU64,
+}
+
+/// The endpoint a response answered, for metrics and the log (set by the handlers).
+#[derive(Clone, Copy)]
+struct Endpoint(&'static str);
+
+/// A bound server, ready to run.
+pub struct Server {
+    listener: tokio::net::TcpListener,
+    router: Router,
+    state: Arc<AppState>,
+}
+
+impl Server {
+    /// Opens the indexes, loads the model (on the generation thread) and binds the address.
+    pub async fn bind(config: ServerConfig) -> crate::Result<Server> {
+        let indexes = Indexes::open(&config.indexes)?;
+        let generator = Generator::start(
+            config.model.as_deref(),
+            &config.model_options,
+            config.limits.backlog,
+        )?;
+        let listener = tokio::net::TcpListener::bind(config.addr)
+            .await
+            .map_err(|e| {
+                crate::Error::input(format!(
+                    "cannot listen on {}: {e} (is another server on that port? try --addr \
+                     127.0.0.1:0 for any free port)",
+                    config.addr
+                ))
+            })?;
+        let state = Arc::new(AppState {
+            indexes,
+            queries: tokio::sync::Semaphore::new(config.limits.concurrent_queries.max(1)),
+            limits: config.limits,
+            metrics: Metrics::default(),
+            generator,
+            log_requests: config.log_requests,
+            started: Instant::now(),
+            completions: AtomicU64::new(0),
+        });
+        let router = router(state.clone());
+        Ok(Server {
+            listener,
+            router,
+            state,
+        })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    /// The model the server generates with, if any.
+    pub fn model_name(&self) -> Option<&str> {
+        self.state.generator.model_name.as_deref()
+    }
+
+    /// Serves until `shutdown` resolves, then lets open connections finish (for at most
+    /// [`SHUTDOWN_GRACE`]).
+    pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> crate::Result<()> {
+        use hyper_util::rt::{TokioIo, TokioTimer};
+        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        let client_time = self.state.limits.client_time;
+        tokio::pin!(shutdown);
+        loop {
+            let (stream, _peer) = tokio::select! {
+                accepted = self.listener.accept() => match accepted {
+                    Ok(conn) => conn,
+                    // Out of descriptors, a reset before accept: wait a little, go on.
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                },
+                () = &mut shutdown => break,
+            };
+            let _ = stream.set_nodelay(true);
+            let router = self.router.clone();
+            let service = hyper::service::service_fn(move |req: hyper::Request<_>| {
+                tower::ServiceExt::oneshot(router.clone(), req)
+            });
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(client_time)
+                .keep_alive(true);
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            let conn = graceful.watch(conn);
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+        }
+        drop(self.listener);
+        let _ = tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown()).await;
+        Ok(())
+    }
+}
+
+/// Runs a server on a new tokio runtime until SIGINT or SIGTERM; `ready` is told the address
+/// once it listens.
+pub fn serve(config: ServerConfig, ready: impl FnOnce(&Server)) -> crate::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| crate::Error::input(format!("cannot start the async runtime: {e}")))?;
+    runtime.block_on(async move {
+        let server = Server::bind(config).await?;
+        ready(&server);
+        server.run(shutdown_signal()).await
+    })
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = interrupt => {},
+                    _ = term.recv() => {},
+                }
+            }
+            Err(_) => {
+                let _ = interrupt.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+}
+
+/// The routes, with the body limit, the body read timeout, and the logging / metrics layer.
+fn router(state: Arc<AppState>) -> Router {
+    let limits = &state.limits;
+    Router::new()
+        .route("/", post(query))
+        .route("/v1/completions", post(completions_handler))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_handler))
+        .route("/v1/models", get(models))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::extract::DefaultBodyLimit::max(limits.body_bytes))
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
+            limits.client_time,
+        ))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
+        .with_state(state)
+}
+
+/// Records every request in the metrics and (unless turned off) logs one line for it.
+async fn observe(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    let response = next.run(req).await;
+    let seconds = started.elapsed().as_secs_f64();
+    let status = response.status().as_u16();
+    let endpoint = response
+        .extensions()
+        .get::<Endpoint>()
+        .map_or("other", |e| e.0);
+    state.metrics.record(endpoint, status, seconds);
+    if state.log_requests {
+        let line = format!(
+            "{:.3} {method} {path} {status} {endpoint} {:.3} ms\n",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
+            seconds * 1e3
+        );
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    }
+    response
+}
+
+/// A JSON response tagged with its endpoint.
+fn json_response(endpoint: &'static str, status: u16, body: &Value) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut r = (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response();
+    r.extensions_mut().insert(Endpoint(endpoint));
+    r
+}
+
+/// `{"error": message}` with the error's status.
+fn error_response(endpoint: &'static str, e: &ApiError) -> Response {
+    json_response(endpoint, e.status, &json!({ "error": e.message }))
+}
+
+/// A body the server could not read (too large, too slow, cut off).
+fn body_error(rejection: &BytesRejection) -> ApiError {
+    let status = rejection.status().as_u16();
+    let message = if status == 413 {
+        "the request body is larger than this server accepts (--max-body)".to_string()
+    } else {
+        format!("cannot read the request body: {}", rejection.body_text())
+    };
+    ApiError { status, message }
+}
+
+/// `POST /`: one infini-gram API query.
+async fn query(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let body = match body {
+        Ok(b) => b,
+        Err(rejection) => return error_response("other", &body_error(&rejection)),
+    };
+    let request = match read_request(&body, &state.limits) {
+        Ok(r) => r,
+        Err(e) => return error_response("other", &e),
+    };
+    let endpoint = request.query_type;
+    match answer_query(&state, request).await {
+        Ok(v) => json_response(endpoint, 200, &v),
+        Err(e) => error_response(endpoint, &e),
+    }
+}
+
+/// Runs a query on the blocking pool, within the time limit.
+async fn answer_query(state: &Arc<AppState>, request: api::ApiQuery) -> Result<Value, ApiError> {
+    let served = state.indexes.get(request.index.as_deref())?;
+    let _permit = state
+        .queries
+        .acquire()
+        .await
+        .map_err(|_| ApiError::bad("the server is shutting down"))?;
+    let limits = state.limits.clone();
+    let task = tokio::task::spawn_blocking(move || {
+        let tok = served.tokenizer.as_ref();
+        let started = Instant::now();
+        let (query, tokens) = request.to_query(tok, &limits)?;
+        let mut answer = execute(&served.index, tok, &query)?;
+        let latency_ms = started.elapsed().as_secs_f64() * 1e3;
+        finish_answer(&mut answer, &tokens, tok, latency_ms);
+        Ok::<_, ApiError>(answer)
+    });
+    match tokio::time::timeout(state.limits.query_time, task).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(_panicked)) => Err(ApiError {
+            status: 500,
+            message: "the query failed inside the engine (a bug: please report it with the \
+                      request)"
+                .into(),
+        }),
+        Err(_) => Err(ApiError {
+            status: 408,
+            message: format!(
+                "the query took longer than this server's limit of {:.1} s (--query-timeout)",
+                state.limits.query_time.as_secs_f64()
+            ),
+        }),
+    }
+}
+
+/// `POST /v1/completions`.
+async fn completions_handler(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    const ENDPOINT: &str = "completions";
+    let body = match body {
+        Ok(b) => b,
+        Err(rejection) => return error_response(ENDPOINT, &body_error(&rejection)),
+    };
+    let req: CompletionRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return error_response(
+                ENDPOINT,
+                &ApiError::bad(format!("not a completion request: {e}")),
+            )
+        }
+    };
+    let stream = req.stream;
+    let (mut events, mode) = match state.generator.submit(req, &state.indexes, &state.limits) {
+        Ok(x) => x,
+        Err(e) => return error_response(ENDPOINT, &e),
+    };
+    let id = format!("cmpl-{}", state.completions.fetch_add(1, Relaxed));
+    let created = unix_seconds();
+    let model = match (&state.generator.model_name, mode) {
+        (Some(m), m2) if m2 != completions::Mode::Sbis => m.clone(),
+        _ => "infgram-sbis".to_string(),
+    };
+    if stream {
+        let body = futures_util::stream::unfold((events, false), move |(mut events, finished)| {
+            let (id, model) = (id.clone(), model.clone());
+            async move {
+                if finished {
+                    return None;
+                }
+                let (chunk, finished) = match events.recv().await {
+                    Some(Event::Text(t)) => (
+                        sse(&completion_json(&id, created, &model, &t, None, None)),
+                        false,
+                    ),
+                    Some(Event::Done(Ok(s))) => {
+                        let last = completion_json(
+                            &id,
+                            created,
+                            &model,
+                            "",
+                            Some(s.finish_reason),
+                            Some(&s),
+                        );
+                        (format!("{}data: [DONE]\n\n", sse(&last)), true)
+                    }
+                    Some(Event::Done(Err(e))) => (
+                        format!("{}data: [DONE]\n\n", sse(&json!({ "error": e.message }))),
+                        true,
+                    ),
+                    None => return None,
+                };
+                Some((Ok::<_, std::convert::Infallible>(chunk), (events, finished)))
+            }
+        });
+        let mut r = (
+            [
+                (header::CONTENT_TYPE, "text/event-stream"),
+                (header::CACHE_CONTROL, "no-cache"),
+            ],
+            Body::from_stream(body),
+        )
+            .into_response();
+        r.extensions_mut().insert(Endpoint(ENDPOINT));
+        return r;
+    }
+    let mut text = String::new();
+    while let Some(event) = events.recv().await {
+        match event {
+            Event::Text(t) => text.push_str(&t),
+            Event::Done(Ok(s)) => {
+                let v =
+                    completion_json(&id, created, &model, &text, Some(s.finish_reason), Some(&s));
+                return json_response(ENDPOINT, 200, &v);
+            }
+            Event::Done(Err(e)) => return error_response(ENDPOINT, &e),
+        }
+    }
+    error_response(
+        ENDPOINT,
+        &ApiError {
+            status: 503,
+            message: "the generation worker stopped before the end".into(),
+        },
+    )
+}
+
+/// One server-sent event carrying `v`.
+fn sse(v: &Value) -> String {
+    format!("data: {v}\n\n")
+}
+
+/// `GET /health`: the indexes, the model, the queue.
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    let indexes: Vec<Value> = state
+        .indexes
+        .list
+        .iter()
+        .map(|s| {
+            let h = s.index.header();
+            json!({
+                "name": s.name,
+                "tokens": s.index.total_tokens(),
+                "shards": s.index.shards().len(),
+                "tokenizer": h.tokenizer.kind,
+            })
+        })
+        .collect();
+    let v = json!({
+        "status": "ok",
+        "indexes": indexes,
+        "model": state.generator.model_name,
+        "generation_waiting": state.generator.waiting(),
+        "uptime_seconds": state.started.elapsed().as_secs_f64(),
+        "requests": state.metrics.total_requests(),
+    });
+    json_response("health", 200, &v)
+}
+
+/// `GET /metrics`: Prometheus text.
+async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
+    let text = state.metrics.render(&[
+        (
+            "infgram_generation_waiting",
+            "Generations waiting for the worker.",
+            state.generator.waiting() as f64,
+        ),
+        (
+            "infgram_uptime_seconds",
+            "Seconds since the server started.",
+            state.started.elapsed().as_secs_f64(),
+        ),
+    ]);
+    let mut r = ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response();
+    r.extensions_mut().insert(Endpoint("metrics"));
+    r
+}
+
+/// `GET /v1/models`: the one model (or the ∞-gram alone), in OpenAI's list shape.
+async fn models(State(state): State<Arc<AppState>>) -> Response {
+    let id = state
+        .generator
+        .model_name
+        .clone()
+        .unwrap_or_else(|| "infgram-sbis".into());
+    let v = json!({
+        "object": "list",
+        "data": [{ "id": id, "object": "model", "created": 0, "owned_by": "infgram" }],
+    });
+    json_response("models", 200, &v)
+}
+
+/// Any other path.
+async fn not_found(req: Request) -> Response {
+    error_response(
+        "other",
+        &ApiError {
+            status: 404,
+            message: format!(
+                "no endpoint {}: POST / (infini-gram queries), POST /v1/completions, GET /health, \
+                 GET /metrics",
+                req.uri().path()
+            ),
+        },
+    )
+}
+
+/// A known path with the wrong method.
+async fn method_not_allowed(req: Request) -> Response {
+    error_response(
+        "other",
+        &ApiError {
+            status: 405,
+            message: format!(
+                "{} is not allowed on {}: queries and completions are POST requests with a JSON \
+                 body; /health and /metrics are GET",
+                req.method(),
+                req.uri().path()
+            ),
+        },
+    )
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        error_response("other", &self)
+    }
+}
