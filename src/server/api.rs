@@ -399,24 +399,28 @@ fn token_texts(ids: &[u32], tok: &dyn Tokenizer) -> Vec<String> {
 }
 
 /// Adds the API's fields to an answer: `latency` (ms), and `token_ids` / `tokens` (or
-/// `token_idsss` / `tokensss` for a CNF).
+/// `token_idsss` / `tokensss` for a CNF) where the answer has no field of that name (a
+/// `creativity` answer's `tokens` is its length).
 pub fn finish_answer(answer: &mut Value, tokens: &Tokens, tok: &dyn Tokenizer, latency_ms: f64) {
     let Value::Object(obj) = answer else {
         return;
     };
     obj.insert("latency".into(), json!(latency_ms));
-    match tokens {
-        Tokens::Ids(ids) => {
-            obj.insert("token_ids".into(), json!(ids));
-            obj.insert("tokens".into(), json!(token_texts(ids, tok)));
-        }
+    let (ids_key, texts_key, ids, texts) = match tokens {
+        Tokens::Ids(ids) => (
+            "token_ids",
+            "tokens",
+            json!(ids),
+            json!(token_texts(ids, tok)),
+        ),
         Tokens::Cnf(cnf) => {
             let texts: Vec<Vec<Vec<String>>> = cnf
                 .iter()
                 .map(|c| c.iter().map(|g| token_texts(g, tok)).collect())
                 .collect();
-            obj.insert("token_idsss".into(), json!(cnf));
-            obj.insert("tokensss".into(), json!(texts));
+            ("token_idsss", "tokensss", json!(cnf), json!(texts))
         }
-    }
+    };
+    obj.entry(ids_key).or_insert(ids);
+    obj.entry(texts_key).or_insert(texts);
 }

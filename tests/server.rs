@@ -1,0 +1,931 @@
+//! `infgram serve` across processes, on 127.0.0.1 only: every endpoint against the library's
+//! answers, the limits and malformed requests (4xx, and the server keeps serving), streaming,
+//! a client that disconnects mid-stream, slow clients, a bounded burst of concurrent requests,
+//! Python's standard-library client, and a graceful stop on SIGTERM. Every request loop is
+//! bounded in count, and every client read in time.
+
+#![cfg(feature = "server")]
+
+use infgram::decode::{Sampler, SamplerConfig};
+use infgram::ngram::Estimator;
+use infgram::service::query::{Continuation, Query, Subject};
+use infgram::service::{execute, generate, open_index, GenConfig};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A server child process, killed when dropped.
+struct Server {
+    child: Child,
+    url: String,
+    addr: String,
+    log: std::sync::Mutex<std::sync::mpsc::Receiver<String>>,
+}
+
+impl Server {
+    /// Starts `infgram serve --addr 127.0.0.1:0 ARGS` and waits until it listens.
+    fn start(args: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_infgram"))
+            .arg("serve")
+            .args(["--addr", "127.0.0.1:0"])
+            .args(args)
+            .env(
+                "INFGRAM_CACHE",
+                std::env::temp_dir().join("infgram-test-cache"),
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start infgram serve");
+        // Drain stderr (one line per request) on a thread, passing lines on.
+        let stderr = child.stderr.take().unwrap();
+        let (tx, log) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let mut seen = Vec::new();
+        let addr = loop {
+            let line = log
+                .recv_timeout(Duration::from_secs(300))
+                .unwrap_or_else(|_| panic!("the server did not start: {seen:?}"));
+            if let Some(rest) = line.strip_prefix("listening on http://") {
+                break rest.split_whitespace().next().unwrap().to_string();
+            }
+            seen.push(line);
+        };
+        assert!(addr.starts_with("127.0.0.1:"), "{addr}");
+        Server {
+            child,
+            url: format!("http://{addr}"),
+            addr,
+            log: std::sync::Mutex::new(log),
+        }
+    }
+
+    /// POSTs `body` to `path`: (status, JSON answer).
+    fn post(&self, path: &str, body: &str) -> (u16, Value) {
+        let (status, text) = self.request("POST", path, Some(body));
+        let v = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {text:?} for {body}"));
+        (status, v)
+    }
+
+    /// One request: (status, body text).
+    fn request(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(120)))
+            .build()
+            .into();
+        let url = format!("{}{path}", self.url);
+        let response = match (method, body) {
+            ("POST", Some(b)) => agent
+                .post(&url)
+                .header("Content-Type", "application/json")
+                .send(b),
+            ("GET", None) => agent.get(&url).call(),
+            other => panic!("no such request in these tests: {other:?}"),
+        }
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let status = response.status().as_u16();
+        let text = response.into_body().read_to_string().unwrap();
+        (status, text)
+    }
+
+    /// A query of the infini-gram API that must succeed: its answer without the API's
+    /// per-request fields.
+    fn query(&self, body: Value) -> Value {
+        let (status, mut v) = self.post("/", &body.to_string());
+        assert_eq!(status, 200, "{body} → {v}");
+        let obj = v.as_object_mut().unwrap();
+        assert!(obj.remove("latency").unwrap().as_f64().unwrap() >= 0.0);
+        for k in ["token_ids", "tokens", "token_idsss", "tokensss"] {
+            if obj.get(k).is_some_and(Value::is_array) {
+                obj.remove(k);
+            }
+        }
+        v
+    }
+
+    /// A request that must be refused with `status`: its error message.
+    fn refused(&self, path: &str, body: &str, status: u16) -> String {
+        let (got, v) = self.post(path, body);
+        assert_eq!(got, status, "{body} → {v}");
+        v["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no error message: {v}"))
+            .to_string()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn run(args: &[&str]) {
+    let out = Command::new(env!("CARGO_BIN_EXE_infgram"))
+        .args(args)
+        .env(
+            "INFGRAM_CACHE",
+            std::env::temp_dir().join("infgram-test-cache"),
+        )
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A corpus of a few documents of a small vocabulary, indexed byte-level at `dir/idx`.
+fn small_index(dir: &Path) -> PathBuf {
+    let corpus = dir.join("corpus");
+    std::fs::create_dir_all(&corpus).unwrap();
+    let words = ["the", "cat", "sat", "on", "mat", "dog", "ran", "a", "log"];
+    let mut x = 7u64;
+    for d in 0..6 {
+        let text: Vec<&str> = (0..400)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                words[(x >> 33) as usize % words.len()]
+            })
+            .collect();
+        std::fs::write(corpus.join(format!("d{d}.txt")), text.join(" ")).unwrap();
+    }
+    let idx = dir.join("idx");
+    run(&[
+        "index",
+        "-o",
+        idx.to_str().unwrap(),
+        corpus.to_str().unwrap(),
+    ]);
+    idx
+}
+
+/// The library's answer, as JSON (written and read back, as the server's answers are: serde
+/// reads floats to within an ulp).
+fn library(idx: &Path, q: Query) -> Value {
+    let (index, tok) = open_index(idx, None).unwrap();
+    let mut v = execute(&index, tok.as_ref(), &q).unwrap();
+    v.as_object_mut().unwrap().remove("token_ids"); // the server's answers are compared without it
+    serde_json::from_str(&v.to_string()).unwrap()
+}
+
+fn ids(s: &str) -> Vec<u32> {
+    s.bytes().map(u32::from).collect()
+}
+
+#[test]
+fn every_query_type_answers_as_the_library_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let idx = small_index(tmp.path());
+    let spec = format!("small={}", idx.display());
+    let server = Server::start(&["--index", &spec, "--quiet"]);
+    let subject = |s: &str| Subject::ids(ids(s));
+    let cont = |c: u8| Continuation {
+        cont_id: Some(c as u32),
+        cont_text: None,
+    };
+    // count, with text and with ids; the index named or not (the only one).
+    let want = library(
+        &idx,
+        Query::Count {
+            subject: subject("the cat"),
+            cnf: None,
+            max_diff_tokens: 10,
+            max_clause_freq: 50_000,
+        },
+    );
+    assert!(want["count"].as_u64().unwrap() > 0);
+    assert_eq!(
+        server.query(json!({"index": "small", "query_type": "count", "query": "the cat"})),
+        want
+    );
+    assert_eq!(
+        server.query(json!({"query_type": "count", "query_ids": ids("the cat")})),
+        want
+    );
+    // CNF count: from a query string with AND / OR, and from nested ids.
+    let cnf = vec![vec![ids("cat"), ids("dog")], vec![ids("mat")]];
+    let want = library(
+        &idx,
+        Query::Count {
+            subject: subject(""),
+            cnf: Some(cnf.clone()),
+            max_diff_tokens: 10,
+            max_clause_freq: 50_000,
+        },
+    );
+    assert_eq!(
+        server.query(json!({"query_type": "count", "query": "cat OR dog AND mat"})),
+        want
+    );
+    assert_eq!(
+        server.query(json!({"query_type": "count", "query_ids": cnf})),
+        want
+    );
+    // prob and infgram_prob: the query's last token is the continuation.
+    let want = library(
+        &idx,
+        Query::Prob {
+            subject: subject("the ca"),
+            cont: cont(b't'),
+        },
+    );
+    assert_eq!(
+        server.query(json!({"query_type": "prob", "query": "the cat"})),
+        want
+    );
+    assert_eq!(
+        server.query(json!({"query_type": "prob", "query": "the ca", "cont_id": 116})),
+        want
+    );
+    let want = library(
+        &idx,
+        Query::InfgramProb {
+            subject: subject("zzz the ca"),
+            cont: cont(b't'),
+        },
+    );
+    assert_eq!(want["suffix_len"], json!(7));
+    assert_eq!(
+        server.query(json!({"query_type": "infgram_prob", "query": "zzz the cat"})),
+        want
+    );
+    for (qt, q) in [
+        (
+            "ntd",
+            Query::Ntd {
+                subject: subject("the "),
+            },
+        ),
+        (
+            "infgram_ntd",
+            Query::InfgramNtd {
+                subject: subject("zzz sat on "),
+            },
+        ),
+        (
+            "find",
+            Query::Find {
+                subject: subject("dog ran"),
+            },
+        ),
+        (
+            "longest_match",
+            Query::LongestMatch {
+                subject: subject("the cat sat on the log"),
+            },
+        ),
+    ] {
+        let text = String::from_utf8(
+            q.subject()
+                .input_ids
+                .clone()
+                .unwrap()
+                .iter()
+                .map(|&b| b as u8)
+                .collect(),
+        )
+        .unwrap();
+        assert_eq!(
+            server.query(json!({"query_type": qt, "query": text})),
+            library(&idx, q),
+            "{qt}"
+        );
+    }
+    // search_docs: one document unless maxnum says more.
+    let q = |maxnum| Query::SearchDocs {
+        subject: subject(""),
+        cnf: Some(vec![vec![ids("cat sat")]]),
+        maxnum,
+        max_diff_tokens: 10,
+        max_clause_freq: 50_000,
+        max_disp_len: 30,
+    };
+    assert_eq!(
+        server.query(json!({"query_type": "search_docs", "query": "cat sat", "max_disp_len": 30})),
+        library(&idx, q(1))
+    );
+    let three = server.query(
+        json!({"query_type": "search_docs", "query": "cat sat", "maxnum": 3, "max_disp_len": 30}),
+    );
+    assert_eq!(three, library(&idx, q(3)));
+    assert_eq!(three["documents"].as_array().unwrap().len(), 3);
+    // attribute and creativity.
+    let text = "the cat sat on the mat and the dog ran on a log";
+    let want = library(
+        &idx,
+        Query::Attribute {
+            subject: subject(text),
+            min_len: 6,
+            maxnum: 2,
+            max_disp_len: 20,
+        },
+    );
+    assert_eq!(server.query(json!({"query_type": "attribute", "query": text, "min_len": 6, "maxnum": 2, "max_disp_len": 20})), want);
+    let want = library(
+        &idx,
+        Query::Creativity {
+            subject: subject(text),
+            min_n: 5,
+            max_n: 12,
+        },
+    );
+    assert_eq!(
+        server.query(json!({"query_type": "creativity", "query": text})),
+        want
+    );
+    // Documents by rank and by pointer.
+    let want = library(
+        &idx,
+        Query::GetDocByRank {
+            subject: subject(""),
+            s: 0,
+            rank: 17,
+            max_disp_len: 25,
+        },
+    );
+    assert_eq!(
+        server.query(
+            json!({"query_type": "get_doc_by_rank", "s": 0, "rank": 17, "max_disp_len": 25})
+        ),
+        want
+    );
+    let want = library(
+        &idx,
+        Query::GetDocByPtr {
+            subject: subject(""),
+            s: 0,
+            ptr: 900,
+            max_disp_len: 25,
+        },
+    );
+    assert_eq!(
+        server.query(json!({"query_type": "get_doc_by_ptr", "ptr": 900, "max_disp_len": 25})),
+        want
+    );
+    // The API's own fields.
+    let (_, v) = server.post("/", r#"{"query_type": "count", "query": "cat"}"#);
+    assert_eq!(v["token_ids"], json!(ids("cat")));
+    assert_eq!(v["tokens"], json!(["c", "a", "t"]));
+    // health, metrics, models.
+    let (status, health) = server.request("GET", "/health", None);
+    assert_eq!(status, 200);
+    let health: Value = serde_json::from_str(&health).unwrap();
+    assert_eq!(health["status"], "ok");
+    assert_eq!(health["indexes"][0]["name"], "small");
+    let (status, metrics) = server.request("GET", "/metrics", None);
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("infgram_requests_total{endpoint=\"count\"} 5"),
+        "{metrics}"
+    );
+    assert!(metrics
+        .contains("infgram_request_duration_seconds_bucket{endpoint=\"prob\",le=\"+Inf\"} 2"));
+    let (status, models) = server.request("GET", "/v1/models", None);
+    assert_eq!(status, 200);
+    assert!(models.contains("infgram-sbis"));
+}
+
+#[test]
+fn bad_requests_get_4xx_with_a_message_and_the_server_keeps_serving() {
+    let tmp = tempfile::tempdir().unwrap();
+    let idx = small_index(tmp.path());
+    let (a, b) = (
+        format!("a={}", idx.display()),
+        format!("b={}", idx.display()),
+    );
+    let server = Server::start(&[
+        "--index",
+        &a,
+        "--index",
+        &b,
+        "--max-body",
+        "2000",
+        "--max-maxnum",
+        "5",
+    ]);
+    let long = "x".repeat(1001);
+    let many: Vec<u32> = vec![1; 501];
+    let cases: Vec<(String, u16, &str)> = vec![
+        ("{not json".into(), 400, "not valid JSON"),
+        ("[1, 2]".into(), 400, "JSON object"),
+        (r#"{"index": "a"}"#.into(), 400, "query_type"),
+        (
+            r#"{"index": "a", "query_type": "nope", "query": "x"}"#.into(),
+            400,
+            "unknown query_type",
+        ),
+        (
+            r#"{"index": "a", "query_type": 3}"#.into(),
+            400,
+            "must be a string",
+        ),
+        (
+            r#"{"index": 3, "query_type": "count", "query": "x"}"#.into(),
+            400,
+            "\"index\" must be a string",
+        ),
+        (
+            r#"{"query_type": "count", "query": "x"}"#.into(),
+            400,
+            "several indexes",
+        ),
+        (
+            r#"{"index": "zz", "query_type": "count", "query": "x"}"#.into(),
+            404,
+            "no index \"zz\"",
+        ),
+        (
+            r#"{"index": "a", "query_type": "count", "query": ["x"]}"#.into(),
+            400,
+            "must be a string",
+        ),
+        (
+            r#"{"index": "a", "query_type": "count", "query": "x", "query_ids": [1]}"#.into(),
+            400,
+            "not both",
+        ),
+        (
+            r#"{"index": "a", "query_type": "count", "query_ids": [-1]}"#.into(),
+            400,
+            "token ids",
+        ),
+        (
+            r#"{"index": "a", "query_type": "count", "query_ids": [1.5]}"#.into(),
+            400,
+            "token ids",
+        ),
+        (
+            format!(r#"{{"index": "a", "query_type": "count", "query": "{long}"}}"#),
+            400,
+            "at most 1000",
+        ),
+        (
+            json!({"index": "a", "query_type": "count", "query_ids": many}).to_string(),
+            400,
+            "at most 500",
+        ),
+        (
+            r#"{"index": "a", "query_type": "search_docs", "query": "cat", "maxnum": 6}"#.into(),
+            400,
+            "\"maxnum\" must be an integer between 0 and 5",
+        ),
+        (
+            r#"{"index": "a", "query_type": "search_docs", "query": "cat", "max_disp_len": 10001}"#
+                .into(),
+            400,
+            "max_disp_len",
+        ),
+        (
+            r#"{"index": "a", "query_type": "search_docs", "query": "cat", "max_clause_freq": 0}"#
+                .into(),
+            400,
+            "max_clause_freq",
+        ),
+        (
+            r#"{"index": "a", "query_type": "count", "query": "a AND b AND c AND d AND e"}"#.into(),
+            400,
+            "at most 4 clauses",
+        ),
+        (
+            r#"{"index": "a", "query_type": "count", "query": "a OR b OR c OR d OR e"}"#.into(),
+            400,
+            "at most 4 clauses",
+        ),
+        (
+            r#"{"index": "a", "query_type": "prob", "query": ""}"#.into(),
+            400,
+            "at least one token",
+        ),
+        (
+            r#"{"index": "a", "query_type": "prob", "query": "ab", "cont_id": "x"}"#.into(),
+            400,
+            "cont_id",
+        ),
+        (
+            r#"{"index": "a", "query_type": "ntd", "query": "a AND b"}"#.into(),
+            200,
+            "",
+        ),
+        (
+            r#"{"index": "a", "query_type": "find", "query_ids": [[[1]]]}"#.into(),
+            400,
+            "not a CNF",
+        ),
+        (
+            r#"{"index": "a", "query_type": "get_doc_by_rank", "rank": 99999999}"#.into(),
+            400,
+            "rank",
+        ),
+        (
+            r#"{"index": "a", "query_type": "get_doc_by_ptr"}"#.into(),
+            400,
+            "needs \"ptr\"",
+        ),
+        (
+            r#"{"index": "a", "query_type": "get_doc_by_ptr", "ptr": 0, "s": 7}"#.into(),
+            400,
+            "shard",
+        ),
+        (
+            format!(r#"{{"pad": "{}"}}"#, "y".repeat(3000)),
+            413,
+            "larger than",
+        ),
+        // Completions.
+        (
+            r#"{"prompt": "the", "index": "a", "max_tokens": 0}"#.into(),
+            400,
+            "max_tokens",
+        ),
+        (
+            r#"{"prompt": "the", "index": "a", "max_tokens": 100000}"#.into(),
+            400,
+            "max_tokens",
+        ),
+        (
+            r#"{"prompt": "the", "index": "a", "temperature": -1}"#.into(),
+            400,
+            "temperature",
+        ),
+        (
+            r#"{"prompt": "the", "index": "a", "top_p": 0}"#.into(),
+            400,
+            "top_p",
+        ),
+        (
+            r#"{"prompt": "the", "index": "a", "n": 2}"#.into(),
+            400,
+            "one completion",
+        ),
+        (
+            r#"{"prompt": "the", "index": "a", "stop": ["\n"]}"#.into(),
+            400,
+            "stop",
+        ),
+        (
+            r#"{"prompt": "the", "index": "a", "guard": 0}"#.into(),
+            400,
+            "at least 1",
+        ),
+        (
+            r#"{"prompt": "the", "index": "a", "k": -5}"#.into(),
+            400,
+            "\"k\"",
+        ),
+        (
+            r#"{"prompt": "the", "index": "a", "mode": "neural"}"#.into(),
+            400,
+            "needs a model",
+        ),
+        (
+            r#"{"prompt": "the", "index": "a", "mode": "telepathy"}"#.into(),
+            400,
+            "unknown variant",
+        ),
+        (
+            r#"{"prompt": "the", "index": "zz"}"#.into(),
+            404,
+            "no index",
+        ),
+        (r#"{"prompt": 5}"#.into(), 400, "not a completion request"),
+        (
+            r#"{"prompt": "the", "index": "a", "frobnicate": 1}"#.into(),
+            400,
+            "unknown field",
+        ),
+        (
+            r#"{"prompt": "the", "index": "a", "max_tokens": 4, "bogus": }"#.into(),
+            400,
+            "not a completion request",
+        ),
+    ];
+    for (i, (body, status, says)) in cases.iter().enumerate() {
+        let path = if body.contains("\"prompt\"") || body.contains("frobnicate") {
+            "/v1/completions"
+        } else {
+            "/"
+        };
+        if *status == 200 {
+            assert_eq!(server.post(path, body).0, 200, "{body}");
+            continue;
+        }
+        let e = server.refused(path, body, *status);
+        assert!(
+            e.contains(says),
+            "case {i}: {body} → {e:?} should say {says:?}"
+        );
+        // Between bad requests, good ones are still answered.
+        assert_eq!(
+            server.query(json!({"index": "b", "query_type": "count", "query": "cat"}))["approx"],
+            json!(false)
+        );
+    }
+    // Wrong methods and paths: JSON errors too.
+    let (status, text) = server.request("GET", "/", None);
+    assert_eq!(status, 405, "{text}");
+    assert!(text.contains("\"error\""));
+    let (status, text) = server.request("GET", "/nowhere", None);
+    assert_eq!(status, 404, "{text}");
+    // One log line per request, none a panic.
+    std::thread::sleep(Duration::from_millis(200));
+    let lines: Vec<String> = server.log.lock().unwrap().try_iter().collect();
+    assert!(lines.len() >= 2 * cases.len(), "{} log lines", lines.len());
+    assert!(
+        lines.iter().any(|l| l.contains("POST / 404 count")),
+        "{lines:?}"
+    );
+    assert!(!lines.iter().any(|l| l.contains("panicked")), "{lines:?}");
+    let (_, metrics) = server.request("GET", "/metrics", None);
+    assert!(
+        !metrics
+            .lines()
+            .any(|l| l.starts_with("infgram_server_errors_total") && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+}
+
+/// Parses a server-sent event stream: the JSON of each `data:` line but `[DONE]`, and whether
+/// `[DONE]` came.
+fn events(text: &str) -> (Vec<Value>, bool) {
+    let mut out = Vec::new();
+    let mut done = false;
+    for line in text.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        if line == "[DONE]" {
+            done = true;
+        } else {
+            out.push(serde_json::from_str(line).unwrap());
+        }
+    }
+    (out, done)
+}
+
+#[test]
+fn sbis_completions_are_the_library_generation_streamed_or_not() {
+    let tmp = tempfile::tempdir().unwrap();
+    let idx = small_index(tmp.path());
+    let spec = format!("small={}", idx.display());
+    let server = Server::start(&["--index", &spec, "--quiet", "--generation-timeout", "30"]);
+    let (index, tok) = open_index(&idx, None).unwrap();
+    let index = Arc::new(index);
+    for (temperature, seed, guard) in [(0.0, 1u64, None), (1.0, 42, None), (0.8, 7, Some(6usize))] {
+        let cfg = GenConfig {
+            estimator: Estimator::Sbis { k: -1, decay: 0.1 },
+            context: 200,
+            max_tokens: 60,
+            guard: guard.map(infgram::service::GuardConfig::new),
+            cancel: None,
+        };
+        let mut sampler = Sampler::new(
+            SamplerConfig {
+                temperature,
+                top_p: 1.0,
+                top_k: 0,
+            },
+            Some(seed),
+        );
+        let g = generate(
+            index.clone(),
+            &tok.encode("the cat").unwrap(),
+            &cfg,
+            &mut sampler,
+            |_| {},
+        )
+        .unwrap();
+        let want = tok.decode(&g.tokens).unwrap();
+        let body = json!({"prompt": "the cat", "max_tokens": 60, "temperature": temperature, "seed": seed, "guard": guard});
+        let (status, v) = server.post("/v1/completions", &body.to_string());
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["object"], "text_completion");
+        assert_eq!(v["choices"][0]["text"], json!(want));
+        assert_eq!(v["usage"]["completion_tokens"], json!(g.tokens.len()));
+        assert_eq!(v["usage"]["prompt_tokens"], json!(7));
+        let finish = if g.tokens.len() == 60 {
+            "length"
+        } else {
+            "stop"
+        };
+        assert_eq!(v["choices"][0]["finish_reason"], finish);
+        assert_eq!(v["infgram"]["guard"].is_null(), guard.is_none(), "{v}");
+        // Streamed: the same text in pieces, the last event with the finish reason, then [DONE].
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        let (status, text) = server.request("POST", "/v1/completions", Some(&streamed.to_string()));
+        assert_eq!(status, 200);
+        let (chunks, done) = events(&text);
+        assert!(done, "{text}");
+        let joined: String = chunks
+            .iter()
+            .map(|c| c["choices"][0]["text"].as_str().unwrap())
+            .collect();
+        assert_eq!(joined, want);
+        assert_eq!(
+            chunks.last().unwrap()["choices"][0]["finish_reason"],
+            finish
+        );
+        assert!(chunks.len() > 10, "one event per token");
+    }
+    // Token ids as the prompt.
+    let (status, v) = server.post(
+        "/v1/completions",
+        &json!({"prompt": ids("the cat"), "max_tokens": 5, "temperature": 0}).to_string(),
+    );
+    assert_eq!(status, 200, "{v}");
+    // A generation past the time limit ends with what it has.
+    drop(server);
+    let server = Server::start(&[
+        "--index",
+        &spec,
+        "--quiet",
+        "--generation-timeout",
+        "0.000001",
+    ]);
+    let (status, v) = server.post(
+        "/v1/completions",
+        r#"{"prompt": "the", "max_tokens": 2000}"#,
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["infgram"]["time_limit_reached"], json!(true), "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() < 2000);
+}
+
+#[test]
+fn slow_and_vanishing_clients_do_not_hold_the_server() {
+    let tmp = tempfile::tempdir().unwrap();
+    let idx = small_index(tmp.path());
+    let spec = format!("small={}", idx.display());
+    let server = Server::start(&["--index", &spec, "--quiet", "--client-timeout", "0.5"]);
+    // A client that sends half a request line and stalls: the server closes the connection.
+    let mut slow = TcpStream::connect(&server.addr).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    slow.write_all(b"POST / HTTP/1.1\r\nHost: x\r\n").unwrap();
+    let mut buf = Vec::new();
+    let read = slow.read_to_end(&mut buf);
+    assert!(read.is_ok(), "the server kept a stalled client: {read:?}");
+    // A client that promises a body and never sends it.
+    let mut slow = TcpStream::connect(&server.addr).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    slow.write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        .unwrap();
+    let mut buf = String::new();
+    let read = slow.read_to_string(&mut buf);
+    assert!(read.is_ok(), "the server kept a stalled body: {read:?}");
+    assert!(buf.is_empty() || buf.starts_with("HTTP/1.1 4"), "{buf}");
+    // Clients that leave mid-stream and mid-request: the server goes on.
+    for _ in 0..5 {
+        let mut s = TcpStream::connect(&server.addr).unwrap();
+        let body = r#"{"prompt": "the", "max_tokens": 2000, "stream": true}"#;
+        write!(s, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        let mut first = [0u8; 64];
+        let _ = s.read(&mut first);
+        drop(s);
+        let mut s = TcpStream::connect(&server.addr).unwrap();
+        s.write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{\"query")
+            .unwrap();
+        drop(s);
+    }
+    assert_eq!(
+        server.query(json!({"query_type": "count", "query": "cat"}))["approx"],
+        json!(false)
+    );
+    let (status, _) = server.post("/v1/completions", r#"{"prompt": "the", "max_tokens": 5}"#);
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn a_bounded_burst_of_concurrent_requests_is_answered_without_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let idx = small_index(tmp.path());
+    let spec = format!("small={}", idx.display());
+    let server = Arc::new(Server::start(&[
+        "--index",
+        &spec,
+        "--quiet",
+        "--concurrent-queries",
+        "4",
+    ]));
+    let queries = [
+        json!({"query_type": "count", "query": "the cat"}),
+        json!({"query_type": "ntd", "query": "sat on "}),
+        json!({"query_type": "infgram_prob", "query": "a dog ran"}),
+        json!({"query_type": "search_docs", "query": "dog AND log", "maxnum": 3}),
+        json!({"query_type": "attribute", "query": "the cat sat on the mat by the log"}),
+    ];
+    let want: Vec<Value> = queries.iter().map(|q| server.query(q.clone())).collect();
+    let want = Arc::new(want);
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let (server, want, queries) = (server.clone(), want.clone(), queries.clone());
+            std::thread::spawn(move || {
+                for i in 0..60 {
+                    let k = (t + i) % queries.len();
+                    assert_eq!(server.query(queries[k].clone()), want[k]);
+                    if i % 20 == 0 {
+                        let (status, _) = server
+                            .post("/v1/completions", r#"{"prompt": "the", "max_tokens": 20}"#);
+                        assert!(status == 200 || status == 429, "{status}");
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
+#[test]
+fn python_standard_library_client_works_unchanged_but_for_the_url() {
+    let tmp = tempfile::tempdir().unwrap();
+    let idx = small_index(tmp.path());
+    let spec = format!("small={}", idx.display());
+    let server = Server::start(&["--index", &spec, "--quiet"]);
+    // As the infini-gram API documentation shows it, with urllib instead of requests.
+    let script = r#"
+import json, sys, urllib.request, urllib.error
+url = sys.argv[1]
+def post(payload):
+    req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={'Content-Type': 'application/json'})
+    try:
+        return json.loads(urllib.request.urlopen(req, timeout=60).read())
+    except urllib.error.HTTPError as e:
+        return {'status': e.code, **json.loads(e.read())}
+payload = {
+    'index': 'small',
+    'query_type': 'count',
+    'query': 'the cat',
+}
+result = post(payload)
+assert result['count'] > 0 and result['approx'] is False, result
+assert result['tokens'] == ['t', 'h', 'e', ' ', 'c', 'a', 't'], result
+r = post({'index': 'small', 'query_type': 'infgram_ntd', 'query_ids': [116, 104, 101]})
+assert r['suffix_len'] == 3 and r['prompt_cnt'] > 0, r
+r = post({'index': 'nope', 'query_type': 'count', 'query': 'x'})
+assert r['status'] == 404 and 'nope' in r['error'], r
+print(json.dumps(result))
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script, &format!("{}/", server.url)])
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let want = library(
+        &idx,
+        Query::Count {
+            subject: Subject::ids(ids("the cat")),
+            cnf: None,
+            max_diff_tokens: 10,
+            max_clause_freq: 50_000,
+        },
+    );
+    assert_eq!(got["count"], want["count"]);
+}
+
+#[test]
+fn sigterm_stops_the_server_gracefully() {
+    let tmp = tempfile::tempdir().unwrap();
+    let idx = small_index(tmp.path());
+    let spec = format!("small={}", idx.display());
+    let mut server = Server::start(&["--index", &spec]);
+    assert_eq!(
+        server.query(json!({"query_type": "count", "query": "cat"}))["approx"],
+        json!(false)
+    );
+    // SAFETY: kill(2) on our own child's pid.
+    let rc = unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
+    assert_eq!(rc, 0);
+    let mut status = None;
+    for _ in 0..300 {
+        if let Some(s) = server.child.try_wait().unwrap() {
+            status = Some(s);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = status.expect("the server did not stop within 30 s of SIGTERM");
+    assert!(status.success(), "{status:?}");
+    let lines: Vec<String> = server.log.lock().unwrap().iter().collect();
+    assert!(lines.iter().any(|l| l == "stopped"), "{lines:?}");
+}
