@@ -10,6 +10,8 @@ use infgram::decode::{Sampler, SamplerConfig};
 use infgram::ngram::Estimator;
 use infgram::service::query::{Continuation, Query, Subject};
 use infgram::service::{execute, generate, open_index, GenConfig};
+#[cfg(feature = "neural")]
+use infgram::tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -928,4 +930,157 @@ fn sigterm_stops_the_server_gracefully() {
     assert!(status.success(), "{status:?}");
     let lines: Vec<String> = server.log.lock().unwrap().iter().collect();
     assert!(lines.iter().any(|l| l == "stopped"), "{lines:?}");
+}
+
+/// With SmolLM2 loaded once: neural, speculative and mixed completions are the library's
+/// greedy generations (speculative decoding is lossless), the copy guard holds, and a client
+/// that leaves mid-stream frees the worker at once.
+#[cfg(feature = "neural")]
+#[test]
+fn neural_completions_with_a_model_loaded_once() {
+    use infgram::service::generate::{generate_with_model, AssemblyOptions, ModelGenRequest};
+    let tmp = tempfile::tempdir().unwrap();
+    let (train, _) = infgram::assets::tiny_shakespeare_split().unwrap();
+    let text = tmp.path().join("ts.txt");
+    std::fs::write(&text, &train[..200_000]).unwrap();
+    let idx = tmp.path().join("ts-smol");
+    run(&[
+        "index",
+        "--tokenizer",
+        "smollm2-135m",
+        "-o",
+        idx.to_str().unwrap(),
+        text.to_str().unwrap(),
+    ]);
+    let bytes_idx = small_index(tmp.path());
+    let (spec, bytes_spec) = (
+        format!("ts={}", idx.display()),
+        format!("small={}", bytes_idx.display()),
+    );
+    let server = Server::start(&[
+        "--model",
+        "smollm2-135m",
+        "--index",
+        &spec,
+        "--index",
+        &bytes_spec,
+        "--threads",
+        "1",
+    ]);
+    let mut loaded =
+        infgram::service::models::load_model("smollm2-135m", &Default::default()).unwrap();
+    let prompt = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\n";
+    let ids = loaded.tokenizer.encode(prompt).unwrap();
+    let library = |loaded: &mut infgram::service::models::LoadedModel,
+                   speculative: bool,
+                   mix: Option<infgram::mix::Mixer>,
+                   guard: Option<usize>| {
+        let req = ModelGenRequest {
+            prompt: ids.clone(),
+            assembly: AssemblyOptions {
+                speculative,
+                drafting_index: Some(idx.clone()),
+                repetition_penalty: 1.0,
+                guard: guard.map(infgram::service::GuardConfig::new),
+            },
+            mix,
+            decode: infgram::decode::DecodeConfig {
+                max_tokens: 24,
+                ..Default::default()
+            },
+        };
+        let mut sampler = Sampler::new(
+            SamplerConfig {
+                temperature: 0.0,
+                top_p: 1.0,
+                top_k: 0,
+            },
+            None,
+        );
+        let g = generate_with_model(
+            loaded.model.as_mut(),
+            &loaded.tokenizer,
+            &req,
+            &mut sampler,
+            |_| {},
+        )
+        .unwrap();
+        loaded.tokenizer.decode(&g.tokens).unwrap()
+    };
+    let plain = library(&mut loaded, false, None, None);
+    let mixed = library(
+        &mut loaded,
+        false,
+        Some(infgram::mix::Mixer::default()),
+        None,
+    );
+    let guarded = library(&mut loaded, false, None, Some(4));
+    for (mode, guard, want) in [
+        ("neural", None, &plain),
+        ("speculative", None, &plain),
+        ("mix", None, &mixed),
+        ("neural", Some(4), &guarded),
+    ] {
+        let body = json!({"prompt": prompt, "max_tokens": 24, "temperature": 0, "mode": mode,
+                          "index": "ts", "guard": guard});
+        let (status, v) = server.post("/v1/completions", &body.to_string());
+        assert_eq!(status, 200, "{mode}: {v}");
+        assert_eq!(v["choices"][0]["text"].as_str().unwrap(), want, "{mode}");
+        assert_eq!(v["infgram"]["mode"], mode);
+        assert!(v["model"].as_str().unwrap().contains("smollm2-135m"), "{v}");
+        if guard.is_some() {
+            assert!(
+                v["infgram"]["max_copied_span"].as_u64().unwrap() <= 4,
+                "{v}"
+            );
+        }
+    }
+    // The index named must be in the model's tokens; sbis still serves the byte index.
+    let e = server.refused(
+        "/v1/completions",
+        r#"{"prompt": "x", "mode": "speculative", "index": "small"}"#,
+        400,
+    );
+    assert!(e.contains("tokenizer"), "{e}");
+    let (status, _) = server.post(
+        "/v1/completions",
+        r#"{"prompt": "the", "mode": "sbis", "index": "small", "max_tokens": 5}"#,
+    );
+    assert_eq!(status, 200);
+    // A client that leaves mid-stream: its generation stops, and the next one runs at once.
+    let mut s = TcpStream::connect(&server.addr).unwrap();
+    let body = json!({"prompt": prompt, "max_tokens": 2048, "stream": true, "temperature": 0.7,
+                      "seed": 3})
+    .to_string();
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut reader = BufReader::new(s);
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+    }
+    drop(reader);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut stopped = false;
+    while !stopped && std::time::Instant::now() < deadline {
+        if let Ok(l) = server
+            .log
+            .lock()
+            .unwrap()
+            .recv_timeout(Duration::from_secs(1))
+        {
+            stopped = l.contains("the client left");
+        }
+    }
+    assert!(stopped, "the generation went on after its client left");
+    let (status, v) = server.post(
+        "/v1/completions",
+        r#"{"prompt": "Hello", "max_tokens": 3, "temperature": 0}"#,
+    );
+    assert_eq!(status, 200, "{v}");
 }

@@ -478,12 +478,13 @@ fn run_job(state: &mut Worker, job: Job) -> Result<Summary, ApiError> {
     } = job;
     let mut sampler = Sampler::new(sampler, seed);
     let mut stream = Utf8Stream::default();
-    let mut timed_out = false;
+    let (mut timed_out, mut client_gone) = (false, false);
     let started = Instant::now();
     let mut emit = |tok: &dyn Tokenizer, t: u32| {
         let text = stream.push(&tok.decode_bytes(&[t]).unwrap_or_default());
         if !text.is_empty() && events.send(Event::Text(text)).is_err() {
-            cancel.cancel(); // the client has gone
+            client_gone = true;
+            cancel.cancel();
         }
         if Instant::now() > deadline {
             timed_out = true;
@@ -510,6 +511,9 @@ fn run_job(state: &mut Worker, job: Job) -> Result<Summary, ApiError> {
             model_job(state, &req, &mut sampler, &mut emit)?
         }
     };
+    if client_gone {
+        eprintln!("generation stopped after {tokens} tokens: the client left");
+    }
     let rest = stream.finish();
     if !rest.is_empty() {
         let _ = events.send(Event::Text(rest));
