@@ -1064,7 +1064,43 @@ fn neural_completions_with_a_model_loaded_once() {
         line.clear();
         reader.read_line(&mut line).unwrap();
     }
+    // While it runs, the queue takes 8 more (the default backlog), and the next is told 429.
+    let queued: Vec<TcpStream> = (0..8)
+        .map(|_| {
+            let mut q = TcpStream::connect(&server.addr).unwrap();
+            let body = r#"{"prompt": "Hi", "max_tokens": 1}"#;
+            write!(
+                q,
+                "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .unwrap();
+            q
+        })
+        .collect();
+    let mut health = Value::Null;
+    for _ in 0..300 {
+        health = serde_json::from_str(&server.request("GET", "/health", None).1).unwrap();
+        if health["generation_waiting"] == json!(8) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(health["generation_waiting"], json!(8), "{health}");
+    let e = server.refused(
+        "/v1/completions",
+        r#"{"prompt": "Hi", "max_tokens": 1}"#,
+        429,
+    );
+    assert!(e.contains("queue is full"), "{e}");
+    // Queries are answered meanwhile.
+    let (status, _) = server.post(
+        "/",
+        r#"{"index": "small", "query_type": "count", "query": "cat"}"#,
+    );
+    assert_eq!(status, 200);
     drop(reader);
+    drop(queued);
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let mut stopped = false;
     while !stopped && std::time::Instant::now() < deadline {

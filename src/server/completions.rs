@@ -410,6 +410,7 @@ fn worker(
     waiting: Arc<AtomicUsize>,
     ready: std::sync::mpsc::Sender<crate::Result<Option<ModelInfo>>>,
 ) {
+    lower_priority();
     let mut state = match load(spec.as_deref(), &opts) {
         Ok((w, info)) => {
             let _ = ready.send(Ok(info));
@@ -428,6 +429,27 @@ fn worker(
         let events = job.events.clone();
         let result = run_job(&mut state, job);
         let _ = events.send(Event::Done(result));
+    }
+}
+
+/// How much lower the generation thread runs than the query threads (a nice value; the
+/// model's own threads, started from it, inherit it). On 2 cores a generation at the same
+/// priority doubled the p99 latency of queries.
+pub const GENERATION_NICENESS: i32 = 10;
+
+/// Lowers the calling thread's CPU priority by [`GENERATION_NICENESS`] (Linux; elsewhere
+/// nothing).
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: setpriority on this thread's own id; a failure leaves the priority as it was.
+    unsafe {
+        let tid = libc::gettid();
+        let now = libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t);
+        libc::setpriority(
+            libc::PRIO_PROCESS,
+            tid as libc::id_t,
+            (now + GENERATION_NICENESS).min(19),
+        );
     }
 }
 
