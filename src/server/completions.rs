@@ -433,9 +433,11 @@ fn worker(
 }
 
 /// How much lower the generation thread runs than the query threads (a nice value; the
-/// model's own threads, started from it, inherit it). On 2 cores a generation at the same
-/// priority doubled the p99 latency of queries.
-pub const GENERATION_NICENESS: i32 = 10;
+/// model's own threads, started from it, inherit it). On 2 cores under a query load, a
+/// generation at the same priority doubled the queries' p99 latency (2.06×); at +10 it was
+/// 1.55–1.92×, at +19 0.9–1.1×, and the generation still ran at about 50 tokens/s, since the
+/// query threads leave the CPU idle between requests.
+pub const GENERATION_NICENESS: i32 = 19;
 
 /// Lowers the calling thread's CPU priority by [`GENERATION_NICENESS`] (Linux; elsewhere
 /// nothing).
