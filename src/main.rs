@@ -44,6 +44,16 @@ enum Command {
     },
 }
 
+/// Whether the command is `serve` (which handles SIGINT / SIGTERM itself).
+fn is_serve(command: &Command) -> bool {
+    #[cfg(feature = "server")]
+    if matches!(command, Command::Serve(_)) {
+        return true;
+    }
+    let _ = command;
+    false
+}
+
 fn main() {
     // candle's quantized matmul was measured 15–30× slower with 2 threads than with 1 on these
     // 2-core machines; default to one unless the user chose (set before any thread starts).
@@ -51,6 +61,12 @@ fn main() {
         std::env::set_var("CANDLE_NUM_THREADS", "1");
     }
     let cli = Cli::parse();
+    // Ctrl-C or SIGTERM during an index build (also the first-use builds of `gen`, `serve`'s
+    // default index excepted) removes its temporary directory; `serve` handles them itself.
+    #[cfg(unix)]
+    if !is_serve(&cli.command) {
+        cli::clean_up_on_signals();
+    }
     let result = match cli.command {
         Command::Index(a) => cli::index::run(a),
         Command::Query(a) => cli::query::run(a),

@@ -915,3 +915,53 @@ fn force_replaces_only_indexes_and_readers_never_see_a_hole() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+/// SIGINT or SIGTERM during a build removes its temporary directory, and the process ends with
+/// the shell's status for the signal.
+#[cfg(unix)]
+#[test]
+fn interrupted_builds_leave_nothing_behind() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Enough text that the build is still running when the signal comes (it takes seconds).
+    let corpus = tmp.path().join("big.txt");
+    let mut x = 1u64;
+    let text: Vec<u8> = (0..8_000_000)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            b"abcdefgh ijklmnop\n"[(x >> 59) as usize % 18]
+        })
+        .collect();
+    std::fs::write(&corpus, text).unwrap();
+    for (signal, status) in [(libc::SIGINT, 130), (libc::SIGTERM, 143)] {
+        let out = tmp.path().join(format!("idx{signal}"));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_infgram"))
+            .args([
+                "index",
+                "-o",
+                out.to_str().unwrap(),
+                corpus.to_str().unwrap(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let tmp_dir = tmp.path().join(format!("idx{signal}.tmp-{}", child.id()));
+        let mut started = false;
+        for _ in 0..2000 {
+            if tmp_dir.exists() {
+                started = true;
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(started, "the build did not start");
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+        let code = child.wait().unwrap().code();
+        assert_eq!(code, Some(status), "signal {signal}");
+        assert!(!tmp_dir.exists(), "{} left behind", tmp_dir.display());
+        assert!(!out.exists());
+    }
+}

@@ -39,6 +39,43 @@ fn number_in(s: &str, lo: (f64, bool), hi: (f64, bool)) -> Result<f64, String> {
     Err(format!("{s} is outside {l}{}, {}{h}", lo.0, hi.0))
 }
 
+/// Makes SIGINT and SIGTERM remove the temporary directories of index builds in progress
+/// before the process exits (status 130 / 143, as a shell reports a process the signal
+/// killed). The signals are blocked in every thread and taken by one thread that waits for
+/// them; call it before any other thread starts. (Not for `serve`, whose runtime handles them.)
+#[cfg(unix)]
+pub fn clean_up_on_signals() {
+    // SAFETY: sigset operations on a local set; pthread_sigmask on the calling thread, before
+    // other threads exist (they inherit the mask).
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+            return;
+        }
+        set
+    };
+    let waiter = std::thread::Builder::new()
+        .name("infgram-signals".into())
+        .spawn(move || {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: sigwait on a set of blocked signals, into a local.
+            if unsafe { libc::sigwait(&set, &mut sig) } == 0 {
+                infgram::index::build::remove_unfinished();
+                std::process::exit(128 + sig);
+            }
+        });
+    if waiter.is_err() {
+        // No waiting thread: let the signals act as before.
+        // SAFETY: unblocking the same set on the calling thread.
+        unsafe {
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        }
+    }
+}
+
 /// A temperature: finite, at least 0.
 pub fn temperature(s: &str) -> Result<f64, String> {
     number_in(s, (0.0, false), (1e6, false))

@@ -230,6 +230,26 @@ pub struct TempIndexDir {
     done: bool,
 }
 
+/// The temporary directories of this process's builds in progress: what
+/// [`remove_unfinished`] removes when the process is told to stop.
+static UNFINISHED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// The list of unfinished builds (a panic elsewhere while it was held leaves it usable).
+fn unfinished() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    UNFINISHED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Removes the temporary directories of this process's builds in progress: for a signal
+/// handler (SIGINT, SIGTERM) to call before the process exits, so an interrupted build leaves
+/// nothing behind. (A build killed outright, SIGKILL, is cleaned up by the next build beside it.)
+pub fn remove_unfinished() {
+    for dir in unfinished().drain(..) {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 /// Whether `dir` is an infgram index (it has a header): only those are replaced by `--force`.
 fn is_index(dir: &Path) -> bool {
     dir.join(super::format::HEADER_FILE).is_file()
@@ -354,6 +374,7 @@ impl TempIndexDir {
             let _ = std::fs::remove_dir_all(&tmp);
         }
         std::fs::create_dir(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        unfinished().push(tmp.clone());
         Ok(TempIndexDir {
             tmp,
             out: out.to_path_buf(),
@@ -407,6 +428,7 @@ impl TempIndexDir {
 
 impl Drop for TempIndexDir {
     fn drop(&mut self) {
+        unfinished().retain(|d| d != &self.tmp);
         if !self.done {
             let _ = std::fs::remove_dir_all(&self.tmp);
         }
