@@ -44,8 +44,24 @@ pub fn list_files(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for input in inputs {
         if input.is_dir() {
-            for entry in walkdir::WalkDir::new(input).sort_by_file_name() {
-                let entry = entry.map_err(|e| Error::input(format!("{}: {e}", input.display())))?;
+            // Symbolic links are followed; a loop or a broken link is skipped with a warning.
+            let walk = walkdir::WalkDir::new(input)
+                .follow_links(true)
+                .sort_by_file_name();
+            for entry in walk {
+                let entry = match entry {
+                    Ok(entry) => entry,
+                    Err(e)
+                        if e.loop_ancestor().is_some()
+                            || e.io_error()
+                                .is_some_and(|io| io.kind() == std::io::ErrorKind::NotFound) =>
+                    {
+                        let at = e.path().map_or(input.clone(), Path::to_path_buf);
+                        eprintln!("warning: skipping {}: {e}", at.display());
+                        continue;
+                    }
+                    Err(e) => return Err(Error::input(format!("{}: {e}", input.display()))),
+                };
                 if entry.file_type().is_file() {
                     files.push(entry.into_path());
                 }
@@ -60,6 +76,11 @@ pub fn list_files(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
         }
     }
     Ok(files)
+}
+
+/// Bytes of `bytes` that are not part of valid UTF-8.
+fn invalid_utf8_bytes(bytes: &[u8]) -> usize {
+    bytes.utf8_chunks().map(|c| c.invalid().len()).sum()
 }
 
 /// Total size in bytes of `files` on disk (for progress).
@@ -88,7 +109,16 @@ pub fn for_each_doc(
             let n = bytes.len() as u64;
             let text = match String::from_utf8(bytes) {
                 Ok(s) => s,
-                Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+                Err(e) => {
+                    let bytes = e.into_bytes();
+                    eprintln!(
+                        "warning: {}: {} bytes are not UTF-8 and are indexed as U+FFFD (a binary \
+                         file?)",
+                        path.display(),
+                        invalid_utf8_bytes(&bytes)
+                    );
+                    String::from_utf8_lossy(&bytes).into_owned()
+                }
             };
             let meta = serde_json::json!({ "path": root_of(path) }).to_string();
             f(Doc { text, meta }, n)?;

@@ -965,3 +965,42 @@ fn interrupted_builds_leave_nothing_behind() {
         assert!(!out.exists());
     }
 }
+
+/// Symbolic links in an input directory are followed (loops and broken links are skipped with a
+/// warning), and a `.txt` file that is not UTF-8 is indexed with a warning that counts the bytes.
+#[cfg(unix)]
+#[test]
+fn symlinks_are_followed_and_lossy_text_is_reported() {
+    let tmp = tempfile::tempdir().unwrap();
+    let outside = tmp.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("linked.txt"), "zebra crossing").unwrap();
+    let corpus = tmp.path().join("corpus");
+    std::fs::create_dir_all(corpus.join("sub")).unwrap();
+    std::fs::write(corpus.join("plain.txt"), "plain text").unwrap();
+    std::fs::write(corpus.join("binary.txt"), b"ok \xff\xfe\x80 ok").unwrap();
+    std::os::unix::fs::symlink(outside.join("linked.txt"), corpus.join("link.txt")).unwrap();
+    std::os::unix::fs::symlink(&corpus, corpus.join("sub/loop")).unwrap();
+    std::os::unix::fs::symlink(tmp.path().join("nowhere"), corpus.join("broken.txt")).unwrap();
+    let idx = tmp.path().join("idx");
+    let out = infgram(&[
+        "index",
+        "-o",
+        idx.to_str().unwrap(),
+        corpus.to_str().unwrap(),
+    ]);
+    ok(&out);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("binary.txt: 3 bytes are not UTF-8"), "{e}");
+    assert!(e.contains("skipping") && e.contains("loop"), "{e}");
+    assert!(e.contains("broken.txt"), "{e}");
+    let count = json(&infgram(&[
+        "query",
+        idx.to_str().unwrap(),
+        "count",
+        "--text",
+        "zebra",
+        "--json",
+    ]));
+    assert_eq!(count["count"], 1, "the linked file is indexed once");
+}
