@@ -1004,3 +1004,37 @@ fn symlinks_are_followed_and_lossy_text_is_reported() {
     ]));
     assert_eq!(count["count"], 1, "the linked file is indexed once");
 }
+
+/// A header whose shard directory points out of the index is refused as corrupt, not followed,
+/// even with a valid checksum.
+#[test]
+fn a_shard_directory_outside_the_index_is_refused() {
+    use infgram::index::format::Header;
+    let tmp = tempfile::tempdir().unwrap();
+    let index = build(tmp.path());
+    // A copy of the shard outside the index, where a rewritten header could send the reader.
+    copy_dir(&index.join("shard-0000"), &tmp.path().join("elsewhere"));
+    let original = std::fs::read(index.join("index.json")).unwrap();
+    for bad in ["../elsewhere", "/etc", "", "./shard-0000/.."] {
+        let mut header = Header::read(&index).unwrap();
+        header.shards[0].dir = bad.to_string();
+        header.seal();
+        header.write(&index).unwrap();
+        let e = err(&infgram(&[
+            "query",
+            index.to_str().unwrap(),
+            "count",
+            "--text",
+            "cat",
+        ]));
+        assert!(e.contains("not a name inside the index"), "{bad:?}: {e}");
+    }
+    std::fs::write(index.join("index.json"), &original).unwrap();
+    ok(&infgram(&[
+        "query",
+        index.to_str().unwrap(),
+        "count",
+        "--text",
+        "cat",
+    ]));
+}
