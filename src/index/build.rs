@@ -445,13 +445,7 @@ pub fn write_shard(dir: &Path, name: &str, s: &ShardBytes, reverse: bool) -> Res
         let mut f = std::fs::File::create(&path).map_err(|e| Error::io(&path, e))?;
         f.write_all(bytes).map_err(|e| Error::io(&path, e))?;
         f.sync_all().map_err(|e| Error::io(&path, e))?;
-        files.insert(
-            file.to_string(),
-            FileInfo {
-                bytes: bytes.len() as u64,
-                crc32: crc32fast::hash(bytes),
-            },
-        );
+        files.insert(file.to_string(), FileInfo::of(bytes));
         Ok(())
     };
     put("tokens.bin", &s.tokens)?;

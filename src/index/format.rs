@@ -26,6 +26,70 @@ pub struct FileInfo {
     pub bytes: u64,
     /// CRC-32 (IEEE) of the whole file.
     pub crc32: u32,
+    /// CRC-32 of each [`BLOCK_BYTES`] block (the last one shorter), for files of more than one
+    /// block: opening checks [`SAMPLED_BLOCKS`] of them instead of a file larger than
+    /// [`SMALL_FILE_LIMIT`]. Empty for one-block files and for indexes written before it
+    /// existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub block_crc32: Vec<u32>,
+}
+
+/// Bytes per checksummed block of a large file.
+pub const BLOCK_BYTES: usize = 1 << 20;
+
+/// Blocks of a large file checked when an index is opened: the first, the last, and others
+/// spread over the file at random.
+pub const SAMPLED_BLOCKS: usize = 8;
+
+impl FileInfo {
+    /// The size and checksums of `bytes` (block checksums when it is more than one block).
+    pub fn of(bytes: &[u8]) -> FileInfo {
+        let block_crc32 = if bytes.len() > BLOCK_BYTES {
+            bytes.chunks(BLOCK_BYTES).map(crc32fast::hash).collect()
+        } else {
+            Vec::new()
+        };
+        FileInfo {
+            bytes: bytes.len() as u64,
+            crc32: crc32fast::hash(bytes),
+            block_crc32,
+        }
+    }
+
+    /// Checks `bytes` against the header at open: the whole file up to `full_limit` bytes,
+    /// else [`SAMPLED_BLOCKS`] blocks (the first, the last, the rest picked by `seed`). Returns
+    /// what is wrong.
+    pub fn check_at_open(&self, bytes: &[u8], full_limit: u64, seed: u64) -> Option<String> {
+        if self.bytes <= full_limit || self.block_crc32.is_empty() {
+            if self.bytes <= full_limit && crc32fast::hash(bytes) != self.crc32 {
+                return Some("checksum mismatch".into());
+            }
+            return None;
+        }
+        let blocks = self.block_crc32.len();
+        if bytes.len().div_ceil(BLOCK_BYTES) != blocks {
+            return Some(format!("the header lists {blocks} blocks"));
+        }
+        let mut x = seed | 1;
+        let picks = [0, blocks - 1]
+            .into_iter()
+            .chain((2..SAMPLED_BLOCKS).map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x % blocks as u64) as usize
+            }));
+        for b in picks {
+            let block = &bytes[b * BLOCK_BYTES..((b + 1) * BLOCK_BYTES).min(bytes.len())];
+            if crc32fast::hash(block) != self.block_crc32[b] {
+                return Some(format!(
+                    "checksum mismatch in block {b} (bytes from {})",
+                    b * BLOCK_BYTES
+                ));
+            }
+        }
+        None
+    }
 }
 
 /// One shard: a self-contained index of a contiguous run of documents.

@@ -51,6 +51,15 @@ unsafe fn map_file(path: &Path) -> Result<Mmap> {
 }
 
 /// The identity (device, inode) of a directory, to notice that it was swapped.
+/// A seed that differs from one opening to the next, so repeated openings check different
+/// blocks of large files.
+fn open_seed() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    nanos ^ (u64::from(std::process::id()) << 32)
+}
+
 fn dir_identity(dir: &Path) -> Option<(u64, u64)> {
     #[cfg(unix)]
     {
@@ -82,6 +91,13 @@ impl Index<Mmap> {
     }
 
     fn open_once(dir: &Path) -> Result<Self> {
+        Self::open_checked(dir, SMALL_FILE_LIMIT)
+    }
+
+    /// Opens the index at `dir`, checking files up to `full_limit` bytes whole and larger ones
+    /// by sampled blocks ([`FileInfo::check_at_open`]); for tests of the sampled check.
+    #[doc(hidden)]
+    pub fn open_checked(dir: &Path, full_limit: u64) -> Result<Self> {
         let header = Header::read(dir)?;
         let mut shards = Vec::with_capacity(header.shards.len());
         for sh in &header.shards {
@@ -122,8 +138,8 @@ impl Index<Mmap> {
                         ),
                     ));
                 }
-                if info.bytes <= SMALL_FILE_LIMIT && crc32fast::hash(&map) != info.crc32 {
-                    return Err(Error::corrupt(&path, "checksum mismatch"));
+                if let Some(what) = info.check_at_open(&map, full_limit, open_seed()) {
+                    return Err(Error::corrupt(&path, what));
                 }
                 Ok(map)
             };
@@ -170,14 +186,25 @@ impl Index<Mmap> {
         })
     }
 
-    /// Checks the checksum of every file, large ones included (reads the whole index).
+    /// Checks the checksum of every file, large ones included (reads the whole index, a
+    /// block at a time).
     pub fn verify(&self) -> Result<()> {
+        use std::io::Read;
         let dir = self.dir.as_ref().expect("opened from a directory");
+        let mut buf = vec![0u8; 8 << 20];
         for sh in &self.header.shards {
             for (name, info) in &sh.files {
                 let path = dir.join(&sh.dir).join(name);
-                let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
-                if crc32fast::hash(&bytes) != info.crc32 {
+                let mut file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
+                let mut hasher = crc32fast::Hasher::new();
+                loop {
+                    let n = file.read(&mut buf).map_err(|e| Error::io(&path, e))?;
+                    if n == 0 {
+                        break;
+                    }
+                    hasher.update(&buf[..n]);
+                }
+                if hasher.finalize() != info.crc32 {
                     return Err(Error::corrupt(&path, "checksum mismatch"));
                 }
             }

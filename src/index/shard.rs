@@ -117,7 +117,9 @@ impl<S: AsRef<[u8]>> Shard<S> {
         } else {
             (1u64 << (8 * self.ptr_width)) - 1
         };
-        (word & mask) as usize
+        // A damaged file may hold pointers past the end: clamp them to the end (an empty
+        // suffix), so reads stay in bounds; the checksums at open and `verify` report the damage.
+        ((word & mask) as usize).min(self.n)
     }
 
     /// `SA[i]`: start in `T` of the `i`-th smallest suffix.
