@@ -725,6 +725,10 @@ fn bad_numbers_bad_lines_and_write_errors() {
         (vec!["gen", "--index", idx, "--k", "-5"], "--k"),
         (vec!["gen", "--index", idx, "--context", "0"], "--context"),
         (
+            vec!["gen", "--index", idx, "--max-tokens", "1000000000"],
+            "--max-tokens",
+        ),
+        (
             vec!["gen", "--index", idx, "--repetition-penalty", "0"],
             "--repetition-penalty",
         ),

@@ -38,8 +38,8 @@ pub struct GenArgs {
     /// Context length in tokens (at least 1).
     #[arg(long, default_value_t = 200, value_parser = super::positive)]
     pub context: usize,
-    /// Tokens to generate at most.
-    #[arg(long, default_value_t = 500)]
+    /// Tokens to generate at most (up to 100,000,000).
+    #[arg(long, default_value_t = 500, value_parser = super::gen_tokens)]
     pub max_tokens: usize,
     /// Random seed (same seed, same text).
     #[arg(long)]

@@ -76,6 +76,22 @@ pub fn clean_up_on_signals() {
     }
 }
 
+/// Tokens one `gen` may write at most: the output (and the context the decode loop keeps) is
+/// held in memory, 8 bytes a token, so a runaway count is refused rather than filling memory.
+pub const MAX_GEN_TOKENS: usize = 100_000_000;
+
+/// A generation length: a whole number up to [`MAX_GEN_TOKENS`].
+pub fn gen_tokens(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n <= MAX_GEN_TOKENS => Ok(n),
+        Ok(n) => Err(format!(
+            "{n} tokens is more than one generation may write ({MAX_GEN_TOKENS}, about 800 MB \
+             of tokens in memory)"
+        )),
+        Err(_) => Err(format!("`{s}` is not a whole number of tokens")),
+    }
+}
+
 /// A temperature: finite, at least 0.
 pub fn temperature(s: &str) -> Result<f64, String> {
     number_in(s, (0.0, false), (1e6, false))

@@ -32,9 +32,16 @@ pub struct LevelLog {
     levels: Vec<(usize, u64)>,
 }
 
+/// Steps a [`LevelLog`] records at most (the first ones): its memory stays bounded (a few
+/// tens of MB) however long a generation runs; statistics come from these steps.
+pub const LEVEL_LOG_STEPS: usize = 100_000;
+
 impl LevelLog {
-    /// Records one step's levels.
+    /// Records one step's levels (nothing after the first [`LEVEL_LOG_STEPS`] steps).
     pub fn push(&mut self, levels: impl IntoIterator<Item = (usize, u64)>) {
+        if self.ends.len() >= LEVEL_LOG_STEPS {
+            return;
+        }
         self.levels.extend(levels);
         self.ends.push(self.levels.len());
     }
@@ -307,5 +314,21 @@ impl<S: AsRef<[u8]> + Sync> LanguageModel for InfgramModel<S> {
             return Ok(None);
         }
         Ok(Some(self.row_of(&levels)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_level_log_keeps_the_first_steps_only() {
+        let mut log = LevelLog::default();
+        for i in 0..LEVEL_LOG_STEPS + 50 {
+            log.push([(i, 1), (i + 1, 2)]);
+        }
+        assert_eq!(log.len(), LEVEL_LOG_STEPS);
+        assert_eq!(log.steps().next().unwrap(), &[(0, 1), (1, 2)]);
+        assert_eq!(log.steps().last().unwrap()[0].0, LEVEL_LOG_STEPS - 1);
     }
 }
