@@ -78,6 +78,46 @@ pub fn list_files(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// Reads the documents of a JSON-lines stream (`path` names it in errors): one object per
+/// non-blank line with a string field `text`; the other fields become the metadata.
+pub fn for_each_jsonl_doc(
+    reader: impl Read,
+    path: &Path,
+    mut f: impl FnMut(Doc, u64) -> Result<()>,
+) -> Result<()> {
+    for (lineno, line) in BufReader::with_capacity(1 << 20, reader)
+        .lines()
+        .enumerate()
+    {
+        let line = line.map_err(|e| Error::io(path, e))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let n = line.len() as u64 + 1;
+        let mut value: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&line)
+            .map_err(|e| {
+                Error::input(format!(
+                    "{}:{}: not a JSON object ({e})",
+                    path.display(),
+                    lineno + 1
+                ))
+            })?;
+        let text = match value.remove("text") {
+            Some(serde_json::Value::String(s)) => s,
+            _ => {
+                return Err(Error::input(format!(
+                    "{}:{}: no string field \"text\"",
+                    path.display(),
+                    lineno + 1
+                )))
+            }
+        };
+        let meta = serde_json::Value::Object(value).to_string();
+        f(Doc { text, meta }, n)?;
+    }
+    Ok(())
+}
+
 /// Bytes of `bytes` that are not part of valid UTF-8.
 fn invalid_utf8_bytes(bytes: &[u8]) -> usize {
     bytes.utf8_chunks().map(|c| c.invalid().len()).sum()
@@ -129,36 +169,7 @@ pub fn for_each_doc(
             Kind::JsonlZst => Box::new(zstd::Decoder::new(file).map_err(|e| Error::io(path, e))?),
             _ => Box::new(file),
         };
-        for (lineno, line) in BufReader::with_capacity(1 << 20, reader)
-            .lines()
-            .enumerate()
-        {
-            let line = line.map_err(|e| Error::io(path, e))?;
-            if line.trim().is_empty() {
-                continue;
-            }
-            let n = line.len() as u64 + 1;
-            let mut value: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&line)
-                .map_err(|e| {
-                    Error::input(format!(
-                        "{}:{}: not a JSON object ({e})",
-                        path.display(),
-                        lineno + 1
-                    ))
-                })?;
-            let text = match value.remove("text") {
-                Some(serde_json::Value::String(s)) => s,
-                _ => {
-                    return Err(Error::input(format!(
-                        "{}:{}: no string field \"text\"",
-                        path.display(),
-                        lineno + 1
-                    )))
-                }
-            };
-            let meta = serde_json::Value::Object(value).to_string();
-            f(Doc { text, meta }, n)?;
-        }
+        for_each_jsonl_doc(reader, path, &mut f)?;
     }
     Ok(())
 }

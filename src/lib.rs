@@ -25,6 +25,8 @@ pub mod corpus;
 pub mod decode;
 pub mod error;
 pub mod eval;
+#[doc(hidden)]
+pub mod fuzz_targets;
 pub mod index;
 pub mod lm;
 pub mod mix;

@@ -16,6 +16,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// The bytes of one built shard, before they are written or wrapped in a [`Shard`](super::Shard).
+#[derive(Clone)]
 pub struct ShardBytes {
     /// Token sequence, `width` bytes per token.
     pub tokens: Vec<u8>,

@@ -555,7 +555,7 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
             doc_ix: before + d as u64,
             doc_len: b - a,
             disp_len: hi - lo,
-            needle_offset: pos - lo,
+            needle_offset: pos.saturating_sub(lo),
             metadata: sh.doc_meta(d).unwrap_or("").to_string(),
             token_ids: sh.slice(lo, hi),
         }

@@ -398,12 +398,19 @@ impl<S: AsRef<[u8]>> Shard<S> {
     /// First token of document `d`; `doc_start(num_docs())` is `len()`.
     pub fn doc_start(&self, d: usize) -> usize {
         let b = self.docs.as_ref();
-        u64::from_le_bytes(b[8 * d..8 * d + 8].try_into().expect("8 bytes")) as usize
+        // Damaged offsets (past the end, or a document past the last) read as the end, so a
+        // damage no check caught cannot send a read out of bounds.
+        b.get(8 * d..8 * d + 8)
+            .map_or(self.n, |w| {
+                u64::from_le_bytes(w.try_into().expect("8 bytes")) as usize
+            })
+            .min(self.n)
     }
 
-    /// Tokens of document `d` without its separator.
+    /// Tokens of document `d` without its separator (`a ≤ b` even in a damaged index).
     pub fn doc_span(&self, d: usize) -> Range {
-        (self.doc_start(d), self.doc_start(d + 1) - 1)
+        let a = self.doc_start(d);
+        (a, self.doc_start(d + 1).saturating_sub(1).max(a))
     }
 
     /// Metadata line of document `d`, if the shard stores metadata.

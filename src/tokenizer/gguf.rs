@@ -49,7 +49,11 @@ fn strings(content: &Content, key: &str, path: &Path) -> Result<Vec<String>> {
 
 /// The `tokenizer.json` text equivalent to the tokenizer embedded in the GGUF file at `path`.
 pub fn gguf_tokenizer_json(path: &Path) -> Result<String> {
-    let content = read_gguf_metadata(path)?;
+    tokenizer_json_of(&read_gguf_metadata(path)?, path)
+}
+
+/// The `tokenizer.json` text of GGUF metadata (`path` names the file in errors).
+pub(crate) fn tokenizer_json_of(content: &Content, path: &Path) -> Result<String> {
     let get_str = |k: &str| {
         content
             .metadata
@@ -85,8 +89,8 @@ pub fn gguf_tokenizer_json(path: &Path) -> Result<String> {
         )))
         }
     };
-    let tokens = strings(&content, "tokenizer.ggml.tokens", path)?;
-    let merges = strings(&content, "tokenizer.ggml.merges", path)?;
+    let tokens = strings(content, "tokenizer.ggml.tokens", path)?;
+    let merges = strings(content, "tokenizer.ggml.merges", path)?;
     let types: Vec<i64> = match content.metadata.get("tokenizer.ggml.token_type") {
         Some(Value::Array(a)) => a
             .iter()

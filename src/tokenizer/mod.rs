@@ -13,7 +13,7 @@
 //! stores it, and a query with another tokenizer is refused.
 
 #[cfg(feature = "neural")]
-mod gguf;
+pub(crate) mod gguf;
 
 use crate::error::{Error, Result};
 use std::path::Path;
@@ -137,7 +137,7 @@ impl HfTokenizer {
         )))
     }
 
-    fn from_json_str(json: &str, kind: &'static str, path: &Path) -> Result<Self> {
+    pub(crate) fn from_json_str(json: &str, kind: &'static str, path: &Path) -> Result<Self> {
         let inner: tokenizers::Tokenizer = json
             .parse()
             .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;

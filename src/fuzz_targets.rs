@@ -1,0 +1,178 @@
+//! What the fuzz targets under `fuzz/` run (cargo fuzz, libFuzzer), shared with
+//! `tests/fuzz_regressions.rs`, which replays the kept inputs under `cargo test`. Each takes
+//! arbitrary bytes and must return without panicking, whatever they are: these are the readers
+//! of untrusted input (a query line or HTTP body, a CNF, a corpus file, the bytes of an index).
+
+use crate::index::build::{ShardBytes, ShardWriter};
+use crate::index::Index;
+use crate::service::query::{execute, parse_cnf, Query};
+use crate::tokenizer::{ByteTokenizer, Tokenizer};
+use std::io::Read;
+use std::path::Path;
+use std::sync::OnceLock;
+
+/// Three small documents, byte-level: what the query targets ask.
+fn documents() -> Vec<Vec<u32>> {
+    [
+        "the cat sat on the mat",
+        "the dog sat on a log",
+        "a cat and a dog",
+    ]
+    .iter()
+    .map(|d| d.bytes().map(u32::from).collect())
+    .collect()
+}
+
+/// The index the query targets ask, built once.
+fn small_index() -> &'static Index<Vec<u8>> {
+    static INDEX: OnceLock<Index<Vec<u8>>> = OnceLock::new();
+    INDEX.get_or_init(|| {
+        Index::from_docs(ByteTokenizer.spec(), &documents(), 2, true).expect("a small index")
+    })
+}
+
+/// A query line (`infgram query --batch`), and the same bytes as an HTTP API body: parsed,
+/// and executed when they parse.
+pub fn query_line(data: &[u8]) {
+    let index = small_index();
+    if let Ok(line) = std::str::from_utf8(data) {
+        if let Ok(q) = Query::from_json(line) {
+            let _ = execute(index, &ByteTokenizer, &q);
+        }
+    }
+    #[cfg(feature = "server")]
+    {
+        let limits = crate::server::Limits::default();
+        if let Ok(request) = crate::server::api::read_request(data, &limits) {
+            if let Ok((q, _)) = request.to_query(&ByteTokenizer, &limits) {
+                let _ = execute(index, &ByteTokenizer, &q);
+            }
+        }
+    }
+}
+
+/// A CNF as the command line takes it (`a b OR c AND d`, or JSON ids): parsed, then counted
+/// and searched with bounds from the first bytes.
+pub fn cnf(data: &[u8]) {
+    let Some((&bound, rest)) = data.split_first() else {
+        return;
+    };
+    let Ok(text) = std::str::from_utf8(rest) else {
+        return;
+    };
+    let Ok(cnf) = parse_cnf(text, &ByteTokenizer) else {
+        return;
+    };
+    let q = Query::SearchDocs {
+        subject: Default::default(),
+        cnf: Some(cnf.clone()),
+        maxnum: bound as usize % 4,
+        max_diff_tokens: usize::MAX >> (bound % 64),
+        max_clause_freq: 1 + bound as usize,
+        max_disp_len: bound as usize,
+    };
+    let _ = execute(small_index(), &ByteTokenizer, &q);
+    let count = Query::Count {
+        subject: Default::default(),
+        cnf: Some(cnf),
+        max_diff_tokens: bound as usize,
+        max_clause_freq: 1 + bound as usize,
+    };
+    let _ = execute(small_index(), &ByteTokenizer, &count);
+}
+
+/// A corpus file: the first byte picks plain, gzip or zstd JSON lines, the rest is the file.
+pub fn corpus_file(data: &[u8]) {
+    let Some((&kind, rest)) = data.split_first() else {
+        return;
+    };
+    let path = Path::new("fuzz.jsonl");
+    let reader: Box<dyn Read + '_> = match kind % 3 {
+        0 => Box::new(rest),
+        1 => Box::new(flate2::read::MultiGzDecoder::new(rest)),
+        _ => match zstd::Decoder::new(rest) {
+            Ok(d) => Box::new(d),
+            Err(_) => return,
+        },
+    };
+    // Bounded: a tiny compressed input may expand a lot.
+    let mut budget = 1usize << 24;
+    let _ = crate::corpus::for_each_jsonl_doc(reader.take(1 << 24), path, |doc, _| {
+        budget = budget.saturating_sub(doc.text.len());
+        if budget == 0 {
+            return Err(crate::Error::input("enough"));
+        }
+        Ok(())
+    });
+}
+
+/// The shards of the index the damaged-index target starts from.
+fn pristine_shards() -> &'static Vec<ShardBytes> {
+    static SHARDS: OnceLock<Vec<ShardBytes>> = OnceLock::new();
+    SHARDS.get_or_init(|| {
+        documents()
+            .chunks(2)
+            .map(|chunk| {
+                let mut w = ShardWriter::new(1);
+                for d in chunk {
+                    w.push(d, "{\"i\": 1}").expect("a document");
+                }
+                w.finish(256, true).expect("a shard")
+            })
+            .collect()
+    })
+}
+
+/// A damaged index: each 4 bytes of `data` flip one byte of its token, suffix-array, sample or
+/// document-offset files (`data[0]` picks the file, `data[1..3]` the offset, `data[3]` the
+/// XOR), as damage a large file's sampled checks can miss; then every query runs over it.
+pub fn damaged_index(data: &[u8]) {
+    let mut shards = pristine_shards().clone();
+    for edit in data.chunks_exact(4) {
+        let shard = &mut shards[edit[0] as usize % 2];
+        let file: &mut Vec<u8> = match (edit[0] / 2) % 5 {
+            0 => &mut shard.tokens,
+            1 => &mut shard.sa,
+            2 => shard.rsa.as_mut().expect("built with rsa"),
+            3 => &mut shard.sample,
+            _ => &mut shard.docs,
+        };
+        if !file.is_empty() {
+            let at = u16::from_le_bytes([edit[1], edit[2]]) as usize % file.len();
+            file[at] ^= edit[3];
+        }
+    }
+    let index = Index::from_shards(ByteTokenizer.spec(), 1, shards);
+    let q: Vec<u32> = data.iter().take(6).map(|&b| u32::from(b % 128)).collect();
+    let _ = index.count(&q);
+    let _ = index.ntd(&q);
+    let _ = index.infgram_ntd(&q);
+    let _ = index.infgram_prob(&q, 97);
+    let _ = index.find(&q);
+    let _ = index.longest_match(&q);
+    if !q.is_empty() {
+        let _ = index.search_docs(&[vec![q.clone()]], 3, 10, 100, 20);
+    }
+    for s in 0..2 {
+        for rank in [0, 3, 17] {
+            let _ = index.get_doc_by_rank(s, rank, 2, 20);
+            let _ = index.get_doc_by_ptr(s, rank, 2, 20);
+        }
+    }
+}
+
+/// A GGUF file's metadata and the tokenizer rebuilt from it (feature `neural`).
+#[cfg(feature = "neural")]
+pub fn gguf(data: &[u8]) {
+    let mut cursor = std::io::Cursor::new(data);
+    if let Ok(content) = candle_core::quantized::gguf_file::Content::read(&mut cursor) {
+        let path = Path::new("fuzz.gguf");
+        if let Ok(json) = crate::tokenizer::gguf::tokenizer_json_of(&content, path) {
+            if let Ok(tok) = crate::tokenizer::HfTokenizer::from_json_str(&json, "gguf", path) {
+                if let Ok(ids) = tok.encode("Hello, world! 123") {
+                    let _ = tok.decode(&ids);
+                }
+            }
+        }
+    }
+}
