@@ -16,7 +16,6 @@ CONNECTIONS=${CONNECTIONS:-32}
 MODEL=${MODEL:-smollm2-135m}
 CAP=${CAP:-20s} # the time bound of each run (wrk waits it out even when LIMIT came first)
 command -v wrk > /dev/null || { echo "needs wrk (Debian: apt-get install wrk)" >&2; exit 1; }
-command -v zstd > /dev/null || { echo "needs zstd (Debian: apt-get install zstd)" >&2; exit 1; }
 cargo build --release --quiet
 BIN=target/release/infgram
 TMP=$(mktemp -d)
@@ -29,7 +28,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-zstd -dcq data/tinyshakespeare.txt.zst > "$TMP/ts.txt"
+cp "$($BIN fetch tiny-shakespeare)" "$TMP/ts.txt"
 $BIN index -o "$TMP/ts" "$TMP/ts.txt" > /dev/null
 ARGS=(--index "ts=$TMP/ts")
 if [ "$MODEL" != none ]; then
