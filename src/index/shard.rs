@@ -90,7 +90,7 @@ impl<S: AsRef<[u8]>> Shard<S> {
     }
     /// Corpus tokens (separators excluded).
     pub fn content_tokens(&self) -> usize {
-        self.n - self.n_docs
+        self.n.saturating_sub(self.n_docs)
     }
     /// Whether the reversed suffix array is present.
     pub fn has_reverse(&self) -> bool {
@@ -351,7 +351,8 @@ impl<S: AsRef<[u8]>> Shard<S> {
     /// Start in `T` of the occurrence of a length-`d` context recorded at `RSA[i]`.
     #[inline]
     pub fn rstart(&self, i: usize, d: usize) -> usize {
-        self.n - self.rsa(i) - d
+        // Saturating: a damaged `rsa.bin` may point too near the end for a context of length `d`.
+        self.n.saturating_sub(self.rsa(i) + d)
     }
 
     /// Calls `f(token, count)` for each run of equal next tokens (offset `d`) in the forward
