@@ -85,7 +85,7 @@ pub fn for_each_jsonl_doc(
     path: &Path,
     mut f: impl FnMut(Doc, u64) -> Result<()>,
 ) -> Result<()> {
-    for (lineno, line) in BufReader::with_capacity(1 << 20, reader)
+    for (lineno, line) in BufReader::with_capacity(1 << 16, reader)
         .lines()
         .enumerate()
     {
