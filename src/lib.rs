@@ -16,8 +16,11 @@
 //!    agreement analysis, attribution.
 //! 5. [`service`]: what front ends call: the typed query protocol, opening indexes and models,
 //!    assembling generations.
+//! 6. `server` (feature `server`): `infgram serve`, the infini-gram HTTP API and
+//!    `/v1/completions` over [`service`].
 //!
-//! The `infgram` binary (`src/cli/`) is a thin layer of clap types over [`service`].
+//! The `infgram` binary (`src/cli/`) is a thin layer of clap types over [`service`] and the
+//! server. `fuzz_targets` (hidden) holds what the fuzz targets under `fuzz/` run.
 //! `FORMAT.md` draws the index format.
 
 pub mod assets;
