@@ -119,7 +119,8 @@ fn long_prompt_lookup_run_matches_plain_decoding_token_by_token() {
     };
     let (plain, _) = greedy(&mut model, &mut [], &prompt, &cfg).unwrap();
     let mut drafters: Vec<Box<dyn Drafter>> = vec![Box::new(PromptLookup::new(8))];
-    let (spec, stats) = greedy(&mut model, &mut drafters, &prompt, &cfg).unwrap();
+    let traced = DecodeConfig { trace: true, ..cfg };
+    let (spec, stats) = greedy(&mut model, &mut drafters, &prompt, &traced).unwrap();
     for (i, (a, b)) in spec.iter().zip(&plain).enumerate() {
         assert_eq!(a, b, "token {i}");
     }
@@ -128,6 +129,56 @@ fn long_prompt_lookup_run_matches_plain_decoding_token_by_token() {
         stats.accepted > 0 && stats.passes < plain.len(),
         "{stats:?}"
     );
+    // The trace: one entry per pass, adding up to the run.
+    assert_eq!(stats.trace.len(), stats.passes);
+    let mut at = 0;
+    for pass in &stats.trace {
+        assert_eq!(pass.at, at, "{pass:?}");
+        assert!(
+            pass.accepted <= pass.drafted && pass.emitted <= pass.accepted + 1,
+            "{pass:?}"
+        );
+        assert_eq!(pass.drafter.is_some(), pass.drafted > 0, "{pass:?}");
+        assert!(pass.seconds > 0.0);
+        at += pass.emitted;
+    }
+    assert_eq!(at, spec.len());
+    let accepted: usize = stats.trace.iter().map(|p| p.accepted).sum();
+    assert_eq!(accepted, stats.accepted);
+    // `gen --trace FILE` writes the same, one JSON line per pass.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("trace.jsonl");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_infgram"))
+        .args([
+            "gen",
+            "--model",
+            "smollm2-135m",
+            "--speculative",
+            "--temperature",
+            "0",
+        ])
+        .args([
+            "--max-tokens",
+            "24",
+            "--prompt",
+            &format!("Copy this passage: {passage}"),
+        ])
+        .arg("--trace")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&file)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let emitted: u64 = lines.iter().map(|l| l["emitted"].as_u64().unwrap()).sum();
+    assert!(!lines.is_empty() && emitted <= 24, "{lines:?}");
 }
 
 /// A scorer with a known next-token distribution: logits depend only on the previous token.

@@ -79,6 +79,10 @@ pub struct GenArgs {
     /// --speculative the drafts are verified against the mixture.
     #[arg(long, num_args = 0..=1, default_missing_value = "default", value_name = "MIX_JSON", requires_all = ["model", "index"])]
     pub mix: Option<PathBuf>,
+    /// With --model: write one JSON line per forward pass to FILE (the drafter, tokens drafted
+    /// and accepted, tokens emitted, the pass's seconds, and `at`: tokens generated before it).
+    #[arg(long, value_name = "FILE", requires = "model")]
+    pub trace: Option<PathBuf>,
     /// With --model: use the prompt as is, without the chat template.
     #[arg(long)]
     pub raw: bool,
@@ -364,6 +368,7 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
         decode: infgram::decode::DecodeConfig {
             max_tokens: args.max_tokens,
             draft_max: args.draft_max,
+            trace: args.trace.is_some(),
             ..Default::default()
         },
     };
@@ -371,8 +376,18 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
     let mut sampler = sampler_for(args);
     let mut out = Output::new(args, &tok);
     let g = generate_with_model(llm.as_mut(), &tok, &req, &mut sampler, |t| out.token(t))?;
+    if let Some(file) = &args.trace {
+        let mut lines = String::new();
+        for pass in &g.stats.trace {
+            lines.push_str(&serde_json::to_string(pass)?);
+            lines.push('\n');
+        }
+        std::fs::write(file, lines)
+            .map_err(|e| anyhow::anyhow!("cannot write the trace to {}: {e}", file.display()))?;
+    }
     let plain = if args.compare {
         req.assembly.speculative = false;
+        req.decode.trace = false;
         let mut sampler = sampler_for(args);
         let p = generate_with_model(llm.as_mut(), &tok, &req, &mut sampler, |_| {})?;
         Some((p.tokens, p.stats))

@@ -210,6 +210,26 @@ pub struct DecodeConfig {
     pub cost: CostModel,
     /// Stops the loop before its next pass once set (a client gone, a time limit passed).
     pub cancel: Option<Cancel>,
+    /// Record every pass in [`DecodeStats::trace`] (`gen --trace FILE`).
+    pub trace: bool,
+}
+
+/// One pass of the decode loop, as [`DecodeConfig::trace`] records it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PassTrace {
+    /// Tokens generated before this pass.
+    pub at: usize,
+    /// The drafter whose draft was verified (`None`: a plain step).
+    pub drafter: Option<String>,
+    /// Draft tokens verified.
+    pub drafted: usize,
+    /// Draft tokens accepted.
+    pub accepted: usize,
+    /// Tokens this pass added (accepted drafts, plus the model's own token unless the pass
+    /// ended the generation).
+    pub emitted: usize,
+    /// Seconds of the pass (the model's scoring of the fed tokens).
+    pub seconds: f64,
 }
 
 /// A flag that stops a decode loop from another thread: set it, and the loop ends before its
@@ -236,6 +256,7 @@ impl Default for DecodeConfig {
             draft_max: 16,
             cost: CostModel::default(),
             cancel: None,
+            trace: false,
         }
     }
 }
@@ -270,6 +291,9 @@ pub struct DecodeStats {
     pub exhausted: bool,
     /// Whether generation ended because [`DecodeConfig::cancel`] was set.
     pub cancelled: bool,
+    /// Every pass, with [`DecodeConfig::trace`].
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub trace: Vec<PassTrace>,
 }
 
 impl DecodeStats {
@@ -410,7 +434,7 @@ pub fn decode(
     let mut done = false;
     // Without drafters nothing needs the pass times (the cost model plans drafts): a step of a
     // cheap scorer (the ∞-gram, about a microsecond) is not worth two clock reads.
-    let timed = !drafters.is_empty();
+    let timed = !drafters.is_empty() || cfg.trace;
     let mut fed = Vec::with_capacity(cfg.draft_max + 1);
     let mut support = Vec::new();
     while !done && stats.tokens < cfg.max_tokens {
@@ -439,12 +463,14 @@ pub fn decode(
         let cached = model.cache_len();
         let t = timed.then(Instant::now);
         let rows = model.score(&fed)?;
+        let mut pass_seconds = 0.0;
         if let Some(t) = t {
-            let pass_seconds = t.elapsed().as_secs_f64();
+            pass_seconds = t.elapsed().as_secs_f64();
             stats.model_seconds += pass_seconds;
             cost.observe(fed.len(), pass_seconds);
         }
         stats.passes += 1;
+        let tokens_before = stats.tokens;
 
         // Verify left to right; row i predicts the token after fed[i].
         let mut accepted = 0;
@@ -491,6 +517,16 @@ pub fn decode(
             if stats.tokens >= cfg.max_tokens {
                 break;
             }
+        }
+        if cfg.trace {
+            stats.trace.push(PassTrace {
+                at: tokens_before,
+                drafter: chosen.map(|d| drafters[d].name().to_string()),
+                drafted: draft.tokens.len(),
+                accepted,
+                emitted: stats.tokens - tokens_before,
+                seconds: pass_seconds,
+            });
         }
         if let Some(d) = chosen {
             stats.drafted_passes += 1;
