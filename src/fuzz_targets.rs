@@ -144,17 +144,24 @@ pub fn damaged_index(data: &[u8]) {
     }
     let index = Index::from_shards(ByteTokenizer.spec(), 1, shards);
     let q: Vec<u32> = data.iter().take(6).map(|&b| u32::from(b % 128)).collect();
-    let _ = index.count(&q);
-    let _ = index.ntd(&q);
-    let _ = index.infgram_ntd(&q);
-    let _ = index.infgram_prob(&q, 97);
-    let _ = index.find(&q);
-    let _ = index.longest_match(&q);
+    every_query(&index, &q, &[0, 3, 17]);
+}
+
+/// Runs every query type on `q` over `index`, and fetches the documents at `ranks` (as
+/// suffix-array ranks and as positions) in every shard, ignoring the answers: over a damaged
+/// index, each must return (an answer or an error) without panicking.
+pub fn every_query<S: AsRef<[u8]> + Sync>(index: &Index<S>, q: &[u32], ranks: &[usize]) {
+    let _ = index.count(q);
+    let _ = index.ntd(q);
+    let _ = index.infgram_ntd(q);
+    let _ = index.infgram_prob(q, 97);
+    let _ = index.find(q);
+    let _ = index.longest_match(q);
     if !q.is_empty() {
-        let _ = index.search_docs(&[vec![q.clone()]], 3, 10, 100, 20);
+        let _ = index.search_docs(&[vec![q.to_vec()]], 3, 10, 100, 20);
     }
-    for s in 0..2 {
-        for rank in [0, 3, 17] {
+    for s in 0..index.shards().len() {
+        for &rank in ranks {
             let _ = index.get_doc_by_rank(s, rank, 2, 20);
             let _ = index.get_doc_by_ptr(s, rank, 2, 20);
         }

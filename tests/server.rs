@@ -176,6 +176,19 @@ fn small_index(dir: &Path) -> PathBuf {
     idx
 }
 
+/// Sends `POST path` with `body` on a new connection and returns it unread (for clients that
+/// leave, stall or queue).
+fn raw_post(addr: &str, path: &str, body: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    s
+}
+
 /// The library's answer, as JSON (written and read back, as the server's answers are: serde
 /// reads floats to within an ulp).
 fn library(idx: &Path, q: Query) -> Value {
@@ -792,9 +805,11 @@ fn slow_and_vanishing_clients_do_not_hold_the_server() {
     assert!(buf.is_empty() || buf.starts_with("HTTP/1.1 4"), "{buf}");
     // Clients that leave mid-stream and mid-request: the server goes on.
     for _ in 0..5 {
-        let mut s = TcpStream::connect(&server.addr).unwrap();
-        let body = r#"{"prompt": "the", "max_tokens": 2000, "stream": true}"#;
-        write!(s, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        let mut s = raw_post(
+            &server.addr,
+            "/v1/completions",
+            r#"{"prompt": "the", "max_tokens": 2000, "stream": true}"#,
+        );
         let mut first = [0u8; 64];
         let _ = s.read(&mut first);
         drop(s);
@@ -1048,17 +1063,10 @@ fn neural_completions_with_a_model_loaded_once() {
     );
     assert_eq!(status, 200);
     // A client that leaves mid-stream: its generation stops, and the next one runs at once.
-    let mut s = TcpStream::connect(&server.addr).unwrap();
     let body = json!({"prompt": prompt, "max_tokens": 2048, "stream": true, "temperature": 0.7,
                       "seed": 3})
     .to_string();
-    write!(
-        s,
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut reader = BufReader::new(s);
+    let mut reader = BufReader::new(raw_post(&server.addr, "/v1/completions", &body));
     let mut line = String::new();
     while !line.starts_with("data: ") {
         line.clear();
@@ -1067,15 +1075,11 @@ fn neural_completions_with_a_model_loaded_once() {
     // While it runs, the queue takes 8 more (the default backlog), and the next is told 429.
     let queued: Vec<TcpStream> = (0..8)
         .map(|_| {
-            let mut q = TcpStream::connect(&server.addr).unwrap();
-            let body = r#"{"prompt": "Hi", "max_tokens": 1}"#;
-            write!(
-                q,
-                "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
+            raw_post(
+                &server.addr,
+                "/v1/completions",
+                r#"{"prompt": "Hi", "max_tokens": 1}"#,
             )
-            .unwrap();
-            q
         })
         .collect();
     let mut health = Value::Null;

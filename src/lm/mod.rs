@@ -229,68 +229,46 @@ pub trait LanguageModel {
     }
 }
 
-/// A borrowed model is a model: a scorer that wraps another (the mixture) can borrow a model
-/// that outlives it (a server's, loaded once) as well as own one.
-impl<M: LanguageModel + ?Sized> LanguageModel for &mut M {
-    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
-        (**self).forward(tokens)
-    }
-    fn score(&mut self, tokens: &[u32]) -> Result<Vec<Logits>> {
-        (**self).score(tokens)
-    }
-    fn feed(&mut self, tokens: &[u32]) -> Result<()> {
-        (**self).feed(tokens)
-    }
-    fn cache_len(&self) -> usize {
-        (**self).cache_len()
-    }
-    fn truncate(&mut self, len: usize) {
-        (**self).truncate(len)
-    }
-    fn clear(&mut self) {
-        (**self).clear()
-    }
-    fn vocab_size(&self) -> usize {
-        (**self).vocab_size()
-    }
-    fn eos_tokens(&self) -> &[u32] {
-        (**self).eos_tokens()
-    }
-    fn backoff(&mut self, context: &[u32], masked: &[u32]) -> Result<Option<Logits>> {
-        (**self).backoff(context, masked)
-    }
+/// Implements [`LanguageModel`] for a pointer type by forwarding every method to the model it
+/// points to.
+macro_rules! forward_language_model {
+    ($pointer:ty) => {
+        impl<M: LanguageModel + ?Sized> LanguageModel for $pointer {
+            fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+                (**self).forward(tokens)
+            }
+            fn score(&mut self, tokens: &[u32]) -> Result<Vec<Logits>> {
+                (**self).score(tokens)
+            }
+            fn feed(&mut self, tokens: &[u32]) -> Result<()> {
+                (**self).feed(tokens)
+            }
+            fn cache_len(&self) -> usize {
+                (**self).cache_len()
+            }
+            fn truncate(&mut self, len: usize) {
+                (**self).truncate(len)
+            }
+            fn clear(&mut self) {
+                (**self).clear()
+            }
+            fn vocab_size(&self) -> usize {
+                (**self).vocab_size()
+            }
+            fn eos_tokens(&self) -> &[u32] {
+                (**self).eos_tokens()
+            }
+            fn backoff(&mut self, context: &[u32], masked: &[u32]) -> Result<Option<Logits>> {
+                (**self).backoff(context, masked)
+            }
+        }
+    };
 }
 
-/// An owned, boxed model is a model.
-impl<M: LanguageModel + ?Sized> LanguageModel for Box<M> {
-    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
-        (**self).forward(tokens)
-    }
-    fn score(&mut self, tokens: &[u32]) -> Result<Vec<Logits>> {
-        (**self).score(tokens)
-    }
-    fn feed(&mut self, tokens: &[u32]) -> Result<()> {
-        (**self).feed(tokens)
-    }
-    fn cache_len(&self) -> usize {
-        (**self).cache_len()
-    }
-    fn truncate(&mut self, len: usize) {
-        (**self).truncate(len)
-    }
-    fn clear(&mut self) {
-        (**self).clear()
-    }
-    fn vocab_size(&self) -> usize {
-        (**self).vocab_size()
-    }
-    fn eos_tokens(&self) -> &[u32] {
-        (**self).eos_tokens()
-    }
-    fn backoff(&mut self, context: &[u32], masked: &[u32]) -> Result<Option<Logits>> {
-        (**self).backoff(context, masked)
-    }
-}
+// A borrowed model is a model: a scorer that wraps another (the mixture) can borrow a model
+// that outlives it (a server's, loaded once) as well as own one (boxed).
+forward_language_model!(&mut M);
+forward_language_model!(Box<M>);
 
 /// Refuses token ids at or beyond `vocab` (every model's forward pass checks its input).
 pub fn check_vocab(tokens: &[u32], vocab: usize) -> Result<()> {
