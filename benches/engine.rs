@@ -34,7 +34,7 @@ fn queries(c: &mut Criterion, name: &str, spec: TokenizerSpec, corpus: Vec<u32>)
             scan_count(&corpus, &q[..10]),
             "count is exact"
         );
-        let ntd = index.ntd(&q[..5]).unwrap();
+        let ntd = index.ntd(&q[..5], None).unwrap();
         assert_eq!(
             ntd.prompt_cnt,
             scan_count(&corpus[..corpus.len() - 1], &q[..5]),
@@ -58,11 +58,11 @@ fn queries(c: &mut Criterion, name: &str, spec: TokenizerSpec, corpus: Vec<u32>)
         })
     });
     g.bench_function("ntd(5)", |b| {
-        b.iter(|| black_box(index.ntd(&next()[..5]).unwrap()))
+        b.iter(|| black_box(index.ntd(&next()[..5], None).unwrap()))
     });
     for ctx in [10usize, 100] {
         g.bench_with_input(BenchmarkId::new("infgram_ntd", ctx), &ctx, |b, &ctx| {
-            b.iter(|| black_box(index.infgram_ntd(&next()[..ctx]).unwrap()))
+            b.iter(|| black_box(index.infgram_ntd(&next()[..ctx], None).unwrap()))
         });
     }
     g.bench_function("infgram_prob(100)", |b| {

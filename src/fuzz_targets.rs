@@ -152,8 +152,8 @@ pub fn damaged_index(data: &[u8]) {
 /// index, each must return (an answer or an error) without panicking.
 pub fn every_query<S: AsRef<[u8]> + Sync>(index: &Index<S>, q: &[u32], ranks: &[usize]) {
     let _ = index.count(q);
-    let _ = index.ntd(q);
-    let _ = index.infgram_ntd(q);
+    let _ = index.ntd(q, Some(0));
+    let _ = index.infgram_ntd(q, None);
     let _ = index.infgram_prob(q, 97);
     let _ = index.find(q);
     let _ = index.longest_match(q);

@@ -33,39 +33,46 @@ fn occurrences(docs: &[Vec<u32>], q: &[u32]) -> Vec<(usize, usize)> {
     out
 }
 
+/// `count`: occurrences; the empty query counts every position, one separator per document.
 fn brute_count(docs: &[Vec<u32>], q: &[u32]) -> u64 {
     if q.is_empty() {
-        return docs.iter().map(|d| d.len() as u64).sum();
+        return docs.iter().map(|d| d.len() as u64 + 1).sum();
     }
     occurrences(docs, q).len() as u64
 }
 
-fn brute_ntd(docs: &[Vec<u32>], q: &[u32]) -> BTreeMap<u32, u64> {
+/// `ntd` as infini-gram defines it: every occurrence has a next token, a document's end
+/// counting as `eos` (and left out without one).
+fn brute_ntd(docs: &[Vec<u32>], q: &[u32], eos: Option<u32>) -> BTreeMap<u32, u64> {
     let mut m = BTreeMap::new();
+    let mut add = |t: Option<u32>| {
+        if let Some(t) = t.or(eos) {
+            *m.entry(t).or_default() += 1;
+        }
+    };
     if q.is_empty() {
         for d in docs {
             for &t in d {
-                *m.entry(t).or_default() += 1;
+                add(Some(t));
             }
+            add(None);
         }
         return m;
     }
     for (d, i) in occurrences(docs, q) {
-        if let Some(&t) = docs[d].get(i + q.len()) {
-            *m.entry(t).or_default() += 1;
-        }
+        add(docs[d].get(i + q.len()).copied());
     }
     m
 }
 
-fn brute_infgram(docs: &[Vec<u32>], p: &[u32]) -> (usize, BTreeMap<u32, u64>) {
+/// The ∞-gram of the query API: the longest suffix that occurs.
+fn brute_infgram(docs: &[Vec<u32>], p: &[u32], eos: Option<u32>) -> (usize, BTreeMap<u32, u64>) {
     for l in (1..=p.len()).rev() {
-        let m = brute_ntd(docs, &p[p.len() - l..]);
-        if !m.is_empty() {
-            return (l, m);
+        if brute_count(docs, &p[p.len() - l..]) > 0 {
+            return (l, brute_ntd(docs, &p[p.len() - l..], eos));
         }
     }
-    (0, brute_ntd(docs, &[]))
+    (0, brute_ntd(docs, &[], eos))
 }
 
 fn check_all(docs: &[Vec<u32>], vocab: usize, queries: &[Vec<u32>]) {
@@ -81,31 +88,36 @@ fn check_all(docs: &[Vec<u32>], vocab: usize, queries: &[Vec<u32>]) {
                 if !q.is_empty() {
                     assert_eq!(idx.find(q).unwrap().cnt, brute_count(docs, q), "find {q:?}");
                 }
-                let ntd: BTreeMap<u32, u64> = idx
-                    .ntd(q)
-                    .unwrap()
-                    .result_by_token_id
-                    .into_iter()
-                    .map(|(t, p)| (t, p.cont_cnt))
-                    .collect();
-                assert_eq!(ntd, brute_ntd(docs, q), "ntd {q:?}");
-                let (l, m) = brute_infgram(docs, q);
-                let got = idx.infgram_ntd(q).unwrap();
-                assert_eq!(got.suffix_len, Some(l), "infgram suffix_len {q:?}");
-                let got: BTreeMap<u32, u64> = got
-                    .result_by_token_id
-                    .into_iter()
-                    .map(|(t, p)| (t, p.cont_cnt))
-                    .collect();
-                assert_eq!(got, m, "infgram_ntd {q:?}");
+                for eos in [None, Some(0), Some(vocab as u32 + 7)] {
+                    let got = idx.ntd(q, eos).unwrap();
+                    assert_eq!(got.prompt_cnt, brute_count(docs, q), "ntd prompt_cnt {q:?}");
+                    let ntd: BTreeMap<u32, u64> = got
+                        .result_by_token_id
+                        .into_iter()
+                        .map(|(t, p)| (t, p.cont_cnt))
+                        .collect();
+                    assert_eq!(ntd, brute_ntd(docs, q, eos), "ntd {q:?} eos {eos:?}");
+                    let (l, m) = brute_infgram(docs, q, eos);
+                    let got = idx.infgram_ntd(q, eos).unwrap();
+                    assert_eq!(got.suffix_len, Some(l), "infgram suffix_len {q:?}");
+                    assert_eq!(got.prompt_cnt, brute_count(docs, &q[q.len() - l..]));
+                    let got: BTreeMap<u32, u64> = got
+                        .result_by_token_id
+                        .into_iter()
+                        .map(|(t, p)| (t, p.cont_cnt))
+                        .collect();
+                    assert_eq!(got, m, "infgram_ntd {q:?} eos {eos:?}");
+                }
                 if let Some((&last, prompt)) = q.split_last() {
                     let pr = idx.prob(prompt, last).unwrap();
                     assert_eq!(pr.prompt_cnt, brute_count(docs, prompt));
                     assert_eq!(pr.cont_cnt, brute_count(docs, q));
                     let ip = idx.infgram_prob(prompt, last).unwrap();
-                    let (l, m) = brute_infgram(docs, prompt);
+                    let (l, _) = brute_infgram(docs, prompt, None);
+                    let suffix = &prompt[prompt.len() - l..];
                     assert_eq!(ip.suffix_len, Some(l));
-                    assert_eq!(ip.cont_cnt, m.get(&last).copied().unwrap_or(0));
+                    assert_eq!(ip.prompt_cnt, brute_count(docs, suffix));
+                    assert_eq!(ip.cont_cnt, brute_count(docs, &[suffix, &[last]].concat()));
                 }
                 // longest_match against brute force.
                 let lm = idx.longest_match(q).unwrap();
@@ -177,8 +189,8 @@ fn edge_cases() {
     assert_eq!(idx.count(&[3, 4]).unwrap().count, 0);
     assert_eq!(
         idx.count(&[]).unwrap().count,
-        5,
-        "empty query counts corpus tokens"
+        7,
+        "the empty query counts every position, separators included"
     );
     // Token widths follow the vocabulary: bytes (255 ids) fit one byte beside the separator.
     for (vocab, width) in [(2usize, 1u8), (255, 1), (256, 2), (65_535, 2), (65_536, 4)] {
@@ -201,10 +213,16 @@ fn edge_cases() {
     // Empty corpus.
     let empty = Index::from_docs(spec(10), &[], 1, true).unwrap();
     assert_eq!(empty.count(&[1]).unwrap().count, 0);
-    assert_eq!(empty.infgram_ntd(&[1]).unwrap().suffix_len, Some(0));
+    assert_eq!(empty.infgram_ntd(&[1], None).unwrap().suffix_len, Some(0));
     // A prompt that never occurs backs off to the unigram distribution.
-    let r = idx.infgram_ntd(&[9, 9, 9]).unwrap();
-    assert_eq!((r.suffix_len, r.prompt_cnt), (Some(0), 5));
+    let r = idx.infgram_ntd(&[9, 9, 9], None).unwrap();
+    assert_eq!((r.suffix_len, r.prompt_cnt), (Some(0), 7));
+    // A suffix found only at a document's end is the ∞-gram context (its next token is the
+    // end), as in infini-gram; the estimators back off past it instead.
+    let r = idx.infgram_ntd(&[7, 3], Some(0)).unwrap();
+    assert_eq!((r.suffix_len, r.prompt_cnt), (Some(1), 1));
+    assert_eq!(r.result_by_token_id[&0].cont_cnt, 1);
+    assert_eq!(idx.infgram_counts(&[7, 3]).unwrap().0, 0);
 }
 
 #[test]

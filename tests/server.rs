@@ -284,12 +284,14 @@ fn every_query_type_answers_as_the_library_does() {
             "ntd",
             Query::Ntd {
                 subject: subject("the "),
+                eos_token_id: None,
             },
         ),
         (
             "infgram_ntd",
             Query::InfgramNtd {
                 subject: subject("zzz sat on "),
+                eos_token_id: None,
             },
         ),
         (

@@ -49,10 +49,10 @@ fn main() {
             black_box(i.prob(&w[..4], w[4]).unwrap());
         }),
         ("ntd(5)", |i, w| {
-            black_box(i.ntd(&w[..5]).unwrap());
+            black_box(i.ntd(&w[..5], None).unwrap());
         }),
         ("infgram_ntd(ctx 100)", |i, w| {
-            black_box(i.infgram_ntd(&w[..100]).unwrap());
+            black_box(i.infgram_ntd(&w[..100], None).unwrap());
         }),
     ];
     println!("| query | warm µs | cold µs |");

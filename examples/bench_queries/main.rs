@@ -85,16 +85,16 @@ fn main() {
         black_box(index.prob(q(i, 4), q(i, 5)[4]).unwrap());
     });
     let ntd = time_per(n, |i| {
-        black_box(index.ntd(q(i, 5)).unwrap());
+        black_box(index.ntd(q(i, 5), None).unwrap());
     });
     let ntd1 = time_per(2000, |i| {
-        black_box(index.ntd(q(i, 1)).unwrap());
+        black_box(index.ntd(q(i, 1), None).unwrap());
     });
     let iprob = time_per(n, |i| {
         black_box(index.infgram_prob(q(i, 100), q(i, 101)[100]).unwrap());
     });
     let intd = time_per(n, |i| {
-        black_box(index.infgram_ntd(q(i, 100)).unwrap());
+        black_box(index.infgram_ntd(q(i, 100), None).unwrap());
     });
     let lm = time_per(200, |i| {
         black_box(index.longest_match(q(i, 100)).unwrap());

@@ -25,7 +25,7 @@ fn main() -> infgram::Result<()> {
     let prompt = tok.encode("my lor")?;
     let d = tok.encode("d")?[0];
     println!("prob(d | my lor) = {:.4}", index.prob(&prompt, d)?.prob);
-    let ntd = index.infgram_ntd(&tok.encode("O Romeo, Romeo! wherefore art thou R")?)?;
+    let ntd = index.infgram_ntd(&tok.encode("O Romeo, Romeo! wherefore art thou R")?, None)?;
     println!(
         "∞-gram: longest matching suffix {} tokens, {} next tokens",
         ntd.suffix_len.unwrap_or(0),

@@ -70,6 +70,10 @@ pub struct QueryArgs {
     /// get_doc_by_ptr: the token position in the shard.
     #[arg(long)]
     pub ptr: Option<usize>,
+    /// ntd / infgram_ntd: report documents' ends under this id (infini-gram's `eos_token_id`);
+    /// without it they count in `prompt_cnt` but are not listed.
+    #[arg(long)]
+    pub eos_token_id: Option<u32>,
     /// Tokenizer to use (must match the index); default: the one the index names.
     #[arg(long)]
     pub tokenizer: Option<String>,
@@ -103,12 +107,18 @@ fn query_from_flags(args: &QueryArgs, qt: QueryType, tok: &dyn Tokenizer) -> Res
             subject,
             cont: cont(),
         },
-        QueryType::Ntd => Query::Ntd { subject },
+        QueryType::Ntd => Query::Ntd {
+            subject,
+            eos_token_id: args.eos_token_id,
+        },
         QueryType::InfgramProb => Query::InfgramProb {
             subject,
             cont: cont(),
         },
-        QueryType::InfgramNtd => Query::InfgramNtd { subject },
+        QueryType::InfgramNtd => Query::InfgramNtd {
+            subject,
+            eos_token_id: args.eos_token_id,
+        },
         QueryType::Find => Query::Find { subject },
         QueryType::LongestMatch => Query::LongestMatch { subject },
         QueryType::SearchDocs => Query::SearchDocs {

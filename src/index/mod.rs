@@ -2,16 +2,17 @@
 //! and the whole index ([`Index`]) with its queries ([`query`]).
 //!
 //! An [`Index`] is generic over the bytes of its files: [`Index::open`] memory-maps a directory
-//! (`Index<Mmap>`), [`Index::from_shards`] wraps freshly built bytes (`Index<Vec<u8>>`). The two
+//! (`Index<Mmap>`; infgram's format, or infini-gram's read as it is: [`infini_gram`]), [`Index::from_shards`] wraps freshly built bytes (`Index<Vec<u8>>`). The two
 //! answer every query identically; tests check that they do.
 
 pub mod build;
 pub mod format;
+pub mod infini_gram;
 pub mod pipeline;
 pub mod query;
 mod shard;
 
-pub use shard::{Range, Shard};
+pub use shard::{Layout, Range, Shard};
 
 use crate::error::{Error, Result};
 use crate::tokenizer::TokenizerSpec;
@@ -79,7 +80,13 @@ impl Index<Mmap> {
     ///
     /// An index rebuilt with `--force` is swapped in whole; an open that failed because the
     /// directory was swapped under it (its identity changed) is tried again.
+    ///
+    /// A directory written by infini-gram's indexer (no `index.json`, a `tokenized.0`) is
+    /// opened as it is ([`Index::open_infini_gram`]).
     pub fn open(dir: &Path) -> Result<Self> {
+        if infini_gram::is_infini_gram_dir(dir) {
+            return Self::open_infini_gram(dir, None);
+        }
         let mut tries = 0;
         loop {
             let before = dir_identity(dir);
@@ -277,6 +284,36 @@ impl Index<Vec<u8>> {
 }
 
 impl<S: AsRef<[u8]> + Sync> Index<S> {
+    /// One index of the shards of several (infini-gram's engine takes a list of index
+    /// directories): they must have the same token width and tokenizer.
+    pub fn merge(indexes: Vec<Index<S>>) -> Result<Self> {
+        let mut it = indexes.into_iter();
+        let mut first = it
+            .next()
+            .ok_or_else(|| Error::input("no index to open: give at least one directory"))?;
+        for other in it {
+            let (a, b) = (&first.header, &other.header);
+            if a.token_width != b.token_width || a.tokenizer.fingerprint != b.tokenizer.fingerprint
+            {
+                return Err(Error::input(format!(
+                    "{} and {} have different tokens ({}-byte, tokenizer {:?} vs {}-byte, {:?}): \
+                     they cannot be queried as one",
+                    first.dir.as_deref().unwrap_or(Path::new("?")).display(),
+                    other.dir.as_deref().unwrap_or(Path::new("?")).display(),
+                    a.token_width,
+                    a.tokenizer.kind,
+                    b.token_width,
+                    b.tokenizer.kind
+                )));
+            }
+            first.header.total_tokens += other.header.total_tokens;
+            first.header.total_documents += other.header.total_documents;
+            first.header.shards.extend(other.header.shards);
+            first.shards.extend(other.shards);
+        }
+        Ok(first)
+    }
+
     /// The header.
     pub fn header(&self) -> &Header {
         &self.header

@@ -2,14 +2,21 @@
 //! `infgram_ntd`, `find`, documents by rank or pointer, `search_docs` (CNF) and
 //! `longest_match`. Field names of the result types follow the infini-gram Python package.
 //!
-//! Semantics, for a corpus of documents each followed by a separator:
-//! * `count(q)`: occurrences of `q`; `count([])` is the number of corpus tokens.
+//! Semantics (those of infini-gram 2.6.0's engine, compared query by query in the Python
+//! tests), for a corpus of documents each with one separator:
+//! * `count(q)`: occurrences of `q`; `count([])` is the number of positions, one separator per
+//!   document included (infini-gram's `count([])`).
 //! * `prob(p, c)`: `count(p·c) / count(p)` (no backoff; `prob` is -1 when `count(p)` is 0).
-//! * `ntd(p)`: for every token `x` that follows an occurrence of `p`, `count(p·x)`; the
-//!   denominator `prompt_cnt` counts the occurrences of `p` followed by a token (occurrences at
-//!   a document's end have no next token).
-//! * `infgram_*`: the same on the longest suffix of the prompt that has a next token somewhere
-//!   (`suffix_len` tokens long; 0 means the unigram distribution).
+//! * `ntd(p, eos)`: `prompt_cnt = count(p)`, every occurrence; for every token `x` that follows
+//!   an occurrence, `count(p·x)`, and the occurrences at a document's end reported under the
+//!   end-of-document id `eos` when one is given (infini-gram's `eos_token_id`), left out of the
+//!   list otherwise; `prob = cont_cnt / prompt_cnt`.
+//! * `infgram_*`: the same on the longest suffix of the prompt that occurs (`suffix_len` tokens
+//!   long; 0 means the unigram distribution).
+//!
+//! The estimators need another convention, kept in [`Index::infgram_counts`] and
+//! [`Index::next_counts`]: there an occurrence at a document's end has no next token, and the
+//! ∞-gram backs off past a suffix that has only such occurrences.
 
 use super::{Index, Range, Shard};
 use crate::error::{Error, Result};
@@ -79,9 +86,9 @@ pub struct ProbResult {
 /// Result of `ntd` and `infgram_ntd`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct NtdResult {
-    /// Occurrences of the (suffix of the) prompt that have a next token.
+    /// Occurrences of the (suffix of the) prompt, those at a document's end included.
     pub prompt_cnt: u64,
-    /// Next token id → `{cont_cnt, prob}`.
+    /// Next token id → `{cont_cnt, prob}` (documents' ends under the `eos` id when given).
     pub result_by_token_id: BTreeMap<u32, TokenProb>,
     /// Always false: distributions are exact.
     pub approx: bool,
@@ -116,6 +123,9 @@ pub struct Document {
     pub metadata: String,
     /// Token ids of the window.
     pub token_ids: Vec<u32>,
+    /// Position in the shard of the match (or of the window's anchor).
+    #[serde(skip)]
+    pub ptr: usize,
 }
 
 /// Result of `search_docs`.
@@ -127,6 +137,9 @@ pub struct SearchResult {
     pub approx: bool,
     /// Up to `maxnum` matching documents.
     pub documents: Vec<Document>,
+    /// Positions of the matching occurrences (of the rarest clause), by shard.
+    #[serde(skip)]
+    pub ptrs_by_shard: Vec<Vec<usize>>,
 }
 
 /// One position of `longest_match`.
@@ -164,27 +177,6 @@ pub fn tally_sorted(sorted: impl IntoIterator<Item = u32>) -> Counts {
     out
 }
 
-fn to_ntd(counts: &Counts, suffix_len: Option<usize>) -> NtdResult {
-    let total: u64 = counts.iter().map(|&(_, c)| c).sum();
-    NtdResult {
-        prompt_cnt: total,
-        result_by_token_id: counts
-            .iter()
-            .map(|&(t, c)| {
-                (
-                    t,
-                    TokenProb {
-                        cont_cnt: c,
-                        prob: c as f64 / total as f64,
-                    },
-                )
-            })
-            .collect(),
-        approx: false,
-        suffix_len,
-    }
-}
-
 impl<S: AsRef<[u8]>> Shard<S> {
     /// Next-token counts (separator excluded) of the occurrences `occ` of `ctx`.
     pub fn occ_counts(&self, occ: Occ, ctx: &[u32]) -> Counts {
@@ -208,14 +200,34 @@ impl<S: AsRef<[u8]>> Shard<S> {
                 tally_sorted(v)
             }
             Occ::Rev(_) => self.occ_counts_ext(Occ::Fwd(self.find(ctx)), ctx, keep_end),
-            // T ends with a separator, so a context never runs into the end of T.
             Occ::Fwd(r) => {
                 let mut out: Counts = Vec::with_capacity(64);
+                // In infgram's layout T ends with a separator, so a context never runs into the
+                // end of T; in infini-gram's, the last document ends there: the same as a
+                // separator. Runs come in suffix order, which is token order unless the shard
+                // sorts tokens by their bytes (infini-gram's u16 / u32 tables).
+                let mut sort = self.byte_ordered();
                 self.runs(r, ctx.len(), |t, c, _| {
+                    let t = if t == u32::MAX {
+                        sort = true;
+                        sep
+                    } else {
+                        t
+                    };
                     if keep(t) {
                         out.push((t, c as u64));
                     }
                 });
+                if sort {
+                    out.sort_unstable_by_key(|&(t, _)| t);
+                    out.dedup_by(|b, a| {
+                        let same = a.0 == b.0;
+                        if same {
+                            a.1 += b.1;
+                        }
+                        same
+                    });
+                }
                 out
             }
         }
@@ -365,7 +377,10 @@ impl<S: AsRef<[u8]>> Shard<S> {
                 let mut qs = q.to_vec();
                 qs.push(self.separator());
                 let f = self.find(&qs);
-                (occ.len() - (f.1 - f.0)) as u64
+                // In infini-gram's layout the last document ends at the end of T, no separator.
+                let at_end =
+                    self.len() >= q.len() && self.slice(self.len() - q.len(), self.len()) == q;
+                (occ.len() - (f.1 - f.0)).saturating_sub(usize::from(at_end)) as u64
             }
         }
     }
@@ -406,11 +421,11 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
         }
     }
 
-    /// Occurrences of `q` (`count([])` = corpus tokens).
+    /// Occurrences of `q` (`count([])` = positions, separators included).
     pub fn count(&self, q: &[u32]) -> Result<CountResult> {
         self.check_query(q)?;
         let count = if q.is_empty() {
-            self.total_tokens()
+            self.shards().iter().map(|s| s.len() as u64).sum()
         } else {
             self.shards()
                 .iter()
@@ -453,30 +468,113 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
         })))
     }
 
-    /// Exact next-token distribution of `prompt`.
-    pub fn ntd(&self, prompt: &[u32]) -> Result<NtdResult> {
-        Ok(to_ntd(&self.next_counts(prompt)?, None))
+    /// Exact next-token distribution of `prompt` as the query API reports it: every occurrence
+    /// counted, documents' ends under `eos` (see the module docs).
+    pub fn ntd(&self, prompt: &[u32], eos: Option<u32>) -> Result<NtdResult> {
+        self.check_query(prompt)?;
+        let occs: Vec<Occ> = self
+            .shards()
+            .iter()
+            .map(|s| Occ::Fwd(s.find(prompt)))
+            .collect();
+        Ok(self.api_ntd(prompt, &occs, eos, None))
     }
 
-    /// Length of the longest suffix of `prompt` that is followed by a token somewhere, and the
-    /// occurrences of that suffix in each shard.
+    /// The query API's distribution of the occurrences `occs` (one per shard) of `q`.
+    fn api_ntd(
+        &self,
+        q: &[u32],
+        occs: &[Occ],
+        eos: Option<u32>,
+        suffix_len: Option<usize>,
+    ) -> NtdResult {
+        let prompt_cnt: u64 = occs.iter().map(|o| o.len() as u64).sum();
+        let sep = self.separator();
+        let per_shard = self.par_shards_with(occs, |s, &o| {
+            if o.is_empty() {
+                Counts::new()
+            } else {
+                s.occ_counts_ext(o, q, true)
+            }
+        });
+        let mut acc: BTreeMap<u32, u64> = BTreeMap::new();
+        for (t, c) in per_shard.into_iter().flatten() {
+            match (t == sep, eos) {
+                (true, Some(e)) => *acc.entry(e).or_default() += c,
+                (true, None) => {}
+                (false, _) => *acc.entry(t).or_default() += c,
+            }
+        }
+        NtdResult {
+            prompt_cnt,
+            result_by_token_id: acc
+                .into_iter()
+                .map(|(t, c)| {
+                    let prob = c as f64 / prompt_cnt as f64;
+                    (t, TokenProb { cont_cnt: c, prob })
+                })
+                .collect(),
+            approx: false,
+            suffix_len,
+        }
+    }
+
+    /// Runs `f` on every shard with its item of `items`, in parallel when there are several.
+    fn par_shards_with<T: Send, I: Sync>(
+        &self,
+        items: &[I],
+        f: impl Fn(&Shard<S>, &I) -> T + Sync + Send,
+    ) -> Vec<T> {
+        if self.shards().len() > 1 {
+            self.shards()
+                .par_iter()
+                .zip(items)
+                .map(|(s, i)| f(s, i))
+                .collect()
+        } else {
+            self.shards()
+                .iter()
+                .zip(items)
+                .map(|(s, i)| f(s, i))
+                .collect()
+        }
+    }
+
+    /// The longest suffix of `prompt` that occurs in some shard (`suffix_len`), and its
+    /// occurrences in each shard: the ∞-gram context of the query API.
+    pub fn occurring_suffix(&self, prompt: &[u32]) -> Result<(usize, Vec<Occ>)> {
+        self.check_query(prompt)?;
+        let tops = self.par_shards(|s| s.longest_occurring(prompt));
+        let l = tops.iter().map(|t| t.0).max().unwrap_or(0);
+        Ok((l, self.suffix_occs_of(prompt, l, &tops)))
+    }
+
+    /// Occurrences in each shard of the last `l` tokens of `prompt`, given each shard's longest
+    /// occurring suffix `tops` (at least as long as `l` in some shard).
+    fn suffix_occs_of(&self, prompt: &[u32], l: usize, tops: &[(usize, Occ)]) -> Vec<Occ> {
+        let q = &prompt[prompt.len() - l..];
+        self.shards()
+            .iter()
+            .zip(tops)
+            .map(|(s, &(ls, occ))| match l {
+                0 => Occ::Fwd((0, s.len())),
+                _ if ls == l => occ,
+                _ if ls > l => Occ::Fwd(s.find(q)),
+                _ => Occ::Fwd((0, 0)),
+            })
+            .collect()
+    }
+
+    /// Length of the longest suffix of `prompt` that is followed by a token somewhere (not only
+    /// by documents' ends), and the occurrences of that suffix in each shard: the estimators'
+    /// ∞-gram context.
     pub fn longest_suffix(&self, prompt: &[u32]) -> Result<(usize, Vec<Occ>)> {
         self.check_query(prompt)?;
         let tops = self.par_shards(|s| s.longest_occurring(prompt));
         let mut l = tops.iter().map(|t| t.0).max().unwrap_or(0);
         loop {
             let q = &prompt[prompt.len() - l..];
-            let occs: Vec<Occ> = self
-                .shards()
-                .iter()
-                .zip(&tops)
-                .map(|(s, &(ls, occ))| match l {
-                    0 => Occ::Fwd((0, s.len())),
-                    _ if ls == l => occ,
-                    _ if ls > l => Occ::Fwd(s.find(q)),
-                    _ => Occ::Fwd((0, 0)),
-                })
-                .collect();
+            let occs = self.suffix_occs_of(prompt, l, &tops);
             // Occurrences only at documents' ends have no next token: back off further.
             let cont: u64 = self
                 .shards()
@@ -505,21 +603,22 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
         Ok((l, counts))
     }
 
-    /// ∞-gram next-token distribution.
-    pub fn infgram_ntd(&self, prompt: &[u32]) -> Result<NtdResult> {
-        let (l, counts) = self.infgram_counts(prompt)?;
-        Ok(to_ntd(&counts, Some(l)))
+    /// ∞-gram next-token distribution of the query API: [`Index::ntd`] of the longest suffix
+    /// of `prompt` that occurs.
+    pub fn infgram_ntd(&self, prompt: &[u32], eos: Option<u32>) -> Result<NtdResult> {
+        let (l, occs) = self.occurring_suffix(prompt)?;
+        Ok(self.api_ntd(&prompt[prompt.len() - l..], &occs, eos, Some(l)))
     }
 
-    /// ∞-gram probability of `cont` after `prompt`.
+    /// ∞-gram probability of `cont` after `prompt`: [`Index::prob`] of the longest suffix of
+    /// `prompt` that occurs.
     pub fn infgram_prob(&self, prompt: &[u32], cont: u32) -> Result<ProbResult> {
         self.check_query(&[cont])?;
-        let (l, counts) = self.infgram_counts(prompt)?;
-        let prompt_cnt: u64 = counts.iter().map(|&(_, c)| c).sum();
-        let cont_cnt = counts
-            .iter()
-            .find(|&&(t, _)| t == cont)
-            .map_or(0, |&(_, c)| c);
+        let (l, occs) = self.occurring_suffix(prompt)?;
+        let prompt_cnt: u64 = occs.iter().map(|o| o.len() as u64).sum();
+        let mut full = prompt[prompt.len() - l..].to_vec();
+        full.push(cont);
+        let cont_cnt = self.count(&full)?.count;
         Ok(ProbResult {
             prompt_cnt,
             cont_cnt,
@@ -543,22 +642,51 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
     }
 
     fn doc_window(&self, s: usize, pos: usize, needle_len: usize, max_disp_len: usize) -> Document {
+        let half = max_disp_len / 2;
+        self.window_at(s, pos, half, needle_len + half)
+    }
+
+    /// The window `[pos - before, pos + after)` of the document holding position `pos` of
+    /// shard `s`, cut to the document (the infini-gram engine's `*_2` document getters).
+    pub fn window_at(&self, s: usize, pos: usize, before: usize, after: usize) -> Document {
         let sh = &self.shards()[s];
         let d = sh.doc_of(pos);
         let (a, b) = sh.doc_span(d);
-        let half = max_disp_len / 2;
-        let lo = pos.saturating_sub(half).max(a);
-        let hi = (pos + needle_len + half).min(b).max(lo);
-        let before: u64 = self.shards()[..s].iter().map(|x| x.num_docs() as u64).sum();
+        let lo = pos.saturating_sub(before).max(a);
+        let hi = pos.saturating_add(after).min(b).max(lo);
+        let first: u64 = self.shards()[..s].iter().map(|x| x.num_docs() as u64).sum();
         Document {
             s,
-            doc_ix: before + d as u64,
+            doc_ix: first + d as u64,
             doc_len: b - a,
             disp_len: hi - lo,
             needle_offset: pos.saturating_sub(lo),
             metadata: sh.doc_meta(d).unwrap_or("").to_string(),
             token_ids: sh.slice(lo, hi),
+            ptr: pos,
         }
+    }
+
+    /// Documents in all shards.
+    pub fn num_docs(&self) -> u64 {
+        self.shards().iter().map(|s| s.num_docs() as u64).sum()
+    }
+
+    /// The first `max_len` tokens of document `doc_ix` (numbered across shards).
+    pub fn get_doc_by_ix(&self, doc_ix: u64, max_len: usize) -> Result<Document> {
+        let mut rest = doc_ix;
+        for (s, sh) in self.shards().iter().enumerate() {
+            let n = sh.num_docs() as u64;
+            if rest < n {
+                let (a, _) = sh.doc_span(rest as usize);
+                return Ok(self.window_at(s, a, 0, max_len));
+            }
+            rest -= n;
+        }
+        Err(Error::input(format!(
+            "document {doc_ix} does not exist ({} documents)",
+            self.num_docs()
+        )))
     }
 
     /// Shard `s` after checking that `i` is one of its positions (`what` names `i` in errors).
@@ -634,6 +762,20 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
         let mut approx = false;
         let mut documents = Vec::new();
         let mut seen_docs = std::collections::HashSet::new();
+        let mut ptrs_by_shard = vec![Vec::new(); self.shards().len()];
+        // The anchor: the clause with the fewest occurrences in the whole index (one choice for
+        // all shards, so the count does not depend on how documents are sharded).
+        let total = |clause: &Vec<Vec<u32>>| -> usize {
+            let per = |sh: &Shard<S>| {
+                clause
+                    .iter()
+                    .map(|g| sh.find(g))
+                    .map(|r| r.1 - r.0)
+                    .sum::<usize>()
+            };
+            self.shards().iter().map(per).sum()
+        };
+        let rarest = (0..cnf.len()).min_by_key(|&i| total(&cnf[i])).unwrap_or(0);
         for (s, sh) in self.shards().iter().enumerate() {
             // Positions (start, end) of each clause's occurrences, sorted by start.
             let mut clauses: Vec<Vec<(usize, usize)>> = Vec::with_capacity(cnf.len());
@@ -657,9 +799,6 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
                 pos.sort_unstable();
                 clauses.push(pos);
             }
-            let rarest = (0..clauses.len())
-                .min_by_key(|&i| clauses[i].len())
-                .unwrap_or(0);
             for &(p, e) in &clauses[rarest] {
                 let doc = sh.doc_of(p);
                 let (da, db) = sh.doc_span(doc);
@@ -676,6 +815,7 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
                 });
                 if ok {
                     cnt += 1;
+                    ptrs_by_shard[s].push(p);
                     if documents.len() < maxnum && seen_docs.insert((s, doc)) {
                         documents.push(self.doc_window(s, p, e - p, max_disp_len));
                     }
@@ -686,6 +826,7 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
             cnt,
             approx,
             documents,
+            ptrs_by_shard,
         })
     }
 

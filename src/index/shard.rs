@@ -22,6 +22,20 @@ use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 /// A half-open range `[lo, hi)` of a suffix array.
 pub type Range = (usize, usize);
 
+/// Where a shard's documents keep their separator, and how its suffix array is written: the
+/// two on-disk formats that [`Shard`] reads (`FORMAT.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// infgram's format: every document followed by the separator, `docs.bin` holding
+    /// `documents + 1` token offsets, suffix-array pointers in tokens, padded by 8 bytes, and
+    /// suffixes sorted by token value.
+    Infgram,
+    /// infini-gram's format: every document preceded by the separator, `offset.N` holding one
+    /// byte offset per document, suffix-array pointers in bytes, unpadded, and suffixes sorted
+    /// by their little-endian bytes (so u16 / u32 tokens are not in numeric order).
+    InfiniGram,
+}
+
 /// Read side of one shard.
 pub struct Shard<S> {
     pub(crate) tokens: S,
@@ -36,6 +50,12 @@ pub struct Shard<S> {
     pub(crate) ptr_width: usize,
     pub(crate) sep: u32,
     pub(crate) n_docs: usize,
+    layout: Layout,
+    /// Suffixes are sorted by the tokens' little-endian bytes (infini-gram's u16 / u32 tables):
+    /// comparisons go through [`Shard::order`].
+    byte_order: bool,
+    /// Suffix-array pointers count bytes: shift them right by this to get token positions.
+    ptr_shift: u32,
     /// Memo of `RSA` ranges of 1- and 2-token contexts, for 1-byte tokens (see
     /// [`Shard::rrange_short`]): the first two narrowing steps are the most expensive ones
     /// (ranges of ~n and ~n/σ), and a byte vocabulary has only 65,536 two-token contexts.
@@ -61,6 +81,9 @@ impl<S: AsRef<[u8]>> Shard<S> {
         let n = tokens.as_ref().len() / width;
         let n_docs = (docs.as_ref().len() / 8).saturating_sub(1);
         Shard {
+            layout: Layout::Infgram,
+            byte_order: false,
+            ptr_shift: 0,
             tokens,
             sa,
             rsa,
@@ -73,6 +96,40 @@ impl<S: AsRef<[u8]>> Shard<S> {
             sep,
             n_docs,
             short_ranges: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Reads the shard as infini-gram's format (see [`Layout::InfiniGram`]): `docs` holds one
+    /// byte offset per document.
+    pub(crate) fn infini_gram(mut self) -> Self {
+        self.layout = Layout::InfiniGram;
+        self.byte_order = self.width > 1;
+        self.ptr_shift = self.width.trailing_zeros();
+        self.n_docs = self.docs.as_ref().len() / 8;
+        self
+    }
+
+    /// The shard's on-disk layout.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// Whether suffixes are sorted by their tokens' bytes rather than by token value (then
+    /// next-token runs do not come in token order).
+    pub fn byte_ordered(&self) -> bool {
+        self.byte_order
+    }
+
+    /// The key a token sorts by in this shard's suffix array: the token itself, or for
+    /// byte-ordered shards its bytes read big-endian (an involution: `order(order(t)) = t`).
+    #[inline(always)]
+    fn order(&self, t: u32) -> u32 {
+        if !self.byte_order {
+            t
+        } else if self.width == 2 {
+            (t as u16).swap_bytes() as u32
+        } else {
+            t.swap_bytes()
         }
     }
 
@@ -111,7 +168,18 @@ impl<S: AsRef<[u8]>> Shard<S> {
     #[inline(always)]
     fn read_ptr(&self, bytes: &[u8], i: usize) -> usize {
         let o = i * self.ptr_width;
-        let word = u64::from_le_bytes(bytes[o..o + SA_PADDING].try_into().expect("8 bytes"));
+        let word = match bytes.get(o..o + SA_PADDING) {
+            Some(w) => u64::from_le_bytes(w.try_into().expect("8 bytes")),
+            // infini-gram's tables are not padded: the last pointers are read byte by byte.
+            None => {
+                let mut w = [0u8; 8];
+                let end = (o + self.ptr_width).min(bytes.len());
+                if o < end {
+                    w[..end - o].copy_from_slice(&bytes[o..end]);
+                }
+                u64::from_le_bytes(w)
+            }
+        };
         let mask = if self.ptr_width >= 8 {
             u64::MAX
         } else {
@@ -119,7 +187,7 @@ impl<S: AsRef<[u8]>> Shard<S> {
         };
         // A damaged file may hold pointers past the end: clamp them to the end (an empty
         // suffix), so reads stay in bounds; the checksums at open and `verify` report the damage.
-        ((word & mask) as usize).min(self.n)
+        (((word & mask) >> self.ptr_shift) as usize).min(self.n)
     }
 
     /// `SA[i]`: start in `T` of the `i`-th smallest suffix.
@@ -139,7 +207,7 @@ impl<S: AsRef<[u8]>> Shard<S> {
     fn key(&self, i: usize, d: usize) -> i64 {
         let p = self.sa(i) + d;
         if p < self.n {
-            self.tok(p) as i64
+            self.order(self.tok(p)) as i64
         } else {
             -1
         }
@@ -151,7 +219,7 @@ impl<S: AsRef<[u8]>> Shard<S> {
     fn rkey(&self, i: usize, d: usize) -> i64 {
         let r = self.rsa(i) + d;
         if r < self.n {
-            self.tok(self.n - 1 - r) as i64
+            self.order(self.tok(self.n - 1 - r)) as i64
         } else {
             -1
         }
@@ -177,7 +245,7 @@ impl<S: AsRef<[u8]>> Shard<S> {
             if p >= self.n {
                 return Ordering::Less;
             }
-            let c = self.tok(p).cmp(&x);
+            let c = self.order(self.tok(p)).cmp(&self.order(x));
             if c != Ordering::Equal {
                 return c;
             }
@@ -302,13 +370,13 @@ impl<S: AsRef<[u8]>> Shard<S> {
 
     /// Given the `SA` range `r` of some `q` with `|q| = d`, the range of `q·x`.
     pub fn narrow(&self, r: Range, d: usize, x: u32) -> Range {
-        Self::equal_range(r, x as i64, |i| self.key(i, d))
+        Self::equal_range(r, self.order(x) as i64, |i| self.key(i, d))
     }
 
     /// Given the `RSA` range `r` of a reversed context of length `d`, the range of the context
     /// extended by `x` on its left. The full range is `(0, len())`.
     pub fn rnarrow(&self, r: Range, d: usize, x: u32) -> Range {
-        Self::equal_range(r, x as i64, |i| self.rkey(i, d))
+        Self::equal_range(r, self.order(x) as i64, |i| self.rkey(i, d))
     }
 
     /// `RSA` range of the context `[.., x1, x0]` cut to its last one (`x1 = None`) or two
@@ -356,8 +424,9 @@ impl<S: AsRef<[u8]>> Shard<S> {
     }
 
     /// Calls `f(token, count)` for each run of equal next tokens (offset `d`) in the forward
-    /// range `r`, in token order; the separator and the end of `T` are included (as the
-    /// separator id and `u32::MAX` respectively) so callers decide what to drop.
+    /// range `r`, in suffix order (token order unless [`Shard::byte_ordered`]); the separator
+    /// and the end of `T` are included (as the separator id and `u32::MAX` respectively) so
+    /// callers decide what to drop.
     pub fn runs(&self, r: Range, d: usize, mut f: impl FnMut(u32, usize, Range)) {
         let (mut i, hi) = r;
         while i < hi {
@@ -376,18 +445,23 @@ impl<S: AsRef<[u8]>> Shard<S> {
                     up = mid;
                 }
             }
-            let tok = if t < 0 { u32::MAX } else { t as u32 };
+            let tok = if t < 0 {
+                u32::MAX
+            } else {
+                self.order(t as u32)
+            };
             f(tok, lo - i, (i, lo));
             i = lo;
         }
     }
 
-    /// Document index of position `pos` of `T`.
+    /// Document index of position `pos` of `T` (a separator belongs to the document it ends,
+    /// or in infini-gram's layout to the one it starts).
     pub fn doc_of(&self, pos: usize) -> usize {
         let (mut lo, mut hi) = (0usize, self.n_docs);
         while lo + 1 < hi {
             let mid = (lo + hi) / 2;
-            if self.doc_start(mid) <= pos {
+            if self.doc_boundary(mid) <= pos {
                 lo = mid;
             } else {
                 hi = mid;
@@ -396,30 +470,50 @@ impl<S: AsRef<[u8]>> Shard<S> {
         lo
     }
 
-    /// First token of document `d`; `doc_start(num_docs())` is `len()`.
-    pub fn doc_start(&self, d: usize) -> usize {
+    /// Where document `d`'s part of `T` begins (its first token, or in infini-gram's layout
+    /// its leading separator); `len()` for `d ≥ num_docs()`.
+    fn doc_boundary(&self, d: usize) -> usize {
         let b = self.docs.as_ref();
         // Damaged offsets (past the end, or a document past the last) read as the end, so a
         // damage no check caught cannot send a read out of bounds.
-        b.get(8 * d..8 * d + 8)
-            .map_or(self.n, |w| {
-                u64::from_le_bytes(w.try_into().expect("8 bytes")) as usize
-            })
-            .min(self.n)
+        let off = b
+            .get(8 * d..8 * d + 8)
+            .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")) as usize);
+        match self.layout {
+            Layout::Infgram => off.map_or(self.n, |o| o.min(self.n)),
+            Layout::InfiniGram if d < self.n_docs => {
+                off.map_or(self.n, |o| (o >> self.ptr_shift).min(self.n))
+            }
+            Layout::InfiniGram => self.n,
+        }
     }
 
     /// Tokens of document `d` without its separator (`a ≤ b` even in a damaged index).
     pub fn doc_span(&self, d: usize) -> Range {
-        let a = self.doc_start(d);
-        (a, self.doc_start(d + 1).saturating_sub(1).max(a))
+        let (a, b) = match self.layout {
+            Layout::Infgram => {
+                let a = self.doc_boundary(d);
+                (a, self.doc_boundary(d + 1).saturating_sub(1))
+            }
+            Layout::InfiniGram => (
+                (self.doc_boundary(d) + 1).min(self.n),
+                self.doc_boundary(d + 1),
+            ),
+        };
+        (a, b.max(a))
     }
 
     /// Metadata line of document `d`, if the shard stores metadata.
     pub fn doc_meta(&self, d: usize) -> Option<&str> {
         let (meta, offs) = self.meta.as_ref()?;
         let o = offs.as_ref();
-        let a = u64::from_le_bytes(o[8 * d..8 * d + 8].try_into().ok()?) as usize;
-        let b = u64::from_le_bytes(o[8 * d + 8..8 * d + 16].try_into().ok()?) as usize;
+        let a = u64::from_le_bytes(o.get(8 * d..8 * d + 8)?.try_into().ok()?) as usize;
+        // infini-gram's `metaoff.N` has no entry after the last line.
+        let b = o
+            .get(8 * d + 8..8 * d + 16)
+            .map_or(meta.as_ref().len(), |w| {
+                u64::from_le_bytes(w.try_into().expect("8 bytes")) as usize
+            });
         std::str::from_utf8(meta.as_ref().get(a..b)?)
             .ok()
             .map(|s| s.trim_end())

@@ -234,6 +234,16 @@ impl ApiQuery {
         }
     }
 
+    /// The optional `eos_token_id` (the id documents' ends are reported under in `ntd`).
+    fn eos_token_id(&self) -> Result<Option<u32>, ApiError> {
+        match self.params.get("eos_token_id") {
+            None | Some(Value::Null) => Ok(None),
+            Some(_) => Ok(Some(
+                self.number("eos_token_id", 0, u32::MAX as usize)? as u32
+            )),
+        }
+    }
+
     /// The service query this request asks, with the token ids of its query (tokenized with
     /// the index's tokenizer) for the answer.
     pub fn to_query(
@@ -298,8 +308,14 @@ impl ApiQuery {
                     Query::InfgramProb { subject, cont }
                 }
             }
-            "ntd" => Query::Ntd { subject },
-            "infgram_ntd" => Query::InfgramNtd { subject },
+            "ntd" => Query::Ntd {
+                subject,
+                eos_token_id: self.eos_token_id()?,
+            },
+            "infgram_ntd" => Query::InfgramNtd {
+                subject,
+                eos_token_id: self.eos_token_id()?,
+            },
             "find" => Query::Find { subject },
             "search_docs" => Query::SearchDocs {
                 cnf: Some(cnf.unwrap_or_else(|| vec![vec![ids.clone()]])),

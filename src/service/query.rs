@@ -145,6 +145,10 @@ pub enum Query {
     Ntd {
         #[serde(flatten)]
         subject: Subject,
+        /// The id that documents' ends are reported under (infini-gram's `eos_token_id`);
+        /// without it they are counted in `prompt_cnt` but not listed.
+        #[serde(default)]
+        eos_token_id: Option<u32>,
     },
     /// ∞-gram probability: the longest suffix of the prompt with a next token.
     InfgramProb {
@@ -157,6 +161,10 @@ pub enum Query {
     InfgramNtd {
         #[serde(flatten)]
         subject: Subject,
+        /// The id that documents' ends are reported under (infini-gram's `eos_token_id`);
+        /// without it they are counted in `prompt_cnt` but not listed.
+        #[serde(default)]
+        eos_token_id: Option<u32>,
     },
     /// Suffix-array ranges of an n-gram in every shard.
     Find {
@@ -270,9 +278,9 @@ impl Query {
         match self {
             Query::Count { subject, .. }
             | Query::Prob { subject, .. }
-            | Query::Ntd { subject }
+            | Query::Ntd { subject, .. }
             | Query::InfgramProb { subject, .. }
-            | Query::InfgramNtd { subject }
+            | Query::InfgramNtd { subject, .. }
             | Query::Find { subject }
             | Query::SearchDocs { subject, .. }
             | Query::LongestMatch { subject }
@@ -308,9 +316,9 @@ pub fn execute<S: AsRef<[u8]> + Sync>(
         }
         Query::Count { .. } => to_json(index.count(&ids)?),
         Query::Prob { cont, .. } => to_json(index.prob(&ids, cont.token(tok)?)?),
-        Query::Ntd { .. } => to_json(index.ntd(&ids)?),
+        Query::Ntd { eos_token_id, .. } => to_json(index.ntd(&ids, *eos_token_id)?),
         Query::InfgramProb { cont, .. } => to_json(index.infgram_prob(&ids, cont.token(tok)?)?),
-        Query::InfgramNtd { .. } => to_json(index.infgram_ntd(&ids)?),
+        Query::InfgramNtd { eos_token_id, .. } => to_json(index.infgram_ntd(&ids, *eos_token_id)?),
         Query::Find { .. } => to_json(index.find(&ids)?),
         Query::LongestMatch { .. } => Ok(json!({ "matches": index.longest_match(&ids)? })),
         Query::Attribute {

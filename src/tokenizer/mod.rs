@@ -103,6 +103,48 @@ impl Tokenizer for ByteTokenizer {
     }
 }
 
+/// Stands in for the unknown tokenizer of an index that does not record one (an infini-gram
+/// index of u16 / u32 tokens): queries by token ids work, text is refused with what to do, and
+/// ids are shown as `<id>`.
+#[derive(Clone, Copy, Debug)]
+pub struct IdsOnly {
+    /// The index's id space (ids below the separator).
+    pub vocab_size: usize,
+}
+
+/// The tokenizer kind of an index that does not record its tokenizer.
+pub const UNKNOWN_KIND: &str = "unknown";
+
+impl Tokenizer for IdsOnly {
+    fn encode(&self, _text: &str) -> Result<Vec<u32>> {
+        Err(Error::input(
+            "this index does not record its tokenizer (an infini-gram index): give the query as \
+             token ids (--ids, query_ids, input_ids), or name the tokenizer it was built with \
+             (--tokenizer)",
+        ))
+    }
+    fn decode(&self, ids: &[u32]) -> Result<String> {
+        Ok(ids.iter().map(|t| format!("<{t}>")).collect())
+    }
+    fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+    fn name(&self) -> String {
+        "unknown (token ids only)".into()
+    }
+    fn fingerprint(&self) -> String {
+        String::new()
+    }
+    fn spec(&self) -> TokenizerSpec {
+        TokenizerSpec {
+            kind: UNKNOWN_KIND.into(),
+            path: String::new(),
+            fingerprint: String::new(),
+            vocab_size: self.vocab_size,
+        }
+    }
+}
+
 /// A Hugging Face tokenizer (from `tokenizer.json` or rebuilt from GGUF metadata).
 #[derive(Clone)]
 pub struct HfTokenizer {
@@ -286,6 +328,9 @@ pub fn load(name: &str) -> Result<Box<dyn Tokenizer>> {
 pub fn from_spec(spec: &TokenizerSpec) -> Result<Box<dyn Tokenizer>> {
     let tok: Box<dyn Tokenizer> = match spec.kind.as_str() {
         "bytes" => Box::new(ByteTokenizer),
+        UNKNOWN_KIND => Box::new(IdsOnly {
+            vocab_size: spec.vocab_size,
+        }),
         "hf" | "gguf" => load(&spec.path).map_err(|e| {
             Error::input(format!(
                 "the index's tokenizer {} cannot be loaded ({e}); pass --tokenizer FILE",
@@ -303,7 +348,21 @@ pub fn from_spec(spec: &TokenizerSpec) -> Result<Box<dyn Tokenizer>> {
 }
 
 /// Refuses a tokenizer whose fingerprint differs from the index's.
+///
+/// An index that does not record its tokenizer (kind `unknown`, an infini-gram index) takes
+/// the one named, unchecked, if its ids fit.
 pub fn check_fingerprint(spec: &TokenizerSpec, tok: &dyn Tokenizer) -> Result<()> {
+    if spec.kind == UNKNOWN_KIND {
+        if tok.vocab_size() > spec.vocab_size {
+            return Err(Error::input(format!(
+                "the tokenizer {} has {} ids, more than the index holds ({})",
+                tok.name(),
+                tok.vocab_size(),
+                spec.vocab_size
+            )));
+        }
+        return Ok(());
+    }
     if spec.fingerprint != tok.fingerprint() {
         return Err(Error::TokenizerMismatch {
             index: if spec.path.is_empty() {

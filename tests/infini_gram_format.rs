@@ -1,0 +1,238 @@
+//! infini-gram's index format, read as it is: directories written here the way infini-gram's
+//! indexer writes them (documents after a separator, byte pointers sorted by the tokens'
+//! bytes, by a brute-force sort), opened by `Index::open`, must answer every query as the
+//! same documents indexed by infgram do (proptest over u8 / u16 / u32 tokens and several
+//! shards), and damaged directories are refused with a clear error. The Python tests compare
+//! against infini-gram's own indexer and engine.
+
+use infgram::index::query::Document;
+use infgram::tokenizer::TokenizerSpec;
+use infgram::Index;
+use proptest::prelude::*;
+use std::path::Path;
+
+fn spec(vocab: usize) -> TokenizerSpec {
+    TokenizerSpec {
+        kind: "test".into(),
+        path: String::new(),
+        fingerprint: "0".into(),
+        vocab_size: vocab,
+    }
+}
+
+/// Writes `docs` as infini-gram's indexer would, shard `s` taking documents `i % shards == s`.
+fn write_infini_gram(dir: &Path, docs: &[Vec<u32>], width: usize, shards: usize) {
+    std::fs::create_dir_all(dir).unwrap();
+    for s in 0..shards {
+        let (mut tokens, mut offsets, mut meta, mut metaoff) = (vec![], vec![], vec![], vec![]);
+        for (i, d) in docs.iter().enumerate().filter(|(i, _)| i % shards == s) {
+            offsets.extend_from_slice(&(tokens.len() as u64).to_le_bytes());
+            tokens.extend(std::iter::repeat_n(0xFFu8, width));
+            for &t in d {
+                tokens.extend_from_slice(&t.to_le_bytes()[..width]);
+            }
+            metaoff.extend_from_slice(&(meta.len() as u64).to_le_bytes());
+            meta.extend_from_slice(format!("{{\"linenum\": {i}}}\n").as_bytes());
+        }
+        // The suffix array of token positions as byte offsets, sorted by bytes.
+        let mut sa: Vec<usize> = (0..tokens.len()).step_by(width).collect();
+        sa.sort_by(|&a, &b| tokens[a..].cmp(&tokens[b..]));
+        let ratio = infgram::index::infini_gram::pointer_bytes(tokens.len() as u64);
+        let table: Vec<u8> = sa
+            .iter()
+            .flat_map(|&p| (p as u64).to_le_bytes()[..ratio].to_vec())
+            .collect();
+        for (name, bytes) in [
+            ("tokenized", &tokens),
+            ("table", &table),
+            ("offset", &offsets),
+            ("metadata", &meta),
+            ("metaoff", &metaoff),
+        ] {
+            std::fs::write(dir.join(format!("{name}.{s}")), bytes).unwrap();
+        }
+    }
+}
+
+/// A document window without the fields that depend on the layout (the shard's metadata line).
+fn window(d: &Document) -> (u64, usize, usize, usize, Vec<u32>) {
+    (
+        d.doc_ix,
+        d.doc_len,
+        d.disp_len,
+        d.needle_offset,
+        d.token_ids.clone(),
+    )
+}
+
+fn check_same(docs: &[Vec<u32>], vocab: usize, width: usize, shards: usize, qs: &[Vec<u32>]) {
+    let tmp = tempfile::tempdir().unwrap();
+    write_infini_gram(tmp.path(), docs, width, shards);
+    let ig = Index::open(tmp.path()).unwrap();
+    assert_eq!(ig.header().token_width as usize, width);
+    assert_eq!(ig.shards().len(), shards);
+    // infgram's index of the same documents in the same shards (round-robin like infini-gram).
+    let order: Vec<Vec<u32>> = (0..shards)
+        .flat_map(|s| docs.iter().skip(s).step_by(shards).cloned())
+        .collect();
+    let per_shard: Vec<usize> = (0..shards)
+        .map(|s| docs.iter().skip(s).step_by(shards).count())
+        .collect();
+    let ours = Index::from_docs(spec(vocab), &order, per_shard[0].max(1), false).unwrap();
+    let same_shards = per_shard.iter().all(|&n| n == per_shard[0]);
+    assert_eq!(ig.total_tokens(), ours.total_tokens());
+    let in_vocab = |q: &[u32]| q.iter().all(|&t| (t as usize) < vocab);
+    for q in qs.iter().filter(|q| in_vocab(q)) {
+        assert_eq!(ig.count(q).unwrap(), ours.count(q).unwrap(), "count {q:?}");
+        for eos in [None, Some(0)] {
+            assert_eq!(
+                ig.ntd(q, eos).unwrap(),
+                ours.ntd(q, eos).unwrap(),
+                "ntd {q:?}"
+            );
+            assert_eq!(
+                ig.infgram_ntd(q, eos).unwrap(),
+                ours.infgram_ntd(q, eos).unwrap(),
+                "infgram_ntd {q:?}"
+            );
+        }
+        // The estimators' convention too (documents' ends have no next token).
+        assert_eq!(
+            ig.infgram_counts(q).unwrap(),
+            ours.infgram_counts(q).unwrap(),
+            "infgram_counts {q:?}"
+        );
+        assert_eq!(
+            ig.next_counts(q).unwrap(),
+            ours.next_counts(q).unwrap(),
+            "next_counts {q:?}"
+        );
+        if let Some((&last, prompt)) = q.split_last() {
+            assert_eq!(
+                ig.prob(prompt, last).unwrap(),
+                ours.prob(prompt, last).unwrap()
+            );
+            assert_eq!(
+                ig.infgram_prob(prompt, last).unwrap(),
+                ours.infgram_prob(prompt, last).unwrap()
+            );
+        }
+        assert_eq!(ig.longest_match(q).unwrap(), ours.longest_match(q).unwrap());
+        let f = ig.find(q).unwrap();
+        assert_eq!(f.cnt, ours.find(q).unwrap().cnt);
+        // Every rank of the segment is an occurrence, shown in its document.
+        for (s, &(lo, hi)) in f.segment_by_shard.iter().enumerate() {
+            let before: usize = per_shard[..s].iter().sum();
+            for rank in lo..hi {
+                let d = ig.get_doc_by_rank(s, rank, q.len(), 1000).unwrap();
+                let at = d.needle_offset;
+                assert_eq!(&d.token_ids[at..at + q.len()], &q[..], "rank {rank}");
+                let original = (d.doc_ix as usize - before) * shards + s;
+                assert_eq!(docs[original].len(), d.doc_len);
+                assert_eq!(d.metadata, format!("{{\"linenum\": {original}}}"));
+            }
+        }
+        if !q.is_empty() && same_shards {
+            let a = ig.search_docs(&[vec![q.clone()]], 5, 10, 1000, 50).unwrap();
+            let b = ours
+                .search_docs(&[vec![q.clone()]], 5, 10, 1000, 50)
+                .unwrap();
+            assert_eq!(a.cnt, b.cnt, "search_docs {q:?}");
+            let mut wa: Vec<_> = a.documents.iter().map(window).collect();
+            let mut wb: Vec<_> = b.documents.iter().map(window).collect();
+            wa.sort();
+            wb.sort();
+            assert_eq!(wa.len(), wb.len());
+        }
+    }
+}
+
+fn corpus(vocab: u32) -> impl Strategy<Value = (Vec<Vec<u32>>, Vec<Vec<u32>>)> {
+    let tok = prop_oneof![3 => 0..2u32.min(vocab), 1 => 0..vocab, 1 => Just(vocab - 1)];
+    let docs = prop::collection::vec(prop::collection::vec(tok.clone(), 0..30), 1..7);
+    let qs = prop::collection::vec(prop::collection::vec(tok, 0..5), 1..5);
+    (docs, qs).prop_map(|(docs, mut qs)| {
+        for d in &docs {
+            if d.len() >= 2 {
+                qs.push(d[d.len() - 2..].to_vec());
+                qs.push(d[..d.len().min(3)].to_vec());
+            }
+        }
+        (docs, qs)
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+    #[test]
+    fn u8_tokens((docs, qs) in corpus(255), shards in 1usize..4) {
+        check_same(&docs, 255, 1, shards.min(docs.len()), &qs);
+    }
+    #[test]
+    fn u16_tokens((docs, qs) in corpus(65_535), shards in 1usize..4) {
+        // Ids whose two bytes sort differently from their values (256 < 1 by bytes).
+        let docs: Vec<Vec<u32>> = docs.iter().map(|d| d.iter().map(|&t| [1, 256, 257, 2, 513][t as usize % 5]).collect()).collect();
+        let qs: Vec<Vec<u32>> = qs.iter().map(|q| q.iter().map(|&t| [1, 256, 257, 2, 513][t as usize % 5]).collect()).collect();
+        check_same(&docs, 65_535, 2, shards.min(docs.len()), &qs);
+    }
+    #[test]
+    fn u32_tokens((docs, qs) in corpus(70_000), shards in 1usize..3) {
+        let map = |t: u32| [1u32, 0x0100_0000, 0x0001_0001, 70_000, t][t as usize % 5];
+        let docs: Vec<Vec<u32>> = docs.iter().map(|d| d.iter().map(|&t| map(t)).collect()).collect();
+        let qs: Vec<Vec<u32>> = qs.iter().map(|q| q.iter().map(|&t| map(t)).collect()).collect();
+        check_same(&docs, 0x0100_0001, 4, shards.min(docs.len()), &qs);
+    }
+}
+
+#[test]
+fn edge_cases() {
+    // One empty document; a document at the very end of a shard; the largest ids.
+    check_same(&[vec![]], 255, 1, 1, &[vec![], vec![0]]);
+    check_same(
+        &[vec![3, 4], vec![254, 254], vec![3]],
+        255,
+        1,
+        1,
+        &[vec![3], vec![254], vec![4], vec![254, 254], vec![]],
+    );
+    check_same(
+        &[vec![65_534, 1], vec![1, 65_534]],
+        65_535,
+        2,
+        2,
+        &[vec![65_534], vec![1], vec![1, 65_534]],
+    );
+}
+
+#[test]
+fn damaged_directories_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_infini_gram(dir, &[vec![1, 2, 3], vec![2, 3]], 2, 1);
+    assert!(Index::open(dir).is_ok());
+    let err = |dir: &Path| Index::open(dir).err().expect("refused").to_string();
+    // A truncated table.
+    let table = std::fs::read(dir.join("table.0")).unwrap();
+    std::fs::write(dir.join("table.0"), &table[..table.len() - 1]).unwrap();
+    assert!(err(dir).contains("table.0"), "{}", err(dir));
+    std::fs::write(dir.join("table.0"), &table).unwrap();
+    // The wrong width asked for.
+    let e = Index::open_infini_gram(dir, Some(1))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("token_dtype u16"), "{e}");
+    // Offsets that do not point at separators.
+    let off = std::fs::read(dir.join("offset.0")).unwrap();
+    let mut bad = off.clone();
+    bad[8] = 2;
+    std::fs::write(dir.join("offset.0"), &bad).unwrap();
+    assert!(err(dir).contains("offset.0"), "{}", err(dir));
+    std::fs::write(dir.join("offset.0"), &off).unwrap();
+    // Metadata offsets of another length.
+    std::fs::write(dir.join("metaoff.0"), [0u8; 8]).unwrap();
+    assert!(err(dir).contains("metaoff.0"), "{}", err(dir));
+    // Not an index at all.
+    let empty = tempfile::tempdir().unwrap();
+    assert!(Index::open(empty.path()).is_err());
+}
