@@ -72,7 +72,7 @@ fn gguf_index_answers_in_model_tokens() {
     let q = tok.encode(" yonder window").unwrap();
     assert_eq!(index.count(&q).unwrap().count, 1);
     let r = index
-        .infgram_ntd(&tok.encode(" what light through").unwrap())
+        .infgram_ntd(&tok.encode(" what light through").unwrap(), None)
         .unwrap();
     assert_eq!(r.suffix_len, Some(3));
     let next: Vec<u32> = r.result_by_token_id.keys().copied().collect();
