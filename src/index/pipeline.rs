@@ -196,3 +196,71 @@ fn progress_bar(total: u64, show: bool) -> indicatif::ProgressBar {
     bar.set_message("tokenizing");
     bar
 }
+
+/// Builds an index of documents given as token ids (a corpus tokenized elsewhere, e.g. in
+/// Python): `docs_per_shard` documents a shard, each with its metadata line (`"{}"` when
+/// `meta` is shorter). The index records an unknown tokenizer of `vocab_size` ids (queries by
+/// ids; text needs `--tokenizer`). Like [`build_index`], it is written into a temporary
+/// directory and renamed into place, so a failed build leaves nothing behind.
+pub fn build_from_ids(
+    docs: &[Vec<u32>],
+    meta: &[String],
+    vocab_size: usize,
+    docs_per_shard: usize,
+    out: &Path,
+    opts: &BuildOptions,
+) -> Result<BuildSummary> {
+    let t0 = Instant::now();
+    let spec = crate::tokenizer::IdsOnly { vocab_size }.spec();
+    let width = token_width_for_vocab(vocab_size);
+    let sep = separator_for_width(width) as usize;
+    if vocab_size == 0 || vocab_size > sep {
+        return Err(Error::input(format!(
+            "vocab_size must be between 1 and {} (ids below the separator), got {vocab_size}",
+            u32::MAX
+        )));
+    }
+    if let Some(t) = docs.iter().flatten().find(|&&t| t as usize >= vocab_size) {
+        return Err(Error::input(format!(
+            "token id {t} is not below vocab_size {vocab_size}"
+        )));
+    }
+    let tmp = TempIndexDir::create(out, opts.overwrite, &[])?;
+    let mut header = Header::new(spec, width);
+    let chunks: Vec<&[Vec<u32>]> = if docs.is_empty() {
+        vec![&[]]
+    } else {
+        docs.chunks(docs_per_shard.max(1)).collect()
+    };
+    let mut first = 0;
+    for chunk in chunks {
+        let mut writer = ShardWriter::new(width);
+        for (i, d) in chunk.iter().enumerate() {
+            writer.push(d, meta.get(first + i).map_or("{}", |m| m.as_str()))?;
+        }
+        first += chunk.len();
+        let bytes = writer.finish(vocab_size, opts.reverse)?;
+        let name = format!("shard-{:04}", header.shards.len());
+        let sh = write_shard(tmp.path(), &name, &bytes, opts.reverse)?;
+        header.total_tokens += sh.tokens - sh.documents;
+        header.total_documents += sh.documents;
+        header.shards.push(sh);
+    }
+    header.seal();
+    header.write(tmp.path())?;
+    let disk_bytes: u64 = header
+        .shards
+        .iter()
+        .flat_map(|s| s.files.values().map(|f| f.bytes))
+        .sum();
+    tmp.commit()?;
+    Ok(BuildSummary {
+        tokens: header.total_tokens,
+        documents: header.total_documents,
+        shards: header.shards.len(),
+        disk_bytes,
+        bytes_per_token: disk_bytes as f64 / header.total_tokens.max(1) as f64,
+        seconds: t0.elapsed().as_secs_f64(),
+        peak_rss_bytes: peak_rss_bytes(),
+    })
+}

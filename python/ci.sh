@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The Python package's tests: build the wheel (maturin, sharing target/ with cargo), install it
+# into a fresh virtual environment beside infini-gram 2.6.0 (the engine it is compared with),
+# and run the pytest suite. Needs python3 with venv and pip; fetches maturin, pytest, numpy and
+# infini-gram from the package registry on the first run.
+set -euo pipefail
+cd "$(dirname "$0")"
+venv=../target/python-venv
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check "maturin>=1.5,<2" pytest numpy "infini-gram==2.6.0"
+rm -rf ../target/wheels
+"$venv/bin/maturin" build --release --quiet -o ../target/wheels
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps ../target/wheels/infgram-*.whl
+# From tests/, so that `import infgram` finds the installed package, not the source folder.
+cd tests && "$venv/bin/python" -m pytest -q "$@"
