@@ -5,11 +5,12 @@
 # infini-gram from the package registry on the first run.
 set -euo pipefail
 cd "$(dirname "$0")"
-venv=../target/python-venv
+venv="$(cd .. && pwd)/target/python-venv"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check "maturin>=1.5,<2" pytest numpy "infini-gram==2.6.0"
-rm -rf ../target/wheels
-"$venv/bin/maturin" build --release --quiet -o ../target/wheels
-"$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps ../target/wheels/infgram-*.whl
+wheels="$(cd .. && pwd)/target/wheels"
+rm -rf "$wheels"
+"$venv/bin/maturin" build --release --quiet -o "$wheels"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$wheels"/infgram-*.whl
 # From tests/, so that `import infgram` finds the installed package, not the source folder.
 cd tests && "$venv/bin/python" -m pytest -q "$@"
