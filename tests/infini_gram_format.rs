@@ -236,3 +236,33 @@ fn damaged_directories_are_refused() {
     let empty = tempfile::tempdir().unwrap();
     assert!(Index::open(empty.path()).is_err());
 }
+
+#[test]
+fn the_cli_queries_an_infini_gram_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let docs = vec![vec![1, 256, 2], vec![256, 2], vec![7]];
+    write_infini_gram(tmp.path(), &docs, 2, 2);
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_infgram"))
+            .arg("query")
+            .arg(tmp.path())
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, out, _) = run(&["ntd", "--ids", "256,2", "--eos-token-id", "0", "--json"]);
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["prompt_cnt"], 2);
+    assert_eq!(v["result_by_token_id"]["0"]["cont_cnt"], 2, "{v}");
+    let (ok, out, _) = run(&["count", "--ids", "256", "--json"]);
+    assert!(ok && out.contains("\"count\":2"), "{out}");
+    // u16 tokens without a recorded tokenizer: text is refused with what to do.
+    let (ok, _, err) = run(&["count", "--text", "hi"]);
+    assert!(!ok && err.contains("token ids"), "{err}");
+}

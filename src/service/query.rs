@@ -150,7 +150,7 @@ pub enum Query {
         #[serde(default)]
         eos_token_id: Option<u32>,
     },
-    /// ∞-gram probability: the longest suffix of the prompt with a next token.
+    /// ∞-gram probability: `prob` on the longest suffix of the prompt that occurs.
     InfgramProb {
         #[serde(flatten)]
         subject: Subject,
