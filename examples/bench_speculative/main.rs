@@ -1,7 +1,11 @@
-//! Speculative decoding benchmark (issue #5): three prompt sets of five prompts, 256 new tokens,
-//! greedy, SmolLM2-135M (native kernels, 2 threads). For each prompt: plain decoding, then
-//! speculative decoding with the live prompt index and an index of Shakespeare's complete works
-//! in the model's tokens drafting; the outputs must be identical. Prints one table.
+//! Speculative decoding benchmark (issues #5 and #15): twelve copy / light-edit prompts, five
+//! Shakespeare openings and five open questions, 256 new tokens, greedy, SmolLM2-135M (native
+//! kernels, 2 threads). For each prompt: plain decoding, then speculative decoding with the live
+//! prompt index and an index of Shakespeare's complete works in the model's tokens drafting,
+//! once with the drafters trusted by their run-wide calibration only and once with local
+//! evidence too (`DecodeConfig::local_evidence`); every output must equal plain decoding's.
+//! Prints the tables; with `PLOT_DIR=DIR` (feature `plot`) also draws, per prompt, the tokens
+//! each pass emitted along the output, verbatim stretches shaded.
 //!
 //! `cargo run --release --example bench_speculative` (builds the Shakespeare index into the cache
 //! on first use).
@@ -13,12 +17,22 @@ use infgram::neural::llama::Llama;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 use std::path::Path;
 
-const GROUNDED: [&str; 5] = [
+/// Copy and light-edit prompts as people use them (issue #15; fixed before any tuning): quote
+/// a passage, copy a paragraph, a story or code, fix typos, rename a variable, reformat a list,
+/// answer with a quotation from a given text.
+const COPY_EDIT: [&str; 12] = [
+    "Repeat the following passage exactly, word for word.\n\nThe quality of mercy is not strain'd,\nIt droppeth as the gentle rain from heaven\nUpon the place beneath: it is twice blest;\nIt blesseth him that gives and him that takes:\n'Tis mightiest in the mightiest: it becomes\nThe throned monarch better than his crown;\nHis sceptre shows the force of temporal power,\nThe attribute to awe and majesty,\nWherein doth sit the dread and fear of kings;\nBut mercy is above this sceptred sway;\nIt is enthroned in the hearts of kings,\nIt is an attribute to God himself;\nAnd earthly power doth then show likest God's\nWhen mercy seasons justice.",
     "Copy the following paragraph exactly, then stop.\n\nThe committee met on Tuesday to review the budget for the coming year. After a long discussion, the members agreed to increase funding for the public library, to repair the roads in the northern district, and to hire two new teachers for the primary school. The mayor thanked everyone for their patience and closed the meeting at nine o'clock.",
-    "Rewrite this list with every item on its own line, keeping the words unchanged: apples, oranges, bananas, grapes, pears, plums, cherries, lemons, limes, peaches, apricots, mangoes, melons, kiwis, figs.",
+    "Here is a short story. Copy it word for word.\n\nOnce upon a time, in a small village by the sea, there lived a fisherman named Tom. Every morning he sailed out before sunrise and came back at noon with a basket full of fish. One day he caught a golden fish that could speak. The fish begged to be set free, and Tom let it go.",
     "Repeat this function exactly:\n\ndef fibonacci(n):\n    if n < 2:\n        return n\n    a, b = 0, 1\n    for _ in range(n - 1):\n        a, b = b, a + b\n    return b\n\ndef factorial(n):\n    result = 1\n    for i in range(2, n + 1):\n        result *= i\n    return result",
     "Correct the spelling in this text and otherwise keep it the same: The quik brown fox jumpd over the lazy dog. The dog was not amused and barkd at the fox, who ran away into the forrest. Later that day, the fox came back with his freinds to play in the feild.",
-    "Here is a short story. Copy it word for word.\n\nOnce upon a time, in a small village by the sea, there lived a fisherman named Tom. Every morning he sailed out before sunrise and came back at noon with a basket full of fish. One day he caught a golden fish that could speak. The fish begged to be set free, and Tom let it go.",
+    "Fix the typo in this paragraph and return the whole paragraph unchanged otherwise:\n\nOur office will be closed on Monday for the public holiday. All orders placed over the weekend will be shipped on Tuesday morning. If you need help before then, please send an email to our support team and we will reply as soon as possibel. Thank you for your understanding.",
+    "Rename the variable `tmp` to `total` in this code and change nothing else:\n\ndef sum_prices(items):\n    tmp = 0\n    for item in items:\n        tmp += item.price * item.quantity\n    if tmp > 100:\n        tmp = tmp * 0.9\n    return tmp",
+    "Rewrite this list with every item on its own line, keeping the words unchanged: apples, oranges, bananas, grapes, pears, plums, cherries, lemons, limes, peaches, apricots, mangoes, melons, kiwis, figs.",
+    "Turn this comma-separated list into a numbered list, one item per line: Monday morning team meeting, review the quarterly report, call the supplier about the late delivery, update the website, prepare the slides for Thursday, book the flights for the conference.",
+    "Read the text and answer with an exact quotation from it.\n\nText: The lighthouse stood at the end of the rocky point for more than a hundred years. Its keeper, an old man named Elias, climbed the spiral stairs every evening to light the lamp. He said that the sea had taught him patience, and that the light was a promise to every sailor who passed in the dark.\n\nQuestion: What did Elias say the light was?",
+    "Copy this recipe exactly as it is written:\n\nPancakes\n- 1 cup of flour\n- 1 tablespoon of sugar\n- 2 teaspoons of baking powder\n- a pinch of salt\n- 1 cup of milk\n- 1 egg\n- 2 tablespoons of melted butter\n\nMix the dry ingredients in a bowl. Whisk the milk, egg and butter, then stir them into the flour until just combined. Cook on a hot pan until bubbles form, then flip.",
+    "Quote the second sentence of this text exactly: The river begins high in the mountains, where snow melts in the spring. It flows through forests and farmland for three hundred miles before it reaches the sea. Along the way it passes seven towns and two large cities.",
 ];
 
 const SHAKESPEARE: [&str; 5] = [
@@ -37,6 +51,7 @@ const OPEN: [&str; 5] = [
     "Write a short poem about autumn leaves.",
 ];
 
+/// One prompt set's results for one drafting policy.
 #[derive(Default)]
 struct Row {
     plain_tps: f64,
@@ -45,12 +60,15 @@ struct Row {
     drafted: usize,
     accepted: usize,
     drafted_passes: usize,
+    /// Passes whose tokens all lie on a verbatim stretch, and the tokens they emitted.
+    verbatim_passes: usize,
+    verbatim_tokens: usize,
     identical: usize,
     prompts: usize,
 }
 
 impl Row {
-    fn add(&mut self, plain: &DecodeStats, spec: &DecodeStats, identical: bool) {
+    fn add(&mut self, plain: &DecodeStats, spec: &DecodeStats, verbatim: &[bool], identical: bool) {
         self.plain_tps += plain.tokens_per_second();
         self.spec_tps += spec.tokens_per_second();
         self.ratios
@@ -58,9 +76,121 @@ impl Row {
         self.drafted += spec.drafted;
         self.accepted += spec.accepted;
         self.drafted_passes += spec.drafted_passes;
+        for pass in &spec.trace {
+            let span = pass.at..pass.at + pass.emitted;
+            if pass.emitted > 0
+                && span
+                    .clone()
+                    .all(|i| verbatim.get(i).copied().unwrap_or(false))
+            {
+                self.verbatim_passes += 1;
+                self.verbatim_tokens += pass.emitted;
+            }
+        }
         self.identical += identical as usize;
         self.prompts += 1;
     }
+
+    fn geomean(&self) -> f64 {
+        let n = self.ratios.len().max(1) as f64;
+        (self.ratios.iter().map(|r| r.ln()).sum::<f64>() / n).exp()
+    }
+
+    fn print(&self, name: &str, policy: &str) {
+        let n = self.prompts.max(1) as f64;
+        let min = self.ratios.iter().copied().fold(f64::MAX, f64::min);
+        let max = self.ratios.iter().copied().fold(0.0, f64::max);
+        let verbatim = if self.verbatim_passes == 0 {
+            "–".to_string()
+        } else {
+            format!(
+                "{:.2} ({} passes)",
+                self.verbatim_tokens as f64 / self.verbatim_passes as f64,
+                self.verbatim_passes
+            )
+        };
+        println!(
+            "| {name} | {policy} | {:.1} | {:.1} | {:.2}× ({:.2}–{:.2}) | {:.1}% | {:.2} | {verbatim} | {}/{} |",
+            self.plain_tps / n,
+            self.spec_tps / n,
+            self.geomean(),
+            min,
+            max,
+            100.0 * self.accepted as f64 / self.drafted.max(1) as f64,
+            self.accepted as f64 / self.drafted_passes.max(1) as f64,
+            self.identical,
+            self.prompts
+        );
+    }
+}
+
+/// Which output positions lie on a verbatim stretch: inside a window of at least
+/// [`VERBATIM_WINDOW`] output tokens that occurs in the prompt as it is.
+fn verbatim_positions(prompt: &[u32], output: &[u32]) -> Vec<bool> {
+    let mut on = vec![false; output.len()];
+    if output.len() < VERBATIM_WINDOW {
+        return on;
+    }
+    for j in 0..=output.len() - VERBATIM_WINDOW {
+        let w = &output[j..j + VERBATIM_WINDOW];
+        if prompt.windows(VERBATIM_WINDOW).any(|p| p == w) {
+            on[j..j + VERBATIM_WINDOW]
+                .iter_mut()
+                .for_each(|x| *x = true);
+        }
+    }
+    on
+}
+
+/// Tokens of a window copied from the prompt that make a verbatim stretch.
+const VERBATIM_WINDOW: usize = 8;
+
+/// Draws accepted tokens per pass along the output of each policy (the trace of one prompt).
+#[cfg(feature = "plot")]
+fn plot_passes(path: &Path, title: &str, runs: &[(&str, &DecodeStats)], verbatim: &[bool]) {
+    use plotters::prelude::*;
+    let root = BitMapBackend::new(path, (1000, 420)).into_drawing_area();
+    root.fill(&WHITE).unwrap();
+    let len = runs.iter().map(|r| r.1.tokens).max().unwrap_or(1).max(1);
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 18))
+        .margin(10)
+        .x_label_area_size(35)
+        .y_label_area_size(40)
+        .build_cartesian_2d(0..len, 0usize..17)
+        .unwrap();
+    chart
+        .configure_mesh()
+        .x_desc("output token")
+        .y_desc("tokens emitted by the pass")
+        .draw()
+        .unwrap();
+    // Verbatim stretches shaded.
+    chart
+        .draw_series(
+            verbatim.iter().enumerate().filter(|v| *v.1).map(|(i, _)| {
+                Rectangle::new([(i, 0), (i + 1, 17)], RGBColor(230, 230, 250).filled())
+            }),
+        )
+        .unwrap();
+    for (k, (name, stats)) in runs.iter().enumerate() {
+        let color = Palette99::pick(k).to_rgba();
+        chart
+            .draw_series(LineSeries::new(
+                stats.trace.iter().map(|p| (p.at, p.emitted)),
+                color.stroke_width(2),
+            ))
+            .unwrap()
+            .label(*name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .unwrap();
+    root.present().unwrap();
 }
 
 /// How often the drafters' first and second candidates for the next token are the model's
@@ -122,67 +252,110 @@ fn main() {
     let index_dir = infgram::service::cached_index(&[], &tok)
         .expect("the Shakespeare index in the model's tokens");
     let mut model = Llama::from_gguf(&path).unwrap().with_threads(2);
-    let cfg = DecodeConfig {
+    let base = DecodeConfig {
         max_tokens: 256,
+        trace: true,
         ..DecodeConfig::default()
     };
+    let policies = [("run-wide calibration", false), ("+ local evidence", true)];
     let sets: [(&str, &[&str], bool); 3] = [
-        ("grounded (copy / light edit)", &GROUNDED, true),
+        ("copy / light edit", &COPY_EDIT, true),
         ("Shakespeare continuation", &SHAKESPEARE, false),
         ("open questions", &OPEN, true),
     ];
-    println!("| prompt set | plain tokens/s | speculative tokens/s | ratio (mean of prompts; min–max) | acceptance | mean accepted | identical |");
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let plot_dir = std::env::var_os("PLOT_DIR").map(std::path::PathBuf::from);
+    let mut rows = Vec::new();
     let mut trees = Vec::new();
+    let mut per_prompt = Vec::new();
     for (name, prompts, chat) in sets {
-        let mut row = Row::default();
+        let mut set_rows: Vec<Row> = policies.iter().map(|_| Row::default()).collect();
         let mut tree = TreeRoot::default();
-        for p in prompts {
+        for (i, p) in prompts.iter().enumerate() {
             let text = if chat { chat_prompt(p) } else { p.to_string() };
             let prompt = tok.encode(&text).unwrap();
-            let (plain_ids, plain) = greedy(&mut model, &mut [], &prompt, &cfg).unwrap();
-            let mut drafters: Vec<Box<dyn Drafter>> = vec![
-                Box::new(PromptLookup::new(8)),
-                Box::new(CorpusDrafter::new(std::sync::Arc::new(
-                    infgram::Index::open(&index_dir).unwrap(),
-                ))),
-            ];
-            let (ids, spec) = greedy(&mut model, &mut drafters, &prompt, &cfg).unwrap();
-            eprintln!(
-                "{name}: {} tokens, plain {:.1} tok/s, speculative {:.1} tok/s ({:.2}×), accepted {}/{}, drafting {:.3} s",
-                ids.len(),
-                plain.tokens_per_second(),
-                spec.tokens_per_second(),
-                spec.tokens_per_second() / plain.tokens_per_second(),
-                spec.accepted,
-                spec.drafted,
-                spec.draft_seconds
-            );
-            row.add(&plain, &spec, ids == plain_ids);
+            let plain_cfg = DecodeConfig {
+                trace: false,
+                ..base.clone()
+            };
+            let (plain_ids, plain) = greedy(&mut model, &mut [], &prompt, &plain_cfg).unwrap();
+            let verbatim = verbatim_positions(&prompt, &plain_ids);
+            let mut runs = Vec::new();
+            for (k, &(policy, local)) in policies.iter().enumerate() {
+                let mut drafters: Vec<Box<dyn Drafter>> = vec![
+                    Box::new(PromptLookup::new(8)),
+                    Box::new(CorpusDrafter::new(std::sync::Arc::new(
+                        infgram::Index::open(&index_dir).unwrap(),
+                    ))),
+                ];
+                let cfg = DecodeConfig {
+                    local_evidence: local,
+                    ..base.clone()
+                };
+                let (ids, spec) = greedy(&mut model, &mut drafters, &prompt, &cfg).unwrap();
+                eprintln!(
+                    "{name} #{i} [{policy}]: {} tokens, plain {:.1} tok/s, speculative {:.1} tok/s ({:.2}×), accepted {}/{} in {} passes",
+                    ids.len(),
+                    plain.tokens_per_second(),
+                    spec.tokens_per_second(),
+                    spec.tokens_per_second() / plain.tokens_per_second(),
+                    spec.accepted,
+                    spec.drafted,
+                    spec.passes
+                );
+                set_rows[k].add(&plain, &spec, &verbatim, ids == plain_ids);
+                runs.push((policy, spec));
+            }
+            per_prompt.push((
+                name,
+                i,
+                plain_ids.len(),
+                verbatim.iter().filter(|&&v| v).count(),
+                runs.iter()
+                    .map(|(_, s)| s.tokens_per_second() / plain.tokens_per_second())
+                    .collect::<Vec<_>>(),
+            ));
+            #[cfg(feature = "plot")]
+            if let Some(dir) = &plot_dir {
+                let file = dir.join(format!(
+                    "passes-{}-{i}.png",
+                    name.split_whitespace()
+                        .next()
+                        .unwrap_or("set")
+                        .replace('/', "")
+                ));
+                let refs: Vec<(&str, &DecodeStats)> = runs.iter().map(|(p, s)| (*p, s)).collect();
+                plot_passes(
+                    &file,
+                    &format!("{name} #{i}: tokens per pass (shaded: verbatim)"),
+                    &refs,
+                    &verbatim,
+                );
+            }
+            #[cfg(not(feature = "plot"))]
+            let _ = &plot_dir;
             tree.add(&prompt, &plain_ids, &index_dir);
         }
+        rows.push((name, set_rows));
         trees.push((name, tree));
-        let n = row.prompts as f64;
-        let mean_ratio = row.ratios.iter().sum::<f64>() / n;
-        let min = row.ratios.iter().copied().fold(f64::MAX, f64::min);
-        let max = row.ratios.iter().copied().fold(0.0, f64::max);
-        println!(
-            "| {name} | {:.1} | {:.1} | {:.2}× ({:.2}–{:.2}) | {:.1}% | {:.2} | {}/{} |",
-            row.plain_tps / n,
-            row.spec_tps / n,
-            mean_ratio,
-            min,
-            max,
-            100.0 * row.accepted as f64 / row.drafted.max(1) as f64,
-            row.accepted as f64 / row.drafted_passes.max(1) as f64,
-            row.identical,
-            row.prompts
-        );
     }
     println!(
-        "\nmachine: {} cores; targets: grounded ≥ 1.8×, Shakespeare ≥ 1.5×, open ≥ 0.95×",
+        "Greedy, 256 new tokens at most, SmolLM2-135M on {} cores; ratios are speculative / plain tokens per second in the same run, geometric mean over the prompts (min–max); every output is compared with plain decoding's.\n",
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
+    println!("| prompt set | drafting | plain tokens/s | speculative tokens/s | ratio, geomean (min–max) | acceptance | accepted per drafted pass | tokens per pass on verbatim stretches | identical |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    for (name, set_rows) in &rows {
+        for (row, (policy, _)) in set_rows.iter().zip(&policies) {
+            row.print(name, policy);
+        }
+    }
+    println!("\nPer prompt (ratios in policy order):\n");
+    println!("| prompt | output tokens | on verbatim stretches | ratios |");
+    println!("|---|---:|---:|---|");
+    for (name, i, n, v, ratios) in &per_prompt {
+        let r: Vec<String> = ratios.iter().map(|r| format!("{r:.2}×")).collect();
+        println!("| {name} #{i} | {n} | {v} | {} |", r.join(" / "));
+    }
     println!("\nThe corpus drafter's rule: most frequent continuation of the longest suffix vs the SBIS argmax (decay 0.1, all levels), where the corpus matches ≥ 2 tokens:\n");
     println!("| prompt set | positions | most frequent right | SBIS argmax right |");
     println!("|---|---:|---:|---:|");
