@@ -212,6 +212,11 @@ pub struct DecodeConfig {
     pub cancel: Option<Cancel>,
     /// Record every pass in [`DecodeStats::trace`] (`gen --trace FILE`).
     pub trace: bool,
+    /// Trust a drafter by its current run as well as by its whole record: while the model has
+    /// accepted `s` of its draft tokens in a row, each next one is taken as likely as the rule of
+    /// succession says, `(s + 1) / (s + 2)`, if that beats the calibrated confidence. Drafts
+    /// then run long while the model copies, and fall back at the first rejection.
+    pub local_evidence: bool,
 }
 
 /// One pass of the decode loop, as [`DecodeConfig::trace`] records it.
@@ -257,6 +262,7 @@ impl Default for DecodeConfig {
             cost: CostModel::default(),
             cancel: None,
             trace: false,
+            local_evidence: true,
         }
     }
 }
@@ -314,7 +320,11 @@ impl DecodeStats {
 }
 
 /// Calibrates a drafter's confidences against what the model accepts: the ratio of accepted
-/// to predicted draft tokens, with a prior of a few tokens at face value.
+/// to predicted draft tokens over its recent passes (older passes count less and less, so a
+/// bad stretch is forgotten once drafts work again), with a prior of a few tokens at face
+/// value. The factor never falls below [`Calibration::FLOOR`]: a drafter sure of a token
+/// still gets one-token drafts (a two-token pass costs about 7% more than one step here), so
+/// its calibration can recover instead of locking at "never draft".
 #[derive(Clone, Debug)]
 struct Calibration {
     predicted: f64,
@@ -323,23 +333,26 @@ struct Calibration {
 
 impl Calibration {
     const PRIOR: f64 = 4.0;
+    /// Weight of the evidence of a pass, per later pass of the same drafter.
+    const MEMORY: f64 = 0.9;
+    const FLOOR: f64 = 0.25;
 
     fn new() -> Self {
         Calibration {
-            predicted: Self::PRIOR,
-            accepted: Self::PRIOR,
+            predicted: 0.0,
+            accepted: 0.0,
         }
     }
 
     fn factor(&self) -> f64 {
-        (self.accepted / self.predicted).clamp(0.1, 2.0)
+        ((self.accepted + Self::PRIOR) / (self.predicted + Self::PRIOR)).clamp(Self::FLOOR, 2.0)
     }
 
     fn record(&mut self, confidence: &[f64], accepted: usize) {
         // Token i was tried only if 0..i were accepted: count tries up to the first rejection.
         let tried = (accepted + 1).min(confidence.len());
-        self.predicted += confidence[..tried].iter().sum::<f64>();
-        self.accepted += accepted as f64;
+        self.predicted = Self::MEMORY * self.predicted + confidence[..tried].iter().sum::<f64>();
+        self.accepted = Self::MEMORY * self.accepted + accepted as f64;
     }
 }
 
@@ -350,14 +363,48 @@ const COSTLY_SHARE: f64 = 0.02;
 /// Longest rest, in steps, of a costly drafter that keeps missing.
 const MAX_REST: usize = 64;
 
-/// What the loop knows about one drafter: its calibration, what its calls cost, and how long it
-/// sits out. A drafter that is cheap next to a model step (prompt lookup, microseconds) is asked
+/// A drafter's current run: its draft tokens the model accepted in a row (across passes,
+/// back to 0 at a rejection). The local evidence that it is being followed.
+#[derive(Clone, Copy, Debug, Default)]
+struct Run {
+    accepted: usize,
+}
+
+/// Accepted tokens in a row before the run's estimate is used at all (one accepted pass of a
+/// short draft is no evidence of copying).
+const MIN_RUN: usize = 4;
+
+impl Run {
+    /// After a pass of this drafter's draft of `drafted` tokens, `accepted` of them kept.
+    fn record(&mut self, drafted: usize, accepted: usize) {
+        self.accepted = if accepted == drafted {
+            self.accepted + accepted
+        } else {
+            0
+        };
+    }
+
+    /// The chance that the next draft token is accepted given the run: the rule of
+    /// succession, `(s + 1) / (s + 2)` for `s` tokens accepted in a row; 0 before
+    /// [`MIN_RUN`].
+    fn confidence(&self) -> f64 {
+        if self.accepted < MIN_RUN {
+            return 0.0;
+        }
+        let s = self.accepted as f64;
+        (s + 1.0) / (s + 2.0)
+    }
+}
+
+/// What the loop knows about one drafter: its calibration, its current run, what its calls
+/// cost, and how long it sits out. A drafter that is cheap next to a model step (prompt lookup, microseconds) is asked
 /// every step; a costly one (a suffix-array search over a large corpus) that keeps proposing
 /// nothing useful rests for 1, 3, 7, … (2^misses − 1, at most 64) steps, and is asked every
 /// step again once it helps.
 #[derive(Clone, Debug)]
 struct DrafterState {
     calibration: Calibration,
+    run: Run,
     calls: usize,
     seconds: f64,
     /// Consecutive calls that brought no accepted token.
@@ -372,6 +419,7 @@ impl DrafterState {
     fn new() -> Self {
         DrafterState {
             calibration: Calibration::new(),
+            run: Run::default(),
             calls: 0,
             seconds: 0.0,
             misses: 0,
@@ -534,6 +582,13 @@ pub fn decode(
             stats.accepted += accepted;
             states[d].calibration.record(&draft.confidence, accepted);
         }
+        for (d, state) in states.iter_mut().enumerate() {
+            // A run ends at a rejection, or when the model went on without this drafter.
+            match chosen {
+                Some(c) if c == d => state.run.record(draft.tokens.len(), accepted),
+                _ => state.run = Run::default(),
+            }
+        }
         let step_seconds = (stats.model_seconds - stats.prompt_seconds) / stats.passes as f64;
         for (d, state) in states.iter_mut().enumerate() {
             let gained = if chosen == Some(d) { accepted } else { 0 };
@@ -616,7 +671,16 @@ fn plan_draft(
         }
         draft.confidence.truncate(draft.tokens.len());
         let f = state.calibration.factor();
-        let calibrated: Vec<f64> = draft.confidence.iter().map(|c| (c * f).min(0.99)).collect();
+        let local = if cfg.local_evidence {
+            state.run.confidence()
+        } else {
+            0.0
+        };
+        let calibrated: Vec<f64> = draft
+            .confidence
+            .iter()
+            .map(|c| (c * f).max(local).min(0.99))
+            .collect();
         let (k, speed) = cost.best_length(&calibrated);
         if k > 0 && speed > best.2 {
             draft.tokens.truncate(k);
@@ -662,6 +726,43 @@ fn verify(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn calibration_follows_recent_passes_and_never_locks() {
+        let mut c = Calibration::new();
+        assert_eq!(c.factor(), 1.0);
+        for _ in 0..30 {
+            c.record(&[0.9; 4], 0);
+        }
+        assert!(
+            c.factor() < 0.35,
+            "a bad stretch lowers the factor: {}",
+            c.factor()
+        );
+        assert!(c.factor() >= Calibration::FLOOR);
+        for _ in 0..30 {
+            c.record(&[0.5; 4], 4);
+        }
+        assert!(
+            c.factor() > 1.5,
+            "and it is forgotten once drafts work: {}",
+            c.factor()
+        );
+    }
+
+    #[test]
+    fn a_run_grows_while_drafts_are_accepted_and_ends_at_a_rejection() {
+        let mut run = Run::default();
+        run.record(2, 2);
+        assert_eq!(run.confidence(), 0.0, "two tokens are no evidence yet");
+        run.record(6, 6);
+        assert_eq!(run.accepted, 8);
+        assert!((run.confidence() - 0.9).abs() < 1e-12);
+        run.record(8, 8);
+        assert!(run.confidence() > 0.94);
+        run.record(8, 5);
+        assert_eq!((run.accepted, run.confidence()), (0, 0.0));
+    }
 
     #[test]
     fn best_length_trades_confidence_against_pass_cost() {
