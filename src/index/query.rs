@@ -177,6 +177,25 @@ pub fn tally_sorted(sorted: impl IntoIterator<Item = u32>) -> Counts {
     out
 }
 
+/// Counts of runs that came in suffix order: the end of `T` (`u32::MAX`) counted as the
+/// separator (dropped unless `keep_end`), then sorted by token with equal tokens merged.
+fn normalize_counts(out: &mut Counts, sep: u32, keep_end: bool) {
+    for x in out.iter_mut() {
+        if x.0 == u32::MAX {
+            x.0 = sep;
+        }
+    }
+    out.retain(|x| keep_end || x.0 != sep);
+    out.sort_unstable_by_key(|&(t, _)| t);
+    out.dedup_by(|b, a| {
+        let same = a.0 == b.0;
+        if same {
+            a.1 += b.1;
+        }
+        same
+    });
+}
+
 impl<S: AsRef<[u8]>> Shard<S> {
     /// Next-token counts (separator excluded) of the occurrences `occ` of `ctx`.
     pub fn occ_counts(&self, occ: Occ, ctx: &[u32]) -> Counts {
@@ -202,31 +221,20 @@ impl<S: AsRef<[u8]>> Shard<S> {
             Occ::Rev(_) => self.occ_counts_ext(Occ::Fwd(self.find(ctx)), ctx, keep_end),
             Occ::Fwd(r) => {
                 let mut out: Counts = Vec::with_capacity(64);
-                // In infgram's layout T ends with a separator, so a context never runs into the
-                // end of T; in infini-gram's, the last document ends there: the same as a
-                // separator. Runs come in suffix order, which is token order unless the shard
-                // sorts tokens by their bytes (infini-gram's u16 / u32 tables).
-                let mut sort = self.byte_ordered();
                 self.runs(r, ctx.len(), |t, c, _| {
-                    let t = if t == u32::MAX {
-                        sort = true;
-                        sep
-                    } else {
-                        t
-                    };
-                    if keep(t) {
+                    // The end of T (u32::MAX) ends a document as the separator does (for 4-byte
+                    // tokens the two are the same id).
+                    if keep(t.min(sep)) {
                         out.push((t, c as u64));
                     }
                 });
-                if sort {
-                    out.sort_unstable_by_key(|&(t, _)| t);
-                    out.dedup_by(|b, a| {
-                        let same = a.0 == b.0;
-                        if same {
-                            a.1 += b.1;
-                        }
-                        same
-                    });
+                // In infgram's layout T ends with a separator, so a context never runs into
+                // the end of T; in infini-gram's the last document ends there (its run comes
+                // first, key -1): the same as a separator. Runs come in suffix order, which is
+                // token order unless the shard sorts tokens by their bytes (infini-gram's u16 /
+                // u32 tables).
+                if self.byte_ordered() || out.first().is_some_and(|x| x.0 == u32::MAX) {
+                    normalize_counts(&mut out, sep, keep_end);
                 }
                 out
             }
@@ -497,17 +505,28 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
                 s.occ_counts_ext(o, q, true)
             }
         });
-        let mut acc: BTreeMap<u32, u64> = BTreeMap::new();
-        for (t, c) in per_shard.into_iter().flatten() {
-            match (t == sep, eos) {
-                (true, Some(e)) => *acc.entry(e).or_default() += c,
-                (true, None) => {}
-                (false, _) => *acc.entry(t).or_default() += c,
+        // Every shard's counts in one sorted list (documents' ends under `eos`, or dropped),
+        // equal tokens merged; the map is then built from sorted pairs in one go.
+        let mut all: Counts = per_shard
+            .into_iter()
+            .flatten()
+            .filter_map(|(t, c)| match (t == sep, eos) {
+                (true, Some(e)) => Some((e, c)),
+                (true, None) => None,
+                (false, _) => Some((t, c)),
+            })
+            .collect();
+        all.sort_unstable_by_key(|x| x.0);
+        all.dedup_by(|b, a| {
+            let same = a.0 == b.0;
+            if same {
+                a.1 += b.1;
             }
-        }
+            same
+        });
         NtdResult {
             prompt_cnt,
-            result_by_token_id: acc
+            result_by_token_id: all
                 .into_iter()
                 .map(|(t, c)| {
                     let prob = c as f64 / prompt_cnt as f64;
@@ -615,10 +634,21 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
     pub fn infgram_prob(&self, prompt: &[u32], cont: u32) -> Result<ProbResult> {
         self.check_query(&[cont])?;
         let (l, occs) = self.occurring_suffix(prompt)?;
+        let q = &prompt[prompt.len() - l..];
         let prompt_cnt: u64 = occs.iter().map(|o| o.len() as u64).sum();
-        let mut full = prompt[prompt.len() - l..].to_vec();
-        full.push(cont);
-        let cont_cnt = self.count(&full)?.count;
+        // count(q·cont), from the next-token counts of the occurrences already found.
+        let cont_cnt = self
+            .par_shards_with(&occs, |s, &o| {
+                if o.is_empty() {
+                    return 0;
+                }
+                let counts = s.occ_counts(o, q);
+                counts
+                    .binary_search_by_key(&cont, |c| c.0)
+                    .map_or(0, |i| counts[i].1)
+            })
+            .into_iter()
+            .sum();
         Ok(ProbResult {
             prompt_cnt,
             cont_cnt,

@@ -165,20 +165,34 @@ impl<S: AsRef<[u8]>> Shard<S> {
         }
     }
 
+    /// The sort key of the token at position `i` of `T`: the token, or for byte-ordered
+    /// shards its bytes read big-endian (`order(tok(i))` in one read).
+    #[inline(always)]
+    fn key_tok(&self, i: usize) -> u32 {
+        if self.byte_order {
+            return self.byte_key(i);
+        }
+        self.tok(i)
+    }
+
+    /// [`Shard::key_tok`] of a byte-ordered shard.
+    #[inline]
+    fn byte_key(&self, i: usize) -> u32 {
+        let t = self.tokens.as_ref();
+        if self.width == 2 {
+            u16::from_be_bytes([t[2 * i], t[2 * i + 1]]) as u32
+        } else {
+            u32::from_be_bytes([t[4 * i], t[4 * i + 1], t[4 * i + 2], t[4 * i + 3]])
+        }
+    }
+
     #[inline(always)]
     fn read_ptr(&self, bytes: &[u8], i: usize) -> usize {
         let o = i * self.ptr_width;
         let word = match bytes.get(o..o + SA_PADDING) {
             Some(w) => u64::from_le_bytes(w.try_into().expect("8 bytes")),
             // infini-gram's tables are not padded: the last pointers are read byte by byte.
-            None => {
-                let mut w = [0u8; 8];
-                let end = (o + self.ptr_width).min(bytes.len());
-                if o < end {
-                    w[..end - o].copy_from_slice(&bytes[o..end]);
-                }
-                u64::from_le_bytes(w)
-            }
+            None => read_unpadded(bytes, o, self.ptr_width),
         };
         let mask = if self.ptr_width >= 8 {
             u64::MAX
@@ -193,13 +207,31 @@ impl<S: AsRef<[u8]>> Shard<S> {
     /// `SA[i]`: start in `T` of the `i`-th smallest suffix.
     #[inline(always)]
     pub fn sa(&self, i: usize) -> usize {
-        self.read_ptr(self.sa.as_ref(), i)
+        match self.layout {
+            Layout::Infgram => self.read_padded(self.sa.as_ref(), i),
+            Layout::InfiniGram => self.read_ptr(self.sa.as_ref(), i),
+        }
     }
 
-    /// `RSA[i]`: start in `R` of the `i`-th smallest suffix of the reversed sequence.
+    /// `RSA[i]`: start in `R` of the `i`-th smallest suffix of the reversed sequence (only
+    /// infgram's layout has one).
     #[inline(always)]
     fn rsa(&self, i: usize) -> usize {
-        self.read_ptr(self.rsa.as_ref().expect("reverse index").as_ref(), i)
+        self.read_padded(self.rsa.as_ref().expect("reverse index").as_ref(), i)
+    }
+
+    /// A pointer of infgram's layout: in tokens, in a table padded by 8 bytes (one load and a
+    /// mask), clamped to the end of `T` as [`Shard::read_ptr`] does.
+    #[inline(always)]
+    fn read_padded(&self, bytes: &[u8], i: usize) -> usize {
+        let o = i * self.ptr_width;
+        let word = u64::from_le_bytes(bytes[o..o + SA_PADDING].try_into().expect("8 bytes"));
+        let mask = if self.ptr_width >= 8 {
+            u64::MAX
+        } else {
+            (1u64 << (8 * self.ptr_width)) - 1
+        };
+        ((word & mask) as usize).min(self.n)
     }
 
     /// Token at offset `d` of the suffix `SA[i]`, or -1 past the end of `T`.
@@ -207,7 +239,7 @@ impl<S: AsRef<[u8]>> Shard<S> {
     fn key(&self, i: usize, d: usize) -> i64 {
         let p = self.sa(i) + d;
         if p < self.n {
-            self.order(self.tok(p)) as i64
+            self.key_tok(p) as i64
         } else {
             -1
         }
@@ -219,7 +251,8 @@ impl<S: AsRef<[u8]>> Shard<S> {
     fn rkey(&self, i: usize, d: usize) -> i64 {
         let r = self.rsa(i) + d;
         if r < self.n {
-            self.order(self.tok(self.n - 1 - r)) as i64
+            // Only infgram's layout has RSA: tokens sort by value.
+            self.tok(self.n - 1 - r) as i64
         } else {
             -1
         }
@@ -245,7 +278,7 @@ impl<S: AsRef<[u8]>> Shard<S> {
             if p >= self.n {
                 return Ordering::Less;
             }
-            let c = self.order(self.tok(p)).cmp(&self.order(x));
+            let c = self.key_tok(p).cmp(&self.order(x));
             if c != Ordering::Equal {
                 return c;
             }
@@ -370,13 +403,16 @@ impl<S: AsRef<[u8]>> Shard<S> {
 
     /// Given the `SA` range `r` of some `q` with `|q| = d`, the range of `q·x`.
     pub fn narrow(&self, r: Range, d: usize, x: u32) -> Range {
-        Self::equal_range(r, self.order(x) as i64, |i| self.key(i, d))
+        match self.layout {
+            Layout::Infgram => Self::equal_range(r, x as i64, |i| self.plain_key(i, d)),
+            Layout::InfiniGram => Self::equal_range(r, self.order(x) as i64, |i| self.key(i, d)),
+        }
     }
 
     /// Given the `RSA` range `r` of a reversed context of length `d`, the range of the context
     /// extended by `x` on its left. The full range is `(0, len())`.
     pub fn rnarrow(&self, r: Range, d: usize, x: u32) -> Range {
-        Self::equal_range(r, self.order(x) as i64, |i| self.rkey(i, d))
+        Self::equal_range(r, x as i64, |i| self.rkey(i, d))
     }
 
     /// `RSA` range of the context `[.., x1, x0]` cut to its last one (`x1 = None`) or two
@@ -427,31 +463,55 @@ impl<S: AsRef<[u8]>> Shard<S> {
     /// range `r`, in suffix order (token order unless [`Shard::byte_ordered`]); the separator
     /// and the end of `T` are included (as the separator id and `u32::MAX` respectively) so
     /// callers decide what to drop.
-    pub fn runs(&self, r: Range, d: usize, mut f: impl FnMut(u32, usize, Range)) {
+    pub fn runs(&self, r: Range, d: usize, f: impl FnMut(u32, usize, Range)) {
+        // One loop per layout, so infgram's (the hot one) reads keys as directly as it can.
+        match self.layout {
+            Layout::Infgram => self.runs_by(r, |i| self.plain_key(i, d), |t| t, f),
+            Layout::InfiniGram => self.runs_by(r, |i| self.key(i, d), |t| self.order(t), f),
+        }
+    }
+
+    /// [`Shard::runs`] over the keys `key(i)`, each turned back into a token by `token`.
+    #[inline(always)]
+    fn runs_by(
+        &self,
+        r: Range,
+        key: impl Fn(usize) -> i64,
+        token: impl Fn(u32) -> u32,
+        mut f: impl FnMut(u32, usize, Range),
+    ) {
         let (mut i, hi) = r;
         while i < hi {
-            let t = self.key(i, d);
+            let t = key(i);
             // Gallop: double the step while the run continues, then binary-search its end.
             let mut step = 1;
-            while i + step < hi && self.key(i + step, d) == t {
+            while i + step < hi && key(i + step) == t {
                 step *= 2;
             }
             let (mut lo, mut up) = (i + step / 2 + 1, (i + step).min(hi));
             while lo < up {
                 let mid = lo + (up - lo) / 2;
-                if self.key(mid, d) == t {
+                if key(mid) == t {
                     lo = mid + 1;
                 } else {
                     up = mid;
                 }
             }
-            let tok = if t < 0 {
-                u32::MAX
-            } else {
-                self.order(t as u32)
-            };
+            let tok = if t < 0 { u32::MAX } else { token(t as u32) };
             f(tok, lo - i, (i, lo));
             i = lo;
+        }
+    }
+
+    /// [`Shard::key`] of infgram's layout: a padded table of token positions, tokens sorted by
+    /// value.
+    #[inline(always)]
+    fn plain_key(&self, i: usize, d: usize) -> i64 {
+        let p = self.read_padded(self.sa.as_ref(), i) + d;
+        if p < self.n {
+            self.tok(p) as i64
+        } else {
+            -1
         }
     }
 
@@ -528,6 +588,18 @@ impl<S: AsRef<[u8]>> Shard<S> {
     pub fn separator(&self) -> u32 {
         self.sep
     }
+}
+
+/// The pointer of `width` bytes at `o`, near the end of an unpadded table (zeros past it).
+#[cold]
+#[inline(never)]
+fn read_unpadded(bytes: &[u8], o: usize, width: usize) -> u64 {
+    let mut w = [0u8; 8];
+    let end = (o + width).min(bytes.len());
+    if o < end {
+        w[..end - o].copy_from_slice(&bytes[o..end]);
+    }
+    u64::from_le_bytes(w)
 }
 
 /// One sampled key every this many suffixes.
