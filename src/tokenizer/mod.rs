@@ -120,7 +120,7 @@ impl Tokenizer for IdsOnly {
         Err(Error::input(
             "this index does not record its tokenizer (an infini-gram index): give the query as \
              token ids (--ids, query_ids, input_ids), or name the tokenizer it was built with \
-             (--tokenizer)",
+             (`infgram query --tokenizer`, `infgram.Index(path, tokenizer=...)`)",
         ))
     }
     fn decode(&self, ids: &[u32]) -> Result<String> {
