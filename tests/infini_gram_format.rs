@@ -266,3 +266,62 @@ fn the_cli_queries_an_infini_gram_directory() {
     let (ok, _, err) = run(&["count", "--text", "hi"]);
     assert!(!ok && err.contains("token ids"), "{err}");
 }
+
+/// `infgram serve` opens an infini-gram directory, and `--tokenizer NAME=TOKENIZER` lets text
+/// queries in (127.0.0.1, one process, a bounded wait).
+#[cfg(feature = "server")]
+#[test]
+fn the_server_serves_an_infini_gram_directory_with_a_named_tokenizer() {
+    use std::io::{BufRead, BufReader};
+    let tmp = tempfile::tempdir().unwrap();
+    let text = ["the cat sat on the mat", "the dog sat on the log"];
+    let docs: Vec<Vec<u32>> = text
+        .iter()
+        .map(|t| t.bytes().map(u32::from).collect())
+        .collect();
+    write_infini_gram(tmp.path(), &docs, 2, 1);
+    let dir = format!("ig={}", tmp.path().display());
+    let start = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_infgram"))
+            .args(["serve", "--addr", "127.0.0.1:0", "--quiet", "--index", &dir])
+            .args(extra)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // A tokenizer for an index that is not served is refused at start.
+    let out = start(&["--tokenizer", "other=bytes"])
+        .wait_with_output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("not one of the indexes"),
+        "{err}"
+    );
+    let mut child = start(&["--tokenizer", "ig=bytes"]);
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines.next().expect("the server did not start").unwrap();
+        if let Some(rest) = line.strip_prefix("listening on http://") {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+    };
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(std::time::Duration::from_secs(30)))
+        .build()
+        .into();
+    let body = r#"{"index": "ig", "query_type": "count", "query": "sat on the"}"#;
+    let answer = agent
+        .post(format!("http://{addr}/"))
+        .send(body)
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let v: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(v["count"], 2, "{v}");
+}

@@ -11,6 +11,11 @@ pub struct ServeArgs {
     /// Default: Tiny Shakespeare's byte-level index as `shakespeare` (built on first use).
     #[arg(long = "index", value_name = "NAME=DIR", value_parser = name_and_dir)]
     pub indexes: Vec<(String, PathBuf)>,
+    /// The tokenizer of index NAME, as NAME=TOKENIZER (a short model name, `bytes`, or a
+    /// tokenizer file): for an index that does not record its own (infini-gram's u16 / u32
+    /// indexes), so that text queries work. Repeat for several.
+    #[arg(long = "tokenizer", value_name = "NAME=TOKENIZER", value_parser = name_and_tokenizer)]
+    pub tokenizers: Vec<(String, String)>,
     /// A neural model for /v1/completions (as `gen --model` takes it), loaded once at start.
     #[arg(long)]
     pub model: Option<String>,
@@ -72,6 +77,18 @@ fn name_and_dir(s: &str) -> Result<(String, PathBuf), String> {
     }
 }
 
+/// Parses `NAME=TOKENIZER`.
+fn name_and_tokenizer(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((name, tok)) if !name.is_empty() && !tok.is_empty() => {
+            Ok((name.to_string(), tok.to_string()))
+        }
+        _ => Err(format!(
+            "`{s}` is not NAME=TOKENIZER (e.g. --tokenizer pile=llama-2.json)"
+        )),
+    }
+}
+
 /// Seconds: finite, above 0, at most a day.
 fn seconds(s: &str) -> Result<f64, String> {
     super::number_in(s, (0.0, true), (86_400.0, false))
@@ -106,6 +123,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let config = infgram::server::ServerConfig {
         addr: args.addr,
         indexes,
+        tokenizers: args.tokenizers.clone(),
         model: args.model.clone(),
         model_options: args.model_args.options(),
         limits,

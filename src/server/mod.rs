@@ -106,6 +106,9 @@ pub struct ServerConfig {
     pub addr: SocketAddr,
     /// Indexes by name.
     pub indexes: Vec<(String, PathBuf)>,
+    /// Tokenizers by index name, for indexes that do not record theirs (infini-gram's u16 /
+    /// u32 indexes) or to name another file of the same tokenizer; the others use their own.
+    pub tokenizers: Vec<(String, String)>,
     /// A neural model for `/v1/completions` (as `gen --model` takes it).
     pub model: Option<String>,
     /// How the model is loaded.
@@ -132,8 +135,20 @@ pub struct Indexes {
 }
 
 impl Indexes {
-    /// Opens each `(name, dir)` with the tokenizer it names.
-    pub fn open(dirs: &[(String, PathBuf)]) -> crate::Result<Self> {
+    /// Opens each `(name, dir)` with the tokenizer `tokenizers` gives for its name, else the
+    /// one it names.
+    pub fn open(
+        dirs: &[(String, PathBuf)],
+        tokenizers: &[(String, String)],
+    ) -> crate::Result<Self> {
+        if let Some((name, _)) = tokenizers
+            .iter()
+            .find(|(n, _)| !dirs.iter().any(|d| &d.0 == n))
+        {
+            return Err(crate::Error::input(format!(
+                "a tokenizer is given for {name:?}, which is not one of the indexes (--index NAME=DIR)"
+            )));
+        }
         let mut list = Vec::new();
         for (name, dir) in dirs {
             if list.iter().any(|s: &Arc<Served>| &s.name == name) {
@@ -141,7 +156,11 @@ impl Indexes {
                     "two indexes are named {name:?}: give each --index NAME=DIR its own name"
                 )));
             }
-            let (index, tok) = crate::service::open_index(dir, None)?;
+            let named = tokenizers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|t| t.1.as_str());
+            let (index, tok) = crate::service::open_index(dir, named)?;
             list.push(Arc::new(Served {
                 name: name.clone(),
                 index: Arc::new(index),
@@ -220,7 +239,7 @@ pub struct Server {
 impl Server {
     /// Opens the indexes, loads the model (on the generation thread) and binds the address.
     pub async fn bind(config: ServerConfig) -> crate::Result<Server> {
-        let indexes = Indexes::open(&config.indexes)?;
+        let indexes = Indexes::open(&config.indexes, &config.tokenizers)?;
         let generator = Generator::start(
             config.model.as_deref(),
             &config.model_options,

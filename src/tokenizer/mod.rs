@@ -120,7 +120,8 @@ impl Tokenizer for IdsOnly {
         Err(Error::input(
             "this index does not record its tokenizer (an infini-gram index): give the query as \
              token ids (--ids, query_ids, input_ids), or name the tokenizer it was built with \
-             (`infgram query --tokenizer`, `infgram.Index(path, tokenizer=...)`)",
+             (`infgram query --tokenizer`, `infgram serve --tokenizer NAME=TOKENIZER`, \
+             `infgram.Index(path, tokenizer=...)`)",
         ))
     }
     fn decode(&self, ids: &[u32]) -> Result<String> {
