@@ -361,16 +361,7 @@ impl InfiniGramEngine {
                 let mut full = prompt.clone();
                 full.push(cont);
                 let cont_cnt = self.count_ids(&full)?;
-                Ok(ProbResult {
-                    prompt_cnt,
-                    cont_cnt,
-                    prob: if prompt_cnt == 0 {
-                        -1.0
-                    } else {
-                        cont_cnt as f64 / prompt_cnt as f64
-                    },
-                    suffix_len: None,
-                })
+                Ok(ProbResult::new(prompt_cnt, cont_cnt, None))
             })
             .map_err(runtime)?;
         prob_dict(py, &r)
@@ -415,12 +406,7 @@ impl InfiniGramEngine {
                 }
                 let (l, occs) = self.index.occurring_suffix(prompt)?;
                 let prompt_cnt: u64 = occs.iter().map(|o| o.len() as u64).sum();
-                Ok(ProbResult {
-                    prompt_cnt,
-                    cont_cnt: 0,
-                    prob: if prompt_cnt == 0 { -1.0 } else { 0.0 },
-                    suffix_len: Some(l),
-                })
+                Ok(ProbResult::new(prompt_cnt, 0, Some(l)))
             })
             .map_err(runtime)?;
         prob_dict(py, &r)
@@ -513,10 +499,7 @@ impl InfiniGramEngine {
     /// The document around suffix-array rank `rank` of shard `s`.
     #[pyo3(signature = (s, rank, max_disp_len=None))]
     fn get_doc_by_rank(&self, py: Python<'_>, s: i64, rank: i64, max_disp_len: Option<i64>) -> Ans {
-        match self.by_rank(s, rank, max_disp_len) {
-            Ok(d) => doc_dict(py, &d),
-            Err(e) => error_dict(py, e),
-        }
+        doc_answer(py, self.by_rank(s, rank, max_disp_len))
     }
 
     /// `get_doc_by_rank` for a list of `(s, rank)`.
@@ -537,10 +520,7 @@ impl InfiniGramEngine {
     /// The document around byte offset `ptr` of shard `s`.
     #[pyo3(signature = (s, ptr, max_disp_len=None))]
     fn get_doc_by_ptr(&self, py: Python<'_>, s: i64, ptr: i64, max_disp_len: Option<i64>) -> Ans {
-        match self.by_ptr(s, ptr, max_disp_len) {
-            Ok(d) => doc_dict(py, &d),
-            Err(e) => error_dict(py, e),
-        }
+        doc_answer(py, self.by_ptr(s, ptr, max_disp_len))
     }
 
     /// `get_doc_by_ptr` for a list of `(s, ptr)`.
@@ -561,10 +541,7 @@ impl InfiniGramEngine {
     /// The first `max_disp_len` tokens of document `doc_ix`.
     #[pyo3(signature = (doc_ix, max_disp_len=None))]
     fn get_doc_by_ix(&self, py: Python<'_>, doc_ix: i64, max_disp_len: Option<i64>) -> Ans {
-        match self.by_ix(doc_ix, max_disp_len) {
-            Ok(d) => doc_dict(py, &d),
-            Err(e) => error_dict(py, e),
-        }
+        doc_answer(py, self.by_ix(doc_ix, max_disp_len))
     }
 
     /// `get_doc_by_ix` for a list of document indexes.
@@ -998,6 +975,14 @@ fn doc_dict(py: Python<'_>, doc: &Document) -> Ans {
     d.set_item("token_ids", &doc.token_ids)?;
     d.set_item("blocked", false)?;
     Ok(d.into_any().unbind())
+}
+
+/// A document's dict, or infini-gram's `{"error"}`.
+fn doc_answer(py: Python<'_>, doc: Result<Document, String>) -> Ans {
+    match doc {
+        Ok(d) => doc_dict(py, &d),
+        Err(e) => error_dict(py, e),
+    }
 }
 
 fn docs_list(py: Python<'_>, docs: Result<Vec<Document>, String>) -> Ans {

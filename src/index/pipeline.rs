@@ -159,6 +159,13 @@ pub fn build_index(
     if !writer.is_empty() || header.shards.is_empty() {
         flush_shard(writer, &mut header)?;
     }
+    let summary = finish_build(tmp, header, t0)?;
+    bar.finish_and_clear();
+    Ok(summary)
+}
+
+/// Seals and writes the header, moves the finished index into place, and sums up the build.
+fn finish_build(tmp: TempIndexDir, mut header: Header, t0: Instant) -> Result<BuildSummary> {
     header.seal();
     header.write(tmp.path())?;
     let disk_bytes: u64 = header
@@ -167,7 +174,6 @@ pub fn build_index(
         .flat_map(|s| s.files.values().map(|f| f.bytes))
         .sum();
     tmp.commit()?;
-    bar.finish_and_clear();
     Ok(BuildSummary {
         tokens: header.total_tokens,
         documents: header.total_documents,
@@ -246,21 +252,5 @@ pub fn build_from_ids(
         header.total_documents += sh.documents;
         header.shards.push(sh);
     }
-    header.seal();
-    header.write(tmp.path())?;
-    let disk_bytes: u64 = header
-        .shards
-        .iter()
-        .flat_map(|s| s.files.values().map(|f| f.bytes))
-        .sum();
-    tmp.commit()?;
-    Ok(BuildSummary {
-        tokens: header.total_tokens,
-        documents: header.total_documents,
-        shards: header.shards.len(),
-        disk_bytes,
-        bytes_per_token: disk_bytes as f64 / header.total_tokens.max(1) as f64,
-        seconds: t0.elapsed().as_secs_f64(),
-        peak_rss_bytes: peak_rss_bytes(),
-    })
+    finish_build(tmp, header, t0)
 }

@@ -83,6 +83,23 @@ pub struct ProbResult {
     pub suffix_len: Option<usize>,
 }
 
+impl ProbResult {
+    /// `cont_cnt / prompt_cnt`, or -1 when the prompt does not occur.
+    pub fn new(prompt_cnt: u64, cont_cnt: u64, suffix_len: Option<usize>) -> Self {
+        let prob = if prompt_cnt == 0 {
+            -1.0
+        } else {
+            cont_cnt as f64 / prompt_cnt as f64
+        };
+        ProbResult {
+            prompt_cnt,
+            cont_cnt,
+            prob,
+            suffix_len,
+        }
+    }
+}
+
 /// Result of `ntd` and `infgram_ntd`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct NtdResult {
@@ -186,6 +203,11 @@ fn normalize_counts(out: &mut Counts, sep: u32, keep_end: bool) {
         }
     }
     out.retain(|x| keep_end || x.0 != sep);
+    sort_and_merge(out);
+}
+
+/// Sorts `(token, count)` pairs by token and adds up the counts of equal tokens.
+fn sort_and_merge(out: &mut Counts) {
     out.sort_unstable_by_key(|&(t, _)| t);
     out.dedup_by(|b, a| {
         let same = a.0 == b.0;
@@ -455,16 +477,7 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
         let mut full = prompt.to_vec();
         full.push(cont);
         let cont_cnt = self.count(&full)?.count;
-        Ok(ProbResult {
-            prompt_cnt,
-            cont_cnt,
-            prob: if prompt_cnt == 0 {
-                -1.0
-            } else {
-                cont_cnt as f64 / prompt_cnt as f64
-            },
-            suffix_len: None,
-        })
+        Ok(ProbResult::new(prompt_cnt, cont_cnt, None))
     }
 
     /// Exact next-token counts of `prompt`, all shards merged.
@@ -516,14 +529,7 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
                 (false, _) => Some((t, c)),
             })
             .collect();
-        all.sort_unstable_by_key(|x| x.0);
-        all.dedup_by(|b, a| {
-            let same = a.0 == b.0;
-            if same {
-                a.1 += b.1;
-            }
-            same
-        });
+        sort_and_merge(&mut all);
         NtdResult {
             prompt_cnt,
             result_by_token_id: all
@@ -649,16 +655,7 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
             })
             .into_iter()
             .sum();
-        Ok(ProbResult {
-            prompt_cnt,
-            cont_cnt,
-            prob: if prompt_cnt == 0 {
-                -1.0
-            } else {
-                cont_cnt as f64 / prompt_cnt as f64
-            },
-            suffix_len: Some(l),
-        })
+        Ok(ProbResult::new(prompt_cnt, cont_cnt, Some(l)))
     }
 
     /// Suffix-array segments of `q` in every shard.
