@@ -478,7 +478,7 @@ pub fn decode(
     // `pending` is the last token of the context, not yet fed to the model.
     let mut pending = last;
     // Scratch space of verification: the row's probabilities and the sampler's weights.
-    let (mut probs, mut weights) = (Vec::new(), Vec::new());
+    let mut weights = Vec::new();
     let mut done = false;
     // Without drafters nothing needs the pass times (the cost model plans drafts): a step of a
     // cheap scorer (the ∞-gram, about a microsecond) is not worth two clock reads.
@@ -550,7 +550,7 @@ pub fn decode(
                 break;
             }
             let proposal = draft.tokens.get(i).copied();
-            let (token, is_draft) = verify(sampler, &logits, proposal, &mut probs, &mut weights)?;
+            let (token, is_draft) = verify(sampler, &logits, proposal, &mut weights)?;
             if eos.contains(&token) {
                 done = true;
                 break;
@@ -700,7 +700,6 @@ fn verify(
     sampler: &mut Sampler,
     logits: &Logits,
     proposal: Option<u32>,
-    probs: &mut Vec<(u32, f64)>,
     weights: &mut Vec<(u32, f64)>,
 ) -> Result<(u32, bool)> {
     let nothing = || Error::input("no token can come next: every candidate has probability 0");
@@ -708,8 +707,7 @@ fn verify(
         let target = logits.argmax().ok_or_else(nothing)?;
         return Ok((target, proposal == Some(target)));
     }
-    logits.softmax_into(probs);
-    sampler.target_weights(probs, weights);
+    sampler.target_weights_of(logits, weights);
     if let Some(x) = proposal {
         let total: f64 = weights.iter().map(|w| w.1).sum();
         let px = weights.iter().find(|w| w.0 == x).map_or(0.0, |w| w.1) / total;

@@ -1,6 +1,7 @@
 //! Sampling from a distribution: greedy, temperature, top-k, top-p, with a seeded RNG.
 //! One sampler for every generator.
 
+use crate::lm::Logits;
 use rand::{Rng, SeedableRng};
 
 /// Sampling settings.
@@ -99,6 +100,19 @@ impl Sampler {
                 .filter(|&&(_, p)| p > 0.0)
                 .map(|&(t, p)| (t, if inv_t == 1.0 { p } else { p.powf(inv_t) })),
         );
+        self.filter(w);
+    }
+
+    /// [`Sampler::target_weights`] of the softmax of `logits`, in one pass: the tempered
+    /// softmax up to its normalizing constant (which the draw divides out), one `exp` per
+    /// token.
+    pub fn target_weights_of(&self, logits: &Logits, w: &mut Vec<(u32, f64)>) {
+        logits.tempered_weights_into(self.cfg.temperature, w);
+        self.filter(w);
+    }
+
+    /// Top-k, then top-p, on tempered weights.
+    fn filter(&self, w: &mut Vec<(u32, f64)>) {
         if self.cfg.top_k > 0 || self.cfg.top_p < 1.0 {
             w.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
             if self.cfg.top_k > 0 {

@@ -185,13 +185,19 @@ pub fn merge_counts<C: std::borrow::Borrow<Counts>>(parts: impl IntoIterator<Ite
 /// Counts of the tokens of a sorted sequence, as sorted `(token, count)` pairs.
 pub fn tally_sorted(sorted: impl IntoIterator<Item = u32>) -> Counts {
     let mut out: Counts = Vec::with_capacity(16);
+    tally_sorted_into(sorted, &mut out);
+    out
+}
+
+/// [`tally_sorted`] into `out` (cleared first), reusing its allocation.
+pub fn tally_sorted_into(sorted: impl IntoIterator<Item = u32>, out: &mut Counts) {
+    out.clear();
     for t in sorted {
         match out.last_mut() {
             Some((x, c)) if *x == t => *c += 1,
             _ => out.push((t, 1)),
         }
     }
-    out
 }
 
 /// Counts of runs that came in suffix order: the end of `T` (`u32::MAX`) counted as the

@@ -376,29 +376,43 @@ impl<S: AsRef<[u8]>> Shard<S> {
         (lo, lo)
     }
 
-    /// Sub-range of `r` where `key(i) == x`, for keys sorted within `r`.
+    /// Sub-range of `r` where `key(i) == x`, for keys sorted within `r`. One binary search
+    /// until a probe hits `x`; the two bounds are then searched for on either side of it, in
+    /// what is left of the range (fewer probes than two searches over all of `r`).
     #[inline]
     fn equal_range(r: Range, x: i64, key: impl Fn(usize) -> i64) -> Range {
         let (mut lo, mut hi) = r;
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            if key(mid) < x {
+            let k = key(mid);
+            if k < x {
                 lo = mid + 1;
-            } else {
+            } else if k > x {
                 hi = mid;
+            } else {
+                // The first `x` is in [lo, mid], the last in [mid, hi).
+                let (mut a, mut b) = (lo, mid);
+                while a < b {
+                    let m = a + (b - a) / 2;
+                    if key(m) < x {
+                        a = m + 1;
+                    } else {
+                        b = m;
+                    }
+                }
+                let (mut c, mut d) = (mid + 1, hi);
+                while c < d {
+                    let m = c + (d - c) / 2;
+                    if key(m) <= x {
+                        c = m + 1;
+                    } else {
+                        d = m;
+                    }
+                }
+                return (a, c);
             }
         }
-        let start = lo;
-        hi = r.1;
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if key(mid) <= x {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
-        }
-        (start, lo)
+        (lo, lo)
     }
 
     /// Given the `SA` range `r` of some `q` with `|q| = d`, the range of `q·x`.

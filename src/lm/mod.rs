@@ -148,6 +148,18 @@ impl Logits {
         }
     }
 
+    /// The softmax at temperature `temperature` up to its normalizing constant, into `out`:
+    /// `exp((x − max) / T)` for each logit `x`, tokens of weight 0 left out. One `exp` per
+    /// token: the weights a draw needs, without normalizing and then raising to `1/T`.
+    pub fn tempered_weights_into(&self, temperature: f64, out: &mut Vec<(u32, f64)>) {
+        match self {
+            Logits::Dense(v) => tempered_pairs(dense_pairs(v), temperature, out),
+            Logits::Sparse { entries, .. } => {
+                tempered_pairs(entries.iter().copied(), temperature, out)
+            }
+        }
+    }
+
     /// −ln p(`token`) under the softmax (+∞ when `token` has probability 0).
     pub fn neg_log_prob(&self, token: u32) -> f64 {
         let lse = match self {
@@ -324,6 +336,22 @@ fn softmax_pairs(pairs: impl Iterator<Item = (u32, f32)> + Clone, out: &mut Vec<
     for e in out.iter_mut() {
         e.1 /= sum;
     }
+}
+
+/// [`Logits::tempered_weights_into`] of `(id, logit)` pairs, in their order.
+fn tempered_pairs(
+    pairs: impl Iterator<Item = (u32, f32)> + Clone,
+    temperature: f64,
+    out: &mut Vec<(u32, f64)>,
+) {
+    let max = pairs.clone().map(|p| p.1).fold(f32::NEG_INFINITY, f32::max) as f64;
+    let inv_t = 1.0 / temperature;
+    out.clear();
+    out.extend(
+        pairs
+            .map(|(i, x)| (i, ((x as f64 - max) * inv_t).exp()))
+            .filter(|e| e.1 > 0.0),
+    );
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 //! counts are computed only at change points (cached for large, recurring ranges).
 
 use super::cache::{CacheStats, CountsCache};
-use crate::index::query::{merge_counts, tally_sorted, Counts, Occ};
+use crate::index::query::{merge_counts, tally_sorted_into, Counts, Occ};
 use crate::index::Index;
 use std::sync::Arc;
 
@@ -30,6 +30,9 @@ pub struct Level {
 struct Tracked {
     len: usize,
     starts: Vec<(usize, usize)>,
+    /// The next-token counts last reported for it: refilled in place at the next step once
+    /// the caller has dropped its levels (no allocation per step).
+    counts: Arc<Counts>,
 }
 
 /// Change points with at most this many occurrences are tracked between generation steps.
@@ -135,6 +138,7 @@ impl LevelFinder {
         continuation: bool,
     ) -> Vec<Level> {
         let per_shard = Self::suffix_occs(index, ctx);
+        let mut kept = Vec::with_capacity(16);
         self.levels_from(
             index,
             &per_shard,
@@ -144,7 +148,9 @@ impl LevelFinder {
             continuation,
             (0, 0),
             &|_| true,
-        )
+            &mut kept,
+        );
+        kept
     }
 
     /// The first `k` levels of `ctx` (all when `k < 0`, the empty context included) among
@@ -160,13 +166,25 @@ impl LevelFinder {
         keep: &dyn Fn(&Counts) -> bool,
     ) -> Vec<Level> {
         let per_shard = Self::suffix_occs(index, ctx);
-        self.levels_from(index, &per_shard, ctx, k, true, false, (0, 0), keep)
+        let mut kept = Vec::with_capacity(16);
+        self.levels_from(
+            index,
+            &per_shard,
+            ctx,
+            k,
+            true,
+            false,
+            (0, 0),
+            keep,
+            &mut kept,
+        );
+        kept
     }
 
-    /// The levels, given the occurrences of `ctx`'s suffixes in every shard. `prev` is the
-    /// (occurrence count, total) of the level just longer than `ctx`, when levels of a longer
-    /// context come before these ((0, 0) otherwise). Levels whose counts `keep` refuses are
-    /// left out (and not counted towards `k`).
+    /// The levels, given the occurrences of `ctx`'s suffixes in every shard, appended to
+    /// `kept`. `prev` is the (occurrence count, total) of the level just longer than `ctx`,
+    /// when levels of a longer context come before these ((0, 0) otherwise). Levels whose
+    /// counts `keep` refuses are left out (and not counted towards `k`).
     #[allow(clippy::too_many_arguments)]
     fn levels_from<S: AsRef<[u8]> + Sync>(
         &mut self,
@@ -178,10 +196,11 @@ impl LevelFinder {
         continuation: bool,
         prev: (usize, u64),
         keep: &dyn Fn(&Counts) -> bool,
-    ) -> Vec<Level> {
+        kept: &mut Vec<Level>,
+    ) {
         let lmax = per_shard.iter().map(|o| o.len() - 1).max().unwrap_or(0);
         let raw = |l: usize| raw_count(per_shard, l);
-        let mut kept: Vec<Level> = Vec::with_capacity(16);
+        let mut added = 0i64;
         let (mut prev_raw, mut prev_total) = prev;
         let lowest = if include_empty { 0 } else { 1 };
         for l in (lowest..=lmax).rev() {
@@ -197,7 +216,7 @@ impl LevelFinder {
                 if !keep(&counts) {
                     continue;
                 }
-                let continuations = (continuation && !kept.is_empty())
+                let continuations = (continuation && added > 0)
                     .then(|| self.counts_at(index, per_shard, ctx, l, true));
                 kept.push(Level {
                     len: l,
@@ -205,12 +224,12 @@ impl LevelFinder {
                     counts,
                     continuations,
                 });
-                if k >= 0 && kept.len() as i64 >= k {
+                added += 1;
+                if k >= 0 && added >= k {
                     break;
                 }
             }
         }
-        kept
     }
 
     /// The first `k` SBIS levels of `ctx` (all when `k < 0`) during generation, where `ctx` is
@@ -235,20 +254,36 @@ impl LevelFinder {
         appended: Option<u32>,
         k: i64,
     ) -> Vec<Level> {
+        let mut levels = Vec::with_capacity(16);
+        self.next_levels_into(index, tracker, ctx, appended, k, &mut levels);
+        levels
+    }
+
+    /// [`LevelFinder::next_levels`] into `levels` (cleared first). A caller that keeps one
+    /// list for every step, and has dropped the previous step's levels by the next call,
+    /// lets the tracked levels' counts be refilled in place: no allocation in most steps.
+    pub fn next_levels_into<S: AsRef<[u8]> + Sync>(
+        &mut self,
+        index: &Index<S>,
+        tracker: &mut Tracker,
+        ctx: &[u32],
+        appended: Option<u32>,
+        k: i64,
+        levels: &mut Vec<Level>,
+    ) {
+        levels.clear();
         if k == 0 || !self.keep_end {
-            return self.levels(index, ctx, k, false);
+            levels.extend(self.levels(index, ctx, k, false));
+            return;
         }
         let want = usize::try_from(k).unwrap_or(usize::MAX);
         // Without the one appended token the tracked suffixes say nothing about `ctx`.
-        let mut levels = match appended {
-            Some(x) => Self::advance(index, tracker, x, ctx.len(), want),
-            None => {
-                tracker.reset();
-                Vec::new()
-            }
-        };
+        match appended {
+            Some(x) => Self::advance(index, tracker, x, ctx.len(), want, levels),
+            None => tracker.reset(),
+        }
         if levels.len() >= want {
-            return levels;
+            return;
         }
         // The rest: suffixes shorter than the shortest tracked one.
         let (shortest, prev) = match tracker.tracked.last() {
@@ -276,27 +311,40 @@ impl LevelFinder {
                     None => {}
                 }
             }
-            tracker.tracked.push(Tracked { len: l, starts });
+            tracker.tracked.push(Tracked {
+                len: l,
+                starts,
+                counts: Arc::default(),
+            });
         }
         let rest = if k < 0 {
             -1
         } else {
             (want - levels.len()) as i64
         };
-        levels
-            .extend(self.levels_from(index, &per_shard, tail, rest, false, false, prev, &|_| true));
-        levels
+        self.levels_from(
+            index,
+            &per_shard,
+            tail,
+            rest,
+            false,
+            false,
+            prev,
+            &|_| true,
+            levels,
+        );
     }
 
-    /// Extends the tracked suffixes by `x` and returns the levels they give, at most `want`
-    /// (longest first); clears them when the longest outgrows the window.
+    /// Extends the tracked suffixes by `x` and appends the levels they give to `levels`, at
+    /// most `want` (longest first); clears them when the longest outgrows the window.
     fn advance<S: AsRef<[u8]> + Sync>(
         index: &Index<S>,
         tracker: &mut Tracker,
         x: u32,
         window: usize,
         want: usize,
-    ) -> Vec<Level> {
+        levels: &mut Vec<Level>,
+    ) {
         let shards = index.shards();
         // Extend every tracked suffix by `x` in place, then keep the first of each count.
         for t in tracker.tracked.iter_mut() {
@@ -314,26 +362,28 @@ impl LevelFinder {
         });
         if tracker.tracked.first().is_some_and(|t| t.len > window) {
             tracker.tracked.clear();
-            return Vec::new();
+            return;
         }
         let toks = &mut tracker.toks;
-        tracker
-            .tracked
-            .iter()
-            .take(want)
-            .map(|t| {
-                toks.clear();
-                toks.extend(t.starts.iter().map(|&(s, p)| shards[s].tok(p + t.len)));
-                toks.sort_unstable();
-                let counts = tally_sorted(toks.iter().copied());
-                Level {
-                    len: t.len,
-                    total: t.starts.len() as u64,
-                    counts: Arc::new(counts),
-                    continuations: None,
+        levels.extend(tracker.tracked.iter_mut().take(want).map(|t| {
+            toks.clear();
+            toks.extend(t.starts.iter().map(|&(s, p)| shards[s].tok(p + t.len)));
+            toks.sort_unstable();
+            match Arc::get_mut(&mut t.counts) {
+                Some(counts) => tally_sorted_into(toks.iter().copied(), counts),
+                None => {
+                    let mut counts = Counts::with_capacity(toks.len().min(16));
+                    tally_sorted_into(toks.iter().copied(), &mut counts);
+                    t.counts = Arc::new(counts);
                 }
-            })
-            .collect()
+            }
+            Level {
+                len: t.len,
+                total: t.starts.len() as u64,
+                counts: t.counts.clone(),
+                continuations: None,
+            }
+        }));
     }
 }
 

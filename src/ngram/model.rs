@@ -86,6 +86,8 @@ pub struct InfgramModel<S: AsRef<[u8]> + Sync> {
     eos: [u32; 1],
     /// Scratch space for the estimator's distribution.
     dist: Vec<(u32, f64)>,
+    /// The levels of the current step (kept between steps for their allocation).
+    levels: Vec<Level>,
     /// The levels used at each scored position, for `--stats`.
     pub steps: LevelLog,
     /// The evidence of each row of the last [`LanguageModel::score`] call.
@@ -119,6 +121,7 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
             vocab: index_vocab,
             eos: [separator],
             dist: Vec::new(),
+            levels: Vec::new(),
             steps: LevelLog::default(),
             evidence: Vec::new(),
         })
@@ -179,32 +182,41 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
         }
     }
 
-    /// The levels after the tokens fed so far (the unigram level when nothing matches).
-    fn levels(&mut self) -> Vec<Level> {
+    /// The levels after the tokens fed so far (the unigram level when nothing matches), into
+    /// `self.levels`.
+    fn find_levels(&mut self) {
         let doc = &self.fed[self.doc_start..];
         let ctx = &doc[doc.len().saturating_sub(self.window)..];
         let appended = self.appended.take();
         let index = &*self.index;
-        let mut levels = match self.estimator {
-            Estimator::Sbis { k, .. } => {
-                self.finder
-                    .next_levels(index, &mut self.tracker, ctx, appended, k)
-            }
-            _ => self.estimator.levels(&mut self.finder, index, ctx),
-        };
-        if levels.is_empty() {
-            // Nothing of the context occurs (e.g. an empty prompt): back off to the unigram.
-            levels = self.finder.levels(index, &[], 1, true);
+        match self.estimator {
+            Estimator::Sbis { k, .. } => self.finder.next_levels_into(
+                index,
+                &mut self.tracker,
+                ctx,
+                appended,
+                k,
+                &mut self.levels,
+            ),
+            _ => self.levels = self.estimator.levels(&mut self.finder, index, ctx),
         }
-        levels
+        if self.levels.is_empty() {
+            // Nothing of the context occurs (e.g. an empty prompt): back off to the unigram.
+            self.levels = self.finder.levels(index, &[], 1, true);
+        }
     }
 
     /// The row after the tokens fed so far: ln p of every token with p > 0, by model id.
     fn row(&mut self) -> Logits {
-        let levels = self.levels();
+        self.find_levels();
+        let levels = std::mem::take(&mut self.levels);
         self.steps.push(levels.iter().map(|l| (l.len, l.total)));
         self.evidence.push(super::Evidence::of(&levels));
-        self.row_of(&levels)
+        let row = self.row_of(&levels);
+        self.levels = levels;
+        // Dropped now, so the tracker can refill their counts at the next step.
+        self.levels.clear();
+        row
     }
 
     /// The estimator's row over `levels`, by model id.
