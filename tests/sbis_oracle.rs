@@ -325,13 +325,72 @@ fn a_bounded_counts_cache_stays_within_its_budget_and_changes_no_level() {
             assert_eq!(a.continuations, b.continuations);
         }
         assert!(
-            bounded.cache_stats().held <= capacity,
+            bounded.cache_stats(&index).held <= capacity,
             "{:?}",
-            bounded.cache_stats()
+            bounded.cache_stats(&index)
         );
     }
-    let (s, u) = (bounded.cache_stats(), unbounded.cache_stats());
+    let (s, u) = (bounded.cache_stats(&index), unbounded.cache_stats(&index));
     assert!(s.evicted > 0 && s.hits > 0, "{s:?}");
     assert_eq!(u.evicted, 0);
     assert!(u.hit_rate() > s.hit_rate(), "{u:?} vs {s:?}");
+}
+
+/// A level's suffix length, total and next-token counts.
+type LevelFacts = (usize, u64, Vec<(u32, u64)>);
+
+#[test]
+fn finders_on_one_index_share_its_counts_cache_across_threads() {
+    // Short contexts over 3 tokens have thousands of occurrences: their counts are cached.
+    let mut x = 777u64;
+    let docs: Vec<Vec<u32>> = (0..3)
+        .map(|_| {
+            (0..3000)
+                .map(|_| {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    ((x >> 33) % 3) as u32
+                })
+                .collect()
+        })
+        .collect();
+    let index = Arc::new(Index::from_docs(spec(3), &docs, 2, true).unwrap());
+    let contexts: Vec<Vec<u32>> = (0..200)
+        .map(|i| docs[i % 3][(i * 41) % 2900..][..(i % 6) + 1].to_vec())
+        .collect();
+    // Each finder with a cache of its own: the answers to hold the shared cache to.
+    let expected: Vec<Vec<LevelFacts>> = contexts
+        .iter()
+        .map(|ctx| {
+            LevelFinder::with_cache_capacity(false, 1 << 20)
+                .levels(&index, ctx, -1, true)
+                .iter()
+                .map(|l| (l.len, l.total, l.counts.to_vec()))
+                .collect()
+        })
+        .collect();
+    // Four threads at once on the index's shared cache.
+    std::thread::scope(|scope| {
+        for t in 0..4 {
+            let (index, contexts, expected) = (&index, &contexts, &expected);
+            scope.spawn(move || {
+                let mut finder = LevelFinder::new(false);
+                for (i, ctx) in contexts.iter().enumerate().skip(t) {
+                    let got: Vec<_> = finder
+                        .levels(index, ctx, -1, true)
+                        .iter()
+                        .map(|l| (l.len, l.total, l.counts.to_vec()))
+                        .collect();
+                    assert_eq!(got, expected[i], "context {ctx:?}");
+                }
+            });
+        }
+    });
+    // A new finder (a new generation) finds what the others counted.
+    let mut late = LevelFinder::new(false);
+    late.levels(&index, &contexts[0], -1, true);
+    let stats = late.cache_stats(&index);
+    assert!(stats.hits > 0 && stats.misses == 0, "{stats:?}");
+    assert!(index.counts_cache().stats().held > 0);
 }

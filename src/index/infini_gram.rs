@@ -143,6 +143,7 @@ impl Index<Mmap> {
             header,
             shards,
             dir: Some(dir.to_path_buf()),
+            counts: Default::default(),
         })
     }
 }

@@ -6,6 +6,7 @@
 //! answer every query identically; tests check that they do.
 
 pub mod build;
+pub mod counts_cache;
 pub mod format;
 pub mod infini_gram;
 pub mod pipeline;
@@ -21,11 +22,12 @@ use format::*;
 use memmap2::Mmap;
 use std::path::{Path, PathBuf};
 
-/// An index: a header and its shards.
+/// An index: a header and its shards, and the next-token counts its users have asked for.
 pub struct Index<S> {
     header: Header,
     shards: Vec<Shard<S>>,
     dir: Option<PathBuf>,
+    counts: counts_cache::CountsCache,
 }
 
 /// Memory-maps `path` read-only.
@@ -190,6 +192,7 @@ impl Index<Mmap> {
             header,
             shards,
             dir: Some(dir.to_path_buf()),
+            counts: Default::default(),
         })
     }
 
@@ -279,6 +282,7 @@ impl Index<Vec<u8>> {
             header,
             shards,
             dir: None,
+            counts: Default::default(),
         }
     }
 }
@@ -311,6 +315,7 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
             first.header.shards.extend(other.header.shards);
             first.shards.extend(other.shards);
         }
+        first.counts.clear();
         Ok(first)
     }
 
@@ -321,6 +326,11 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
     /// The shards.
     pub fn shards(&self) -> &[Shard<S>] {
         &self.shards
+    }
+    /// The bounded cache of next-token counts of large occurrence sets that the ∞-gram
+    /// estimators on this index share ([`counts_cache`]).
+    pub fn counts_cache(&self) -> &counts_cache::CountsCache {
+        &self.counts
     }
     /// The directory the index was opened from.
     pub fn dir(&self) -> Option<&Path> {

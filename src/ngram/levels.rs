@@ -7,7 +7,7 @@
 //! nest), so the change points cost one binary search per suffix length that occurs, and the
 //! counts are computed only at change points (cached for large, recurring ranges).
 
-use super::cache::{CacheStats, CountsCache};
+use crate::index::counts_cache::{CacheStats, CountsCache, Lookup};
 use crate::index::query::{merge_counts, tally_sorted_into, Counts, Occ};
 use crate::index::Index;
 use std::sync::Arc;
@@ -55,33 +55,50 @@ impl Tracker {
 }
 
 /// Computes levels on an index, caching next-token counts of large occurrence sets. The index
-/// is passed to each call, so the owner of both (a model, a drafter) keeps one finder and its
-/// cache for its whole life; a finder (its cache) serves one index.
+/// is passed to each call, so the owner of both (a model, a drafter) keeps one finder for its
+/// whole life. The counts go to the index's own cache ([`Index::counts_cache`], shared by every
+/// finder on the index) unless the finder was given a cache of its own.
 pub struct LevelFinder {
-    cache: CountsCache,
+    own_cache: Option<CountsCache>,
     keep_end: bool,
+    /// This finder's lookups: (hits, misses).
+    lookups: (u64, u64),
 }
 
 impl LevelFinder {
-    /// A finder; with `keep_end`, document ends count as the separator token.
+    /// A finder on the index's shared cache; with `keep_end`, document ends count as the
+    /// separator token.
     pub fn new(keep_end: bool) -> Self {
         LevelFinder {
-            cache: CountsCache::default(),
+            own_cache: None,
             keep_end,
+            lookups: (0, 0),
         }
     }
 
-    /// A finder whose cache holds at most `capacity` `(token, count)` pairs.
+    /// A finder with a cache of its own that holds at most `capacity` `(token, count)` pairs
+    /// (a finder, and so its cache, serves one index).
     pub fn with_cache_capacity(keep_end: bool, capacity: usize) -> Self {
         LevelFinder {
-            cache: CountsCache::with_capacity(capacity),
-            keep_end,
+            own_cache: Some(CountsCache::with_capacity(capacity)),
+            ..LevelFinder::new(keep_end)
         }
     }
 
-    /// How the counts cache has served.
-    pub fn cache_stats(&self) -> CacheStats {
-        self.cache.stats()
+    /// How the counts cache has served this finder on `index`: its own hits and misses, and
+    /// the evictions and size of the cache it uses (the index's, shared, unless it has its own).
+    pub fn cache_stats<S: AsRef<[u8]> + Sync>(&self, index: &Index<S>) -> CacheStats {
+        let cache = self.cache(index).stats();
+        CacheStats {
+            hits: self.lookups.0,
+            misses: self.lookups.1,
+            ..cache
+        }
+    }
+
+    /// The cache this finder uses on `index`.
+    fn cache<'a, S: AsRef<[u8]> + Sync>(&'a self, index: &'a Index<S>) -> &'a CountsCache {
+        self.own_cache.as_ref().unwrap_or(index.counts_cache())
     }
 
     /// Occurrences of the suffixes of `ctx` in every shard (see [`crate::index::Shard::suffix_occs`]).
@@ -106,7 +123,17 @@ impl LevelFinder {
             .enumerate()
             .filter_map(|(s, (sh, occs))| Some((s, sh, *occs.get(l)?)))
             .filter(|(_, _, occ)| !occ.is_empty())
-            .map(|(s, sh, occ)| self.cache.get(s, sh, occ, q, self.keep_end, continuation));
+            .map(|(s, sh, occ)| {
+                let (counts, lookup) =
+                    self.cache(index)
+                        .get(s, sh, occ, q, self.keep_end, continuation);
+                match lookup {
+                    Lookup::Hit => self.lookups.0 += 1,
+                    Lookup::Miss => self.lookups.1 += 1,
+                    Lookup::Uncached => {}
+                }
+                counts
+            });
         // Most indexes have one shard, or the suffix occurs in one: no merge, no list.
         match (parts.next(), parts.next()) {
             (None, _) => Arc::new(Vec::new()),

@@ -1,7 +1,8 @@
 //! The ∞-gram as a language model: next-token estimators over an index.
 //!
-//! * [`levels`]: the SBIS levels of a context (distinct suffix counts, longest first), with a
-//!   bounded cache of next-token counts and the incremental tracker used in generation.
+//! * [`levels`]: the SBIS levels of a context (distinct suffix counts, longest first), counted
+//!   through the index's bounded cache of next-token counts
+//!   ([`crate::index::counts_cache`]), and the incremental tracker used in generation.
 //! * [`sbis`]: the selective backoff interpolation distribution.
 //! * [`smoothed`]: interpolated absolute discounting across all levels (finite perplexity).
 //! * [`model`]: [`InfgramModel`], the ∞-gram as a [`crate::lm::LanguageModel`] with sparse rows,
@@ -9,7 +10,6 @@
 //!
 //! The algorithms are described in `ARCHITECTURE.md` ("The ∞-gram estimators").
 
-pub mod cache;
 pub mod levels;
 pub mod model;
 pub mod sbis;

@@ -153,8 +153,8 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
     }
 
     /// How the level finder's counts cache has served.
-    pub fn cache_stats(&self) -> super::cache::CacheStats {
-        self.finder.cache_stats()
+    pub fn cache_stats(&self) -> crate::index::counts_cache::CacheStats {
+        self.finder.cache_stats(&self.index)
     }
 
     /// A token of the model's vocabulary as an index id.

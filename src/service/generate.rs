@@ -9,10 +9,10 @@ use crate::decode::{
 };
 use crate::error::{Error, Result};
 use crate::eval::attribution::max_copied_span;
+use crate::index::counts_cache::CacheStats;
 use crate::index::Index;
 use crate::lm::LanguageModel;
 use crate::mix::Mixer;
-use crate::ngram::cache::CacheStats;
 use crate::ngram::{Estimator, InfgramModel, LevelLog};
 use crate::service::mixing::{mixture_model, open_mixing_index};
 use crate::tokenizer::{check_fingerprint, Tokenizer};
