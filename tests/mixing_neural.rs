@@ -132,6 +132,7 @@ fn mixing_from_the_command_line() {
         "ppl_neural",
         "ppl_infgram",
         "relative_improvement",
+        "relative_improvement_bound",
         "tokens",
         "seconds",
         "overlap",

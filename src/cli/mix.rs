@@ -148,6 +148,11 @@ pub fn print_mixture(r: &ScoredMixture, json: bool) -> Result<()> {
         "relative improvement  {:.1}%  (1 − (ppl − 1)/(ppl_neural − 1))",
         100.0 * m.relative_improvement
     )?;
+    outln!(
+        "best any λ could do   {:.4}  (relative improvement {:.1}%: the larger probability at each position)",
+        m.ppl_bound,
+        100.0 * m.relative_improvement_bound
+    )?;
     outln!("mean λ                {:.3}", m.lambda_mean)?;
     outln!("tokens                {}", m.tokens)?;
     outln!(

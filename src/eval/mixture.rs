@@ -114,6 +114,12 @@ pub struct MixReport {
     pub ppl_infgram: f64,
     /// `1 − (ppl − 1) / (ppl_neural − 1)` (the infini-gram paper's relative improvement).
     pub relative_improvement: f64,
+    /// The perplexity no choice of λ can beat, not even one per position that knew the actual
+    /// token: at each position the larger of the two probabilities (a mixture's never exceeds
+    /// it). How much the mixed-in ∞-gram can give at all.
+    pub ppl_bound: f64,
+    /// The relative improvement of [`MixReport::ppl_bound`].
+    pub relative_improvement_bound: f64,
     /// Tokens scored.
     pub tokens: usize,
     /// Mean λ.
@@ -127,6 +133,7 @@ impl MixReport {
     pub fn new(infgram: &[InfgramPosition], neural: &[f64], mixer: &Mixer) -> MixReport {
         let n = infgram.len().min(neural.len());
         let (mut nll_mix, mut nll_neural, mut nll_inf, mut lambdas) = (0.0, 0.0, 0.0, 0.0);
+        let mut nll_bound = 0.0;
         let mut by_n: BTreeMap<usize, ByN> = BTreeMap::new();
         for (g, &q) in infgram.iter().zip(neural) {
             let lambda = mixer.lambda(&g.evidence);
@@ -134,6 +141,7 @@ impl MixReport {
             nll_mix += mix;
             nll_neural -= q.ln();
             nll_inf -= g.p_smoothed.ln();
+            nll_bound -= g.p.max(q).ln();
             lambdas += lambda;
             let row = by_n.entry(g.evidence.suffix_len + 1).or_default();
             row.agreement.add(g.agrees);
@@ -148,12 +156,15 @@ impl MixReport {
             row.nll_mix /= t;
         }
         let per = |x: f64| (x / n.max(1) as f64).exp();
-        let (ppl, ppl_neural) = (per(nll_mix), per(nll_neural));
+        let (ppl, ppl_neural, ppl_bound) = (per(nll_mix), per(nll_neural), per(nll_bound));
+        let improvement = |p: f64| 1.0 - (p - 1.0) / (ppl_neural - 1.0);
         MixReport {
             ppl,
             ppl_neural,
             ppl_infgram: per(nll_inf),
-            relative_improvement: 1.0 - (ppl - 1.0) / (ppl_neural - 1.0),
+            relative_improvement: improvement(ppl),
+            ppl_bound,
+            relative_improvement_bound: improvement(ppl_bound),
             tokens: n,
             lambda_mean: lambdas / n.max(1) as f64,
             by_n,
@@ -179,4 +190,62 @@ pub fn overlap<S: AsRef<[u8]> + Sync>(index: &Index<S>, tokens: &[u32], n: usize
     let matches = super::attribution::match_lengths(index, tokens);
     let found = matches[n - 1..].iter().filter(|m| m.len >= n).count();
     found as f64 / (tokens.len() + 1 - n) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_lambda_beats_the_bound_and_the_components_reach_it() {
+        // Positions where each component is sometimes the better one.
+        let mut x = 99u64;
+        let mut next = || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 11) as f64 / (1u64 << 53) as f64).max(1e-6)
+        };
+        let positions: Vec<InfgramPosition> = (0..500)
+            .map(|_| InfgramPosition {
+                p: next(),
+                p_smoothed: 0.5,
+                evidence: Evidence::default(),
+                agrees: false,
+            })
+            .collect();
+        let neural: Vec<f64> = (0..500).map(|_| next()).collect();
+        let bound = MixReport::new(
+            &positions,
+            &neural,
+            &Mixer::constant(MixEstimator::Infgram, 0.5),
+        );
+        for lambda in [0.0, 0.1, 0.5, 0.9, 1.0] {
+            let r = MixReport::new(
+                &positions,
+                &neural,
+                &Mixer::constant(MixEstimator::Infgram, lambda),
+            );
+            assert!(
+                r.ppl >= r.ppl_bound * (1.0 - 1e-12),
+                "λ {lambda}: {} < {}",
+                r.ppl,
+                r.ppl_bound
+            );
+            assert!(r.relative_improvement <= r.relative_improvement_bound + 1e-12);
+            assert_eq!(
+                r.ppl_bound, bound.ppl_bound,
+                "the bound does not depend on λ"
+            );
+        }
+        // Where one component always wins, the bound is that component.
+        let higher: Vec<f64> = positions.iter().map(|g| (g.p * 1.5).min(1.0)).collect();
+        let r = MixReport::new(
+            &positions,
+            &higher,
+            &Mixer::constant(MixEstimator::Infgram, 0.0),
+        );
+        assert!((r.ppl - r.ppl_bound).abs() < 1e-9 * r.ppl);
+        assert!(r.relative_improvement_bound.abs() < 1e-9);
+    }
 }
