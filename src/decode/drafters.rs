@@ -76,6 +76,32 @@ struct Votes {
     suffix_len: usize,
 }
 
+/// Tokens that (re)start following a copy: the context's last `RESYNC` tokens seen before.
+const RESYNC: usize = 4;
+
+/// After a copy breaks off, a short match whose continuation lies at most this many tokens
+/// past the break in the source is taken as the copy resuming (the model changed a word, or
+/// skipped a line).
+const RESUME_WINDOW: usize = 8;
+
+/// Tokens after a break during which the copy may resume.
+const RESUME_LIFE: usize = 24;
+
+/// A resuming match counts as this many tokens longer than it is (its place in the source is
+/// evidence too).
+const RESUME_BONUS: usize = 4;
+
+/// Where a copy in progress reads from, so that it can resume after the model changes a few
+/// tokens.
+#[derive(Clone, Copy, Debug, Default)]
+struct CopyState {
+    /// Position of the source token the copy expects next, while the copy holds.
+    source: Option<usize>,
+    /// Where the last copy broke off: the source position it expected, and the context
+    /// position where the model wrote something else.
+    broke: Option<(usize, usize)>,
+}
+
 /// Prompt lookup over a live n-gram index of the sequence.
 pub struct PromptLookup {
     /// Longest suffix matched (the index keys n-grams of 1..=max_ngram tokens).
@@ -84,6 +110,8 @@ pub struct PromptLookup {
     followers: HashMap<u64, Vec<u32>>,
     /// Tokens indexed so far (a prefix of the context).
     indexed: Vec<u32>,
+    /// The copy the context is making, if any.
+    copy: CopyState,
 }
 
 impl PromptLookup {
@@ -92,6 +120,7 @@ impl PromptLookup {
             max_ngram: max_ngram.max(1),
             followers: HashMap::new(),
             indexed: Vec::new(),
+            copy: CopyState::default(),
         }
     }
 
@@ -108,6 +137,7 @@ impl PromptLookup {
         if !context.starts_with(&self.indexed) {
             self.followers.clear();
             self.indexed.clear();
+            self.copy = CopyState::default();
         }
         for p in self.indexed.len()..context.len() {
             // The n-grams ending at p - 1 are followed by position p.
@@ -115,14 +145,96 @@ impl PromptLookup {
                 let key = Self::key(&context[p - n..p]);
                 self.followers.entry(key).or_default().push(p as u32);
             }
+            self.track(context, p);
         }
         self.indexed
             .extend_from_slice(&context[self.indexed.len()..]);
     }
 
+    /// Follows the copy in progress through the context's token at `p`: it holds while the
+    /// token is the source's next one; when it is not, the copy broke there; a copy starts
+    /// (or resumes) where the last [`RESYNC`] tokens were seen before, nearest after the
+    /// break when there was one, else most recently.
+    fn track(&mut self, context: &[u32], p: usize) {
+        match self.copy.source {
+            Some(q) if q < p && context[q] == context[p] => {
+                self.copy.source = Some(q + 1);
+                return;
+            }
+            Some(q) => {
+                self.copy = CopyState {
+                    source: None,
+                    broke: Some((q, p)),
+                }
+            }
+            None => {}
+        }
+        if self.copy.broke.is_some_and(|(_, at)| p > at + RESUME_LIFE) {
+            self.copy.broke = None;
+        }
+        if p + 1 < RESYNC {
+            return;
+        }
+        let gram = &context[p + 1 - RESYNC..=p];
+        let Some(positions) = self.followers.get(&Self::key(gram)) else {
+            return;
+        };
+        let found = positions
+            .iter()
+            .map(|&f| f as usize)
+            .filter(|&f| f >= RESYNC && context[f - RESYNC..f] == *gram);
+        let after_break = self
+            .copy
+            .broke
+            .and_then(|(q, _)| found.clone().filter(|&f| f > q).min());
+        if let Some(f) = after_break.or_else(|| found.max()) {
+            self.copy = CopyState {
+                source: Some(f),
+                broke: None,
+            };
+        }
+    }
+
+    /// Right after a copy broke off: the continuation of the longest short suffix of `seq`
+    /// (under [`RESYNC`] tokens) that occurs just past the break in the source.
+    fn resume(&self, seq: &[u32]) -> Option<Votes> {
+        let (q, _) = self.copy.broke?;
+        for m in (1..RESYNC.min(seq.len() + 1)).rev() {
+            let suffix = &seq[seq.len() - m..];
+            let Some(positions) = self.followers.get(&Self::key(suffix)) else {
+                continue;
+            };
+            let near = positions
+                .iter()
+                .map(|&f| f as usize)
+                .filter(|&f| f > q && f <= q + RESUME_WINDOW && f < seq.len())
+                .filter(|&f| seq[f - m..f] == *suffix)
+                .min();
+            if let Some(f) = near {
+                return Some(Votes {
+                    tally: vec![(seq[f], 1)],
+                    occurrences: 1,
+                    suffix_len: m + RESUME_BONUS,
+                });
+            }
+        }
+        None
+    }
+
     /// The continuations of the longest suffix of `seq` seen before in it, over its latest 16
-    /// occurrences.
+    /// occurrences; right after a copy broke off, a short match just past the break instead.
     fn tally(&self, seq: &[u32]) -> Option<Votes> {
+        let votes = self.longest_suffix_votes(seq);
+        if votes.as_ref().is_none_or(|v| v.suffix_len < RESYNC) && self.copy.source.is_none() {
+            if let Some(resumed) = self.resume(seq) {
+                return Some(resumed);
+            }
+        }
+        votes
+    }
+
+    /// [`PromptLookup::tally`] without the copy's place: the longest suffix's votes.
+    fn longest_suffix_votes(&self, seq: &[u32]) -> Option<Votes> {
         for n in (1..=self.max_ngram.min(seq.len())).rev() {
             let Some(positions) = self.followers.get(&Self::key(&seq[seq.len() - n..])) else {
                 continue;
@@ -356,6 +468,46 @@ mod tests {
         let draft = d.propose(&ctx, 10).unwrap();
         assert_eq!(draft.tokens, passage[30..40].to_vec());
         assert!(draft.confidence.iter().all(|&c| c > 0.97));
+    }
+
+    #[test]
+    fn a_copy_that_changes_a_word_resumes_just_past_the_change() {
+        // The source: 40 tokens, where 26 (the token after the change) also occurs earlier
+        // with another continuation (at position 2 of the passage, followed by 77).
+        let mut passage: Vec<u32> = (10..50).collect();
+        passage[2] = 26;
+        passage[3] = 77;
+        let mut ctx = passage.clone();
+        ctx.extend([99, 98]);
+        // The model copies 15 tokens, writes 60 instead of the source's 25, then copies 20.
+        ctx.extend(&passage[..15]);
+        ctx.extend([60]);
+        let mut d = PromptLookup::new(8);
+        d.sync(&ctx);
+        assert!(d.copy.source.is_none() && d.copy.broke.is_some());
+        // After the change only a 1-token match ("26") exists, and most of its occurrences
+        // (the source's and the copy's) continue with 77; the one just past the break
+        // continues the copy.
+        ctx.push(passage[16]);
+        d.sync(&ctx);
+        assert_eq!(d.longest_suffix_votes(&ctx).unwrap().tally[0].0, 77);
+        let resumed = d.tally(&ctx).unwrap();
+        assert_eq!(resumed.tally[0].0, passage[17]);
+        assert_eq!(resumed.suffix_len, 1 + RESUME_BONUS);
+        let draft = d.propose(&ctx, 4).unwrap();
+        assert_eq!(draft.tokens, passage[17..21].to_vec());
+        // Once the copy has run on for RESYNC tokens it is followed again (no break).
+        ctx.extend(&passage[17..20]);
+        d.sync(&ctx);
+        assert_eq!(d.copy.source, Some(20));
+        assert!(d.copy.broke.is_none());
+        // A break far in the past no longer steers anything.
+        let mut far = ctx.clone();
+        far.push(61);
+        far.extend(std::iter::repeat_n(98, RESUME_LIFE + 2));
+        let mut d = PromptLookup::new(8);
+        d.sync(&far);
+        assert!(d.copy.broke.is_none());
     }
 
     /// A corpus where "1 2 3" is followed by 4 once, but "2 3" is followed by 5 thirty times.

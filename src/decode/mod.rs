@@ -109,6 +109,8 @@ pub struct CostModel {
     points: Vec<(usize, f64)>,
     /// Per pass size n: moving average of its seconds and how many passes were timed.
     observed: Vec<(f64, u32)>,
+    /// Whether it keeps its table whatever the passes cost ([`CostModel::frozen`]).
+    frozen: bool,
 }
 
 /// Timed passes of a size (and of single steps) before its measured cost replaces the prior.
@@ -133,11 +135,29 @@ impl CostModel {
         CostModel {
             points: points.iter().map(|&(n, ms)| (n, ms / base)).collect(),
             observed: Vec::new(),
+            frozen: false,
         }
     }
 
-    /// Records that a pass over `n` tokens took `seconds`.
+    /// The same table, never replaced by measured passes, and no drafter set to rest for what
+    /// its calls cost: drafts are planned the same way whatever the machine's load, so greedy
+    /// decoding makes the same passes in every run (benchmarks count passes and weigh them
+    /// with the table: a speed-up free of timing noise).
+    pub fn frozen(mut self) -> CostModel {
+        self.frozen = true;
+        self
+    }
+
+    /// Whether the table is [`CostModel::frozen`].
+    pub fn is_frozen(&self) -> bool {
+        self.frozen
+    }
+
+    /// Records that a pass over `n` tokens took `seconds` (nothing when frozen).
     pub fn observe(&mut self, n: usize, seconds: f64) {
+        if self.frozen {
+            return;
+        }
         if self.observed.len() <= n {
             self.observed.resize(n + 1, (0.0, 0));
         }
@@ -592,6 +612,12 @@ pub fn decode(
         let step_seconds = (stats.model_seconds - stats.prompt_seconds) / stats.passes as f64;
         for (d, state) in states.iter_mut().enumerate() {
             let gained = if chosen == Some(d) { accepted } else { 0 };
+            // A frozen cost model plans without the clock: no drafter rests for its call time.
+            let step_seconds = if cost.is_frozen() {
+                f64::INFINITY
+            } else {
+                step_seconds
+            };
             state.settle(gained, step_seconds);
         }
         // Keep the pending token and the accepted drafts; the last token of the context is
