@@ -530,7 +530,7 @@ pub fn decode(
         fed.extend_from_slice(&draft.tokens);
         let cached = model.cache_len();
         let t = timed.then(Instant::now);
-        let rows = model.score(&fed)?;
+        let mut rows = model.score(&fed)?;
         let mut pass_seconds = 0.0;
         if let Some(t) = t {
             pass_seconds = t.elapsed().as_secs_f64();
@@ -542,14 +542,14 @@ pub fn decode(
 
         // Verify left to right; row i predicts the token after fed[i].
         let mut accepted = 0;
-        for (i, mut logits) in rows.into_iter().enumerate() {
+        for (i, logits) in rows.iter_mut().enumerate() {
             // A sparse row's support, kept in case the processors mask all of it.
             support.clear();
-            if let (false, Logits::Sparse { entries, .. }) = (processors.is_empty(), &logits) {
+            if let (false, Logits::Sparse { entries, .. }) = (processors.is_empty(), &*logits) {
                 support.extend(entries.iter().map(|e| e.0));
             }
             for p in processors.iter_mut() {
-                p.process(&context, &mut logits);
+                p.process(&context, logits);
             }
             // Every candidate was masked: ask the model for wider distributions, each with a
             // candidate outside every support masked so far (so this ends).
@@ -562,7 +562,7 @@ pub fn decode(
                     p.process(&context, &mut wider);
                 }
                 stats.backoffs += 1;
-                logits = wider;
+                *logits = wider;
             }
             if !logits.has_support() {
                 stats.exhausted = true;
@@ -570,7 +570,7 @@ pub fn decode(
                 break;
             }
             let proposal = draft.tokens.get(i).copied();
-            let (token, is_draft) = verify(sampler, &logits, proposal, &mut weights)?;
+            let (token, is_draft) = verify(sampler, logits, proposal, &mut weights)?;
             if eos.contains(&token) {
                 done = true;
                 break;
@@ -586,6 +586,7 @@ pub fn decode(
                 break;
             }
         }
+        model.recycle(rows);
         if cfg.trace {
             stats.trace.push(PassTrace {
                 at: tokens_before,

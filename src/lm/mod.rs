@@ -239,6 +239,12 @@ pub trait LanguageModel {
     fn backoff(&mut self, _context: &[u32], _masked: &[u32]) -> Result<Option<Logits>> {
         Ok(None)
     }
+    /// Takes back rows that [`LanguageModel::score`] returned, once the caller is done with
+    /// them, so that the model can reuse their allocations (the ∞-gram returns a sparse row
+    /// per generated token). By default they are dropped.
+    fn recycle(&mut self, rows: Vec<Logits>) {
+        drop(rows);
+    }
 }
 
 /// Implements [`LanguageModel`] for a pointer type by forwarding every method to the model it
@@ -272,6 +278,9 @@ macro_rules! forward_language_model {
             }
             fn backoff(&mut self, context: &[u32], masked: &[u32]) -> Result<Option<Logits>> {
                 (**self).backoff(context, masked)
+            }
+            fn recycle(&mut self, rows: Vec<Logits>) {
+                (**self).recycle(rows)
             }
         }
     };

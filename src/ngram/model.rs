@@ -88,6 +88,9 @@ pub struct InfgramModel<S: AsRef<[u8]> + Sync> {
     dist: Vec<(u32, f64)>,
     /// The levels of the current step (kept between steps for their allocation).
     levels: Vec<Level>,
+    /// Allocations of recycled rows: the list, and the rows' entries.
+    spare_rows: Vec<Logits>,
+    spare_entries: Vec<Vec<(u32, f32)>>,
     /// The levels used at each scored position, for `--stats`.
     pub steps: LevelLog,
     /// The evidence of each row of the last [`LanguageModel::score`] call.
@@ -122,6 +125,8 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
             eos: [separator],
             dist: Vec::new(),
             levels: Vec::new(),
+            spare_rows: Vec::new(),
+            spare_entries: Vec::new(),
             steps: LevelLog::default(),
             evidence: Vec::new(),
         })
@@ -230,7 +235,8 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
             let t = if id == separator { eos } else { id };
             ((t as usize) < vocab).then_some(t)
         };
-        let mut entries: Vec<(u32, f32)> = Vec::with_capacity(self.dist.len());
+        let mut entries = self.spare_entries.pop().unwrap_or_default();
+        entries.clear();
         entries.extend(
             self.dist
                 .iter()
@@ -259,7 +265,9 @@ impl<S: AsRef<[u8]> + Sync> LanguageModel for InfgramModel<S> {
 
     fn score(&mut self, tokens: &[u32]) -> Result<Vec<Logits>> {
         self.evidence.clear();
-        let mut rows = Vec::with_capacity(tokens.len());
+        let mut rows = std::mem::take(&mut self.spare_rows);
+        rows.clear();
+        rows.reserve(tokens.len());
         for &t in tokens {
             self.push(t);
             rows.push(self.row());
@@ -293,6 +301,15 @@ impl<S: AsRef<[u8]> + Sync> LanguageModel for InfgramModel<S> {
 
     fn vocab_size(&self) -> usize {
         self.vocab
+    }
+
+    fn recycle(&mut self, mut rows: Vec<Logits>) {
+        for row in rows.drain(..) {
+            if let (Logits::Sparse { entries, .. }, true) = (row, self.spare_entries.len() < 64) {
+                self.spare_entries.push(entries);
+            }
+        }
+        self.spare_rows = rows;
     }
 
     fn eos_tokens(&self) -> &[u32] {
