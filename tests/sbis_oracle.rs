@@ -140,7 +140,8 @@ proptest! {
                 appended = Some(x);
             }
             let w = &ctx[ctx.len().saturating_sub(window)..];
-            let a = inc.next_levels(&index, &mut tracker, w, appended, k);
+            let mut a = Vec::new();
+            inc.next_levels_into(&index, &mut tracker, w, appended, k, &mut a);
             let b = scratch.levels(&index, w, k, false);
             prop_assert_eq!(a.len(), b.len());
             for (a, b) in a.iter().zip(&b) {
@@ -294,13 +295,13 @@ fn infgram_model_takes_a_model_vocabulary_with_the_separator_as_end_token() {
         .is_err());
 }
 
-#[test]
-fn a_bounded_counts_cache_stays_within_its_budget_and_changes_no_level() {
-    // Long documents over 3 tokens: short contexts have thousands of occurrences (cached).
-    let mut x = 12345u64;
-    let docs: Vec<Vec<u32>> = (0..4)
+/// `n` documents of `len` pseudo-random tokens over 3 ids (a linear congruential generator
+/// from `seed`): short contexts have thousands of occurrences.
+fn three_token_docs(seed: u64, n: usize, len: usize) -> Vec<Vec<u32>> {
+    let mut x = seed;
+    (0..n)
         .map(|_| {
-            (0..4000)
+            (0..len)
                 .map(|_| {
                     x = x
                         .wrapping_mul(6364136223846793005)
@@ -309,7 +310,13 @@ fn a_bounded_counts_cache_stays_within_its_budget_and_changes_no_level() {
                 })
                 .collect()
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn a_bounded_counts_cache_stays_within_its_budget_and_changes_no_level() {
+    // Long documents over 3 tokens: short contexts have thousands of occurrences (cached).
+    let docs = three_token_docs(12345, 4, 4000);
     let index = Index::from_docs(spec(3), &docs, 2, true).unwrap();
     let capacity = 64;
     let mut bounded = LevelFinder::with_cache_capacity(false, capacity);
@@ -342,19 +349,7 @@ type LevelFacts = (usize, u64, Vec<(u32, u64)>);
 #[test]
 fn finders_on_one_index_share_its_counts_cache_across_threads() {
     // Short contexts over 3 tokens have thousands of occurrences: their counts are cached.
-    let mut x = 777u64;
-    let docs: Vec<Vec<u32>> = (0..3)
-        .map(|_| {
-            (0..3000)
-                .map(|_| {
-                    x = x
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    ((x >> 33) % 3) as u32
-                })
-                .collect()
-        })
-        .collect();
+    let docs = three_token_docs(777, 3, 3000);
     let index = Arc::new(Index::from_docs(spec(3), &docs, 2, true).unwrap());
     let contexts: Vec<Vec<u32>> = (0..200)
         .map(|i| docs[i % 3][(i * 41) % 2900..][..(i % 6) + 1].to_vec())

@@ -610,15 +610,14 @@ pub fn decode(
                 _ => state.run = Run::default(),
             }
         }
-        let step_seconds = (stats.model_seconds - stats.prompt_seconds) / stats.passes as f64;
+        // A frozen cost model plans without the clock: no drafter rests for its call time.
+        let step_seconds = if cost.is_frozen() {
+            f64::INFINITY
+        } else {
+            (stats.model_seconds - stats.prompt_seconds) / stats.passes as f64
+        };
         for (d, state) in states.iter_mut().enumerate() {
             let gained = if chosen == Some(d) { accepted } else { 0 };
-            // A frozen cost model plans without the clock: no drafter rests for its call time.
-            let step_seconds = if cost.is_frozen() {
-                f64::INFINITY
-            } else {
-                step_seconds
-            };
             state.settle(gained, step_seconds);
         }
         // Keep the pending token and the accepted drafts; the last token of the context is

@@ -39,7 +39,7 @@ struct Tracked {
 const TRACK_MAX: usize = 64;
 
 /// The small levels of the previous generation step, extended by each new token without any
-/// search (see [`LevelFinder::next_levels`]).
+/// search (see [`LevelFinder::next_levels_into`]).
 #[derive(Default)]
 pub struct Tracker {
     tracked: Vec<Tracked>,
@@ -273,22 +273,10 @@ impl LevelFinder {
     /// ones among them tracked for the next step. When the longest tracked suffix outgrows the
     /// window, everything is searched again. Equal to `levels(ctx, k, false)` with `keep_end`
     /// (tested).
-    pub fn next_levels<S: AsRef<[u8]> + Sync>(
-        &mut self,
-        index: &Index<S>,
-        tracker: &mut Tracker,
-        ctx: &[u32],
-        appended: Option<u32>,
-        k: i64,
-    ) -> Vec<Level> {
-        let mut levels = Vec::with_capacity(16);
-        self.next_levels_into(index, tracker, ctx, appended, k, &mut levels);
-        levels
-    }
-
-    /// [`LevelFinder::next_levels`] into `levels` (cleared first). A caller that keeps one
-    /// list for every step, and has dropped the previous step's levels by the next call,
-    /// lets the tracked levels' counts be refilled in place: no allocation in most steps.
+    ///
+    /// The levels go into `levels` (cleared first). A caller that keeps one list for every
+    /// step, and has dropped the previous step's levels by the next call, lets the tracked
+    /// levels' counts be refilled in place: no allocation in most steps.
     pub fn next_levels_into<S: AsRef<[u8]> + Sync>(
         &mut self,
         index: &Index<S>,
