@@ -358,6 +358,8 @@ pub struct QRows {
     qs: Vec<[i8; 32]>,
     /// `q + 128` as unsigned bytes, for `vpdpbusd` against signed Q8_0 weights.
     us: Vec<[u8; 32]>,
+    /// `|q|` as unsigned bytes, for AVX2's `vpmaddubsw` against Q8_0 weights carrying q's sign.
+    abs: Vec<[u8; 32]>,
 }
 
 impl QRows {
@@ -370,12 +372,14 @@ impl QRows {
         self.s.clear();
         self.qs.clear();
         self.us.clear();
+        self.abs.clear();
         for block in x.chunks_exact(BLOCK) {
             let (d, q, s) = quantize_block(block);
             self.d.push(d);
             self.s.push(s);
             self.qs.push(q);
             self.us.push(q.map(|v| (v as u8) ^ 0x80));
+            self.abs.push(q.map(|v| v.unsigned_abs()));
         }
     }
 
@@ -391,7 +395,8 @@ impl QRows {
             d: &self.d[span.clone()],
             s: &self.s[span.clone()],
             qs: &self.qs[span.clone()],
-            us: &self.us[span],
+            us: &self.us[span.clone()],
+            abs: &self.abs[span],
         }
     }
 }
@@ -402,6 +407,7 @@ struct Row<'a> {
     s: &'a [f32],
     qs: &'a [[i8; 32]],
     us: &'a [[u8; 32]],
+    abs: &'a [[u8; 32]],
 }
 
 /// Below this many tile groups (of 16 weight rows) per thread a product is not split.
@@ -640,17 +646,37 @@ mod x86 {
         _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
     }
 
+    /// One Q4_1 block's eight nibble quads `w` times activation block `a`, summed per lane.
+    /// The 16-bit pair sums are added before widening: a pair is at most 2·15·127 = 3,810 in
+    /// magnitude, eight of them 30,480 < 2¹⁵, so the sum is exact and one `madd` widens it,
+    /// instead of one per quad (both instructions use the same multiply ports).
     #[inline(always)]
-    unsafe fn dot_vnni(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
-        _mm256_dpbusd_avx_epi32(acc, u, s)
+    unsafe fn dot_q4_avx2(w: &[__m256i; 8], a: &[i8; 32]) -> __m256i {
+        let p: [__m256i; 8] =
+            std::array::from_fn(|t| _mm256_maddubs_epi16(w[t], _mm256_set1_epi32(quad(a, t))));
+        let low = _mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3]));
+        let high = _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7]));
+        _mm256_madd_epi16(_mm256_add_epi16(low, high), _mm256_set1_epi16(1))
     }
 
-    /// Q8_0 weights `w` times activation quad (signed `q`, unsigned `u = q + 128`): AVX2 moves
-    /// the weights' signs onto the activations; VNNI uses `u` and leaves the bias to subtract.
     #[inline(always)]
-    unsafe fn dot_q8_avx2(acc: __m256i, w: __m256i, q: i32, _u: i32) -> __m256i {
-        let a = _mm256_sign_epi8(_mm256_set1_epi32(q), w);
-        dot_avx2(acc, _mm256_abs_epi8(w), a)
+    unsafe fn dot_q4_vnni(w: &[__m256i; 8], a: &[i8; 32]) -> __m256i {
+        let mut s = _mm256_setzero_si256();
+        for (t, &w) in w.iter().enumerate() {
+            s = _mm256_dpbusd_avx_epi32(s, w, _mm256_set1_epi32(quad(a, t)));
+        }
+        s
+    }
+
+    /// Q8_0 weights `w` times an activation quad, given as signed `q` and as `u`: AVX2 takes
+    /// `u = |q|` and moves q's signs onto the weights (`|q|·(±w)`, at most 127·127 per
+    /// product, so `vpmaddubsw` never saturates); VNNI takes `u = q + 128` and leaves the
+    /// bias to subtract. (The signs go onto the weights, not the activations, so the loop
+    /// keeps one register per weight quad, not two: no spills with four rows.)
+    #[inline(always)]
+    unsafe fn dot_q8_avx2(acc: __m256i, w: __m256i, q: i32, u: i32) -> __m256i {
+        let signed = _mm256_sign_epi8(w, _mm256_set1_epi32(q));
+        dot_avx2(acc, _mm256_set1_epi32(u), signed)
     }
 
     #[inline(always)]
@@ -659,7 +685,7 @@ mod x86 {
     }
 
     macro_rules! tile_256 {
-        ($name:ident, $dot:ident, $dot_q8:ident, $q8_bias:literal, $features:literal) => {
+        ($name:ident, $dot_q4:ident, $dot_q8:ident, $q8_u:ident, $q8_bias:literal, $features:literal) => {
             /// Two halves of 8 weight rows, each a 256-bit register of lanes.
             #[target_feature(enable = $features)]
             pub unsafe fn $name<const N: usize>(
@@ -674,6 +700,10 @@ mod x86 {
                         Tiles::Q4_1(tiles) => {
                             let mask = _mm256_set1_epi8(0x0F);
                             for (b, tile) in tiles.iter().enumerate() {
+                                // The second half reads the lines the first brought in.
+                                if h == 0 {
+                                    prefetch_ahead(tile);
+                                }
                                 let mut w = [_mm256_setzero_si256(); 8];
                                 for t in 0..4 {
                                     let x = _mm256_loadu_si256(half(tile.qs[t].as_ptr()));
@@ -685,11 +715,7 @@ mod x86 {
                                 let dw = _mm256_cvtph_ps(_mm_loadu_si128(d));
                                 let mw = _mm256_cvtph_ps(_mm_loadu_si128(m));
                                 for i in 0..N {
-                                    let a = &rows[i].qs[b];
-                                    let mut s = _mm256_setzero_si256();
-                                    for t in 0..8 {
-                                        s = $dot(s, w[t], _mm256_set1_epi32(quad(a, t)));
-                                    }
+                                    let s = $dot_q4(&w, &rows[i].qs[b]);
                                     let t = _mm256_mul_ps(
                                         _mm256_cvtepi32_ps(s),
                                         _mm256_set1_ps(rows[i].d[b]),
@@ -702,6 +728,10 @@ mod x86 {
                         }
                         Tiles::Q8_0(tiles) => {
                             for (b, tile) in tiles.iter().enumerate() {
+                                // The second half reads the lines the first brought in.
+                                if h == 0 {
+                                    prefetch_ahead(tile);
+                                }
                                 let w: [__m256i; 8] = std::array::from_fn(|t| {
                                     _mm256_loadu_si256(half(tile.qs[t].as_ptr() as *const u8))
                                 });
@@ -709,7 +739,7 @@ mod x86 {
                                 let bias = tile.bias[8 * h..].as_ptr() as *const __m256i;
                                 let bias = _mm256_loadu_si256(bias);
                                 for i in 0..N {
-                                    let (q, u) = (&rows[i].qs[b], &rows[i].us[b]);
+                                    let (q, u) = (&rows[i].qs[b], &rows[i].$q8_u[b]);
                                     let mut s = _mm256_setzero_si256();
                                     for t in 0..8 {
                                         s = $dot_q8(s, w[t], quad(q, t), quad(u, t));
@@ -734,11 +764,19 @@ mod x86 {
         };
     }
 
-    tile_256!(tile_avx2, dot_avx2, dot_q8_avx2, false, "avx2,fma,f16c");
+    tile_256!(
+        tile_avx2,
+        dot_q4_avx2,
+        dot_q8_avx2,
+        abs,
+        false,
+        "avx2,fma,f16c"
+    );
     tile_256!(
         tile_vnni,
-        dot_vnni,
+        dot_q4_vnni,
         dot_q8_vnni,
+        us,
         true,
         "avx2,fma,f16c,avxvnni"
     );
