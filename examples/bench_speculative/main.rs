@@ -8,7 +8,9 @@
 //! each pass emitted along the output, verbatim stretches shaded.
 //!
 //! `cargo run --release --example bench_speculative` (builds the Shakespeare index into the cache
-//! on first use).
+//! on first use). `REPEATS=N` runs plain and speculative decoding of each prompt N times,
+//! alternating, and keeps the fastest run of each: on a noisy machine the ratios then move
+//! far less from run to run.
 
 use infgram::decode::drafters::{CorpusDrafter, CorpusRule, PromptLookup};
 use infgram::decode::{greedy, DecodeConfig, DecodeStats, Drafter};
@@ -215,6 +217,16 @@ impl TreeRoot {
     }
 }
 
+/// Keeps the run with the higher tokens per second.
+fn keep_fastest(best: &mut Option<(Vec<u32>, DecodeStats)>, run: (Vec<u32>, DecodeStats)) {
+    if best
+        .as_ref()
+        .is_none_or(|b| run.1.tokens_per_second() > b.1.tokens_per_second())
+    {
+        *best = Some(run);
+    }
+}
+
 fn main() {
     let path = infgram::assets::ensure_model("smollm2-135m").expect("fetch the model");
     let tok = HfTokenizer::from_gguf(&path).unwrap();
@@ -227,6 +239,11 @@ fn main() {
         ..DecodeConfig::default()
     };
     let policies = [("run-wide calibration", false), ("+ local evidence", true)];
+    let repeats: usize = std::env::var("REPEATS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(1)
+        .max(1);
     let sets: [(&str, &[&str], bool); 3] = [
         ("copy / light edit", &COPY_EDIT, true),
         ("Shakespeare continuation", &SHAKESPEARE, false),
@@ -246,21 +263,34 @@ fn main() {
                 trace: false,
                 ..base.clone()
             };
-            let (plain_ids, plain) = greedy(&mut model, &mut [], &prompt, &plain_cfg).unwrap();
+            // Plain and speculative decoding alternate `repeats` times; each keeps its fastest
+            // run (greedy: the same tokens every time), so a slow moment of the machine hits
+            // one run, not the ratio.
+            let mut plain_best: Option<(Vec<u32>, DecodeStats)> = None;
+            let mut spec_best: Vec<Option<(Vec<u32>, DecodeStats)>> = vec![None; policies.len()];
+            for _ in 0..repeats {
+                let run = greedy(&mut model, &mut [], &prompt, &plain_cfg).unwrap();
+                keep_fastest(&mut plain_best, run);
+                for (k, &(_, local)) in policies.iter().enumerate() {
+                    let mut drafters: Vec<Box<dyn Drafter>> = vec![
+                        Box::new(PromptLookup::new(8)),
+                        Box::new(CorpusDrafter::new(std::sync::Arc::new(
+                            infgram::Index::open(&index_dir).unwrap(),
+                        ))),
+                    ];
+                    let cfg = DecodeConfig {
+                        local_evidence: local,
+                        ..base.clone()
+                    };
+                    let run = greedy(&mut model, &mut drafters, &prompt, &cfg).unwrap();
+                    keep_fastest(&mut spec_best[k], run);
+                }
+            }
+            let (plain_ids, plain) = plain_best.expect("at least one run");
             let verbatim = verbatim_positions(&prompt, &plain_ids);
             let mut runs = Vec::new();
-            for (k, &(policy, local)) in policies.iter().enumerate() {
-                let mut drafters: Vec<Box<dyn Drafter>> = vec![
-                    Box::new(PromptLookup::new(8)),
-                    Box::new(CorpusDrafter::new(std::sync::Arc::new(
-                        infgram::Index::open(&index_dir).unwrap(),
-                    ))),
-                ];
-                let cfg = DecodeConfig {
-                    local_evidence: local,
-                    ..base.clone()
-                };
-                let (ids, spec) = greedy(&mut model, &mut drafters, &prompt, &cfg).unwrap();
+            for (k, &(policy, _)) in policies.iter().enumerate() {
+                let (ids, spec) = spec_best[k].take().expect("at least one run");
                 eprintln!(
                     "{name} #{i} [{policy}]: {} tokens, plain {:.1} tok/s, speculative {:.1} tok/s ({:.2}×), accepted {}/{} in {} passes",
                     ids.len(),
@@ -308,7 +338,7 @@ fn main() {
         trees.push((name, tree));
     }
     println!(
-        "Greedy, 256 new tokens at most, SmolLM2-135M on {} cores; ratios are speculative / plain tokens per second in the same run, geometric mean over the prompts (min–max); every output is compared with plain decoding's.\n",
+        "Greedy, 256 new tokens at most, SmolLM2-135M on {} cores; ratios are speculative / plain tokens per second in the same run (fastest of {repeats} alternating runs each), geometric mean over the prompts (min–max); every output is compared with plain decoding's.\n",
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
     println!("| prompt set | drafting | plain tokens/s | speculative tokens/s | ratio, geomean (min–max) | acceptance | accepted per drafted pass | tokens per pass on verbatim stretches | identical |");
