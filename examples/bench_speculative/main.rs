@@ -20,7 +20,7 @@ use infgram::tokenizer::{HfTokenizer, Tokenizer};
 use std::path::Path;
 
 mod prompts;
-use prompts::{COPY_EDIT, OPEN, SHAKESPEARE};
+use prompts::SETS;
 
 /// One prompt set's results for one drafting policy.
 #[derive(Default)]
@@ -244,16 +244,11 @@ fn main() {
         .and_then(|r| r.parse().ok())
         .unwrap_or(1)
         .max(1);
-    let sets: [(&str, &[&str], bool); 3] = [
-        ("copy / light edit", &COPY_EDIT, true),
-        ("Shakespeare continuation", &SHAKESPEARE, false),
-        ("open questions", &OPEN, true),
-    ];
     let plot_dir = std::env::var_os("PLOT_DIR").map(std::path::PathBuf::from);
     let mut rows = Vec::new();
     let mut trees = Vec::new();
     let mut per_prompt = Vec::new();
-    for (name, prompts, chat) in sets {
+    for (name, prompts, chat) in SETS {
         let mut set_rows: Vec<Row> = policies.iter().map(|_| Row::default()).collect();
         let mut tree = TreeRoot::default();
         for (i, p) in prompts.iter().enumerate() {

@@ -33,3 +33,11 @@ pub const OPEN: [&str; 5] = [
     "Why is the sky blue?",
     "Write a short poem about autumn leaves.",
 ];
+
+/// The sets as the benchmarks run them: (name, prompts, whether each goes through the chat
+/// template).
+pub const SETS: [(&str, &[&str], bool); 3] = [
+    ("copy / light edit", &COPY_EDIT, true),
+    ("Shakespeare continuation", &SHAKESPEARE, false),
+    ("open questions", &OPEN, true),
+];

@@ -19,7 +19,7 @@ use infgram::decode::{greedy, CostModel, DecodeConfig, Drafter};
 use infgram::neural::chat_prompt;
 use infgram::neural::llama::Llama;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
-use prompts::{COPY_EDIT, OPEN, SHAKESPEARE};
+use prompts::SETS;
 use std::sync::Arc;
 
 fn main() {
@@ -30,14 +30,9 @@ fn main() {
     let index = Arc::new(infgram::Index::open(&index_dir).unwrap());
     let mut model = Llama::from_gguf(&path).unwrap().with_threads(2);
     let cost = CostModel::default().frozen();
-    let sets: [(&str, &[&str], bool); 3] = [
-        ("copy / light edit", &COPY_EDIT, true),
-        ("Shakespeare continuation", &SHAKESPEARE, false),
-        ("open questions", &OPEN, true),
-    ];
     println!("| prompt set | drafting | modeled speed-up, geomean | per prompt (passes) |");
     println!("|---|---|---:|---|");
-    for (name, prompts, chat) in sets {
+    for (name, prompts, chat) in SETS {
         for (policy, local) in [("run-wide calibration", false), ("+ local evidence", true)] {
             let mut log_sum = 0.0;
             let mut each = Vec::new();
