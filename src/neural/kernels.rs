@@ -798,6 +798,46 @@ mod tests {
     }
 
     #[test]
+    fn the_largest_quants_stay_exact_on_every_isa() {
+        // Q4_1 blocks whose quants are 15 but for one 0 (the minimum), against activations of
+        // ±127: the AVX2 kernel's 16-bit sums of a block reach 2·15·127 per pair, 8 pairs
+        // deep (30,480 of 32,767). Q8_0 weights of ±127 reach `vpmaddubsw`'s limit per pair.
+        let (rows, cols) = (32, 64);
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| if i % 32 == 0 { 0.0 } else { 1.0 })
+            .collect();
+        let signed: Vec<f32> = (0..rows * cols)
+            .map(|i| if (i / 7) % 2 == 0 { 1.0 } else { -1.0 })
+            .collect();
+        let mats = [
+            QMatrix::quantize_q4_1(rows, cols, &w).unwrap(),
+            QMatrix::quantize_q8_0(rows, cols, &signed).unwrap(),
+        ];
+        for x in [
+            vec![1.0f32; 5 * cols],
+            vec![-1.0f32; 5 * cols],
+            signed[..5 * cols].to_vec(),
+        ] {
+            let mut a = QRows::default();
+            a.quantize(&x, cols);
+            for w in &mats {
+                let mut pool = Pool::new(1);
+                let mut scalar = vec![0.0; 5 * rows];
+                matmul(Isa::Scalar, w, &a, &mut scalar, &mut pool);
+                let want = reference(w, &x, cols);
+                for (g, e) in scalar.iter().zip(&want) {
+                    assert!((g - e).abs() < 0.05 + 0.01 * e.abs(), "scalar: {g} vs {e}");
+                }
+                for isa in Isa::available() {
+                    let mut got = vec![0.0; 5 * rows];
+                    matmul(isa, w, &a, &mut got, &mut pool);
+                    assert_eq!(got, scalar, "{isa:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn every_isa_gives_the_scalar_bits_matches_the_dequantized_product_and_is_batch_invariant() {
         let (rows, cols) = (150, 96 + 32);
         let mats = [
