@@ -1,4 +1,5 @@
-//! The mixture on the real SmolLM2: rows are distributions, speculative decoding of the mixture
+//! The mixture on the real SmolLM2: rows are distributions (and the same bits when mixed in
+//! groups), speculative decoding of the mixture
 //! (prompt lookup and the ∞-gram drafting) gives the same greedy text as plain decoding of the
 //! mixture, and an index of another tokenizer is refused.
 #![cfg(feature = "neural")]
@@ -12,6 +13,8 @@ use infgram::tokenizer::{HfTokenizer, Tokenizer};
 use infgram::Index;
 use std::sync::Arc;
 
+mod common;
+
 #[test]
 fn mixture_of_smollm2_and_the_infgram() {
     let path = infgram::assets::ensure_model("smollm2-135m").unwrap();
@@ -23,7 +26,15 @@ fn mixture_of_smollm2_and_the_infgram() {
     let neural = Box::new(Llama::from_gguf(&path).unwrap().with_threads(2));
     let mut mix = Interpolated::new(neural, index.clone(), Mixer::default(), 100).unwrap();
     let ids = tok.encode(&text[..400]).unwrap();
-    for row in mix.score(&ids).unwrap() {
+    let rows = mix.score(&ids).unwrap();
+    // Rows mixed in groups, as verification asks for them, are the same bits.
+    mix.clear();
+    mix.feed(&ids[..ids.len() - 20]).unwrap();
+    let grouped = common::rows_in_groups(&mut mix, &ids[ids.len() - 20..], 4);
+    assert_eq!(grouped[..], rows[ids.len() - 20..]);
+    mix.clear();
+    mix.score(&ids).unwrap();
+    for row in rows {
         let total: f64 = row.into_dense().iter().map(|&x| (x as f64).exp()).sum();
         assert!((total - 1.0).abs() < 1e-3, "Σ = {total}");
     }

@@ -1,7 +1,8 @@
 //! The llama forward passes on the real SmolLM2 GGUF (fetched by `ensure_model`). For both the
 //! native one and the candle reference: incremental decoding equals one full pass bit for bit
 //! (batch invariance) and truncating the cache and re-feeding equals a fresh run. The candle
-//! reference matches candle-transformers' `quantized_llama` at the last position; the native
+//! reference matches candle-transformers' `quantized_llama` at the last position; rows asked
+//! for in groups (`score_first`, `score_more`) are the same bits as a pass's; the native
 //! pass matches the candle reference within the tolerance stated in
 //! `native_cache_is_exact_on_every_isa_and_matches_the_candle_reference`.
 #![cfg(feature = "neural")]
@@ -45,6 +46,19 @@ fn assert_cache_exact(model: &mut dyn LanguageModel, ids: &[u32]) -> Vec<Vec<f32
     let rest = model.forward(&ids[5..]).unwrap();
     for (i, row) in rest.iter().enumerate() {
         assert_eq!(row, &full[5 + i], "after truncate, position {}", 5 + i);
+    }
+    // Rows asked for in groups, as verification asks for them, are the same bits.
+    for first in [1, 3] {
+        model.truncate(5);
+        let rows = common::rows_in_groups(model, &ids[5..], first);
+        for (i, row) in rows.into_iter().enumerate() {
+            assert_eq!(
+                row.into_dense(),
+                full[5 + i],
+                "first {first}, position {}",
+                5 + i
+            );
+        }
     }
     full
 }

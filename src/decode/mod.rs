@@ -530,19 +530,28 @@ pub fn decode(
         fed.extend_from_slice(&draft.tokens);
         let cached = model.cache_len();
         let t = timed.then(Instant::now);
-        let mut rows = model.score(&fed)?;
-        let mut pass_seconds = 0.0;
-        if let Some(t) = t {
-            pass_seconds = t.elapsed().as_secs_f64();
-            stats.model_seconds += pass_seconds;
-            cost.observe(fed.len(), pass_seconds);
-        }
+        let mut rows = model.score_first(&fed, FIRST_ROWS)?;
+        let mut pass_seconds = t.map_or(0.0, |t| t.elapsed().as_secs_f64());
         stats.passes += 1;
         let tokens_before = stats.tokens;
 
-        // Verify left to right; row i predicts the token after fed[i].
+        // Verify left to right; row i predicts the token after fed[i]. Rows past the first
+        // ones are asked for as verification reaches them (`LanguageModel::score_first`).
         let mut accepted = 0;
-        for (i, logits) in rows.iter_mut().enumerate() {
+        for i in 0..fed.len() {
+            if i == rows.len() {
+                let t = timed.then(Instant::now);
+                let more = model.score_more(rows.len().max(FIRST_ROWS))?;
+                pass_seconds += t.map_or(0.0, |t| t.elapsed().as_secs_f64());
+                if more.is_empty() {
+                    return Err(Error::Model(format!(
+                        "the model returned {i} of a pass's {} rows",
+                        fed.len()
+                    )));
+                }
+                rows.extend(more);
+            }
+            let logits = &mut rows[i];
             // A sparse row's support, kept in case the processors mask all of it.
             support.clear();
             if let (false, Logits::Sparse { entries, .. }) = (processors.is_empty(), &*logits) {
@@ -587,6 +596,10 @@ pub fn decode(
             }
         }
         model.recycle(rows);
+        if timed {
+            stats.model_seconds += pass_seconds;
+            cost.observe(fed.len(), pass_seconds);
+        }
         if cfg.trace {
             stats.trace.push(PassTrace {
                 at: tokens_before,
@@ -655,6 +668,11 @@ pub fn greedy(
         |_| {},
     )
 }
+
+/// Rows of a pass the decode loop asks for first; then as many again as it has, while
+/// verification accepts (`LanguageModel::score_first`). Four is the kernels' activation tile:
+/// a neural model's output projection over four rows costs little more than over one.
+const FIRST_ROWS: usize = 4;
 
 /// Expected speed-up at which the drafters after the one that offers it are not asked.
 const GOOD_ENOUGH: f64 = 1.3;

@@ -215,6 +215,23 @@ pub trait LanguageModel {
             .map(Logits::Dense)
             .collect())
     }
+    /// [`LanguageModel::score`] that may return only the first `first` rows (at least one):
+    /// the rest of the pass's rows then come from [`LanguageModel::score_more`], in order, as
+    /// the caller asks. Verification reads rows only up to the first rejected draft token, so a
+    /// model whose rows cost something of their own (a neural model's output projection, the
+    /// mixture's mixing) computes no row past it. The rows are the same bits as `score`'s. By
+    /// default, every row at once.
+    fn score_first(&mut self, tokens: &[u32], first: usize) -> Result<Vec<Logits>> {
+        let _ = first;
+        self.score(tokens)
+    }
+    /// The next at most `count` rows of the last [`LanguageModel::score_first`] pass, after the
+    /// ones it and earlier calls returned; empty once every row was returned. Call it before
+    /// anything else changes the model's state.
+    fn score_more(&mut self, count: usize) -> Result<Vec<Logits>> {
+        let _ = count;
+        Ok(Vec::new())
+    }
     /// Feeds `tokens` without returning logits (a prompt): models may skip work.
     fn feed(&mut self, tokens: &[u32]) -> Result<()> {
         self.forward(tokens).map(drop)
@@ -257,6 +274,12 @@ macro_rules! forward_language_model {
             }
             fn score(&mut self, tokens: &[u32]) -> Result<Vec<Logits>> {
                 (**self).score(tokens)
+            }
+            fn score_first(&mut self, tokens: &[u32], first: usize) -> Result<Vec<Logits>> {
+                (**self).score_first(tokens, first)
+            }
+            fn score_more(&mut self, count: usize) -> Result<Vec<Logits>> {
+                (**self).score_more(count)
             }
             fn feed(&mut self, tokens: &[u32]) -> Result<()> {
                 (**self).feed(tokens)

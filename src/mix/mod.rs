@@ -15,6 +15,7 @@ use crate::index::Index;
 use crate::lm::{LanguageModel, Logits};
 use crate::ngram::{Estimator, Evidence, InfgramModel};
 use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
 use std::path::Path;
 
 /// The ∞-gram distribution that is mixed in.
@@ -263,6 +264,11 @@ pub struct Interpolated<S: AsRef<[u8]> + Sync, N: LanguageModel = Box<dyn Langua
     mixer: Mixer,
     /// λ of each row of the last `score` call.
     lambdas: Vec<f64>,
+    /// Rows of the last [`LanguageModel::score_first`] pass not mixed yet: the neural
+    /// model's that it returned early and the ∞-gram's (front first), and the next row's index.
+    neural_rows: VecDeque<Logits>,
+    infgram_rows: VecDeque<Logits>,
+    next_row: usize,
 }
 
 impl<S: AsRef<[u8]> + Sync, N: LanguageModel> Interpolated<S, N> {
@@ -286,6 +292,9 @@ impl<S: AsRef<[u8]> + Sync, N: LanguageModel> Interpolated<S, N> {
             infgram,
             mixer,
             lambdas: Vec::new(),
+            neural_rows: VecDeque::new(),
+            infgram_rows: VecDeque::new(),
+            next_row: 0,
         })
     }
 
@@ -298,6 +307,33 @@ impl<S: AsRef<[u8]> + Sync, N: LanguageModel> Interpolated<S, N> {
     pub fn mixer(&self) -> &Mixer {
         &self.mixer
     }
+
+    /// Mixes the next at most `count` rows of the last pass, asking the neural model for the
+    /// ones it has not returned yet.
+    fn mix_next(&mut self, count: usize) -> Result<Vec<Logits>> {
+        let count = count.min(self.infgram_rows.len());
+        if self.neural_rows.len() < count {
+            let more = self.neural.score_more(count - self.neural_rows.len())?;
+            self.neural_rows.extend(more);
+        }
+        let count = count.min(self.neural_rows.len());
+        let mut out = Vec::with_capacity(count);
+        for _ in 0..count {
+            let (n, g) = (self.neural_rows.pop_front(), self.infgram_rows.pop_front());
+            let (Some(n), Some(g)) = (n, g) else { break };
+            out.push(mix_row(n, g, self.lambdas[self.next_row]));
+            self.next_row += 1;
+        }
+        Ok(out)
+    }
+
+    /// Hands rows of the last pass that were never mixed back to the ∞-gram model.
+    fn drop_held_rows(&mut self) {
+        self.neural_rows.clear();
+        if !self.infgram_rows.is_empty() {
+            self.infgram.recycle(self.infgram_rows.drain(..).collect());
+        }
+    }
 }
 
 impl<S: AsRef<[u8]> + Sync, N: LanguageModel> LanguageModel for Interpolated<S, N> {
@@ -309,7 +345,29 @@ impl<S: AsRef<[u8]> + Sync, N: LanguageModel> LanguageModel for Interpolated<S, 
             .collect())
     }
 
+    /// Mixes the first `first` rows only (a mixed row costs a softmax over the vocabulary,
+    /// and the neural model may hold back its own): the others on
+    /// [`LanguageModel::score_more`]. The ∞-gram's rows and every λ are computed at once.
+    fn score_first(&mut self, tokens: &[u32], first: usize) -> Result<Vec<Logits>> {
+        self.drop_held_rows();
+        let neural = self.neural.score_first(tokens, first)?;
+        let infgram = self.infgram.score(tokens)?;
+        let mixer = &self.mixer;
+        self.lambdas.clear();
+        self.lambdas
+            .extend(self.infgram.last_evidence().iter().map(|e| mixer.lambda(e)));
+        self.neural_rows.extend(neural);
+        self.infgram_rows.extend(infgram);
+        self.next_row = 0;
+        self.mix_next(first.max(1))
+    }
+
+    fn score_more(&mut self, count: usize) -> Result<Vec<Logits>> {
+        self.mix_next(count)
+    }
+
     fn score(&mut self, tokens: &[u32]) -> Result<Vec<Logits>> {
+        self.drop_held_rows();
         let neural = self.neural.score(tokens)?;
         let infgram = self.infgram.score(tokens)?;
         let mixer = &self.mixer;
@@ -325,6 +383,7 @@ impl<S: AsRef<[u8]> + Sync, N: LanguageModel> LanguageModel for Interpolated<S, 
     }
 
     fn feed(&mut self, tokens: &[u32]) -> Result<()> {
+        self.drop_held_rows();
         self.neural.feed(tokens)?;
         self.infgram.feed(tokens)
     }
@@ -334,6 +393,7 @@ impl<S: AsRef<[u8]> + Sync, N: LanguageModel> LanguageModel for Interpolated<S, 
     }
 
     fn truncate(&mut self, len: usize) {
+        self.drop_held_rows();
         self.neural.truncate(len);
         self.infgram.truncate(len);
     }

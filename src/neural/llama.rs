@@ -13,7 +13,7 @@ use super::gguf::{model_err, Gguf, LlamaConfig};
 use super::kernels::{matmul, Isa, QMatrix, QRows};
 use super::pool::Pool;
 use crate::error::{Error, Result};
-use crate::lm::LanguageModel;
+use crate::lm::{LanguageModel, Logits};
 use candle_core::quantized::{GgmlDType, QTensor};
 use std::path::Path;
 
@@ -46,6 +46,10 @@ pub struct Llama {
     cached: usize,
     /// Reused buffer for quantized activations.
     acts: QRows,
+    /// The last pass's final-normed rows whose logits are still to come
+    /// ([`LanguageModel::score_more`]), `dim` floats each, from row `held_next` of it on.
+    held: Vec<f32>,
+    held_next: usize,
 }
 
 /// Converts a GGUF matrix to the kernels' layout; types other than Q4_1 and Q8_0, or any type
@@ -154,6 +158,8 @@ impl Llama {
             rope_sin: Vec::new(),
             cached: 0,
             acts: QRows::default(),
+            held: Vec::new(),
+            held_next: 0,
         })
     }
 
@@ -195,9 +201,12 @@ impl Llama {
         }
     }
 
-    /// Feeds `tokens` through every layer into the cache; with `logits`, returns each
-    /// position's logits.
-    fn run(&mut self, tokens: &[u32], logits: bool) -> Result<Vec<Vec<f32>>> {
+    /// Feeds `tokens` through every layer into the cache and returns the logits of the first
+    /// `rows` positions; the final-normed rows of the others are held for
+    /// [`Llama::held_logits`].
+    fn run(&mut self, tokens: &[u32], rows: usize) -> Result<Vec<Vec<f32>>> {
+        self.held.clear();
+        self.held_next = 0;
         if tokens.is_empty() {
             return Ok(Vec::new());
         }
@@ -248,20 +257,34 @@ impl Llama {
             add_in_place(&mut x, &project(isa, pool, acts, &layer.w_down));
         }
         self.cached += t;
-        if !logits {
+        if rows == 0 {
             return Ok(Vec::new());
         }
-        acts.quantize(&rms_norm(&x, &self.norm, eps), dim);
-        let logits = project(
-            isa,
-            pool,
-            acts,
-            self.output.as_ref().unwrap_or(&self.embeddings),
-        );
-        if t == 1 {
+        self.held = rms_norm(&x, &self.norm, eps);
+        self.held_logits(rows)
+    }
+
+    /// The logits of the next `rows` held rows (fewer when fewer are held). Each row's are the
+    /// same bits however the rows are grouped: activations are quantized row by row and the
+    /// kernels are batch-invariant.
+    fn held_logits(&mut self, rows: usize) -> Result<Vec<Vec<f32>>> {
+        let dim = self.cfg.dim;
+        let from = self.held_next.min(self.held.len() / dim);
+        let to = (from + rows).min(self.held.len() / dim);
+        if from == to {
+            return Ok(Vec::new());
+        }
+        self.held_next = to;
+        self.acts.quantize(&self.held[from * dim..to * dim], dim);
+        let output = self.output.as_ref().unwrap_or(&self.embeddings);
+        let logits = project(self.isa, &mut self.pool, &self.acts, output);
+        if to - from == 1 {
             return Ok(vec![logits]);
         }
-        Ok(logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
+        Ok(logits
+            .chunks_exact(output.rows())
+            .map(<[f32]>::to_vec)
+            .collect())
     }
 }
 
@@ -329,13 +352,26 @@ fn add_in_place(x: &mut [f32], y: &[f32]) {
 
 impl LanguageModel for Llama {
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
-        self.run(tokens, true)
+        self.run(tokens, tokens.len())
+    }
+
+    /// Runs every layer over all of `tokens`, and the output projection (a fifth of a pass's
+    /// weights) over the first `first` positions only: the others' wait for
+    /// [`LanguageModel::score_more`].
+    fn score_first(&mut self, tokens: &[u32], first: usize) -> Result<Vec<Logits>> {
+        let rows = self.run(tokens, first.clamp(1, tokens.len().max(1)))?;
+        Ok(rows.into_iter().map(Logits::Dense).collect())
+    }
+
+    fn score_more(&mut self, count: usize) -> Result<Vec<Logits>> {
+        let rows = self.held_logits(count)?;
+        Ok(rows.into_iter().map(Logits::Dense).collect())
     }
 
     /// Skips the output projection (a fifth of a pass's weights, and 49,152 logits per
     /// position): a prompt's logits are not needed.
     fn feed(&mut self, tokens: &[u32]) -> Result<()> {
-        self.run(tokens, false).map(drop)
+        self.run(tokens, 0).map(drop)
     }
 
     fn cache_len(&self) -> usize {
@@ -343,6 +379,7 @@ impl LanguageModel for Llama {
     }
 
     fn truncate(&mut self, len: usize) {
+        self.held.clear();
         let len = len.min(self.cached);
         for layer in &mut self.layers {
             layer.cache.truncate(len);

@@ -1,6 +1,8 @@
 //! Helpers shared by the neural-model tests.
+// Each test file that includes this module uses some of its helpers.
+#![allow(dead_code)]
 
-use infgram::lm::{argmax, neg_log_prob};
+use infgram::lm::{argmax, neg_log_prob, LanguageModel, Logits};
 
 /// Mean −ln p of `ids[1..]` given the logits of a full pass over `ids`.
 pub fn mean_loss(logits: &[Vec<f32>], ids: &[u32]) -> f64 {
@@ -51,4 +53,24 @@ pub fn greedy_gen_json(model: &str, args: &[&str]) -> serde_json::Value {
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Scores `ids` after the cached tokens as the decode loop does: the first `first` rows, then
+/// as many again as it has until every row came. Checks that the rows then stop.
+pub fn rows_in_groups(model: &mut dyn LanguageModel, ids: &[u32], first: usize) -> Vec<Logits> {
+    let mut rows = model.score_first(ids, first).unwrap();
+    assert!(!rows.is_empty() && rows.len() <= ids.len());
+    while rows.len() < ids.len() {
+        let more = model.score_more(rows.len()).unwrap();
+        assert!(
+            !more.is_empty(),
+            "the rows stopped at {} of {}",
+            rows.len(),
+            ids.len()
+        );
+        rows.extend(more);
+    }
+    assert_eq!(rows.len(), ids.len());
+    assert!(model.score_more(1).unwrap().is_empty());
+    rows
 }
