@@ -328,23 +328,61 @@ impl QMatrix {
     }
 }
 
-/// Quantizes 32 values to signed bytes: (scale, quants, scale·Σquants).
+/// Quantizes 32 values to signed bytes: (scale, quants, scale·Σquants). Compare-and-select
+/// maximum and the rounding constant's bits as the integer: plain arithmetic that vectorizes
+/// (`f32::max` keeps NaN rules and a float-to-int `as` saturates, both scalar code).
+#[inline(always)]
 fn quantize_block(x: &[f32]) -> (f32, [i8; 32], f32) {
-    let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let x: &[f32; BLOCK] = x.try_into().expect("a block of 32");
+    let mut amax = 0.0f32;
+    for v in x {
+        let a = v.abs();
+        amax = if a > amax { a } else { amax };
+    }
     let d = amax / 127.0;
     let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-    let q: [i8; 32] = std::array::from_fn(|i| round_small(x[i] * id) as i8);
+    let q: [i8; 32] = std::array::from_fn(|i| round_to_int(x[i] * id) as i8);
     let sum: i32 = q.iter().map(|&v| v as i32).sum();
     (d, q, d * sum as f32)
 }
 
-/// Rounds to the nearest integer, ties to even, for |x| < 2²²: adding and subtracting 1.5·2²³
-/// leaves no fraction bits. Plain float arithmetic that vectorizes on any x86-64, where
-/// `f32::round` is a libm call per value (a tenth of a forward pass's time).
+/// Rounds to the nearest integer, ties to even, for |x| < 2²²: adding 1.5·2²³ leaves no
+/// fraction bits, and the integer is then the sum's bits less the constant's. Plain arithmetic
+/// that vectorizes on any x86-64, where `f32::round` is a libm call per value and `as i32`
+/// saturates.
 #[inline(always)]
-fn round_small(x: f32) -> f32 {
+fn round_to_int(x: f32) -> i32 {
     const MAGIC: f32 = 12_582_912.0;
-    (x + MAGIC) - MAGIC
+    (x + MAGIC).to_bits() as i32 - MAGIC.to_bits() as i32
+}
+
+/// Quantizes the blocks of `x` into the blocks' slots of [`QRows`].
+#[inline(always)]
+fn quantize_blocks(
+    x: &[f32],
+    d: &mut [f32],
+    s: &mut [f32],
+    qs: &mut [[i8; 32]],
+    us: &mut [[u8; 32]],
+) {
+    let slots = d.iter_mut().zip(s).zip(qs).zip(us);
+    for (block, (((d, s), q), u)) in x.chunks_exact(BLOCK).zip(slots) {
+        (*d, *q, *s) = quantize_block(block);
+        *u = q.map(|v| (v as u8) ^ 0x80);
+    }
+}
+
+/// [`quantize_blocks`] compiled for AVX2 (the same operations: the same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_blocks_avx2(
+    x: &[f32],
+    d: &mut [f32],
+    s: &mut [f32],
+    qs: &mut [[i8; 32]],
+    us: &mut [[u8; 32]],
+) {
+    quantize_blocks(x, d, s, qs, us)
 }
 
 /// Activation rows quantized for [`matmul`]; reused from pass to pass to avoid allocation.
@@ -363,20 +401,27 @@ pub struct QRows {
 impl QRows {
     /// Quantizes `x` (`rows × cols`, row-major).
     pub fn quantize(&mut self, x: &[f32], cols: usize) {
+        self.quantize_on(Isa::Scalar, x, cols)
+    }
+
+    /// [`QRows::quantize`] with `isa`'s vectors (the same bits on every ISA).
+    pub fn quantize_on(&mut self, isa: Isa, x: &[f32], cols: usize) {
         assert!(cols.is_multiple_of(BLOCK) && x.len().is_multiple_of(cols));
         self.rows = x.len() / cols;
         self.cols = cols;
-        self.d.clear();
-        self.s.clear();
-        self.qs.clear();
-        self.us.clear();
-        for block in x.chunks_exact(BLOCK) {
-            let (d, q, s) = quantize_block(block);
-            self.d.push(d);
-            self.s.push(s);
-            self.qs.push(q);
-            self.us.push(q.map(|v| (v as u8) ^ 0x80));
+        let blocks = x.len() / BLOCK;
+        self.d.resize(blocks, 0.0);
+        self.s.resize(blocks, 0.0);
+        self.qs.resize(blocks, [0; 32]);
+        self.us.resize(blocks, [0; 32]);
+        let (d, s, qs, us) = (&mut self.d, &mut self.s, &mut self.qs, &mut self.us);
+        #[cfg(target_arch = "x86_64")]
+        if isa != Isa::Scalar {
+            // SAFETY: `Isa::detect` saw AVX2 and FMA before choosing a vector ISA.
+            return unsafe { quantize_blocks_avx2(x, d, s, qs, us) };
         }
+        let _ = isa;
+        quantize_blocks(x, d, s, qs, us)
     }
 
     /// Number of rows.
@@ -834,6 +879,41 @@ mod tests {
                     assert_eq!(got, scalar, "{isa:?}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn activations_quantize_to_the_same_bits_on_every_isa() {
+        let cols = 128;
+        let mut x = pseudo(5 * cols, 11);
+        x[..32].fill(0.0); // an all-zero block: scale 0
+        x[32] = 1e-30; // a tiny maximum
+        for (i, v) in x[64..96].iter_mut().enumerate() {
+            *v = (i as f32 - 16.0) * 1e4; // large values, and exact ties after scaling
+        }
+        x[96..128].copy_from_slice(&[-127.0, 127.0, 63.5, -63.5, 0.5, -0.5, 1.5, -1.5].repeat(4));
+        let mut want = QRows::default();
+        want.quantize(&x, cols);
+        for (b, q) in want.qs.iter().enumerate() {
+            let block = &x[b * BLOCK..][..BLOCK];
+            let d = want.d[b];
+            for (&v, &q) in block.iter().zip(q) {
+                let exact = if d > 0.0 { v / d } else { 0.0 };
+                assert!(
+                    (q as f32 - exact).abs() <= 0.5 + 1e-3,
+                    "{v} → {q} (scale {d})"
+                );
+            }
+            let sum: i32 = q.iter().map(|&v| v as i32).sum();
+            assert_eq!(want.s[b], d * sum as f32);
+        }
+        for isa in Isa::available() {
+            let mut got = QRows::default();
+            got.quantize_on(isa, &x, cols);
+            assert_eq!(got.d, want.d, "{isa:?}");
+            assert_eq!(got.s, want.s, "{isa:?}");
+            assert_eq!(got.qs, want.qs, "{isa:?}");
+            assert_eq!(got.us, want.us, "{isa:?}");
         }
     }
 

@@ -222,7 +222,7 @@ impl Llama {
         let (isa, pool, cfg) = (self.isa, &mut self.pool, &self.cfg);
         let acts = &mut self.acts;
         for layer in &mut self.layers {
-            acts.quantize(&rms_norm(&x, &layer.attn_norm, eps), dim);
+            acts.quantize_on(isa, &rms_norm(&x, &layer.attn_norm, eps), dim);
             let mut q = project(isa, pool, acts, &layer.wq);
             let mut k = project(isa, pool, acts, &layer.wk);
             let v = project(isa, pool, acts, &layer.wv);
@@ -243,9 +243,9 @@ impl Llama {
                 &self.rope_sin,
             );
             layer.cache.append(&k, &v);
-            acts.quantize(&attend(isa, pool, cfg, &layer.cache, &q, pos), dim);
+            acts.quantize_on(isa, &attend(isa, pool, cfg, &layer.cache, &q, pos), dim);
             add_in_place(&mut x, &project(isa, pool, acts, &layer.wo));
-            acts.quantize(&rms_norm(&x, &layer.ffn_norm, eps), dim);
+            acts.quantize_on(isa, &rms_norm(&x, &layer.ffn_norm, eps), dim);
             let gate = project(isa, pool, acts, &layer.w_gate);
             let up = project(isa, pool, acts, &layer.w_up);
             let act: Vec<f32> = gate
@@ -253,7 +253,7 @@ impl Llama {
                 .zip(&up)
                 .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
                 .collect();
-            acts.quantize(&act, layer.w_up.rows());
+            acts.quantize_on(isa, &act, layer.w_up.rows());
             add_in_place(&mut x, &project(isa, pool, acts, &layer.w_down));
         }
         self.cached += t;
@@ -275,7 +275,8 @@ impl Llama {
             return Ok(Vec::new());
         }
         self.held_next = to;
-        self.acts.quantize(&self.held[from * dim..to * dim], dim);
+        self.acts
+            .quantize_on(self.isa, &self.held[from * dim..to * dim], dim);
         let output = self.output.as_ref().unwrap_or(&self.embeddings);
         let logits = project(self.isa, &mut self.pool, &self.acts, output);
         if to - from == 1 {
