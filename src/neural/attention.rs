@@ -12,8 +12,9 @@ use super::gguf::LlamaConfig;
 use super::kernels::Isa;
 use super::pool::{DisjointOut, Pool};
 
-/// Positions scored together: a block of accumulators that stays in registers (eight
-/// AVX-512 registers, enough independent FMA chains to hide the FMA latency).
+/// Positions scored together at most: a block of accumulators that stays in registers (eight
+/// AVX-512 registers, enough independent FMA chains to hide the FMA latency). Narrower vectors
+/// score smaller blocks ([`attend_heads`]); the scores are the same bits.
 const SCORE_BLOCK: usize = 128;
 
 /// Keys and values of the cached positions of one layer.
@@ -75,7 +76,9 @@ impl KvCache {
         if need <= self.capacity {
             return;
         }
-        let capacity = need.max(2 * self.capacity).max(SCORE_BLOCK);
+        // A multiple of the score block: a block that starts before `len` ends inside the
+        // lanes, so the last, partial block is scored as a whole one ([`score`]).
+        let capacity = need.max(2 * self.capacity).next_multiple_of(SCORE_BLOCK);
         let lanes = self.kv_heads * self.head_dim;
         let mut grown = vec![0.0f32; lanes * capacity];
         for c in 0..lanes {
@@ -86,11 +89,14 @@ impl KvCache {
         self.capacity = capacity;
     }
 
-    /// Dimension `d` of kv head `g` at positions `0..len`.
+    /// Dimension `d` of kv head `g` at positions `j0..j0 + N`, which may run past `len` (not
+    /// past the capacity): positions there hold stale or zero keys, whose scores are dropped.
     #[inline(always)]
-    fn key_lane(&self, g: usize, d: usize) -> &[f32] {
-        let at = (g * self.head_dim + d) * self.capacity;
-        &self.keys_t[at..at + self.len]
+    fn key_block<const N: usize>(&self, g: usize, d: usize, j0: usize) -> &[f32; N] {
+        let at = (g * self.head_dim + d) * self.capacity + j0;
+        self.keys_t[at..at + N]
+            .try_into()
+            .expect("a block inside the lanes")
     }
 
     /// The value of kv head `g` at position `j`.
@@ -113,11 +119,13 @@ pub fn attend(
 ) -> Vec<f32> {
     let mut out = vec![0.0f32; q.len()];
     let shared = DisjointOut::new(&mut out);
-    let parts = pool.threads().min(cfg.n_head);
-    let per = cfg.n_head.div_ceil(parts);
+    // The (row, head) pairs, numbered row by row, in one stretch per thread.
+    let pairs = q.len() / cfg.dim * cfg.n_head;
+    let parts = pool.threads().min(pairs);
+    let per = pairs.div_ceil(parts);
     pool.run(&|part| {
-        let heads = (part * per).min(cfg.n_head)..((part + 1) * per).min(cfg.n_head);
-        attend_heads(isa, cfg, cache, q, pos, heads, shared);
+        let units = (part * per).min(pairs)..((part + 1) * per).min(pairs);
+        attend_heads(isa, cfg, cache, q, pos, units, shared);
     });
     out
 }
@@ -130,27 +138,30 @@ fn attend_heads(
     cache: &KvCache,
     q: &[f32],
     pos: usize,
-    heads: std::ops::Range<usize>,
+    units: std::ops::Range<usize>,
     out: DisjointOut,
 ) {
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: `Isa::detect` saw these features before choosing the ISA.
         match isa {
-            Isa::Avx512Vnni => return unsafe { attend_avx512(cfg, cache, q, pos, heads, out) },
+            Isa::Avx512Vnni => return unsafe { attend_avx512(cfg, cache, q, pos, units, out) },
             Isa::Avx2 | Isa::AvxVnni => {
-                return unsafe { attend_avx2(cfg, cache, q, pos, heads, out) }
+                return unsafe { attend_avx2(cfg, cache, q, pos, units, out) }
             }
             Isa::Scalar => {}
         }
     }
     let _ = isa;
-    attend_portable(cfg, cache, q, pos, heads, out)
+    // Baseline x86-64 has sixteen 4-lane registers: 32 scores and 2 × 16 value lanes.
+    attend_portable::<32, 16>(cfg, cache, q, pos, units, out)
 }
 
 /// Entry points compiled with wider vectors; each is [`attend_portable`] inlined.
+/// `$block` positions are scored together and `$lanes` columns of a value summed together:
+/// as many accumulators as half the registers (the other half hold broadcasts and loads).
 macro_rules! attend_entry {
-    ($name:ident, $features:literal) => {
+    ($name:ident, $features:literal, $block:literal, $lanes:literal) => {
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $features)]
         unsafe fn $name(
@@ -158,78 +169,129 @@ macro_rules! attend_entry {
             cache: &KvCache,
             q: &[f32],
             pos: usize,
-            heads: std::ops::Range<usize>,
+            units: std::ops::Range<usize>,
             out: DisjointOut,
         ) {
-            attend_portable(cfg, cache, q, pos, heads, out)
+            attend_portable::<$block, $lanes>(cfg, cache, q, pos, units, out)
         }
     };
 }
 
-attend_entry!(attend_avx512, "avx512f,avx2,fma");
-attend_entry!(attend_avx2, "avx2,fma");
+// 32 registers of 16 lanes: 8 of scores, 2 × 4 of value sums.
+attend_entry!(attend_avx512, "avx512f,avx2,fma", 128, 64);
+// 16 registers of 8 lanes: 8 of scores, 2 × 4 of value sums.
+attend_entry!(attend_avx2, "avx2,fma", 64, 32);
 
-/// Attention for the query heads `heads`, written into their columns of `out`. Plain loops
-/// over fixed-size blocks, inlined into the entry points above so they vectorize there.
+/// Attention for the (row, head) pairs `units` (numbered row by row: `r · n_head + h`),
+/// written into their columns of `out`. Plain loops
+/// over fixed-size blocks, inlined into the entry points above so they vectorize there. `SB`
+/// positions are scored at a time and `VC` columns of the values summed at a time; neither
+/// changes any score's or output's sequence of operations.
 #[inline(always)]
-fn attend_portable(
+fn attend_portable<const SB: usize, const VC: usize>(
     cfg: &LlamaConfig,
     cache: &KvCache,
     q: &[f32],
     pos: usize,
-    heads: std::ops::Range<usize>,
+    units: std::ops::Range<usize>,
     out: DisjointOut,
 ) {
     let (dim, hd) = (cfg.dim, cfg.head_dim);
     let group = cfg.n_head / cfg.n_kv_head;
     let scale = 1.0 / (hd as f32).sqrt();
     let rows = q.len() / dim;
-    let mut scores = vec![0.0f32; pos + rows];
+    // The scores of up to `HEADS_TOGETHER` heads of a row, one stretch of `width` each.
+    let width = pos + rows;
+    let mut scores = vec![0.0f32; HEADS_TOGETHER * width];
     let mut acc = vec![0.0f32; hd];
-    for r in 0..rows {
+    let n_head = cfg.n_head;
+    for r in units.start / n_head..units.end.div_ceil(n_head) {
         let seen = pos + r + 1;
-        for h in heads.clone() {
-            let g = h / group;
-            let qh = &q[r * dim + h * hd..r * dim + (h + 1) * hd];
-            let s = &mut scores[..seen];
-            score(cache, g, qh, scale, s);
-            softmax_in_place(s);
-            match hd {
-                64 => weigh_values::<64>(cache, g, s, &mut acc),
-                128 => weigh_values::<128>(cache, g, s, &mut acc),
-                _ => weigh_values_any(cache, g, s, &mut acc),
+        // This part's heads of row r.
+        let (mut h0, end) = (
+            units.start.max(r * n_head) - r * n_head,
+            units.end.min((r + 1) * n_head) - r * n_head,
+        );
+        while h0 < end {
+            let n = (end - h0).min(HEADS_TOGETHER);
+            for (c, s) in scores.chunks_exact_mut(width).take(n).enumerate() {
+                let h = h0 + c;
+                let qh = &q[r * dim + h * hd..r * dim + (h + 1) * hd];
+                let s = &mut s[..seen];
+                score::<SB>(cache, h / group, qh, scale, s);
+                exp_minus_max(s);
             }
-            // SAFETY: only this part computes head h.
-            unsafe { out.write_slice(r * dim + h * hd, &acc) };
+            let sums = sum_stretches(&scores, width, seen);
+            for (c, s) in scores.chunks_exact_mut(width).take(n).enumerate() {
+                let (h, s) = (h0 + c, &mut s[..seen]);
+                let inv = 1.0 / sums[c];
+                for v in s.iter_mut() {
+                    *v *= inv;
+                }
+                match hd {
+                    64 => weigh_values::<64, VC>(cache, h / group, s, &mut acc),
+                    128 => weigh_values::<128, VC>(cache, h / group, s, &mut acc),
+                    _ => weigh_values_any(cache, h / group, s, &mut acc),
+                }
+                // SAFETY: only this part computes head h.
+                unsafe { out.write_slice(r * dim + h * hd, &acc) };
+            }
+            h0 += n;
         }
     }
 }
 
-/// `acc = Σ_j p[j]·value_j` of kv head `g`: even and odd positions summed apart, each in
-/// order (two independent FMA chains), then added; the accumulators stay in registers (`HD`
-/// is the head dimension).
+/// Heads of a row whose softmax sums run side by side: each sum is a chain of dependent adds
+/// (in position order, for the same bits in any pass), so four chains keep the adder busy.
+const HEADS_TOGETHER: usize = 4;
+
+/// The sums of the first `seen` values of each of the [`HEADS_TOGETHER`] stretches of
+/// `scores`, each added in position order (stretches of absent heads give sums to ignore).
 #[inline(always)]
-fn weigh_values<const HD: usize>(cache: &KvCache, g: usize, p: &[f32], acc: &mut [f32]) {
-    let (mut even, mut odd) = ([0.0f32; HD], [0.0f32; HD]);
-    let value = |j: usize| -> &[f32; HD] { cache.value(j, g).try_into().expect("head dimension") };
-    let mut pairs = p.chunks_exact(2);
-    let mut j = 0;
-    for pair in pairs.by_ref() {
-        let (v0, v1) = (value(j), value(j + 1));
-        for i in 0..HD {
-            even[i] = pair[0].mul_add(v0[i], even[i]);
-            odd[i] = pair[1].mul_add(v1[i], odd[i]);
-        }
-        j += 2;
-    }
-    if let [last] = pairs.remainder() {
-        let v = value(j);
-        for i in 0..HD {
-            even[i] = last.mul_add(v[i], even[i]);
+fn sum_stretches(scores: &[f32], width: usize, seen: usize) -> [f32; HEADS_TOGETHER] {
+    let mut sums = [0.0f32; HEADS_TOGETHER];
+    for j in 0..seen {
+        for (c, sum) in sums.iter_mut().enumerate() {
+            *sum += scores[c * width + j];
         }
     }
-    for (i, a) in acc.iter_mut().enumerate() {
-        *a = even[i] + odd[i];
+    sums
+}
+
+/// `acc = Σ_j p[j]·value_j` of kv head `g`: even and odd positions summed apart, each in
+/// order (two independent FMA chains), then added. The columns are summed `VC` at a time (a
+/// divisor of the head dimension `HD`), so that the accumulators stay in registers; each
+/// column's operations are the same for any `VC`.
+#[inline(always)]
+fn weigh_values<const HD: usize, const VC: usize>(
+    cache: &KvCache,
+    g: usize,
+    p: &[f32],
+    acc: &mut [f32],
+) {
+    let kv_dim = cache.kv_heads * cache.head_dim;
+    let values = &cache.values[..p.len() * kv_dim];
+    for c0 in (0..HD).step_by(VC) {
+        let (mut even, mut odd) = ([0.0f32; VC], [0.0f32; VC]);
+        let at = g * HD + c0;
+        let lane = |row: &[f32]| -> [f32; VC] { row[at..at + VC].try_into().expect("columns") };
+        let mut pairs = values.chunks_exact(2 * kv_dim);
+        for (pair, two) in p.chunks_exact(2).zip(pairs.by_ref()) {
+            let (v0, v1) = (lane(two), lane(&two[kv_dim..]));
+            for i in 0..VC {
+                even[i] = pair[0].mul_add(v0[i], even[i]);
+                odd[i] = pair[1].mul_add(v1[i], odd[i]);
+            }
+        }
+        if p.len() % 2 == 1 {
+            let (last, v) = (p[p.len() - 1], lane(pairs.remainder()));
+            for i in 0..VC {
+                even[i] = last.mul_add(v[i], even[i]);
+            }
+        }
+        for (i, a) in acc[c0..c0 + VC].iter_mut().enumerate() {
+            *a = even[i] + odd[i];
+        }
     }
 }
 
@@ -246,37 +308,36 @@ fn weigh_values_any(cache: &KvCache, g: usize, p: &[f32], acc: &mut [f32]) {
     }
 }
 
-/// `s[j] = scale · Σ_d q[d]·key_j[d]` for the positions `j < s.len()`, by blocks of
-/// [`SCORE_BLOCK`] positions, each summed over d in order.
+/// `s[j] = scale · Σ_d q[d]·key_j[d]` for the positions `j < s.len()`, by blocks of `SB`
+/// positions (at most [`SCORE_BLOCK`]), each summed over d in order.
 #[inline(always)]
-fn score(cache: &KvCache, g: usize, q: &[f32], scale: f32, s: &mut [f32]) {
-    let mut blocks = s.chunks_exact_mut(SCORE_BLOCK);
+fn score<const SB: usize>(cache: &KvCache, g: usize, q: &[f32], scale: f32, s: &mut [f32]) {
+    let mut blocks = s.chunks_exact_mut(SB);
     let mut j0 = 0;
     for block in blocks.by_ref() {
-        let mut acc = [0.0f32; SCORE_BLOCK];
+        let mut acc = [0.0f32; SB];
         for (d, &qd) in q.iter().enumerate() {
-            let lane: &[f32; SCORE_BLOCK] = cache.key_lane(g, d)[j0..j0 + SCORE_BLOCK]
-                .try_into()
-                .expect("a full block");
-            for i in 0..SCORE_BLOCK {
+            let lane = cache.key_block::<SB>(g, d, j0);
+            for i in 0..SB {
                 acc[i] = qd.mul_add(lane[i], acc[i]);
             }
         }
         for (x, a) in block.iter_mut().zip(acc) {
             *x = a * scale;
         }
-        j0 += SCORE_BLOCK;
+        j0 += SB;
     }
+    // The partial last block, scored as a whole one (the lanes run on to a multiple of
+    // `SCORE_BLOCK`): the same operations for the positions kept.
     let tail = blocks.into_remainder();
     if tail.is_empty() {
         return;
     }
-    let n = tail.len();
-    let mut acc = [0.0f32; SCORE_BLOCK];
+    let mut acc = [0.0f32; SB];
     for (d, &qd) in q.iter().enumerate() {
-        let lane = &cache.key_lane(g, d)[j0..j0 + n];
-        for (a, &k) in acc.iter_mut().zip(lane) {
-            *a = qd.mul_add(k, *a);
+        let lane = cache.key_block::<SB>(g, d, j0);
+        for i in 0..SB {
+            acc[i] = qd.mul_add(lane[i], acc[i]);
         }
     }
     for (x, a) in tail.iter_mut().zip(acc) {
@@ -284,20 +345,28 @@ fn score(cache: &KvCache, g: usize, q: &[f32], scale: f32, s: &mut [f32]) {
     }
 }
 
+/// `x[j] = e^(x[j] − max x)`: the numerators of a softmax. The maximum is taken in eight
+/// lanes by compare-and-select (exact in any order; `f32::max`'s NaN rule keeps it scalar),
+/// and no NaN reaches here.
 #[inline(always)]
-fn softmax_in_place(x: &mut [f32]) {
-    // Compare-and-select (not `f32::max`, whose NaN rule keeps it scalar); no NaN reaches here.
+fn exp_minus_max(x: &mut [f32]) {
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let mut chunks = x.chunks_exact(8);
+    for chunk in chunks.by_ref() {
+        for i in 0..8 {
+            lanes[i] = if chunk[i] > lanes[i] {
+                chunk[i]
+            } else {
+                lanes[i]
+            };
+        }
+    }
     let mut max = f32::NEG_INFINITY;
-    for &v in x.iter() {
+    for &v in lanes.iter().chain(chunks.remainder()) {
         max = if v > max { v } else { max };
     }
     for v in x.iter_mut() {
         *v = exp_nonpositive(*v - max);
-    }
-    let sum: f32 = x.iter().sum();
-    let inv = 1.0 / sum;
-    for v in x.iter_mut() {
-        *v *= inv;
     }
 }
 
@@ -314,7 +383,8 @@ fn exp_nonpositive(x: f32) -> f32 {
                                      // Selects rather than an early return, so that a loop over values vectorizes.
     let underflow = x < -87.0;
     let x = if underflow { -87.0 } else { x };
-    let n = (x * LOG2_E + ROUND) - ROUND;
+    let shifted = x * LOG2_E + ROUND;
+    let n = shifted - ROUND;
     let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, x));
     let mut p = 1.987_569_1e-4f32;
     p = p.mul_add(r, 1.398_2e-3);
@@ -323,7 +393,12 @@ fn exp_nonpositive(x: f32) -> f32 {
     p = p.mul_add(r, 1.666_666_5e-1);
     p = p.mul_add(r, 0.5);
     let e_r = p.mul_add(r * r, r + 1.0);
-    let e = e_r * f32::from_bits(((n as i32 + 127) << 23) as u32);
+    // n sits in the low bits of `shifted` (its unit is 1): 2^n without a float-to-int cast.
+    let biased = shifted
+        .to_bits()
+        .wrapping_sub(ROUND.to_bits())
+        .wrapping_add(127);
+    let e = e_r * f32::from_bits(biased << 23);
     if underflow {
         0.0
     } else {
@@ -333,7 +408,97 @@ fn exp_nonpositive(x: f32) -> f32 {
 
 #[cfg(test)]
 mod tests {
-    use super::exp_nonpositive;
+    use super::*;
+
+    fn pseudo(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).max(1);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s % 2001) as f32 / 1000.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Causal attention in f64, one query row and head at a time.
+    fn naive(cfg: &LlamaConfig, keys: &[f32], values: &[f32], q: &[f32], pos: usize) -> Vec<f64> {
+        let (dim, hd, kv_dim) = (cfg.dim, cfg.head_dim, cfg.n_kv_head * cfg.head_dim);
+        let mut out = vec![0.0; q.len()];
+        for r in 0..q.len() / dim {
+            for h in 0..cfg.n_head {
+                let g = h / (cfg.n_head / cfg.n_kv_head);
+                let qh = &q[r * dim + h * hd..][..hd];
+                let s: Vec<f64> = (0..=pos + r)
+                    .map(|j| {
+                        let k = &keys[j * kv_dim + g * hd..][..hd];
+                        let dot: f64 = qh.iter().zip(k).map(|(&a, &b)| a as f64 * b as f64).sum();
+                        dot / (hd as f64).sqrt()
+                    })
+                    .collect();
+                let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let total: f64 = s.iter().map(|x| (x - max).exp()).sum();
+                for (j, x) in s.iter().enumerate() {
+                    let p = (x - max).exp() / total;
+                    for i in 0..hd {
+                        out[r * dim + h * hd + i] += p * values[j * kv_dim + g * hd + i] as f64;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Every ISA and thread split gives the scalar bits, at cache lengths inside, at and just
+    /// past the score blocks (the partial last block is scored as a whole one), after the cache
+    /// grew and was cut back; and the result is causal attention.
+    #[test]
+    fn attention_is_the_same_bits_on_every_isa_and_split_and_matches_the_definition() {
+        let cfg = LlamaConfig {
+            n_layer: 1,
+            n_head: 6,
+            n_kv_head: 2,
+            dim: 6 * 64,
+            head_dim: 64,
+            eps: 1e-5,
+            rope_base: 1e4,
+            eos: vec![],
+        };
+        let kv_dim = 2 * 64;
+        for (pos, rows) in [
+            (0, 1),
+            (5, 3),
+            (63, 1),
+            (64, 2),
+            (127, 5),
+            (128, 1),
+            (200, 9),
+        ] {
+            let n = pos + rows;
+            let (keys, values) = (pseudo(n * kv_dim, 1 + n as u64), pseudo(n * kv_dim, 2));
+            let q = pseudo(rows * cfg.dim, 3 + pos as u64);
+            let mut cache = KvCache::new(2, 64);
+            // Stale keys past the end: fill beyond n, then cut back and append the real ones.
+            cache.append(&pseudo((n + 40) * kv_dim, 9), &pseudo((n + 40) * kv_dim, 9));
+            cache.truncate(0);
+            cache.append(&keys, &values);
+            let want = attend(Isa::Scalar, &mut Pool::new(1), &cfg, &cache, &q, pos);
+            let exact = naive(&cfg, &keys, &values, &q, pos);
+            for (w, e) in want.iter().zip(&exact) {
+                assert!((*w as f64 - e).abs() < 1e-4, "pos {pos}: {w} vs {e}");
+            }
+            for isa in Isa::available() {
+                for threads in [1, 2, 3] {
+                    let got = attend(isa, &mut Pool::new(threads), &cfg, &cache, &q, pos);
+                    assert_eq!(
+                        got, want,
+                        "{isa:?}, {threads} threads, pos {pos}, {rows} rows"
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn exp_matches_libm_within_a_few_ulp() {
