@@ -6,7 +6,10 @@
 //! row-major, `[position][kv head·dimension]`, for the weighted sum. Every score and every
 //! output element is a fixed sequence of fused multiply-adds (over dimensions, then over
 //! positions), the same whether a row is computed alone or in a k-token pass and on any
-//! thread split, which keeps the pass batch-invariant.
+//! thread split, which keeps the pass batch-invariant. The key lanes run on to a multiple of
+//! the score block, so the last, partial block is scored as a whole one; the softmax sums of a
+//! row's heads (chains of dependent adds, in position order) run four side by side; threads
+//! take even stretches of (row, head) pairs.
 
 use super::gguf::LlamaConfig;
 use super::kernels::Isa;
@@ -108,7 +111,8 @@ impl KvCache {
 }
 
 /// Causal attention of the query rows `q` (row r at position pos + r) over `cache`, which
-/// already holds their keys and values. The heads are split across the pool's threads.
+/// already holds their keys and values. The (row, head) pairs are split across the pool's
+/// threads.
 pub fn attend(
     isa: Isa,
     pool: &mut Pool,
