@@ -14,7 +14,7 @@
 //! gives the same bits, and an output does not depend on the other rows in the pass: a k-token
 //! verification pass gives each position bit-for-bit the logits of a single-token step.
 
-use super::pool::{DisjointOut, Pool};
+use super::pool::{split_mut, stretches, DisjointOut, Pool};
 use half::f16;
 
 /// Weights and activations are quantized in blocks of this many values.
@@ -372,6 +372,27 @@ fn quantize_blocks(
     }
 }
 
+/// Values at which quantizing activations is split across threads (about 4 µs of work).
+const PARALLEL_QUANTIZE: usize = 4096;
+
+/// [`quantize_blocks`] with `isa`'s vectors.
+fn quantize_blocks_on(
+    isa: Isa,
+    x: &[f32],
+    d: &mut [f32],
+    s: &mut [f32],
+    qs: &mut [[i8; 32]],
+    us: &mut [[u8; 32]],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar {
+        // SAFETY: `Isa::detect` saw AVX2 and FMA before choosing a vector ISA.
+        return unsafe { quantize_blocks_avx2(x, d, s, qs, us) };
+    }
+    let _ = isa;
+    quantize_blocks(x, d, s, qs, us)
+}
+
 /// [`quantize_blocks`] compiled for AVX2 (the same operations: the same bits).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
@@ -406,6 +427,37 @@ impl QRows {
 
     /// [`QRows::quantize`] with `isa`'s vectors (the same bits on every ISA).
     pub fn quantize_on(&mut self, isa: Isa, x: &[f32], cols: usize) {
+        self.resize_for(x, cols);
+        let (d, s, qs, us) = (&mut self.d, &mut self.s, &mut self.qs, &mut self.us);
+        quantize_blocks_on(isa, x, d, s, qs, us)
+    }
+
+    /// [`QRows::quantize_on`], split across `pool`'s threads when `x` is long enough to pay
+    /// for the hand-off (a 16-token pass; not a single step). The same bits.
+    pub fn quantize_on_pool(&mut self, isa: Isa, pool: &mut Pool, x: &[f32], cols: usize) {
+        if x.len() < PARALLEL_QUANTIZE || pool.threads() == 1 {
+            return self.quantize_on(isa, x, cols);
+        }
+        self.resize_for(x, cols);
+        let parts = stretches(self.d.len(), 1, pool.threads());
+        let xs: Vec<std::ops::Range<usize>> = parts
+            .iter()
+            .map(|r| r.start * BLOCK..r.end * BLOCK)
+            .collect();
+        let items: Vec<_> = split_mut(&mut self.d, &parts)
+            .into_iter()
+            .zip(split_mut(&mut self.s, &parts))
+            .zip(split_mut(&mut self.qs, &parts))
+            .zip(split_mut(&mut self.us, &parts))
+            .zip(xs)
+            .collect();
+        pool.run_each(items, &|((((d, s), qs), us), r)| {
+            quantize_blocks_on(isa, &x[r], d, s, qs, us)
+        });
+    }
+
+    /// Sizes the buffers for `x` (`cols` a multiple of the block).
+    fn resize_for(&mut self, x: &[f32], cols: usize) {
         assert!(cols.is_multiple_of(BLOCK) && x.len().is_multiple_of(cols));
         self.rows = x.len() / cols;
         self.cols = cols;
@@ -414,14 +466,6 @@ impl QRows {
         self.s.resize(blocks, 0.0);
         self.qs.resize(blocks, [0; 32]);
         self.us.resize(blocks, [0; 32]);
-        let (d, s, qs, us) = (&mut self.d, &mut self.s, &mut self.qs, &mut self.us);
-        #[cfg(target_arch = "x86_64")]
-        if isa != Isa::Scalar {
-            // SAFETY: `Isa::detect` saw AVX2 and FMA before choosing a vector ISA.
-            return unsafe { quantize_blocks_avx2(x, d, s, qs, us) };
-        }
-        let _ = isa;
-        quantize_blocks(x, d, s, qs, us)
     }
 
     /// Number of rows.
@@ -907,7 +951,20 @@ mod tests {
             let sum: i32 = q.iter().map(|&v| v as i32).sum();
             assert_eq!(want.s[b], d * sum as f32);
         }
+        let long: Vec<f32> = x.iter().cycle().take(40 * cols).copied().collect();
+        let mut want_long = QRows::default();
+        want_long.quantize(&long, cols);
         for isa in Isa::available() {
+            for threads in [2, 3] {
+                let mut got = QRows::default();
+                got.quantize_on_pool(isa, &mut Pool::new(threads), &long, cols);
+                assert_eq!((&got.d, &got.s), (&want_long.d, &want_long.s), "{isa:?}");
+                assert_eq!(
+                    (&got.qs, &got.us),
+                    (&want_long.qs, &want_long.us),
+                    "{isa:?}"
+                );
+            }
             let mut got = QRows::default();
             got.quantize_on(isa, &x, cols);
             assert_eq!(got.d, want.d, "{isa:?}");

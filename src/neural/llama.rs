@@ -11,7 +11,7 @@
 use super::attention::{attend, KvCache};
 use super::gguf::{model_err, Gguf, LlamaConfig};
 use super::kernels::{matmul, Isa, QMatrix, QRows};
-use super::pool::Pool;
+use super::pool::{split_mut, stretches, Pool};
 use crate::error::{Error, Result};
 use crate::lm::{LanguageModel, Logits};
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -222,7 +222,7 @@ impl Llama {
         let (isa, pool, cfg) = (self.isa, &mut self.pool, &self.cfg);
         let acts = &mut self.acts;
         for layer in &mut self.layers {
-            acts.quantize_on(isa, &rms_norm(&x, &layer.attn_norm, eps), dim);
+            acts.quantize_on_pool(isa, pool, &rms_norm(&x, &layer.attn_norm, eps), dim);
             let mut q = project(isa, pool, acts, &layer.wq);
             let mut k = project(isa, pool, acts, &layer.wk);
             let v = project(isa, pool, acts, &layer.wv);
@@ -243,17 +243,14 @@ impl Llama {
                 &self.rope_sin,
             );
             layer.cache.append(&k, &v);
-            acts.quantize_on(isa, &attend(isa, pool, cfg, &layer.cache, &q, pos), dim);
+            let attended = attend(isa, pool, cfg, &layer.cache, &q, pos);
+            acts.quantize_on_pool(isa, pool, &attended, dim);
             add_in_place(&mut x, &project(isa, pool, acts, &layer.wo));
-            acts.quantize_on(isa, &rms_norm(&x, &layer.ffn_norm, eps), dim);
+            acts.quantize_on_pool(isa, pool, &rms_norm(&x, &layer.ffn_norm, eps), dim);
             let gate = project(isa, pool, acts, &layer.w_gate);
             let up = project(isa, pool, acts, &layer.w_up);
-            let act: Vec<f32> = gate
-                .iter()
-                .zip(&up)
-                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
-                .collect();
-            acts.quantize_on(isa, &act, layer.w_up.rows());
+            let act = swiglu(pool, &gate, &up);
+            acts.quantize_on_pool(isa, pool, &act, layer.w_up.rows());
             add_in_place(&mut x, &project(isa, pool, acts, &layer.w_down));
         }
         self.cached += t;
@@ -275,8 +272,9 @@ impl Llama {
             return Ok(Vec::new());
         }
         self.held_next = to;
+        let held = &self.held[from * dim..to * dim];
         self.acts
-            .quantize_on(self.isa, &self.held[from * dim..to * dim], dim);
+            .quantize_on_pool(self.isa, &mut self.pool, held, dim);
         let output = self.output.as_ref().unwrap_or(&self.embeddings);
         let logits = project(self.isa, &mut self.pool, &self.acts, output);
         if to - from == 1 {
@@ -287,6 +285,34 @@ impl Llama {
             .map(<[f32]>::to_vec)
             .collect())
     }
+}
+
+/// `silu(gate) · up`, element by element, `silu(g) = g / (1 + e^−g)`; split across the pool's
+/// threads when long enough to pay for the hand-off (libm's `expf` is about 3 ns a value).
+fn swiglu(pool: &mut Pool, gate: &[f32], up: &[f32]) -> Vec<f32> {
+    const PARALLEL: usize = 2048;
+    let mut out = vec![0.0f32; gate.len()];
+    let threads = if gate.len() >= PARALLEL {
+        pool.threads()
+    } else {
+        1
+    };
+    let parts = stretches(gate.len(), 64, threads);
+    let silu = |(out, r): (&mut [f32], std::ops::Range<usize>)| {
+        for ((o, g), u) in out.iter_mut().zip(&gate[r.clone()]).zip(&up[r]) {
+            *o = g / (1.0 + (-g).exp()) * u;
+        }
+    };
+    let items: Vec<_> = split_mut(&mut out, &parts)
+        .into_iter()
+        .zip(parts.clone())
+        .collect();
+    if items.len() == 1 {
+        items.into_iter().for_each(silu);
+    } else {
+        pool.run_each(items, &silu);
+    }
+    out
 }
 
 /// Rotates the interleaved pairs of every head of every row of `x` (rows of `width`); row r is

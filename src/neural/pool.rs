@@ -5,6 +5,9 @@
 //! take longer to wake than the section takes to run, which made two threads slower than one.
 //! Here the helpers spin on an epoch counter while work keeps coming, and park only after a few
 //! milliseconds of silence, so a hand-off costs well under a microsecond during generation.
+//! Every thousand-odd spins a waiting thread yields its core: with more threads than cores (two
+//! models in one process, tests run in parallel) a pure spin could hold the core a descheduled
+//! helper needs for a whole time slice (a test file went from 4 s to 78 s that way).
 
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -25,6 +28,10 @@ struct Shared {
     panicked: AtomicBool,
     quit: AtomicBool,
 }
+
+/// Spins between yields of the core while waiting (a few microseconds): waiting costs a
+/// system call now and then, and a thread that needs the core gets it.
+const YIELD_EVERY: u32 = 1024;
 
 /// Spin this long for the next job before parking.
 const SPIN: Duration = Duration::from_millis(5);
@@ -84,8 +91,16 @@ impl Pool {
             h.thread().unpark();
         }
         let mine = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(0)));
+        let mut spins = 0u32;
         while self.shared.pending.load(Ordering::Acquire) != 0 {
-            std::hint::spin_loop();
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(YIELD_EVERY) {
+                // A helper may be waiting for this core (more threads than cores: two models
+                // in one process, tests in parallel): let it run.
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
         }
         // SAFETY: `slot` came from `Box::into_raw` above and no helper uses it any more.
         drop(unsafe { Box::from_raw(slot) });
@@ -113,8 +128,10 @@ fn helper(shared: &Shared, part: usize) {
                 break;
             }
             spins = spins.wrapping_add(1);
-            if !spins.is_multiple_of(1024) || idle.elapsed() < SPIN {
+            if !spins.is_multiple_of(YIELD_EVERY) {
                 std::hint::spin_loop();
+            } else if idle.elapsed() < SPIN {
+                std::thread::yield_now();
             } else {
                 std::thread::park_timeout(Duration::from_millis(50));
             }
@@ -138,6 +155,54 @@ impl Drop for Pool {
             let _ = h.join();
         }
     }
+}
+
+impl Pool {
+    /// Runs `job` on each of `items` (at most one per thread), in parallel: the safe way to
+    /// hand each part its own `&mut` slices. Returns when all are done.
+    pub fn run_each<T: Send>(&mut self, items: Vec<T>, job: &(dyn Fn(T) + Sync)) {
+        assert!(items.len() <= self.threads(), "more items than threads");
+        let slots: Vec<std::sync::Mutex<Option<T>>> = items
+            .into_iter()
+            .map(|item| std::sync::Mutex::new(Some(item)))
+            .collect();
+        self.run(&|part| {
+            let item = slots
+                .get(part)
+                .and_then(|slot| slot.lock().unwrap_or_else(|e| e.into_inner()).take());
+            if let Some(item) = item {
+                job(item);
+            }
+        });
+    }
+}
+
+/// Splits `len` items into at most `parts` stretches of whole `unit`s (as even as the units
+/// allow), as `start..end` ranges; fewer when there are fewer units.
+pub fn stretches(len: usize, unit: usize, parts: usize) -> Vec<std::ops::Range<usize>> {
+    let units = len.div_ceil(unit.max(1));
+    let per = units.div_ceil(parts.clamp(1, units.max(1)));
+    (0..units)
+        .step_by(per.max(1))
+        .map(|u| (u * unit).min(len)..((u + per) * unit).min(len))
+        .collect()
+}
+
+/// Cuts `slice` into consecutive pieces ending at the ends of `ranges` (which start at 0 and
+/// follow each other, as [`stretches`] gives them).
+pub fn split_mut<'a, T>(
+    mut slice: &'a mut [T],
+    ranges: &[std::ops::Range<usize>],
+) -> Vec<&'a mut [T]> {
+    let mut pieces = Vec::with_capacity(ranges.len());
+    let mut at = 0;
+    for r in ranges {
+        let (piece, rest) = std::mem::take(&mut slice).split_at_mut(r.end - at);
+        pieces.push(piece);
+        slice = rest;
+        at = r.end;
+    }
+    pieces
 }
 
 /// A raw view of an output buffer that parallel parts write at disjoint indices.
@@ -184,6 +249,32 @@ mod tests {
                 hits[part].fetch_add(round, Ordering::Relaxed);
             });
             assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == round));
+        }
+    }
+
+    #[test]
+    fn each_item_runs_once_and_stretches_cover_the_range() {
+        let mut pool = Pool::new(3);
+        let mut data = vec![0u32; 10];
+        let (a, b) = data.split_at_mut(4);
+        pool.run_each(vec![(1, a), (2, b)], &|(v, s): (u32, &mut [u32])| s.fill(v));
+        assert_eq!(data, [1, 1, 1, 1, 2, 2, 2, 2, 2, 2]);
+        for (len, unit, parts) in [
+            (0, 32, 2),
+            (32, 32, 2),
+            (96, 32, 2),
+            (100, 32, 3),
+            (7, 1, 9),
+        ] {
+            let s = stretches(len, unit, parts);
+            assert!(s.len() <= parts.max(1), "{s:?}");
+            let mut at = 0;
+            for r in &s {
+                assert_eq!(r.start, at);
+                assert!(r.end > r.start && (r.start % unit == 0));
+                at = r.end;
+            }
+            assert_eq!(at, len, "{len} {unit} {parts}: {s:?}");
         }
     }
 
