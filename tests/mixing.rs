@@ -62,13 +62,25 @@ impl Drafter for Fixed {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
-    /// Every mixed row is a distribution; λ = 1 is the ∞-gram's row, λ = 0 the neural model's.
+    /// Every mixed row is a distribution, the same when mixed a few at a time; λ = 1 is the
+    /// ∞-gram's row, λ = 0 the neural model's.
     #[test]
     fn rows_are_distributions_and_the_ends_are_the_components(
         a in docs(), b in docs(), text in prop::collection::vec(0u32..6, 1..20),
     ) {
         let mut mix = mixture(&a, &b, Mixer::default());
-        for row in mix.score(&text).unwrap() {
+        let rows = mix.score(&text).unwrap();
+        // The same rows asked for a few at a time, as verification asks for them.
+        let mut grouped = mixture(&a, &b, Mixer::default());
+        let mut some = grouped.score_first(&text, 2).unwrap();
+        while some.len() < text.len() {
+            let more = grouped.score_more(3).unwrap();
+            prop_assert!(!more.is_empty(), "rows stopped at {} of {}", some.len(), text.len());
+            some.extend(more);
+        }
+        prop_assert!(grouped.score_more(1).unwrap().is_empty());
+        prop_assert_eq!(&some, &rows);
+        for row in rows {
             let total: f64 = row.into_dense().iter().map(|&x| (x as f64).exp()).sum();
             prop_assert!((total - 1.0).abs() < 1e-5, "Σ = {}", total);
         }
