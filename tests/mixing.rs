@@ -103,12 +103,12 @@ proptest! {
     /// with drafters that copy the ∞-gram's corpus and with a fixed wrong one.
     #[test]
     fn speculative_mixture_equals_plain_mixture(a in docs(), b in docs(), start in 0u32..6) {
-        let cfg = DecodeConfig { max_tokens: 30, draft_max: 5, ..Default::default() };
+        let cfg = DecodeConfig { max_tokens: 30, draft_max: 12, ..Default::default() };
         let prompt = vec![start];
         let (plain, _) = greedy(&mut mixture(&a, &b, Mixer::default()), &mut [], &prompt, &cfg).unwrap();
         let drafter_sets: Vec<Vec<Box<dyn Drafter>>> = vec![
             vec![Box::new(CorpusDrafter::new(index(&b)))],
-            vec![Box::new(Fixed(vec![1, 2, 3, 4, 5]))],
+            vec![Box::new(Fixed(vec![1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]))],
         ];
         for mut drafters in drafter_sets {
             let (spec, _) = greedy(&mut mixture(&a, &b, Mixer::default()), &mut drafters, &prompt, &cfg)
