@@ -13,7 +13,7 @@
 
 use super::gguf::LlamaConfig;
 use super::kernels::Isa;
-use super::pool::{DisjointOut, Pool};
+use super::pool::{stretches, DisjointOut, Pool};
 
 /// Positions scored together at most: a block of accumulators that stays in registers (eight
 /// AVX-512 registers, enough independent FMA chains to hide the FMA latency). Narrower vectors
@@ -124,12 +124,11 @@ pub fn attend(
     let mut out = vec![0.0f32; q.len()];
     let shared = DisjointOut::new(&mut out);
     // The (row, head) pairs, numbered row by row, in one stretch per thread.
-    let pairs = q.len() / cfg.dim * cfg.n_head;
-    let parts = pool.threads().min(pairs);
-    let per = pairs.div_ceil(parts);
+    let parts = stretches(q.len() / cfg.dim * cfg.n_head, 1, pool.threads());
     pool.run(&|part| {
-        let units = (part * per).min(pairs)..((part + 1) * per).min(pairs);
-        attend_heads(isa, cfg, cache, q, pos, units, shared);
+        if let Some(units) = parts.get(part) {
+            attend_heads(isa, cfg, cache, q, pos, units.clone(), shared);
+        }
     });
     out
 }
@@ -313,15 +312,15 @@ fn weigh_values_any(cache: &KvCache, g: usize, p: &[f32], acc: &mut [f32]) {
 }
 
 /// `s[j] = scale · Σ_d q[d]·key_j[d]` for the positions `j < s.len()`, by blocks of `SB`
-/// positions (at most [`SCORE_BLOCK`]), each summed over d in order.
+/// positions (a divisor of [`SCORE_BLOCK`]), each summed over d in order. The last, partial
+/// block is scored as a whole one (the lanes run on to a multiple of `SCORE_BLOCK`) and its
+/// extra scores dropped: the same operations for the positions kept.
 #[inline(always)]
 fn score<const SB: usize>(cache: &KvCache, g: usize, q: &[f32], scale: f32, s: &mut [f32]) {
-    let mut blocks = s.chunks_exact_mut(SB);
-    let mut j0 = 0;
-    for block in blocks.by_ref() {
+    for (b, block) in s.chunks_mut(SB).enumerate() {
         let mut acc = [0.0f32; SB];
         for (d, &qd) in q.iter().enumerate() {
-            let lane = cache.key_block::<SB>(g, d, j0);
+            let lane = cache.key_block::<SB>(g, d, b * SB);
             for i in 0..SB {
                 acc[i] = qd.mul_add(lane[i], acc[i]);
             }
@@ -329,23 +328,6 @@ fn score<const SB: usize>(cache: &KvCache, g: usize, q: &[f32], scale: f32, s: &
         for (x, a) in block.iter_mut().zip(acc) {
             *x = a * scale;
         }
-        j0 += SB;
-    }
-    // The partial last block, scored as a whole one (the lanes run on to a multiple of
-    // `SCORE_BLOCK`): the same operations for the positions kept.
-    let tail = blocks.into_remainder();
-    if tail.is_empty() {
-        return;
-    }
-    let mut acc = [0.0f32; SB];
-    for (d, &qd) in q.iter().enumerate() {
-        let lane = cache.key_block::<SB>(g, d, j0);
-        for i in 0..SB {
-            acc[i] = qd.mul_add(lane[i], acc[i]);
-        }
-    }
-    for (x, a) in tail.iter_mut().zip(acc) {
-        *x = a * scale;
     }
 }
 
@@ -412,19 +394,8 @@ fn exp_nonpositive(x: f32) -> f32 {
 
 #[cfg(test)]
 mod tests {
+    use super::super::kernels::tests::pseudo;
     use super::*;
-
-    fn pseudo(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).max(1);
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s % 2001) as f32 / 1000.0 - 1.0
-            })
-            .collect()
-    }
 
     /// Causal attention in f64, one query row and head at a time.
     fn naive(cfg: &LlamaConfig, keys: &[f32], values: &[f32], q: &[f32], pos: usize) -> Vec<f64> {
@@ -480,8 +451,8 @@ mod tests {
             (200, 9),
         ] {
             let n = pos + rows;
-            let (keys, values) = (pseudo(n * kv_dim, 1 + n as u64), pseudo(n * kv_dim, 2));
-            let q = pseudo(rows * cfg.dim, 3 + pos as u64);
+            let (keys, values) = (pseudo(n * kv_dim, 1 + n as u32), pseudo(n * kv_dim, 2));
+            let q = pseudo(rows * cfg.dim, 3 + pos as u32);
             let mut cache = KvCache::new(2, 64);
             // Stale keys past the end: fill beyond n, then cut back and append the real ones.
             cache.append(&pseudo((n + 40) * kv_dim, 9), &pseudo((n + 40) * kv_dim, 9));

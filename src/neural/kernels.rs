@@ -858,7 +858,7 @@ mod x86 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     fn reference(w: &QMatrix, x: &[f32], cols: usize) -> Vec<f32> {
@@ -874,7 +874,8 @@ mod tests {
         out
     }
 
-    fn pseudo(n: usize, seed: u32) -> Vec<f32> {
+    /// `n` pseudo-random values in [−1, 1] (xorshift), the same for the same seed.
+    pub(in crate::neural) fn pseudo(n: usize, seed: u32) -> Vec<f32> {
         let mut s = seed.wrapping_mul(2654435761).max(1);
         (0..n)
             .map(|_| {
