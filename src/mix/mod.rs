@@ -317,14 +317,17 @@ impl<S: AsRef<[u8]> + Sync, N: LanguageModel> Interpolated<S, N> {
             self.neural_rows.extend(more);
         }
         let count = count.min(self.neural_rows.len());
-        let mut out = Vec::with_capacity(count);
-        for _ in 0..count {
-            let (n, g) = (self.neural_rows.pop_front(), self.infgram_rows.pop_front());
-            let (Some(n), Some(g)) = (n, g) else { break };
-            out.push(mix_row(n, g, self.lambdas[self.next_row]));
-            self.next_row += 1;
-        }
-        Ok(out)
+        let rows = self
+            .neural_rows
+            .drain(..count)
+            .zip(self.infgram_rows.drain(..count));
+        let lambdas = &self.lambdas[self.next_row..self.next_row + count];
+        let mixed = rows
+            .zip(lambdas)
+            .map(|((n, g), &l)| mix_row(n, g, l))
+            .collect();
+        self.next_row += count;
+        Ok(mixed)
     }
 
     /// Hands rows of the last pass that were never mixed back to the ∞-gram model.
@@ -367,19 +370,7 @@ impl<S: AsRef<[u8]> + Sync, N: LanguageModel> LanguageModel for Interpolated<S, 
     }
 
     fn score(&mut self, tokens: &[u32]) -> Result<Vec<Logits>> {
-        self.drop_held_rows();
-        let neural = self.neural.score(tokens)?;
-        let infgram = self.infgram.score(tokens)?;
-        let mixer = &self.mixer;
-        self.lambdas.clear();
-        self.lambdas
-            .extend(self.infgram.last_evidence().iter().map(|e| mixer.lambda(e)));
-        Ok(neural
-            .into_iter()
-            .zip(infgram)
-            .zip(&self.lambdas)
-            .map(|((n, g), &l)| mix_row(n, g, l))
-            .collect())
+        self.score_first(tokens, tokens.len())
     }
 
     fn feed(&mut self, tokens: &[u32]) -> Result<()> {
