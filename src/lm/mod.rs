@@ -13,6 +13,8 @@
 
 use crate::error::{Error, Result};
 
+pub mod exp;
+
 /// One position's next-token scores: natural-log-scale logits, softmax-normalized by the user.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Logits {
@@ -153,7 +155,15 @@ impl Logits {
     /// token: the weights a draw needs, without normalizing and then raising to `1/T`.
     pub fn tempered_weights_into(&self, temperature: f64, out: &mut Vec<(u32, f64)>) {
         match self {
-            Logits::Dense(v) => tempered_pairs(dense_pairs(v), temperature, out),
+            Logits::Dense(v) => {
+                let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+                out.clear();
+                exp::for_each_exp(v, max, 1.0 / temperature, |i, w| {
+                    if w > 0.0 {
+                        out.push((i as u32, w));
+                    }
+                });
+            }
             Logits::Sparse { entries, .. } => {
                 tempered_pairs(entries.iter().copied(), temperature, out)
             }
@@ -163,7 +173,7 @@ impl Logits {
     /// −ln p(`token`) under the softmax (+∞ when `token` has probability 0).
     pub fn neg_log_prob(&self, token: u32) -> f64 {
         let lse = match self {
-            Logits::Dense(v) => log_sum_exp(v.iter().copied()),
+            Logits::Dense(v) => log_sum_exp_row(v),
             Logits::Sparse { entries, .. } => log_sum_exp(entries.iter().map(|e| e.1)),
         };
         lse - self.get(token) as f64
@@ -337,7 +347,7 @@ pub fn argmax(logits: &[f32]) -> u32 {
 
 /// −ln p(`token`) under the softmax of `logits` (log-sum-exp in f64).
 pub fn neg_log_prob(logits: &[f32], token: u32) -> f64 {
-    log_sum_exp(logits.iter().copied()) - logits[token as usize] as f64
+    log_sum_exp_row(logits) - logits[token as usize] as f64
 }
 
 /// Softmax of `logits` as `(id, probability)` pairs, for the shared sampler.
@@ -357,6 +367,12 @@ pub fn log_sum_exp(xs: impl Iterator<Item = f32> + Clone) -> f64 {
     let max = xs.clone().fold(f32::NEG_INFINITY, f32::max) as f64;
     let sum: f64 = xs.map(|x| (x as f64 - max).exp()).sum();
     max + sum.ln()
+}
+
+/// [`log_sum_exp`] of a dense row, its `exp`s taken four at a time ([`exp::sum_exp`]).
+pub fn log_sum_exp_row(xs: &[f32]) -> f64 {
+    let max = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    max + exp::sum_exp(xs, max, 1.0).ln()
 }
 
 /// Softmax of `(id, logit)` pairs, in their order, into `out`.

@@ -229,7 +229,7 @@ pub fn mix_row(neural: Logits, infgram: Logits, lambda: f64) -> Logits {
         return infgram;
     }
     let mut out = neural.into_dense();
-    let lse = crate::lm::log_sum_exp(out.iter().copied());
+    let lse = crate::lm::log_sum_exp_row(&out);
     let base = ((1.0 - lambda).ln() - lse) as f32;
     for x in out.iter_mut() {
         *x += base;
