@@ -156,9 +156,8 @@ impl Logits {
     pub fn tempered_weights_into(&self, temperature: f64, out: &mut Vec<(u32, f64)>) {
         match self {
             Logits::Dense(v) => {
-                let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
                 out.clear();
-                exp::for_each_exp(v, max, 1.0 / temperature, |i, w| {
+                exp::for_each_exp(v, row_max(v), 1.0 / temperature, |i, w| {
                     if w > 0.0 {
                         out.push((i as u32, w));
                     }
@@ -371,8 +370,13 @@ pub fn log_sum_exp(xs: impl Iterator<Item = f32> + Clone) -> f64 {
 
 /// [`log_sum_exp`] of a dense row, its `exp`s taken four at a time ([`exp::sum_exp`]).
 pub fn log_sum_exp_row(xs: &[f32]) -> f64 {
-    let max = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let max = row_max(xs);
     max + exp::sum_exp(xs, max, 1.0).ln()
+}
+
+/// The largest logit of a dense row (−∞ for an empty one): the shift of its `exp`s.
+fn row_max(xs: &[f32]) -> f64 {
+    xs.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64
 }
 
 /// Softmax of `(id, logit)` pairs, in their order, into `out`.
