@@ -2,23 +2,33 @@
 //!
 //! Keys are stored transposed, `[kv head][dimension][position]`, so the scores of a query
 //! against a block of consecutive positions are one broadcast-FMA per dimension across the
-//! block: no horizontal sums, and each cached key is read once per query head. Values stay
-//! row-major, `[position][kv head·dimension]`, for the weighted sum. Every score and every
-//! output element is a fixed sequence of fused multiply-adds (over dimensions, then over
-//! positions), the same whether a row is computed alone or in a k-token pass and on any
-//! thread split, which keeps the pass batch-invariant. The key lanes run on to a multiple of
-//! the score block, so the last, partial block is scored as a whole one; the softmax sums of a
-//! row's heads (chains of dependent adds, in position order) run four side by side; threads
-//! take even stretches of (row, head) pairs.
+//! block: no horizontal sums. Values stay row-major, `[position][kv head·dimension]`, for the
+//! weighted sum. The (row, head) pairs that read the same kv head (the query heads of a group,
+//! in every row of the pass) go through the cache together, a block of positions at a time
+//! and two pairs per load, so a block of keys or values comes from memory once and then from
+//! L1, where one pair at a time streamed a head's keys and values from L2 for every pair.
+//! Every score and every output element is a fixed sequence of fused multiply-adds (over
+//! dimensions, then over positions), the same whether a row is computed alone or in a k-token
+//! pass, on any thread split and any ISA, which keeps the pass batch-invariant. The key lanes
+//! run on to a multiple of the score block, so the last, partial block is scored as a whole
+//! one; the softmax sums (chains of dependent adds, in position order) run four side by side;
+//! threads take even stretches of (row, head) pairs.
 
 use super::gguf::LlamaConfig;
 use super::kernels::Isa;
 use super::pool::{stretches, DisjointOut, Pool};
 
 /// Positions scored together at most: a block of accumulators that stays in registers (eight
-/// AVX-512 registers, enough independent FMA chains to hide the FMA latency). Narrower vectors
-/// score smaller blocks ([`attend_heads`]); the scores are the same bits.
+/// AVX-512 registers per pair, two pairs at once: enough independent FMA chains to hide the
+/// FMA latency). Narrower vectors score smaller blocks ([`attend_heads`]); the scores are the
+/// same bits.
 const SCORE_BLOCK: usize = 128;
+
+/// Floats after each lane of the transposed keys (one cache line). Capacities double, so
+/// without it the lanes of a block would lie a power of two apart, all in a few of L1's sets,
+/// and evict each other while the pairs of a kv head read them (a third slower at 256
+/// positions, where the capacity is 512).
+const LANE_PAD: usize = 16;
 
 /// Keys and values of the cached positions of one layer.
 pub struct KvCache {
@@ -27,7 +37,8 @@ pub struct KvCache {
     len: usize,
     /// Positions `keys_t` has room for.
     capacity: usize,
-    /// `[kv head][dimension][capacity]`, rotary embedding applied.
+    /// `[kv head][dimension][stride]`, rotary embedding applied: positions `0..capacity` of
+    /// each lane, then [`LANE_PAD`].
     keys_t: Vec<f32>,
     /// `[position][kv head·dimension]`.
     values: Vec<f32>,
@@ -59,9 +70,10 @@ impl KvCache {
         let kv_dim = self.kv_heads * self.head_dim;
         let rows = keys.len() / kv_dim;
         self.reserve(self.len + rows);
+        let stride = self.stride();
         for (r, key) in keys.chunks_exact(kv_dim).enumerate() {
             for (c, &k) in key.iter().enumerate() {
-                self.keys_t[c * self.capacity + self.len + r] = k;
+                self.keys_t[c * stride + self.len + r] = k;
             }
         }
         self.values.truncate(self.len * kv_dim);
@@ -82,21 +94,27 @@ impl KvCache {
         // A multiple of the score block: a block that starts before `len` ends inside the
         // lanes, so the last, partial block is scored as a whole one ([`score`]).
         let capacity = need.max(2 * self.capacity).next_multiple_of(SCORE_BLOCK);
-        let lanes = self.kv_heads * self.head_dim;
-        let mut grown = vec![0.0f32; lanes * capacity];
-        for c in 0..lanes {
-            let old = &self.keys_t[c * self.capacity..c * self.capacity + self.len];
-            grown[c * capacity..c * capacity + self.len].copy_from_slice(old);
+        let (lanes, old_stride) = (self.kv_heads * self.head_dim, self.stride());
+        let stride = capacity + LANE_PAD;
+        let mut grown = vec![0.0f32; lanes * stride];
+        for c in (0..lanes).filter(|_| self.len > 0) {
+            let old = &self.keys_t[c * old_stride..c * old_stride + self.len];
+            grown[c * stride..c * stride + self.len].copy_from_slice(old);
         }
         self.keys_t = grown;
         self.capacity = capacity;
+    }
+
+    /// Distance between the lanes of `keys_t`.
+    fn stride(&self) -> usize {
+        self.capacity + LANE_PAD
     }
 
     /// Dimension `d` of kv head `g` at positions `j0..j0 + N`, which may run past `len` (not
     /// past the capacity): positions there hold stale or zero keys, whose scores are dropped.
     #[inline(always)]
     fn key_block<const N: usize>(&self, g: usize, d: usize, j0: usize) -> &[f32; N] {
-        let at = (g * self.head_dim + d) * self.capacity + j0;
+        let at = (g * self.head_dim + d) * self.stride() + j0;
         self.keys_t[at..at + N]
             .try_into()
             .expect("a block inside the lanes")
@@ -156,13 +174,14 @@ fn attend_heads(
         }
     }
     let _ = isa;
-    // Baseline x86-64 has sixteen 4-lane registers: 32 scores and 2 × 16 value lanes.
-    attend_portable::<32, 16>(cfg, cache, q, pos, units, out)
+    // Baseline x86-64 has sixteen 4-lane registers: 2 × 16 scores or 2 × 2 × 8 value lanes.
+    attend_portable::<16, 8>(cfg, cache, q, pos, units, out)
 }
 
 /// Entry points compiled with wider vectors; each is [`attend_portable`] inlined.
-/// `$block` positions are scored together and `$lanes` columns of a value summed together:
-/// as many accumulators as half the registers (the other half hold broadcasts and loads).
+/// `$block` positions are scored together and `$lanes` columns of a value summed together,
+/// for two pairs at once: as many accumulators as half the registers (the other half hold
+/// broadcasts and loads).
 macro_rules! attend_entry {
     ($name:ident, $features:literal, $block:literal, $lanes:literal) => {
         #[cfg(target_arch = "x86_64")]
@@ -180,16 +199,21 @@ macro_rules! attend_entry {
     };
 }
 
-// 32 registers of 16 lanes: 8 of scores, 2 × 4 of value sums.
+// 32 registers of 16 lanes: 2 × 8 of scores, or 2 × 2 × 4 of value sums (two pairs at once).
 attend_entry!(attend_avx512, "avx512f,avx2,fma", 128, 64);
-// 16 registers of 8 lanes: 8 of scores, 2 × 4 of value sums.
-attend_entry!(attend_avx2, "avx2,fma", 64, 32);
+// 16 registers of 8 lanes: 2 × 4 of scores, or 2 × 2 × 2 of value sums.
+attend_entry!(attend_avx2, "avx2,fma", 32, 16);
 
 /// Attention for the (row, head) pairs `units` (numbered row by row: `r · n_head + h`),
-/// written into their columns of `out`. Plain loops
-/// over fixed-size blocks, inlined into the entry points above so they vectorize there. `SB`
-/// positions are scored at a time and `VC` columns of the values summed at a time; neither
-/// changes any score's or output's sequence of operations.
+/// written into their columns of `out`. Plain loops over fixed-size blocks, inlined into the
+/// entry points above so they vectorize there. `SB` positions are scored at a time and `VC`
+/// columns of the values summed at a time; neither changes any score's or output's sequence
+/// of operations.
+///
+/// The pairs that read the same kv head (a group's query heads, of every row of this part)
+/// are taken together, a block of positions at a time: a block of keys or values is read from
+/// memory once and then from L1 by each of them, where one pair at a time streamed a head's
+/// 64 KiB of keys and 64 KiB of values (at 256 positions) from L2 for every pair.
 #[inline(always)]
 fn attend_portable<const SB: usize, const VC: usize>(
     cfg: &LlamaConfig,
@@ -199,47 +223,125 @@ fn attend_portable<const SB: usize, const VC: usize>(
     units: std::ops::Range<usize>,
     out: DisjointOut,
 ) {
-    let (dim, hd) = (cfg.dim, cfg.head_dim);
-    let group = cfg.n_head / cfg.n_kv_head;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let rows = q.len() / dim;
-    // The scores of up to `HEADS_TOGETHER` heads of a row, one stretch of `width` each.
-    let width = pos + rows;
-    let mut scores = vec![0.0f32; HEADS_TOGETHER * width];
-    let mut acc = vec![0.0f32; hd];
     let n_head = cfg.n_head;
-    for r in units.start / n_head..units.end.div_ceil(n_head) {
-        let seen = pos + r + 1;
-        // This part's heads of row r.
-        let (mut h0, end) = (
-            units.start.max(r * n_head) - r * n_head,
-            units.end.min((r + 1) * n_head) - r * n_head,
-        );
-        while h0 < end {
-            let n = (end - h0).min(HEADS_TOGETHER);
-            for (c, s) in scores.chunks_exact_mut(width).take(n).enumerate() {
-                let h = h0 + c;
-                let qh = &q[r * dim + h * hd..r * dim + (h + 1) * hd];
-                let s = &mut s[..seen];
-                score::<SB>(cache, h / group, qh, scale, s);
-                exp_minus_max(s);
-            }
-            let sums = sum_stretches(&scores, width, seen);
-            for (c, s) in scores.chunks_exact_mut(width).take(n).enumerate() {
-                let (h, s) = (h0 + c, &mut s[..seen]);
-                let inv = 1.0 / sums[c];
-                for v in s.iter_mut() {
-                    *v *= inv;
+    let group = n_head / cfg.n_kv_head;
+    // Every row sees at most `width` positions; each pair's scores get a stretch that long.
+    let width = pos + q.len() / cfg.dim;
+    let mut scores = Vec::new();
+    for g in 0..cfg.n_kv_head {
+        let pairs: Vec<Pair> = units
+            .clone()
+            .map(|u| (u / n_head, u % n_head))
+            .filter(|&(_, h)| h / group == g)
+            .map(|(row, head)| Pair {
+                row,
+                head,
+                seen: pos + row + 1,
+            })
+            .collect();
+        if pairs.is_empty() {
+            continue;
+        }
+        // Whole sets of `HEADS_TOGETHER` stretches, for the softmax sums.
+        scores.clear();
+        scores.resize(pairs.len().next_multiple_of(HEADS_TOGETHER) * width, 0.0);
+        score_pairs::<SB>(cfg, cache, g, q, &pairs, &mut scores, width);
+        softmax_pairs(&pairs, &mut scores, width);
+        weigh_pairs::<VC>(cfg, cache, g, &pairs, &scores, width, out);
+    }
+}
+
+/// A (row, head) pair of the pass and the positions its row sees.
+#[derive(Clone, Copy)]
+struct Pair {
+    row: usize,
+    head: usize,
+    seen: usize,
+}
+
+/// Positions whose values are summed together for all the pairs of a kv head before the next
+/// block (64 positions of a 64-dimension head: 16 KiB, which stays in L1). Even, so that a
+/// block starts on an even position.
+const VALUE_BLOCK: usize = 64;
+
+/// The scores of every pair of kv head `g` into its stretch of `scores` (stretch `i` at
+/// `i · width`): `s[j] = scale · Σ_d q[d]·key_j[d]` for `j < seen`, by blocks of `SB`
+/// positions (a divisor of [`SCORE_BLOCK`]), each summed over d in order. Blocks are the outer
+/// loop, so that a block of keys is read from L1 by every pair after the first. The last,
+/// partial block of a pair is scored as a whole one (the lanes run on to a multiple of
+/// `SCORE_BLOCK`) and its extra scores dropped: the same operations for the positions kept.
+#[inline(always)]
+fn score_pairs<const SB: usize>(
+    cfg: &LlamaConfig,
+    cache: &KvCache,
+    g: usize,
+    q: &[f32],
+    pairs: &[Pair],
+    scores: &mut [f32],
+    width: usize,
+) {
+    let hd = cfg.head_dim;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let most = pairs.iter().map(|p| p.seen).max().unwrap_or(0);
+    let query = |pair: &Pair| &q[pair.row * cfg.dim + pair.head * hd..][..hd];
+    for j0 in (0..most).step_by(SB) {
+        // The pairs whose rows see this block; two at a time share each load of the keys.
+        let live: Vec<usize> = (0..pairs.len()).filter(|&i| pairs[i].seen > j0).collect();
+        let mut twos = live.chunks_exact(2);
+        for two in twos.by_ref() {
+            let (qa, qb) = (query(&pairs[two[0]]), query(&pairs[two[1]]));
+            let (mut a, mut b) = ([0.0f32; SB], [0.0f32; SB]);
+            for d in 0..hd {
+                let lane = cache.key_block::<SB>(g, d, j0);
+                let (x, y) = (qa[d], qb[d]);
+                for i in 0..SB {
+                    a[i] = x.mul_add(lane[i], a[i]);
+                    b[i] = y.mul_add(lane[i], b[i]);
                 }
-                match hd {
-                    64 => weigh_values::<64, VC>(cache, h / group, s, &mut acc),
-                    128 => weigh_values::<128, VC>(cache, h / group, s, &mut acc),
-                    _ => weigh_values_any(cache, h / group, s, &mut acc),
-                }
-                // SAFETY: only this part computes head h.
-                unsafe { out.write_slice(r * dim + h * hd, &acc) };
             }
-            h0 += n;
+            for (&i, acc) in two.iter().zip([a, b]) {
+                keep_scores(&mut scores[i * width..], j0, pairs[i].seen, &acc, scale);
+            }
+        }
+        for &i in twos.remainder() {
+            let qa = query(&pairs[i]);
+            let mut a = [0.0f32; SB];
+            for (d, &x) in qa.iter().enumerate() {
+                let lane = cache.key_block::<SB>(g, d, j0);
+                for i in 0..SB {
+                    a[i] = x.mul_add(lane[i], a[i]);
+                }
+            }
+            keep_scores(&mut scores[i * width..], j0, pairs[i].seen, &a, scale);
+        }
+    }
+}
+
+/// Writes the scores of a block of positions from `j0` that a row seeing `seen` keeps.
+#[inline(always)]
+fn keep_scores(stretch: &mut [f32], j0: usize, seen: usize, acc: &[f32], scale: f32) {
+    let kept = (seen - j0).min(acc.len());
+    for (x, a) in stretch[j0..j0 + kept].iter_mut().zip(acc) {
+        *x = a * scale;
+    }
+}
+
+/// Turns each pair's stretch of scores into its softmax: `e^(s − max)` over the sum. The sums
+/// of [`HEADS_TOGETHER`] pairs (each a chain of dependent adds in position order, for the same
+/// bits in any pass) run side by side.
+#[inline(always)]
+fn softmax_pairs(pairs: &[Pair], scores: &mut [f32], width: usize) {
+    for (i, pair) in pairs.iter().enumerate() {
+        exp_minus_max(&mut scores[i * width..][..pair.seen]);
+    }
+    for (set, together) in pairs.chunks(HEADS_TOGETHER).enumerate() {
+        let stretches = &mut scores[set * HEADS_TOGETHER * width..][..HEADS_TOGETHER * width];
+        let sums = sum_stretches(stretches, width, together);
+        for ((s, pair), sum) in stretches.chunks_exact_mut(width).zip(together).zip(sums) {
+            let inv = 1.0 / sum;
+            for v in s[..pair.seen].iter_mut() {
+                *v *= inv;
+            }
         }
     }
 }
@@ -248,34 +350,106 @@ fn attend_portable<const SB: usize, const VC: usize>(
 /// (in position order, for the same bits in any pass), so four chains keep the adder busy.
 const HEADS_TOGETHER: usize = 4;
 
-/// The sums of the first `seen` values of each of the [`HEADS_TOGETHER`] stretches of
-/// `scores`, each added in position order (stretches of absent heads give sums to ignore).
+/// The sum of the first `seen` values of each of the [`HEADS_TOGETHER`] stretches of
+/// `scores` (one per pair of `pairs`; the sums of absent pairs are to be ignored), each added
+/// in position order: side by side as far as all of them reach, then each on its own.
 #[inline(always)]
-fn sum_stretches(scores: &[f32], width: usize, seen: usize) -> [f32; HEADS_TOGETHER] {
+fn sum_stretches(scores: &[f32], width: usize, pairs: &[Pair]) -> [f32; HEADS_TOGETHER] {
     let mut sums = [0.0f32; HEADS_TOGETHER];
-    for j in 0..seen {
+    let common = pairs.iter().map(|p| p.seen).min().unwrap_or(0);
+    for j in 0..common {
         for (c, sum) in sums.iter_mut().enumerate() {
             *sum += scores[c * width + j];
+        }
+    }
+    for (c, pair) in pairs.iter().enumerate() {
+        for &v in &scores[c * width + common..c * width + pair.seen] {
+            sums[c] += v;
         }
     }
     sums
 }
 
-/// `acc = Σ_j p[j]·value_j` of kv head `g`: even and odd positions summed apart, each in
-/// order (two independent FMA chains), then added. The columns are summed `VC` at a time (a
-/// divisor of the head dimension `HD`), so that the accumulators stay in registers; each
-/// column's operations are the same for any `VC`.
+/// `Σ_j p[j]·value_j` of kv head `g` for every pair (`p` its softmax, stretch `i` of
+/// `scores`) into its columns of `out`: even and odd positions summed apart, each in order
+/// (two independent FMA chains per column), then added. Blocks of [`VALUE_BLOCK`] positions are
+/// the outer loop, so that a block of values is read from L1 by every pair after the first;
+/// each pair's sums wait in memory between blocks, which changes no operation.
 #[inline(always)]
-fn weigh_values<const HD: usize, const VC: usize>(
+fn weigh_pairs<const VC: usize>(
+    cfg: &LlamaConfig,
     cache: &KvCache,
     g: usize,
+    pairs: &[Pair],
+    scores: &[f32],
+    width: usize,
+    out: DisjointOut,
+) {
+    let hd = cfg.head_dim;
+    let mut even = vec![0.0f32; pairs.len() * hd];
+    let mut odd = vec![0.0f32; pairs.len() * hd];
+    let most = pairs.iter().map(|p| p.seen).max().unwrap_or(0);
+    for j0 in (0..most).step_by(VALUE_BLOCK) {
+        // The block's weights of pair i (shorter in its row's last block).
+        let weights =
+            |i: usize| &scores[i * width + j0..i * width + pairs[i].seen.min(j0 + VALUE_BLOCK)];
+        let live: Vec<usize> = (0..pairs.len()).filter(|&i| pairs[i].seen > j0).collect();
+        // Two pairs at a time share each load of the values over the positions both see,
+        // then each goes on alone (from an even offset: the same even and odd positions).
+        for two in live.chunks(2) {
+            let mut done = [0, 0];
+            if let ([a, b], 64 | 128) = (two, hd) {
+                let (pa, pb) = (weights(*a), weights(*b));
+                let both = pa.len().min(pb.len()) & !1;
+                let (ea, eb) = two_mut(&mut even, *a * hd, *b * hd, hd);
+                let (oa, ob) = two_mut(&mut odd, *a * hd, *b * hd, hd);
+                let (wa, wb) = (&pa[..both], &pb[..both]);
+                match hd {
+                    64 => weigh_two::<64, VC>(cache, g, j0, [wa, wb], [ea, oa, eb, ob]),
+                    _ => weigh_two::<128, VC>(cache, g, j0, [wa, wb], [ea, oa, eb, ob]),
+                }
+                done = [both, both];
+            }
+            for (&i, from) in two.iter().zip(done) {
+                let p = &weights(i)[from..];
+                let (e, o) = (&mut even[i * hd..][..hd], &mut odd[i * hd..][..hd]);
+                let at = j0 + from;
+                match hd {
+                    64 => weigh_block::<64, VC>(cache, g, at, p, e, o),
+                    128 => weigh_block::<128, VC>(cache, g, at, p, e, o),
+                    _ => weigh_block_any(cache, g, at, p, e, o),
+                }
+            }
+        }
+    }
+    let mut acc = vec![0.0f32; hd];
+    for (i, pair) in pairs.iter().enumerate() {
+        for ((a, e), o) in acc.iter_mut().zip(&even[i * hd..]).zip(&odd[i * hd..]) {
+            *a = e + o;
+        }
+        // SAFETY: only this part computes the pair's head of its row.
+        unsafe { out.write_slice(pair.row * cfg.dim + pair.head * hd, &acc) };
+    }
+}
+
+/// Adds `p[t]·value_{j0+t}` of kv head `g` to the even (`j0 + t` even) or odd sums, in position
+/// order (`j0` is even). The columns are summed `VC` at a time (a divisor of the head
+/// dimension `HD`), so that the sums stay in registers; each column's operations are the same
+/// for any `VC`.
+#[inline(always)]
+fn weigh_block<const HD: usize, const VC: usize>(
+    cache: &KvCache,
+    g: usize,
+    j0: usize,
     p: &[f32],
-    acc: &mut [f32],
+    even_sums: &mut [f32],
+    odd_sums: &mut [f32],
 ) {
     let kv_dim = cache.kv_heads * cache.head_dim;
-    let values = &cache.values[..p.len() * kv_dim];
+    let values = &cache.values[j0 * kv_dim..(j0 + p.len()) * kv_dim];
     for c0 in (0..HD).step_by(VC) {
-        let (mut even, mut odd) = ([0.0f32; VC], [0.0f32; VC]);
+        let columns = |sums: &[f32]| -> [f32; VC] { sums[c0..c0 + VC].try_into().expect("VC") };
+        let (mut even, mut odd) = (columns(even_sums), columns(odd_sums));
         let at = g * HD + c0;
         let lane = |row: &[f32]| -> [f32; VC] { row[at..at + VC].try_into().expect("columns") };
         let mut pairs = values.chunks_exact(2 * kv_dim);
@@ -292,41 +466,73 @@ fn weigh_values<const HD: usize, const VC: usize>(
                 even[i] = last.mul_add(v[i], even[i]);
             }
         }
-        for (i, a) in acc[c0..c0 + VC].iter_mut().enumerate() {
-            *a = even[i] + odd[i];
-        }
+        even_sums[c0..c0 + VC].copy_from_slice(&even);
+        odd_sums[c0..c0 + VC].copy_from_slice(&odd);
     }
 }
 
-/// [`weigh_values`] for other head dimensions (the same operations, in memory).
-fn weigh_values_any(cache: &KvCache, g: usize, p: &[f32], acc: &mut [f32]) {
-    let mut sum = vec![vec![0.0f32; acc.len()]; 2];
-    for (j, &pj) in p.iter().enumerate() {
-        for (a, &v) in sum[j & 1].iter_mut().zip(cache.value(j, g)) {
-            *a = pj.mul_add(v, *a);
-        }
-    }
-    for (i, a) in acc.iter_mut().enumerate() {
-        *a = sum[0][i] + sum[1][i];
-    }
+/// The stretches `[a, a + len)` and `[b, b + len)` of `x` (`a < b`, not overlapping).
+fn two_mut(x: &mut [f32], a: usize, b: usize, len: usize) -> (&mut [f32], &mut [f32]) {
+    let (low, high) = x.split_at_mut(b);
+    (&mut low[a..a + len], &mut high[..len])
 }
 
-/// `s[j] = scale · Σ_d q[d]·key_j[d]` for the positions `j < s.len()`, by blocks of `SB`
-/// positions (a divisor of [`SCORE_BLOCK`]), each summed over d in order. The last, partial
-/// block is scored as a whole one (the lanes run on to a multiple of `SCORE_BLOCK`) and its
-/// extra scores dropped: the same operations for the positions kept.
+/// [`weigh_block`] for two pairs over the same even number of positions from `j0`: each load
+/// of a value feeds both (`sums`: the first pair's even and odd sums, then the second's).
 #[inline(always)]
-fn score<const SB: usize>(cache: &KvCache, g: usize, q: &[f32], scale: f32, s: &mut [f32]) {
-    for (b, block) in s.chunks_mut(SB).enumerate() {
-        let mut acc = [0.0f32; SB];
-        for (d, &qd) in q.iter().enumerate() {
-            let lane = cache.key_block::<SB>(g, d, b * SB);
-            for i in 0..SB {
-                acc[i] = qd.mul_add(lane[i], acc[i]);
+fn weigh_two<const HD: usize, const VC: usize>(
+    cache: &KvCache,
+    g: usize,
+    j0: usize,
+    [pa, pb]: [&[f32]; 2],
+    sums: [&mut [f32]; 4],
+) {
+    let kv_dim = cache.kv_heads * cache.head_dim;
+    let values = &cache.values[j0 * kv_dim..(j0 + pa.len()) * kv_dim];
+    let [ea_sums, oa_sums, eb_sums, ob_sums] = sums;
+    for c0 in (0..HD).step_by(VC) {
+        let columns = |sums: &[f32]| -> [f32; VC] { sums[c0..c0 + VC].try_into().expect("VC") };
+        let (mut ea, mut oa) = (columns(ea_sums), columns(oa_sums));
+        let (mut eb, mut ob) = (columns(eb_sums), columns(ob_sums));
+        let at = g * HD + c0;
+        let lane = |row: &[f32]| -> [f32; VC] { row[at..at + VC].try_into().expect("columns") };
+        for ((x, y), two) in pa
+            .chunks_exact(2)
+            .zip(pb.chunks_exact(2))
+            .zip(values.chunks_exact(2 * kv_dim))
+        {
+            let (v0, v1) = (lane(two), lane(&two[kv_dim..]));
+            for i in 0..VC {
+                ea[i] = x[0].mul_add(v0[i], ea[i]);
+                oa[i] = x[1].mul_add(v1[i], oa[i]);
+                eb[i] = y[0].mul_add(v0[i], eb[i]);
+                ob[i] = y[1].mul_add(v1[i], ob[i]);
             }
         }
-        for (x, a) in block.iter_mut().zip(acc) {
-            *x = a * scale;
+        ea_sums[c0..c0 + VC].copy_from_slice(&ea);
+        oa_sums[c0..c0 + VC].copy_from_slice(&oa);
+        eb_sums[c0..c0 + VC].copy_from_slice(&eb);
+        ob_sums[c0..c0 + VC].copy_from_slice(&ob);
+    }
+}
+
+/// [`weigh_block`] for other head dimensions (the same operations, in memory).
+fn weigh_block_any(
+    cache: &KvCache,
+    g: usize,
+    j0: usize,
+    p: &[f32],
+    even_sums: &mut [f32],
+    odd_sums: &mut [f32],
+) {
+    for (t, &pj) in p.iter().enumerate() {
+        let sums = if t % 2 == 0 {
+            &mut *even_sums
+        } else {
+            &mut *odd_sums
+        };
+        for (a, &v) in sums.iter_mut().zip(cache.value(j0 + t, g)) {
+            *a = pj.mul_add(v, *a);
         }
     }
 }
