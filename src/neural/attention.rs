@@ -632,50 +632,61 @@ mod tests {
     }
 
     /// Every ISA and thread split gives the scalar bits, at cache lengths inside, at and just
-    /// past the score blocks (the partial last block is scored as a whole one), after the cache
-    /// grew and was cut back; and the result is causal attention.
+    /// past the score and value blocks (the partial last block is scored as a whole one), after
+    /// the cache grew and was cut back, for head dimensions with and without a kernel of their
+    /// own; each row gives the same bits alone as in the pass (batch invariance); and the result
+    /// is causal attention.
     #[test]
-    fn attention_is_the_same_bits_on_every_isa_and_split_and_matches_the_definition() {
-        let cfg = LlamaConfig {
-            n_layer: 1,
-            n_head: 6,
-            n_kv_head: 2,
-            dim: 6 * 64,
-            head_dim: 64,
-            eps: 1e-5,
-            rope_base: 1e4,
-            eos: vec![],
-        };
-        let kv_dim = 2 * 64;
-        for (pos, rows) in [
-            (0, 1),
-            (5, 3),
-            (63, 1),
-            (64, 2),
-            (127, 5),
-            (128, 1),
-            (200, 9),
-        ] {
-            let n = pos + rows;
-            let (keys, values) = (pseudo(n * kv_dim, 1 + n as u32), pseudo(n * kv_dim, 2));
-            let q = pseudo(rows * cfg.dim, 3 + pos as u32);
-            let mut cache = KvCache::new(2, 64);
-            // Stale keys past the end: fill beyond n, then cut back and append the real ones.
-            cache.append(&pseudo((n + 40) * kv_dim, 9), &pseudo((n + 40) * kv_dim, 9));
-            cache.truncate(0);
-            cache.append(&keys, &values);
-            let want = attend(Isa::Scalar, &mut Pool::new(1), &cfg, &cache, &q, pos);
-            let exact = naive(&cfg, &keys, &values, &q, pos);
-            for (w, e) in want.iter().zip(&exact) {
-                assert!((*w as f64 - e).abs() < 1e-4, "pos {pos}: {w} vs {e}");
-            }
-            for isa in Isa::available() {
-                for threads in [1, 2, 3] {
-                    let got = attend(isa, &mut Pool::new(threads), &cfg, &cache, &q, pos);
-                    assert_eq!(
-                        got, want,
-                        "{isa:?}, {threads} threads, pos {pos}, {rows} rows"
+    fn attention_is_the_same_bits_on_every_isa_split_and_pass_and_matches_the_definition() {
+        for hd in [64, 128, 32] {
+            let cfg = LlamaConfig {
+                n_layer: 1,
+                n_head: 6,
+                n_kv_head: 2,
+                dim: 6 * hd,
+                head_dim: hd,
+                eps: 1e-5,
+                rope_base: 1e4,
+                eos: vec![],
+            };
+            let kv_dim = 2 * hd;
+            for (pos, rows) in [
+                (0, 1),
+                (5, 3),
+                (63, 1),
+                (64, 2),
+                (127, 5),
+                (128, 1),
+                (200, 9),
+                (0, 70),
+            ] {
+                let n = pos + rows;
+                let (keys, values) = (pseudo(n * kv_dim, 1 + n as u32), pseudo(n * kv_dim, 2));
+                let q = pseudo(rows * cfg.dim, 3 + pos as u32);
+                let mut cache = KvCache::new(2, hd);
+                // Stale keys past the end: fill beyond n, then cut back and append the real ones.
+                cache.append(&pseudo((n + 40) * kv_dim, 9), &pseudo((n + 40) * kv_dim, 9));
+                cache.truncate(0);
+                cache.append(&keys, &values);
+                let want = attend(Isa::Scalar, &mut Pool::new(1), &cfg, &cache, &q, pos);
+                let exact = naive(&cfg, &keys, &values, &q, pos);
+                for (w, e) in want.iter().zip(&exact) {
+                    assert!(
+                        (*w as f64 - e).abs() < 1e-4,
+                        "hd {hd}, pos {pos}: {w} vs {e}"
                     );
+                }
+                for isa in Isa::available() {
+                    for threads in [1, 2, 3] {
+                        let got = attend(isa, &mut Pool::new(threads), &cfg, &cache, &q, pos);
+                        let at = format!("{isa:?}, {threads} threads, hd {hd}, pos {pos}");
+                        assert_eq!(got, want, "{at}, {rows} rows");
+                    }
+                    for (r, (row, want)) in q.chunks(cfg.dim).zip(want.chunks(cfg.dim)).enumerate()
+                    {
+                        let alone = attend(isa, &mut Pool::new(1), &cfg, &cache, row, pos + r);
+                        assert_eq!(alone, want, "{isa:?}, hd {hd}, row {r} of {rows} alone");
+                    }
                 }
             }
         }
