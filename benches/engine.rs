@@ -102,12 +102,7 @@ fn large(c: &mut Criterion) {
             ((r % 1000) * ((r >> 20) % 50) % 50_000) as u32
         })
         .collect();
-    let spec = TokenizerSpec {
-        kind: "bench".into(),
-        path: String::new(),
-        fingerprint: "0".into(),
-        vocab_size: 50_000,
-    };
+    let spec = TokenizerSpec::synthetic(50_000);
     queries(c, "generated_100m", spec, corpus);
 }
 

@@ -17,15 +17,6 @@ use infgram::Index;
 use proptest::prelude::*;
 use std::sync::Arc;
 
-fn spec(vocab: usize) -> TokenizerSpec {
-    TokenizerSpec {
-        kind: "test".into(),
-        path: String::new(),
-        fingerprint: "0".into(),
-        vocab_size: vocab,
-    }
-}
-
 /// Occurrences of `q` inside the documents.
 fn brute_count(docs: &[Vec<u32>], q: &[u32]) -> u64 {
     docs.iter()
@@ -88,7 +79,7 @@ proptest! {
         seed in 0u64..1000,
         ignore_prompt in any::<bool>(),
     ) {
-        let index = Arc::new(Index::from_docs(spec(vocab), &docs, 2, true).unwrap());
+        let index = Arc::new(Index::from_docs(TokenizerSpec::synthetic(vocab), &docs, 2, true).unwrap());
         // The prompt: the start of a document (a copy to begin with).
         let prompt: Vec<u32> = docs[0].iter().copied().take(prompt_len).collect();
         for estimator in estimators() {
@@ -118,7 +109,7 @@ proptest! {
     /// A guard that never has to act (L longer than any document) changes nothing.
     #[test]
     fn an_idle_guard_changes_nothing((vocab, docs) in corpus(), seed in 0u64..1000) {
-        let index = Arc::new(Index::from_docs(spec(vocab), &docs, 2, true).unwrap());
+        let index = Arc::new(Index::from_docs(TokenizerSpec::synthetic(vocab), &docs, 2, true).unwrap());
         let prompt = vec![docs[0][0]];
         for estimator in estimators() {
             let cfg = GenConfig { cancel: None, estimator, context: 50, max_tokens: 80, guard: None };
@@ -141,7 +132,7 @@ proptest! {
         l in 1usize..5,
         start in 0usize..3,
     ) {
-        let index = Arc::new(Index::from_docs(spec(vocab), &docs, 1, true).unwrap());
+        let index = Arc::new(Index::from_docs(TokenizerSpec::synthetic(vocab), &docs, 1, true).unwrap());
         let prompt: Vec<u32> = docs[0].iter().copied().skip(start).take(4).collect();
         prop_assume!(!prompt.is_empty());
         let cfg = DecodeConfig { max_tokens: 40, draft_max: 6, ..Default::default() };
@@ -174,7 +165,7 @@ proptest! {
         max_docs in 1usize..4,
     ) {
         let text: Vec<u32> = text.into_iter().map(|t| t % vocab as u32).collect();
-        let index = Index::from_docs(spec(vocab), &docs, 2, true).unwrap();
+        let index = Index::from_docs(TokenizerSpec::synthetic(vocab), &docs, 2, true).unwrap();
         let spans = attribute(&index, &text, min_len, max_docs, 20).unwrap();
         // Brute force: maximal occurring spans.
         let occurs = |a: usize, b: usize| brute_count(&docs, &text[a..b]) > 0;
@@ -241,7 +232,7 @@ impl Drafter for Fixed {
 #[test]
 fn edge_cases() {
     let docs = vec![vec![1, 2, 3, 4], vec![2, 3, 5]];
-    let index = Arc::new(Index::from_docs(spec(6), &docs, 1, true).unwrap());
+    let index = Arc::new(Index::from_docs(TokenizerSpec::synthetic(6), &docs, 1, true).unwrap());
     // L = 0 is refused with a message.
     let cfg = GenConfig {
         cancel: None,

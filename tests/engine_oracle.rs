@@ -8,15 +8,6 @@ use infgram::Index;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 
-fn spec(vocab: usize) -> TokenizerSpec {
-    TokenizerSpec {
-        kind: "test".into(),
-        path: String::new(),
-        fingerprint: "0".into(),
-        vocab_size: vocab,
-    }
-}
-
 /// All occurrences (doc, start) of `q` inside documents.
 fn occurrences(docs: &[Vec<u32>], q: &[u32]) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
@@ -78,7 +69,8 @@ fn brute_infgram(docs: &[Vec<u32>], p: &[u32], eos: Option<u32>) -> (usize, BTre
 fn check_all(docs: &[Vec<u32>], vocab: usize, queries: &[Vec<u32>]) {
     for per_shard in [docs.len().max(1), 2, 1] {
         for reverse in [true, false] {
-            let idx = Index::from_docs(spec(vocab), docs, per_shard, reverse).unwrap();
+            let idx = Index::from_docs(TokenizerSpec::synthetic(vocab), docs, per_shard, reverse)
+                .unwrap();
             for q in queries {
                 assert_eq!(
                     idx.count(q).unwrap().count,
@@ -185,7 +177,7 @@ fn edge_cases() {
         10,
         &[vec![3, 4], vec![3], vec![2, 3], vec![5], vec![9]],
     );
-    let idx = Index::from_docs(spec(10), &docs, 1, true).unwrap();
+    let idx = Index::from_docs(TokenizerSpec::synthetic(10), &docs, 1, true).unwrap();
     assert_eq!(idx.count(&[3, 4]).unwrap().count, 0);
     assert_eq!(
         idx.count(&[]).unwrap().count,
@@ -194,7 +186,13 @@ fn edge_cases() {
     );
     // Token widths follow the vocabulary: bytes (255 ids) fit one byte beside the separator.
     for (vocab, width) in [(2usize, 1u8), (255, 1), (256, 2), (65_535, 2), (65_536, 4)] {
-        let idx = Index::from_docs(spec(vocab), &[vec![vocab as u32 - 1]], 1, true).unwrap();
+        let idx = Index::from_docs(
+            TokenizerSpec::synthetic(vocab),
+            &[vec![vocab as u32 - 1]],
+            1,
+            true,
+        )
+        .unwrap();
         assert_eq!(idx.header().token_width, width, "vocab {vocab}");
         assert_eq!(idx.count(&[vocab as u32 - 1]).unwrap().count, 1);
     }
@@ -211,7 +209,7 @@ fn edge_cases() {
     assert!(idx.count(&[10]).is_err());
     assert!(idx.count(&[u32::MAX]).is_err());
     // Empty corpus.
-    let empty = Index::from_docs(spec(10), &[], 1, true).unwrap();
+    let empty = Index::from_docs(TokenizerSpec::synthetic(10), &[], 1, true).unwrap();
     assert_eq!(empty.count(&[1]).unwrap().count, 0);
     assert_eq!(empty.infgram_ntd(&[1], None).unwrap().suffix_len, Some(0));
     // A prompt that never occurs backs off to the unigram distribution.
@@ -232,7 +230,7 @@ fn search_docs_cnf() {
         vec![1, 2, 9, 9, 9, 9, 9, 5, 6],
         vec![5, 6, 1, 2],
     ];
-    let idx = Index::from_docs(spec(10), &docs, 2, true).unwrap();
+    let idx = Index::from_docs(TokenizerSpec::synthetic(10), &docs, 2, true).unwrap();
     // (1 2) AND (5 6) within 3 tokens: docs 0 and 2, not 1 (too far).
     let r = idx
         .search_docs(&[vec![vec![1, 2]], vec![vec![5, 6]]], 10, 3, 1000, 20)
@@ -267,7 +265,8 @@ fn sampled_keys_agree_with_brute_force() {
                     .collect()
             })
             .collect();
-        let idx = Index::from_docs(spec(vocab as usize), &docs, 5, true).unwrap();
+        let idx =
+            Index::from_docs(TokenizerSpec::synthetic(vocab as usize), &docs, 5, true).unwrap();
         for d in 0..docs.len() {
             for start in [0usize, 17, 333, 690] {
                 for len in [1usize, 2, 3, 4, 5, 7, 8, 9, 12, 30] {

@@ -11,15 +11,6 @@ use infgram::Index;
 use proptest::prelude::*;
 use std::path::Path;
 
-fn spec(vocab: usize) -> TokenizerSpec {
-    TokenizerSpec {
-        kind: "test".into(),
-        path: String::new(),
-        fingerprint: "0".into(),
-        vocab_size: vocab,
-    }
-}
-
 /// Writes `docs` as infini-gram's indexer would, shard `s` taking documents `i % shards == s`.
 fn write_infini_gram(dir: &Path, docs: &[Vec<u32>], width: usize, shards: usize) {
     std::fs::create_dir_all(dir).unwrap();
@@ -78,7 +69,13 @@ fn check_same(docs: &[Vec<u32>], vocab: usize, width: usize, shards: usize, qs: 
     let per_shard: Vec<usize> = (0..shards)
         .map(|s| docs.iter().skip(s).step_by(shards).count())
         .collect();
-    let ours = Index::from_docs(spec(vocab), &order, per_shard[0].max(1), false).unwrap();
+    let ours = Index::from_docs(
+        TokenizerSpec::synthetic(vocab),
+        &order,
+        per_shard[0].max(1),
+        false,
+    )
+    .unwrap();
     let same_shards = per_shard.iter().all(|&n| n == per_shard[0]);
     assert_eq!(ig.total_tokens(), ours.total_tokens());
     let in_vocab = |q: &[u32]| q.iter().all(|&t| (t as usize) < vocab);

@@ -14,19 +14,10 @@ use infgram::Index;
 use proptest::prelude::*;
 use std::sync::Arc;
 
-fn spec() -> TokenizerSpec {
-    TokenizerSpec {
-        kind: "test".into(),
-        path: String::new(),
-        fingerprint: "0".into(),
-        vocab_size: 6,
-    }
-}
-
 type Ix = Arc<Index<Vec<u8>>>;
 
 fn index(docs: &[Vec<u32>]) -> Ix {
-    Arc::new(Index::from_docs(spec(), docs, 1, true).unwrap())
+    Arc::new(Index::from_docs(TokenizerSpec::synthetic(6), docs, 1, true).unwrap())
 }
 
 /// The stand-in neural model: the smoothed ∞-gram of `docs`, as dense rows.

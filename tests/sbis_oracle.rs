@@ -14,15 +14,6 @@ use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-fn spec(vocab: usize) -> TokenizerSpec {
-    TokenizerSpec {
-        kind: "test".into(),
-        path: String::new(),
-        fingerprint: "0".into(),
-        vocab_size: vocab,
-    }
-}
-
 /// The definition of tiny-infini-gram (the reference SBIS implementation), literally: for l = len..1, count the token after every occurrence of
 /// the suffix (inside a document); keep a level if its total exceeds the last kept total.
 fn brute_levels(docs: &[Vec<u32>], ctx: &[u32], k: i64) -> Vec<(usize, u64, BTreeMap<u32, u64>)> {
@@ -63,7 +54,7 @@ proptest! {
     #[test]
     fn levels_match_brute_force((docs, ctx, shards) in corpus(), k in prop_oneof![Just(-1i64), 1i64..4]) {
         for reverse in [true, false] {
-            let index = Index::from_docs(spec(3), &docs, shards, reverse).unwrap();
+            let index = Index::from_docs(TokenizerSpec::synthetic(3), &docs, shards, reverse).unwrap();
             let mut f = LevelFinder::new(false);
             let got = f.levels(&index, &ctx, k, false);
             let want = brute_levels(&docs, &ctx, k);
@@ -128,7 +119,7 @@ proptest! {
         k in prop_oneof![Just(-1i64), 1i64..4],
         window in 2usize..12,
     ) {
-        let index = Index::from_docs(spec(3), &docs, shards, true).unwrap();
+        let index = Index::from_docs(TokenizerSpec::synthetic(3), &docs, shards, true).unwrap();
         let mut inc = LevelFinder::new(true);
         let mut scratch = LevelFinder::new(true);
         let mut tracker = levels::Tracker::default();
@@ -155,7 +146,7 @@ proptest! {
 fn seeded_generation_is_reproducible() {
     let text = "to be or not to be, that is the question; to sleep, perchance to dream";
     let docs = vec![text.bytes().map(u32::from).collect::<Vec<_>>()];
-    let index = Arc::new(Index::from_docs(spec(255), &docs, 1, true).unwrap());
+    let index = Arc::new(Index::from_docs(TokenizerSpec::synthetic(255), &docs, 1, true).unwrap());
     let cfg = GenConfig {
         cancel: None,
         estimator: Estimator::Sbis { k: -1, decay: 0.1 },
@@ -213,7 +204,7 @@ fn seeded_generation_is_reproducible() {
         .tokens
         .is_empty());
     // An empty index is an error, not a panic.
-    let empty = Index::from_docs(spec(255), &[], 1, true).unwrap();
+    let empty = Index::from_docs(TokenizerSpec::synthetic(255), &[], 1, true).unwrap();
     assert!(generate(Arc::new(empty), &[1], &cfg, &mut s, |_| {}).is_err());
 }
 
@@ -225,7 +216,7 @@ fn sparse_rows_generate_the_same_text_as_dense_rows() {
         .split(". ")
         .map(|d| d.bytes().map(u32::from).collect())
         .collect();
-    let index = Arc::new(Index::from_docs(spec(255), &docs, 2, true).unwrap());
+    let index = Arc::new(Index::from_docs(TokenizerSpec::synthetic(255), &docs, 2, true).unwrap());
     let estimators = [
         Estimator::Sbis { k: 2, decay: 0.1 },
         Estimator::Sbis { k: -1, decay: 0.1 },
@@ -266,7 +257,7 @@ fn infgram_model_takes_a_model_vocabulary_with_the_separator_as_end_token() {
     // Tokens 0..3 in documents; the separator (255) is reported as end token 3 of a
     // 4-token vocabulary.
     let docs = vec![vec![0, 1, 2], vec![0, 1, 0, 1, 2]];
-    let index = Arc::new(Index::from_docs(spec(3), &docs, 1, true).unwrap());
+    let index = Arc::new(Index::from_docs(TokenizerSpec::synthetic(3), &docs, 1, true).unwrap());
     let est = Estimator::Sbis { k: -1, decay: 0.1 };
     let plain = InfgramModel::new(index.clone(), est.clone(), 10).unwrap();
     assert_eq!(plain.vocab_size(), 256);
@@ -317,7 +308,7 @@ fn three_token_docs(seed: u64, n: usize, len: usize) -> Vec<Vec<u32>> {
 fn a_bounded_counts_cache_stays_within_its_budget_and_changes_no_level() {
     // Long documents over 3 tokens: short contexts have thousands of occurrences (cached).
     let docs = three_token_docs(12345, 4, 4000);
-    let index = Index::from_docs(spec(3), &docs, 2, true).unwrap();
+    let index = Index::from_docs(TokenizerSpec::synthetic(3), &docs, 2, true).unwrap();
     let capacity = 64;
     let mut bounded = LevelFinder::with_cache_capacity(false, capacity);
     let mut unbounded = LevelFinder::new(false);
@@ -350,7 +341,7 @@ type LevelFacts = (usize, u64, Vec<(u32, u64)>);
 fn finders_on_one_index_share_its_counts_cache_across_threads() {
     // Short contexts over 3 tokens have thousands of occurrences: their counts are cached.
     let docs = three_token_docs(777, 3, 3000);
-    let index = Arc::new(Index::from_docs(spec(3), &docs, 2, true).unwrap());
+    let index = Arc::new(Index::from_docs(TokenizerSpec::synthetic(3), &docs, 2, true).unwrap());
     let contexts: Vec<Vec<u32>> = (0..200)
         .map(|i| docs[i % 3][(i * 41) % 2900..][..(i % 6) + 1].to_vec())
         .collect();

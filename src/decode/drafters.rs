@@ -512,12 +512,7 @@ mod tests {
 
     /// A corpus where "1 2 3" is followed by 4 once, but "2 3" is followed by 5 thirty times.
     fn corpus_index() -> Arc<Index<Vec<u8>>> {
-        let spec = crate::tokenizer::TokenizerSpec {
-            kind: "test".into(),
-            path: String::new(),
-            fingerprint: "0".into(),
-            vocab_size: 100,
-        };
+        let spec = crate::tokenizer::TokenizerSpec::synthetic(100);
         let mut docs = vec![vec![1, 2, 3, 4, 7, 8]];
         docs.extend((0..30).map(|i| vec![10 + i % 20, 2, 3, 5, 6]));
         Arc::new(Index::from_docs(spec, &docs, 2, true).unwrap())

@@ -293,12 +293,7 @@ mod tests {
 
     fn index(docs: &[&[u32]]) -> Arc<Index<Vec<u8>>> {
         let docs: Vec<Vec<u32>> = docs.iter().map(|d| d.to_vec()).collect();
-        let spec = crate::tokenizer::TokenizerSpec {
-            kind: "test".into(),
-            path: String::new(),
-            fingerprint: "0".into(),
-            vocab_size: 10,
-        };
+        let spec = crate::tokenizer::TokenizerSpec::synthetic(10);
         Arc::new(Index::from_docs(spec, &docs, 1, true).expect("index"))
     }
 

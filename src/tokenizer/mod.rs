@@ -54,6 +54,20 @@ pub struct TokenizerSpec {
     pub vocab_size: usize,
 }
 
+impl TokenizerSpec {
+    /// The spec of a synthetic corpus of token ids below `vocab_size` (tests, benchmarks): a
+    /// kind no tokenizer is loaded for and a fingerprint no tokenizer has, so a query with a
+    /// real tokenizer is refused as with any other index.
+    pub fn synthetic(vocab_size: usize) -> TokenizerSpec {
+        TokenizerSpec {
+            kind: "synthetic".into(),
+            path: String::new(),
+            fingerprint: "0".into(),
+            vocab_size,
+        }
+    }
+}
+
 /// 64-bit FNV-1a, the hash behind fingerprints (stable across platforms and releases).
 pub fn fnv1a64(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf29ce484222325;
