@@ -12,6 +12,7 @@ use super::attention::{attend, KvCache};
 use super::gguf::{model_err, Gguf, LlamaConfig};
 use super::kernels::{matmul, Isa, QMatrix, QRows};
 use super::pool::{split_mut, stretches, Pool};
+use super::silu::silu_mul;
 use crate::error::{Error, Result};
 use crate::lm::{LanguageModel, Logits};
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -249,7 +250,7 @@ impl Llama {
             acts.quantize_on_pool(isa, pool, &rms_norm(&x, &layer.ffn_norm, eps), dim);
             let gate = project(isa, pool, acts, &layer.w_gate);
             let up = project(isa, pool, acts, &layer.w_up);
-            let act = swiglu(pool, &gate, &up);
+            let act = swiglu(isa, pool, &gate, &up);
             acts.quantize_on_pool(isa, pool, &act, layer.w_up.rows());
             add_in_place(&mut x, &project(isa, pool, acts, &layer.w_down));
         }
@@ -287,9 +288,9 @@ impl Llama {
     }
 }
 
-/// `silu(gate) · up`, element by element, `silu(g) = g / (1 + e^−g)`; split across the pool's
-/// threads when long enough to pay for the hand-off (libm's `expf` is about 3 ns a value).
-fn swiglu(pool: &mut Pool, gate: &[f32], up: &[f32]) -> Vec<f32> {
+/// `silu(gate) · up`, element by element, `silu(g) = g / (1 + e^−g)` ([`silu_mul`]); split
+/// across the pool's threads when long enough to pay for the hand-off.
+fn swiglu(isa: Isa, pool: &mut Pool, gate: &[f32], up: &[f32]) -> Vec<f32> {
     const PARALLEL: usize = 2048;
     let mut out = vec![0.0f32; gate.len()];
     let threads = if gate.len() >= PARALLEL {
@@ -299,9 +300,7 @@ fn swiglu(pool: &mut Pool, gate: &[f32], up: &[f32]) -> Vec<f32> {
     };
     let parts = stretches(gate.len(), 64, threads);
     let silu = |(out, r): (&mut [f32], std::ops::Range<usize>)| {
-        for ((o, g), u) in out.iter_mut().zip(&gate[r.clone()]).zip(&up[r]) {
-            *o = g / (1.0 + (-g).exp()) * u;
-        }
+        silu_mul(isa, &gate[r.clone()], &up[r], out)
     };
     let items: Vec<_> = split_mut(&mut out, &parts)
         .into_iter()

@@ -11,6 +11,7 @@ pub mod hf_llama;
 pub mod kernels;
 pub mod llama;
 pub mod pool;
+pub mod silu;
 pub mod source;
 
 /// The chat template of SmolLM2-Instruct (ChatML) around one user message. The GGUF's own
