@@ -10,7 +10,7 @@
 
 use super::attention::{attend, KvCache};
 use super::gguf::{model_err, Gguf, LlamaConfig};
-use super::kernels::{matmul, Isa, QMatrix, QRows};
+use super::kernels::{matmul, matmul_many, Isa, QMatrix, QRows};
 use super::pool::{split_mut, stretches, Pool};
 use super::silu::silu_mul;
 use crate::error::{Error, Result};
@@ -224,9 +224,8 @@ impl Llama {
         let acts = &mut self.acts;
         for layer in &mut self.layers {
             acts.quantize_on_pool(isa, pool, &rms_norm(&x, &layer.attn_norm, eps), dim);
-            let mut q = project(isa, pool, acts, &layer.wq);
-            let mut k = project(isa, pool, acts, &layer.wk);
-            let v = project(isa, pool, acts, &layer.wv);
+            let [mut q, mut k, v] =
+                project_many(isa, pool, acts, [&layer.wq, &layer.wk, &layer.wv]);
             rope(
                 &mut q,
                 dim,
@@ -248,8 +247,7 @@ impl Llama {
             acts.quantize_on_pool(isa, pool, &attended, dim);
             add_in_place(&mut x, &project(isa, pool, acts, &layer.wo));
             acts.quantize_on_pool(isa, pool, &rms_norm(&x, &layer.ffn_norm, eps), dim);
-            let gate = project(isa, pool, acts, &layer.w_gate);
-            let up = project(isa, pool, acts, &layer.w_up);
+            let [gate, up] = project_many(isa, pool, acts, [&layer.w_gate, &layer.w_up]);
             let act = swiglu(isa, pool, &gate, &up);
             acts.quantize_on_pool(isa, pool, &act, layer.w_up.rows());
             add_in_place(&mut x, &project(isa, pool, acts, &layer.w_down));
@@ -336,6 +334,19 @@ fn project(isa: Isa, pool: &mut Pool, acts: &QRows, w: &QMatrix) -> Vec<f32> {
     let mut out = vec![0.0; acts.rows() * w.rows()];
     matmul(isa, w, acts, &mut out, pool);
     out
+}
+
+/// [`project`] with several matrices in one parallel section ([`matmul_many`]).
+fn project_many<const N: usize>(
+    isa: Isa,
+    pool: &mut Pool,
+    acts: &QRows,
+    ws: [&QMatrix; N],
+) -> [Vec<f32>; N] {
+    let mut outs = ws.map(|w| vec![0.0; acts.rows() * w.rows()]);
+    let mut slices: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+    matmul_many(isa, &ws, acts, &mut slices, pool);
+    outs
 }
 
 /// Dot product in sixteen lanes (two AVX registers), reduced in a fixed order.
