@@ -346,8 +346,8 @@ fn softmax_pairs(pairs: &[Pair], scores: &mut [f32], width: usize) {
     }
 }
 
-/// Heads of a row whose softmax sums run side by side: each sum is a chain of dependent adds
-/// (in position order, for the same bits in any pass), so four chains keep the adder busy.
+/// Pairs whose softmax sums run side by side: each sum is a chain of dependent adds (in
+/// position order, for the same bits in any pass), so four chains keep the adder busy.
 const HEADS_TOGETHER: usize = 4;
 
 /// The sum of the first `seen` values of each of the [`HEADS_TOGETHER`] stretches of
