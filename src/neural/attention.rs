@@ -445,13 +445,10 @@ fn weigh_block<const HD: usize, const VC: usize>(
     even_sums: &mut [f32],
     odd_sums: &mut [f32],
 ) {
-    let kv_dim = cache.kv_heads * cache.head_dim;
-    let values = &cache.values[j0 * kv_dim..(j0 + p.len()) * kv_dim];
+    let (kv_dim, values) = value_rows(cache, j0, p.len());
     for c0 in (0..HD).step_by(VC) {
-        let columns = |sums: &[f32]| -> [f32; VC] { sums[c0..c0 + VC].try_into().expect("VC") };
-        let (mut even, mut odd) = (columns(even_sums), columns(odd_sums));
-        let at = g * HD + c0;
-        let lane = |row: &[f32]| -> [f32; VC] { row[at..at + VC].try_into().expect("columns") };
+        let (mut even, mut odd) = (columns::<VC>(even_sums, c0), columns::<VC>(odd_sums, c0));
+        let lane = |row: &[f32]| columns::<VC>(row, g * HD + c0);
         let mut pairs = values.chunks_exact(2 * kv_dim);
         for (pair, two) in p.chunks_exact(2).zip(pairs.by_ref()) {
             let (v0, v1) = (lane(two), lane(&two[kv_dim..]));
@@ -471,6 +468,21 @@ fn weigh_block<const HD: usize, const VC: usize>(
     }
 }
 
+/// The row width of the cached values and their rows for positions `j0..j0 + n`.
+#[inline(always)]
+fn value_rows(cache: &KvCache, j0: usize, n: usize) -> (usize, &[f32]) {
+    let kv_dim = cache.kv_heads * cache.head_dim;
+    (kv_dim, &cache.values[j0 * kv_dim..(j0 + n) * kv_dim])
+}
+
+/// `VC` columns of `row` from `c0`, by value (so that they can sit in registers).
+#[inline(always)]
+fn columns<const VC: usize>(row: &[f32], c0: usize) -> [f32; VC] {
+    row[c0..c0 + VC]
+        .try_into()
+        .expect("VC columns inside the row")
+}
+
 /// The stretches `[a, a + len)` and `[b, b + len)` of `x` (`a < b`, not overlapping).
 fn two_mut(x: &mut [f32], a: usize, b: usize, len: usize) -> (&mut [f32], &mut [f32]) {
     let (low, high) = x.split_at_mut(b);
@@ -487,15 +499,12 @@ fn weigh_two<const HD: usize, const VC: usize>(
     [pa, pb]: [&[f32]; 2],
     sums: [&mut [f32]; 4],
 ) {
-    let kv_dim = cache.kv_heads * cache.head_dim;
-    let values = &cache.values[j0 * kv_dim..(j0 + pa.len()) * kv_dim];
+    let (kv_dim, values) = value_rows(cache, j0, pa.len());
     let [ea_sums, oa_sums, eb_sums, ob_sums] = sums;
     for c0 in (0..HD).step_by(VC) {
-        let columns = |sums: &[f32]| -> [f32; VC] { sums[c0..c0 + VC].try_into().expect("VC") };
-        let (mut ea, mut oa) = (columns(ea_sums), columns(oa_sums));
-        let (mut eb, mut ob) = (columns(eb_sums), columns(ob_sums));
-        let at = g * HD + c0;
-        let lane = |row: &[f32]| -> [f32; VC] { row[at..at + VC].try_into().expect("columns") };
+        let (mut ea, mut oa) = (columns::<VC>(ea_sums, c0), columns::<VC>(oa_sums, c0));
+        let (mut eb, mut ob) = (columns::<VC>(eb_sums, c0), columns::<VC>(ob_sums, c0));
+        let lane = |row: &[f32]| columns::<VC>(row, g * HD + c0);
         for ((x, y), two) in pa
             .chunks_exact(2)
             .zip(pb.chunks_exact(2))
