@@ -44,8 +44,7 @@ fn main() {
     for (name, prompts, chat) in SETS {
         let mut outputs = Vec::new();
         for (policy, local) in [("run-wide calibration", false), ("+ local evidence", true)] {
-            let mut log_sum = 0.0;
-            let mut each = Vec::new();
+            let mut runs = Vec::new();
             outputs.clear();
             for p in prompts {
                 let text = if chat { chat_prompt(p) } else { p.to_string() };
@@ -60,31 +59,43 @@ fn main() {
                 };
                 let (ids, stats) = greedy(&mut model, &mut drafters, &prompt, &cfg).unwrap();
                 let modeled: f64 = stats.trace.iter().map(|t| cost.cost(t.drafted + 1)).sum();
-                let speed = ids.len() as f64 / modeled;
-                log_sum += speed.ln();
-                each.push(format!("{speed:.2} ({})", stats.trace.len()));
+                runs.push((ids.len(), modeled, stats.trace.len()));
                 outputs.push((prompt, ids));
             }
-            let geomean = (log_sum / prompts.len() as f64).exp();
-            println!(
-                "| {name} | {policy} | {geomean:.3}× | {} |",
-                each.join(", ")
-            );
+            print_row(name, policy, &runs);
         }
-        let mut log_sum = 0.0;
-        let mut each = Vec::new();
-        for (prompt, ids) in &outputs {
-            let (modeled, passes) = ceiling(&mut new_drafters(), &cost, prompt, ids);
-            let speed = ids.len() as f64 / modeled;
-            log_sum += speed.ln();
-            each.push(format!("{speed:.2} ({passes})"));
-        }
-        let geomean = (log_sum / outputs.len() as f64).exp();
-        println!(
-            "| {name} | ceiling: drafts cut where the model leaves them | {geomean:.3}× | {} |",
-            each.join(", ")
+        let runs: Vec<_> = outputs
+            .iter()
+            .map(|(prompt, ids)| {
+                let (modeled, passes) = ceiling(&mut new_drafters(), &cost, prompt, ids);
+                (ids.len(), modeled, passes)
+            })
+            .collect();
+        print_row(
+            name,
+            "ceiling: drafts cut where the model leaves them",
+            &runs,
         );
     }
+}
+
+/// One row of the table: each output's modeled speed-up (its tokens over the table cost of its
+/// passes; `runs` holds tokens, cost and passes) and their geometric mean.
+fn print_row(set: &str, drafting: &str, runs: &[(usize, f64, usize)]) {
+    let speeds: Vec<f64> = runs
+        .iter()
+        .map(|&(n, modeled, _)| n as f64 / modeled)
+        .collect();
+    let geomean = (speeds.iter().map(|s| s.ln()).sum::<f64>() / runs.len() as f64).exp();
+    let each: Vec<String> = speeds
+        .iter()
+        .zip(runs)
+        .map(|(speed, (_, _, passes))| format!("{speed:.2} ({passes})"))
+        .collect();
+    println!(
+        "| {set} | {drafting} | {geomean:.3}× | {} |",
+        each.join(", ")
+    );
 }
 
 /// The table cost and passes of writing `output` after `prompt` when each pass drafts exactly
