@@ -128,9 +128,9 @@ impl KvCache {
     }
 }
 
-/// Causal attention of the query rows `q` (row r at position pos + r) over `cache`, which
-/// already holds their keys and values. The (row, head) pairs are split across the pool's
-/// threads.
+/// `out` = causal attention of the query rows `q` (row r at position pos + r) over `cache`,
+/// which already holds their keys and values. The (row, head) pairs are split across the
+/// pool's threads.
 pub fn attend(
     isa: Isa,
     pool: &mut Pool,
@@ -138,9 +138,10 @@ pub fn attend(
     cache: &KvCache,
     q: &[f32],
     pos: usize,
-) -> Vec<f32> {
-    let mut out = vec![0.0f32; q.len()];
-    let shared = DisjointOut::new(&mut out);
+    out: &mut [f32],
+) {
+    assert_eq!(out.len(), q.len(), "attend: an output for every query");
+    let shared = DisjointOut::new(out);
     // The (row, head) pairs, numbered row by row, in one stretch per thread.
     let parts = stretches(q.len() / cfg.dim * cfg.n_head, 1, pool.threads());
     pool.run(&|part| {
@@ -148,7 +149,6 @@ pub fn attend(
             attend_heads(isa, cfg, cache, q, pos, units.clone(), shared);
         }
     });
-    out
 }
 
 /// [`attend_portable`] compiled for the widest vectors the CPU has (the same operations in
@@ -227,28 +227,38 @@ fn attend_portable<const SB: usize, const VC: usize>(
     let group = n_head / cfg.n_kv_head;
     // Every row sees at most `width` positions; each pair's scores get a stretch that long.
     let width = pos + q.len() / cfg.dim;
-    let mut scores = Vec::new();
-    for g in 0..cfg.n_kv_head {
-        let pairs: Vec<Pair> = units
-            .clone()
-            .map(|u| (u / n_head, u % n_head))
-            .filter(|&(_, h)| h / group == g)
-            .map(|(row, head)| Pair {
-                row,
-                head,
-                seen: pos + row + 1,
-            })
-            .collect();
-        if pairs.is_empty() {
-            continue;
+    SCRATCH.with_borrow_mut(|(pairs, scores)| {
+        for g in 0..cfg.n_kv_head {
+            pairs.clear();
+            pairs.extend(
+                units
+                    .clone()
+                    .map(|u| (u / n_head, u % n_head))
+                    .filter(|&(_, h)| h / group == g)
+                    .map(|(row, head)| Pair {
+                        row,
+                        head,
+                        seen: pos + row + 1,
+                    }),
+            );
+            if pairs.is_empty() {
+                continue;
+            }
+            // Whole sets of `HEADS_TOGETHER` stretches, for the softmax sums.
+            scores.clear();
+            scores.resize(pairs.len().next_multiple_of(HEADS_TOGETHER) * width, 0.0);
+            score_pairs::<SB>(cfg, cache, g, q, pairs, scores, width);
+            softmax_pairs(pairs, scores, width);
+            weigh_pairs::<VC>(cfg, cache, g, pairs, scores, width, out);
         }
-        // Whole sets of `HEADS_TOGETHER` stretches, for the softmax sums.
-        scores.clear();
-        scores.resize(pairs.len().next_multiple_of(HEADS_TOGETHER) * width, 0.0);
-        score_pairs::<SB>(cfg, cache, g, q, &pairs, &mut scores, width);
-        softmax_pairs(&pairs, &mut scores, width);
-        weigh_pairs::<VC>(cfg, cache, g, &pairs, &scores, width, out);
-    }
+    });
+}
+
+thread_local! {
+    /// Each thread's pairs of a kv head and their stretches of scores, kept from call to call
+    /// (allocating them per call and layer was a visible share of a pass in `malloc`).
+    static SCRATCH: std::cell::RefCell<(Vec<Pair>, Vec<f32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// A (row, head) pair of the pass and the positions its row sees.
@@ -677,7 +687,7 @@ mod tests {
                 cache.append(&pseudo((n + 40) * kv_dim, 9), &pseudo((n + 40) * kv_dim, 9));
                 cache.truncate(0);
                 cache.append(&keys, &values);
-                let want = attend(Isa::Scalar, &mut Pool::new(1), &cfg, &cache, &q, pos);
+                let want = attended(Isa::Scalar, 1, &cfg, &cache, &q, pos);
                 let exact = naive(&cfg, &keys, &values, &q, pos);
                 for (w, e) in want.iter().zip(&exact) {
                     assert!(
@@ -687,18 +697,32 @@ mod tests {
                 }
                 for isa in Isa::available() {
                     for threads in [1, 2, 3] {
-                        let got = attend(isa, &mut Pool::new(threads), &cfg, &cache, &q, pos);
+                        let got = attended(isa, threads, &cfg, &cache, &q, pos);
                         let at = format!("{isa:?}, {threads} threads, hd {hd}, pos {pos}");
                         assert_eq!(got, want, "{at}, {rows} rows");
                     }
                     for (r, (row, want)) in q.chunks(cfg.dim).zip(want.chunks(cfg.dim)).enumerate()
                     {
-                        let alone = attend(isa, &mut Pool::new(1), &cfg, &cache, row, pos + r);
+                        let alone = attended(isa, 1, &cfg, &cache, row, pos + r);
                         assert_eq!(alone, want, "{isa:?}, hd {hd}, row {r} of {rows} alone");
                     }
                 }
             }
         }
+    }
+
+    /// [`attend`] into a new vector, on a pool of `threads`.
+    fn attended(
+        isa: Isa,
+        threads: usize,
+        cfg: &LlamaConfig,
+        cache: &KvCache,
+        q: &[f32],
+        pos: usize,
+    ) -> Vec<f32> {
+        let mut out = vec![0.0; q.len()];
+        attend(isa, &mut Pool::new(threads), cfg, cache, q, pos, &mut out);
+        out
     }
 
     #[test]

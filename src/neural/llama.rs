@@ -31,6 +31,27 @@ struct Layer {
     cache: KvCache,
 }
 
+/// The activations of a pass, `rows × width` floats each, kept from pass to pass: allocating
+/// them per layer cost the thread that runs the pass about 5% of its time in `malloc` and
+/// `free` while the pool's other threads waited.
+#[derive(Default)]
+struct Scratch {
+    /// The residual stream.
+    x: Vec<f32>,
+    /// `x` RMS-normalized.
+    normed: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attended: Vec<f32>,
+    /// An output of the attention or feed-forward block, before it joins `x`.
+    projected: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    /// `silu(gate) · up`.
+    act: Vec<f32>,
+}
+
 /// A quantized llama model loaded from GGUF, run on infgram's kernels.
 pub struct Llama {
     cfg: LlamaConfig,
@@ -47,6 +68,8 @@ pub struct Llama {
     cached: usize,
     /// Reused buffer for quantized activations.
     acts: QRows,
+    /// Reused buffers of a pass's activations.
+    scratch: Scratch,
     /// The last pass's final-normed rows whose logits are still to come
     /// ([`LanguageModel::score_more`]), `dim` floats each, from row `held_next` of it on.
     held: Vec<f32>,
@@ -159,6 +182,7 @@ impl Llama {
             rope_sin: Vec::new(),
             cached: 0,
             acts: QRows::default(),
+            scratch: Scratch::default(),
             held: Vec::new(),
             held_next: 0,
         })
@@ -216,47 +240,61 @@ impl Llama {
         let (t, pos, dim, eps) = (tokens.len(), self.cached, self.cfg.dim, self.cfg.eps);
         let kv_dim = self.cfg.n_kv_head * self.cfg.head_dim;
         self.ensure_rope(pos + t);
-        let mut x = vec![0.0f32; t * dim];
+        let (isa, pool, cfg, acts) = (self.isa, &mut self.pool, &self.cfg, &mut self.acts);
+        let Scratch {
+            x,
+            normed,
+            q,
+            k,
+            v,
+            attended,
+            projected,
+            gate,
+            up,
+            act,
+        } = &mut self.scratch;
+        sized(x, t * dim);
         for (row, &tok) in x.chunks_exact_mut(dim).zip(tokens) {
             self.embeddings.dequantize_row(tok as usize, row);
         }
-        let (isa, pool, cfg) = (self.isa, &mut self.pool, &self.cfg);
-        let acts = &mut self.acts;
         for layer in &mut self.layers {
-            acts.quantize_on_pool(isa, pool, &rms_norm(&x, &layer.attn_norm, eps), dim);
-            let [mut q, mut k, v] =
-                project_many(isa, pool, acts, [&layer.wq, &layer.wk, &layer.wv]);
-            rope(
-                &mut q,
-                dim,
-                cfg.head_dim,
-                pos,
-                &self.rope_cos,
-                &self.rope_sin,
+            rms_norm(x, &layer.attn_norm, eps, normed);
+            acts.quantize_on_pool(isa, pool, normed, dim);
+            project_many(
+                isa,
+                pool,
+                acts,
+                [&layer.wq, &layer.wk, &layer.wv],
+                [q, k, v],
             );
-            rope(
-                &mut k,
-                kv_dim,
-                cfg.head_dim,
+            rope(q, dim, cfg.head_dim, pos, &self.rope_cos, &self.rope_sin);
+            rope(k, kv_dim, cfg.head_dim, pos, &self.rope_cos, &self.rope_sin);
+            layer.cache.append(k, v);
+            attend(
+                isa,
+                pool,
+                cfg,
+                &layer.cache,
+                q,
                 pos,
-                &self.rope_cos,
-                &self.rope_sin,
+                sized(attended, q.len()),
             );
-            layer.cache.append(&k, &v);
-            let attended = attend(isa, pool, cfg, &layer.cache, &q, pos);
-            acts.quantize_on_pool(isa, pool, &attended, dim);
-            add_in_place(&mut x, &project(isa, pool, acts, &layer.wo));
-            acts.quantize_on_pool(isa, pool, &rms_norm(&x, &layer.ffn_norm, eps), dim);
-            let [gate, up] = project_many(isa, pool, acts, [&layer.w_gate, &layer.w_up]);
-            let act = swiglu(isa, pool, &gate, &up);
-            acts.quantize_on_pool(isa, pool, &act, layer.w_up.rows());
-            add_in_place(&mut x, &project(isa, pool, acts, &layer.w_down));
+            acts.quantize_on_pool(isa, pool, attended, dim);
+            project(isa, pool, acts, &layer.wo, projected);
+            add_in_place(x, projected);
+            rms_norm(x, &layer.ffn_norm, eps, normed);
+            acts.quantize_on_pool(isa, pool, normed, dim);
+            project_many(isa, pool, acts, [&layer.w_gate, &layer.w_up], [gate, up]);
+            swiglu(isa, pool, gate, up, act);
+            acts.quantize_on_pool(isa, pool, act, layer.w_up.rows());
+            project(isa, pool, acts, &layer.w_down, projected);
+            add_in_place(x, projected);
         }
         self.cached += t;
         if rows == 0 {
             return Ok(Vec::new());
         }
-        self.held = rms_norm(&x, &self.norm, eps);
+        rms_norm(x, &self.norm, eps, &mut self.held);
         self.held_logits(rows)
     }
 
@@ -275,7 +313,8 @@ impl Llama {
         self.acts
             .quantize_on_pool(self.isa, &mut self.pool, held, dim);
         let output = self.output.as_ref().unwrap_or(&self.embeddings);
-        let logits = project(self.isa, &mut self.pool, &self.acts, output);
+        let mut logits = Vec::new();
+        project(self.isa, &mut self.pool, &self.acts, output, &mut logits);
         if to - from == 1 {
             return Ok(vec![logits]);
         }
@@ -286,11 +325,11 @@ impl Llama {
     }
 }
 
-/// `silu(gate) · up`, element by element, `silu(g) = g / (1 + e^−g)` ([`silu_mul`]); split
-/// across the pool's threads when long enough to pay for the hand-off.
-fn swiglu(isa: Isa, pool: &mut Pool, gate: &[f32], up: &[f32]) -> Vec<f32> {
+/// `out = silu(gate) · up`, element by element, `silu(g) = g / (1 + e^−g)` ([`silu_mul`]);
+/// split across the pool's threads when long enough to pay for the hand-off.
+fn swiglu(isa: Isa, pool: &mut Pool, gate: &[f32], up: &[f32], out: &mut Vec<f32>) {
     const PARALLEL: usize = 2048;
-    let mut out = vec![0.0f32; gate.len()];
+    let out = sized(out, gate.len());
     let threads = if gate.len() >= PARALLEL {
         pool.threads()
     } else {
@@ -300,7 +339,7 @@ fn swiglu(isa: Isa, pool: &mut Pool, gate: &[f32], up: &[f32]) -> Vec<f32> {
     let silu = |(out, r): (&mut [f32], std::ops::Range<usize>)| {
         silu_mul(isa, &gate[r.clone()], &up[r], out)
     };
-    let items: Vec<_> = split_mut(&mut out, &parts)
+    let items: Vec<_> = split_mut(out, &parts)
         .into_iter()
         .zip(parts.clone())
         .collect();
@@ -309,7 +348,6 @@ fn swiglu(isa: Isa, pool: &mut Pool, gate: &[f32], up: &[f32]) -> Vec<f32> {
     } else {
         pool.run_each(items, &silu);
     }
-    out
 }
 
 /// Rotates the interleaved pairs of every head of every row of `x` (rows of `width`); row r is
@@ -329,11 +367,9 @@ fn rope(x: &mut [f32], width: usize, head_dim: usize, pos: usize, cos: &[f32], s
     }
 }
 
-/// The products of the quantized activation rows with `w`, row-major.
-fn project(isa: Isa, pool: &mut Pool, acts: &QRows, w: &QMatrix) -> Vec<f32> {
-    let mut out = vec![0.0; acts.rows() * w.rows()];
-    matmul(isa, w, acts, &mut out, pool);
-    out
+/// `out` = the products of the quantized activation rows with `w`, row-major.
+fn project(isa: Isa, pool: &mut Pool, acts: &QRows, w: &QMatrix, out: &mut Vec<f32>) {
+    matmul(isa, w, acts, sized(out, acts.rows() * w.rows()), pool);
 }
 
 /// [`project`] with several matrices in one parallel section ([`matmul_many`]).
@@ -342,11 +378,21 @@ fn project_many<const N: usize>(
     pool: &mut Pool,
     acts: &QRows,
     ws: [&QMatrix; N],
-) -> [Vec<f32>; N] {
-    let mut outs = ws.map(|w| vec![0.0; acts.rows() * w.rows()]);
-    let mut slices: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+    outs: [&mut Vec<f32>; N],
+) {
+    let mut slices: Vec<&mut [f32]> = outs
+        .into_iter()
+        .zip(ws)
+        .map(|(o, w)| sized(o, acts.rows() * w.rows()))
+        .collect();
     matmul_many(isa, &ws, acts, &mut slices, pool);
-    outs
+}
+
+/// `v` resized to `len` floats, as a slice. Its old values stay (every user overwrites all of
+/// them), so a buffer reused at the same size costs nothing.
+fn sized(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    v.resize(len, 0.0);
+    v
 }
 
 /// Dot product in sixteen lanes (two AVX registers), reduced in a fixed order.
@@ -372,15 +418,14 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     lanes[0] + tail
 }
 
-/// RMS normalization of every row, scaled by `w`.
-fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
-    let mut out = Vec::with_capacity(x.len());
+/// `out` = the RMS normalization of every row of `x`, scaled by `w`.
+fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
+    out.clear();
     for row in x.chunks_exact(w.len()) {
         let mean_sq = dot(row, row) / w.len() as f32;
         let inv = 1.0 / (mean_sq + eps).sqrt();
         out.extend(row.iter().zip(w).map(|(v, w)| v * inv * w));
     }
-    out
 }
 
 fn add_in_place(x: &mut [f32], y: &[f32]) {
