@@ -5,13 +5,16 @@
 //! paper's two weights, the table by suffix length): the perplexities and the relative
 //! improvement; the time of interpolated against neural-only scoring; the fitted tables
 //! (`Mixer::default` holds the SBIS k = 2 one); then decoding speed with that table: plain
-//! neural, the mixture, and speculative decoding of the mixture.
+//! neural, the mixture, and speculative decoding of the mixture; last, free of timing noise,
+//! the speculative runs' passes and the drafters' ceiling (each output replayed with every
+//! draft cut exactly where the mixture leaves it) weighed by the mixture's pass costs measured
+//! in the run.
 //!
 //! `cargo run --release --example bench_mix [-- MAX_VAL_TOKENS]` (default: all of val, about
 //! 36,000 tokens; about 10 minutes on 2 cores)
 
 use infgram::decode::drafters::{CorpusDrafter, PromptLookup};
-use infgram::decode::{greedy, DecodeConfig, Drafter};
+use infgram::decode::{greedy, CostModel, DecodeConfig, Drafter};
 use infgram::eval::mixture::{fitting_data, infgram_positions, neural_probs, MixReport};
 use infgram::lm::LanguageModel;
 use infgram::mix::{Interpolated, MixEstimator, Mixer, TABLE_EDGES};
@@ -20,6 +23,9 @@ use infgram::tokenizer::{HfTokenizer, Tokenizer};
 use infgram::Index;
 use std::sync::Arc;
 use std::time::Instant;
+
+#[path = "../bench_speculative/ceiling.rs"]
+mod ceiling;
 
 fn main() {
     let limit: usize = std::env::args()
@@ -113,6 +119,7 @@ fn main() {
     ];
     let cfg = DecodeConfig {
         max_tokens: 128,
+        trace: true,
         ..Default::default()
     };
     println!("\n| prompt | plain SmolLM2 tok/s | mixture tok/s | mixture / plain | speculative mixture tok/s | speculative / mixture | acceptance | identical |");
@@ -124,15 +131,18 @@ fn main() {
         100,
     )
     .unwrap();
+    let new_drafters = || -> Vec<Box<dyn Drafter>> {
+        vec![
+            Box::new(PromptLookup::new(8)),
+            Box::new(CorpusDrafter::new(index.clone())),
+        ]
+    };
+    let mut replays = Vec::new();
     for p in prompts {
         let prompt = tok.encode(&infgram::neural::chat_prompt(p)).unwrap();
         let (_, plain) = greedy(&mut model, &mut [], &prompt, &cfg).unwrap();
         let (out_mix, mix) = greedy(&mut mixed, &mut [], &prompt, &cfg).unwrap();
-        let mut drafters: Vec<Box<dyn Drafter>> = vec![
-            Box::new(PromptLookup::new(8)),
-            Box::new(CorpusDrafter::new(index.clone())),
-        ];
-        let (out_spec, spec) = greedy(&mut mixed, &mut drafters, &prompt, &cfg).unwrap();
+        let (out_spec, spec) = greedy(&mut mixed, &mut new_drafters(), &prompt, &cfg).unwrap();
         let short: String = p
             .chars()
             .skip(p.find('\n').unwrap_or(0) + 2)
@@ -148,6 +158,51 @@ fn main() {
             100.0 * spec.acceptance_rate(),
             out_spec == out_mix
         );
+        replays.push((short, prompt, out_mix, spec.trace));
     }
-    let _ = mixed.vocab_size();
+
+    // How far these drafters could go: the passes the loop made, and the output replayed with
+    // every draft cut exactly where the mixture leaves it, weighed by this run's pass costs.
+    let (_, prompt, output, _) = &replays[0];
+    let table = pass_costs(&mut mixed, &[&prompt[..], output].concat());
+    println!(
+        "\nmixture pass costs here, n = 1 / 2 / 4 / 8 / 16 tokens, fastest of 20 (ms): {table:?}"
+    );
+    let cost = CostModel::from_ms(&table).frozen();
+    println!("\n| prompt | speculative / mixture, modeled from the passes made | ceiling of the drafters |");
+    println!("|---|---:|---:|");
+    for (short, prompt, output, trace) in &replays {
+        let made: f64 = trace.iter().map(|t| cost.cost(t.drafted + 1)).sum();
+        let (best, passes) = ceiling::ceiling(&mut new_drafters(), &cost, prompt, output);
+        let n = output.len() as f64;
+        println!(
+            "| {short:?} | {:.2}× ({} passes) | {:.2}× ({passes} passes) |",
+            n / made,
+            trace.len(),
+            n / best
+        );
+    }
+}
+
+/// The milliseconds of a pass of n = 1, 2, 4, 8, 16 tokens of `model` after `context`, every
+/// row scored (fastest of 20 each).
+fn pass_costs(model: &mut dyn LanguageModel, context: &[u32]) -> Vec<(usize, f64)> {
+    model.truncate(0);
+    model.feed(context).unwrap();
+    [1, 2, 4, 8, 16]
+        .into_iter()
+        .map(|n| {
+            let tokens = &context[..n];
+            let fastest = (0..20)
+                .map(|_| {
+                    let t = Instant::now();
+                    model.score_first(tokens, n).unwrap();
+                    let ms = t.elapsed().as_secs_f64() * 1e3;
+                    model.truncate(context.len());
+                    ms
+                })
+                .fold(f64::INFINITY, f64::min);
+            (n, (fastest * 100.0).round() / 100.0)
+        })
+        .collect()
 }
