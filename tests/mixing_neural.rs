@@ -120,10 +120,9 @@ fn mixing_from_the_command_line() {
         &p("held.txt"),
         "-o",
         &p("mix.json"),
-        "--estimator",
-        "sbis",
     ]));
     let mixer = infgram::mix::Mixer::load(std::path::Path::new(&p("mix.json"))).unwrap();
+    // Without --estimator: SBIS with two levels, the built-in mixer's distribution.
     assert_eq!(mixer.estimator, infgram::mix::MixEstimator::Sbis { k: 2 });
     let v: serde_json::Value = serde_json::from_str(&ok(run(&[
         "ppl",
