@@ -10,8 +10,12 @@
 //! draft cut exactly where the mixture leaves it) weighed by the mixture's pass costs measured
 //! in the run.
 //!
+//! Decoding runs in rounds (`DECODE_ROUNDS`, default 5), the three runs of a prompt back to back
+//! in each, so a ratio compares runs made in the same state of a noisy machine; the table gives
+//! medians, the range of the ratios, and the three prompts together.
+//!
 //! `cargo run --release --example bench_mix [-- MAX_VAL_TOKENS]` (default: all of val, about
-//! 36,000 tokens; about 10 minutes on 2 cores)
+//! 36,000 tokens; about 2 minutes on a 2-vCPU AMD EPYC Zen 5)
 
 use infgram::decode::drafters::{CorpusDrafter, PromptLookup};
 use infgram::decode::{greedy, CostModel, DecodeConfig, Drafter};
@@ -122,6 +126,14 @@ fn main() {
         trace: true,
         ..Default::default()
     };
+    let rounds: usize = std::env::var("DECODE_ROUNDS")
+        .ok()
+        .map_or(5, |s| s.parse().expect("DECODE_ROUNDS: a number"));
+    println!(
+        "\ndecoding: greedy, {} new tokens, {rounds} rounds of plain / mixture / speculative mixture per prompt \
+         (medians; ratios are the median and range of the rounds' ratios, each round's runs back to back)",
+        cfg.max_tokens
+    );
     println!("\n| prompt | plain SmolLM2 tok/s | mixture tok/s | mixture / plain | speculative mixture tok/s | speculative / mixture | acceptance | identical |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     let mut mixed = Interpolated::new(
@@ -138,28 +150,58 @@ fn main() {
         ]
     };
     let mut replays = Vec::new();
+    // Seconds of generation (the prompt's pass excluded) of each round: plain, mixture,
+    // speculative mixture, summed over the prompts for the set's row.
+    let mut set_rounds = vec![[0.0f64; 3]; rounds];
+    let mut set_tokens = [0usize; 3];
     for p in prompts {
         let prompt = tok.encode(&infgram::neural::chat_prompt(p)).unwrap();
-        let (_, plain) = greedy(&mut model, &mut [], &prompt, &cfg).unwrap();
-        let (out_mix, mix) = greedy(&mut mixed, &mut [], &prompt, &cfg).unwrap();
-        let (out_spec, spec) = greedy(&mut mixed, &mut new_drafters(), &prompt, &cfg).unwrap();
+        let mut secs = vec![[0.0f64; 3]; rounds];
+        let mut tokens = [0usize; 3];
+        let mut identical = true;
+        let mut last = None;
+        for (r, round) in secs.iter_mut().enumerate() {
+            let (_, plain) = greedy(&mut model, &mut [], &prompt, &cfg).unwrap();
+            let (out_mix, mix) = greedy(&mut mixed, &mut [], &prompt, &cfg).unwrap();
+            let (out_spec, spec) = greedy(&mut mixed, &mut new_drafters(), &prompt, &cfg).unwrap();
+            identical &= out_spec == out_mix;
+            for (i, s) in [&plain, &mix, &spec].into_iter().enumerate() {
+                round[i] = s.seconds - s.prompt_seconds;
+                tokens[i] = s.tokens;
+                set_rounds[r][i] += round[i];
+            }
+            last = Some((out_mix, spec));
+        }
+        for i in 0..3 {
+            set_tokens[i] += tokens[i];
+        }
+        let (out_mix, spec) = last.unwrap();
         let short: String = p
             .chars()
             .skip(p.find('\n').unwrap_or(0) + 2)
             .take(30)
             .collect();
+        let speeds = Speeds::of(&secs, &tokens);
         println!(
-            "| {short:?} | {:.1} | {:.1} | {:.2}× | {:.1} | {:.2}× | {:.0}% | {} |",
-            plain.tokens_per_second(),
-            mix.tokens_per_second(),
-            mix.tokens_per_second() / plain.tokens_per_second(),
-            spec.tokens_per_second(),
-            spec.tokens_per_second() / mix.tokens_per_second(),
+            "| {short:?} | {} | {} | {} | {} | {} | {:.0}% | {identical} |",
+            speeds.median(0),
+            speeds.median(1),
+            speeds.ratio(1, 0),
+            speeds.median(2),
+            speeds.ratio(2, 1),
             100.0 * spec.acceptance_rate(),
-            out_spec == out_mix
         );
         replays.push((short, prompt, out_mix, spec.trace));
     }
+    let set = Speeds::of(&set_rounds, &set_tokens);
+    println!(
+        "| the three together (tokens / seconds) | {} | {} | {} | {} | {} | | |",
+        set.median(0),
+        set.median(1),
+        set.ratio(1, 0),
+        set.median(2),
+        set.ratio(2, 1),
+    );
 
     // How far these drafters could go: the passes the loop made, and the output replayed with
     // every draft cut exactly where the mixture leaves it, weighed by this run's pass costs.
@@ -182,6 +224,44 @@ fn main() {
             n / best
         );
     }
+}
+
+/// Decoding speeds of repeated rounds: each round's seconds for plain, mixture and speculative
+/// mixture decoding, and the tokens each made (the same in every round: greedy).
+struct Speeds<'a> {
+    seconds: &'a [[f64; 3]],
+    tokens: &'a [usize; 3],
+}
+
+impl<'a> Speeds<'a> {
+    fn of(seconds: &'a [[f64; 3]], tokens: &'a [usize; 3]) -> Self {
+        Speeds { seconds, tokens }
+    }
+
+    fn tokens_per_second(&self, round: usize, run: usize) -> f64 {
+        self.tokens[run] as f64 / self.seconds[round][run].max(1e-12)
+    }
+
+    /// The median tokens/s of `run`.
+    fn median(&self, run: usize) -> String {
+        let v = sorted((0..self.seconds.len()).map(|r| self.tokens_per_second(r, run)));
+        format!("{:.1}", v[v.len() / 2])
+    }
+
+    /// The median and range over the rounds of `run`'s speed over `base`'s.
+    fn ratio(&self, run: usize, base: usize) -> String {
+        let v = sorted(
+            (0..self.seconds.len())
+                .map(|r| self.tokens_per_second(r, run) / self.tokens_per_second(r, base)),
+        );
+        format!("{:.2}× ({:.2}–{:.2})", v[v.len() / 2], v[0], v[v.len() - 1])
+    }
+}
+
+fn sorted(v: impl Iterator<Item = f64>) -> Vec<f64> {
+    let mut v: Vec<f64> = v.collect();
+    v.sort_by(f64::total_cmp);
+    v
 }
 
 /// The milliseconds of a pass of n = 1, 2, 4, 8, 16 tokens of `model` after `context`, every
