@@ -3,7 +3,8 @@
 
 use std::path::PathBuf;
 
-/// Errors of the infgram library. The binary wraps them in `anyhow` and prints them with `{:#}`.
+/// Errors of the infgram library. The binary wraps them in `anyhow` and prints each with its
+/// chain of causes (a cause its message already names is not repeated).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// An operating-system error on a named file.

@@ -88,7 +88,24 @@ fn main() {
         }) {
             std::process::exit(0);
         }
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", message(&e));
         std::process::exit(1);
     }
+}
+
+/// The error and its causes, `outer: inner: …`, each cause left out when the message before
+/// it already ends with it (the library's I/O errors name their cause in their own message).
+fn message(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let part = cause.to_string();
+        if text.ends_with(&part) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&part);
+    }
+    text
 }

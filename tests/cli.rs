@@ -34,6 +34,11 @@ fn err(out: &Output) -> String {
     );
     let e = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!e.contains("panicked"), "panic instead of an error: {e}");
+    let causes: Vec<&str> = e.trim().split(": ").collect();
+    assert!(
+        !causes.windows(2).any(|w| w[0] == w[1]),
+        "a cause said twice: {e}"
+    );
     e
 }
 
@@ -761,6 +766,14 @@ fn bad_numbers_bad_lines_and_write_errors() {
         (
             vec!["query", idx, "count", "--text", "a", "--ids", "1"],
             "cannot be used with",
+        ),
+        (
+            vec!["ppl", "--index", idx, "--text", "/nonexistent/val.txt"],
+            "/nonexistent/val.txt: No such file",
+        ),
+        (
+            vec!["query", idx, "--batch", tmp.path().to_str().unwrap()],
+            "reading ",
         ),
         (vec!["index", "-o", "x", "--mem", "0", c], "--mem"),
         (vec!["index", "-o", "x", "--mem=-1", c], "--mem"),

@@ -187,11 +187,13 @@ fn mixing_from_the_command_line() {
     ])))
     .unwrap();
     assert_eq!(v["mix"], true);
-    // A missing or malformed mixer file, and a byte-level index, are refused.
+    // A missing, malformed or unreadable mixer file, and a byte-level index, are refused,
+    // each cause said once.
     std::fs::write(p("bad.json"), "[1, 2]").unwrap();
     for (mix, what) in [
-        (p("none.json"), "none.json"),
+        (p("none.json"), "none.json: write one with `infgram mix fit"),
         (p("bad.json"), "not a mixer file"),
+        (p(""), "Is a directory (os error 21)"),
     ] {
         let out = run(&[
             "ppl",
@@ -206,6 +208,7 @@ fn mixing_from_the_command_line() {
         ]);
         let e = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && e.contains(what), "{e}");
+        assert_eq!(e.matches(what).count(), 1, "{e}");
     }
     ok(run(&["index", "-o", &p("bytes"), &p("val.txt")]));
     let out = run(&[

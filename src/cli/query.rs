@@ -160,7 +160,7 @@ pub fn run(args: QueryArgs) -> Result<()> {
         // Output line N answers input line N: blank and non-UTF-8 lines get an error object.
         // A write error ends the batch (a closed pipe quietly, in `main`).
         for (n, line) in reader.split(b'\n').enumerate() {
-            let line = line?;
+            let line = line.with_context(|| format!("reading {}", batch.display()))?;
             let result = match std::str::from_utf8(&line) {
                 Err(_) => Err(format!("line {}: not valid UTF-8", n + 1)),
                 Ok(l) if l.trim().is_empty() => Err(format!("line {}: empty query", n + 1)),

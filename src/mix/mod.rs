@@ -135,7 +135,17 @@ impl Mixer {
 
     /// Reads `mix.json` (written by [`Mixer::save`]).
     pub fn load(path: &Path) -> Result<Mixer> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                Error::input(format!(
+                    "no mixer file {}: write one with `infgram mix fit … -o FILE`, or pass \
+                     `--mix` alone for the built-in mixer",
+                    path.display()
+                ))
+            } else {
+                Error::io(path, e)
+            }
+        })?;
         let mixer: Mixer = serde_json::from_str(&text).map_err(|e| {
             Error::input(format!(
                 "{} is not a mixer file (write one with `infgram mix fit`): {e}",
@@ -472,6 +482,12 @@ mod tests {
         let mut m = Mixer::default();
         m.dense.pop();
         assert!(m.check().is_err());
+        let dir = tempfile::tempdir().unwrap();
+        let missing = Mixer::load(&dir.path().join("mix.json")).unwrap_err();
+        assert!(missing.to_string().contains("infgram mix fit"), "{missing}");
+        std::fs::write(dir.path().join("bad.json"), "nonsense").unwrap();
+        let bad = Mixer::load(&dir.path().join("bad.json")).unwrap_err();
+        assert!(bad.to_string().contains("is not a mixer file"), "{bad}");
         let ev = |n, d| Evidence {
             suffix_len: n,
             count: 5,
