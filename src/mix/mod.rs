@@ -138,8 +138,8 @@ impl Mixer {
         let text = std::fs::read_to_string(path).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
                 Error::input(format!(
-                    "no mixer file {}: write one with `infgram mix fit … -o FILE`, or pass \
-                     `--mix` alone for the built-in mixer",
+                    "no mixer file {}: write one with `infgram mix fit … -o FILE`; the \
+                     built-in mixer needs none (`gen --mix` alone, `ppl` without `--mix`)",
                     path.display()
                 ))
             } else {
