@@ -181,26 +181,16 @@ fn main() {
             .skip(p.find('\n').unwrap_or(0) + 2)
             .take(30)
             .collect();
-        let speeds = Speeds::of(&secs, &tokens);
         println!(
-            "| {short:?} | {} | {} | {} | {} | {} | {:.0}% | {identical} |",
-            speeds.median(0),
-            speeds.median(1),
-            speeds.ratio(1, 0),
-            speeds.median(2),
-            speeds.ratio(2, 1),
+            "| {short:?} | {} | {:.0}% | {identical} |",
+            Speeds::of(&secs, &tokens).cells(),
             100.0 * spec.acceptance_rate(),
         );
         replays.push((short, prompt, out_mix, spec.trace));
     }
-    let set = Speeds::of(&set_rounds, &set_tokens);
     println!(
-        "| the three together (tokens / seconds) | {} | {} | {} | {} | {} | | |",
-        set.median(0),
-        set.median(1),
-        set.ratio(1, 0),
-        set.median(2),
-        set.ratio(2, 1),
+        "| the three together (tokens / seconds) | {} | | |",
+        Speeds::of(&set_rounds, &set_tokens).cells()
     );
 
     // How far these drafters could go: the passes the loop made, and the output replayed with
@@ -240,6 +230,19 @@ impl<'a> Speeds<'a> {
 
     fn tokens_per_second(&self, round: usize, run: usize) -> f64 {
         self.tokens[run] as f64 / self.seconds[round][run].max(1e-12)
+    }
+
+    /// The table's five speed cells: plain, mixture, mixture / plain, speculative mixture,
+    /// speculative / mixture.
+    fn cells(&self) -> String {
+        [
+            self.median(0),
+            self.median(1),
+            self.ratio(1, 0),
+            self.median(2),
+            self.ratio(2, 1),
+        ]
+        .join(" | ")
     }
 
     /// The median tokens/s of `run`.
