@@ -844,10 +844,12 @@ fn closed_pipes_and_full_disks() {
     let idx = index.to_str().unwrap();
     let corpus = tmp.path().join("corpus").join("a.txt");
     let c = corpus.to_str().unwrap();
-    let commands: [Vec<&str>; 3] = [
+    let commands: [Vec<&str>; 5] = [
         vec!["verify", idx],
         vec!["ppl", "--index", idx, "--text", c, "--floor", "1e-10"],
         vec!["fetch", "tiny-shakespeare"],
+        vec!["--help"],
+        vec!["--version"],
     ];
     for args in &commands {
         let mut child = Command::new(env!("CARGO_BIN_EXE_infgram"))
@@ -935,6 +937,217 @@ fn force_replaces_only_indexes_and_readers_never_see_a_hole() {
         .filter(|n| n.contains(".tmp-") || n.contains(".old-"))
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+/// Inputs that are neither files nor directories are named for what they are (issue 32, item
+/// 13): a FIFO or a device, a loop of symbolic links, a missing path.
+#[cfg(unix)]
+#[test]
+fn inputs_that_are_not_files_are_named_for_what_they_are() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fifo = tmp.path().join("pipe");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo on a NUL-terminated path in our temporary directory.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let a = tmp.path().join("loop-a");
+    let b = tmp.path().join("loop-b");
+    std::os::unix::fs::symlink(&a, &b).unwrap();
+    std::os::unix::fs::symlink(&b, &a).unwrap();
+    let out = tmp.path().join("idx");
+    for (input, says) in [
+        (fifo.to_str().unwrap(), "FIFO, device or socket"),
+        ("/dev/null", "FIFO, device or socket"),
+        (a.to_str().unwrap(), "loop of symbolic links"),
+        (tmp.path().join("nothing").to_str().unwrap(), "no such file"),
+    ] {
+        let e = err(&infgram(&["index", "-o", out.to_str().unwrap(), input]));
+        assert!(e.contains(says), "{input}: {e}");
+        assert!(!out.exists());
+    }
+}
+
+/// A damaged index in the `gen --corpus` cache is rebuilt, with a note, instead of an error
+/// that asks the user to rebuild a cache path (issue 32, item 14).
+#[test]
+fn a_damaged_cached_index_is_rebuilt() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let corpus = tmp.path().join("c.txt");
+    std::fs::write(&corpus, "the cat sat on the mat. ".repeat(20)).unwrap();
+    let gen = || {
+        Command::new(env!("CARGO_BIN_EXE_infgram"))
+            .args(["gen", "--corpus", corpus.to_str().unwrap()])
+            .args([
+                "--prompt",
+                "the",
+                "--seed",
+                "1",
+                "--max-tokens",
+                "20",
+                "--json",
+            ])
+            .env("INFGRAM_CACHE", &cache)
+            .output()
+            .unwrap()
+    };
+    let first = json(&gen());
+    let indexes: Vec<PathBuf> = std::fs::read_dir(cache.join("indexes"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(indexes.len(), 1, "{indexes:?}");
+    let tokens = indexes[0].join("shard-0000/tokens.bin");
+    let mut bytes = std::fs::read(&tokens).unwrap();
+    bytes[3] ^= 0x20;
+    std::fs::write(&tokens, bytes).unwrap();
+    let out = gen();
+    let note = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(note.contains("rebuilding"), "{note}");
+    assert_eq!(json(&out)["text"], first["text"]);
+    // The header gone (a build cut short long ago): rebuilt as well.
+    std::fs::remove_file(indexes[0].join("index.json")).unwrap();
+    assert_eq!(json(&gen())["text"], first["text"]);
+}
+
+/// Every path under `dir` with its contents (files only), for before/after comparisons.
+fn snapshot(dir: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
+    let mut files = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(p);
+            } else {
+                files.insert(p.clone(), std::fs::read(&p).unwrap_or_default());
+            }
+        }
+    }
+    files
+}
+
+/// No build removes a path outside its output and its own temporary directory: not with
+/// `--force` onto a directory whose `index.json` is not infgram's (also as `-o "$PWD"`), not a
+/// user's `OUT.old-2023` beside the output (not even when it is the build's input), and not a
+/// look-alike of a build's temporary after a build was killed with SIGKILL (issue 32, items 1–2).
+#[test]
+fn builds_never_remove_a_users_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().canonicalize().unwrap();
+    let text = "the cat sat on the mat and the dog sat on the log";
+    // 1. `--force -o u` where u holds a user's notes and a foreign index.json.
+    let u = root.join("u");
+    std::fs::create_dir(&u).unwrap();
+    std::fs::write(u.join("notes.txt"), "precious").unwrap();
+    std::fs::write(u.join("index.json"), "{}").unwrap();
+    let a = root.join("a.txt");
+    std::fs::write(&a, text).unwrap();
+    let before = snapshot(&root);
+    let e = err(&infgram(&[
+        "index",
+        "--force",
+        "-o",
+        u.to_str().unwrap(),
+        a.to_str().unwrap(),
+    ]));
+    assert!(e.contains("not an infgram index"), "{e}");
+    // The same with the working directory as the output.
+    let out = Command::new(env!("CARGO_BIN_EXE_infgram"))
+        .args(["index", "--force", "-o", u.to_str().unwrap(), "../a.txt"])
+        .current_dir(&u)
+        .output()
+        .unwrap();
+    assert!(err(&out).contains("not an infgram index"));
+    assert_eq!(snapshot(&root), before, "a failed --force changed files");
+    // A real index holding a user's file is not replaced either.
+    let idx = root.join("idx");
+    ok(&infgram(&[
+        "index",
+        "-o",
+        idx.to_str().unwrap(),
+        a.to_str().unwrap(),
+    ]));
+    std::fs::write(idx.join("my-notes.txt"), "mine").unwrap();
+    let e = err(&infgram(&[
+        "index",
+        "--force",
+        "-o",
+        idx.to_str().unwrap(),
+        a.to_str().unwrap(),
+    ]));
+    assert!(e.contains("my-notes.txt"), "{e}");
+    assert!(idx.join("my-notes.txt").exists());
+    std::fs::remove_file(idx.join("my-notes.txt")).unwrap();
+
+    // 2. A user's `data.old-2023` beside `-o data`, given as the input, and a directory named
+    // like a dead build's temporary: both survive, and so do they after a killed build.
+    let s = root.join("s");
+    std::fs::create_dir_all(s.join("data.old-2023")).unwrap();
+    std::fs::write(s.join("data.old-2023/tiny.txt"), text).unwrap();
+    std::fs::create_dir_all(s.join("data.tmp-4294967")).unwrap();
+    std::fs::write(s.join("data.tmp-4294967/draft.txt"), "draft").unwrap();
+    let users = snapshot(&s);
+    let data = s.join("data");
+    let input = s.join("data.old-2023");
+    ok(&infgram(&[
+        "index",
+        "-o",
+        data.to_str().unwrap(),
+        input.to_str().unwrap(),
+    ]));
+    ok(&infgram(&[
+        "index",
+        "--force",
+        "-o",
+        data.to_str().unwrap(),
+        input.to_str().unwrap(),
+    ]));
+    let after = snapshot(&s);
+    for (path, bytes) in &users {
+        assert_eq!(after.get(path), Some(bytes), "{} changed", path.display());
+    }
+    // A build killed outright leaves its marked temporary; the next build removes exactly that.
+    #[cfg(unix)]
+    {
+        let big = root.join("big.txt");
+        std::fs::write(&big, text.repeat(200_000)).unwrap();
+        let data2 = s.join("data2");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_infgram"))
+            .args([
+                "index",
+                "-o",
+                data2.to_str().unwrap(),
+                big.to_str().unwrap(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let left = s.join(format!("data2.tmp-{}", child.id()));
+        for _ in 0..2000 {
+            if left.join(".infgram-build.json").exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        if !data2.exists() {
+            assert!(left.exists(), "the killed build left no temporary");
+            ok(&infgram(&[
+                "index",
+                "-o",
+                data2.to_str().unwrap(),
+                a.to_str().unwrap(),
+            ]));
+            assert!(!left.exists(), "a dead build's temporary was kept");
+        }
+        let after = snapshot(&s);
+        for (path, bytes) in &users {
+            assert_eq!(after.get(path), Some(bytes), "{} changed", path.display());
+        }
+    }
 }
 
 /// SIGINT or SIGTERM during a build removes its temporary directory, and the process ends with

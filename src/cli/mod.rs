@@ -63,7 +63,7 @@ pub fn clean_up_on_signals() {
             let mut sig: libc::c_int = 0;
             // SAFETY: sigwait on a set of blocked signals, into a local.
             if unsafe { libc::sigwait(&set, &mut sig) } == 0 {
-                infgram::index::build::remove_unfinished();
+                infgram::index::output_dir::remove_unfinished();
                 std::process::exit(128 + sig);
             }
         });

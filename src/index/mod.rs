@@ -9,6 +9,7 @@ pub mod build;
 pub mod counts_cache;
 pub mod format;
 pub mod infini_gram;
+pub mod output_dir;
 pub mod pipeline;
 pub mod query;
 mod shard;

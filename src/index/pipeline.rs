@@ -1,8 +1,9 @@
 //! `infgram index`: reads a corpus, tokenizes it in parallel, cuts it into shards that fit the
 //! memory budget, builds each shard and writes the index atomically (see [`super::build`]).
 
-use super::build::{write_shard, ShardWriter, TempIndexDir};
+use super::build::{write_shard, ShardWriter};
 use super::format::*;
+use super::output_dir::TempIndexDir;
 use crate::corpus;
 use crate::error::{Error, Result};
 use crate::tokenizer::Tokenizer;
@@ -134,6 +135,9 @@ pub fn build_index(
         }
         Ok(())
     };
+    // A document's `path` metadata: relative to the directory given as input, or the file's
+    // name for a file given itself, never an absolute path of the machine that built it (a
+    // server shows metadata to its clients).
     let roots: Vec<PathBuf> = inputs.to_vec();
     let rel = |p: &Path| -> String {
         for r in &roots {
@@ -143,7 +147,10 @@ pub fn build_index(
                 }
             }
         }
-        p.display().to_string()
+        p.file_name().map_or_else(
+            || p.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        )
     };
     corpus::for_each_doc(&files, rel, |doc, n| {
         bar.inc(n);
