@@ -69,13 +69,29 @@ pub fn list_files(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
         } else if input.is_file() {
             files.push(input.clone());
         } else {
-            return Err(Error::input(format!(
-                "{}: no such file or directory",
-                input.display()
-            )));
+            return Err(not_an_input(input));
         }
     }
     Ok(files)
+}
+
+/// Why `input`, neither a file nor a directory, cannot be read: missing, a loop of symbolic
+/// links, unreadable, or a FIFO, device or socket.
+fn not_an_input(input: &Path) -> Error {
+    let shown = input.display();
+    match std::fs::metadata(input) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Error::input(format!("{shown}: no such file or directory"))
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => Error::input(format!(
+            "{shown}: a loop of symbolic links; point it at a file or directory"
+        )),
+        Err(e) => Error::io(input, e),
+        Ok(_) => Error::input(format!(
+            "{shown}: not a regular file or directory (a FIFO, device or socket); give files \
+             or directories of text (write a stream to a file first)"
+        )),
+    }
 }
 
 /// Reads the documents of a JSON-lines stream (`path` names it in errors): one object per

@@ -60,7 +60,7 @@ fn main() {
     if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
         std::env::set_var("CANDLE_NUM_THREADS", "1");
     }
-    let cli = Cli::parse();
+    let cli = parse_or_exit();
     // Ctrl-C or SIGTERM during an index build (also the first-use builds of `gen`, `serve`'s
     // default index excepted) removes its temporary directory; `serve` handles them itself.
     #[cfg(unix)]
@@ -90,6 +90,30 @@ fn main() {
         }
         eprintln!("error: {}", message(&e));
         std::process::exit(1);
+    }
+}
+
+/// The command line, or the process ends: `--help` and `--version` print and exit 0 (1 when
+/// their text cannot be written, e.g. to a full disk; 0 on a closed pipe), a usage error
+/// exits 2 as clap does.
+fn parse_or_exit() -> Cli {
+    use clap::error::ErrorKind;
+    let e = match Cli::try_parse() {
+        Ok(cli) => return cli,
+        Err(e) => e,
+    };
+    if !matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        e.exit();
+    }
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let written = write!(out, "{}", e.render()).and_then(|()| out.flush());
+    match written {
+        Err(w) if w.kind() != std::io::ErrorKind::BrokenPipe => {
+            eprintln!("error: cannot write the help text to standard output: {w}");
+            std::process::exit(1);
+        }
+        _ => std::process::exit(0),
     }
 }
 

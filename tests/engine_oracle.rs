@@ -244,6 +244,22 @@ fn search_docs_cnf() {
         .unwrap();
     assert_eq!(r.cnt, 1 + 4);
     assert!(idx.search_docs(&[], 10, 3, 1000, 20).is_err());
+    // A sampled clause's count is scaled back up by the sampling factor (issue 32, item 9):
+    // one clause is counted exactly, whatever the sample.
+    for max_clause_freq in [1, 2, 3, 4, 1000] {
+        let r = idx
+            .search_docs(&[vec![vec![9]]], 10, 0, max_clause_freq, 20)
+            .unwrap();
+        assert_eq!(
+            (r.cnt, r.approx),
+            (5, max_clause_freq < 5),
+            "{max_clause_freq}"
+        );
+        let r = idx
+            .search_docs(&[vec![vec![3], vec![9, 9]]], 10, 0, max_clause_freq, 20)
+            .unwrap();
+        assert_eq!(r.cnt, 5, "{max_clause_freq}");
+    }
 }
 
 /// Corpora large enough for the sampled keys (one per 256 suffixes) to bracket the searches:

@@ -234,6 +234,46 @@ fn damaged_directories_are_refused() {
     assert!(Index::open(empty.path()).is_err());
 }
 
+/// SBIS generation from an infini-gram directory (issue 32, item 3: it read past the last
+/// document, which has no separator after it, and panicked): from every prefix of every
+/// document, with several seeds and shardings, it runs and writes tokens of the corpus.
+#[test]
+fn sbis_generates_from_an_infini_gram_directory() {
+    use infgram::decode::{Sampler, SamplerConfig};
+    use infgram::ngram::Estimator;
+    use infgram::service::{generate, GenConfig};
+    let corpora: [(usize, Vec<Vec<u32>>); 3] = [
+        (2, vec![vec![1, 256, 2], vec![256, 2]]),
+        (1, vec![vec![3, 4, 3, 4, 3], vec![4, 3], vec![3]]),
+        (4, vec![vec![70_000, 5, 70_000, 5], vec![5, 70_000]]),
+    ];
+    for (width, docs) in corpora {
+        for shards in [1, 2] {
+            let tmp = tempfile::tempdir().unwrap();
+            write_infini_gram(tmp.path(), &docs, width, shards);
+            let index = std::sync::Arc::new(Index::open(tmp.path()).unwrap());
+            let cfg = GenConfig {
+                estimator: Estimator::Sbis { k: -1, decay: 0.1 },
+                context: 200,
+                max_tokens: 12,
+                guard: None,
+                cancel: None,
+            };
+            let seen: std::collections::BTreeSet<u32> = docs.iter().flatten().copied().collect();
+            for d in &docs {
+                for end in 0..=d.len() {
+                    for seed in 0..6 {
+                        let mut sampler = Sampler::new(SamplerConfig::default(), Some(seed));
+                        let g =
+                            generate(index.clone(), &d[..end], &cfg, &mut sampler, |_| {}).unwrap();
+                        assert!(g.tokens.iter().all(|t| seen.contains(t)), "{:?}", g.tokens);
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn the_cli_queries_an_infini_gram_directory() {
     let tmp = tempfile::tempdir().unwrap();

@@ -762,6 +762,26 @@ fn sbis_completions_are_the_library_generation_streamed_or_not() {
         &json!({"prompt": ids("the cat"), "max_tokens": 5, "temperature": 0}).to_string(),
     );
     assert_eq!(status, 200, "{v}");
+    // Ids outside the vocabulary are refused as `POST /` refuses them (issue 32, item 10).
+    for bad in [999u64, 4_294_967_295] {
+        let body = json!({"prompt": [116, bad], "max_tokens": 5}).to_string();
+        let e = server.refused("/v1/completions", &body, 400);
+        assert!(e.contains("vocabulary"), "{e}");
+    }
+    // A temperature whose inverse overflows is greedy (issue 32, item 11).
+    let greedy = |t: f64| {
+        let body = json!({"prompt": "the cat", "max_tokens": 20, "temperature": t, "seed": 3});
+        server.post("/v1/completions", &body.to_string())
+    };
+    let (status, tiny) = greedy(1e-320);
+    assert_eq!(status, 200, "{tiny}");
+    assert_eq!(
+        tiny["choices"][0]["text"],
+        greedy(0.0).1["choices"][0]["text"]
+    );
+    let (_, health) = server.request("GET", "/health", None);
+    let health: Value = serde_json::from_str(&health).unwrap();
+    assert_eq!(health["generation_worker"], "running", "{health}");
     // A generation past the time limit ends with what it has.
     drop(server);
     let server = Server::start(&[

@@ -41,7 +41,7 @@ pub struct QueryArgs {
     #[arg(long, value_delimiter = ',')]
     pub ids: Option<Vec<u32>>,
     /// Continuation as text (one token) for prob / infgram_prob.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "cont_id")]
     pub cont_text: Option<String>,
     /// Continuation token id for prob / infgram_prob.
     #[arg(long)]
@@ -77,8 +77,12 @@ pub struct QueryArgs {
     /// Tokenizer to use (must match the index); default: the one the index names.
     #[arg(long)]
     pub tokenizer: Option<String>,
-    /// One JSON query per line from FILE (`-` for stdin); one JSON result per line.
-    #[arg(long)]
+    /// One JSON query per line from FILE (`-` for stdin); one JSON result per line. The
+    /// queries come from the lines alone: no query flag goes with it.
+    #[arg(long, conflicts_with_all = [
+        "query_type", "text", "ids", "cont_text", "cont_id", "cnf", "maxnum", "max_diff_tokens",
+        "max_clause_freq", "max_disp_len", "shard", "rank", "ptr", "eos_token_id",
+    ])]
     pub batch: Option<PathBuf>,
     /// Print one JSON object instead of a table.
     #[arg(long)]

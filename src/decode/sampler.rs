@@ -69,7 +69,7 @@ impl Sampler {
         if dist.is_empty() {
             return None;
         }
-        if self.cfg.temperature <= 0.0 {
+        if self.is_greedy() {
             return dist
                 .iter()
                 .fold(None, |best: Option<(u32, f64)>, &(t, p)| match best {
@@ -85,9 +85,11 @@ impl Sampler {
         choice
     }
 
-    /// Whether this sampler takes the argmax.
+    /// Whether this sampler takes the argmax: at temperature 0, and at a temperature so small
+    /// that `1 / T` overflows (the tempered distribution's limit is the argmax).
     pub fn is_greedy(&self) -> bool {
-        self.cfg.temperature <= 0.0
+        let t = self.cfg.temperature;
+        t <= 0.0 || !(1.0 / t).is_finite()
     }
 
     /// The weights `sample` draws from when not greedy (tempered, then top-k / top-p
@@ -152,5 +154,36 @@ impl Sampler {
             u -= p;
         }
         w.last().map(|x| x.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A temperature whose inverse overflows is greedy (issue 32, item 11): 1e-320 draws the
+    /// argmax as 0 does, instead of finding no token.
+    #[test]
+    fn a_temperature_that_underflows_is_greedy() {
+        let dist = [(3u32, 0.2), (5, 0.5), (7, 0.3)];
+        for t in [0.0, 1e-320, f64::MIN_POSITIVE / 4.0] {
+            let mut s = Sampler::new(
+                SamplerConfig {
+                    temperature: t,
+                    ..SamplerConfig::default()
+                },
+                Some(1),
+            );
+            assert!(s.is_greedy(), "{t}");
+            assert_eq!(s.sample(&dist), Some(5), "{t}");
+        }
+        let s = Sampler::new(
+            SamplerConfig {
+                temperature: 1e-300,
+                ..SamplerConfig::default()
+            },
+            Some(1),
+        );
+        assert!(!s.is_greedy());
     }
 }

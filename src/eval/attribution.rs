@@ -148,6 +148,10 @@ pub struct Creativity {
     pub max_span: usize,
 }
 
+/// The longest span length [`creativity`] scores: one row of the answer per length, so the
+/// bound keeps a request's work and answer small.
+pub const MAX_CREATIVITY_N: usize = 1000;
+
 /// L-uniqueness of `tokens` for `n = min_n ..= max_n` and the Creativity Index.
 pub fn creativity<S: AsRef<[u8]> + Sync>(
     index: &Index<S>,
@@ -155,9 +159,10 @@ pub fn creativity<S: AsRef<[u8]> + Sync>(
     min_n: usize,
     max_n: usize,
 ) -> Result<Creativity> {
-    if min_n == 0 || min_n > max_n {
+    if min_n == 0 || min_n > max_n || max_n > MAX_CREATIVITY_N {
         return Err(Error::input(format!(
-            "need 1 ≤ min n ≤ max n (got {min_n} and {max_n}): e.g. --min-n 5 --max-n 12"
+            "need 1 ≤ min n ≤ max n ≤ {MAX_CREATIVITY_N} (got {min_n} and {max_n}): \
+             e.g. --min-n 5 --max-n 12"
         )));
     }
     let matches = match_lengths(index, tokens);

@@ -810,13 +810,19 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
         };
         let rarest = (0..cnf.len()).min_by_key(|&i| total(&cnf[i])).unwrap_or(0);
         for (s, sh) in self.shards().iter().enumerate() {
-            // Positions (start, end) of each clause's occurrences, sorted by start.
+            // Positions (start, end) of each clause's occurrences, sorted by start. An n-gram
+            // with more than `max_clause_freq` occurrences is sampled; the shard's matches
+            // are scaled back up by the product over clauses of occurrences / sampled
+            // (infini-gram's subsampling factor).
             let mut clauses: Vec<Vec<(usize, usize)>> = Vec::with_capacity(cnf.len());
+            let mut factor = 1.0f64;
             for clause in cnf {
                 let mut pos = Vec::new();
+                let mut occurrences = 0usize;
                 for g in clause {
                     let r = sh.find(g);
                     let len = r.1 - r.0;
+                    occurrences += len;
                     let step = if len > max_clause_freq {
                         approx = true;
                         len.div_ceil(max_clause_freq)
@@ -829,9 +835,13 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
                             .map(|i| (sh.sa(i), sh.sa(i) + g.len())),
                     );
                 }
+                if !pos.is_empty() {
+                    factor *= occurrences as f64 / pos.len() as f64;
+                }
                 pos.sort_unstable();
                 clauses.push(pos);
             }
+            let mut matched = 0u64;
             for &(p, e) in &clauses[rarest] {
                 let doc = sh.doc_of(p);
                 let (da, db) = sh.doc_span(doc);
@@ -847,13 +857,14 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
                     }
                 });
                 if ok {
-                    cnt += 1;
+                    matched += 1;
                     ptrs_by_shard[s].push(p);
                     if documents.len() < maxnum && seen_docs.insert((s, doc)) {
                         documents.push(self.doc_window(s, p, e - p, max_disp_len));
                     }
                 }
             }
+            cnt += (matched as f64 * factor).round() as u64;
         }
         Ok(SearchResult {
             cnt,

@@ -130,6 +130,14 @@ impl Mixer {
         if self.edges.windows(2).any(|w| w[0] >= w[1]) {
             return Err(Error::input("the mixer's edges must increase"));
         }
+        if let MixEstimator::Sbis { k } = self.estimator {
+            if k == 0 || k < -1 {
+                return Err(Error::input(format!(
+                    "the mixer's SBIS \"k\" is its number of levels: -1 (all) or at least 1 \
+                     (got {k})"
+                )));
+            }
+        }
         Ok(())
     }
 
@@ -482,6 +490,14 @@ mod tests {
         let mut m = Mixer::default();
         m.dense.pop();
         assert!(m.check().is_err());
+        // SBIS levels as the CLI takes them (issue 32, item 12: a file with k = 0 was taken).
+        for (k, ok) in [(0, false), (-2, false), (-1, true), (1, true), (7, true)] {
+            let m = Mixer {
+                estimator: MixEstimator::Sbis { k },
+                ..Mixer::default()
+            };
+            assert_eq!(m.check().is_ok(), ok, "k = {k}");
+        }
         let dir = tempfile::tempdir().unwrap();
         let missing = Mixer::load(&dir.path().join("mix.json")).unwrap_err();
         assert!(missing.to_string().contains("infgram mix fit"), "{missing}");

@@ -287,7 +287,13 @@ impl LevelFinder {
         levels: &mut Vec<Level>,
     ) {
         levels.clear();
-        if k == 0 || !self.keep_end {
+        // The tracker reads the token after each occurrence, which infini-gram's layout lacks
+        // at the end of a shard (its last document has no separator after it).
+        let unterminated = index
+            .shards()
+            .iter()
+            .any(|sh| sh.layout() == crate::index::Layout::InfiniGram);
+        if k == 0 || !self.keep_end || unterminated {
             levels.extend(self.levels(index, ctx, k, false));
             return;
         }

@@ -18,7 +18,7 @@ use crate::service::models::ModelOptions;
 use crate::tokenizer::{Tokenizer, Utf8Stream};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -160,6 +160,8 @@ struct Job {
 pub struct Generator {
     queue: SyncSender<Job>,
     waiting: Arc<AtomicUsize>,
+    /// Cleared when the worker thread ends, however it ends.
+    running: Arc<AtomicBool>,
     backlog: usize,
     /// The model's tokenizer (with a model).
     model_tokenizer: Option<Arc<dyn Tokenizer>>,
@@ -176,9 +178,14 @@ impl Generator {
         let spec = model.map(str::to_string);
         let opts = opts.clone();
         let worker_waiting = waiting.clone();
+        let running = Arc::new(AtomicBool::new(true));
+        let worker_running = running.clone();
         std::thread::Builder::new()
             .name("infgram-generate".into())
-            .spawn(move || worker(spec, opts, jobs, worker_waiting, ready_tx))
+            .spawn(move || {
+                let _running = Running(worker_running);
+                worker(spec, opts, jobs, worker_waiting, ready_tx)
+            })
             .map_err(|e| crate::Error::input(format!("cannot start the generation thread: {e}")))?;
         let loaded = ready
             .recv()
@@ -190,6 +197,7 @@ impl Generator {
         Ok(Generator {
             queue,
             waiting,
+            running,
             backlog,
             model_tokenizer,
             model_name,
@@ -199,6 +207,11 @@ impl Generator {
     /// Jobs waiting for the worker.
     pub fn waiting(&self) -> usize {
         self.waiting.load(Relaxed)
+    }
+
+    /// Whether the worker thread still runs (`/health` reports it).
+    pub fn is_running(&self) -> bool {
+        self.running.load(Relaxed)
     }
 
     /// Checks `req`, queues it, and returns the channel its text and end come on (429 when
@@ -381,7 +394,15 @@ fn prompt_ids(prompt: &Prompt, tok: &dyn Tokenizer, limits: &Limits) -> Result<V
             }
             tok.encode(t)?
         }
-        Prompt::Ids(ids) => ids.clone(),
+        Prompt::Ids(ids) => {
+            let vocab = tok.vocab_size();
+            if let Some(t) = ids.iter().find(|&&t| t as usize >= vocab) {
+                return Err(ApiError::bad(format!(
+                    "token id {t} in \"prompt\" is not in the vocabulary (ids below {vocab})"
+                )));
+            }
+            ids.clone()
+        }
     };
     if ids.len() > limits.prompt_tokens {
         return Err(ApiError::bad(format!(
@@ -395,6 +416,16 @@ fn prompt_ids(prompt: &Prompt, tok: &dyn Tokenizer, limits: &Limits) -> Result<V
 
 /// A loaded model's tokenizer and name, for the handlers.
 type ModelInfo = (Arc<dyn Tokenizer>, String);
+
+/// Clears its flag when dropped: the worker thread holds one, so the flag says whether the
+/// thread still runs, even after a panic outside a job.
+struct Running(Arc<AtomicBool>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.store(false, Relaxed);
+    }
+}
 
 /// What the worker owns: the model, if any.
 struct Worker {
@@ -421,14 +452,54 @@ fn worker(
             return;
         }
     };
+    run_jobs(jobs, &waiting, |job| run_job(&mut state, job));
+}
+
+/// A job on the queue: where its events go.
+trait Queued {
+    fn events(&self) -> &UnboundedSender<Event>;
+}
+
+impl Queued for Job {
+    fn events(&self) -> &UnboundedSender<Event> {
+        &self.events
+    }
+}
+
+/// Runs the queue's jobs in turn until it closes, skipping those whose client left while they
+/// waited. A panic fails its job (500), never the worker: the next job starts afresh (the
+/// decode loop resets the model's cache at its start).
+fn run_jobs<J: Queued>(
+    jobs: impl IntoIterator<Item = J>,
+    waiting: &AtomicUsize,
+    mut run: impl FnMut(J) -> Result<Summary, ApiError>,
+) {
     for job in jobs {
         waiting.fetch_sub(1, Relaxed);
-        if job.events.is_closed() {
-            continue; // the client left while the job waited
+        if job.events().is_closed() {
+            continue;
         }
-        let events = job.events.clone();
-        let result = run_job(&mut state, job);
+        let events = job.events().clone();
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(job)))
+            .unwrap_or_else(|panic| Err(panicked(panic.as_ref())));
         let _ = events.send(Event::Done(result));
+    }
+}
+
+/// The 500 of a job that panicked, with the panic's message.
+fn panicked(panic: &(dyn std::any::Any + Send)) -> ApiError {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".into());
+    eprintln!("a generation failed with an internal error: {what}");
+    ApiError {
+        status: 500,
+        message: format!(
+            "internal error while generating ({what}); the server goes on serving: please \
+             report this request"
+        ),
     }
 }
 
@@ -469,7 +540,8 @@ fn load(spec: Option<&str>, opts: &ModelOptions) -> crate::Result<(Worker, Optio
         Some(spec) => {
             let loaded = crate::service::models::load_model(spec, opts)?;
             let tok: Arc<dyn Tokenizer> = Arc::new(loaded.tokenizer.clone());
-            let name = format!("{spec} ({})", loaded.path.display());
+            // A name, never the file's path on this machine: clients see it.
+            let name = served_model_name(spec);
             Ok((
                 Worker {
                     model: Some(loaded),
@@ -486,6 +558,17 @@ fn load(spec: Option<&str>, opts: &ModelOptions) -> crate::Result<(Worker, Optio
             ))
         }
     }
+}
+
+/// The name a model is served under: a short name or `hf:` reference as given, a file or
+/// directory by its last component.
+fn served_model_name(spec: &str) -> String {
+    if spec.starts_with("hf:") || !spec.contains(std::path::MAIN_SEPARATOR) {
+        return spec.to_string();
+    }
+    std::path::Path::new(spec)
+        .file_name()
+        .map_or_else(|| spec.to_string(), |n| n.to_string_lossy().into_owned())
 }
 
 /// Runs one job, sending its text as it comes.
@@ -641,3 +724,67 @@ pub fn unix_seconds() -> u64 {
 
 /// How long a generation may run, by default.
 pub const DEFAULT_GENERATION_TIME: Duration = Duration::from_secs(120);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Probe {
+        events: UnboundedSender<Event>,
+        panics: bool,
+    }
+
+    impl Queued for Probe {
+        fn events(&self) -> &UnboundedSender<Event> {
+            &self.events
+        }
+    }
+
+    /// A job that panics answers 500 with the panic's message, and the jobs after it run
+    /// (issue 32, item 4: a panic took the worker, and every later completion, down).
+    #[test]
+    fn models_are_served_by_name_not_path() {
+        assert_eq!(served_model_name("smollm2-135m"), "smollm2-135m");
+        assert_eq!(
+            served_model_name("hf:owner/repo:f.gguf"),
+            "hf:owner/repo:f.gguf"
+        );
+        assert_eq!(served_model_name("/home/u/models/m.gguf"), "m.gguf");
+        assert_eq!(served_model_name("models/dir/"), "dir");
+    }
+
+    #[test]
+    fn a_panicking_job_fails_alone() {
+        let (mut receivers, mut jobs) = (Vec::new(), Vec::new());
+        for panics in [false, true, false] {
+            let (events, rx) = tokio::sync::mpsc::unbounded_channel();
+            receivers.push(rx);
+            jobs.push(Probe { events, panics });
+        }
+        let waiting = AtomicUsize::new(jobs.len());
+        run_jobs(jobs, &waiting, |job| {
+            assert!(!job.panics, "index out of bounds (a test's panic)");
+            Ok(Summary {
+                prompt_tokens: 1,
+                completion_tokens: 2,
+                finish_reason: "length",
+                infgram: Value::Null,
+            })
+        });
+        assert_eq!(waiting.load(Relaxed), 0);
+        let ends: Vec<Result<usize, (u16, String)>> = receivers
+            .iter_mut()
+            .map(|rx| match rx.try_recv() {
+                Ok(Event::Done(r)) => r
+                    .map(|s| s.completion_tokens)
+                    .map_err(|e| (e.status, e.message)),
+                other => panic!("no end: {other:?}"),
+            })
+            .collect();
+        assert_eq!(ends[0], Ok(2));
+        assert_eq!(ends[2], Ok(2));
+        let (status, message) = ends[1].clone().unwrap_err();
+        assert_eq!(status, 500);
+        assert!(message.contains("index out of bounds"), "{message}");
+    }
+}

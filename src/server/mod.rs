@@ -607,15 +607,18 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
             })
         })
         .collect();
+    // A stopped generation worker is a failing server: completions would answer 503.
+    let worker = state.generator.is_running();
     let v = json!({
-        "status": "ok",
+        "status": if worker { "ok" } else { "degraded" },
+        "generation_worker": if worker { "running" } else { "stopped" },
         "indexes": indexes,
         "model": state.generator.model_name,
         "generation_waiting": state.generator.waiting(),
         "uptime_seconds": state.started.elapsed().as_secs_f64(),
         "requests": state.metrics.total_requests(),
     });
-    json_response("health", 200, &v)
+    json_response("health", if worker { 200 } else { 503 }, &v)
 }
 
 /// `GET /metrics`: Prometheus text.

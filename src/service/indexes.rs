@@ -90,8 +90,17 @@ pub fn cached_index(corpus: &[PathBuf], tok: &dyn Tokenizer) -> Result<PathBuf> 
         )
     };
     let dir = crate::assets::cache_dir().join("indexes").join(key);
-    if dir.join(crate::index::format::HEADER_FILE).exists() {
-        return Ok(dir);
+    if dir.exists() {
+        // The cache is infgram's own: a damaged or outdated index in it is rebuilt, not
+        // reported to the user as theirs to fix.
+        match Index::open(&dir) {
+            Ok(_) => return Ok(dir),
+            Err(e @ (crate::Error::Corrupt { .. } | crate::Error::Version { .. })) => {
+                eprintln!("the cached index is unusable ({e}); rebuilding it");
+                std::fs::remove_dir_all(&dir).map_err(|e| crate::Error::io(&dir, e))?;
+            }
+            Err(e) => return Err(e),
+        }
     }
     eprintln!(
         "indexing {} into {} (first use only) ...",

@@ -45,8 +45,20 @@ impl Subject {
         }
     }
 
-    /// The token ids (empty when nothing is given: the empty n-gram).
+    /// The token ids (empty when nothing is given: the empty n-gram). Two ways of giving
+    /// them at once are refused rather than one silently ignored.
     pub fn tokens(&self, tok: &dyn Tokenizer) -> Result<Vec<u32>> {
+        let given = [
+            self.input_ids.is_some(),
+            self.prompt_ids.is_some(),
+            self.text.is_some(),
+        ];
+        if given.iter().filter(|&&g| g).count() > 1 {
+            return Err(Error::input(
+                "give the query's tokens one way: \"input_ids\", \"prompt_ids\" or \"text\" \
+                 (--ids or --text), not several",
+            ));
+        }
         if let Some(ids) = self.input_ids.as_ref().or(self.prompt_ids.as_ref()) {
             return Ok(ids.clone());
         }
@@ -71,6 +83,12 @@ pub struct Continuation {
 impl Continuation {
     /// The continuation's id.
     pub fn token(&self, tok: &dyn Tokenizer) -> Result<u32> {
+        if self.cont_id.is_some() && self.cont_text.is_some() {
+            return Err(Error::input(
+                "give the continuation one way: \"cont_id\" or \"cont_text\" (--cont-id or \
+                 --cont-text), not both",
+            ));
+        }
         if let Some(c) = self.cont_id {
             return Ok(c);
         }
