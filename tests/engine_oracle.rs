@@ -1,6 +1,6 @@
 //! Every query type against a brute-force oracle on small random corpora (proptest), for token
-//! widths 1, 2 and 4, one shard and several, with and without the reversed suffix array; plus
-//! a table of edge cases.
+//! widths 1, 2 and 4, on 1, 2 and 5 shards (each query answered shard by shard and merged),
+//! with and without the reversed suffix array; plus a table of edge cases.
 
 use infgram::index::query::Match;
 use infgram::tokenizer::TokenizerSpec;
@@ -66,11 +66,62 @@ fn brute_infgram(docs: &[Vec<u32>], p: &[u32], eos: Option<u32>) -> (usize, BTre
     (0, brute_ntd(docs, &[], eos))
 }
 
+/// Matching anchors of a two-clause CNF `[[a], [b]]` by brute force: occurrences of the rarer
+/// n-gram with an occurrence of the other within `max_diff` tokens in the same document.
+fn brute_cnf(docs: &[Vec<u32>], a: &[u32], b: &[u32], max_diff: usize) -> u64 {
+    let (oa, ob) = (occurrences(docs, a), occurrences(docs, b));
+    let (rare, rl, other, ol) = if oa.len() <= ob.len() {
+        (oa, a.len(), ob, b.len())
+    } else {
+        (ob, b.len(), oa, a.len())
+    };
+    rare.iter()
+        .filter(|&&(d, j)| {
+            other.iter().any(|&(dd, jj)| {
+                dd == d && jj + max_diff >= j && jj <= j + rl + max_diff && jj + ol <= docs[d].len()
+            })
+        })
+        .count() as u64
+}
+
+/// The document queries, by brute force: every document whole by its number, single-clause and
+/// two-clause searches (counts, and the documents shown: the first matching ones in order).
+fn check_documents(idx: &Index<Vec<u8>>, docs: &[Vec<u32>], queries: &[Vec<u32>]) {
+    for (d, doc) in docs.iter().enumerate() {
+        let got = idx.get_doc_by_ix(d as u64, 1000).unwrap();
+        assert_eq!((got.doc_ix, &got.token_ids), (d as u64, doc), "doc {d}");
+    }
+    assert!(idx.get_doc_by_ix(docs.len() as u64, 10).is_err());
+    for q in queries.iter().filter(|q| !q.is_empty()) {
+        let r = idx
+            .search_docs(&[vec![q.clone()]], 3, 10, 1000, 1000)
+            .unwrap();
+        assert_eq!(r.cnt, brute_count(docs, q), "search_docs {q:?}");
+        let mut want: Vec<u64> = occurrences(docs, q).iter().map(|o| o.0 as u64).collect();
+        want.dedup();
+        want.truncate(3);
+        let got: Vec<u64> = r.documents.iter().map(|d| d.doc_ix).collect();
+        assert_eq!(got, want, "search_docs documents {q:?}");
+        for d in &r.documents {
+            assert_eq!(d.token_ids, docs[d.doc_ix as usize], "window of {q:?}");
+        }
+        for b in queries.iter().filter(|b| !b.is_empty()).take(3) {
+            let r = idx
+                .search_docs(&[vec![q.clone()], vec![b.clone()]], 0, 2, 1000, 10)
+                .unwrap();
+            assert_eq!(r.cnt, brute_cnf(docs, q, b, 2), "cnf {q:?} AND {b:?}");
+        }
+    }
+}
+
 fn check_all(docs: &[Vec<u32>], vocab: usize, queries: &[Vec<u32>]) {
-    for per_shard in [docs.len().max(1), 2, 1] {
+    // One shard, two, and five (or one per document when there are fewer).
+    for shards in [1, 2, 5] {
+        let per_shard = docs.len().div_ceil(shards).max(1);
         for reverse in [true, false] {
             let idx = Index::from_docs(TokenizerSpec::synthetic(vocab), docs, per_shard, reverse)
                 .unwrap();
+            check_documents(&idx, docs, queries);
             for q in queries {
                 assert_eq!(
                     idx.count(q).unwrap().count,
@@ -138,7 +189,7 @@ fn corpus_and_queries(vocab: u32) -> impl Strategy<Value = (Vec<Vec<u32>>, Vec<V
         1 => 0..vocab,
         1 => Just(vocab - 1),
     ];
-    let docs = prop::collection::vec(prop::collection::vec(tok.clone(), 0..40), 1..6);
+    let docs = prop::collection::vec(prop::collection::vec(tok.clone(), 0..40), 1..11);
     let qs = prop::collection::vec(prop::collection::vec(tok, 0..6), 1..6);
     (docs, qs).prop_map(|(docs, mut qs)| {
         // Add substrings of the corpus (prefixes of suffixes) as queries.

@@ -251,6 +251,7 @@ fn mix_without_an_index_uses_the_default_corpus_in_the_models_tokens() {
             ])
             .args(extra)
             .env("INFGRAM_CACHE", cache.path())
+            .env("INFGRAM_MODELS", infgram::assets::models_dir())
             .output()
             .unwrap();
         let e = String::from_utf8_lossy(&out.stderr).into_owned();

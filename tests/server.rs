@@ -39,6 +39,7 @@ impl Server {
                 "INFGRAM_CACHE",
                 std::env::temp_dir().join("infgram-test-cache"),
             )
+            .env("INFGRAM_MODELS", infgram::assets::models_dir())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -140,6 +141,7 @@ fn run(args: &[&str]) {
             "INFGRAM_CACHE",
             std::env::temp_dir().join("infgram-test-cache"),
         )
+        .env("INFGRAM_MODELS", infgram::assets::models_dir())
         .output()
         .unwrap();
     assert!(

@@ -1,4 +1,4 @@
-//! The tokenizer embedded in SmolLM2's GGUF (fetched into models/ by the project's own set-up
+//! The tokenizer embedded in SmolLM2's GGUF (fetched into the models cache by the project's own set-up
 //! step, `infgram fetch smollm2-135m`, on first run): exact round trip of Tiny Shakespeare, and
 //! ids checked against the vocabulary for the cases the "smollm" pre-tokenizer decides
 //! (digits one by one, GPT-2 regex, byte-level with no prefix space, special tokens).

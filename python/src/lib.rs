@@ -404,9 +404,8 @@ impl InfiniGramEngine {
                 if self.index.holds_token(cont) {
                     return self.index.infgram_prob(prompt, cont);
                 }
-                let (l, occs) = self.index.occurring_suffix(prompt)?;
-                let prompt_cnt: u64 = occs.iter().map(|o| o.len() as u64).sum();
-                Ok(ProbResult::new(prompt_cnt, 0, Some(l)))
+                let r = self.index.infgram_ntd(prompt, None)?;
+                Ok(ProbResult::new(r.prompt_cnt, 0, r.suffix_len))
             })
             .map_err(runtime)?;
         prob_dict(py, &r)
@@ -464,7 +463,10 @@ impl InfiniGramEngine {
                 mdl,
             )
         }) {
-            Ok(r) => self.search_answer(py, r.cnt, r.approx, self.rewindow(r.documents, mdl)),
+            Ok(r) => match self.rewindow(r.documents, mdl) {
+                Ok(docs) => self.search_answer(py, r.cnt, r.approx, docs),
+                Err(e) => error_dict(py, e),
+            },
             Err(e) => error_dict(py, e),
         }
     }
@@ -491,7 +493,10 @@ impl InfiniGramEngine {
             Err(e) => return error_dict(py, e),
         };
         match py.detach(|| self.search(&cnf, maxnum, mdt, mcf, mdl)) {
-            Ok(r) => self.search_answer(py, r.cnt, r.approx, self.rewindow(r.documents, mdl)),
+            Ok(r) => match self.rewindow(r.documents, mdl) {
+                Ok(docs) => self.search_answer(py, r.cnt, r.approx, docs),
+                Err(e) => error_dict(py, e),
+            },
             Err(e) => error_dict(py, e),
         }
     }
@@ -815,7 +820,7 @@ impl InfiniGramEngine {
     }
 
     /// infini-gram's window: `max_disp_len / 2` tokens each side of the match's start.
-    fn rewindow(&self, docs: Vec<Document>, max_disp_len: usize) -> Vec<Document> {
+    fn rewindow(&self, docs: Vec<Document>, max_disp_len: usize) -> infgram::Result<Vec<Document>> {
         let before = max_disp_len / 2;
         docs.into_iter()
             .map(|d| {
@@ -879,7 +884,9 @@ impl InfiniGramEngine {
         max_disp_len: Option<i64>,
     ) -> Result<Document, String> {
         let len = self.disp_len(max_disp_len)?;
-        Ok(self.index.window_at(s, pos, len / 2, len - len / 2))
+        self.index
+            .window_at(s, pos, len / 2, len - len / 2)
+            .map_err(|e| e.to_string())
     }
 
     fn by_rank(&self, s: i64, rank: i64, max_disp_len: Option<i64>) -> Result<Document, String> {
@@ -917,7 +924,9 @@ impl InfiniGramEngine {
             return Err("max_ctx_len must be a non-negative integer".into());
         }
         let (n, c) = (needle_len as usize, max_ctx_len as usize);
-        Ok(self.index.window_at(s, p, c, n + c))
+        self.index
+            .window_at(s, p, c, n + c)
+            .map_err(|e| e.to_string())
     }
 }
 

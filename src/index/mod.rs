@@ -10,6 +10,7 @@ pub mod counts_cache;
 pub mod format;
 pub mod infini_gram;
 pub mod output_dir;
+pub mod partial;
 pub mod pipeline;
 pub mod query;
 mod shard;

@@ -18,10 +18,10 @@
 //! [`Index::next_counts`]: there an occurrence at a document's end has no next token, and the
 //! ∞-gram backs off past a suffix that has only such occurrences.
 
+use super::partial::{self, CnfPart, Located, ShardAnswer, ShardInfo, ShardQuery, Shards};
 use super::{Index, Range, Shard};
 use crate::error::{Error, Result};
-use rayon::prelude::*;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Reversed-suffix-array ranges up to this size are scanned instead of searched.
@@ -31,7 +31,8 @@ const SMALL_RANGE: usize = 8;
 
 /// Occurrences of a context in one shard, as a range of the forward or of the reversed suffix
 /// array (the reversed one when the context was extended to the left).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Occ {
     /// A range of `SA`.
     Fwd(Range),
@@ -124,7 +125,7 @@ pub struct FindResult {
 }
 
 /// A document (or a window of it) returned by `get_doc_by_*` and `search_docs`.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Document {
     /// Shard of the document.
     pub s: usize,
@@ -160,7 +161,7 @@ pub struct SearchResult {
 }
 
 /// One position of `longest_match`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Match {
     /// Length of the longest span ending here that occurs in the corpus.
     pub len: usize,
@@ -213,7 +214,7 @@ fn normalize_counts(out: &mut Counts, sep: u32, keep_end: bool) {
 }
 
 /// Sorts `(token, count)` pairs by token and adds up the counts of equal tokens.
-fn sort_and_merge(out: &mut Counts) {
+pub(super) fn sort_and_merge(out: &mut Counts) {
     out.sort_unstable_by_key(|&(t, _)| t);
     out.dedup_by(|b, a| {
         let same = a.0 == b.0;
@@ -402,23 +403,118 @@ impl<S: AsRef<[u8]>> Shard<S> {
         (lo, Occ::Fwd(best))
     }
 
-    /// Occurrences of `q` followed by a token (not at a document's end).
-    fn cont_count(&self, occ: Occ, q: &[u32]) -> u64 {
-        match occ {
-            _ if occ.is_empty() => 0,
-            Occ::Rev(r) if r.1 - r.0 <= SCAN_LIMIT => (r.0..r.1)
-                .filter(|&i| self.rnext(i).is_some_and(|t| t != self.separator()))
-                .count() as u64,
-            _ => {
-                let mut qs = q.to_vec();
-                qs.push(self.separator());
-                let f = self.find(&qs);
-                // In infini-gram's layout the last document ends at the end of T, no separator.
-                let at_end =
-                    self.len() >= q.len() && self.slice(self.len() - q.len(), self.len()) == q;
-                (occ.len() - (f.1 - f.0)).saturating_sub(usize::from(at_end)) as u64
+    /// The window `[pos − before, pos + after)` of the document holding position `pos`, cut to
+    /// the document; its `doc_ix` numbers the document within this shard.
+    pub fn window(&self, pos: usize, before: usize, after: usize) -> Located {
+        let d = self.doc_of(pos);
+        let (a, b) = self.doc_span(d);
+        let lo = pos.saturating_sub(before).max(a);
+        let hi = pos.saturating_add(after).min(b).max(lo);
+        let document = Document {
+            s: 0,
+            doc_ix: d as u64,
+            doc_len: b - a,
+            disp_len: hi - lo,
+            needle_offset: pos.saturating_sub(lo),
+            metadata: self.doc_meta(d).unwrap_or("").to_string(),
+            token_ids: self.slice(lo, hi),
+            ptr: pos,
+        };
+        Located { document, ptr: pos }
+    }
+
+    /// This shard's part of a CNF search anchored at clause `anchor` (see
+    /// [`partial::search_docs`]): the anchor's occurrences that every other clause has an
+    /// occurrence near (within `max_diff_tokens`, in the same document), the first `maxnum`
+    /// of their documents, and the factor that scales sampled counts back up.
+    pub fn cnf_part(
+        &self,
+        cnf: &[Vec<Vec<u32>>],
+        anchor: usize,
+        max_diff_tokens: usize,
+        max_clause_freq: usize,
+        maxnum: usize,
+        max_disp_len: usize,
+    ) -> CnfPart {
+        // Positions (start, end) of each clause's occurrences, sorted by start. An n-gram with
+        // more than `max_clause_freq` occurrences is sampled; the matches are scaled back up
+        // by the product over clauses of occurrences / sampled (infini-gram's subsampling
+        // factor).
+        let mut clauses: Vec<Vec<(usize, usize)>> = Vec::with_capacity(cnf.len());
+        let (mut factor, mut approx) = (1.0f64, false);
+        for clause in cnf {
+            let mut pos = Vec::new();
+            let mut occurrences = 0usize;
+            for g in clause {
+                let r = self.find(g);
+                let len = r.1 - r.0;
+                occurrences += len;
+                let step = if len > max_clause_freq.max(1) {
+                    approx = true;
+                    len.div_ceil(max_clause_freq.max(1))
+                } else {
+                    1
+                };
+                pos.extend(
+                    (r.0..r.1)
+                        .step_by(step)
+                        .map(|i| (self.sa(i), self.sa(i) + g.len())),
+                );
+            }
+            if !pos.is_empty() {
+                factor *= occurrences as f64 / pos.len() as f64;
+            }
+            pos.sort_unstable();
+            clauses.push(pos);
+        }
+        let mut part = CnfPart {
+            matched: 0,
+            factor,
+            approx,
+            ptrs: Vec::new(),
+            documents: Vec::new(),
+        };
+        let mut seen_docs = std::collections::HashSet::new();
+        let half = max_disp_len / 2;
+        for &(p, e) in clauses.get(anchor).map_or(&[][..], |c| &c[..]) {
+            let doc = self.doc_of(p);
+            let (da, db) = self.doc_span(doc);
+            let ok = clauses.iter().enumerate().all(|(ci, occ)| {
+                ci == anchor || {
+                    let lo = p.saturating_sub(max_diff_tokens).max(da);
+                    let hi = e.saturating_add(max_diff_tokens);
+                    let k = occ.partition_point(|&(a, _)| a < lo);
+                    occ[k..]
+                        .iter()
+                        .take_while(|&&(a, _)| a <= hi && a < db)
+                        .any(|&(_, b)| b <= db)
+                }
+            });
+            if ok {
+                part.matched += 1;
+                part.ptrs.push(p);
+                if part.documents.len() < maxnum && seen_docs.insert(doc) {
+                    part.documents.push(self.window(p, half, e - p + half));
+                }
             }
         }
+        part
+    }
+
+    /// For each position `j` of `tokens`, the longest span ending at `j` that occurs in this
+    /// shard, and its count (the span at `j + 1` is at most one token longer).
+    pub fn longest_matches(&self, tokens: &[u32]) -> Vec<Match> {
+        let mut out = Vec::with_capacity(tokens.len());
+        let mut prev = 0usize;
+        for j in 0..tokens.len() {
+            let start = (j + 1).saturating_sub(prev + 1);
+            let occs = self.suffix_occs(&tokens[start..=j]);
+            let len = occs.len() - 1;
+            let count = if len == 0 { 0 } else { occs[len].len() as u64 };
+            out.push(Match { len, count });
+            prev = len;
+        }
+        out
     }
 }
 
@@ -445,259 +541,53 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
         Ok(())
     }
 
-    /// Runs `f` on every shard, in parallel when there are several. Point lookups (`count`,
-    /// `find`) do not use it: waking the pool costs more than their probes when the index is
-    /// in memory (measured on the Linux-kernel index: 29 µs parallel vs 11 µs sequential per
-    /// count, while from a cold cache parallel wins, 5.8 vs 9.5 ms).
-    fn par_shards<T: Send>(&self, f: impl Fn(&Shard<S>) -> T + Sync + Send) -> Vec<T> {
-        if self.shards().len() > 1 {
-            self.shards().par_iter().map(f).collect()
-        } else {
-            self.shards().iter().map(f).collect()
-        }
-    }
-
     /// Occurrences of `q` (`count([])` = positions, separators included).
     pub fn count(&self, q: &[u32]) -> Result<CountResult> {
-        self.check_query(q)?;
-        let count = if q.is_empty() {
-            self.shards().iter().map(|s| s.len() as u64).sum()
-        } else {
-            self.shards()
-                .iter()
-                .map(|s| {
-                    let r = s.find(q);
-                    (r.1 - r.0) as u64
-                })
-                .sum()
-        };
-        Ok(CountResult {
-            count,
-            approx: false,
-        })
+        partial::count(self, q)
     }
 
     /// `count(prompt·cont) / count(prompt)`.
     pub fn prob(&self, prompt: &[u32], cont: u32) -> Result<ProbResult> {
-        let prompt_cnt = self.count(prompt)?.count;
-        let mut full = prompt.to_vec();
-        full.push(cont);
-        let cont_cnt = self.count(&full)?.count;
-        Ok(ProbResult::new(prompt_cnt, cont_cnt, None))
+        partial::prob(self, prompt, cont)
     }
 
     /// Exact next-token counts of `prompt`, all shards merged.
     pub fn next_counts(&self, prompt: &[u32]) -> Result<Counts> {
-        self.check_query(prompt)?;
-        Ok(merge_counts(self.par_shards(|s| {
-            let r = s.find(prompt);
-            s.occ_counts(Occ::Fwd(r), prompt)
-        })))
+        partial::next_counts(self, prompt)
     }
 
     /// Exact next-token distribution of `prompt` as the query API reports it: every occurrence
     /// counted, documents' ends under `eos` (see the module docs).
     pub fn ntd(&self, prompt: &[u32], eos: Option<u32>) -> Result<NtdResult> {
-        self.check_query(prompt)?;
-        let occs: Vec<Occ> = self
-            .shards()
-            .iter()
-            .map(|s| Occ::Fwd(s.find(prompt)))
-            .collect();
-        Ok(self.api_ntd(prompt, &occs, eos, None))
-    }
-
-    /// The query API's distribution of the occurrences `occs` (one per shard) of `q`.
-    fn api_ntd(
-        &self,
-        q: &[u32],
-        occs: &[Occ],
-        eos: Option<u32>,
-        suffix_len: Option<usize>,
-    ) -> NtdResult {
-        let prompt_cnt: u64 = occs.iter().map(|o| o.len() as u64).sum();
-        let sep = self.separator();
-        let per_shard = self.par_shards_with(occs, |s, &o| {
-            if o.is_empty() {
-                Counts::new()
-            } else {
-                s.occ_counts_ext(o, q, true)
-            }
-        });
-        // Every shard's counts in one sorted list (documents' ends under `eos`, or dropped),
-        // equal tokens merged; the map is then built from sorted pairs in one go.
-        let mut all: Counts = per_shard
-            .into_iter()
-            .flatten()
-            .filter_map(|(t, c)| match (t == sep, eos) {
-                (true, Some(e)) => Some((e, c)),
-                (true, None) => None,
-                (false, _) => Some((t, c)),
-            })
-            .collect();
-        sort_and_merge(&mut all);
-        NtdResult {
-            prompt_cnt,
-            result_by_token_id: all
-                .into_iter()
-                .map(|(t, c)| {
-                    let prob = c as f64 / prompt_cnt as f64;
-                    (t, TokenProb { cont_cnt: c, prob })
-                })
-                .collect(),
-            approx: false,
-            suffix_len,
-        }
-    }
-
-    /// Runs `f` on every shard with its item of `items`, in parallel when there are several.
-    fn par_shards_with<T: Send, I: Sync>(
-        &self,
-        items: &[I],
-        f: impl Fn(&Shard<S>, &I) -> T + Sync + Send,
-    ) -> Vec<T> {
-        if self.shards().len() > 1 {
-            self.shards()
-                .par_iter()
-                .zip(items)
-                .map(|(s, i)| f(s, i))
-                .collect()
-        } else {
-            self.shards()
-                .iter()
-                .zip(items)
-                .map(|(s, i)| f(s, i))
-                .collect()
-        }
-    }
-
-    /// The longest suffix of `prompt` that occurs in some shard (`suffix_len`), and its
-    /// occurrences in each shard: the ∞-gram context of the query API.
-    pub fn occurring_suffix(&self, prompt: &[u32]) -> Result<(usize, Vec<Occ>)> {
-        self.check_query(prompt)?;
-        let tops = self.par_shards(|s| s.longest_occurring(prompt));
-        let l = tops.iter().map(|t| t.0).max().unwrap_or(0);
-        Ok((l, self.suffix_occs_of(prompt, l, &tops)))
-    }
-
-    /// Occurrences in each shard of the last `l` tokens of `prompt`, given each shard's longest
-    /// occurring suffix `tops` (at least as long as `l` in some shard).
-    fn suffix_occs_of(&self, prompt: &[u32], l: usize, tops: &[(usize, Occ)]) -> Vec<Occ> {
-        let q = &prompt[prompt.len() - l..];
-        self.shards()
-            .iter()
-            .zip(tops)
-            .map(|(s, &(ls, occ))| match l {
-                0 => Occ::Fwd((0, s.len())),
-                _ if ls == l => occ,
-                _ if ls > l => Occ::Fwd(s.find(q)),
-                _ => Occ::Fwd((0, 0)),
-            })
-            .collect()
-    }
-
-    /// Length of the longest suffix of `prompt` that is followed by a token somewhere (not only
-    /// by documents' ends), and the occurrences of that suffix in each shard: the estimators'
-    /// ∞-gram context.
-    pub fn longest_suffix(&self, prompt: &[u32]) -> Result<(usize, Vec<Occ>)> {
-        self.check_query(prompt)?;
-        let tops = self.par_shards(|s| s.longest_occurring(prompt));
-        let mut l = tops.iter().map(|t| t.0).max().unwrap_or(0);
-        loop {
-            let q = &prompt[prompt.len() - l..];
-            let occs = self.suffix_occs_of(prompt, l, &tops);
-            // Occurrences only at documents' ends have no next token: back off further.
-            let cont: u64 = self
-                .shards()
-                .iter()
-                .zip(&occs)
-                .map(|(s, &o)| s.cont_count(o, q))
-                .sum();
-            if l == 0 || cont > 0 {
-                return Ok((l, occs));
-            }
-            l -= 1;
-        }
+        partial::ntd(self, prompt, eos)
     }
 
     /// Next-token counts of the ∞-gram: those of the longest suffix of `prompt` that has any.
     pub fn infgram_counts(&self, prompt: &[u32]) -> Result<(usize, Counts)> {
-        let (l, occs) = self.longest_suffix(prompt)?;
-        let q = &prompt[prompt.len() - l..];
-        let counts = merge_counts(
-            self.shards()
-                .iter()
-                .zip(occs)
-                .filter(|(_, o)| !o.is_empty())
-                .map(|(s, o)| s.occ_counts(o, q)),
-        );
-        Ok((l, counts))
+        partial::infgram_counts(self, prompt)
     }
 
     /// ∞-gram next-token distribution of the query API: [`Index::ntd`] of the longest suffix
     /// of `prompt` that occurs.
     pub fn infgram_ntd(&self, prompt: &[u32], eos: Option<u32>) -> Result<NtdResult> {
-        let (l, occs) = self.occurring_suffix(prompt)?;
-        Ok(self.api_ntd(&prompt[prompt.len() - l..], &occs, eos, Some(l)))
+        partial::infgram_ntd(self, prompt, eos)
     }
 
     /// ∞-gram probability of `cont` after `prompt`: [`Index::prob`] of the longest suffix of
     /// `prompt` that occurs.
     pub fn infgram_prob(&self, prompt: &[u32], cont: u32) -> Result<ProbResult> {
-        self.check_query(&[cont])?;
-        let (l, occs) = self.occurring_suffix(prompt)?;
-        let q = &prompt[prompt.len() - l..];
-        let prompt_cnt: u64 = occs.iter().map(|o| o.len() as u64).sum();
-        // count(q·cont), from the next-token counts of the occurrences already found.
-        let cont_cnt = self
-            .par_shards_with(&occs, |s, &o| {
-                if o.is_empty() {
-                    return 0;
-                }
-                let counts = s.occ_counts(o, q);
-                counts
-                    .binary_search_by_key(&cont, |c| c.0)
-                    .map_or(0, |i| counts[i].1)
-            })
-            .into_iter()
-            .sum();
-        Ok(ProbResult::new(prompt_cnt, cont_cnt, Some(l)))
+        partial::infgram_prob(self, prompt, cont)
     }
 
     /// Suffix-array segments of `q` in every shard.
     pub fn find(&self, q: &[u32]) -> Result<FindResult> {
-        self.check_query(q)?;
-        let segs: Vec<Range> = self.shards().iter().map(|s| s.find(q)).collect();
-        Ok(FindResult {
-            cnt: segs.iter().map(|r| (r.1 - r.0) as u64).sum(),
-            segment_by_shard: segs,
-        })
-    }
-
-    fn doc_window(&self, s: usize, pos: usize, needle_len: usize, max_disp_len: usize) -> Document {
-        let half = max_disp_len / 2;
-        self.window_at(s, pos, half, needle_len + half)
+        partial::find(self, q)
     }
 
     /// The window `[pos - before, pos + after)` of the document holding position `pos` of
     /// shard `s`, cut to the document (the infini-gram engine's `*_2` document getters).
-    pub fn window_at(&self, s: usize, pos: usize, before: usize, after: usize) -> Document {
-        let sh = &self.shards()[s];
-        let d = sh.doc_of(pos);
-        let (a, b) = sh.doc_span(d);
-        let lo = pos.saturating_sub(before).max(a);
-        let hi = pos.saturating_add(after).min(b).max(lo);
-        let first: u64 = self.shards()[..s].iter().map(|x| x.num_docs() as u64).sum();
-        Document {
-            s,
-            doc_ix: first + d as u64,
-            doc_len: b - a,
-            disp_len: hi - lo,
-            needle_offset: pos.saturating_sub(lo),
-            metadata: sh.doc_meta(d).unwrap_or("").to_string(),
-            token_ids: sh.slice(lo, hi),
-            ptr: pos,
-        }
+    pub fn window_at(&self, s: usize, pos: usize, before: usize, after: usize) -> Result<Document> {
+        partial::window_at(self, s, pos, before, after)
     }
 
     /// Documents in all shards.
@@ -707,37 +597,7 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
 
     /// The first `max_len` tokens of document `doc_ix` (numbered across shards).
     pub fn get_doc_by_ix(&self, doc_ix: u64, max_len: usize) -> Result<Document> {
-        let mut rest = doc_ix;
-        for (s, sh) in self.shards().iter().enumerate() {
-            let n = sh.num_docs() as u64;
-            if rest < n {
-                let (a, _) = sh.doc_span(rest as usize);
-                return Ok(self.window_at(s, a, 0, max_len));
-            }
-            rest -= n;
-        }
-        Err(Error::input(format!(
-            "document {doc_ix} does not exist ({} documents)",
-            self.num_docs()
-        )))
-    }
-
-    /// Shard `s` after checking that `i` is one of its positions (`what` names `i` in errors).
-    fn shard_position(&self, s: usize, i: usize, what: &str) -> Result<&Shard<S>> {
-        let shards = self.shards();
-        let sh = shards.get(s).ok_or_else(|| {
-            Error::input(format!(
-                "shard {s} does not exist ({} shards)",
-                shards.len()
-            ))
-        })?;
-        if i >= sh.len() {
-            return Err(Error::input(format!(
-                "{what} {i} is outside shard {s} (0..{})",
-                sh.len()
-            )));
-        }
-        Ok(sh)
+        partial::get_doc_by_ix(self, doc_ix, max_len)
     }
 
     /// The document around suffix-array rank `rank` of shard `s` (a window of `max_disp_len`).
@@ -748,8 +608,7 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
         needle_len: usize,
         max_disp_len: usize,
     ) -> Result<Document> {
-        let sh = self.shard_position(s, rank, "rank")?;
-        Ok(self.doc_window(s, sh.sa(rank), needle_len, max_disp_len))
+        partial::get_doc_by_rank(self, s, rank, needle_len, max_disp_len)
     }
 
     /// The document around token position `ptr` of shard `s`.
@@ -760,8 +619,7 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
         needle_len: usize,
         max_disp_len: usize,
     ) -> Result<Document> {
-        self.shard_position(s, ptr, "pointer")?;
-        Ok(self.doc_window(s, ptr, needle_len, max_disp_len))
+        partial::get_doc_by_ptr(self, s, ptr, needle_len, max_disp_len)
     }
 
     /// Documents matching a CNF: every clause (an OR of n-grams) has an occurrence within
@@ -774,128 +632,48 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
         max_clause_freq: usize,
         max_disp_len: usize,
     ) -> Result<SearchResult> {
-        if cnf.is_empty()
-            || cnf
-                .iter()
-                .any(|c| c.is_empty() || c.iter().any(|g| g.is_empty()))
-        {
-            return Err(Error::input(
-                "search_docs needs at least one clause, and no empty clause or n-gram",
-            ));
-        }
-        for g in cnf.iter().flatten() {
-            self.check_query(g)?;
-        }
-        if max_clause_freq == 0 {
-            return Err(Error::input(
-                "max_clause_freq must be at least 1 (occurrences per n-gram before sampling)",
-            ));
-        }
-        let mut cnt = 0u64;
-        let mut approx = false;
-        let mut documents = Vec::new();
-        let mut seen_docs = std::collections::HashSet::new();
-        let mut ptrs_by_shard = vec![Vec::new(); self.shards().len()];
-        // The anchor: the clause with the fewest occurrences in the whole index (one choice for
-        // all shards, so the count does not depend on how documents are sharded).
-        let total = |clause: &Vec<Vec<u32>>| -> usize {
-            let per = |sh: &Shard<S>| {
-                clause
-                    .iter()
-                    .map(|g| sh.find(g))
-                    .map(|r| r.1 - r.0)
-                    .sum::<usize>()
-            };
-            self.shards().iter().map(per).sum()
-        };
-        let rarest = (0..cnf.len()).min_by_key(|&i| total(&cnf[i])).unwrap_or(0);
-        for (s, sh) in self.shards().iter().enumerate() {
-            // Positions (start, end) of each clause's occurrences, sorted by start. An n-gram
-            // with more than `max_clause_freq` occurrences is sampled; the shard's matches
-            // are scaled back up by the product over clauses of occurrences / sampled
-            // (infini-gram's subsampling factor).
-            let mut clauses: Vec<Vec<(usize, usize)>> = Vec::with_capacity(cnf.len());
-            let mut factor = 1.0f64;
-            for clause in cnf {
-                let mut pos = Vec::new();
-                let mut occurrences = 0usize;
-                for g in clause {
-                    let r = sh.find(g);
-                    let len = r.1 - r.0;
-                    occurrences += len;
-                    let step = if len > max_clause_freq {
-                        approx = true;
-                        len.div_ceil(max_clause_freq)
-                    } else {
-                        1
-                    };
-                    pos.extend(
-                        (r.0..r.1)
-                            .step_by(step)
-                            .map(|i| (sh.sa(i), sh.sa(i) + g.len())),
-                    );
-                }
-                if !pos.is_empty() {
-                    factor *= occurrences as f64 / pos.len() as f64;
-                }
-                pos.sort_unstable();
-                clauses.push(pos);
-            }
-            let mut matched = 0u64;
-            for &(p, e) in &clauses[rarest] {
-                let doc = sh.doc_of(p);
-                let (da, db) = sh.doc_span(doc);
-                let ok = clauses.iter().enumerate().all(|(ci, occ)| {
-                    ci == rarest || {
-                        let lo = p.saturating_sub(max_diff_tokens).max(da);
-                        let hi = e.saturating_add(max_diff_tokens);
-                        let k = occ.partition_point(|&(a, _)| a < lo);
-                        occ[k..]
-                            .iter()
-                            .take_while(|&&(a, _)| a <= hi && a < db)
-                            .any(|&(_, b)| b <= db)
-                    }
-                });
-                if ok {
-                    matched += 1;
-                    ptrs_by_shard[s].push(p);
-                    if documents.len() < maxnum && seen_docs.insert((s, doc)) {
-                        documents.push(self.doc_window(s, p, e - p, max_disp_len));
-                    }
-                }
-            }
-            cnt += (matched as f64 * factor).round() as u64;
-        }
-        Ok(SearchResult {
-            cnt,
-            approx,
-            documents,
-            ptrs_by_shard,
-        })
+        partial::search_docs(
+            self,
+            cnf,
+            maxnum,
+            max_diff_tokens,
+            max_clause_freq,
+            max_disp_len,
+        )
     }
 
     /// For each position `j` of `tokens`, the longest span ending at `j` that occurs in the
-    /// corpus, and its count. Uses that the span at `j+1` is at most one token longer.
+    /// corpus, and its count.
     pub fn longest_match(&self, tokens: &[u32]) -> Result<Vec<Match>> {
-        self.check_query(tokens)?;
-        let mut out = Vec::with_capacity(tokens.len());
-        let mut prev = 0usize;
-        for j in 0..tokens.len() {
-            let start = (j + 1).saturating_sub(prev + 1);
-            let ctx = &tokens[start..=j];
-            let per_shard = self.par_shards(|s| s.suffix_occs(ctx));
-            let len = per_shard.iter().map(|o| o.len() - 1).max().unwrap_or(0);
-            let count = per_shard
-                .iter()
-                .filter_map(|o| o.get(len))
-                .map(|o| o.len() as u64)
-                .sum();
-            out.push(Match {
-                len,
-                count: if len == 0 { 0 } else { count },
-            });
-            prev = len;
-        }
-        Ok(out)
+        partial::longest_match(self, tokens)
+    }
+}
+
+/// The in-process shards of an index, asked directly.
+impl<S: AsRef<[u8]> + Sync> Shards for Index<S> {
+    fn shard_count(&self) -> usize {
+        self.shards().len()
+    }
+
+    fn infos(&self) -> Vec<ShardInfo> {
+        self.shards()
+            .iter()
+            .map(|s| ShardInfo {
+                tokens: s.len() as u64,
+                documents: s.num_docs() as u64,
+            })
+            .collect()
+    }
+
+    fn separator(&self) -> u32 {
+        Index::separator(self)
+    }
+
+    fn check_tokens(&self, q: &[u32]) -> Result<()> {
+        self.check_query(q)
+    }
+
+    fn ask(&self, asks: Vec<(usize, ShardQuery)>) -> Result<Vec<ShardAnswer>> {
+        partial::answer_all(self.shards(), asks)
     }
 }

@@ -51,7 +51,7 @@ impl Gguf {
     pub fn open(path: &Path) -> Result<Gguf> {
         if !path.exists() {
             return Err(Error::input(format!(
-                "model file {} not found; fetch it with `infgram fetch smollm2-135m` (see models/README.md)",
+                "model file {} not found; fetch it with `infgram fetch smollm2-135m` (models/README.md in the repository)",
                 path.display()
             )));
         }

@@ -1,4 +1,4 @@
-//! Where a `--model` comes from: a short name (fetched into `models/` on first use), a local
+//! Where a `--model` comes from: a short name (fetched into the models cache on first use), a local
 //! GGUF file, a local safetensors model directory, or `hf:OWNER/REPO[:FILE]` from the Hugging
 //! Face Hub through hf-hub. The Hub is the only network access infgram makes at run time, and
 //! only when a user names a Hub model; offline it fails with a message that says what to do.

@@ -16,7 +16,7 @@ pub fn read_gguf_metadata(path: &Path) -> Result<Content> {
     let mut f = std::fs::File::open(path).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             Error::input(format!(
-                "model file {} not found; fetch it with `infgram fetch smollm2-135m` (see models/README.md)",
+                "model file {} not found; fetch it with `infgram fetch smollm2-135m` (models/README.md in the repository)",
                 path.display()
             ))
         } else {
@@ -25,7 +25,7 @@ pub fn read_gguf_metadata(path: &Path) -> Result<Content> {
     })?;
     Content::read(&mut f).map_err(|e| {
         Error::input(format!(
-            "{}: not a readable GGUF file ({e}); fetch the model again (see models/README.md)",
+            "{}: not a readable GGUF file ({e}); fetch the model again (models/README.md in the repository)",
             path.display()
         ))
     })

@@ -1,0 +1,749 @@
+//! Queries answered shard by shard, then merged: the one path every query type of
+//! [`query`](super::query) takes.
+//!
+//! A shard answers a [`ShardQuery`] with a [`ShardAnswer`] ([`answer`]): plain data, serde
+//! serializable, about that shard alone (its own suffix-array ranges, positions and document
+//! numbers). The functions of this module ask the shards through a [`Shards`] and merge their
+//! answers into the query's result. The ∞-gram queries take two rounds: each shard's longest
+//! occurring suffix of the prompt, the maximum, then counts at that length; a CNF search takes
+//! two as well (clause totals, to choose the rarest clause over all shards, then the matches);
+//! a document fetch is routed to the one shard that holds it.
+//!
+//! [`Index`](super::Index) is a [`Shards`] over its in-process shards. A shard held by another
+//! process answers the same queries with [`answer`]; a [`Shards`] that carries them there and
+//! back plugs into the same merges.
+
+use super::query::{
+    sort_and_merge, CountResult, Counts, Document, FindResult, Match, NtdResult, Occ, ProbResult,
+    SearchResult, TokenProb,
+};
+use super::{Range, Shard};
+use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
+
+/// What the merging side knows of each shard without asking it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardInfo {
+    /// Positions (tokens, separators included).
+    pub tokens: u64,
+    /// Documents.
+    pub documents: u64,
+}
+
+/// A question to one shard.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "ask", rename_all = "snake_case")]
+pub enum ShardQuery {
+    /// The suffix-array range of `q` (`count`, `prob`, `find`).
+    Find {
+        /// The n-gram.
+        q: Vec<u32>,
+    },
+    /// Round one of the ∞-gram queries: the longest suffix of `prompt` that occurs in the
+    /// shard, and its occurrences there.
+    LongestSuffix {
+        /// The prompt.
+        prompt: Vec<u32>,
+    },
+    /// The occurrences of `q` and the counts of the tokens after them, a document's end
+    /// counted under the separator id. `occ`: where round one found `q` in this shard (a hint
+    /// that saves a search; only for the shard that gave it).
+    NextCounts {
+        /// The context.
+        q: Vec<u32>,
+        /// The occurrences of `q` in this shard, when known.
+        occ: Option<Occ>,
+    },
+    /// Round one of a CNF search: each clause's occurrences in the shard.
+    ClauseTotals {
+        /// The clauses (each an OR of n-grams).
+        cnf: Vec<Vec<Vec<u32>>>,
+    },
+    /// Round two of a CNF search: the occurrences of clause `anchor` that every other clause
+    /// has an occurrence near, in the same document.
+    Cnf {
+        /// The clauses.
+        cnf: Vec<Vec<Vec<u32>>>,
+        /// The rarest clause over all shards.
+        anchor: usize,
+        /// Largest distance in tokens between clauses.
+        max_diff_tokens: usize,
+        /// Occurrences per n-gram above which it is sampled.
+        max_clause_freq: usize,
+        /// Documents to show at most.
+        maxnum: usize,
+        /// Tokens of each document's window.
+        max_disp_len: usize,
+    },
+    /// The window `[pos − before, pos + after)` of the document holding position `pos`, cut
+    /// to the document.
+    Window {
+        /// A position of the shard.
+        pos: usize,
+        /// Tokens before it.
+        before: usize,
+        /// Tokens from it on.
+        after: usize,
+    },
+    /// [`ShardQuery::Window`] at the position of suffix-array rank `rank`.
+    RankWindow {
+        /// A suffix-array rank of the shard.
+        rank: usize,
+        /// Tokens before it.
+        before: usize,
+        /// Tokens from it on.
+        after: usize,
+    },
+    /// The first `max_len` tokens of the shard's document `doc`.
+    Doc {
+        /// The document, numbered within the shard.
+        doc: usize,
+        /// Tokens to show at most.
+        max_len: usize,
+    },
+    /// For each position of `tokens`, the longest span ending there that occurs in the shard,
+    /// and its occurrences.
+    LongestMatches {
+        /// The text's tokens.
+        tokens: Vec<u32>,
+    },
+}
+
+impl ShardQuery {
+    /// Whether answering takes long enough that several shards are asked in parallel
+    /// (waking the thread pool costs more than a point lookup when the index is in memory).
+    fn is_heavy(&self) -> bool {
+        !matches!(
+            self,
+            ShardQuery::Find { .. }
+                | ShardQuery::Window { .. }
+                | ShardQuery::RankWindow { .. }
+                | ShardQuery::Doc { .. }
+        )
+    }
+}
+
+/// A document window from one shard, its number within the shard, and the position it is
+/// anchored at.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Located {
+    /// The window; `doc_ix` numbers the document within its shard until the merge.
+    pub document: Document,
+    /// The position in the shard of the match (or of the window's anchor).
+    pub ptr: usize,
+}
+
+/// One shard's part of a CNF search.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CnfPart {
+    /// Matching occurrences of the anchor clause (among those sampled).
+    pub matched: u64,
+    /// Occurrences over sampled occurrences, multiplied over the clauses (1 when none was
+    /// sampled): what scales `matched` back up.
+    pub factor: f64,
+    /// Whether some n-gram was sampled.
+    pub approx: bool,
+    /// Positions of the matching occurrences.
+    pub ptrs: Vec<usize>,
+    /// The first `maxnum` matching documents, one window each.
+    pub documents: Vec<Located>,
+}
+
+/// One shard's answer to a [`ShardQuery`] (the variant that query asks for).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "answer", rename_all = "snake_case")]
+pub enum ShardAnswer {
+    /// A suffix-array range.
+    Range {
+        /// `[lo, hi)`.
+        range: Range,
+    },
+    /// The longest occurring suffix: its length and occurrences.
+    Suffix {
+        /// Tokens.
+        len: usize,
+        /// Its occurrences in the shard.
+        occ: Occ,
+    },
+    /// Occurrences of a context and the counts of the tokens after them.
+    NextCounts {
+        /// Occurrences of the context.
+        occurrences: u64,
+        /// Sorted `(token, count)`, documents' ends under the separator id.
+        counts: Counts,
+    },
+    /// Each clause's occurrences.
+    ClauseTotals {
+        /// One per clause.
+        totals: Vec<u64>,
+    },
+    /// A CNF search's part.
+    Cnf(CnfPart),
+    /// A document window.
+    Document(Located),
+    /// Per position, the longest occurring span ending there and its count.
+    Matches {
+        /// One per token.
+        matches: Vec<Match>,
+    },
+}
+
+/// Shards to ask: in this process ([`Index`](super::Index)) or elsewhere.
+pub trait Shards {
+    /// How many shards there are.
+    fn shard_count(&self) -> usize;
+    /// Positions and documents of each shard, in order.
+    fn infos(&self) -> Vec<ShardInfo>;
+    /// The separator id: a document's end in next-token counts.
+    fn separator(&self) -> u32;
+    /// Refuses token ids outside the vocabulary.
+    fn check_tokens(&self, q: &[u32]) -> Result<()>;
+    /// The answers to `asks` (each a shard and its question), in the same order.
+    fn ask(&self, asks: Vec<(usize, ShardQuery)>) -> Result<Vec<ShardAnswer>>;
+}
+
+/// Asks every shard the same question.
+fn ask_all(shards: &impl Shards, q: ShardQuery) -> Result<Vec<ShardAnswer>> {
+    shards.ask((0..shards.shard_count()).map(|s| (s, q.clone())).collect())
+}
+
+/// The shards' answers must be of the kind their questions ask for.
+fn wrong_answer(what: &str) -> Error {
+    Error::input(format!(
+        "a shard answered {what} with another kind of answer (a shard of another version?)"
+    ))
+}
+
+/// The answer of `shard` to `q` (in this process; a shard elsewhere does the same).
+pub fn answer<S: AsRef<[u8]>>(shard: &Shard<S>, q: &ShardQuery) -> ShardAnswer {
+    match q {
+        ShardQuery::Find { q } => ShardAnswer::Range {
+            range: shard.find(q),
+        },
+        ShardQuery::LongestSuffix { prompt } => {
+            let (len, occ) = shard.longest_occurring(prompt);
+            ShardAnswer::Suffix { len, occ }
+        }
+        ShardQuery::NextCounts { q, occ } => {
+            let occ = occ.unwrap_or_else(|| Occ::Fwd(shard.find(q)));
+            let counts = if occ.is_empty() {
+                Counts::new()
+            } else {
+                shard.occ_counts_ext(occ, q, true)
+            };
+            ShardAnswer::NextCounts {
+                occurrences: occ.len() as u64,
+                counts,
+            }
+        }
+        ShardQuery::ClauseTotals { cnf } => ShardAnswer::ClauseTotals {
+            totals: cnf
+                .iter()
+                .map(|clause| {
+                    clause
+                        .iter()
+                        .map(|g| {
+                            let r = shard.find(g);
+                            (r.1 - r.0) as u64
+                        })
+                        .sum()
+                })
+                .collect(),
+        },
+        ShardQuery::Cnf {
+            cnf,
+            anchor,
+            max_diff_tokens,
+            max_clause_freq,
+            maxnum,
+            max_disp_len,
+        } => ShardAnswer::Cnf(shard.cnf_part(
+            cnf,
+            *anchor,
+            *max_diff_tokens,
+            *max_clause_freq,
+            *maxnum,
+            *max_disp_len,
+        )),
+        &ShardQuery::Window { pos, before, after } => {
+            ShardAnswer::Document(shard.window(pos, before, after))
+        }
+        &ShardQuery::RankWindow {
+            rank,
+            before,
+            after,
+        } => ShardAnswer::Document(shard.window(shard.sa(rank), before, after)),
+        &ShardQuery::Doc { doc, max_len } => {
+            let (a, _) = shard.doc_span(doc);
+            ShardAnswer::Document(shard.window(a, 0, max_len))
+        }
+        ShardQuery::LongestMatches { tokens } => ShardAnswer::Matches {
+            matches: shard.longest_matches(tokens),
+        },
+    }
+}
+
+/// Answers `asks` with the in-process `shards`, in parallel when several are asked something
+/// heavy.
+pub fn answer_all<S: AsRef<[u8]> + Sync>(
+    shards: &[Shard<S>],
+    asks: Vec<(usize, ShardQuery)>,
+) -> Result<Vec<ShardAnswer>> {
+    use rayon::prelude::*;
+    if let Some(&(s, _)) = asks.iter().find(|(s, _)| *s >= shards.len()) {
+        return Err(Error::input(format!(
+            "shard {s} does not exist ({} shards)",
+            shards.len()
+        )));
+    }
+    let one = |(s, q): &(usize, ShardQuery)| answer(&shards[*s], q);
+    Ok(
+        if asks.len() > 1 && asks.iter().any(|(_, q)| q.is_heavy()) {
+            asks.par_iter().map(one).collect()
+        } else {
+            asks.iter().map(one).collect()
+        },
+    )
+}
+
+/// The number of the first document of each shard (documents are numbered across shards in
+/// order).
+fn first_docs(infos: &[ShardInfo]) -> Vec<u64> {
+    infos
+        .iter()
+        .scan(0u64, |acc, i| {
+            let first = *acc;
+            *acc += i.documents;
+            Some(first)
+        })
+        .collect()
+}
+
+/// A shard's window, numbered across shards.
+fn place(located: Located, s: usize, first_docs: &[u64]) -> Document {
+    let mut d = located.document;
+    d.s = s;
+    d.doc_ix += first_docs[s];
+    d.ptr = located.ptr;
+    d
+}
+
+fn located(a: ShardAnswer, what: &str) -> Result<Located> {
+    match a {
+        ShardAnswer::Document(l) => Ok(l),
+        _ => Err(wrong_answer(what)),
+    }
+}
+
+fn ranges(answers: Vec<ShardAnswer>, what: &str) -> Result<Vec<Range>> {
+    answers
+        .into_iter()
+        .map(|a| match a {
+            ShardAnswer::Range { range } => Ok(range),
+            _ => Err(wrong_answer(what)),
+        })
+        .collect()
+}
+
+/// Occurrences of `q` (`count([])` = positions, separators included).
+pub fn count(shards: &impl Shards, q: &[u32]) -> Result<CountResult> {
+    shards.check_tokens(q)?;
+    let count = if q.is_empty() {
+        shards.infos().iter().map(|i| i.tokens).sum()
+    } else {
+        let rs = ranges(
+            ask_all(shards, ShardQuery::Find { q: q.to_vec() })?,
+            "count",
+        )?;
+        rs.iter().map(|r| (r.1 - r.0) as u64).sum()
+    };
+    Ok(CountResult {
+        count,
+        approx: false,
+    })
+}
+
+/// `count(prompt·cont) / count(prompt)`.
+pub fn prob(shards: &impl Shards, prompt: &[u32], cont: u32) -> Result<ProbResult> {
+    let prompt_cnt = count(shards, prompt)?.count;
+    let mut full = prompt.to_vec();
+    full.push(cont);
+    let cont_cnt = count(shards, &full)?.count;
+    Ok(ProbResult::new(prompt_cnt, cont_cnt, None))
+}
+
+/// Suffix-array segments of `q` in every shard.
+pub fn find(shards: &impl Shards, q: &[u32]) -> Result<FindResult> {
+    shards.check_tokens(q)?;
+    let segs = ranges(ask_all(shards, ShardQuery::Find { q: q.to_vec() })?, "find")?;
+    Ok(FindResult {
+        cnt: segs.iter().map(|r| (r.1 - r.0) as u64).sum(),
+        segment_by_shard: segs,
+    })
+}
+
+/// Each shard's occurrences and next-token counts (documents' ends under the separator).
+fn next_counts_parts(answers: Vec<ShardAnswer>) -> Result<Vec<(u64, Counts)>> {
+    answers
+        .into_iter()
+        .map(|a| match a {
+            ShardAnswer::NextCounts {
+                occurrences,
+                counts,
+            } => Ok((occurrences, counts)),
+            _ => Err(wrong_answer("next-token counts")),
+        })
+        .collect()
+}
+
+/// The query API's distribution from each shard's occurrences and counts: every occurrence
+/// counted, documents' ends under `eos` (left out without it).
+fn merge_ntd(
+    parts: Vec<(u64, Counts)>,
+    sep: u32,
+    eos: Option<u32>,
+    suffix_len: Option<usize>,
+) -> NtdResult {
+    let prompt_cnt: u64 = parts.iter().map(|p| p.0).sum();
+    let mut all: Counts = parts
+        .into_iter()
+        .flat_map(|p| p.1)
+        .filter_map(|(t, c)| match (t == sep, eos) {
+            (true, Some(e)) => Some((e, c)),
+            (true, None) => None,
+            (false, _) => Some((t, c)),
+        })
+        .collect();
+    sort_and_merge(&mut all);
+    NtdResult {
+        prompt_cnt,
+        result_by_token_id: all
+            .into_iter()
+            .map(|(t, c)| {
+                let prob = c as f64 / prompt_cnt as f64;
+                (t, TokenProb { cont_cnt: c, prob })
+            })
+            .collect(),
+        approx: false,
+        suffix_len,
+    }
+}
+
+/// Sums next-token counts of several shards, documents' ends left out.
+fn merge_next_counts(parts: &[(u64, Counts)], sep: u32) -> Counts {
+    let mut all: Counts = parts
+        .iter()
+        .flat_map(|p| p.1.iter().copied())
+        .filter(|&(t, _)| t != sep)
+        .collect();
+    sort_and_merge(&mut all);
+    all
+}
+
+/// Exact next-token distribution of `prompt` as the query API reports it.
+pub fn ntd(shards: &impl Shards, prompt: &[u32], eos: Option<u32>) -> Result<NtdResult> {
+    shards.check_tokens(prompt)?;
+    let q = ShardQuery::NextCounts {
+        q: prompt.to_vec(),
+        occ: None,
+    };
+    let parts = next_counts_parts(ask_all(shards, q)?)?;
+    Ok(merge_ntd(parts, shards.separator(), eos, None))
+}
+
+/// Exact next-token counts of `prompt`, documents' ends left out (the estimators' view).
+pub fn next_counts(shards: &impl Shards, prompt: &[u32]) -> Result<Counts> {
+    shards.check_tokens(prompt)?;
+    let q = ShardQuery::NextCounts {
+        q: prompt.to_vec(),
+        occ: None,
+    };
+    let parts = next_counts_parts(ask_all(shards, q)?)?;
+    Ok(merge_next_counts(&parts, shards.separator()))
+}
+
+/// Round one of the ∞-gram queries: each shard's longest occurring suffix of `prompt`.
+fn suffix_round(shards: &impl Shards, prompt: &[u32]) -> Result<Vec<(usize, Occ)>> {
+    let q = ShardQuery::LongestSuffix {
+        prompt: prompt.to_vec(),
+    };
+    ask_all(shards, q)?
+        .into_iter()
+        .map(|a| match a {
+            ShardAnswer::Suffix { len, occ } => Ok((len, occ)),
+            _ => Err(wrong_answer("the longest suffix")),
+        })
+        .collect()
+}
+
+/// Round two: the occurrences and next-token counts of the last `l` tokens of `prompt` in
+/// every shard where it occurs, given round one's answers `tops` (a shard whose own longest
+/// suffix is shorter has none; one whose is exactly `l` long gave its occurrences).
+fn counts_round(
+    shards: &impl Shards,
+    prompt: &[u32],
+    l: usize,
+    tops: &[(usize, Occ)],
+) -> Result<Vec<(u64, Counts)>> {
+    let q = &prompt[prompt.len() - l..];
+    let asks: Vec<(usize, ShardQuery)> = tops
+        .iter()
+        .enumerate()
+        .filter(|(_, &(ls, _))| ls >= l)
+        .map(|(s, &(ls, occ))| {
+            let occ = (ls == l && l > 0).then_some(occ);
+            let q = q.to_vec();
+            (s, ShardQuery::NextCounts { q, occ })
+        })
+        .collect();
+    next_counts_parts(shards.ask(asks)?)
+}
+
+/// The longest suffix of `prompt` that occurs in some shard, and the shards' occurrences and
+/// counts at that length: the ∞-gram context of the query API.
+fn occurring_suffix(shards: &impl Shards, prompt: &[u32]) -> Result<(usize, Vec<(u64, Counts)>)> {
+    shards.check_tokens(prompt)?;
+    let tops = suffix_round(shards, prompt)?;
+    let l = tops.iter().map(|t| t.0).max().unwrap_or(0);
+    Ok((l, counts_round(shards, prompt, l, &tops)?))
+}
+
+/// ∞-gram next-token distribution of the query API: [`ntd`] of the longest suffix of
+/// `prompt` that occurs.
+pub fn infgram_ntd(shards: &impl Shards, prompt: &[u32], eos: Option<u32>) -> Result<NtdResult> {
+    let (l, parts) = occurring_suffix(shards, prompt)?;
+    Ok(merge_ntd(parts, shards.separator(), eos, Some(l)))
+}
+
+/// ∞-gram probability of `cont` after `prompt`: [`prob`] of the longest suffix of `prompt`
+/// that occurs.
+pub fn infgram_prob(shards: &impl Shards, prompt: &[u32], cont: u32) -> Result<ProbResult> {
+    shards.check_tokens(&[cont])?;
+    let (l, parts) = occurring_suffix(shards, prompt)?;
+    let prompt_cnt: u64 = parts.iter().map(|p| p.0).sum();
+    let cont_cnt: u64 = parts
+        .iter()
+        .map(|(_, counts)| {
+            counts
+                .binary_search_by_key(&cont, |c| c.0)
+                .map_or(0, |i| counts[i].1)
+        })
+        .sum();
+    Ok(ProbResult::new(prompt_cnt, cont_cnt, Some(l)))
+}
+
+/// Next-token counts of the ∞-gram: those of the longest suffix of `prompt` followed by a
+/// token somewhere (a suffix found only at documents' ends is backed off past).
+pub fn infgram_counts(shards: &impl Shards, prompt: &[u32]) -> Result<(usize, Counts)> {
+    shards.check_tokens(prompt)?;
+    let tops = suffix_round(shards, prompt)?;
+    let mut l = tops.iter().map(|t| t.0).max().unwrap_or(0);
+    let sep = shards.separator();
+    loop {
+        let counts = merge_next_counts(&counts_round(shards, prompt, l, &tops)?, sep);
+        if l == 0 || !counts.is_empty() {
+            return Ok((l, counts));
+        }
+        l -= 1;
+    }
+}
+
+/// The window `[pos − before, pos + after)` of the document holding position `pos` of shard
+/// `s`, cut to the document.
+pub fn window_at(
+    shards: &impl Shards,
+    s: usize,
+    pos: usize,
+    before: usize,
+    after: usize,
+) -> Result<Document> {
+    let infos = check_position(shards, s, pos, "position")?;
+    let asks = vec![(s, ShardQuery::Window { pos, before, after })];
+    let l = located(one(shards.ask(asks)?)?, "a window")?;
+    Ok(place(l, s, &first_docs(&infos)))
+}
+
+/// The only answer of a one-question round.
+fn one(answers: Vec<ShardAnswer>) -> Result<ShardAnswer> {
+    answers
+        .into_iter()
+        .next()
+        .ok_or_else(|| wrong_answer("a question"))
+}
+
+/// The shards' infos, after checking that shard `s` exists and `i` is one of its positions
+/// (`what` names `i` in errors).
+fn check_position(shards: &impl Shards, s: usize, i: usize, what: &str) -> Result<Vec<ShardInfo>> {
+    let infos = shards.infos();
+    let info = infos.get(s).ok_or_else(|| {
+        Error::input(format!("shard {s} does not exist ({} shards)", infos.len()))
+    })?;
+    if i as u64 >= info.tokens {
+        return Err(Error::input(format!(
+            "{what} {i} is outside shard {s} (0..{})",
+            info.tokens
+        )));
+    }
+    Ok(infos)
+}
+
+/// The first `max_len` tokens of document `doc_ix` (numbered across shards).
+pub fn get_doc_by_ix(shards: &impl Shards, doc_ix: u64, max_len: usize) -> Result<Document> {
+    let infos = shards.infos();
+    let firsts = first_docs(&infos);
+    let s = (0..infos.len())
+        .find(|&s| doc_ix >= firsts[s] && doc_ix - firsts[s] < infos[s].documents)
+        .ok_or_else(|| {
+            Error::input(format!(
+                "document {doc_ix} does not exist ({} documents)",
+                infos.iter().map(|i| i.documents).sum::<u64>()
+            ))
+        })?;
+    let doc = (doc_ix - firsts[s]) as usize;
+    let l = located(
+        one(shards.ask(vec![(s, ShardQuery::Doc { doc, max_len })])?)?,
+        "a document",
+    )?;
+    Ok(place(l, s, &firsts))
+}
+
+/// The document around suffix-array rank `rank` of shard `s` (a window of `max_disp_len`).
+pub fn get_doc_by_rank(
+    shards: &impl Shards,
+    s: usize,
+    rank: usize,
+    needle_len: usize,
+    max_disp_len: usize,
+) -> Result<Document> {
+    let infos = check_position(shards, s, rank, "rank")?;
+    let half = max_disp_len / 2;
+    let q = ShardQuery::RankWindow {
+        rank,
+        before: half,
+        after: needle_len + half,
+    };
+    let l = located(one(shards.ask(vec![(s, q)])?)?, "a document")?;
+    Ok(place(l, s, &first_docs(&infos)))
+}
+
+/// The document around token position `ptr` of shard `s`.
+pub fn get_doc_by_ptr(
+    shards: &impl Shards,
+    s: usize,
+    ptr: usize,
+    needle_len: usize,
+    max_disp_len: usize,
+) -> Result<Document> {
+    let infos = check_position(shards, s, ptr, "pointer")?;
+    let half = max_disp_len / 2;
+    let q = ShardQuery::Window {
+        pos: ptr,
+        before: half,
+        after: needle_len + half,
+    };
+    let l = located(one(shards.ask(vec![(s, q)])?)?, "a document")?;
+    Ok(place(l, s, &first_docs(&infos)))
+}
+
+/// Documents matching a CNF: every clause (an OR of n-grams) has an occurrence within
+/// `max_diff_tokens` of an occurrence of the rarest clause, in the same document. An n-gram
+/// with more than `max_clause_freq` occurrences in a shard is sampled, and the count scaled
+/// back up (`approx`).
+pub fn search_docs(
+    shards: &impl Shards,
+    cnf: &[Vec<Vec<u32>>],
+    maxnum: usize,
+    max_diff_tokens: usize,
+    max_clause_freq: usize,
+    max_disp_len: usize,
+) -> Result<SearchResult> {
+    if cnf.is_empty()
+        || cnf
+            .iter()
+            .any(|c| c.is_empty() || c.iter().any(|g| g.is_empty()))
+    {
+        return Err(Error::input(
+            "search_docs needs at least one clause, and no empty clause or n-gram",
+        ));
+    }
+    for g in cnf.iter().flatten() {
+        shards.check_tokens(g)?;
+    }
+    if max_clause_freq == 0 {
+        return Err(Error::input(
+            "max_clause_freq must be at least 1 (occurrences per n-gram before sampling)",
+        ));
+    }
+    // The anchor: the clause with the fewest occurrences in the whole index (one choice for
+    // all shards, so the count does not depend on how documents are sharded).
+    let anchor = if cnf.len() == 1 {
+        0
+    } else {
+        let mut totals = vec![0u64; cnf.len()];
+        for a in ask_all(shards, ShardQuery::ClauseTotals { cnf: cnf.to_vec() })? {
+            let ShardAnswer::ClauseTotals { totals: t } = a else {
+                return Err(wrong_answer("clause totals"));
+            };
+            for (sum, x) in totals.iter_mut().zip(t) {
+                *sum += x;
+            }
+        }
+        (0..cnf.len()).min_by_key(|&i| totals[i]).unwrap_or(0)
+    };
+    let q = ShardQuery::Cnf {
+        cnf: cnf.to_vec(),
+        anchor,
+        max_diff_tokens,
+        max_clause_freq,
+        maxnum,
+        max_disp_len,
+    };
+    let firsts = first_docs(&shards.infos());
+    let mut result = SearchResult {
+        cnt: 0,
+        approx: false,
+        documents: Vec::new(),
+        ptrs_by_shard: Vec::new(),
+    };
+    for (s, a) in ask_all(shards, q)?.into_iter().enumerate() {
+        let ShardAnswer::Cnf(part) = a else {
+            return Err(wrong_answer("a CNF search"));
+        };
+        result.cnt += (part.matched as f64 * part.factor).round() as u64;
+        result.approx |= part.approx;
+        let room = maxnum.saturating_sub(result.documents.len());
+        let placed = part.documents.into_iter().take(room);
+        result
+            .documents
+            .extend(placed.map(|l| place(l, s, &firsts)));
+        result.ptrs_by_shard.push(part.ptrs);
+    }
+    Ok(result)
+}
+
+/// For each position `j` of `tokens`, the longest span ending at `j` that occurs in the
+/// corpus, and its count: each shard's longest, the longest of those, and the counts of the
+/// shards that have it.
+pub fn longest_match(shards: &impl Shards, tokens: &[u32]) -> Result<Vec<Match>> {
+    shards.check_tokens(tokens)?;
+    let q = ShardQuery::LongestMatches {
+        tokens: tokens.to_vec(),
+    };
+    let mut out: Vec<Match> = vec![Match { len: 0, count: 0 }; tokens.len()];
+    for a in ask_all(shards, q)? {
+        let ShardAnswer::Matches { matches } = a else {
+            return Err(wrong_answer("longest matches"));
+        };
+        if matches.len() != tokens.len() {
+            return Err(wrong_answer("longest matches"));
+        }
+        for (o, m) in out.iter_mut().zip(matches) {
+            if m.len > o.len {
+                *o = m;
+            } else if m.len == o.len && m.len > 0 {
+                o.count += m.count;
+            }
+        }
+    }
+    Ok(out)
+}
