@@ -265,3 +265,33 @@ fn edge_cases() {
     assert_eq!((spans[0].l, spans[0].r, spans[0].count), (1, 3, 2));
     assert_eq!(spans[0].docs.len(), 2);
 }
+
+/// An attribution shows at most `ATTRIBUTION_TOKEN_BUDGET` tokens of documents, whatever the
+/// documents per span and the window length asked for; the spans past the budget say that
+/// their documents were cut (issue 32, item 6: one small request made a 150 MB answer).
+#[test]
+fn attribution_answers_are_bounded() {
+    use infgram::eval::attribution::ATTRIBUTION_TOKEN_BUDGET;
+    let mut x = 7u64;
+    let doc: Vec<u32> = (0..1000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % 50) as u32
+        })
+        .collect();
+    let docs = vec![doc.clone(); 300];
+    let index = Index::from_docs(TokenizerSpec::synthetic(60), &docs, 100, true).unwrap();
+    // 40 segments of 12 tokens of the document, each ended by an id the index does not hold.
+    let text: Vec<u32> = (0..40)
+        .flat_map(|i| doc[i * 20..i * 20 + 12].iter().copied().chain([59]))
+        .collect();
+    let spans = attribute(&index, &text, 8, 300, 10_000).unwrap();
+    assert_eq!(spans.len(), 40);
+    let shown: usize = spans.iter().flat_map(|s| &s.docs).map(|d| d.disp_len).sum();
+    assert!(shown <= ATTRIBUTION_TOKEN_BUDGET, "{shown}");
+    assert!(spans[0].docs.len() > 200, "{}", spans[0].docs.len());
+    assert!(spans[39].docs.is_empty() && spans[39].docs_cut);
+    assert!(spans.iter().all(|s| s.count == 300));
+}

@@ -207,7 +207,7 @@ fn damaged_directories_are_refused() {
     let dir = tmp.path();
     write_infini_gram(dir, &[vec![1, 2, 3], vec![2, 3]], 2, 1);
     assert!(Index::open(dir).is_ok());
-    let err = |dir: &Path| Index::open(dir).err().expect("refused").to_string();
+    let err = |dir: &Path| Index::open(dir).expect_err("refused").to_string();
     // A truncated table.
     let table = std::fs::read(dir.join("table.0")).unwrap();
     std::fs::write(dir.join("table.0"), &table[..table.len() - 1]).unwrap();

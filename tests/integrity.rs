@@ -49,9 +49,9 @@ fn sampled_blocks_catch_damage_that_whole_file_checks_would() {
     // Damage in the first or the last block is found by every sampled check.
     for at in [10, info.bytes as usize - 20] {
         flip(&sa, at);
-        let e = Index::open_checked(&idx, 0).err().expect("damage found");
+        let e = Index::open_checked(&idx, 0).expect_err("damage found");
         assert!(e.to_string().contains("checksum mismatch in block"), "{e}");
-        let e = Index::open(&idx).err().expect("damage found");
+        let e = Index::open(&idx).expect_err("damage found");
         assert!(e.to_string().contains("checksum mismatch"), "{e}");
         flip(&sa, at);
     }

@@ -1006,6 +1006,7 @@ fn neural_completions_with_a_model_loaded_once() {
         "--threads",
         "1",
     ]);
+    let drafting = Arc::new(infgram::Index::open(&idx).unwrap());
     let mut loaded =
         infgram::service::models::load_model("smollm2-135m", &Default::default()).unwrap();
     let prompt = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\n";
@@ -1018,7 +1019,7 @@ fn neural_completions_with_a_model_loaded_once() {
             prompt: ids.clone(),
             assembly: AssemblyOptions {
                 speculative,
-                drafting_index: Some(idx.clone()),
+                drafting_index: Some(drafting.clone()),
                 repetition_penalty: 1.0,
                 guard: guard.map(infgram::service::GuardConfig::new),
             },
@@ -1054,11 +1055,29 @@ fn neural_completions_with_a_model_loaded_once() {
         None,
     );
     let guarded = library(&mut loaded, false, None, Some(4));
+    // Requests open no index: the server's opened indexes flow to the drafters, the mixture
+    // and the guard (issue 28: a mixed, guarded request opened one up to three times).
+    let opens = || {
+        let (_, text) = server.request("GET", "/metrics", None);
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("infgram_index_opens_total "))
+            .unwrap_or_else(|| panic!("no opens counter: {text}"))
+            .to_string();
+        line.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<f64>()
+            .unwrap()
+    };
+    let opened_at_start = opens();
+    assert!(opened_at_start >= 2.0, "{opened_at_start}");
     for (mode, guard, want) in [
         ("neural", None, &plain),
         ("speculative", None, &plain),
         ("mix", None, &mixed),
         ("neural", Some(4), &guarded),
+        ("speculative", Some(4), &guarded),
     ] {
         let body = json!({"prompt": prompt, "max_tokens": 24, "temperature": 0, "mode": mode,
                           "index": "ts", "guard": guard});
@@ -1074,6 +1093,7 @@ fn neural_completions_with_a_model_loaded_once() {
             );
         }
     }
+    assert_eq!(opens(), opened_at_start, "a request opened an index");
     // The index named must be in the model's tokens; sbis still serves the byte index.
     let e = server.refused(
         "/v1/completions",

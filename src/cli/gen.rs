@@ -105,13 +105,21 @@ pub struct GenArgs {
 }
 
 impl GenArgs {
-    /// The copy guard the flags ask for.
-    fn guard(&self) -> Option<GuardConfig> {
-        self.guard.map(|max_span| GuardConfig {
+    /// The copy guard the flags ask for, its index opened (once: the guard and the report of
+    /// the longest copied span share it).
+    fn guard(&self) -> Result<Option<GuardConfig>> {
+        let Some(max_span) = self.guard else {
+            return Ok(None);
+        };
+        let index = match &self.guard_index {
+            Some(dir) => Some(Arc::new(infgram::Index::open(dir)?)),
+            None => None,
+        };
+        Ok(Some(GuardConfig {
             max_span,
-            index: self.guard_index.clone(),
+            index,
             ignore_prompt: self.guard_ignore_prompt,
-        })
+        }))
     }
 }
 
@@ -254,7 +262,7 @@ fn run_infgram(args: &GenArgs) -> Result<()> {
         estimator: args.est.estimator(None)?,
         context: args.context.max(1),
         max_tokens: args.max_tokens,
-        guard: args.guard(),
+        guard: args.guard()?,
     };
     let mut sampler = sampler_for(args);
     let mut out = Output::new(args, tok.as_ref());
@@ -265,8 +273,8 @@ fn run_infgram(args: &GenArgs) -> Result<()> {
     let text = tok.decode(&g.tokens)?;
     // The longest copied span (on the guard's index, or the generation's), when it is shown.
     let copying = if args.stats || args.json {
-        match &args.guard_index {
-            Some(dir) => GuardReport::measure(g.guard, &infgram::Index::open(dir)?, &g.tokens),
+        match cfg.guard.as_ref().and_then(|g| g.index.as_ref()) {
+            Some(other) => GuardReport::measure(g.guard, other, &g.tokens),
             None => GuardReport::measure(g.guard, &index, &g.tokens),
         }
     } else {
@@ -362,13 +370,16 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
         assembly: AssemblyOptions {
             speculative: args.speculative,
             drafting_index: match (&args.index, &mix) {
-                (Some(dir), _) => Some(dir.clone()),
+                (Some(dir), _) => Some(Arc::new(infgram::Index::open(dir)?)),
                 // The mixture's default ∞-gram: the default corpus in the model's tokens.
-                (None, Some(_)) => Some(infgram::service::cached_index(&[], &tok)?),
+                (None, Some(_)) => {
+                    let dir = infgram::service::cached_index(&[], &tok)?;
+                    Some(Arc::new(infgram::Index::open(&dir)?))
+                }
                 (None, None) => None,
             },
             repetition_penalty: args.repetition_penalty,
-            guard: args.guard(),
+            guard: args.guard()?,
         },
         mix,
         decode: infgram::decode::DecodeConfig {

@@ -148,6 +148,49 @@ fn query_from_flags(args: &QueryArgs, qt: QueryType, tok: &dyn Tokenizer) -> Res
     })
 }
 
+/// The longest line of a `--batch` file: a query's JSON (a CNF of many n-grams fits many
+/// times over); a longer line is answered with an error, not held in memory.
+const MAX_BATCH_LINE: usize = 1 << 24;
+
+/// Reads the next line of `reader` into `line` (without its newline): `None` at the end,
+/// `Some(false)` when it is longer than [`MAX_BATCH_LINE`] (the rest of it is skipped, not
+/// kept), `Some(true)` otherwise.
+fn next_line(reader: &mut impl BufRead, line: &mut Vec<u8>) -> std::io::Result<Option<bool>> {
+    use std::io::Read as _;
+    line.clear();
+    let limit = MAX_BATCH_LINE as u64 + 1;
+    let got = reader.by_ref().take(limit).read_until(b'\n', line)?;
+    if got == 0 {
+        return Ok(None);
+    }
+    if line.last() == Some(&b'\n') {
+        line.pop();
+        return Ok(Some(true));
+    }
+    if line.len() <= MAX_BATCH_LINE {
+        return Ok(Some(true)); // the last line, without a newline
+    }
+    // Skip the rest of the overlong line a buffer at a time.
+    loop {
+        let buf = reader.fill_buf()?;
+        if buf.is_empty() {
+            break;
+        }
+        match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => {
+                reader.consume(i + 1);
+                break;
+            }
+            None => {
+                let n = buf.len();
+                reader.consume(n);
+            }
+        }
+    }
+    line.clear();
+    Ok(Some(false))
+}
+
 /// Runs `infgram query`.
 pub fn run(args: QueryArgs) -> Result<()> {
     let (index, tok) = infgram::service::open_index(&args.index, args.tokenizer.as_deref())?;
@@ -161,16 +204,27 @@ pub fn run(args: QueryArgs) -> Result<()> {
                 std::fs::File::open(batch).with_context(|| format!("{}", batch.display()))?,
             ))
         };
-        // Output line N answers input line N: blank and non-UTF-8 lines get an error object.
-        // A write error ends the batch (a closed pipe quietly, in `main`).
-        for (n, line) in reader.split(b'\n').enumerate() {
-            let line = line.with_context(|| format!("reading {}", batch.display()))?;
-            let result = match std::str::from_utf8(&line) {
-                Err(_) => Err(format!("line {}: not valid UTF-8", n + 1)),
-                Ok(l) if l.trim().is_empty() => Err(format!("line {}: empty query", n + 1)),
-                Ok(l) => Query::from_json(l)
-                    .and_then(|q| execute(&index, tok.as_ref(), &q))
-                    .map_err(|e| e.to_string()),
+        // Output line N answers input line N: blank, non-UTF-8 and overlong lines get an error
+        // object. A write error ends the batch (a closed pipe quietly, in `main`).
+        let mut reader = reader;
+        let mut line = Vec::new();
+        for n in 0.. {
+            let read = next_line(&mut reader, &mut line)
+                .with_context(|| format!("reading {}", batch.display()))?;
+            let result = match read {
+                None => break,
+                Some(false) => Err(format!(
+                    "line {}: longer than {} bytes; a query line is at most that long",
+                    n + 1,
+                    MAX_BATCH_LINE
+                )),
+                Some(true) => match std::str::from_utf8(&line) {
+                    Err(_) => Err(format!("line {}: not valid UTF-8", n + 1)),
+                    Ok(l) if l.trim().is_empty() => Err(format!("line {}: empty query", n + 1)),
+                    Ok(l) => Query::from_json(l)
+                        .and_then(|q| execute(&index, tok.as_ref(), &q))
+                        .map_err(|e| e.to_string()),
+                },
             };
             let v = result.unwrap_or_else(|e| json!({ "error": e }));
             writeln!(out, "{v}")?;
@@ -275,4 +329,28 @@ fn print_table(out: &mut impl Write, query: &Query, v: &Value, tok: &dyn Tokeniz
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lines come without their newline; an overlong one is reported and skipped, not kept,
+    /// and the lines after it are read as usual (issue 32, item 8).
+    #[test]
+    fn batch_lines_are_capped() {
+        let long = vec![b'x'; MAX_BATCH_LINE + 10];
+        let mut input = b"{\"a\": 1}\n\n".to_vec();
+        input.extend_from_slice(&long);
+        input.extend_from_slice(b"\nlast");
+        let mut reader = std::io::BufReader::new(std::io::Cursor::new(input));
+        let mut line = Vec::new();
+        let mut got = Vec::new();
+        while let Some(ok) = next_line(&mut reader, &mut line).unwrap() {
+            got.push((ok, String::from_utf8(line.clone()).unwrap()));
+        }
+        let want = [(true, "{\"a\": 1}"), (true, ""), (false, ""), (true, "last")];
+        let want: Vec<(bool, String)> = want.iter().map(|&(o, l)| (o, l.into())).collect();
+        assert_eq!(got, want);
+    }
 }

@@ -33,7 +33,16 @@ pub struct Span {
     /// Up to the asked number of documents it occurs in (distinct documents, in suffix-array
     /// order), each a window around the occurrence.
     pub docs: Vec<Document>,
+    /// True when documents of this span were left out because the answer had shown
+    /// [`ATTRIBUTION_TOKEN_BUDGET`] tokens of documents already.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub docs_cut: bool,
 }
+
+/// Tokens of documents one attribution shows at most, over all its spans (each document's
+/// window counts its length): what bounds an answer's size and memory whatever the text, the
+/// documents per span and the window length asked for. About 2.5 MB of JSON.
+pub const ATTRIBUTION_TOKEN_BUDGET: usize = 1 << 18;
 
 /// The match length of every position of `tokens`: like [`Index::longest_match`], but ids
 /// the index does not hold end spans instead of failing the query.
@@ -89,28 +98,33 @@ pub fn attribute<S: AsRef<[u8]> + Sync>(
         ));
     }
     let matches = match_lengths(index, tokens);
+    let mut budget = ATTRIBUTION_TOKEN_BUDGET;
     maximal_spans(&matches, min_len)
         .into_iter()
         .map(|(l, r, count)| {
+            let span = &tokens[l..r];
+            let (docs, docs_cut) = documents(index, span, max_docs, max_disp_len, &mut budget)?;
             Ok(Span {
                 l,
                 r,
                 length: r - l,
                 count,
-                docs: documents(index, &tokens[l..r], max_docs, max_disp_len)?,
+                docs,
+                docs_cut,
             })
         })
         .collect()
 }
 
 /// Up to `max_docs` distinct documents that contain `span`, shard by shard in suffix-array
-/// order.
+/// order, their windows' tokens taken from `budget`; and whether the budget cut them short.
 fn documents<S: AsRef<[u8]> + Sync>(
     index: &Index<S>,
     span: &[u32],
     max_docs: usize,
     max_disp_len: usize,
-) -> Result<Vec<Document>> {
+    budget: &mut usize,
+) -> Result<(Vec<Document>, bool)> {
     let mut docs = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for (s, sh) in index.shards().iter().enumerate() {
@@ -124,11 +138,16 @@ fn documents<S: AsRef<[u8]> + Sync>(
             }
             let pos = sh.sa(i);
             if seen.insert((s, sh.doc_of(pos))) {
-                docs.push(index.get_doc_by_ptr(s, pos, span.len(), max_disp_len)?);
+                if *budget == 0 {
+                    return Ok((docs, true));
+                }
+                let d = index.get_doc_by_ptr(s, pos, span.len(), max_disp_len.min(*budget))?;
+                *budget = budget.saturating_sub(d.disp_len.max(1));
+                docs.push(d);
             }
         }
     }
-    Ok(docs)
+    Ok((docs, false))
 }
 
 /// How much of a text its corpus does not cover, per span length.

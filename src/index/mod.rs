@@ -24,12 +24,32 @@ use format::*;
 use memmap2::Mmap;
 use std::path::{Path, PathBuf};
 
+/// Indexes [`Index::open`] was asked to open in this process: what the server reports
+/// (`infgram_index_opens_total`), so that a request that reopens an index shows.
+static OPENS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many times [`Index::open`] was called in this process.
+pub fn opens_so_far() -> u64 {
+    OPENS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// An index: a header and its shards, and the next-token counts its users have asked for.
 pub struct Index<S> {
     header: Header,
     shards: Vec<Shard<S>>,
     dir: Option<PathBuf>,
     counts: counts_cache::CountsCache,
+}
+
+/// An index shows where it lives and its size (not its bytes).
+impl<S> std::fmt::Debug for Index<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Index")
+            .field("dir", &self.dir)
+            .field("shards", &self.shards.len())
+            .field("tokens", &self.header.total_tokens)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Memory-maps `path` read-only.
@@ -88,6 +108,7 @@ impl Index<Mmap> {
     /// A directory written by infini-gram's indexer (no `index.json`, a `tokenized.0`) is
     /// opened as it is ([`Index::open_infini_gram`]).
     pub fn open(dir: &Path) -> Result<Self> {
+        OPENS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if infini_gram::is_infini_gram_dir(dir) {
             return Self::open_infini_gram(dir, None);
         }

@@ -321,8 +321,8 @@ impl Generator {
             }
             None => indexes.with_tokenizer(model_tok.as_ref()),
         };
-        let dir = index.and_then(|s| s.index.dir().map(std::path::Path::to_path_buf));
-        if dir.is_none() && (mode == Mode::Mix || guard.is_some()) {
+        let opened = index.map(|s| s.index.clone());
+        if opened.is_none() && (mode == Mode::Mix || guard.is_some()) {
             return Err(ApiError::bad(
                 "mixing and the copy guard need an index built with the model's tokenizer: \
                  serve one (`infgram index --tokenizer MODEL`) and name it in \"index\"",
@@ -333,7 +333,7 @@ impl Generator {
             prompt: prompt.clone(),
             assembly: AssemblyOptions {
                 speculative: mode == Mode::Speculative,
-                drafting_index: dir,
+                drafting_index: opened,
                 repetition_penalty: 1.0,
                 guard,
             },

@@ -634,6 +634,11 @@ async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
             "Seconds since the server started.",
             state.started.elapsed().as_secs_f64(),
         ),
+        (
+            "infgram_index_opens_total",
+            "Index directories opened by this process (at start; a request opens none).",
+            crate::index::opens_so_far() as f64,
+        ),
     ]);
     let mut r = ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response();
     r.extensions_mut().insert(Endpoint("metrics"));

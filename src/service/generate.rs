@@ -14,11 +14,10 @@ use crate::index::Index;
 use crate::lm::LanguageModel;
 use crate::mix::Mixer;
 use crate::ngram::{Estimator, InfgramModel, LevelLog};
-use crate::service::mixing::{mixture_model, open_mixing_index};
+use crate::service::mixing::{check_mixing_index, mixture_model};
 use crate::tokenizer::{check_fingerprint, Tokenizer};
 use memmap2::Mmap;
 use std::cell::Cell;
-use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -38,13 +37,13 @@ pub struct GenConfig {
 }
 
 /// Settings of the copy guard ([`CopyGuard`]).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct GuardConfig {
     /// The longest span of the corpus the output may repeat, in tokens (`--guard L`).
     pub max_span: usize,
-    /// The index of the corpus to guard against (default: the generation's own index, or the
-    /// drafting index of a neural generation).
-    pub index: Option<PathBuf>,
+    /// The index of the corpus to guard against, opened (default: the generation's own index,
+    /// or the drafting index of a neural generation).
+    pub index: Option<Arc<Index<Mmap>>>,
     /// Count only generated tokens (default: the prompt's tail counts too).
     pub ignore_prompt: bool,
 }
@@ -142,10 +141,9 @@ pub fn generate<S: AsRef<[u8]> + Sync + 'static>(
         g.check()?;
         let (p, stats) = match &g.index {
             None => g.build(index.clone()),
-            Some(dir) => {
-                let other = Arc::new(Index::open(dir)?);
-                same_tokenizer(&index, &other, dir)?;
-                g.build(other)
+            Some(other) => {
+                same_tokenizer(&index, other)?;
+                g.build(other.clone())
             }
         };
         processors.push(p);
@@ -183,30 +181,29 @@ pub fn generate<S: AsRef<[u8]> + Sync + 'static>(
 fn same_tokenizer<S: AsRef<[u8]> + Sync, T: AsRef<[u8]> + Sync>(
     index: &Index<S>,
     guard: &Index<T>,
-    guard_dir: &std::path::Path,
 ) -> Result<()> {
     let (a, b) = (&index.header().tokenizer, &guard.header().tokenizer);
     if a.fingerprint != b.fingerprint {
+        let at = guard
+            .dir()
+            .map_or_else(|| "(in memory)".into(), |d| d.display().to_string());
         return Err(Error::input(format!(
-            "the guard index {} was built with another tokenizer ({}, fingerprint {}) than the \
+            "the guard index {at} was built with another tokenizer ({}, fingerprint {}) than the \
              generation's index ({}, fingerprint {}): rebuild it with the same tokenizer",
-            guard_dir.display(),
-            b.kind,
-            b.fingerprint,
-            a.kind,
-            a.fingerprint
+            b.kind, b.fingerprint, a.kind, a.fingerprint
         )));
     }
     Ok(())
 }
 
 /// How a neural generation's decode loop is assembled.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct AssemblyOptions {
     /// Speculative decoding: prompt lookup drafts, and the drafting index if given.
     pub speculative: bool,
-    /// An index in the model's tokens to draft from (with `speculative`).
-    pub drafting_index: Option<PathBuf>,
+    /// An opened index in the model's tokens to draft from (with `speculative`), mix with, and
+    /// guard against by default.
+    pub drafting_index: Option<Arc<Index<Mmap>>>,
     /// Repetition penalty over the last [`REPETITION_WINDOW`] tokens (1: none).
     pub repetition_penalty: f32,
     /// The copy guard (its index defaults to the drafting index).
@@ -240,10 +237,9 @@ pub fn drafters(opts: &AssemblyOptions, tok: &dyn Tokenizer) -> Result<Vec<Box<d
         return Ok(drafters);
     }
     drafters.push(Box::new(PromptLookup::new(8)));
-    if let Some(dir) = &opts.drafting_index {
-        let index = Index::open(dir)?;
+    if let Some(index) = &opts.drafting_index {
         check_fingerprint(&index.header().tokenizer, tok)?;
-        drafters.push(Box::new(CorpusDrafter::new(Arc::new(index))));
+        drafters.push(Box::new(CorpusDrafter::new(index.clone())));
     }
     Ok(drafters)
 }
@@ -268,13 +264,12 @@ pub fn processors(
         return Ok((processors, None));
     };
     g.check()?;
-    let Some(dir) = g.index.as_ref().or(opts.drafting_index.as_ref()) else {
+    let Some(index) = g.index.as_ref().or(opts.drafting_index.as_ref()).cloned() else {
         return Err(Error::input(
             "the copy guard needs an index built with the model's tokenizer \
              (`infgram index --tokenizer MODEL`): give it with --guard-index DIR or --index DIR",
         ));
     };
-    let index = Arc::new(Index::open(dir)?);
     check_fingerprint(&index.header().tokenizer, tok)?;
     let (p, stats) = g.build(index.clone());
     processors.push(p);
@@ -337,14 +332,14 @@ pub fn generate_with_model(
     let (tokens, stats, context_tokens) = match &req.mix {
         None => run(model)?,
         Some(mixer) => {
-            let Some(dir) = &req.assembly.drafting_index else {
+            let Some(index) = &req.assembly.drafting_index else {
                 return Err(Error::input(
                     "mixing needs an index built with the model's tokenizer \
                      (`infgram index --tokenizer MODEL`): give it with --index DIR",
                 ));
             };
-            let index = open_mixing_index(dir, tok)?;
-            let mut mixed = mixture_model(&mut *model, index, mixer.clone())?;
+            check_mixing_index(index, tok)?;
+            let mut mixed = mixture_model(&mut *model, index.clone(), mixer.clone())?;
             run(&mut mixed)?
         }
     };

@@ -32,14 +32,22 @@ pub fn load_mixer(path: Option<&Path>) -> Result<Mixer> {
 
 /// Opens an index for mixing with a model whose tokenizer is `tok` (refused otherwise).
 pub fn open_mixing_index(dir: &Path, tok: &dyn Tokenizer) -> Result<Arc<Index<Mmap>>> {
-    let index = Index::open(dir)?;
+    let index = Arc::new(Index::open(dir)?);
+    check_mixing_index(&index, tok)?;
+    Ok(index)
+}
+
+/// Refuses an index for mixing unless it was built with the model's tokenizer `tok`.
+pub fn check_mixing_index<S: AsRef<[u8]> + Sync>(
+    index: &Index<S>,
+    tok: &dyn Tokenizer,
+) -> Result<()> {
     check_fingerprint(&index.header().tokenizer, tok).map_err(|e| {
         Error::input(format!(
             "{e}; mixing needs an index built with the model's tokenizer \
              (`infgram index --tokenizer MODEL -o DIR FILES`)"
         ))
-    })?;
-    Ok(Arc::new(index))
+    })
 }
 
 /// The mixture of `neural` and the ∞-gram of `index` as one scorer.
