@@ -349,7 +349,12 @@ mod tests {
         while let Some(ok) = next_line(&mut reader, &mut line).unwrap() {
             got.push((ok, String::from_utf8(line.clone()).unwrap()));
         }
-        let want = [(true, "{\"a\": 1}"), (true, ""), (false, ""), (true, "last")];
+        let want = [
+            (true, "{\"a\": 1}"),
+            (true, ""),
+            (false, ""),
+            (true, "last"),
+        ];
         let want: Vec<(bool, String)> = want.iter().map(|&(o, l)| (o, l.into())).collect();
         assert_eq!(got, want);
     }

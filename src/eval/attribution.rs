@@ -138,10 +138,12 @@ fn documents<S: AsRef<[u8]> + Sync>(
             }
             let pos = sh.sa(i);
             if seen.insert((s, sh.doc_of(pos))) {
-                if *budget == 0 {
+                // A window shows the span and up to `max_disp_len` tokens around it.
+                if *budget <= span.len() {
                     return Ok((docs, true));
                 }
-                let d = index.get_doc_by_ptr(s, pos, span.len(), max_disp_len.min(*budget))?;
+                let around = max_disp_len.min(*budget - span.len());
+                let d = index.get_doc_by_ptr(s, pos, span.len(), around)?;
                 *budget = budget.saturating_sub(d.disp_len.max(1));
                 docs.push(d);
             }
