@@ -52,6 +52,16 @@ pub enum Error {
     /// Bad input from the user (a query, a corpus, an option).
     #[error("{0}")]
     Input(String),
+    /// A field of a request out of range, named as the request names it
+    /// (`sampling.temperature`); front ends rename it to their own flag or parameter
+    /// ([`Error::rename_field`]).
+    #[error("{field} {message}")]
+    Field {
+        /// The field (a dotted path in the request, or a front end's own name for it).
+        field: &'static str,
+        /// What is wrong.
+        message: String,
+    },
     /// A neural-model or tensor error.
     #[error("model: {0}")]
     Model(String),
@@ -78,6 +88,20 @@ impl Error {
     /// A user-input error.
     pub fn input(msg: impl Into<String>) -> Self {
         Error::Input(msg.into())
+    }
+    /// A field error said with a front end's own name for the field: `names` maps request
+    /// fields to it (`("sampling.temperature", "--temperature")`); other errors pass through.
+    pub fn rename_field(self, names: &[(&str, &'static str)]) -> Self {
+        match self {
+            Error::Field { field, message } => Error::Field {
+                field: names
+                    .iter()
+                    .find(|(from, _)| *from == field)
+                    .map_or(field, |(_, to)| to),
+                message,
+            },
+            other => other,
+        }
     }
 }
 

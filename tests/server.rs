@@ -9,6 +9,7 @@
 use infgram::decode::{Sampler, SamplerConfig};
 use infgram::ngram::Estimator;
 use infgram::service::query::{Continuation, Query, Subject};
+use infgram::service::request::DrafterSpec;
 use infgram::service::{execute, generate, open_index, GenConfig};
 #[cfg(feature = "neural")]
 use infgram::tokenizer::Tokenizer;
@@ -1018,7 +1019,11 @@ fn neural_completions_with_a_model_loaded_once() {
         let req = ModelGenRequest {
             prompt: ids.clone(),
             assembly: AssemblyOptions {
-                speculative,
+                drafters: if speculative {
+                    vec![DrafterSpec::PromptLookup, DrafterSpec::Corpus]
+                } else {
+                    Vec::new()
+                },
                 drafting_index: Some(drafting.clone()),
                 repetition_penalty: 1.0,
                 guard: guard.map(infgram::service::GuardConfig::new),

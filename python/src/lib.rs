@@ -1078,40 +1078,66 @@ impl Index {
     }
 
     /// Generates text from the index alone with SBIS (`k` levels, −1 = all; `decay` between
-    /// levels), sampling with `temperature` / `top_k` / `top_p` and `seed`. Returns
-    /// `{text, tokens, hit_end}`.
-    #[pyo3(signature = (prompt, max_tokens=200, k=-1, decay=0.1, context=200, temperature=1.0, top_k=0, top_p=1.0, seed=None))]
+    /// levels), sampling with `temperature` / `top_k` / `top_p` and `seed`. Every parameter left
+    /// out takes the library's default (`infgram gen` and the server use the same ones).
+    /// Returns `{text, tokens, hit_end}`.
+    #[pyo3(signature = (prompt, max_tokens=None, k=None, decay=None, context=None, temperature=None, top_k=None, top_p=None, seed=None))]
     #[allow(clippy::too_many_arguments)]
     fn generate(
         &self,
         py: Python<'_>,
         prompt: &str,
-        max_tokens: usize,
-        k: i64,
-        decay: f64,
-        context: usize,
-        temperature: f64,
-        top_k: usize,
-        top_p: f64,
+        max_tokens: Option<usize>,
+        k: Option<i64>,
+        decay: Option<f64>,
+        context: Option<usize>,
+        temperature: Option<f64>,
+        top_k: Option<usize>,
+        top_p: Option<f64>,
         seed: Option<u64>,
     ) -> Ans {
-        let ids = self.tokenize(prompt)?;
-        let cfg = infgram::service::GenConfig {
-            estimator: infgram::ngram::Estimator::Sbis { k, decay },
-            context,
-            max_tokens,
-            guard: None,
-            cancel: None,
+        use infgram::service::request::{
+            EstimatorSpec, GenLimits, GenerateRequest, Prompt, Sampling, Scorer, MAX_GEN_TOKENS,
         };
-        let sampler_cfg = infgram::decode::sampler::SamplerConfig {
-            temperature,
-            top_p,
-            top_k,
+        const PARAMETER_NAMES: &[(&str, &str)] = &[
+            ("sampling.temperature", "temperature"),
+            ("sampling.top_p", "top_p"),
+            ("sampling.top_k", "top_k"),
+            ("limits.max_tokens", "max_tokens"),
+            ("limits.context", "context"),
+            ("scorer.estimator.k", "k"),
+            ("scorer.estimator.decay", "decay"),
+        ];
+        let request = GenerateRequest {
+            prompt: Prompt::Text(prompt.to_string()),
+            scorer: Scorer::Infgram {
+                estimator: EstimatorSpec::Sbis { k, decay },
+            },
+            sampling: Sampling {
+                temperature,
+                top_p,
+                top_k,
+                seed,
+                repetition_penalty: None,
+            },
+            limits: GenLimits {
+                max_tokens,
+                context,
+                draft_max: None,
+            },
+            ..Default::default()
         };
+        let checked = request
+            .check(MAX_GEN_TOKENS)
+            .map_err(|e| PyValueError::new_err(e.rename_field(PARAMETER_NAMES).to_string()))?;
+        let ids = checked
+            .prompt_ids(self.tok.as_ref())
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let cfg = checked.gen_config(None, None);
         let index = self.index.clone();
         let gen = py
             .detach(|| {
-                let mut sampler = infgram::decode::sampler::Sampler::new(sampler_cfg, seed);
+                let mut sampler = checked.sampler();
                 infgram::service::generate(index, &ids, &cfg, &mut sampler, |_| {})
             })
             .map_err(|e| PyValueError::new_err(e.to_string()))?;

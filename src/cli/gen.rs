@@ -3,8 +3,11 @@
 
 use anyhow::Result;
 use clap::Args;
-use infgram::decode::{Sampler, SamplerConfig};
-use infgram::service::{generate, GenConfig, GuardConfig, GuardReport};
+use infgram::service::request::{
+    CheckedRequest, DrafterSpec, GenLimits, GenerateRequest, GuardSpec, Prompt, Sampling, Scorer,
+    MAX_GEN_TOKENS,
+};
+use infgram::service::{generate, GuardReport};
 use infgram::tokenizer::{Tokenizer, Utf8Stream};
 use serde_json::{json, Value};
 use std::io::{IsTerminal, Write};
@@ -14,9 +17,9 @@ use std::sync::Arc;
 /// Arguments of `infgram gen`.
 #[derive(Args, Debug)]
 pub struct GenArgs {
-    /// The prompt.
-    #[arg(long, default_value = "")]
-    pub prompt: String,
+    /// The prompt (default: none, the start of a document).
+    #[arg(long)]
+    pub prompt: Option<String>,
     /// Index to generate from (default: Shakespeare's complete works, fetched and indexed on first use).
     #[arg(long, conflicts_with = "corpus")]
     pub index: Option<PathBuf>,
@@ -26,21 +29,21 @@ pub struct GenArgs {
     /// The estimator and its settings.
     #[command(flatten)]
     pub est: super::EstimatorArgs,
-    /// Sampling temperature (0: greedy).
-    #[arg(long, default_value_t = 0.8, value_parser = super::temperature)]
-    pub temperature: f64,
-    /// Nucleus sampling mass, in (0, 1].
-    #[arg(long, default_value_t = 1.0, value_parser = super::mass)]
-    pub top_p: f64,
-    /// Keep only the k most likely tokens (0: all).
-    #[arg(long, default_value_t = 0)]
-    pub top_k: usize,
-    /// Context length in tokens (at least 1).
-    #[arg(long, default_value_t = 200, value_parser = super::positive)]
-    pub context: usize,
-    /// Tokens to generate at most (up to 100,000,000).
-    #[arg(long, default_value_t = 500, value_parser = super::gen_tokens)]
-    pub max_tokens: usize,
+    /// Sampling temperature, 0 (greedy) to 100 (default 0.8).
+    #[arg(long)]
+    pub temperature: Option<f64>,
+    /// Nucleus sampling mass, in (0, 1] (default 1).
+    #[arg(long)]
+    pub top_p: Option<f64>,
+    /// Keep only the k most likely tokens (default 0: all).
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Context length in tokens, at least 1 (default 200).
+    #[arg(long)]
+    pub context: Option<usize>,
+    /// Tokens to generate at most, up to 100,000,000 (default 500).
+    #[arg(long)]
+    pub max_tokens: Option<usize>,
     /// Random seed (same seed, same text).
     #[arg(long)]
     pub seed: Option<u64>,
@@ -63,16 +66,16 @@ pub struct GenArgs {
     /// drafts tokens, the model verifies them in one pass; the output is the model's own.
     #[arg(long, requires = "model")]
     pub speculative: bool,
-    /// With --speculative: longest draft verified in one pass.
-    #[arg(long, default_value_t = 16)]
-    pub draft_max: usize,
+    /// With --speculative: longest draft verified in one pass (default 16).
+    #[arg(long)]
+    pub draft_max: Option<usize>,
     /// With --model: also decode without drafts and print both speeds, the ratio, and whether
     /// the outputs are identical.
     #[arg(long, requires = "model")]
     pub compare: bool,
-    /// With --model: repetition penalty (1: none, above 0) over the last 64 tokens.
-    #[arg(long, default_value_t = 1.0, value_parser = super::penalty)]
-    pub repetition_penalty: f32,
+    /// With --model: repetition penalty over the last 64 tokens, above 0 (default 1: none).
+    #[arg(long)]
+    pub repetition_penalty: Option<f64>,
     /// With --model: sample from the mixture of the model and the ∞-gram of --index (built
     /// with the model's tokenizer; default: Shakespeare's complete works in the model's tokens,
     /// indexed on first use), λ per position from the mixer file written by `infgram mix fit`
@@ -105,21 +108,47 @@ pub struct GenArgs {
 }
 
 impl GenArgs {
-    /// The copy guard the flags ask for, its index opened (once: the guard and the report of
-    /// the longest copied span share it).
-    fn guard(&self) -> Result<Option<GuardConfig>> {
-        let Some(max_span) = self.guard else {
-            return Ok(None);
+    /// The request the flags make (`prompt`: the text the scorer's tokenizer reads), checked
+    /// by the library: no default and no range is the CLI's own.
+    fn request(&self, prompt: Option<String>, scorer: Scorer) -> Result<CheckedRequest> {
+        let drafters = if self.speculative {
+            vec![DrafterSpec::PromptLookup, DrafterSpec::Corpus]
+        } else {
+            Vec::new()
         };
-        let index = match &self.guard_index {
+        let request = GenerateRequest {
+            prompt: prompt.map(Prompt::Text).unwrap_or_default(),
+            scorer,
+            drafters,
+            guard: self.guard.map(|max_span| GuardSpec {
+                max_span,
+                ignore_prompt: self.guard_ignore_prompt,
+            }),
+            sampling: Sampling {
+                temperature: self.temperature,
+                top_p: self.top_p,
+                top_k: self.top_k,
+                seed: self.seed,
+                repetition_penalty: self.repetition_penalty,
+            },
+            limits: GenLimits {
+                max_tokens: self.max_tokens,
+                context: self.context,
+                draft_max: self.draft_max,
+            },
+        };
+        Ok(request
+            .check(MAX_GEN_TOKENS)
+            .map_err(|e| e.rename_field(super::FLAG_NAMES))?)
+    }
+
+    /// The guard's own index (`--guard-index`), opened once: the guard and the report of the
+    /// longest copied span share it.
+    fn guard_index(&self) -> Result<Option<Arc<infgram::Index<memmap2::Mmap>>>> {
+        Ok(match &self.guard_index {
             Some(dir) => Some(Arc::new(infgram::Index::open(dir)?)),
             None => None,
-        };
-        Ok(Some(GuardConfig {
-            max_span,
-            index,
-            ignore_prompt: self.guard_ignore_prompt,
-        }))
+        })
     }
 }
 
@@ -153,18 +182,6 @@ fn stats_line(xs: &mut [f64]) -> String {
         xs[xs.len() / 2],
         mean,
         var.sqrt()
-    )
-}
-
-/// The shared sampler with the command's settings.
-fn sampler_for(args: &GenArgs) -> Sampler {
-    Sampler::new(
-        SamplerConfig {
-            temperature: args.temperature,
-            top_p: args.top_p,
-            top_k: args.top_k,
-        },
-        args.seed,
     )
 }
 
@@ -256,17 +273,14 @@ fn run_infgram(args: &GenArgs) -> Result<()> {
     };
     let (index, tok) = infgram::service::open_index(&dir, None)?;
     let index = Arc::new(index);
-    let prompt = tok.encode(&args.prompt)?;
-    let cfg = GenConfig {
-        cancel: None,
-        estimator: args.est.estimator(None)?,
-        context: args.context.max(1),
-        max_tokens: args.max_tokens,
-        guard: args.guard()?,
-    };
-    let mut sampler = sampler_for(args);
+    let estimator = args.est.spec();
+    let req = args.request(args.prompt.clone(), Scorer::Infgram { estimator })?;
+    let shown = args.prompt.as_deref().unwrap_or_default();
+    let prompt = req.prompt_ids(tok.as_ref())?;
+    let cfg = req.gen_config(args.guard_index()?, None);
+    let mut sampler = req.sampler();
     let mut out = Output::new(args, tok.as_ref());
-    out.start(&args.prompt)?;
+    out.start(shown)?;
     let t0 = std::time::Instant::now();
     let g = generate(index.clone(), &prompt, &cfg, &mut sampler, |t| out.token(t))?;
     let secs = t0.elapsed().as_secs_f64();
@@ -282,7 +296,7 @@ fn run_infgram(args: &GenArgs) -> Result<()> {
     };
     let tps = g.tokens.len() as f64 / secs.max(1e-12);
     let fields = json!({
-        "prompt": args.prompt,
+        "prompt": shown,
         "text": text,
         "tokens": g.tokens.len(),
         "token_ids": g.tokens,
@@ -340,13 +354,13 @@ fn run_infgram(args: &GenArgs) -> Result<()> {
             ));
         }
     }
-    out.finish(&args.prompt, &text, fields, &stats)
+    out.finish(shown, &text, fields, &stats)
 }
 
 /// `infgram gen --model M`: decoding with the neural model, plain or speculative.
 #[cfg(feature = "neural")]
 fn run_model(args: &GenArgs, model: &str) -> Result<()> {
-    use infgram::service::generate::{generate_with_model, AssemblyOptions, ModelGenRequest};
+    use infgram::service::generate::generate_with_model;
     let infgram::service::models::LoadedModel {
         model: mut llm,
         tokenizer: tok,
@@ -360,36 +374,36 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
         }
         None => None,
     };
-    let text = if args.raw {
-        args.prompt.clone()
+    let shown = args.prompt.as_deref().unwrap_or_default();
+    let text = match &args.prompt {
+        Some(p) if args.raw => Some(p.clone()),
+        _ if args.raw => None,
+        _ => Some(infgram::neural::chat_prompt(shown)),
+    };
+    let scorer = if mix.is_some() {
+        Scorer::Mixture
     } else {
-        infgram::neural::chat_prompt(&args.prompt)
+        Scorer::Model
     };
-    let mut req = ModelGenRequest {
-        prompt: tok.encode(&text)?,
-        assembly: AssemblyOptions {
-            speculative: args.speculative,
-            drafting_index: match (&args.index, &mix) {
-                (Some(dir), _) => Some(Arc::new(infgram::Index::open(dir)?)),
-                // The mixture's default ∞-gram: the default corpus in the model's tokens.
-                (None, Some(_)) => {
-                    let dir = infgram::service::cached_index(&[], &tok)?;
-                    Some(Arc::new(infgram::Index::open(&dir)?))
-                }
-                (None, None) => None,
-            },
-            repetition_penalty: args.repetition_penalty,
-            guard: args.guard()?,
-        },
+    let checked = args.request(text, scorer)?;
+    let drafting_index = match (&args.index, &mix) {
+        (Some(dir), _) => Some(Arc::new(infgram::Index::open(dir)?)),
+        // The mixture's default ∞-gram: the default corpus in the model's tokens.
+        (None, Some(_)) => {
+            let dir = infgram::service::cached_index(&[], &tok)?;
+            Some(Arc::new(infgram::Index::open(&dir)?))
+        }
+        (None, None) => None,
+    };
+    let mut req = checked.model_request(
+        checked.prompt_ids(&tok)?,
+        drafting_index,
+        args.guard_index()?,
         mix,
-        decode: infgram::decode::DecodeConfig {
-            max_tokens: args.max_tokens,
-            draft_max: args.draft_max,
-            trace: args.trace.is_some(),
-            ..Default::default()
-        },
-    };
+    );
+    req.decode.trace = args.trace.is_some();
     let prompt = req.prompt.clone();
+    let sampler_for = |_: &GenArgs| checked.sampler();
     let mut sampler = sampler_for(args);
     let mut out = Output::new(args, &tok);
     let g = generate_with_model(llm.as_mut(), &tok, &req, &mut sampler, |t| out.token(t))?;
@@ -403,7 +417,7 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
             .map_err(|e| anyhow::anyhow!("cannot write the trace to {}: {e}", file.display()))?;
     }
     let plain = if args.compare {
-        req.assembly.speculative = false;
+        req.assembly.drafters.clear();
         req.decode.trace = false;
         let mut sampler = sampler_for(args);
         let p = generate_with_model(llm.as_mut(), &tok, &req, &mut sampler, |_| {})?;
@@ -415,7 +429,7 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
     let generated = tok.decode(&ids)?;
     let tps = stats.tokens_per_second();
     let mut fields = json!({
-        "prompt": args.prompt, "text": generated, "tokens": ids.len(), "token_ids": ids,
+        "prompt": shown, "text": generated, "tokens": ids.len(), "token_ids": ids,
         "seconds": stats.seconds, "tokens_per_second": tps, "model": path.display().to_string(),
         "prompt_tokens": prompt.len(), "context_tokens": g.context_tokens,
         "speculative": args.speculative, "mix": args.mix.is_some(), "acceptance_rate": stats.acceptance_rate(),

@@ -24,6 +24,7 @@ use anyhow::Result;
 use infgram::ngram::smoothed::Discounts;
 use infgram::ngram::Estimator;
 use infgram::service::models::{Backend, ModelOptions, Requantize};
+use infgram::service::request::EstimatorSpec;
 use std::path::Path;
 
 /// Parses a finite number in `lo..=hi` (each end excluded when `open`), naming the range in
@@ -76,40 +77,9 @@ pub fn clean_up_on_signals() {
     }
 }
 
-/// Tokens one `gen` may write at most: the output (and the context the decode loop keeps) is
-/// held in memory, 8 bytes a token, so a runaway count is refused rather than filling memory.
-pub const MAX_GEN_TOKENS: usize = 100_000_000;
-
-/// A generation length: a whole number up to [`MAX_GEN_TOKENS`].
-pub fn gen_tokens(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(n) if n <= MAX_GEN_TOKENS => Ok(n),
-        Ok(n) => Err(format!(
-            "{n} tokens is more than one generation may write ({MAX_GEN_TOKENS}, about 800 MB \
-             of tokens in memory)"
-        )),
-        Err(_) => Err(format!("`{s}` is not a whole number of tokens")),
-    }
-}
-
-/// A temperature: finite, at least 0.
-pub fn temperature(s: &str) -> Result<f64, String> {
-    number_in(s, (0.0, false), (1e6, false))
-}
-
-/// A probability mass in (0, 1].
-pub fn mass(s: &str) -> Result<f64, String> {
-    number_in(s, (0.0, true), (1.0, false))
-}
-
 /// A probability floor in (0, 1).
 pub fn floor(s: &str) -> Result<f64, String> {
     number_in(s, (0.0, true), (1.0, true))
-}
-
-/// A penalty factor: finite, above 0.
-pub fn penalty(s: &str) -> Result<f32, String> {
-    number_in(s, (0.0, true), (1e6, false)).map(|x| x as f32)
 }
 
 /// A memory budget in GB: finite, above 0.
@@ -144,37 +114,64 @@ pub enum EstimatorKind {
     Smoothed,
 }
 
-/// Estimator flags shared by `gen` and `ppl`.
+/// Estimator flags shared by `gen` and `ppl` (defaults and ranges: the library's
+/// [`EstimatorSpec`]).
 #[derive(clap::Args, Debug)]
 pub struct EstimatorArgs {
-    /// The estimator.
-    #[arg(long, value_enum, default_value_t = EstimatorKind::Sbis)]
-    pub estimator: EstimatorKind,
-    /// SBIS levels to interpolate (−1: all).
-    #[arg(long, default_value_t = -1, allow_hyphen_values = true, value_parser = levels)]
-    pub k: i64,
-    /// SBIS weight ratio between consecutive levels, in (0, 1].
-    #[arg(long, default_value_t = 0.1, value_parser = mass)]
-    pub decay: f64,
+    /// The estimator (default: SBIS).
+    #[arg(long, value_enum)]
+    pub estimator: Option<EstimatorKind>,
+    /// SBIS levels to interpolate (−1: all, the default).
+    #[arg(long, allow_hyphen_values = true)]
+    pub k: Option<i64>,
+    /// SBIS weight ratio between consecutive levels, in (0, 1] (default 0.1).
+    #[arg(long)]
+    pub decay: Option<f64>,
 }
+
+/// The CLI's names of the generation request's fields.
+pub const FLAG_NAMES: &[(&str, &str)] = &[
+    ("prompt", "--prompt"),
+    ("sampling.temperature", "--temperature"),
+    ("sampling.top_p", "--top-p"),
+    ("sampling.top_k", "--top-k"),
+    ("sampling.repetition_penalty", "--repetition-penalty"),
+    ("limits.max_tokens", "--max-tokens"),
+    ("limits.context", "--context"),
+    ("limits.draft_max", "--draft-max"),
+    ("guard.max_span", "--guard"),
+    ("scorer.estimator.k", "--k"),
+    ("scorer.estimator.decay", "--decay"),
+    ("drafters", "--speculative"),
+];
 
 impl EstimatorArgs {
     /// Whether the smoothed estimator is chosen.
     pub fn is_smoothed(&self) -> bool {
-        self.estimator == EstimatorKind::Smoothed
+        self.estimator == Some(EstimatorKind::Smoothed)
     }
 
-    /// The estimator; the smoothed one uses `discounts` or the fitted defaults.
-    pub fn estimator(&self, discounts: Option<Discounts>) -> Result<Estimator> {
-        if self.k == 0 {
-            anyhow::bail!("--k must be −1 (all levels) or at least 1");
-        }
-        Ok(match self.estimator {
-            EstimatorKind::Smoothed => Estimator::Smoothed(discounts.unwrap_or_default()),
-            EstimatorKind::Sbis => Estimator::Sbis {
+    /// The estimator as the request names it.
+    pub fn spec(&self) -> EstimatorSpec {
+        match self.estimator {
+            Some(EstimatorKind::Smoothed) => EstimatorSpec::Smoothed,
+            None | Some(EstimatorKind::Sbis) => EstimatorSpec::Sbis {
                 k: self.k,
                 decay: self.decay,
             },
+        }
+    }
+
+    /// The estimator, checked by the library; the smoothed one uses `discounts` or the fitted
+    /// defaults.
+    pub fn estimator(&self, discounts: Option<Discounts>) -> Result<Estimator> {
+        let est = self
+            .spec()
+            .estimator()
+            .map_err(|e| e.rename_field(FLAG_NAMES))?;
+        Ok(match est {
+            Estimator::Smoothed(d) => Estimator::Smoothed(discounts.unwrap_or(d)),
+            sbis => sbis,
         })
     }
 }

@@ -35,7 +35,10 @@ impl From<crate::Error> for ApiError {
     fn from(e: crate::Error) -> Self {
         use crate::Error;
         let status = match &e {
-            Error::Input(_) | Error::TokenizerMismatch { .. } | Error::Tokenizer(_) => 400,
+            Error::Input(_)
+            | Error::Field { .. }
+            | Error::TokenizerMismatch { .. }
+            | Error::Tokenizer(_) => 400,
             _ => 500,
         };
         ApiError {

@@ -10,11 +10,13 @@
 
 use super::api::ApiError;
 use super::{Limits, Served};
-use crate::decode::{Cancel, DecodeConfig, Sampler, SamplerConfig};
-use crate::ngram::Estimator;
-use crate::service::generate::{generate, AssemblyOptions, GenConfig, GuardConfig};
-use crate::service::generate::{generate_with_model, ModelGenRequest};
+use crate::decode::{Cancel, Sampler};
+use crate::service::generate::{generate, generate_with_model, GenConfig, ModelGenRequest};
 use crate::service::models::ModelOptions;
+use crate::service::request::{
+    self, CheckedRequest, DrafterSpec, EstimatorSpec, GenLimits, GenerateRequest, GuardSpec,
+    Sampling, Scorer,
+};
 use crate::tokenizer::{Tokenizer, Utf8Stream};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -55,18 +57,18 @@ impl Mode {
 pub struct CompletionRequest {
     /// The prompt: text, or token ids.
     pub prompt: Prompt,
-    /// Tokens to generate at most (OpenAI's default: 16).
-    #[serde(default = "default_max_tokens")]
-    pub max_tokens: usize,
-    /// Sampling temperature (0: greedy; OpenAI's default: 1).
-    #[serde(default = "one")]
-    pub temperature: f64,
+    /// Tokens to generate at most (default: the library's, within the server's limit).
+    #[serde(default)]
+    pub max_tokens: Option<usize>,
+    /// Sampling temperature (0: greedy; default: the library's).
+    #[serde(default)]
+    pub temperature: Option<f64>,
     /// Nucleus mass, in (0, 1].
-    #[serde(default = "one")]
-    pub top_p: f64,
+    #[serde(default)]
+    pub top_p: Option<f64>,
     /// Keep the k most likely tokens (0: all).
     #[serde(default)]
-    pub top_k: usize,
+    pub top_k: Option<usize>,
     /// Random seed (same seed, same text).
     #[serde(default)]
     pub seed: Option<u64>,
@@ -97,13 +99,6 @@ pub struct CompletionRequest {
     /// SBIS levels (−1: all).
     #[serde(default)]
     pub k: Option<i64>,
-}
-
-fn default_max_tokens() -> usize {
-    16
-}
-fn one() -> f64 {
-    1.0
 }
 
 /// A prompt: text, or token ids.
@@ -145,11 +140,21 @@ enum Plan {
     Model { req: ModelGenRequest },
 }
 
+/// The server's names of the generation request's fields.
+const FIELD_NAMES: &[(&str, &str)] = &[
+    ("prompt", "\"prompt\""),
+    ("sampling.temperature", "\"temperature\""),
+    ("sampling.top_p", "\"top_p\""),
+    ("sampling.top_k", "\"top_k\""),
+    ("limits.max_tokens", "\"max_tokens\""),
+    ("guard.max_span", "\"guard\""),
+    ("scorer.estimator.k", "\"k\""),
+];
+
 struct Job {
     plan: Plan,
     prompt: Vec<u32>,
-    sampler: SamplerConfig,
-    seed: Option<u64>,
+    sampler: Sampler,
     mode: Mode,
     deadline: Instant,
     cancel: Cancel,
@@ -227,18 +232,13 @@ impl Generator {
         } else {
             Mode::Sbis
         });
-        check_sampling(&req, limits)?;
-        let (plan, prompt) = self.plan(&req, mode, indexes, limits)?;
+        check_openai_options(&req)?;
+        let (plan, prompt, sampler) = self.plan(&req, mode, indexes, limits)?;
         let (events, rx) = tokio::sync::mpsc::unbounded_channel();
         let job = Job {
             plan,
             prompt,
-            sampler: SamplerConfig {
-                temperature: req.temperature,
-                top_p: req.top_p,
-                top_k: req.top_k,
-            },
-            seed: req.seed,
+            sampler,
             mode,
             deadline: Instant::now() + limits.generation_time,
             cancel: Cancel::default(),
@@ -266,38 +266,71 @@ impl Generator {
         }
     }
 
-    /// The job `req` asks for, and its prompt's tokens.
+    /// The library's request for `req` in `mode`, checked (within the server's token limit),
+    /// its errors in the server's field names.
+    fn request(
+        req: &CompletionRequest,
+        mode: Mode,
+        limits: &Limits,
+    ) -> Result<CheckedRequest, ApiError> {
+        let scorer = match mode {
+            Mode::Sbis => Scorer::Infgram {
+                estimator: EstimatorSpec::Sbis {
+                    k: req.k,
+                    decay: None,
+                },
+            },
+            Mode::Neural | Mode::Speculative => Scorer::Model,
+            Mode::Mix => Scorer::Mixture,
+        };
+        let drafters = if mode == Mode::Speculative {
+            vec![DrafterSpec::PromptLookup, DrafterSpec::Corpus]
+        } else {
+            Vec::new()
+        };
+        let request = GenerateRequest {
+            prompt: match &req.prompt {
+                Prompt::Text(t) => request::Prompt::Text(t.clone()),
+                Prompt::Ids(ids) => request::Prompt::Ids(ids.clone()),
+            },
+            scorer,
+            drafters,
+            guard: req.guard.map(|max_span| GuardSpec {
+                max_span,
+                ignore_prompt: false,
+            }),
+            sampling: Sampling {
+                temperature: req.temperature,
+                top_p: req.top_p,
+                top_k: req.top_k,
+                seed: req.seed,
+                repetition_penalty: None,
+            },
+            limits: GenLimits {
+                max_tokens: req.max_tokens,
+                context: None,
+                draft_max: None,
+            },
+        };
+        request
+            .check(limits.max_tokens)
+            .map_err(|e| ApiError::from(e.rename_field(FIELD_NAMES)))
+    }
+
+    /// The job `req` asks for, its prompt's tokens and its sampler.
     fn plan(
         &self,
         req: &CompletionRequest,
         mode: Mode,
         indexes: &super::Indexes,
         limits: &Limits,
-    ) -> Result<(Plan, Vec<u32>), ApiError> {
-        let guard =
-            match req.guard {
-                Some(0) => return Err(ApiError::bad(
-                    "\"guard\" is the longest span of the corpus the output may repeat: at least 1",
-                )),
-                g => g.map(GuardConfig::new),
-            };
+    ) -> Result<(Plan, Vec<u32>, Sampler), ApiError> {
+        let checked = Self::request(req, mode, limits)?;
         if mode == Mode::Sbis {
             let served = indexes.get(req.index.as_deref())?;
-            let prompt = prompt_ids(&req.prompt, served.tokenizer.as_ref(), limits)?;
-            let k = req.k.unwrap_or(-1);
-            if k == 0 || k < -1 {
-                return Err(ApiError::bad(
-                    "\"k\" is the number of SBIS levels: -1 (all) or at least 1",
-                ));
-            }
-            let cfg = GenConfig {
-                estimator: Estimator::Sbis { k, decay: 0.1 },
-                context: 200,
-                max_tokens: req.max_tokens,
-                guard,
-                cancel: None,
-            };
-            return Ok((Plan::Sbis { served, cfg }, prompt));
+            let prompt = prompt_ids(&checked, served.tokenizer.as_ref(), limits)?;
+            let cfg = checked.gen_config(None, None);
+            return Ok((Plan::Sbis { served, cfg }, prompt, checked.sampler()));
         }
         let Some(model_tok) = &self.model_tokenizer else {
             return Err(ApiError::bad(format!(
@@ -322,51 +355,20 @@ impl Generator {
             None => indexes.with_tokenizer(model_tok.as_ref()),
         };
         let opened = index.map(|s| s.index.clone());
-        if opened.is_none() && (mode == Mode::Mix || guard.is_some()) {
+        if opened.is_none() && (mode == Mode::Mix || checked.guard.is_some()) {
             return Err(ApiError::bad(
                 "mixing and the copy guard need an index built with the model's tokenizer: \
                  serve one (`infgram index --tokenizer MODEL`) and name it in \"index\"",
             ));
         }
-        let prompt = prompt_ids(&req.prompt, model_tok.as_ref(), limits)?;
-        let req = ModelGenRequest {
-            prompt: prompt.clone(),
-            assembly: AssemblyOptions {
-                speculative: mode == Mode::Speculative,
-                drafting_index: opened,
-                repetition_penalty: 1.0,
-                guard,
-            },
-            mix: (mode == Mode::Mix).then(crate::mix::Mixer::default),
-            decode: DecodeConfig {
-                max_tokens: req.max_tokens,
-                ..Default::default()
-            },
-        };
-        Ok((Plan::Model { req }, prompt))
+        let prompt = prompt_ids(&checked, model_tok.as_ref(), limits)?;
+        let req = checked.model_request(prompt.clone(), opened, None, None);
+        Ok((Plan::Model { req }, prompt, checked.sampler()))
     }
 }
 
-/// Refuses sampling settings out of range.
-fn check_sampling(req: &CompletionRequest, limits: &Limits) -> Result<(), ApiError> {
-    if req.max_tokens == 0 || req.max_tokens > limits.max_tokens {
-        return Err(ApiError::bad(format!(
-            "\"max_tokens\" must be between 1 and {} (this server's limit), got {}",
-            limits.max_tokens, req.max_tokens
-        )));
-    }
-    if !(req.temperature.is_finite() && (0.0..=100.0).contains(&req.temperature)) {
-        return Err(ApiError::bad(format!(
-            "\"temperature\" must be between 0 (greedy) and 100, got {}",
-            req.temperature
-        )));
-    }
-    if !(req.top_p > 0.0 && req.top_p <= 1.0) {
-        return Err(ApiError::bad(format!(
-            "\"top_p\" must be in (0, 1], got {}",
-            req.top_p
-        )));
-    }
+/// Refuses OpenAI options this server does not implement (rather than ignoring them).
+fn check_openai_options(req: &CompletionRequest) -> Result<(), ApiError> {
     if req.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad(
             "\"n\": this server returns one completion per request",
@@ -381,29 +383,24 @@ fn check_sampling(req: &CompletionRequest, limits: &Limits) -> Result<(), ApiErr
     Ok(())
 }
 
-/// The prompt's tokens, within the limit.
-fn prompt_ids(prompt: &Prompt, tok: &dyn Tokenizer, limits: &Limits) -> Result<Vec<u32>, ApiError> {
-    let ids = match prompt {
-        Prompt::Text(t) => {
-            let chars = t.chars().count();
-            if chars > limits.prompt_chars {
-                return Err(ApiError::bad(format!(
-                    "the prompt is {chars} characters; this server takes at most {}",
-                    limits.prompt_chars
-                )));
-            }
-            tok.encode(t)?
+/// The prompt's tokens (the library tokenizes and checks them), within the server's limits.
+fn prompt_ids(
+    req: &CheckedRequest,
+    tok: &dyn Tokenizer,
+    limits: &Limits,
+) -> Result<Vec<u32>, ApiError> {
+    if let request::Prompt::Text(t) = &req.prompt {
+        let chars = t.chars().count();
+        if chars > limits.prompt_chars {
+            return Err(ApiError::bad(format!(
+                "the prompt is {chars} characters; this server takes at most {}",
+                limits.prompt_chars
+            )));
         }
-        Prompt::Ids(ids) => {
-            let vocab = tok.vocab_size();
-            if let Some(t) = ids.iter().find(|&&t| t as usize >= vocab) {
-                return Err(ApiError::bad(format!(
-                    "token id {t} in \"prompt\" is not in the vocabulary (ids below {vocab})"
-                )));
-            }
-            ids.clone()
-        }
-    };
+    }
+    let ids = req
+        .prompt_ids(tok)
+        .map_err(|e| ApiError::from(e.rename_field(FIELD_NAMES)))?;
     if ids.len() > limits.prompt_tokens {
         return Err(ApiError::bad(format!(
             "the prompt is {} tokens; this server takes at most {}",
@@ -576,14 +573,12 @@ fn run_job(state: &mut Worker, job: Job) -> Result<Summary, ApiError> {
     let Job {
         plan,
         prompt,
-        sampler,
-        seed,
+        mut sampler,
         mode,
         deadline,
         cancel,
         events,
     } = job;
-    let mut sampler = Sampler::new(sampler, seed);
     let mut stream = Utf8Stream::default();
     let (mut timed_out, mut client_gone) = (false, false);
     let started = Instant::now();

@@ -15,6 +15,7 @@ use crate::lm::LanguageModel;
 use crate::mix::Mixer;
 use crate::ngram::{Estimator, InfgramModel, LevelLog};
 use crate::service::mixing::{check_mixing_index, mixture_model};
+use crate::service::request::{CheckedRequest, DrafterSpec};
 use crate::tokenizer::{check_fingerprint, Tokenizer};
 use memmap2::Mmap;
 use std::cell::Cell;
@@ -199,8 +200,9 @@ fn same_tokenizer<S: AsRef<[u8]> + Sync, T: AsRef<[u8]> + Sync>(
 /// How a neural generation's decode loop is assembled.
 #[derive(Clone, Debug)]
 pub struct AssemblyOptions {
-    /// Speculative decoding: prompt lookup drafts, and the drafting index if given.
-    pub speculative: bool,
+    /// The drafters, in order (none: plain decoding; the corpus drafter needs the drafting
+    /// index).
+    pub drafters: Vec<DrafterSpec>,
     /// An opened index in the model's tokens to draft from (with `speculative`), mix with, and
     /// guard against by default.
     pub drafting_index: Option<Arc<Index<Mmap>>>,
@@ -229,17 +231,21 @@ impl GuardHandle {
 /// Tokens the repetition penalty looks back over.
 pub const REPETITION_WINDOW: usize = 64;
 
-/// The drafters of a generation: none for plain decoding; with `speculative`, prompt lookup and
-/// the drafting index (refused unless it was built with `tok`).
+/// The drafters of a generation, as `opts.drafters` lists them: prompt lookup, and the corpus
+/// drafter over the drafting index (refused unless it was built with `tok`; left out when
+/// there is no drafting index).
 pub fn drafters(opts: &AssemblyOptions, tok: &dyn Tokenizer) -> Result<Vec<Box<dyn Drafter>>> {
     let mut drafters: Vec<Box<dyn Drafter>> = Vec::new();
-    if !opts.speculative {
-        return Ok(drafters);
-    }
-    drafters.push(Box::new(PromptLookup::new(8)));
-    if let Some(index) = &opts.drafting_index {
-        check_fingerprint(&index.header().tokenizer, tok)?;
-        drafters.push(Box::new(CorpusDrafter::new(index.clone())));
+    for spec in &opts.drafters {
+        match spec {
+            DrafterSpec::PromptLookup => drafters.push(Box::new(PromptLookup::new(8))),
+            DrafterSpec::Corpus => {
+                if let Some(index) = &opts.drafting_index {
+                    check_fingerprint(&index.header().tokenizer, tok)?;
+                    drafters.push(Box::new(CorpusDrafter::new(index.clone())));
+                }
+            }
+        }
     }
     Ok(drafters)
 }
@@ -349,4 +355,67 @@ pub fn generate_with_model(
         stats,
         context_tokens,
     })
+}
+
+/// The settings a checked request gives each generation path.
+impl CheckedRequest {
+    /// The sampler the request asks for.
+    pub fn sampler(&self) -> Sampler {
+        Sampler::new(self.sampler.clone(), self.seed)
+    }
+
+    /// The settings of a generation from the index alone: the guard against `guard_index`
+    /// (default: the generation's own index), stopped early by `cancel`.
+    pub fn gen_config(
+        &self,
+        guard_index: Option<Arc<Index<Mmap>>>,
+        cancel: Option<Cancel>,
+    ) -> GenConfig {
+        GenConfig {
+            estimator: self.estimator.clone(),
+            context: self.context,
+            max_tokens: self.max_tokens,
+            guard: self.guard.map(|g| GuardConfig {
+                max_span: g.max_span,
+                index: guard_index,
+                ignore_prompt: g.ignore_prompt,
+            }),
+            cancel,
+        }
+    }
+
+    /// The settings of a generation with a model from `prompt` (the request's prompt as the
+    /// model's tokens): drafting, mixing (with `mixer`, when the request mixes) and guarding
+    /// with `drafting_index`, the guard against `guard_index` when given.
+    pub fn model_request(
+        &self,
+        prompt: Vec<u32>,
+        drafting_index: Option<Arc<Index<Mmap>>>,
+        guard_index: Option<Arc<Index<Mmap>>>,
+        mixer: Option<Mixer>,
+    ) -> ModelGenRequest {
+        ModelGenRequest {
+            prompt,
+            assembly: AssemblyOptions {
+                drafters: self.drafters.clone(),
+                drafting_index,
+                repetition_penalty: self.repetition_penalty,
+                guard: self.guard.map(|g| GuardConfig {
+                    max_span: g.max_span,
+                    index: guard_index,
+                    ignore_prompt: g.ignore_prompt,
+                }),
+            },
+            mix: if self.mix {
+                Some(mixer.unwrap_or_default())
+            } else {
+                None
+            },
+            decode: DecodeConfig {
+                max_tokens: self.max_tokens,
+                draft_max: self.draft_max,
+                ..Default::default()
+            },
+        }
+    }
 }

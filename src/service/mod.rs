@@ -10,12 +10,15 @@
 //!   (drafters, processors, the copy guard) from options.
 //! * [`mixing`]: the ∞-gram mixed with a neural model: mixer files, the mixture as a scorer,
 //!   interpolated perplexity and fitting λ.
+//! * [`request`]: the generation request of every front end ([`GenerateRequest`], serde), its
+//!   one set of defaults and its checks.
 
 pub mod generate;
 pub mod indexes;
 pub mod mixing;
 pub mod models;
 pub mod query;
+pub mod request;
 
 pub use generate::{generate, GenConfig, Generation, GuardConfig, GuardReport};
 pub use indexes::{
@@ -23,3 +26,4 @@ pub use indexes::{
     tiny_shakespeare_index,
 };
 pub use query::{execute, Query};
+pub use request::GenerateRequest;
