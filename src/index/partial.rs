@@ -9,15 +9,15 @@
 //! two as well (clause totals, to choose the rarest clause over all shards, then the matches);
 //! a document fetch is routed to the one shard that holds it.
 //!
-//! [`Index`](super::Index) is a [`Shards`] over its in-process shards. A shard held by another
+//! [`Index`] is a [`Shards`] over its in-process shards. A shard held by another
 //! process answers the same queries with [`answer`]; a [`Shards`] that carries them there and
 //! back plugs into the same merges.
 
 use super::query::{
-    sort_and_merge, CountResult, Counts, Document, FindResult, Match, NtdResult, Occ, ProbResult,
-    SearchResult, TokenProb,
+    sort_and_merge, CnfPart, CountResult, Counts, Document, FindResult, Located, Match, NtdResult,
+    Occ, ProbResult, SearchResult, TokenProb,
 };
-use super::{Range, Shard};
+use super::{Index, Range, Shard};
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 
@@ -123,32 +123,6 @@ impl ShardQuery {
     }
 }
 
-/// A document window from one shard, its number within the shard, and the position it is
-/// anchored at.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Located {
-    /// The window; `doc_ix` numbers the document within its shard until the merge.
-    pub document: Document,
-    /// The position in the shard of the match (or of the window's anchor).
-    pub ptr: usize,
-}
-
-/// One shard's part of a CNF search.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct CnfPart {
-    /// Matching occurrences of the anchor clause (among those sampled).
-    pub matched: u64,
-    /// Occurrences over sampled occurrences, multiplied over the clauses (1 when none was
-    /// sampled): what scales `matched` back up.
-    pub factor: f64,
-    /// Whether some n-gram was sampled.
-    pub approx: bool,
-    /// Positions of the matching occurrences.
-    pub ptrs: Vec<usize>,
-    /// The first `maxnum` matching documents, one window each.
-    pub documents: Vec<Located>,
-}
-
 /// One shard's answer to a [`ShardQuery`] (the variant that query asks for).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "answer", rename_all = "snake_case")]
@@ -188,7 +162,7 @@ pub enum ShardAnswer {
     },
 }
 
-/// Shards to ask: in this process ([`Index`](super::Index)) or elsewhere.
+/// Shards to ask: in this process ([`Index`]) or elsewhere.
 pub trait Shards {
     /// How many shards there are.
     fn shard_count(&self) -> usize;
@@ -746,4 +720,143 @@ pub fn longest_match(shards: &impl Shards, tokens: &[u32]) -> Result<Vec<Match>>
         }
     }
     Ok(out)
+}
+
+/// The query types on an in-process index, each through the per-shard path above.
+impl<S: AsRef<[u8]> + Sync> Index<S> {
+    /// Occurrences of `q` (`count([])` = positions, separators included).
+    pub fn count(&self, q: &[u32]) -> Result<CountResult> {
+        count(self, q)
+    }
+
+    /// `count(prompt·cont) / count(prompt)`.
+    pub fn prob(&self, prompt: &[u32], cont: u32) -> Result<ProbResult> {
+        prob(self, prompt, cont)
+    }
+
+    /// Exact next-token counts of `prompt`, all shards merged.
+    pub fn next_counts(&self, prompt: &[u32]) -> Result<Counts> {
+        next_counts(self, prompt)
+    }
+
+    /// Exact next-token distribution of `prompt` as the query API reports it: every occurrence
+    /// counted, documents' ends under `eos` (see the module docs).
+    pub fn ntd(&self, prompt: &[u32], eos: Option<u32>) -> Result<NtdResult> {
+        ntd(self, prompt, eos)
+    }
+
+    /// Next-token counts of the ∞-gram: those of the longest suffix of `prompt` that has any.
+    pub fn infgram_counts(&self, prompt: &[u32]) -> Result<(usize, Counts)> {
+        infgram_counts(self, prompt)
+    }
+
+    /// ∞-gram next-token distribution of the query API: [`Index::ntd`] of the longest suffix
+    /// of `prompt` that occurs.
+    pub fn infgram_ntd(&self, prompt: &[u32], eos: Option<u32>) -> Result<NtdResult> {
+        infgram_ntd(self, prompt, eos)
+    }
+
+    /// ∞-gram probability of `cont` after `prompt`: [`Index::prob`] of the longest suffix of
+    /// `prompt` that occurs.
+    pub fn infgram_prob(&self, prompt: &[u32], cont: u32) -> Result<ProbResult> {
+        infgram_prob(self, prompt, cont)
+    }
+
+    /// Suffix-array segments of `q` in every shard.
+    pub fn find(&self, q: &[u32]) -> Result<FindResult> {
+        find(self, q)
+    }
+
+    /// The window `[pos - before, pos + after)` of the document holding position `pos` of
+    /// shard `s`, cut to the document (the infini-gram engine's `*_2` document getters).
+    pub fn window_at(&self, s: usize, pos: usize, before: usize, after: usize) -> Result<Document> {
+        window_at(self, s, pos, before, after)
+    }
+
+    /// Documents in all shards.
+    pub fn num_docs(&self) -> u64 {
+        self.shards().iter().map(|s| s.num_docs() as u64).sum()
+    }
+
+    /// The first `max_len` tokens of document `doc_ix` (numbered across shards).
+    pub fn get_doc_by_ix(&self, doc_ix: u64, max_len: usize) -> Result<Document> {
+        get_doc_by_ix(self, doc_ix, max_len)
+    }
+
+    /// The document around suffix-array rank `rank` of shard `s` (a window of `max_disp_len`).
+    pub fn get_doc_by_rank(
+        &self,
+        s: usize,
+        rank: usize,
+        needle_len: usize,
+        max_disp_len: usize,
+    ) -> Result<Document> {
+        get_doc_by_rank(self, s, rank, needle_len, max_disp_len)
+    }
+
+    /// The document around token position `ptr` of shard `s`.
+    pub fn get_doc_by_ptr(
+        &self,
+        s: usize,
+        ptr: usize,
+        needle_len: usize,
+        max_disp_len: usize,
+    ) -> Result<Document> {
+        get_doc_by_ptr(self, s, ptr, needle_len, max_disp_len)
+    }
+
+    /// Documents matching a CNF: every clause (an OR of n-grams) has an occurrence within
+    /// `max_diff_tokens` of an occurrence of the rarest clause, in the same document.
+    pub fn search_docs(
+        &self,
+        cnf: &[Vec<Vec<u32>>],
+        maxnum: usize,
+        max_diff_tokens: usize,
+        max_clause_freq: usize,
+        max_disp_len: usize,
+    ) -> Result<SearchResult> {
+        search_docs(
+            self,
+            cnf,
+            maxnum,
+            max_diff_tokens,
+            max_clause_freq,
+            max_disp_len,
+        )
+    }
+
+    /// For each position `j` of `tokens`, the longest span ending at `j` that occurs in the
+    /// corpus, and its count.
+    pub fn longest_match(&self, tokens: &[u32]) -> Result<Vec<Match>> {
+        longest_match(self, tokens)
+    }
+}
+
+/// The in-process shards of an index, asked directly.
+impl<S: AsRef<[u8]> + Sync> Shards for Index<S> {
+    fn shard_count(&self) -> usize {
+        self.shards().len()
+    }
+
+    fn infos(&self) -> Vec<ShardInfo> {
+        self.shards()
+            .iter()
+            .map(|s| ShardInfo {
+                tokens: s.len() as u64,
+                documents: s.num_docs() as u64,
+            })
+            .collect()
+    }
+
+    fn separator(&self) -> u32 {
+        Index::separator(self)
+    }
+
+    fn check_tokens(&self, q: &[u32]) -> Result<()> {
+        Index::check_tokens(self, q)
+    }
+
+    fn ask(&self, asks: Vec<(usize, ShardQuery)>) -> Result<Vec<ShardAnswer>> {
+        answer_all(self.shards(), asks)
+    }
 }

@@ -1,6 +1,8 @@
-//! The infini-gram query types on an [`Index`]: `count`, `prob`, `ntd`, `infgram_prob`,
+//! The infini-gram query types' results (`count`, `prob`, `ntd`, `infgram_prob`,
 //! `infgram_ntd`, `find`, documents by rank or pointer, `search_docs` (CNF) and
-//! `longest_match`. Field names of the result types follow the infini-gram Python package.
+//! `longest_match`), with the infini-gram Python package's field names, and the one-shard
+//! operations they are computed from. The queries themselves, answered shard by shard and
+//! merged, are [`partial`](super::partial)'s.
 //!
 //! Semantics (those of infini-gram 2.6.0's engine, compared query by query in the Python
 //! tests), for a corpus of documents each with one separator:
@@ -18,7 +20,6 @@
 //! [`Index::next_counts`]: there an occurrence at a document's end has no next token, and the
 //! ∞-gram backs off past a suffix that has only such occurrences.
 
-use super::partial::{self, CnfPart, Located, ShardAnswer, ShardInfo, ShardQuery, Shards};
 use super::{Index, Range, Shard};
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -167,6 +168,32 @@ pub struct Match {
     pub len: usize,
     /// Its occurrences.
     pub count: u64,
+}
+
+/// A document window from one shard, its number within the shard, and the position it is
+/// anchored at.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Located {
+    /// The window; `doc_ix` numbers the document within its shard until the merge.
+    pub document: Document,
+    /// The position in the shard of the match (or of the window's anchor).
+    pub ptr: usize,
+}
+
+/// One shard's part of a CNF search.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CnfPart {
+    /// Matching occurrences of the anchor clause (among those sampled).
+    pub matched: u64,
+    /// Occurrences over sampled occurrences, multiplied over the clauses (1 when none was
+    /// sampled): what scales `matched` back up.
+    pub factor: f64,
+    /// Whether some n-gram was sampled.
+    pub approx: bool,
+    /// Positions of the matching occurrences.
+    pub ptrs: Vec<usize>,
+    /// The first `maxnum` matching documents, one window each.
+    pub documents: Vec<Located>,
 }
 
 /// A next-token distribution as sorted `(token, count)` pairs.
@@ -424,7 +451,7 @@ impl<S: AsRef<[u8]>> Shard<S> {
     }
 
     /// This shard's part of a CNF search anchored at clause `anchor` (see
-    /// [`partial::search_docs`]): the anchor's occurrences that every other clause has an
+    /// [`search_docs`](super::partial::search_docs)): the anchor's occurrences that every other clause has an
     /// occurrence near (within `max_diff_tokens`, in the same document), the first `maxnum`
     /// of their documents, and the factor that scales sampled counts back up.
     pub fn cnf_part(
@@ -539,141 +566,5 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
             )));
         }
         Ok(())
-    }
-
-    /// Occurrences of `q` (`count([])` = positions, separators included).
-    pub fn count(&self, q: &[u32]) -> Result<CountResult> {
-        partial::count(self, q)
-    }
-
-    /// `count(prompt·cont) / count(prompt)`.
-    pub fn prob(&self, prompt: &[u32], cont: u32) -> Result<ProbResult> {
-        partial::prob(self, prompt, cont)
-    }
-
-    /// Exact next-token counts of `prompt`, all shards merged.
-    pub fn next_counts(&self, prompt: &[u32]) -> Result<Counts> {
-        partial::next_counts(self, prompt)
-    }
-
-    /// Exact next-token distribution of `prompt` as the query API reports it: every occurrence
-    /// counted, documents' ends under `eos` (see the module docs).
-    pub fn ntd(&self, prompt: &[u32], eos: Option<u32>) -> Result<NtdResult> {
-        partial::ntd(self, prompt, eos)
-    }
-
-    /// Next-token counts of the ∞-gram: those of the longest suffix of `prompt` that has any.
-    pub fn infgram_counts(&self, prompt: &[u32]) -> Result<(usize, Counts)> {
-        partial::infgram_counts(self, prompt)
-    }
-
-    /// ∞-gram next-token distribution of the query API: [`Index::ntd`] of the longest suffix
-    /// of `prompt` that occurs.
-    pub fn infgram_ntd(&self, prompt: &[u32], eos: Option<u32>) -> Result<NtdResult> {
-        partial::infgram_ntd(self, prompt, eos)
-    }
-
-    /// ∞-gram probability of `cont` after `prompt`: [`Index::prob`] of the longest suffix of
-    /// `prompt` that occurs.
-    pub fn infgram_prob(&self, prompt: &[u32], cont: u32) -> Result<ProbResult> {
-        partial::infgram_prob(self, prompt, cont)
-    }
-
-    /// Suffix-array segments of `q` in every shard.
-    pub fn find(&self, q: &[u32]) -> Result<FindResult> {
-        partial::find(self, q)
-    }
-
-    /// The window `[pos - before, pos + after)` of the document holding position `pos` of
-    /// shard `s`, cut to the document (the infini-gram engine's `*_2` document getters).
-    pub fn window_at(&self, s: usize, pos: usize, before: usize, after: usize) -> Result<Document> {
-        partial::window_at(self, s, pos, before, after)
-    }
-
-    /// Documents in all shards.
-    pub fn num_docs(&self) -> u64 {
-        self.shards().iter().map(|s| s.num_docs() as u64).sum()
-    }
-
-    /// The first `max_len` tokens of document `doc_ix` (numbered across shards).
-    pub fn get_doc_by_ix(&self, doc_ix: u64, max_len: usize) -> Result<Document> {
-        partial::get_doc_by_ix(self, doc_ix, max_len)
-    }
-
-    /// The document around suffix-array rank `rank` of shard `s` (a window of `max_disp_len`).
-    pub fn get_doc_by_rank(
-        &self,
-        s: usize,
-        rank: usize,
-        needle_len: usize,
-        max_disp_len: usize,
-    ) -> Result<Document> {
-        partial::get_doc_by_rank(self, s, rank, needle_len, max_disp_len)
-    }
-
-    /// The document around token position `ptr` of shard `s`.
-    pub fn get_doc_by_ptr(
-        &self,
-        s: usize,
-        ptr: usize,
-        needle_len: usize,
-        max_disp_len: usize,
-    ) -> Result<Document> {
-        partial::get_doc_by_ptr(self, s, ptr, needle_len, max_disp_len)
-    }
-
-    /// Documents matching a CNF: every clause (an OR of n-grams) has an occurrence within
-    /// `max_diff_tokens` of an occurrence of the rarest clause, in the same document.
-    pub fn search_docs(
-        &self,
-        cnf: &[Vec<Vec<u32>>],
-        maxnum: usize,
-        max_diff_tokens: usize,
-        max_clause_freq: usize,
-        max_disp_len: usize,
-    ) -> Result<SearchResult> {
-        partial::search_docs(
-            self,
-            cnf,
-            maxnum,
-            max_diff_tokens,
-            max_clause_freq,
-            max_disp_len,
-        )
-    }
-
-    /// For each position `j` of `tokens`, the longest span ending at `j` that occurs in the
-    /// corpus, and its count.
-    pub fn longest_match(&self, tokens: &[u32]) -> Result<Vec<Match>> {
-        partial::longest_match(self, tokens)
-    }
-}
-
-/// The in-process shards of an index, asked directly.
-impl<S: AsRef<[u8]> + Sync> Shards for Index<S> {
-    fn shard_count(&self) -> usize {
-        self.shards().len()
-    }
-
-    fn infos(&self) -> Vec<ShardInfo> {
-        self.shards()
-            .iter()
-            .map(|s| ShardInfo {
-                tokens: s.len() as u64,
-                documents: s.num_docs() as u64,
-            })
-            .collect()
-    }
-
-    fn separator(&self) -> u32 {
-        Index::separator(self)
-    }
-
-    fn check_tokens(&self, q: &[u32]) -> Result<()> {
-        self.check_query(q)
-    }
-
-    fn ask(&self, asks: Vec<(usize, ShardQuery)>) -> Result<Vec<ShardAnswer>> {
-        partial::answer_all(self.shards(), asks)
     }
 }
