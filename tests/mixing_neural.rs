@@ -8,7 +8,7 @@ use infgram::decode::drafters::{CorpusDrafter, PromptLookup};
 use infgram::decode::{greedy, DecodeConfig, Drafter};
 use infgram::lm::LanguageModel;
 use infgram::mix::{Interpolated, Mixer};
-use infgram::neural::llama::Llama;
+use infgram::neural::arch::llama::Llama;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 use infgram::Index;
 use std::sync::Arc;

@@ -10,9 +10,9 @@
 
 use candle_core::{Device, Tensor};
 use infgram::lm::LanguageModel;
-use infgram::neural::gguf::Gguf;
-use infgram::neural::hf_llama::HfLlama;
-use infgram::neural::llama::Llama;
+use infgram::neural::arch::llama::Llama;
+use infgram::neural::candle::hf::HfLlama;
+use infgram::neural::load::gguf::Gguf;
 use infgram::neural::source::ModelSource;
 use infgram::tokenizer::Tokenizer;
 use std::collections::HashMap;

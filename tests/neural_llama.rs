@@ -8,9 +8,9 @@
 #![cfg(feature = "neural")]
 
 use infgram::lm::{argmax, LanguageModel};
-use infgram::neural::candle_llama::CandleLlama;
-use infgram::neural::kernels::Isa;
-use infgram::neural::llama::Llama;
+use infgram::neural::arch::llama::Llama;
+use infgram::neural::candle::llama::CandleLlama;
+use infgram::neural::cpu::kernels::Isa;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 
 mod common;

@@ -9,8 +9,8 @@ use infgram::decode::drafters::PromptLookup;
 use infgram::decode::{decode, greedy, DecodeConfig, Draft, Drafter};
 use infgram::decode::{Sampler, SamplerConfig};
 use infgram::lm::LanguageModel;
+use infgram::neural::arch::llama::Llama;
 use infgram::neural::chat_prompt;
-use infgram::neural::llama::Llama;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 
 /// Drafts from a fixed script of what comes after the prompt, edited by `edit`.

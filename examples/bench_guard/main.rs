@@ -197,8 +197,8 @@ mod neural {
     use infgram::decode::guard::CopyGuard;
     use infgram::decode::{decode, DecodeConfig, Processor, Sampler};
     use infgram::eval::attribution::max_copied_span;
+    use infgram::neural::arch::llama::Llama;
     use infgram::neural::chat_prompt;
-    use infgram::neural::llama::Llama;
     use infgram::tokenizer::{HfTokenizer, Tokenizer};
     use infgram::Index;
     use std::sync::Arc;

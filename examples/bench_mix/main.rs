@@ -22,7 +22,7 @@ use infgram::decode::{greedy, CostModel, DecodeConfig, Drafter};
 use infgram::eval::mixture::{fitting_data, infgram_positions, neural_probs, MixReport};
 use infgram::lm::LanguageModel;
 use infgram::mix::{Interpolated, MixEstimator, Mixer, TABLE_EDGES};
-use infgram::neural::llama::Llama;
+use infgram::neural::arch::llama::Llama;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 use infgram::Index;
 use std::sync::Arc;

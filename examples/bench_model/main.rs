@@ -10,8 +10,8 @@
 
 use candle_core::quantized::GgmlDType;
 use infgram::lm::{argmax, LanguageModel};
-use infgram::neural::candle_llama::CandleLlama;
-use infgram::neural::llama::Llama;
+use infgram::neural::arch::llama::Llama;
+use infgram::neural::candle::llama::CandleLlama;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 use std::time::Instant;
 

@@ -14,8 +14,8 @@
 
 use infgram::decode::drafters::{CorpusDrafter, CorpusRule, PromptLookup};
 use infgram::decode::{greedy, DecodeConfig, DecodeStats, Drafter};
+use infgram::neural::arch::llama::Llama;
 use infgram::neural::chat_prompt;
-use infgram::neural::llama::Llama;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 use std::path::Path;
 

@@ -1,17 +1,18 @@
-//! Neural language models, each a [`crate::lm::LanguageModel`]: the llama pass on infgram's own
-//! kernels ([`llama`]), the candle-ops reference ([`candle_llama`]), safetensors llamas through
-//! candle-transformers ([`hf_llama`]), and where a `--model` comes from ([`source`]).
+//! Neural language models, each a [`crate::lm::LanguageModel`]. From the top down (imports
+//! run down only):
+//! * [`source`] — where a `--model` comes from (a short name fetched on first use, a GGUF
+//!   file, a safetensors directory, `hf:`) and which pass runs it;
+//! * [`arch`] — architectures: the llama pass on infgram's kernels ([`arch::llama::Llama`]);
+//! * [`candle`] — passes run by candle: the reference llama, safetensors llamas;
+//! * [`cpu`] — the CPU backend: kernels, attention, activation, the thread pool;
+//! * [`load`] — reading GGUF files: hyper-parameters and tensors.
 //!
 //! This layer knows nothing of the ∞-gram index; the decode loop is where the two meet.
 
-pub mod attention;
-pub mod candle_llama;
-pub mod gguf;
-pub mod hf_llama;
-pub mod kernels;
-pub mod llama;
-pub mod pool;
-pub mod silu;
+pub mod arch;
+pub mod candle;
+pub mod cpu;
+pub mod load;
 pub mod source;
 
 /// The chat template of SmolLM2-Instruct (ChatML) around one user message. The GGUF's own

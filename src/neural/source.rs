@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 /// A resolved model: its files are on disk.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ModelSource {
-    /// A llama GGUF file, run by the native runtime ([`super::llama::Llama`]).
+    /// A llama GGUF file, run by the native runtime ([`crate::neural::arch::llama::Llama`]).
     Gguf(PathBuf),
-    /// A safetensors model directory, run by candle-transformers ([`super::hf_llama::HfLlama`]).
+    /// A safetensors model directory, run by candle-transformers ([`crate::neural::candle::hf::HfLlama`]).
     Safetensors(PathBuf),
 }
 
@@ -77,7 +77,9 @@ impl ModelSource {
     /// Loads a safetensors model (GGUF files have their own loaders with backend options).
     pub fn load_safetensors(&self) -> Result<Box<dyn LanguageModel>> {
         match self {
-            ModelSource::Safetensors(dir) => Ok(Box::new(super::hf_llama::HfLlama::load(dir)?)),
+            ModelSource::Safetensors(dir) => {
+                Ok(Box::new(crate::neural::candle::hf::HfLlama::load(dir)?))
+            }
             ModelSource::Gguf(p) => Err(Error::input(format!(
                 "{} is a GGUF file, not a safetensors directory",
                 p.display()
@@ -117,7 +119,7 @@ fn from_hub(spec: &str) -> Result<ModelSource> {
             get("tokenizer.json")?;
             match hub.get("model.safetensors.index.json") {
                 Ok(index) => {
-                    for shard in super::hf_llama::shard_names(&index)? {
+                    for shard in crate::neural::candle::hf::shard_names(&index)? {
                         get(&shard)?;
                     }
                 }

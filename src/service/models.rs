@@ -81,10 +81,10 @@ mod loading {
             }
             (ModelSource::Safetensors(_), _) => source.load_safetensors()?,
             (ModelSource::Gguf(_), Backend::Native) => Box::new(
-                crate::neural::llama::Llama::load(&path, requantize)?.with_threads(threads),
+                crate::neural::arch::llama::Llama::load(&path, requantize)?.with_threads(threads),
             ),
             (ModelSource::Gguf(_), Backend::Candle) => Box::new(
-                crate::neural::candle_llama::CandleLlama::load(&path, requantize)?,
+                crate::neural::candle::llama::CandleLlama::load(&path, requantize)?,
             ),
         };
         let tokenizer = source.tokenizer()?;

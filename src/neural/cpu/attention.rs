@@ -14,9 +14,9 @@
 //! one; the softmax sums (chains of dependent adds, in position order) run four side by side;
 //! threads take even stretches of (row, head) pairs.
 
-use super::gguf::LlamaConfig;
-use super::kernels::Isa;
-use super::pool::{stretches, DisjointOut, Pool};
+use crate::neural::cpu::kernels::Isa;
+use crate::neural::cpu::pool::{stretches, DisjointOut, Pool};
+use crate::neural::load::gguf::LlamaConfig;
 
 /// Positions scored together at most: a block of accumulators that stays in registers (eight
 /// AVX-512 registers per pair, two pairs at once: enough independent FMA chains to hide the
@@ -619,8 +619,8 @@ fn exp_nonpositive(x: f32) -> f32 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::kernels::tests::pseudo;
     use super::*;
+    use crate::neural::cpu::kernels::tests::pseudo;
 
     /// Causal attention in f64, one query row and head at a time.
     fn naive(cfg: &LlamaConfig, keys: &[f32], values: &[f32], q: &[f32], pos: usize) -> Vec<f64> {

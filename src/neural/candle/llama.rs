@@ -1,14 +1,14 @@
 //! The llama architecture (SmolLM2 and kin) from a GGUF file, written with candle ops: the
-//! reference the native forward pass ([`super::llama::Llama`]) is checked against.
+//! reference the native forward pass ([`crate::neural::arch::llama::Llama`]) is checked against.
 //!
 //! Unlike candle-transformers' `quantized_llama`, this forward pass returns the logits of every
 //! fed position and keeps a KV cache that can be truncated to any length. Weights stay in their
 //! GGUF quantization and are multiplied with candle's `QMatMul`; embeddings are dequantized
 //! once. RoPE is the interleaved ("normal") variant that llama-architecture GGUF files expect.
 
-use super::gguf::{Gguf, LlamaConfig};
 use crate::error::Result;
 use crate::lm::LanguageModel;
+use crate::neural::load::gguf::{Gguf, LlamaConfig};
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Module, Tensor};
 use std::path::Path;

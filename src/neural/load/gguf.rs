@@ -1,7 +1,7 @@
 //! Reading a llama-architecture GGUF file: its hyper-parameters and its tensors.
 //!
-//! Both forward passes ([`super::llama::Llama`], the native one, and
-//! [`super::candle_llama::CandleLlama`], the candle reference) load through here, so they
+//! Both forward passes ([`crate::neural::arch::llama::Llama`], the native one, and
+//! [`crate::neural::candle::llama::CandleLlama`], the candle reference) load through here, so they
 //! agree on what a file means and refuse the same bad files with the same messages.
 
 use crate::error::{Error, Result};

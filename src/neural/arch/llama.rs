@@ -1,20 +1,20 @@
 //! The llama architecture (SmolLM2 and kin) from a GGUF file, on infgram's own CPU kernels.
 //!
 //! This is the forward pass the runtime uses. Matrices stay in the file's Q4_1 (or Q8_0)
-//! blocks and are multiplied by [`super::kernels`], which reuse each weight block across the
+//! blocks and are multiplied by [`crate::neural::cpu::kernels`], which reuse each weight block across the
 //! rows of a verification pass; everything else (RMS norm, rotary embedding, attention over the
 //! KV cache, SiLU) is plain Rust on f32 rows. Each position is computed by the same operations
 //! in the same order whether it is fed alone or in a batch, so incremental decoding, a k-token
-//! pass and a full pass give bit-identical logits. [`super::candle_llama::CandleLlama`] is the
+//! pass and a full pass give bit-identical logits. [`crate::neural::candle::llama::CandleLlama`] is the
 //! candle-ops reference this one is tested against.
 
-use super::attention::{attend, KvCache};
-use super::gguf::{model_err, Gguf, LlamaConfig};
-use super::kernels::{matmul, matmul_many, Isa, QMatrix, QRows};
-use super::pool::{split_mut, stretches, Pool};
-use super::silu::silu_mul;
 use crate::error::{Error, Result};
 use crate::lm::{LanguageModel, Logits};
+use crate::neural::cpu::attention::{attend, KvCache};
+use crate::neural::cpu::kernels::{matmul, matmul_many, Isa, QMatrix, QRows};
+use crate::neural::cpu::pool::{split_mut, stretches, Pool};
+use crate::neural::cpu::silu::silu_mul;
+use crate::neural::load::gguf::{model_err, Gguf, LlamaConfig};
 use candle_core::quantized::{GgmlDType, QTensor};
 use std::path::Path;
 

@@ -9,9 +9,9 @@
 //! [`LanguageModel`] but has none of the native GGUF path's speed: speculative decoding gains
 //! nothing with it.
 
-use super::gguf::model_err;
 use crate::error::{Error, Result};
 use crate::lm::{check_vocab, LanguageModel};
+use crate::neural::load::gguf::model_err;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::llama::{Cache, Config, Llama, LlamaConfig, LlamaEosToks};
