@@ -334,32 +334,44 @@ pub fn serve(config: ServerConfig, ready: impl FnOnce(&Server)) -> crate::Result
         .map_err(|e| crate::Error::input(format!("cannot start the async runtime: {e}")))?;
     runtime.block_on(async move {
         let server = Server::bind(config).await?;
+        // The handlers are in place before anyone is told the address: a SIGTERM that comes
+        // right after stops the server gracefully instead of killing it.
+        let shutdown = shutdown_signal();
         ready(&server);
-        server.run(shutdown_signal()).await
+        server.run(shutdown).await
     })
 }
 
-/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
-async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
+/// Installs the SIGINT (Ctrl-C) and SIGTERM handlers now, and returns what resolves when one of
+/// them comes.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = interrupt => {},
-                    _ = term.recv() => {},
+        let interrupt = signal(SignalKind::interrupt());
+        let term = signal(SignalKind::terminate());
+        async move {
+            match (interrupt, term) {
+                (Ok(mut interrupt), Ok(mut term)) => {
+                    tokio::select! {
+                        _ = interrupt.recv() => {},
+                        _ = term.recv() => {},
+                    }
                 }
-            }
-            Err(_) => {
-                let _ = interrupt.await;
+                (Ok(mut one), Err(_)) | (Err(_), Ok(mut one)) => {
+                    one.recv().await;
+                }
+                (Err(_), Err(_)) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
             }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = interrupt.await;
+        async move {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 
@@ -375,11 +387,58 @@ fn router(state: Arc<AppState>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::extract::DefaultBodyLimit::max(limits.body_bytes))
-        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
-            limits.client_time,
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            whole_body_in_time,
         ))
         .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)
+}
+
+/// Reads a request's whole body before its handler runs, within `--client-timeout` counted
+/// from the start of the body (not from the last byte: a client that sends a byte now and then
+/// cannot hold a connection) and within `--max-body`; past either the request is answered 408
+/// or 413 and the connection closed.
+async fn whole_body_in_time(
+    State(state): State<Arc<AppState>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let (parts, body) = req.into_parts();
+    let limits = &state.limits;
+    let read = axum::body::to_bytes(body, limits.body_bytes);
+    let refused = match tokio::time::timeout(limits.client_time, read).await {
+        Ok(Ok(bytes)) => {
+            let req = Request::from_parts(parts, axum::body::Body::from(bytes));
+            return next.run(req).await;
+        }
+        Ok(Err(e)) => {
+            let too_large = std::iter::successors(std::error::Error::source(&e), |c| c.source())
+                .any(|c| c.is::<http_body_util::LengthLimitError>());
+            if too_large {
+                ApiError {
+                    status: 413,
+                    message: "the request body is larger than this server accepts (--max-body)"
+                        .into(),
+                }
+            } else {
+                ApiError::bad(format!("cannot read the request body: {e}"))
+            }
+        }
+        Err(_) => ApiError {
+            status: 408,
+            message: format!(
+                "the request body did not arrive within {:.1} s (--client-timeout)",
+                limits.client_time.as_secs_f64()
+            ),
+        },
+    };
+    let mut response = error_response("other", &refused);
+    response.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
+    );
+    response
 }
 
 /// Records every request in the metrics and (unless turned off) logs one line for it.
