@@ -529,17 +529,41 @@ impl<S: AsRef<[u8]>> Shard<S> {
     }
 
     /// For each position `j` of `tokens`, the longest span ending at `j` that occurs in this
-    /// shard, and its count (the span at `j + 1` is at most one token longer).
+    /// shard, and its count.
+    ///
+    /// The span at `j + 1` is at most one token longer than the span at `j`. So the span at `j`
+    /// is carried forward with its suffix-array range: when the range narrowed by the next
+    /// token is not empty, that is the next span (one binary search); only where the match
+    /// breaks is the span found afresh, leftwards from `j` (through the reversed array when
+    /// there is one). A text the corpus holds whole costs one search per token, not time
+    /// quadratic in its length.
     pub fn longest_matches(&self, tokens: &[u32]) -> Vec<Match> {
         let mut out = Vec::with_capacity(tokens.len());
-        let mut prev = 0usize;
+        // The span ending at the previous position: its length and `SA` range.
+        let mut carried: Option<(usize, Range)> = None;
         for j in 0..tokens.len() {
+            if let Some((len, r)) = carried {
+                let next = self.narrow(r, len, tokens[j]);
+                if next.0 < next.1 {
+                    out.push(Match {
+                        len: len + 1,
+                        count: (next.1 - next.0) as u64,
+                    });
+                    carried = Some((len + 1, next));
+                    continue;
+                }
+            }
+            let prev = carried.map_or(0, |c| c.0);
             let start = (j + 1).saturating_sub(prev + 1);
             let occs = self.suffix_occs(&tokens[start..=j]);
             let len = occs.len() - 1;
             let count = if len == 0 { 0 } else { occs[len].len() as u64 };
             out.push(Match { len, count });
-            prev = len;
+            carried = match occs[len] {
+                _ if len == 0 => None,
+                Occ::Fwd(r) => Some((len, r)),
+                Occ::Rev(_) => Some((len, self.find(&tokens[j + 1 - len..=j]))),
+            };
         }
         out
     }
