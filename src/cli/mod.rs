@@ -230,8 +230,9 @@ pub fn no_neural() -> anyhow::Error {
 pub fn verify(dir: &Path) -> Result<()> {
     let index = infgram::Index::open(dir)?;
     index.verify()?;
+    infgram::service::indexes::record_verified(&index)?;
     outln!(
-        "{}: ok ({} tokens, {} shards)",
+        "{}: ok ({} tokens, {} shards; recorded as verified)",
         dir.display(),
         index.total_tokens(),
         index.shards().len()

@@ -144,6 +144,8 @@ impl Index<Mmap> {
             shards,
             dir: Some(dir.to_path_buf()),
             counts: Default::default(),
+            // infini-gram's files carry no checksums: nothing is sampled, nothing verified.
+            sampled: false,
         })
     }
 }

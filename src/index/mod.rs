@@ -39,6 +39,8 @@ pub struct Index<S> {
     shards: Vec<Shard<S>>,
     dir: Option<PathBuf>,
     counts: counts_cache::CountsCache,
+    /// Whether some file was checked at open by sampled blocks only (a large file).
+    sampled: bool,
 }
 
 /// An index shows where it lives and its size (not its bytes).
@@ -211,12 +213,25 @@ impl Index<Mmap> {
                     .with_sample(sample),
             );
         }
+        // Files past `full_limit` with block checksums were checked by sampled blocks only.
+        let sampled = header
+            .shards
+            .iter()
+            .flat_map(|sh| sh.files.values())
+            .any(|f| f.bytes > full_limit && !f.block_crc32.is_empty());
         Ok(Index {
             header,
             shards,
             dir: Some(dir.to_path_buf()),
             counts: Default::default(),
+            sampled,
         })
+    }
+
+    /// Whether opening checked some file by sampled blocks only (files over 64 MiB), so that
+    /// damage elsewhere in it could go unseen until [`Index::verify`] reads every byte.
+    pub fn checked_by_sampling(&self) -> bool {
+        self.sampled
     }
 
     /// Checks the checksum of every file, large ones included (reads the whole index, a
@@ -306,6 +321,7 @@ impl Index<Vec<u8>> {
             shards,
             dir: None,
             counts: Default::default(),
+            sampled: false,
         }
     }
 }
@@ -337,6 +353,7 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
             first.header.total_documents += other.header.total_documents;
             first.header.shards.extend(other.header.shards);
             first.shards.extend(other.shards);
+            first.sampled |= other.sampled;
         }
         first.counts.clear();
         Ok(first)

@@ -509,7 +509,7 @@ pub const GENERATION_NICENESS: i32 = 19;
 
 /// Lowers the calling thread's CPU priority by [`GENERATION_NICENESS`] (Linux; elsewhere
 /// nothing).
-fn lower_priority() {
+pub(crate) fn lower_priority() {
     #[cfg(target_os = "linux")]
     // SAFETY: setpriority on this thread's own id; a failure leaves the priority as it was.
     unsafe {

@@ -127,6 +127,86 @@ pub struct Served {
     pub index: Arc<Index<Mmap>>,
     /// The tokenizer it was built with.
     pub tokenizer: Arc<dyn Tokenizer>,
+    /// Its full check, run in the background after start.
+    pub check: Arc<FullCheck>,
+}
+
+/// Where the full check of a served index stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CheckState {
+    /// Still reading (the checks of opening passed).
+    Running,
+    /// Every byte matched its checksum (or was already recorded as verified).
+    Passed,
+    /// A file did not: what is wrong. Queries to the index are refused.
+    Failed(String),
+}
+
+/// The full check of one index: opening checks large files by sampled blocks only, so
+/// `serve` reads every byte of each index in the background after start
+/// ([`FullCheck::start`]) and refuses queries to one that fails.
+#[derive(Debug)]
+pub struct FullCheck {
+    state: std::sync::Mutex<CheckState>,
+}
+
+impl FullCheck {
+    /// Checks `index` on a background thread at low priority (an index checked whole at open
+    /// has passed already; one recorded as verified is read again all the same: damage can
+    /// come after). A pass is recorded, as `infgram verify` records it.
+    pub fn start(name: &str, index: Arc<Index<Mmap>>) -> Arc<FullCheck> {
+        let done = !index.checked_by_sampling();
+        let check = Arc::new(FullCheck {
+            state: std::sync::Mutex::new(if done {
+                CheckState::Passed
+            } else {
+                CheckState::Running
+            }),
+        });
+        if done {
+            return check;
+        }
+        let (name, running) = (name.to_string(), check.clone());
+        let spawned = std::thread::Builder::new()
+            .name("infgram-verify".into())
+            .spawn(move || {
+                completions::lower_priority();
+                let state = match index.verify() {
+                    Ok(()) => {
+                        let _ = crate::service::indexes::record_verified(&index);
+                        CheckState::Passed
+                    }
+                    Err(e) => {
+                        eprintln!(
+                            "index {name:?} failed its full check: {e}; its queries are refused"
+                        );
+                        CheckState::Failed(e.to_string())
+                    }
+                };
+                running.set(state);
+            });
+        if let Err(e) = spawned {
+            check.set(CheckState::Failed(format!(
+                "the check could not start: {e}"
+            )));
+        }
+        check
+    }
+
+    /// Where the check stands.
+    pub fn state(&self) -> CheckState {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set(&self, state: CheckState) {
+        *self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = state;
+    }
 }
 
 /// The served indexes.
@@ -161,9 +241,11 @@ impl Indexes {
                 .find(|(n, _)| n == name)
                 .map(|t| t.1.as_str());
             let (index, tok) = crate::service::open_index(dir, named)?;
+            let index = Arc::new(index);
             list.push(Arc::new(Served {
                 name: name.clone(),
-                index: Arc::new(index),
+                check: FullCheck::start(name, index.clone()),
+                index,
                 tokenizer: Arc::from(tok),
             }));
         }
@@ -185,14 +267,25 @@ impl Indexes {
                 )))
             }
         };
-        found.cloned().ok_or_else(|| ApiError {
+        let served = found.cloned().ok_or_else(|| ApiError {
             status: 404,
             message: format!(
                 "no index {:?} here; this server has: {}",
                 name.unwrap_or_default(),
                 self.names()
             ),
-        })
+        })?;
+        if let CheckState::Failed(what) = served.check.state() {
+            return Err(ApiError {
+                status: 503,
+                message: format!(
+                    "index {:?} failed its full check ({what}): rebuild it; the server goes on \
+                     serving its other indexes",
+                    served.name
+                ),
+            });
+        }
+        Ok(served)
     }
 
     /// The first index built with `tok`.
@@ -200,6 +293,7 @@ impl Indexes {
         let fp = tok.fingerprint();
         self.list
             .iter()
+            .filter(|s| !matches!(s.check.state(), CheckState::Failed(_)))
             .find(|s| s.tokenizer.fingerprint() == fp)
             .cloned()
     }
@@ -663,13 +757,24 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
                 "tokens": s.index.total_tokens(),
                 "shards": s.index.shards().len(),
                 "tokenizer": h.tokenizer.kind,
+                "full_check": match s.check.state() {
+                    CheckState::Running => "running".to_string(),
+                    CheckState::Passed => "passed".to_string(),
+                    CheckState::Failed(what) => format!("failed: {what}"),
+                },
             })
         })
         .collect();
-    // A stopped generation worker is a failing server: completions would answer 503.
+    // A stopped generation worker, or an index that failed its full check, is a failing
+    // server: completions, or that index's queries, would answer 503.
     let worker = state.generator.is_running();
+    let failed = state
+        .indexes
+        .list
+        .iter()
+        .any(|s| matches!(s.check.state(), CheckState::Failed(_)));
     let v = json!({
-        "status": if worker { "ok" } else { "degraded" },
+        "status": if worker && !failed { "ok" } else { "degraded" },
         "generation_worker": if worker { "running" } else { "stopped" },
         "indexes": indexes,
         "model": state.generator.model_name,
@@ -677,7 +782,7 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
         "uptime_seconds": state.started.elapsed().as_secs_f64(),
         "requests": state.metrics.total_requests(),
     });
-    json_response("health", if worker { 200 } else { 503 }, &v)
+    json_response("health", if worker && !failed { 200 } else { 503 }, &v)
 }
 
 /// `GET /metrics`: Prometheus text.
@@ -752,5 +857,94 @@ async fn method_not_allowed(req: Request) -> Response {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         error_response("other", &self)
+    }
+}
+
+#[cfg(test)]
+mod full_check_tests {
+    use super::*;
+
+    /// An index large enough that opening samples its files' blocks (opened here with every
+    /// file counted as large).
+    fn sampled_index(dir: &std::path::Path) -> Arc<Index<Mmap>> {
+        let mut x = 5u64;
+        let text: String = (0..1_500_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (b'a' + (x % 7) as u8) as char
+            })
+            .collect();
+        let corpus = dir.join("c.txt");
+        std::fs::write(&corpus, text).unwrap();
+        let out = dir.join("idx");
+        let opts = crate::index::pipeline::BuildOptions {
+            progress: false,
+            ..Default::default()
+        };
+        let tok = crate::tokenizer::ByteTokenizer;
+        crate::index::pipeline::build_index(&[corpus], &out, &tok, &opts).unwrap();
+        Arc::new(Index::open_checked(&out, 0).unwrap())
+    }
+
+    fn settled(check: &FullCheck) -> CheckState {
+        for _ in 0..600 {
+            match check.state() {
+                CheckState::Running => std::thread::sleep(std::time::Duration::from_millis(50)),
+                done => return done,
+            }
+        }
+        panic!("the check did not finish within 30 s");
+    }
+
+    /// A byte flipped where opening's sampled blocks do not look is found by the background
+    /// check, which then refuses the index (issue 32, item 16); a whole index passes and is
+    /// recorded as verified.
+    #[test]
+    fn the_background_check_finds_what_sampling_missed() {
+        let t = tempfile::tempdir().unwrap();
+        let index = sampled_index(t.path());
+        assert!(index.checked_by_sampling());
+        let check = FullCheck::start("whole", index.clone());
+        assert_eq!(settled(&check), CheckState::Passed);
+        assert!(crate::service::indexes::was_verified(&index));
+        // Damage after opening (a bit flip on disk, where sampling might never look): the
+        // next check reads every byte, fails, and the index's queries are refused.
+        let sa = index.dir().unwrap().join("shard-0000/sa.bin");
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&sa)
+            .unwrap();
+        let mid = file.metadata().unwrap().len() / 2;
+        use std::io::{Read, Seek, Write};
+        let mut byte = [0u8];
+        file.seek(std::io::SeekFrom::Start(mid)).unwrap();
+        file.read_exact(&mut byte).unwrap();
+        file.seek(std::io::SeekFrom::Start(mid)).unwrap();
+        file.write_all(&[byte[0] ^ 1]).unwrap();
+        drop(file);
+        let check = FullCheck::start("damaged", index.clone());
+        let CheckState::Failed(what) = settled(&check) else {
+            panic!("the damage went unseen");
+        };
+        assert!(what.contains("sa.bin"), "{what}");
+        let served = Served {
+            name: "damaged".into(),
+            index,
+            tokenizer: Arc::new(crate::tokenizer::ByteTokenizer),
+            check,
+        };
+        let indexes = Indexes {
+            list: vec![Arc::new(served)],
+        };
+        let refused = indexes.get(None).err().expect("refused");
+        assert_eq!(refused.status, 503);
+        assert!(
+            refused.message.contains("full check"),
+            "{}",
+            refused.message
+        );
     }
 }

@@ -17,6 +17,7 @@ pub fn open_index(
     tokenizer: Option<&str>,
 ) -> Result<(Index<Mmap>, Box<dyn Tokenizer>)> {
     let index = Index::open(dir)?;
+    note_if_unverified(&index);
     let tok = match tokenizer {
         Some(name) => {
             let tok = load_tokenizer(name)?;
@@ -26,6 +27,56 @@ pub fn open_index(
         None => tokenizer::from_spec(&index.header().tokenizer)?,
     };
     Ok((index, tok))
+}
+
+/// Where the record that `index` was verified whole is kept: the cache, keyed by the index's
+/// directory and its header's checksum (a rebuilt index is a new key). `None` for an index
+/// that lives in memory.
+fn verification_record(index: &Index<Mmap>) -> Option<PathBuf> {
+    let dir = index.dir()?.canonicalize().ok()?;
+    let key = fnv1a64(dir.as_os_str().as_encoded_bytes());
+    let name = format!("{key:016x}-{:08x}", index.header().header_crc32);
+    Some(crate::assets::cache_dir().join("verified").join(name))
+}
+
+/// Whether `infgram verify` (or a server's background check) read every byte of `index` and
+/// found it whole.
+pub fn was_verified(index: &Index<Mmap>) -> bool {
+    verification_record(index).is_some_and(|p| p.is_file())
+}
+
+/// Records that `index` was verified whole (after [`Index::verify`] passed).
+pub fn record_verified(index: &Index<Mmap>) -> Result<()> {
+    let Some(path) = verification_record(index) else {
+        return Ok(());
+    };
+    let parent = path.parent().expect("in the cache");
+    std::fs::create_dir_all(parent).map_err(|e| crate::Error::io(parent, e))?;
+    let dir = index.dir().map(|d| d.display().to_string());
+    let text = serde_json::json!({ "index": dir, "header_crc32": index.header().header_crc32 });
+    std::fs::write(&path, text.to_string()).map_err(|e| crate::Error::io(&path, e))
+}
+
+/// Says once per process, on stderr, that an index whose large files were checked by sampled
+/// blocks was never verified whole, and how to do it.
+fn note_if_unverified(index: &Index<Mmap>) {
+    static NOTED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+    let Some(dir) = index.dir() else { return };
+    if !index.checked_by_sampling() || was_verified(index) {
+        return;
+    }
+    let mut noted = NOTED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !noted.iter().any(|d| d == dir) {
+        noted.push(dir.to_path_buf());
+        eprintln!(
+            "note: {} was checked at open by sampled blocks (its files are large) and was never \
+             verified whole; `infgram verify {}` reads every byte and records it",
+            dir.display(),
+            dir.display()
+        );
+    }
 }
 
 /// The tokenizer a name gives (`bytes`, a tokenizer file, or a model as
