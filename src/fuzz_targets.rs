@@ -183,3 +183,207 @@ pub fn gguf(data: &[u8]) {
         }
     }
 }
+
+/// A directory in the system's temporary directory for one fuzzing process, made anew.
+fn scratch_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("infgram-fuzz-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a scratch directory");
+    dir
+}
+
+/// An index directory's files: (path relative to the directory, bytes).
+type DirFiles = Vec<(String, Vec<u8>)>;
+
+/// The files of a small index in both layouts: infgram's (`index.json` and a shard
+/// directory) and infini-gram's (`tokenized.0`, `table.0`, `offset.0`, ...), as (relative path,
+/// bytes), written once by infgram's own builder and converter.
+fn pristine_dirs() -> &'static [DirFiles; 2] {
+    static DIRS: OnceLock<[DirFiles; 2]> = OnceLock::new();
+    DIRS.get_or_init(|| {
+        let dir = scratch_dir("pristine");
+        let corpus = dir.join("c.jsonl");
+        let lines: String = documents()
+            .iter()
+            .map(|d| {
+                let text: String = d.iter().map(|&b| b as u8 as char).collect();
+                format!("{{\"text\": {text:?}}}\n")
+            })
+            .collect();
+        std::fs::write(&corpus, lines).expect("a corpus");
+        let out = dir.join("infgram");
+        let opts = crate::index::pipeline::BuildOptions {
+            progress: false,
+            ..Default::default()
+        };
+        crate::index::pipeline::build_index(&[corpus], &out, &ByteTokenizer, &opts)
+            .expect("a small index");
+        let infgram = files_under(&out);
+        let infini = infini_gram_files(&documents());
+        let _ = std::fs::remove_dir_all(&dir);
+        [infgram, infini]
+    })
+}
+
+/// Every file under `dir`, as (path relative to `dir`, bytes).
+fn files_under(dir: &Path) -> DirFiles {
+    let mut out = Vec::new();
+    for entry in walkdir::WalkDir::new(dir).sort_by_file_name() {
+        let entry = entry.expect("a readable entry");
+        if entry.file_type().is_file() {
+            let rel = entry.path().strip_prefix(dir).expect("inside");
+            let bytes = std::fs::read(entry.path()).expect("readable");
+            out.push((rel.display().to_string(), bytes));
+        }
+    }
+    out
+}
+
+/// `docs` in infini-gram's layout, byte tokens, one shard: every document after a separator
+/// byte, byte pointers sorted by the tokens' bytes.
+fn infini_gram_files(docs: &[Vec<u32>]) -> DirFiles {
+    let (mut tokens, mut offsets, mut meta, mut metaoff) = (vec![], vec![], vec![], vec![]);
+    for d in docs {
+        offsets.extend_from_slice(&(tokens.len() as u64).to_le_bytes());
+        tokens.push(0xFF);
+        tokens.extend(d.iter().map(|&t| t as u8));
+        metaoff.extend_from_slice(&(meta.len() as u64).to_le_bytes());
+        meta.extend_from_slice(b"{}\n");
+    }
+    let mut sa: Vec<usize> = (0..tokens.len()).collect();
+    sa.sort_by(|&a, &b| tokens[a..].cmp(&tokens[b..]));
+    let width = crate::index::infini_gram::pointer_bytes(tokens.len() as u64);
+    let table: Vec<u8> = sa
+        .iter()
+        .flat_map(|&p| (p as u64).to_le_bytes()[..width].to_vec())
+        .collect();
+    vec![
+        ("tokenized.0".into(), tokens),
+        ("table.0".into(), table),
+        ("offset.0".into(), offsets),
+        ("metadata.0".into(), meta),
+        ("metaoff.0".into(), metaoff),
+    ]
+}
+
+/// A whole index directory read by [`Index::open`], either layout: `data[0]` picks the layout;
+/// in infgram's, the rest of `data` after a length byte replaces `index.json` (the header a
+/// fuzzer learns to write); then each 4 bytes edit one file (`[file, at, at, op]`: flip a byte,
+/// or cut the file short). Whatever opens is queried with every query type. Nothing may panic.
+pub fn index_dir(data: &[u8]) {
+    let Some((&pick, rest)) = data.split_first() else {
+        return;
+    };
+    let layout = usize::from(pick % 2);
+    let mut files = pristine_dirs()[layout].clone();
+    let mut edits = rest;
+    if layout == 0 {
+        if let Some((&len, tail)) = rest.split_first() {
+            let len = (len as usize * 4).min(tail.len());
+            if len > 0 {
+                if let Some(f) = files.iter_mut().find(|f| f.0 == "index.json") {
+                    f.1 = tail[..len].to_vec();
+                }
+            }
+            edits = &tail[len..];
+        }
+    }
+    for edit in edits.chunks_exact(4) {
+        let n = files.len();
+        let file = &mut files[edit[0] as usize % n].1;
+        if file.is_empty() {
+            continue;
+        }
+        let at = u16::from_le_bytes([edit[1], edit[2]]) as usize % file.len();
+        match edit[3] {
+            0 => file.truncate(at),
+            x => file[at] ^= x,
+        }
+    }
+    static DIR: OnceLock<std::path::PathBuf> = OnceLock::new();
+    let dir = DIR.get_or_init(|| scratch_dir("index"));
+    let _ = std::fs::remove_dir_all(dir);
+    for (rel, bytes) in &files {
+        let path = dir.join(rel);
+        if let Some(parent) = path.parent() {
+            let _ = std::fs::create_dir_all(parent);
+        }
+        let _ = std::fs::write(path, bytes);
+    }
+    if let Ok(index) = Index::open(dir) {
+        let q: Vec<u32> = data
+            .iter()
+            .rev()
+            .take(6)
+            .map(|&b| u32::from(b % 128))
+            .collect();
+        every_query(&index, &q, &[0, 3, 17]);
+    }
+}
+
+/// An HTTP request to the server's routes, end to end (feature `server`): `data[0]` picks the
+/// method and path, the rest is the body; the answer is read whole. The server holds a small
+/// index, generates within tight limits, and must answer every request without panicking.
+#[cfg(feature = "server")]
+pub fn router(data: &[u8]) {
+    use crate::server::{router_for, Limits, ServerConfig};
+    struct App {
+        runtime: tokio::runtime::Runtime,
+        router: axum::Router,
+    }
+    static APP: OnceLock<App> = OnceLock::new();
+    let app = APP.get_or_init(|| {
+        let dir = scratch_dir("router");
+        let files = &pristine_dirs()[0];
+        for (rel, bytes) in files {
+            let path = dir.join("idx").join(rel);
+            std::fs::create_dir_all(path.parent().expect("a parent")).expect("a directory");
+            std::fs::write(path, bytes).expect("written");
+        }
+        let config = ServerConfig {
+            addr: ([127, 0, 0, 1], 0).into(),
+            indexes: vec![("small".into(), dir.join("idx"))],
+            tokenizers: Vec::new(),
+            model: None,
+            model_options: Default::default(),
+            limits: Limits {
+                max_tokens: 16,
+                generation_time: std::time::Duration::from_millis(50),
+                ..Limits::default()
+            },
+            log_requests: false,
+        };
+        App {
+            runtime: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime"),
+            router: router_for(&config).expect("a router"),
+        }
+    });
+    let Some((&pick, body)) = data.split_first() else {
+        return;
+    };
+    let (method, path) = [
+        ("POST", "/"),
+        ("POST", "/v1/completions"),
+        ("GET", "/health"),
+        ("GET", "/metrics"),
+        ("GET", "/v1/models"),
+        ("GET", "/"),
+        ("POST", "/nowhere"),
+        ("PUT", "/v1/completions"),
+    ][pick as usize % 8];
+    let Ok(request) = axum::http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(body.to_vec()))
+    else {
+        return;
+    };
+    app.runtime.block_on(async {
+        let Ok(response) = tower::ServiceExt::oneshot(app.router.clone(), request).await;
+        let _ = axum::body::to_bytes(response.into_body(), 1 << 24).await;
+    });
+}

@@ -31,6 +31,9 @@ fn kept_fuzz_inputs_do_not_panic() {
         ("cnf", cnf),
         ("corpus_file", corpus_file),
         ("damaged_index", damaged_index),
+        ("index_dir", index_dir),
+        #[cfg(feature = "server")]
+        ("router", router),
         #[cfg(feature = "neural")]
         ("gguf", gguf),
     ];

@@ -333,12 +333,7 @@ pub struct Server {
 impl Server {
     /// Opens the indexes, loads the model (on the generation thread) and binds the address.
     pub async fn bind(config: ServerConfig) -> crate::Result<Server> {
-        let indexes = Indexes::open(&config.indexes, &config.tokenizers)?;
-        let generator = Generator::start(
-            config.model.as_deref(),
-            &config.model_options,
-            config.limits.backlog,
-        )?;
+        let (state, router) = app(&config)?;
         let listener = tokio::net::TcpListener::bind(config.addr)
             .await
             .map_err(|e| {
@@ -348,17 +343,6 @@ impl Server {
                     config.addr
                 ))
             })?;
-        let state = Arc::new(AppState {
-            indexes,
-            queries: tokio::sync::Semaphore::new(config.limits.concurrent_queries.max(1)),
-            limits: config.limits,
-            metrics: Metrics::default(),
-            generator,
-            log_requests: config.log_requests,
-            started: Instant::now(),
-            completions: AtomicU64::new(0),
-        });
-        let router = router(state.clone());
         Ok(Server {
             listener,
             router,
@@ -467,6 +451,34 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
             let _ = tokio::signal::ctrl_c().await;
         }
     }
+}
+
+/// The routes of a server for `config` (its indexes opened, its generation worker started),
+/// without a listener: what the router's fuzz target sends requests to, end to end.
+pub fn router_for(config: &ServerConfig) -> crate::Result<Router> {
+    app(config).map(|(_, router)| router)
+}
+
+/// The server's state and routes for `config`: what [`Server::bind`] serves.
+fn app(config: &ServerConfig) -> crate::Result<(Arc<AppState>, Router)> {
+    let indexes = Indexes::open(&config.indexes, &config.tokenizers)?;
+    let generator = Generator::start(
+        config.model.as_deref(),
+        &config.model_options,
+        config.limits.backlog,
+    )?;
+    let state = Arc::new(AppState {
+        indexes,
+        queries: tokio::sync::Semaphore::new(config.limits.concurrent_queries.max(1)),
+        limits: config.limits.clone(),
+        metrics: Metrics::default(),
+        generator,
+        log_requests: config.log_requests,
+        started: Instant::now(),
+        completions: AtomicU64::new(0),
+    });
+    let router = router(state.clone());
+    Ok((state, router))
 }
 
 /// The routes, with the body limit, the body read timeout, and the logging / metrics layer.
