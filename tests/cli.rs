@@ -1160,6 +1160,38 @@ fn builds_never_remove_a_users_files() {
     for (path, bytes) in &users {
         assert_eq!(after.get(path), Some(bytes), "{} changed", path.display());
     }
+    // The other commands that write (an HTML page, the cache's corpus and index, a fetched
+    // text) write their own files and remove nothing of the user's.
+    let cache = root.join("cache");
+    let before = snapshot(&s);
+    let page = s.join("page.html");
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_infgram"))
+            .args(args)
+            .env("INFGRAM_CACHE", &cache)
+            .env("INFGRAM_MODELS", infgram::assets::models_dir())
+            .output()
+            .unwrap();
+        ok(&out);
+    };
+    let tiny = s.join("data.old-2023/tiny.txt");
+    let (d, t) = (data.to_str().unwrap(), tiny.to_str().unwrap());
+    run(&[
+        "attribute",
+        "--index",
+        d,
+        "--text",
+        t,
+        "--html",
+        page.to_str().unwrap(),
+    ]);
+    run(&["gen", "--corpus", t, "--prompt", "the", "--max-tokens", "5"]);
+    run(&["fetch", "tiny-shakespeare"]);
+    let after = snapshot(&s);
+    for (path, bytes) in &before {
+        assert_eq!(after.get(path), Some(bytes), "{} changed", path.display());
+    }
+    assert!(page.exists());
     // A build killed outright leaves its marked temporary; the next build removes exactly that.
     #[cfg(unix)]
     {
