@@ -117,7 +117,8 @@ pub fn attribute<S: AsRef<[u8]> + Sync>(
 }
 
 /// Up to `max_docs` distinct documents that contain `span`, shard by shard in suffix-array
-/// order, their windows' tokens taken from `budget`; and whether the budget cut them short.
+/// order (through the index's per-shard path), their windows' tokens taken from `budget`; and
+/// whether the budget cut them short.
 fn documents<S: AsRef<[u8]> + Sync>(
     index: &Index<S>,
     span: &[u32],
@@ -125,29 +126,21 @@ fn documents<S: AsRef<[u8]> + Sync>(
     max_disp_len: usize,
     budget: &mut usize,
 ) -> Result<(Vec<Document>, bool)> {
-    let mut docs = Vec::new();
-    let mut seen = std::collections::HashSet::new();
-    for (s, sh) in index.shards().iter().enumerate() {
-        if docs.len() >= max_docs {
-            break;
+    // A window shows the span and up to `max_disp_len` tokens around it.
+    if *budget <= span.len() {
+        let any = index.count(span)?.count > 0;
+        return Ok((Vec::new(), any && max_docs > 0));
+    }
+    let around = max_disp_len.min(*budget - span.len());
+    let found = index.span_documents(span, max_docs, around)?;
+    let mut docs = Vec::with_capacity(found.len());
+    for d in found {
+        let cost = d.disp_len.max(1);
+        if cost > *budget {
+            return Ok((docs, true));
         }
-        let (a, b) = sh.find(span);
-        for i in a..b {
-            if docs.len() >= max_docs {
-                break;
-            }
-            let pos = sh.sa(i);
-            if seen.insert((s, sh.doc_of(pos))) {
-                // A window shows the span and up to `max_disp_len` tokens around it.
-                if *budget <= span.len() {
-                    return Ok((docs, true));
-                }
-                let around = max_disp_len.min(*budget - span.len());
-                let d = index.get_doc_by_ptr(s, pos, span.len(), around)?;
-                *budget = budget.saturating_sub(d.disp_len.max(1));
-                docs.push(d);
-            }
-        }
+        *budget -= cost;
+        docs.push(d);
     }
     Ok((docs, false))
 }

@@ -101,6 +101,18 @@ pub enum ShardQuery {
         /// Tokens to show at most.
         max_len: usize,
     },
+    /// Up to `max_docs` distinct documents of the shard holding `span` (in suffix-array
+    /// order), each a window of `before` tokens before an occurrence and `after` from it.
+    SpanDocs {
+        /// The span.
+        span: Vec<u32>,
+        /// Documents at most.
+        max_docs: usize,
+        /// Tokens before the occurrence.
+        before: usize,
+        /// Tokens from the occurrence on.
+        after: usize,
+    },
     /// For each position of `tokens`, the longest span ending there that occurs in the shard,
     /// and its occurrences.
     LongestMatches {
@@ -155,6 +167,11 @@ pub enum ShardAnswer {
     Cnf(CnfPart),
     /// A document window.
     Document(Located),
+    /// Document windows.
+    Documents {
+        /// In the shard's order.
+        documents: Vec<Located>,
+    },
     /// Per position, the longest occurring span ending there and its count.
     Matches {
         /// One per token.
@@ -251,6 +268,14 @@ pub fn answer<S: AsRef<[u8]>>(shard: &Shard<S>, q: &ShardQuery) -> ShardAnswer {
             let (a, _) = shard.doc_span(doc);
             ShardAnswer::Document(shard.window(a, 0, max_len))
         }
+        ShardQuery::SpanDocs {
+            span,
+            max_docs,
+            before,
+            after,
+        } => ShardAnswer::Documents {
+            documents: shard.span_docs(span, *max_docs, *before, *after),
+        },
         ShardQuery::LongestMatches { tokens } => ShardAnswer::Matches {
             matches: shard.longest_matches(tokens),
         },
@@ -695,6 +720,41 @@ pub fn search_docs(
     Ok(result)
 }
 
+/// Up to `max_docs` distinct documents holding `span`, shard by shard in suffix-array order,
+/// each a window of `around` tokens around an occurrence (half before it) and the span.
+pub fn span_documents(
+    shards: &impl Shards,
+    span: &[u32],
+    max_docs: usize,
+    around: usize,
+) -> Result<Vec<Document>> {
+    shards.check_tokens(span)?;
+    if span.is_empty() || max_docs == 0 {
+        return Ok(Vec::new());
+    }
+    let q = ShardQuery::SpanDocs {
+        span: span.to_vec(),
+        max_docs,
+        before: around / 2,
+        after: span.len() + around / 2,
+    };
+    let firsts = first_docs(&shards.infos());
+    let mut out = Vec::new();
+    for (s, a) in ask_all(shards, q)?.into_iter().enumerate() {
+        let ShardAnswer::Documents { documents } = a else {
+            return Err(wrong_answer("documents of a span"));
+        };
+        let room = max_docs.saturating_sub(out.len());
+        out.extend(
+            documents
+                .into_iter()
+                .take(room)
+                .map(|l| place(l, s, &firsts)),
+        );
+    }
+    Ok(out)
+}
+
 /// For each position `j` of `tokens`, the longest span ending at `j` that occurs in the
 /// corpus, and its count: each shard's longest, the longest of those, and the counts of the
 /// shards that have it.
@@ -829,6 +889,17 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
     /// corpus, and its count.
     pub fn longest_match(&self, tokens: &[u32]) -> Result<Vec<Match>> {
         longest_match(self, tokens)
+    }
+
+    /// Up to `max_docs` distinct documents holding `span`, each a window of `around` tokens
+    /// around an occurrence (attribution's documents).
+    pub fn span_documents(
+        &self,
+        span: &[u32],
+        max_docs: usize,
+        around: usize,
+    ) -> Result<Vec<Document>> {
+        span_documents(self, span, max_docs, around)
     }
 }
 

@@ -528,6 +528,30 @@ impl<S: AsRef<[u8]>> Shard<S> {
         part
     }
 
+    /// Up to `max_docs` distinct documents of this shard holding `span`, in suffix-array
+    /// order, each the window `[pos − before, pos + after)` around its first occurrence.
+    pub fn span_docs(
+        &self,
+        span: &[u32],
+        max_docs: usize,
+        before: usize,
+        after: usize,
+    ) -> Vec<Located> {
+        let (a, b) = self.find(span);
+        let mut seen = std::collections::HashSet::new();
+        let mut out = Vec::new();
+        for i in a..b {
+            if out.len() >= max_docs {
+                break;
+            }
+            let pos = self.sa(i);
+            if seen.insert(self.doc_of(pos)) {
+                out.push(self.window(pos, before, after));
+            }
+        }
+        out
+    }
+
     /// For each position `j` of `tokens`, the longest span ending at `j` that occurs in this
     /// shard, and its count.
     ///
