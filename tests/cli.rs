@@ -149,6 +149,25 @@ fn index_then_query_in_other_processes() {
         .as_str()
         .unwrap()
         .contains("gz"));
+    // A file given itself is named by its file name, never by an absolute path of this
+    // machine (a server shows metadata to its clients: issue 32, item 15).
+    let single = tmp.path().join("single");
+    let a = tmp.path().join("corpus").join("a.txt");
+    ok(&infgram(&[
+        "index",
+        "-o",
+        single.to_str().unwrap(),
+        a.to_str().unwrap(),
+    ]));
+    let v = json(&infgram(&[
+        "query",
+        single.to_str().unwrap(),
+        "get_doc_by_rank",
+        "--rank",
+        "0",
+        "--json",
+    ]));
+    assert_eq!(v["metadata"], "{\"path\":\"a.txt\"}", "{v}");
     // A readable table without --json.
     let table = ok(&infgram(&["query", idx, "ntd", "--text", "the "]));
     assert!(table.contains("\"c\"") && table.contains("prompt_cnt"));
