@@ -126,10 +126,10 @@ fn documents<S: AsRef<[u8]> + Sync>(
     max_disp_len: usize,
     budget: &mut usize,
 ) -> Result<(Vec<Document>, bool)> {
-    // A window shows the span and up to `max_disp_len` tokens around it.
+    // A window shows the span and up to `max_disp_len` tokens around it. (The span is a
+    // maximal span of the text, so it occurs: with no budget left its documents are cut.)
     if *budget <= span.len() {
-        let any = index.count(span)?.count > 0;
-        return Ok((Vec::new(), any && max_docs > 0));
+        return Ok((Vec::new(), max_docs > 0));
     }
     let around = max_disp_len.min(*budget - span.len());
     let found = index.span_documents(span, max_docs, around)?;

@@ -327,34 +327,13 @@ fn place(located: Located, s: usize, first_docs: &[u64]) -> Document {
     d
 }
 
-fn located(a: ShardAnswer, what: &str) -> Result<Located> {
-    match a {
-        ShardAnswer::Document(l) => Ok(l),
-        _ => Err(wrong_answer(what)),
-    }
-}
-
-fn ranges(answers: Vec<ShardAnswer>, what: &str) -> Result<Vec<Range>> {
-    answers
-        .into_iter()
-        .map(|a| match a {
-            ShardAnswer::Range { range } => Ok(range),
-            _ => Err(wrong_answer(what)),
-        })
-        .collect()
-}
-
 /// Occurrences of `q` (`count([])` = positions, separators included).
 pub fn count(shards: &impl Shards, q: &[u32]) -> Result<CountResult> {
-    shards.check_tokens(q)?;
     let count = if q.is_empty() {
+        shards.check_tokens(q)?;
         shards.infos().iter().map(|i| i.tokens).sum()
     } else {
-        let rs = ranges(
-            ask_all(shards, ShardQuery::Find { q: q.to_vec() })?,
-            "count",
-        )?;
-        rs.iter().map(|r| (r.1 - r.0) as u64).sum()
+        find(shards, q)?.cnt
     };
     Ok(CountResult {
         count,
@@ -374,7 +353,13 @@ pub fn prob(shards: &impl Shards, prompt: &[u32], cont: u32) -> Result<ProbResul
 /// Suffix-array segments of `q` in every shard.
 pub fn find(shards: &impl Shards, q: &[u32]) -> Result<FindResult> {
     shards.check_tokens(q)?;
-    let segs = ranges(ask_all(shards, ShardQuery::Find { q: q.to_vec() })?, "find")?;
+    let segs = ask_all(shards, ShardQuery::Find { q: q.to_vec() })?
+        .into_iter()
+        .map(|a| match a {
+            ShardAnswer::Range { range } => Ok(range),
+            _ => Err(wrong_answer("find")),
+        })
+        .collect::<Result<Vec<Range>>>()?;
     Ok(FindResult {
         cnt: segs.iter().map(|r| (r.1 - r.0) as u64).sum(),
         segment_by_shard: segs,
@@ -439,25 +424,25 @@ fn merge_next_counts(parts: &[(u64, Counts)], sep: u32) -> Counts {
     all
 }
 
-/// Exact next-token distribution of `prompt` as the query API reports it.
-pub fn ntd(shards: &impl Shards, prompt: &[u32], eos: Option<u32>) -> Result<NtdResult> {
+/// Every shard's occurrences of `prompt` and the counts of the tokens after them.
+fn next_counts_everywhere(shards: &impl Shards, prompt: &[u32]) -> Result<Vec<(u64, Counts)>> {
     shards.check_tokens(prompt)?;
     let q = ShardQuery::NextCounts {
         q: prompt.to_vec(),
         occ: None,
     };
-    let parts = next_counts_parts(ask_all(shards, q)?)?;
+    next_counts_parts(ask_all(shards, q)?)
+}
+
+/// Exact next-token distribution of `prompt` as the query API reports it.
+pub fn ntd(shards: &impl Shards, prompt: &[u32], eos: Option<u32>) -> Result<NtdResult> {
+    let parts = next_counts_everywhere(shards, prompt)?;
     Ok(merge_ntd(parts, shards.separator(), eos, None))
 }
 
 /// Exact next-token counts of `prompt`, documents' ends left out (the estimators' view).
 pub fn next_counts(shards: &impl Shards, prompt: &[u32]) -> Result<Counts> {
-    shards.check_tokens(prompt)?;
-    let q = ShardQuery::NextCounts {
-        q: prompt.to_vec(),
-        occ: None,
-    };
-    let parts = next_counts_parts(ask_all(shards, q)?)?;
+    let parts = next_counts_everywhere(shards, prompt)?;
     Ok(merge_next_counts(&parts, shards.separator()))
 }
 
@@ -557,17 +542,21 @@ pub fn window_at(
     after: usize,
 ) -> Result<Document> {
     let infos = check_position(shards, s, pos, "position")?;
-    let asks = vec![(s, ShardQuery::Window { pos, before, after })];
-    let l = located(one(shards.ask(asks)?)?, "a window")?;
-    Ok(place(l, s, &first_docs(&infos)))
+    fetch_window(shards, s, ShardQuery::Window { pos, before, after }, &infos)
 }
 
-/// The only answer of a one-question round.
-fn one(answers: Vec<ShardAnswer>) -> Result<ShardAnswer> {
-    answers
-        .into_iter()
-        .next()
-        .ok_or_else(|| wrong_answer("a question"))
+/// The document window shard `s` answers `q` with, numbered across shards (`infos`: every
+/// shard's).
+fn fetch_window(
+    shards: &impl Shards,
+    s: usize,
+    q: ShardQuery,
+    infos: &[ShardInfo],
+) -> Result<Document> {
+    match shards.ask(vec![(s, q)])?.into_iter().next() {
+        Some(ShardAnswer::Document(l)) => Ok(place(l, s, &first_docs(infos))),
+        _ => Err(wrong_answer("a document window")),
+    }
 }
 
 /// The shards' infos, after checking that shard `s` exists and `i` is one of its positions
@@ -599,11 +588,7 @@ pub fn get_doc_by_ix(shards: &impl Shards, doc_ix: u64, max_len: usize) -> Resul
             ))
         })?;
     let doc = (doc_ix - firsts[s]) as usize;
-    let l = located(
-        one(shards.ask(vec![(s, ShardQuery::Doc { doc, max_len })])?)?,
-        "a document",
-    )?;
-    Ok(place(l, s, &firsts))
+    fetch_window(shards, s, ShardQuery::Doc { doc, max_len }, &infos)
 }
 
 /// The document around suffix-array rank `rank` of shard `s` (a window of `max_disp_len`).
@@ -621,8 +606,7 @@ pub fn get_doc_by_rank(
         before: half,
         after: needle_len + half,
     };
-    let l = located(one(shards.ask(vec![(s, q)])?)?, "a document")?;
-    Ok(place(l, s, &first_docs(&infos)))
+    fetch_window(shards, s, q, &infos)
 }
 
 /// The document around token position `ptr` of shard `s`.
@@ -640,8 +624,7 @@ pub fn get_doc_by_ptr(
         before: half,
         after: needle_len + half,
     };
-    let l = located(one(shards.ask(vec![(s, q)])?)?, "a document")?;
-    Ok(place(l, s, &first_docs(&infos)))
+    fetch_window(shards, s, q, &infos)
 }
 
 /// Documents matching a CNF: every clause (an OR of n-grams) has an occurrence within
