@@ -33,11 +33,10 @@ struct Loaded {
 
 impl TextArgs {
     fn load(&self) -> Result<Loaded> {
-        let dir = match &self.index {
-            Some(d) => d.clone(),
-            None => infgram::service::cached_byte_index(&[])?,
+        let (index, tok) = match &self.index {
+            Some(d) => infgram::service::open_index(d, None)?,
+            None => infgram::service::open_cached_byte_index(&[])?,
         };
-        let (index, tok) = infgram::service::open_index(&dir, None)?;
         let text = read_text(&self.text)?;
         let ids = tok.encode(&text)?;
         Ok(Loaded { index, tok, ids })

@@ -267,11 +267,10 @@ pub fn run(args: GenArgs) -> Result<()> {
 
 /// `infgram gen` from the index alone.
 fn run_infgram(args: &GenArgs) -> Result<()> {
-    let dir = match &args.index {
-        Some(d) => d.clone(),
-        None => infgram::service::cached_byte_index(&args.corpus)?,
+    let (index, tok) = match &args.index {
+        Some(d) => infgram::service::open_index(d, None)?,
+        None => infgram::service::open_cached_byte_index(&args.corpus)?,
     };
-    let (index, tok) = infgram::service::open_index(&dir, None)?;
     let index = Arc::new(index);
     let estimator = args.est.spec();
     let req = args.request(args.prompt.clone(), Scorer::Infgram { estimator })?;
@@ -389,10 +388,7 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
     let drafting_index = match (&args.index, &mix) {
         (Some(dir), _) => Some(Arc::new(infgram::Index::open(dir)?)),
         // The mixture's default ∞-gram: the default corpus in the model's tokens.
-        (None, Some(_)) => {
-            let dir = infgram::service::cached_index(&[], &tok)?;
-            Some(Arc::new(infgram::Index::open(&dir)?))
-        }
+        (None, Some(_)) => Some(Arc::new(infgram::service::open_cached_index(&[], &tok)?.1)),
         (None, None) => None,
     };
     let mut req = checked.model_request(
@@ -403,8 +399,7 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
     );
     req.decode.trace = args.trace.is_some();
     let prompt = req.prompt.clone();
-    let sampler_for = |_: &GenArgs| checked.sampler();
-    let mut sampler = sampler_for(args);
+    let mut sampler = checked.sampler();
     let mut out = Output::new(args, &tok);
     let g = generate_with_model(llm.as_mut(), &tok, &req, &mut sampler, |t| out.token(t))?;
     if let Some(file) = &args.trace {
@@ -419,7 +414,7 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
     let plain = if args.compare {
         req.assembly.drafters.clear();
         req.decode.trace = false;
-        let mut sampler = sampler_for(args);
+        let mut sampler = checked.sampler();
         let p = generate_with_model(llm.as_mut(), &tok, &req, &mut sampler, |_| {})?;
         Some((p.tokens, p.stats))
     } else {

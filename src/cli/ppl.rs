@@ -126,12 +126,13 @@ pub fn run(args: PplArgs) -> Result<()> {
             args.floor,
         )?;
     } else {
-        let dir = match &args.index {
-            Some(d) => d.clone(),
-            None if !args.corpus.is_empty() => infgram::service::cached_byte_index(&args.corpus)?,
+        let (index, tok) = match &args.index {
+            Some(d) => infgram::service::open_index(d, None)?,
+            None if !args.corpus.is_empty() => {
+                infgram::service::open_cached_byte_index(&args.corpus)?
+            }
             None => bail!("give --index DIR, --corpus FILES, or --split FRACTION"),
         };
-        let (index, tok) = infgram::service::open_index(&dir, None)?;
         let tokens = tok.encode(&raw)?;
         report = perplexity(
             &index,

@@ -16,7 +16,14 @@ pub fn open_index(
     dir: &Path,
     tokenizer: Option<&str>,
 ) -> Result<(Index<Mmap>, Box<dyn Tokenizer>)> {
-    let index = Index::open(dir)?;
+    with_tokenizer(Index::open(dir)?, tokenizer)
+}
+
+/// An opened index and the tokenizer that must go with it (see [`open_index`]).
+fn with_tokenizer(
+    index: Index<Mmap>,
+    tokenizer: Option<&str>,
+) -> Result<(Index<Mmap>, Box<dyn Tokenizer>)> {
     note_if_unverified(&index);
     let tok = match tokenizer {
         Some(name) => {
@@ -115,10 +122,24 @@ pub fn cached_byte_index(corpus: &[PathBuf]) -> Result<PathBuf> {
     cached_index(corpus, &ByteTokenizer)
 }
 
+/// [`cached_byte_index`], opened, with its tokenizer (as [`open_index`] gives them).
+pub fn open_cached_byte_index(corpus: &[PathBuf]) -> Result<(Index<Mmap>, Box<dyn Tokenizer>)> {
+    with_tokenizer(open_cached_index(corpus, &ByteTokenizer)?.1, None)
+}
+
 /// The index of a corpus with `tok`, built into the cache on first use (keyed by the files'
 /// content and the tokenizer's fingerprint): the default Shakespeare corpus when `corpus` is
 /// empty. A drafting index in a model's tokens is `cached_index(&[], &model_tokenizer)`.
 pub fn cached_index(corpus: &[PathBuf], tok: &dyn Tokenizer) -> Result<PathBuf> {
+    open_cached_index(corpus, tok).map(|(dir, _)| dir)
+}
+
+/// [`cached_index`] and the index opened: the open that checks a cached index (a damaged one
+/// is rebuilt) is the one the caller gets, not a second.
+pub fn open_cached_index(
+    corpus: &[PathBuf],
+    tok: &dyn Tokenizer,
+) -> Result<(PathBuf, Index<Mmap>)> {
     let tag = if tok.spec().kind == "bytes" {
         "bytes".to_string()
     } else {
@@ -145,7 +166,7 @@ pub fn cached_index(corpus: &[PathBuf], tok: &dyn Tokenizer) -> Result<PathBuf> 
         // The cache is infgram's own: a damaged or outdated index in it is rebuilt, not
         // reported to the user as theirs to fix.
         match Index::open(&dir) {
-            Ok(_) => return Ok(dir),
+            Ok(index) => return Ok((dir, index)),
             Err(e @ (crate::Error::Corrupt { .. } | crate::Error::Version { .. })) => {
                 eprintln!("the cached index is unusable ({e}); rebuilding it");
                 std::fs::remove_dir_all(&dir).map_err(|e| crate::Error::io(&dir, e))?;
@@ -172,5 +193,6 @@ pub fn cached_index(corpus: &[PathBuf], tok: &dyn Tokenizer) -> Result<PathBuf> 
         "indexed {} tokens in {} documents ({:.2} s)",
         s.tokens, s.documents, s.seconds
     );
-    Ok(dir)
+    let index = Index::open(&dir)?;
+    Ok((dir, index))
 }
