@@ -15,7 +15,7 @@ use crate::service::generate::{generate, generate_with_model, GenConfig, ModelGe
 use crate::service::models::ModelOptions;
 use crate::service::request::{
     self, CheckedRequest, DrafterSpec, EstimatorSpec, GenLimits, GenerateRequest, GuardSpec,
-    Sampling, Scorer,
+    Prompt, Sampling, Scorer,
 };
 use crate::tokenizer::{Tokenizer, Utf8Stream};
 use serde::Deserialize;
@@ -55,7 +55,7 @@ impl Mode {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CompletionRequest {
-    /// The prompt: text, or token ids.
+    /// The prompt: text (tokenized with the generator's tokenizer), or token ids.
     pub prompt: Prompt,
     /// Tokens to generate at most (default: the library's, within the server's limit).
     #[serde(default)]
@@ -99,16 +99,6 @@ pub struct CompletionRequest {
     /// SBIS levels (−1: all).
     #[serde(default)]
     pub k: Option<i64>,
-}
-
-/// A prompt: text, or token ids.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum Prompt {
-    /// Text, tokenized with the generator's tokenizer.
-    Text(String),
-    /// Token ids.
-    Ids(Vec<u32>),
 }
 
 /// What the worker sends back while it generates.
@@ -289,10 +279,7 @@ impl Generator {
             Vec::new()
         };
         let request = GenerateRequest {
-            prompt: match &req.prompt {
-                Prompt::Text(t) => request::Prompt::Text(t.clone()),
-                Prompt::Ids(ids) => request::Prompt::Ids(ids.clone()),
-            },
+            prompt: req.prompt.clone(),
             scorer,
             drafters,
             guard: req.guard.map(|max_span| GuardSpec {

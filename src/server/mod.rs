@@ -522,11 +522,7 @@ async fn whole_body_in_time(
             let too_large = std::iter::successors(std::error::Error::source(&e), |c| c.source())
                 .any(|c| c.is::<http_body_util::LengthLimitError>());
             if too_large {
-                ApiError {
-                    status: 413,
-                    message: "the request body is larger than this server accepts (--max-body)"
-                        .into(),
-                }
+                body_too_large()
             } else {
                 ApiError::bad(format!("cannot read the request body: {e}"))
             }
@@ -592,13 +588,21 @@ fn error_response(endpoint: &'static str, e: &ApiError) -> Response {
 
 /// A body the server could not read (too large, too slow, cut off).
 fn body_error(rejection: &BytesRejection) -> ApiError {
-    let status = rejection.status().as_u16();
-    let message = if status == 413 {
-        "the request body is larger than this server accepts (--max-body)".to_string()
-    } else {
-        format!("cannot read the request body: {}", rejection.body_text())
-    };
-    ApiError { status, message }
+    if rejection.status().as_u16() == 413 {
+        return body_too_large();
+    }
+    ApiError {
+        status: rejection.status().as_u16(),
+        message: format!("cannot read the request body: {}", rejection.body_text()),
+    }
+}
+
+/// The 413 of a body past `--max-body`.
+fn body_too_large() -> ApiError {
+    ApiError {
+        status: 413,
+        message: "the request body is larger than this server accepts (--max-body)".into(),
+    }
 }
 
 /// `POST /`: one infini-gram API query.

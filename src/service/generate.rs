@@ -364,6 +364,15 @@ impl CheckedRequest {
         Sampler::new(self.sampler.clone(), self.seed)
     }
 
+    /// The copy guard the request asks for, against `index` when given.
+    fn guard_config(&self, index: Option<Arc<Index<Mmap>>>) -> Option<GuardConfig> {
+        self.guard.map(|g| GuardConfig {
+            max_span: g.max_span,
+            index,
+            ignore_prompt: g.ignore_prompt,
+        })
+    }
+
     /// The settings of a generation from the index alone: the guard against `guard_index`
     /// (default: the generation's own index), stopped early by `cancel`.
     pub fn gen_config(
@@ -375,11 +384,7 @@ impl CheckedRequest {
             estimator: self.estimator.clone(),
             context: self.context,
             max_tokens: self.max_tokens,
-            guard: self.guard.map(|g| GuardConfig {
-                max_span: g.max_span,
-                index: guard_index,
-                ignore_prompt: g.ignore_prompt,
-            }),
+            guard: self.guard_config(guard_index),
             cancel,
         }
     }
@@ -400,11 +405,7 @@ impl CheckedRequest {
                 drafters: self.drafters.clone(),
                 drafting_index,
                 repetition_penalty: self.repetition_penalty,
-                guard: self.guard.map(|g| GuardConfig {
-                    max_span: g.max_span,
-                    index: guard_index,
-                    ignore_prompt: g.ignore_prompt,
-                }),
+                guard: self.guard_config(guard_index),
             },
             mix: if self.mix {
                 Some(mixer.unwrap_or_default())
