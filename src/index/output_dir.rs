@@ -90,7 +90,13 @@ fn unfinished() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
 /// nothing behind. (A build killed outright, SIGKILL, is cleaned up by the next build beside it.)
 pub fn remove_unfinished() {
     for dir in unfinished().drain(..) {
-        let _ = std::fs::remove_dir_all(&dir);
+        // The build's threads may still be writing into it: try again if a file appeared
+        // while it was being emptied.
+        for _ in 0..5 {
+            if std::fs::remove_dir_all(&dir).is_ok() || !dir.exists() {
+                break;
+            }
+        }
     }
 }
 
@@ -332,8 +338,13 @@ impl TempIndexDir {
             .map_err(|e| Error::io(parent, e))?
             .join(&name);
         remove_stale(parent, &name, &out_abs);
+        // The list is held while the directory comes to be, so a signal's clean-up
+        // ([`remove_unfinished`]) waits for it and then removes it: no moment exists when the
+        // directory is there but not listed.
+        let mut building = unfinished();
         let tmp = create_sibling(out, &out_abs, "tmp")?;
-        unfinished().push(tmp.clone());
+        building.push(tmp.clone());
+        drop(building);
         Ok(TempIndexDir {
             tmp,
             out: out.to_path_buf(),
