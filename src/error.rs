@@ -62,6 +62,12 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// A named resource (an index of a catalog) that is not there.
+    #[error("{0}")]
+    NotFound(String),
+    /// A resource that is there but cannot serve (an index that failed its full check).
+    #[error("{0}")]
+    Unavailable(String),
     /// A neural-model or tensor error.
     #[error("model: {0}")]
     Model(String),

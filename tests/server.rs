@@ -8,7 +8,7 @@
 
 use infgram::decode::{Sampler, SamplerConfig};
 use infgram::ngram::Estimator;
-use infgram::service::query::{Continuation, Query, Subject};
+use infgram::service::query::{defaults, Continuation, Query, Subject};
 use infgram::service::request::DrafterSpec;
 use infgram::service::{execute, generate, open_index, GenConfig};
 #[cfg(feature = "neural")]
@@ -196,7 +196,7 @@ fn raw_post(addr: &str, path: &str, body: &str) -> TcpStream {
 /// reads floats to within an ulp).
 fn library(idx: &Path, q: Query) -> Value {
     let (index, tok) = open_index(idx, None).unwrap();
-    let mut v = execute(&index, tok.as_ref(), &q).unwrap();
+    let mut v = execute(&index, tok.as_ref(), &q).unwrap().to_value();
     v.as_object_mut().unwrap().remove("token_ids"); // the server's answers are compared without it
     serde_json::from_str(&v.to_string()).unwrap()
 }
@@ -222,8 +222,8 @@ fn every_query_type_answers_as_the_library_does() {
         Query::Count {
             subject: subject("the cat"),
             cnf: None,
-            max_diff_tokens: 10,
-            max_clause_freq: 50_000,
+            max_diff_tokens: defaults::MAX_DIFF_TOKENS,
+            max_clause_freq: defaults::MAX_CLAUSE_FREQ,
         },
     );
     assert!(want["count"].as_u64().unwrap() > 0);
@@ -242,8 +242,8 @@ fn every_query_type_answers_as_the_library_does() {
         Query::Count {
             subject: subject(""),
             cnf: Some(cnf.clone()),
-            max_diff_tokens: 10,
-            max_clause_freq: 50_000,
+            max_diff_tokens: defaults::MAX_DIFF_TOKENS,
+            max_clause_freq: defaults::MAX_CLAUSE_FREQ,
         },
     );
     assert_eq!(
@@ -331,8 +331,8 @@ fn every_query_type_answers_as_the_library_does() {
         subject: subject(""),
         cnf: Some(vec![vec![ids("cat sat")]]),
         maxnum,
-        max_diff_tokens: 10,
-        max_clause_freq: 50_000,
+        max_diff_tokens: defaults::MAX_DIFF_TOKENS,
+        max_clause_freq: defaults::MAX_CLAUSE_FREQ,
         max_disp_len: 30,
     };
     assert_eq!(
@@ -960,8 +960,8 @@ print(json.dumps(result))
         Query::Count {
             subject: Subject::ids(ids("the cat")),
             cnf: None,
-            max_diff_tokens: 10,
-            max_clause_freq: 50_000,
+            max_diff_tokens: defaults::MAX_DIFF_TOKENS,
+            max_clause_freq: defaults::MAX_CLAUSE_FREQ,
         },
     );
     assert_eq!(got["count"], want["count"]);

@@ -49,7 +49,7 @@ fn main() -> infgram::Result<()> {
         let answer = Query::from_json(line).and_then(|q| execute(&index, &tok, &q));
         match answer {
             Ok(v) => {
-                let mut s = v.to_string();
+                let mut s = v.to_value().to_string();
                 if s.len() > 160 {
                     let cut = (0..=160)
                         .rev()

@@ -11,6 +11,7 @@
 
 use infgram::index::query::{Document, NtdResult, ProbResult};
 use infgram::index::Layout;
+use infgram::service::query::defaults;
 use infgram::tokenizer::Tokenizer;
 use memmap2::Mmap;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -176,8 +177,10 @@ impl InfiniGramEngine {
     #[pyo3(signature = (index_dir, eos_token_id, vocab_size=65535, version=4, token_dtype="u16",
         load_to_ram=false, ds_prefetch_depth=1, sa_prefetch_depth=3, od_prefetch_depth=3,
         bow_ids_path=None, attribution_block_size=512, precompute_unigram_logprobs=false,
-        prev_shards_by_index_dir=None, max_support=1000, max_clause_freq=50000,
-        max_diff_tokens=100, maxnum=1, max_disp_len=1000))]
+        prev_shards_by_index_dir=None, max_support=1000,
+        max_clause_freq=defaults::MAX_CLAUSE_FREQ as i64,
+        max_diff_tokens=defaults::MAX_DIFF_TOKENS as i64, maxnum=defaults::MAXNUM as i64,
+        max_disp_len=defaults::MAX_DISP_LEN as i64))]
     #[allow(clippy::too_many_arguments, unused_variables)]
     fn new(
         py: Python<'_>,
@@ -1035,11 +1038,10 @@ impl Index {
     /// answer as a JSON string, or `{"error": ...}`.
     fn query_json(&self, py: Python<'_>, request: &str) -> String {
         py.detach(|| {
-            let answer = serde_json::from_str::<infgram::service::Query>(request)
-                .map_err(|e| infgram::Error::input(format!("bad query: {e}")))
+            let answer = infgram::service::Query::from_json(request)
                 .and_then(|q| infgram::service::execute(&self.index, self.tok.as_ref(), &q));
             match answer {
-                Ok(v) => v.to_string(),
+                Ok(a) => a.to_value().to_string(),
                 Err(e) => serde_json::json!({ "error": e.to_string() }).to_string(),
             }
         })

@@ -3,8 +3,7 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use infgram::eval::attribution::{attribute, creativity, Span};
-use infgram::service::query::spans_json;
+use infgram::service::query::{execute, Answer, Query, SpanAnswer};
 use infgram::tokenizer::Tokenizer;
 use serde_json::json;
 use std::io::{IsTerminal, Read, Write};
@@ -60,15 +59,15 @@ fn read_text(path: &Path) -> Result<String> {
 pub struct AttributeArgs {
     #[command(flatten)]
     pub input: TextArgs,
-    /// Shortest span reported, in the index's tokens.
-    #[arg(long, default_value_t = 8)]
-    pub min_len: usize,
-    /// Documents shown per span.
-    #[arg(long, default_value_t = 3)]
-    pub docs: usize,
-    /// Tokens of a document window to show around a match.
-    #[arg(long, default_value_t = 80)]
-    pub max_disp_len: usize,
+    /// Shortest span reported, in the index's tokens [default: 8].
+    #[arg(long)]
+    pub min_len: Option<usize>,
+    /// Documents shown per span [default: 3].
+    #[arg(long)]
+    pub docs: Option<usize>,
+    /// Tokens of a document window to show around a match [default: 100].
+    #[arg(long)]
+    pub max_disp_len: Option<usize>,
     /// Also write a self-contained HTML page with the spans highlighted and their documents.
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
@@ -77,9 +76,25 @@ pub struct AttributeArgs {
 /// Runs `infgram attribute`.
 pub fn run_attribute(args: AttributeArgs) -> Result<()> {
     let Loaded { index, tok, ids } = args.input.load()?;
+    let query = Query::from_value(json!({
+        "query_type": "attribute",
+        "input_ids": ids,
+        "min_len": args.min_len,
+        "maxnum": args.docs,
+        "max_disp_len": args.max_disp_len,
+    }))?;
     let t = std::time::Instant::now();
-    let spans = attribute(&index, &ids, args.min_len, args.docs, args.max_disp_len)?;
+    let answer = execute(&index, tok.as_ref(), &query)
+        .map_err(|e| e.rename_field(&[("maxnum", "--docs"), ("max_disp_len", "--max-disp-len")]))?;
     let seconds = t.elapsed().as_secs_f64();
+    let Answer::Attribute(answer) = answer else {
+        unreachable!("an attribute query is answered with spans")
+    };
+    let spans = answer.spans;
+    let min_len = match query {
+        Query::Attribute { min_len, .. } => min_len,
+        _ => unreachable!("built as an attribute query"),
+    };
     if let Some(path) = &args.html {
         let page = html_page(&spans, &ids, tok.as_ref())?;
         std::fs::write(path, page).with_context(|| format!("writing {}", path.display()))?;
@@ -87,7 +102,7 @@ pub fn run_attribute(args: AttributeArgs) -> Result<()> {
     let mut out = std::io::stdout().lock();
     if args.input.json {
         let v = json!({
-            "spans": spans_json(&spans, &ids, tok.as_ref())?,
+            "spans": spans,
             "token_ids": ids,
             "latency": seconds * 1e3,
         });
@@ -100,19 +115,18 @@ pub fn run_attribute(args: AttributeArgs) -> Result<()> {
         out,
         "\n{} spans of at least {} tokens ({} tokens examined in {:.2} ms)",
         spans.len(),
-        args.min_len,
+        min_len,
         ids.len(),
         seconds * 1e3
     )?;
     for sp in &spans {
-        let text = tok.decode(&ids[sp.l..sp.r])?;
         writeln!(
             out,
-            "\n[{}, {}) {} tokens, {} occurrences: {text:?}",
-            sp.l, sp.r, sp.length, sp.count
+            "\n[{}, {}) {} tokens, {} occurrences: {:?}",
+            sp.l, sp.r, sp.length, sp.count, sp.text
         )?;
         for d in &sp.docs {
-            let snippet = tok.decode(&d.token_ids)?;
+            let (snippet, d) = (&d.text, &d.document);
             let meta = if d.metadata.is_empty() || d.metadata == "{}" {
                 String::new()
             } else {
@@ -125,7 +139,7 @@ pub fn run_attribute(args: AttributeArgs) -> Result<()> {
 }
 
 /// The longest attributed span covering each token (0: none).
-fn coverage(spans: &[Span], n: usize) -> Vec<usize> {
+fn coverage(spans: &[SpanAnswer], n: usize) -> Vec<usize> {
     let mut cover = vec![0; n];
     for sp in spans {
         for c in &mut cover[sp.l..sp.r] {
@@ -147,7 +161,11 @@ fn shade(len: usize, min_len: usize) -> usize {
 }
 
 /// Runs of tokens with the same shade, as `(shade, text)`.
-fn shaded_runs(spans: &[Span], ids: &[u32], tok: &dyn Tokenizer) -> Result<Vec<(usize, String)>> {
+fn shaded_runs(
+    spans: &[SpanAnswer],
+    ids: &[u32],
+    tok: &dyn Tokenizer,
+) -> Result<Vec<(usize, String)>> {
     let min_len = spans.iter().map(|s| s.length).min().unwrap_or(1);
     let cover = coverage(spans, ids.len());
     let mut runs: Vec<(usize, Vec<u32>)> = Vec::new();
@@ -165,7 +183,12 @@ fn shaded_runs(spans: &[Span], ids: &[u32], tok: &dyn Tokenizer) -> Result<Vec<(
 
 /// The text with its copied spans coloured (yellow, orange, red as they grow), or bracketed
 /// `[[…]]` without a terminal.
-fn highlighted(spans: &[Span], ids: &[u32], tok: &dyn Tokenizer, colour: bool) -> Result<String> {
+fn highlighted(
+    spans: &[SpanAnswer],
+    ids: &[u32],
+    tok: &dyn Tokenizer,
+    colour: bool,
+) -> Result<String> {
     let mut s = String::new();
     for (shade, text) in shaded_runs(spans, ids, tok)? {
         match (shade, colour) {
@@ -188,7 +211,7 @@ fn escape_html(s: &str) -> String {
 }
 
 /// A self-contained page: the text with highlighted spans, then each span with its documents.
-fn html_page(spans: &[Span], ids: &[u32], tok: &dyn Tokenizer) -> Result<String> {
+fn html_page(spans: &[SpanAnswer], ids: &[u32], tok: &dyn Tokenizer) -> Result<String> {
     let mut body = String::new();
     for (shade, text) in shaded_runs(spans, ids, tok)? {
         let text = escape_html(&text);
@@ -208,7 +231,7 @@ fn html_page(spans: &[Span], ids: &[u32], tok: &dyn Tokenizer) -> Result<String>
             sp.length,
             sp.count
         ));
-        for d in &sp.docs {
+        for d in sp.docs.iter().map(|d| &d.document) {
             let before = tok.decode(&d.token_ids[..d.needle_offset])?;
             let hit_end = (d.needle_offset + sp.length).min(d.token_ids.len());
             let hit = tok.decode(&d.token_ids[d.needle_offset..hit_end])?;
@@ -241,18 +264,32 @@ pre{{white-space:pre-wrap;background:#f6f6f6;padding:.5em}}\
 pub struct CreativityArgs {
     #[command(flatten)]
     pub input: TextArgs,
-    /// Shortest span length scored (Lu et al.: 5 words).
-    #[arg(long, default_value_t = 5)]
-    pub min_n: usize,
-    /// Longest span length scored (Lu et al.: 12 words).
-    #[arg(long, default_value_t = 12)]
-    pub max_n: usize,
+    /// Shortest span length scored (Lu et al.: 5 words) [default: 5].
+    #[arg(long)]
+    pub min_n: Option<usize>,
+    /// Longest span length scored (Lu et al.: 12 words) [default: 12].
+    #[arg(long)]
+    pub max_n: Option<usize>,
 }
 
 /// Runs `infgram creativity`.
 pub fn run_creativity(args: CreativityArgs) -> Result<()> {
-    let Loaded { index, ids, .. } = args.input.load()?;
-    let c = creativity(&index, &ids, args.min_n, args.max_n)?;
+    let Loaded { index, tok, ids } = args.input.load()?;
+    let query = Query::from_value(json!({
+        "query_type": "creativity",
+        "input_ids": ids,
+        "min_n": args.min_n,
+        "max_n": args.max_n,
+    }))?;
+    let answer = execute(&index, tok.as_ref(), &query)
+        .map_err(|e| e.rename_field(&[("min_n", "--min-n"), ("max_n", "--max-n")]))?;
+    let Answer::Creativity(c) = answer else {
+        unreachable!("a creativity query is answered with uniqueness")
+    };
+    let (min_n, max_n) = match query {
+        Query::Creativity { min_n, max_n, .. } => (min_n, max_n),
+        _ => unreachable!("built as a creativity query"),
+    };
     let mut out = std::io::stdout().lock();
     if args.input.json {
         writeln!(out, "{}", serde_json::to_value(&c)?)?;
@@ -265,7 +302,7 @@ pub fn run_creativity(args: CreativityArgs) -> Result<()> {
     writeln!(
         out,
         "creativity index {:.4} (sum over n = {}..={}); {} tokens, longest copied span {}",
-        c.creativity_index, args.min_n, args.max_n, c.tokens, c.max_span
+        c.creativity_index, min_n, max_n, c.tokens, c.max_span
     )?;
     Ok(())
 }

@@ -4,9 +4,11 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use infgram::service::query::{execute, parse_cnf, Continuation, Query, Subject};
+use clap::ValueEnum as _;
+use infgram::index::query::TokenProb;
+use infgram::service::query::{execute, parse_cnf, Answer, DocAnswer, Query};
 use infgram::tokenizer::Tokenizer;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 
@@ -49,21 +51,22 @@ pub struct QueryArgs {
     /// CNF for search_docs and count: `a b OR c d AND e f`, or JSON ids `[[[1,2],[3]],[[4]]]`.
     #[arg(long)]
     pub cnf: Option<String>,
-    /// search_docs: documents to return.
-    #[arg(long, default_value_t = 10)]
-    pub maxnum: usize,
-    /// search_docs: largest distance in tokens between clauses.
-    #[arg(long, default_value_t = 10)]
-    pub max_diff_tokens: usize,
-    /// search_docs: occurrences per n-gram above which a clause is sampled (approx).
-    #[arg(long, default_value_t = 100_000)]
-    pub max_clause_freq: usize,
-    /// Tokens of a document window to display.
-    #[arg(long, default_value_t = 100)]
-    pub max_disp_len: usize,
-    /// get_doc_by_rank / get_doc_by_ptr: the shard.
-    #[arg(long, default_value_t = 0)]
-    pub shard: usize,
+    /// search_docs: documents to return [default: 1].
+    #[arg(long)]
+    pub maxnum: Option<usize>,
+    /// search_docs: largest distance in tokens between clauses [default: 100].
+    #[arg(long)]
+    pub max_diff_tokens: Option<usize>,
+    /// search_docs: occurrences per n-gram above which a clause is sampled (approx)
+    /// [default: 50000].
+    #[arg(long)]
+    pub max_clause_freq: Option<usize>,
+    /// Tokens of a document window to display [default: 1000].
+    #[arg(long)]
+    pub max_disp_len: Option<usize>,
+    /// get_doc_by_rank / get_doc_by_ptr: the shard [default: 0].
+    #[arg(long)]
+    pub shard: Option<usize>,
     /// get_doc_by_rank: the suffix-array rank.
     #[arg(long)]
     pub rank: Option<usize>,
@@ -89,63 +92,47 @@ pub struct QueryArgs {
     pub json: bool,
 }
 
-/// The query the flags describe.
+/// The request fields the flags of `infgram query` set, and the flags' names (for errors).
+const FLAG_NAMES: &[(&str, &str)] = &[
+    ("text", "--text"),
+    ("input_ids", "--ids"),
+    ("cont_id", "--cont-id"),
+    ("cont_text", "--cont-text"),
+    ("maxnum", "--maxnum"),
+    ("max_diff_tokens", "--max-diff-tokens"),
+    ("max_clause_freq", "--max-clause-freq"),
+    ("max_disp_len", "--max-disp-len"),
+];
+
+/// The query the flags describe: the flags given, as the request's fields (those not given
+/// take the library's defaults).
 fn query_from_flags(args: &QueryArgs, qt: QueryType, tok: &dyn Tokenizer) -> Result<Query> {
-    let subject = Subject {
-        input_ids: args.ids.clone(),
-        text: args.text.clone(),
-        ..Default::default()
-    };
-    let cont = || Continuation {
-        cont_id: args.cont_id,
-        cont_text: args.cont_text.clone(),
-    };
-    Ok(match qt {
-        QueryType::Count => Query::Count {
-            subject,
-            cnf: args.cnf.as_deref().map(|c| parse_cnf(c, tok)).transpose()?,
-            max_diff_tokens: args.max_diff_tokens,
-            max_clause_freq: args.max_clause_freq,
-        },
-        QueryType::Prob => Query::Prob {
-            subject,
-            cont: cont(),
-        },
-        QueryType::Ntd => Query::Ntd {
-            subject,
-            eos_token_id: args.eos_token_id,
-        },
-        QueryType::InfgramProb => Query::InfgramProb {
-            subject,
-            cont: cont(),
-        },
-        QueryType::InfgramNtd => Query::InfgramNtd {
-            subject,
-            eos_token_id: args.eos_token_id,
-        },
-        QueryType::Find => Query::Find { subject },
-        QueryType::LongestMatch => Query::LongestMatch { subject },
-        QueryType::SearchDocs => Query::SearchDocs {
-            subject,
-            cnf: args.cnf.as_deref().map(|c| parse_cnf(c, tok)).transpose()?,
-            maxnum: args.maxnum,
-            max_diff_tokens: args.max_diff_tokens,
-            max_clause_freq: args.max_clause_freq,
-            max_disp_len: args.max_disp_len,
-        },
-        QueryType::GetDocByRank => Query::GetDocByRank {
-            subject,
-            s: args.shard,
-            rank: args.rank.context("get_doc_by_rank needs --rank")?,
-            max_disp_len: args.max_disp_len,
-        },
-        QueryType::GetDocByPtr => Query::GetDocByPtr {
-            subject,
-            s: args.shard,
-            ptr: args.ptr.context("get_doc_by_ptr needs --ptr")?,
-            max_disp_len: args.max_disp_len,
-        },
-    })
+    let cnf = args.cnf.as_deref().map(|c| parse_cnf(c, tok)).transpose()?;
+    match qt {
+        QueryType::GetDocByRank if args.rank.is_none() => {
+            anyhow::bail!("get_doc_by_rank needs --rank")
+        }
+        QueryType::GetDocByPtr if args.ptr.is_none() => anyhow::bail!("get_doc_by_ptr needs --ptr"),
+        _ => {}
+    }
+    let fields = json!({
+        "query_type": qt.to_possible_value().expect("no query type is hidden").get_name(),
+        "input_ids": args.ids,
+        "text": args.text,
+        "cont_id": args.cont_id,
+        "cont_text": args.cont_text,
+        "cnf": cnf,
+        "maxnum": args.maxnum,
+        "max_diff_tokens": args.max_diff_tokens,
+        "max_clause_freq": args.max_clause_freq,
+        "max_disp_len": args.max_disp_len,
+        "s": args.shard,
+        "rank": args.rank,
+        "ptr": args.ptr,
+        "eos_token_id": args.eos_token_id,
+    });
+    // A flag not given is a field not sent (null).
+    Ok(Query::from_value(fields)?)
 }
 
 /// The longest line of a `--batch` file: a query's JSON (a CNF of many n-grams fits many
@@ -223,6 +210,7 @@ pub fn run(args: QueryArgs) -> Result<()> {
                     Ok(l) if l.trim().is_empty() => Err(format!("line {}: empty query", n + 1)),
                     Ok(l) => Query::from_json(l)
                         .and_then(|q| execute(&index, tok.as_ref(), &q))
+                        .map(|a| a.to_value())
                         .map_err(|e| e.to_string()),
                 },
             };
@@ -236,11 +224,11 @@ pub fn run(args: QueryArgs) -> Result<()> {
         anyhow::bail!("give a query type (count, prob, ntd, infgram_prob, infgram_ntd, find, search_docs, longest_match, get_doc_by_rank, get_doc_by_ptr) or --batch FILE");
     };
     let query = query_from_flags(&args, qt, tok.as_ref())?;
-    let v = execute(&index, tok.as_ref(), &query)?;
+    let answer = execute(&index, tok.as_ref(), &query).map_err(|e| e.rename_field(FLAG_NAMES))?;
     if args.json {
-        writeln!(out, "{v}")?;
+        writeln!(out, "{}", serde_json::to_string(&answer)?)?;
     } else {
-        print_table(&mut out, &query, &v, tok.as_ref())?;
+        print_table(&mut out, &query, &answer, tok.as_ref())?;
     }
     Ok(())
 }
@@ -250,84 +238,74 @@ fn show_token(tok: &dyn Tokenizer, id: u32) -> String {
     format!("{s:?}")
 }
 
-fn print_table(out: &mut impl Write, query: &Query, v: &Value, tok: &dyn Tokenizer) -> Result<()> {
-    match query.query_type() {
-        "ntd" | "infgram_ntd" => {
-            if let Some(l) = v.get("suffix_len") {
+fn print_table(
+    out: &mut impl Write,
+    query: &Query,
+    answer: &Answer,
+    tok: &dyn Tokenizer,
+) -> Result<()> {
+    match answer {
+        Answer::Ntd(ntd) => {
+            if let Some(l) = ntd.suffix_len {
                 writeln!(out, "suffix_len  {l}")?;
             }
-            writeln!(out, "prompt_cnt  {}", v["prompt_cnt"])?;
+            writeln!(out, "prompt_cnt  {}", ntd.prompt_cnt)?;
             writeln!(out, "{:>8}  {:>10}  {:>8}  token", "id", "cont_cnt", "prob")?;
-            let mut rows: Vec<(u32, u64, f64)> = v["result_by_token_id"]
-                .as_object()
-                .into_iter()
-                .flatten()
-                .map(|(k, x)| {
-                    (
-                        k.parse().unwrap_or(0),
-                        x["cont_cnt"].as_u64().unwrap_or(0),
-                        x["prob"].as_f64().unwrap_or(0.0),
-                    )
-                })
-                .collect();
-            rows.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-            for (id, c, p) in rows {
-                writeln!(out, "{id:>8}  {c:>10}  {p:>8.5}  {}", show_token(tok, id))?;
+            let mut rows: Vec<(&u32, &TokenProb)> = ntd.result_by_token_id.iter().collect();
+            rows.sort_by(|a, b| b.1.cont_cnt.cmp(&a.1.cont_cnt).then(a.0.cmp(b.0)));
+            for (id, p) in rows {
+                writeln!(
+                    out,
+                    "{id:>8}  {:>10}  {:>8.5}  {}",
+                    p.cont_cnt,
+                    p.prob,
+                    show_token(tok, *id)
+                )?;
             }
         }
-        "longest_match" => {
+        Answer::LongestMatch(lm) => {
             let ids = query.subject().tokens(tok)?;
             writeln!(
                 out,
                 "{:>5}  {:>12}  {:>6}  {:>10}  span ending here",
                 "pos", "token", "len", "count"
             )?;
-            for (j, m) in v["matches"].as_array().into_iter().flatten().enumerate() {
-                let len = m["len"].as_u64().unwrap_or(0) as usize;
-                let span = tok.decode(&ids[j + 1 - len..=j]).unwrap_or_default();
+            for (j, m) in lm.matches.iter().enumerate() {
+                let span = tok.decode(&ids[j + 1 - m.len..=j]).unwrap_or_default();
                 writeln!(
                     out,
-                    "{j:>5}  {:>12}  {len:>6}  {:>10}  {span:?}",
+                    "{j:>5}  {:>12}  {:>6}  {:>10}  {span:?}",
                     show_token(tok, ids[j]),
-                    m["count"]
+                    m.len,
+                    m.count
                 )?;
             }
         }
-        "search_docs" | "get_doc_by_rank" | "get_doc_by_ptr" => {
-            let docs: Vec<&Value> = match v.get("documents") {
-                Some(d) => {
-                    writeln!(
-                        out,
-                        "cnt {}{}",
-                        v["cnt"],
-                        if v["approx"] == json!(true) {
-                            " (approx)"
-                        } else {
-                            ""
-                        }
-                    )?;
-                    d.as_array().into_iter().flatten().collect()
-                }
-                None => vec![v],
-            };
-            for d in docs {
-                writeln!(
-                    out,
-                    "--- doc {} (shard {}, {} tokens) {}",
-                    d["doc_ix"],
-                    d["s"],
-                    d["doc_len"],
-                    d["metadata"].as_str().unwrap_or("")
-                )?;
-                writeln!(out, "{}", d["text"].as_str().unwrap_or(""))?;
+        Answer::SearchDocs(found) => {
+            let approx = if found.approx { " (approx)" } else { "" };
+            writeln!(out, "cnt {}{approx}", found.cnt)?;
+            for d in &found.documents {
+                print_document(out, d)?;
             }
         }
-        _ => {
-            for (k, x) in v.as_object().into_iter().flatten() {
+        Answer::Document(d) => print_document(out, d)?,
+        other => {
+            for (k, x) in other.to_value().as_object().into_iter().flatten() {
                 writeln!(out, "{k:<18}{x}")?;
             }
         }
     }
+    Ok(())
+}
+
+fn print_document(out: &mut impl Write, d: &DocAnswer) -> Result<()> {
+    let doc = &d.document;
+    writeln!(
+        out,
+        "--- doc {} (shard {}, {} tokens) {}",
+        doc.doc_ix, doc.s, doc.doc_len, doc.metadata
+    )?;
+    writeln!(out, "{}", d.text)?;
     Ok(())
 }
 

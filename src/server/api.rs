@@ -8,7 +8,7 @@
 //! unless `maxnum` says more.
 
 use super::Limits;
-use crate::service::query::{parse_cnf, Continuation, Query, Subject};
+use crate::service::query::{parse_cnf, Query, QUERY_TYPES};
 use crate::tokenizer::Tokenizer;
 use serde_json::{json, Map, Value};
 
@@ -39,6 +39,8 @@ impl From<crate::Error> for ApiError {
             | Error::Field { .. }
             | Error::TokenizerMismatch { .. }
             | Error::Tokenizer(_) => 400,
+            Error::NotFound(_) => 404,
+            Error::Unavailable(_) => 503,
             _ => 500,
         };
         ApiError {
@@ -47,22 +49,6 @@ impl From<crate::Error> for ApiError {
         }
     }
 }
-
-/// The query types the API answers (the package's names).
-pub const QUERY_TYPES: [&str; 12] = [
-    "count",
-    "prob",
-    "ntd",
-    "infgram_prob",
-    "infgram_ntd",
-    "find",
-    "search_docs",
-    "longest_match",
-    "attribute",
-    "creativity",
-    "get_doc_by_rank",
-    "get_doc_by_ptr",
-];
 
 /// A request's query, read and checked against the limits.
 #[derive(Debug, Clone)]
@@ -150,13 +136,10 @@ fn read_input(
 ) -> Result<Input, ApiError> {
     match (query, query_ids) {
         (Some(Value::String(text)), None) => {
-            let chars = text.chars().count();
-            if chars > limits.query_chars {
-                return Err(ApiError::bad(format!(
-                    "the query is {chars} characters; this server takes at most {}",
-                    limits.query_chars
-                )));
-            }
+            limits
+                .query_limits()
+                .check_text(&text)
+                .map_err(|e| ApiError::from(e.rename_field(FIELD_NAMES)))?;
             Ok(Input::Text(text))
         }
         (Some(other), None) => Err(ApiError::bad(format!(
@@ -206,49 +189,34 @@ fn type_name(v: &Value) -> &'static str {
     }
 }
 
-/// Refuses queries of more tokens than the limit.
+/// Refuses queries of more tokens than the limit (before they are copied into a query).
 fn check_tokens(input: &Input, limits: &Limits) -> Result<(), ApiError> {
     let n = match input {
         Input::Ids(ids) => ids.len(),
         Input::Cnf(cnf) => cnf.iter().flatten().map(Vec::len).sum(),
         Input::None | Input::Text(_) => 0,
     };
-    if n > limits.query_tokens {
-        return Err(ApiError::bad(format!(
-            "the query is {n} tokens; this server takes at most {}",
-            limits.query_tokens
-        )));
-    }
-    Ok(())
+    limits
+        .query_limits()
+        .check_tokens(n)
+        .map_err(|e| ApiError::from(e.rename_field(FIELD_NAMES)))
 }
 
+/// The API's names for the request fields the library's errors name.
+pub const FIELD_NAMES: &[(&str, &str)] = &[
+    ("text", "the query"),
+    ("input_ids", "the query"),
+    ("maxnum", "\"maxnum\""),
+    ("max_disp_len", "\"max_disp_len\""),
+    ("max_diff_tokens", "\"max_diff_tokens\""),
+    ("max_clause_freq", "\"max_clause_freq\""),
+    ("cont_id", "\"cont_id\""),
+];
+
 impl ApiQuery {
-    /// A numeric parameter: absent → `default`; otherwise a non-negative integer at most
-    /// `max` (the error names the parameter and the range).
-    fn number(&self, name: &str, default: usize, max: usize) -> Result<usize, ApiError> {
-        match self.params.get(name) {
-            None | Some(Value::Null) => Ok(default),
-            Some(v) => match v.as_u64() {
-                Some(n) if n as usize <= max => Ok(n as usize),
-                _ => Err(ApiError::bad(format!(
-                    "\"{name}\" must be an integer between 0 and {max}, got {v}"
-                ))),
-            },
-        }
-    }
-
-    /// The optional `eos_token_id` (the id documents' ends are reported under in `ntd`).
-    fn eos_token_id(&self) -> Result<Option<u32>, ApiError> {
-        match self.params.get("eos_token_id") {
-            None | Some(Value::Null) => Ok(None),
-            Some(_) => Ok(Some(
-                self.number("eos_token_id", 0, u32::MAX as usize)? as u32
-            )),
-        }
-    }
-
-    /// The service query this request asks, with the token ids of its query (tokenized with
-    /// the index's tokenizer) for the answer.
+    /// The library query this request asks, with the token ids of its query (tokenized with
+    /// the index's tokenizer) for the answer. Only the request's shape is read here: its
+    /// parameters go to the library as they are, which gives the defaults and checks them.
     pub fn to_query(
         &self,
         tok: &dyn Tokenizer,
@@ -266,106 +234,32 @@ impl ApiQuery {
             Input::Text(text) => Tokens::Ids(tok.encode(text)?),
         };
         check_tokens(&tokens.as_input(), limits)?;
-        let ids = match &tokens {
-            Tokens::Ids(ids) => ids.clone(),
-            Tokens::Cnf(_) if self.takes_cnf() => Vec::new(),
+        let mut fields = self.params.clone();
+        for field in ["text", "input_ids", "prompt_ids", "cnf", "cont_text"] {
+            fields.remove(field);
+        }
+        fields.insert("query_type".into(), json!(self.query_type));
+        match &tokens {
+            Tokens::Cnf(cnf) if self.takes_cnf() => {
+                fields.insert("cnf".into(), json!(cnf));
+            }
             Tokens::Cnf(_) => {
                 return Err(ApiError::bad(format!(
                     "{} takes one n-gram, not a CNF (only count and search_docs do)",
                     self.query_type
                 )))
             }
-        };
-        let cnf = match &tokens {
-            Tokens::Cnf(cnf) => Some(cnf.clone()),
-            Tokens::Ids(_) => None,
-        };
-        let subject = Subject::ids(ids.clone());
-        let max_diff_tokens = self.number("max_diff_tokens", 10, limits.max_diff_tokens)?;
-        let max_clause_freq = self.number(
-            "max_clause_freq",
-            50_000,
-            crate::service::query::MAX_CLAUSE_FREQ,
-        )?;
-        let max_disp_len = self.number("max_disp_len", 1000, limits.max_disp_len)?;
-        let maxnum = self.number("maxnum", 1, limits.maxnum)?;
-        let query = match self.query_type {
-            "count" => Query::Count {
-                subject,
-                cnf,
-                max_diff_tokens,
-                max_clause_freq,
-            },
-            "prob" | "infgram_prob" => {
-                let (prompt, cont) = self.prompt_and_cont(&ids)?;
-                let (subject, cont) = (
-                    Subject::ids(prompt),
-                    Continuation {
-                        cont_id: Some(cont),
-                        cont_text: None,
-                    },
-                );
-                if self.query_type == "prob" {
-                    Query::Prob { subject, cont }
-                } else {
-                    Query::InfgramProb { subject, cont }
-                }
+            Tokens::Ids(ids) if matches!(self.query_type, "prob" | "infgram_prob") => {
+                let (prompt, cont) = self.prompt_and_cont(ids)?;
+                fields.insert("prompt_ids".into(), json!(prompt));
+                fields.insert("cont_id".into(), json!(cont));
             }
-            "ntd" => Query::Ntd {
-                subject,
-                eos_token_id: self.eos_token_id()?,
-            },
-            "infgram_ntd" => Query::InfgramNtd {
-                subject,
-                eos_token_id: self.eos_token_id()?,
-            },
-            "find" => Query::Find { subject },
-            "search_docs" => Query::SearchDocs {
-                cnf: Some(cnf.unwrap_or_else(|| vec![vec![ids.clone()]])),
-                subject,
-                maxnum,
-                max_diff_tokens,
-                max_clause_freq,
-                max_disp_len,
-            },
-            "longest_match" => Query::LongestMatch { subject },
-            "attribute" => Query::Attribute {
-                subject,
-                min_len: self.number("min_len", 8, usize::MAX)?.max(1),
-                maxnum: self.number("maxnum", 3, limits.maxnum)?,
-                max_disp_len: self.number("max_disp_len", 100, limits.max_disp_len)?,
-            },
-            "creativity" => Query::Creativity {
-                subject,
-                min_n: self.number("min_n", 5, 1000)?,
-                max_n: self.number("max_n", 12, 1000)?,
-            },
-            "get_doc_by_rank" => Query::GetDocByRank {
-                subject,
-                s: self.number("s", 0, usize::MAX)?,
-                rank: self.required("rank")?,
-                max_disp_len,
-            },
-            "get_doc_by_ptr" => Query::GetDocByPtr {
-                subject,
-                s: self.number("s", 0, usize::MAX)?,
-                ptr: self.required("ptr")?,
-                max_disp_len,
-            },
-            other => return Err(ApiError::bad(format!("unknown query_type {other:?}"))),
-        };
-        Ok((query, tokens))
-    }
-
-    /// A parameter the query type needs.
-    fn required(&self, name: &str) -> Result<usize, ApiError> {
-        if self.params.get(name).is_none_or(Value::is_null) {
-            return Err(ApiError::bad(format!(
-                "{} needs \"{name}\" (a non-negative integer)",
-                self.query_type
-            )));
+            Tokens::Ids(ids) => {
+                fields.insert("input_ids".into(), json!(ids));
+            }
         }
-        self.number(name, 0, usize::MAX)
+        let query = Query::from_value(Value::Object(fields))?;
+        Ok((query, tokens))
     }
 
     /// Whether the query type reads a CNF.

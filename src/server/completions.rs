@@ -425,7 +425,7 @@ fn worker(
     waiting: Arc<AtomicUsize>,
     ready: std::sync::mpsc::Sender<crate::Result<Option<ModelInfo>>>,
 ) {
-    lower_priority();
+    crate::service::catalog::lower_priority();
     let mut state = match load(spec.as_deref(), &opts) {
         Ok((w, info)) => {
             let _ = ready.send(Ok(info));
@@ -484,29 +484,6 @@ fn panicked(panic: &(dyn std::any::Any + Send)) -> ApiError {
             "internal error while generating ({what}); the server goes on serving: please \
              report this request"
         ),
-    }
-}
-
-/// How much lower the generation thread runs than the query threads (a nice value; the
-/// model's own threads, started from it, inherit it). On 2 cores under a query load, a
-/// generation at the same priority doubled the queries' p99 latency (2.06×); at +10 it was
-/// 1.55–1.92×, at +19 0.9–1.1×, and the generation still ran at about 50 tokens/s, since the
-/// query threads leave the CPU idle between requests.
-pub const GENERATION_NICENESS: i32 = 19;
-
-/// Lowers the calling thread's CPU priority by [`GENERATION_NICENESS`] (Linux; elsewhere
-/// nothing).
-pub(crate) fn lower_priority() {
-    #[cfg(target_os = "linux")]
-    // SAFETY: setpriority on this thread's own id; a failure leaves the priority as it was.
-    unsafe {
-        let tid = libc::gettid();
-        let now = libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t);
-        libc::setpriority(
-            libc::PRIO_PROCESS,
-            tid as libc::id_t,
-            (now + GENERATION_NICENESS).min(19),
-        );
     }
 }
 

@@ -13,7 +13,7 @@ const BUCKETS: [f64; 14] = [
 
 /// The labels: every query type, then the other endpoints, then `other`.
 fn labels() -> impl Iterator<Item = &'static str> {
-    super::api::QUERY_TYPES.iter().copied().chain([
+    crate::service::query::QUERY_TYPES.iter().copied().chain([
         "completions",
         "health",
         "metrics",

@@ -2,7 +2,7 @@
 //! service layer (feature `server`: axum on tokio, connections served by hyper).
 //!
 //! * `POST /` — the infini-gram API ([`api`]): `{"index", "query_type", "query" |
-//!   "query_ids", ...}` → the service's [`execute`] plus `latency`, `token_ids`, `tokens`.
+//!   "query_ids", ...}` → [`crate::service::query::execute_within`] plus `latency`, `token_ids`, `tokens`.
 //!   Queries run on tokio's blocking pool (at most [`Limits::concurrent_queries`] at once), so
 //!   a slow one never holds an I/O thread.
 //! * `POST /v1/completions` — generation ([`completions`]) on one worker thread with a bounded
@@ -18,10 +18,8 @@ pub mod api;
 pub mod completions;
 pub mod metrics;
 
-use crate::index::Index;
-use crate::service::execute;
 use crate::service::models::ModelOptions;
-use crate::tokenizer::Tokenizer;
+use crate::service::query::{execute_within, QueryLimits};
 use api::{finish_answer, read_request, ApiError};
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
@@ -32,7 +30,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use completions::{completion_json, unix_seconds, CompletionRequest, Event, Generator};
-use memmap2::Mmap;
 use metrics::Metrics;
 use serde_json::{json, Value};
 use std::io::Write;
@@ -78,6 +75,19 @@ pub struct Limits {
     pub concurrent_queries: usize,
 }
 
+impl Limits {
+    /// The bounds of an infini-gram API query, for the library to check.
+    pub fn query_limits(&self) -> QueryLimits {
+        QueryLimits {
+            text_chars: self.query_chars,
+            tokens: self.query_tokens,
+            maxnum: self.maxnum,
+            max_disp_len: self.max_disp_len,
+            max_diff_tokens: self.max_diff_tokens,
+        }
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
@@ -119,193 +129,7 @@ pub struct ServerConfig {
     pub log_requests: bool,
 }
 
-/// A served index with its tokenizer.
-pub struct Served {
-    /// Its name in requests.
-    pub name: String,
-    /// The index.
-    pub index: Arc<Index<Mmap>>,
-    /// The tokenizer it was built with.
-    pub tokenizer: Arc<dyn Tokenizer>,
-    /// Its full check, run in the background after start.
-    pub check: Arc<FullCheck>,
-}
-
-/// Where the full check of a served index stands.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CheckState {
-    /// Still reading (the checks of opening passed).
-    Running,
-    /// Every byte matched its checksum (or was already recorded as verified).
-    Passed,
-    /// A file did not: what is wrong. Queries to the index are refused.
-    Failed(String),
-}
-
-/// The full check of one index: opening checks large files by sampled blocks only, so
-/// `serve` reads every byte of each index in the background after start
-/// ([`FullCheck::start`]) and refuses queries to one that fails.
-#[derive(Debug)]
-pub struct FullCheck {
-    state: std::sync::Mutex<CheckState>,
-}
-
-impl FullCheck {
-    /// Checks `index` on a background thread at low priority (an index checked whole at open
-    /// has passed already; one recorded as verified is read again all the same: damage can
-    /// come after). A pass is recorded, as `infgram verify` records it.
-    pub fn start(name: &str, index: Arc<Index<Mmap>>) -> Arc<FullCheck> {
-        let done = !index.checked_by_sampling();
-        let check = Arc::new(FullCheck {
-            state: std::sync::Mutex::new(if done {
-                CheckState::Passed
-            } else {
-                CheckState::Running
-            }),
-        });
-        if done {
-            return check;
-        }
-        let (name, running) = (name.to_string(), check.clone());
-        let spawned = std::thread::Builder::new()
-            .name("infgram-verify".into())
-            .spawn(move || {
-                completions::lower_priority();
-                let state = match index.verify() {
-                    Ok(()) => {
-                        let _ = crate::service::indexes::record_verified(&index);
-                        CheckState::Passed
-                    }
-                    Err(e) => {
-                        eprintln!(
-                            "index {name:?} failed its full check: {e}; its queries are refused"
-                        );
-                        CheckState::Failed(e.to_string())
-                    }
-                };
-                running.set(state);
-            });
-        if let Err(e) = spawned {
-            check.set(CheckState::Failed(format!(
-                "the check could not start: {e}"
-            )));
-        }
-        check
-    }
-
-    /// Where the check stands.
-    pub fn state(&self) -> CheckState {
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-
-    fn set(&self, state: CheckState) {
-        *self
-            .state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = state;
-    }
-}
-
-/// The served indexes.
-pub struct Indexes {
-    list: Vec<Arc<Served>>,
-}
-
-impl Indexes {
-    /// Opens each `(name, dir)` with the tokenizer `tokenizers` gives for its name, else the
-    /// one it names.
-    pub fn open(
-        dirs: &[(String, PathBuf)],
-        tokenizers: &[(String, String)],
-    ) -> crate::Result<Self> {
-        if let Some((name, _)) = tokenizers
-            .iter()
-            .find(|(n, _)| !dirs.iter().any(|d| &d.0 == n))
-        {
-            return Err(crate::Error::input(format!(
-                "a tokenizer is given for {name:?}, which is not one of the indexes (--index NAME=DIR)"
-            )));
-        }
-        let mut list = Vec::new();
-        for (name, dir) in dirs {
-            if list.iter().any(|s: &Arc<Served>| &s.name == name) {
-                return Err(crate::Error::input(format!(
-                    "two indexes are named {name:?}: give each --index NAME=DIR its own name"
-                )));
-            }
-            let named = tokenizers
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|t| t.1.as_str());
-            let (index, tok) = crate::service::open_index(dir, named)?;
-            let index = Arc::new(index);
-            list.push(Arc::new(Served {
-                name: name.clone(),
-                check: FullCheck::start(name, index.clone()),
-                index,
-                tokenizer: Arc::from(tok),
-            }));
-        }
-        if list.is_empty() {
-            return Err(crate::Error::input("the server needs at least one index"));
-        }
-        Ok(Indexes { list })
-    }
-
-    /// The index `name`, or the only one when `None` (404 when there is no such index).
-    pub fn get(&self, name: Option<&str>) -> Result<Arc<Served>, ApiError> {
-        let found = match name {
-            Some(n) => self.list.iter().find(|s| s.name == n),
-            None if self.list.len() == 1 => self.list.first(),
-            None => {
-                return Err(ApiError::bad(format!(
-                    "this server has several indexes: name one in \"index\" ({})",
-                    self.names()
-                )))
-            }
-        };
-        let served = found.cloned().ok_or_else(|| ApiError {
-            status: 404,
-            message: format!(
-                "no index {:?} here; this server has: {}",
-                name.unwrap_or_default(),
-                self.names()
-            ),
-        })?;
-        if let CheckState::Failed(what) = served.check.state() {
-            return Err(ApiError {
-                status: 503,
-                message: format!(
-                    "index {:?} failed its full check ({what}): rebuild it; the server goes on \
-                     serving its other indexes",
-                    served.name
-                ),
-            });
-        }
-        Ok(served)
-    }
-
-    /// The first index built with `tok`.
-    pub fn with_tokenizer(&self, tok: &dyn Tokenizer) -> Option<Arc<Served>> {
-        let fp = tok.fingerprint();
-        self.list
-            .iter()
-            .filter(|s| !matches!(s.check.state(), CheckState::Failed(_)))
-            .find(|s| s.tokenizer.fingerprint() == fp)
-            .cloned()
-    }
-
-    fn names(&self) -> String {
-        self.list
-            .iter()
-            .map(|s| s.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-}
+pub use crate::service::catalog::{CheckState, FullCheck, Indexes, Served};
 
 /// Everything the handlers share.
 struct AppState {
@@ -638,7 +462,9 @@ async fn answer_query(state: &Arc<AppState>, request: api::ApiQuery) -> Result<V
         let tok = served.tokenizer.as_ref();
         let started = Instant::now();
         let (query, tokens) = request.to_query(tok, &limits)?;
-        let mut answer = execute(&served.index, tok, &query)?;
+        let mut answer = execute_within(&served.index, tok, &query, &limits.query_limits())
+            .map_err(|e| e.rename_field(api::FIELD_NAMES))?
+            .to_value();
         let latency_ms = started.elapsed().as_secs_f64() * 1e3;
         finish_answer(&mut answer, &tokens, tok, latency_ms);
         Ok::<_, ApiError>(answer)
@@ -764,7 +590,6 @@ fn sse(v: &Value) -> String {
 async fn health(State(state): State<Arc<AppState>>) -> Response {
     let indexes: Vec<Value> = state
         .indexes
-        .list
         .iter()
         .map(|s| {
             let h = s.index.header();
@@ -786,7 +611,6 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
     let worker = state.generator.is_running();
     let failed = state
         .indexes
-        .list
         .iter()
         .any(|s| matches!(s.check.state(), CheckState::Failed(_)));
     let v = json!({
@@ -873,94 +697,5 @@ async fn method_not_allowed(req: Request) -> Response {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         error_response("other", &self)
-    }
-}
-
-#[cfg(test)]
-mod full_check_tests {
-    use super::*;
-
-    /// An index large enough that opening samples its files' blocks (opened here with every
-    /// file counted as large).
-    fn sampled_index(dir: &std::path::Path) -> Arc<Index<Mmap>> {
-        let mut x = 5u64;
-        let text: String = (0..1_500_000)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (b'a' + (x % 7) as u8) as char
-            })
-            .collect();
-        let corpus = dir.join("c.txt");
-        std::fs::write(&corpus, text).unwrap();
-        let out = dir.join("idx");
-        let opts = crate::index::pipeline::BuildOptions {
-            progress: false,
-            ..Default::default()
-        };
-        let tok = crate::tokenizer::ByteTokenizer;
-        crate::index::pipeline::build_index(&[corpus], &out, &tok, &opts).unwrap();
-        Arc::new(Index::open_checked(&out, 0).unwrap())
-    }
-
-    fn settled(check: &FullCheck) -> CheckState {
-        for _ in 0..600 {
-            match check.state() {
-                CheckState::Running => std::thread::sleep(std::time::Duration::from_millis(50)),
-                done => return done,
-            }
-        }
-        panic!("the check did not finish within 30 s");
-    }
-
-    /// A byte flipped where opening's sampled blocks do not look is found by the background
-    /// check, which then refuses the index (issue 32, item 16); a whole index passes and is
-    /// recorded as verified.
-    #[test]
-    fn the_background_check_finds_what_sampling_missed() {
-        let t = tempfile::tempdir().unwrap();
-        let index = sampled_index(t.path());
-        assert!(index.checked_by_sampling());
-        let check = FullCheck::start("whole", index.clone());
-        assert_eq!(settled(&check), CheckState::Passed);
-        assert!(crate::service::indexes::was_verified(&index));
-        // Damage after opening (a bit flip on disk, where sampling might never look): the
-        // next check reads every byte, fails, and the index's queries are refused.
-        let sa = index.dir().unwrap().join("shard-0000/sa.bin");
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&sa)
-            .unwrap();
-        let mid = file.metadata().unwrap().len() / 2;
-        use std::io::{Read, Seek, Write};
-        let mut byte = [0u8];
-        file.seek(std::io::SeekFrom::Start(mid)).unwrap();
-        file.read_exact(&mut byte).unwrap();
-        file.seek(std::io::SeekFrom::Start(mid)).unwrap();
-        file.write_all(&[byte[0] ^ 1]).unwrap();
-        drop(file);
-        let check = FullCheck::start("damaged", index.clone());
-        let CheckState::Failed(what) = settled(&check) else {
-            panic!("the damage went unseen");
-        };
-        assert!(what.contains("sa.bin"), "{what}");
-        let served = Served {
-            name: "damaged".into(),
-            index,
-            tokenizer: Arc::new(crate::tokenizer::ByteTokenizer),
-            check,
-        };
-        let indexes = Indexes {
-            list: vec![Arc::new(served)],
-        };
-        let refused = indexes.get(None).err().expect("refused");
-        assert_eq!(refused.status, 503);
-        assert!(
-            refused.message.contains("full check"),
-            "{}",
-            refused.message
-        );
     }
 }

@@ -1,6 +1,7 @@
 //! The library's service layer: what a front end (the CLI now; the HTTP server and the Python
 //! module next) calls, so none of them owns library logic.
 //!
+//! * [`catalog`]: the indexes a front end has opened, by name, shared as `Arc`s.
 //! * [`query`]: the typed query protocol ([`query::Query`], serde) and its executor.
 //! * [`indexes`]: opening an index with the tokenizer that must go with it, resolving tokenizer
 //!   names, and the cached default corpus index.
@@ -13,6 +14,7 @@
 //! * [`request`]: the generation request of every front end ([`GenerateRequest`], serde), its
 //!   one set of defaults and its checks.
 
+pub mod catalog;
 pub mod generate;
 pub mod indexes;
 pub mod mixing;
@@ -25,5 +27,5 @@ pub use indexes::{
     cached_byte_index, cached_index, load_tokenizer, open_cached_byte_index, open_cached_index,
     open_index, resolve_tokenizer_name, tiny_shakespeare_index,
 };
-pub use query::{execute, Query};
+pub use query::{execute, Answer, Query, QueryLimits};
 pub use request::GenerateRequest;

@@ -7,12 +7,12 @@
 //! index's tokenizer), a continuation from `cont_id` or `cont_text`.
 
 use crate::error::{Error, Result};
-use crate::eval::attribution::{attribute, creativity, Span};
-use crate::index::query::Document;
+use crate::eval::attribution::{attribute, creativity, Creativity, Span};
+use crate::index::query::{CountResult, Document, FindResult, Match, NtdResult, ProbResult};
 use crate::index::Index;
 use crate::tokenizer::Tokenizer;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 /// The tokens a query is about: ids, or text for the index's tokenizer (ids win).
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
@@ -55,8 +55,8 @@ impl Subject {
         ];
         if given.iter().filter(|&&g| g).count() > 1 {
             return Err(Error::input(
-                "give the query's tokens one way: \"input_ids\", \"prompt_ids\" or \"text\" \
-                 (--ids or --text), not several",
+                "give the query's tokens one way: \"input_ids\", \"prompt_ids\" or \"text\", \
+                 not several",
             ));
         }
         if let Some(ids) = self.input_ids.as_ref().or(self.prompt_ids.as_ref()) {
@@ -85,52 +85,78 @@ impl Continuation {
     pub fn token(&self, tok: &dyn Tokenizer) -> Result<u32> {
         if self.cont_id.is_some() && self.cont_text.is_some() {
             return Err(Error::input(
-                "give the continuation one way: \"cont_id\" or \"cont_text\" (--cont-id or \
-                 --cont-text), not both",
+                "give the continuation one way: \"cont_id\" or \"cont_text\", not both",
             ));
         }
         if let Some(c) = self.cont_id {
             return Ok(c);
         }
         let Some(t) = &self.cont_text else {
-            return Err(Error::input(
-                "this query needs a continuation: --cont-id N or --cont-text T (\"cont_id\" in a batch)",
-            ));
+            return Err(Error::Field {
+                field: "cont_id",
+                message: "is needed by this query: a token id (or cont_text: one token as text)"
+                    .into(),
+            });
         };
         match tok.encode(t)?.as_slice() {
             [one] => Ok(*one),
-            ids => Err(Error::input(format!(
-                "--cont-text {t:?} is {} tokens; it must be exactly one",
-                ids.len()
-            ))),
+            ids => Err(Error::Field {
+                field: "cont_text",
+                message: format!("{t:?} is {} tokens; it must be exactly one", ids.len()),
+            }),
         }
     }
 }
 
-/// Documents to show: how many tokens of each.
-fn default_disp_len() -> usize {
-    100
-}
-fn default_maxnum() -> usize {
-    10
-}
-fn default_max_diff_tokens() -> usize {
-    10
-}
-fn default_max_clause_freq() -> usize {
-    100_000
-}
-fn default_min_len() -> usize {
-    8
-}
-fn default_docs_per_span() -> usize {
-    3
-}
-fn default_min_n() -> usize {
-    5
-}
-fn default_max_n() -> usize {
-    12
+/// The one set of defaults of a query's optional parameters: the CLI, the HTTP API, a
+/// `--batch` line and Python all fall back on these (the infini-gram API's values).
+pub mod defaults {
+    /// `search_docs`: documents returned.
+    pub const MAXNUM: usize = 1;
+    /// Tokens of a document window shown (`search_docs`, `get_doc_by_*`).
+    pub const MAX_DISP_LEN: usize = 1000;
+    /// CNF queries: largest distance in tokens between clauses.
+    pub const MAX_DIFF_TOKENS: usize = 100;
+    /// CNF queries: occurrences per n-gram above which a clause is sampled.
+    pub const MAX_CLAUSE_FREQ: usize = 50_000;
+    /// `attribute`: shortest span reported.
+    pub const MIN_LEN: usize = 8;
+    /// `attribute`: documents per span.
+    pub const DOCS_PER_SPAN: usize = 3;
+    /// `attribute`: tokens of each document window.
+    pub const SPAN_DISP_LEN: usize = 100;
+    /// `creativity`: shortest span length scored.
+    pub const MIN_N: usize = 5;
+    /// `creativity`: longest span length scored.
+    pub const MAX_N: usize = 12;
+
+    pub(super) fn maxnum() -> usize {
+        MAXNUM
+    }
+    pub(super) fn max_disp_len() -> usize {
+        MAX_DISP_LEN
+    }
+    pub(super) fn max_diff_tokens() -> usize {
+        MAX_DIFF_TOKENS
+    }
+    pub(super) fn max_clause_freq() -> usize {
+        MAX_CLAUSE_FREQ
+    }
+    pub(super) fn min_len() -> usize {
+        MIN_LEN
+    }
+    pub(super) fn docs_per_span() -> usize {
+        DOCS_PER_SPAN
+    }
+    pub(super) fn span_disp_len() -> usize {
+        SPAN_DISP_LEN
+    }
+    pub(super) fn min_n() -> usize {
+        MIN_N
+    }
+    pub(super) fn max_n() -> usize {
+        MAX_N
+    }
 }
 
 /// One query of the infini-gram protocol.
@@ -146,10 +172,10 @@ pub enum Query {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cnf: Option<Vec<Vec<Vec<u32>>>>,
         /// With `cnf`: largest distance in tokens between clauses.
-        #[serde(default = "default_max_diff_tokens")]
+        #[serde(default = "defaults::max_diff_tokens")]
         max_diff_tokens: usize,
         /// With `cnf`: occurrences per n-gram above which a clause is sampled (approx).
-        #[serde(default = "default_max_clause_freq")]
+        #[serde(default = "defaults::max_clause_freq")]
         max_clause_freq: usize,
     },
     /// n-gram probability of a continuation (no backoff).
@@ -197,16 +223,16 @@ pub enum Query {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cnf: Option<Vec<Vec<Vec<u32>>>>,
         /// Documents to return.
-        #[serde(default = "default_maxnum")]
+        #[serde(default = "defaults::maxnum")]
         maxnum: usize,
         /// Largest distance in tokens between clauses.
-        #[serde(default = "default_max_diff_tokens")]
+        #[serde(default = "defaults::max_diff_tokens")]
         max_diff_tokens: usize,
         /// Occurrences per n-gram above which a clause is sampled (approx).
-        #[serde(default = "default_max_clause_freq")]
+        #[serde(default = "defaults::max_clause_freq")]
         max_clause_freq: usize,
         /// Tokens of a document window to show.
-        #[serde(default = "default_disp_len")]
+        #[serde(default = "defaults::max_disp_len")]
         max_disp_len: usize,
     },
     /// For each position, the longest span ending there that occurs in the corpus.
@@ -219,13 +245,13 @@ pub enum Query {
         #[serde(flatten)]
         subject: Subject,
         /// Shortest span reported, in tokens.
-        #[serde(default = "default_min_len")]
+        #[serde(default = "defaults::min_len")]
         min_len: usize,
         /// Documents per span.
-        #[serde(default = "default_docs_per_span")]
+        #[serde(default = "defaults::docs_per_span")]
         maxnum: usize,
         /// Tokens of a document window to show.
-        #[serde(default = "default_disp_len")]
+        #[serde(default = "defaults::span_disp_len")]
         max_disp_len: usize,
     },
     /// L-uniqueness for `n = min_n ..= max_n` and the Creativity Index.
@@ -233,10 +259,10 @@ pub enum Query {
         #[serde(flatten)]
         subject: Subject,
         /// Shortest span length scored.
-        #[serde(default = "default_min_n")]
+        #[serde(default = "defaults::min_n")]
         min_n: usize,
         /// Longest span length scored.
-        #[serde(default = "default_max_n")]
+        #[serde(default = "defaults::max_n")]
         max_n: usize,
     },
     /// The document window around suffix-array rank `rank` of shard `s`.
@@ -249,7 +275,7 @@ pub enum Query {
         /// Suffix-array rank.
         rank: usize,
         /// Tokens of the window to show.
-        #[serde(default = "default_disp_len")]
+        #[serde(default = "defaults::max_disp_len")]
         max_disp_len: usize,
     },
     /// The document window around token position `ptr` of shard `s`.
@@ -262,15 +288,33 @@ pub enum Query {
         /// Token position in the shard.
         ptr: usize,
         /// Tokens of the window to show.
-        #[serde(default = "default_disp_len")]
+        #[serde(default = "defaults::max_disp_len")]
         max_disp_len: usize,
     },
 }
 
+/// Every query type's name (the package's), as [`Query::query_type`] gives them.
+pub const QUERY_TYPES: [&str; 12] = [
+    "count",
+    "prob",
+    "ntd",
+    "infgram_prob",
+    "infgram_ntd",
+    "find",
+    "search_docs",
+    "longest_match",
+    "attribute",
+    "creativity",
+    "get_doc_by_rank",
+    "get_doc_by_ptr",
+];
+
 impl Query {
     /// Reads one query from a JSON line (an error names what is wrong).
     pub fn from_json(line: &str) -> Result<Query> {
-        serde_json::from_str(line).map_err(|e| Error::input(format!("bad query line: {e}")))
+        let value: Value =
+            serde_json::from_str(line).map_err(|e| Error::input(format!("bad query line: {e}")))?;
+        Query::from_value(value)
     }
 
     /// The package's name of the query type.
@@ -310,45 +354,307 @@ impl Query {
     }
 }
 
-fn to_json<T: Serialize>(x: T) -> Result<Value> {
-    serde_json::to_value(x).map_err(|e| Error::input(format!("cannot encode the result: {e}")))
+/// Bounds on a query's size and work, checked by [`Query::check`] before it runs: a server
+/// sets them from its flags; the CLI and Python leave them [`QueryLimits::UNBOUNDED`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueryLimits {
+    /// Characters of a query given as text.
+    pub text_chars: usize,
+    /// Tokens of a query (all the n-grams of a CNF together).
+    pub tokens: usize,
+    /// `maxnum` at most (documents of `search_docs`, documents per span of `attribute`).
+    pub maxnum: usize,
+    /// `max_disp_len` at most.
+    pub max_disp_len: usize,
+    /// `max_diff_tokens` at most.
+    pub max_diff_tokens: usize,
 }
 
-/// Answers one query with the Python package's field names (plus `text` for documents).
+impl QueryLimits {
+    /// No bound but the protocol's own ([`MAX_CLAUSES`], [`MAX_TERMS`], [`MAX_CLAUSE_FREQ`]).
+    pub const UNBOUNDED: QueryLimits = QueryLimits {
+        text_chars: usize::MAX,
+        tokens: usize::MAX,
+        maxnum: usize::MAX,
+        max_disp_len: usize::MAX,
+        max_diff_tokens: usize::MAX,
+    };
+
+    /// Refuses a query text of more than [`QueryLimits::text_chars`] characters (field `text`).
+    pub fn check_text(&self, text: &str) -> Result<()> {
+        let chars = text.chars().count();
+        if chars > self.text_chars {
+            return Err(Error::Field {
+                field: "text",
+                message: format!(
+                    "is {chars} characters; at most {} are taken",
+                    self.text_chars
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Refuses a query of more than [`QueryLimits::tokens`] tokens (field `input_ids`).
+    pub fn check_tokens(&self, n: usize) -> Result<()> {
+        if n > self.tokens {
+            return Err(Error::Field {
+                field: "input_ids",
+                message: format!("is {n} tokens; at most {} are taken", self.tokens),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Default for QueryLimits {
+    fn default() -> Self {
+        QueryLimits::UNBOUNDED
+    }
+}
+
+/// `value` of the field `field` within `0 ..= max`.
+fn at_most(field: &'static str, value: usize, max: usize) -> Result<()> {
+    if value > max {
+        return Err(Error::Field {
+            field,
+            message: format!("must be an integer between 0 and {max}, got {value}"),
+        });
+    }
+    Ok(())
+}
+
+impl Query {
+    /// Reads one query from a JSON value: absent (or `null`) parameters take [`defaults`]; a
+    /// missing required one is named.
+    pub fn from_value(mut value: Value) -> Result<Query> {
+        if let Value::Object(fields) = &mut value {
+            fields.retain(|_, v| !v.is_null());
+        }
+        let query_type = value
+            .get("query_type")
+            .and_then(Value::as_str)
+            .unwrap_or("this query")
+            .to_string();
+        serde_json::from_value(value).map_err(|e| {
+            let msg = e.to_string();
+            match msg
+                .strip_prefix("missing field `")
+                .and_then(|m| m.split('`').next())
+            {
+                Some(field) => Error::input(format!(
+                    "{query_type} needs \"{field}\" (a non-negative integer)"
+                )),
+                None => Error::input(format!("bad query: {msg}")),
+            }
+        })
+    }
+
+    /// Checks the query's parameters against the protocol's bounds and `limits`; errors name
+    /// the field ([`Error::Field`]) for a front end to rename.
+    pub fn check(&self, limits: &QueryLimits) -> Result<()> {
+        if let Some(text) = &self.subject().text {
+            limits.check_text(text)?;
+        }
+        let subject = self.subject();
+        let ids = subject.input_ids.as_ref().or(subject.prompt_ids.as_ref());
+        limits.check_tokens(ids.map_or(0, Vec::len))?;
+        match self {
+            Query::Count {
+                cnf,
+                max_diff_tokens,
+                max_clause_freq,
+                ..
+            } => {
+                at_most("max_diff_tokens", *max_diff_tokens, limits.max_diff_tokens)?;
+                check_cnf(cnf.as_deref(), *max_clause_freq, limits)
+            }
+            Query::SearchDocs {
+                cnf,
+                maxnum,
+                max_diff_tokens,
+                max_clause_freq,
+                max_disp_len,
+                ..
+            } => {
+                at_most("maxnum", *maxnum, limits.maxnum)?;
+                at_most("max_disp_len", *max_disp_len, limits.max_disp_len)?;
+                at_most("max_diff_tokens", *max_diff_tokens, limits.max_diff_tokens)?;
+                check_cnf(cnf.as_deref(), *max_clause_freq, limits)
+            }
+            Query::Attribute {
+                maxnum,
+                max_disp_len,
+                ..
+            } => {
+                at_most("maxnum", *maxnum, limits.maxnum)?;
+                at_most("max_disp_len", *max_disp_len, limits.max_disp_len)
+            }
+            Query::GetDocByRank { max_disp_len, .. } | Query::GetDocByPtr { max_disp_len, .. } => {
+                at_most("max_disp_len", *max_disp_len, limits.max_disp_len)
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A document window with its `text` (decoded with the index's tokenizer).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DocAnswer {
+    /// The window, with the package's fields.
+    #[serde(flatten)]
+    pub document: Document,
+    /// Its tokens as text.
+    pub text: String,
+}
+
+impl DocAnswer {
+    fn new(document: Document, tok: &dyn Tokenizer) -> Result<DocAnswer> {
+        let text = tok.decode(&document.token_ids)?;
+        Ok(DocAnswer { document, text })
+    }
+}
+
+/// `search_docs`' answer: the package's fields, documents with their text.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SearchAnswer {
+    /// Matching occurrences.
+    pub cnt: u64,
+    /// Whether a clause was sampled.
+    pub approx: bool,
+    /// Up to `maxnum` matching documents.
+    pub documents: Vec<DocAnswer>,
+}
+
+/// An attributed span with its `text`, and its documents with theirs.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SpanAnswer {
+    /// First token of the span in the text.
+    pub l: usize,
+    /// One past its last token.
+    pub r: usize,
+    /// `r − l`.
+    pub length: usize,
+    /// Occurrences in the corpus.
+    pub count: u64,
+    /// The documents it occurs in, a window each.
+    pub docs: Vec<DocAnswer>,
+    /// Whether documents were left out (the answer's token budget was spent).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub docs_cut: bool,
+    /// The span as text.
+    pub text: String,
+}
+
+/// `attribute`'s answer.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AttributeAnswer {
+    /// The maximal spans that occur.
+    pub spans: Vec<SpanAnswer>,
+    /// The text's tokens.
+    pub token_ids: Vec<u32>,
+}
+
+/// `longest_match`'s answer.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LongestMatchAnswer {
+    /// For each position, the longest span ending there that occurs.
+    pub matches: Vec<Match>,
+}
+
+/// The typed answer of a [`Query`]: one variant per kind of answer, serialized with the
+/// infini-gram package's field names (plus `text` for documents and spans). The CLI prints
+/// its table from it; the server, `--batch` and Python serialize it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Answer {
+    /// `count` (of an n-gram or a CNF).
+    Count(CountResult),
+    /// `prob`, `infgram_prob`.
+    Prob(ProbResult),
+    /// `ntd`, `infgram_ntd`.
+    Ntd(NtdResult),
+    /// `find`.
+    Find(FindResult),
+    /// `search_docs`.
+    SearchDocs(SearchAnswer),
+    /// `longest_match`.
+    LongestMatch(LongestMatchAnswer),
+    /// `attribute`.
+    Attribute(AttributeAnswer),
+    /// `creativity`.
+    Creativity(Creativity),
+    /// `get_doc_by_rank`, `get_doc_by_ptr`.
+    Document(DocAnswer),
+}
+
+impl Answer {
+    /// The answer as a JSON value.
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).expect("answers serialize to JSON")
+    }
+}
+
+/// Answers one query, unbounded but for the protocol's own limits ([`execute_within`]).
 pub fn execute<S: AsRef<[u8]> + Sync>(
     index: &Index<S>,
     tok: &dyn Tokenizer,
     query: &Query,
-) -> Result<Value> {
+) -> Result<Answer> {
+    execute_within(index, tok, query, &QueryLimits::UNBOUNDED)
+}
+
+/// Checks a query against `limits` ([`Query::check`]), tokenizes it and answers it.
+pub fn execute_within<S: AsRef<[u8]> + Sync>(
+    index: &Index<S>,
+    tok: &dyn Tokenizer,
+    query: &Query,
+    limits: &QueryLimits,
+) -> Result<Answer> {
+    query.check(limits)?;
     let ids = query.subject().tokens(tok)?;
-    match query {
+    limits.check_tokens(ids.len())?;
+    Ok(match query {
         Query::Count {
             cnf: Some(cnf),
             max_diff_tokens,
             max_clause_freq,
             ..
         } => {
-            check_cnf_limits(cnf, *max_clause_freq)?;
             let r = index.search_docs(cnf, 0, *max_diff_tokens, *max_clause_freq, 0)?;
-            Ok(json!({ "count": r.cnt, "approx": r.approx }))
+            Answer::Count(CountResult {
+                count: r.cnt,
+                approx: r.approx,
+            })
         }
-        Query::Count { .. } => to_json(index.count(&ids)?),
-        Query::Prob { cont, .. } => to_json(index.prob(&ids, cont.token(tok)?)?),
-        Query::Ntd { eos_token_id, .. } => to_json(index.ntd(&ids, *eos_token_id)?),
-        Query::InfgramProb { cont, .. } => to_json(index.infgram_prob(&ids, cont.token(tok)?)?),
-        Query::InfgramNtd { eos_token_id, .. } => to_json(index.infgram_ntd(&ids, *eos_token_id)?),
-        Query::Find { .. } => to_json(index.find(&ids)?),
-        Query::LongestMatch { .. } => Ok(json!({ "matches": index.longest_match(&ids)? })),
+        Query::Count { .. } => Answer::Count(index.count(&ids)?),
+        Query::Prob { cont, .. } => Answer::Prob(index.prob(&ids, cont.token(tok)?)?),
+        Query::Ntd { eos_token_id, .. } => Answer::Ntd(index.ntd(&ids, *eos_token_id)?),
+        Query::InfgramProb { cont, .. } => {
+            Answer::Prob(index.infgram_prob(&ids, cont.token(tok)?)?)
+        }
+        Query::InfgramNtd { eos_token_id, .. } => {
+            Answer::Ntd(index.infgram_ntd(&ids, *eos_token_id)?)
+        }
+        Query::Find { .. } => Answer::Find(index.find(&ids)?),
+        Query::LongestMatch { .. } => Answer::LongestMatch(LongestMatchAnswer {
+            matches: index.longest_match(&ids)?,
+        }),
         Query::Attribute {
             min_len,
             maxnum,
             max_disp_len,
             ..
         } => {
-            let spans = attribute(index, &ids, *min_len, *maxnum, *max_disp_len)?;
-            Ok(json!({ "spans": spans_json(&spans, &ids, tok)?, "token_ids": ids }))
+            let spans = attribute(index, &ids, (*min_len).max(1), *maxnum, *max_disp_len)?;
+            Answer::Attribute(AttributeAnswer {
+                spans: span_answers(spans, &ids, tok)?,
+                token_ids: ids,
+            })
         }
-        Query::Creativity { min_n, max_n, .. } => to_json(creativity(index, &ids, *min_n, *max_n)?),
+        Query::Creativity { min_n, max_n, .. } => {
+            Answer::Creativity(creativity(index, &ids, *min_n, *max_n)?)
+        }
         Query::SearchDocs {
             cnf,
             maxnum,
@@ -358,7 +664,6 @@ pub fn execute<S: AsRef<[u8]> + Sync>(
             ..
         } => {
             let cnf = cnf.clone().unwrap_or_else(|| vec![vec![ids]]);
-            check_cnf_limits(&cnf, *max_clause_freq)?;
             let r = index.search_docs(
                 &cnf,
                 *maxnum,
@@ -366,33 +671,35 @@ pub fn execute<S: AsRef<[u8]> + Sync>(
                 *max_clause_freq,
                 *max_disp_len,
             )?;
-            let mut v = to_json(&r)?;
-            v["documents"] = r
-                .documents
-                .iter()
-                .map(|d| doc_json(d, tok))
-                .collect::<Result<_>>()?;
-            Ok(v)
+            Answer::SearchDocs(SearchAnswer {
+                cnt: r.cnt,
+                approx: r.approx,
+                documents: r
+                    .documents
+                    .into_iter()
+                    .map(|d| DocAnswer::new(d, tok))
+                    .collect::<Result<_>>()?,
+            })
         }
         Query::GetDocByRank {
             s,
             rank,
             max_disp_len,
             ..
-        } => doc_json(
-            &index.get_doc_by_rank(*s, *rank, ids.len(), *max_disp_len)?,
+        } => Answer::Document(DocAnswer::new(
+            index.get_doc_by_rank(*s, *rank, ids.len(), *max_disp_len)?,
             tok,
-        ),
+        )?),
         Query::GetDocByPtr {
             s,
             ptr,
             max_disp_len,
             ..
-        } => doc_json(
-            &index.get_doc_by_ptr(*s, *ptr, ids.len(), *max_disp_len)?,
+        } => Answer::Document(DocAnswer::new(
+            index.get_doc_by_ptr(*s, *ptr, ids.len(), *max_disp_len)?,
             tok,
-        ),
-    }
+        )?),
+    })
 }
 
 /// Clauses of a CNF query at most (the infini-gram API's limit).
@@ -403,42 +710,48 @@ pub const MAX_TERMS: usize = 4;
 pub const MAX_CLAUSE_FREQ: usize = 500_000;
 
 /// Refuses CNF queries past the protocol's limits, which bound the work of one query.
-fn check_cnf_limits(cnf: &[Vec<Vec<u32>>], max_clause_freq: usize) -> Result<()> {
-    if cnf.len() > MAX_CLAUSES || cnf.iter().any(|c| c.len() > MAX_TERMS) {
-        return Err(Error::input(format!(
-            "a CNF may have at most {MAX_CLAUSES} clauses of at most {MAX_TERMS} n-grams each"
-        )));
+fn check_cnf(
+    cnf: Option<&[Vec<Vec<u32>>]>,
+    max_clause_freq: usize,
+    limits: &QueryLimits,
+) -> Result<()> {
+    if let Some(cnf) = cnf {
+        if cnf.len() > MAX_CLAUSES || cnf.iter().any(|c| c.len() > MAX_TERMS) {
+            return Err(Error::input(format!(
+                "a CNF may have at most {MAX_CLAUSES} clauses of at most {MAX_TERMS} n-grams each"
+            )));
+        }
+        limits.check_tokens(cnf.iter().flatten().map(Vec::len).sum())?;
     }
     if !(1..=MAX_CLAUSE_FREQ).contains(&max_clause_freq) {
-        return Err(Error::input(format!(
-            "max_clause_freq must be between 1 and {MAX_CLAUSE_FREQ} (got {max_clause_freq})"
-        )));
+        return Err(Error::Field {
+            field: "max_clause_freq",
+            message: format!("must be between 1 and {MAX_CLAUSE_FREQ} (got {max_clause_freq})"),
+        });
     }
     Ok(())
 }
 
-/// Attributed spans with the package's fields, plus the `text` of each span and document.
-pub fn spans_json(spans: &[Span], ids: &[u32], tok: &dyn Tokenizer) -> Result<Value> {
+/// Attributed spans with the `text` of each span and document.
+pub fn span_answers(spans: Vec<Span>, ids: &[u32], tok: &dyn Tokenizer) -> Result<Vec<SpanAnswer>> {
     spans
-        .iter()
+        .into_iter()
         .map(|sp| {
-            let mut v = to_json(sp)?;
-            v["text"] = json!(tok.decode(&ids[sp.l..sp.r])?);
-            v["docs"] = sp
-                .docs
-                .iter()
-                .map(|d| doc_json(d, tok))
-                .collect::<Result<_>>()?;
-            Ok(v)
+            Ok(SpanAnswer {
+                text: tok.decode(&ids[sp.l..sp.r])?,
+                l: sp.l,
+                r: sp.r,
+                length: sp.length,
+                count: sp.count,
+                docs_cut: sp.docs_cut,
+                docs: sp
+                    .docs
+                    .into_iter()
+                    .map(|d| DocAnswer::new(d, tok))
+                    .collect::<Result<_>>()?,
+            })
         })
         .collect()
-}
-
-/// A document window with the package's fields, plus its `text`.
-fn doc_json(doc: &Document, tok: &dyn Tokenizer) -> Result<Value> {
-    let mut v = to_json(doc)?;
-    v["text"] = json!(tok.decode(&doc.token_ids)?);
-    Ok(v)
 }
 
 /// Parses a CNF given on the command line: `a b OR c d AND e f` (each n-gram tokenized as
@@ -482,9 +795,14 @@ mod tests {
         match &q {
             Query::SearchDocs { cnf, maxnum, .. } => {
                 assert_eq!(cnf.as_ref().unwrap().len(), 2);
-                assert_eq!(*maxnum, 10);
+                assert_eq!(*maxnum, defaults::MAXNUM);
             }
             other => panic!("{other:?}"),
+        }
+        // Every type's name is listed, and reads back as that type.
+        for name in QUERY_TYPES {
+            let line = format!(r#"{{"query_type": "{name}", "rank": 0, "ptr": 0}}"#);
+            assert_eq!(Query::from_json(&line).unwrap().query_type(), name);
         }
         // Round trip through JSON.
         let back = Query::from_json(&serde_json::to_string(&q).unwrap()).unwrap();
