@@ -39,7 +39,7 @@ fn unpermute(w: &Tensor, heads: usize) -> Tensor {
 /// Writes SmolLM2 as a Hugging Face safetensors llama into `dir`.
 fn export_hf(gguf_path: &Path, dir: &Path) {
     let mut gguf = Gguf::open(gguf_path).unwrap();
-    let cfg = gguf.llama_config().unwrap();
+    let cfg = infgram::neural::arch::describe(&gguf).unwrap();
     let mut get = |name: &str| gguf.tensor(name).unwrap().dequantize(&Device::Cpu).unwrap();
     let mut tensors: HashMap<String, Tensor> = HashMap::new();
     let embed = get("token_embd.weight");
@@ -62,8 +62,8 @@ fn export_hf(gguf_path: &Path, dir: &Path) {
             tensors.insert(hf(h), get(&gg(g)));
         }
         intermediate = tensors[&hf("mlp.up_proj")].dims2().unwrap().0;
-        let q = unpermute(&get(&gg("attn_q")), cfg.n_head);
-        let k = unpermute(&get(&gg("attn_k")), cfg.n_kv_head);
+        let q = unpermute(&get(&gg("attn_q")), cfg.heads.n_head);
+        let k = unpermute(&get(&gg("attn_k")), cfg.heads.n_kv_head);
         tensors.insert(hf("self_attn.q_proj"), q);
         tensors.insert(hf("self_attn.k_proj"), k);
     }
@@ -75,10 +75,10 @@ fn export_hf(gguf_path: &Path, dir: &Path) {
         "intermediate_size": intermediate,
         "vocab_size": vocab,
         "num_hidden_layers": cfg.n_layer,
-        "num_attention_heads": cfg.n_head,
-        "num_key_value_heads": cfg.n_kv_head,
-        "rms_norm_eps": cfg.eps,
-        "rope_theta": cfg.rope_base,
+        "num_attention_heads": cfg.heads.n_head,
+        "num_key_value_heads": cfg.heads.n_kv_head,
+        "rms_norm_eps": cfg.norm.eps,
+        "rope_theta": cfg.rope.base,
         "max_position_embeddings": 2048,
         "tie_word_embeddings": true,
         "bos_token_id": 1,

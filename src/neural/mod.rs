@@ -2,10 +2,12 @@
 //! run down only):
 //! * [`source`] — where a `--model` comes from (a short name fetched on first use, a GGUF
 //!   file, a safetensors directory, `hf:`) and which pass runs it;
-//! * [`arch`] — architectures: the llama pass on infgram's kernels ([`arch::llama::Llama`]);
 //! * [`candle`] — passes run by candle: the reference llama, safetensors llamas;
+//! * [`arch`] — architectures: each family's blocks described as data
+//!   ([`arch::Architecture`], read from a file by [`arch::describe`]) and the pass that runs
+//!   them on infgram's kernels ([`arch::llama::Llama`]);
 //! * [`cpu`] — the CPU backend: kernels, attention, activation, the thread pool;
-//! * [`load`] — reading GGUF files: hyper-parameters and tensors.
+//! * [`load`] — reading GGUF files: metadata and tensors.
 //!
 //! This layer knows nothing of the ∞-gram index; the decode loop is where the two meet.
 

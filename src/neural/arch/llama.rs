@@ -1,4 +1,5 @@
-//! The llama architecture (SmolLM2 and kin) from a GGUF file, on infgram's own CPU kernels.
+//! The llama architecture (SmolLM2 and kin): its description from a GGUF file's metadata
+//! ([`describe`]) and the forward pass on infgram's own CPU kernels ([`Llama`]).
 //!
 //! This is the forward pass the runtime uses. Matrices stay in the file's Q4_1 (or Q8_0)
 //! blocks and are multiplied by [`crate::neural::cpu::kernels`], which reuse each weight block across the
@@ -10,11 +11,15 @@
 
 use crate::error::{Error, Result};
 use crate::lm::{LanguageModel, Logits};
+use crate::neural::arch::{
+    Activation, Architecture, Embedding, Norm, Rope, RopeScaling, SlidingWindow,
+};
+use crate::neural::cpu::attention::Heads;
 use crate::neural::cpu::attention::{attend, KvCache};
 use crate::neural::cpu::kernels::{matmul, matmul_many, Isa, QMatrix, QRows};
 use crate::neural::cpu::pool::{split_mut, stretches, Pool};
 use crate::neural::cpu::silu::silu_mul;
-use crate::neural::load::gguf::{model_err, Gguf, LlamaConfig};
+use crate::neural::load::gguf::{model_err, Gguf};
 use candle_core::quantized::{GgmlDType, QTensor};
 use std::path::Path;
 
@@ -54,7 +59,7 @@ struct Scratch {
 
 /// A quantized llama model loaded from GGUF, run on infgram's kernels.
 pub struct Llama {
-    cfg: LlamaConfig,
+    cfg: Architecture,
     isa: Isa,
     pool: Pool,
     /// Token embeddings, also the output projection when the file ties them (SmolLM2 does).
@@ -117,6 +122,60 @@ fn vector(gguf: &mut Gguf, name: &str) -> Result<Vec<f32>> {
         .to_vec1()?)
 }
 
+/// The llama family's description from its GGUF metadata (`llama.*` keys). Block
+/// features are read from the tensors present too, so a file that has q/k norms or biases is
+/// described as having them (and refused by the pass) rather than run without them.
+pub fn describe(gguf: &Gguf) -> Result<Architecture> {
+    let (n_head, dim) = (
+        gguf.usize("llama.attention.head_count")?,
+        gguf.usize("llama.embedding_length")?,
+    );
+    if n_head == 0 || dim % n_head != 0 {
+        return Err(gguf.error(format!("{n_head} heads do not divide the width {dim}")));
+    }
+    let n_kv_head = gguf.usize("llama.attention.head_count_kv")?;
+    if n_kv_head == 0 || n_head % n_kv_head != 0 {
+        return Err(gguf.error(format!(
+            "{n_kv_head} key/value heads do not divide {n_head} query heads"
+        )));
+    }
+    let scaling = if gguf.has("rope_freqs.weight") {
+        RopeScaling::Frequencies
+    } else {
+        match gguf.f32_or("llama.rope.scaling.factor", 1.0) {
+            f if f != 1.0 => RopeScaling::Linear(f),
+            _ => RopeScaling::None,
+        }
+    };
+    Ok(Architecture {
+        name: "llama".into(),
+        n_layer: gguf.usize("llama.block_count")?,
+        dim,
+        heads: Heads {
+            n_head,
+            n_kv_head,
+            head_dim: dim / n_head,
+        },
+        norm: Norm {
+            eps: gguf.f32("llama.attention.layer_norm_rms_epsilon")?,
+            weight_offset: 0.0,
+        },
+        activation: Activation::Silu,
+        rope: Rope {
+            base: gguf.f32_or("llama.rope.freq_base", 10_000.0),
+            scaling,
+        },
+        qk_norm: gguf.has("blk.0.attn_q_norm.weight"),
+        attention_bias: gguf.has("blk.0.attn_q.bias"),
+        sliding_window: None::<SlidingWindow>,
+        embedding: Embedding {
+            tied: !gguf.has("output.weight"),
+            scale: None,
+        },
+        eos: gguf.eos_ids(),
+    })
+}
+
 impl Llama {
     /// Loads a llama-architecture GGUF file, keeping its Q4_1/Q8_0 blocks.
     pub fn from_gguf(path: &Path) -> Result<Self> {
@@ -135,7 +194,8 @@ impl Llama {
             }
         };
         let mut gguf = Gguf::open(path)?;
-        let cfg = gguf.llama_config()?;
+        let cfg = super::describe(&gguf)?;
+        cfg.check_runnable(&gguf)?;
         let matrix = |gguf: &mut Gguf, name: &str| -> Result<QMatrix> {
             let t = gguf.tensor(name)?;
             to_matrix(path, name, t, requant)
@@ -159,12 +219,12 @@ impl Llama {
                 w_down: m("ffn_down")?,
                 attn_norm: vector(&mut gguf, &format!("blk.{i}.attn_norm.weight"))?,
                 ffn_norm: vector(&mut gguf, &format!("blk.{i}.ffn_norm.weight"))?,
-                cache: KvCache::new(cfg.n_kv_head, cfg.head_dim),
+                cache: KvCache::new(cfg.heads.n_kv_head, cfg.heads.head_dim),
             });
         }
         let norm = vector(&mut gguf, "output_norm.weight")?;
-        let kv_dim = cfg.n_kv_head * cfg.head_dim;
-        if layers[0].wq.rows() != cfg.dim || layers[0].wk.rows() != kv_dim {
+        let kv_dim = cfg.heads.kv_width();
+        if layers[0].wq.rows() != cfg.heads.q_width() || layers[0].wk.rows() != kv_dim {
             return Err(model_err(
                 path,
                 "attention shapes disagree with the metadata",
@@ -210,15 +270,16 @@ impl Llama {
 
     /// Extends the rotary tables to cover positions `0..end`.
     fn ensure_rope(&mut self, end: usize) {
-        let half = self.cfg.head_dim / 2;
+        let half = self.cfg.heads.head_dim / 2;
         let have = self.rope_cos.len() / half;
         for p in have..end {
             for i in 0..half {
                 let freq = 1.0
                     / self
                         .cfg
-                        .rope_base
-                        .powf(2.0 * i as f32 / self.cfg.head_dim as f32);
+                        .rope
+                        .base
+                        .powf(2.0 * i as f32 / self.cfg.heads.head_dim as f32);
                 let angle = p as f32 * freq;
                 self.rope_cos.push(angle.cos());
                 self.rope_sin.push(angle.sin());
@@ -237,8 +298,8 @@ impl Llama {
         }
         let vocab = self.vocab_size();
         crate::lm::check_vocab(tokens, vocab)?;
-        let (t, pos, dim, eps) = (tokens.len(), self.cached, self.cfg.dim, self.cfg.eps);
-        let kv_dim = self.cfg.n_kv_head * self.cfg.head_dim;
+        let (t, pos, dim, eps) = (tokens.len(), self.cached, self.cfg.dim, self.cfg.norm.eps);
+        let kv_dim = self.cfg.heads.kv_width();
         self.ensure_rope(pos + t);
         let (isa, pool, cfg, acts) = (self.isa, &mut self.pool, &self.cfg, &mut self.acts);
         let Scratch {
@@ -267,19 +328,27 @@ impl Llama {
                 [&layer.wq, &layer.wk, &layer.wv],
                 [q, k, v],
             );
-            rope(q, dim, cfg.head_dim, pos, &self.rope_cos, &self.rope_sin);
-            rope(k, kv_dim, cfg.head_dim, pos, &self.rope_cos, &self.rope_sin);
+            let hd = cfg.heads.head_dim;
+            rope(
+                q,
+                cfg.heads.q_width(),
+                hd,
+                pos,
+                &self.rope_cos,
+                &self.rope_sin,
+            );
+            rope(k, kv_dim, hd, pos, &self.rope_cos, &self.rope_sin);
             layer.cache.append(k, v);
             attend(
                 isa,
                 pool,
-                cfg,
+                &cfg.heads,
                 &layer.cache,
                 q,
                 pos,
                 sized(attended, q.len()),
             );
-            acts.quantize_on_pool(isa, pool, attended, dim);
+            acts.quantize_on_pool(isa, pool, attended, cfg.heads.q_width());
             project(isa, pool, acts, &layer.wo, projected);
             add_in_place(x, projected);
             rms_norm(x, &layer.ffn_norm, eps, normed);

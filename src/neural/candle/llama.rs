@@ -8,7 +8,9 @@
 
 use crate::error::Result;
 use crate::lm::LanguageModel;
-use crate::neural::load::gguf::{Gguf, LlamaConfig};
+use crate::neural::arch::{describe, Architecture};
+use crate::neural::cpu::attention::Heads;
+use crate::neural::load::gguf::Gguf;
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Module, Tensor};
 use std::path::Path;
@@ -58,17 +60,20 @@ impl CandleLlama {
         requantize: Option<candle_core::quantized::GgmlDType>,
     ) -> Result<Self> {
         let mut gguf = Gguf::open(path)?;
-        let LlamaConfig {
+        let arch = describe(&gguf)?;
+        arch.check_runnable(&gguf)?;
+        let Architecture {
             n_layer,
-            n_head,
-            n_kv_head,
-            head_dim,
-            eps,
-            rope_base: base,
+            heads:
+                Heads {
+                    n_head,
+                    n_kv_head,
+                    head_dim,
+                },
             eos,
             ..
-        } = gguf.llama_config()?;
-        let eps = eps as f64;
+        } = arch;
+        let (eps, base) = (arch.norm.eps as f64, arch.rope.base);
         let device = Device::Cpu;
         let mut tensor = |name: &str| gguf.tensor(name);
         let requant =

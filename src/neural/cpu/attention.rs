@@ -16,7 +16,6 @@
 
 use crate::neural::cpu::kernels::Isa;
 use crate::neural::cpu::pool::{stretches, DisjointOut, Pool};
-use crate::neural::load::gguf::LlamaConfig;
 
 /// Positions scored together at most: a block of accumulators that stays in registers (eight
 /// AVX-512 registers per pair, two pairs at once: enough independent FMA chains to hide the
@@ -128,13 +127,36 @@ impl KvCache {
     }
 }
 
+/// The attention heads of a layer: what the backend's attention needs to know of a model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Heads {
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads (a group of `n_head / n_kv_head` query heads shares each).
+    pub n_kv_head: usize,
+    /// Width of a head.
+    pub head_dim: usize,
+}
+
+impl Heads {
+    /// Width of a row of queries (all heads).
+    pub fn q_width(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    /// Width of a row of keys or values.
+    pub fn kv_width(&self) -> usize {
+        self.n_kv_head * self.head_dim
+    }
+}
+
 /// `out` = causal attention of the query rows `q` (row r at position pos + r) over `cache`,
 /// which already holds their keys and values. The (row, head) pairs are split across the
 /// pool's threads.
 pub fn attend(
     isa: Isa,
     pool: &mut Pool,
-    cfg: &LlamaConfig,
+    cfg: &Heads,
     cache: &KvCache,
     q: &[f32],
     pos: usize,
@@ -143,7 +165,7 @@ pub fn attend(
     assert_eq!(out.len(), q.len(), "attend: an output for every query");
     let shared = DisjointOut::new(out);
     // The (row, head) pairs, numbered row by row, in one stretch per thread.
-    let parts = stretches(q.len() / cfg.dim * cfg.n_head, 1, pool.threads());
+    let parts = stretches(q.len() / cfg.q_width() * cfg.n_head, 1, pool.threads());
     pool.run(&|part| {
         if let Some(units) = parts.get(part) {
             attend_heads(isa, cfg, cache, q, pos, units.clone(), shared);
@@ -155,7 +177,7 @@ pub fn attend(
 /// the same order).
 fn attend_heads(
     isa: Isa,
-    cfg: &LlamaConfig,
+    cfg: &Heads,
     cache: &KvCache,
     q: &[f32],
     pos: usize,
@@ -187,7 +209,7 @@ macro_rules! attend_entry {
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $features)]
         unsafe fn $name(
-            cfg: &LlamaConfig,
+            cfg: &Heads,
             cache: &KvCache,
             q: &[f32],
             pos: usize,
@@ -216,7 +238,7 @@ attend_entry!(attend_avx2, "avx2,fma", 32, 16);
 /// 64 KiB of keys and 64 KiB of values (at 256 positions) from L2 for every pair.
 #[inline(always)]
 fn attend_portable<const SB: usize, const VC: usize>(
-    cfg: &LlamaConfig,
+    cfg: &Heads,
     cache: &KvCache,
     q: &[f32],
     pos: usize,
@@ -226,7 +248,7 @@ fn attend_portable<const SB: usize, const VC: usize>(
     let n_head = cfg.n_head;
     let group = n_head / cfg.n_kv_head;
     // Every row sees at most `width` positions; each pair's scores get a stretch that long.
-    let width = pos + q.len() / cfg.dim;
+    let width = pos + q.len() / cfg.q_width();
     SCRATCH.with_borrow_mut(|(pairs, scores)| {
         for g in 0..cfg.n_kv_head {
             pairs.clear();
@@ -282,7 +304,7 @@ const VALUE_BLOCK: usize = 64;
 /// `SCORE_BLOCK`) and its extra scores dropped: the same operations for the positions kept.
 #[inline(always)]
 fn score_pairs<const SB: usize>(
-    cfg: &LlamaConfig,
+    cfg: &Heads,
     cache: &KvCache,
     g: usize,
     q: &[f32],
@@ -293,7 +315,7 @@ fn score_pairs<const SB: usize>(
     let hd = cfg.head_dim;
     let scale = 1.0 / (hd as f32).sqrt();
     let most = pairs.iter().map(|p| p.seen).max().unwrap_or(0);
-    let query = |pair: &Pair| &q[pair.row * cfg.dim + pair.head * hd..][..hd];
+    let query = |pair: &Pair| &q[pair.row * cfg.q_width() + pair.head * hd..][..hd];
     for j0 in (0..most).step_by(SB) {
         // The pairs whose rows see this block; two at a time share each load of the keys.
         let live: Vec<usize> = (0..pairs.len()).filter(|&i| pairs[i].seen > j0).collect();
@@ -387,7 +409,7 @@ fn sum_stretches(scores: &[f32], width: usize, pairs: &[Pair]) -> [f32; HEADS_TO
 /// each pair's sums wait in memory between blocks, which changes no operation.
 #[inline(always)]
 fn weigh_pairs<const VC: usize>(
-    cfg: &LlamaConfig,
+    cfg: &Heads,
     cache: &KvCache,
     g: usize,
     pairs: &[Pair],
@@ -438,7 +460,7 @@ fn weigh_pairs<const VC: usize>(
             *a = e + o;
         }
         // SAFETY: only this part computes the pair's head of its row.
-        unsafe { out.write_slice(pair.row * cfg.dim + pair.head * hd, &acc) };
+        unsafe { out.write_slice(pair.row * cfg.q_width() + pair.head * hd, &acc) };
     }
 }
 
@@ -623,8 +645,8 @@ mod tests {
     use crate::neural::cpu::kernels::tests::pseudo;
 
     /// Causal attention in f64, one query row and head at a time.
-    fn naive(cfg: &LlamaConfig, keys: &[f32], values: &[f32], q: &[f32], pos: usize) -> Vec<f64> {
-        let (dim, hd, kv_dim) = (cfg.dim, cfg.head_dim, cfg.n_kv_head * cfg.head_dim);
+    fn naive(cfg: &Heads, keys: &[f32], values: &[f32], q: &[f32], pos: usize) -> Vec<f64> {
+        let (dim, hd, kv_dim) = (cfg.q_width(), cfg.head_dim, cfg.n_kv_head * cfg.head_dim);
         let mut out = vec![0.0; q.len()];
         for r in 0..q.len() / dim {
             for h in 0..cfg.n_head {
@@ -658,15 +680,10 @@ mod tests {
     #[test]
     fn attention_is_the_same_bits_on_every_isa_split_and_pass_and_matches_the_definition() {
         for hd in [64, 128, 32] {
-            let cfg = LlamaConfig {
-                n_layer: 1,
+            let cfg = Heads {
                 n_head: 6,
                 n_kv_head: 2,
-                dim: 6 * hd,
                 head_dim: hd,
-                eps: 1e-5,
-                rope_base: 1e4,
-                eos: vec![],
             };
             let kv_dim = 2 * hd;
             for (pos, rows) in [
@@ -681,7 +698,7 @@ mod tests {
             ] {
                 let n = pos + rows;
                 let (keys, values) = (pseudo(n * kv_dim, 1 + n as u32), pseudo(n * kv_dim, 2));
-                let q = pseudo(rows * cfg.dim, 3 + pos as u32);
+                let q = pseudo(rows * cfg.q_width(), 3 + pos as u32);
                 let mut cache = KvCache::new(2, hd);
                 // Stale keys past the end: fill beyond n, then cut back and append the real ones.
                 cache.append(&pseudo((n + 40) * kv_dim, 9), &pseudo((n + 40) * kv_dim, 9));
@@ -701,7 +718,10 @@ mod tests {
                         let at = format!("{isa:?}, {threads} threads, hd {hd}, pos {pos}");
                         assert_eq!(got, want, "{at}, {rows} rows");
                     }
-                    for (r, (row, want)) in q.chunks(cfg.dim).zip(want.chunks(cfg.dim)).enumerate()
+                    for (r, (row, want)) in q
+                        .chunks(cfg.q_width())
+                        .zip(want.chunks(cfg.q_width()))
+                        .enumerate()
                     {
                         let alone = attended(isa, 1, &cfg, &cache, row, pos + r);
                         assert_eq!(alone, want, "{isa:?}, hd {hd}, row {r} of {rows} alone");
@@ -715,7 +735,7 @@ mod tests {
     fn attended(
         isa: Isa,
         threads: usize,
-        cfg: &LlamaConfig,
+        cfg: &Heads,
         cache: &KvCache,
         q: &[f32],
         pos: usize,

@@ -1,27 +1,15 @@
-//! Reading a llama-architecture GGUF file: its hyper-parameters and its tensors.
+//! Reading a GGUF file: its metadata (hyper-parameters) and its tensors.
 //!
 //! Both forward passes ([`crate::neural::arch::llama::Llama`], the native one, and
-//! [`crate::neural::candle::llama::CandleLlama`], the candle reference) load through here, so they
-//! agree on what a file means and refuse the same bad files with the same messages.
+//! [`crate::neural::candle::llama::CandleLlama`], the candle reference) load through here, and
+//! read what a file's architecture means through [`crate::neural::arch::describe`], so they
+//! agree on a file and refuse the same bad files with the same messages.
 
 use crate::error::{Error, Result};
 use candle_core::quantized::{gguf_file, QTensor};
 use candle_core::Device;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-
-/// Hyper-parameters of a llama-architecture model.
-#[derive(Clone, Debug)]
-pub struct LlamaConfig {
-    pub n_layer: usize,
-    pub n_head: usize,
-    pub n_kv_head: usize,
-    pub dim: usize,
-    pub head_dim: usize,
-    pub eps: f32,
-    pub rope_base: f32,
-    pub eos: Vec<u32>,
-}
 
 /// An open GGUF file.
 pub struct Gguf {
@@ -79,45 +67,51 @@ impl Gguf {
             .ok_or_else(|| model_err(&self.path, format!("GGUF metadata has no {key}")))
     }
 
-    /// The llama hyper-parameters; any other architecture is refused.
-    pub fn llama_config(&self) -> Result<LlamaConfig> {
-        let err = |e: candle_core::Error| model_err(&self.path, e);
-        let arch = self
-            .metadata("general.architecture")?
+    /// The file's `general.architecture` (`llama`, `qwen2`, `gemma3`…).
+    pub fn architecture(&self) -> Result<String> {
+        self.metadata("general.architecture")?
             .to_string()
-            .map_err(err)?;
-        if arch != "llama" {
-            return Err(model_err(
-                &self.path,
-                format!("architecture {arch:?} is not supported (supported: llama)"),
-            ));
-        }
-        let u =
-            |k: &str| -> Result<usize> { Ok(self.metadata(k)?.to_u32().map_err(err)? as usize) };
-        let (n_head, dim) = (
-            u("llama.attention.head_count")?,
-            u("llama.embedding_length")?,
-        );
-        let get_f32 = |k: &str| self.content.metadata.get(k).and_then(|v| v.to_f32().ok());
-        Ok(LlamaConfig {
-            n_layer: u("llama.block_count")?,
-            n_head,
-            n_kv_head: u("llama.attention.head_count_kv")?,
-            dim,
-            head_dim: dim / n_head,
-            eps: self
-                .metadata("llama.attention.layer_norm_rms_epsilon")?
-                .to_f32()
-                .map_err(err)?,
-            rope_base: get_f32("llama.rope.freq_base").unwrap_or(10_000.0),
-            eos: self
-                .content
-                .metadata
-                .get("tokenizer.ggml.eos_token_id")
-                .and_then(|v| v.to_u32().ok())
-                .into_iter()
-                .collect(),
-        })
+            .cloned()
+            .map_err(|e| model_err(&self.path, e))
+    }
+
+    /// An integer hyper-parameter (`llama.block_count`); a missing one is an error.
+    pub fn usize(&self, key: &str) -> Result<usize> {
+        Ok(self
+            .metadata(key)?
+            .to_u32()
+            .map_err(|e| model_err(&self.path, e))? as usize)
+    }
+
+    /// A real hyper-parameter; a missing one is an error.
+    pub fn f32(&self, key: &str) -> Result<f32> {
+        self.metadata(key)?
+            .to_f32()
+            .map_err(|e| model_err(&self.path, e))
+    }
+
+    /// A real hyper-parameter, or `default` when the file has none.
+    pub fn f32_or(&self, key: &str, default: f32) -> f32 {
+        self.content
+            .metadata
+            .get(key)
+            .and_then(|v| v.to_f32().ok())
+            .unwrap_or(default)
+    }
+
+    /// The end-of-sequence token ids the file names (none or one).
+    pub fn eos_ids(&self) -> Vec<u32> {
+        self.content
+            .metadata
+            .get("tokenizer.ggml.eos_token_id")
+            .and_then(|v| v.to_u32().ok())
+            .into_iter()
+            .collect()
+    }
+
+    /// A model error about this file.
+    pub fn error(&self, e: impl std::fmt::Display) -> Error {
+        model_err(&self.path, e)
     }
 
     /// Whether the file has a tensor of this name.
