@@ -1,4 +1,4 @@
-//! SBIS levels and weights against a brute-force implementation of their definition (`ARCHITECTURE.md`, "SBIS") on random
+//! SBIS levels and weights against a brute-force implementation of their definition (the `ngram` module docs, "The estimators") on random
 //! corpora; the smoothed distribution sums to 1; seeded generation is reproducible.
 
 use infgram::decode::{decode, DecodeConfig};

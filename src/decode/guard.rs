@@ -1,5 +1,6 @@
 //! The copy guard: a processor that keeps generated text from repeating more than `L`
-//! consecutive tokens of a reference corpus, exactly (`ARCHITECTURE.md`, "The copy guard").
+//! consecutive tokens of a reference corpus, exactly (unlike a Bloom filter of n-grams, as
+//! MemFree uses, which has false positives and one fixed n).
 //!
 //! A span of `L + 1` tokens ending at the next position occurs in the corpus only if its first
 //! `L` tokens — the last `L` tokens of the context — occur. So at each position the guard looks

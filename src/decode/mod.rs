@@ -1,5 +1,4 @@
-//! The generation runtime: one decode loop with pluggable parts (`ARCHITECTURE.md`, "The decode
-//! loop").
+//! The generation runtime: one decode loop with pluggable parts.
 //!
 //! - A **scorer** ([`LanguageModel`]) is fed tokens and returns the logits of every fed
 //!   position, dense or sparse ([`Logits`]); its KV cache can be cut back.
@@ -19,6 +18,54 @@
 //! logits are the same bits either way). Sampled verification is lossless rejection sampling:
 //! accept draft x with probability p(x), otherwise sample from p without x, renormalized.
 //! Plain decoding is this loop with no drafter.
+//!
+//! # How a pass runs and how long a draft is
+//!
+//! Rows are asked for as
+//! verification reaches them (`score_first` with 8 rows, then `score_more` with as many again as
+//! it has): the native model runs every layer over the whole pass but its output projection (a
+//! fifth of the pass's weights) only over rows that get verified, and the mixture mixes only those;
+//! a draft rejected early costs no logits past the rejection. Greedy verification accepts a draft
+//! token when it is the argmax, so the output equals plain greedy decoding (the native pass is
+//! batch-invariant). Sampled verification is rejection sampling: accept draft x with probability
+//! p(x), else sample from p without x, renormalized: the output has exactly the model's
+//! distribution. Plain decoding is the loop with no drafter; ∞-gram generation is the loop with
+//! `InfgramModel` as its model. `DecodeConfig::cancel` (a `Cancel` flag) stops the loop before its
+//! next pass from another thread (the server: a client gone, a time limit); `DecodeConfig::trace`
+//! records every pass (`PassTrace`: drafter, drafted, accepted, emitted, seconds) for
+//! `gen --trace`.
+//!
+//! How long a draft runs is decided by evidence at three scales. (1) The drafter's confidence in
+//! each token: prompt lookup follows its match back past its longest n-gram (up to 256 tokens),
+//! and the pseudo-occurrence against a continuation shrinks as the match grows, so a copy in
+//! progress gets 0.9–0.99 per token while a two-token match is a guess. (2) The drafter's recent
+//! record: a calibration factor (accepted / predicted tokens, each pass's evidence weighing 0.9 per
+//! later pass, clamped to 0.25–2), which forgets a bad stretch and never falls so low that a sure
+//! token is not tried (a one-token draft costs about 7% of a step). (3) Its current run
+//! (`DecodeConfig::local_evidence`): after `s ≥ 4` of its tokens were accepted in a row, each next
+//! one counts as at least `(s + 1) / (s + 2)` likely (the rule of succession), and the run ends at
+//! the first rejection. Drafts run long while the model copies and stop quickly when it leaves the
+//! source (`bench_speculative` prints both policies, and plots tokens per pass with `PLOT_DIR`).
+//! Prompt lookup also keeps the copy's place in the source: it follows the source position while
+//! the model writes the source's next token, and remembers where the copy broke off when it does
+//! not. For 24 tokens after a break, a short match (under 4 tokens) whose continuation lies at
+//! most 8 source tokens past the break is taken as the copy resuming after a changed word, and
+//! drafts with the confidence of a match 4 tokens longer; 4 tokens seen before restart the copy
+//! (nearest after the break). `CostModel::frozen` plans drafts from the prior table alone and lets
+//! no drafter rest for its call time, so greedy decoding makes the same passes in every run:
+//! `examples/draft_policy` weighs those passes with the table, a speed-up free of timing noise
+//! for comparing policies.
+//!
+//! A scorer may return sparse rows (`Logits::Sparse`): the ∞-gram's support is a handful of tokens,
+//! and the sampler, verification and processors work on the support alone; a sparse row's softmax
+//! is the dense row's softmax bit for bit, so the text is the same for the same seed (tested against
+//! dense rows). Processors see each row before verification and may cut a draft before a token
+//! they would mask (`Processor::admit`). When the processors mask every candidate, the loop asks the
+//! model for a wider row (`LanguageModel::backoff`, given the masked support: the ∞-gram's SBIS
+//! over its next k levels, down to the unigram, that have a continuation outside it) and processes
+//! that, again while everything is masked; if nothing is left, generation ends
+//! (`DecodeStats::exhausted`),
+//! never with a masked token and never with a panic.
 
 pub mod drafters;
 pub mod guard;

@@ -1,4 +1,4 @@
-//! Mixing the ∞-gram with a neural model at every step (`ARCHITECTURE.md`, "Mixing"):
+//! Mixing the ∞-gram with a neural model at every step:
 //! `P = λ·P∞ + (1 − λ)·P_neural`, with λ chosen per position from what the ∞-gram knew there
 //! ([`Evidence`]: the length of the longest matching suffix and whether its continuation is
 //! unique), as the infini-gram paper (Liu et al. 2024, §5) does with two weights and its
@@ -9,6 +9,28 @@
 //!   `mix.json`. [`Mixer::default`] was fitted on Tiny Shakespeare.
 //! * [`Interpolated`]: the mixture as a [`LanguageModel`], so generation, speculative decoding
 //!   (the ∞-gram drafts, the mixture verifies) and scoring get it like any model.
+//!
+//! # How the mixture is computed
+//!
+//! `mix::Interpolated` is a `LanguageModel` over a neural model and an `InfgramModel` of an index
+//! built with the neural model's tokenizer (the ∞-gram gets exactly the model's vocabulary; the
+//! separator is the model's end token). Both are fed the same tokens and cut back together; each
+//! row is `ln(λ·P∞ + (1 − λ)·P_neural)`, computed densely once per row (the neural row shifted by
+//! `ln(1 − λ) − logsumexp`, then the ∞-gram's support, a handful of ids, mixed exactly). λ comes
+//! from `mix::Mixer`, a table over what the ∞-gram knew at the position (`ngram::Evidence`: the
+//! length of the longest suffix with a next token, and whether that next token is unique — the
+//! paper's "sparse"): nine suffix-length buckets × sparse or not, or one bucket (the paper's two
+//! weights). Each cell is fitted on held-out positions by EM, which maximizes
+//! `Σ ln(λ·p + (1 − λ)·q)` (concave in λ): λ ← the mean posterior of the ∞-gram component. Being a
+//! scorer, the mixture gets generation, speculative decoding (drafts verified against the
+//! mixture: lossless by the loop's construction) and perplexity for free.
+//!
+//! Interpolated perplexity (`eval::mixture`, `service::mixing`) does not run the `Interpolated`
+//! model: a perplexity needs only the probability of the actual token, so the neural model scores
+//! the text once in the paper's windows, the ∞-gram scores every position in parallel straight from
+//! the levels, and any mixer (fitted or given) combines the two columns. The same columns fit λ.
+//! The decontamination check reports the share of the text's 13-token windows that occur in the
+//! index (the paper's BFF check used 13-grams and 80%).
 
 use crate::error::{Error, Result};
 use crate::index::Index;

@@ -2,7 +2,7 @@
 //!
 //! For suffix lengths `l = L, L-1, …, 1` the occurrence count of the last `l` tokens never
 //! decreases. A *level* is a length where it changes; its next-token counts are kept when
-//! their total exceeds that of the previous kept level (`ARCHITECTURE.md`, "SBIS"). The occurrence ranges of
+//! their total exceeds that of the previous kept level ([`crate::ngram`], "The estimators"). The occurrence ranges of
 //! all suffixes come from the reversed suffix array in one left-to-right narrowing (ranges
 //! nest), so the change points cost one binary search per suffix length that occurs, and the
 //! counts are computed only at change points (cached for large, recurring ranges).

@@ -8,7 +8,35 @@
 //! * [`model`]: [`InfgramModel`], the ∞-gram as a [`crate::lm::LanguageModel`] with sparse rows,
 //!   so generation, speculative decoding and perplexity run it like any model.
 //!
-//! The algorithms are described in `ARCHITECTURE.md` ("The ∞-gram estimators").
+//! The algorithms, in short, follow.
+//!
+//! # The estimators
+//!
+//! **∞-gram** (Liu et al. 2024): the next-token distribution of the longest suffix of the context
+//! that occurs in the corpus with a next token; it backs off only when that count is zero. Counts of
+//! a suffix only fall as it grows, so the longest occurring suffix is a change point of a monotone
+//! function.
+//!
+//! **Right-anchored contexts.** Ranges of the forward suffix array nest when a query grows to the
+//! right; a context's suffixes grow to the left. The index also stores the suffix array of the
+//! reversed text (`rsa.bin`), in which they nest: the ranges of all suffixes of a context come from
+//! one left-to-right narrowing, one binary search per length. Without `rsa.bin` a forward search per
+//! length gives the same answers more slowly.
+//!
+//! **SBIS** (selective backoff interpolation sampling, from "Generating Shakespeare Without Neural
+//! Networks", 2026, and its reference implementation tiny-infini-gram). The *levels* of a context
+//! are found by walking suffix lengths from the longest down to 1: take all occurrences of the
+//! suffix in the corpus and count the token after each (occurrences at a document's end have none);
+//! a length where the occurrence count changes is a candidate, and it is kept only if its next-token
+//! total exceeds the total of the previous kept level. Keep at most k levels (k = −1: all). Then
+//! `P(x) ∝ Σ_j decay^j · count_j(x)` over kept levels j = 0, 1, … (longest first; decay 0.1);
+//! temperature T is applied as `P^(1/T)`. In generation the levels of `c·x` are among the change
+//! points of `c` extended by `x`, so `Tracker` extends the previous step's small levels by one token
+//! read per occurrence and most steps need no search.
+//!
+//! **Smoothed** — interpolated absolute discounting across all levels down to the uniform
+//! distribution, with Kneser–Ney continuation counts below the longest level; nine discounts (three
+//! per class of level total) fitted on held-out train. Finite perplexity with no floor.
 
 pub mod levels;
 pub mod model;

@@ -1,7 +1,7 @@
 //! Selective backoff interpolation sampling (SBIS): the next-token distribution
 //! `P(x) ∝ Σ_j decay^j · count_j(x)` over the kept levels `j = 0, 1, …` (longest first), as
 //! defined by "Generating Shakespeare Without Neural Networks" (tiny-infini-gram) and written out
-//! in `ARCHITECTURE.md`, "SBIS".
+//! in the [`crate::ngram`] module docs, "The estimators".
 
 use super::levels::{count_of, Level};
 
