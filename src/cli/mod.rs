@@ -23,7 +23,7 @@ pub mod serve;
 use anyhow::Result;
 use infgram::ngram::smoothed::Discounts;
 use infgram::ngram::Estimator;
-use infgram::service::models::{Backend, ModelOptions, Requantize};
+use infgram::service::models::{Backend, Device, ModelOptions, Requantize};
 use infgram::service::request::EstimatorSpec;
 use std::path::Path;
 
@@ -191,6 +191,9 @@ pub struct ModelArgs {
     /// `q4_0`). The file's own Q4_1 is the fastest with the native backend.
     #[arg(long, value_enum)]
     pub requantize: Option<Requantize>,
+    /// With --model: where the passes run (this build has the CPU).
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    pub device: Device,
 }
 
 impl ModelArgs {
@@ -213,6 +216,7 @@ impl ModelArgs {
             threads,
             backend: self.backend,
             requantize: self.requantize,
+            device: self.device,
         }
     }
 }

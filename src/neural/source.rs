@@ -75,11 +75,11 @@ impl ModelSource {
     }
 
     /// Loads a safetensors model (GGUF files have their own loaders with backend options).
-    pub fn load_safetensors(&self) -> Result<Box<dyn LanguageModel>> {
+    pub fn load_safetensors(&self, device: &candle_core::Device) -> Result<Box<dyn LanguageModel>> {
         match self {
-            ModelSource::Safetensors(dir) => {
-                Ok(Box::new(crate::neural::candle::hf::HfLlama::load(dir)?))
-            }
+            ModelSource::Safetensors(dir) => Ok(Box::new(
+                crate::neural::candle::hf::HfLlama::load_on(dir, device)?,
+            )),
             ModelSource::Gguf(p) => Err(Error::input(format!(
                 "{} is a GGUF file, not a safetensors directory",
                 p.display()

@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 pub use loading::{load_model, LoadedModel};
 
 /// Which forward pass runs a GGUF model.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum Backend {
     /// infgram's own kernels (the fastest).
@@ -18,16 +19,29 @@ pub enum Backend {
 }
 
 /// A quantization to convert GGUF weights to at load.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum Requantize {
     /// 8-bit blocks (both backends).
-    #[value(name = "q8_0")]
+    #[cfg_attr(feature = "cli", value(name = "q8_0"))]
     #[serde(rename = "q8_0")]
     Q8_0,
     /// 4-bit blocks (the candle backend only).
-    #[value(name = "q4_0")]
+    #[cfg_attr(feature = "cli", value(name = "q4_0"))]
     #[serde(rename = "q4_0")]
     Q4_0,
+}
+
+/// Where a model's passes run. The CPU is the one device of this build: the native kernels
+/// are CPU kernels, and candle is built without CUDA or Metal (a GPU would be a variant here,
+/// behind candle's feature of the same name, taken by the candle passes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[serde(rename_all = "snake_case")]
+pub enum Device {
+    /// The CPU (every backend).
+    #[default]
+    Cpu,
 }
 
 /// How a model is loaded and run.
@@ -39,12 +53,15 @@ pub struct ModelOptions {
     pub backend: Backend,
     /// Re-quantize GGUF weights at load.
     pub requantize: Option<Requantize>,
+    /// Where the passes run.
+    #[serde(default)]
+    pub device: Device,
 }
 
 /// The loader, in builds with neural models.
 #[cfg(feature = "neural")]
 mod loading {
-    use super::{Backend, ModelOptions, Requantize};
+    use super::{Backend, Device, ModelOptions, Requantize};
     use crate::error::{Error, Result};
     use crate::lm::LanguageModel;
     use crate::neural::source::ModelSource;
@@ -75,16 +92,19 @@ mod loading {
             n => n,
         };
         let path = source.path().to_path_buf();
+        let device = match opts.device {
+            Device::Cpu => candle_core::Device::Cpu,
+        };
         let model: Box<dyn LanguageModel> = match (&source, opts.backend) {
             (ModelSource::Safetensors(_), _) if requantize.is_some() => {
                 return Err(Error::input("--requantize applies to GGUF models only"))
             }
-            (ModelSource::Safetensors(_), _) => source.load_safetensors()?,
+            (ModelSource::Safetensors(_), _) => source.load_safetensors(&device)?,
             (ModelSource::Gguf(_), Backend::Native) => Box::new(
                 crate::neural::arch::llama::Llama::load(&path, requantize)?.with_threads(threads),
             ),
             (ModelSource::Gguf(_), Backend::Candle) => Box::new(
-                crate::neural::candle::llama::CandleLlama::load(&path, requantize)?,
+                crate::neural::candle::llama::CandleLlama::load_on(&path, requantize, &device)?,
             ),
         };
         let tokenizer = source.tokenizer()?;

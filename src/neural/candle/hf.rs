@@ -92,9 +92,14 @@ fn read_config(dir: &Path) -> Result<LlamaConfig> {
 impl HfLlama {
     /// Loads the model in `dir` (see the module docs for the files it needs).
     pub fn load(dir: &Path) -> Result<HfLlama> {
+        Self::load_on(dir, &Device::Cpu)
+    }
+
+    /// [`HfLlama::load`] onto `device`.
+    pub fn load_on(dir: &Path, device: &Device) -> Result<HfLlama> {
         let config = read_config(dir)?.into_config(false);
         let files = weight_files(dir)?;
-        let device = Device::Cpu;
+        let device = device.clone();
         // SAFETY: the files are memory-mapped read-only; like every mmap user we rely on
         // them not being modified while the model is loaded (the weights are copied out).
         let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, DType::F32, &device) }

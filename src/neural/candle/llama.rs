@@ -59,6 +59,15 @@ impl CandleLlama {
         path: &Path,
         requantize: Option<candle_core::quantized::GgmlDType>,
     ) -> Result<Self> {
+        Self::load_on(path, requantize, &Device::Cpu)
+    }
+
+    /// [`CandleLlama::load`] onto `device`.
+    pub fn load_on(
+        path: &Path,
+        requantize: Option<candle_core::quantized::GgmlDType>,
+        device: &Device,
+    ) -> Result<Self> {
         let mut gguf = Gguf::open(path)?;
         let arch = describe(&gguf)?;
         arch.check_runnable(&gguf)?;
@@ -74,7 +83,7 @@ impl CandleLlama {
             ..
         } = arch;
         let (eps, base) = (arch.norm.eps as f64, arch.rope.base);
-        let device = Device::Cpu;
+        let device = device.clone();
         let mut tensor = |name: &str| gguf.tensor(name);
         let requant =
             |t: candle_core::quantized::QTensor| -> Result<candle_core::quantized::QTensor> {
