@@ -1,0 +1,495 @@
+//! The drafting policy: which drafter's draft a pass verifies, and how much of it. Three
+//! scales of evidence decide: each draft token's confidence as its drafter gives it; the
+//! drafter's record (a `Calibration` of predicted against accepted tokens, forgetting old
+//! passes); and its current run of accepted tokens (`Run`, the rule of succession). The
+//! [`CostModel`] turns those chances into the draft length that maximizes expected tokens per
+//! unit of time, from measured pass costs. A costly drafter that keeps missing rests for a
+//! while (`DrafterState`).
+//!
+//! # In detail
+//!
+//! How long a draft runs is decided by evidence at three scales. (1) The drafter's confidence in
+//! each token: prompt lookup follows its match back past its longest n-gram (up to 256 tokens),
+//! and the pseudo-occurrence against a continuation shrinks as the match grows, so a copy in
+//! progress gets 0.9–0.99 per token while a two-token match is a guess. (2) The drafter's recent
+//! record: a calibration factor (accepted / predicted tokens, each pass's evidence weighing 0.9 per
+//! later pass, clamped to 0.25–2), which forgets a bad stretch and never falls so low that a sure
+//! token is not tried (a one-token draft costs about 7% of a step). (3) Its current run
+//! (`DecodeConfig::local_evidence`): after `s ≥ 4` of its tokens were accepted in a row, each next
+//! one counts as at least `(s + 1) / (s + 2)` likely (the rule of succession), and the run ends at
+//! the first rejection. Drafts run long while the model copies and stop quickly when it leaves the
+//! source (`bench_speculative` prints both policies, and plots tokens per pass with `PLOT_DIR`).
+//! Prompt lookup also keeps the copy's place in the source: it follows the source position while
+//! the model writes the source's next token, and remembers where the copy broke off when it does
+//! not. For 24 tokens after a break, a short match (under 4 tokens) whose continuation lies at
+//! most 8 source tokens past the break is taken as the copy resuming after a changed word, and
+//! drafts with the confidence of a match 4 tokens longer; 4 tokens seen before restart the copy
+//! (nearest after the break). `CostModel::frozen` plans drafts from the prior table alone and lets
+//! no drafter rest for its call time, so greedy decoding makes the same passes in every run:
+//! `examples/draft_policy` weighs those passes with the table, a speed-up free of timing noise
+//! for comparing policies.
+//!
+
+use super::{DecodeConfig, Draft, Drafter, Processor};
+use crate::error::Result;
+use std::time::Instant;
+
+/// The cost of one forward pass over n tokens, relative to a single-token step, and the draft
+/// length it makes worth verifying. Starts from a measured table (the prior) and learns the
+/// passes it sees: once a size and single steps have each been timed a few times, their ratio
+/// replaces the prior's (context depth, thread count and the machine all move it).
+#[derive(Clone, Debug)]
+pub struct CostModel {
+    /// `(n, relative cost)` points, n ascending, starting at (1, 1).
+    points: Vec<(usize, f64)>,
+    /// Per pass size n: moving average of its seconds and how many passes were timed.
+    observed: Vec<(f64, u32)>,
+    /// Whether it keeps its table whatever the passes cost ([`CostModel::frozen`]).
+    frozen: bool,
+}
+
+/// Timed passes of a size (and of single steps) before its measured cost replaces the prior.
+const MIN_TIMED: u32 = 3;
+
+/// Weight of the newest pass in the moving average of a size's seconds.
+const TIMING_WEIGHT: f64 = 0.2;
+
+impl Default for CostModel {
+    /// The native Q4_1 pass with 2 threads at a 256-token context on the 2-core development
+    /// machine (`cargo run --release --example bench_model`): 5.7 / 6.1 / 8.6 / 14.0 /
+    /// 25.6 ms for n = 1 / 2 / 4 / 8 / 16.
+    fn default() -> Self {
+        CostModel::from_ms(&[(1, 5.7), (2, 6.1), (4, 8.6), (8, 14.0), (16, 25.6)])
+    }
+}
+
+impl CostModel {
+    /// From measured `(n, milliseconds)` pairs, n ascending from 1.
+    pub fn from_ms(points: &[(usize, f64)]) -> CostModel {
+        let base = points[0].1;
+        CostModel {
+            points: points.iter().map(|&(n, ms)| (n, ms / base)).collect(),
+            observed: Vec::new(),
+            frozen: false,
+        }
+    }
+
+    /// The same table, never replaced by measured passes, and no drafter set to rest for what
+    /// its calls cost: drafts are planned the same way whatever the machine's load, so greedy
+    /// decoding makes the same passes in every run (benchmarks count passes and weigh them
+    /// with the table: a speed-up free of timing noise).
+    pub fn frozen(mut self) -> CostModel {
+        self.frozen = true;
+        self
+    }
+
+    /// Whether the table is [`CostModel::frozen`].
+    pub fn is_frozen(&self) -> bool {
+        self.frozen
+    }
+
+    /// Records that a pass over `n` tokens took `seconds` (nothing when frozen).
+    pub fn observe(&mut self, n: usize, seconds: f64) {
+        if self.frozen {
+            return;
+        }
+        if self.observed.len() <= n {
+            self.observed.resize(n + 1, (0.0, 0));
+        }
+        let (avg, count) = &mut self.observed[n];
+        *avg = if *count == 0 {
+            seconds
+        } else {
+            *avg + TIMING_WEIGHT * (seconds - *avg)
+        };
+        *count += 1;
+    }
+
+    /// Relative cost of a pass over `n` tokens: measured if timed enough, else the prior, but
+    /// never below the measured cost of a smaller pass (the prior's scale may be off).
+    pub fn cost(&self, n: usize) -> f64 {
+        if let Some(c) = self.measured(n) {
+            return c;
+        }
+        let floor = (2..n).filter_map(|m| self.measured(m)).fold(1.0, f64::max);
+        self.prior(n).max(floor)
+    }
+
+    /// The measured relative cost of `n` tokens, once `n` and single steps were timed enough.
+    fn measured(&self, n: usize) -> Option<f64> {
+        let timed = |n: usize| self.observed.get(n).filter(|o| o.1 >= MIN_TIMED);
+        match (timed(1), timed(n)) {
+            (Some(one), Some(this)) if n > 1 => Some((this.0 / one.0).max(1.0)),
+            _ => None,
+        }
+    }
+
+    /// The prior table's cost of `n` tokens (linear between points, extrapolated after).
+    fn prior(&self, n: usize) -> f64 {
+        let p = &self.points;
+        let i = p
+            .iter()
+            .position(|&(m, _)| m >= n)
+            .unwrap_or(p.len() - 1)
+            .max(1);
+        let ((n0, c0), (n1, c1)) = (p[i - 1], p[i]);
+        c0 + (c1 - c0) * (n as f64 - n0 as f64) / (n1 as f64 - n0 as f64)
+    }
+
+    /// The prefix length k of a draft with per-token acceptance chances `confidence` that
+    /// maximizes expected tokens per unit of time, (1 + Σ_{i≤k} Π_{j≤i} c_j) / cost(k + 1).
+    /// Returns (k, expected speed relative to plain decoding).
+    pub fn best_length(&self, confidence: &[f64]) -> (usize, f64) {
+        let (mut best, mut best_speed) = (0, 1.0);
+        let (mut expected, mut reach) = (1.0, 1.0);
+        for (i, &c) in confidence.iter().enumerate() {
+            reach *= c.clamp(0.0, 1.0);
+            expected += reach;
+            let speed = expected / self.cost(i + 2);
+            if speed > best_speed {
+                (best, best_speed) = (i + 1, speed);
+            }
+        }
+        (best, best_speed)
+    }
+}
+
+/// Calibrates a drafter's confidences against what the model accepts: the ratio of accepted
+/// to predicted draft tokens over its recent passes (older passes count less and less, so a
+/// bad stretch is forgotten once drafts work again), with a prior of a few tokens at face
+/// value. The factor never falls below [`Calibration::FLOOR`]: a drafter sure of a token
+/// still gets one-token drafts (a two-token pass costs about 7% more than one step here), so
+/// its calibration can recover instead of locking at "never draft".
+#[derive(Clone, Debug)]
+struct Calibration {
+    predicted: f64,
+    accepted: f64,
+}
+
+impl Calibration {
+    const PRIOR: f64 = 4.0;
+    /// Weight of the evidence of a pass, per later pass of the same drafter.
+    const MEMORY: f64 = 0.9;
+    const FLOOR: f64 = 0.25;
+
+    fn new() -> Self {
+        Calibration {
+            predicted: 0.0,
+            accepted: 0.0,
+        }
+    }
+
+    fn factor(&self) -> f64 {
+        ((self.accepted + Self::PRIOR) / (self.predicted + Self::PRIOR)).clamp(Self::FLOOR, 2.0)
+    }
+
+    fn record(&mut self, confidence: &[f64], accepted: usize) {
+        // Token i was tried only if 0..i were accepted: count tries up to the first rejection.
+        let tried = (accepted + 1).min(confidence.len());
+        self.predicted = Self::MEMORY * self.predicted + confidence[..tried].iter().sum::<f64>();
+        self.accepted = Self::MEMORY * self.accepted + accepted as f64;
+    }
+}
+
+/// A drafter whose calls cost more than this share of a model step sits out after calls that
+/// brought no accepted token.
+const COSTLY_SHARE: f64 = 0.02;
+
+/// Longest rest, in steps, of a costly drafter that keeps missing.
+const MAX_REST: usize = 64;
+
+/// A drafter's current run: its draft tokens the model accepted in a row (across passes,
+/// back to 0 at a rejection). The local evidence that it is being followed.
+#[derive(Clone, Copy, Debug, Default)]
+struct Run {
+    accepted: usize,
+}
+
+/// Accepted tokens in a row before the run's estimate is used at all (one accepted pass of a
+/// short draft is no evidence of copying).
+const MIN_RUN: usize = 4;
+
+impl Run {
+    /// After a pass of this drafter's draft of `drafted` tokens, `accepted` of them kept.
+    fn record(&mut self, drafted: usize, accepted: usize) {
+        self.accepted = if accepted == drafted {
+            self.accepted + accepted
+        } else {
+            0
+        };
+    }
+
+    /// The chance that the next draft token is accepted given the run: the rule of
+    /// succession, `(s + 1) / (s + 2)` for `s` tokens accepted in a row; 0 before
+    /// [`MIN_RUN`].
+    fn confidence(&self) -> f64 {
+        if self.accepted < MIN_RUN {
+            return 0.0;
+        }
+        let s = self.accepted as f64;
+        (s + 1.0) / (s + 2.0)
+    }
+}
+
+/// What the loop knows about one drafter: its calibration, its current run, what its calls
+/// cost, and how long it sits out. A drafter that is cheap next to a model step (prompt lookup, microseconds) is asked
+/// every step; a costly one (a suffix-array search over a large corpus) that keeps proposing
+/// nothing useful rests for 1, 3, 7, … (2^misses − 1, at most 64) steps, and is asked every
+/// step again once it helps.
+#[derive(Clone, Debug)]
+struct DrafterState {
+    calibration: Calibration,
+    run: Run,
+    calls: usize,
+    seconds: f64,
+    /// Consecutive calls that brought no accepted token.
+    misses: u32,
+    /// Steps left to sit out.
+    rest: usize,
+    /// Asked in the current step.
+    asked: bool,
+}
+
+impl DrafterState {
+    fn new() -> Self {
+        DrafterState {
+            calibration: Calibration::new(),
+            run: Run::default(),
+            calls: 0,
+            seconds: 0.0,
+            misses: 0,
+            rest: 0,
+            asked: false,
+        }
+    }
+
+    /// After a step: `accepted` tokens came from this drafter's draft.
+    fn settle(&mut self, accepted: usize, step_seconds: f64) {
+        if !std::mem::take(&mut self.asked) {
+            return;
+        }
+        if accepted > 0 {
+            self.misses = 0;
+            return;
+        }
+        self.misses += 1;
+        let call = self.seconds / self.calls.max(1) as f64;
+        if call > COSTLY_SHARE * step_seconds {
+            self.rest = (1usize << self.misses.min(16)).min(MAX_REST) - 1;
+        }
+    }
+}
+
+/// Expected speed-up at which the drafters after the one that offers it are not asked.
+const GOOD_ENOUGH: f64 = 1.3;
+
+/// The policy's state over one generation: what it knows of each drafter and of pass costs.
+pub(super) struct DraftPolicy {
+    states: Vec<DrafterState>,
+    cost: CostModel,
+}
+
+impl DraftPolicy {
+    /// A policy for `drafters` drafters, planning from `cost`.
+    pub(super) fn new(drafters: usize, cost: CostModel) -> Self {
+        DraftPolicy {
+            states: vec![DrafterState::new(); drafters],
+            cost,
+        }
+    }
+
+    /// Asks the drafters in order and keeps the draft (cut to its best length) with the
+    /// highest expected speed; `None` when no draft beats plain decoding. `budget`: tokens
+    /// the generation may still add.
+    pub(super) fn plan(
+        &mut self,
+        drafters: &mut [Box<dyn Drafter>],
+        processors: &mut [Box<dyn Processor>],
+        context: &[u32],
+        cfg: &DecodeConfig,
+        budget: usize,
+    ) -> Result<(Draft, Option<usize>)> {
+        plan_draft(
+            drafters,
+            &mut self.states,
+            processors,
+            context,
+            &self.cost,
+            cfg,
+            budget,
+        )
+    }
+
+    /// After a pass over `fed` tokens that took `seconds` (0 when untimed), in which
+    /// `accepted` tokens of `draft` (from drafter `chosen`) were kept; `step_seconds` is the
+    /// mean time of a model step so far.
+    pub(super) fn learn(
+        &mut self,
+        chosen: Option<usize>,
+        draft: &Draft,
+        accepted: usize,
+        timing: Option<(usize, f64)>,
+        mean_step_seconds: f64,
+    ) {
+        if let Some((fed, seconds)) = timing {
+            self.cost.observe(fed, seconds);
+        }
+        if let Some(d) = chosen {
+            self.states[d]
+                .calibration
+                .record(&draft.confidence, accepted);
+        }
+        for (d, state) in self.states.iter_mut().enumerate() {
+            // A run ends at a rejection, or when the model went on without this drafter.
+            match chosen {
+                Some(c) if c == d => state.run.record(draft.tokens.len(), accepted),
+                _ => state.run = Run::default(),
+            }
+        }
+        // A frozen cost model plans without the clock: no drafter rests for its call time.
+        let step_seconds = if self.cost.is_frozen() {
+            f64::INFINITY
+        } else {
+            mean_step_seconds
+        };
+        for (d, state) in self.states.iter_mut().enumerate() {
+            let gained = if chosen == Some(d) { accepted } else { 0 };
+            state.settle(gained, step_seconds);
+        }
+    }
+}
+
+/// [`DraftPolicy::plan`] over the drafters' states.
+fn plan_draft(
+    drafters: &mut [Box<dyn Drafter>],
+    states: &mut [DrafterState],
+    processors: &mut [Box<dyn Processor>],
+    context: &[u32],
+    cost: &CostModel,
+    cfg: &DecodeConfig,
+    budget: usize,
+) -> Result<(Draft, Option<usize>)> {
+    let max = cfg.draft_max.min(budget.saturating_sub(1));
+    let mut best: (Draft, Option<usize>, f64) = (Draft::default(), None, 1.0);
+    if max == 0 {
+        return Ok((best.0, None));
+    }
+    for (d, (drafter, state)) in drafters.iter_mut().zip(states.iter_mut()).enumerate() {
+        if best.2 >= GOOD_ENOUGH {
+            // An earlier (cheaper) drafter already has a good draft: skip the rest.
+            break;
+        }
+        if state.rest > 0 {
+            state.rest -= 1;
+            continue;
+        }
+        let t = Instant::now();
+        let mut draft = drafter.propose(context, max)?;
+        state.seconds += t.elapsed().as_secs_f64();
+        state.calls += 1;
+        state.asked = true;
+        draft.tokens.truncate(max);
+        // Tokens a processor would mask cannot be accepted: cut the draft before them.
+        for p in processors.iter_mut() {
+            let admitted = p.admit(context, &draft.tokens);
+            draft.tokens.truncate(admitted);
+        }
+        draft.confidence.truncate(draft.tokens.len());
+        let f = state.calibration.factor();
+        let local = if cfg.local_evidence {
+            state.run.confidence()
+        } else {
+            0.0
+        };
+        let calibrated: Vec<f64> = draft
+            .confidence
+            .iter()
+            .map(|c| (c * f).max(local).min(0.99))
+            .collect();
+        let (k, speed) = cost.best_length(&calibrated);
+        if k > 0 && speed > best.2 {
+            draft.tokens.truncate(k);
+            draft.confidence.truncate(k);
+            best = (draft, Some(d), speed);
+        }
+    }
+    Ok((best.0, best.1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calibration_follows_recent_passes_and_never_locks() {
+        let mut c = Calibration::new();
+        assert_eq!(c.factor(), 1.0);
+        for _ in 0..30 {
+            c.record(&[0.9; 4], 0);
+        }
+        assert!(
+            c.factor() < 0.35,
+            "a bad stretch lowers the factor: {}",
+            c.factor()
+        );
+        assert!(c.factor() >= Calibration::FLOOR);
+        for _ in 0..30 {
+            c.record(&[0.5; 4], 4);
+        }
+        assert!(
+            c.factor() > 1.5,
+            "and it is forgotten once drafts work: {}",
+            c.factor()
+        );
+    }
+
+    #[test]
+    fn a_run_grows_while_drafts_are_accepted_and_ends_at_a_rejection() {
+        let mut run = Run::default();
+        run.record(2, 2);
+        assert_eq!(run.confidence(), 0.0, "two tokens are no evidence yet");
+        run.record(6, 6);
+        assert_eq!(run.accepted, 8);
+        assert!((run.confidence() - 0.9).abs() < 1e-12);
+        run.record(8, 8);
+        assert!(run.confidence() > 0.94);
+        run.record(8, 5);
+        assert_eq!((run.accepted, run.confidence()), (0, 0.0));
+    }
+
+    #[test]
+    fn best_length_trades_confidence_against_pass_cost() {
+        let cost = CostModel::default();
+        assert_eq!(cost.best_length(&[]), (0, 1.0));
+        // Weak drafts are not worth a longer pass.
+        assert_eq!(cost.best_length(&[0.05, 0.05]).0, 0);
+        // Sure drafts are taken in full.
+        assert_eq!(cost.best_length(&[0.99; 8]).0, 8);
+        // A confident head and a weak tail: only the head.
+        assert_eq!(cost.best_length(&[0.95, 0.95, 0.95, 0.95, 0.1, 0.1]).0, 4);
+        assert!((cost.cost(1) - 1.0).abs() < 1e-12);
+        assert!(cost.cost(3) > cost.cost(2) && cost.cost(20) > cost.cost(16));
+    }
+
+    #[test]
+    fn measured_pass_costs_replace_the_prior() {
+        let mut cost = CostModel::default();
+        let prior = cost.cost(4);
+        for _ in 0..MIN_TIMED {
+            cost.observe(1, 0.010);
+            cost.observe(4, 0.030);
+        }
+        assert!(
+            (cost.cost(4) - 3.0).abs() < 1e-9,
+            "{} (prior {prior})",
+            cost.cost(4)
+        );
+        // Untimed sizes keep the prior, raised to the measured cost of a smaller pass (the
+        // prior says 8 tokens cost 2.5 steps, but 4 were measured at 3); a draft worth 3
+        // tokens under the prior is cut to 2.
+        assert_eq!(cost.cost(8), 3.0);
+        assert_eq!(cost.cost(16), CostModel::default().cost(16));
+        assert_eq!(CostModel::default().best_length(&[0.9; 3]).0, 3);
+        assert_eq!(cost.best_length(&[0.9; 3]).0, 2);
+    }
+}
