@@ -7,7 +7,8 @@
 use infgram::decode::drafters::CorpusDrafter;
 use infgram::decode::{decode, greedy, DecodeConfig, Draft, Drafter, Sampler, SamplerConfig};
 use infgram::lm::{DenseRows, LanguageModel, Logits};
-use infgram::mix::{Interpolated, MixEstimator, Mixer};
+use infgram::mix::{Interpolated, Mixer};
+use infgram::ngram::EstimatorSpec;
 use infgram::ngram::{Estimator, InfgramModel};
 use infgram::tokenizer::TokenizerSpec;
 use infgram::Index;
@@ -75,13 +76,13 @@ proptest! {
             let total: f64 = row.into_dense().iter().map(|&x| (x as f64).exp()).sum();
             prop_assert!((total - 1.0).abs() < 1e-5, "Σ = {}", total);
         }
-        let mut one = mixture(&a, &b, Mixer::constant(MixEstimator::Infgram, 1.0));
+        let mut one = mixture(&a, &b, Mixer::constant(EstimatorSpec::Infgram, 1.0));
         let mut alone = InfgramModel::new(index(&b), Estimator::Sbis { k: 1, decay: 0.1 }, 20)
             .unwrap()
             .with_vocab(256, 255)
             .unwrap();
         prop_assert_eq!(one.score(&text).unwrap(), alone.score(&text).unwrap());
-        let mut zero = mixture(&a, &b, Mixer::constant(MixEstimator::Infgram, 0.0));
+        let mut zero = mixture(&a, &b, Mixer::constant(EstimatorSpec::Infgram, 0.0));
         let mut n = neural(&a);
         for (m, q) in zero.score(&text).unwrap().iter().zip(n.score(&text).unwrap()) {
             for (x, y) in m.softmax().iter().zip(q.softmax()) {
@@ -113,7 +114,7 @@ proptest! {
 fn sampled_speculative_mixture_keeps_the_mixture_distribution() {
     let a = vec![vec![0, 1, 2, 3, 4, 5, 0, 2, 4, 1, 3, 5]];
     let b = vec![vec![1, 2, 1, 2, 1, 3, 1, 2, 5]];
-    let mixer = Mixer::constant(MixEstimator::Infgram, 0.6);
+    let mixer = Mixer::constant(EstimatorSpec::Infgram, 0.6);
     let prompt = [1u32];
     // The mixture's row after the prompt.
     let row: Logits = mixture(&a, &b, mixer.clone())

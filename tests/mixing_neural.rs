@@ -71,7 +71,7 @@ fn mixture_of_smollm2_and_the_infgram() {
         .output()
         .unwrap();
     assert!(out.status.success());
-    let e = infgram::service::mixing::open_mixing_index(&dir.path().join("idx"), &tok)
+    let e = infgram::mix::open_mixing_index(&dir.path().join("idx"), &tok)
         .err()
         .unwrap()
         .to_string();
@@ -123,7 +123,7 @@ fn mixing_from_the_command_line() {
     ]));
     let mixer = infgram::mix::Mixer::load(std::path::Path::new(&p("mix.json"))).unwrap();
     // Without --estimator: SBIS with two levels, the built-in mixer's distribution.
-    assert_eq!(mixer.estimator, infgram::mix::MixEstimator::Sbis { k: 2 });
+    assert_eq!(mixer.estimator, infgram::ngram::EstimatorSpec::sbis(2));
     let v: serde_json::Value = serde_json::from_str(&ok(run(&[
         "ppl",
         "--model",

@@ -19,10 +19,11 @@
 
 use infgram::decode::drafters::{CorpusDrafter, PromptLookup};
 use infgram::decode::{greedy, CostModel, DecodeConfig, Drafter};
-use infgram::eval::mixture::{fitting_data, infgram_positions, neural_probs, MixReport};
 use infgram::lm::LanguageModel;
-use infgram::mix::{Interpolated, MixEstimator, Mixer, TABLE_EDGES};
+use infgram::mix::score::{fitting_data, infgram_positions, neural_probs, MixReport};
+use infgram::mix::{Interpolated, Mixer, TABLE_EDGES};
 use infgram::neural::arch::llama::Llama;
+use infgram::ngram::EstimatorSpec;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 use infgram::Index;
 use std::sync::Arc;
@@ -72,16 +73,17 @@ fn main() {
     let mut default_table = None;
     let mut tables = Vec::new();
     for est in [
-        MixEstimator::Infgram,
-        MixEstimator::Sbis { k: 2 },
-        MixEstimator::Smoothed,
+        EstimatorSpec::Infgram,
+        EstimatorSpec::sbis(2),
+        EstimatorSpec::Smoothed,
     ] {
-        let fit_data = fitting_data(&infgram_positions(&index95, &heldout, est, 100), &q_held);
+        let held = infgram_positions(&index95, &heldout, &est, 100).expect("a valid estimator");
+        let fit_data = fitting_data(&held, &q_held);
         let t = Instant::now();
-        let g_val = infgram_positions(&index, &val, est, 100);
+        let g_val = infgram_positions(&index, &val, &est, 100).expect("a valid estimator");
         let inf_secs = t.elapsed().as_secs_f64();
         for (name, edges) in [("two weights", &[][..]), ("table by n", &TABLE_EDGES[..])] {
-            let mixer = Mixer::fit(est, edges, &fit_data);
+            let mixer = Mixer::fit(est.clone(), edges, &fit_data);
             let r = MixReport::new(&g_val, &q_val, &mixer);
             println!(
                 "| {est:?} | {name} | {:.3} | {:.3} | {:.3} | {:.1}% | {:.1}% | {:.3} | {inf_secs:.2} s | {:.3}× |",
@@ -103,7 +105,7 @@ fn main() {
                     round(&mixer.dense),
                     width = format!("{est:?}: ").len()
                 ));
-                if est == (MixEstimator::Sbis { k: 2 }) {
+                if est == EstimatorSpec::sbis(2) {
                     default_table = Some(mixer);
                 }
             }

@@ -369,7 +369,7 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
     let mix = match &args.mix {
         Some(mix) => {
             let file = (mix.as_os_str() != "default").then_some(mix.as_path());
-            Some(infgram::service::mixing::load_mixer(file)?)
+            Some(infgram::mix::load_mixer(file)?)
         }
         None => None,
     };

@@ -1,24 +1,12 @@
 //! `infgram mix fit` and `infgram ppl --model M --index I`: fitting λ and interpolated
-//! perplexity ([`infgram::service::mixing`]).
+//! perplexity ([`infgram::mix::score`]).
 
 use anyhow::Result;
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 #[cfg(feature = "neural")]
-use infgram::mix::MixEstimator;
+use infgram::mix::score::{ScoredMixture, OVERLAP_N, OVERLAP_WARN};
 #[cfg(feature = "neural")]
-use infgram::service::mixing::{ScoredMixture, OVERLAP_N, OVERLAP_WARN};
 use std::path::PathBuf;
-
-/// The ∞-gram distributions that can be mixed in.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MixKind {
-    /// The paper's ∞-gram: the longest suffix with a next token (sparse).
-    Infgram,
-    /// SBIS with --k levels.
-    Sbis,
-    /// The smoothed estimator (never zero).
-    Smoothed,
-}
 
 /// `infgram mix …`.
 #[derive(Subcommand, Debug)]
@@ -45,8 +33,8 @@ pub struct FitArgs {
     /// The ∞-gram distribution mixed in (SBIS with two levels, as in the built-in mixer: on
     /// Tiny Shakespeare it mixes better than the paper's sparse ∞-gram and nearly as well as
     /// the smoothed estimator, with sparse rows).
-    #[arg(long, value_enum, default_value_t = MixKind::Sbis)]
-    pub estimator: MixKind,
+    #[arg(long, value_enum, default_value_t = super::EstimatorKind::Sbis)]
+    pub estimator: super::EstimatorKind,
     /// With --estimator sbis: levels (−1: all).
     #[arg(long, default_value_t = 2, allow_hyphen_values = true, value_parser = super::levels)]
     pub k: i64,
@@ -64,17 +52,6 @@ pub struct FitArgs {
     pub model_args: super::ModelArgs,
 }
 
-#[cfg(feature = "neural")]
-impl MixKind {
-    fn estimator(self, k: i64) -> MixEstimator {
-        match self {
-            MixKind::Infgram => MixEstimator::Infgram,
-            MixKind::Sbis => MixEstimator::Sbis { k },
-            MixKind::Smoothed => MixEstimator::Smoothed,
-        }
-    }
-}
-
 /// Runs `infgram mix …`.
 pub fn run(cmd: MixCommand) -> Result<()> {
     match cmd {
@@ -87,7 +64,7 @@ pub fn run(cmd: MixCommand) -> Result<()> {
 
 #[cfg(feature = "neural")]
 fn fit(args: &FitArgs) -> Result<()> {
-    use infgram::service::mixing::{open_mixing_index, score_both};
+    use infgram::mix::{open_mixing_index, score_both};
     if args.k == 0 {
         anyhow::bail!("--k must be −1 (all levels) or at least 1");
     }
@@ -96,13 +73,13 @@ fn fit(args: &FitArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.text)
         .map_err(|e| anyhow::anyhow!("{}: {e}", args.text.display()))?;
     let tokens = infgram::tokenizer::Tokenizer::encode(&loaded.tokenizer, &text)?;
-    let estimator = args.estimator.estimator(args.k);
+    let estimator = args.estimator.spec(Some(args.k), None);
     let mut model = loaded.model;
     let scoring = score_both(
         model.as_mut(),
         &index,
         &tokens,
-        estimator,
+        &estimator,
         args.window,
         args.stride,
     )?;

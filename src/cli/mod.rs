@@ -105,13 +105,27 @@ pub fn levels(s: &str) -> Result<i64, String> {
     }
 }
 
-/// The ∞-gram estimators.
+/// The ∞-gram estimators, as flags name them (the library's [`EstimatorSpec`] without its
+/// numbers, which come from their own flags).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EstimatorKind {
+    /// The infini-gram paper's ∞-gram: the longest suffix with a next token (sparse).
+    Infgram,
     /// Selective backoff interpolation (SBIS).
     Sbis,
     /// Interpolated absolute discounting down to uniform (finite perplexity without a floor).
     Smoothed,
+}
+
+impl EstimatorKind {
+    /// The library's spec of this estimator with the numbers of its flags.
+    pub fn spec(self, k: Option<i64>, decay: Option<f64>) -> EstimatorSpec {
+        match self {
+            EstimatorKind::Infgram => EstimatorSpec::Infgram,
+            EstimatorKind::Sbis => EstimatorSpec::Sbis { k, decay },
+            EstimatorKind::Smoothed => EstimatorSpec::Smoothed,
+        }
+    }
 }
 
 /// Estimator flags shared by `gen` and `ppl` (defaults and ranges: the library's
@@ -153,13 +167,9 @@ impl EstimatorArgs {
 
     /// The estimator as the request names it.
     pub fn spec(&self) -> EstimatorSpec {
-        match self.estimator {
-            Some(EstimatorKind::Smoothed) => EstimatorSpec::Smoothed,
-            None | Some(EstimatorKind::Sbis) => EstimatorSpec::Sbis {
-                k: self.k,
-                decay: self.decay,
-            },
-        }
+        self.estimator
+            .unwrap_or(EstimatorKind::Sbis)
+            .spec(self.k, self.decay)
     }
 
     /// The estimator, checked by the library; the smoothed one uses `discounts` or the fitted

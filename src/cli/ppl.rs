@@ -205,14 +205,14 @@ fn run_model(args: &PplArgs, model: &str, raw: &str) -> Result<()> {
     }
     if let Some(dir) = &args.index {
         // The mixture of the model and the ∞-gram of the index.
-        use infgram::service::mixing::{load_mixer, open_mixing_index, score_both};
+        use infgram::mix::{load_mixer, open_mixing_index, score_both};
         let mixer = load_mixer(args.mix.as_deref())?;
         let index = open_mixing_index(dir, &tok)?;
         let scoring = score_both(
             llm.as_mut(),
             &index,
             &ids,
-            mixer.estimator,
+            &mixer.estimator,
             args.window,
             args.stride,
         )?;

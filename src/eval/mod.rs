@@ -5,13 +5,12 @@
 //!   and next the mixture) in sliding windows, the protocol of the paper's §D.1.
 //! * [`ngram`]: perplexity of an ∞-gram estimator over an index, every position scored in
 //!   parallel straight from the levels, with the token-wise agreement by effective n (§4).
-//! * [`mixture`]: the neural model, the ∞-gram and their mixture on one text (interpolated
-//!   perplexity, the data λ is fitted on), and the decontamination overlap.
+//!
+//! The mixture's perplexity is mixing's own ([`crate::mix::score`]).
 //! * [`attribution`]: the maximal spans of a text that occur in the corpus (with counts and
 //!   documents), the longest copied span, L-uniqueness and the Creativity Index.
 
 pub mod attribution;
-pub mod mixture;
 pub mod ngram;
 pub mod windowed;
 

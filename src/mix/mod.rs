@@ -25,46 +25,53 @@
 //! scorer, the mixture gets generation, speculative decoding (drafts verified against the
 //! mixture: lossless by the loop's construction) and perplexity for free.
 //!
-//! Interpolated perplexity (`eval::mixture`, `service::mixing`) does not run the `Interpolated`
+//! Interpolated perplexity ([`score`]) does not run the `Interpolated`
 //! model: a perplexity needs only the probability of the actual token, so the neural model scores
 //! the text once in the paper's windows, the ∞-gram scores every position in parallel straight from
 //! the levels, and any mixer (fitted or given) combines the two columns. The same columns fit λ.
 //! The decontamination check reports the share of the text's 13-token windows that occur in the
 //! index (the paper's BFF check used 13-grams and 80%).
 
+pub mod open;
+pub mod score;
+
+pub use open::{check_mixing_index, load_mixer, mixture_model, open_mixing_index, MIX_CONTEXT};
+pub use score::{score_both, MixReport, ScoredMixture, Scoring};
+
 use crate::error::{Error, Result};
 use crate::index::Index;
 use crate::lm::{LanguageModel, Logits};
-use crate::ngram::{Estimator, Evidence, InfgramModel};
+use crate::ngram::{EstimatorSpec, Evidence, InfgramModel};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::path::Path;
 
-/// The ∞-gram distribution that is mixed in.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+/// How `mix.json` files written before [`EstimatorSpec`] named their estimator
+/// (`"infgram"`, `{"sbis": {"k": 2}}`, `"smoothed"`); still read.
+#[derive(Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum MixEstimator {
-    /// The paper's ∞-gram: the next-token distribution of the longest suffix with a next
-    /// token (SBIS with one level). Sparse: zero for every token never seen after that suffix.
+enum LegacyEstimator {
     Infgram,
-    /// SBIS with `k` levels (−1: all) and decay 0.1.
-    Sbis {
-        /// Levels.
-        k: i64,
-    },
-    /// Interpolated absolute discounting down to uniform (never zero), default discounts.
+    Sbis { k: i64 },
     Smoothed,
 }
 
-impl MixEstimator {
-    /// The estimator.
-    pub fn estimator(&self) -> Estimator {
-        match *self {
-            MixEstimator::Infgram => Estimator::Sbis { k: 1, decay: 0.1 },
-            MixEstimator::Sbis { k } => Estimator::Sbis { k, decay: 0.1 },
-            MixEstimator::Smoothed => Estimator::Smoothed(Default::default()),
-        }
+/// A mixer file's estimator in either form.
+fn read_estimator<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<EstimatorSpec, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        Spec(EstimatorSpec),
+        Legacy(LegacyEstimator),
     }
+    Ok(match Either::deserialize(d)? {
+        Either::Spec(spec) => spec,
+        Either::Legacy(LegacyEstimator::Infgram) => EstimatorSpec::Infgram,
+        Either::Legacy(LegacyEstimator::Sbis { k }) => EstimatorSpec::sbis(k),
+        Either::Legacy(LegacyEstimator::Smoothed) => EstimatorSpec::Smoothed,
+    })
 }
 
 /// Upper ends (exclusive) of the suffix-length buckets of the λ table ([`Mixer`]): 0, 1, 2, 3, 4–5,
@@ -75,7 +82,8 @@ pub const TABLE_EDGES: [usize; 8] = [1, 2, 3, 4, 6, 8, 12, 16];
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Mixer {
     /// The ∞-gram distribution mixed in.
-    pub estimator: MixEstimator,
+    #[serde(deserialize_with = "read_estimator")]
+    pub estimator: EstimatorSpec,
     /// Upper ends (exclusive) of the suffix-length buckets; empty: one bucket.
     pub edges: Vec<usize>,
     /// λ of each bucket where the ∞-gram estimate is sparse (one possible next token).
@@ -92,7 +100,7 @@ impl Default for Mixer {
     /// while its rows stay sparse, so mixing costs a handful of ids per step.
     fn default() -> Self {
         Mixer {
-            estimator: MixEstimator::Sbis { k: 2 },
+            estimator: EstimatorSpec::sbis(2),
             edges: TABLE_EDGES.to_vec(),
             sparse: vec![
                 0.0707, 0.0536, 0.0528, 0.0904, 0.098, 0.0905, 0.3842, 0.1457, 0.0707,
@@ -106,7 +114,7 @@ impl Default for Mixer {
 
 impl Mixer {
     /// One λ everywhere.
-    pub fn constant(estimator: MixEstimator, lambda: f64) -> Mixer {
+    pub fn constant(estimator: EstimatorSpec, lambda: f64) -> Mixer {
         Mixer {
             estimator,
             edges: Vec::new(),
@@ -152,14 +160,9 @@ impl Mixer {
         if self.edges.windows(2).any(|w| w[0] >= w[1]) {
             return Err(Error::input("the mixer's edges must increase"));
         }
-        if let MixEstimator::Sbis { k } = self.estimator {
-            if k == 0 || k < -1 {
-                return Err(Error::input(format!(
-                    "the mixer's SBIS \"k\" is its number of levels: -1 (all) or at least 1 \
-                     (got {k})"
-                )));
-            }
-        }
+        self.estimator
+            .estimator()
+            .map_err(|e| Error::input(format!("the mixer's estimator: {e}")))?;
         Ok(())
     }
 
@@ -197,7 +200,7 @@ impl Mixer {
     /// 1e-7). `positions` are `(P∞(actual), P_neural(actual), evidence)`. Cells with fewer
     /// than `MIN_CELL` positions take the λ fitted on all positions.
     pub fn fit(
-        estimator: MixEstimator,
+        estimator: EstimatorSpec,
         edges: &[usize],
         positions: &[(f64, f64, Evidence)],
     ) -> Mixer {
@@ -325,7 +328,7 @@ impl<S: AsRef<[u8]> + Sync, N: LanguageModel> Interpolated<S, N> {
             .eos_tokens()
             .first()
             .ok_or_else(|| Error::input("the neural model has no end token"))?;
-        let infgram = InfgramModel::new(index, mixer.estimator.estimator(), context)?
+        let infgram = InfgramModel::new(index, mixer.estimator.estimator()?, context)?
             .with_vocab(neural.vocab_size(), eos)?;
         Ok(Interpolated {
             neural,
@@ -515,12 +518,27 @@ mod tests {
         // SBIS levels as the CLI takes them (issue 32, item 12: a file with k = 0 was taken).
         for (k, ok) in [(0, false), (-2, false), (-1, true), (1, true), (7, true)] {
             let m = Mixer {
-                estimator: MixEstimator::Sbis { k },
+                estimator: EstimatorSpec::sbis(k),
                 ..Mixer::default()
             };
             assert_eq!(m.check().is_ok(), ok, "k = {k}");
         }
         let dir = tempfile::tempdir().unwrap();
+        // The estimator in the spec's form, and in the form of files written before it.
+        for (estimator, want) in [
+            (r#"{"name": "sbis", "k": 3}"#, EstimatorSpec::sbis(3)),
+            (r#"{"name": "infgram"}"#, EstimatorSpec::Infgram),
+            (r#"{"sbis": {"k": 2}}"#, EstimatorSpec::sbis(2)),
+            (r#""infgram""#, EstimatorSpec::Infgram),
+            (r#""smoothed""#, EstimatorSpec::Smoothed),
+        ] {
+            let file = dir.path().join("m.json");
+            let text = format!(
+                r#"{{"estimator": {estimator}, "edges": [], "sparse": [0.5], "dense": [0.1]}}"#
+            );
+            std::fs::write(&file, text).unwrap();
+            assert_eq!(Mixer::load(&file).unwrap().estimator, want, "{estimator}");
+        }
         let missing = Mixer::load(&dir.path().join("mix.json")).unwrap_err();
         assert!(missing.to_string().contains("infgram mix fit"), "{missing}");
         std::fs::write(dir.path().join("bad.json"), "nonsense").unwrap();

@@ -95,6 +95,83 @@ pub enum Estimator {
     Smoothed(Discounts),
 }
 
+/// The one way an ∞-gram estimator is named, wherever one is chosen: a generation request
+/// (`scorer.estimator`), a mixer file (`mix.json`'s `estimator`), the CLI's `--estimator`
+/// flags, Python. [`EstimatorSpec::estimator`] fills in the defaults, checks the numbers and
+/// gives the [`Estimator`] that computes.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "name", rename_all = "snake_case", deny_unknown_fields)]
+pub enum EstimatorSpec {
+    /// The infini-gram paper's ∞-gram: the next-token distribution of the longest suffix with
+    /// a next token (SBIS with one level). Sparse: zero for every token never seen after it.
+    Infgram,
+    /// Selective backoff interpolation sampling.
+    Sbis {
+        /// Levels (−1: all; default [`SBIS_K`]).
+        #[serde(default)]
+        k: Option<i64>,
+        /// Weight ratio between consecutive levels, in (0, 1] (default [`SBIS_DECAY`]).
+        #[serde(default)]
+        decay: Option<f64>,
+    },
+    /// Interpolated absolute discounting down to uniform (default discounts).
+    Smoothed,
+}
+
+/// SBIS levels when a spec does not say: all of them.
+pub const SBIS_K: i64 = -1;
+/// SBIS weight ratio between consecutive levels when a spec does not say.
+pub const SBIS_DECAY: f64 = 0.1;
+
+impl Default for EstimatorSpec {
+    fn default() -> Self {
+        EstimatorSpec::Sbis {
+            k: None,
+            decay: None,
+        }
+    }
+}
+
+impl EstimatorSpec {
+    /// SBIS with `k` levels and the default decay.
+    pub fn sbis(k: i64) -> Self {
+        EstimatorSpec::Sbis {
+            k: Some(k),
+            decay: None,
+        }
+    }
+
+    /// The estimator this spec asks for, its defaults filled in and its numbers checked (an
+    /// error names the field: `estimator.k`, `estimator.decay`).
+    pub fn estimator(&self) -> crate::Result<Estimator> {
+        let field = |field, message| crate::Error::Field { field, message };
+        match *self {
+            EstimatorSpec::Infgram => Ok(Estimator::Sbis {
+                k: 1,
+                decay: SBIS_DECAY,
+            }),
+            EstimatorSpec::Smoothed => Ok(Estimator::Smoothed(Discounts::default())),
+            EstimatorSpec::Sbis { k, decay } => {
+                let k = k.unwrap_or(SBIS_K);
+                if k == 0 || k < -1 {
+                    return Err(field(
+                        "estimator.k",
+                        format!("is the number of SBIS levels: -1 (all) or at least 1, got {k}"),
+                    ));
+                }
+                let decay = decay.unwrap_or(SBIS_DECAY);
+                if !(decay > 0.0 && decay <= 1.0) {
+                    return Err(field(
+                        "estimator.decay",
+                        format!("must be in (0, 1], got {decay}"),
+                    ));
+                }
+                Ok(Estimator::Sbis { k, decay })
+            }
+        }
+    }
+}
+
 impl Estimator {
     /// The levels this estimator needs for a context.
     pub fn levels<S: AsRef<[u8]> + Sync>(

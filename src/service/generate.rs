@@ -13,8 +13,8 @@ use crate::index::counts_cache::CacheStats;
 use crate::index::Index;
 use crate::lm::LanguageModel;
 use crate::mix::Mixer;
+use crate::mix::{check_mixing_index, mixture_model};
 use crate::ngram::{Estimator, InfgramModel, LevelLog};
-use crate::service::mixing::{check_mixing_index, mixture_model};
 use crate::service::request::{CheckedRequest, DrafterSpec};
 use crate::tokenizer::{check_fingerprint, Tokenizer};
 use memmap2::Mmap;
@@ -312,7 +312,7 @@ pub struct ModelGeneration {
 
 /// Generates with `model` (borrowed: a server loads it once) as `req` asks, calling `on_token`
 /// after each token: the drafters and processors of [`drafters`] and [`processors`], the
-/// mixture of [`crate::service::mixing::mixture_model`] when `req.mix` is set.
+/// mixture of [`crate::mix::mixture_model`] when `req.mix` is set.
 pub fn generate_with_model(
     model: &mut dyn LanguageModel,
     tok: &dyn Tokenizer,

@@ -9,15 +9,12 @@
 //!   spec with a backend.
 //! * [`mod@generate`]: generation from the index alone, and the assembly of a neural generation
 //!   (drafters, processors, the copy guard) from options.
-//! * [`mixing`]: the ∞-gram mixed with a neural model: mixer files, the mixture as a scorer,
-//!   interpolated perplexity and fitting λ.
 //! * [`request`]: the generation request of every front end ([`GenerateRequest`], serde), its
 //!   one set of defaults and its checks.
 
 pub mod catalog;
 pub mod generate;
 pub mod indexes;
-pub mod mixing;
 pub mod models;
 pub mod query;
 pub mod request;

@@ -10,7 +10,6 @@
 
 use crate::decode::SamplerConfig;
 use crate::error::{Error, Result};
-use crate::ngram::smoothed::Discounts;
 use crate::ngram::Estimator;
 use serde::{Deserialize, Serialize};
 
@@ -31,9 +30,9 @@ pub mod defaults {
     /// Longest draft verified in one pass.
     pub const DRAFT_MAX: usize = 16;
     /// SBIS levels (−1: all).
-    pub const SBIS_K: i64 = -1;
+    pub const SBIS_K: i64 = crate::ngram::SBIS_K;
     /// SBIS weight ratio between consecutive levels.
-    pub const SBIS_DECAY: f64 = 0.1;
+    pub const SBIS_DECAY: f64 = crate::ngram::SBIS_DECAY;
 }
 
 /// The largest temperature taken (past it, sampling is uniform to many digits).
@@ -60,31 +59,7 @@ impl Default for Prompt {
     }
 }
 
-/// The ∞-gram estimator of a request.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "name", rename_all = "snake_case", deny_unknown_fields)]
-pub enum EstimatorSpec {
-    /// Selective backoff interpolation sampling.
-    Sbis {
-        /// Levels (−1: all; default −1).
-        #[serde(default)]
-        k: Option<i64>,
-        /// Weight ratio between consecutive levels, in (0, 1] (default 0.1).
-        #[serde(default)]
-        decay: Option<f64>,
-    },
-    /// Interpolated absolute discounting down to uniform (default discounts).
-    Smoothed,
-}
-
-impl Default for EstimatorSpec {
-    fn default() -> Self {
-        EstimatorSpec::Sbis {
-            k: None,
-            decay: None,
-        }
-    }
-}
+pub use crate::ngram::EstimatorSpec;
 
 /// What scores the next token.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -281,9 +256,9 @@ impl GenerateRequest {
             }
         }
         let (estimator, uses_model, mix) = match &self.scorer {
-            Scorer::Infgram { estimator } => (estimator.estimator()?, false, false),
-            Scorer::Model => (EstimatorSpec::default().estimator()?, true, false),
-            Scorer::Mixture => (EstimatorSpec::default().estimator()?, true, true),
+            Scorer::Infgram { estimator } => (estimator_of(estimator)?, false, false),
+            Scorer::Model => (estimator_of(&EstimatorSpec::default())?, true, false),
+            Scorer::Mixture => (estimator_of(&EstimatorSpec::default())?, true, true),
         };
         if !uses_model && !self.drafters.is_empty() {
             return Err(field(
@@ -313,35 +288,14 @@ impl GenerateRequest {
     }
 }
 
-impl EstimatorSpec {
-    /// The estimator this spec asks for, its defaults filled in and its numbers checked.
-    pub fn estimator(&self) -> Result<Estimator> {
-        estimator_of(self)
-    }
-}
-
-/// The estimator a spec asks for, its numbers checked.
+/// The estimator a request's spec asks for; its fields named as the request names them.
 fn estimator_of(spec: &EstimatorSpec) -> Result<Estimator> {
-    match *spec {
-        EstimatorSpec::Smoothed => Ok(Estimator::Smoothed(Discounts::default())),
-        EstimatorSpec::Sbis { k, decay } => {
-            let k = k.unwrap_or(defaults::SBIS_K);
-            if k == 0 || k < -1 {
-                return Err(field(
-                    "scorer.estimator.k",
-                    format!("is the number of SBIS levels: -1 (all) or at least 1, got {k}"),
-                ));
-            }
-            let decay = decay.unwrap_or(defaults::SBIS_DECAY);
-            if !(decay > 0.0 && decay <= 1.0) {
-                return Err(field(
-                    "scorer.estimator.decay",
-                    format!("must be in (0, 1], got {decay}"),
-                ));
-            }
-            Ok(Estimator::Sbis { k, decay })
-        }
-    }
+    spec.estimator().map_err(|e| {
+        e.rename_field(&[
+            ("estimator.k", "scorer.estimator.k"),
+            ("estimator.decay", "scorer.estimator.decay"),
+        ])
+    })
 }
 
 impl CheckedRequest {

@@ -1,18 +1,25 @@
 //! Interpolated perplexity: a text scored by the neural model (in the paper's windows), by the
 //! ∞-gram (every position straight from the levels, in parallel) and by their mixture, from one
-//! pass of each; the same per-position numbers fit λ ([`crate::mix::Mixer::fit`]). Also the
-//! decontamination check: how much of the text the index already holds.
+//! pass of each ([`score_both`]); the same per-position numbers fit λ ([`Mixer::fit`]). Also
+//! the decontamination check: how much of the text the index already holds.
 
-use super::ngram::Agreement;
+use super::{Mixer, MIX_CONTEXT};
 use crate::error::Result;
+use crate::eval::ngram::Agreement;
 use crate::index::Index;
 use crate::lm::LanguageModel;
-use crate::mix::{MixEstimator, Mixer};
 use crate::ngram::levels::{top_token, LevelFinder};
-use crate::ngram::{Estimator, Evidence};
+use crate::ngram::{Estimator, EstimatorSpec, Evidence};
 use rayon::prelude::*;
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::time::Instant;
+
+/// The n of the decontamination check (13-grams, as the infini-gram paper).
+pub const OVERLAP_N: usize = 13;
+
+/// Above this overlap, a scored text is mostly in the index: a warning is due.
+pub const OVERLAP_WARN: f64 = 0.2;
 
 /// What the ∞-gram says at one position of a text.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -32,10 +39,10 @@ pub struct InfgramPosition {
 pub fn infgram_positions<S: AsRef<[u8]> + Sync>(
     index: &Index<S>,
     tokens: &[u32],
-    estimator: MixEstimator,
+    estimator: &EstimatorSpec,
     context: usize,
-) -> Vec<InfgramPosition> {
-    let mixed = estimator.estimator();
+) -> Result<Vec<InfgramPosition>> {
+    let mixed = estimator.estimator()?;
     let smoothed = Estimator::Smoothed(Default::default());
     let vocab = index.vocab_size();
     let positions: Vec<usize> = (1..tokens.len()).collect();
@@ -43,7 +50,7 @@ pub fn infgram_positions<S: AsRef<[u8]> + Sync>(
         .len()
         .div_ceil(rayon::current_num_threads() * 4)
         .max(1);
-    positions
+    let scored = positions
         .par_chunks(chunk)
         .flat_map_iter(|chunk| {
             let mut finder = LevelFinder::new(false);
@@ -54,8 +61,8 @@ pub fn infgram_positions<S: AsRef<[u8]> + Sync>(
                     let actual = tokens[i];
                     let all = smoothed.levels(&mut finder, index, ctx);
                     let p_smoothed = smoothed.prob(&all, vocab, actual).unwrap_or(0.0);
-                    let levels = match estimator {
-                        MixEstimator::Smoothed => all.clone(),
+                    let levels = match mixed {
+                        Estimator::Smoothed(_) => all.clone(),
                         _ => mixed.levels(&mut finder, index, ctx),
                     };
                     let p = mixed.prob(&levels, vocab, actual).unwrap_or(0.0);
@@ -70,7 +77,8 @@ pub fn infgram_positions<S: AsRef<[u8]> + Sync>(
                 })
                 .collect::<Vec<_>>()
         })
-        .collect()
+        .collect::<Vec<_>>();
+    Ok(scored)
 }
 
 /// The neural model's probability of every token but the first, in windows of `window` moved
@@ -82,7 +90,7 @@ pub fn neural_probs(
     stride: usize,
 ) -> Result<Vec<f64>> {
     Ok(
-        super::windowed::windowed_neg_log_probs(model, tokens, window, stride)?
+        crate::eval::windowed::windowed_neg_log_probs(model, tokens, window, stride)?
             .into_iter()
             .map(|nll| (-nll).exp())
             .collect(),
@@ -187,7 +195,7 @@ pub fn overlap<S: AsRef<[u8]> + Sync>(index: &Index<S>, tokens: &[u32], n: usize
     if tokens.len() < n || n == 0 {
         return 0.0;
     }
-    let matches = super::attribution::match_lengths(index, tokens);
+    let matches = crate::eval::attribution::match_lengths(index, tokens);
     let found = matches[n - 1..].iter().filter(|m| m.len >= n).count();
     found as f64 / (tokens.len() + 1 - n) as f64
 }
@@ -218,13 +226,13 @@ mod tests {
         let bound = MixReport::new(
             &positions,
             &neural,
-            &Mixer::constant(MixEstimator::Infgram, 0.5),
+            &Mixer::constant(EstimatorSpec::Infgram, 0.5),
         );
         for lambda in [0.0, 0.1, 0.5, 0.9, 1.0] {
             let r = MixReport::new(
                 &positions,
                 &neural,
-                &Mixer::constant(MixEstimator::Infgram, lambda),
+                &Mixer::constant(EstimatorSpec::Infgram, lambda),
             );
             assert!(
                 r.ppl >= r.ppl_bound * (1.0 - 1e-12),
@@ -243,9 +251,81 @@ mod tests {
         let r = MixReport::new(
             &positions,
             &higher,
-            &Mixer::constant(MixEstimator::Infgram, 0.0),
+            &Mixer::constant(EstimatorSpec::Infgram, 0.0),
         );
         assert!((r.ppl - r.ppl_bound).abs() < 1e-9 * r.ppl);
         assert!(r.relative_improvement_bound.abs() < 1e-9);
+    }
+}
+
+/// Interpolated perplexity of a text, with how long each part took and the overlap.
+#[derive(Clone, Debug, Serialize)]
+pub struct ScoredMixture {
+    /// Perplexities and the analysis by effective n.
+    #[serde(flatten)]
+    pub report: MixReport,
+    /// Share of the text's 13-token windows found in the index.
+    pub overlap: f64,
+    /// Seconds in all.
+    pub seconds: f64,
+    /// … of which the neural model.
+    pub neural_seconds: f64,
+    /// … and the ∞-gram.
+    pub infgram_seconds: f64,
+    /// The mixer in use.
+    pub mixer: Mixer,
+}
+
+/// What one pass of both models over a text gives: the ∞-gram's and the neural model's view
+/// of every position.
+pub struct Scoring {
+    infgram: Vec<InfgramPosition>,
+    neural: Vec<f64>,
+    neural_seconds: f64,
+    infgram_seconds: f64,
+    overlap: f64,
+}
+
+/// Scores `tokens` with `neural` (windows of `window` moved by `stride`) and with the ∞-gram
+/// of `index` (`estimator`).
+pub fn score_both<S: AsRef<[u8]> + Sync>(
+    neural: &mut dyn LanguageModel,
+    index: &Index<S>,
+    tokens: &[u32],
+    estimator: &EstimatorSpec,
+    window: usize,
+    stride: usize,
+) -> Result<Scoring> {
+    let t = Instant::now();
+    let infgram = infgram_positions(index, tokens, estimator, MIX_CONTEXT)?;
+    let overlap = overlap(index, tokens, OVERLAP_N);
+    let infgram_seconds = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let neural_p = neural_probs(neural, tokens, window, stride)?;
+    Ok(Scoring {
+        infgram,
+        neural: neural_p,
+        neural_seconds: t.elapsed().as_secs_f64(),
+        infgram_seconds,
+        overlap,
+    })
+}
+
+impl Scoring {
+    /// The mixture's perplexity report under `mixer`.
+    pub fn report(&self, mixer: &Mixer) -> ScoredMixture {
+        ScoredMixture {
+            report: MixReport::new(&self.infgram, &self.neural, mixer),
+            overlap: self.overlap,
+            seconds: self.neural_seconds + self.infgram_seconds,
+            neural_seconds: self.neural_seconds,
+            infgram_seconds: self.infgram_seconds,
+            mixer: mixer.clone(),
+        }
+    }
+
+    /// λ fitted on these positions (a table over `edges`; empty: the paper's two weights).
+    pub fn fit(&self, estimator: EstimatorSpec, edges: &[usize]) -> Mixer {
+        Mixer::fit(estimator, edges, &fitting_data(&self.infgram, &self.neural))
     }
 }
