@@ -337,7 +337,7 @@ impl Drafter for PromptLookup {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum CorpusRule {
     /// The SBIS distribution over all levels (weights `decay^j`): its argmax chain. The default:
-    /// on `bench_speculative`'s outputs it is the model's next token more often (10.8% vs 6.8%
+    /// on `bench_decode speculative`'s outputs it is the model's next token more often (10.8% vs 6.8%
     /// of open-question positions, 26.2% vs 20.8% in Shakespeare, in the last run).
     Sbis { decay: f64 },
     /// The most frequent continuation of the longest matching suffix alone.

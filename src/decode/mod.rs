@@ -73,7 +73,7 @@ pub trait Drafter {
     /// Up to `max` tokens likely to follow `context` (prompt and generated text so far).
     fn propose(&mut self, context: &[u32], max: usize) -> Result<Draft>;
     /// Up to `n` candidates for the token after `context` with their confidences, best first
-    /// (the root of a token tree; `bench_speculative` measures what a second candidate would
+    /// (the root of a token tree; `bench_decode speculative` measures what a second candidate would
     /// add). By default the first token of [`Drafter::propose`].
     fn alternatives(&mut self, context: &[u32], n: usize) -> Result<Vec<(u32, f64)>> {
         let draft = self.propose(context, 1)?;
@@ -539,7 +539,7 @@ pub fn greedy(
 /// Rows of a pass the decode loop asks for first; then as many again as it has, while
 /// verification accepts (`LanguageModel::score_first`). Each call costs hand-offs to the
 /// threads, and a neural model's output projection over 8 rows costs about 3 of one row's:
-/// in two in-process A/Bs (`bench_speculative`'s prompts, fastest of 3) 8 was 0.2–8% faster
+/// in two in-process A/Bs (`bench_decode speculative`'s prompts, fastest of 3) 8 was 0.2–8% faster
 /// than 4 on every set.
 const FIRST_ROWS: usize = 8;
 

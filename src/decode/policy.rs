@@ -18,7 +18,7 @@
 //! (`DecodeConfig::local_evidence`): after `s ≥ 4` of its tokens were accepted in a row, each next
 //! one counts as at least `(s + 1) / (s + 2)` likely (the rule of succession), and the run ends at
 //! the first rejection. Drafts run long while the model copies and stop quickly when it leaves the
-//! source (`bench_speculative` prints both policies, and plots tokens per pass with `PLOT_DIR`).
+//! source (`bench_decode speculative` prints both policies, and plots tokens per pass with `--plot-dir`).
 //! Prompt lookup also keeps the copy's place in the source: it follows the source position while
 //! the model writes the source's next token, and remembers where the copy broke off when it does
 //! not. For 24 tokens after a break, a short match (under 4 tokens) whose continuation lies at
@@ -26,7 +26,7 @@
 //! drafts with the confidence of a match 4 tokens longer; 4 tokens seen before restart the copy
 //! (nearest after the break). `CostModel::frozen` plans drafts from the prior table alone and lets
 //! no drafter rest for its call time, so greedy decoding makes the same passes in every run:
-//! `examples/draft_policy` weighs those passes with the table, a speed-up free of timing noise
+//! `bench_decode policy` weighs those passes with the table, a speed-up free of timing noise
 //! for comparing policies.
 //!
 

@@ -95,7 +95,7 @@ pub struct Mixer {
 impl Default for Mixer {
     /// SBIS with two levels and the table by suffix length, fitted with SmolLM2-135M on Tiny
     /// Shakespeare: index = the first 95% of train, λ fitted on the rest of train
-    /// (`cargo run --release --example bench_mix` prints it; `BENCHMARKS.md`, "Mixing"). Of the
+    /// (`cargo run --release --example bench_decode -- mix` prints it; `BENCHMARKS.md`, "Mixing"). Of the
     /// three ∞-gram distributions it scores within 0.3% of the best (the smoothed estimator)
     /// while its rows stay sparse, so mixing costs a handful of ids per step.
     fn default() -> Self {

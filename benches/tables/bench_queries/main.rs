@@ -56,9 +56,17 @@ fn time_per<F: FnMut(usize)>(n: usize, mut f: F) -> f64 {
     t.elapsed().as_secs_f64() / n as f64
 }
 
+/// Queries, scoring and generation on Tiny Shakespeare (or another text).
+#[derive(clap::Parser)]
+struct Args {
+    /// A UTF-8 text to use instead of Tiny Shakespeare (train = its first 90%).
+    text: Option<std::path::PathBuf>,
+}
+
 fn main() {
-    let text = match std::env::args().nth(1) {
-        Some(path) => std::fs::read_to_string(&path).expect("a UTF-8 text file"),
+    let args = <Args as clap::Parser>::parse();
+    let text = match &args.text {
+        Some(path) => std::fs::read_to_string(path).expect("a UTF-8 text file"),
         None => infgram::assets::tiny_shakespeare().expect("the in-tree Tiny Shakespeare"),
     };
     let cut = text.len() * 9 / 10;

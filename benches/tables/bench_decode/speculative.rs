@@ -4,11 +4,11 @@
 //! prompt index and an index of Shakespeare's complete works in the model's tokens drafting,
 //! once with the drafters trusted by their run-wide calibration only and once with local
 //! evidence too (`DecodeConfig::local_evidence`); every output must equal plain decoding's.
-//! Prints the tables; with `PLOT_DIR=DIR` (feature `plot`) also draws, per prompt, the tokens
+//! Prints the tables; with `--plot-dir DIR` (feature `plot`) also draws, per prompt, the tokens
 //! each pass emitted along the output, verbatim stretches shaded.
 //!
-//! `cargo run --release --example bench_speculative` (builds the Shakespeare index into the cache
-//! on first use). `REPEATS=N` runs plain and speculative decoding of each prompt N times,
+//! `cargo run --release --example bench_decode -- speculative` (builds the Shakespeare index into
+//! the cache on first use). `--repeats N` runs plain and speculative decoding of each prompt N times,
 //! alternating, and keeps the fastest run of each: on a noisy machine the ratios then move
 //! far less from run to run.
 
@@ -19,8 +19,7 @@ use infgram::neural::chat_prompt;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 use std::path::Path;
 
-mod prompts;
-use prompts::SETS;
+use crate::prompts::SETS;
 
 /// One prompt set's results for one drafting policy.
 #[derive(Default)]
@@ -227,7 +226,8 @@ fn keep_fastest(best: &mut Option<(Vec<u32>, DecodeStats)>, run: (Vec<u32>, Deco
     }
 }
 
-fn main() {
+/// Runs the benchmark: `repeats` alternating runs per prompt, plots into `plot_dir`.
+pub fn run(repeats: usize, plot_dir: Option<std::path::PathBuf>) {
     let path = infgram::assets::ensure_model("smollm2-135m").expect("fetch the model");
     let tok = HfTokenizer::from_gguf(&path).unwrap();
     let index_dir = infgram::service::cached_index(&[], &tok)
@@ -239,12 +239,7 @@ fn main() {
         ..DecodeConfig::default()
     };
     let policies = [("run-wide calibration", false), ("+ local evidence", true)];
-    let repeats: usize = std::env::var("REPEATS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(1)
-        .max(1);
-    let plot_dir = std::env::var_os("PLOT_DIR").map(std::path::PathBuf::from);
+    let repeats = repeats.max(1);
     let mut rows = Vec::new();
     let mut trees = Vec::new();
     let mut per_prompt = Vec::new();

@@ -1,4 +1,4 @@
-//! The ceiling of a set of drafters on one output (`draft_policy`, `bench_mix`): what a policy
+//! The ceiling of a set of drafters on one output (`policy`, `mix`): what a policy
 //! that knew the output would reach with them.
 
 use infgram::decode::{CostModel, Drafter};

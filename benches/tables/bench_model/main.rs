@@ -20,7 +20,15 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// The forward pass of each backend, by pass size.
+#[derive(clap::Parser)]
+struct Args {
+    /// Run only the rows whose backend contains this (`infgram` skips the slow candle rows).
+    filter: Option<String>,
+}
+
 fn main() {
+    let args = <Args as clap::Parser>::parse();
     if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
         std::env::set_var("CANDLE_NUM_THREADS", "1");
     }
@@ -60,7 +68,7 @@ fn main() {
             native(q8, 2),
         ),
     ];
-    let filter = std::env::args().nth(1).unwrap_or_default();
+    let filter = args.filter.unwrap_or_default();
     for (pass, name, load) in rows {
         if !pass.contains(&filter) {
             continue;

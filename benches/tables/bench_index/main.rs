@@ -14,11 +14,20 @@ fn drop_page_cache() -> bool {
         && std::fs::write("/proc/sys/vm/drop_caches", "3\n").is_ok()
 }
 
+/// Query latency on an index on disk.
+#[derive(clap::Parser)]
+struct Args {
+    /// The index directory.
+    index_dir: std::path::PathBuf,
+    /// Queries per type.
+    #[arg(default_value_t = 2000)]
+    queries: usize,
+}
+
 fn main() {
-    let mut args = std::env::args().skip(1);
-    let dir = args.next().expect("usage: bench_index INDEX_DIR [QUERIES]");
-    let n: usize = args.next().map_or(2000, |s| s.parse().expect("a number"));
-    let index = Index::open(std::path::Path::new(&dir)).expect("open index");
+    let args = <Args as clap::Parser>::parse();
+    let (dir, n) = (args.index_dir.display().to_string(), args.queries);
+    let index = Index::open(&args.index_dir).expect("open index");
     let shards = index.shards();
     println!(
         "{dir}: {} tokens, {} shards, reverse: {}",

@@ -1,5 +1,5 @@
 //! Compares drafting policies without timing noise: greedy speculative decoding of
-//! `bench_speculative`'s prompt sets with the cost table frozen (`CostModel::frozen`), so every
+//! `bench_decode speculative`'s prompt sets with the cost table frozen (`CostModel::frozen`), so every
 //! run makes the same passes, and each output's speed-up modeled as its tokens over the summed
 //! table cost of its passes (a plain step costs 1). Prints, per set, the geometric mean and
 //! each prompt's modeled speed-up (passes in brackets), for drafts planned with and without the
@@ -10,25 +10,21 @@
 //!
 //! Wall-clock ratios on these machines move by ±0.1× between runs of the same build, as much as
 //! the effects being tuned; this count does not move. It leaves out what a pass costs beyond the
-//! table (drafting, sampling), so it reads a little above `bench_speculative`'s timed ratios.
+//! table (drafting, sampling), so it reads a little above `bench_decode speculative`'s timed ratios.
 //!
-//! `cargo run --release --example draft_policy` (about a minute on 2 cores)
+//! `cargo run --release --example bench_decode -- policy` (about a minute on 2 cores)
 
-#[path = "../bench_speculative/ceiling.rs"]
-mod ceiling;
-#[path = "../bench_speculative/prompts.rs"]
-mod prompts;
-
-use ceiling::ceiling;
+use crate::ceiling::ceiling;
+use crate::prompts::SETS;
 use infgram::decode::drafters::{CorpusDrafter, PromptLookup};
 use infgram::decode::{greedy, CostModel, DecodeConfig, Drafter};
 use infgram::neural::arch::llama::Llama;
 use infgram::neural::chat_prompt;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
-use prompts::SETS;
 use std::sync::Arc;
 
-fn main() {
+/// Runs the comparison.
+pub fn run() {
     let path = infgram::assets::ensure_model("smollm2-135m").expect("fetch the model");
     let tok = HfTokenizer::from_gguf(&path).unwrap();
     let index_dir = infgram::service::cached_index(&[], &tok)

@@ -10,11 +10,11 @@
 //! draft cut exactly where the mixture leaves it) weighed by the mixture's pass costs measured
 //! in the run.
 //!
-//! Decoding runs in rounds (`DECODE_ROUNDS`, default 5), the three runs of a prompt back to back
+//! Decoding runs in rounds (`--rounds`, default 5), the three runs of a prompt back to back
 //! in each, so a ratio compares runs made in the same state of a noisy machine; the table gives
 //! medians, the range of the ratios, and the three prompts together.
 //!
-//! `cargo run --release --example bench_mix [-- MAX_VAL_TOKENS]` (default: all of val, about
+//! `cargo run --release --example bench_decode -- mix [--max-val-tokens N]` (default: all of val, about
 //! 36,000 tokens; about 2 minutes on a 2-vCPU AMD EPYC Zen 5)
 
 use infgram::decode::drafters::{CorpusDrafter, PromptLookup};
@@ -29,13 +29,10 @@ use infgram::Index;
 use std::sync::Arc;
 use std::time::Instant;
 
-#[path = "../bench_speculative/ceiling.rs"]
-mod ceiling;
+use crate::ceiling;
 
-fn main() {
-    let limit: usize = std::env::args()
-        .nth(1)
-        .map_or(0, |s| s.parse().expect("a number"));
+/// Runs the benchmark on the first `limit` tokens of val (0: all), decoding in `rounds` rounds.
+pub fn run(limit: usize, rounds: usize) {
     let path = infgram::assets::ensure_model("smollm2-135m").unwrap();
     let tok = HfTokenizer::from_gguf(&path).unwrap();
     let mut model = Llama::from_gguf(&path).unwrap().with_threads(2);
@@ -128,9 +125,7 @@ fn main() {
         trace: true,
         ..Default::default()
     };
-    let rounds: usize = std::env::var("DECODE_ROUNDS")
-        .ok()
-        .map_or(5, |s| s.parse().expect("DECODE_ROUNDS: a number"));
+    let rounds = rounds.max(1);
     println!(
         "\ndecoding: greedy, {} new tokens, {rounds} rounds of plain / mixture / speculative mixture per prompt \
          (medians; ratios are the median and range of the rounds' ratios, each round's runs back to back)",

@@ -1,4 +1,4 @@
-//! The prompt sets of `bench_speculative` and `draft_policy` (issue #15), fixed before any tuning.
+//! The prompt sets of the `speculative` and `policy` benchmarks (issue #15), fixed before any tuning.
 
 /// Copy and light-edit prompts as people use them (issue #15; fixed before any tuning): quote
 /// a passage, copy a paragraph, a story or code, fix typos, rename a variable, reformat a list,

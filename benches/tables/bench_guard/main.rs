@@ -43,7 +43,15 @@ fn spread(mut xs: Vec<f64>) -> (f64, f64, f64) {
     (xs[0], xs[xs.len() / 2], xs[xs.len() - 1])
 }
 
+/// The copy guard's cost and effect, and attribution's speed.
+#[derive(clap::Parser)]
+struct Args {
+    /// A large index (the Linux kernel source) to time attribution on as well.
+    large_index: Option<std::path::PathBuf>,
+}
+
 fn main() {
+    let args = <Args as clap::Parser>::parse();
     let dir = infgram::service::cached_byte_index(&[]).expect("the default corpus");
     let index = Arc::new(Index::open(&dir).expect("open the default index"));
     let prompt: Vec<u32> = b"ROMEO:".iter().map(|&b| u32::from(b)).collect();
@@ -160,8 +168,8 @@ fn main() {
             ms.2
         );
     }
-    if let Some(big) = std::env::args().nth(1) {
-        let big = Index::open(std::path::Path::new(&big)).expect("open INDEX_DIR");
+    if let Some(big) = &args.large_index {
+        let big = Index::open(big).expect("open INDEX_DIR");
         // A text from the corpus itself, and the same generated text.
         let sh = &big.shards()[0];
         let from_corpus: Vec<u32> = (1_000_000..1_000_500).map(|p| sh.tok(p)).collect();

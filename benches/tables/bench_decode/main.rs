@@ -1,0 +1,60 @@
+//! The decoding benchmarks, one program with a subcommand each; they share the prompt sets
+//! and the drafters' ceiling:
+//!
+//! * `speculative`: speculative decoding against plain decoding, per prompt set;
+//! * `mix`: mixing SmolLM2 with the ∞-gram (perplexity, fitted λ, decoding speed);
+//! * `policy`: drafting policies compared free of timing noise.
+//!
+//! `cargo run --release --example bench_decode -- speculative --repeats 3` (`--help` lists the
+//! options). The tables are those of `BENCHMARKS.md`.
+
+use clap::{Parser, Subcommand};
+
+mod ceiling;
+mod mix;
+mod policy;
+mod prompts;
+mod speculative;
+
+#[derive(Parser)]
+#[command(about = "infgram's decoding benchmarks")]
+struct Cli {
+    #[command(subcommand)]
+    bench: Bench,
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Speculative decoding against plain decoding on the prompt sets.
+    Speculative {
+        /// Alternating runs of plain and speculative decoding per prompt; each keeps its
+        /// fastest (the ratios then move far less on a noisy machine).
+        #[arg(long, default_value_t = 1)]
+        repeats: usize,
+        /// Also draw, per prompt, the tokens each pass emitted (feature `plot`).
+        #[arg(long)]
+        plot_dir: Option<std::path::PathBuf>,
+    },
+    /// SmolLM2 mixed with the ∞-gram on Tiny Shakespeare.
+    Mix {
+        /// Score only the first N tokens of val (0: all, about 36,000).
+        #[arg(long, default_value_t = 0)]
+        max_val_tokens: usize,
+        /// Rounds of plain / mixture / speculative mixture decoding per prompt.
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+    },
+    /// Drafting policies compared by modeled speed-up (a frozen cost table).
+    Policy,
+}
+
+fn main() {
+    match Cli::parse().bench {
+        Bench::Speculative { repeats, plot_dir } => speculative::run(repeats, plot_dir),
+        Bench::Mix {
+            max_val_tokens,
+            rounds,
+        } => mix::run(max_val_tokens, rounds),
+        Bench::Policy => policy::run(),
+    }
+}
