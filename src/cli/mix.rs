@@ -5,7 +5,6 @@ use anyhow::Result;
 use clap::{Args, Subcommand};
 #[cfg(feature = "neural")]
 use infgram::mix::score::{ScoredMixture, OVERLAP_N, OVERLAP_WARN};
-#[cfg(feature = "neural")]
 use std::path::PathBuf;
 
 /// `infgram mix …`.
