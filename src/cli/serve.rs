@@ -106,10 +106,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
     };
     let limits = infgram::server::Limits {
         body_bytes: args.max_body,
-        query_chars: args.max_query_chars,
-        query_tokens: args.max_query_tokens,
-        maxnum: args.max_maxnum,
-        max_disp_len: args.max_disp_len,
+        query: infgram::service::QueryLimits {
+            text_chars: args.max_query_chars,
+            tokens: args.max_query_tokens,
+            maxnum: args.max_maxnum,
+            max_disp_len: args.max_disp_len,
+            ..infgram::server::Limits::default().query
+        },
         max_tokens: args.max_tokens,
         prompt_tokens: args.max_prompt_tokens,
         query_time: std::time::Duration::from_secs_f64(args.query_timeout),

@@ -137,7 +137,7 @@ fn read_input(
     match (query, query_ids) {
         (Some(Value::String(text)), None) => {
             limits
-                .query_limits()
+                .query
                 .check_text(&text)
                 .map_err(|e| ApiError::from(e.rename_field(FIELD_NAMES)))?;
             Ok(Input::Text(text))
@@ -197,7 +197,7 @@ fn check_tokens(input: &Input, limits: &Limits) -> Result<(), ApiError> {
         Input::None | Input::Text(_) => 0,
     };
     limits
-        .query_limits()
+        .query
         .check_tokens(n)
         .map_err(|e| ApiError::from(e.rename_field(FIELD_NAMES)))
 }

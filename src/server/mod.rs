@@ -47,16 +47,10 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 pub struct Limits {
     /// Request body, in bytes (413 past it).
     pub body_bytes: usize,
-    /// Characters of a query string (infini-gram's API: 1,000).
-    pub query_chars: usize,
-    /// Tokens of a query (infini-gram's API: 500).
-    pub query_tokens: usize,
-    /// Documents a `search_docs` / `attribute` query returns at most (`maxnum`).
-    pub maxnum: usize,
-    /// Tokens of a document window at most (`max_disp_len`).
-    pub max_disp_len: usize,
-    /// `max_diff_tokens` of a CNF query at most.
-    pub max_diff_tokens: usize,
+    /// The bounds of an infini-gram API query, checked by the library
+    /// ([`crate::service::query::Query::check`]): characters of a query string (infini-gram's
+    /// API: 1,000), its tokens (500), `maxnum`, `max_disp_len` and `max_diff_tokens` at most.
+    pub query: QueryLimits,
     /// Characters of a completion prompt.
     pub prompt_chars: usize,
     /// Tokens of a completion prompt.
@@ -75,28 +69,17 @@ pub struct Limits {
     pub concurrent_queries: usize,
 }
 
-impl Limits {
-    /// The bounds of an infini-gram API query, for the library to check.
-    pub fn query_limits(&self) -> QueryLimits {
-        QueryLimits {
-            text_chars: self.query_chars,
-            tokens: self.query_tokens,
-            maxnum: self.maxnum,
-            max_disp_len: self.max_disp_len,
-            max_diff_tokens: self.max_diff_tokens,
-        }
-    }
-}
-
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             body_bytes: 64 * 1024,
-            query_chars: 1000,
-            query_tokens: 500,
-            maxnum: 10,
-            max_disp_len: 10_000,
-            max_diff_tokens: 1000,
+            query: QueryLimits {
+                text_chars: 1000,
+                tokens: 500,
+                maxnum: 10,
+                max_disp_len: 10_000,
+                max_diff_tokens: 1000,
+            },
             prompt_chars: 20_000,
             prompt_tokens: 4096,
             max_tokens: 2048,
@@ -462,7 +445,7 @@ async fn answer_query(state: &Arc<AppState>, request: api::ApiQuery) -> Result<V
         let tok = served.tokenizer.as_ref();
         let started = Instant::now();
         let (query, tokens) = request.to_query(tok, &limits)?;
-        let mut answer = execute_within(&served.index, tok, &query, &limits.query_limits())
+        let mut answer = execute_within(&served.index, tok, &query, &limits.query)
             .map_err(|e| e.rename_field(api::FIELD_NAMES))?
             .to_value();
         let latency_ms = started.elapsed().as_secs_f64() * 1e3;
