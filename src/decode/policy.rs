@@ -309,20 +309,56 @@ impl DraftPolicy {
         cfg: &DecodeConfig,
         budget: usize,
     ) -> Result<(Draft, Option<usize>)> {
-        plan_draft(
-            drafters,
-            &mut self.states,
-            processors,
-            context,
-            &self.cost,
-            cfg,
-            budget,
-        )
+        let max = cfg.draft_max.min(budget.saturating_sub(1));
+        let mut best: (Draft, Option<usize>, f64) = (Draft::default(), None, 1.0);
+        if max == 0 {
+            return Ok((best.0, None));
+        }
+        for (d, (drafter, state)) in drafters.iter_mut().zip(self.states.iter_mut()).enumerate() {
+            if best.2 >= GOOD_ENOUGH {
+                // An earlier (cheaper) drafter already has a good draft: skip the rest.
+                break;
+            }
+            if state.rest > 0 {
+                state.rest -= 1;
+                continue;
+            }
+            let t = Instant::now();
+            let mut draft = drafter.propose(context, max)?;
+            state.seconds += t.elapsed().as_secs_f64();
+            state.calls += 1;
+            state.asked = true;
+            draft.tokens.truncate(max);
+            // Tokens a processor would mask cannot be accepted: cut the draft before them.
+            for p in processors.iter_mut() {
+                let admitted = p.admit(context, &draft.tokens);
+                draft.tokens.truncate(admitted);
+            }
+            draft.confidence.truncate(draft.tokens.len());
+            let f = state.calibration.factor();
+            let local = if cfg.local_evidence {
+                state.run.confidence()
+            } else {
+                0.0
+            };
+            let calibrated: Vec<f64> = draft
+                .confidence
+                .iter()
+                .map(|c| (c * f).max(local).min(0.99))
+                .collect();
+            let (k, speed) = self.cost.best_length(&calibrated);
+            if k > 0 && speed > best.2 {
+                draft.tokens.truncate(k);
+                draft.confidence.truncate(k);
+                best = (draft, Some(d), speed);
+            }
+        }
+        Ok((best.0, best.1))
     }
 
-    /// After a pass over `fed` tokens that took `seconds` (0 when untimed), in which
-    /// `accepted` tokens of `draft` (from drafter `chosen`) were kept; `step_seconds` is the
-    /// mean time of a model step so far.
+    /// After a pass in which `accepted` tokens of `draft` (from drafter `chosen`) were kept;
+    /// `timing` is the pass's (tokens fed, seconds) when passes are timed, and
+    /// `mean_step_seconds` the mean time of a model step so far.
     pub(super) fn learn(
         &mut self,
         chosen: Option<usize>,
@@ -357,63 +393,6 @@ impl DraftPolicy {
             state.settle(gained, step_seconds);
         }
     }
-}
-
-/// [`DraftPolicy::plan`] over the drafters' states.
-fn plan_draft(
-    drafters: &mut [Box<dyn Drafter>],
-    states: &mut [DrafterState],
-    processors: &mut [Box<dyn Processor>],
-    context: &[u32],
-    cost: &CostModel,
-    cfg: &DecodeConfig,
-    budget: usize,
-) -> Result<(Draft, Option<usize>)> {
-    let max = cfg.draft_max.min(budget.saturating_sub(1));
-    let mut best: (Draft, Option<usize>, f64) = (Draft::default(), None, 1.0);
-    if max == 0 {
-        return Ok((best.0, None));
-    }
-    for (d, (drafter, state)) in drafters.iter_mut().zip(states.iter_mut()).enumerate() {
-        if best.2 >= GOOD_ENOUGH {
-            // An earlier (cheaper) drafter already has a good draft: skip the rest.
-            break;
-        }
-        if state.rest > 0 {
-            state.rest -= 1;
-            continue;
-        }
-        let t = Instant::now();
-        let mut draft = drafter.propose(context, max)?;
-        state.seconds += t.elapsed().as_secs_f64();
-        state.calls += 1;
-        state.asked = true;
-        draft.tokens.truncate(max);
-        // Tokens a processor would mask cannot be accepted: cut the draft before them.
-        for p in processors.iter_mut() {
-            let admitted = p.admit(context, &draft.tokens);
-            draft.tokens.truncate(admitted);
-        }
-        draft.confidence.truncate(draft.tokens.len());
-        let f = state.calibration.factor();
-        let local = if cfg.local_evidence {
-            state.run.confidence()
-        } else {
-            0.0
-        };
-        let calibrated: Vec<f64> = draft
-            .confidence
-            .iter()
-            .map(|c| (c * f).max(local).min(0.99))
-            .collect();
-        let (k, speed) = cost.best_length(&calibrated);
-        if k > 0 && speed > best.2 {
-            draft.tokens.truncate(k);
-            draft.confidence.truncate(k);
-            best = (draft, Some(d), speed);
-        }
-    }
-    Ok((best.0, best.1))
 }
 
 #[cfg(test)]

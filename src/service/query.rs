@@ -453,10 +453,10 @@ impl Query {
     /// Checks the query's parameters against the protocol's bounds and `limits`; errors name
     /// the field ([`Error::Field`]) for a front end to rename.
     pub fn check(&self, limits: &QueryLimits) -> Result<()> {
-        if let Some(text) = &self.subject().text {
+        let subject = self.subject();
+        if let Some(text) = &subject.text {
             limits.check_text(text)?;
         }
-        let subject = self.subject();
         let ids = subject.input_ids.as_ref().or(subject.prompt_ids.as_ref());
         limits.check_tokens(ids.map_or(0, Vec::len))?;
         match self {
