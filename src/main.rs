@@ -22,6 +22,8 @@ enum Command {
     Gen(cli::gen::GenArgs),
     /// Perplexity and agreement of the ∞-gram on a text.
     Ppl(cli::ppl::PplArgs),
+    /// Write the modified Kneser–Ney model of an index in ARPA format (KenLM-compatible).
+    ExportArpa(cli::arpa::ArpaArgs),
     /// The spans of a text that occur in the corpus, with their counts and documents.
     Attribute(cli::attribute::AttributeArgs),
     /// How much of a text no long corpus span covers: L-uniqueness and the Creativity Index.
@@ -72,6 +74,7 @@ fn main() {
         Command::Query(a) => cli::query::run(a),
         Command::Gen(a) => cli::gen::run(a),
         Command::Ppl(a) => cli::ppl::run(a),
+        Command::ExportArpa(a) => cli::arpa::run(a),
         Command::Attribute(a) => cli::attribute::run_attribute(a),
         Command::Creativity(a) => cli::attribute::run_creativity(a),
         Command::Mix(c) => cli::mix::run(c),

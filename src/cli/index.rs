@@ -12,8 +12,9 @@ pub struct IndexArgs {
     /// Output index directory (must not exist, unless --force).
     #[arg(short, long)]
     pub output: PathBuf,
-    /// `bytes`, a tokenizer.json, a .gguf model file, a model name (`smollm2-135m`), a
-    /// safetensors model directory, or `hf:OWNER/REPO[:FILE]`.
+    /// `bytes`, `words` (whitespace-split, the vocabulary taken from the inputs), a
+    /// tokenizer.json, a .gguf model file, a model name (`smollm2-135m`), a safetensors model
+    /// directory, or `hf:OWNER/REPO[:FILE]`.
     #[arg(long, default_value = "bytes")]
     pub tokenizer: String,
     /// Memory budget in GB (default: half of the available memory); larger corpora are sharded.
@@ -25,6 +26,10 @@ pub struct IndexArgs {
     /// Replace an existing index at --output.
     #[arg(long)]
     pub force: bool,
+    /// Sentence mode (with `--tokenizer words`): each line is a sentence, a document of its
+    /// own, with `<s>` before it and `</s>` after it, as classic n-gram models count.
+    #[arg(long)]
+    pub sentences: bool,
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
@@ -35,7 +40,15 @@ pub struct IndexArgs {
 
 /// Runs `infgram index`.
 pub fn run(args: IndexArgs) -> Result<()> {
-    let tok = infgram::service::load_tokenizer(&args.tokenizer)?;
+    let tok: Box<dyn infgram::tokenizer::Tokenizer> =
+        if args.tokenizer == infgram::tokenizer::words::KIND {
+            let files = infgram::corpus::list_files(&args.inputs)?;
+            Box::new(infgram::tokenizer::words::WordTokenizer::from_corpus(
+                &files,
+            )?)
+        } else {
+            infgram::service::load_tokenizer(&args.tokenizer)?
+        };
     let opts = BuildOptions {
         mem_bytes: args
             .mem
@@ -43,6 +56,7 @@ pub fn run(args: IndexArgs) -> Result<()> {
         reverse: !args.no_reverse,
         overwrite: args.force,
         progress: std::io::stderr().is_terminal(),
+        sentences: args.sentences,
     };
     let s = build_index(&args.inputs, &args.output, tok.as_ref(), &opts)?;
     if args.json {

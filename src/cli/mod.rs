@@ -9,6 +9,7 @@ macro_rules! outln {
     }};
 }
 
+pub mod arpa;
 pub mod attribute;
 pub mod gen;
 pub mod index;
@@ -115,12 +116,31 @@ pub enum EstimatorKind {
     Sbis,
     /// Interpolated absolute discounting down to uniform (finite perplexity without a floor).
     Smoothed,
+    /// Fixed-order interpolated modified Kneser–Ney, as KenLM's lmplz (`--order N`; ppl,
+    /// export-arpa).
+    Mkn,
+    /// Fixed-order add-α (`--order N --alpha A`; α = 0 is MLE; ppl).
+    AddAlpha,
 }
 
 impl EstimatorKind {
     /// The library's spec of this estimator with the numbers of its flags.
     pub fn spec(self, k: Option<i64>, decay: Option<f64>) -> EstimatorSpec {
+        self.spec_with(k, decay, None, None)
+    }
+
+    /// [`EstimatorKind::spec`] with the fixed-order models' flags (order 3 unless given).
+    pub fn spec_with(
+        self,
+        k: Option<i64>,
+        decay: Option<f64>,
+        order: Option<usize>,
+        alpha: Option<f64>,
+    ) -> EstimatorSpec {
+        let order = order.unwrap_or(3);
         match self {
+            EstimatorKind::Mkn => EstimatorSpec::Mkn { order },
+            EstimatorKind::AddAlpha => EstimatorSpec::AddAlpha { order, alpha },
             EstimatorKind::Infgram => EstimatorSpec::Infgram,
             EstimatorKind::Sbis => EstimatorSpec::Sbis { k, decay },
             EstimatorKind::Smoothed => EstimatorSpec::Smoothed,
@@ -141,6 +161,13 @@ pub struct EstimatorArgs {
     /// SBIS weight ratio between consecutive levels, in (0, 1] (default 0.1).
     #[arg(long)]
     pub decay: Option<f64>,
+    /// Fixed-order models (mkn, add-alpha): the order N (default 3).
+    #[arg(long, value_parser = positive)]
+    pub order: Option<usize>,
+    /// add-alpha: the pseudo-count α ≥ 0 (default 1; 0 is MLE, where an unseen n-gram needs
+    /// --floor).
+    #[arg(long)]
+    pub alpha: Option<f64>,
 }
 
 /// The CLI's names of the generation request's fields.
@@ -156,6 +183,8 @@ pub const FLAG_NAMES: &[(&str, &str)] = &[
     ("guard.max_span", "--guard"),
     ("scorer.estimator.k", "--k"),
     ("scorer.estimator.decay", "--decay"),
+    ("order", "--order"),
+    ("alpha", "--alpha"),
     ("drafters", "--speculative"),
 ];
 
@@ -169,7 +198,7 @@ impl EstimatorArgs {
     pub fn spec(&self) -> EstimatorSpec {
         self.estimator
             .unwrap_or(EstimatorKind::Sbis)
-            .spec(self.k, self.decay)
+            .spec_with(self.k, self.decay, self.order, self.alpha)
     }
 
     /// The estimator, checked by the library; the smoothed one uses `discounts` or the fitted

@@ -37,7 +37,15 @@ pub struct PplArgs {
     /// ≤ 4, ≤ 64, more) instead of fitting them.
     #[arg(long, value_delimiter = ',')]
     pub discounts: Option<Vec<f64>>,
-    /// Print one JSON object.
+    /// Sentence mode (fixed-order models over an index built with `--tokenizer words
+    /// --sentences`): each line of --text is a sentence `<s> … </s>`, scored as KenLM's `query`.
+    #[arg(long)]
+    pub sentences: bool,
+    /// mkn: discounts D1,D2,D3+ for an order whose count-of-counts cannot give them (KenLM's
+    /// --discount_fallback; with no values 0.5,1,1.5).
+    #[arg(long, value_delimiter = ',', num_args = 0..=3)]
+    pub discount_fallback: Option<Vec<f64>>,
+    /// Print one JSON object (with --sentences: each sentence's log10 probability too).
     #[arg(long)]
     pub json: bool,
     /// Draw agreement and token counts by effective n into this PNG file.
@@ -75,6 +83,15 @@ pub fn run(args: PplArgs) -> Result<()> {
         return run_model(&args, model, &raw);
         #[cfg(not(feature = "neural"))]
         return Err(super::no_neural().context(model.clone()));
+    }
+    if matches!(
+        args.est.spec(),
+        infgram::ngram::EstimatorSpec::Mkn { .. } | infgram::ngram::EstimatorSpec::AddAlpha { .. }
+    ) {
+        return run_classic(&args, &raw);
+    }
+    if args.sentences {
+        bail!("--sentences scores with a fixed-order model: pass --estimator mkn or add-alpha");
     }
     let smoothed = args.est.is_smoothed();
     let given = args.discounts.as_ref().map(|d| -> Result<Discounts> {
@@ -152,6 +169,90 @@ pub fn run(args: PplArgs) -> Result<()> {
         );
     }
     print_report(&report, args.json, discounts.filter(|_| smoothed))
+}
+
+/// The fallback discounts of `--discount-fallback` (KenLM's defaults when it has no values).
+pub fn fallback_discounts(given: &Option<Vec<f64>>) -> Result<Option<[f64; 3]>> {
+    Ok(match given.as_deref() {
+        None => None,
+        Some([]) => Some(infgram::ngram::classic::KENLM_FALLBACK),
+        Some(&[a, b, c]) => Some([a, b, c]),
+        Some(_) => bail!("--discount-fallback takes no values or three: D1,D2,D3+"),
+    })
+}
+
+/// The fixed-order model the estimator flags name, estimated over `index`.
+pub fn classic_model<S: AsRef<[u8]> + Sync>(
+    est: &super::EstimatorArgs,
+    index: &Index<S>,
+    sentences: bool,
+    fallback: &Option<Vec<f64>>,
+) -> Result<infgram::ngram::classic::ClassicModel> {
+    use infgram::eval::classic::is_sentence_index;
+    if sentences != is_sentence_index(index) {
+        bail!(if sentences {
+            "--sentences needs an index built in sentence mode: `infgram index --tokenizer words --sentences`"
+        } else {
+            "this index was built in sentence mode: pass --sentences"
+        });
+    }
+    let model = est
+        .spec()
+        .classic(index, sentences, fallback_discounts(fallback)?)
+        .map_err(|e| e.rename_field(super::FLAG_NAMES))?;
+    model.context("the estimator is not a fixed-order model")
+}
+
+/// `infgram ppl --estimator mkn|add-alpha`: a fixed-order model's perplexity.
+fn run_classic(args: &PplArgs, raw: &str) -> Result<()> {
+    use infgram::eval::classic::{score, scored_sequences};
+    let (index, tok) = match &args.index {
+        Some(d) => infgram::service::open_index(d, None)?,
+        None if !args.corpus.is_empty() => infgram::service::open_cached_byte_index(&args.corpus)?,
+        None => bail!("a fixed-order model needs --index DIR or --corpus FILES"),
+    };
+    let t0 = std::time::Instant::now();
+    let model = classic_model(&args.est, &index, args.sentences, &args.discount_fallback)?;
+    let estimate_seconds = t0.elapsed().as_secs_f64();
+    let seqs = scored_sequences(tok.as_ref(), raw, args.sentences)?;
+    let r = score(&index, &model, &seqs, args.floor)?;
+    if args.json {
+        let mut v = serde_json::to_value(&r)?;
+        v["order"] = model.order().into();
+        v["discounts"] = serde_json::to_value(model.discounts())?;
+        v["estimate_seconds"] = estimate_seconds.into();
+        v["ngrams"] = serde_json::to_value(&model.stats().ngrams)?;
+        if !args.sentences {
+            v.as_object_mut().map(|o| o.remove("sentence_log10"));
+        }
+        outln!("{v}")?;
+        return Ok(());
+    }
+    outln!("perplexity      {:.4}", r.ppl)?;
+    outln!("log10 prob      {:.4}", r.log10_prob)?;
+    outln!("tokens          {}", r.tokens)?;
+    if args.sentences {
+        outln!("sentences       {}", r.sentences)?;
+    }
+    outln!("oov             {}", r.oov)?;
+    if r.floored > 0 {
+        outln!("floored         {}", r.floored)?;
+    }
+    for (n, d) in model.discounts().iter().enumerate() {
+        outln!(
+            "discounts {}     {:.4},{:.4},{:.4}",
+            n + 1,
+            d[1],
+            d[2],
+            d[3]
+        )?;
+    }
+    outln!(
+        "seconds         {:.3} estimate, {:.3} score",
+        estimate_seconds,
+        r.seconds
+    )?;
+    Ok(())
 }
 
 fn print_report(r: &PplReport, json: bool, discounts: Option<Discounts>) -> Result<()> {

@@ -107,7 +107,8 @@ fn is_shard_dir_name(name: &str) -> bool {
 }
 
 /// The first entry of `dir` that infgram does not write into an index directory (anything but
-/// the header, a build marker, and `shard-N` directories holding shard files), as a path; a
+/// the header, a build marker, a word vocabulary, and `shard-N` directories holding shard
+/// files), as a path; a
 /// symbolic link is never one of infgram's.
 fn foreign_entry(dir: &Path) -> std::io::Result<Option<PathBuf>> {
     for entry in std::fs::read_dir(dir)? {
@@ -115,7 +116,9 @@ fn foreign_entry(dir: &Path) -> std::io::Result<Option<PathBuf>> {
         let name = entry.file_name().to_string_lossy().into_owned();
         let kind = entry.file_type()?;
         let ours = if kind.is_file() {
-            name == HEADER_FILE || name == MARKER_FILE
+            name == HEADER_FILE
+                || name == MARKER_FILE
+                || name == crate::tokenizer::words::VOCAB_FILE
         } else if kind.is_dir() && is_shard_dir_name(&name) {
             match foreign_shard_entry(&entry.path())? {
                 Some(inner) => return Ok(Some(inner)),

@@ -22,6 +22,9 @@ pub struct BuildOptions {
     pub overwrite: bool,
     /// Show a progress bar (on a terminal).
     pub progress: bool,
+    /// Sentence mode: each line of a document is a document of the index, `<s>` before it and
+    /// `</s>` after it (a tokenizer with sentence marks: `words`).
+    pub sentences: bool,
 }
 
 impl Default for BuildOptions {
@@ -31,6 +34,7 @@ impl Default for BuildOptions {
             reverse: true,
             overwrite: false,
             progress: true,
+            sentences: false,
         }
     }
 }
@@ -94,6 +98,17 @@ pub fn build_index(
             "no input files: pass .txt, .jsonl[.gz|.zst] files or directories",
         ));
     }
+    let marks = match (opts.sentences, tokenizer.sentence_marks()) {
+        (false, _) => None,
+        (true, Some(marks)) => Some(marks),
+        (true, None) => {
+            return Err(Error::input(format!(
+                "sentence mode needs a tokenizer with sentence marks <s> and </s>: pass \
+                 --tokenizer words (not {})",
+                tokenizer.name()
+            )))
+        }
+    };
     let total_in = corpus::total_bytes(&files);
     let width = token_width_for_vocab(tokenizer.vocab_size());
     let cap = shard_capacity(opts.mem_bytes, width, opts.reverse);
@@ -121,17 +136,28 @@ pub fn build_index(
                           writer: &mut ShardWriter,
                           header: &mut Header|
      -> Result<()> {
-        let encoded: Vec<Result<Vec<u32>>> = batch
+        let encoded: Vec<Result<Vec<Vec<u32>>>> = batch
             .par_iter()
-            .map(|d| tokenizer.encode(&d.text))
+            .map(|d| match marks {
+                None => Ok(vec![tokenizer.encode(&d.text)?]),
+                Some((bos, eos)) => crate::tokenizer::words::sentence_lines(&d.text)
+                    .map(|line| {
+                        let mut ids = vec![bos];
+                        ids.extend(tokenizer.encode(line)?);
+                        ids.push(eos);
+                        Ok(ids)
+                    })
+                    .collect(),
+            })
             .collect();
-        for (doc, ids) in batch.drain(..).zip(encoded) {
-            let ids = ids?;
-            if writer.len() + ids.len() + 1 > cap && !writer.is_empty() {
-                let full = std::mem::replace(writer, ShardWriter::new(width));
-                flush_shard(full, header)?;
+        for (doc, parts) in batch.drain(..).zip(encoded) {
+            for ids in parts? {
+                if writer.len() + ids.len() + 1 > cap && !writer.is_empty() {
+                    let full = std::mem::replace(writer, ShardWriter::new(width));
+                    flush_shard(full, header)?;
+                }
+                writer.push(&ids, &doc.meta)?;
             }
-            writer.push(&ids, &doc.meta)?;
         }
         Ok(())
     };
@@ -165,6 +191,12 @@ pub fn build_index(
     tokenize_batch(&mut batch, &mut writer, &mut header)?;
     if !writer.is_empty() || header.shards.is_empty() {
         flush_shard(writer, &mut header)?;
+    }
+    for (name, bytes) in tokenizer.index_files() {
+        let path = tmp.path().join(name);
+        let mut f = std::fs::File::create(&path).map_err(|e| Error::io(&path, e))?;
+        std::io::Write::write_all(&mut f, &bytes).map_err(|e| Error::io(&path, e))?;
+        f.sync_all().map_err(|e| Error::io(&path, e))?;
     }
     let summary = finish_build(tmp, header, t0)?;
     bar.finish_and_clear();

@@ -5,6 +5,8 @@
 //!   ([`crate::index::counts_cache`]), and the incremental tracker used in generation.
 //! * [`sbis`]: the selective backoff interpolation distribution.
 //! * [`smoothed`]: interpolated absolute discounting across all levels (finite perplexity).
+//! * [`classic`]: fixed-order n-gram models (KenLM's modified Kneser–Ney, add-α) counted on
+//!   the suffix array, and [`arpa`], their export in ARPA format.
 //! * [`model`]: [`InfgramModel`], the ∞-gram as a [`crate::lm::LanguageModel`] with sparse rows,
 //!   so generation, speculative decoding and perplexity run it like any model.
 //!
@@ -38,6 +40,8 @@
 //! distribution, with Kneser–Ney continuation counts below the longest level; nine discounts (three
 //! per class of level total) fitted on held-out train. Finite perplexity with no floor.
 
+pub mod arpa;
+pub mod classic;
 pub mod levels;
 pub mod model;
 pub mod sbis;
@@ -116,12 +120,28 @@ pub enum EstimatorSpec {
     },
     /// Interpolated absolute discounting down to uniform (default discounts).
     Smoothed,
+    /// A classic fixed-order model: interpolated modified Kneser–Ney as KenLM's `lmplz`
+    /// estimates it ([`classic`]).
+    Mkn {
+        /// The order N (at least 1).
+        order: usize,
+    },
+    /// A classic fixed-order model: add-α (α = 0: maximum likelihood) ([`classic`]).
+    AddAlpha {
+        /// The order N (at least 1).
+        order: usize,
+        /// The pseudo-count α ≥ 0 (default 1).
+        #[serde(default)]
+        alpha: Option<f64>,
+    },
 }
 
 /// SBIS levels when a spec does not say: all of them.
 pub const SBIS_K: i64 = -1;
 /// SBIS weight ratio between consecutive levels when a spec does not say.
 pub const SBIS_DECAY: f64 = 0.1;
+/// Add-α's pseudo-count when a spec does not say (Laplace).
+pub const ADD_ALPHA: f64 = 1.0;
 
 impl Default for EstimatorSpec {
     fn default() -> Self {
@@ -133,6 +153,32 @@ impl Default for EstimatorSpec {
 }
 
 impl EstimatorSpec {
+    /// The classic fixed-order model this spec names, estimated over `index` (`sentences`:
+    /// the index was built in sentence mode); `None` for the ∞-gram estimators.
+    pub fn classic<S: AsRef<[u8]> + Sync>(
+        &self,
+        index: &Index<S>,
+        sentences: bool,
+        discount_fallback: Option<[f64; 3]>,
+    ) -> crate::Result<Option<classic::ClassicModel>> {
+        let (order, smoothing) = match *self {
+            EstimatorSpec::Mkn { order } => (
+                order,
+                classic::Smoothing::Mkn {
+                    fallback: discount_fallback,
+                },
+            ),
+            EstimatorSpec::AddAlpha { order, alpha } => (
+                order,
+                classic::Smoothing::AddAlpha {
+                    alpha: alpha.unwrap_or(ADD_ALPHA),
+                },
+            ),
+            _ => return Ok(None),
+        };
+        classic::ClassicModel::new(index, order, smoothing, sentences).map(Some)
+    }
+
     /// SBIS with `k` levels and the default decay.
     pub fn sbis(k: i64) -> Self {
         EstimatorSpec::Sbis {
@@ -151,6 +197,13 @@ impl EstimatorSpec {
                 decay: SBIS_DECAY,
             }),
             EstimatorSpec::Smoothed => Ok(Estimator::Smoothed(Discounts::default())),
+            EstimatorSpec::Mkn { .. } | EstimatorSpec::AddAlpha { .. } => Err(field(
+                "estimator",
+                "is a fixed-order n-gram model (mkn, add_alpha): `infgram ppl` scores with it \
+                 and `infgram export-arpa` writes it; it has no ∞-gram levels to generate or \
+                 mix with here"
+                    .into(),
+            )),
             EstimatorSpec::Sbis { k, decay } => {
                 let k = k.unwrap_or(SBIS_K);
                 if k == 0 || k < -1 {

@@ -31,7 +31,7 @@ fn with_tokenizer(
             tokenizer::check_fingerprint(&index.header().tokenizer, tok.as_ref())?;
             tok
         }
-        None => tokenizer::from_spec(&index.header().tokenizer)?,
+        None => tokenizer::from_spec_in(&index.header().tokenizer, index.dir())?,
     };
     Ok((index, tok))
 }

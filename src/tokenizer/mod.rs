@@ -9,11 +9,15 @@
 //!   pre-tokenizer is: digits split one by one, then the GPT-2 regex, byte-level with no prefix
 //!   space — exactly the `tokenizer.json` SmolLM2 ships with, which we write out and load.
 //!
+//! * [`words::WordTokenizer`]: whitespace-split words with a vocabulary taken from the corpus
+//!   (classic n-gram language models; KenLM's tokenization), with a sentence mode.
+//!
 //! Every tokenizer has a *fingerprint*: a hash of everything that decides its ids. The index
 //! stores it, and a query with another tokenizer is refused.
 
 #[cfg(feature = "neural")]
 pub(crate) mod gguf;
+pub mod words;
 
 use crate::error::{Error, Result};
 use std::path::Path;
@@ -39,6 +43,16 @@ pub trait Tokenizer: Send + Sync {
     fn fingerprint(&self) -> String;
     /// Description that lets a reader of the index reload this tokenizer.
     fn spec(&self) -> TokenizerSpec;
+    /// Files the index keeps beside its shards to reload this tokenizer (name, contents): the
+    /// word vocabulary of [`words::WordTokenizer`]; none for the others.
+    fn index_files(&self) -> Vec<(&'static str, Vec<u8>)> {
+        Vec::new()
+    }
+    /// The ids of the sentence start and end marks (`<s>`, `</s>`), for a tokenizer that
+    /// has them (sentence mode).
+    fn sentence_marks(&self) -> Option<(u32, u32)> {
+        None
+    }
 }
 
 /// How an index refers to its tokenizer.
@@ -326,6 +340,12 @@ pub fn load(name: &str) -> Result<Box<dyn Tokenizer>> {
     if name == "bytes" {
         return Ok(Box::new(ByteTokenizer));
     }
+    if name == words::KIND {
+        return Err(Error::input(
+            "the `words` tokenizer takes its vocabulary from a corpus: `infgram index \
+             --tokenizer words` builds it, and an index built so reloads it by itself",
+        ));
+    }
     let path = Path::new(name);
     if !path.exists() {
         return Err(Error::input(format!(
@@ -339,10 +359,28 @@ pub fn load(name: &str) -> Result<Box<dyn Tokenizer>> {
     }
 }
 
-/// Reloads the tokenizer an index was built with.
+/// Reloads the tokenizer an index was built with (an index in memory: one that keeps no
+/// tokenizer file).
 pub fn from_spec(spec: &TokenizerSpec) -> Result<Box<dyn Tokenizer>> {
+    from_spec_in(spec, None)
+}
+
+/// Reloads the tokenizer an index was built with; `dir`, the index's directory, holds the
+/// files of a tokenizer that keeps them there (the word vocabulary).
+pub fn from_spec_in(spec: &TokenizerSpec, dir: Option<&Path>) -> Result<Box<dyn Tokenizer>> {
     let tok: Box<dyn Tokenizer> = match spec.kind.as_str() {
         "bytes" => Box::new(ByteTokenizer),
+        words::KIND => {
+            let dir = dir.ok_or_else(|| {
+                Error::input(
+                    "a word-level index's vocabulary is in its directory: open it from disk",
+                )
+            })?;
+            Box::new(words::WordTokenizer::load(
+                &dir.join(words::VOCAB_FILE),
+                Some(&spec.fingerprint),
+            )?)
+        }
         UNKNOWN_KIND => Box::new(IdsOnly {
             vocab_size: spec.vocab_size,
         }),

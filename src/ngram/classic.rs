@@ -1,0 +1,574 @@
+//! Classic fixed-order n-gram language models on the suffix array: interpolated modified
+//! Kneser–Ney as KenLM's `lmplz` estimates it, and add-α (MLE at α = 0).
+//!
+//! A suffix array answers every count these models need, at any order, without pruning, so
+//! the model is never materialized: [`ClassicModel::new`] makes one pass over the suffix array
+//! for the count-of-counts (hence the discounts) and the unigram table, and each probability is
+//! then a few binary searches and, below the highest order, a scan of the context's
+//! occurrences (memoized per context in a [`Memo`]).
+//!
+//! # Modified Kneser–Ney, as `lmplz` computes it
+//!
+//! With sentences `<s> w₁ … wₖ </s>` (sentence mode), `G_n` is the set of n-grams found inside
+//! a sentence. For `g ∈ G_n` the **adjusted count** `a(g)` is its count when `n = N` (the
+//! model's order) or when `g` starts with `<s>`, else the number of distinct words found just
+//! before it (its continuation count; `<s>` counts as such a word). The count-of-counts
+//! `t_{n,k}` (`k = 1…4`) of the adjusted counts of `G_n` give three discounts per order
+//! (Chen & Goodman's eq. 26): `Y = t₁ / (t₁ + 2 t₂)`, `D_k = k − (k+1) Y t_{k+1} / t_k`.
+//! For a context `h` of order `n − 1`:
+//!
+//! * `u(w|h) = (a(hw) − D_{a(hw)}) / Σ_x a(hx)` for `hw ∈ G_n` (0 otherwise),
+//! * `γ(h) = (D₁ N₁(h) + D₂ N₂(h) + D₃ N₃₊(h)) / Σ_x a(hx)`, where `N_k(h)` counts the `x`
+//!   with `a(hx) = k` (3: three or more),
+//! * `p(w|h) = u(w|h) + γ(h) · p(w|h')` with `h'` the context without its first word,
+//!   down to the unigrams: `p(w) = u(w) + γ(ε) / |V|`, `|V|` the types seen (`</s>` included,
+//!   `<s>` not) and `<unk>`; `<unk>` gets `γ(ε) / |V|`.
+//!
+//! A context that never occurs with a next word backs off with weight 1, which is what a
+//! model in ARPA form (stored probabilities and back-off weights) computes, so
+//! [`super::arpa`] writes these same numbers. `<s>` is never predicted.
+//!
+//! Outside sentence mode (any tokenizer) the same formulas run over documents: no n-gram
+//! crosses a document boundary, and a document's start counts as one more distinct word
+//! before an n-gram found there. `|V|` is then the tokenizer's vocabulary.
+//!
+//! # Add-α
+//!
+//! `p(w|h) = (c(hw) + α) / (c(h·) + α |V|)` with `h` the last `N − 1` tokens (fewer at the
+//! start of a sentence or document). At α = 0 (MLE) an unseen n-gram has probability 0: the
+//! caller floors it or reports it.
+
+use super::levels::count_of;
+use crate::error::{Error, Result};
+use crate::index::query::{merge_counts, Counts, Occ};
+use crate::index::Index;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// How the probabilities are smoothed.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Smoothing {
+    /// Interpolated modified Kneser–Ney; `fallback`: discounts to use for an order whose
+    /// count-of-counts cannot give them (KenLM's `--discount_fallback`), else that is an error.
+    Mkn {
+        /// Discounts `D₁, D₂, D₃₊` for an order where the count-of-counts fail.
+        fallback: Option<[f64; 3]>,
+    },
+    /// Add-α (α ≥ 0; 0 is maximum likelihood).
+    AddAlpha {
+        /// The pseudo-count.
+        alpha: f64,
+    },
+}
+
+/// KenLM's default fallback discounts (`--discount_fallback` with no values).
+pub const KENLM_FALLBACK: [f64; 3] = [0.5, 1.0, 1.5];
+
+/// What one pass over the suffix array counts, per order `n = 1…N` (index `n − 1`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CountStats {
+    /// Distinct n-grams (for unigrams: the types predicted, `<s>` left out).
+    pub ngrams: Vec<u64>,
+    /// Count-of-counts of adjusted counts: entry `k` is the n-grams with adjusted count
+    /// exactly `k` (`k = 1…4`; entry 0 unused).
+    pub count_of_counts: Vec<[u64; 5]>,
+    /// Adjusted count of each unigram, by id (0 for ids never predicted).
+    pub unigram: Vec<u64>,
+}
+
+/// A classic n-gram model of fixed order over an index.
+#[derive(Clone, Debug)]
+pub struct ClassicModel {
+    order: usize,
+    smoothing: Smoothing,
+    /// `<s>` of sentence mode (its n-grams keep raw counts; it is never predicted).
+    bos: Option<u32>,
+    /// Per order: `[0, D₁, D₂, D₃₊]` (MKN).
+    discounts: Vec<[f64; 4]>,
+    /// `|V|`, the size of the uniform distribution at the bottom.
+    uniform: usize,
+    /// Complete unigram probabilities by id (MKN).
+    unigram: Vec<f64>,
+    stats: CountStats,
+}
+
+/// Memoized statistics of contexts (one per thread). Bounded: cleared when it holds
+/// [`MEMO_LIMIT`] contexts.
+#[derive(Default)]
+pub struct Memo {
+    contexts: HashMap<Vec<u32>, Option<Arc<ContextStats>>>,
+}
+
+/// Contexts a [`Memo`] holds at most.
+pub const MEMO_LIMIT: usize = 1 << 20;
+
+/// The counts that follow one context.
+#[derive(Debug)]
+struct ContextStats {
+    /// `(x, a(hx))` sorted by `x`.
+    counts: Counts,
+    /// `Σ_x a(hx)`.
+    total: u64,
+    /// Back-off weight γ(h) (MKN).
+    gamma: f64,
+}
+
+impl ClassicModel {
+    /// The model of `order` over `index` with `smoothing`; `sentences`: the index was built in
+    /// sentence mode (`<s>` = [`crate::tokenizer::words::BOS`]). One pass over the suffix array.
+    pub fn new<S: AsRef<[u8]> + Sync>(
+        index: &Index<S>,
+        order: usize,
+        smoothing: Smoothing,
+        sentences: bool,
+    ) -> Result<Self> {
+        if order == 0 {
+            return Err(Error::Field {
+                field: "order",
+                message: "must be at least 1".into(),
+            });
+        }
+        if let Smoothing::AddAlpha { alpha } = smoothing {
+            if !(alpha >= 0.0 && alpha.is_finite()) {
+                return Err(Error::Field {
+                    field: "alpha",
+                    message: format!("must be finite and at least 0, got {alpha}"),
+                });
+            }
+        }
+        if index.shards().iter().any(|s| s.byte_ordered()) {
+            return Err(Error::input(
+                "classic n-gram models need an index built by infgram (this one sorts its \
+                 suffixes by bytes, as infini-gram's u16 indexes do): rebuild it with `infgram index`",
+            ));
+        }
+        let bos = sentences.then_some(crate::tokenizer::words::BOS);
+        let vocab = index.vocab_size().max(1);
+        let stats = count_pass(index, order, bos, vocab);
+        let words_kind = index.header().tokenizer.kind == crate::tokenizer::words::KIND;
+        let seen = stats.unigram.iter().filter(|&&a| a > 0).count();
+        let uniform = if words_kind {
+            // KenLM's: the types seen and <unk> (<s> is not predicted).
+            seen + usize::from(stats.unigram[crate::tokenizer::words::UNK as usize] == 0)
+        } else {
+            vocab
+        };
+        let mut model = ClassicModel {
+            order,
+            smoothing,
+            bos,
+            discounts: Vec::new(),
+            uniform: uniform.max(1),
+            unigram: Vec::new(),
+            stats,
+        };
+        match model.smoothing.clone() {
+            Smoothing::Mkn { fallback } => {
+                model.discounts = (0..order)
+                    .map(|n| discounts(&model.stats.count_of_counts[n], n + 1, fallback))
+                    .collect::<Result<_>>()?;
+                model.unigram = model.mkn_unigrams();
+            }
+            Smoothing::AddAlpha { .. } => {}
+        }
+        Ok(model)
+    }
+
+    /// The order N.
+    pub fn order(&self) -> usize {
+        self.order
+    }
+
+    /// The smoothing.
+    pub fn smoothing(&self) -> &Smoothing {
+        &self.smoothing
+    }
+
+    /// `|V|`, the size of the uniform distribution at the bottom.
+    pub fn uniform_size(&self) -> usize {
+        self.uniform
+    }
+
+    /// What the pass over the suffix array counted.
+    pub fn stats(&self) -> &CountStats {
+        &self.stats
+    }
+
+    /// The discounts `[0, D₁, D₂, D₃₊]` of each order (MKN; empty for add-α).
+    pub fn discounts(&self) -> &[[f64; 4]] {
+        &self.discounts
+    }
+
+    /// The start-of-sentence id in sentence mode.
+    pub fn bos(&self) -> Option<u32> {
+        self.bos
+    }
+
+    fn mkn_unigrams(&self) -> Vec<f64> {
+        let a = &self.stats.unigram;
+        let d = &self.discounts[0];
+        let total: u64 = a.iter().sum();
+        let mut n = [0u64; 4];
+        for &c in a.iter().filter(|&&c| c > 0) {
+            n[c.min(3) as usize] += 1;
+        }
+        let gamma =
+            (d[1] * n[1] as f64 + d[2] * n[2] as f64 + d[3] * n[3] as f64) / total.max(1) as f64;
+        let base = gamma / self.uniform as f64;
+        let mut p: Vec<f64> = a
+            .iter()
+            .map(|&c| {
+                let u = if c > 0 {
+                    (c as f64 - d[c.min(3) as usize]) / total as f64
+                } else {
+                    0.0
+                };
+                u + base
+            })
+            .collect();
+        if let Some(b) = self.bos {
+            // KenLM gives <s> probability 1: it is never predicted, only a context.
+            p[b as usize] = 1.0;
+        }
+        p
+    }
+
+    /// The probability of `w` after `ctx` (the tokens before it in its sentence or document;
+    /// only the last `N − 1` count). Add-α at α = 0 gives 0 for an unseen n-gram.
+    pub fn prob<S: AsRef<[u8]> + Sync>(
+        &self,
+        index: &Index<S>,
+        memo: &mut Memo,
+        ctx: &[u32],
+        w: u32,
+    ) -> f64 {
+        let h = &ctx[ctx.len().saturating_sub(self.order - 1)..];
+        match self.smoothing {
+            Smoothing::AddAlpha { alpha } => {
+                let (c, total) = match self.context(index, memo, h) {
+                    Some(st) => (count_of(&st.counts, w) as f64, st.total as f64),
+                    None => (0.0, 0.0),
+                };
+                let den = total + alpha * self.uniform as f64;
+                if den > 0.0 {
+                    (c + alpha) / den
+                } else {
+                    0.0
+                }
+            }
+            Smoothing::Mkn { .. } => {
+                let mut p = self.unigram.get(w as usize).copied().unwrap_or_else(|| {
+                    // An id past the index's vocabulary: never seen, as <unk>.
+                    self.unigram[crate::tokenizer::words::UNK as usize]
+                });
+                for j in 1..=h.len() {
+                    let Some(st) = self.context(index, memo, &h[h.len() - j..]) else {
+                        break;
+                    };
+                    let a = count_of(&st.counts, w);
+                    let d = &self.discounts[j];
+                    let u = if a > 0 {
+                        (a as f64 - d[a.min(3) as usize]) / st.total as f64
+                    } else {
+                        0.0
+                    };
+                    p = u + st.gamma * p;
+                }
+                p
+            }
+        }
+    }
+
+    /// The back-off weight γ(h) of a context (1 for one that never occurs with a next word),
+    /// as ARPA stores it.
+    pub fn backoff<S: AsRef<[u8]> + Sync>(
+        &self,
+        index: &Index<S>,
+        memo: &mut Memo,
+        h: &[u32],
+    ) -> f64 {
+        self.context(index, memo, h).map_or(1.0, |st| st.gamma)
+    }
+
+    /// The statistics of context `h` (`|h| < N`; empty only for add-α), memoized; `None` when it never occurs
+    /// with a next token.
+    fn context<S: AsRef<[u8]> + Sync>(
+        &self,
+        index: &Index<S>,
+        memo: &mut Memo,
+        h: &[u32],
+    ) -> Option<Arc<ContextStats>> {
+        if let Some(st) = memo.contexts.get(h) {
+            return st.clone();
+        }
+        if memo.contexts.len() >= MEMO_LIMIT {
+            memo.contexts.clear();
+        }
+        let st = self.context_stats(index, h).map(Arc::new);
+        memo.contexts.insert(h.to_vec(), st.clone());
+        st
+    }
+
+    fn context_stats<S: AsRef<[u8]> + Sync>(
+        &self,
+        index: &Index<S>,
+        h: &[u32],
+    ) -> Option<ContextStats> {
+        let order = h.len() + 1;
+        let raw = matches!(self.smoothing, Smoothing::AddAlpha { .. })
+            || order == self.order
+            || self.bos.is_some_and(|b| h[0] == b);
+        let counts = if raw {
+            let mut counts = merge_counts(index.shards().iter().map(|s| {
+                let r = s.find(h);
+                s.occ_counts(Occ::Fwd(r), h)
+            }));
+            if let Some(b) = self.bos {
+                // Only the empty context (add-α's unigrams) is followed by <s>: not predicted.
+                counts.retain(|&(x, _)| x != b);
+            }
+            counts
+        } else {
+            continuation_counts(index, h)
+        };
+        let total: u64 = counts.iter().map(|&(_, c)| c).sum();
+        if total == 0 {
+            return None;
+        }
+        let gamma = match self.smoothing {
+            Smoothing::Mkn { .. } => {
+                let d = &self.discounts[order - 1];
+                let mass: f64 = counts.iter().map(|&(_, c)| d[c.min(3) as usize]).sum();
+                mass / total as f64
+            }
+            Smoothing::AddAlpha { .. } => 0.0,
+        };
+        Some(ContextStats {
+            counts,
+            total,
+            gamma,
+        })
+    }
+}
+
+/// For each token `x` after an occurrence of `h`: the number of distinct tokens found just
+/// before `h·x` over all shards (a document's start counts as one).
+fn continuation_counts<S: AsRef<[u8]> + Sync>(index: &Index<S>, h: &[u32]) -> Counts {
+    let d = h.len();
+    let mut pairs: Vec<(u32, u32)> = Vec::new();
+    for s in index.shards() {
+        let sep = s.separator();
+        let (a, b) = s.find(h);
+        pairs.extend((a..b).filter_map(|i| {
+            let p = s.sa(i);
+            if p + d >= s.len() {
+                return None;
+            }
+            let x = s.tok(p + d);
+            let prev = if p == 0 { sep } else { s.tok(p - 1) };
+            (x != sep).then_some((x, prev))
+        }));
+    }
+    pairs.sort_unstable();
+    pairs.dedup();
+    crate::index::query::tally_sorted(pairs.into_iter().map(|(x, _)| x))
+}
+
+/// KenLM's discounts of one order from its count-of-counts (computed in `f32` as `lmplz` does).
+fn discounts(t: &[u64; 5], n: usize, fallback: Option<[f64; 3]>) -> Result<[f64; 4]> {
+    let fail = |why: String| -> Result<[f64; 4]> {
+        match fallback {
+            Some(f) => Ok([0.0, f[0], f[1], f[2]]),
+            None => Err(Error::input(format!(
+                "could not estimate Kneser–Ney discounts for {n}-grams: {why} (their adjusted \
+                 counts 1, 2, 3 and 4 occur {}, {}, {} and {} times); the corpus is small or \
+                 artificial (try deduplicating it), or pass --discount-fallback",
+                t[1], t[2], t[3], t[4]
+            ))),
+        }
+    };
+    if let Some(k) = (1..4).find(|&k| t[k] == 0) {
+        return fail(format!("no {n}-gram has adjusted count {k}"));
+    }
+    let y = t[1] as f32 / (t[1] as f32 + 2.0 * t[2] as f32);
+    let mut d = [0.0f64; 4];
+    for k in 1..4 {
+        let dk = k as f32 - (k + 1) as f32 * y * t[k + 1] as f32 / t[k] as f32;
+        if !(0.0..=k as f32).contains(&dk) {
+            return fail(format!(
+                "the discount of adjusted count {k} is {dk}, out of [0, {k}]"
+            ));
+        }
+        d[k] = dk as f64;
+    }
+    Ok(d)
+}
+
+/// One cursor over a shard's suffix array for the merged pass.
+struct Cursor<'a, S: AsRef<[u8]>> {
+    shard: &'a crate::index::Shard<S>,
+    i: usize,
+}
+
+/// The first `order` tokens at a suffix (the separator from the first separator on) and the
+/// token before it (the separator at a document's start).
+fn key_at<S: AsRef<[u8]>>(
+    shard: &crate::index::Shard<S>,
+    p: usize,
+    order: usize,
+    key: &mut [u32],
+) -> u32 {
+    let sep = shard.separator();
+    let mut ended = false;
+    for (k, slot) in key.iter_mut().enumerate().take(order) {
+        if !ended && p + k < shard.len() {
+            let t = shard.tok(p + k);
+            ended = t == sep;
+            *slot = t;
+        } else {
+            *slot = sep;
+        }
+        if ended {
+            *slot = sep;
+        }
+    }
+    if p == 0 {
+        sep
+    } else {
+        shard.tok(p - 1)
+    }
+}
+
+/// Calls `f(key, left)` for every suffix in suffix-array order, over all shards merged (their
+/// first `order` tokens as the key, cut at the separator, and the token before).
+pub(crate) fn for_each_suffix<S: AsRef<[u8]> + Sync>(
+    index: &Index<S>,
+    order: usize,
+    mut f: impl FnMut(&[u32], u32),
+) {
+    let shards = index.shards();
+    let mut key = vec![0u32; order];
+    if shards.len() == 1 {
+        let s = &shards[0];
+        for i in 0..s.len() {
+            let left = key_at(s, s.sa(i), order, &mut key);
+            f(&key, left);
+        }
+        return;
+    }
+    // Several shards: a k-way merge of their sorted suffixes by key.
+    let mut cursors: Vec<Cursor<S>> = shards.iter().map(|shard| Cursor { shard, i: 0 }).collect();
+    let mut heads: Vec<Option<(Vec<u32>, u32)>> = cursors
+        .iter()
+        .map(|c| {
+            (c.i < c.shard.len()).then(|| {
+                let mut k = vec![0u32; order];
+                let l = key_at(c.shard, c.shard.sa(c.i), order, &mut k);
+                (k, l)
+            })
+        })
+        .collect();
+    loop {
+        let best = heads
+            .iter()
+            .enumerate()
+            .filter_map(|(j, h)| h.as_ref().map(|(k, _)| (j, k)))
+            .min_by(|a, b| a.1.cmp(b.1))
+            .map(|(j, _)| j);
+        let Some(j) = best else { break };
+        {
+            let (k, l) = heads[j].as_ref().expect("a head");
+            f(k, *l);
+        }
+        let c = &mut cursors[j];
+        c.i += 1;
+        heads[j] = (c.i < c.shard.len()).then(|| {
+            let mut k = vec![0u32; order];
+            let l = key_at(c.shard, c.shard.sa(c.i), order, &mut k);
+            (k, l)
+        });
+    }
+}
+
+/// The pass over the suffix array: distinct n-grams, count-of-counts of adjusted counts per
+/// order, and the unigrams' adjusted counts.
+fn count_pass<S: AsRef<[u8]> + Sync>(
+    index: &Index<S>,
+    order: usize,
+    bos: Option<u32>,
+    vocab: usize,
+) -> CountStats {
+    let sep = index.separator();
+    let mut stats = CountStats {
+        ngrams: vec![0; order],
+        count_of_counts: vec![[0; 5]; order],
+        unigram: vec![0; vocab],
+    };
+    // Per order: the open group's count and distinct left tokens (stamped by group number).
+    let mut count = vec![0u64; order];
+    let mut distinct = vec![0u64; order];
+    let mut group = vec![0u32; order];
+    let mut stamps: Vec<Vec<u32>> = vec![vec![0; vocab + 1]; order.saturating_sub(1)];
+    let mut prev: Vec<u32> = vec![sep; order];
+    let close = |n: usize, key: &[u32], count: u64, distinct: u64, stats: &mut CountStats| {
+        if n == 0 && bos == Some(key[0]) {
+            return; // <s> is never predicted: not a unigram of the model.
+        }
+        let raw = n + 1 == order || bos == Some(key[0]);
+        let a = if raw { count } else { distinct };
+        stats.ngrams[n] += 1;
+        if a <= 4 {
+            stats.count_of_counts[n][a as usize] += 1;
+        }
+        if n == 0 && (key[0] as usize) < vocab {
+            stats.unigram[key[0] as usize] = a;
+        }
+    };
+    let mut first = true;
+    for_each_suffix(index, order, |key, left| {
+        let lcp = if first {
+            0
+        } else {
+            key.iter()
+                .zip(&prev)
+                .take_while(|(a, b)| a == b && **a != sep)
+                .count()
+        };
+        // Close the groups of the previous key that end here (longest first).
+        if !first {
+            for n in (lcp..order).rev() {
+                if prev[n] != sep {
+                    close(n, &prev, count[n], distinct[n], &mut stats);
+                }
+            }
+        }
+        first = false;
+        for n in 0..order {
+            if key[n] == sep {
+                break;
+            }
+            if n >= lcp {
+                count[n] = 0;
+                distinct[n] = 0;
+                group[n] = group[n].wrapping_add(1);
+            }
+            count[n] += 1;
+            if n + 1 < order {
+                let slot = &mut stamps[n][(left as usize).min(vocab)];
+                if *slot != group[n] {
+                    *slot = group[n];
+                    distinct[n] += 1;
+                }
+            }
+        }
+        prev.copy_from_slice(key);
+    });
+    if !first {
+        for n in (0..order).rev() {
+            if prev[n] != sep {
+                close(n, &prev, count[n], distinct[n], &mut stats);
+            }
+        }
+    }
+    stats
+}

@@ -1,0 +1,262 @@
+//! The word-level tokenizer of classic n-gram language models (`--tokenizer words`): text is
+//! split at whitespace, case kept, and each distinct word is one id, as KenLM's `lmplz` reads
+//! its input.
+//!
+//! * Whitespace is what `lmplz` splits at: space, tab, carriage return, line feed and NUL.
+//! * Ids 0, 1 and 2 are `<unk>`, `<s>` and `</s>` (KenLM's own numbering); the corpus's words
+//!   follow in order of first appearance. A word of a scored text that the corpus never had is
+//!   `<unk>`. Those three strings in a text are whitespace (as `lmplz` treats them).
+//! * The vocabulary is built from the corpus by a first pass ([`WordTokenizer::from_corpus`])
+//!   and kept in the index directory as [`VOCAB_FILE`] (one word per line, line `i` is id `i`);
+//!   the header records its fingerprint, so a changed or damaged vocabulary is refused.
+//! * **Sentence mode** ([`WordTokenizer::sentences`]): each line is a sentence, `<s>` before it
+//!   and `</s>` after it, and each sentence is a document of the index, so no n-gram crosses a
+//!   line. An empty line is the sentence `<s> </s>`; a final line feed ends the last sentence
+//!   rather than starting an empty one.
+
+use super::{fnv1a64, Tokenizer, TokenizerSpec};
+use crate::error::{Error, Result};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// The file of an index directory that holds its word vocabulary.
+pub const VOCAB_FILE: &str = "vocab.words";
+/// The tokenizer kind of a word-level index.
+pub const KIND: &str = "words";
+/// Id of `<unk>`, a word the corpus never had.
+pub const UNK: u32 = 0;
+/// Id of `<s>`, the start of a sentence (never predicted).
+pub const BOS: u32 = 1;
+/// Id of `</s>`, the end of a sentence (predicted like a word).
+pub const EOS: u32 = 2;
+/// The three special words, at their ids.
+pub const SPECIALS: [&str; 3] = ["<unk>", "<s>", "</s>"];
+
+/// Whether `c` separates words (`lmplz`'s delimiters).
+fn is_space(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\r' | '\n' | '\0')
+}
+
+/// The words of `text`, the special words left out (they are whitespace in a corpus).
+fn corpus_words(text: &str) -> impl Iterator<Item = &str> {
+    text.split(is_space)
+        .filter(|w| !w.is_empty() && !SPECIALS.contains(w))
+}
+
+/// The lines of `text` as sentences (a final line feed does not start an empty one).
+pub fn sentence_lines(text: &str) -> impl Iterator<Item = &str> {
+    text.strip_suffix('\n').unwrap_or(text).split('\n')
+}
+
+/// Whitespace-split words with a vocabulary taken from a corpus.
+#[derive(Clone, Debug)]
+pub struct WordTokenizer {
+    words: Vec<String>,
+    ids: HashMap<String, u32>,
+    fingerprint: String,
+    /// Where the vocabulary was read from (empty when built in memory).
+    path: PathBuf,
+}
+
+impl WordTokenizer {
+    /// A vocabulary of the specials and then `words` in order (duplicates and specials
+    /// skipped).
+    pub fn from_words<'a>(words: impl IntoIterator<Item = &'a str>) -> Self {
+        let mut list: Vec<String> = SPECIALS.iter().map(|s| s.to_string()).collect();
+        let mut ids: HashMap<String, u32> = list
+            .iter()
+            .enumerate()
+            .map(|(i, w)| (w.clone(), i as u32))
+            .collect();
+        for w in words {
+            if !ids.contains_key(w) {
+                ids.insert(w.to_string(), list.len() as u32);
+                list.push(w.to_string());
+            }
+        }
+        let fingerprint = fingerprint_of(&list);
+        WordTokenizer {
+            words: list,
+            ids,
+            fingerprint,
+            path: PathBuf::new(),
+        }
+    }
+
+    /// The vocabulary of a corpus's documents (texts), in order of first appearance.
+    pub fn from_texts<'a>(texts: impl IntoIterator<Item = &'a str>) -> Self {
+        let mut tok = WordTokenizer::from_words(std::iter::empty());
+        for t in texts {
+            tok.extend(t);
+        }
+        tok
+    }
+
+    /// The vocabulary of the documents of corpus files (a first pass over them).
+    pub fn from_corpus(files: &[PathBuf]) -> Result<Self> {
+        let mut tok = WordTokenizer::from_words(std::iter::empty());
+        crate::corpus::for_each_doc(
+            files,
+            |_| String::new(),
+            |doc, _| {
+                tok.extend(&doc.text);
+                Ok(())
+            },
+        )?;
+        Ok(tok)
+    }
+
+    /// Adds the new words of `text`.
+    fn extend(&mut self, text: &str) {
+        for w in corpus_words(text) {
+            if !self.ids.contains_key(w) {
+                self.ids.insert(w.to_string(), self.words.len() as u32);
+                self.words.push(w.to_string());
+            }
+        }
+        self.fingerprint = fingerprint_of(&self.words);
+    }
+
+    /// Reads a vocabulary file ([`VOCAB_FILE`]) and checks it against the fingerprint the
+    /// index recorded.
+    pub fn load(path: &Path, expected_fingerprint: Option<&str>) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let words: Vec<&str> = text.split('\n').collect();
+        if words.len() < 3 || words[..3] != SPECIALS {
+            return Err(Error::input(format!(
+                "{}: not a word vocabulary (its first lines must be <unk>, <s>, </s>); rebuild \
+                 the index with `infgram index --tokenizer words`",
+                path.display()
+            )));
+        }
+        let mut tok = WordTokenizer::from_words(words[3..].iter().copied());
+        if tok.words.len() != words.len() {
+            return Err(Error::input(format!(
+                "{}: a word is listed twice; the vocabulary is damaged: rebuild the index",
+                path.display()
+            )));
+        }
+        if let Some(fp) = expected_fingerprint {
+            if tok.fingerprint != fp {
+                return Err(Error::input(format!(
+                    "{}: the vocabulary's fingerprint {} is not the one the index recorded ({fp}): \
+                     the file was changed or damaged; rebuild the index",
+                    path.display(),
+                    tok.fingerprint
+                )));
+            }
+        }
+        tok.path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        Ok(tok)
+    }
+
+    /// The vocabulary file's contents (one word per line, line `i` is id `i`).
+    pub fn file_contents(&self) -> String {
+        self.words.join("\n")
+    }
+
+    /// The id of a word (`<unk>` for a word the vocabulary does not hold).
+    pub fn id(&self, word: &str) -> u32 {
+        self.ids.get(word).copied().unwrap_or(UNK)
+    }
+
+    /// The word of an id.
+    pub fn word(&self, id: u32) -> Option<&str> {
+        self.words.get(id as usize).map(String::as_str)
+    }
+
+    /// Each line of `text` as a sentence: `<s>`, its words, `</s>`.
+    pub fn sentences(&self, text: &str) -> Vec<Vec<u32>> {
+        sentence_lines(text)
+            .map(|line| {
+                let mut ids = vec![BOS];
+                ids.extend(corpus_words(line).map(|w| self.id(w)));
+                ids.push(EOS);
+                ids
+            })
+            .collect()
+    }
+}
+
+fn fingerprint_of(words: &[String]) -> String {
+    let mut bytes = b"infgram-words-v1\n".to_vec();
+    for w in words {
+        bytes.extend_from_slice(w.as_bytes());
+        bytes.push(b'\n');
+    }
+    format!("{:016x}", fnv1a64(&bytes))
+}
+
+impl Tokenizer for WordTokenizer {
+    fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        Ok(corpus_words(text).map(|w| self.id(w)).collect())
+    }
+    fn decode(&self, ids: &[u32]) -> Result<String> {
+        let words: Result<Vec<&str>> = ids
+            .iter()
+            .map(|&t| {
+                self.word(t).ok_or_else(|| {
+                    Error::input(format!(
+                        "token id {t} is outside the vocabulary of {} words",
+                        self.words.len()
+                    ))
+                })
+            })
+            .collect();
+        Ok(words?.join(" "))
+    }
+    fn vocab_size(&self) -> usize {
+        self.words.len()
+    }
+    fn name(&self) -> String {
+        "words".into()
+    }
+    fn fingerprint(&self) -> String {
+        self.fingerprint.clone()
+    }
+    fn spec(&self) -> TokenizerSpec {
+        TokenizerSpec {
+            kind: KIND.into(),
+            path: VOCAB_FILE.into(),
+            fingerprint: self.fingerprint(),
+            vocab_size: self.vocab_size(),
+        }
+    }
+    fn index_files(&self) -> Vec<(&'static str, Vec<u8>)> {
+        vec![(VOCAB_FILE, self.file_contents().into_bytes())]
+    }
+    fn sentence_marks(&self) -> Option<(u32, u32)> {
+        Some((BOS, EOS))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_get_ids_in_order_of_first_appearance_after_the_specials() {
+        let tok = WordTokenizer::from_texts(["the quick brown fox", "the <s> quick\tred\r\nfox"]);
+        assert_eq!(tok.vocab_size(), 8);
+        assert_eq!(tok.encode("the fox red cat").unwrap(), vec![3, 6, 7, UNK]);
+        assert_eq!(
+            tok.sentences("the fox\n\nred\n"),
+            vec![vec![BOS, 3, 6, EOS], vec![BOS, EOS], vec![BOS, 7, EOS]]
+        );
+        assert_eq!(tok.decode(&[3, 4, 2]).unwrap(), "the quick </s>");
+        assert!(tok.decode(&[99]).is_err());
+    }
+
+    #[test]
+    fn the_vocabulary_file_round_trips_and_a_changed_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let tok = WordTokenizer::from_texts(["a b c a"]);
+        let path = dir.path().join(VOCAB_FILE);
+        std::fs::write(&path, tok.file_contents()).unwrap();
+        let back = WordTokenizer::load(&path, Some(&tok.fingerprint())).unwrap();
+        assert_eq!(back.encode("c b a").unwrap(), tok.encode("c b a").unwrap());
+        std::fs::write(&path, tok.file_contents().replace('b', "x")).unwrap();
+        let err = WordTokenizer::load(&path, Some(&tok.fingerprint())).unwrap_err();
+        assert!(err.to_string().contains("rebuild the index"), "{err}");
+    }
+}
