@@ -4,7 +4,10 @@
   change the import line, keep the index (infini-gram's own indexes are opened as they are).
 * ``infgram.Index`` — infgram's own API: the JSON query protocol of ``infgram query --batch`` and
   ``infgram serve`` (``query``), SBIS generation (``generate``) and perplexity (``perplexity``).
-* ``infgram.build_index`` — index a corpus of .txt / .jsonl[.gz|.zst] files.
+* ``infgram.build_index`` — index a corpus of .txt / .jsonl[.gz|.zst] files (``tokenizer="words",
+  sentences=True`` for classic n-gram models).
+* ``Index.ngram_model(order, "mkn")`` — a fixed-order model equal to KenLM's ``lmplz`` model
+  (``score``, ``perplexity``, ``export_arpa``), or ``"add_alpha"``.
 
 Every query releases the GIL while it runs.
 """

@@ -1155,6 +1155,43 @@ impl Index {
         Ok(d.into_any().unbind())
     }
 
+    /// A classic n-gram model of fixed `order` over this index: `estimator` `"mkn"`
+    /// (interpolated modified Kneser–Ney, as KenLM's lmplz) or `"add_alpha"` (with `alpha`;
+    /// 0 is MLE). Sentence mode follows the index (built with `sentences=True`).
+    /// `discount_fallback`: three discounts for an order whose count-of-counts cannot give
+    /// them (KenLM's `--discount_fallback`).
+    #[pyo3(signature = (order, estimator="mkn", alpha=None, discount_fallback=None))]
+    fn ngram_model(
+        &self,
+        py: Python<'_>,
+        order: usize,
+        estimator: &str,
+        alpha: Option<f64>,
+        discount_fallback: Option<[f64; 3]>,
+    ) -> PyResult<NgramModel> {
+        let spec = match estimator {
+            "mkn" => infgram::ngram::EstimatorSpec::Mkn { order },
+            "add_alpha" | "add-alpha" => infgram::ngram::EstimatorSpec::AddAlpha { order, alpha },
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "estimator {other:?}: a fixed-order model is \"mkn\" or \"add_alpha\""
+                )))
+            }
+        };
+        let sentences = infgram::eval::classic::is_sentence_index(&self.index);
+        let model = py
+            .detach(|| spec.classic(&*self.index, sentences, discount_fallback))
+            .map_err(|e| PyValueError::new_err(e.to_string()))?
+            .ok_or_else(|| PyValueError::new_err("not a fixed-order model"))?;
+        Ok(NgramModel {
+            index: self.index.clone(),
+            tok: infgram::tokenizer::from_spec_in(&self.index.header().tokenizer, self.index.dir())
+                .map_err(|e| PyValueError::new_err(e.to_string()))?,
+            model,
+            sentences,
+        })
+    }
+
     /// Perplexity of `text` under the ∞-gram (SBIS with `k` levels and `decay`), with the
     /// agreement analysis: `{ppl, tokens, bits_per_token, seconds, floored, ...}`.
     #[pyo3(signature = (text, k=-1, decay=0.1, context=200))]
@@ -1170,11 +1207,97 @@ impl Index {
     }
 }
 
+/// A classic fixed-order n-gram model over an index (`Index.ngram_model`), scored as KenLM's
+/// `kenlm.Model` scores: `score(sentence)` is the log10 probability of `<s> sentence </s>`.
+#[pyclass(frozen, module = "infgram._native")]
+pub struct NgramModel {
+    index: Arc<Idx>,
+    tok: Box<dyn Tokenizer>,
+    model: infgram::ngram::classic::ClassicModel,
+    sentences: bool,
+}
+
+#[pymethods]
+impl NgramModel {
+    /// The order N.
+    #[getter]
+    fn order(&self) -> usize {
+        self.model.order()
+    }
+
+    /// The discounts `[D1, D2, D3+]` of each order (mkn).
+    #[getter]
+    fn discounts(&self) -> Vec<[f64; 3]> {
+        self.model
+            .discounts()
+            .iter()
+            .map(|d| [d[1], d[2], d[3]])
+            .collect()
+    }
+
+    /// Log10 probability of one sentence (sentence mode: `<s>` before it, `</s>` after it
+    /// and scored, as `kenlm.Model.score(sentence)`; line feeds are spaces); over plain
+    /// documents, of its tokens after the first. `-inf` when an n-gram has probability 0
+    /// (add-α at α = 0).
+    fn score(&self, py: Python<'_>, sentence: &str) -> PyResult<f64> {
+        let r = self.report(py, &sentence.replace('\n', " "), Some(0.0))?;
+        Ok(r.log10_prob)
+    }
+
+    /// Perplexity of a text (sentence mode: one sentence a line), as KenLM's `query` reports
+    /// it: `{ppl, tokens, sentences, oov, log10_prob, sentence_log10, floored, seconds}`.
+    /// `floor` replaces a probability of 0 (add-α at α = 0), else that is an error.
+    #[pyo3(signature = (text, floor=None))]
+    fn perplexity(&self, py: Python<'_>, text: &str, floor: Option<f64>) -> Ans {
+        let r = self.report(py, text, floor)?;
+        let v = serde_json::to_value(&r).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        to_py(py, &v)
+    }
+
+    /// Writes the model (mkn) in ARPA format to `path`; returns `{ngrams, seconds}`.
+    fn export_arpa(&self, py: Python<'_>, path: PathBuf) -> Ans {
+        let summary = py
+            .detach(|| -> infgram::Result<_> {
+                let file =
+                    std::fs::File::create(&path).map_err(|e| infgram::Error::io(&path, e))?;
+                let mut out = std::io::BufWriter::new(file);
+                infgram::ngram::arpa::write_arpa(
+                    &self.model,
+                    &self.index,
+                    self.tok.as_ref(),
+                    &mut out,
+                )
+            })
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let v =
+            serde_json::to_value(&summary).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        to_py(py, &v)
+    }
+}
+
+impl NgramModel {
+    fn report(
+        &self,
+        py: Python<'_>,
+        text: &str,
+        floor: Option<f64>,
+    ) -> PyResult<infgram::eval::classic::ClassicReport> {
+        py.detach(|| {
+            let seqs =
+                infgram::eval::classic::scored_sequences(self.tok.as_ref(), text, self.sentences)?;
+            infgram::eval::classic::score(&self.index, &self.model, &seqs, floor)
+        })
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+}
+
 /// Builds an index of `inputs` (files or directories of .txt / .jsonl[.gz|.zst]) into `out`
-/// with `tokenizer` (`bytes`, a short model name, or a tokenizer file); a progress bar on a
-/// terminal when `progress`. Returns the build summary. A failed build leaves nothing behind.
+/// with `tokenizer` (`bytes`, `words`, a short model name, or a tokenizer file); with
+/// `sentences` (and `words`) each line is a sentence `<s> … </s>`, as classic n-gram models
+/// count; a progress bar on a terminal when `progress`. Returns the build summary. A failed
+/// build leaves nothing behind.
 #[pyfunction]
-#[pyo3(signature = (inputs, out, tokenizer="bytes", mem_gb=None, reverse=true, overwrite=false, progress=true))]
+#[pyo3(signature = (inputs, out, tokenizer="bytes", mem_gb=None, reverse=true, overwrite=false, progress=true, sentences=false))]
 #[allow(clippy::too_many_arguments)]
 fn build_index(
     py: Python<'_>,
@@ -1185,13 +1308,16 @@ fn build_index(
     reverse: bool,
     overwrite: bool,
     progress: bool,
+    sentences: bool,
 ) -> Ans {
-    let tok = infgram::service::load_tokenizer(tokenizer)
+    let tok = py
+        .detach(|| infgram::service::build_tokenizer(tokenizer, &inputs))
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
     let mut opts = infgram::index::pipeline::BuildOptions {
         reverse,
         overwrite,
         progress,
+        sentences,
         ..Default::default()
     };
     if let Some(g) = mem_gb {
@@ -1251,6 +1377,7 @@ fn build_index_from_ids(
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<InfiniGramEngine>()?;
     m.add_class::<Index>()?;
+    m.add_class::<NgramModel>()?;
     m.add_function(wrap_pyfunction!(build_index, m)?)?;
     m.add_function(wrap_pyfunction!(build_index_from_ids, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

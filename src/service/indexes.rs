@@ -92,6 +92,18 @@ pub fn load_tokenizer(name: &str) -> Result<Box<dyn Tokenizer>> {
     tokenizer::load(&resolve_tokenizer_name(name)?)
 }
 
+/// The tokenizer an index build of `inputs` uses: `words` takes its vocabulary from the inputs
+/// (a first pass over them); any other name as [`load_tokenizer`] takes it.
+pub fn build_tokenizer(name: &str, inputs: &[PathBuf]) -> Result<Box<dyn Tokenizer>> {
+    if name == tokenizer::words::KIND {
+        let files = crate::corpus::list_files(inputs)?;
+        return Ok(Box::new(tokenizer::words::WordTokenizer::from_corpus(
+            &files,
+        )?));
+    }
+    load_tokenizer(name)
+}
+
 /// A byte-level index of Tiny Shakespeare's training split (the first 90%, one document), in
 /// memory: what the examples and the protocol score against.
 pub fn tiny_shakespeare_index() -> Result<Index<Vec<u8>>> {

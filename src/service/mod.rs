@@ -21,8 +21,8 @@ pub mod request;
 
 pub use generate::{generate, GenConfig, Generation, GuardConfig, GuardReport};
 pub use indexes::{
-    cached_byte_index, cached_index, load_tokenizer, open_cached_byte_index, open_cached_index,
-    open_index, resolve_tokenizer_name, tiny_shakespeare_index,
+    build_tokenizer, cached_byte_index, cached_index, load_tokenizer, open_cached_byte_index,
+    open_cached_index, open_index, resolve_tokenizer_name, tiny_shakespeare_index,
 };
 pub use query::{execute, Answer, Query, QueryLimits};
 pub use request::GenerateRequest;
