@@ -280,7 +280,7 @@ proptest! {
             let ids = with_marks(&p.iter().map(|&w| if w >= 8 { UNK } else { w }).collect::<Vec<_>>());
             for i in 1..ids.len() {
                 let h = &ids[i.saturating_sub(order - 1)..i];
-                let words: Vec<String> = h.iter().chain([&ids[i]]).map(|&t| tok.decode(&[t]).unwrap()).collect();
+                let words: Vec<String> = h.iter().chain([&ids[i]]).map(|&t| tok.word(t).unwrap().to_string()).collect();
                 let got = 10f64.powf(arpa_log10(&arpa, &words));
                 let want = model.prob(&index, &mut memo, &ids[..i], ids[i]);
                 prop_assert!((got - want).abs() <= 1e-5 * want, "{words:?}: arpa {got}, model {want}");
@@ -354,4 +354,63 @@ fn the_quick_brown_fox_gives_lmplz_numbers() {
         );
     }
     assert_eq!(arpa.len(), 24);
+}
+
+/// Generation runs a classic model through `InfgramModel`: its rows are the model's whole
+/// distribution (each entry its `prob`), in sentence mode after `<s>` and the words since the
+/// last `</s>`; and the protocol names it (`scorer.estimator`).
+#[test]
+fn generation_rows_are_the_models_distribution_and_the_protocol_names_it() {
+    use infgram::lm::LanguageModel;
+    use infgram::ngram::{EstimatorSpec, InfgramModel};
+    use std::sync::Arc;
+    let text = "a b c a b d\nb c d a\na b c\n";
+    let tok = WordTokenizer::from_texts([text]);
+    let index = Arc::new(Index::from_docs(tok.spec(), &tok.sentences(text), 2, true).unwrap());
+    for spec in [
+        EstimatorSpec::Mkn { order: 3 },
+        EstimatorSpec::AddAlpha {
+            order: 2,
+            alpha: Some(0.5),
+        },
+    ] {
+        let model = spec
+            .classic(&*index, true, Some(KENLM_FALLBACK))
+            .unwrap()
+            .unwrap();
+        let mut lm = InfgramModel::new(index.clone(), spec.estimator().unwrap(), 10).unwrap();
+        let fed = tok.encode("a b").unwrap();
+        let eos_then = [fed.clone(), vec![EOS], tok.encode("c").unwrap()].concat();
+        let rows = lm.score(&eos_then).unwrap();
+        let mut memo = Memo::default();
+        // Contexts: <s> a | <s> a b | <s> (after </s>) | <s> c.
+        let contexts: [&[u32]; 4] = [&[BOS, 3], &[BOS, 3, 4], &[BOS], &[BOS, 5]];
+        for (row, ctx) in rows.into_iter().zip(contexts) {
+            let dense = row.into_dense();
+            for w in 0..index.vocab_size() as u32 {
+                let want = if w == BOS {
+                    0.0
+                } else {
+                    model.prob(&index, &mut memo, ctx, w)
+                };
+                let got = (dense[w as usize] as f64).exp();
+                assert!(
+                    (got - want).abs() < 1e-5 * want.max(1e-3),
+                    "{spec:?} {ctx:?} {w}: {got} {want}"
+                );
+            }
+        }
+    }
+    let req: infgram::service::GenerateRequest = serde_json::from_str(
+        r#"{"prompt": "a", "scorer": {"kind": "infgram", "estimator": {"name": "mkn", "order": 4}}}"#,
+    )
+    .unwrap();
+    let checked = req.check(100).unwrap();
+    assert!(matches!(checked.estimator, infgram::ngram::Estimator::Classic(ref c) if c.order == 4));
+    let bad: infgram::service::GenerateRequest = serde_json::from_str(
+        r#"{"prompt": "a", "scorer": {"kind": "infgram", "estimator": {"name": "add_alpha", "order": 2, "alpha": -1}}}"#,
+    )
+    .unwrap();
+    let err = bad.check(100).unwrap_err().to_string();
+    assert!(err.contains("alpha"), "{err}");
 }

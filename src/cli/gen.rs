@@ -233,9 +233,9 @@ impl<'a> Output<'a> {
         }
     }
 
-    /// Prints the result: `fields` as JSON with `--json`; else `echo` and `text` unless they
-    /// were streamed; then `stats` lines on stderr.
-    fn finish(mut self, echo: &str, text: &str, fields: Value, stats: &[String]) -> Result<()> {
+    /// Prints the result: `fields` as JSON with `--json`; else `echo` and the text of `tokens`
+    /// unless they were streamed (the same pieces a stream shows); then `stats` lines on stderr.
+    fn finish(mut self, echo: &str, tokens: &[u32], fields: Value, stats: &[String]) -> Result<()> {
         if let Some(e) = self.io_err.take() {
             return Err(e);
         }
@@ -244,6 +244,7 @@ impl<'a> Output<'a> {
         } else if self.stream {
             writeln!(self.out)?;
         } else {
+            let text = String::from_utf8_lossy(&self.tok.decode_bytes(tokens)?).into_owned();
             writeln!(self.out, "{echo}{text}")?;
         }
         self.out.flush()?;
@@ -353,7 +354,7 @@ fn run_infgram(args: &GenArgs) -> Result<()> {
             ));
         }
     }
-    out.finish(shown, &text, fields, &stats)
+    out.finish(shown, &g.tokens, fields, &stats)
 }
 
 /// `infgram gen --model M`: decoding with the neural model, plain or speculative.
@@ -478,5 +479,5 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
     if args.json {
         lines.clear();
     }
-    out.finish("", &generated, fields, &lines)
+    out.finish("", &ids, fields, &lines)
 }

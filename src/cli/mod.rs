@@ -116,10 +116,10 @@ pub enum EstimatorKind {
     Sbis,
     /// Interpolated absolute discounting down to uniform (finite perplexity without a floor).
     Smoothed,
-    /// Fixed-order interpolated modified Kneser–Ney, as KenLM's lmplz (`--order N`; ppl,
+    /// Fixed-order interpolated modified Kneser–Ney, as KenLM's lmplz (`--order N`; ppl, gen,
     /// export-arpa).
     Mkn,
-    /// Fixed-order add-α (`--order N --alpha A`; α = 0 is MLE; ppl).
+    /// Fixed-order add-α (`--order N --alpha A`; α = 0 is MLE; ppl, gen).
     AddAlpha,
 }
 
@@ -185,6 +185,10 @@ pub const FLAG_NAMES: &[(&str, &str)] = &[
     ("scorer.estimator.decay", "--decay"),
     ("order", "--order"),
     ("alpha", "--alpha"),
+    ("estimator.order", "--order"),
+    ("estimator.alpha", "--alpha"),
+    ("scorer.estimator.order", "--order"),
+    ("scorer.estimator.alpha", "--alpha"),
     ("drafters", "--speculative"),
 ];
 

@@ -117,12 +117,4 @@ pub fn score<S: AsRef<[u8]> + Sync>(
     Ok(r)
 }
 
-/// Whether `index` was built in sentence mode: a words index whose first document starts
-/// with `<s>`.
-pub fn is_sentence_index<S: AsRef<[u8]> + Sync>(index: &Index<S>) -> bool {
-    index.header().tokenizer.kind == crate::tokenizer::words::KIND
-        && index.shards().first().is_some_and(|s| {
-            let (a, b) = s.doc_span(0);
-            a < b && s.tok(a) == crate::tokenizer::words::BOS
-        })
-}
+pub use crate::ngram::classic::is_sentence_index;

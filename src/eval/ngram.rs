@@ -80,6 +80,7 @@ pub fn perplexity<S: AsRef<[u8]> + Sync>(
     floor: Option<f64>,
 ) -> Result<PplReport> {
     let t0 = std::time::Instant::now();
+    estimator.check_levels("this perplexity")?;
     if tokens.len() < 2 {
         return Err(Error::input("need at least two tokens of text to score"));
     }

@@ -43,6 +43,7 @@ pub fn infgram_positions<S: AsRef<[u8]> + Sync>(
     context: usize,
 ) -> Result<Vec<InfgramPosition>> {
     let mixed = estimator.estimator()?;
+    mixed.check_levels("scoring a mixture")?;
     let smoothed = Estimator::Smoothed(Default::default());
     let vocab = index.vocab_size();
     let positions: Vec<usize> = (1..tokens.len()).collect();

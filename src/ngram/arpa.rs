@@ -45,7 +45,10 @@ pub fn write_arpa<S: AsRef<[u8]> + Sync>(
             .iter()
             .map(|&t| {
                 if words_kind {
-                    tok.decode(&[t])
+                    match crate::tokenizer::words::SPECIALS.get(t as usize) {
+                        Some(special) => Ok(special.to_string()),
+                        None => tok.decode(&[t]),
+                    }
                 } else {
                     // Any other tokenizer: ids, since a token's text may hold whitespace.
                     Ok(format!("<{t}>"))

@@ -61,6 +61,26 @@ pub enum Smoothing {
     },
 }
 
+/// A classic model as an [`super::Estimator`] names it before it meets an index: its order
+/// and smoothing ([`ClassicModel::new`] estimates it over the index).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClassicSpec {
+    /// The order N.
+    pub order: usize,
+    /// The smoothing.
+    pub smoothing: Smoothing,
+}
+
+/// Whether `index` was built in sentence mode: a words index whose first document starts
+/// with `<s>`.
+pub fn is_sentence_index<S: AsRef<[u8]> + Sync>(index: &Index<S>) -> bool {
+    index.header().tokenizer.kind == crate::tokenizer::words::KIND
+        && index.shards().first().is_some_and(|s| {
+            let (a, b) = s.doc_span(0);
+            a < b && s.tok(a) == crate::tokenizer::words::BOS
+        })
+}
+
 /// KenLM's default fallback discounts (`--discount_fallback` with no values).
 pub const KENLM_FALLBACK: [f64; 3] = [0.5, 1.0, 1.5];
 
@@ -276,6 +296,75 @@ impl ClassicModel {
                 }
                 p
             }
+        }
+    }
+
+    /// The whole next-token distribution after `ctx`, dense over the index's ids, into `out`
+    /// (`<s>` and the separator get 0). Each entry equals [`ClassicModel::prob`].
+    pub fn distribution_into<S: AsRef<[u8]> + Sync>(
+        &self,
+        index: &Index<S>,
+        memo: &mut Memo,
+        ctx: &[u32],
+        out: &mut Vec<f64>,
+    ) {
+        let vocab = index.vocab_size();
+        let h = &ctx[ctx.len().saturating_sub(self.order - 1)..];
+        out.clear();
+        match self.smoothing {
+            Smoothing::AddAlpha { alpha } => {
+                let st = self.context(index, memo, h);
+                let total = st.as_ref().map_or(0, |s| s.total) as f64;
+                let den = total + alpha * self.uniform as f64;
+                out.resize(vocab, if den > 0.0 { alpha / den } else { 0.0 });
+                if let Some(st) = st {
+                    for &(t, c) in &st.counts {
+                        if let Some(x) = out.get_mut(t as usize) {
+                            *x = (c as f64 + alpha) / den;
+                        }
+                    }
+                }
+            }
+            Smoothing::Mkn { .. } => {
+                out.extend_from_slice(&self.unigram[..vocab.min(self.unigram.len())]);
+                out.resize(vocab, self.unigram[crate::tokenizer::words::UNK as usize]);
+                for j in 1..=h.len() {
+                    let Some(st) = self.context(index, memo, &h[h.len() - j..]) else {
+                        break;
+                    };
+                    let d = &self.discounts[j];
+                    for x in out.iter_mut() {
+                        *x *= st.gamma;
+                    }
+                    for &(t, a) in &st.counts {
+                        if let Some(x) = out.get_mut(t as usize) {
+                            *x += (a as f64 - d[a.min(3) as usize]) / st.total as f64;
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(b) = self.bos {
+            if let Some(x) = out.get_mut(b as usize) {
+                *x = 0.0;
+            }
+        }
+    }
+
+    /// The context a generation has after `doc` (the tokens of its current document): in
+    /// sentence mode, `<s>` and the words since the last `</s>`.
+    pub fn context_of(&self, doc: &[u32]) -> Vec<u32> {
+        let keep = self.order.saturating_sub(1);
+        match self.bos {
+            Some(bos) => {
+                let eos = crate::tokenizer::words::EOS;
+                let start = doc.iter().rposition(|&t| t == eos).map_or(0, |p| p + 1);
+                let words = &doc[start..];
+                let mut ctx = vec![bos];
+                ctx.extend_from_slice(&words[words.len().saturating_sub(keep)..]);
+                ctx
+            }
+            None => doc[doc.len().saturating_sub(keep)..].to_vec(),
         }
     }
 

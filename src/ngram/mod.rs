@@ -97,6 +97,10 @@ pub enum Estimator {
     },
     /// Interpolated absolute discounting down to uniform.
     Smoothed(Discounts),
+    /// A classic fixed-order model ([`classic`]), estimated over the index it meets
+    /// ([`InfgramModel`] does that): it has no levels, and answers through
+    /// [`classic::ClassicModel`].
+    Classic(classic::ClassicSpec),
 }
 
 /// The one way an ∞-gram estimator is named, wherever one is chosen: a generation request
@@ -161,22 +165,46 @@ impl EstimatorSpec {
         sentences: bool,
         discount_fallback: Option<[f64; 3]>,
     ) -> crate::Result<Option<classic::ClassicModel>> {
+        if !matches!(
+            self,
+            EstimatorSpec::Mkn { .. } | EstimatorSpec::AddAlpha { .. }
+        ) {
+            return Ok(None);
+        }
+        let (order, mut smoothing) = self.classic_parts()?;
+        if let classic::Smoothing::Mkn { fallback } = &mut smoothing {
+            *fallback = discount_fallback;
+        }
+        classic::ClassicModel::new(index, order, smoothing, sentences).map(Some)
+    }
+
+    /// The order and smoothing of a fixed-order spec, checked (KenLM's fallback discounts
+    /// when the count-of-counts of an order cannot give them: a generation runs on any index).
+    fn classic_parts(&self) -> crate::Result<(usize, classic::Smoothing)> {
+        let field = |field, message: String| crate::Error::Field { field, message };
         let (order, smoothing) = match *self {
             EstimatorSpec::Mkn { order } => (
                 order,
                 classic::Smoothing::Mkn {
-                    fallback: discount_fallback,
+                    fallback: Some(classic::KENLM_FALLBACK),
                 },
             ),
-            EstimatorSpec::AddAlpha { order, alpha } => (
-                order,
-                classic::Smoothing::AddAlpha {
-                    alpha: alpha.unwrap_or(ADD_ALPHA),
-                },
-            ),
-            _ => return Ok(None),
+            EstimatorSpec::AddAlpha { order, alpha } => {
+                let alpha = alpha.unwrap_or(ADD_ALPHA);
+                if !(alpha >= 0.0 && alpha.is_finite()) {
+                    return Err(field(
+                        "estimator.alpha",
+                        format!("must be finite and at least 0, got {alpha}"),
+                    ));
+                }
+                (order, classic::Smoothing::AddAlpha { alpha })
+            }
+            _ => unreachable!("called for the fixed-order specs only"),
         };
-        classic::ClassicModel::new(index, order, smoothing, sentences).map(Some)
+        if order == 0 {
+            return Err(field("estimator.order", "must be at least 1".into()));
+        }
+        Ok((order, smoothing))
     }
 
     /// SBIS with `k` levels and the default decay.
@@ -197,13 +225,13 @@ impl EstimatorSpec {
                 decay: SBIS_DECAY,
             }),
             EstimatorSpec::Smoothed => Ok(Estimator::Smoothed(Discounts::default())),
-            EstimatorSpec::Mkn { .. } | EstimatorSpec::AddAlpha { .. } => Err(field(
-                "estimator",
-                "is a fixed-order n-gram model (mkn, add_alpha): `infgram ppl` scores with it \
-                 and `infgram export-arpa` writes it; it has no ∞-gram levels to generate or \
-                 mix with here"
-                    .into(),
-            )),
+            EstimatorSpec::Mkn { .. } | EstimatorSpec::AddAlpha { .. } => {
+                let (order, smoothing) = self.classic_parts()?;
+                Ok(Estimator::Classic(classic::ClassicSpec {
+                    order,
+                    smoothing,
+                }))
+            }
             EstimatorSpec::Sbis { k, decay } => {
                 let k = k.unwrap_or(SBIS_K);
                 if k == 0 || k < -1 {
@@ -236,11 +264,13 @@ impl Estimator {
         match self {
             Estimator::Sbis { k, .. } => finder.levels(index, ctx, *k, false),
             Estimator::Smoothed(_) => finder.levels_with(index, ctx, -1, true, true),
+            Estimator::Classic(_) => Vec::new(),
         }
     }
 
     /// The distribution given the levels, as `(token, probability)` pairs sorted by token
-    /// (SBIS: its support only; smoothed: every token of the vocabulary).
+    /// (SBIS: its support only; smoothed: every token of the vocabulary; a classic model has
+    /// no levels: empty, [`classic::ClassicModel::distribution_into`] gives its).
     pub fn distribution(&self, levels: &[Level], vocab: usize) -> Vec<(u32, f64)> {
         let mut out = Vec::new();
         self.distribution_into(levels, vocab, &mut out);
@@ -256,14 +286,32 @@ impl Estimator {
                 let dense = smoothed::smoothed_distribution(levels, d, vocab);
                 out.extend(dense.into_iter().enumerate().map(|(t, p)| (t as u32, p)));
             }
+            Estimator::Classic(_) => out.clear(),
         }
     }
 
-    /// Probability of `tok` given the levels (`None` when SBIS has no level).
+    /// Probability of `tok` given the levels (`None` when SBIS has no level, and for a
+    /// classic model, which has no levels).
     pub fn prob(&self, levels: &[Level], vocab: usize, tok: u32) -> Option<f64> {
         match self {
             Estimator::Sbis { decay, .. } => sbis::sbis_prob(levels, *decay, tok),
             Estimator::Smoothed(d) => Some(smoothed::smoothed_prob(levels, d, vocab, tok)),
+            Estimator::Classic(_) => None,
+        }
+    }
+
+    /// Refuses a classic model where only level-based estimators can run (`what` says where).
+    pub fn check_levels(&self, what: &str) -> crate::Result<()> {
+        match self {
+            Estimator::Classic(_) => Err(crate::Error::Field {
+                field: "estimator",
+                message: format!(
+                    "{what} runs the ∞-gram estimators (infgram, sbis, smoothed); a fixed-order \
+                     model (mkn, add_alpha) is scored by `infgram ppl --estimator mkn` and \
+                     generates with `infgram gen`"
+                ),
+            }),
+            _ => Ok(()),
         }
     }
 }

@@ -95,6 +95,11 @@ pub struct InfgramModel<S: AsRef<[u8]> + Sync> {
     pub steps: LevelLog,
     /// The evidence of each row of the last [`LanguageModel::score`] call.
     evidence: Vec<super::Evidence>,
+    /// A classic fixed-order model ([`Estimator::Classic`]), estimated over the index, and
+    /// its memo of contexts; its rows come from it, not from levels.
+    classic: Option<(super::classic::ClassicModel, super::classic::Memo)>,
+    /// Scratch space for a classic model's dense distribution.
+    dense: Vec<f64>,
 }
 
 impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
@@ -110,6 +115,19 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
         }
         let separator = index.separator();
         let index_vocab = index.vocab_size().max(separator as usize + 1);
+        let classic = match &estimator {
+            Estimator::Classic(spec) => {
+                let sentences = super::classic::is_sentence_index(&index);
+                let model = super::classic::ClassicModel::new(
+                    &index,
+                    spec.order,
+                    spec.smoothing.clone(),
+                    sentences,
+                )?;
+                Some((model, super::classic::Memo::default()))
+            }
+            _ => None,
+        };
         Ok(InfgramModel {
             index,
             finder: LevelFinder::new(true),
@@ -129,6 +147,8 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
             spare_entries: Vec::new(),
             steps: LevelLog::default(),
             evidence: Vec::new(),
+            classic,
+            dense: Vec::new(),
         })
     }
 
@@ -213,6 +233,16 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
 
     /// The row after the tokens fed so far: ln p of every token with p > 0, by model id.
     fn row(&mut self) -> Logits {
+        if let Some((model, memo)) = &mut self.classic {
+            let ctx = model.context_of(&self.fed[self.doc_start..]);
+            model.distribution_into(&self.index, memo, &ctx, &mut self.dense);
+            self.steps.push(std::iter::empty());
+            self.evidence.push(super::Evidence::default());
+            self.dist.clear();
+            self.dist
+                .extend(self.dense.iter().enumerate().map(|(t, &p)| (t as u32, p)));
+            return self.row_from_dist();
+        }
         self.find_levels();
         let levels = std::mem::take(&mut self.levels);
         self.steps.push(levels.iter().map(|l| (l.len, l.total)));
@@ -228,6 +258,11 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
     fn row_of(&mut self, levels: &[Level]) -> Logits {
         self.estimator
             .distribution_into(levels, self.index_vocab, &mut self.dist);
+        self.row_from_dist()
+    }
+
+    /// The row of the distribution in `self.dist` (index ids), by model id.
+    fn row_from_dist(&mut self) -> Logits {
         // Index ids as ids of the model's vocabulary (the separator as the end token; none
         // outside the vocabulary).
         let (separator, eos, vocab) = (self.separator, self.eos[0], self.vocab);

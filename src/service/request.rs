@@ -294,6 +294,8 @@ fn estimator_of(spec: &EstimatorSpec) -> Result<Estimator> {
         e.rename_field(&[
             ("estimator.k", "scorer.estimator.k"),
             ("estimator.decay", "scorer.estimator.decay"),
+            ("estimator.order", "scorer.estimator.order"),
+            ("estimator.alpha", "scorer.estimator.alpha"),
         ])
     })
 }

@@ -191,19 +191,45 @@ impl Tokenizer for WordTokenizer {
     fn encode(&self, text: &str) -> Result<Vec<u32>> {
         Ok(corpus_words(text).map(|w| self.id(w)).collect())
     }
+    /// Words joined by spaces; `</s>` ends a line and `<s>` is left out (a generation in
+    /// sentence mode reads as lines).
     fn decode(&self, ids: &[u32]) -> Result<String> {
-        let words: Result<Vec<&str>> = ids
-            .iter()
-            .map(|&t| {
-                self.word(t).ok_or_else(|| {
-                    Error::input(format!(
-                        "token id {t} is outside the vocabulary of {} words",
-                        self.words.len()
-                    ))
-                })
-            })
-            .collect();
-        Ok(words?.join(" "))
+        let mut out = String::new();
+        for &t in ids {
+            let word = self.word(t).ok_or_else(|| {
+                Error::input(format!(
+                    "token id {t} is outside the vocabulary of {} words",
+                    self.words.len()
+                ))
+            })?;
+            match t {
+                BOS => {}
+                EOS => out.push('\n'),
+                _ => {
+                    if !out.is_empty() && !out.ends_with('\n') {
+                        out.push(' ');
+                    }
+                    out.push_str(word);
+                }
+            }
+        }
+        Ok(out)
+    }
+    /// Token by token (streamed output): each word with a space before it, `</s>` a line
+    /// feed, `<s>` nothing, so pieces shown one after another read as words.
+    fn decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        for &t in ids {
+            match t {
+                BOS => {}
+                EOS => out.push(b'\n'),
+                _ => {
+                    out.push(b' ');
+                    out.extend_from_slice(self.decode(&[t])?.as_bytes());
+                }
+            }
+        }
+        Ok(out)
     }
     fn vocab_size(&self) -> usize {
         self.words.len()
@@ -243,7 +269,7 @@ mod tests {
             tok.sentences("the fox\n\nred\n"),
             vec![vec![BOS, 3, 6, EOS], vec![BOS, EOS], vec![BOS, 7, EOS]]
         );
-        assert_eq!(tok.decode(&[3, 4, 2]).unwrap(), "the quick </s>");
+        assert_eq!(tok.decode(&[1, 3, 4, 2, 1, 5]).unwrap(), "the quick\nbrown");
         assert!(tok.decode(&[99]).is_err());
     }
 
