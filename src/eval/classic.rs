@@ -66,9 +66,11 @@ pub fn score<S: AsRef<[u8]> + Sync>(
 ) -> Result<ClassicReport> {
     let t0 = std::time::Instant::now();
     let words_kind = index.header().tokenizer.kind == crate::tokenizer::words::KIND;
+    // One slice a thread: each keeps its own memo of contexts, and a context of a large
+    // corpus (its continuation counts) is worth computing once per thread, not per slice.
     let chunk = sequences
         .len()
-        .div_ceil(rayon::current_num_threads() * 8)
+        .div_ceil(rayon::current_num_threads())
         .max(1);
     type Part = (Vec<f64>, u64, u64, u64);
     let parts: Vec<Result<Part>> = sequences

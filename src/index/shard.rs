@@ -429,6 +429,47 @@ impl<S: AsRef<[u8]>> Shard<S> {
         Self::equal_range(r, x as i64, |i| self.rkey(i, d))
     }
 
+    /// The number of distinct tokens found just before the occurrences of `q` (a document's
+    /// start counts as one: the separator), through the reversed suffix array: the occurrences
+    /// of `q` are one `RSA` range, sorted by the token before them, so this is a count of runs
+    /// (a galloping search each), not a scan of the occurrences. `None` without `rsa.bin`.
+    pub fn distinct_left(&self, q: &[u32]) -> Option<u64> {
+        self.rsa.as_ref()?;
+        let mut r = (0, self.n);
+        for (d, &t) in q.iter().rev().enumerate() {
+            r = self.rnarrow(r, d, t);
+            if r.0 >= r.1 {
+                return Some(0);
+            }
+        }
+        let d = q.len();
+        let (mut i, hi) = r;
+        let mut runs = 0;
+        // The start of T (key -1) and a separator are both a document's start: one neighbour.
+        let (mut at_text_start, mut after_separator) = (false, false);
+        while i < hi {
+            let key = self.rkey(i, d);
+            let mut step = 1;
+            while i + step < hi && self.rkey(i + step, d) == key {
+                step *= 2;
+            }
+            let (mut lo, mut up) = (i + step / 2 + 1, (i + step).min(hi));
+            while lo < up {
+                let mid = lo + (up - lo) / 2;
+                if self.rkey(mid, d) == key {
+                    lo = mid + 1;
+                } else {
+                    up = mid;
+                }
+            }
+            runs += 1;
+            at_text_start |= key < 0;
+            after_separator |= key == self.separator() as i64;
+            i = lo;
+        }
+        Some(runs - u64::from(at_text_start && after_separator))
+    }
+
     /// `RSA` range of the context `[.., x1, x0]` cut to its last one (`x1 = None`) or two
     /// tokens, memoized for 1-byte tokens; `None` when the memo does not apply.
     pub fn rrange_short(&self, x0: u32, x1: Option<u32>) -> Option<Range> {

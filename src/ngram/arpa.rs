@@ -106,7 +106,7 @@ pub fn write_arpa<S: AsRef<[u8]> + Sync>(
         }
         let mut prev: Option<Vec<u32>> = None;
         let mut failed: Option<Error> = None;
-        for_each_suffix(index, n, |key, _| {
+        for_each_suffix(index, n, &mut |key, _| {
             if failed.is_some() || key.contains(&sep) || prev.as_deref() == Some(key) {
                 return;
             }

@@ -42,6 +42,7 @@ use super::levels::count_of;
 use crate::error::{Error, Result};
 use crate::index::query::{merge_counts, Counts, Occ};
 use crate::index::Index;
+use rayon::prelude::*;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -442,7 +443,46 @@ impl ClassicModel {
 
 /// For each token `x` after an occurrence of `h`: the number of distinct tokens found just
 /// before `h·x` over all shards (a document's start counts as one).
+///
+/// Two ways, the cheaper chosen per context: scan every occurrence of `h` and collect the
+/// distinct (next, previous) pairs, or — one shard with its reversed suffix array — count, for
+/// each distinct next token `x`, the runs of previous tokens in the reversed range of `h·x`
+/// ([`crate::index::Shard::distinct_left`]). A context seen millions of times (`}` in code) is
+/// followed by far fewer distinct tokens, so the second is what makes large corpora fast.
 fn continuation_counts<S: AsRef<[u8]> + Sync>(index: &Index<S>, h: &[u32]) -> Counts {
+    let d = h.len();
+    if let [s] = index.shards() {
+        let r = s.find(h);
+        let occurrences = r.1 - r.0;
+        let next = s.occ_counts(Occ::Fwd(r), h);
+        // A reversed search costs (|h| + 1) binary searches of ~log2(T) probes, and the runs.
+        let probes = (d + 2) * (usize::BITS - s.len().leading_zeros()) as usize;
+        if s.has_reverse() && next.len() * probes < occurrences {
+            return continuation_by_reverse(s, h, next);
+        }
+    }
+    continuation_by_scan(index, h)
+}
+
+/// [`continuation_counts`] on one shard through its reversed suffix array, for the next
+/// tokens `next` of `h`.
+fn continuation_by_reverse<S: AsRef<[u8]>>(
+    s: &crate::index::Shard<S>,
+    h: &[u32],
+    next: Counts,
+) -> Counts {
+    let mut hx = h.to_vec();
+    hx.push(0);
+    next.into_iter()
+        .map(|(x, _)| {
+            hx[h.len()] = x;
+            (x, s.distinct_left(&hx).expect("a reversed suffix array"))
+        })
+        .collect()
+}
+
+/// [`continuation_counts`] by scanning every occurrence of `h` in every shard.
+fn continuation_by_scan<S: AsRef<[u8]> + Sync>(index: &Index<S>, h: &[u32]) -> Counts {
     let d = h.len();
     let mut pairs: Vec<(u32, u32)> = Vec::new();
     for s in index.shards() {
@@ -533,7 +573,7 @@ fn key_at<S: AsRef<[u8]>>(
 pub(crate) fn for_each_suffix<S: AsRef<[u8]> + Sync>(
     index: &Index<S>,
     order: usize,
-    mut f: impl FnMut(&[u32], u32),
+    f: &mut dyn FnMut(&[u32], u32),
 ) {
     let shards = index.shards();
     let mut key = vec![0u32; order];
@@ -588,6 +628,65 @@ fn count_pass<S: AsRef<[u8]> + Sync>(
     vocab: usize,
 ) -> CountStats {
     let sep = index.separator();
+    let parts = rayon::current_num_threads();
+    let [s] = index.shards() else {
+        return count_groups(order, bos, vocab, sep, |f| for_each_suffix(index, order, f));
+    };
+    if parts < 2 {
+        return count_groups(order, bos, vocab, sep, |f| for_each_suffix(index, order, f));
+    }
+    // One shard on several threads: slices of the suffix array cut where the first token
+    // changes, so that no n-gram's group spans two slices; their counts add up.
+    let first_token = |i: usize| s.tok(s.sa(i));
+    let mut cuts: Vec<usize> = (0..=parts).map(|k| k * s.len() / parts).collect();
+    for c in cuts.iter_mut().take(parts).skip(1) {
+        while *c < s.len() && first_token(*c) == first_token(*c - 1) {
+            *c += 1;
+        }
+    }
+    let partial: Vec<CountStats> = cuts
+        .windows(2)
+        .collect::<Vec<_>>()
+        .into_par_iter()
+        .map(|w| {
+            let (a, b) = (w[0], w[1].max(w[0]));
+            count_groups(order, bos, vocab, sep, |f| {
+                let mut key = vec![0u32; order];
+                for i in a..b {
+                    let left = key_at(s, s.sa(i), order, &mut key);
+                    f(&key, left);
+                }
+            })
+        })
+        .collect();
+    let mut stats = CountStats {
+        ngrams: vec![0; order],
+        count_of_counts: vec![[0; 5]; order],
+        unigram: vec![0; vocab],
+    };
+    for p in partial {
+        for n in 0..order {
+            stats.ngrams[n] += p.ngrams[n];
+            for k in 0..5 {
+                stats.count_of_counts[n][k] += p.count_of_counts[n][k];
+            }
+        }
+        for (a, b) in stats.unigram.iter_mut().zip(&p.unigram) {
+            *a += b;
+        }
+    }
+    stats
+}
+
+/// The count pass's groups over the suffixes `feed` gives (in suffix order): each distinct
+/// n-gram's adjusted count, into count-of-counts and the unigram table.
+fn count_groups(
+    order: usize,
+    bos: Option<u32>,
+    vocab: usize,
+    sep: u32,
+    feed: impl FnOnce(&mut dyn FnMut(&[u32], u32)),
+) -> CountStats {
     let mut stats = CountStats {
         ngrams: vec![0; order],
         count_of_counts: vec![[0; 5]; order],
@@ -614,7 +713,7 @@ fn count_pass<S: AsRef<[u8]> + Sync>(
         }
     };
     let mut first = true;
-    for_each_suffix(index, order, |key, left| {
+    feed(&mut |key: &[u32], left: u32| {
         let lcp = if first {
             0
         } else {
@@ -660,4 +759,27 @@ fn count_pass<S: AsRef<[u8]> + Sync>(
         }
     }
     stats
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokenizer::TokenizerSpec;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The reversed-suffix-array way of counting continuations equals the scan, documents'
+        /// starts (the text's first one among them) included.
+        #[test]
+        fn continuations_by_reverse_equal_the_scan(
+            docs in prop::collection::vec(prop::collection::vec(0u32..4, 1..12), 1..8),
+            h in prop::collection::vec(0u32..4, 0..3),
+        ) {
+            let index = Index::from_docs(TokenizerSpec::synthetic(4), &docs, docs.len(), true)
+                .unwrap();
+            let s = &index.shards()[0];
+            let next = s.occ_counts(Occ::Fwd(s.find(&h)), &h);
+            prop_assert_eq!(continuation_by_reverse(s, &h, next), continuation_by_scan(&index, &h));
+        }
+    }
 }

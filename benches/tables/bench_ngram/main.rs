@@ -36,7 +36,10 @@ struct Args {
 /// One command's wall seconds and peak resident memory (MB), and its standard output.
 fn timed(cmd: &mut Command, stdin: Option<&Path>, stdout: Option<&Path>) -> (f64, f64, String) {
     let mut full = Command::new("/usr/bin/time");
-    full.arg("-f").arg("@@%e %M").arg(cmd.get_program()).args(cmd.get_args());
+    full.arg("-f")
+        .arg("@@%e %M")
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
     if let Some(p) = stdin {
         full.stdin(std::fs::File::open(p).expect("stdin file"));
     }
@@ -44,14 +47,29 @@ fn timed(cmd: &mut Command, stdin: Option<&Path>, stdout: Option<&Path>) -> (f64
         Some(p) => full.stdout(std::fs::File::create(p).expect("stdout file")),
         None => full.stdout(Stdio::piped()),
     };
-    let out = full.stderr(Stdio::piped()).output().expect("run under /usr/bin/time");
+    let out = full
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run under /usr/bin/time");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{:?} failed: {err}", cmd.get_program());
-    let line = err.lines().rev().find(|l| l.starts_with("@@")).expect("time's line");
+    assert!(
+        out.status.success(),
+        "{:?} failed: {err}",
+        cmd.get_program()
+    );
+    let line = err
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("@@"))
+        .expect("time's line");
     let mut f = line[2..].split(' ');
     let secs: f64 = f.next().unwrap().parse().unwrap();
     let kb: f64 = f.next().unwrap().parse().unwrap();
-    (secs, kb / 1e3, String::from_utf8_lossy(&out.stdout).into_owned())
+    (
+        secs,
+        kb / 1e3,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
 }
 
 fn spread(xs: &[f64]) -> String {
@@ -67,7 +85,10 @@ fn main() {
         .parent()
         .unwrap()
         .join("../infgram");
-    assert!(infgram.exists(), "build the binary first: cargo build --release");
+    assert!(
+        infgram.exists(),
+        "build the binary first: cargo build --release"
+    );
     let tmp = tempfile::tempdir().unwrap();
     let (train, val) = match (&args.train, &args.val) {
         (Some(t), Some(v)) => (t.clone(), v.clone()),
@@ -125,21 +146,39 @@ fn main() {
             .unwrap_or("")
             .to_string();
         let mut c = Command::new(&infgram);
-        c.args(["index", "--tokenizer", "words", "--sentences", "--force", "-o"])
-            .arg(&index)
-            .arg(&train);
+        c.args([
+            "index",
+            "--tokenizer",
+            "words",
+            "--sentences",
+            "--force",
+            "-o",
+        ])
+        .arg(&index)
+        .arg(&train);
         record(2, timed(&mut c, None, None));
         let mut c = Command::new(&infgram);
-        c.args(["ppl", "--estimator", "mkn", "--sentences", "--json", "--order", &order])
-            .arg("--index")
-            .arg(&index)
-            .arg("--text")
-            .arg(&val);
+        c.args([
+            "ppl",
+            "--estimator",
+            "mkn",
+            "--sentences",
+            "--json",
+            "--order",
+            &order,
+        ])
+        .arg("--index")
+        .arg(&index)
+        .arg("--text")
+        .arg(&val);
         let out = record(3, timed(&mut c, None, None));
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         ours_ppl = v["ppl"].as_f64().unwrap();
     }
-    println!("\n| step | seconds (min–max of {}) | peak MB |", args.repeats);
+    println!(
+        "\n| step | seconds (min–max of {}) | peak MB |",
+        args.repeats
+    );
     println!("|---|---:|---:|");
     for (name, secs, mb) in &rows {
         println!("| {name} | {} | {mb:.0} |", spread(secs));
@@ -152,28 +191,47 @@ fn main() {
     );
     println!("KenLM: {kenlm_ppl}; infgram: perplexity {ours_ppl:.4}");
 
-    // Any order from the same index: 10, and ∞ (the longest sentence: no longer n-gram exists).
+    // Any order from the same index: 10, and ∞ (the longest sentence: no longer n-gram exists;
+    // capped at 64, since the count pass keeps a table per order).
     let longest = std::fs::read_to_string(&train)
         .unwrap()
         .lines()
         .map(|l| l.split_whitespace().count() + 2)
         .max()
         .unwrap_or(2);
+    let (infinite, capped) = (longest.min(64), longest > 64);
     println!("\n| order | perplexity | seconds (estimate + score) |");
     println!("|---:|---:|---:|");
     for (label, n) in [
         (order.clone(), args.order),
         ("10".to_string(), 10),
-        (format!("∞ (= {longest})"), longest),
+        (
+            if capped {
+                format!("64 (longest sentence: {longest})")
+            } else {
+                format!("∞ (= {longest})")
+            },
+            infinite,
+        ),
     ] {
         let mut c = Command::new(&infgram);
-        c.args(["ppl", "--estimator", "mkn", "--sentences", "--json", "--discount-fallback"])
-            .args(["--order", &n.to_string(), "--index"])
-            .arg(&index)
-            .arg("--text")
-            .arg(&val);
+        c.args([
+            "ppl",
+            "--estimator",
+            "mkn",
+            "--sentences",
+            "--json",
+            "--discount-fallback",
+        ])
+        .args(["--order", &n.to_string(), "--index"])
+        .arg(&index)
+        .arg("--text")
+        .arg(&val);
         let (secs, _, out) = timed(&mut c, None, None);
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-        println!("| {label} | {:.2} | {secs:.2} |", v["ppl"].as_f64().unwrap());
+        println!(
+            "| {label} | {:.2} | {secs:.2} |",
+            v["ppl"].as_f64().unwrap()
+        );
     }
 }
