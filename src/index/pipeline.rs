@@ -140,14 +140,34 @@ pub fn build_index(
             .par_iter()
             .map(|d| match marks {
                 None => Ok(vec![tokenizer.encode(&d.text)?]),
-                Some((bos, eos)) => crate::tokenizer::words::sentence_lines(&d.text)
-                    .map(|line| {
-                        let mut ids = vec![bos];
-                        ids.extend(tokenizer.encode(line)?);
-                        ids.push(eos);
-                        Ok(ids)
-                    })
-                    .collect(),
+                Some((bos, eos)) => {
+                    // A document's lines, in parallel slices (one large file is one document).
+                    let lines: Vec<&str> =
+                        crate::tokenizer::words::sentence_lines(&d.text).collect();
+                    let chunk = lines
+                        .len()
+                        .div_ceil(4 * rayon::current_num_threads())
+                        .max(1);
+                    let parts: Vec<Result<Vec<Vec<u32>>>> = lines
+                        .par_chunks(chunk)
+                        .map(|lines| {
+                            lines
+                                .iter()
+                                .map(|line| {
+                                    let mut ids = vec![bos];
+                                    ids.extend(tokenizer.encode(line)?);
+                                    ids.push(eos);
+                                    Ok(ids)
+                                })
+                                .collect()
+                        })
+                        .collect();
+                    let mut all = Vec::with_capacity(lines.len());
+                    for p in parts {
+                        all.extend(p?);
+                    }
+                    Ok(all)
+                }
             })
             .collect();
         for (doc, parts) in batch.drain(..).zip(encoded) {

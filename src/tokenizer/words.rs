@@ -43,6 +43,24 @@ fn corpus_words(text: &str) -> impl Iterator<Item = &str> {
         .filter(|w| !w.is_empty() && !SPECIALS.contains(w))
 }
 
+/// `text` cut into at most `parts` slices of about equal size, each ending at a line feed
+/// (or the end).
+pub fn split_at_lines(text: &str, parts: usize) -> Vec<&str> {
+    let size = text.len().div_ceil(parts.max(1)).max(1 << 20);
+    let mut out = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        let cut = if rest.len() <= size {
+            rest.len()
+        } else {
+            rest[size..].find('\n').map_or(rest.len(), |i| size + i + 1)
+        };
+        out.push(&rest[..cut]);
+        rest = &rest[cut..];
+    }
+    out
+}
+
 /// The lines of `text` as sentences (a final line feed does not start an empty one).
 pub fn sentence_lines(text: &str) -> impl Iterator<Item = &str> {
     text.strip_suffix('\n').unwrap_or(text).split('\n')
@@ -106,9 +124,20 @@ impl WordTokenizer {
         Ok(tok)
     }
 
-    /// Adds the new words of `text`.
+    /// Adds the new words of `text`, in order of first appearance. A large text is cut at
+    /// line feeds into slices whose distinct words are listed in parallel, then merged in
+    /// slice order (the same order a single pass gives).
     fn extend(&mut self, text: &str) {
-        for w in corpus_words(text) {
+        use rayon::prelude::*;
+        let slices = split_at_lines(text, 4 * rayon::current_num_threads());
+        let firsts: Vec<Vec<&str>> = slices
+            .par_iter()
+            .map(|slice| {
+                let mut seen = std::collections::HashSet::new();
+                corpus_words(slice).filter(|w| seen.insert(*w)).collect()
+            })
+            .collect();
+        for w in firsts.into_iter().flatten() {
             if !self.ids.contains_key(w) {
                 self.ids.insert(w.to_string(), self.words.len() as u32);
                 self.words.push(w.to_string());
@@ -271,6 +300,32 @@ mod tests {
         );
         assert_eq!(tok.decode(&[1, 3, 4, 2, 1, 5]).unwrap(), "the quick\nbrown");
         assert!(tok.decode(&[99]).is_err());
+    }
+
+    #[test]
+    fn a_large_text_gets_the_order_of_a_single_pass() {
+        // Over 1 MiB, so the text is cut into slices listed in parallel.
+        let mut x: u64 = 7;
+        let text: String = (0..400_000)
+            .map(|i| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let sep = if i % 9 == 0 { "\n" } else { " " };
+                format!("w{}{sep}", (x >> 33) % (1 + i as u64 / 10))
+            })
+            .collect();
+        assert!(split_at_lines(&text, 8).len() > 1);
+        let mut want: Vec<&str> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for w in corpus_words(&text) {
+            if seen.insert(w) {
+                want.push(w);
+            }
+        }
+        let tok = WordTokenizer::from_texts([text.as_str()]);
+        assert_eq!(tok.words[3..], want[..]);
+        assert_eq!(split_at_lines(&text, 8).concat(), text);
     }
 
     #[test]
