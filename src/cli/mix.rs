@@ -72,7 +72,7 @@ fn fit(args: &FitArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.text)
         .map_err(|e| anyhow::anyhow!("{}: {e}", args.text.display()))?;
     let tokens = infgram::tokenizer::Tokenizer::encode(&loaded.tokenizer, &text)?;
-    let estimator = args.estimator.spec(Some(args.k), None);
+    let estimator = args.estimator.spec_with(Some(args.k), None, None, None);
     let mut model = loaded.model;
     let scoring = score_both(
         model.as_mut(),

@@ -124,12 +124,8 @@ pub enum EstimatorKind {
 }
 
 impl EstimatorKind {
-    /// The library's spec of this estimator with the numbers of its flags.
-    pub fn spec(self, k: Option<i64>, decay: Option<f64>) -> EstimatorSpec {
-        self.spec_with(k, decay, None, None)
-    }
-
-    /// [`EstimatorKind::spec`] with the fixed-order models' flags (order 3 unless given).
+    /// The library's spec of this estimator with the numbers of its flags (a fixed-order
+    /// model's order 3 unless given).
     pub fn spec_with(
         self,
         k: Option<i64>,

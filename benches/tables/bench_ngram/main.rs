@@ -9,6 +9,25 @@
 //! `cargo run --release --example bench_ngram [-- --train T --val V --repeats 3]` (default: Tiny
 //! Shakespeare's train and val parts; `bash python/kenlm-oracle.sh VENV` builds `lmplz` and
 //! `query` into target/kenlm).
+//!
+//! The Linux table of BENCHMARKS.md: `apt-get install linux-source-6.1`, unpack
+//! `/usr/src/linux-source-6.1.tar.xz` into /tmp/linux, and write the two texts with
+//!
+//! ```text
+//! import os, hashlib
+//! root = '/tmp/linux/linux-source-6.1'
+//! train, val = open('/tmp/linux/train.txt', 'w'), open('/tmp/linux/val.txt', 'w')
+//! for d, _, fs in os.walk(root):
+//!     for f in sorted(fs):
+//!         if not f.endswith(('.c', '.h')): continue
+//!         p = os.path.join(d, f)
+//!         try: t = open(p, encoding='utf-8').read().replace('\0', ' ')
+//!         except Exception: continue
+//!         t += '' if t.endswith('\n') else '\n'
+//!         key = ('infgram-ngram:' + os.path.relpath(p, root)).encode()
+//!         held = int(hashlib.sha1(key).hexdigest(), 16) % 200 == 0
+//!         (val if held else train).write(t)
+//! ```
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
