@@ -46,12 +46,7 @@ pub fn scored_sequences(tok: &dyn Tokenizer, text: &str, sentences: bool) -> Res
         ))
     })?;
     crate::tokenizer::words::sentence_lines(text)
-        .map(|line| {
-            let mut ids = vec![bos];
-            ids.extend(tok.encode(line)?);
-            ids.push(eos);
-            Ok(ids)
-        })
+        .map(|line| crate::tokenizer::words::sentence_ids(tok, line, (bos, eos)))
         .collect()
 }
 

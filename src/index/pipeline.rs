@@ -154,10 +154,11 @@ pub fn build_index(
                             lines
                                 .iter()
                                 .map(|line| {
-                                    let mut ids = vec![bos];
-                                    ids.extend(tokenizer.encode(line)?);
-                                    ids.push(eos);
-                                    Ok(ids)
+                                    crate::tokenizer::words::sentence_ids(
+                                        tokenizer,
+                                        line,
+                                        (bos, eos),
+                                    )
                                 })
                                 .collect()
                         })

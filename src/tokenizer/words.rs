@@ -61,6 +61,14 @@ pub fn split_at_lines(text: &str, parts: usize) -> Vec<&str> {
     out
 }
 
+/// One line as a sentence of any tokenizer with sentence marks: `bos`, its tokens, `eos`.
+pub fn sentence_ids(tok: &dyn Tokenizer, line: &str, (bos, eos): (u32, u32)) -> Result<Vec<u32>> {
+    let mut ids = vec![bos];
+    ids.extend(tok.encode(line)?);
+    ids.push(eos);
+    Ok(ids)
+}
+
 /// The lines of `text` as sentences (a final line feed does not start an empty one).
 pub fn sentence_lines(text: &str) -> impl Iterator<Item = &str> {
     text.strip_suffix('\n').unwrap_or(text).split('\n')

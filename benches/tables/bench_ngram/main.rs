@@ -91,6 +91,20 @@ fn timed(cmd: &mut Command, stdin: Option<&Path>, stdout: Option<&Path>) -> (f64
     )
 }
 
+/// `infgram ppl --estimator mkn` of `val` at `order` over `index`, as JSON.
+fn ppl_command(infgram: &Path, index: &Path, val: &Path, order: usize, fallback: bool) -> Command {
+    let mut c = Command::new(infgram);
+    c.args(["ppl", "--estimator", "mkn", "--sentences", "--json"])
+        .args(["--order", &order.to_string(), "--index"])
+        .arg(index)
+        .arg("--text")
+        .arg(val);
+    if fallback {
+        c.arg("--discount-fallback");
+    }
+    c
+}
+
 fn spread(xs: &[f64]) -> String {
     let min = xs.iter().cloned().fold(f64::INFINITY, f64::min);
     let max = xs.iter().cloned().fold(0.0, f64::max);
@@ -176,20 +190,7 @@ fn main() {
         .arg(&index)
         .arg(&train);
         record(2, timed(&mut c, None, None));
-        let mut c = Command::new(&infgram);
-        c.args([
-            "ppl",
-            "--estimator",
-            "mkn",
-            "--sentences",
-            "--json",
-            "--order",
-            &order,
-        ])
-        .arg("--index")
-        .arg(&index)
-        .arg("--text")
-        .arg(&val);
+        let mut c = ppl_command(&infgram, &index, &val, args.order, false);
         let out = record(3, timed(&mut c, None, None));
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         ours_ppl = v["ppl"].as_f64().unwrap();
@@ -233,19 +234,7 @@ fn main() {
             infinite,
         ),
     ] {
-        let mut c = Command::new(&infgram);
-        c.args([
-            "ppl",
-            "--estimator",
-            "mkn",
-            "--sentences",
-            "--json",
-            "--discount-fallback",
-        ])
-        .args(["--order", &n.to_string(), "--index"])
-        .arg(&index)
-        .arg("--text")
-        .arg(&val);
+        let mut c = ppl_command(&infgram, &index, &val, n, true);
         let (secs, _, out) = timed(&mut c, None, None);
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         println!(
