@@ -233,9 +233,9 @@ proptest! {
             .collect();
         probes.extend(seqs.iter().cloned());
         let fallback = Some(KENLM_FALLBACK);
-        let mkn = ClassicModel::new(&index, order, Smoothing::Mkn { fallback }, true).unwrap();
+        let mkn = ClassicModel::new(&index, order, Smoothing::Mkn { fallback }).unwrap();
         check_all(&index, &naive, &mkn, &probes, None)?;
-        let add = ClassicModel::new(&index, order, Smoothing::AddAlpha { alpha }, true).unwrap();
+        let add = ClassicModel::new(&index, order, Smoothing::AddAlpha { alpha }).unwrap();
         check_all(&index, &naive, &add, &probes, Some(alpha))?;
     }
 
@@ -252,9 +252,9 @@ proptest! {
         let index = Index::from_docs(TokenizerSpec::synthetic(5), &docs, per_shard, true).unwrap();
         let naive = Naive::new(&docs, order, None, 5);
         let fallback = Some(KENLM_FALLBACK);
-        let mkn = ClassicModel::new(&index, order, Smoothing::Mkn { fallback }, false).unwrap();
+        let mkn = ClassicModel::new(&index, order, Smoothing::Mkn { fallback }).unwrap();
         check_all(&index, &naive, &mkn, &probes, None)?;
-        let add = ClassicModel::new(&index, order, Smoothing::AddAlpha { alpha: 0.5 }, false).unwrap();
+        let add = ClassicModel::new(&index, order, Smoothing::AddAlpha { alpha: 0.5 }).unwrap();
         check_all(&index, &naive, &add, &probes, Some(0.5))?;
     }
 
@@ -271,7 +271,7 @@ proptest! {
         let seqs: Vec<Vec<u32>> = corpus.iter().map(|s| with_marks(s)).collect();
         let index = Index::from_docs(tok.spec(), &seqs, seqs.len(), true).unwrap();
         let fallback = Some(KENLM_FALLBACK);
-        let model = ClassicModel::new(&index, order, Smoothing::Mkn { fallback }, true).unwrap();
+        let model = ClassicModel::new(&index, order, Smoothing::Mkn { fallback }).unwrap();
         let mut out = Vec::new();
         write_arpa(&model, &index, &tok, &mut out).unwrap();
         let arpa = read_arpa(&String::from_utf8(out).unwrap());
@@ -326,7 +326,7 @@ fn the_quick_brown_fox_gives_lmplz_numbers() {
     let seqs: Vec<Vec<u32>> = tok.sentences(text);
     let index = Index::from_docs(tok.spec(), &seqs, 1, true).unwrap();
     let fallback = Some(KENLM_FALLBACK);
-    let model = ClassicModel::new(&index, 3, Smoothing::Mkn { fallback }, true).unwrap();
+    let model = ClassicModel::new(&index, 3, Smoothing::Mkn { fallback }).unwrap();
     let mut out = Vec::new();
     write_arpa(&model, &index, &tok, &mut out).unwrap();
     let arpa = read_arpa(&String::from_utf8(out).unwrap());
@@ -375,7 +375,7 @@ fn generation_rows_are_the_models_distribution_and_the_protocol_names_it() {
         },
     ] {
         let model = spec
-            .classic(&*index, true, Some(KENLM_FALLBACK))
+            .classic(&*index, Some(KENLM_FALLBACK))
             .unwrap()
             .unwrap();
         let mut lm = InfgramModel::new(index.clone(), spec.estimator().unwrap(), 10).unwrap();

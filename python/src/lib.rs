@@ -1014,7 +1014,7 @@ fn docs_list(py: Python<'_>, docs: Result<Vec<Document>, String>) -> Ans {
 #[pyclass(frozen, subclass, module = "infgram._native")]
 pub struct Index {
     index: Arc<Idx>,
-    tok: Box<dyn Tokenizer>,
+    tok: Arc<dyn Tokenizer>,
 }
 
 #[pymethods]
@@ -1029,7 +1029,7 @@ impl Index {
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(Index {
             index: Arc::new(index),
-            tok,
+            tok: Arc::from(tok),
         })
     }
 
@@ -1178,17 +1178,14 @@ impl Index {
                 )))
             }
         };
-        let sentences = infgram::eval::classic::is_sentence_index(&self.index);
         let model = py
-            .detach(|| spec.classic(&*self.index, sentences, discount_fallback))
+            .detach(|| spec.classic(&*self.index, discount_fallback))
             .map_err(|e| PyValueError::new_err(e.to_string()))?
             .ok_or_else(|| PyValueError::new_err("not a fixed-order model"))?;
         Ok(NgramModel {
             index: self.index.clone(),
-            tok: infgram::tokenizer::from_spec_in(&self.index.header().tokenizer, self.index.dir())
-                .map_err(|e| PyValueError::new_err(e.to_string()))?,
+            tok: self.tok.clone(),
             model,
-            sentences,
         })
     }
 
@@ -1212,9 +1209,9 @@ impl Index {
 #[pyclass(frozen, module = "infgram._native")]
 pub struct NgramModel {
     index: Arc<Idx>,
-    tok: Box<dyn Tokenizer>,
+    /// The index's tokenizer (shared with its `Index`).
+    tok: Arc<dyn Tokenizer>,
     model: infgram::ngram::classic::ClassicModel,
-    sentences: bool,
 }
 
 #[pymethods]
@@ -1283,8 +1280,9 @@ impl NgramModel {
         floor: Option<f64>,
     ) -> PyResult<infgram::eval::classic::ClassicReport> {
         py.detach(|| {
+            let sentences = self.model.bos().is_some();
             let seqs =
-                infgram::eval::classic::scored_sequences(self.tok.as_ref(), text, self.sentences)?;
+                infgram::eval::classic::scored_sequences(self.tok.as_ref(), text, sentences)?;
             infgram::eval::classic::score(&self.index, &self.model, &seqs, floor)
         })
         .map_err(|e| PyValueError::new_err(e.to_string()))

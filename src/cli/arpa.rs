@@ -25,7 +25,7 @@ pub struct ArpaArgs {
 /// Runs `infgram export-arpa`.
 pub fn run(args: ArpaArgs) -> Result<()> {
     let (index, tok) = infgram::service::open_index(&args.index, None)?;
-    let sentences = infgram::eval::classic::is_sentence_index(&index);
+    let sentences = infgram::ngram::classic::is_sentence_index(&index);
     let est = super::EstimatorArgs {
         estimator: Some(super::EstimatorKind::Mkn),
         k: None,

@@ -188,7 +188,7 @@ pub fn classic_model<S: AsRef<[u8]> + Sync>(
     sentences: bool,
     fallback: &Option<Vec<f64>>,
 ) -> Result<infgram::ngram::classic::ClassicModel> {
-    use infgram::eval::classic::is_sentence_index;
+    use infgram::ngram::classic::is_sentence_index;
     if sentences != is_sentence_index(index) {
         bail!(if sentences {
             "--sentences needs an index built in sentence mode: `infgram index --tokenizer words --sentences`"
@@ -198,7 +198,7 @@ pub fn classic_model<S: AsRef<[u8]> + Sync>(
     }
     let model = est
         .spec()
-        .classic(index, sentences, fallback_discounts(fallback)?)
+        .classic(index, fallback_discounts(fallback)?)
         .map_err(|e| e.rename_field(super::FLAG_NAMES))?;
     model.context("the estimator is not a fixed-order model")
 }

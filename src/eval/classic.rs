@@ -38,16 +38,14 @@ pub fn scored_sequences(tok: &dyn Tokenizer, text: &str, sentences: bool) -> Res
     if !sentences {
         return Ok(vec![tok.encode(text)?]);
     }
-    let (bos, eos) = tok.sentence_marks().ok_or_else(|| {
+    let marks = tok.sentence_marks().ok_or_else(|| {
         Error::input(format!(
             "sentence mode needs a tokenizer with <s> and </s>: an index built with \
              `--tokenizer words --sentences` (this one's is {})",
             tok.name()
         ))
     })?;
-    crate::tokenizer::words::sentence_lines(text)
-        .map(|line| crate::tokenizer::words::sentence_ids(tok, line, (bos, eos)))
-        .collect()
+    crate::tokenizer::words::encode_sentences(tok, text, marks)
 }
 
 /// Scores `sequences` (each a sentence or document; its first token is context only): each
@@ -60,7 +58,7 @@ pub fn score<S: AsRef<[u8]> + Sync>(
     floor: Option<f64>,
 ) -> Result<ClassicReport> {
     let t0 = std::time::Instant::now();
-    let words_kind = index.header().tokenizer.kind == crate::tokenizer::words::KIND;
+    let words_kind = crate::ngram::classic::is_words_index(index);
     // One slice a thread: each keeps its own memo of contexts, and a context of a large
     // corpus (its continuation counts) is worth computing once per thread, not per slice.
     let chunk = sequences
@@ -113,5 +111,3 @@ pub fn score<S: AsRef<[u8]> + Sync>(
     r.seconds = t0.elapsed().as_secs_f64();
     Ok(r)
 }
-
-pub use crate::ngram::classic::is_sentence_index;

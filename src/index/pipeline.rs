@@ -140,35 +140,7 @@ pub fn build_index(
             .par_iter()
             .map(|d| match marks {
                 None => Ok(vec![tokenizer.encode(&d.text)?]),
-                Some((bos, eos)) => {
-                    // A document's lines, in parallel slices (one large file is one document).
-                    let lines: Vec<&str> =
-                        crate::tokenizer::words::sentence_lines(&d.text).collect();
-                    let chunk = lines
-                        .len()
-                        .div_ceil(4 * rayon::current_num_threads())
-                        .max(1);
-                    let parts: Vec<Result<Vec<Vec<u32>>>> = lines
-                        .par_chunks(chunk)
-                        .map(|lines| {
-                            lines
-                                .iter()
-                                .map(|line| {
-                                    crate::tokenizer::words::sentence_ids(
-                                        tokenizer,
-                                        line,
-                                        (bos, eos),
-                                    )
-                                })
-                                .collect()
-                        })
-                        .collect();
-                    let mut all = Vec::with_capacity(lines.len());
-                    for p in parts {
-                        all.extend(p?);
-                    }
-                    Ok(all)
-                }
+                Some(marks) => crate::tokenizer::words::encode_sentences(tokenizer, &d.text, marks),
             })
             .collect();
         for (doc, parts) in batch.drain(..).zip(encoded) {

@@ -300,8 +300,16 @@ impl<S: AsRef<[u8]>> Shard<S> {
     /// Kneser–Ney continuation counts of the occurrences `occ` of `ctx`: for each next token
     /// `x`, the number of distinct tokens found just before an occurrence of `ctx·x` (the
     /// start of a document counts as one more such token). Scans every occurrence. Over several
-    /// shards these counts are added, so a pair present in two shards counts twice.
+    /// shards these counts are added, so a pair present in two shards counts twice (the union
+    /// of the shards' [`Shard::continuation_pairs`] counts it once).
     pub fn occ_continuations(&self, occ: Occ, ctx: &[u32], keep_end: bool) -> Counts {
+        let pairs = self.continuation_pairs(occ, ctx, keep_end);
+        tally_sorted(pairs.into_iter().map(|(x, _)| x))
+    }
+
+    /// The distinct (next token, token before) pairs of the occurrences `occ` of `ctx`, sorted
+    /// (a document's start reads as the separator before it).
+    pub fn continuation_pairs(&self, occ: Occ, ctx: &[u32], keep_end: bool) -> Vec<(u32, u32)> {
         let sep = self.separator();
         let d = ctx.len();
         let prev = |start: usize| if start == 0 { sep } else { self.tok(start - 1) };
@@ -319,7 +327,7 @@ impl<S: AsRef<[u8]>> Shard<S> {
         pairs.retain(|&(x, _)| keep_end || x != sep);
         pairs.sort_unstable();
         pairs.dedup();
-        tally_sorted(pairs.into_iter().map(|(x, _)| x))
+        pairs
     }
 
     /// Occurrences of the suffixes of `ctx`, for lengths `0, 1, …` while they occur (and at most

@@ -38,7 +38,7 @@ pub fn write_arpa<S: AsRef<[u8]> + Sync>(
         ));
     }
     let unk = crate::tokenizer::words::UNK;
-    let words_kind = index.header().tokenizer.kind == crate::tokenizer::words::KIND;
+    let words_kind = super::classic::is_words_index(index);
     let eos = model.bos().map(|_| crate::tokenizer::words::EOS);
     let spell = |ids: &[u32]| -> Result<String> {
         let words: Result<Vec<String>> = ids

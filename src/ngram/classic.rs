@@ -72,10 +72,15 @@ pub struct ClassicSpec {
     pub smoothing: Smoothing,
 }
 
+/// Whether `index` was built with the `words` tokenizer (KenLM's vocabulary conventions).
+pub fn is_words_index<S: AsRef<[u8]> + Sync>(index: &Index<S>) -> bool {
+    index.header().tokenizer.kind == crate::tokenizer::words::KIND
+}
+
 /// Whether `index` was built in sentence mode: a words index whose first document starts
 /// with `<s>`.
 pub fn is_sentence_index<S: AsRef<[u8]> + Sync>(index: &Index<S>) -> bool {
-    index.header().tokenizer.kind == crate::tokenizer::words::KIND
+    is_words_index(index)
         && index.shards().first().is_some_and(|s| {
             let (a, b) = s.doc_span(0);
             a < b && s.tok(a) == crate::tokenizer::words::BOS
@@ -95,6 +100,32 @@ pub struct CountStats {
     pub count_of_counts: Vec<[u64; 5]>,
     /// Adjusted count of each unigram, by id (0 for ids never predicted).
     pub unigram: Vec<u64>,
+}
+
+impl CountStats {
+    /// Nothing counted yet, for `order` orders and `vocab` ids.
+    fn zeros(order: usize, vocab: usize) -> Self {
+        CountStats {
+            ngrams: vec![0; order],
+            count_of_counts: vec![[0; 5]; order],
+            unigram: vec![0; vocab],
+        }
+    }
+
+    /// Adds the counts of another slice of the suffix array (whose n-grams are not these').
+    fn add(&mut self, other: &CountStats) {
+        for (a, b) in self.ngrams.iter_mut().zip(&other.ngrams) {
+            *a += b;
+        }
+        for (a, b) in self.count_of_counts.iter_mut().zip(&other.count_of_counts) {
+            for (x, y) in a.iter_mut().zip(b) {
+                *x += y;
+            }
+        }
+        for (a, b) in self.unigram.iter_mut().zip(&other.unigram) {
+            *a += b;
+        }
+    }
 }
 
 /// A classic n-gram model of fixed order over an index.
@@ -134,22 +165,17 @@ struct ContextStats {
     gamma: f64,
 }
 
-impl ClassicModel {
-    /// The model of `order` over `index` with `smoothing`; `sentences`: the index was built in
-    /// sentence mode (`<s>` = [`crate::tokenizer::words::BOS`]). One pass over the suffix array.
-    pub fn new<S: AsRef<[u8]> + Sync>(
-        index: &Index<S>,
-        order: usize,
-        smoothing: Smoothing,
-        sentences: bool,
-    ) -> Result<Self> {
-        if order == 0 {
+impl ClassicSpec {
+    /// Checks the order (at least 1) and α (finite, at least 0); an error names the field
+    /// (`order`, `alpha`).
+    pub fn check(&self) -> Result<()> {
+        if self.order == 0 {
             return Err(Error::Field {
                 field: "order",
                 message: "must be at least 1".into(),
             });
         }
-        if let Smoothing::AddAlpha { alpha } = smoothing {
+        if let Smoothing::AddAlpha { alpha } = self.smoothing {
             if !(alpha >= 0.0 && alpha.is_finite()) {
                 return Err(Error::Field {
                     field: "alpha",
@@ -157,18 +183,33 @@ impl ClassicModel {
                 });
             }
         }
+        Ok(())
+    }
+}
+
+impl ClassicModel {
+    /// The model of `order` over `index` with `smoothing`, in sentence mode when the index was
+    /// built so ([`is_sentence_index`]; `<s>` = [`crate::tokenizer::words::BOS`]). One pass
+    /// over the suffix array.
+    pub fn new<S: AsRef<[u8]> + Sync>(
+        index: &Index<S>,
+        order: usize,
+        smoothing: Smoothing,
+    ) -> Result<Self> {
+        let spec = ClassicSpec { order, smoothing };
+        spec.check()?;
+        let ClassicSpec { order, smoothing } = spec;
         if index.shards().iter().any(|s| s.byte_ordered()) {
             return Err(Error::input(
                 "classic n-gram models need an index built by infgram (this one sorts its \
                  suffixes by bytes, as infini-gram's u16 indexes do): rebuild it with `infgram index`",
             ));
         }
-        let bos = sentences.then_some(crate::tokenizer::words::BOS);
+        let bos = is_sentence_index(index).then_some(crate::tokenizer::words::BOS);
         let vocab = index.vocab_size().max(1);
         let stats = count_pass(index, order, bos, vocab);
-        let words_kind = index.header().tokenizer.kind == crate::tokenizer::words::KIND;
         let seen = stats.unigram.iter().filter(|&&a| a > 0).count();
-        let uniform = if words_kind {
+        let uniform = if is_words_index(index) {
             // KenLM's: the types seen and <unk> (<s> is not predicted).
             seen + usize::from(stats.unigram[crate::tokenizer::words::UNK as usize] == 0)
         } else {
@@ -228,25 +269,10 @@ impl ClassicModel {
     fn mkn_unigrams(&self) -> Vec<f64> {
         let a = &self.stats.unigram;
         let d = &self.discounts[0];
-        let total: u64 = a.iter().sum();
-        let mut n = [0u64; 4];
-        for &c in a.iter().filter(|&&c| c > 0) {
-            n[c.min(3) as usize] += 1;
-        }
-        let gamma =
-            (d[1] * n[1] as f64 + d[2] * n[2] as f64 + d[3] * n[3] as f64) / total.max(1) as f64;
+        let total: u64 = a.iter().sum::<u64>().max(1);
+        let gamma = discounted_mass(d, a.iter().copied(), total);
         let base = gamma / self.uniform as f64;
-        let mut p: Vec<f64> = a
-            .iter()
-            .map(|&c| {
-                let u = if c > 0 {
-                    (c as f64 - d[c.min(3) as usize]) / total as f64
-                } else {
-                    0.0
-                };
-                u + base
-            })
-            .collect();
+        let mut p: Vec<f64> = a.iter().map(|&c| discounted(d, c, total) + base).collect();
         if let Some(b) = self.bos {
             // KenLM gives <s> probability 1: it is never predicted, only a context.
             p[b as usize] = 1.0;
@@ -287,13 +313,7 @@ impl ClassicModel {
                         break;
                     };
                     let a = count_of(&st.counts, w);
-                    let d = &self.discounts[j];
-                    let u = if a > 0 {
-                        (a as f64 - d[a.min(3) as usize]) / st.total as f64
-                    } else {
-                        0.0
-                    };
-                    p = u + st.gamma * p;
+                    p = discounted(&self.discounts[j], a, st.total) + st.gamma * p;
                 }
                 p
             }
@@ -339,7 +359,7 @@ impl ClassicModel {
                     }
                     for &(t, a) in &st.counts {
                         if let Some(x) = out.get_mut(t as usize) {
-                            *x += (a as f64 - d[a.min(3) as usize]) / st.total as f64;
+                            *x += discounted(d, a, st.total);
                         }
                     }
                 }
@@ -426,11 +446,11 @@ impl ClassicModel {
             return None;
         }
         let gamma = match self.smoothing {
-            Smoothing::Mkn { .. } => {
-                let d = &self.discounts[order - 1];
-                let mass: f64 = counts.iter().map(|&(_, c)| d[c.min(3) as usize]).sum();
-                mass / total as f64
-            }
+            Smoothing::Mkn { .. } => discounted_mass(
+                &self.discounts[order - 1],
+                counts.iter().map(|&(_, c)| c),
+                total,
+            ),
             Smoothing::AddAlpha { .. } => 0.0,
         };
         Some(ContextStats {
@@ -481,26 +501,27 @@ fn continuation_by_reverse<S: AsRef<[u8]>>(
         .collect()
 }
 
-/// [`continuation_counts`] by scanning every occurrence of `h` in every shard.
+/// [`continuation_counts`] by scanning every occurrence of `h` in every shard: the union of
+/// the shards' (next, previous) pairs.
 fn continuation_by_scan<S: AsRef<[u8]> + Sync>(index: &Index<S>, h: &[u32]) -> Counts {
-    let d = h.len();
     let mut pairs: Vec<(u32, u32)> = Vec::new();
     for s in index.shards() {
-        let sep = s.separator();
-        let (a, b) = s.find(h);
-        pairs.extend((a..b).filter_map(|i| {
-            let p = s.sa(i);
-            if p + d >= s.len() {
-                return None;
-            }
-            let x = s.tok(p + d);
-            let prev = if p == 0 { sep } else { s.tok(p - 1) };
-            (x != sep).then_some((x, prev))
-        }));
+        pairs.extend(s.continuation_pairs(Occ::Fwd(s.find(h)), h, false));
     }
     pairs.sort_unstable();
     pairs.dedup();
     crate::index::query::tally_sorted(pairs.into_iter().map(|(x, _)| x))
+}
+
+/// `(a − D(a)) / total`: what an adjusted count `a` keeps of its share after discounting with
+/// `d = [0, D₁, D₂, D₃₊]` (0 for `a = 0`, since `D(0) = 0`).
+fn discounted(d: &[f64; 4], a: u64, total: u64) -> f64 {
+    (a as f64 - d[a.min(3) as usize]) / total as f64
+}
+
+/// γ: the mass the discounts `d` take from adjusted counts `counts` summing to `total`.
+fn discounted_mass(d: &[f64; 4], counts: impl Iterator<Item = u64>, total: u64) -> f64 {
+    counts.map(|a| d[a.min(3) as usize]).sum::<f64>() / total as f64
 }
 
 /// KenLM's discounts of one order from its count-of-counts (computed in `f32` as `lmplz` does).
@@ -533,33 +554,21 @@ fn discounts(t: &[u64; 5], n: usize, fallback: Option<[f64; 3]>) -> Result<[f64;
     Ok(d)
 }
 
-/// One cursor over a shard's suffix array for the merged pass.
-struct Cursor<'a, S: AsRef<[u8]>> {
-    shard: &'a crate::index::Shard<S>,
-    i: usize,
-}
-
 /// The first `order` tokens at a suffix (the separator from the first separator on) and the
 /// token before it (the separator at a document's start).
-fn key_at<S: AsRef<[u8]>>(
-    shard: &crate::index::Shard<S>,
-    p: usize,
-    order: usize,
-    key: &mut [u32],
-) -> u32 {
+fn key_at<S: AsRef<[u8]>>(shard: &crate::index::Shard<S>, p: usize, key: &mut [u32]) -> u32 {
     let sep = shard.separator();
-    let mut ended = false;
-    for (k, slot) in key.iter_mut().enumerate().take(order) {
-        if !ended && p + k < shard.len() {
-            let t = shard.tok(p + k);
-            ended = t == sep;
-            *slot = t;
+    key.fill(sep);
+    for (k, slot) in key.iter_mut().enumerate() {
+        let t = if p + k < shard.len() {
+            shard.tok(p + k)
         } else {
-            *slot = sep;
+            sep
+        };
+        if t == sep {
+            break;
         }
-        if ended {
-            *slot = sep;
-        }
+        *slot = t;
     }
     if p == 0 {
         sep
@@ -575,47 +584,45 @@ pub(crate) fn for_each_suffix<S: AsRef<[u8]> + Sync>(
     order: usize,
     f: &mut dyn FnMut(&[u32], u32),
 ) {
-    let shards = index.shards();
-    let mut key = vec![0u32; order];
-    if shards.len() == 1 {
-        let s = &shards[0];
-        for i in 0..s.len() {
-            let left = key_at(s, s.sa(i), order, &mut key);
-            f(&key, left);
-        }
-        return;
+    if let [s] = index.shards() {
+        return for_each_suffix_in(s, 0..s.len(), order, f);
     }
-    // Several shards: a k-way merge of their sorted suffixes by key.
-    let mut cursors: Vec<Cursor<S>> = shards.iter().map(|shard| Cursor { shard, i: 0 }).collect();
-    let mut heads: Vec<Option<(Vec<u32>, u32)>> = cursors
-        .iter()
-        .map(|c| {
-            (c.i < c.shard.len()).then(|| {
-                let mut k = vec![0u32; order];
-                let l = key_at(c.shard, c.shard.sa(c.i), order, &mut k);
-                (k, l)
-            })
+    let shards = index.shards();
+    // The head of each shard: its next suffix's position in SA, key and token before.
+    let head = |j: usize, i: usize| {
+        let s = &shards[j];
+        (i < s.len()).then(|| {
+            let mut key = vec![0u32; order];
+            let left = key_at(s, s.sa(i), &mut key);
+            (i, key, left)
         })
-        .collect();
-    loop {
-        let best = heads
-            .iter()
-            .enumerate()
-            .filter_map(|(j, h)| h.as_ref().map(|(k, _)| (j, k)))
-            .min_by(|a, b| a.1.cmp(b.1))
-            .map(|(j, _)| j);
-        let Some(j) = best else { break };
-        {
-            let (k, l) = heads[j].as_ref().expect("a head");
-            f(k, *l);
-        }
-        let c = &mut cursors[j];
-        c.i += 1;
-        heads[j] = (c.i < c.shard.len()).then(|| {
-            let mut k = vec![0u32; order];
-            let l = key_at(c.shard, c.shard.sa(c.i), order, &mut k);
-            (k, l)
-        });
+    };
+    // Several shards: a k-way merge of their sorted suffixes by key.
+    let mut heads: Vec<_> = (0..shards.len()).map(|j| head(j, 0)).collect();
+    while let Some(j) = heads
+        .iter()
+        .enumerate()
+        .filter_map(|(j, h)| h.as_ref().map(|(_, key, _)| (j, key)))
+        .min_by(|a, b| a.1.cmp(b.1))
+        .map(|(j, _)| j)
+    {
+        let (i, key, left) = heads[j].take().expect("a head");
+        f(&key, left);
+        heads[j] = head(j, i + 1);
+    }
+}
+
+/// [`for_each_suffix`] over the suffix-array positions `range` of one shard.
+fn for_each_suffix_in<S: AsRef<[u8]>>(
+    s: &crate::index::Shard<S>,
+    range: std::ops::Range<usize>,
+    order: usize,
+    f: &mut dyn FnMut(&[u32], u32),
+) {
+    let mut key = vec![0u32; order];
+    for i in range {
+        let left = key_at(s, s.sa(i), &mut key);
+        f(&key, left);
     }
 }
 
@@ -629,12 +636,10 @@ fn count_pass<S: AsRef<[u8]> + Sync>(
 ) -> CountStats {
     let sep = index.separator();
     let parts = rayon::current_num_threads();
-    let [s] = index.shards() else {
-        return count_groups(order, bos, vocab, sep, |f| for_each_suffix(index, order, f));
+    let s = match index.shards() {
+        [s] if parts > 1 => s,
+        _ => return count_groups(order, bos, vocab, sep, |f| for_each_suffix(index, order, f)),
     };
-    if parts < 2 {
-        return count_groups(order, bos, vocab, sep, |f| for_each_suffix(index, order, f));
-    }
     // One shard on several threads: slices of the suffix array cut where the first token
     // changes, so that no n-gram's group spans two slices; their counts add up.
     let first_token = |i: usize| s.tok(s.sa(i));
@@ -649,31 +654,15 @@ fn count_pass<S: AsRef<[u8]> + Sync>(
         .collect::<Vec<_>>()
         .into_par_iter()
         .map(|w| {
-            let (a, b) = (w[0], w[1].max(w[0]));
+            let range = w[0]..w[1].max(w[0]);
             count_groups(order, bos, vocab, sep, |f| {
-                let mut key = vec![0u32; order];
-                for i in a..b {
-                    let left = key_at(s, s.sa(i), order, &mut key);
-                    f(&key, left);
-                }
+                for_each_suffix_in(s, range, order, f)
             })
         })
         .collect();
-    let mut stats = CountStats {
-        ngrams: vec![0; order],
-        count_of_counts: vec![[0; 5]; order],
-        unigram: vec![0; vocab],
-    };
-    for p in partial {
-        for n in 0..order {
-            stats.ngrams[n] += p.ngrams[n];
-            for k in 0..5 {
-                stats.count_of_counts[n][k] += p.count_of_counts[n][k];
-            }
-        }
-        for (a, b) in stats.unigram.iter_mut().zip(&p.unigram) {
-            *a += b;
-        }
+    let mut stats = CountStats::zeros(order, vocab);
+    for p in &partial {
+        stats.add(p);
     }
     stats
 }
@@ -687,11 +676,7 @@ fn count_groups(
     sep: u32,
     feed: impl FnOnce(&mut dyn FnMut(&[u32], u32)),
 ) -> CountStats {
-    let mut stats = CountStats {
-        ngrams: vec![0; order],
-        count_of_counts: vec![[0; 5]; order],
-        unigram: vec![0; vocab],
-    };
+    let mut stats = CountStats::zeros(order, vocab);
     // Per order: the open group's count and distinct left tokens (stamped by group number).
     let mut count = vec![0u64; order];
     let mut distinct = vec![0u64; order];

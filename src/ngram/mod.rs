@@ -157,31 +157,28 @@ impl Default for EstimatorSpec {
 }
 
 impl EstimatorSpec {
-    /// The classic fixed-order model this spec names, estimated over `index` (`sentences`:
-    /// the index was built in sentence mode); `None` for the ∞-gram estimators.
+    /// The classic fixed-order model this spec names, estimated over `index` (in sentence mode
+    /// when the index was built so); `None` for the ∞-gram estimators. `discount_fallback`:
+    /// KenLM's `--discount_fallback` (without it, discounts the counts cannot give are an error).
     pub fn classic<S: AsRef<[u8]> + Sync>(
         &self,
         index: &Index<S>,
-        sentences: bool,
         discount_fallback: Option<[f64; 3]>,
     ) -> crate::Result<Option<classic::ClassicModel>> {
-        if !matches!(
-            self,
-            EstimatorSpec::Mkn { .. } | EstimatorSpec::AddAlpha { .. }
-        ) {
+        let Some(mut spec) = self.classic_spec()? else {
             return Ok(None);
-        }
-        let (order, mut smoothing) = self.classic_parts()?;
-        if let classic::Smoothing::Mkn { fallback } = &mut smoothing {
+        };
+        if let classic::Smoothing::Mkn { fallback } = &mut spec.smoothing {
             *fallback = discount_fallback;
         }
-        classic::ClassicModel::new(index, order, smoothing, sentences).map(Some)
+        classic::ClassicModel::new(index, spec.order, spec.smoothing).map(Some)
     }
 
-    /// The order and smoothing of a fixed-order spec, checked (KenLM's fallback discounts
-    /// when the count-of-counts of an order cannot give them: a generation runs on any index).
-    fn classic_parts(&self) -> crate::Result<(usize, classic::Smoothing)> {
-        let field = |field, message: String| crate::Error::Field { field, message };
+    /// The order and smoothing of a fixed-order spec, checked (an error names
+    /// `estimator.order` or `estimator.alpha`), with KenLM's fallback discounts for an order
+    /// whose count-of-counts cannot give them (a generation runs on any index); `None` for the
+    /// ∞-gram estimators.
+    fn classic_spec(&self) -> crate::Result<Option<classic::ClassicSpec>> {
         let (order, smoothing) = match *self {
             EstimatorSpec::Mkn { order } => (
                 order,
@@ -189,22 +186,19 @@ impl EstimatorSpec {
                     fallback: Some(classic::KENLM_FALLBACK),
                 },
             ),
-            EstimatorSpec::AddAlpha { order, alpha } => {
-                let alpha = alpha.unwrap_or(ADD_ALPHA);
-                if !(alpha >= 0.0 && alpha.is_finite()) {
-                    return Err(field(
-                        "estimator.alpha",
-                        format!("must be finite and at least 0, got {alpha}"),
-                    ));
-                }
-                (order, classic::Smoothing::AddAlpha { alpha })
-            }
-            _ => unreachable!("called for the fixed-order specs only"),
+            EstimatorSpec::AddAlpha { order, alpha } => (
+                order,
+                classic::Smoothing::AddAlpha {
+                    alpha: alpha.unwrap_or(ADD_ALPHA),
+                },
+            ),
+            _ => return Ok(None),
         };
-        if order == 0 {
-            return Err(field("estimator.order", "must be at least 1".into()));
-        }
-        Ok((order, smoothing))
+        let spec = classic::ClassicSpec { order, smoothing };
+        spec.check().map_err(|e| {
+            e.rename_field(&[("order", "estimator.order"), ("alpha", "estimator.alpha")])
+        })?;
+        Ok(Some(spec))
     }
 
     /// SBIS with `k` levels and the default decay.
@@ -225,13 +219,9 @@ impl EstimatorSpec {
                 decay: SBIS_DECAY,
             }),
             EstimatorSpec::Smoothed => Ok(Estimator::Smoothed(Discounts::default())),
-            EstimatorSpec::Mkn { .. } | EstimatorSpec::AddAlpha { .. } => {
-                let (order, smoothing) = self.classic_parts()?;
-                Ok(Estimator::Classic(classic::ClassicSpec {
-                    order,
-                    smoothing,
-                }))
-            }
+            EstimatorSpec::Mkn { .. } | EstimatorSpec::AddAlpha { .. } => Ok(Estimator::Classic(
+                self.classic_spec()?.expect("a fixed-order spec"),
+            )),
             EstimatorSpec::Sbis { k, decay } => {
                 let k = k.unwrap_or(SBIS_K);
                 if k == 0 || k < -1 {

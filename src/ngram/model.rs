@@ -117,13 +117,8 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
         let index_vocab = index.vocab_size().max(separator as usize + 1);
         let classic = match &estimator {
             Estimator::Classic(spec) => {
-                let sentences = super::classic::is_sentence_index(&index);
-                let model = super::classic::ClassicModel::new(
-                    &index,
-                    spec.order,
-                    spec.smoothing.clone(),
-                    sentences,
-                )?;
+                let model =
+                    super::classic::ClassicModel::new(&index, spec.order, spec.smoothing.clone())?;
                 Some((model, super::classic::Memo::default()))
             }
             _ => None,

@@ -61,12 +61,39 @@ pub fn split_at_lines(text: &str, parts: usize) -> Vec<&str> {
     out
 }
 
-/// One line as a sentence of any tokenizer with sentence marks: `bos`, its tokens, `eos`.
-pub fn sentence_ids(tok: &dyn Tokenizer, line: &str, (bos, eos): (u32, u32)) -> Result<Vec<u32>> {
-    let mut ids = vec![bos];
-    ids.extend(tok.encode(line)?);
-    ids.push(eos);
-    Ok(ids)
+/// Each line of `text` as a sentence of any tokenizer with sentence marks: `bos`, the
+/// line's tokens, `eos`. Slices of lines are encoded in parallel (one large file is one
+/// document), in order.
+pub fn encode_sentences(
+    tok: &dyn Tokenizer,
+    text: &str,
+    (bos, eos): (u32, u32),
+) -> Result<Vec<Vec<u32>>> {
+    use rayon::prelude::*;
+    let lines: Vec<&str> = sentence_lines(text).collect();
+    let chunk = lines
+        .len()
+        .div_ceil(4 * rayon::current_num_threads())
+        .max(1);
+    let parts: Vec<Result<Vec<Vec<u32>>>> = lines
+        .par_chunks(chunk)
+        .map(|lines| {
+            lines
+                .iter()
+                .map(|line| {
+                    let mut ids = vec![bos];
+                    ids.extend(tok.encode(line)?);
+                    ids.push(eos);
+                    Ok(ids)
+                })
+                .collect()
+        })
+        .collect();
+    let mut all = Vec::with_capacity(lines.len());
+    for p in parts {
+        all.extend(p?);
+    }
+    Ok(all)
 }
 
 /// The lines of `text` as sentences (a final line feed does not start an empty one).
@@ -88,25 +115,30 @@ impl WordTokenizer {
     /// A vocabulary of the specials and then `words` in order (duplicates and specials
     /// skipped).
     pub fn from_words<'a>(words: impl IntoIterator<Item = &'a str>) -> Self {
-        let mut list: Vec<String> = SPECIALS.iter().map(|s| s.to_string()).collect();
-        let mut ids: HashMap<String, u32> = list
-            .iter()
-            .enumerate()
-            .map(|(i, w)| (w.clone(), i as u32))
-            .collect();
-        for w in words {
-            if !ids.contains_key(w) {
-                ids.insert(w.to_string(), list.len() as u32);
-                list.push(w.to_string());
-            }
-        }
-        let fingerprint = fingerprint_of(&list);
-        WordTokenizer {
-            words: list,
-            ids,
-            fingerprint,
+        let mut tok = WordTokenizer {
+            words: Vec::new(),
+            ids: HashMap::new(),
+            fingerprint: String::new(),
             path: PathBuf::new(),
+        };
+        for w in SPECIALS.into_iter().chain(words) {
+            tok.add(w);
         }
+        tok.sealed()
+    }
+
+    /// Gives `w` the next id unless it has one.
+    fn add(&mut self, w: &str) {
+        if !self.ids.contains_key(w) {
+            self.ids.insert(w.to_string(), self.words.len() as u32);
+            self.words.push(w.to_string());
+        }
+    }
+
+    /// The tokenizer with the fingerprint of its finished vocabulary.
+    fn sealed(mut self) -> Self {
+        self.fingerprint = fingerprint_of(&self.words);
+        self
     }
 
     /// The vocabulary of a corpus's documents (texts), in order of first appearance.
@@ -115,7 +147,7 @@ impl WordTokenizer {
         for t in texts {
             tok.extend(t);
         }
-        tok
+        tok.sealed()
     }
 
     /// The vocabulary of the documents of corpus files (a first pass over them).
@@ -129,12 +161,13 @@ impl WordTokenizer {
                 Ok(())
             },
         )?;
-        Ok(tok)
+        Ok(tok.sealed())
     }
 
-    /// Adds the new words of `text`, in order of first appearance. A large text is cut at
-    /// line feeds into slices whose distinct words are listed in parallel, then merged in
-    /// slice order (the same order a single pass gives).
+    /// Adds the new words of `text`, in order of first appearance (the fingerprint waits for
+    /// [`WordTokenizer::sealed`]). A large text is cut at line feeds into slices whose
+    /// distinct words are listed in parallel, then merged in slice order (the same order a
+    /// single pass gives).
     fn extend(&mut self, text: &str) {
         use rayon::prelude::*;
         let slices = split_at_lines(text, 4 * rayon::current_num_threads());
@@ -146,12 +179,8 @@ impl WordTokenizer {
             })
             .collect();
         for w in firsts.into_iter().flatten() {
-            if !self.ids.contains_key(w) {
-                self.ids.insert(w.to_string(), self.words.len() as u32);
-                self.words.push(w.to_string());
-            }
+            self.add(w);
         }
-        self.fingerprint = fingerprint_of(&self.words);
     }
 
     /// Reads a vocabulary file ([`VOCAB_FILE`]) and checks it against the fingerprint the
@@ -204,14 +233,7 @@ impl WordTokenizer {
 
     /// Each line of `text` as a sentence: `<s>`, its words, `</s>`.
     pub fn sentences(&self, text: &str) -> Vec<Vec<u32>> {
-        sentence_lines(text)
-            .map(|line| {
-                let mut ids = vec![BOS];
-                ids.extend(corpus_words(line).map(|w| self.id(w)));
-                ids.push(EOS);
-                ids
-            })
-            .collect()
+        encode_sentences(self, text, (BOS, EOS)).expect("encoding words cannot fail")
     }
 }
 
