@@ -152,12 +152,33 @@ pub fn total_bytes(files: &[PathBuf]) -> u64 {
 pub fn for_each_doc(
     files: &[PathBuf],
     root_of: impl Fn(&Path) -> String,
+    f: impl FnMut(Doc, u64) -> Result<()>,
+) -> Result<()> {
+    for_each_doc_in(files, 0..u64::MAX, root_of, f)
+}
+
+/// Reads the documents numbered `docs` of `files` (in the order [`for_each_doc`] reads them),
+/// calling `f(doc, bytes_read)`: one slice of a corpus. Text files before the slice are not
+/// read; JSON-lines files are read up to the slice's end.
+pub fn for_each_doc_in(
+    files: &[PathBuf],
+    docs: std::ops::Range<u64>,
+    root_of: impl Fn(&Path) -> String,
     mut f: impl FnMut(Doc, u64) -> Result<()>,
 ) -> Result<()> {
+    let mut ix = 0u64;
     for path in files {
+        if ix >= docs.end {
+            break;
+        }
         let kind = kind_of(path);
+        if kind == Kind::Text && ix < docs.start {
+            ix += 1;
+            continue;
+        }
         let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
         if kind == Kind::Text {
+            ix += 1;
             let mut bytes = Vec::new();
             BufReader::new(file)
                 .read_to_end(&mut bytes)
@@ -180,12 +201,54 @@ pub fn for_each_doc(
             f(Doc { text, meta }, n)?;
             continue;
         }
-        let reader: Box<dyn Read> = match kind {
-            Kind::JsonlGz => Box::new(flate2::read::MultiGzDecoder::new(file)),
-            Kind::JsonlZst => Box::new(zstd::Decoder::new(file).map_err(|e| Error::io(path, e))?),
-            _ => Box::new(file),
-        };
-        for_each_jsonl_doc(reader, path, &mut f)?;
+        for_each_jsonl_doc(jsonl_reader(path, kind, file)?, path, |doc, n| {
+            ix += 1;
+            match docs.contains(&(ix - 1)) {
+                true => f(doc, n),
+                false => Ok(()),
+            }
+        })?;
     }
     Ok(())
+}
+
+/// The decompressing reader of a JSON-lines file of kind `kind`.
+fn jsonl_reader(path: &Path, kind: Kind, file: std::fs::File) -> Result<Box<dyn Read>> {
+    Ok(match kind {
+        Kind::JsonlGz => Box::new(flate2::read::MultiGzDecoder::new(file)),
+        Kind::JsonlZst => Box::new(zstd::Decoder::new(file).map_err(|e| Error::io(path, e))?),
+        _ => Box::new(file),
+    })
+}
+
+/// The size in bytes of every document of `files`, in order (a text file's size, a JSON-lines
+/// document's line): what a distributed build balances its slices by. Text files are not
+/// read, and JSON-lines files only split into lines (each non-blank line is a document or an
+/// error, so a bad line fails the slice that holds it, named there).
+pub fn doc_bytes(files: &[PathBuf]) -> Result<Vec<u64>> {
+    let mut sizes = Vec::new();
+    for path in files {
+        let kind = kind_of(path);
+        if kind == Kind::Text {
+            let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+            sizes.push(meta.len());
+            continue;
+        }
+        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        let mut reader = BufReader::with_capacity(1 << 16, jsonl_reader(path, kind, file)?);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            let n = reader
+                .read_until(b'\n', &mut line)
+                .map_err(|e| Error::io(path, e))?;
+            if n == 0 {
+                break;
+            }
+            if !String::from_utf8_lossy(&line).trim().is_empty() {
+                sizes.push(n as u64);
+            }
+        }
+    }
+    Ok(sizes)
 }

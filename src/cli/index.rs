@@ -57,6 +57,7 @@ pub fn run(args: IndexArgs) -> Result<()> {
         overwrite: args.force,
         progress: std::io::stderr().is_terminal(),
         sentences: args.sentences,
+        ..Default::default()
     };
     let s = build_index(&args.inputs, &args.output, tok.as_ref(), &opts)?;
     if args.json {

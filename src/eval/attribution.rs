@@ -1,7 +1,7 @@
 //! Where a text copies its corpus from: the maximal spans that occur in the corpus with their
 //! counts and documents (attribution, as OLMoTrace shows them), and how much of the text is
 //! *not* covered by long corpus spans (L-uniqueness and the Creativity Index of Lu et al.,
-//! ICLR 2025). Both come from one left-to-right pass, [`Index::longest_match`]: for each
+//! ICLR 2025). Both come from one left-to-right pass, [`partial::longest_match`]: for each
 //! position `j`, the longest span ending at `j` that occurs.
 //!
 //! A span ending at `j` is maximal (no occurring span contains it) exactly when the span at
@@ -15,8 +15,8 @@
 //! `0.75 n` words. Ids the index does not hold (past its vocabulary, its separator) are never covered.
 
 use crate::error::{Error, Result};
+use crate::index::partial::{self, Shards};
 use crate::index::query::{Document, Match};
-use crate::index::Index;
 use serde::Serialize;
 
 /// A maximal span of the text that occurs in the corpus.
@@ -44,9 +44,9 @@ pub struct Span {
 /// documents per span and the window length asked for. About 2.5 MB of JSON.
 pub const ATTRIBUTION_TOKEN_BUDGET: usize = 1 << 18;
 
-/// The match length of every position of `tokens`: like [`Index::longest_match`], but ids
+/// The match length of every position of `tokens`: like [`partial::longest_match`], but ids
 /// the index does not hold end spans instead of failing the query.
-pub fn match_lengths<S: AsRef<[u8]> + Sync>(index: &Index<S>, tokens: &[u32]) -> Vec<Match> {
+pub fn match_lengths(index: &(impl Shards + ?Sized), tokens: &[u32]) -> Vec<Match> {
     let mut out = Vec::with_capacity(tokens.len());
     for segment in tokens.split_inclusive(|&t| !index.holds_token(t)) {
         let (held, barrier) = match segment.split_last() {
@@ -54,7 +54,7 @@ pub fn match_lengths<S: AsRef<[u8]> + Sync>(index: &Index<S>, tokens: &[u32]) ->
             _ => (segment, false),
         };
         // Every id of `held` is one the index holds: the query cannot fail.
-        out.extend(index.longest_match(held).unwrap_or_default());
+        out.extend(partial::longest_match(index, held).unwrap_or_default());
         if barrier {
             out.push(Match { len: 0, count: 0 });
         }
@@ -63,7 +63,7 @@ pub fn match_lengths<S: AsRef<[u8]> + Sync>(index: &Index<S>, tokens: &[u32]) ->
 }
 
 /// The longest span of `tokens` that occurs in the corpus (0 when none does).
-pub fn max_copied_span<S: AsRef<[u8]> + Sync>(index: &Index<S>, tokens: &[u32]) -> usize {
+pub fn max_copied_span(index: &(impl Shards + ?Sized), tokens: &[u32]) -> usize {
     match_lengths(index, tokens)
         .iter()
         .map(|m| m.len)
@@ -85,8 +85,8 @@ fn maximal_spans(matches: &[Match], min_len: usize) -> Vec<(usize, usize, u64)> 
 /// Attribution of `tokens`: every maximal span of at least `min_len` tokens that occurs in the
 /// corpus, with its count and up to `max_docs` documents (windows of `max_disp_len` tokens
 /// around an occurrence).
-pub fn attribute<S: AsRef<[u8]> + Sync>(
-    index: &Index<S>,
+pub fn attribute(
+    index: &(impl Shards + ?Sized),
     tokens: &[u32],
     min_len: usize,
     max_docs: usize,
@@ -119,8 +119,8 @@ pub fn attribute<S: AsRef<[u8]> + Sync>(
 /// Up to `max_docs` distinct documents that contain `span`, shard by shard in suffix-array
 /// order (through the index's per-shard path), their windows' tokens taken from `budget`; and
 /// whether the budget cut them short.
-fn documents<S: AsRef<[u8]> + Sync>(
-    index: &Index<S>,
+fn documents(
+    index: &(impl Shards + ?Sized),
     span: &[u32],
     max_docs: usize,
     max_disp_len: usize,
@@ -132,7 +132,7 @@ fn documents<S: AsRef<[u8]> + Sync>(
         return Ok((Vec::new(), max_docs > 0));
     }
     let around = max_disp_len.min(*budget - span.len());
-    let found = index.span_documents(span, max_docs, around)?;
+    let found = partial::span_documents(index, span, max_docs, around)?;
     let mut docs = Vec::with_capacity(found.len());
     for d in found {
         let cost = d.disp_len.max(1);
@@ -167,8 +167,8 @@ pub struct Creativity {
 pub const MAX_CREATIVITY_N: usize = 1000;
 
 /// L-uniqueness of `tokens` for `n = min_n ..= max_n` and the Creativity Index.
-pub fn creativity<S: AsRef<[u8]> + Sync>(
-    index: &Index<S>,
+pub fn creativity(
+    index: &(impl Shards + ?Sized),
     tokens: &[u32],
     min_n: usize,
     max_n: usize,

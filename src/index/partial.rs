@@ -179,7 +179,7 @@ pub enum ShardAnswer {
     },
 }
 
-/// Shards to ask: in this process ([`Index`]) or elsewhere.
+/// Shards to ask: in this process ([`Index`]) or elsewhere (a Python router's actors).
 pub trait Shards {
     /// How many shards there are.
     fn shard_count(&self) -> usize;
@@ -187,14 +187,37 @@ pub trait Shards {
     fn infos(&self) -> Vec<ShardInfo>;
     /// The separator id: a document's end in next-token counts.
     fn separator(&self) -> u32;
-    /// Refuses token ids outside the vocabulary.
-    fn check_tokens(&self, q: &[u32]) -> Result<()>;
+    /// The tokenizer's vocabulary size (0 when unknown).
+    fn vocab_size(&self) -> usize;
     /// The answers to `asks` (each a shard and its question), in the same order.
     fn ask(&self, asks: Vec<(usize, ShardQuery)>) -> Result<Vec<ShardAnswer>>;
+
+    /// Whether `t` is an id of the vocabulary (below its size and the separator): only those
+    /// can occur.
+    fn holds_token(&self, t: u32) -> bool {
+        t < self.separator() && (t as usize) < self.vocab_size().max(1)
+    }
+
+    /// Refuses token ids outside the vocabulary (the separator and above), which every query
+    /// does first.
+    fn check_tokens(&self, q: &[u32]) -> Result<()> {
+        match q.iter().find(|&&t| !self.holds_token(t)) {
+            Some(&t) => Err(Error::input(format!(
+                "token id {t} is outside the index's vocabulary (0..{})",
+                self.vocab_size()
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Documents in all shards.
+    fn num_docs(&self) -> u64 {
+        self.infos().iter().map(|i| i.documents).sum()
+    }
 }
 
 /// Asks every shard the same question.
-fn ask_all(shards: &impl Shards, q: ShardQuery) -> Result<Vec<ShardAnswer>> {
+fn ask_all(shards: &(impl Shards + ?Sized), q: ShardQuery) -> Result<Vec<ShardAnswer>> {
     shards.ask((0..shards.shard_count()).map(|s| (s, q.clone())).collect())
 }
 
@@ -328,7 +351,7 @@ fn place(located: Located, s: usize, first_docs: &[u64]) -> Document {
 }
 
 /// Occurrences of `q` (`count([])` = positions, separators included).
-pub fn count(shards: &impl Shards, q: &[u32]) -> Result<CountResult> {
+pub fn count(shards: &(impl Shards + ?Sized), q: &[u32]) -> Result<CountResult> {
     let count = if q.is_empty() {
         shards.check_tokens(q)?;
         shards.infos().iter().map(|i| i.tokens).sum()
@@ -342,7 +365,7 @@ pub fn count(shards: &impl Shards, q: &[u32]) -> Result<CountResult> {
 }
 
 /// `count(prompt·cont) / count(prompt)`.
-pub fn prob(shards: &impl Shards, prompt: &[u32], cont: u32) -> Result<ProbResult> {
+pub fn prob(shards: &(impl Shards + ?Sized), prompt: &[u32], cont: u32) -> Result<ProbResult> {
     let prompt_cnt = count(shards, prompt)?.count;
     let mut full = prompt.to_vec();
     full.push(cont);
@@ -351,7 +374,7 @@ pub fn prob(shards: &impl Shards, prompt: &[u32], cont: u32) -> Result<ProbResul
 }
 
 /// Suffix-array segments of `q` in every shard.
-pub fn find(shards: &impl Shards, q: &[u32]) -> Result<FindResult> {
+pub fn find(shards: &(impl Shards + ?Sized), q: &[u32]) -> Result<FindResult> {
     shards.check_tokens(q)?;
     let segs = ask_all(shards, ShardQuery::Find { q: q.to_vec() })?
         .into_iter()
@@ -425,7 +448,10 @@ fn merge_next_counts(parts: &[(u64, Counts)], sep: u32) -> Counts {
 }
 
 /// Every shard's occurrences of `prompt` and the counts of the tokens after them.
-fn next_counts_everywhere(shards: &impl Shards, prompt: &[u32]) -> Result<Vec<(u64, Counts)>> {
+fn next_counts_everywhere(
+    shards: &(impl Shards + ?Sized),
+    prompt: &[u32],
+) -> Result<Vec<(u64, Counts)>> {
     shards.check_tokens(prompt)?;
     let q = ShardQuery::NextCounts {
         q: prompt.to_vec(),
@@ -435,19 +461,19 @@ fn next_counts_everywhere(shards: &impl Shards, prompt: &[u32]) -> Result<Vec<(u
 }
 
 /// Exact next-token distribution of `prompt` as the query API reports it.
-pub fn ntd(shards: &impl Shards, prompt: &[u32], eos: Option<u32>) -> Result<NtdResult> {
+pub fn ntd(shards: &(impl Shards + ?Sized), prompt: &[u32], eos: Option<u32>) -> Result<NtdResult> {
     let parts = next_counts_everywhere(shards, prompt)?;
     Ok(merge_ntd(parts, shards.separator(), eos, None))
 }
 
 /// Exact next-token counts of `prompt`, documents' ends left out (the estimators' view).
-pub fn next_counts(shards: &impl Shards, prompt: &[u32]) -> Result<Counts> {
+pub fn next_counts(shards: &(impl Shards + ?Sized), prompt: &[u32]) -> Result<Counts> {
     let parts = next_counts_everywhere(shards, prompt)?;
     Ok(merge_next_counts(&parts, shards.separator()))
 }
 
 /// Round one of the ∞-gram queries: each shard's longest occurring suffix of `prompt`.
-fn suffix_round(shards: &impl Shards, prompt: &[u32]) -> Result<Vec<(usize, Occ)>> {
+fn suffix_round(shards: &(impl Shards + ?Sized), prompt: &[u32]) -> Result<Vec<(usize, Occ)>> {
     let q = ShardQuery::LongestSuffix {
         prompt: prompt.to_vec(),
     };
@@ -464,7 +490,7 @@ fn suffix_round(shards: &impl Shards, prompt: &[u32]) -> Result<Vec<(usize, Occ)
 /// every shard where it occurs, given round one's answers `tops` (a shard whose own longest
 /// suffix is shorter has none; one whose is exactly `l` long gave its occurrences).
 fn counts_round(
-    shards: &impl Shards,
+    shards: &(impl Shards + ?Sized),
     prompt: &[u32],
     l: usize,
     tops: &[(usize, Occ)],
@@ -485,7 +511,10 @@ fn counts_round(
 
 /// The longest suffix of `prompt` that occurs in some shard, and the shards' occurrences and
 /// counts at that length: the ∞-gram context of the query API.
-fn occurring_suffix(shards: &impl Shards, prompt: &[u32]) -> Result<(usize, Vec<(u64, Counts)>)> {
+fn occurring_suffix(
+    shards: &(impl Shards + ?Sized),
+    prompt: &[u32],
+) -> Result<(usize, Vec<(u64, Counts)>)> {
     shards.check_tokens(prompt)?;
     let tops = suffix_round(shards, prompt)?;
     let l = tops.iter().map(|t| t.0).max().unwrap_or(0);
@@ -494,14 +523,22 @@ fn occurring_suffix(shards: &impl Shards, prompt: &[u32]) -> Result<(usize, Vec<
 
 /// ∞-gram next-token distribution of the query API: [`ntd`] of the longest suffix of
 /// `prompt` that occurs.
-pub fn infgram_ntd(shards: &impl Shards, prompt: &[u32], eos: Option<u32>) -> Result<NtdResult> {
+pub fn infgram_ntd(
+    shards: &(impl Shards + ?Sized),
+    prompt: &[u32],
+    eos: Option<u32>,
+) -> Result<NtdResult> {
     let (l, parts) = occurring_suffix(shards, prompt)?;
     Ok(merge_ntd(parts, shards.separator(), eos, Some(l)))
 }
 
 /// ∞-gram probability of `cont` after `prompt`: [`prob`] of the longest suffix of `prompt`
 /// that occurs.
-pub fn infgram_prob(shards: &impl Shards, prompt: &[u32], cont: u32) -> Result<ProbResult> {
+pub fn infgram_prob(
+    shards: &(impl Shards + ?Sized),
+    prompt: &[u32],
+    cont: u32,
+) -> Result<ProbResult> {
     shards.check_tokens(&[cont])?;
     let (l, parts) = occurring_suffix(shards, prompt)?;
     let prompt_cnt: u64 = parts.iter().map(|p| p.0).sum();
@@ -518,7 +555,7 @@ pub fn infgram_prob(shards: &impl Shards, prompt: &[u32], cont: u32) -> Result<P
 
 /// Next-token counts of the ∞-gram: those of the longest suffix of `prompt` followed by a
 /// token somewhere (a suffix found only at documents' ends is backed off past).
-pub fn infgram_counts(shards: &impl Shards, prompt: &[u32]) -> Result<(usize, Counts)> {
+pub fn infgram_counts(shards: &(impl Shards + ?Sized), prompt: &[u32]) -> Result<(usize, Counts)> {
     shards.check_tokens(prompt)?;
     let tops = suffix_round(shards, prompt)?;
     let mut l = tops.iter().map(|t| t.0).max().unwrap_or(0);
@@ -535,7 +572,7 @@ pub fn infgram_counts(shards: &impl Shards, prompt: &[u32]) -> Result<(usize, Co
 /// The window `[pos − before, pos + after)` of the document holding position `pos` of shard
 /// `s`, cut to the document.
 pub fn window_at(
-    shards: &impl Shards,
+    shards: &(impl Shards + ?Sized),
     s: usize,
     pos: usize,
     before: usize,
@@ -548,7 +585,7 @@ pub fn window_at(
 /// The document window shard `s` answers `q` with, numbered across shards (`infos`: every
 /// shard's).
 fn fetch_window(
-    shards: &impl Shards,
+    shards: &(impl Shards + ?Sized),
     s: usize,
     q: ShardQuery,
     infos: &[ShardInfo],
@@ -561,7 +598,12 @@ fn fetch_window(
 
 /// The shards' infos, after checking that shard `s` exists and `i` is one of its positions
 /// (`what` names `i` in errors).
-fn check_position(shards: &impl Shards, s: usize, i: usize, what: &str) -> Result<Vec<ShardInfo>> {
+fn check_position(
+    shards: &(impl Shards + ?Sized),
+    s: usize,
+    i: usize,
+    what: &str,
+) -> Result<Vec<ShardInfo>> {
     let infos = shards.infos();
     let info = infos.get(s).ok_or_else(|| {
         Error::input(format!("shard {s} does not exist ({} shards)", infos.len()))
@@ -576,7 +618,11 @@ fn check_position(shards: &impl Shards, s: usize, i: usize, what: &str) -> Resul
 }
 
 /// The first `max_len` tokens of document `doc_ix` (numbered across shards).
-pub fn get_doc_by_ix(shards: &impl Shards, doc_ix: u64, max_len: usize) -> Result<Document> {
+pub fn get_doc_by_ix(
+    shards: &(impl Shards + ?Sized),
+    doc_ix: u64,
+    max_len: usize,
+) -> Result<Document> {
     let infos = shards.infos();
     let firsts = first_docs(&infos);
     let s = (0..infos.len())
@@ -591,27 +637,39 @@ pub fn get_doc_by_ix(shards: &impl Shards, doc_ix: u64, max_len: usize) -> Resul
     fetch_window(shards, s, ShardQuery::Doc { doc, max_len }, &infos)
 }
 
+/// The window `[pos − before, pos + after)` of the document holding the suffix of rank `rank`
+/// of shard `s` (at position `pos`), cut to the document.
+pub fn window_at_rank(
+    shards: &(impl Shards + ?Sized),
+    s: usize,
+    rank: usize,
+    before: usize,
+    after: usize,
+) -> Result<Document> {
+    let infos = check_position(shards, s, rank, "rank")?;
+    let q = ShardQuery::RankWindow {
+        rank,
+        before,
+        after,
+    };
+    fetch_window(shards, s, q, &infos)
+}
+
 /// The document around suffix-array rank `rank` of shard `s` (a window of `max_disp_len`).
 pub fn get_doc_by_rank(
-    shards: &impl Shards,
+    shards: &(impl Shards + ?Sized),
     s: usize,
     rank: usize,
     needle_len: usize,
     max_disp_len: usize,
 ) -> Result<Document> {
-    let infos = check_position(shards, s, rank, "rank")?;
     let half = max_disp_len / 2;
-    let q = ShardQuery::RankWindow {
-        rank,
-        before: half,
-        after: needle_len + half,
-    };
-    fetch_window(shards, s, q, &infos)
+    window_at_rank(shards, s, rank, half, needle_len + half)
 }
 
 /// The document around token position `ptr` of shard `s`.
 pub fn get_doc_by_ptr(
-    shards: &impl Shards,
+    shards: &(impl Shards + ?Sized),
     s: usize,
     ptr: usize,
     needle_len: usize,
@@ -632,7 +690,7 @@ pub fn get_doc_by_ptr(
 /// with more than `max_clause_freq` occurrences in a shard is sampled, and the count scaled
 /// back up (`approx`).
 pub fn search_docs(
-    shards: &impl Shards,
+    shards: &(impl Shards + ?Sized),
     cnf: &[Vec<Vec<u32>>],
     maxnum: usize,
     max_diff_tokens: usize,
@@ -706,7 +764,7 @@ pub fn search_docs(
 /// Up to `max_docs` distinct documents holding `span`, shard by shard in suffix-array order,
 /// each a window of `around` tokens around an occurrence (half before it) and the span.
 pub fn span_documents(
-    shards: &impl Shards,
+    shards: &(impl Shards + ?Sized),
     span: &[u32],
     max_docs: usize,
     around: usize,
@@ -741,7 +799,7 @@ pub fn span_documents(
 /// For each position `j` of `tokens`, the longest span ending at `j` that occurs in the
 /// corpus, and its count: each shard's longest, the longest of those, and the counts of the
 /// shards that have it.
-pub fn longest_match(shards: &impl Shards, tokens: &[u32]) -> Result<Vec<Match>> {
+pub fn longest_match(shards: &(impl Shards + ?Sized), tokens: &[u32]) -> Result<Vec<Match>> {
     shards.check_tokens(tokens)?;
     let q = ShardQuery::LongestMatches {
         tokens: tokens.to_vec(),
@@ -767,6 +825,18 @@ pub fn longest_match(shards: &impl Shards, tokens: &[u32]) -> Result<Vec<Match>>
 
 /// The query types on an in-process index, each through the per-shard path above.
 impl<S: AsRef<[u8]> + Sync> Index<S> {
+    /// Whether `t` is an id of the index's vocabulary (below its size and its separator): only
+    /// those can occur.
+    pub fn holds_token(&self, t: u32) -> bool {
+        Shards::holds_token(self, t)
+    }
+
+    /// Refuses token ids outside the index's vocabulary (the separator and above), which
+    /// every query does first.
+    pub fn check_tokens(&self, q: &[u32]) -> Result<()> {
+        Shards::check_tokens(self, q)
+    }
+
     /// Occurrences of `q` (`count([])` = positions, separators included).
     pub fn count(&self, q: &[u32]) -> Result<CountResult> {
         count(self, q)
@@ -906,11 +976,34 @@ impl<S: AsRef<[u8]> + Sync> Shards for Index<S> {
         Index::separator(self)
     }
 
-    fn check_tokens(&self, q: &[u32]) -> Result<()> {
-        Index::check_tokens(self, q)
+    fn vocab_size(&self) -> usize {
+        Index::vocab_size(self)
     }
 
     fn ask(&self, asks: Vec<(usize, ShardQuery)>) -> Result<Vec<ShardAnswer>> {
         answer_all(self.shards(), asks)
+    }
+}
+
+/// Shards shared by `Arc` (an index opened once and handed around) are asked as they are.
+impl<T: Shards + ?Sized> Shards for std::sync::Arc<T> {
+    fn shard_count(&self) -> usize {
+        (**self).shard_count()
+    }
+
+    fn infos(&self) -> Vec<ShardInfo> {
+        (**self).infos()
+    }
+
+    fn separator(&self) -> u32 {
+        (**self).separator()
+    }
+
+    fn vocab_size(&self) -> usize {
+        (**self).vocab_size()
+    }
+
+    fn ask(&self, asks: Vec<(usize, ShardQuery)>) -> Result<Vec<ShardAnswer>> {
+        (**self).ask(asks)
     }
 }

@@ -25,6 +25,9 @@ pub struct BuildOptions {
     /// Sentence mode: each line of a document is a document of the index, `<s>` before it and
     /// `</s>` after it (a tokenizer with sentence marks: `words`).
     pub sentences: bool,
+    /// The documents to index, numbered in the order the inputs are read (`0..u64::MAX`: all):
+    /// one slice of a distributed build (the Python package's `infgram.ray.build`).
+    pub docs: std::ops::Range<u64>,
 }
 
 impl Default for BuildOptions {
@@ -35,6 +38,7 @@ impl Default for BuildOptions {
             overwrite: false,
             progress: true,
             sentences: false,
+            docs: 0..u64::MAX,
         }
     }
 }
@@ -171,7 +175,7 @@ pub fn build_index(
             |n| n.to_string_lossy().into_owned(),
         )
     };
-    corpus::for_each_doc(&files, rel, |doc, n| {
+    corpus::for_each_doc_in(&files, opts.docs.clone(), rel, |doc, n| {
         bar.inc(n);
         batch_bytes += doc.text.len();
         batch.push(doc);
@@ -194,6 +198,52 @@ pub fn build_index(
     let summary = finish_build(tmp, header, t0)?;
     bar.finish_and_clear();
     Ok(summary)
+}
+
+/// One slice of a corpus for a distributed build: consecutive documents, whole.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Slice {
+    /// The documents, numbered in the order the inputs are read ([`BuildOptions::docs`]).
+    pub docs: std::ops::Range<u64>,
+    /// Their bytes in the input files.
+    pub bytes: u64,
+}
+
+/// Cuts the documents of `inputs` into at most `n` slices of consecutive documents with about
+/// the same bytes each (a document is never split: a text file, or one line of a JSON-lines
+/// file). Fewer slices when there are fewer documents; none when there are no documents.
+pub fn plan_slices(inputs: &[PathBuf], n: usize) -> Result<Vec<Slice>> {
+    if n == 0 {
+        return Err(Error::input("a build needs at least 1 slice"));
+    }
+    let sizes = corpus::doc_bytes(&corpus::list_files(inputs)?)?;
+    let total: u64 = sizes.iter().sum();
+    let mut slices = Vec::with_capacity(n);
+    let (mut start, mut bytes, mut done) = (0u64, 0u64, 0u64);
+    for (i, &size) in sizes.iter().enumerate() {
+        bytes += size;
+        done += size;
+        let left_docs = (sizes.len() - i - 1) as u64;
+        let left_slices = (n - slices.len() - 1) as u64;
+        // Cut where this slice reaches its share of the bytes, keeping a document for each
+        // slice still to come.
+        let share = total as u128 * (slices.len() + 1) as u128 / n as u128;
+        if left_slices > 0 && (done as u128 >= share || left_docs == left_slices) {
+            let end = i as u64 + 1;
+            slices.push(Slice {
+                docs: start..end,
+                bytes,
+            });
+            (start, bytes) = (end, 0);
+        }
+    }
+    if start < sizes.len() as u64 {
+        slices.push(Slice {
+            docs: start..sizes.len() as u64,
+            bytes,
+        });
+    }
+    Ok(slices)
 }
 
 /// Seals and writes the header, moves the finished index into place, and sums up the build.
@@ -285,4 +335,90 @@ pub fn build_from_ids(
         header.shards.push(sh);
     }
     finish_build(tmp, header, t0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::Index;
+    use crate::tokenizer::ByteTokenizer;
+
+    /// Text files and a JSON-lines file (a blank line, extra fields) in a tree.
+    fn corpus(dir: &Path) {
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        std::fs::write(dir.join("a.txt"), "the first file, a long one ".repeat(9)).unwrap();
+        let lines: Vec<String> = (0..7)
+            .map(|i| {
+                format!(
+                    "{{\"text\": \"line {i} {}\", \"i\": {i}}}",
+                    "x".repeat(i * 5)
+                )
+            })
+            .collect();
+        std::fs::write(dir.join("b.jsonl"), lines.join("\n\n") + "\n").unwrap();
+        std::fs::write(dir.join("sub/c.txt"), "").unwrap();
+        std::fs::write(dir.join("sub/d.txt"), "the last file").unwrap();
+    }
+
+    /// Slices cover every document once, in order, with their bytes; and indexes built slice
+    /// by slice hold the documents (tokens and metadata) of the index built at once.
+    #[test]
+    fn slices_rebuild_the_whole_index() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join("data");
+        corpus(&data);
+        let inputs = vec![data.clone()];
+        let quiet = BuildOptions {
+            progress: false,
+            ..Default::default()
+        };
+        build_index(&inputs, &tmp.path().join("all"), &ByteTokenizer, &quiet).unwrap();
+        let all = Index::open(&tmp.path().join("all")).unwrap();
+        let docs = all.num_docs();
+        assert_eq!(docs, 10);
+        let sizes = corpus::doc_bytes(&corpus::list_files(&inputs).unwrap()).unwrap();
+        for n in 1..=12 {
+            let slices = plan_slices(&inputs, n).unwrap();
+            assert_eq!(slices.len(), n.min(docs as usize), "{n} slices");
+            assert_eq!(slices[0].docs.start, 0);
+            assert_eq!(slices.last().unwrap().docs.end, docs);
+            for (s, next) in slices.iter().zip(slices.iter().skip(1)) {
+                assert_eq!(s.docs.end, next.docs.start);
+            }
+            for s in &slices {
+                assert!(!s.docs.is_empty());
+                let want: u64 = sizes[s.docs.start as usize..s.docs.end as usize]
+                    .iter()
+                    .sum();
+                assert_eq!(s.bytes, want);
+            }
+            let parts: Vec<Index<memmap2::Mmap>> = slices
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    let out = tmp.path().join(format!("n{n}-{i}"));
+                    let opts = BuildOptions {
+                        docs: s.docs.clone(),
+                        progress: false,
+                        ..Default::default()
+                    };
+                    build_index(&inputs, &out, &ByteTokenizer, &opts).unwrap();
+                    Index::open(&out).unwrap()
+                })
+                .collect();
+            let merged = Index::merge(parts).unwrap();
+            for d in 0..docs {
+                let (a, b) = (
+                    all.get_doc_by_ix(d, 1000).unwrap(),
+                    merged.get_doc_by_ix(d, 1000).unwrap(),
+                );
+                assert_eq!(
+                    (a.token_ids, a.metadata),
+                    (b.token_ids, b.metadata),
+                    "doc {d}"
+                );
+            }
+        }
+        assert!(plan_slices(&inputs, 0).is_err());
+    }
 }

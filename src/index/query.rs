@@ -19,9 +19,11 @@
 //! The estimators need another convention, kept in [`Index::infgram_counts`] and
 //! [`Index::next_counts`]: there an occurrence at a document's end has no next token, and the
 //! ∞-gram backs off past a suffix that has only such occurrences.
+//!
+//! [`Index::infgram_counts`]: super::Index::infgram_counts
+//! [`Index::next_counts`]: super::Index::next_counts
 
-use super::{Index, Range, Shard};
-use crate::error::{Error, Result};
+use super::{Range, Shard};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -598,29 +600,5 @@ impl<S: AsRef<[u8]>> Shard<S> {
             };
         }
         out
-    }
-}
-
-impl<S: AsRef<[u8]> + Sync> Index<S> {
-    /// Whether `t` is an id of the index's vocabulary (below its size and its separator): only
-    /// those can occur.
-    pub fn holds_token(&self, t: u32) -> bool {
-        t < self.separator() && (t as usize) < self.vocab_size().max(1)
-    }
-
-    /// Refuses token ids outside the index's vocabulary (the separator and above), which
-    /// every query does first.
-    pub fn check_tokens(&self, q: &[u32]) -> Result<()> {
-        self.check_query(q)
-    }
-
-    fn check_query(&self, q: &[u32]) -> Result<()> {
-        if let Some(&t) = q.iter().find(|&&t| !self.holds_token(t)) {
-            return Err(Error::input(format!(
-                "token id {t} is outside the index's vocabulary (0..{})",
-                self.vocab_size()
-            )));
-        }
-        Ok(())
     }
 }

@@ -8,7 +8,8 @@
 //! unless `maxnum` says more.
 
 use super::Limits;
-use crate::service::query::{parse_cnf, Query, QUERY_TYPES};
+use crate::index::partial::Shards;
+use crate::service::query::{execute_within, parse_cnf, Query, QUERY_TYPES};
 use crate::tokenizer::Tokenizer;
 use serde_json::{json, Map, Value};
 
@@ -309,6 +310,25 @@ fn token_texts(ids: &[u32], tok: &dyn Tokenizer) -> Vec<String> {
     ids.iter()
         .map(|&t| tok.decode(&[t]).unwrap_or_default())
         .collect()
+}
+
+/// Answers a request read by [`read_request`] over `shards` with `tok`: the library's answer
+/// with the API's fields added ([`finish_answer`]). What `POST /` runs on its blocking pool,
+/// and what a front end over remote shards runs (the Python package's Ray Serve deployment).
+pub fn answer(
+    shards: &(impl Shards + ?Sized),
+    tok: &dyn Tokenizer,
+    request: &ApiQuery,
+    limits: &Limits,
+) -> Result<Value, ApiError> {
+    let started = std::time::Instant::now();
+    let (query, tokens) = request.to_query(tok, limits)?;
+    let mut answer = execute_within(shards, tok, &query, &limits.query)
+        .map_err(|e| e.rename_field(FIELD_NAMES))?
+        .to_value();
+    let latency_ms = started.elapsed().as_secs_f64() * 1e3;
+    finish_answer(&mut answer, &tokens, tok, latency_ms);
+    Ok(answer)
 }
 
 /// Adds the API's fields to an answer: `latency` (ms), and `token_ids` / `tokens` (or

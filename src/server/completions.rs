@@ -11,7 +11,9 @@
 use super::api::ApiError;
 use super::{Limits, Served};
 use crate::decode::{Cancel, Sampler};
-use crate::service::generate::{generate, generate_with_model, GenConfig, ModelGenRequest};
+#[cfg(feature = "neural")]
+use crate::service::generate::generate_with_model;
+use crate::service::generate::{generate, GenConfig, ModelGenRequest};
 use crate::service::models::ModelOptions;
 use crate::service::request::{
     self, CheckedRequest, DrafterSpec, EstimatorSpec, GenLimits, GenerateRequest, GuardSpec,
@@ -523,6 +525,7 @@ fn load(spec: Option<&str>, opts: &ModelOptions) -> crate::Result<(Worker, Optio
 
 /// The name a model is served under: a short name or `hf:` reference as given, a file or
 /// directory by its last component.
+#[cfg(feature = "neural")]
 fn served_model_name(spec: &str) -> String {
     if spec.starts_with("hf:") || !spec.contains(std::path::MAIN_SEPARATOR) {
         return spec.to_string();
@@ -699,9 +702,8 @@ mod tests {
         }
     }
 
-    /// A job that panics answers 500 with the panic's message, and the jobs after it run
-    /// (issue 32, item 4: a panic took the worker, and every later completion, down).
     #[test]
+    #[cfg(feature = "neural")]
     fn models_are_served_by_name_not_path() {
         assert_eq!(served_model_name("smollm2-135m"), "smollm2-135m");
         assert_eq!(
@@ -712,6 +714,8 @@ mod tests {
         assert_eq!(served_model_name("models/dir/"), "dir");
     }
 
+    /// A job that panics answers 500 with the panic's message, and the jobs after it run
+    /// (issue 32, item 4: a panic took the worker, and every later completion, down).
     #[test]
     fn a_panicking_job_fails_alone() {
         let (mut receivers, mut jobs) = (Vec::new(), Vec::new());

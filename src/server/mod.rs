@@ -19,8 +19,8 @@ pub mod completions;
 pub mod metrics;
 
 use crate::service::models::ModelOptions;
-use crate::service::query::{execute_within, QueryLimits};
-use api::{finish_answer, read_request, ApiError};
+use crate::service::query::QueryLimits;
+use api::{read_request, ApiError};
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Request, State};
@@ -442,15 +442,7 @@ async fn answer_query(state: &Arc<AppState>, request: api::ApiQuery) -> Result<V
         .map_err(|_| ApiError::bad("the server is shutting down"))?;
     let limits = state.limits.clone();
     let task = tokio::task::spawn_blocking(move || {
-        let tok = served.tokenizer.as_ref();
-        let started = Instant::now();
-        let (query, tokens) = request.to_query(tok, &limits)?;
-        let mut answer = execute_within(&served.index, tok, &query, &limits.query)
-            .map_err(|e| e.rename_field(api::FIELD_NAMES))?
-            .to_value();
-        let latency_ms = started.elapsed().as_secs_f64() * 1e3;
-        finish_answer(&mut answer, &tokens, tok, latency_ms);
-        Ok::<_, ApiError>(answer)
+        api::answer(&served.index, served.tokenizer.as_ref(), &request, &limits)
     });
     match tokio::time::timeout(state.limits.query_time, task).await {
         Ok(Ok(answer)) => answer,

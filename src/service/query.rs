@@ -8,8 +8,8 @@
 
 use crate::error::{Error, Result};
 use crate::eval::attribution::{attribute, creativity, Creativity, Span};
+use crate::index::partial::{self as ask, Shards};
 use crate::index::query::{CountResult, Document, FindResult, Match, NtdResult, ProbResult};
-use crate::index::Index;
 use crate::tokenizer::Tokenizer;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -596,17 +596,19 @@ impl Answer {
 }
 
 /// Answers one query, unbounded but for the protocol's own limits ([`execute_within`]).
-pub fn execute<S: AsRef<[u8]> + Sync>(
-    index: &Index<S>,
+pub fn execute(
+    index: &(impl Shards + ?Sized),
     tok: &dyn Tokenizer,
     query: &Query,
 ) -> Result<Answer> {
     execute_within(index, tok, query, &QueryLimits::UNBOUNDED)
 }
 
-/// Checks a query against `limits` ([`Query::check`]), tokenizes it and answers it.
-pub fn execute_within<S: AsRef<[u8]> + Sync>(
-    index: &Index<S>,
+/// Checks a query against `limits` ([`Query::check`]), tokenizes it and answers it over
+/// `index`: an in-process [`crate::Index`], or any other [`Shards`] (a router over shards
+/// held elsewhere).
+pub fn execute_within(
+    index: &(impl Shards + ?Sized),
     tok: &dyn Tokenizer,
     query: &Query,
     limits: &QueryLimits,
@@ -621,24 +623,24 @@ pub fn execute_within<S: AsRef<[u8]> + Sync>(
             max_clause_freq,
             ..
         } => {
-            let r = index.search_docs(cnf, 0, *max_diff_tokens, *max_clause_freq, 0)?;
+            let r = ask::search_docs(index, cnf, 0, *max_diff_tokens, *max_clause_freq, 0)?;
             Answer::Count(CountResult {
                 count: r.cnt,
                 approx: r.approx,
             })
         }
-        Query::Count { .. } => Answer::Count(index.count(&ids)?),
-        Query::Prob { cont, .. } => Answer::Prob(index.prob(&ids, cont.token(tok)?)?),
-        Query::Ntd { eos_token_id, .. } => Answer::Ntd(index.ntd(&ids, *eos_token_id)?),
+        Query::Count { .. } => Answer::Count(ask::count(index, &ids)?),
+        Query::Prob { cont, .. } => Answer::Prob(ask::prob(index, &ids, cont.token(tok)?)?),
+        Query::Ntd { eos_token_id, .. } => Answer::Ntd(ask::ntd(index, &ids, *eos_token_id)?),
         Query::InfgramProb { cont, .. } => {
-            Answer::Prob(index.infgram_prob(&ids, cont.token(tok)?)?)
+            Answer::Prob(ask::infgram_prob(index, &ids, cont.token(tok)?)?)
         }
         Query::InfgramNtd { eos_token_id, .. } => {
-            Answer::Ntd(index.infgram_ntd(&ids, *eos_token_id)?)
+            Answer::Ntd(ask::infgram_ntd(index, &ids, *eos_token_id)?)
         }
-        Query::Find { .. } => Answer::Find(index.find(&ids)?),
+        Query::Find { .. } => Answer::Find(ask::find(index, &ids)?),
         Query::LongestMatch { .. } => Answer::LongestMatch(LongestMatchAnswer {
-            matches: index.longest_match(&ids)?,
+            matches: ask::longest_match(index, &ids)?,
         }),
         Query::Attribute {
             min_len,
@@ -664,7 +666,8 @@ pub fn execute_within<S: AsRef<[u8]> + Sync>(
             ..
         } => {
             let cnf = cnf.clone().unwrap_or_else(|| vec![vec![ids]]);
-            let r = index.search_docs(
+            let r = ask::search_docs(
+                index,
                 &cnf,
                 *maxnum,
                 *max_diff_tokens,
@@ -687,7 +690,7 @@ pub fn execute_within<S: AsRef<[u8]> + Sync>(
             max_disp_len,
             ..
         } => Answer::Document(DocAnswer::new(
-            index.get_doc_by_rank(*s, *rank, ids.len(), *max_disp_len)?,
+            ask::get_doc_by_rank(index, *s, *rank, ids.len(), *max_disp_len)?,
             tok,
         )?),
         Query::GetDocByPtr {
@@ -696,7 +699,7 @@ pub fn execute_within<S: AsRef<[u8]> + Sync>(
             max_disp_len,
             ..
         } => Answer::Document(DocAnswer::new(
-            index.get_doc_by_ptr(*s, *ptr, ids.len(), *max_disp_len)?,
+            ask::get_doc_by_ptr(index, *s, *ptr, ids.len(), *max_disp_len)?,
             tok,
         )?),
     })
