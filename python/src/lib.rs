@@ -9,6 +9,9 @@
 //!
 //! Every query releases the GIL while it runs, so Python threads query in parallel.
 
+mod remote;
+
+use infgram::index::partial::{self as ask, ShardAnswer, ShardInfo, ShardQuery, Shards};
 use infgram::index::query::{Document, NtdResult, ProbResult};
 use infgram::index::Layout;
 use infgram::service::query::defaults;
@@ -118,6 +121,56 @@ fn to_py(py: Python<'_>, v: &serde_json::Value) -> Ans {
     })
 }
 
+/// The shards an engine asks: opened in this process, or held elsewhere (a Ray router's).
+enum Backend {
+    Local(Arc<Idx>),
+    Remote(remote::RemoteShards),
+}
+
+impl Shards for Backend {
+    fn shard_count(&self) -> usize {
+        match self {
+            Backend::Local(i) => i.shard_count(),
+            Backend::Remote(r) => r.shard_count(),
+        }
+    }
+
+    fn infos(&self) -> Vec<ShardInfo> {
+        match self {
+            Backend::Local(i) => i.infos(),
+            Backend::Remote(r) => r.infos(),
+        }
+    }
+
+    fn separator(&self) -> u32 {
+        match self {
+            Backend::Local(i) => Shards::separator(i),
+            Backend::Remote(r) => r.separator(),
+        }
+    }
+
+    fn vocab_size(&self) -> usize {
+        match self {
+            Backend::Local(i) => Shards::vocab_size(i),
+            Backend::Remote(r) => r.vocab_size(),
+        }
+    }
+
+    fn ask(&self, asks: Vec<(usize, ShardQuery)>) -> infgram::Result<Vec<ShardAnswer>> {
+        match self {
+            Backend::Local(i) => i.ask(asks),
+            Backend::Remote(r) => r.ask(asks),
+        }
+    }
+}
+
+/// Where a document window is anchored: a token position of a shard, or a suffix-array rank.
+#[derive(Clone, Copy)]
+enum Anchor {
+    Pos(usize, usize),
+    Rank(usize, usize),
+}
+
 /// A drop-in for `infini_gram.engine.InfiniGramEngine`.
 ///
 /// Differences, all documented in the README: distributions are exact (`approx` is always
@@ -126,7 +179,7 @@ fn to_py(py: Python<'_>, v: &serde_json::Value) -> Ans {
 /// u16) are refused; `attribute` uses infgram's maximal spans.
 #[pyclass(frozen, module = "infgram._native")]
 pub struct InfiniGramEngine {
-    index: Arc<Idx>,
+    shards: Backend,
     eos: u32,
     token_id_max: u64,
     width: usize,
@@ -210,51 +263,66 @@ impl InfiniGramEngine {
                 .extract()
                 .map_err(|_| PyValueError::new_err("index_dir must be a path or a list of paths"))?
         };
-        if !(0..vocab_size).contains(&eos_token_id) {
-            return Err(PyValueError::new_err(format!(
-                "eos_token_id must be in [0, vocab_size) = [0, {vocab_size}), got {eos_token_id}"
-            )));
-        }
         if version != 4 {
             return Err(PyValueError::new_err(
                 "only version 4 indexes are read (version 5 stores documents reversed)",
             ));
         }
-        for (name, v) in [
-            ("max_support", max_support),
-            ("max_clause_freq", max_clause_freq),
-            ("max_diff_tokens", max_diff_tokens),
-            ("maxnum", maxnum),
-            ("max_disp_len", max_disp_len),
-        ] {
-            if v <= 0 {
-                return Err(PyValueError::new_err(format!(
-                    "{name} must be a positive integer, got {v}"
-                )));
-            }
-        }
-        let width = dtype_width(token_dtype)?;
-        let index = py.detach(|| -> PyResult<Idx> {
-            let opened = dirs
-                .iter()
-                .map(|d| open_dir(d, width))
-                .collect::<PyResult<Vec<_>>>()?;
-            Idx::merge(opened).map_err(|e| PyValueError::new_err(e.to_string()))
-        })?;
-        Ok(InfiniGramEngine {
-            index: Arc::new(index),
-            eos: eos_token_id as u32,
-            token_id_max: if width == 4 {
-                u32::MAX as u64
-            } else {
-                (1u64 << (8 * width)) - 1
-            },
-            width: width as usize,
-            max_support: max_support as usize,
-            max_clause_freq: max_clause_freq as usize,
-            max_diff_tokens: max_diff_tokens as usize,
-            maxnum: maxnum as usize,
-            max_disp_len: max_disp_len as usize,
+        let limits = [
+            max_support,
+            max_clause_freq,
+            max_diff_tokens,
+            maxnum,
+            max_disp_len,
+        ];
+        Self::checked(eos_token_id, vocab_size, token_dtype, limits, |width| {
+            let index = py.detach(|| -> PyResult<Idx> {
+                let opened = dirs
+                    .iter()
+                    .map(|d| open_dir(d, width))
+                    .collect::<PyResult<Vec<_>>>()?;
+                Idx::merge(opened).map_err(|e| PyValueError::new_err(e.to_string()))
+            })?;
+            Ok(Backend::Local(Arc::new(index)))
+        })
+    }
+
+    /// An engine over shards held elsewhere (`infgram.ray.Engine` makes one): `ask` answers
+    /// `[(shard, query_json), ...]` with `[answer_json, ...]`; `shard_infos` gives each shard's
+    /// `(tokens, documents)`, separators counted in tokens; `index_vocab_size` is the
+    /// tokenizer's vocabulary size recorded in the shards' headers. The other arguments are the
+    /// constructor's. Every answer is merged by the same code as a local engine's.
+    #[staticmethod]
+    #[pyo3(signature = (ask, shard_infos, separator, index_vocab_size, eos_token_id, vocab_size=65535,
+        token_dtype="u16", max_support=1000,
+        max_clause_freq=defaults::MAX_CLAUSE_FREQ as i64,
+        max_diff_tokens=defaults::MAX_DIFF_TOKENS as i64, maxnum=defaults::MAXNUM as i64,
+        max_disp_len=defaults::MAX_DISP_LEN as i64))]
+    #[allow(clippy::too_many_arguments)]
+    fn over_shards(
+        ask: Py<PyAny>,
+        shard_infos: Vec<(u64, u64)>,
+        separator: u32,
+        index_vocab_size: usize,
+        eos_token_id: i64,
+        vocab_size: i64,
+        token_dtype: &str,
+        max_support: i64,
+        max_clause_freq: i64,
+        max_diff_tokens: i64,
+        maxnum: i64,
+        max_disp_len: i64,
+    ) -> PyResult<Self> {
+        let limits = [
+            max_support,
+            max_clause_freq,
+            max_diff_tokens,
+            maxnum,
+            max_disp_len,
+        ];
+        Self::checked(eos_token_id, vocab_size, token_dtype, limits, |_| {
+            let shards = remote::RemoteShards::new(ask, &shard_infos, separator, index_vocab_size);
+            Ok(Backend::Remote(shards))
         })
     }
 
@@ -263,11 +331,11 @@ impl InfiniGramEngine {
         let Some(q) = ids_of(input_ids, self.token_id_max, true) else {
             return error_dict(py, self.ids_error("input_ids"));
         };
-        let index = &self.index;
+        let shards = &self.shards;
         let (cnt, segs) = py
             .detach(|| match self.held(&q) {
-                true => index.find(&q).map(|f| (f.cnt, f.segment_by_shard)),
-                false => Ok((0, vec![(0, 0); index.shards().len()])),
+                true => ask::find(shards, &q).map(|f| (f.cnt, f.segment_by_shard)),
+                false => Ok((0, vec![(0, 0); shards.shard_count()])),
             })
             .map_err(runtime)?;
         let d = PyDict::new(py);
@@ -382,7 +450,7 @@ impl InfiniGramEngine {
         };
         let r = py
             .detach(|| match self.held(&q) {
-                true => self.index.ntd(&q, Some(self.eos)),
+                true => ask::ntd(&self.shards, &q, Some(self.eos)),
                 false => Ok(empty_ntd(None)),
             })
             .map_err(runtime)?;
@@ -404,10 +472,10 @@ impl InfiniGramEngine {
         let prompt = self.after_unheld(&prompt);
         let r = py
             .detach(|| -> infgram::Result<ProbResult> {
-                if self.index.holds_token(cont) {
-                    return self.index.infgram_prob(prompt, cont);
+                if self.shards.holds_token(cont) {
+                    return ask::infgram_prob(&self.shards, prompt, cont);
                 }
-                let r = self.index.infgram_ntd(prompt, None)?;
+                let r = ask::infgram_ntd(&self.shards, prompt, None)?;
                 Ok(ProbResult::new(r.prompt_cnt, 0, r.suffix_len))
             })
             .map_err(runtime)?;
@@ -430,7 +498,7 @@ impl InfiniGramEngine {
         };
         let q = self.after_unheld(&q);
         let r = py
-            .detach(|| self.index.infgram_ntd(q, Some(self.eos)))
+            .detach(|| ask::infgram_ntd(&self.shards, q, Some(self.eos)))
             .map_err(runtime)?;
         ntd_dict(py, &r)
     }
@@ -578,7 +646,7 @@ impl InfiniGramEngine {
     ) -> Ans {
         match self
             .rank_pos(s, rank)
-            .and_then(|(s, p)| self.ctx_window(s, p, needle_len, max_ctx_len))
+            .and_then(|at| self.ctx_window(at, needle_len, max_ctx_len))
         {
             Ok(d) => doc_dict(py, &d),
             Err(e) => error_dict(py, e),
@@ -596,7 +664,7 @@ impl InfiniGramEngine {
     ) -> Ans {
         match self
             .ptr_pos(s, ptr)
-            .and_then(|(s, p)| self.ctx_window(s, p, needle_len, max_ctx_len))
+            .and_then(|at| self.ctx_window(at, needle_len, max_ctx_len))
         {
             Ok(d) => doc_dict(py, &d),
             Err(e) => error_dict(py, e),
@@ -622,12 +690,12 @@ impl InfiniGramEngine {
 
     /// Documents in the index.
     fn get_total_doc_cnt(&self) -> u64 {
-        self.index.num_docs()
+        self.shards.num_docs()
     }
 
     /// Shards in the index.
     fn get_num_shards(&self) -> usize {
-        self.index.shards().len()
+        self.shards.shard_count()
     }
 
     /// `{rs}`: for each position `i`, one past the end of the longest span starting at `i`
@@ -641,7 +709,7 @@ impl InfiniGramEngine {
             d.set_item("rs", PyList::empty(py))?;
             return Ok(d.into_any().unbind());
         }
-        match py.detach(|| infgram::eval::attribution::creativity(&self.index, &q, 1, 1)) {
+        match py.detach(|| infgram::eval::attribution::creativity(&self.shards, &q, 1, 1)) {
             Ok(c) => {
                 let d = PyDict::new(py);
                 d.set_item("rs", c.rs)?;
@@ -680,7 +748,7 @@ impl InfiniGramEngine {
         }
         let spans = match py.detach(|| {
             infgram::eval::attribution::attribute(
-                &self.index,
+                &self.shards,
                 &q,
                 min_len.max(1) as usize,
                 max_cnt as usize,
@@ -715,6 +783,53 @@ impl InfiniGramEngine {
 }
 
 impl InfiniGramEngine {
+    /// An engine over the shards `open(width)` gives, after checking the arguments as
+    /// infini-gram does (`limits`: max_support, max_clause_freq, max_diff_tokens, maxnum,
+    /// max_disp_len).
+    fn checked(
+        eos_token_id: i64,
+        vocab_size: i64,
+        token_dtype: &str,
+        limits: [i64; 5],
+        open: impl FnOnce(u8) -> PyResult<Backend>,
+    ) -> PyResult<Self> {
+        if !(0..vocab_size).contains(&eos_token_id) {
+            return Err(PyValueError::new_err(format!(
+                "eos_token_id must be in [0, vocab_size) = [0, {vocab_size}), got {eos_token_id}"
+            )));
+        }
+        let names = [
+            "max_support",
+            "max_clause_freq",
+            "max_diff_tokens",
+            "maxnum",
+            "max_disp_len",
+        ];
+        if let Some((name, v)) = names.iter().zip(limits).find(|(_, v)| *v <= 0) {
+            return Err(PyValueError::new_err(format!(
+                "{name} must be a positive integer, got {v}"
+            )));
+        }
+        let width = dtype_width(token_dtype)?;
+        let [max_support, max_clause_freq, max_diff_tokens, maxnum, max_disp_len] =
+            limits.map(|v| v as usize);
+        Ok(InfiniGramEngine {
+            shards: open(width)?,
+            eos: eos_token_id as u32,
+            token_id_max: if width == 4 {
+                u32::MAX as u64
+            } else {
+                (1u64 << (8 * width)) - 1
+            },
+            width: width as usize,
+            max_support,
+            max_clause_freq,
+            max_diff_tokens,
+            maxnum,
+            max_disp_len,
+        })
+    }
+
     fn ids_error(&self, name: &str) -> String {
         format!(
             "{name} must be a list of integers in range [0, {}]",
@@ -724,13 +839,13 @@ impl InfiniGramEngine {
 
     /// Whether every id is one the index can hold (an id outside it simply does not occur).
     fn held(&self, q: &[u32]) -> bool {
-        q.iter().all(|&t| self.index.holds_token(t))
+        q.iter().all(|&t| self.shards.holds_token(t))
     }
 
     /// The part of `q` after its last id that the index cannot hold: no occurring suffix
     /// reaches past it.
     fn after_unheld<'a>(&self, q: &'a [u32]) -> &'a [u32] {
-        match q.iter().rposition(|&t| !self.index.holds_token(t)) {
+        match q.iter().rposition(|&t| !self.shards.holds_token(t)) {
             Some(i) => &q[i + 1..],
             None => q,
         }
@@ -740,7 +855,7 @@ impl InfiniGramEngine {
         if !self.held(q) {
             return Ok(0);
         }
-        Ok(self.index.count(q)?.count)
+        Ok(ask::count(&self.shards, q)?.count)
     }
 
     fn prompt_and_cont(
@@ -810,10 +925,11 @@ impl InfiniGramEngine {
                 cnt: 0,
                 approx: false,
                 documents: Vec::new(),
-                ptrs_by_shard: vec![Vec::new(); self.index.shards().len()],
+                ptrs_by_shard: vec![Vec::new(); self.shards.shard_count()],
             });
         }
-        self.index.search_docs(
+        ask::search_docs(
+            &self.shards,
             &held,
             maxnum,
             max_diff_tokens,
@@ -826,10 +942,7 @@ impl InfiniGramEngine {
     fn rewindow(&self, docs: Vec<Document>, max_disp_len: usize) -> infgram::Result<Vec<Document>> {
         let before = max_disp_len / 2;
         docs.into_iter()
-            .map(|d| {
-                self.index
-                    .window_at(d.s, d.ptr, before, max_disp_len - before)
-            })
+            .map(|d| ask::window_at(&self.shards, d.s, d.ptr, before, max_disp_len - before))
             .collect()
     }
 
@@ -847,22 +960,23 @@ impl InfiniGramEngine {
     }
 
     fn shard_len(&self, s: i64) -> Result<(usize, usize), String> {
-        let n = self.index.shards().len();
+        let infos = self.shards.infos();
+        let n = infos.len();
         if s < 0 || s as usize >= n {
             return Err(format!("s must be an integer in range [0, {n})"));
         }
-        Ok((s as usize, self.index.shards()[s as usize].len()))
+        Ok((s as usize, infos[s as usize].tokens as usize))
     }
 
-    fn rank_pos(&self, s: i64, rank: i64) -> Result<(usize, usize), String> {
+    fn rank_pos(&self, s: i64, rank: i64) -> Result<Anchor, String> {
         let (s, n) = self.shard_len(s)?;
         if rank < 0 || rank as usize >= n {
             return Err(format!("ptr must be an integer in range [0, {n})"));
         }
-        Ok((s, self.index.shards()[s].sa(rank as usize)))
+        Ok(Anchor::Rank(s, rank as usize))
     }
 
-    fn ptr_pos(&self, s: i64, ptr: i64) -> Result<(usize, usize), String> {
+    fn ptr_pos(&self, s: i64, ptr: i64) -> Result<Anchor, String> {
         let (s, n) = self.shard_len(s)?;
         let bytes = n * self.width;
         if ptr < 0 || ptr as usize >= bytes || !(ptr as usize).is_multiple_of(self.width) {
@@ -871,7 +985,16 @@ impl InfiniGramEngine {
                 self.width
             ));
         }
-        Ok((s, ptr as usize / self.width))
+        Ok(Anchor::Pos(s, ptr as usize / self.width))
+    }
+
+    /// The window `[pos − before, pos + after)` of the document at `at`, cut to the document.
+    fn window(&self, at: Anchor, before: usize, after: usize) -> Result<Document, String> {
+        match at {
+            Anchor::Pos(s, pos) => ask::window_at(&self.shards, s, pos, before, after),
+            Anchor::Rank(s, rank) => ask::window_at_rank(&self.shards, s, rank, before, after),
+        }
+        .map_err(|e| e.to_string())
     }
 
     fn disp_len(&self, v: Option<i64>) -> Result<usize, String> {
@@ -880,43 +1003,31 @@ impl InfiniGramEngine {
     }
 
     /// infini-gram's window: `max_disp_len / 2` tokens before `pos`, the rest from it.
-    fn disp_window(
-        &self,
-        s: usize,
-        pos: usize,
-        max_disp_len: Option<i64>,
-    ) -> Result<Document, String> {
+    fn disp_window(&self, at: Anchor, max_disp_len: Option<i64>) -> Result<Document, String> {
         let len = self.disp_len(max_disp_len)?;
-        self.index
-            .window_at(s, pos, len / 2, len - len / 2)
-            .map_err(|e| e.to_string())
+        self.window(at, len / 2, len - len / 2)
     }
 
     fn by_rank(&self, s: i64, rank: i64, max_disp_len: Option<i64>) -> Result<Document, String> {
-        let (s, p) = self.rank_pos(s, rank)?;
-        self.disp_window(s, p, max_disp_len)
+        self.disp_window(self.rank_pos(s, rank)?, max_disp_len)
     }
 
     fn by_ptr(&self, s: i64, ptr: i64, max_disp_len: Option<i64>) -> Result<Document, String> {
-        let (s, p) = self.ptr_pos(s, ptr)?;
-        self.disp_window(s, p, max_disp_len)
+        self.disp_window(self.ptr_pos(s, ptr)?, max_disp_len)
     }
 
     fn by_ix(&self, doc_ix: i64, max_disp_len: Option<i64>) -> Result<Document, String> {
         let len = self.disp_len(max_disp_len)?;
-        let total = self.index.num_docs();
+        let total = self.shards.num_docs();
         if doc_ix < 0 || doc_ix as u64 >= total {
             return Err(format!("doc_ix must be an integer in range [0, {total})"));
         }
-        self.index
-            .get_doc_by_ix(doc_ix as u64, len)
-            .map_err(|e| e.to_string())
+        ask::get_doc_by_ix(&self.shards, doc_ix as u64, len).map_err(|e| e.to_string())
     }
 
     fn ctx_window(
         &self,
-        s: usize,
-        p: usize,
+        at: Anchor,
         needle_len: i64,
         max_ctx_len: i64,
     ) -> Result<Document, String> {
@@ -927,9 +1038,7 @@ impl InfiniGramEngine {
             return Err("max_ctx_len must be a non-negative integer".into());
         }
         let (n, c) = (needle_len as usize, max_ctx_len as usize);
-        self.index
-            .window_at(s, p, c, n + c)
-            .map_err(|e| e.to_string())
+        self.window(at, c, n + c)
     }
 }
 
@@ -1077,6 +1186,43 @@ impl Index {
             },
         )?;
         Ok(d.into_any().unbind())
+    }
+
+    /// What a distributed manifest records of this index and checks at start: `header_crc32`
+    /// (the header's own checksum, which covers every file's checksum), `tokenizer` (`kind`,
+    /// `fingerprint`, `vocab_size`), `separator`, `token_width` and `shard_infos` (each
+    /// shard's `[tokens, documents]`, separators counted in tokens).
+    fn identity(&self, py: Python<'_>) -> Ans {
+        let h = self.index.header();
+        let d = PyDict::new(py);
+        d.set_item("header_crc32", h.header_crc32)?;
+        let t = PyDict::new(py);
+        t.set_item("kind", &h.tokenizer.kind)?;
+        t.set_item("fingerprint", &h.tokenizer.fingerprint)?;
+        t.set_item("vocab_size", h.tokenizer.vocab_size)?;
+        d.set_item("tokenizer", t)?;
+        d.set_item("separator", self.index.separator())?;
+        d.set_item("token_width", h.token_width)?;
+        let infos: Vec<(u64, u64)> = self
+            .index
+            .infos()
+            .iter()
+            .map(|i| (i.tokens, i.documents))
+            .collect();
+        d.set_item("shard_infos", infos)?;
+        Ok(d.into_any().unbind())
+    }
+
+    /// A shard server's side of `infgram.ray`: the answers of this index's shards to
+    /// `[(shard, query_json), ...]` (shards numbered within this index), as JSON strings.
+    /// Releases the GIL.
+    fn answer_shard_queries(
+        &self,
+        py: Python<'_>,
+        requests: Vec<(usize, String)>,
+    ) -> PyResult<Vec<String>> {
+        py.detach(|| remote::answer_json(&self.index, &requests))
+            .map_err(|e| PyValueError::new_err(e.to_string()))
     }
 
     /// Generates text from the index alone with SBIS (`k` levels, −1 = all; `decay` between
@@ -1292,10 +1438,11 @@ impl NgramModel {
 /// Builds an index of `inputs` (files or directories of .txt / .jsonl[.gz|.zst]) into `out`
 /// with `tokenizer` (`bytes`, `words`, a short model name, or a tokenizer file); with
 /// `sentences` (and `words`) each line is a sentence `<s> … </s>`, as classic n-gram models
-/// count; a progress bar on a terminal when `progress`. Returns the build summary. A failed
-/// build leaves nothing behind.
+/// count; a progress bar on a terminal when `progress`; `docs=(first, end)`: only those
+/// documents of the inputs, in the order they are read (one slice of `infgram.ray.build`).
+/// Returns the build summary. A failed build leaves nothing behind.
 #[pyfunction]
-#[pyo3(signature = (inputs, out, tokenizer="bytes", mem_gb=None, reverse=true, overwrite=false, progress=true, sentences=false))]
+#[pyo3(signature = (inputs, out, tokenizer="bytes", mem_gb=None, reverse=true, overwrite=false, progress=true, sentences=false, docs=None))]
 #[allow(clippy::too_many_arguments)]
 fn build_index(
     py: Python<'_>,
@@ -1307,6 +1454,7 @@ fn build_index(
     overwrite: bool,
     progress: bool,
     sentences: bool,
+    docs: Option<(u64, u64)>,
 ) -> Ans {
     let tok = py
         .detach(|| infgram::service::build_tokenizer(tokenizer, &inputs))
@@ -1316,6 +1464,7 @@ fn build_index(
         overwrite,
         progress,
         sentences,
+        docs: docs.map_or(0..u64::MAX, |(a, b)| a..b),
         ..Default::default()
     };
     if let Some(g) = mem_gb {
@@ -1331,6 +1480,20 @@ fn build_index(
     d.set_item("disk_bytes", summary.disk_bytes)?;
     d.set_item("seconds", summary.seconds)?;
     Ok(d.into_any().unbind())
+}
+
+/// Cuts the documents of `inputs` into at most `n` slices of consecutive whole documents with
+/// about the same bytes each: `[(first, end, bytes), ...]` (what `infgram.ray.build` builds,
+/// one Ray task a slice). Text files are not read; JSON-lines files are split into lines.
+#[pyfunction]
+fn plan_slices(py: Python<'_>, inputs: Vec<PathBuf>, n: usize) -> PyResult<Vec<(u64, u64, u64)>> {
+    let slices = py
+        .detach(|| infgram::index::pipeline::plan_slices(&inputs, n))
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(slices
+        .into_iter()
+        .map(|s| (s.docs.start, s.docs.end, s.bytes))
+        .collect())
 }
 
 /// Builds an index of documents given as token ids (a corpus tokenized in Python):
@@ -1371,13 +1534,102 @@ fn build_index_from_ids(
     Ok(d.into_any().unbind())
 }
 
+/// infgram's query protocol and the infini-gram HTTP API over shards held elsewhere (the
+/// Ray router of `infgram.ray`): `ask` answers `[(shard, query_json), ...]` with
+/// `[answer_json, ...]`; the tokenizer is loaded by name here and must have the shards'
+/// fingerprint.
+#[pyclass(frozen, module = "infgram._native")]
+pub struct RemoteIndex {
+    shards: remote::RemoteShards,
+    tok: Arc<dyn Tokenizer>,
+    limits: infgram::server::Limits,
+    name: String,
+}
+
+#[pymethods]
+impl RemoteIndex {
+    #[new]
+    #[pyo3(signature = (ask, shard_infos, separator, tokenizer, fingerprint, name="index"))]
+    fn new(
+        py: Python<'_>,
+        ask: Py<PyAny>,
+        shard_infos: Vec<(u64, u64)>,
+        separator: u32,
+        tokenizer: &str,
+        fingerprint: &str,
+        name: &str,
+    ) -> PyResult<Self> {
+        let tok = py
+            .detach(|| infgram::service::load_tokenizer(tokenizer))
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        if tok.fingerprint() != fingerprint {
+            return Err(PyValueError::new_err(format!(
+                "tokenizer {tokenizer} has fingerprint {}, the shards were built with {fingerprint}: \
+                 pass the tokenizer the index was built with",
+                tok.fingerprint()
+            )));
+        }
+        let shards = remote::RemoteShards::new(ask, &shard_infos, separator, tok.vocab_size());
+        Ok(RemoteIndex {
+            shards,
+            tok: Arc::from(tok),
+            limits: infgram::server::Limits::default(),
+            name: name.to_string(),
+        })
+    }
+
+    /// Answers one query of infgram's protocol (as `Index.query_json`).
+    fn query_json(&self, py: Python<'_>, request: &str) -> String {
+        py.detach(|| {
+            let answer = infgram::service::Query::from_json(request)
+                .and_then(|q| infgram::service::execute(&self.shards, self.tok.as_ref(), &q));
+            match answer {
+                Ok(a) => a.to_value().to_string(),
+                Err(e) => serde_json::json!({ "error": e.to_string() }).to_string(),
+            }
+        })
+    }
+
+    /// Answers one body of the infini-gram HTTP API (`POST /` of `infgram serve`, with its
+    /// default limits) and returns `(status, json)`: the same shapes, limits and errors (an
+    /// `"index"` other than this one's name is a 404, as on a server of one index).
+    fn api(&self, py: Python<'_>, body: &[u8]) -> (u16, String) {
+        use infgram::server::api;
+        py.detach(|| {
+            let answer = api::read_request(body, &self.limits).and_then(|r| match &r.index {
+                Some(name) if *name != self.name => Err(api::ApiError {
+                    status: 404,
+                    message: format!("no index {name:?} here; this server has: {}", self.name),
+                }),
+                _ => api::answer(&self.shards, self.tok.as_ref(), &r, &self.limits),
+            });
+            match answer {
+                Ok(v) => (200, v.to_string()),
+                Err(e) => (
+                    e.status,
+                    serde_json::json!({ "error": e.message }).to_string(),
+                ),
+            }
+        })
+    }
+
+    /// Token ids of `text`.
+    fn tokenize(&self, text: &str) -> PyResult<Vec<u32>> {
+        self.tok
+            .encode(text)
+            .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<InfiniGramEngine>()?;
     m.add_class::<Index>()?;
+    m.add_class::<RemoteIndex>()?;
     m.add_class::<NgramModel>()?;
     m.add_function(wrap_pyfunction!(build_index, m)?)?;
     m.add_function(wrap_pyfunction!(build_index_from_ids, m)?)?;
+    m.add_function(wrap_pyfunction!(plan_slices, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

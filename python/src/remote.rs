@@ -1,0 +1,106 @@
+//! Shards held elsewhere: a [`Shards`] whose questions go to a Python callable. The Ray router
+//! of `infgram.ray` passes one that sends each question to the actor holding the shard; the
+//! library's own merges (the two rounds of the ∞-gram queries, documents numbered across
+//! shards, routed document fetches) then run over it unchanged, so a sharded index on a
+//! cluster answers what one index of the same documents answers.
+//!
+//! The wire is the library's serde form of [`ShardQuery`] and [`ShardAnswer`], as JSON
+//! strings: `ask([(shard, query_json), ...]) -> [answer_json, ...]`, in order. An exception of
+//! the callable (a shard that stays down past the router's retries) fails the query with an
+//! `Unavailable` error carrying its message: never a partial answer.
+
+use infgram::index::partial::{answer_all, ShardAnswer, ShardInfo, ShardQuery, Shards};
+use infgram::{Error, Result};
+use pyo3::prelude::*;
+
+/// Shards answered by a Python callable (see the module docs).
+pub struct RemoteShards {
+    infos: Vec<ShardInfo>,
+    separator: u32,
+    vocab_size: usize,
+    ask: Py<PyAny>,
+}
+
+impl RemoteShards {
+    /// Shards of `(tokens, documents)` each (separators counted in tokens), with the index's
+    /// separator id and vocabulary size, asked through `ask`.
+    pub fn new(ask: Py<PyAny>, infos: &[(u64, u64)], separator: u32, vocab_size: usize) -> Self {
+        RemoteShards {
+            infos: infos
+                .iter()
+                .map(|&(tokens, documents)| ShardInfo { tokens, documents })
+                .collect(),
+            separator,
+            vocab_size,
+            ask,
+        }
+    }
+}
+
+impl Shards for RemoteShards {
+    fn shard_count(&self) -> usize {
+        self.infos.len()
+    }
+
+    fn infos(&self) -> Vec<ShardInfo> {
+        self.infos.clone()
+    }
+
+    fn separator(&self) -> u32 {
+        self.separator
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    fn ask(&self, asks: Vec<(usize, ShardQuery)>) -> Result<Vec<ShardAnswer>> {
+        let n = asks.len();
+        let requests: Vec<(usize, String)> = asks
+            .iter()
+            .map(|(s, q)| (*s, serde_json::to_string(q).expect("queries serialize")))
+            .collect();
+        let replies: Vec<String> = Python::attach(|py| {
+            self.ask
+                .call1(py, (requests,))
+                .and_then(|r| r.extract(py))
+                .map_err(|e| Error::Unavailable(e.value(py).to_string()))
+        })?;
+        if replies.len() != n {
+            return Err(Error::Unavailable(format!(
+                "the shards' router answered {} of {n} questions",
+                replies.len()
+            )));
+        }
+        replies
+            .iter()
+            .map(|r| {
+                serde_json::from_str(r).map_err(|e| {
+                    Error::Unavailable(format!(
+                        "a shard's answer is not one this infgram reads (another version?): {e}"
+                    ))
+                })
+            })
+            .collect()
+    }
+}
+
+/// A shard's side of the wire: the answers of `index`'s own shards to `requests`
+/// (`(shard, query_json)`, shards numbered within `index`), as JSON strings.
+pub fn answer_json<S: AsRef<[u8]> + Sync>(
+    index: &infgram::Index<S>,
+    requests: &[(usize, String)],
+) -> Result<Vec<String>> {
+    let asks = requests
+        .iter()
+        .map(|(s, q)| {
+            serde_json::from_str(q)
+                .map(|q: ShardQuery| (*s, q))
+                .map_err(|e| Error::input(format!("not a shard query of this infgram: {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(answer_all(index.shards(), asks)?
+        .iter()
+        .map(|a| serde_json::to_string(a).expect("answers serialize"))
+        .collect())
+}
