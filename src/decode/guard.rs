@@ -19,12 +19,19 @@
 //! The prompt counts by default (a model cannot finish a quotation that the prompt began);
 //! [`CopyGuard::ignore_prompt`] counts only generated tokens. Ids the index does not hold (past
 //! its vocabulary, its separator) break spans, as document ends do.
+//!
+//! Over shards held elsewhere ([`CopyGuard::over_shards`]) a search is one round trip for the
+//! longest occurring suffix and, when it is `L` long, one for the tokens that follow it; the
+//! bound above still skips most positions, and occurrences are not followed. A search that
+//! fails (a shard that stays down) masks every token and is reported by
+//! [`CopyGuard::failure`]: the guard never lets a token through unchecked.
 
 use super::Processor;
+use crate::index::partial::{self, Shards, SharedShards};
 use crate::index::query::Occ;
 use crate::index::Index;
 use crate::lm::Logits;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
@@ -60,9 +67,26 @@ struct MatchState {
     starts: Vec<(usize, usize)>,
 }
 
+/// The corpus a guard checks against.
+enum Corpus<S: AsRef<[u8]> + Sync> {
+    /// An index in this process.
+    Local(Arc<Index<S>>),
+    /// Shards held elsewhere.
+    Remote(SharedShards),
+}
+
+impl<S: AsRef<[u8]> + Sync> Corpus<S> {
+    fn holds_token(&self, t: u32) -> bool {
+        match self {
+            Corpus::Local(index) => index.holds_token(t),
+            Corpus::Remote(shards) => shards.holds_token(t),
+        }
+    }
+}
+
 /// The copy guard over an index (see the module docs).
 pub struct CopyGuard<S: AsRef<[u8]> + Sync> {
-    index: Arc<Index<S>>,
+    corpus: Corpus<S>,
     max_span: usize,
     ignore_prompt: bool,
     /// Tokens of the prompt (set by [`Processor::start`]).
@@ -72,15 +96,26 @@ pub struct CopyGuard<S: AsRef<[u8]> + Sync> {
     /// Scratch space for the tokens to mask.
     next: Vec<u32>,
     stats: Rc<Cell<GuardStats>>,
+    /// Why a search over remote shards failed (then every token is masked).
+    failure: Rc<RefCell<Option<String>>>,
 }
 
 impl<S: AsRef<[u8]> + Sync> CopyGuard<S> {
     /// A guard that allows at most `max_span` consecutive tokens of `index`'s corpus (at least
     /// 1; the caller refuses 0).
     pub fn new(index: Arc<Index<S>>, max_span: usize) -> Self {
+        Self::over(Corpus::Local(index), max_span)
+    }
+
+    /// The guard over shards held elsewhere (see the module docs).
+    pub fn over_shards(shards: SharedShards, max_span: usize) -> Self {
+        Self::over(Corpus::Remote(shards), max_span)
+    }
+
+    fn over(corpus: Corpus<S>, max_span: usize) -> Self {
         let max_span = max_span.max(1);
         CopyGuard {
-            index,
+            corpus,
             max_span,
             ignore_prompt: false,
             prompt_len: 0,
@@ -90,7 +125,14 @@ impl<S: AsRef<[u8]> + Sync> CopyGuard<S> {
                 max_span,
                 ..GuardStats::default()
             })),
+            failure: Rc::default(),
         }
+    }
+
+    /// A handle on why a search over remote shards failed (`None` while none did): a
+    /// generation with a failed guard search must not be reported as guarded.
+    pub fn failure(&self) -> Rc<RefCell<Option<String>>> {
+        self.failure.clone()
     }
 
     /// Counts only generated tokens: spans that begin in the prompt are not checked.
@@ -113,7 +155,7 @@ impl<S: AsRef<[u8]> + Sync> CopyGuard<S> {
             0
         };
         let tail = &context[from.max(context.len().saturating_sub(self.max_span))..];
-        match tail.iter().rposition(|&t| !self.index.holds_token(t)) {
+        match tail.iter().rposition(|&t| !self.corpus.holds_token(t)) {
             Some(p) => &tail[p + 1..],
             None => tail,
         }
@@ -123,7 +165,14 @@ impl<S: AsRef<[u8]> + Sync> CopyGuard<S> {
     /// when they are few, and when it is `max_span` long, the tokens that follow it in the
     /// corpus into `next` (sorted, distinct).
     fn search(&mut self, window: &[u32]) -> (usize, Vec<(usize, usize)>) {
-        let shards = self.index.shards();
+        let index = match &self.corpus {
+            Corpus::Local(index) => index.clone(),
+            Corpus::Remote(shards) => {
+                let shards = shards.clone();
+                return self.search_remote(&*shards, window);
+            }
+        };
+        let shards = index.shards();
         let per_shard: Vec<Vec<Occ>> = shards.iter().map(|sh| sh.suffix_occs(window)).collect();
         let longest = per_shard.iter().map(|o| o.len() - 1).max().unwrap_or(0);
         let occs = || {
@@ -136,7 +185,11 @@ impl<S: AsRef<[u8]> + Sync> CopyGuard<S> {
         if longest == self.max_span {
             for (_, sh, occ) in occs() {
                 let counts = sh.occ_counts_ext(occ, window, false);
-                self.next.extend(counts.iter().map(|&(t, _)| t));
+                let held = counts
+                    .iter()
+                    .map(|&(t, _)| t)
+                    .filter(|&t| index.holds_token(t));
+                self.next.extend(held);
             }
             self.next.sort_unstable();
             self.next.dedup();
@@ -153,11 +206,42 @@ impl<S: AsRef<[u8]> + Sync> CopyGuard<S> {
         (longest, starts)
     }
 
+    /// [`CopyGuard::search`] over remote shards: no occurrences to follow.
+    fn search_remote(
+        &mut self,
+        shards: &dyn Shards,
+        window: &[u32],
+    ) -> (usize, Vec<(usize, usize)>) {
+        let found = partial::longest_suffix(shards, window).and_then(|longest| {
+            if longest == self.max_span {
+                let suffix = &window[window.len() - longest..];
+                let counts = partial::next_counts(shards, suffix)?;
+                let held = counts
+                    .iter()
+                    .map(|&(t, _)| t)
+                    .filter(|&t| shards.holds_token(t));
+                self.next.extend(held);
+            }
+            Ok(longest)
+        });
+        match found {
+            Ok(longest) => (longest, Vec::new()),
+            Err(e) => {
+                self.failure.borrow_mut().get_or_insert(e.to_string());
+                (0, Vec::new())
+            }
+        }
+    }
+
     /// Follows the tracked occurrences of `state` (one token shorter context) by `x`: the new
     /// state when some continue with `x` (then the longest occurring suffix is one longer), and
     /// the tokens after it into `next` when it is `max_span` long.
     fn extend(&mut self, state: &MatchState, x: u32) -> Option<MatchState> {
-        let shards = self.index.shards();
+        let Corpus::Local(index) = &self.corpus else {
+            return None; // nothing is tracked over remote shards
+        };
+        let index = index.clone();
+        let shards = index.shards();
         let len = state.len;
         let starts: Vec<(usize, usize)> = state
             .starts
@@ -172,7 +256,7 @@ impl<S: AsRef<[u8]> + Sync> CopyGuard<S> {
         if len == self.max_span {
             for &(s, p) in &starts {
                 if let Some(t) = (p + len < shards[s].len()).then(|| shards[s].tok(p + len)) {
-                    if self.index.holds_token(t) {
+                    if index.holds_token(t) {
                         self.next.push(t);
                     }
                 }
@@ -252,6 +336,11 @@ impl<S: AsRef<[u8]> + Sync> Processor for CopyGuard<S> {
     fn process(&mut self, context: &[u32], logits: &mut Logits) {
         let t = Instant::now();
         self.forbidden(context);
+        if self.failure.borrow().is_some() {
+            // Unchecked: nothing may pass.
+            self.next.clear();
+            self.next.extend(0..logits.vocab() as u32);
+        }
         if !self.next.is_empty() {
             let mut masked = 0;
             for &x in &self.next {
@@ -276,7 +365,7 @@ impl<S: AsRef<[u8]> + Sync> Processor for CopyGuard<S> {
         let mut admitted = draft.len();
         for (i, &x) in draft.iter().enumerate() {
             self.forbidden(&seq);
-            if self.next.binary_search(&x).is_ok() {
+            if self.failure.borrow().is_some() || self.next.binary_search(&x).is_ok() {
                 admitted = i;
                 break;
             }

@@ -13,9 +13,10 @@
 //! process answers the same queries with [`answer`]; a [`Shards`] that carries them there and
 //! back plugs into the same merges.
 
+use super::counts_cache::CountsCache;
 use super::query::{
-    sort_and_merge, CnfPart, CountResult, Counts, Document, FindResult, Located, Match, NtdResult,
-    Occ, ProbResult, SearchResult, TokenProb,
+    merge_counts, sort_and_merge, CnfPart, CountResult, Counts, Document, FindResult, Located,
+    Match, NtdResult, Occ, ProbResult, SearchResult, TokenProb,
 };
 use super::{Index, Range, Shard};
 use crate::error::{Error, Result};
@@ -119,6 +120,17 @@ pub enum ShardQuery {
         /// The text's tokens.
         tokens: Vec<u32>,
     },
+    /// The SBIS change points of `ctx` in the shard: every suffix length where the shard's
+    /// occurrence count changes, longest first, with the next-token counts there (documents'
+    /// ends under the separator with `keep_end`); the empty suffix too with `include_empty`.
+    Levels {
+        /// The context.
+        ctx: Vec<u32>,
+        /// Whether the empty suffix (the unigram counts) is a point.
+        include_empty: bool,
+        /// Whether an occurrence at a document's end counts for the separator.
+        keep_end: bool,
+    },
 }
 
 impl ShardQuery {
@@ -177,6 +189,23 @@ pub enum ShardAnswer {
         /// One per token.
         matches: Vec<Match>,
     },
+    /// A shard's change points of a context, longest first.
+    Levels {
+        /// The points.
+        points: Vec<LevelPoint>,
+    },
+}
+
+/// A suffix length where a shard's occurrence count of a context's suffixes changes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LevelPoint {
+    /// The suffix length.
+    pub len: usize,
+    /// Occurrences of that suffix in the shard (the same for shorter suffixes down to the next
+    /// point).
+    pub occurrences: u64,
+    /// Their next-token counts.
+    pub counts: Counts,
 }
 
 /// Shards to ask: in this process ([`Index`]) or elsewhere (a Python router's actors).
@@ -216,6 +245,9 @@ pub trait Shards {
     }
 }
 
+/// Shards to share between threads and owners (a router over shards held elsewhere).
+pub type SharedShards = std::sync::Arc<dyn Shards + Send + Sync>;
+
 /// Asks every shard the same question.
 fn ask_all(shards: &(impl Shards + ?Sized), q: ShardQuery) -> Result<Vec<ShardAnswer>> {
     shards.ask((0..shards.shard_count()).map(|s| (s, q.clone())).collect())
@@ -230,6 +262,16 @@ fn wrong_answer(what: &str) -> Error {
 
 /// The answer of `shard` to `q` (in this process; a shard elsewhere does the same).
 pub fn answer<S: AsRef<[u8]>>(shard: &Shard<S>, q: &ShardQuery) -> ShardAnswer {
+    answer_with(shard, None, q)
+}
+
+/// [`answer`], with the counts of large occurrence sets from `cache` (this shard's number in
+/// it and the cache), when given.
+fn answer_with<S: AsRef<[u8]>>(
+    shard: &Shard<S>,
+    cache: Option<(usize, &CountsCache)>,
+    q: &ShardQuery,
+) -> ShardAnswer {
     match q {
         ShardQuery::Find { q } => ShardAnswer::Range {
             range: shard.find(q),
@@ -302,13 +344,61 @@ pub fn answer<S: AsRef<[u8]>>(shard: &Shard<S>, q: &ShardQuery) -> ShardAnswer {
         ShardQuery::LongestMatches { tokens } => ShardAnswer::Matches {
             matches: shard.longest_matches(tokens),
         },
+        ShardQuery::Levels {
+            ctx,
+            include_empty,
+            keep_end,
+        } => ShardAnswer::Levels {
+            points: shard_level_points(shard, cache, ctx, *include_empty, *keep_end),
+        },
     }
+}
+
+/// A shard's change points of `ctx` ([`ShardQuery::Levels`]).
+fn shard_level_points<S: AsRef<[u8]>>(
+    shard: &Shard<S>,
+    cache: Option<(usize, &CountsCache)>,
+    ctx: &[u32],
+    include_empty: bool,
+    keep_end: bool,
+) -> Vec<LevelPoint> {
+    let occs = shard.suffix_occs(ctx);
+    let lowest = usize::from(!include_empty);
+    let mut points = Vec::new();
+    let mut prev = 0;
+    for l in (lowest..occs.len()).rev() {
+        let occ = occs[l];
+        if occ.len() == prev && l > 0 {
+            continue;
+        }
+        prev = occ.len();
+        let q = &ctx[ctx.len() - l..];
+        let counts = match cache {
+            Some((s, cache)) => (*cache.get(s, shard, occ, q, keep_end, false).0).clone(),
+            None => shard.occ_counts_ext(occ, q, keep_end),
+        };
+        points.push(LevelPoint {
+            len: l,
+            occurrences: occ.len() as u64,
+            counts,
+        });
+    }
+    points
 }
 
 /// Answers `asks` with the in-process `shards`, in parallel when several are asked something
 /// heavy.
 pub fn answer_all<S: AsRef<[u8]> + Sync>(
     shards: &[Shard<S>],
+    asks: Vec<(usize, ShardQuery)>,
+) -> Result<Vec<ShardAnswer>> {
+    answer_all_with(shards, None, asks)
+}
+
+/// [`answer_all`] with the counts of large occurrence sets from `cache` (an index's).
+fn answer_all_with<S: AsRef<[u8]> + Sync>(
+    shards: &[Shard<S>],
+    cache: Option<&CountsCache>,
     asks: Vec<(usize, ShardQuery)>,
 ) -> Result<Vec<ShardAnswer>> {
     use rayon::prelude::*;
@@ -318,7 +408,7 @@ pub fn answer_all<S: AsRef<[u8]> + Sync>(
             shards.len()
         )));
     }
-    let one = |(s, q): &(usize, ShardQuery)| answer(&shards[*s], q);
+    let one = |(s, q): &(usize, ShardQuery)| answer_with(&shards[*s], cache.map(|c| (*s, c)), q);
     Ok(
         if asks.len() > 1 && asks.iter().any(|(_, q)| q.is_heavy()) {
             asks.par_iter().map(one).collect()
@@ -486,6 +576,17 @@ fn suffix_round(shards: &(impl Shards + ?Sized), prompt: &[u32]) -> Result<Vec<(
         .collect()
 }
 
+/// The length of the longest suffix of `prompt` that occurs in some shard (round one of the
+/// ∞-gram queries alone).
+pub fn longest_suffix(shards: &(impl Shards + ?Sized), prompt: &[u32]) -> Result<usize> {
+    shards.check_tokens(prompt)?;
+    Ok(suffix_round(shards, prompt)?
+        .iter()
+        .map(|t| t.0)
+        .max()
+        .unwrap_or(0))
+}
+
 /// Round two: the occurrences and next-token counts of the last `l` tokens of `prompt` in
 /// every shard where it occurs, given round one's answers `tops` (a shard whose own longest
 /// suffix is shorter has none; one whose is exactly `l` long gave its occurrences).
@@ -567,6 +668,61 @@ pub fn infgram_counts(shards: &(impl Shards + ?Sized), prompt: &[u32]) -> Result
         }
         l -= 1;
     }
+}
+
+/// The change points of `ctx` over all shards (each shard's [`ShardQuery::Levels`], merged):
+/// every suffix length, longest first, where the total occurrence count changes (and the empty
+/// suffix with `include_empty`), with that total and the merged next-token counts. One round
+/// trip; what SBIS levels are chosen from ([`crate::ngram::levels::levels_over`]).
+pub fn level_points(
+    shards: &(impl Shards + ?Sized),
+    ctx: &[u32],
+    include_empty: bool,
+    keep_end: bool,
+) -> Result<Vec<LevelPoint>> {
+    let q = ShardQuery::Levels {
+        ctx: ctx.to_vec(),
+        include_empty,
+        keep_end,
+    };
+    let per_shard = ask_all(shards, q)?
+        .into_iter()
+        .map(|a| match a {
+            ShardAnswer::Levels { points } => Ok(points),
+            _ => Err(wrong_answer("the levels")),
+        })
+        .collect::<Result<Vec<Vec<LevelPoint>>>>()?;
+    let lmax = per_shard
+        .iter()
+        .filter_map(|p| p.first())
+        .map(|p| p.len)
+        .max();
+    let Some(lmax) = lmax else {
+        return Ok(Vec::new());
+    };
+    let lowest = usize::from(!include_empty);
+    let mut out = Vec::new();
+    let mut prev = 0;
+    for l in (lowest..=lmax).rev() {
+        // Shard s's occurrences of the suffix of length l: those of its last point at least
+        // l long (its points are longest first), none past its longest.
+        let here: Vec<&LevelPoint> = per_shard
+            .iter()
+            .filter_map(|points| points.iter().rev().find(|p| p.len >= l))
+            .filter(|p| p.occurrences > 0)
+            .collect();
+        let occurrences: u64 = here.iter().map(|p| p.occurrences).sum();
+        if occurrences == prev && l > 0 {
+            continue;
+        }
+        prev = occurrences;
+        out.push(LevelPoint {
+            len: l,
+            occurrences,
+            counts: merge_counts(here.iter().map(|p| &p.counts)),
+        });
+    }
+    Ok(out)
 }
 
 /// The window `[pos − before, pos + after)` of the document holding position `pos` of shard
@@ -981,7 +1137,7 @@ impl<S: AsRef<[u8]> + Sync> Shards for Index<S> {
     }
 
     fn ask(&self, asks: Vec<(usize, ShardQuery)>) -> Result<Vec<ShardAnswer>> {
-        answer_all(self.shards(), asks)
+        answer_all_with(self.shards(), Some(self.counts_cache()), asks)
     }
 }
 

@@ -19,6 +19,7 @@
 use super::levels::{self, Level, LevelFinder};
 use super::Estimator;
 use crate::error::{Error, Result};
+use crate::index::partial::{Shards, SharedShards};
 use crate::index::Index;
 use crate::lm::{LanguageModel, Logits};
 use std::sync::Arc;
@@ -63,9 +64,22 @@ impl LevelLog {
     }
 }
 
+/// Where a model's counts come from.
+enum Source<S: AsRef<[u8]> + Sync> {
+    /// An index in this process (its levels found by the model's [`LevelFinder`]).
+    Local(Arc<Index<S>>),
+    /// Shards of another process or machine, asked one round trip a position
+    /// ([`levels::levels_over`]).
+    Remote(SharedShards),
+}
+
+/// Why another estimator is refused over remote shards.
+const REMOTE_SBIS_ONLY: &str = "over shards held elsewhere the ∞-gram runs SBIS (`infgram` or \
+     `sbis` estimators); the smoothed and classic estimators need an index opened in the process";
+
 /// Next-token distributions of the ∞-gram of an index.
 pub struct InfgramModel<S: AsRef<[u8]> + Sync> {
-    index: Arc<Index<S>>,
+    source: Source<S>,
     finder: LevelFinder,
     estimator: Estimator,
     /// Tokens of context the estimator looks at.
@@ -123,8 +137,54 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
             }
             _ => None,
         };
-        Ok(InfgramModel {
-            index,
+        let source = Source::Local(index);
+        Ok(Self::assemble(
+            source,
+            estimator,
+            window,
+            separator,
+            index_vocab,
+            classic,
+        ))
+    }
+
+    /// The ∞-gram of shards held elsewhere (a router's: see [`Shards`]) with SBIS `estimator`,
+    /// looking at the last `window` tokens: each position asks every shard once for its change
+    /// points. The same rows as [`InfgramModel::new`] over an index of the same documents.
+    pub fn over_shards(shards: SharedShards, estimator: Estimator, window: usize) -> Result<Self> {
+        if !matches!(estimator, Estimator::Sbis { .. }) {
+            return Err(Error::input(REMOTE_SBIS_ONLY));
+        }
+        let infos = shards.infos();
+        if infos.iter().all(|i| i.tokens == i.documents) {
+            return Err(Error::input(
+                "the index is empty: index a corpus with some text first",
+            ));
+        }
+        let separator = shards.separator();
+        let index_vocab = shards.vocab_size().max(separator as usize + 1);
+        let source = Source::Remote(shards);
+        Ok(Self::assemble(
+            source,
+            estimator,
+            window,
+            separator,
+            index_vocab,
+            None,
+        ))
+    }
+
+    /// A model with nothing fed yet.
+    fn assemble(
+        source: Source<S>,
+        estimator: Estimator,
+        window: usize,
+        separator: u32,
+        index_vocab: usize,
+        classic: Option<(super::classic::ClassicModel, super::classic::Memo)>,
+    ) -> Self {
+        InfgramModel {
+            source,
             finder: LevelFinder::new(true),
             estimator,
             window: window.max(1),
@@ -144,7 +204,7 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
             evidence: Vec::new(),
             classic,
             dense: Vec::new(),
-        })
+        }
     }
 
     /// The same model over exactly `vocab` ids, with the separator reported as `end_token` (a
@@ -167,14 +227,13 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
         &self.evidence
     }
 
-    /// The index.
-    pub fn index(&self) -> &Arc<Index<S>> {
-        &self.index
-    }
-
-    /// How the level finder's counts cache has served.
+    /// How the level finder's counts cache has served (nothing to say over remote shards:
+    /// their own caches serve them).
     pub fn cache_stats(&self) -> crate::index::counts_cache::CacheStats {
-        self.finder.cache_stats(&self.index)
+        match &self.source {
+            Source::Local(index) => self.finder.cache_stats(index),
+            Source::Remote(_) => Default::default(),
+        }
     }
 
     /// A token of the model's vocabulary as an index id.
@@ -204,11 +263,23 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
 
     /// The levels after the tokens fed so far (the unigram level when nothing matches), into
     /// `self.levels`.
-    fn find_levels(&mut self) {
+    fn find_levels(&mut self) -> Result<()> {
         let doc = &self.fed[self.doc_start..];
         let ctx = &doc[doc.len().saturating_sub(self.window)..];
         let appended = self.appended.take();
-        let index = &*self.index;
+        let index = match &self.source {
+            Source::Local(index) => &**index,
+            Source::Remote(shards) => {
+                let Estimator::Sbis { k, .. } = self.estimator else {
+                    return Err(Error::input(REMOTE_SBIS_ONLY));
+                };
+                self.levels = levels::levels_over(&**shards, ctx, k, false, &|_| true)?;
+                if self.levels.is_empty() {
+                    self.levels = levels::levels_over(&**shards, &[], 1, true, &|_| true)?;
+                }
+                return Ok(());
+            }
+        };
         match self.estimator {
             Estimator::Sbis { k, .. } => self.finder.next_levels_into(
                 index,
@@ -224,21 +295,22 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
             // Nothing of the context occurs (e.g. an empty prompt): back off to the unigram.
             self.levels = self.finder.levels(index, &[], 1, true);
         }
+        Ok(())
     }
 
     /// The row after the tokens fed so far: ln p of every token with p > 0, by model id.
-    fn row(&mut self) -> Logits {
-        if let Some((model, memo)) = &mut self.classic {
+    fn row(&mut self) -> Result<Logits> {
+        if let (Some((model, memo)), Source::Local(index)) = (&mut self.classic, &self.source) {
             let ctx = model.context_of(&self.fed[self.doc_start..]);
-            model.distribution_into(&self.index, memo, &ctx, &mut self.dense);
+            model.distribution_into(index, memo, &ctx, &mut self.dense);
             self.steps.push(std::iter::empty());
             self.evidence.push(super::Evidence::default());
             self.dist.clear();
             self.dist
                 .extend(self.dense.iter().enumerate().map(|(t, &p)| (t as u32, p)));
-            return self.row_from_dist();
+            return Ok(self.row_from_dist());
         }
-        self.find_levels();
+        self.find_levels()?;
         let levels = std::mem::take(&mut self.levels);
         self.steps.push(levels.iter().map(|l| (l.len, l.total)));
         self.evidence.push(super::Evidence::of(&levels));
@@ -246,7 +318,7 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
         self.levels = levels;
         // Dropped now, so the tracker can refill their counts at the next step.
         self.levels.clear();
-        row
+        Ok(row)
     }
 
     /// The estimator's row over `levels`, by model id.
@@ -300,7 +372,7 @@ impl<S: AsRef<[u8]> + Sync> LanguageModel for InfgramModel<S> {
         rows.reserve(tokens.len());
         for &t in tokens {
             self.push(t);
-            rows.push(self.row());
+            rows.push(self.row()?);
         }
         Ok(rows)
     }
@@ -367,8 +439,10 @@ impl<S: AsRef<[u8]> + Sync> LanguageModel for InfgramModel<S> {
             None => &ids[..],
         };
         let ctx = &doc[doc.len().saturating_sub(self.window)..];
-        let index = self.index.clone();
-        let levels = self.finder.levels_where(&index, ctx, k, &allowed);
+        let levels = match &self.source {
+            Source::Local(index) => self.finder.levels_where(index, ctx, k, &allowed),
+            Source::Remote(shards) => levels::levels_over(&**shards, ctx, k, true, &allowed)?,
+        };
         if levels.is_empty() {
             return Ok(None);
         }

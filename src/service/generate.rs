@@ -10,6 +10,7 @@ use crate::decode::{
 use crate::error::{Error, Result};
 use crate::eval::attribution::max_copied_span;
 use crate::index::counts_cache::CacheStats;
+use crate::index::partial::{Shards, SharedShards};
 use crate::index::Index;
 use crate::lm::LanguageModel;
 use crate::mix::Mixer;
@@ -36,6 +37,9 @@ pub struct GenConfig {
     /// Stops generation early when set (a client gone, a time limit passed).
     pub cancel: Option<Cancel>,
 }
+
+/// A copy guard as the decode loop takes it, and a handle on its statistics.
+type BuiltGuard = (Box<dyn Processor>, Rc<Cell<GuardStats>>);
 
 /// Settings of the copy guard ([`CopyGuard`]).
 #[derive(Clone, Debug)]
@@ -71,10 +75,7 @@ impl GuardConfig {
     }
 
     /// The guard over `index`, and a handle on its statistics.
-    fn build<S: AsRef<[u8]> + Sync + 'static>(
-        &self,
-        index: Arc<Index<S>>,
-    ) -> (Box<dyn Processor>, Rc<Cell<GuardStats>>) {
+    fn build<S: AsRef<[u8]> + Sync + 'static>(&self, index: Arc<Index<S>>) -> BuiltGuard {
         let guard = CopyGuard::new(index, self.max_span).ignore_prompt(self.ignore_prompt);
         let stats = guard.stats();
         (Box::new(guard), stats)
@@ -134,23 +135,75 @@ pub fn generate<S: AsRef<[u8]> + Sync + 'static>(
     sampler: &mut Sampler,
     on_token: impl FnMut(u32),
 ) -> Result<Generation> {
-    let separator = index.separator();
     // The guard's index: the generation's own, or another with the same tokenizer.
-    let mut processors = Vec::new();
-    let mut guard_stats = None;
+    let mut guard = None;
     if let Some(g) = &cfg.guard {
         g.check()?;
-        let (p, stats) = match &g.index {
+        guard = Some(match &g.index {
             None => g.build(index.clone()),
             Some(other) => {
                 same_tokenizer(&index, other)?;
                 g.build(other.clone())
             }
-        };
-        processors.push(p);
-        guard_stats = Some(stats);
+        });
     }
-    let mut model = InfgramModel::new(index.clone(), cfg.estimator.clone(), cfg.context)?;
+    let separator = index.separator();
+    let model = InfgramModel::new(index, cfg.estimator.clone(), cfg.context)?;
+    run_generation(model, guard, separator, prompt, cfg, sampler, on_token)
+}
+
+/// [`generate`] over shards held elsewhere ([`InfgramModel::over_shards`]: SBIS, one round
+/// trip a position), the copy guard over the same shards ([`CopyGuard::over_shards`]). A guard
+/// search that failed fails the generation (`Error::Unavailable`): its output was not checked.
+pub fn generate_over_shards(
+    shards: SharedShards,
+    prompt: &[u32],
+    cfg: &GenConfig,
+    sampler: &mut Sampler,
+    on_token: impl FnMut(u32),
+) -> Result<Generation> {
+    let mut guard = None;
+    let mut failure = None;
+    if let Some(g) = &cfg.guard {
+        g.check()?;
+        if g.index.is_some() {
+            return Err(Error::input(
+                "over shards held elsewhere the copy guard checks those shards: give no guard \
+                 index of its own",
+            ));
+        }
+        let built = CopyGuard::<Vec<u8>>::over_shards(shards.clone(), g.max_span)
+            .ignore_prompt(g.ignore_prompt);
+        failure = Some(built.failure());
+        let stats = built.stats();
+        guard = Some((Box::new(built) as Box<dyn Processor>, stats));
+    }
+    let separator = shards.separator();
+    let model = InfgramModel::<Vec<u8>>::over_shards(shards, cfg.estimator.clone(), cfg.context)?;
+    let generation = run_generation(model, guard, separator, prompt, cfg, sampler, on_token)?;
+    if let Some(why) = failure.and_then(|f| f.borrow().clone()) {
+        return Err(Error::Unavailable(format!(
+            "the copy guard could not check the output (a shard did not answer): {why}"
+        )));
+    }
+    Ok(generation)
+}
+
+/// The decode loop of a generation from the ∞-gram `model` alone, after `prompt` (which starts
+/// a document: the separator goes first), with the copy guard when given.
+fn run_generation<S: AsRef<[u8]> + Sync>(
+    mut model: InfgramModel<S>,
+    guard: Option<BuiltGuard>,
+    separator: u32,
+    prompt: &[u32],
+    cfg: &GenConfig,
+    sampler: &mut Sampler,
+    on_token: impl FnMut(u32),
+) -> Result<Generation> {
+    let (mut processors, guard_stats) = match guard {
+        Some((p, stats)) => (vec![p], Some(stats)),
+        None => (Vec::new(), None),
+    };
     let mut fed = Vec::with_capacity(prompt.len() + 1);
     fed.push(separator);
     fed.extend_from_slice(prompt);

@@ -19,7 +19,9 @@ pub mod models;
 pub mod query;
 pub mod request;
 
-pub use generate::{generate, GenConfig, Generation, GuardConfig, GuardReport};
+pub use generate::{
+    generate, generate_over_shards, GenConfig, Generation, GuardConfig, GuardReport,
+};
 pub use indexes::{
     build_tokenizer, cached_byte_index, cached_index, load_tokenizer, open_cached_byte_index,
     open_cached_index, open_index, resolve_tokenizer_name, tiny_shakespeare_index,
