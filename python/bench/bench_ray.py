@@ -7,13 +7,16 @@ cores), against the same work on one process, measured in one run:
 * query overhead: ``infgram.ray.Engine`` over the slices vs ``InfiniGramEngine`` over the same
   slice directories in this process: count and infgram_ntd latency, p50 and p99, and the time
   the router adds per round trip (count takes one, infgram_ntd two);
+* generation: SBIS (with and without the copy guard) through ``Router.index().generate`` vs
+  ``infgram.Index.generate`` on one index of the same documents (the same tokens: tested);
 * HTTP: the Ray Serve deployment (``serve_app``) vs ``infgram serve`` on one index of the same
   documents, requests per second from 4 client threads.
 
-Usage: python bench_ray.py TEXT WORKDIR [--slices 3] [--queries 500] [--repeats 3]
-       [--infgram target/release/infgram]
+Usage: python bench_ray.py TEXT WORKDIR [--slices 3] [--copies 1] [--queries 500]
+       [--repeats 3] [--infgram target/release/infgram]
 TEXT: a text file, cut at blank lines into documents (Tiny Shakespeare: its speeches),
-written as JSON lines. Prints tables (median of the repeats, min–max).
+written as JSON lines (``--copies`` times, for a larger build). Prints tables (median of the
+repeats, min–max).
 """
 
 import argparse
@@ -40,13 +43,14 @@ import infgram.ray as iray  # noqa: E402
 from infgram.engine import InfiniGramEngine  # noqa: E402
 
 
-def write_docs(text_path, out):
+def write_docs(text_path, out, copies):
     text = Path(text_path).read_text(encoding="utf-8")
     docs = [d.strip() for d in text.split("\n\n") if d.strip()]
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w") as f:
-        for i, d in enumerate(docs):
-            f.write(json.dumps({"text": d, "i": i}) + "\n")
+        for c in range(copies):
+            for i, d in enumerate(docs):
+                f.write(json.dumps({"text": d, "i": i, "copy": c}) + "\n")
     return docs
 
 
@@ -116,6 +120,8 @@ def main():
     ap.add_argument("text")
     ap.add_argument("workdir")
     ap.add_argument("--slices", type=int, default=3)
+    ap.add_argument("--copies", type=int, default=1)
+    ap.add_argument("--gen-tokens", type=int, default=200)
     ap.add_argument("--queries", type=int, default=500)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--requests", type=int, default=800)
@@ -123,9 +129,9 @@ def main():
     args = ap.parse_args()
     work = Path(args.workdir)
     data = work / "data" / "docs.jsonl"
-    docs = write_docs(args.text, data)
+    docs = write_docs(args.text, data, args.copies)
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
-          f"{len(docs)} documents, {data.stat().st_size / 1e6:.2f} MB")
+          f"{len(docs) * args.copies} documents, {data.stat().st_size / 1e6:.2f} MB")
 
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     for _ in range(2):
@@ -183,6 +189,28 @@ def run(args, work, data, docs):
             added = [(b - a) / trips for a, b in zip(rows[0], rows[2])]
             print(f"| {name} | {spread(rows[0])} | {spread(rows[1])} | {spread(rows[2])} | "
                   f"{spread(rows[3])} | {spread(added)} |")
+
+        # Generation.
+        print(f"\nSBIS generation, {args.gen_tokens} tokens, tokens/s, median of {args.repeats} "
+              f"(min–max):")
+        print("| guard | one index in process | Ray router | ratio | same tokens |")
+        print("|---|---|---|---|---|")
+        one = infgram.Index(str(work / "one"))
+        remote = e.router.index()
+        for guard in [None, 16]:
+            rates, same = ([], []), True
+            for r in range(args.repeats):
+                kw = dict(max_tokens=args.gen_tokens, seed=r, guard=guard)
+                outs = []
+                for k, gen in enumerate([one.generate, remote.generate]):
+                    t0 = time.perf_counter()
+                    out = gen("ROMEO:", **kw)
+                    rates[k].append(len(out["tokens"]) / (time.perf_counter() - t0))
+                    outs.append(out)
+                same = same and outs[0] == outs[1]
+            ratio = statistics.median(rates[1]) / statistics.median(rates[0])
+            print(f"| {guard or 'none'} | {spread(rates[0])} | {spread(rates[1])} | "
+                  f"{ratio:.4f}× | {same} |")
 
     # HTTP.
     from ray import serve

@@ -13,9 +13,11 @@
   it) answers the per-shard questions; the merge is the Rust library's own code
   (``InfiniGramEngine.over_shards``), including the two rounds of the ∞-gram queries and
   document fetches routed to their shard.
-* ``Router(manifest).index()`` answers infgram's query protocol (``query``) and the infini-gram
-  HTTP API (``api``) over the same actors; ``serve_app(manifest)`` is a Ray Serve deployment of
-  that API, with the request and response shapes and limits of ``infgram serve``.
+* ``Router(manifest).index()`` answers infgram's query protocol (``query_json``), generates
+  with SBIS and the copy guard (``generate``: each token one round trip; the same text as on
+  one index for the same seed) and answers the infini-gram HTTP API (``api``) over the same
+  actors; ``serve_app(manifest)`` is a Ray Serve deployment of that API, with the request and
+  response shapes and limits of ``infgram serve``.
 
 Faults: a shard actor that dies is restarted by Ray (``max_restarts``) and the question is asked
 again, up to ``retries`` times; past that the query fails with an error naming the slice and
@@ -23,7 +25,8 @@ its node, never a partial count. A manifest whose slice has another tokenizer, o
 checksum differs from the files, is refused when the engine starts.
 
 Cost: a query costs one round trip to every slice's actor (two for the ∞-gram queries and a CNF
-search, one to a single actor for a document fetch); the slices are asked in parallel.
+search, one to a single actor for a document fetch; a generated token one, and the copy guard
+at most two more); the slices are asked in parallel.
 """
 
 import json
@@ -342,8 +345,9 @@ class Router:
 
     def index(self, tokenizer: Optional[str] = None,
               name: str = "index") -> "_native.RemoteIndex":
-        """infgram's protocol (``query_json``) and the infini-gram HTTP API (``api``) over these
-        actors, with the build's tokenizer (or ``tokenizer``, of the same fingerprint)."""
+        """infgram's protocol (``query_json``), SBIS generation (``generate``) and the
+        infini-gram HTTP API (``api``) over these actors, with the build's tokenizer (or
+        ``tokenizer``, of the same fingerprint)."""
         m = self.manifest
         return _native.RemoteIndex(self.ask, self.shard_infos, m["separator"],
                                    tokenizer or m["tokenizer"]["name"],

@@ -1119,6 +1119,102 @@ fn docs_list(py: Python<'_>, docs: Result<Vec<Document>, String>) -> Ans {
     }
 }
 
+/// Python's arguments of an SBIS generation (`Index.generate`, `RemoteIndex.generate`).
+struct SbisArgs<'a> {
+    prompt: &'a str,
+    max_tokens: Option<usize>,
+    k: Option<i64>,
+    decay: Option<f64>,
+    context: Option<usize>,
+    temperature: Option<f64>,
+    top_k: Option<usize>,
+    top_p: Option<f64>,
+    seed: Option<u64>,
+    guard: Option<usize>,
+}
+
+impl SbisArgs<'_> {
+    /// The library's request from these arguments, checked (a bad one names Python's
+    /// parameter: `ValueError`), run by `run` with the GIL released, as
+    /// `{text, tokens, hit_end[, guard]}`. A shard that did not answer is a `RuntimeError`.
+    fn run(
+        self,
+        py: Python<'_>,
+        tok: &dyn Tokenizer,
+        run: impl FnOnce(
+                &[u32],
+                &infgram::service::GenConfig,
+                &mut infgram::decode::Sampler,
+            ) -> infgram::Result<infgram::service::Generation>
+            + Send,
+    ) -> Ans {
+        use infgram::service::request::{
+            EstimatorSpec, GenLimits, GenerateRequest, GuardSpec, Prompt, Sampling, Scorer,
+            MAX_GEN_TOKENS,
+        };
+        const PARAMETER_NAMES: &[(&str, &str)] = &[
+            ("sampling.temperature", "temperature"),
+            ("sampling.top_p", "top_p"),
+            ("sampling.top_k", "top_k"),
+            ("limits.max_tokens", "max_tokens"),
+            ("limits.context", "context"),
+            ("scorer.estimator.k", "k"),
+            ("scorer.estimator.decay", "decay"),
+            ("guard.max_span", "guard"),
+        ];
+        let request = GenerateRequest {
+            prompt: Prompt::Text(self.prompt.to_string()),
+            scorer: Scorer::Infgram {
+                estimator: EstimatorSpec::Sbis {
+                    k: self.k,
+                    decay: self.decay,
+                },
+            },
+            guard: self.guard.map(|max_span| GuardSpec {
+                max_span,
+                ignore_prompt: false,
+            }),
+            sampling: Sampling {
+                temperature: self.temperature,
+                top_p: self.top_p,
+                top_k: self.top_k,
+                seed: self.seed,
+                repetition_penalty: None,
+            },
+            limits: GenLimits {
+                max_tokens: self.max_tokens,
+                context: self.context,
+                draft_max: None,
+            },
+            ..Default::default()
+        };
+        let invalid = |e: infgram::Error| PyValueError::new_err(e.to_string());
+        let checked = request
+            .check(MAX_GEN_TOKENS)
+            .map_err(|e| invalid(e.rename_field(PARAMETER_NAMES)))?;
+        let ids = checked.prompt_ids(tok).map_err(invalid)?;
+        let cfg = checked.gen_config(None, None);
+        let gen = py
+            .detach(|| run(&ids, &cfg, &mut checked.sampler()))
+            .map_err(|e| match e {
+                infgram::Error::Unavailable(_) => runtime(e),
+                e => invalid(e),
+            })?;
+        let d = PyDict::new(py);
+        d.set_item("text", tok.decode(&gen.tokens).map_err(invalid)?)?;
+        d.set_item("tokens", &gen.tokens)?;
+        d.set_item("hit_end", gen.hit_end)?;
+        if let Some(g) = gen.guard {
+            let stats = PyDict::new(py);
+            stats.set_item("max_span", g.max_span)?;
+            stats.set_item("blocked", g.blocked)?;
+            stats.set_item("masked", g.masked)?;
+            d.set_item("guard", stats)?;
+        }
+        Ok(d.into_any().unbind())
+    }
+}
+
 /// An infgram index with its tokenizer: the typed query protocol, generation and perplexity.
 #[pyclass(frozen, subclass, module = "infgram._native")]
 pub struct Index {
@@ -1226,10 +1322,11 @@ impl Index {
     }
 
     /// Generates text from the index alone with SBIS (`k` levels, −1 = all; `decay` between
-    /// levels), sampling with `temperature` / `top_k` / `top_p` and `seed`. Every parameter left
-    /// out takes the library's default (`infgram gen` and the server use the same ones).
-    /// Returns `{text, tokens, hit_end}`.
-    #[pyo3(signature = (prompt, max_tokens=None, k=None, decay=None, context=None, temperature=None, top_k=None, top_p=None, seed=None))]
+    /// levels), sampling with `temperature` / `top_k` / `top_p` and `seed`; `guard`: the longest
+    /// span of the corpus the output may repeat (the copy guard). Every parameter left out takes
+    /// the library's default (`infgram gen` and the server use the same ones). Returns
+    /// `{text, tokens, hit_end}` (and `guard`, its statistics, when guarded).
+    #[pyo3(signature = (prompt, max_tokens=None, k=None, decay=None, context=None, temperature=None, top_k=None, top_p=None, seed=None, guard=None))]
     #[allow(clippy::too_many_arguments)]
     fn generate(
         &self,
@@ -1243,62 +1340,24 @@ impl Index {
         top_k: Option<usize>,
         top_p: Option<f64>,
         seed: Option<u64>,
+        guard: Option<usize>,
     ) -> Ans {
-        use infgram::service::request::{
-            EstimatorSpec, GenLimits, GenerateRequest, Prompt, Sampling, Scorer, MAX_GEN_TOKENS,
+        let args = SbisArgs {
+            prompt,
+            max_tokens,
+            k,
+            decay,
+            context,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            guard,
         };
-        const PARAMETER_NAMES: &[(&str, &str)] = &[
-            ("sampling.temperature", "temperature"),
-            ("sampling.top_p", "top_p"),
-            ("sampling.top_k", "top_k"),
-            ("limits.max_tokens", "max_tokens"),
-            ("limits.context", "context"),
-            ("scorer.estimator.k", "k"),
-            ("scorer.estimator.decay", "decay"),
-        ];
-        let request = GenerateRequest {
-            prompt: Prompt::Text(prompt.to_string()),
-            scorer: Scorer::Infgram {
-                estimator: EstimatorSpec::Sbis { k, decay },
-            },
-            sampling: Sampling {
-                temperature,
-                top_p,
-                top_k,
-                seed,
-                repetition_penalty: None,
-            },
-            limits: GenLimits {
-                max_tokens,
-                context,
-                draft_max: None,
-            },
-            ..Default::default()
-        };
-        let checked = request
-            .check(MAX_GEN_TOKENS)
-            .map_err(|e| PyValueError::new_err(e.rename_field(PARAMETER_NAMES).to_string()))?;
-        let ids = checked
-            .prompt_ids(self.tok.as_ref())
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let cfg = checked.gen_config(None, None);
         let index = self.index.clone();
-        let gen = py
-            .detach(|| {
-                let mut sampler = checked.sampler();
-                infgram::service::generate(index, &ids, &cfg, &mut sampler, |_| {})
-            })
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let d = PyDict::new(py);
-        d.set_item(
-            "text",
-            self.tok
-                .decode(&gen.tokens)
-                .map_err(|e| PyValueError::new_err(e.to_string()))?,
-        )?;
-        d.set_item("tokens", &gen.tokens)?;
-        d.set_item("hit_end", gen.hit_end)?;
-        Ok(d.into_any().unbind())
+        args.run(py, self.tok.as_ref(), |ids, cfg, sampler| {
+            infgram::service::generate(index, ids, cfg, sampler, |_| {})
+        })
     }
 
     /// A classic n-gram model of fixed `order` over this index: `estimator` `"mkn"`
@@ -1540,7 +1599,7 @@ fn build_index_from_ids(
 /// fingerprint.
 #[pyclass(frozen, module = "infgram._native")]
 pub struct RemoteIndex {
-    shards: remote::RemoteShards,
+    shards: Arc<remote::RemoteShards>,
     tok: Arc<dyn Tokenizer>,
     limits: infgram::server::Limits,
     name: String,
@@ -1571,7 +1630,7 @@ impl RemoteIndex {
         }
         let shards = remote::RemoteShards::new(ask, &shard_infos, separator, tok.vocab_size());
         Ok(RemoteIndex {
-            shards,
+            shards: Arc::new(shards),
             tok: Arc::from(tok),
             limits: infgram::server::Limits::default(),
             name: name.to_string(),
@@ -1618,6 +1677,43 @@ impl RemoteIndex {
         self.tok
             .encode(text)
             .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// `Index.generate` over the shards: SBIS, one round trip to every shard a token, the copy
+    /// guard (`guard`) checked against the same shards. A shard that stays down fails the
+    /// generation (`RuntimeError`), never an unchecked output.
+    #[pyo3(signature = (prompt, max_tokens=None, k=None, decay=None, context=None, temperature=None, top_k=None, top_p=None, seed=None, guard=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn generate(
+        &self,
+        py: Python<'_>,
+        prompt: &str,
+        max_tokens: Option<usize>,
+        k: Option<i64>,
+        decay: Option<f64>,
+        context: Option<usize>,
+        temperature: Option<f64>,
+        top_k: Option<usize>,
+        top_p: Option<f64>,
+        seed: Option<u64>,
+        guard: Option<usize>,
+    ) -> Ans {
+        let args = SbisArgs {
+            prompt,
+            max_tokens,
+            k,
+            decay,
+            context,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            guard,
+        };
+        let shards: ask::SharedShards = self.shards.clone();
+        args.run(py, self.tok.as_ref(), |ids, cfg, sampler| {
+            infgram::service::generate_over_shards(shards, ids, cfg, sampler, |_| {})
+        })
     }
 }
 

@@ -1,7 +1,7 @@
 """infgram.ray on a local Ray cluster of three nodes on 127.0.0.1: a sharded index built
 distributed answers every query type as one index of the same documents does (and as the
-brute-force count), the query protocol and the HTTP API (a Ray Serve deployment) answer as over
-one index, a killed shard actor never gives a wrong answer, a failed slice names its file and a
+brute-force count), the query protocol, SBIS generation with the copy guard, and the HTTP API (a
+Ray Serve deployment) answer as over one index, a killed shard actor never gives a wrong answer, a failed slice names its file and a
 rerun finishes the build, and a manifest that does not match its slices is refused.
 
 Loopback only; loops bounded in count and time; the cluster is shut down by the fixture."""
@@ -175,6 +175,10 @@ def test_every_query_equals_one_index(cluster, tmp_path, seed, shards):
                         {"query_type": "creativity", "text": "abc d"},
                         {"query_type": "count", "text": "x" * 3000}]:
             assert json.loads(remote.query_json(json.dumps(request))) == local.query(request)
+        # SBIS generation, with and without the copy guard, over the same actors.
+        for seed, guard in [(1, None), (2, 3), (3, 1)]:
+            args = dict(max_tokens=30, seed=seed, temperature=0.9, guard=guard)
+            assert remote.generate("a b", **args) == local.generate("a b", **args), args
         for body in [{"query_type": "count", "query": "ab"},
                      {"query_type": "infgram_prob", "query": "a b"},
                      {"query_type": "ntd", "query_ids": [97]},
@@ -231,6 +235,8 @@ def test_a_killed_shard_actor_never_gives_a_wrong_answer(cluster, tmp_path):
         with pytest.raises(RuntimeError, match=r"^slice 1 "):
             e.infgram_ntd([97])
         assert "slice 1" in e.search_docs([97])["error"]
+        with pytest.raises(RuntimeError, match=r"slice 1 .* did not answer"):
+            e.router.index().generate("ab", max_tokens=20, guard=3)
 
 
 def test_a_failed_slice_names_its_file_and_a_rerun_finishes(cluster, tmp_path):
