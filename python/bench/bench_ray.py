@@ -68,6 +68,41 @@ def latencies_ms(fn, qs):
     return out[len(out) // 2], out[min(len(out) - 1, int(len(out) * 0.99))]
 
 
+def ray_floor(n, calls, repeats):
+    """p50 / p99 of a no-op method on `n` actors (and on one), plain and compiled."""
+
+    @ray.remote(num_cpus=0)
+    class Echo:
+        def f(self, x):
+            return x
+
+    actors = [Echo.remote() for _ in range(n)]
+    ray.get([a.f.remote(0) for a in actors])
+    tries = {
+        "1 actor": lambda _: ray.get(actors[0].f.remote(["q"])),
+        f"{n} actors": lambda _: ray.get([a.f.remote(["q"]) for a in actors]),
+    }
+    compiled = None
+    try:
+        from ray.dag import InputNode, MultiOutputNode
+
+        with InputNode() as inp:
+            dag = MultiOutputNode([a.f.bind(inp) for a in actors])
+        compiled = dag.experimental_compile()
+        tries[f"{n} actors, compiled graph"] = lambda _: ray.get(compiled.execute(["q"]))
+    except Exception as e:  # reported, not raised: compiled graphs are optional
+        print(f"(compiled graphs unavailable: {e})")
+    out = {}
+    for name, fn in tries.items():
+        runs = [latencies_ms(fn, range(calls)) for _ in range(repeats)]
+        out[name] = ([r[0] for r in runs], [r[1] for r in runs])
+    if compiled is not None:
+        compiled.teardown()
+    for a in actors:
+        ray.kill(a)
+    return out
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -163,6 +198,15 @@ def run(args, work, data, docs):
     print("|---|---|---|---|")
     ratio = statistics.median(ray_s) / statistics.median(one_s)
     print(f"| {spread(one_s)} | {spread(ray_s)} | {ratio:.2f}× | {spread(slice_s)} |")
+
+    # Ray's own floor: a no-op method of one actor per slice, plain and as a compiled graph.
+    floor = ray_floor(len(m["slices"]), args.queries, args.repeats)
+    print(f"\nRay's floor on this machine: a no-op round trip to {len(m['slices'])} actors, ms, "
+          f"median of {args.repeats} (min–max):")
+    print("| call | p50 | p99 |")
+    print("|---|---|---|")
+    for name, (p50, p99) in floor.items():
+        print(f"| {name} | {spread(p50)} | {spread(p99)} |")
 
     # Queries.
     width = m["token_width"]

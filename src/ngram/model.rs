@@ -127,8 +127,6 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
                 "the index is empty: index a corpus with some text first",
             ));
         }
-        let separator = index.separator();
-        let index_vocab = index.vocab_size().max(separator as usize + 1);
         let classic = match &estimator {
             Estimator::Classic(spec) => {
                 let model =
@@ -137,13 +135,10 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
             }
             _ => None,
         };
-        let source = Source::Local(index);
         Ok(Self::assemble(
-            source,
+            Source::Local(index),
             estimator,
             window,
-            separator,
-            index_vocab,
             classic,
         ))
     }
@@ -161,28 +156,27 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
                 "the index is empty: index a corpus with some text first",
             ));
         }
-        let separator = shards.separator();
-        let index_vocab = shards.vocab_size().max(separator as usize + 1);
-        let source = Source::Remote(shards);
         Ok(Self::assemble(
-            source,
+            Source::Remote(shards),
             estimator,
             window,
-            separator,
-            index_vocab,
             None,
         ))
     }
 
-    /// A model with nothing fed yet.
+    /// A model with nothing fed yet. Its ids are the index's vocabulary and the separator.
     fn assemble(
         source: Source<S>,
         estimator: Estimator,
         window: usize,
-        separator: u32,
-        index_vocab: usize,
         classic: Option<(super::classic::ClassicModel, super::classic::Memo)>,
     ) -> Self {
+        let shards: &dyn Shards = match &source {
+            Source::Local(index) => &**index,
+            Source::Remote(shards) => &**shards,
+        };
+        let separator = shards.separator();
+        let index_vocab = shards.vocab_size().max(separator as usize + 1);
         InfgramModel {
             source,
             finder: LevelFinder::new(true),
