@@ -91,6 +91,59 @@ proptest! {
         }
     }
 
+    /// The batch API mixes a model's logits as the mixture scorer does: the ∞-gram rows of the
+    /// whole text (`ngram::batch`) mixed with the neural model's logits by `mix_rows` equal the
+    /// `Interpolated` rows, `mix_targets` their entries at the next tokens, `lambdas` its λ.
+    #[test]
+    fn batch_mixing_equals_the_mixture_scorer(
+        a in docs(), b in docs(), text in prop::collection::vec(0u32..6, 1..20),
+        lambda in 0.0f64..=1.0,
+    ) {
+        use infgram::ngram::batch::{infgram_rows, RowsOptions};
+        for mixer in [Mixer::default(), Mixer::constant(EstimatorSpec::Infgram, lambda),
+                      Mixer::constant(EstimatorSpec::Infgram, 1.0)] {
+            let mut mix = mixture(&a, &b, mixer.clone());
+            let want = mix.score(&text).unwrap();
+            let mut n = neural(&a);
+            let options = RowsOptions {
+                estimator: mixer.estimator.clone(),
+                window: 20,
+                end_token: Some(n.eos_tokens()[0]),
+                vocab: Some(n.vocab_size()),
+            };
+            let rows = infgram_rows(index(&b), &text, &options).unwrap();
+            prop_assert_eq!(infgram::mix::lambdas(&rows, &mixer).unwrap(), mix.last_lambdas());
+            let neural_rows = n.score(&text).unwrap();
+            let mut logits: Vec<f32> =
+                neural_rows.iter().flat_map(|r| r.clone().into_dense()).collect();
+            infgram::mix::mix_rows(&rows, &mut logits, &mixer).unwrap();
+            let vocab = n.vocab_size();
+            for (j, w) in want.iter().enumerate() {
+                let w = w.clone().into_dense();
+                for (id, (x, y)) in logits[j * vocab..(j + 1) * vocab].iter().zip(&w).enumerate() {
+                    prop_assert!(
+                        x == y || (x - y).abs() < 1e-5,
+                        "row {} id {}: {} vs {}", j, id, x, y
+                    );
+                }
+            }
+            let targets: Vec<u32> = text[1..].to_vec();
+            let neural_lp: Vec<f32> = targets
+                .iter()
+                .enumerate()
+                .map(|(j, &t)| {
+                    let d = neural_rows[j].clone().into_dense();
+                    d[t as usize] - infgram::lm::log_sum_exp_row(&d) as f32
+                })
+                .collect();
+            let mixed = infgram::mix::mix_targets(&rows, &targets, &neural_lp, &mixer).unwrap();
+            for (j, (&t, m)) in targets.iter().zip(&mixed).enumerate() {
+                let w = want[j].clone().into_dense()[t as usize];
+                prop_assert!(*m == w || (m - w).abs() < 1e-5, "target {}: {} vs {}", j, m, w);
+            }
+        }
+    }
+
     /// Greedy speculative decoding of the mixture equals plain greedy decoding of the mixture,
     /// with drafters that copy the ∞-gram's corpus and with a fixed wrong one.
     #[test]

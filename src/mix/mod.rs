@@ -32,9 +32,11 @@
 //! The decontamination check reports the share of the text's 13-token windows that occur in the
 //! index (the paper's BFF check used 13-grams and 80%).
 
+pub mod batch;
 pub mod open;
 pub mod score;
 
+pub use batch::{lambdas, mix_rows, mix_targets};
 pub use open::{check_mixing_index, load_mixer, mixture_model, open_mixing_index, MIX_CONTEXT};
 pub use score::{score_both, MixReport, ScoredMixture, Scoring};
 
@@ -272,28 +274,42 @@ pub fn mix_row(neural: Logits, infgram: Logits, lambda: f64) -> Logits {
         return infgram;
     }
     let mut out = neural.into_dense();
-    let lse = crate::lm::log_sum_exp_row(&out);
+    match infgram {
+        Logits::Sparse { entries, .. } => mix_in_place(&mut out, entries, lambda),
+        dense => {
+            let v = dense.into_dense();
+            mix_in_place(&mut out, (0..v.len() as u32).zip(v), lambda)
+        }
+    }
+    Logits::Dense(out)
+}
+
+/// `row` (a neural model's logits, any scale) becomes `ln(λ·P∞ + (1 − λ)·softmax(row))`, the
+/// ∞-gram's row given as `(id, ln p)` entries (ids outside `row` are left out).
+fn mix_in_place(row: &mut [f32], infgram: impl IntoIterator<Item = (u32, f32)>, lambda: f64) {
+    if lambda >= 1.0 {
+        row.fill(f32::NEG_INFINITY);
+        for (id, lp) in infgram {
+            if let Some(x) = row.get_mut(id as usize) {
+                *x = lp;
+            }
+        }
+        return;
+    }
+    let lse = crate::lm::log_sum_exp_row(row);
     let base = ((1.0 - lambda).ln() - lse) as f32;
-    for x in out.iter_mut() {
+    for x in row.iter_mut() {
         *x += base;
     }
     if lambda > 0.0 {
-        let entries: Vec<(u32, f32)> = match infgram {
-            Logits::Sparse { entries, .. } => entries,
-            dense => {
-                let v = dense.into_dense();
-                (0..v.len() as u32).map(|i| (i, v[i as usize])).collect()
-            }
-        };
-        for (id, lp) in entries {
-            if let Some(x) = out.get_mut(id as usize) {
+        for (id, lp) in infgram {
+            if let Some(x) = row.get_mut(id as usize) {
                 let q = (*x as f64 - (1.0 - lambda).ln()).exp(); // P_neural(id)
                 let p = (lp as f64).exp();
                 *x = (lambda * p + (1.0 - lambda) * q).ln() as f32;
             }
         }
     }
-    Logits::Dense(out)
 }
 
 /// The mixture of a neural model and the ∞-gram as one [`LanguageModel`]: every fed position

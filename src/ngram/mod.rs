@@ -8,7 +8,8 @@
 //! * [`classic`]: fixed-order n-gram models (KenLM's modified Kneser–Ney, add-α) counted on
 //!   the suffix array, and [`arpa`], their export in ARPA format.
 //! * [`model`]: [`InfgramModel`], the ∞-gram as a [`crate::lm::LanguageModel`] with sparse rows,
-//!   so generation, speculative decoding and perplexity run it like any model.
+//!   so generation, speculative decoding and perplexity run it like any model; [`batch`], its
+//!   rows for a whole token sequence in one call (for interpolating any other model).
 //!
 //! The algorithms, in short, follow.
 //!
@@ -41,6 +42,7 @@
 //! per class of level total) fitted on held-out train. Finite perplexity with no floor.
 
 pub mod arpa;
+pub mod batch;
 pub mod classic;
 pub mod levels;
 pub mod model;
