@@ -298,6 +298,16 @@ fn every_query_type_answers_as_the_library_does() {
             },
         ),
         (
+            "infgram_rows",
+            Query::InfgramRows {
+                subject: subject("the cat sat"),
+                eos_token_id: None,
+                window: infgram::ngram::batch::ROWS_WINDOW,
+                vocab: None,
+                estimator: None,
+            },
+        ),
+        (
             "find",
             Query::Find {
                 subject: subject("dog ran"),
@@ -326,6 +336,26 @@ fn every_query_type_answers_as_the_library_does() {
             "{qt}"
         );
     }
+    // infgram_rows with its parameters: a window, an end token read back from the text, SBIS.
+    let want = library(
+        &idx,
+        Query::InfgramRows {
+            subject: subject("the cat. the dog"),
+            eos_token_id: Some(b'.' as u32),
+            window: 3,
+            vocab: Some(300),
+            estimator: Some(infgram::ngram::EstimatorSpec::sbis(2)),
+        },
+    );
+    assert_eq!(want["rows"].as_array().unwrap().len(), 16);
+    assert_eq!(
+        server.query(
+            json!({"query_type": "infgram_rows", "query": "the cat. the dog",
+            "eos_token_id": 46, "window": 3, "vocab": 300,
+            "estimator": {"name": "sbis", "k": 2}})
+        ),
+        want
+    );
     // search_docs: one document unless maxnum says more.
     let q = |maxnum| Query::SearchDocs {
         subject: subject(""),
@@ -498,6 +528,21 @@ fn bad_requests_get_4xx_with_a_message_and_the_server_keeps_serving() {
             json!({"index": "a", "query_type": "count", "query_ids": many}).to_string(),
             400,
             "at most 500",
+        ),
+        (
+            r#"{"index": "a", "query_type": "infgram_rows", "query": "cat", "estimator": {"name": "smoothed"}}"#.into(),
+            400,
+            "SBIS estimators",
+        ),
+        (
+            r#"{"index": "a", "query_type": "infgram_rows", "query": "cat", "window": 0}"#.into(),
+            400,
+            "window",
+        ),
+        (
+            r#"{"index": "a", "query_type": "infgram_rows", "query": "cat", "eos_token_id": 9, "vocab": 5}"#.into(),
+            400,
+            "outside the vocabulary",
         ),
         (
             r#"{"index": "a", "query_type": "search_docs", "query": "cat", "maxnum": 6}"#.into(),

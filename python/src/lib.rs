@@ -10,6 +10,7 @@
 //! Every query releases the GIL while it runs, so Python threads query in parallel.
 
 mod remote;
+mod rows;
 
 use infgram::index::partial::{self as ask, ShardAnswer, ShardInfo, ShardQuery, Shards};
 use infgram::index::query::{Document, NtdResult, ProbResult};
@@ -1360,6 +1361,30 @@ impl Index {
         })
     }
 
+    /// Every position's ∞-gram next-token distribution of `tokens` (u32 little-endian bytes)
+    /// in one call, with its suffix length, count and distinct continuations (see
+    /// `infgram.Index.infgram_rows`). Releases the GIL.
+    #[pyo3(signature = (tokens, window=infgram::ngram::batch::ROWS_WINDOW, end_token=None, vocab=None, estimator_json=None))]
+    fn infgram_rows(
+        &self,
+        py: Python<'_>,
+        tokens: &[u8],
+        window: usize,
+        end_token: Option<u32>,
+        vocab: Option<usize>,
+        estimator_json: Option<&str>,
+    ) -> PyResult<rows::InfgramRows> {
+        rows::compute(
+            py,
+            &self.index,
+            tokens,
+            window,
+            end_token,
+            vocab,
+            estimator_json,
+        )
+    }
+
     /// A classic n-gram model of fixed `order` over this index: `estimator` `"mkn"`
     /// (interpolated modified Kneser–Ney, as KenLM's lmplz) or `"add_alpha"` (with `alpha`;
     /// 0 is MLE). Sentence mode follows the index (built with `sentences=True`).
@@ -1723,6 +1748,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Index>()?;
     m.add_class::<RemoteIndex>()?;
     m.add_class::<NgramModel>()?;
+    m.add_class::<rows::InfgramRows>()?;
+    m.add_function(wrap_pyfunction!(rows::default_mixer, m)?)?;
     m.add_function(wrap_pyfunction!(build_index, m)?)?;
     m.add_function(wrap_pyfunction!(build_index_from_ids, m)?)?;
     m.add_function(wrap_pyfunction!(plan_slices, m)?)?;

@@ -171,6 +171,8 @@ def test_every_query_equals_one_index(cluster, tmp_path, seed, shards):
         oracle = local_remote_index(tmp_path / "one")
         for request in [{"query_type": "count", "text": "ab"},
                         {"query_type": "infgram_ntd", "text": "a b"},
+                        {"query_type": "infgram_rows", "text": "ab a b", "window": 4,
+                         "estimator": {"name": "sbis", "k": 2}},
                         {"query_type": "get_doc_by_ix", "doc_ix": 0},
                         {"query_type": "creativity", "text": "abc d"},
                         {"query_type": "count", "text": "x" * 3000}]:

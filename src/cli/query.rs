@@ -21,6 +21,7 @@ pub enum QueryType {
     Ntd,
     InfgramProb,
     InfgramNtd,
+    InfgramRows,
     Find,
     SearchDocs,
     LongestMatch,
@@ -73,7 +74,7 @@ pub struct QueryArgs {
     /// get_doc_by_ptr: the token position in the shard.
     #[arg(long)]
     pub ptr: Option<usize>,
-    /// ntd / infgram_ntd: report documents' ends under this id (infini-gram's `eos_token_id`);
+    /// ntd / infgram_ntd / infgram_rows: report documents' ends under this id (infini-gram's `eos_token_id`);
     /// without it they count in `prompt_cnt` but are not listed.
     #[arg(long)]
     pub eos_token_id: Option<u32>,
@@ -221,7 +222,7 @@ pub fn run(args: QueryArgs) -> Result<()> {
         return Ok(());
     }
     let Some(qt) = args.query_type else {
-        anyhow::bail!("give a query type (count, prob, ntd, infgram_prob, infgram_ntd, find, search_docs, longest_match, get_doc_by_rank, get_doc_by_ptr) or --batch FILE");
+        anyhow::bail!("give a query type (count, prob, ntd, infgram_prob, infgram_ntd, infgram_rows, find, search_docs, longest_match, get_doc_by_rank, get_doc_by_ptr) or --batch FILE");
     };
     let query = query_from_flags(&args, qt, tok.as_ref())?;
     let answer = execute(&index, tok.as_ref(), &query).map_err(|e| e.rename_field(FLAG_NAMES))?;
@@ -278,6 +279,32 @@ fn print_table(
                     show_token(tok, ids[j]),
                     m.len,
                     m.count
+                )?;
+            }
+        }
+        Answer::Rows(answer) => {
+            let ids = query.subject().tokens(tok)?;
+            writeln!(
+                out,
+                "{:>5}  {:>12}  {:>6}  {:>10}  {:>8}  most likely next",
+                "pos", "token", "suffix", "count", "distinct"
+            )?;
+            for (j, row) in answer.rows.iter().enumerate() {
+                let best = row
+                    .ids
+                    .iter()
+                    .zip(&row.logprobs)
+                    .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(a.0)));
+                let best = best.map_or(String::new(), |(&id, &lp)| {
+                    format!("{} {:.4}", show_token(tok, id), (lp as f64).exp())
+                });
+                writeln!(
+                    out,
+                    "{j:>5}  {:>12}  {:>6}  {:>10}  {:>8}  {best}",
+                    show_token(tok, ids[j]),
+                    row.suffix_len,
+                    row.count,
+                    row.distinct
                 )?;
             }
         }

@@ -10,6 +10,8 @@ use crate::error::{Error, Result};
 use crate::eval::attribution::{attribute, creativity, Creativity, Span};
 use crate::index::partial::{self as ask, Shards};
 use crate::index::query::{CountResult, Document, FindResult, Match, NtdResult, ProbResult};
+use crate::ngram::batch::{rows_over, Rows, RowsOptions};
+use crate::ngram::EstimatorSpec;
 use crate::tokenizer::Tokenizer;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -130,6 +132,9 @@ pub mod defaults {
     /// `creativity`: longest span length scored.
     pub const MAX_N: usize = 12;
 
+    pub(super) fn rows_window() -> usize {
+        crate::ngram::batch::ROWS_WINDOW
+    }
     pub(super) fn maxnum() -> usize {
         MAXNUM
     }
@@ -209,6 +214,26 @@ pub enum Query {
         /// without it they are counted in `prompt_cnt` but not listed.
         #[serde(default)]
         eos_token_id: Option<u32>,
+    },
+    /// Every position's ∞-gram next-token distribution of the subject in one query: row `j`
+    /// is the distribution after its first `j + 1` tokens (`ngram::batch`), with the suffix
+    /// length, count and distinct continuations it comes from.
+    InfgramRows {
+        #[serde(flatten)]
+        subject: Subject,
+        /// The id that documents' ends are reported under (a neural model's end token), and
+        /// read back from in the subject; without it, the index's separator id.
+        #[serde(default)]
+        eos_token_id: Option<u32>,
+        /// Context tokens a row looks at.
+        #[serde(default = "defaults::rows_window")]
+        window: usize,
+        /// The ids a row may hold (a neural model's vocabulary size).
+        #[serde(default)]
+        vocab: Option<usize>,
+        /// The estimator: `{"name": "infgram"}` (default) or `{"name": "sbis", "k": 2}`.
+        #[serde(default)]
+        estimator: Option<EstimatorSpec>,
     },
     /// Suffix-array ranges of an n-gram in every shard.
     Find {
@@ -294,12 +319,13 @@ pub enum Query {
 }
 
 /// Every query type's name (the package's), as [`Query::query_type`] gives them.
-pub const QUERY_TYPES: [&str; 12] = [
+pub const QUERY_TYPES: [&str; 13] = [
     "count",
     "prob",
     "ntd",
     "infgram_prob",
     "infgram_ntd",
+    "infgram_rows",
     "find",
     "search_docs",
     "longest_match",
@@ -325,6 +351,7 @@ impl Query {
             Query::Ntd { .. } => "ntd",
             Query::InfgramProb { .. } => "infgram_prob",
             Query::InfgramNtd { .. } => "infgram_ntd",
+            Query::InfgramRows { .. } => "infgram_rows",
             Query::Find { .. } => "find",
             Query::SearchDocs { .. } => "search_docs",
             Query::LongestMatch { .. } => "longest_match",
@@ -343,6 +370,7 @@ impl Query {
             | Query::Ntd { subject, .. }
             | Query::InfgramProb { subject, .. }
             | Query::InfgramNtd { subject, .. }
+            | Query::InfgramRows { subject, .. }
             | Query::Find { subject }
             | Query::SearchDocs { subject, .. }
             | Query::LongestMatch { subject }
@@ -555,6 +583,53 @@ pub struct AttributeAnswer {
     pub token_ids: Vec<u32>,
 }
 
+/// `infgram_rows`' answer.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RowsAnswer {
+    /// The estimator of the rows.
+    pub estimator: EstimatorSpec,
+    /// The ids a row may hold.
+    pub vocab: usize,
+    /// A row per token of the subject.
+    pub rows: Vec<RowAnswer>,
+}
+
+/// One row of `infgram_rows`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RowAnswer {
+    /// The length of the longest suffix with a next token (0: the unigram).
+    pub suffix_len: u32,
+    /// Its occurrences followed by a token (or a document's end).
+    pub count: u64,
+    /// The distinct tokens that follow it.
+    pub distinct: u32,
+    /// The ids with p > 0, ascending.
+    pub ids: Vec<u32>,
+    /// Their ln p.
+    pub logprobs: Vec<f32>,
+}
+
+impl RowsAnswer {
+    fn new(rows: &Rows) -> RowsAnswer {
+        RowsAnswer {
+            estimator: rows.estimator.clone(),
+            vocab: rows.vocab,
+            rows: (0..rows.len())
+                .map(|j| {
+                    let (ids, logprobs) = rows.row(j);
+                    RowAnswer {
+                        suffix_len: rows.suffix_len[j],
+                        count: rows.count[j],
+                        distinct: rows.distinct[j],
+                        ids: ids.to_vec(),
+                        logprobs: logprobs.to_vec(),
+                    }
+                })
+                .collect(),
+        }
+    }
+}
+
 /// `longest_match`'s answer.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct LongestMatchAnswer {
@@ -574,6 +649,8 @@ pub enum Answer {
     Prob(ProbResult),
     /// `ntd`, `infgram_ntd`.
     Ntd(NtdResult),
+    /// `infgram_rows`.
+    Rows(RowsAnswer),
     /// `find`.
     Find(FindResult),
     /// `search_docs`.
@@ -637,6 +714,21 @@ pub fn execute_within(
         }
         Query::InfgramNtd { eos_token_id, .. } => {
             Answer::Ntd(ask::infgram_ntd(index, &ids, *eos_token_id)?)
+        }
+        Query::InfgramRows {
+            eos_token_id,
+            window,
+            vocab,
+            estimator,
+            ..
+        } => {
+            let options = RowsOptions {
+                estimator: estimator.clone().unwrap_or(EstimatorSpec::Infgram),
+                window: *window,
+                end_token: *eos_token_id,
+                vocab: *vocab,
+            };
+            Answer::Rows(RowsAnswer::new(&rows_over(index, &ids, &options)?))
         }
         Query::Find { .. } => Answer::Find(ask::find(index, &ids)?),
         Query::LongestMatch { .. } => Answer::LongestMatch(LongestMatchAnswer {
