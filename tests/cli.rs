@@ -792,6 +792,14 @@ fn bad_numbers_bad_lines_and_write_errors() {
             "/nonexistent/val.txt: No such file",
         ),
         (
+            vec!["ppl", "--index", idx, "--text", c, c],
+            "the ∞-gram alone scores one text",
+        ),
+        (
+            vec!["ppl", "--index", idx, "--text", c, "--max-overlap", "0.8"],
+            "--model",
+        ),
+        (
             vec!["query", idx, "--batch", tmp.path().to_str().unwrap()],
             "reading ",
         ),

@@ -149,6 +149,44 @@ fn mixing_from_the_command_line() {
     ] {
         assert!(v[field].is_number(), "{field}: {v}");
     }
+    // Several documents, each scored on its own, with the decontamination check per
+    // document: a copy of indexed text is named on stderr and left out with --max-overlap;
+    // the headline figures are then exactly those of the other document alone.
+    std::fs::write(p("copy.txt"), &train[1_000..3_000]).unwrap();
+    let out = run(&[
+        "ppl",
+        "--model",
+        "smollm2-135m",
+        "--index",
+        &p("idx"),
+        "--text",
+        &p("val.txt"),
+        &p("copy.txt"),
+        "--mix",
+        &p("mix.json"),
+        "--max-overlap",
+        "0.8",
+        "--json",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let both: serde_json::Value = serde_json::from_str(&ok(out)).unwrap();
+    assert!(
+        stderr.contains("copy.txt") && stderr.contains("left out"),
+        "{stderr}"
+    );
+    let docs = both["overlap_by_document"].as_array().unwrap();
+    assert_eq!(docs.len(), 2, "{both}");
+    assert!(docs[0]["document"].as_str().unwrap().ends_with("val.txt"));
+    assert_eq!(docs[0]["left_out"], false);
+    assert!(docs[0]["overlap"].as_f64().unwrap() < 0.8);
+    assert_eq!(docs[1]["left_out"], true);
+    assert!(docs[1]["overlap"].as_f64().unwrap() > 0.8);
+    assert_eq!(both["tokens"], v["tokens"]);
+    assert_eq!(both["ppl"], v["ppl"]);
+    assert_eq!(both["ppl_neural"], v["ppl_neural"]);
+    let all = &both["with_left_out"];
+    assert!(all["tokens"].as_u64().unwrap() > v["tokens"].as_u64().unwrap());
+    assert!(all["ppl"].as_f64().unwrap() < v["ppl"].as_f64().unwrap());
     let v: serde_json::Value = serde_json::from_str(&ok(run(&[
         "gen",
         "--model",

@@ -4,7 +4,7 @@
 use anyhow::Result;
 use clap::{Args, Subcommand};
 #[cfg(feature = "neural")]
-use infgram::mix::score::{ScoredMixture, OVERLAP_N, OVERLAP_WARN};
+use infgram::mix::score::{ScoredMixture, OVERLAP_DROP, OVERLAP_N, OVERLAP_WARN};
 use std::path::PathBuf;
 
 /// `infgram mix …`.
@@ -23,9 +23,9 @@ pub struct FitArgs {
     /// An index built with the model's tokenizer (`infgram index --tokenizer MODEL`).
     #[arg(long)]
     pub index: PathBuf,
-    /// Held-out text to fit on.
-    #[arg(long)]
-    pub text: PathBuf,
+    /// Held-out text to fit on: one file or several, each scored on its own.
+    #[arg(long, num_args = 1.., required = true)]
+    pub text: Vec<PathBuf>,
     /// Where to write the mixer.
     #[arg(short, long)]
     pub output: PathBuf,
@@ -69,19 +69,24 @@ fn fit(args: &FitArgs) -> Result<()> {
     }
     let loaded = infgram::service::models::load_model(&args.model, &args.model_args.options())?;
     let index = open_mixing_index(&args.index, &loaded.tokenizer)?;
-    let text = std::fs::read_to_string(&args.text)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", args.text.display()))?;
-    let tokens = infgram::tokenizer::Tokenizer::encode(&loaded.tokenizer, &text)?;
     let estimator = args.estimator.spec_with(Some(args.k), None, None, None);
     let mut model = loaded.model;
-    let scoring = score_both(
-        model.as_mut(),
-        &index,
-        &tokens,
-        &estimator,
-        args.window,
-        args.stride,
-    )?;
+    let mut parts = Vec::new();
+    for path in &args.text {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let tokens = infgram::tokenizer::Tokenizer::encode(&loaded.tokenizer, &text)?;
+        let part = score_both(
+            model.as_mut(),
+            &index,
+            &tokens,
+            &estimator,
+            args.window,
+            args.stride,
+        )?;
+        parts.push(part.named(&path.display().to_string()));
+    }
+    let scoring = infgram::mix::Scoring::join(parts);
     let edges: &[usize] = if args.two_weights {
         &[]
     } else {
@@ -92,10 +97,11 @@ fn fit(args: &FitArgs) -> Result<()> {
     let r = scoring.report(&mixer);
     print_mixture(&r, false)?;
     eprintln!(
-        "wrote {} (fitted on {} tokens of {})",
+        "wrote {} (fitted on {} tokens of {} file{})",
         args.output.display(),
         r.report.tokens,
-        args.text.display()
+        args.text.len(),
+        if args.text.len() == 1 { "" } else { "s" }
     );
     Ok(())
 }
@@ -103,6 +109,25 @@ fn fit(args: &FitArgs) -> Result<()> {
 /// Prints an interpolated-perplexity report (JSON with `json`).
 #[cfg(feature = "neural")]
 pub fn print_mixture(r: &ScoredMixture, json: bool) -> Result<()> {
+    let several = r.overlap_by_document.len() > 1;
+    for d in r
+        .overlap_by_document
+        .iter()
+        .filter(|d| d.overlap > OVERLAP_DROP)
+    {
+        eprintln!(
+            "warning: {}: {:.0}% of its {OVERLAP_N}-token windows are in the index (the infini-gram \
+             paper drops documents above {:.0}%){}",
+            d.document,
+            100.0 * d.overlap,
+            100.0 * OVERLAP_DROP,
+            if d.left_out {
+                "; left out of the figures"
+            } else {
+                "; --max-overlap 0.8 leaves such documents out"
+            }
+        );
+    }
     if r.overlap > OVERLAP_WARN {
         eprintln!(
             "warning: {:.0}% of the text's {OVERLAP_N}-token windows are in the index: the text is \
@@ -137,6 +162,31 @@ pub fn print_mixture(r: &ScoredMixture, json: bool) -> Result<()> {
         "{OVERLAP_N}-gram overlap        {:.1}% of the text's windows occur in the index",
         100.0 * r.overlap
     )?;
+    if let Some(all) = &r.with_left_out {
+        let left = r.overlap_by_document.iter().filter(|d| d.left_out).count();
+        outln!(
+            "with the {left} left-out document{} included: mixture {:.4}, neural {:.4}, relative improvement {:.1}% (bound {:.1}%), {} tokens",
+            if left == 1 { "" } else { "s" },
+            all.ppl,
+            all.ppl_neural,
+            100.0 * all.relative_improvement,
+            100.0 * all.relative_improvement_bound,
+            all.tokens
+        )?;
+    }
+    if several {
+        outln!("\n{:>8} {:>8}  document", "tokens", "overlap")?;
+        for d in &r.overlap_by_document {
+            let mark = if d.left_out { "  (left out)" } else { "" };
+            outln!(
+                "{:>8} {:>7.1}%  {}{mark}",
+                d.tokens,
+                100.0 * d.overlap,
+                d.document
+            )?;
+        }
+        outln!()?;
+    }
     outln!(
         "seconds               {:.2} (neural {:.2}, ∞-gram {:.2})",
         r.seconds,

@@ -83,6 +83,11 @@ pub fn floor(s: &str) -> Result<f64, String> {
     number_in(s, (0.0, true), (1.0, true))
 }
 
+/// A fraction in [0, 1].
+pub fn fraction(s: &str) -> Result<f64, String> {
+    number_in(s, (0.0, false), (1.0, false))
+}
+
 /// A memory budget in GB: finite, above 0.
 pub fn gigabytes(s: &str) -> Result<f64, String> {
     number_in(s, (0.0, true), (1e6, false))

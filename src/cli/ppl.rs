@@ -11,9 +11,16 @@ use std::path::PathBuf;
 /// Arguments of `infgram ppl`.
 #[derive(Args, Debug)]
 pub struct PplArgs {
-    /// The text to score.
-    #[arg(long)]
-    pub text: PathBuf,
+    /// The text to score. With --model, several files: each is scored on its own (its own
+    /// windows, its own decontamination check) and the figures pool their tokens.
+    #[arg(long, num_args = 1.., required = true)]
+    pub text: Vec<PathBuf>,
+    /// With --model and --index: leave the documents (--text files) whose share of 13-token
+    /// windows found in the index is above FRACTION out of the headline figures (the
+    /// infini-gram paper's decontamination drops those above 0.8); they are listed, and the
+    /// figures with them given beside.
+    #[arg(long, requires_all = ["model", "index"], value_parser = super::fraction)]
+    pub max_overlap: Option<f64>,
     /// Index to score with.
     #[arg(long, conflicts_with_all = ["corpus", "split"])]
     pub index: Option<PathBuf>,
@@ -74,16 +81,26 @@ pub struct PplArgs {
     pub model_args: super::ModelArgs,
 }
 
+/// A text file's contents (an error names the file).
+fn read_text(path: &std::path::Path) -> Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))
+}
+
 /// Runs `infgram ppl`.
 pub fn run(args: PplArgs) -> Result<()> {
-    let raw =
-        std::fs::read_to_string(&args.text).with_context(|| format!("{}", args.text.display()))?;
     if let Some(model) = &args.model {
         #[cfg(feature = "neural")]
-        return run_model(&args, model, &raw);
+        return run_model(&args, model);
         #[cfg(not(feature = "neural"))]
         return Err(super::no_neural().context(model.clone()));
     }
+    let [text] = args.text.as_slice() else {
+        bail!(
+            "several --text files are scored each on its own with --model; the ∞-gram alone \
+             scores one text: give one --text"
+        );
+    };
+    let raw = read_text(text)?;
     if matches!(
         args.est.spec(),
         infgram::ngram::EstimatorSpec::Mkn { .. } | infgram::ngram::EstimatorSpec::AddAlpha { .. }
@@ -294,39 +311,61 @@ fn print_report(r: &PplReport, json: bool, discounts: Option<Discounts>) -> Resu
 
 /// `infgram ppl --model M`: perplexity of the neural model.
 #[cfg(feature = "neural")]
-fn run_model(args: &PplArgs, model: &str, raw: &str) -> Result<()> {
+fn run_model(args: &PplArgs, model: &str) -> Result<()> {
     let infgram::service::models::LoadedModel {
         model: mut llm,
         tokenizer: tok,
         path: _,
     } = infgram::service::models::load_model(model, &args.model_args.options())?;
-    let mut ids = tok.encode(raw)?;
-    if args.limit > 0 {
-        ids.truncate(args.limit);
+    // Each --text file on its own: its tokens (the first --limit of each).
+    let mut documents = Vec::new();
+    for path in &args.text {
+        let mut ids = tok.encode(&read_text(path)?)?;
+        if args.limit > 0 {
+            ids.truncate(args.limit);
+        }
+        documents.push((path.display().to_string(), ids));
     }
     if let Some(dir) = &args.index {
         // The mixture of the model and the ∞-gram of the index.
-        use infgram::mix::{load_mixer, open_mixing_index, score_both};
+        use infgram::mix::{load_mixer, open_mixing_index, score_both, Scoring};
         let mixer = load_mixer(args.mix.as_deref())?;
         let index = open_mixing_index(dir, &tok)?;
-        let scoring = score_both(
-            llm.as_mut(),
-            &index,
-            &ids,
-            &mixer.estimator,
-            args.window,
-            args.stride,
-        )?;
+        let mut parts = Vec::new();
+        for (name, ids) in &documents {
+            let part = score_both(
+                llm.as_mut(),
+                &index,
+                ids,
+                &mixer.estimator,
+                args.window,
+                args.stride,
+            )
+            .with_context(|| name.clone())?;
+            parts.push(part.named(name));
+        }
+        let mut scoring = Scoring::join(parts);
+        if let Some(max) = args.max_overlap {
+            scoring = scoring.leave_out_above(max);
+        }
         return super::mix::print_mixture(&scoring.report(&mixer), args.json);
     }
     let t0 = std::time::Instant::now();
-    let (nll, scored) =
-        infgram::eval::windowed_perplexity(llm.as_mut(), &ids, args.window, args.stride)?;
+    let (mut total_nll, mut scored, mut bytes) = (0.0, 0, 0);
+    for (name, ids) in &documents {
+        let (nll, n) =
+            infgram::eval::windowed_perplexity(llm.as_mut(), ids, args.window, args.stride)
+                .with_context(|| name.clone())?;
+        total_nll += nll * n as f64;
+        scored += n;
+        // Per byte as well, to compare with byte-level models (the ∞-gram's char-level
+        // perplexity).
+        bytes += tok.decode_bytes(&ids[1.min(ids.len())..])?.len();
+    }
+    let nll = total_nll / scored.max(1) as f64;
     let secs = t0.elapsed().as_secs_f64();
     let ppl = nll.exp();
-    // Per byte as well, to compare with byte-level models (the ∞-gram's char-level perplexity).
-    let bytes = tok.decode_bytes(&ids[1..])?.len().max(1);
-    let bits_per_byte = nll * scored as f64 / bytes as f64 / std::f64::consts::LN_2;
+    let bits_per_byte = total_nll / bytes.max(1) as f64 / std::f64::consts::LN_2;
     if args.json {
         outln!(
             "{}",

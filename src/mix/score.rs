@@ -21,6 +21,10 @@ pub const OVERLAP_N: usize = 13;
 /// Above this overlap, a scored text is mostly in the index: a warning is due.
 pub const OVERLAP_WARN: f64 = 0.2;
 
+/// Above this overlap the infini-gram paper drops a document from its evaluation (its BFF
+/// decontamination rule); each such document is named on stderr.
+pub const OVERLAP_DROP: f64 = 0.8;
+
 /// What the ∞-gram says at one position of a text.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct InfgramPosition {
@@ -205,6 +209,76 @@ pub fn overlap<S: AsRef<[u8]> + Sync>(index: &Index<S>, tokens: &[u32], n: usize
 mod tests {
     use super::*;
 
+    /// A scoring of `n` positions, each with the ∞-gram's `p` and the model's `q`.
+    fn scoring(n: usize, p: f64, q: f64, overlap: f64, name: &str) -> Scoring {
+        Scoring {
+            infgram: vec![
+                InfgramPosition {
+                    p,
+                    p_smoothed: p,
+                    evidence: Evidence::default(),
+                    agrees: false,
+                };
+                n
+            ],
+            neural: vec![q; n],
+            neural_seconds: 1.0,
+            infgram_seconds: 0.5,
+            overlap,
+            documents: vec![DocumentOverlap {
+                document: String::new(),
+                tokens: n,
+                overlap,
+                left_out: false,
+                windows: n.saturating_sub(OVERLAP_N - 2),
+            }],
+            all: None,
+        }
+        .named(name)
+    }
+
+    #[test]
+    fn documents_pool_their_positions_and_the_overlapping_ones_are_left_out() {
+        let mixer = Mixer::constant(EstimatorSpec::Infgram, 0.3);
+        let (a, b, c) = (
+            scoring(40, 0.2, 0.1, 0.1, "a"),
+            scoring(100, 0.9, 0.05, 0.95, "b"),
+            scoring(60, 0.0, 0.3, 0.5, "c"),
+        );
+        let joined = Scoring::join(vec![a.clone(), b.clone(), c.clone()]);
+        let report = joined.report(&mixer);
+        assert_eq!(report.report.tokens, 200);
+        let (wa, wb, wc) = (29.0, 89.0, 49.0);
+        let pooled = (0.1 * wa + 0.95 * wb + 0.5 * wc) / (wa + wb + wc);
+        assert!((report.overlap - pooled).abs() < 1e-12);
+        assert_eq!(report.seconds, 4.5);
+        let names: Vec<&str> = report
+            .overlap_by_document
+            .iter()
+            .map(|d| d.document.as_str())
+            .collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        assert!(report.with_left_out.is_none());
+        // Above 0.8: b is left out; the headline is a and c alone, the whole beside it.
+        let kept = joined.leave_out_above(0.8).report(&mixer);
+        let alone = Scoring::join(vec![a, c]).report(&mixer);
+        assert_eq!(kept.report.ppl, alone.report.ppl);
+        assert_eq!(kept.report.tokens, 100);
+        assert_eq!(kept.overlap, alone.overlap);
+        let left: Vec<bool> = kept
+            .overlap_by_document
+            .iter()
+            .map(|d| d.left_out)
+            .collect();
+        assert_eq!(left, [false, true, false]);
+        let all = kept.with_left_out.as_ref().unwrap();
+        assert_eq!(all.ppl, report.report.ppl);
+        assert_eq!(all.tokens, 200);
+        // Nothing above the limit: nothing changes.
+        let same = Scoring::join(vec![scoring(5, 0.5, 0.5, 0.2, "x")]).leave_out_above(0.8);
+        assert!(same.report(&mixer).with_left_out.is_none());
+    }
+
     #[test]
     fn no_lambda_beats_the_bound_and_the_components_reach_it() {
         // Positions where each component is sometimes the better one.
@@ -275,16 +349,43 @@ pub struct ScoredMixture {
     pub infgram_seconds: f64,
     /// The mixer in use.
     pub mixer: Mixer,
+    /// Each document's decontamination check (one entry for a single text).
+    pub overlap_by_document: Vec<DocumentOverlap>,
+    /// The report over every document, those left out of the headline figure included
+    /// ([`Scoring::leave_out_above`]); absent when none was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub with_left_out: Option<MixReport>,
+}
+
+/// One scored document's decontamination check.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DocumentOverlap {
+    /// Its name (a file's path).
+    pub document: String,
+    /// Positions scored.
+    pub tokens: usize,
+    /// Share of its [`OVERLAP_N`]-token windows that occur in the index.
+    pub overlap: f64,
+    /// Whether it is left out of the headline figure (its overlap is above the limit).
+    pub left_out: bool,
+    /// Its windows (the weight of its overlap in the pooled one).
+    #[serde(skip)]
+    windows: usize,
 }
 
 /// What one pass of both models over a text gives: the ∞-gram's and the neural model's view
 /// of every position.
+#[derive(Clone)]
 pub struct Scoring {
     infgram: Vec<InfgramPosition>,
     neural: Vec<f64>,
     neural_seconds: f64,
     infgram_seconds: f64,
     overlap: f64,
+    /// The documents, in the order of their positions.
+    documents: Vec<DocumentOverlap>,
+    /// The report over every document when some were left out.
+    all: Option<Box<Scoring>>,
 }
 
 /// Scores `tokens` with `neural` (windows of `window` moved by `stride`) and with the ∞-gram
@@ -303,16 +404,100 @@ pub fn score_both<S: AsRef<[u8]> + Sync>(
     let infgram_seconds = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let neural_p = neural_probs(neural, tokens, window, stride)?;
+    let document = DocumentOverlap {
+        document: String::new(),
+        tokens: infgram.len(),
+        overlap,
+        left_out: false,
+        windows: (tokens.len() + 1).saturating_sub(OVERLAP_N),
+    };
     Ok(Scoring {
         infgram,
         neural: neural_p,
         neural_seconds: t.elapsed().as_secs_f64(),
         infgram_seconds,
         overlap,
+        documents: vec![document],
+        all: None,
     })
 }
 
 impl Scoring {
+    /// The same scoring with its (single) document named `name`.
+    pub fn named(mut self, name: &str) -> Scoring {
+        for d in &mut self.documents {
+            d.document = name.to_string();
+        }
+        self
+    }
+
+    /// Documents scored each on its own, as one text: their positions pooled (so their
+    /// perplexity is over all their tokens), the overlap pooled over their windows.
+    pub fn join(parts: Vec<Scoring>) -> Scoring {
+        let mut out = Scoring {
+            infgram: Vec::new(),
+            neural: Vec::new(),
+            neural_seconds: 0.0,
+            infgram_seconds: 0.0,
+            overlap: 0.0,
+            documents: Vec::new(),
+            all: None,
+        };
+        for part in parts {
+            out.infgram.extend(part.infgram);
+            out.neural.extend(part.neural);
+            out.neural_seconds += part.neural_seconds;
+            out.infgram_seconds += part.infgram_seconds;
+            out.documents.extend(part.documents);
+        }
+        let windows: usize = out.documents.iter().map(|d| d.windows).sum();
+        let found: f64 = out
+            .documents
+            .iter()
+            .map(|d| d.overlap * d.windows as f64)
+            .sum();
+        out.overlap = if windows == 0 {
+            0.0
+        } else {
+            found / windows as f64
+        };
+        out
+    }
+
+    /// The documents whose overlap is above `max` left out of the headline figure (the
+    /// infini-gram paper's decontamination drops those above 0.8): listed as left out, with
+    /// the report over every document kept beside it.
+    pub fn leave_out_above(self, max: f64) -> Scoring {
+        if !self.documents.iter().any(|d| d.overlap > max) {
+            return self;
+        }
+        let mut kept = Vec::new();
+        let mut at = 0;
+        let mut documents = self.documents.clone();
+        for d in &mut documents {
+            let range = at..at + d.tokens;
+            at += d.tokens;
+            d.left_out = d.overlap > max;
+            if !d.left_out {
+                kept.push(Scoring {
+                    infgram: self.infgram[range.clone()].to_vec(),
+                    neural: self.neural[range].to_vec(),
+                    neural_seconds: 0.0,
+                    infgram_seconds: 0.0,
+                    overlap: d.overlap,
+                    documents: vec![d.clone()],
+                    all: None,
+                });
+            }
+        }
+        let mut out = Scoring::join(kept);
+        out.neural_seconds = self.neural_seconds;
+        out.infgram_seconds = self.infgram_seconds;
+        out.documents = documents;
+        out.all = Some(Box::new(self));
+        out
+    }
+
     /// The mixture's perplexity report under `mixer`.
     pub fn report(&self, mixer: &Mixer) -> ScoredMixture {
         ScoredMixture {
@@ -322,6 +507,11 @@ impl Scoring {
             neural_seconds: self.neural_seconds,
             infgram_seconds: self.infgram_seconds,
             mixer: mixer.clone(),
+            overlap_by_document: self.documents.clone(),
+            with_left_out: self
+                .all
+                .as_ref()
+                .map(|all| MixReport::new(&all.infgram, &all.neural, mixer)),
         }
     }
 
