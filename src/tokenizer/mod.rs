@@ -15,6 +15,7 @@
 //! Every tokenizer has a *fingerprint*: a hash of everything that decides its ids. The index
 //! stores it, and a query with another tokenizer is refused.
 
+pub mod fast_bpe;
 #[cfg(feature = "neural")]
 pub(crate) mod gguf;
 pub mod words;
@@ -184,6 +185,8 @@ pub struct HfTokenizer {
     /// GPT-2 byte-level alphabet inverse: char → byte, for exact byte decoding.
     byte_decoder: Option<std::collections::HashMap<char, u8>>,
     id_to_token: Vec<String>,
+    /// The same ids faster, where the tokenizer is a GPT-2-style byte-level BPE.
+    fast: Option<std::sync::Arc<fast_bpe::FastBpe>>,
 }
 
 impl HfTokenizer {
@@ -219,6 +222,10 @@ impl HfTokenizer {
             id_to_token[id as usize] = tok;
         }
         let byte_level = json.contains("\"ByteLevel\"");
+        let fast = serde_json::from_str(json)
+            .ok()
+            .and_then(|v| fast_bpe::FastBpe::from_json(&v))
+            .map(std::sync::Arc::new);
         let abs = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
         Ok(HfTokenizer {
             fingerprint: format!("{:016x}", fnv1a64(canonical_model_json(json).as_bytes())),
@@ -227,12 +234,28 @@ impl HfTokenizer {
             path: abs.display().to_string(),
             byte_decoder: byte_level.then(gpt2_byte_decoder),
             id_to_token,
+            fast,
         })
     }
 
     /// The wrapped `tokenizers` tokenizer.
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
+    }
+
+    /// The ids of `text` from the `tokenizers` crate itself (what [`Tokenizer::encode`] gives,
+    /// without the fast path of [`fast_bpe`]; tests compare the two).
+    pub fn encode_reference(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode_fast(text, false)
+            .map_err(|e| Error::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Whether [`Tokenizer::encode`] has the fast path for this tokenizer.
+    pub fn has_fast_path(&self) -> bool {
+        self.fast.is_some()
     }
 
     /// The id of a token string (special tokens included), if any.
@@ -280,11 +303,10 @@ fn gpt2_byte_decoder() -> std::collections::HashMap<char, u8> {
 
 impl Tokenizer for HfTokenizer {
     fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode_fast(text, false)
-            .map_err(|e| Error::Tokenizer(e.to_string()))?;
-        Ok(enc.get_ids().to_vec())
+        match &self.fast {
+            Some(fast) if fast.takes(text) => Ok(fast.encode(text)),
+            _ => self.encode_reference(text),
+        }
     }
     fn decode(&self, ids: &[u32]) -> Result<String> {
         if self.byte_decoder.is_some() {
