@@ -144,6 +144,76 @@ proptest! {
         }
     }
 
+    /// A mixer whose λ reads both models' confidence (a `LambdaModel`): each row's λ is the
+    /// model's at the confidence of that row's neural and ∞-gram rows, the rows are
+    /// distributions, the batch API's `mix_rows` gives the same rows, and the calls that see
+    /// no neural rows (`lambdas`, `mix_targets`) refuse it. Speculative decoding of it equals
+    /// plain decoding.
+    #[test]
+    fn a_lambda_model_reads_both_rows(
+        a in docs(), b in docs(), text in prop::collection::vec(0u32..6, 1..20),
+        weights in prop::collection::vec(-2.0f64..2.0, 32), bias in -2.0f64..2.0,
+    ) {
+        use infgram::mix::features::{confidence_of_rows, input_names};
+        use infgram::ngram::batch::{infgram_rows, RowsOptions};
+        let inputs = input_names();
+        let d = inputs.len();
+        let model = infgram::mix::LambdaModel {
+            inputs,
+            mean: vec![0.0; d],
+            scale: vec![1.0; d],
+            weights: weights.iter().cycle().take(d).copied().collect(),
+            bias,
+        };
+        let mixer = Mixer { features: Some(model.clone()), ..Mixer::default() };
+        let mut mix = mixture(&a, &b, mixer.clone());
+        let rows = mix.score(&text).unwrap();
+        let mut n = neural(&a);
+        let neural_rows = n.score(&text).unwrap();
+        let mut g = InfgramModel::new(index(&b), mixer.estimator.estimator().unwrap(), 20)
+            .unwrap()
+            .with_vocab(256, 255)
+            .unwrap();
+        let infgram_rows_ = g.score(&text).unwrap();
+        for (j, row) in rows.iter().enumerate() {
+            let dense = neural_rows[j].clone().into_dense();
+            let c = confidence_of_rows(g.last_evidence()[j], &dense, &infgram_rows_[j]);
+            let lambda = model.lambda(&c);
+            prop_assert_eq!(mix.last_lambdas()[j], lambda);
+            let want = infgram::mix::mix_row(
+                Logits::Dense(dense), infgram_rows_[j].clone(), lambda);
+            prop_assert_eq!(row, &want);
+            let total: f64 = row.clone().into_dense().iter().map(|&x| (x as f64).exp()).sum();
+            prop_assert!((total - 1.0).abs() < 1e-5, "Σ = {}", total);
+        }
+        let options = RowsOptions {
+            estimator: mixer.estimator.clone(),
+            window: 20,
+            end_token: Some(n.eos_tokens()[0]),
+            vocab: Some(n.vocab_size()),
+        };
+        let batch = infgram_rows(index(&b), &text, &options).unwrap();
+        let mut logits: Vec<f32> =
+            neural_rows.iter().flat_map(|r| r.clone().into_dense()).collect();
+        infgram::mix::mix_rows(&batch, &mut logits, &mixer).unwrap();
+        let vocab = n.vocab_size();
+        for (j, w) in rows.iter().enumerate() {
+            let w = w.clone().into_dense();
+            for (x, y) in logits[j * vocab..(j + 1) * vocab].iter().zip(&w) {
+                prop_assert!(x == y || (x - y).abs() < 1e-5, "row {}: {} vs {}", j, x, y);
+            }
+        }
+        let e = infgram::mix::lambdas(&batch, &mixer).unwrap_err().to_string();
+        prop_assert!(e.contains("mix_rows"), "{}", e);
+        prop_assert!(infgram::mix::mix_targets(&batch, &[], &[], &mixer).is_err());
+        let cfg = DecodeConfig { max_tokens: 20, draft_max: 8, ..Default::default() };
+        let prompt = vec![text[0]];
+        let (plain, _) = greedy(&mut mixture(&a, &b, mixer.clone()), &mut [], &prompt, &cfg).unwrap();
+        let mut drafters: Vec<Box<dyn Drafter>> = vec![Box::new(CorpusDrafter::new(index(&b)))];
+        let (spec, _) = greedy(&mut mixture(&a, &b, mixer), &mut drafters, &prompt, &cfg).unwrap();
+        prop_assert_eq!(spec, plain);
+    }
+
     /// Greedy speculative decoding of the mixture equals plain greedy decoding of the mixture,
     /// with drafters that copy the ∞-gram's corpus and with a fixed wrong one.
     #[test]
@@ -246,4 +316,26 @@ fn bad_mixer_files_are_refused() {
     assert_eq!(Mixer::load(&out).unwrap(), Mixer::default());
     // A mixer that refuses itself is refused by the mixture too.
     assert!(Interpolated::new(neural(&[vec![1, 2]]), index(&[vec![1, 2]]), m, 20).is_err());
+    // A λ model is saved and read back with the table; one for other inputs is refused with
+    // what to do, and a file without one (written before it) still reads.
+    let model = infgram::mix::LambdaModel::fit(&[]);
+    let with = Mixer {
+        features: Some(model.clone()),
+        ..Mixer::default()
+    };
+    with.save(&out).unwrap();
+    assert_eq!(Mixer::load(&out).unwrap(), with);
+    let mut other = model;
+    other.inputs[0] = "something_else".into();
+    Mixer {
+        features: Some(other),
+        ..Mixer::default()
+    }
+    .save(&out)
+    .unwrap();
+    let e = Mixer::load(&out).unwrap_err().to_string();
+    assert!(e.contains("mix fit --features"), "{e}");
+    assert!(!serde_json::to_string(&Mixer::default())
+        .unwrap()
+        .contains("features"));
 }

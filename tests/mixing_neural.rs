@@ -149,6 +149,102 @@ fn mixing_from_the_command_line() {
     ] {
         assert!(v[field].is_number(), "{field}: {v}");
     }
+    // `--features`: a λ model over both models' views, fitted beside the table; on the
+    // positions it was fitted on it is no worse than its table alone, and `ppl` and
+    // speculative `gen` run with it.
+    ok(run(&[
+        "mix",
+        "fit",
+        "--model",
+        "smollm2-135m",
+        "--index",
+        &p("idx"),
+        "--text",
+        &p("held.txt"),
+        "--features",
+        "-o",
+        &p("mix-f.json"),
+    ]));
+    let with = infgram::mix::Mixer::load(std::path::Path::new(&p("mix-f.json"))).unwrap();
+    assert!(with.features.is_some());
+    let table = infgram::mix::Mixer {
+        features: None,
+        ..with
+    };
+    assert_eq!(table, mixer, "the same table beside the λ model");
+    let held_ppl = |mix: &str| -> f64 {
+        let v: serde_json::Value = serde_json::from_str(&ok(run(&[
+            "ppl",
+            "--model",
+            "smollm2-135m",
+            "--index",
+            &p("idx"),
+            "--text",
+            &p("held.txt"),
+            "--mix",
+            &p(mix),
+            "--json",
+        ])))
+        .unwrap();
+        v["ppl"].as_f64().unwrap()
+    };
+    let (features, table) = (held_ppl("mix-f.json"), held_ppl("mix.json"));
+    assert!(features <= table * 1.001, "{features} vs {table}");
+    // `--compare`: other mixers on the same passes give what they give alone; one of another
+    // ∞-gram distribution is refused.
+    let compare = |others: &[&str]| {
+        let mut args = vec![
+            "ppl".to_string(),
+            "--model".into(),
+            "smollm2-135m".into(),
+            "--index".into(),
+            p("idx"),
+            "--text".into(),
+            p("held.txt"),
+            "--mix".into(),
+            p("mix-f.json"),
+            "--json".into(),
+            "--compare".into(),
+        ];
+        args.extend(others.iter().map(|o| o.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run(&args)
+    };
+    let c: serde_json::Value =
+        serde_json::from_str(&ok(compare(&[&p("mix.json"), "default"]))).unwrap();
+    assert_eq!(c["ppl"].as_f64().unwrap(), features);
+    let list = c["compare"].as_array().unwrap();
+    assert_eq!(list.len(), 2, "{c}");
+    assert_eq!(list[0]["ppl"].as_f64().unwrap(), table);
+    assert_eq!(list[1]["mixer"], "default");
+    infgram::mix::Mixer::constant(infgram::ngram::EstimatorSpec::Infgram, 0.2)
+        .save(std::path::Path::new(&p("sparse.json")))
+        .unwrap();
+    let out = compare(&[&p("sparse.json")]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && e.contains("same --estimator"),
+        "{e}"
+    );
+    let g: serde_json::Value = serde_json::from_str(&ok(run(&[
+        "gen",
+        "--model",
+        "smollm2-135m",
+        "--index",
+        &p("idx"),
+        "--mix",
+        &p("mix-f.json"),
+        "--speculative",
+        "--prompt",
+        "ROMEO:",
+        "--max-tokens",
+        "6",
+        "--temperature",
+        "0",
+        "--json",
+    ])))
+    .unwrap();
+    assert!(g["tokens"].as_u64().unwrap() > 0);
     // Several documents, each scored on its own, with the decontamination check per
     // document: a copy of indexed text is named on stderr and left out with --max-overlap;
     // the headline figures are then exactly those of the other document alone.

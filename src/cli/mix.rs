@@ -41,6 +41,12 @@ pub struct FitArgs {
     /// length.
     #[arg(long)]
     pub two_weights: bool,
+    /// Also fit a λ model over both models' views of each position (the ∞-gram's suffix
+    /// length, count, distinct continuations and top probability; the neural model's top
+    /// probability, entropy and its probability of the ∞-gram's favourite): a logistic model
+    /// fitted by maximum likelihood beside the table, which it then replaces.
+    #[arg(long)]
+    pub features: bool,
     /// Window length of the neural model, in tokens.
     #[arg(long, default_value_t = 1024)]
     pub window: usize,
@@ -92,10 +98,25 @@ fn fit(args: &FitArgs) -> Result<()> {
     } else {
         &infgram::mix::TABLE_EDGES
     };
-    let mixer = scoring.fit(estimator, edges);
+    let mixer = if args.features {
+        scoring.fit_features(estimator, edges)
+    } else {
+        scoring.fit(estimator, edges)
+    };
     mixer.save(&args.output)?;
     let r = scoring.report(&mixer);
     print_mixture(&r, false)?;
+    if mixer.reads_neural() {
+        let table = infgram::mix::Mixer {
+            features: None,
+            ..mixer.clone()
+        };
+        eprintln!(
+            "on these positions: λ model {:.4}, its table alone {:.4} (perplexity)",
+            r.report.ppl,
+            scoring.report(&table).report.ppl
+        );
+    }
     eprintln!(
         "wrote {} (fitted on {} tokens of {} file{})",
         args.output.display(),
@@ -106,10 +127,66 @@ fn fit(args: &FitArgs) -> Result<()> {
     Ok(())
 }
 
-/// Prints an interpolated-perplexity report (JSON with `json`).
+/// Prints an interpolated-perplexity report and, after it, the headline figures of other
+/// mixers on the same passes (JSON with `json`: theirs under `compare`).
 #[cfg(feature = "neural")]
-pub fn print_mixture(r: &ScoredMixture, json: bool) -> Result<()> {
-    let several = r.overlap_by_document.len() > 1;
+pub fn print_mixtures(
+    r: &ScoredMixture,
+    compared: &[(String, ScoredMixture)],
+    json: bool,
+) -> Result<()> {
+    if json {
+        let mut v = serde_json::to_value(r)?;
+        if !compared.is_empty() {
+            let list: Vec<serde_json::Value> = compared
+                .iter()
+                .map(|(name, c)| {
+                    let mut one = serde_json::json!({
+                        "mixer": name,
+                        "ppl": c.report.ppl,
+                        "relative_improvement": c.report.relative_improvement,
+                        "lambda_mean": c.report.lambda_mean,
+                    });
+                    if let Some(all) = &c.with_left_out {
+                        one["with_left_out"] = serde_json::json!({
+                            "ppl": all.ppl,
+                            "relative_improvement": all.relative_improvement,
+                        });
+                    }
+                    one
+                })
+                .collect();
+            v["compare"] = serde_json::Value::Array(list);
+        }
+        print_warnings(r);
+        outln!("{v}")?;
+        return Ok(());
+    }
+    print_mixture(r, false)?;
+    if !compared.is_empty() {
+        outln!("\nother mixers on the same passes:")?;
+        for (name, c) in compared {
+            outln!(
+                "  {name}: mixture {:.4}, relative improvement {:.1}%, mean λ {:.3}{}",
+                c.report.ppl,
+                100.0 * c.report.relative_improvement,
+                c.report.lambda_mean,
+                c.with_left_out
+                    .as_ref()
+                    .map_or(String::new(), |all| format!(
+                        " (with the left-out documents: {:.4}, {:.1}%)",
+                        all.ppl,
+                        100.0 * all.relative_improvement
+                    ))
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Warns on stderr about documents and texts largely in the index.
+#[cfg(feature = "neural")]
+fn print_warnings(r: &ScoredMixture) {
     for d in r
         .overlap_by_document
         .iter()
@@ -136,10 +213,17 @@ pub fn print_mixture(r: &ScoredMixture, json: bool) -> Result<()> {
             100.0 * r.overlap
         );
     }
+}
+
+/// Prints an interpolated-perplexity report (JSON with `json`).
+#[cfg(feature = "neural")]
+pub fn print_mixture(r: &ScoredMixture, json: bool) -> Result<()> {
+    print_warnings(r);
     if json {
         outln!("{}", serde_json::to_value(r)?)?;
         return Ok(());
     }
+    let several = r.overlap_by_document.len() > 1;
     let m = &r.report;
     outln!("perplexity (mixture)  {:.4}", m.ppl)?;
     outln!("perplexity (neural)   {:.4}", m.ppl_neural)?;

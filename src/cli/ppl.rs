@@ -68,6 +68,11 @@ pub struct PplArgs {
     /// (default: the one fitted on Tiny Shakespeare).
     #[arg(long, requires_all = ["model", "index"])]
     pub mix: Option<PathBuf>,
+    /// With --model and --index: other mixers scored on the same passes, for comparison
+    /// (`default` for the built-in one); each must mix in the same ∞-gram distribution as
+    /// --mix. Their figures follow the main one (JSON `compare`).
+    #[arg(long, num_args = 1.., requires_all = ["model", "index"])]
+    pub compare: Vec<PathBuf>,
     /// With --model: window length in tokens.
     #[arg(long, default_value_t = 1024)]
     pub window: usize,
@@ -330,6 +335,24 @@ fn run_model(args: &PplArgs, model: &str) -> Result<()> {
         // The mixture of the model and the ∞-gram of the index.
         use infgram::mix::{load_mixer, open_mixing_index, score_both, Scoring};
         let mixer = load_mixer(args.mix.as_deref())?;
+        let mut others = Vec::new();
+        for path in &args.compare {
+            let other = if path.as_os_str() == "default" {
+                load_mixer(None)?
+            } else {
+                load_mixer(Some(path))?
+            };
+            if other.estimator != mixer.estimator {
+                anyhow::bail!(
+                    "{} mixes in the estimator {} but --mix mixes in {}: --compare takes \
+                     mixers of the same ∞-gram distribution (fit them with the same --estimator)",
+                    path.display(),
+                    serde_json::to_string(&other.estimator)?,
+                    serde_json::to_string(&mixer.estimator)?
+                );
+            }
+            others.push((path.display().to_string(), other));
+        }
         let index = open_mixing_index(dir, &tok)?;
         let mut parts = Vec::new();
         for (name, ids) in &documents {
@@ -348,7 +371,11 @@ fn run_model(args: &PplArgs, model: &str) -> Result<()> {
         if let Some(max) = args.max_overlap {
             scoring = scoring.leave_out_above(max);
         }
-        return super::mix::print_mixture(&scoring.report(&mixer), args.json);
+        let compared: Vec<_> = others
+            .iter()
+            .map(|(name, other)| (name.clone(), scoring.report(other)))
+            .collect();
+        return super::mix::print_mixtures(&scoring.report(&mixer), &compared, args.json);
     }
     let t0 = std::time::Instant::now();
     let (mut total_nll, mut scored, mut bytes) = (0.0, 0, 0);

@@ -25,12 +25,27 @@ pub fn windowed_neg_log_probs(
     window: usize,
     stride: usize,
 ) -> Result<Vec<f64>> {
+    let mut nll = Vec::with_capacity(tokens.len().saturating_sub(1));
+    windowed_rows(model, tokens, window, stride, |target, row| {
+        nll.push(row.neg_log_prob(tokens[target]));
+    })?;
+    Ok(nll)
+}
+
+/// Calls `each(target, row)` with the model's row predicting `tokens[target]`, for every
+/// target but the first in order, scored in windows as [`windowed_perplexity`] does.
+pub fn windowed_rows(
+    model: &mut dyn LanguageModel,
+    tokens: &[u32],
+    window: usize,
+    stride: usize,
+    mut each: impl FnMut(usize, &crate::lm::Logits),
+) -> Result<()> {
     if tokens.len() < 2 || window < 2 || stride == 0 || stride > window {
         return Err(Error::input(
             "need at least two tokens, a window of at least 2 and 0 < stride <= window",
         ));
     }
-    let mut nll = Vec::with_capacity(tokens.len() - 1);
     let mut done = 1; // tokens[0..done] are scored (token 0 never is)
     let mut begin = 0;
     while done < tokens.len() {
@@ -39,10 +54,10 @@ pub fn windowed_neg_log_probs(
         let rows = model.score(&tokens[begin..end])?;
         // Row r predicts tokens[begin + r + 1]; score the targets not scored yet.
         for target in done.max(begin + 1)..end {
-            nll.push(rows[target - begin - 1].neg_log_prob(tokens[target]));
+            each(target, &rows[target - begin - 1]);
         }
         done = end;
         begin += stride;
     }
-    Ok(nll)
+    Ok(())
 }

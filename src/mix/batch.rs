@@ -2,10 +2,13 @@
 //! ([`crate::ngram::batch::infgram_rows`]) by a [`Mixer`], outside infgram's decode loop: the
 //! whole next-token distribution at every position ([`mix_rows`], for sampling or for a
 //! model's loss) or only the actual next token's probability ([`mix_targets`], for
-//! perplexity). The arithmetic is the one the [`super::Interpolated`] scorer runs.
+//! perplexity). The arithmetic is the one the [`super::Interpolated`] scorer runs. A mixer
+//! whose λ reads the neural model's confidence ([`super::LambdaModel`]) mixes whole rows only.
 
+use super::features::confidence_of_rows;
 use super::Mixer;
 use crate::error::{Error, Result};
+use crate::lm::Logits;
 use crate::ngram::batch::Rows;
 use crate::ngram::{Estimator, EstimatorSpec};
 use rayon::prelude::*;
@@ -39,9 +42,21 @@ fn check_rows(rows: &Rows, mixer: &Mixer) -> Result<()> {
     Ok(())
 }
 
-/// λ at every row.
+/// Refuses a mixer whose λ reads the neural model's confidence where only the ∞-gram's rows
+/// (or the neural model's probability of one token) are given.
+fn check_table_only(mixer: &Mixer, what: &str) -> Result<()> {
+    if mixer.reads_neural() {
+        return Err(Error::input(format!(
+            "this mixer's λ reads the neural model's confidence (its `features` model), so {what}              cannot compute it: mix the model's whole logits with mix_rows, or use a mixer              fitted without --features"
+        )));
+    }
+    Ok(())
+}
+
+/// λ at every row (a mixer with a λ model needs the neural rows: [`mix_rows`]).
 pub fn lambdas(rows: &Rows, mixer: &Mixer) -> Result<Vec<f64>> {
     check_rows(rows, mixer)?;
+    check_table_only(mixer, "the ∞-gram rows alone")?;
     Ok((0..rows.len())
         .map(|j| mixer.lambda(&rows.evidence(j)))
         .collect())
@@ -79,7 +94,14 @@ pub fn mix_rows(rows: &Rows, logits: &mut [f32], mixer: &Mixer) -> Result<()> {
         .enumerate()
         .for_each(|(j, row)| {
             let (ids, lps) = rows.row(j);
-            let lambda = mixer.lambda(&rows.evidence(j));
+            let lambda = match &mixer.features {
+                None => mixer.lambda(&rows.evidence(j)),
+                Some(model) => {
+                    let entries = ids.iter().copied().zip(lps.iter().copied()).collect();
+                    let infgram = Logits::Sparse { vocab, entries };
+                    model.lambda(&confidence_of_rows(rows.evidence(j), row, &infgram))
+                }
+            };
             super::mix_in_place(row, ids.iter().copied().zip(lps.iter().copied()), lambda);
         });
     Ok(())
@@ -96,6 +118,10 @@ pub fn mix_targets(
     mixer: &Mixer,
 ) -> Result<Vec<f32>> {
     check_rows(rows, mixer)?;
+    check_table_only(
+        mixer,
+        "the neural model's probability of the next token alone",
+    )?;
     if targets.len() != neural_logprobs.len() || targets.len() > rows.len() {
         return Err(Error::input(format!(
             "{} targets, {} neural log-probabilities and {} rows: give one target and one \

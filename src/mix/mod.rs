@@ -33,10 +33,12 @@
 //! index (the paper's BFF check used 13-grams and 80%).
 
 pub mod batch;
+pub mod features;
 pub mod open;
 pub mod score;
 
 pub use batch::{lambdas, mix_rows, mix_targets};
+pub use features::{Confidence, LambdaModel};
 pub use open::{check_mixing_index, load_mixer, mixture_model, open_mixing_index, MIX_CONTEXT};
 pub use score::{score_both, MixReport, ScoredMixture, Scoring};
 
@@ -92,6 +94,10 @@ pub struct Mixer {
     pub sparse: Vec<f64>,
     /// λ of each bucket where it is not.
     pub dense: Vec<f64>,
+    /// λ from what both models know at a position ([`LambdaModel`], fitted by `infgram mix fit
+    /// --features`): where present it decides λ, and the table is what it was fitted beside.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub features: Option<LambdaModel>,
 }
 
 impl Default for Mixer {
@@ -110,6 +116,7 @@ impl Default for Mixer {
             dense: vec![
                 0.0, 0.0428, 0.0913, 0.1362, 0.089, 0.1079, 0.0344, 0.0707, 0.0707,
             ],
+            features: None,
         }
     }
 }
@@ -122,6 +129,7 @@ impl Mixer {
             edges: Vec::new(),
             sparse: vec![lambda],
             dense: vec![lambda],
+            features: None,
         }
     }
 
@@ -130,7 +138,8 @@ impl Mixer {
         self.edges.partition_point(|&e| e <= suffix_len)
     }
 
-    /// λ at a position with this evidence.
+    /// The table's λ at a position with this evidence (a mixer with a [`LambdaModel`] needs
+    /// both models' views: [`Mixer::lambda_at`]).
     pub fn lambda(&self, ev: &Evidence) -> f64 {
         let b = self.bucket(ev.suffix_len);
         if ev.sparse() {
@@ -138,6 +147,21 @@ impl Mixer {
         } else {
             self.dense[b]
         }
+    }
+
+    /// λ at a position where both models' views are known: the λ model's when there is one,
+    /// else the table's.
+    pub fn lambda_at(&self, c: &Confidence) -> f64 {
+        match &self.features {
+            Some(model) => model.lambda(c),
+            None => self.lambda(&c.evidence),
+        }
+    }
+
+    /// Whether λ reads the neural model's confidence (it has a [`LambdaModel`]), so that only
+    /// callers with the neural model's whole rows can compute it.
+    pub fn reads_neural(&self) -> bool {
+        self.features.is_some()
     }
 
     /// Refuses a malformed table (wrong lengths, λ outside [0, 1], edges not increasing).
@@ -165,6 +189,9 @@ impl Mixer {
         self.estimator
             .estimator()
             .map_err(|e| Error::input(format!("the mixer's estimator: {e}")))?;
+        if let Some(model) = &self.features {
+            model.check()?;
+        }
         Ok(())
     }
 
@@ -212,6 +239,7 @@ impl Mixer {
             edges: edges.to_vec(),
             sparse: vec![0.0; edges.len() + 1],
             dense: vec![0.0; edges.len() + 1],
+            features: None,
         };
         let pooled = em_lambda(positions.iter().map(|p| (p.0, p.1)));
         for b in 0..=edges.len() {
@@ -380,10 +408,20 @@ impl<S: AsRef<[u8]> + Sync, N: LanguageModel> Interpolated<S, N> {
             .neural_rows
             .drain(..count)
             .zip(self.infgram_rows.drain(..count));
-        let lambdas = &self.lambdas[self.next_row..self.next_row + count];
+        let at = self.next_row..self.next_row + count;
+        let lambdas = &mut self.lambdas[at.clone()];
+        let evidence = &self.infgram.last_evidence()[at];
+        let lambda_model = self.mixer.features.as_ref();
         let mixed = rows
-            .zip(lambdas)
-            .map(|((n, g), &l)| mix_row(n, g, l))
+            .zip(lambdas.iter_mut().zip(evidence))
+            .map(|((n, g), (l, ev))| match lambda_model {
+                None => mix_row(n, g, *l),
+                Some(model) => {
+                    let dense = n.into_dense();
+                    *l = model.lambda(&features::confidence_of_rows(*ev, &dense, &g));
+                    mix_row(Logits::Dense(dense), g, *l)
+                }
+            })
             .collect();
         self.next_row += count;
         Ok(mixed)
@@ -534,6 +572,7 @@ mod tests {
         // SBIS levels as the CLI takes them (issue 32, item 12: a file with k = 0 was taken).
         for (k, ok) in [(0, false), (-2, false), (-1, true), (1, true), (7, true)] {
             let m = Mixer {
+                features: None,
                 estimator: EstimatorSpec::sbis(k),
                 ..Mixer::default()
             };

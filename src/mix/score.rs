@@ -3,11 +3,12 @@
 //! pass of each ([`score_both`]); the same per-position numbers fit λ ([`Mixer::fit`]). Also
 //! the decontamination check: how much of the text the index already holds.
 
+use super::features::{Confidence, FitPoint, LambdaModel, NeuralView};
 use super::{Mixer, MIX_CONTEXT};
 use crate::error::Result;
 use crate::eval::ngram::Agreement;
 use crate::index::Index;
-use crate::lm::LanguageModel;
+use crate::lm::{LanguageModel, Logits};
 use crate::ngram::levels::{top_token, LevelFinder};
 use crate::ngram::{Estimator, EstimatorSpec, Evidence};
 use rayon::prelude::*;
@@ -36,6 +37,9 @@ pub struct InfgramPosition {
     pub evidence: Evidence,
     /// Whether the ∞-gram's argmax (of the longest level) is the actual token.
     pub agrees: bool,
+    /// The mixed-in distribution's most likely token and its probability (lowest id on a
+    /// tie; `None` without one): what a [`super::LambdaModel`] reads of the ∞-gram's row.
+    pub top: Option<(u32, f64)>,
 }
 
 /// The ∞-gram at every position `1..` of `tokens` (entry `i` is token `i + 1`), with the
@@ -59,6 +63,7 @@ pub fn infgram_positions<S: AsRef<[u8]> + Sync>(
         .par_chunks(chunk)
         .flat_map_iter(|chunk| {
             let mut finder = LevelFinder::new(false);
+            let mut dist = Vec::new();
             chunk
                 .iter()
                 .map(|&i| {
@@ -73,17 +78,90 @@ pub fn infgram_positions<S: AsRef<[u8]> + Sync>(
                     let p = mixed.prob(&levels, vocab, actual).unwrap_or(0.0);
                     let first = levels.first().filter(|l| l.len > 0);
                     let argmax = first.and_then(|l| top_token(&l.counts));
+                    mixed.distribution_into(&levels, vocab, &mut dist);
                     InfgramPosition {
                         p,
                         p_smoothed,
                         evidence: Evidence::of(first.map(std::slice::from_ref).unwrap_or(&[])),
                         agrees: argmax == Some(actual),
+                        top: distribution_top(&dist),
                     }
                 })
                 .collect::<Vec<_>>()
         })
         .collect::<Vec<_>>();
     Ok(scored)
+}
+
+/// The most likely entry of a distribution sorted by token (the lowest id on a tie).
+fn distribution_top(dist: &[(u32, f64)]) -> Option<(u32, f64)> {
+    let mut best: Option<(u32, f64)> = None;
+    for &(id, p) in dist {
+        if p > 0.0 && best.is_none_or(|b| p > b.1) {
+            best = Some((id, p));
+        }
+    }
+    best
+}
+
+/// What the neural model says at one position.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct NeuralPosition {
+    /// Its probability of the actual token.
+    pub q: f64,
+    /// Its confidence there.
+    pub view: NeuralView,
+    /// Its probability of the ∞-gram's most likely token (0 where the ∞-gram has none).
+    pub q_of_infgram_top: f64,
+}
+
+impl NeuralPosition {
+    /// A position known only by the probability of its token (for λ tables).
+    pub fn of_q(q: f64) -> NeuralPosition {
+        NeuralPosition {
+            q,
+            ..Default::default()
+        }
+    }
+}
+
+/// The neural model at every position `1..` of `tokens` (entry `i` is token `i + 1`), in
+/// windows of `window` moved by `stride`: its probability of the actual token, its confidence,
+/// and its probability of the ∞-gram's favourite there (`infgram_tops[i]`).
+pub fn neural_positions(
+    model: &mut dyn LanguageModel,
+    tokens: &[u32],
+    window: usize,
+    stride: usize,
+    infgram_tops: &[Option<u32>],
+) -> Result<Vec<NeuralPosition>> {
+    let mut out = Vec::with_capacity(tokens.len().saturating_sub(1));
+    let mut dense = Vec::new();
+    crate::eval::windowed::windowed_rows(model, tokens, window, stride, |target, row| {
+        let logits: &[f32] = match row {
+            Logits::Dense(v) => v,
+            sparse => {
+                dense = sparse.clone().into_dense();
+                &dense
+            }
+        };
+        let lse = crate::lm::log_sum_exp_row(logits);
+        let p = |id: u32| {
+            logits
+                .get(id as usize)
+                .map_or(0.0, |&x| (x as f64 - lse).exp())
+        };
+        out.push(NeuralPosition {
+            q: p(tokens[target]),
+            view: NeuralView::of_logits(logits, lse),
+            q_of_infgram_top: infgram_tops
+                .get(target - 1)
+                .copied()
+                .flatten()
+                .map_or(0.0, p),
+        });
+    })?;
+    Ok(out)
 }
 
 /// The neural model's probability of every token but the first, in windows of `window` moved
@@ -142,14 +220,20 @@ pub struct MixReport {
 }
 
 impl MixReport {
-    /// The report of the mixture `mixer` over the scored positions.
+    /// The report of the mixture `mixer` (a λ table: its λ from the ∞-gram's evidence) over
+    /// the scored positions.
     pub fn new(infgram: &[InfgramPosition], neural: &[f64], mixer: &Mixer) -> MixReport {
-        let n = infgram.len().min(neural.len());
+        let lambdas: Vec<f64> = infgram.iter().map(|g| mixer.lambda(&g.evidence)).collect();
+        MixReport::with_lambdas(infgram, neural, &lambdas)
+    }
+
+    /// The report of the mixture with λ `lambda[i]` at position `i`.
+    pub fn with_lambdas(infgram: &[InfgramPosition], neural: &[f64], lambda: &[f64]) -> MixReport {
+        let n = infgram.len().min(neural.len()).min(lambda.len());
         let (mut nll_mix, mut nll_neural, mut nll_inf, mut lambdas) = (0.0, 0.0, 0.0, 0.0);
         let mut nll_bound = 0.0;
         let mut by_n: BTreeMap<usize, ByN> = BTreeMap::new();
-        for (g, &q) in infgram.iter().zip(neural) {
-            let lambda = mixer.lambda(&g.evidence);
+        for ((g, &q), &lambda) in infgram.iter().zip(neural).zip(lambda) {
             let mix = -(lambda * g.p + (1.0 - lambda) * q).ln();
             nll_mix += mix;
             nll_neural -= q.ln();
@@ -218,10 +302,11 @@ mod tests {
                     p_smoothed: p,
                     evidence: Evidence::default(),
                     agrees: false,
+                    top: None,
                 };
                 n
             ],
-            neural: vec![q; n],
+            neural: vec![NeuralPosition::of_q(q); n],
             neural_seconds: 1.0,
             infgram_seconds: 0.5,
             overlap,
@@ -295,6 +380,7 @@ mod tests {
                 p_smoothed: 0.5,
                 evidence: Evidence::default(),
                 agrees: false,
+                top: None,
             })
             .collect();
         let neural: Vec<f64> = (0..500).map(|_| next()).collect();
@@ -378,7 +464,7 @@ pub struct DocumentOverlap {
 #[derive(Clone)]
 pub struct Scoring {
     infgram: Vec<InfgramPosition>,
-    neural: Vec<f64>,
+    neural: Vec<NeuralPosition>,
     neural_seconds: f64,
     infgram_seconds: f64,
     overlap: f64,
@@ -403,7 +489,8 @@ pub fn score_both<S: AsRef<[u8]> + Sync>(
     let overlap = overlap(index, tokens, OVERLAP_N);
     let infgram_seconds = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    let neural_p = neural_probs(neural, tokens, window, stride)?;
+    let tops: Vec<Option<u32>> = infgram.iter().map(|g| g.top.map(|t| t.0)).collect();
+    let neural_p = neural_positions(neural, tokens, window, stride, &tops)?;
     let document = DocumentOverlap {
         document: String::new(),
         tokens: infgram.len(),
@@ -498,25 +585,64 @@ impl Scoring {
         out
     }
 
+    /// What both models knew at each position.
+    fn confidences(&self) -> impl Iterator<Item = Confidence> + '_ {
+        self.infgram
+            .iter()
+            .zip(&self.neural)
+            .map(|(g, q)| Confidence {
+                evidence: g.evidence,
+                infgram_top_p: g.top.map_or(0.0, |t| t.1),
+                neural_top_p: q.view.top_p,
+                neural_entropy: q.view.entropy,
+                neural_p_of_infgram_top: q.q_of_infgram_top,
+                agree: g.top.is_some_and(|t| t.0 == q.view.top),
+            })
+    }
+
+    /// The report of `mixer` over these positions.
+    fn mix_report(&self, mixer: &Mixer) -> MixReport {
+        let lambdas: Vec<f64> = self.confidences().map(|c| mixer.lambda_at(&c)).collect();
+        let q: Vec<f64> = self.neural.iter().map(|n| n.q).collect();
+        MixReport::with_lambdas(&self.infgram, &q, &lambdas)
+    }
+
     /// The mixture's perplexity report under `mixer`.
     pub fn report(&self, mixer: &Mixer) -> ScoredMixture {
         ScoredMixture {
-            report: MixReport::new(&self.infgram, &self.neural, mixer),
+            report: self.mix_report(mixer),
             overlap: self.overlap,
             seconds: self.neural_seconds + self.infgram_seconds,
             neural_seconds: self.neural_seconds,
             infgram_seconds: self.infgram_seconds,
             mixer: mixer.clone(),
             overlap_by_document: self.documents.clone(),
-            with_left_out: self
-                .all
-                .as_ref()
-                .map(|all| MixReport::new(&all.infgram, &all.neural, mixer)),
+            with_left_out: self.all.as_ref().map(|all| all.mix_report(mixer)),
         }
     }
 
     /// λ fitted on these positions (a table over `edges`; empty: the paper's two weights).
     pub fn fit(&self, estimator: EstimatorSpec, edges: &[usize]) -> Mixer {
-        Mixer::fit(estimator, edges, &fitting_data(&self.infgram, &self.neural))
+        let q: Vec<f64> = self.neural.iter().map(|n| n.q).collect();
+        Mixer::fit(estimator, edges, &fitting_data(&self.infgram, &q))
+    }
+
+    /// The table of [`Scoring::fit`] and, beside it, a [`LambdaModel`] fitted on the same
+    /// positions from both models' views, which then decides λ.
+    pub fn fit_features(&self, estimator: EstimatorSpec, edges: &[usize]) -> Mixer {
+        let mut mixer = self.fit(estimator, edges);
+        let points: Vec<FitPoint> = self
+            .infgram
+            .iter()
+            .zip(&self.neural)
+            .zip(self.confidences())
+            .map(|((g, n), confidence)| FitPoint {
+                p: g.p,
+                q: n.q,
+                confidence,
+            })
+            .collect();
+        mixer.features = Some(LambdaModel::fit(&points));
+        mixer
     }
 }
