@@ -214,6 +214,40 @@ proptest! {
         prop_assert_eq!(spec, plain);
     }
 
+    /// Interpolated perplexity (`score_both`, what `ppl --mix` runs: the ∞-gram's rows from the
+    /// level tracker, the neural model's in windows) equals the mixture scorer's probability
+    /// of each next token, for the default table and for a λ model.
+    #[test]
+    fn interpolated_perplexity_is_the_mixture_scorers(
+        a in docs(), b in docs(), text in prop::collection::vec(0u32..6, 2..20),
+        weights in prop::collection::vec(-1.0f64..1.0, 32),
+    ) {
+        let inputs = infgram::mix::features::input_names();
+        let d = inputs.len();
+        let model = infgram::mix::LambdaModel {
+            inputs,
+            mean: vec![0.0; d],
+            scale: vec![1.0; d],
+            weights: weights.iter().cycle().take(d).copied().collect(),
+            bias: -1.0,
+        };
+        for mixer in [Mixer::default(), Mixer { features: Some(model.clone()), ..Mixer::default() }] {
+            let mut mix = mixture(&a, &b, mixer.clone());
+            let rows = mix.score(&text).unwrap();
+            let want: f64 = rows
+                .iter()
+                .zip(&text[1..])
+                .map(|(r, &t)| r.neg_log_prob(t))
+                .sum::<f64>()
+                / (text.len() - 1) as f64;
+            let scoring = infgram::mix::score_both(
+                neural(&a).as_mut(), &index(&b), &text, &mixer.estimator, (64, 32), false,
+            ).unwrap();
+            let got = scoring.report(&mixer).report.ppl.ln();
+            prop_assert!((got - want).abs() < 1e-5, "{} vs {}", got, want);
+        }
+    }
+
     /// Greedy speculative decoding of the mixture equals plain greedy decoding of the mixture,
     /// with drafters that copy the ∞-gram's corpus and with a fixed wrong one.
     #[test]

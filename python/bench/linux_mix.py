@@ -8,6 +8,16 @@ fit λ; neither is in the reference.
 
     python python/bench/linux_mix.py split TREE WORK      # WORK/reference (hard links), WORK/score, WORK/fit
     python python/bench/linux_mix.py run WORK [--infgram target/release/infgram]
+    python python/bench/linux_mix.py spec WORK [--rounds 3]
+    python python/bench/linux_mix.py shakespeare WORK
+
+`shakespeare` runs the same three fits on the Tiny Shakespeare protocol of `bench_decode -- mix`
+(λ fitted on the last 5% of train with the first 95% indexed; val scored against all of train).
+
+`spec` decodes three code continuations (the first --prompt-chars characters of the first three
+scored files, raw, greedy, 128 tokens) with the mixture of `run`'s λ model: plain, then
+speculative (the prompt and the Linux index draft, the mixture verifies); the outputs must be
+identical, and the speed-up is the ratio of the two in each round.
 
 `run` indexes WORK/reference (once; `/usr/bin/time` gives seconds and peak memory), fits the
 paper's two weights, the λ table and the λ model with features on the fit files, and scores the
@@ -112,8 +122,9 @@ def run(work, infgram, n_score, n_fit, chars):
     r = json.loads(stdout)
     json.dump(r, open(os.path.join(work, "ppl.json"), "w"), indent=1)
     print(f"scored {r['tokens']} tokens of {len(scored)} files in {secs:.0f} s (peak {gb:.1f} GB): "
-          f"neural {r['neural_seconds']:.1f} s, ∞-gram {r['infgram_seconds']:.1f} s "
-          f"({100 * r['infgram_seconds'] / r['neural_seconds']:.1f}% of the neural pass)")
+          f"neural {r['neural_seconds']:.1f} s, ∞-gram rows {r['infgram_seconds']:.1f} s "
+          f"({100 * r['infgram_seconds'] / r['neural_seconds']:.1f}% of the neural pass), "
+          f"smoothed ∞-gram perplexity {r['smoothed_seconds']:.1f} s")
     print(f"SmolLM2 alone {r['ppl_neural']:.3f}, ∞-gram (smoothed) {r['ppl_infgram']:.3f}, "
           f"bound for any λ {r['ppl_bound']:.3f} ({100 * r['relative_improvement_bound']:.1f}%), "
           f"13-gram overlap {100 * r['overlap']:.1f}%")
@@ -130,6 +141,67 @@ def run(work, infgram, n_score, n_fit, chars):
     print(f"left out (overlap > 80%): {left}")
 
 
+def spec(work, infgram, rounds, prompt_chars, max_tokens):
+    index = os.path.join(work, "index")
+    mixer = os.path.join(work, "mix-features.json")
+    files = sorted(os.listdir(os.path.join(work, "score")))[:3]
+    print("| prompt | plain mixture tok/s | speculative tok/s | speed-up (rounds) | tokens per pass | identical |")
+    print("|---|---:|---:|---:|---:|---|")
+    for name in files:
+        text = open(os.path.join(work, "score", name), encoding="utf-8", errors="replace").read()
+        prompt = text[:prompt_chars]
+        base = [infgram, "gen", "--model", "smollm2-135m", "--index", index, "--mix", mixer, "--raw",
+                "--prompt", prompt, "--max-tokens", str(max_tokens), "--temperature", "0", "--json"]
+        plain_tps, spec_tps, ratios, same = [], [], [], True
+        per_pass = 0.0
+        for _ in range(rounds):
+            a = json.loads(subprocess.run(base, capture_output=True, text=True, check=True).stdout)
+            b = json.loads(subprocess.run(base + ["--speculative"], capture_output=True, text=True,
+                                          check=True).stdout)
+            same &= a["token_ids"] == b["token_ids"]
+            plain_tps.append(a["tokens_per_second"])
+            spec_tps.append(b["tokens_per_second"])
+            ratios.append(b["tokens_per_second"] / a["tokens_per_second"])
+            per_pass = b["tokens"] / max(b["stats"]["passes"], 1)
+        med = lambda xs: sorted(xs)[len(xs) // 2]
+        print(f"| {name} | {med(plain_tps):.1f} | {med(spec_tps):.1f} | {med(ratios):.2f}× "
+              f"({min(ratios):.2f}–{max(ratios):.2f}) | {per_pass:.2f} | {'yes' if same else 'NO'} |",
+              flush=True)
+
+
+def shakespeare(work, infgram):
+    os.makedirs(work, exist_ok=True)
+    text = subprocess.run(["zstd", "-dc", os.path.join(os.path.dirname(__file__), "..", "..", "data",
+                                                        "tinyshakespeare.txt.zst")],
+                          capture_output=True, text=True, check=True).stdout
+    train, val = text[:len(text) * 9 // 10], text[len(text) * 9 // 10:]
+    cut = len(train) * 95 // 100
+    files = {"train.txt": train, "train95.txt": train[:cut], "heldout.txt": train[cut:], "val.txt": val}
+    for name, t in files.items():
+        open(os.path.join(work, name), "w").write(t)
+    p = lambda name: os.path.join(work, name)
+    for name, corpus in [("index95", "train95.txt"), ("index", "train.txt")]:
+        if not os.path.exists(p(name)):
+            timed([infgram, "index", "--tokenizer", "smollm2-135m", "-o", p(name), p(corpus)])
+    fit_cmd = [infgram, "mix", "fit", "--model", "smollm2-135m", "--index", p("index95"),
+               "--text", p("heldout.txt")]
+    timed(fit_cmd + ["--features", "-o", p("mix-features.json")])
+    m = json.load(open(p("mix-features.json")))
+    m.pop("features")
+    json.dump(m, open(p("mix-table.json"), "w"), indent=1)
+    timed(fit_cmd + ["--two-weights", "-o", p("mix-two-weights.json")])
+    stdout, secs, _, _ = timed([infgram, "ppl", "--model", "smollm2-135m", "--index", p("index"),
+                                "--json", "--mix", p("mix-features.json"), "--compare", "default",
+                                p("mix-table.json"), p("mix-two-weights.json"), "--text", p("val.txt")])
+    r = json.loads(stdout)
+    print(f"val: {r['tokens']} tokens; SmolLM2 {r['ppl_neural']:.3f}, ∞-gram (smoothed) {r['ppl_infgram']:.3f}, "
+          f"bound {r['ppl_bound']:.3f} ({100 * r['relative_improvement_bound']:.1f}%)")
+    names = {"default": "built-in table", p("mix-table.json"): "table fitted here",
+             p("mix-two-weights.json"): "two weights fitted here"}
+    for name, c in [("λ model with features", r)] + [(names[c["mixer"]], c) for c in r["compare"]]:
+        print(f"| {name} | {c['ppl']:.3f} | {100 * c['relative_improvement']:.1f}% |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -142,9 +214,22 @@ def main():
     r.add_argument("--score", type=int, default=15)
     r.add_argument("--fit", type=int, default=25)
     r.add_argument("--chars", type=int, default=4000)
+    sp = sub.add_parser("spec")
+    sp.add_argument("work")
+    sp.add_argument("--infgram", default="target/release/infgram")
+    sp.add_argument("--rounds", type=int, default=3)
+    sp.add_argument("--prompt-chars", type=int, default=1500)
+    sp.add_argument("--max-tokens", type=int, default=128)
+    sh = sub.add_parser("shakespeare")
+    sh.add_argument("work")
+    sh.add_argument("--infgram", default="target/release/infgram")
     a = ap.parse_args()
     if a.cmd == "split":
         split(a.tree, a.work)
+    elif a.cmd == "shakespeare":
+        shakespeare(a.work, a.infgram)
+    elif a.cmd == "spec":
+        spec(a.work, a.infgram, a.rounds, a.prompt_chars, a.max_tokens)
     else:
         run(a.work, a.infgram, a.score, a.fit, a.chars)
 

@@ -87,8 +87,8 @@ fn fit(args: &FitArgs) -> Result<()> {
             &index,
             &tokens,
             &estimator,
-            args.window,
-            args.stride,
+            (args.window, args.stride),
+            false,
         )?;
         parts.push(part.named(&path.display().to_string()));
     }
@@ -228,8 +228,13 @@ pub fn print_mixture(r: &ScoredMixture, json: bool) -> Result<()> {
     outln!("perplexity (mixture)  {:.4}", m.ppl)?;
     outln!("perplexity (neural)   {:.4}", m.ppl_neural)?;
     outln!(
-        "perplexity (∞-gram)   {:.4}  (smoothed estimator)",
-        m.ppl_infgram
+        "perplexity (∞-gram)   {:.4}  ({})",
+        m.ppl_infgram,
+        if r.infgram_ppl_smoothed {
+            "smoothed estimator"
+        } else {
+            "the mixed-in estimator; the smoothed one skipped"
+        }
     )?;
     outln!(
         "relative improvement  {:.1}%  (1 − (ppl − 1)/(ppl_neural − 1))",
@@ -272,10 +277,11 @@ pub fn print_mixture(r: &ScoredMixture, json: bool) -> Result<()> {
         outln!()?;
     }
     outln!(
-        "seconds               {:.2} (neural {:.2}, ∞-gram {:.2})",
+        "seconds               {:.2} (neural {:.2}, ∞-gram rows {:.2}, smoothed ∞-gram perplexity {:.2})",
         r.seconds,
         r.neural_seconds,
-        r.infgram_seconds
+        r.infgram_seconds,
+        r.smoothed_seconds
     )?;
     outln!(
         "\n{:>4} {:>8} {:>8} {:>8} {:>10} {:>10}",

@@ -73,6 +73,11 @@ pub struct PplArgs {
     /// --mix. Their figures follow the main one (JSON `compare`).
     #[arg(long, num_args = 1.., requires_all = ["model", "index"])]
     pub compare: Vec<PathBuf>,
+    /// With --model and --index: skip the ∞-gram's own perplexity (the smoothed estimator's,
+    /// which the mixture does not need and which is the slow part on a large index); the
+    /// ∞-gram's perplexity is then the mixed-in estimator's (infinite where it misses a token).
+    #[arg(long, requires_all = ["model", "index"])]
+    pub no_infgram_ppl: bool,
     /// With --model: window length in tokens.
     #[arg(long, default_value_t = 1024)]
     pub window: usize,
@@ -361,8 +366,8 @@ fn run_model(args: &PplArgs, model: &str) -> Result<()> {
                 &index,
                 ids,
                 &mixer.estimator,
-                args.window,
-                args.stride,
+                (args.window, args.stride),
+                !args.no_infgram_ppl,
             )
             .with_context(|| name.clone())?;
             parts.push(part.named(name));

@@ -309,6 +309,8 @@ mod tests {
             neural: vec![NeuralPosition::of_q(q); n],
             neural_seconds: 1.0,
             infgram_seconds: 0.5,
+            smoothed_seconds: 0.0,
+            smoothed: true,
             overlap,
             documents: vec![DocumentOverlap {
                 document: String::new(),
@@ -431,8 +433,13 @@ pub struct ScoredMixture {
     pub seconds: f64,
     /// … of which the neural model.
     pub neural_seconds: f64,
-    /// … and the ∞-gram.
+    /// … and the ∞-gram's rows (what the mixture needs) with the overlap check.
     pub infgram_seconds: f64,
+    /// … and the smoothed ∞-gram's own perplexity (0 when skipped).
+    pub smoothed_seconds: f64,
+    /// Whether `ppl_infgram` is the smoothed estimator's (else the mixed-in one's, skipped
+    /// for speed).
+    pub infgram_ppl_smoothed: bool,
     /// The mixer in use.
     pub mixer: Mixer,
     /// Each document's decontamination check (one entry for a single text).
@@ -467,6 +474,9 @@ pub struct Scoring {
     neural: Vec<NeuralPosition>,
     neural_seconds: f64,
     infgram_seconds: f64,
+    smoothed_seconds: f64,
+    /// Whether `p_smoothed` is the smoothed estimator's.
+    smoothed: bool,
     overlap: f64,
     /// The documents, in the order of their positions.
     documents: Vec<DocumentOverlap>,
@@ -474,20 +484,129 @@ pub struct Scoring {
     all: Option<Box<Scoring>>,
 }
 
-/// Scores `tokens` with `neural` (windows of `window` moved by `stride`) and with the ∞-gram
-/// of `index` (`estimator`).
-pub fn score_both<S: AsRef<[u8]> + Sync>(
-    neural: &mut dyn LanguageModel,
+/// The smoothed ∞-gram's probability of every token but the first (entry `i` is token
+/// `i + 1`), with the last `context` tokens as context, in parallel: the ∞-gram's own finite
+/// perplexity, which the mixture does not need.
+pub fn smoothed_probs<S: AsRef<[u8]> + Sync>(
     index: &Index<S>,
     tokens: &[u32],
+    context: usize,
+) -> Vec<f64> {
+    let smoothed = Estimator::Smoothed(Default::default());
+    let vocab = index.vocab_size();
+    let positions: Vec<usize> = (1..tokens.len()).collect();
+    let chunk = positions
+        .len()
+        .div_ceil(rayon::current_num_threads() * 4)
+        .max(1);
+    positions
+        .par_chunks(chunk)
+        .flat_map_iter(|chunk| {
+            let mut finder = LevelFinder::new(false);
+            chunk
+                .iter()
+                .map(|&i| {
+                    let levels =
+                        smoothed.levels(&mut finder, index, &tokens[i.saturating_sub(context)..i]);
+                    smoothed.prob(&levels, vocab, tokens[i]).unwrap_or(0.0)
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// The ∞-gram at every position `1..` of `tokens` for an SBIS estimator, from its rows in one
+/// pass of the level tracker ([`crate::ngram::batch::infgram_rows`]: a document's end is the
+/// neural model's `end`, ids below `vocab`, as the [`super::Interpolated`] scorer sees them)
+/// instead of a search per position; `p_smoothed` comes from [`smoothed_probs`] when
+/// `smoothed` is set (else it is `p`). Returns the positions and the seconds of the rows and
+/// of the smoothed pass.
+pub fn tracked_positions<S: AsRef<[u8]> + Sync>(
+    index: &std::sync::Arc<Index<S>>,
+    tokens: &[u32],
     estimator: &EstimatorSpec,
-    window: usize,
-    stride: usize,
+    context: usize,
+    (end, vocab): (u32, usize),
+    smoothed: bool,
+) -> Result<(Vec<InfgramPosition>, f64, f64)> {
+    let t = Instant::now();
+    let options = crate::ngram::batch::RowsOptions {
+        estimator: estimator.clone(),
+        window: context,
+        end_token: Some(end),
+        vocab: Some(vocab),
+    };
+    let rows = crate::ngram::batch::infgram_rows(index.clone(), tokens, &options)?;
+    let mut positions: Vec<InfgramPosition> = (1..tokens.len())
+        .map(|i| {
+            let j = i - 1;
+            let lp = rows.logprob(j, tokens[i]);
+            let p = if lp > f32::NEG_INFINITY {
+                (lp as f64).exp()
+            } else {
+                0.0
+            };
+            let (ids, lps) = rows.row(j);
+            let mut top: Option<(u32, f32)> = None;
+            for (&id, &l) in ids.iter().zip(lps) {
+                if l > f32::NEG_INFINITY && top.is_none_or(|t| l > t.1) {
+                    top = Some((id, l));
+                }
+            }
+            let top = top.map(|(id, l)| (id, (l as f64).exp()));
+            InfgramPosition {
+                p,
+                p_smoothed: p,
+                evidence: rows.evidence(j),
+                agrees: top.is_some_and(|t| t.0 == tokens[i]),
+                top,
+            }
+        })
+        .collect();
+    let rows_seconds = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    if smoothed {
+        for (g, p) in positions
+            .iter_mut()
+            .zip(smoothed_probs(index, tokens, context))
+        {
+            g.p_smoothed = p;
+        }
+    }
+    Ok((positions, rows_seconds, t.elapsed().as_secs_f64()))
+}
+
+/// Scores `tokens` with `neural` (windows of `window` moved by `stride`) and with the ∞-gram
+/// of `index` (`estimator`). An SBIS estimator's rows come from the level tracker in one pass
+/// ([`tracked_positions`]); the smoothed ∞-gram's own perplexity, a figure the mixture does not
+/// need, is computed (and timed) apart, or not at all without `smoothed` (its perplexity is then
+/// the mixed-in estimator's, infinite where it gives the actual token no mass).
+pub fn score_both<S: AsRef<[u8]> + Sync>(
+    neural: &mut dyn LanguageModel,
+    index: &std::sync::Arc<Index<S>>,
+    tokens: &[u32],
+    estimator: &EstimatorSpec,
+    (window, stride): (usize, usize),
+    smoothed: bool,
 ) -> Result<Scoring> {
     let t = Instant::now();
-    let infgram = infgram_positions(index, tokens, estimator, MIX_CONTEXT)?;
+    let (infgram, rows_seconds, smoothed_seconds) = match estimator.estimator()? {
+        Estimator::Sbis { .. } => {
+            let end = *neural
+                .eos_tokens()
+                .first()
+                .ok_or_else(|| crate::Error::input("the neural model has no end token"))?;
+            let ends = (end, neural.vocab_size());
+            tracked_positions(index, tokens, estimator, MIX_CONTEXT, ends, smoothed)?
+        }
+        _ => {
+            let positions = infgram_positions(index, tokens, estimator, MIX_CONTEXT)?;
+            (positions, t.elapsed().as_secs_f64(), 0.0)
+        }
+    };
+    let t = Instant::now();
     let overlap = overlap(index, tokens, OVERLAP_N);
-    let infgram_seconds = t.elapsed().as_secs_f64();
+    let infgram_seconds = rows_seconds + t.elapsed().as_secs_f64();
     let t = Instant::now();
     let tops: Vec<Option<u32>> = infgram.iter().map(|g| g.top.map(|t| t.0)).collect();
     let neural_p = neural_positions(neural, tokens, window, stride, &tops)?;
@@ -503,6 +622,8 @@ pub fn score_both<S: AsRef<[u8]> + Sync>(
         neural: neural_p,
         neural_seconds: t.elapsed().as_secs_f64(),
         infgram_seconds,
+        smoothed_seconds,
+        smoothed: smoothed || !matches!(estimator.estimator()?, Estimator::Sbis { .. }),
         overlap,
         documents: vec![document],
         all: None,
@@ -526,6 +647,8 @@ impl Scoring {
             neural: Vec::new(),
             neural_seconds: 0.0,
             infgram_seconds: 0.0,
+            smoothed_seconds: 0.0,
+            smoothed: true,
             overlap: 0.0,
             documents: Vec::new(),
             all: None,
@@ -535,6 +658,8 @@ impl Scoring {
             out.neural.extend(part.neural);
             out.neural_seconds += part.neural_seconds;
             out.infgram_seconds += part.infgram_seconds;
+            out.smoothed_seconds += part.smoothed_seconds;
+            out.smoothed &= part.smoothed;
             out.documents.extend(part.documents);
         }
         let windows: usize = out.documents.iter().map(|d| d.windows).sum();
@@ -571,6 +696,8 @@ impl Scoring {
                     neural: self.neural[range].to_vec(),
                     neural_seconds: 0.0,
                     infgram_seconds: 0.0,
+                    smoothed_seconds: 0.0,
+                    smoothed: self.smoothed,
                     overlap: d.overlap,
                     documents: vec![d.clone()],
                     all: None,
@@ -580,6 +707,7 @@ impl Scoring {
         let mut out = Scoring::join(kept);
         out.neural_seconds = self.neural_seconds;
         out.infgram_seconds = self.infgram_seconds;
+        out.smoothed_seconds = self.smoothed_seconds;
         out.documents = documents;
         out.all = Some(Box::new(self));
         out
@@ -612,9 +740,11 @@ impl Scoring {
         ScoredMixture {
             report: self.mix_report(mixer),
             overlap: self.overlap,
-            seconds: self.neural_seconds + self.infgram_seconds,
+            seconds: self.neural_seconds + self.infgram_seconds + self.smoothed_seconds,
             neural_seconds: self.neural_seconds,
             infgram_seconds: self.infgram_seconds,
+            smoothed_seconds: self.smoothed_seconds,
+            infgram_ppl_smoothed: self.smoothed,
             mixer: mixer.clone(),
             overlap_by_document: self.documents.clone(),
             with_left_out: self.all.as_ref().map(|all| all.mix_report(mixer)),
