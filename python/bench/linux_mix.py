@@ -6,8 +6,8 @@ set of files chosen by a hash of their path: sha1("infgram-mix:" + relative path
 (about 0.25%). Of the held-out `.c` files, those with (hash // 400) even are scored and the others
 fit λ; neither is in the reference.
 
-    python python/bench/linux_mix.py split TREE WORK      # WORK/reference (hard links), WORK/score, WORK/fit
-    python python/bench/linux_mix.py run WORK [--infgram target/release/infgram]
+    python python/bench/linux_mix.py run WORK --tree TREE [--infgram target/release/infgram]
+    python python/bench/linux_mix.py split TREE WORK      # only the split: WORK/reference (hard links), WORK/score, WORK/fit
     python python/bench/linux_mix.py spec WORK [--rounds 3]
     python python/bench/linux_mix.py shakespeare WORK
 
@@ -19,7 +19,7 @@ scored files, raw, greedy, 128 tokens) with the mixture of `run`'s λ model: pla
 speculative (the prompt and the Linux index draft, the mixture verifies); the outputs must be
 identical, and the speed-up is the ratio of the two in each round.
 
-`run` indexes WORK/reference (once; `/usr/bin/time` gives seconds and peak memory), fits the
+`run` splits TREE into WORK first when WORK has no split yet, then indexes WORK/reference (once; `/usr/bin/time` gives seconds and peak memory), fits the
 paper's two weights, the λ table and the λ model with features on the fit files, and scores the
 scored files (each on its own, in 1,024-token windows moved by 512; files above 80% 13-gram
 overlap left out of the headline, given beside it) with each mixer and with today's built-in
@@ -97,7 +97,12 @@ def timed(cmd):
     return r.stdout, float(secs), int(kb) / 1e6, time.time() - t
 
 
-def run(work, infgram, n_score, n_fit, chars):
+def run(work, infgram, n_score, n_fit, chars, tree):
+    if not os.path.exists(os.path.join(work, "reference")):
+        if not tree or not os.path.isdir(tree):
+            sys.exit("give the Linux 6.1 tree with --tree: `apt-get install linux-source-6.1`, then "
+                     "`tar xf /usr/src/linux-source-6.1.tar.xz -C DIR` gives DIR/linux-source-6.1")
+        split(tree, work)
     index = os.path.join(work, "index")
     if not os.path.exists(index):
         _, secs, gb, _ = timed([infgram, "index", "--tokenizer", "smollm2-135m", "-o", index,
@@ -214,6 +219,7 @@ def main():
     r.add_argument("--score", type=int, default=15)
     r.add_argument("--fit", type=int, default=25)
     r.add_argument("--chars", type=int, default=4000)
+    r.add_argument("--tree", help="the unpacked Linux 6.1 tree (split into WORK on first use)")
     sp = sub.add_parser("spec")
     sp.add_argument("work")
     sp.add_argument("--infgram", default="target/release/infgram")
@@ -231,7 +237,7 @@ def main():
     elif a.cmd == "spec":
         spec(a.work, a.infgram, a.rounds, a.prompt_chars, a.max_tokens)
     else:
-        run(a.work, a.infgram, a.score, a.fit, a.chars)
+        run(a.work, a.infgram, a.score, a.fit, a.chars, a.tree)
 
 
 if __name__ == "__main__":
