@@ -105,7 +105,7 @@ fn fit(args: &FitArgs) -> Result<()> {
     };
     mixer.save(&args.output)?;
     let r = scoring.report(&mixer);
-    print_mixture(&r, false)?;
+    print_mixture(&r)?;
     if mixer.reads_neural() {
         let table = infgram::mix::Mixer {
             features: None,
@@ -162,7 +162,7 @@ pub fn print_mixtures(
         outln!("{v}")?;
         return Ok(());
     }
-    print_mixture(r, false)?;
+    print_mixture(r)?;
     if !compared.is_empty() {
         outln!("\nother mixers on the same passes:")?;
         for (name, c) in compared {
@@ -215,14 +215,10 @@ fn print_warnings(r: &ScoredMixture) {
     }
 }
 
-/// Prints an interpolated-perplexity report (JSON with `json`).
+/// Prints an interpolated-perplexity report as text (the JSON is [`print_mixtures`]').
 #[cfg(feature = "neural")]
-pub fn print_mixture(r: &ScoredMixture, json: bool) -> Result<()> {
+fn print_mixture(r: &ScoredMixture) -> Result<()> {
     print_warnings(r);
-    if json {
-        outln!("{}", serde_json::to_value(r)?)?;
-        return Ok(());
-    }
     let several = r.overlap_by_document.len() > 1;
     let m = &r.report;
     outln!("perplexity (mixture)  {:.4}", m.ppl)?;

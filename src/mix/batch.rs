@@ -5,10 +5,9 @@
 //! perplexity). The arithmetic is the one the [`super::Interpolated`] scorer runs. A mixer
 //! whose λ reads the neural model's confidence ([`super::LambdaModel`]) mixes whole rows only.
 
-use super::features::confidence_of_rows;
+use super::features::{confidence_of_rows, top_of_logprobs};
 use super::Mixer;
 use crate::error::{Error, Result};
-use crate::lm::Logits;
 use crate::ngram::batch::Rows;
 use crate::ngram::{Estimator, EstimatorSpec};
 use rayon::prelude::*;
@@ -47,7 +46,9 @@ fn check_rows(rows: &Rows, mixer: &Mixer) -> Result<()> {
 fn check_table_only(mixer: &Mixer, what: &str) -> Result<()> {
     if mixer.reads_neural() {
         return Err(Error::input(format!(
-            "this mixer's λ reads the neural model's confidence (its `features` model), so {what}              cannot compute it: mix the model's whole logits with mix_rows, or use a mixer              fitted without --features"
+            "this mixer's λ reads the neural model's confidence (its `features` model), so {what} \
+             cannot compute it: mix the model's whole logits with mix_rows, or use a mixer \
+             fitted without --features"
         )));
     }
     Ok(())
@@ -97,9 +98,8 @@ pub fn mix_rows(rows: &Rows, logits: &mut [f32], mixer: &Mixer) -> Result<()> {
             let lambda = match &mixer.features {
                 None => mixer.lambda(&rows.evidence(j)),
                 Some(model) => {
-                    let entries = ids.iter().copied().zip(lps.iter().copied()).collect();
-                    let infgram = Logits::Sparse { vocab, entries };
-                    model.lambda(&confidence_of_rows(rows.evidence(j), row, &infgram))
+                    let top = top_of_logprobs(ids.iter().copied().zip(lps.iter().copied()));
+                    model.lambda(&confidence_of_rows(rows.evidence(j), row, top))
                 }
             };
             super::mix_in_place(row, ids.iter().copied().zip(lps.iter().copied()), lambda);

@@ -116,31 +116,45 @@ impl Confidence {
     }
 }
 
+/// The first entry with the largest value above `floor` (the lowest id on a tie, entries
+/// coming in ascending id order); `None` when no value is above it.
+pub fn first_max<T: PartialOrd + Copy>(
+    entries: impl IntoIterator<Item = (u32, T)>,
+    floor: T,
+) -> Option<(u32, T)> {
+    let mut best: Option<(u32, T)> = None;
+    for (id, x) in entries {
+        if x > floor && best.is_none_or(|b| x > b.1) {
+            best = Some((id, x));
+        }
+    }
+    best
+}
+
+/// The most likely token of `(id, ln p)` entries and its probability ([`first_max`]).
+pub fn top_of_logprobs(entries: impl IntoIterator<Item = (u32, f32)>) -> Option<(u32, f64)> {
+    first_max(entries, f32::NEG_INFINITY).map(|(id, lp)| (id, (lp as f64).exp()))
+}
+
 /// The most likely token of an ∞-gram row (`ln p` entries) and its probability: the first of
 /// the largest (lowest id on a tie); `None` for a row with no support.
 pub fn row_top(row: &Logits) -> Option<(u32, f64)> {
-    let mut best: Option<(u32, f32)> = None;
-    let mut consider = |id: u32, lp: f32| {
-        if lp > f32::NEG_INFINITY && best.is_none_or(|b| lp > b.1) {
-            best = Some((id, lp));
-        }
-    };
     match row {
-        Logits::Sparse { entries, .. } => entries.iter().for_each(|&(id, lp)| consider(id, lp)),
-        Logits::Dense(v) => v
-            .iter()
-            .enumerate()
-            .for_each(|(id, &lp)| consider(id as u32, lp)),
+        Logits::Sparse { entries, .. } => top_of_logprobs(entries.iter().copied()),
+        Logits::Dense(v) => top_of_logprobs((0..v.len() as u32).zip(v.iter().copied())),
     }
-    best.map(|(id, lp)| (id, (lp as f64).exp()))
 }
 
-/// What both models knew at a row: the ∞-gram's `evidence` and row (`ln p`), and the neural
-/// model's logits there (any scale).
-pub fn confidence_of_rows(evidence: Evidence, neural: &[f32], infgram: &Logits) -> Confidence {
+/// What both models knew at a row: the ∞-gram's `evidence` and most likely token with its
+/// probability ([`row_top`]), and the neural model's logits there (any scale).
+pub fn confidence_of_rows(
+    evidence: Evidence,
+    neural: &[f32],
+    infgram_top: Option<(u32, f64)>,
+) -> Confidence {
     let lse = crate::lm::log_sum_exp_row(neural);
     let view = NeuralView::of_logits(neural, lse);
-    Confidence::join(evidence, row_top(infgram), view, |id| {
+    Confidence::join(evidence, infgram_top, view, |id| {
         neural
             .get(id as usize)
             .map_or(0.0, |&x| (x as f64 - lse).exp())

@@ -418,7 +418,8 @@ impl<S: AsRef<[u8]> + Sync, N: LanguageModel> Interpolated<S, N> {
                 None => mix_row(n, g, *l),
                 Some(model) => {
                     let dense = n.into_dense();
-                    *l = model.lambda(&features::confidence_of_rows(*ev, &dense, &g));
+                    let top = features::row_top(&g);
+                    *l = model.lambda(&features::confidence_of_rows(*ev, &dense, top));
                     mix_row(Logits::Dense(dense), g, *l)
                 }
             })

@@ -3,7 +3,7 @@
 //! pass of each ([`score_both`]); the same per-position numbers fit λ ([`Mixer::fit`]). Also
 //! the decontamination check: how much of the text the index already holds.
 
-use super::features::{Confidence, FitPoint, LambdaModel, NeuralView};
+use super::features::{first_max, top_of_logprobs, Confidence, FitPoint, LambdaModel, NeuralView};
 use super::{Mixer, MIX_CONTEXT};
 use crate::error::Result;
 use crate::eval::ngram::Agreement;
@@ -54,54 +54,53 @@ pub fn infgram_positions<S: AsRef<[u8]> + Sync>(
     mixed.check_levels("scoring a mixture")?;
     let smoothed = Estimator::Smoothed(Default::default());
     let vocab = index.vocab_size();
-    let positions: Vec<usize> = (1..tokens.len()).collect();
+    let scored = each_position(
+        tokens.len(),
+        || (LevelFinder::new(false), Vec::new()),
+        |(finder, dist), i| {
+            let ctx = &tokens[i.saturating_sub(context)..i];
+            let actual = tokens[i];
+            let all = smoothed.levels(finder, index, ctx);
+            let p_smoothed = smoothed.prob(&all, vocab, actual).unwrap_or(0.0);
+            let levels = match mixed {
+                Estimator::Smoothed(_) => all.clone(),
+                _ => mixed.levels(finder, index, ctx),
+            };
+            let p = mixed.prob(&levels, vocab, actual).unwrap_or(0.0);
+            let first = levels.first().filter(|l| l.len > 0);
+            let argmax = first.and_then(|l| top_token(&l.counts));
+            mixed.distribution_into(&levels, vocab, dist);
+            InfgramPosition {
+                p,
+                p_smoothed,
+                evidence: Evidence::of(first.map(std::slice::from_ref).unwrap_or(&[])),
+                agrees: argmax == Some(actual),
+                top: first_max(dist.iter().copied(), 0.0),
+            }
+        },
+    );
+    Ok(scored)
+}
+
+/// `at(state, i)` at every position `1..len`, in order, computed in parallel chunks that
+/// each start from a fresh `init()` (a level finder and scratch space).
+fn each_position<St, T: Send>(
+    len: usize,
+    init: impl Fn() -> St + Sync,
+    at: impl Fn(&mut St, usize) -> T + Sync,
+) -> Vec<T> {
+    let positions: Vec<usize> = (1..len).collect();
     let chunk = positions
         .len()
         .div_ceil(rayon::current_num_threads() * 4)
         .max(1);
-    let scored = positions
+    positions
         .par_chunks(chunk)
         .flat_map_iter(|chunk| {
-            let mut finder = LevelFinder::new(false);
-            let mut dist = Vec::new();
-            chunk
-                .iter()
-                .map(|&i| {
-                    let ctx = &tokens[i.saturating_sub(context)..i];
-                    let actual = tokens[i];
-                    let all = smoothed.levels(&mut finder, index, ctx);
-                    let p_smoothed = smoothed.prob(&all, vocab, actual).unwrap_or(0.0);
-                    let levels = match mixed {
-                        Estimator::Smoothed(_) => all.clone(),
-                        _ => mixed.levels(&mut finder, index, ctx),
-                    };
-                    let p = mixed.prob(&levels, vocab, actual).unwrap_or(0.0);
-                    let first = levels.first().filter(|l| l.len > 0);
-                    let argmax = first.and_then(|l| top_token(&l.counts));
-                    mixed.distribution_into(&levels, vocab, &mut dist);
-                    InfgramPosition {
-                        p,
-                        p_smoothed,
-                        evidence: Evidence::of(first.map(std::slice::from_ref).unwrap_or(&[])),
-                        agrees: argmax == Some(actual),
-                        top: distribution_top(&dist),
-                    }
-                })
-                .collect::<Vec<_>>()
+            let mut state = init();
+            chunk.iter().map(|&i| at(&mut state, i)).collect::<Vec<_>>()
         })
-        .collect::<Vec<_>>();
-    Ok(scored)
-}
-
-/// The most likely entry of a distribution sorted by token (the lowest id on a tie).
-fn distribution_top(dist: &[(u32, f64)]) -> Option<(u32, f64)> {
-    let mut best: Option<(u32, f64)> = None;
-    for &(id, p) in dist {
-        if p > 0.0 && best.is_none_or(|b| p > b.1) {
-            best = Some((id, p));
-        }
-    }
-    best
+        .collect()
 }
 
 /// What the neural model says at one position.
@@ -494,25 +493,14 @@ pub fn smoothed_probs<S: AsRef<[u8]> + Sync>(
 ) -> Vec<f64> {
     let smoothed = Estimator::Smoothed(Default::default());
     let vocab = index.vocab_size();
-    let positions: Vec<usize> = (1..tokens.len()).collect();
-    let chunk = positions
-        .len()
-        .div_ceil(rayon::current_num_threads() * 4)
-        .max(1);
-    positions
-        .par_chunks(chunk)
-        .flat_map_iter(|chunk| {
-            let mut finder = LevelFinder::new(false);
-            chunk
-                .iter()
-                .map(|&i| {
-                    let levels =
-                        smoothed.levels(&mut finder, index, &tokens[i.saturating_sub(context)..i]);
-                    smoothed.prob(&levels, vocab, tokens[i]).unwrap_or(0.0)
-                })
-                .collect::<Vec<_>>()
-        })
-        .collect()
+    each_position(
+        tokens.len(),
+        || LevelFinder::new(false),
+        |finder, i| {
+            let levels = smoothed.levels(finder, index, &tokens[i.saturating_sub(context)..i]);
+            smoothed.prob(&levels, vocab, tokens[i]).unwrap_or(0.0)
+        },
+    )
 }
 
 /// The ∞-gram at every position `1..` of `tokens` for an SBIS estimator, from its rows in one
@@ -547,13 +535,7 @@ pub fn tracked_positions<S: AsRef<[u8]> + Sync>(
                 0.0
             };
             let (ids, lps) = rows.row(j);
-            let mut top: Option<(u32, f32)> = None;
-            for (&id, &l) in ids.iter().zip(lps) {
-                if l > f32::NEG_INFINITY && top.is_none_or(|t| l > t.1) {
-                    top = Some((id, l));
-                }
-            }
-            let top = top.map(|(id, l)| (id, (l as f64).exp()));
+            let top = top_of_logprobs(ids.iter().copied().zip(lps.iter().copied()));
             InfgramPosition {
                 p,
                 p_smoothed: p,
@@ -590,18 +572,21 @@ pub fn score_both<S: AsRef<[u8]> + Sync>(
     smoothed: bool,
 ) -> Result<Scoring> {
     let t = Instant::now();
-    let (infgram, rows_seconds, smoothed_seconds) = match estimator.estimator()? {
+    // Whether `p_smoothed` holds the smoothed estimator's probabilities.
+    let (infgram, rows_seconds, smoothed_seconds, smoothed) = match estimator.estimator()? {
         Estimator::Sbis { .. } => {
             let end = *neural
                 .eos_tokens()
                 .first()
                 .ok_or_else(|| crate::Error::input("the neural model has no end token"))?;
             let ends = (end, neural.vocab_size());
-            tracked_positions(index, tokens, estimator, MIX_CONTEXT, ends, smoothed)?
+            let (positions, rows_seconds, smoothed_seconds) =
+                tracked_positions(index, tokens, estimator, MIX_CONTEXT, ends, smoothed)?;
+            (positions, rows_seconds, smoothed_seconds, smoothed)
         }
         _ => {
             let positions = infgram_positions(index, tokens, estimator, MIX_CONTEXT)?;
-            (positions, t.elapsed().as_secs_f64(), 0.0)
+            (positions, t.elapsed().as_secs_f64(), 0.0, true)
         }
     };
     let t = Instant::now();
@@ -623,7 +608,7 @@ pub fn score_both<S: AsRef<[u8]> + Sync>(
         neural_seconds: t.elapsed().as_secs_f64(),
         infgram_seconds,
         smoothed_seconds,
-        smoothed: smoothed || !matches!(estimator.estimator()?, Estimator::Sbis { .. }),
+        smoothed,
         overlap,
         documents: vec![document],
         all: None,
@@ -718,14 +703,7 @@ impl Scoring {
         self.infgram
             .iter()
             .zip(&self.neural)
-            .map(|(g, q)| Confidence {
-                evidence: g.evidence,
-                infgram_top_p: g.top.map_or(0.0, |t| t.1),
-                neural_top_p: q.view.top_p,
-                neural_entropy: q.view.entropy,
-                neural_p_of_infgram_top: q.q_of_infgram_top,
-                agree: g.top.is_some_and(|t| t.0 == q.view.top),
-            })
+            .map(|(g, q)| Confidence::join(g.evidence, g.top, q.view, |_| q.q_of_infgram_top))
     }
 
     /// The report of `mixer` over these positions.

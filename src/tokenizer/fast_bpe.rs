@@ -120,11 +120,6 @@ impl FastBpe {
                 .copied()
                 .unwrap_or(NO_ID);
         }
-        let decode: HashMap<char, u8> = chars
-            .iter()
-            .enumerate()
-            .map(|(b, &c)| (c, b as u8))
-            .collect();
         let mut merges = HashMap::default();
         for (rank, m) in model.get("merges")?.as_array()?.iter().enumerate() {
             let (a, b) = match m {
@@ -136,6 +131,7 @@ impl FastBpe {
             merges.insert((*vocab.get(a)?, *vocab.get(b)?), (rank as u32, *merged));
         }
         let whole = ignore_merges.then(|| {
+            let decode = super::gpt2_byte_decoder();
             vocab
                 .iter()
                 .filter_map(|(t, &id)| {

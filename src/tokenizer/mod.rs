@@ -222,13 +222,18 @@ impl HfTokenizer {
             id_to_token[id as usize] = tok;
         }
         let byte_level = json.contains("\"ByteLevel\"");
-        let fast = serde_json::from_str(json)
-            .ok()
-            .and_then(|v| fast_bpe::FastBpe::from_json(&v))
+        let parsed = serde_json::from_str::<serde_json::Value>(json).ok();
+        let fast = parsed
+            .as_ref()
+            .and_then(fast_bpe::FastBpe::from_json)
             .map(std::sync::Arc::new);
+        let canonical = match &parsed {
+            Some(v) => canonical_model_json(v),
+            None => json.to_string(),
+        };
         let abs = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
         Ok(HfTokenizer {
-            fingerprint: format!("{:016x}", fnv1a64(canonical_model_json(json).as_bytes())),
+            fingerprint: format!("{:016x}", fnv1a64(canonical.as_bytes())),
             inner,
             kind,
             path: abs.display().to_string(),
@@ -266,38 +271,21 @@ impl HfTokenizer {
 
 /// The parts of a tokenizer.json that decide ids, serialized canonically (keys sorted), so
 /// that whitespace or key order do not change the fingerprint.
-fn canonical_model_json(json: &str) -> String {
-    match serde_json::from_str::<serde_json::Value>(json) {
-        Ok(v) => {
-            let keep = ["model", "normalizer", "pre_tokenizer", "added_tokens"];
-            let parts: Vec<String> = keep
-                .iter()
-                .map(|k| serde_json::to_string(&v.get(*k)).unwrap_or_default())
-                .collect();
-            parts.join("\n")
-        }
-        Err(_) => json.to_string(),
-    }
+fn canonical_model_json(v: &serde_json::Value) -> String {
+    let keep = ["model", "normalizer", "pre_tokenizer", "added_tokens"];
+    let parts: Vec<String> = keep
+        .iter()
+        .map(|k| serde_json::to_string(&v.get(*k)).unwrap_or_default())
+        .collect();
+    parts.join("\n")
 }
 
-/// The inverse of GPT-2's bytes→unicode table.
+/// The inverse of GPT-2's bytes→unicode table ([`fast_bpe::byte_chars`]).
 fn gpt2_byte_decoder() -> std::collections::HashMap<char, u8> {
-    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32)
-        .chain(0xA1..=0xAC)
-        .chain(0xAE..=0xFF)
-        .collect();
-    let mut cs = bs.clone();
-    let mut n = 0;
-    for b in 0..256u32 {
-        if !bs.contains(&b) {
-            bs.push(b);
-            cs.push(256 + n);
-            n += 1;
-        }
-    }
-    bs.into_iter()
-        .zip(cs)
-        .map(|(b, c)| (char::from_u32(c).expect("valid char"), b as u8))
+    fast_bpe::byte_chars()
+        .iter()
+        .enumerate()
+        .map(|(b, &c)| (c, b as u8))
         .collect()
 }
 
