@@ -35,6 +35,20 @@ fn docs() -> impl Strategy<Value = Vec<Vec<u32>>> {
     prop::collection::vec(prop::collection::vec(0u32..6, 2..30), 1..4)
 }
 
+/// A λ model over standardized inputs (mean 0, scale 1) with the given weights, repeated to
+/// the number of inputs.
+fn lambda_model(weights: &[f64], bias: f64) -> infgram::mix::LambdaModel {
+    let inputs = infgram::mix::features::input_names();
+    let d = inputs.len();
+    infgram::mix::LambdaModel {
+        inputs,
+        mean: vec![0.0; d],
+        scale: vec![1.0; d],
+        weights: weights.iter().cycle().take(d).copied().collect(),
+        bias,
+    }
+}
+
 /// Always drafts the same tokens.
 struct Fixed(Vec<u32>);
 
@@ -154,17 +168,9 @@ proptest! {
         a in docs(), b in docs(), text in prop::collection::vec(0u32..6, 1..20),
         weights in prop::collection::vec(-2.0f64..2.0, 32), bias in -2.0f64..2.0,
     ) {
-        use infgram::mix::features::{confidence_of_rows, input_names};
+        use infgram::mix::features::{confidence_of_rows, row_top};
         use infgram::ngram::batch::{infgram_rows, RowsOptions};
-        let inputs = input_names();
-        let d = inputs.len();
-        let model = infgram::mix::LambdaModel {
-            inputs,
-            mean: vec![0.0; d],
-            scale: vec![1.0; d],
-            weights: weights.iter().cycle().take(d).copied().collect(),
-            bias,
-        };
+        let model = lambda_model(&weights, bias);
         let mixer = Mixer { features: Some(model.clone()), ..Mixer::default() };
         let mut mix = mixture(&a, &b, mixer.clone());
         let rows = mix.score(&text).unwrap();
@@ -177,7 +183,7 @@ proptest! {
         let infgram_rows_ = g.score(&text).unwrap();
         for (j, row) in rows.iter().enumerate() {
             let dense = neural_rows[j].clone().into_dense();
-            let c = confidence_of_rows(g.last_evidence()[j], &dense, &infgram_rows_[j]);
+            let c = confidence_of_rows(g.last_evidence()[j], &dense, row_top(&infgram_rows_[j]));
             let lambda = model.lambda(&c);
             prop_assert_eq!(mix.last_lambdas()[j], lambda);
             let want = infgram::mix::mix_row(
@@ -222,15 +228,7 @@ proptest! {
         a in docs(), b in docs(), text in prop::collection::vec(0u32..6, 2..20),
         weights in prop::collection::vec(-1.0f64..1.0, 32),
     ) {
-        let inputs = infgram::mix::features::input_names();
-        let d = inputs.len();
-        let model = infgram::mix::LambdaModel {
-            inputs,
-            mean: vec![0.0; d],
-            scale: vec![1.0; d],
-            weights: weights.iter().cycle().take(d).copied().collect(),
-            bias: -1.0,
-        };
+        let model = lambda_model(&weights, -1.0);
         for mixer in [Mixer::default(), Mixer { features: Some(model.clone()), ..Mixer::default() }] {
             let mut mix = mixture(&a, &b, mixer.clone());
             let rows = mix.score(&text).unwrap();

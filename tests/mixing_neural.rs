@@ -101,6 +101,7 @@ fn mixing_from_the_command_line() {
     std::fs::write(p("train.txt"), &train[..200_000]).unwrap();
     std::fs::write(p("held.txt"), &train[200_000..202_000]).unwrap();
     std::fs::write(p("val.txt"), &val[..2_000]).unwrap();
+    let (idx, held) = (p("idx"), p("held.txt"));
     ok(run(&[
         "index",
         "--tokenizer",
@@ -109,18 +110,25 @@ fn mixing_from_the_command_line() {
         &p("idx"),
         &p("train.txt"),
     ]));
-    ok(run(&[
-        "mix",
-        "fit",
-        "--model",
-        "smollm2-135m",
-        "--index",
-        &p("idx"),
-        "--text",
-        &p("held.txt"),
-        "-o",
-        &p("mix.json"),
-    ]));
+    // `mix fit` on held.txt into `out`, with more options.
+    let fit = |out: &str, more: &[&str]| {
+        let out = p(out);
+        let mut args = vec![
+            "mix",
+            "fit",
+            "--model",
+            "smollm2-135m",
+            "--index",
+            &idx,
+            "--text",
+            &held,
+            "-o",
+            &out,
+        ];
+        args.extend(more);
+        ok(run(&args));
+    };
+    fit("mix.json", &[]);
     let mixer = infgram::mix::Mixer::load(std::path::Path::new(&p("mix.json"))).unwrap();
     // Without --estimator: SBIS with two levels, the built-in mixer's distribution.
     assert_eq!(mixer.estimator, infgram::ngram::EstimatorSpec::sbis(2));
@@ -152,19 +160,7 @@ fn mixing_from_the_command_line() {
     // `--features`: a λ model over both models' views, fitted beside the table; on the
     // positions it was fitted on it is no worse than its table alone, and `ppl` and
     // speculative `gen` run with it.
-    ok(run(&[
-        "mix",
-        "fit",
-        "--model",
-        "smollm2-135m",
-        "--index",
-        &p("idx"),
-        "--text",
-        &p("held.txt"),
-        "--features",
-        "-o",
-        &p("mix-f.json"),
-    ]));
+    fit("mix-f.json", &["--features"]);
     let with = infgram::mix::Mixer::load(std::path::Path::new(&p("mix-f.json"))).unwrap();
     assert!(with.features.is_some());
     let table = infgram::mix::Mixer {
@@ -172,20 +168,26 @@ fn mixing_from_the_command_line() {
         ..with
     };
     assert_eq!(table, mixer, "the same table beside the λ model");
-    let held_ppl = |mix: &str| -> f64 {
-        let v: serde_json::Value = serde_json::from_str(&ok(run(&[
+    // `ppl --mix` on held.txt as JSON, with more options.
+    let ppl_held = |mix: &str, more: &[&str]| {
+        let mix = p(mix);
+        let mut args = vec![
             "ppl",
             "--model",
             "smollm2-135m",
             "--index",
-            &p("idx"),
+            &idx,
             "--text",
-            &p("held.txt"),
+            &held,
             "--mix",
-            &p(mix),
+            &mix,
             "--json",
-        ])))
-        .unwrap();
+        ];
+        args.extend(more);
+        run(&args)
+    };
+    let held_ppl = |mix: &str| -> f64 {
+        let v: serde_json::Value = serde_json::from_str(&ok(ppl_held(mix, &[]))).unwrap();
         v["ppl"].as_f64().unwrap()
     };
     let (features, table) = (held_ppl("mix-f.json"), held_ppl("mix.json"));
@@ -193,22 +195,9 @@ fn mixing_from_the_command_line() {
     // `--compare`: other mixers on the same passes give what they give alone; one of another
     // ∞-gram distribution is refused.
     let compare = |others: &[&str]| {
-        let mut args = vec![
-            "ppl".to_string(),
-            "--model".into(),
-            "smollm2-135m".into(),
-            "--index".into(),
-            p("idx"),
-            "--text".into(),
-            p("held.txt"),
-            "--mix".into(),
-            p("mix-f.json"),
-            "--json".into(),
-            "--compare".into(),
-        ];
-        args.extend(others.iter().map(|o| o.to_string()));
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        run(&args)
+        let mut more = vec!["--compare"];
+        more.extend(others);
+        ppl_held("mix-f.json", &more)
     };
     let c: serde_json::Value =
         serde_json::from_str(&ok(compare(&[&p("mix.json"), "default"]))).unwrap();
