@@ -97,6 +97,33 @@ def timed(cmd):
     return r.stdout, float(secs), int(kb) / 1e6, time.time() - t
 
 
+def fit_mixers(infgram, index, texts, work):
+    """The three mixers compared, fitted on `texts`: the λ model with features (and its table),
+    the table alone (the same file without the model), and the paper's two weights. Returns
+    their paths."""
+    features, table, two = (os.path.join(work, f"mix-{n}.json")
+                            for n in ("features", "table", "two-weights"))
+    fit_cmd = [infgram, "mix", "fit", "--model", "smollm2-135m", "--index", index, "--text"] + texts
+    _, secs, _, _ = timed(fit_cmd + ["--features", "-o", features])
+    print(f"fit (table and λ model): {secs:.0f} s", flush=True)
+    m = json.load(open(features))
+    m.pop("features")
+    json.dump(m, open(table, "w"), indent=1)
+    _, secs, _, _ = timed(fit_cmd + ["--two-weights", "-o", two])
+    print(f"fit (two weights): {secs:.0f} s", flush=True)
+    return features, table, two
+
+
+def compare_mixers(infgram, index, texts, mixers, more=()):
+    """`ppl --json` of the λ model on `texts`, the other mixers (and the built-in one) beside
+    it; returns the report and the seconds and peak GB of the command."""
+    features, table, two = mixers
+    stdout, secs, gb, _ = timed([infgram, "ppl", "--model", "smollm2-135m", "--index", index,
+                                 "--json", *more, "--mix", features,
+                                 "--compare", "default", table, two, "--text"] + texts)
+    return json.loads(stdout), secs, gb
+
+
 def run(work, infgram, n_score, n_fit, chars, tree):
     if not os.path.exists(os.path.join(work, "reference")):
         if not tree or not os.path.isdir(tree):
@@ -110,21 +137,9 @@ def run(work, infgram, n_score, n_fit, chars, tree):
         print(f"index build: {secs:.0f} s, peak {gb:.1f} GB")
     scored = sample(work, "score", n_score, chars)
     fit = sample(work, "fit", n_fit, chars)
-    features = os.path.join(work, "mix-features.json")
-    table = os.path.join(work, "mix-table.json")
-    two = os.path.join(work, "mix-two-weights.json")
-    fit_cmd = [infgram, "mix", "fit", "--model", "smollm2-135m", "--index", index, "--text"] + fit
-    _, secs, _, _ = timed(fit_cmd + ["--features", "-o", features])
-    print(f"fit (table and λ model): {secs:.0f} s", flush=True)
-    m = json.load(open(features))
-    m.pop("features")
-    json.dump(m, open(table, "w"), indent=1)
-    _, secs, _, _ = timed(fit_cmd + ["--two-weights", "-o", two])
-    print(f"fit (two weights): {secs:.0f} s", flush=True)
-    stdout, secs, gb, _ = timed([infgram, "ppl", "--model", "smollm2-135m", "--index", index,
-                                 "--json", "--max-overlap", "0.8", "--mix", features,
-                                 "--compare", "default", table, two, "--text"] + scored)
-    r = json.loads(stdout)
+    mixers = fit_mixers(infgram, index, fit, work)
+    _, table, two = mixers
+    r, secs, gb = compare_mixers(infgram, index, scored, mixers, ["--max-overlap", "0.8"])
     json.dump(r, open(os.path.join(work, "ppl.json"), "w"), indent=1)
     print(f"scored {r['tokens']} tokens of {len(scored)} files in {secs:.0f} s (peak {gb:.1f} GB): "
           f"neural {r['neural_seconds']:.1f} s, ∞-gram rows {r['infgram_seconds']:.1f} s "
@@ -188,17 +203,8 @@ def shakespeare(work, infgram):
     for name, corpus in [("index95", "train95.txt"), ("index", "train.txt")]:
         if not os.path.exists(p(name)):
             timed([infgram, "index", "--tokenizer", "smollm2-135m", "-o", p(name), p(corpus)])
-    fit_cmd = [infgram, "mix", "fit", "--model", "smollm2-135m", "--index", p("index95"),
-               "--text", p("heldout.txt")]
-    timed(fit_cmd + ["--features", "-o", p("mix-features.json")])
-    m = json.load(open(p("mix-features.json")))
-    m.pop("features")
-    json.dump(m, open(p("mix-table.json"), "w"), indent=1)
-    timed(fit_cmd + ["--two-weights", "-o", p("mix-two-weights.json")])
-    stdout, secs, _, _ = timed([infgram, "ppl", "--model", "smollm2-135m", "--index", p("index"),
-                                "--json", "--mix", p("mix-features.json"), "--compare", "default",
-                                p("mix-table.json"), p("mix-two-weights.json"), "--text", p("val.txt")])
-    r = json.loads(stdout)
+    mixers = fit_mixers(infgram, p("index95"), [p("heldout.txt")], work)
+    r, _, _ = compare_mixers(infgram, p("index"), [p("val.txt")], mixers)
     print(f"val: {r['tokens']} tokens; SmolLM2 {r['ppl_neural']:.3f}, ∞-gram (smoothed) {r['ppl_infgram']:.3f}, "
           f"bound {r['ppl_bound']:.3f} ({100 * r['relative_improvement_bound']:.1f}%)")
     names = {"default": "built-in table", p("mix-table.json"): "table fitted here",
@@ -213,22 +219,20 @@ def main():
     s = sub.add_parser("split")
     s.add_argument("tree")
     s.add_argument("work")
-    r = sub.add_parser("run")
-    r.add_argument("work")
-    r.add_argument("--infgram", default="target/release/infgram")
+    # What the other commands share: the work directory and the binary.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("work")
+    common.add_argument("--infgram", default="target/release/infgram")
+    r = sub.add_parser("run", parents=[common])
     r.add_argument("--score", type=int, default=15)
     r.add_argument("--fit", type=int, default=25)
     r.add_argument("--chars", type=int, default=4000)
     r.add_argument("--tree", help="the unpacked Linux 6.1 tree (split into WORK on first use)")
-    sp = sub.add_parser("spec")
-    sp.add_argument("work")
-    sp.add_argument("--infgram", default="target/release/infgram")
+    sp = sub.add_parser("spec", parents=[common])
     sp.add_argument("--rounds", type=int, default=3)
     sp.add_argument("--prompt-chars", type=int, default=1500)
     sp.add_argument("--max-tokens", type=int, default=128)
-    sh = sub.add_parser("shakespeare")
-    sh.add_argument("work")
-    sh.add_argument("--infgram", default="target/release/infgram")
+    sub.add_parser("shakespeare", parents=[common])
     a = ap.parse_args()
     if a.cmd == "split":
         split(a.tree, a.work)
