@@ -11,6 +11,7 @@
 
 use crate::error::{Error, Result};
 use crate::lm::{LanguageModel, Logits};
+use crate::neural::arch::weights::to_matrix;
 use crate::neural::arch::{
     Activation, Architecture, Embedding, Norm, Rope, RopeScaling, SlidingWindow,
 };
@@ -20,7 +21,7 @@ use crate::neural::cpu::kernels::{matmul, matmul_many, Isa, QMatrix, QRows};
 use crate::neural::cpu::pool::{split_mut, stretches, Pool};
 use crate::neural::cpu::silu::silu_mul;
 use crate::neural::load::gguf::{model_err, Gguf};
-use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::quantized::GgmlDType;
 use std::path::Path;
 
 struct Layer {
@@ -79,39 +80,6 @@ pub struct Llama {
     /// ([`LanguageModel::score_more`]), `dim` floats each, from row `held_next` of it on.
     held: Vec<f32>,
     held_next: usize,
-}
-
-/// Converts a GGUF matrix to the kernels' layout; types other than Q4_1 and Q8_0, or any type
-/// when `requantize` is Q8_0, go through f32 to Q8_0.
-fn to_matrix(path: &Path, name: &str, t: QTensor, requantize: bool) -> Result<QMatrix> {
-    let (rows, cols) = t
-        .shape()
-        .dims2()
-        .map_err(|e| model_err(path, format!("tensor {name}: {e}")))?;
-    let bad = || {
-        model_err(
-            path,
-            format!("tensor {name}: malformed {:?} data", t.dtype()),
-        )
-    };
-    match t.dtype() {
-        GgmlDType::Q4_1 if !requantize => {
-            QMatrix::from_q4_1(rows, cols, &t.data()?).ok_or_else(bad)
-        }
-        GgmlDType::Q8_0 => QMatrix::from_q8_0(rows, cols, &t.data()?).ok_or_else(bad),
-        _ => {
-            let values = t
-                .dequantize(&candle_core::Device::Cpu)?
-                .flatten_all()?
-                .to_vec1()?;
-            QMatrix::quantize_q8_0(rows, cols, &values).ok_or_else(|| {
-                model_err(
-                    path,
-                    format!("tensor {name}: {cols} columns are not a multiple of 32"),
-                )
-            })
-        }
-    }
 }
 
 fn vector(gguf: &mut Gguf, name: &str) -> Result<Vec<f32>> {

@@ -10,6 +10,7 @@
 //! else.
 
 pub mod llama;
+pub mod weights;
 
 use crate::error::Result;
 use crate::neural::cpu::attention::Heads;

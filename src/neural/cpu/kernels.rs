@@ -95,19 +95,54 @@ pub struct QMatrix {
 /// Tiles in group-major order: tile `g·nb + b` holds rows `16g..16g+16`, block `b`. Rows past
 /// `rows` (padding of the last group) are zero.
 enum Quants {
-    Q4_1(Vec<Q4_1Tile>),
+    /// Nibbles with f16 scales (Q4_1, Q4_0).
+    Q4_1(Vec<Q4Tile<f16>>),
+    /// Nibbles with f32 scales (Q4_K: a sub-block's scale is `d·sc`, exact in f32 only).
+    Q4F(Vec<Q4Tile<f32>>),
+    /// Signed bytes with one scale per block (Q8_0, Q5_0).
     Q8_0(Vec<Q8_0Tile>),
+    /// Signed bytes with a scale per half block and an offset (Q6_K, Q5_K, Q5_1).
+    Q8H(Vec<Q8HTile>),
 }
 
-/// 16 rows × 32 columns of Q4_1 (`value = d·q + m`, q in 0..16); 320 bytes.
+/// A tile's per-row scales: f16 as the file stores them, or f32 when they are products.
+pub(crate) trait Scale: Copy + Default + 'static {
+    /// Stored as f32 (loaded as is), else f16 (converted).
+    const F32: bool;
+    fn from_f32(v: f32) -> Self;
+    fn get(self) -> f32;
+}
+
+impl Scale for f16 {
+    const F32: bool = false;
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+    fn get(self) -> f32 {
+        self.to_f32()
+    }
+}
+
+impl Scale for f32 {
+    const F32: bool = true;
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+    fn get(self) -> f32 {
+        self
+    }
+}
+
+/// 16 rows × 32 columns of nibbles (`value = d·q + m`, q in 0..16); 320 bytes with f16
+/// scales, 384 with f32.
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
-struct Q4_1Tile {
+struct Q4Tile<S> {
     /// Chunk t, byte 4·i + c: row i's quant at column 4t + c in the low nibble and at column
     /// 4(t + 4) + c in the high nibble.
     qs: [[u8; 64]; 4],
-    d: [f16; TILE_ROWS],
-    m: [f16; TILE_ROWS],
+    d: [S; TILE_ROWS],
+    m: [S; TILE_ROWS],
 }
 
 /// 16 rows × 32 columns of Q8_0 (`value = d·q`, q in −127..=127); 640 bytes.
@@ -121,21 +156,45 @@ struct Q8_0Tile {
     bias: [i32; TILE_ROWS],
 }
 
-/// One block of one row before tiling: scale, offset (Q4_1) and the 32 quants in column order.
-struct RowBlock<Q> {
-    d: f32,
-    m: f32,
-    q: [Q; BLOCK],
+/// 16 rows × 32 columns of signed bytes with a scale per half block and an offset
+/// (`value = d[h]·q + m` in half h = column / 16); 832 bytes.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct Q8HTile {
+    /// As in [`Q8_0Tile`]: chunks 0..4 are the first half's columns, 4..8 the second's.
+    qs: [[i8; 64]; 8],
+    d: [[f32; TILE_ROWS]; 2],
+    m: [f32; TILE_ROWS],
+    /// `128·Σq` of each row's half.
+    bias: [[i32; TILE_ROWS]; 2],
 }
 
-fn f16_at(bytes: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
+/// One block of 32 columns of one weight row, decoded from a file's format: `value = d·q + m`
+/// in columns 0..16 and `d_hi·q + m` in columns 16..32.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RowBlock<Q> {
+    pub d: f32,
+    pub d_hi: f32,
+    pub m: f32,
+    pub q: [Q; BLOCK],
 }
 
 /// Where column c of a tile row lives: (chunk, byte offset within the 4 of the row, high nibble).
 #[inline(always)]
 fn q4_1_slot(c: usize) -> (usize, usize, bool) {
     ((c / 4) % 4, c % 4, c >= 16)
+}
+
+/// Row i's quant at column c of a nibble tile.
+#[inline(always)]
+fn nibble<S>(tile: &Q4Tile<S>, i: usize, c: usize) -> u8 {
+    let (t, k, high) = q4_1_slot(c);
+    let byte = tile.qs[t][4 * i + k];
+    if high {
+        byte >> 4
+    } else {
+        byte & 15
+    }
 }
 
 impl QMatrix {
@@ -181,93 +240,87 @@ impl QMatrix {
         tiles
     }
 
-    fn from_q4_1_blocks(
+    fn nibble_tiles<S: Scale>(
         rows: usize,
         cols: usize,
         block: impl Fn(usize, usize) -> RowBlock<u8>,
-    ) -> QMatrix {
-        let empty = Q4_1Tile {
+    ) -> Vec<Q4Tile<S>> {
+        let empty = Q4Tile {
             qs: [[0; 64]; 4],
-            d: [f16::ZERO; TILE_ROWS],
-            m: [f16::ZERO; TILE_ROWS],
+            d: [S::default(); TILE_ROWS],
+            m: [S::default(); TILE_ROWS],
         };
-        let tiles = Self::tiled(rows, cols, block, empty, |tile, i, rb| {
-            tile.d[i] = f16::from_f32(rb.d);
-            tile.m[i] = f16::from_f32(rb.m);
+        Self::tiled(rows, cols, block, empty, |tile, i, rb| {
+            tile.d[i] = S::from_f32(rb.d);
+            tile.m[i] = S::from_f32(rb.m);
             for (c, &q) in rb.q.iter().enumerate() {
                 let (t, k, high) = q4_1_slot(c);
                 tile.qs[t][4 * i + k] |= if high { q << 4 } else { q };
             }
-        });
-        QMatrix {
-            rows,
-            cols,
-            quants: Quants::Q4_1(tiles),
-        }
+        })
     }
 
-    fn from_q8_0_blocks(
+    /// A matrix of nibble blocks (`q` in 0..16, `d_hi` ignored: one scale per block): scales
+    /// kept in f16 (they must be f16 values: Q4_1, Q4_0) or, with `f32_scales`, in f32 (Q4_K).
+    pub fn from_nibble_blocks(
         rows: usize,
         cols: usize,
+        f32_scales: bool,
+        block: impl Fn(usize, usize) -> RowBlock<u8>,
+    ) -> QMatrix {
+        let quants = if f32_scales {
+            Quants::Q4F(Self::nibble_tiles::<f32>(rows, cols, block))
+        } else {
+            Quants::Q4_1(Self::nibble_tiles::<f16>(rows, cols, block))
+        };
+        QMatrix { rows, cols, quants }
+    }
+
+    /// A matrix of signed-byte blocks (`q` in −127..=127): with `split`, a scale per half
+    /// block and an offset (Q6_K, Q5_K, Q5_1), else one scale per block and no offset (Q8_0,
+    /// Q5_0; `d_hi` and `m` ignored).
+    pub fn from_byte_blocks(
+        rows: usize,
+        cols: usize,
+        split: bool,
         block: impl Fn(usize, usize) -> RowBlock<i8>,
     ) -> QMatrix {
-        let empty = Q8_0Tile {
-            qs: [[0; 64]; 8],
-            d: [0.0; TILE_ROWS],
-            bias: [0; TILE_ROWS],
-        };
-        let tiles = Self::tiled(rows, cols, block, empty, |tile, i, rb| {
-            tile.d[i] = rb.d;
-            tile.bias[i] = 128 * rb.q.iter().map(|&q| q as i32).sum::<i32>();
-            for (c, &q) in rb.q.iter().enumerate() {
-                tile.qs[c / 4][4 * i + c % 4] = q;
-            }
-        });
-        QMatrix {
-            rows,
-            cols,
-            quants: Quants::Q8_0(tiles),
-        }
-    }
-
-    /// Reads ggml Q4_1 blocks (f16 d, f16 m, 16 bytes: byte j holds values j and j + 16).
-    pub fn from_q4_1(rows: usize, cols: usize, bytes: &[u8]) -> Option<QMatrix> {
-        let nb = cols / BLOCK;
-        if !cols.is_multiple_of(BLOCK) || bytes.len() != rows * nb * 20 {
-            return None;
-        }
-        Some(Self::from_q4_1_blocks(rows, cols, |r, b| {
-            let raw = &bytes[(r * nb + b) * 20..][..20];
-            RowBlock {
-                d: f16_at(raw, 0),
-                m: f16_at(raw, 2),
-                q: std::array::from_fn(|c| {
-                    let byte = raw[4 + c % 16];
-                    if c < 16 {
-                        byte & 15
-                    } else {
-                        byte >> 4
-                    }
-                }),
-            }
-        }))
-    }
-
-    /// Reads ggml Q8_0 blocks (f16 d, 32 signed bytes).
-    pub fn from_q8_0(rows: usize, cols: usize, bytes: &[u8]) -> Option<QMatrix> {
-        let nb = cols / BLOCK;
-        if !cols.is_multiple_of(BLOCK) || bytes.len() != rows * nb * 34 {
-            return None;
-        }
-        Some(Self::from_q8_0_blocks(rows, cols, |r, b| {
-            let raw = &bytes[(r * nb + b) * 34..][..34];
-            RowBlock {
-                d: f16_at(raw, 0),
-                m: 0.0,
+        let quants = if split {
+            let empty = Q8HTile {
+                qs: [[0; 64]; 8],
+                d: [[0.0; TILE_ROWS]; 2],
+                m: [0.0; TILE_ROWS],
+                bias: [[0; TILE_ROWS]; 2],
+            };
+            Quants::Q8H(Self::tiled(rows, cols, block, empty, |tile, i, rb| {
+                tile.d[0][i] = rb.d;
+                tile.d[1][i] = rb.d_hi;
+                tile.m[i] = rb.m;
+                for h in 0..2 {
+                    let half = &rb.q[16 * h..16 * h + 16];
+                    tile.bias[h][i] = 128 * half.iter().map(|&q| q as i32).sum::<i32>();
+                }
+                for (c, &q) in rb.q.iter().enumerate() {
+                    tile.qs[c / 4][4 * i + c % 4] = q.max(-127);
+                }
+            }))
+        } else {
+            let empty = Q8_0Tile {
+                qs: [[0; 64]; 8],
+                d: [0.0; TILE_ROWS],
+                bias: [0; TILE_ROWS],
+            };
+            Quants::Q8_0(Self::tiled(rows, cols, block, empty, |tile, i, rb| {
+                tile.d[i] = rb.d;
                 // ggml writes −128 never; clamp so the AVX2 sign trick stays exact regardless.
-                q: std::array::from_fn(|c| (raw[2 + c] as i8).max(-127)),
-            }
-        }))
+                let q = rb.q.map(|q| q.max(-127));
+                tile.bias[i] = 128 * q.iter().map(|&q| q as i32).sum::<i32>();
+                for (c, &q) in q.iter().enumerate() {
+                    tile.qs[c / 4][4 * i + c % 4] = q;
+                }
+            }))
+        };
+        QMatrix { rows, cols, quants }
     }
 
     /// Quantizes `values` (`rows × cols`, row-major) to Q8_0, as ggml does.
@@ -275,9 +328,14 @@ impl QMatrix {
         if !cols.is_multiple_of(BLOCK) || values.len() != rows * cols {
             return None;
         }
-        Some(Self::from_q8_0_blocks(rows, cols, |r, b| {
+        Some(Self::from_byte_blocks(rows, cols, false, |r, b| {
             let (d, q, _) = quantize_block(&values[r * cols + b * BLOCK..][..BLOCK]);
-            RowBlock { d, m: 0.0, q }
+            RowBlock {
+                d,
+                d_hi: d,
+                m: 0.0,
+                q,
+            }
         }))
     }
 
@@ -287,14 +345,16 @@ impl QMatrix {
         if !cols.is_multiple_of(BLOCK) || values.len() != rows * cols {
             return None;
         }
-        Some(Self::from_q4_1_blocks(rows, cols, |r, b| {
+        Some(Self::from_nibble_blocks(rows, cols, false, |r, b| {
             let x = &values[r * cols + b * BLOCK..][..BLOCK];
             let min = x.iter().copied().fold(f32::MAX, f32::min);
             let max = x.iter().copied().fold(f32::MIN, f32::max);
             let d = (max - min) / 15.0;
             let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let d = f16::from_f32(d).to_f32();
             RowBlock {
-                d: f16::from_f32(d).to_f32(),
+                d,
+                d_hi: d,
                 m: f16::from_f32(min).to_f32(),
                 q: std::array::from_fn(|c| ((x[c] - min) * id).round().clamp(0.0, 15.0) as u8),
             }
@@ -306,25 +366,32 @@ impl QMatrix {
         let nb = self.blocks_per_row();
         let (g, i) = (r / TILE_ROWS, r % TILE_ROWS);
         for (b, chunk) in out[..self.cols].chunks_exact_mut(BLOCK).enumerate() {
+            let t = g * nb + b;
             match &self.quants {
-                Quants::Q4_1(tiles) => {
-                    let tile = &tiles[g * nb + b];
-                    let (d, m) = (tile.d[i].to_f32(), tile.m[i].to_f32());
-                    for (c, x) in chunk.iter_mut().enumerate() {
-                        let (t, k, high) = q4_1_slot(c);
-                        let byte = tile.qs[t][4 * i + k];
-                        let q = if high { byte >> 4 } else { byte & 15 };
-                        *x = d * q as f32 + m;
-                    }
-                }
+                Quants::Q4_1(tiles) => dequantize_nibbles(&tiles[t], i, chunk),
+                Quants::Q4F(tiles) => dequantize_nibbles(&tiles[t], i, chunk),
                 Quants::Q8_0(tiles) => {
-                    let tile = &tiles[g * nb + b];
+                    let tile = &tiles[t];
                     for (c, x) in chunk.iter_mut().enumerate() {
                         *x = tile.d[i] * tile.qs[c / 4][4 * i + c % 4] as f32;
                     }
                 }
+                Quants::Q8H(tiles) => {
+                    let tile = &tiles[t];
+                    for (c, x) in chunk.iter_mut().enumerate() {
+                        let q = tile.qs[c / 4][4 * i + c % 4] as f32;
+                        *x = tile.d[c / 16][i] * q + tile.m[i];
+                    }
+                }
             }
         }
+    }
+}
+
+fn dequantize_nibbles<S: Scale>(tile: &Q4Tile<S>, i: usize, out: &mut [f32]) {
+    let (d, m) = (tile.d[i].get(), tile.m[i].get());
+    for (c, x) in out.iter_mut().enumerate() {
+        *x = d * nibble(tile, i, c) as f32 + m;
     }
 }
 
@@ -621,7 +688,9 @@ fn matmul_groups(
             let rs = &rows[r..r + n];
             match &w.quants {
                 Quants::Q4_1(t) => tile_rows(isa, Tiles::Q4_1(&t[tiles.clone()]), rs, &mut o),
+                Quants::Q4F(t) => tile_rows(isa, Tiles::Q4F(&t[tiles.clone()]), rs, &mut o),
                 Quants::Q8_0(t) => tile_rows(isa, Tiles::Q8_0(&t[tiles.clone()]), rs, &mut o),
+                Quants::Q8H(t) => tile_rows(isa, Tiles::Q8H(&t[tiles.clone()]), rs, &mut o),
             }
             for (i, v) in o[..n].iter().enumerate() {
                 put(g * TILE_ROWS, r + i, v);
@@ -634,8 +703,10 @@ fn matmul_groups(
 /// The tiles of one group (16 weight rows, all blocks).
 #[derive(Clone, Copy)]
 enum Tiles<'a> {
-    Q4_1(&'a [Q4_1Tile]),
+    Q4_1(&'a [Q4Tile<f16>]),
+    Q4F(&'a [Q4Tile<f32>]),
     Q8_0(&'a [Q8_0Tile]),
+    Q8H(&'a [Q8HTile]),
 }
 
 /// One group of tiles times `rows` (at most [`ROWS_PER_PASS`]) into `out[..rows.len()]`.
@@ -665,46 +736,62 @@ fn tile_rows(isa: Isa, tiles: Tiles, rows: &[Row], out: &mut [[f32; TILE_ROWS]; 
 }
 
 /// The reference every ISA reproduces bit for bit: per block, the exact integer dot product
-/// `isum`, then `acc = fma(isum·d_a, d_w, acc)` and, for Q4_1, `acc = fma(m_w, d_a·Σq_a, acc)`.
+/// `isum`, then `acc = fma(isum·d_a, d_w, acc)` and, for nibbles, `acc = fma(m_w, d_a·Σq_a,
+/// acc)`. Split blocks take the two halves' sums in turn, then the offset.
 fn tile_scalar<const N: usize>(tiles: Tiles, rows: &[Row; N], out: &mut [[f32; TILE_ROWS]; N]) {
     for (row, o) in rows.iter().zip(out.iter_mut()) {
         for (i, acc) in o.iter_mut().enumerate() {
-            *acc = 0.0;
-            match tiles {
-                Tiles::Q4_1(tiles) => {
-                    for (b, tile) in tiles.iter().enumerate() {
-                        let isum: i32 = (0..BLOCK)
-                            .map(|c| {
-                                let (t, k, high) = q4_1_slot(c);
-                                let byte = tile.qs[t][4 * i + k];
-                                let q = if high { byte >> 4 } else { byte & 15 };
-                                q as i32 * row.qs[b][c] as i32
-                            })
-                            .sum();
-                        let t = isum as f32 * row.d[b];
-                        *acc = t.mul_add(tile.d[i].to_f32(), *acc);
-                        *acc = tile.m[i].to_f32().mul_add(row.s[b], *acc);
-                    }
-                }
+            *acc = match tiles {
+                Tiles::Q4_1(tiles) => nibbles_scalar(tiles, row, i),
+                Tiles::Q4F(tiles) => nibbles_scalar(tiles, row, i),
                 Tiles::Q8_0(tiles) => {
+                    let mut acc = 0.0f32;
                     for (b, tile) in tiles.iter().enumerate() {
                         let isum: i32 = (0..BLOCK)
                             .map(|c| tile.qs[c / 4][4 * i + c % 4] as i32 * row.qs[b][c] as i32)
                             .sum();
                         let t = isum as f32 * row.d[b];
-                        *acc = t.mul_add(tile.d[i], *acc);
+                        acc = t.mul_add(tile.d[i], acc);
                     }
+                    acc
                 }
-            }
+                Tiles::Q8H(tiles) => {
+                    let mut acc = 0.0f32;
+                    for (b, tile) in tiles.iter().enumerate() {
+                        for h in 0..2 {
+                            let isum: i32 = (16 * h..16 * h + 16)
+                                .map(|c| tile.qs[c / 4][4 * i + c % 4] as i32 * row.qs[b][c] as i32)
+                                .sum();
+                            let t = isum as f32 * row.d[b];
+                            acc = t.mul_add(tile.d[h][i], acc);
+                        }
+                        acc = tile.m[i].mul_add(row.s[b], acc);
+                    }
+                    acc
+                }
+            };
         }
     }
+}
+
+fn nibbles_scalar<S: Scale>(tiles: &[Q4Tile<S>], row: &Row, i: usize) -> f32 {
+    let mut acc = 0.0f32;
+    for (b, tile) in tiles.iter().enumerate() {
+        let isum: i32 = (0..BLOCK)
+            .map(|c| nibble(tile, i, c) as i32 * row.qs[b][c] as i32)
+            .sum();
+        let t = isum as f32 * row.d[b];
+        acc = t.mul_add(tile.d[i].get(), acc);
+        acc = tile.m[i].get().mul_add(row.s[b], acc);
+    }
+    acc
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     //! SIMD versions of [`super::tile_scalar`]: the same integer sums and the same float
     //! operations in the same order, 16 (AVX-512) or 8 (AVX2) weight rows per register.
-    use super::{Row, Tiles, TILE_ROWS};
+    use super::{Q4Tile, Q8HTile, Q8_0Tile, Row, Scale, Tiles, TILE_ROWS};
     use std::arch::x86_64::*;
 
     /// Activation bytes `4t..4t+4` of a block as one 32-bit word, for broadcasting.
@@ -726,6 +813,116 @@ mod x86 {
 
     const PREFETCH_BYTES: usize = 2048;
 
+    /// 16 scales as floats.
+    #[inline(always)]
+    unsafe fn scales16<S: Scale>(s: &[S; TILE_ROWS]) -> __m512 {
+        if S::F32 {
+            _mm512_loadu_ps(s.as_ptr() as *const f32)
+        } else {
+            _mm512_cvtph_ps(_mm256_loadu_si256(s.as_ptr() as *const __m256i))
+        }
+    }
+
+    /// The first 8 scales of `s` as floats.
+    #[inline(always)]
+    unsafe fn scales8<S: Scale>(s: &[S]) -> __m256 {
+        if S::F32 {
+            _mm256_loadu_ps(s.as_ptr() as *const f32)
+        } else {
+            _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr() as *const __m128i))
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn nibbles_avx512<S: Scale, const N: usize>(
+        tiles: &[Q4Tile<S>],
+        rows: &[Row; N],
+        acc: &mut [__m512; N],
+    ) {
+        let mask = _mm512_set1_epi8(0x0F);
+        for (b, tile) in tiles.iter().enumerate() {
+            prefetch_ahead(tile);
+            let mut w = [_mm512_setzero_si512(); 8];
+            for t in 0..4 {
+                let x = _mm512_loadu_si512(tile.qs[t].as_ptr() as *const __m512i);
+                w[t] = _mm512_and_si512(x, mask);
+                w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(x, 4), mask);
+            }
+            let dw = scales16(&tile.d);
+            let mw = scales16(&tile.m);
+            for i in 0..N {
+                let a = &rows[i].qs[b];
+                let (mut s0, mut s1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                for t in (0..8).step_by(2) {
+                    s0 = _mm512_dpbusd_epi32(s0, w[t], _mm512_set1_epi32(quad(a, t)));
+                    s1 = _mm512_dpbusd_epi32(s1, w[t + 1], _mm512_set1_epi32(quad(a, t + 1)));
+                }
+                let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+                let t = _mm512_mul_ps(isum, _mm512_set1_ps(rows[i].d[b]));
+                acc[i] = _mm512_fmadd_ps(t, dw, acc[i]);
+                acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(rows[i].s[b]), acc[i]);
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn q8_0_avx512<const N: usize>(
+        tiles: &[Q8_0Tile],
+        rows: &[Row; N],
+        acc: &mut [__m512; N],
+    ) {
+        for (b, tile) in tiles.iter().enumerate() {
+            prefetch_ahead(tile);
+            let w: [__m512i; 8] =
+                std::array::from_fn(|t| _mm512_loadu_si512(tile.qs[t].as_ptr() as *const __m512i));
+            let dw = _mm512_loadu_ps(tile.d.as_ptr());
+            let bias = _mm512_loadu_si512(tile.bias.as_ptr() as *const __m512i);
+            for i in 0..N {
+                // Unsigned activations q + 128; the bias takes the 128·Σw back out.
+                let a = &rows[i].us[b];
+                let (mut s0, mut s1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                for t in (0..8).step_by(2) {
+                    s0 = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32(quad(a, t)), w[t]);
+                    s1 = _mm512_dpbusd_epi32(s1, _mm512_set1_epi32(quad(a, t + 1)), w[t + 1]);
+                }
+                let isum = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), bias);
+                let t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(rows[i].d[b]));
+                acc[i] = _mm512_fmadd_ps(t, dw, acc[i]);
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn q8h_avx512<const N: usize>(
+        tiles: &[Q8HTile],
+        rows: &[Row; N],
+        acc: &mut [__m512; N],
+    ) {
+        for (b, tile) in tiles.iter().enumerate() {
+            prefetch_ahead(tile);
+            let w: [__m512i; 8] =
+                std::array::from_fn(|t| _mm512_loadu_si512(tile.qs[t].as_ptr() as *const __m512i));
+            let dw = [0, 1].map(|h| _mm512_loadu_ps(tile.d[h].as_ptr()));
+            let bias = [0, 1].map(|h| _mm512_loadu_si512(tile.bias[h].as_ptr() as *const __m512i));
+            let mw = _mm512_loadu_ps(tile.m.as_ptr());
+            for i in 0..N {
+                let a = &rows[i].us[b];
+                let (mut s0, mut s1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                for t in 0..4 {
+                    s0 = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32(quad(a, t)), w[t]);
+                    s1 = _mm512_dpbusd_epi32(s1, _mm512_set1_epi32(quad(a, t + 4)), w[t + 4]);
+                }
+                let da = _mm512_set1_ps(rows[i].d[b]);
+                for (h, s) in [s0, s1].into_iter().enumerate() {
+                    let isum = _mm512_sub_epi32(s, bias[h]);
+                    let t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), da);
+                    acc[i] = _mm512_fmadd_ps(t, dw[h], acc[i]);
+                }
+                acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(rows[i].s[b]), acc[i]);
+            }
+        }
+    }
+
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
     pub unsafe fn tile_avx512<const N: usize>(
         tiles: Tiles,
@@ -734,63 +931,10 @@ mod x86 {
     ) {
         let mut acc = [_mm512_setzero_ps(); N];
         match tiles {
-            Tiles::Q4_1(tiles) => {
-                let mask = _mm512_set1_epi8(0x0F);
-                for (b, tile) in tiles.iter().enumerate() {
-                    prefetch_ahead(tile);
-                    let mut w = [_mm512_setzero_si512(); 8];
-                    for t in 0..4 {
-                        let x = _mm512_loadu_si512(tile.qs[t].as_ptr() as *const __m512i);
-                        w[t] = _mm512_and_si512(x, mask);
-                        w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(x, 4), mask);
-                    }
-                    let dw = _mm512_cvtph_ps(_mm256_loadu_si256(tile.d.as_ptr() as *const __m256i));
-                    let mw = _mm512_cvtph_ps(_mm256_loadu_si256(tile.m.as_ptr() as *const __m256i));
-                    for i in 0..N {
-                        let a = &rows[i].qs[b];
-                        let (mut s0, mut s1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
-                        for t in (0..8).step_by(2) {
-                            s0 = _mm512_dpbusd_epi32(s0, w[t], _mm512_set1_epi32(quad(a, t)));
-                            s1 = _mm512_dpbusd_epi32(
-                                s1,
-                                w[t + 1],
-                                _mm512_set1_epi32(quad(a, t + 1)),
-                            );
-                        }
-                        let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
-                        let t = _mm512_mul_ps(isum, _mm512_set1_ps(rows[i].d[b]));
-                        acc[i] = _mm512_fmadd_ps(t, dw, acc[i]);
-                        acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(rows[i].s[b]), acc[i]);
-                    }
-                }
-            }
-            Tiles::Q8_0(tiles) => {
-                for (b, tile) in tiles.iter().enumerate() {
-                    prefetch_ahead(tile);
-                    let w: [__m512i; 8] = std::array::from_fn(|t| {
-                        _mm512_loadu_si512(tile.qs[t].as_ptr() as *const __m512i)
-                    });
-                    let dw = _mm512_loadu_ps(tile.d.as_ptr());
-                    let bias = _mm512_loadu_si512(tile.bias.as_ptr() as *const __m512i);
-                    for i in 0..N {
-                        // Unsigned activations q + 128; the bias takes the 128·Σw back out.
-                        let a = &rows[i].us[b];
-                        let (mut s0, mut s1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
-                        for t in (0..8).step_by(2) {
-                            s0 = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32(quad(a, t)), w[t]);
-                            s1 = _mm512_dpbusd_epi32(
-                                s1,
-                                _mm512_set1_epi32(quad(a, t + 1)),
-                                w[t + 1],
-                            );
-                        }
-                        let isum = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), bias);
-                        let t =
-                            _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(rows[i].d[b]));
-                        acc[i] = _mm512_fmadd_ps(t, dw, acc[i]);
-                    }
-                }
-            }
+            Tiles::Q4_1(tiles) => nibbles_avx512(tiles, rows, &mut acc),
+            Tiles::Q4F(tiles) => nibbles_avx512(tiles, rows, &mut acc),
+            Tiles::Q8_0(tiles) => q8_0_avx512(tiles, rows, &mut acc),
+            Tiles::Q8H(tiles) => q8h_avx512(tiles, rows, &mut acc),
         }
         for i in 0..N {
             _mm512_storeu_ps(out[i].as_mut_ptr(), acc[i]);
@@ -805,7 +949,7 @@ mod x86 {
         _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
     }
 
-    /// One Q4_1 block's eight nibble quads `w` times activation block `a`, summed per lane.
+    /// One nibble block's eight quads `w` times activation block `a`, summed per lane.
     /// The 16-bit pair sums are added before widening: a pair is at most 2·15·127 = 3,810 in
     /// magnitude, eight of them 30,480 < 2¹⁵, so the sum is exact and one `madd` widens it,
     /// instead of one per quad (both instructions use the same multiply ports).
@@ -827,11 +971,11 @@ mod x86 {
         s
     }
 
-    /// Q8_0 weights `w` times activation quad (signed `q`, unsigned `u = q + 128`): AVX2 moves
-    /// the weights' signs onto the activations; VNNI uses `u` and leaves the bias to subtract.
-    /// (Moving q's signs onto the weights instead, against a precomputed `|q|`, keeps half the
-    /// registers and spills nothing with four rows, but its second broadcast per quad made a
-    /// 16-row product 5–10% slower on an AVX2 EPYC.)
+    /// Signed-byte weights `w` times activation quad (signed `q`, unsigned `u = q + 128`):
+    /// AVX2 moves the weights' signs onto the activations; VNNI uses `u` and leaves the bias
+    /// to subtract. (Moving q's signs onto the weights instead, against a precomputed `|q|`,
+    /// keeps half the registers and spills nothing with four rows, but its second broadcast
+    /// per quad made a 16-row product 5–10% slower on an AVX2 EPYC.)
     #[inline(always)]
     unsafe fn dot_q8_avx2(acc: __m256i, w: __m256i, q: i32, _u: i32) -> __m256i {
         let a = _mm256_sign_epi8(_mm256_set1_epi32(q), w);
@@ -852,42 +996,47 @@ mod x86 {
                 rows: &[Row; N],
                 out: &mut [[f32; TILE_ROWS]; N],
             ) {
+                /// A nibble tile group's rows `8h..8h + 8`.
+                #[inline(always)]
+                unsafe fn nibbles<S: Scale, const N: usize>(
+                    tiles: &[Q4Tile<S>],
+                    rows: &[Row; N],
+                    h: usize,
+                    acc: &mut [__m256; N],
+                ) {
+                    let half = |bytes: *const u8| bytes.add(32 * h) as *const __m256i;
+                    let mask = _mm256_set1_epi8(0x0F);
+                    for (b, tile) in tiles.iter().enumerate() {
+                        // The second half reads the lines the first brought in.
+                        if h == 0 {
+                            prefetch_ahead(tile);
+                        }
+                        let mut w = [_mm256_setzero_si256(); 8];
+                        for t in 0..4 {
+                            let x = _mm256_loadu_si256(half(tile.qs[t].as_ptr()));
+                            w[t] = _mm256_and_si256(x, mask);
+                            w[t + 4] = _mm256_and_si256(_mm256_srli_epi16(x, 4), mask);
+                        }
+                        let dw = scales8(&tile.d[8 * h..]);
+                        let mw = scales8(&tile.m[8 * h..]);
+                        for i in 0..N {
+                            let s = $dot_q4(&w, &rows[i].qs[b]);
+                            let t =
+                                _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(rows[i].d[b]));
+                            acc[i] = _mm256_fmadd_ps(t, dw, acc[i]);
+                            acc[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(rows[i].s[b]), acc[i]);
+                        }
+                    }
+                }
+
                 for h in 0..2 {
                     let mut acc = [_mm256_setzero_ps(); N];
                     let half = |bytes: *const u8| bytes.add(32 * h) as *const __m256i;
                     match tiles {
-                        Tiles::Q4_1(tiles) => {
-                            let mask = _mm256_set1_epi8(0x0F);
-                            for (b, tile) in tiles.iter().enumerate() {
-                                // The second half reads the lines the first brought in.
-                                if h == 0 {
-                                    prefetch_ahead(tile);
-                                }
-                                let mut w = [_mm256_setzero_si256(); 8];
-                                for t in 0..4 {
-                                    let x = _mm256_loadu_si256(half(tile.qs[t].as_ptr()));
-                                    w[t] = _mm256_and_si256(x, mask);
-                                    w[t + 4] = _mm256_and_si256(_mm256_srli_epi16(x, 4), mask);
-                                }
-                                let d = tile.d[8 * h..].as_ptr() as *const __m128i;
-                                let m = tile.m[8 * h..].as_ptr() as *const __m128i;
-                                let dw = _mm256_cvtph_ps(_mm_loadu_si128(d));
-                                let mw = _mm256_cvtph_ps(_mm_loadu_si128(m));
-                                for i in 0..N {
-                                    let s = $dot_q4(&w, &rows[i].qs[b]);
-                                    let t = _mm256_mul_ps(
-                                        _mm256_cvtepi32_ps(s),
-                                        _mm256_set1_ps(rows[i].d[b]),
-                                    );
-                                    acc[i] = _mm256_fmadd_ps(t, dw, acc[i]);
-                                    acc[i] =
-                                        _mm256_fmadd_ps(mw, _mm256_set1_ps(rows[i].s[b]), acc[i]);
-                                }
-                            }
-                        }
+                        Tiles::Q4_1(tiles) => nibbles(tiles, rows, h, &mut acc),
+                        Tiles::Q4F(tiles) => nibbles(tiles, rows, h, &mut acc),
                         Tiles::Q8_0(tiles) => {
                             for (b, tile) in tiles.iter().enumerate() {
-                                // The second half reads the lines the first brought in.
                                 if h == 0 {
                                     prefetch_ahead(tile);
                                 }
@@ -914,6 +1063,41 @@ mod x86 {
                                 }
                             }
                         }
+                        Tiles::Q8H(tiles) => {
+                            for (b, tile) in tiles.iter().enumerate() {
+                                if h == 0 {
+                                    prefetch_ahead(tile);
+                                }
+                                let w: [__m256i; 8] = std::array::from_fn(|t| {
+                                    _mm256_loadu_si256(half(tile.qs[t].as_ptr() as *const u8))
+                                });
+                                let dw =
+                                    [0, 1].map(|k| _mm256_loadu_ps(tile.d[k][8 * h..].as_ptr()));
+                                let bias = [0, 1].map(|k| {
+                                    _mm256_loadu_si256(
+                                        tile.bias[k][8 * h..].as_ptr() as *const __m256i
+                                    )
+                                });
+                                let mw = _mm256_loadu_ps(tile.m[8 * h..].as_ptr());
+                                for i in 0..N {
+                                    let (q, u) = (&rows[i].qs[b], &rows[i].us[b]);
+                                    let da = _mm256_set1_ps(rows[i].d[b]);
+                                    for k in 0..2 {
+                                        let mut s = _mm256_setzero_si256();
+                                        for t in 4 * k..4 * k + 4 {
+                                            s = $dot_q8(s, w[t], quad(q, t), quad(u, t));
+                                        }
+                                        if $q8_bias {
+                                            s = _mm256_sub_epi32(s, bias[k]);
+                                        }
+                                        let t = _mm256_mul_ps(_mm256_cvtepi32_ps(s), da);
+                                        acc[i] = _mm256_fmadd_ps(t, dw[k], acc[i]);
+                                    }
+                                    acc[i] =
+                                        _mm256_fmadd_ps(mw, _mm256_set1_ps(rows[i].s[b]), acc[i]);
+                                }
+                            }
+                        }
                     }
                     for i in 0..N {
                         _mm256_storeu_ps(out[i][8 * h..].as_mut_ptr(), acc[i]);
@@ -934,7 +1118,7 @@ mod x86 {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+pub(in crate::neural) mod tests {
     use super::*;
 
     fn reference(w: &QMatrix, x: &[f32], cols: usize) -> Vec<f32> {
@@ -963,6 +1147,41 @@ pub(super) mod tests {
             .collect()
     }
 
+    /// A Q4_K-shaped matrix: nibbles with f32 scales and offsets that are no f16.
+    fn f32_nibbles(rows: usize, cols: usize, seed: u32) -> QMatrix {
+        let v = pseudo(rows * cols + 2 * rows * cols / BLOCK, seed);
+        let n = rows * cols;
+        QMatrix::from_nibble_blocks(rows, cols, true, |r, b| {
+            let k = r * cols / BLOCK + b;
+            let d = (v[n + 2 * k].abs() + 0.01) * 0.123_456_7;
+            RowBlock {
+                d,
+                d_hi: d,
+                m: v[n + 2 * k + 1] * 0.987_654_3,
+                q: std::array::from_fn(|c| ((v[r * cols + 32 * b + c] + 1.0) * 7.9) as u8),
+            }
+        })
+    }
+
+    /// A Q6_K / Q5_K-shaped matrix: signed bytes in `lo..=hi`, a scale per half, an offset.
+    fn split_bytes(rows: usize, cols: usize, seed: u32, lo: i8, hi: i8) -> QMatrix {
+        let v = pseudo(rows * cols + 3 * rows * cols / BLOCK, seed);
+        let n = rows * cols;
+        let span = hi as f32 - lo as f32;
+        QMatrix::from_byte_blocks(rows, cols, true, |r, b| {
+            let k = r * cols / BLOCK + b;
+            RowBlock {
+                d: v[n + 3 * k] * 0.031,
+                d_hi: v[n + 3 * k + 1] * 0.029,
+                m: if lo < 0 { 0.0 } else { v[n + 3 * k + 2] },
+                q: std::array::from_fn(|c| {
+                    let x = (v[r * cols + 32 * b + c] + 1.0) / 2.0;
+                    (lo as f32 + (x * span).round()) as i8
+                }),
+            }
+        })
+    }
+
     #[test]
     fn the_largest_quants_stay_exact_on_every_isa() {
         // Q4_1 blocks whose quants are 15 but for one 0 (the minimum), against activations of
@@ -975,9 +1194,26 @@ pub(super) mod tests {
         let signed: Vec<f32> = (0..rows * cols)
             .map(|i| if (i / 7) % 2 == 0 { 1.0 } else { -1.0 })
             .collect();
+        let extreme = |q: &dyn Fn(usize, usize) -> i8| {
+            QMatrix::from_byte_blocks(rows, cols, true, |r, b| RowBlock {
+                d: 0.5,
+                d_hi: 0.25,
+                m: -1.0,
+                q: std::array::from_fn(|c| q(r, 32 * b + c)),
+            })
+        };
         let mats = [
             QMatrix::quantize_q4_1(rows, cols, &w).unwrap(),
             QMatrix::quantize_q8_0(rows, cols, &signed).unwrap(),
+            QMatrix::from_nibble_blocks(rows, cols, true, |_, _| RowBlock {
+                d: 0.1,
+                d_hi: 0.1,
+                m: -0.7,
+                q: std::array::from_fn(|c| if c == 0 { 0 } else { 15 }),
+            }),
+            // Split blocks at ±127 (beyond Q6_K's −32..31 and Q5_K's 0..31).
+            extreme(&|r, c| if (r + c / 7) % 2 == 0 { 127 } else { -127 }),
+            extreme(&|_, _| 127),
         ];
         for x in [
             vec![1.0f32; 5 * cols],
@@ -1057,21 +1293,30 @@ pub(super) mod tests {
         let mats = [
             QMatrix::quantize_q4_1(rows, cols, &pseudo(rows * cols, 7)).unwrap(),
             QMatrix::quantize_q8_0(rows, cols, &pseudo(rows * cols, 9)).unwrap(),
+            f32_nibbles(rows, cols, 10),
+            split_bytes(rows, cols, 12, -32, 31),
+            split_bytes(rows, cols, 13, 0, 31),
         ];
         let isas = Isa::available();
-        for w in &mats {
+        for (mi, w) in mats.iter().enumerate() {
             for k in [1usize, 2, 3, 5, 9] {
                 let x = pseudo(k * cols, 3 + k as u32);
-                let want = reference(w, &x, cols);
                 let mut a = QRows::default();
                 a.quantize(&x, cols);
+                // The product of the weights with the activations as quantized: the kernels'
+                // only error against it is float rounding.
+                let quantized: Vec<f32> = (0..k * cols)
+                    .map(|i| a.d[i / BLOCK] * a.qs[i / BLOCK][i % BLOCK] as f32)
+                    .collect();
+                let want = reference(w, &quantized, cols);
                 for &isa in &isas {
                     for threads in [1, 2] {
                         let mut pool = Pool::new(threads);
                         let mut got = vec![0.0; k * rows];
                         matmul(isa, w, &a, &mut got, &mut pool);
                         for (g, e) in got.iter().zip(&want) {
-                            assert!((g - e).abs() < 0.05 + 0.01 * e.abs(), "{isa:?}: {g} vs {e}");
+                            let tolerance = 1e-4 + 1e-5 * e.abs();
+                            assert!((g - e).abs() < tolerance, "{isa:?} matrix {mi}: {g} vs {e}");
                         }
                         // Row r alone gives the same bits as row r inside the batch.
                         let mut scalar = vec![0.0; k * rows];
@@ -1099,6 +1344,8 @@ pub(super) mod tests {
             QMatrix::quantize_q4_1(200, cols, &pseudo(200 * cols, 21)).unwrap(),
             QMatrix::quantize_q8_0(48, cols, &pseudo(48 * cols, 22)).unwrap(),
             QMatrix::quantize_q4_1(130, cols, &pseudo(130 * cols, 23)).unwrap(),
+            f32_nibbles(40, cols, 25),
+            split_bytes(70, cols, 26, -32, 31),
         ];
         let k = 5;
         let mut a = QRows::default();
@@ -1110,7 +1357,7 @@ pub(super) mod tests {
                 let mut slices: Vec<&mut [f32]> = outs.iter_mut().map(|o| &mut o[..]).collect();
                 matmul_many(
                     isa,
-                    &[&mats[0], &mats[1], &mats[2]],
+                    &mats.iter().collect::<Vec<_>>(),
                     &a,
                     &mut slices,
                     &mut pool,
