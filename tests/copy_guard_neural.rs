@@ -8,7 +8,7 @@ use infgram::decode::drafters::{CorpusDrafter, PromptLookup};
 use infgram::decode::guard::CopyGuard;
 use infgram::decode::{decode, DecodeConfig, Drafter, Processor, Sampler};
 use infgram::eval::attribution::max_copied_span;
-use infgram::neural::arch::llama::Llama;
+use infgram::neural::arch::decoder::Decoder;
 use infgram::neural::chat_prompt;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 use infgram::Index;
@@ -18,7 +18,7 @@ use std::sync::Arc;
 fn guarded_model_does_not_copy_and_speculation_changes_nothing() {
     let path = infgram::assets::ensure_model("smollm2-135m").unwrap();
     let tok = HfTokenizer::from_gguf(&path).unwrap();
-    let mut model = Llama::from_gguf(&path).unwrap().with_threads(2);
+    let mut model = Decoder::from_gguf(&path).unwrap().with_threads(2);
     let passage = "The old lighthouse keeper climbed the spiral stairs every evening at dusk. \
         He trimmed the wick, polished the great lens, and wrote the weather in his log.";
     let index =

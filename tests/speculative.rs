@@ -9,7 +9,7 @@ use infgram::decode::drafters::PromptLookup;
 use infgram::decode::{decode, greedy, DecodeConfig, Draft, Drafter};
 use infgram::decode::{Sampler, SamplerConfig};
 use infgram::lm::LanguageModel;
-use infgram::neural::arch::llama::Llama;
+use infgram::neural::arch::decoder::Decoder;
 use infgram::neural::chat_prompt;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 
@@ -41,7 +41,7 @@ impl Drafter for Scripted {
 fn greedy_speculative_output_equals_plain_greedy() {
     let path = infgram::assets::ensure_model("smollm2-135m").unwrap();
     let tok = HfTokenizer::from_gguf(&path).unwrap();
-    let mut model = Llama::from_gguf(&path).unwrap().with_threads(2);
+    let mut model = Decoder::from_gguf(&path).unwrap().with_threads(2);
     let cfg = DecodeConfig {
         max_tokens: 48,
         ..DecodeConfig::default()
@@ -104,7 +104,7 @@ fn greedy_speculative_output_equals_plain_greedy() {
 fn long_prompt_lookup_run_matches_plain_decoding_token_by_token() {
     let path = infgram::assets::ensure_model("smollm2-135m").unwrap();
     let tok = HfTokenizer::from_gguf(&path).unwrap();
-    let mut model = Llama::from_gguf(&path).unwrap().with_threads(2);
+    let mut model = Decoder::from_gguf(&path).unwrap().with_threads(2);
     let passage = "The old lighthouse keeper climbed the spiral stairs every evening at dusk. \
         He trimmed the wick, polished the great lens, and wrote the weather in his log. \
         Ships passed safely through the narrow channel because of his care.";

@@ -5,7 +5,7 @@
 //! * [`candle`] — passes run by candle: the reference llama, safetensors llamas;
 //! * [`arch`] — architectures: each family's blocks described as data
 //!   ([`arch::Architecture`], read from a file by [`arch::describe`]) and the pass that runs
-//!   them on infgram's kernels ([`arch::llama::Llama`]);
+//!   them on infgram's kernels ([`arch::decoder::Decoder`]);
 //! * [`cpu`] — the CPU backend: kernels, attention, activation, the thread pool;
 //! * [`load`] — reading GGUF files: metadata and tensors.
 //!

@@ -101,10 +101,11 @@ mod loading {
             }
             (ModelSource::Safetensors(_), _) => source.load_safetensors(&device)?,
             (ModelSource::Gguf(_), Backend::Native) => Box::new(
-                crate::neural::arch::llama::Llama::load(&path, requantize)?.with_threads(threads),
+                crate::neural::arch::decoder::Decoder::load(&path, requantize)?
+                    .with_threads(threads),
             ),
             (ModelSource::Gguf(_), Backend::Candle) => Box::new(
-                crate::neural::candle::llama::CandleLlama::load_on(&path, requantize, &device)?,
+                crate::neural::candle::decoder::CandleDecoder::load_on(&path, requantize, &device)?,
             ),
         };
         let tokenizer = source.tokenizer()?;

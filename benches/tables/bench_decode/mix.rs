@@ -22,7 +22,7 @@ use infgram::decode::{greedy, CostModel, DecodeConfig, Drafter};
 use infgram::lm::LanguageModel;
 use infgram::mix::score::{fitting_data, infgram_positions, neural_probs, MixReport};
 use infgram::mix::{Interpolated, Mixer, TABLE_EDGES};
-use infgram::neural::arch::llama::Llama;
+use infgram::neural::arch::decoder::Decoder;
 use infgram::ngram::EstimatorSpec;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 use infgram::Index;
@@ -35,7 +35,7 @@ use crate::ceiling;
 pub fn run(limit: usize, rounds: usize) {
     let path = infgram::assets::ensure_model("smollm2-135m").unwrap();
     let tok = HfTokenizer::from_gguf(&path).unwrap();
-    let mut model = Llama::from_gguf(&path).unwrap().with_threads(2);
+    let mut model = Decoder::from_gguf(&path).unwrap().with_threads(2);
     let (train, val) = infgram::assets::tiny_shakespeare_split().unwrap();
     let cut = (0..=train.len() * 95 / 100)
         .rev()
@@ -134,7 +134,7 @@ pub fn run(limit: usize, rounds: usize) {
     println!("\n| prompt | plain SmolLM2 tok/s | mixture tok/s | mixture / plain | speculative mixture tok/s | speculative / mixture | acceptance | identical |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     let mut mixed = Interpolated::new(
-        Box::new(Llama::from_gguf(&path).unwrap().with_threads(2)),
+        Box::new(Decoder::from_gguf(&path).unwrap().with_threads(2)),
         index.clone(),
         table,
         100,

@@ -18,7 +18,7 @@ use crate::ceiling::ceiling;
 use crate::prompts::SETS;
 use infgram::decode::drafters::{CorpusDrafter, PromptLookup};
 use infgram::decode::{greedy, CostModel, DecodeConfig, Drafter};
-use infgram::neural::arch::llama::Llama;
+use infgram::neural::arch::decoder::Decoder;
 use infgram::neural::chat_prompt;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 use std::sync::Arc;
@@ -30,7 +30,7 @@ pub fn run() {
     let index_dir = infgram::service::cached_index(&[], &tok)
         .expect("the Shakespeare index in the model's tokens");
     let index = Arc::new(infgram::Index::open(&index_dir).unwrap());
-    let mut model = Llama::from_gguf(&path).unwrap().with_threads(2);
+    let mut model = Decoder::from_gguf(&path).unwrap().with_threads(2);
     let cost = CostModel::default().frozen();
     let new_drafters = || -> Vec<Box<dyn Drafter>> {
         vec![

@@ -14,7 +14,7 @@
 
 use infgram::decode::drafters::{CorpusDrafter, CorpusRule, PromptLookup};
 use infgram::decode::{greedy, DecodeConfig, DecodeStats, Drafter};
-use infgram::neural::arch::llama::Llama;
+use infgram::neural::arch::decoder::Decoder;
 use infgram::neural::chat_prompt;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 use std::path::Path;
@@ -232,7 +232,7 @@ pub fn run(repeats: usize, plot_dir: Option<std::path::PathBuf>) {
     let tok = HfTokenizer::from_gguf(&path).unwrap();
     let index_dir = infgram::service::cached_index(&[], &tok)
         .expect("the Shakespeare index in the model's tokens");
-    let mut model = Llama::from_gguf(&path).unwrap().with_threads(2);
+    let mut model = Decoder::from_gguf(&path).unwrap().with_threads(2);
     let base = DecodeConfig {
         max_tokens: 256,
         trace: true,

@@ -205,7 +205,7 @@ mod neural {
     use infgram::decode::guard::CopyGuard;
     use infgram::decode::{decode, DecodeConfig, Processor, Sampler};
     use infgram::eval::attribution::max_copied_span;
-    use infgram::neural::arch::llama::Llama;
+    use infgram::neural::arch::decoder::Decoder;
     use infgram::neural::chat_prompt;
     use infgram::tokenizer::{HfTokenizer, Tokenizer};
     use infgram::Index;
@@ -216,7 +216,7 @@ mod neural {
         let tok = HfTokenizer::from_gguf(&path).unwrap();
         let dir = infgram::service::cached_index(&[], &tok).unwrap();
         let index = Arc::new(Index::open(&dir).unwrap());
-        let mut model = Llama::from_gguf(&path).unwrap().with_threads(2);
+        let mut model = Decoder::from_gguf(&path).unwrap().with_threads(2);
         let speech = "To be, or not to be, that is the question:\n\
             Whether 'tis nobler in the mind to suffer\n\
             The slings and arrows of outrageous fortune,\n\

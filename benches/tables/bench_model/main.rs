@@ -10,8 +10,8 @@
 
 use candle_core::quantized::GgmlDType;
 use infgram::lm::{argmax, LanguageModel};
-use infgram::neural::arch::llama::Llama;
-use infgram::neural::candle::llama::CandleLlama;
+use infgram::neural::arch::decoder::Decoder;
+use infgram::neural::candle::decoder::CandleDecoder;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 use std::time::Instant;
 
@@ -45,12 +45,12 @@ fn main() {
     let p = path.clone();
     let native = move |dtype, threads| -> Loader {
         let p = p.clone();
-        Box::new(move || Box::new(Llama::load(&p, dtype).unwrap().with_threads(threads)))
+        Box::new(move || Box::new(Decoder::load(&p, dtype).unwrap().with_threads(threads)))
     };
     let p = path.clone();
     let candle = move |dtype| -> Loader {
         let p = p.clone();
-        Box::new(move || Box::new(CandleLlama::load(&p, dtype).unwrap()))
+        Box::new(move || Box::new(CandleDecoder::load(&p, dtype).unwrap()))
     };
     let rows: Vec<(&str, &str, Loader)> = vec![
         ("candle ops, 1 thread", "Q4_1 (file)", candle(None)),

@@ -1,15 +1,19 @@
-//! Architectures: what a model family's blocks are, as data ([`Architecture`]: norms,
-//! activation, rotary embedding and its scaling, q/k norms, biases, sliding-window layers, tied
-//! or scaled embeddings), read from a GGUF file's metadata by the family's own `describe`
-//! function ([`ARCHITECTURES`]), and the forward pass that runs a description on the CPU
-//! backend ([`llama::Llama`]).
+//! Architectures: what a model family's blocks are, as data ([`Architecture`]: norms and
+//! where they sit, activation, rotary embedding with its layout and scaling, q/k norms,
+//! biases, sliding-window layers, tied or scaled embeddings), read from a GGUF file's metadata
+//! by the family's own `describe` function ([`ARCHITECTURES`]: [`llama`], [`qwen`],
+//! [`gemma`]), the forward pass that runs any description on the CPU backend
+//! ([`decoder::Decoder`]), and the file's weights in the backend's tiles ([`weights`]).
 //!
 //! Adding an architecture is a file here with its `describe`, a row of [`ARCHITECTURES`], and
-//! a test against a reference implementation; the pass refuses, by name, any block feature it
-//! does not run yet ([`Architecture::unsupported_by_native`]) rather than computing something
-//! else.
+//! a test against a reference implementation (`tests/architectures.rs`); a block feature no
+//! field describes yet is a new field, read by both passes (this one and
+//! [`crate::neural::candle::llama::CandleDecoder`]).
 
+pub mod decoder;
+pub mod gemma;
 pub mod llama;
+pub mod qwen;
 pub mod weights;
 
 use crate::error::Result;
@@ -45,6 +49,15 @@ pub enum RopeScaling {
     Frequencies,
 }
 
+/// Which dimensions of a head the rotary embedding turns together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Pairs `(2i, 2i + 1)`: llama files (whose converter permuted q and k for it).
+    Interleaved,
+    /// Pairs `(i, i + d/2)` (GPT-NeoX's layout): Qwen, Gemma.
+    Halves,
+}
+
 /// The rotary position embedding.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Rope {
@@ -52,15 +65,45 @@ pub struct Rope {
     pub base: f32,
     /// Scaling beyond the trained context.
     pub scaling: RopeScaling,
+    /// The pairs' layout.
+    pub style: RopeStyle,
+}
+
+impl Rope {
+    /// The angle per position of each of a head's `head_dim / 2` pairs: `base^(−2i/d)`, over
+    /// the scaling's factor (`factors`: the file's `rope_freqs.weight` for
+    /// [`RopeScaling::Frequencies`]).
+    pub fn frequencies(&self, head_dim: usize, factors: Option<&[f32]>) -> Vec<f32> {
+        (0..head_dim / 2)
+            .map(|i| {
+                let freq = 1.0 / self.base.powf(2.0 * i as f32 / head_dim as f32);
+                match (self.scaling, factors) {
+                    (RopeScaling::Linear(f), _) => freq / f,
+                    (RopeScaling::Frequencies, Some(factors)) => freq / factors[i],
+                    _ => freq,
+                }
+            })
+            .collect()
+    }
 }
 
 /// Layers that attend to a window of recent positions only.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SlidingWindow {
-    /// Positions a windowed layer sees.
+    /// Positions a windowed layer sees, its own included.
     pub size: usize,
-    /// Every this-many-th layer attends globally (Gemma 3: 6); the others are windowed.
+    /// Every this-many-th layer attends globally (Gemma 3: 6, layers 5, 11, 17…); the others
+    /// are windowed.
     pub global_every: usize,
+    /// The rotary base of the windowed layers (Gemma 3: 10,000 where global layers use 10⁶).
+    pub local_base: f32,
+}
+
+impl SlidingWindow {
+    /// Whether layer `layer` (from 0) is windowed.
+    pub fn windowed(&self, layer: usize) -> bool {
+        !(layer + 1).is_multiple_of(self.global_every)
+    }
 }
 
 /// The token embeddings and the output projection.
@@ -85,6 +128,9 @@ pub struct Architecture {
     pub heads: Heads,
     /// The norm before each block (and at the end).
     pub norm: Norm,
+    /// Each block's output is normed too before it joins the residual stream (Gemma 2 and 3:
+    /// `post_attention_norm`, `post_ffw_norm`).
+    pub post_norms: bool,
     /// The feed-forward gate's activation.
     pub activation: Activation,
     /// The rotary embedding.
@@ -105,7 +151,12 @@ pub struct Architecture {
 pub type Describe = fn(&Gguf) -> Result<Architecture>;
 
 /// The families infgram reads, each with the function that reads its description.
-pub const ARCHITECTURES: &[(&str, Describe)] = &[("llama", llama::describe)];
+pub const ARCHITECTURES: &[(&str, Describe)] = &[
+    ("llama", llama::describe),
+    ("qwen2", qwen::describe_qwen2),
+    ("qwen3", qwen::describe_qwen3),
+    ("gemma3", gemma::describe),
+];
 
 /// The description of the model in `gguf`; a family not in [`ARCHITECTURES`] is refused by
 /// name.
@@ -123,48 +174,33 @@ pub fn describe(gguf: &Gguf) -> Result<Architecture> {
     }
 }
 
-impl Architecture {
-    /// The block features of this description that infgram's forward passes do not run yet
-    /// (empty: the model runs). Named so that a refusal says what is missing.
-    pub fn unsupported_by_native(&self) -> Vec<&'static str> {
-        let mut missing = Vec::new();
-        if self.norm.weight_offset != 0.0 {
-            missing.push("offset norm weights");
-        }
-        if self.activation != Activation::Silu {
-            missing.push("a GELU feed-forward");
-        }
-        if self.rope.scaling != RopeScaling::None {
-            missing.push("rotary scaling");
-        }
-        if self.qk_norm {
-            missing.push("q/k norms");
-        }
-        if self.attention_bias {
-            missing.push("attention biases");
-        }
-        if self.sliding_window.is_some() {
-            missing.push("sliding-window layers");
-        }
-        if self.embedding.scale.is_some() {
-            missing.push("scaled embeddings");
-        }
-        missing
+/// The heads of `family`'s file: counts from `{family}.attention.head_count(_kv)`, the head
+/// width from `{family}.attention.key_length` when the file has it (Qwen 3, Gemma 3), else the
+/// width over the heads; counts that do not divide are refused.
+pub(crate) fn heads_of(gguf: &Gguf, family: &str, dim: usize) -> Result<Heads> {
+    let n_head = gguf.usize(&format!("{family}.attention.head_count"))?;
+    let n_kv_head = gguf.usize(&format!("{family}.attention.head_count_kv"))?;
+    if n_head == 0 || n_kv_head == 0 || n_head % n_kv_head != 0 {
+        return Err(gguf.error(format!(
+            "{n_kv_head} key/value heads do not divide {n_head} query heads"
+        )));
     }
-
-    /// `Ok` when the passes run every feature of the description, else an error naming the
-    /// features they lack.
-    pub fn check_runnable(&self, gguf: &Gguf) -> Result<()> {
-        let missing = self.unsupported_by_native();
-        if missing.is_empty() {
-            return Ok(());
-        }
-        Err(gguf.error(format!(
-            "this {} model uses {}, which infgram's forward passes do not run yet",
-            self.name,
-            missing.join(", ")
-        )))
+    let key_length = format!("{family}.attention.key_length");
+    let head_dim = if gguf.has_metadata(&key_length) {
+        gguf.usize(&key_length)?
+    } else if dim.is_multiple_of(n_head) {
+        dim / n_head
+    } else {
+        return Err(gguf.error(format!("{n_head} heads do not divide the width {dim}")));
+    };
+    if head_dim == 0 || head_dim % 2 != 0 {
+        return Err(gguf.error(format!("a head width of {head_dim} cannot be rotated")));
     }
+    Ok(Heads {
+        n_head,
+        n_kv_head,
+        head_dim,
+    })
 }
 
 #[cfg(test)]
@@ -205,10 +241,11 @@ mod tests {
         ]
     }
 
-    /// A llama file is described from its metadata and tensors; a family infgram does not
-    /// read, and a llama file with a block feature the passes do not run, are refused by name.
+    /// A llama file is described from its metadata and tensors (q/k norms and Llama 3's
+    /// rotary factors read from the tensors present); a family infgram does not read, and
+    /// head counts that do not divide, are refused by name.
     #[test]
-    fn descriptions_name_what_they_cannot_run() {
+    fn descriptions_read_metadata_and_tensors() {
         let t = tempfile::tempdir().unwrap();
         let file = gguf(t.path(), &llama_metadata(), &["token_embd.weight"]);
         let arch = describe(&file).unwrap();
@@ -225,11 +262,11 @@ mod tests {
             arch.rope,
             Rope {
                 base: 10_000.0,
-                scaling: RopeScaling::None
+                scaling: RopeScaling::None,
+                style: RopeStyle::Interleaved,
             }
         );
         assert!(arch.embedding.tied && !arch.qk_norm && !arch.attention_bias);
-        assert!(arch.check_runnable(&file).is_ok());
 
         let with_norms = gguf(
             t.path(),
@@ -243,19 +280,17 @@ mod tests {
         let arch = describe(&with_norms).unwrap();
         assert!(arch.qk_norm);
         assert_eq!(arch.rope.scaling, RopeScaling::Frequencies);
-        let e = arch.check_runnable(&with_norms).unwrap_err().to_string();
-        assert!(
-            e.contains("q/k norms") && e.contains("rotary scaling"),
-            "{e}"
-        );
+        let freqs = arch.rope.frequencies(8, Some(&[1.0, 2.0, 4.0, 8.0]));
+        assert_eq!(freqs[0], 1.0);
+        assert_eq!(freqs[3], 1.0 / 10_000f32.powf(0.75) / 8.0);
 
-        let mut qwen = llama_metadata();
-        qwen[0].1 = Value::String("qwen3".into());
-        let e = describe(&gguf(t.path(), &qwen, &[]))
+        let mut mamba = llama_metadata();
+        mamba[0].1 = Value::String("mamba".into());
+        let e = describe(&gguf(t.path(), &mamba, &[]))
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("\"qwen3\" is not supported (supported: llama)"),
+            e.contains("\"mamba\" is not supported (supported: llama, qwen2, qwen3, gemma3)"),
             "{e}"
         );
 

@@ -1,6 +1,6 @@
-//! Passes run by candle: the candle-ops reference of the llama pass ([`llama`],
-//! `--backend candle`, what the native pass is tested against) and safetensors llamas through
-//! candle-transformers ([`hf`]).
+//! Passes run by candle: the candle-ops reference of every architecture's pass
+//! ([`decoder`], `--backend candle`, what the native pass is tested against) and safetensors
+//! llamas through candle-transformers ([`hf`]).
 
+pub mod decoder;
 pub mod hf;
-pub mod llama;

@@ -151,8 +151,10 @@ impl Heads {
 }
 
 /// `out` = causal attention of the query rows `q` (row r at position pos + r) over `cache`,
-/// which already holds their keys and values. The (row, head) pairs are split across the
-/// pool's threads.
+/// which already holds their keys and values; with a `window`, a row sees only its last
+/// `window` positions (itself included). The (row, head) pairs are split across the pool's
+/// threads.
+#[allow(clippy::too_many_arguments)]
 pub fn attend(
     isa: Isa,
     pool: &mut Pool,
@@ -160,6 +162,7 @@ pub fn attend(
     cache: &KvCache,
     q: &[f32],
     pos: usize,
+    window: Option<usize>,
     out: &mut [f32],
 ) {
     assert_eq!(out.len(), q.len(), "attend: an output for every query");
@@ -168,7 +171,7 @@ pub fn attend(
     let parts = stretches(q.len() / cfg.q_width() * cfg.n_head, 1, pool.threads());
     pool.run(&|part| {
         if let Some(units) = parts.get(part) {
-            attend_heads(isa, cfg, cache, q, pos, units.clone(), shared);
+            attend_heads(isa, cfg, cache, q, (pos, window), units.clone(), shared);
         }
     });
 }
@@ -180,7 +183,7 @@ fn attend_heads(
     cfg: &Heads,
     cache: &KvCache,
     q: &[f32],
-    pos: usize,
+    pos: (usize, Option<usize>),
     units: std::ops::Range<usize>,
     out: DisjointOut,
 ) {
@@ -212,7 +215,7 @@ macro_rules! attend_entry {
             cfg: &Heads,
             cache: &KvCache,
             q: &[f32],
-            pos: usize,
+            pos: (usize, Option<usize>),
             units: std::ops::Range<usize>,
             out: DisjointOut,
         ) {
@@ -241,7 +244,7 @@ fn attend_portable<const SB: usize, const VC: usize>(
     cfg: &Heads,
     cache: &KvCache,
     q: &[f32],
-    pos: usize,
+    (pos, window): (usize, Option<usize>),
     units: std::ops::Range<usize>,
     out: DisjointOut,
 ) {
@@ -257,10 +260,14 @@ fn attend_portable<const SB: usize, const VC: usize>(
                     .clone()
                     .map(|u| (u / n_head, u % n_head))
                     .filter(|&(_, h)| h / group == g)
-                    .map(|(row, head)| Pair {
-                        row,
-                        head,
-                        seen: pos + row + 1,
+                    .map(|(row, head)| {
+                        let seen = pos + row + 1;
+                        Pair {
+                            row,
+                            head,
+                            seen,
+                            first: window.map_or(0, |w| seen.saturating_sub(w)),
+                        }
                     }),
             );
             if pairs.is_empty() {
@@ -283,12 +290,15 @@ thread_local! {
         const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// A (row, head) pair of the pass and the positions its row sees.
+/// A (row, head) pair of the pass and the positions its row sees: `first..seen`.
 #[derive(Clone, Copy)]
 struct Pair {
     row: usize,
     head: usize,
     seen: usize,
+    /// Positions before this one are outside a sliding window: their scores are set to −∞,
+    /// so their weights are exactly 0 and the sums are those of the window alone.
+    first: usize,
 }
 
 /// Positions whose values are summed together for all the pairs of a kv head before the next
@@ -364,7 +374,9 @@ fn keep_scores(stretch: &mut [f32], j0: usize, seen: usize, acc: &[f32], scale: 
 #[inline(always)]
 fn softmax_pairs(pairs: &[Pair], scores: &mut [f32], width: usize) {
     for (i, pair) in pairs.iter().enumerate() {
-        exp_minus_max(&mut scores[i * width..][..pair.seen]);
+        let stretch = &mut scores[i * width..][..pair.seen];
+        stretch[..pair.first].fill(f32::NEG_INFINITY);
+        exp_minus_max(stretch);
     }
     for (set, together) in pairs.chunks(HEADS_TOGETHER).enumerate() {
         let stretches = &mut scores[set * HEADS_TOGETHER * width..][..HEADS_TOGETHER * width];
@@ -645,23 +657,30 @@ mod tests {
     use crate::neural::cpu::kernels::tests::pseudo;
 
     /// Causal attention in f64, one query row and head at a time.
-    fn naive(cfg: &Heads, keys: &[f32], values: &[f32], q: &[f32], pos: usize) -> Vec<f64> {
+    fn naive(
+        cfg: &Heads,
+        keys: &[f32],
+        values: &[f32],
+        q: &[f32],
+        (pos, window): (usize, Option<usize>),
+    ) -> Vec<f64> {
         let (dim, hd, kv_dim) = (cfg.q_width(), cfg.head_dim, cfg.n_kv_head * cfg.head_dim);
         let mut out = vec![0.0; q.len()];
         for r in 0..q.len() / dim {
             for h in 0..cfg.n_head {
                 let g = h / (cfg.n_head / cfg.n_kv_head);
                 let qh = &q[r * dim + h * hd..][..hd];
-                let s: Vec<f64> = (0..=pos + r)
+                let first = window.map_or(0, |w| (pos + r + 1).saturating_sub(w));
+                let s: Vec<(usize, f64)> = (first..=pos + r)
                     .map(|j| {
                         let k = &keys[j * kv_dim + g * hd..][..hd];
                         let dot: f64 = qh.iter().zip(k).map(|(&a, &b)| a as f64 * b as f64).sum();
-                        dot / (hd as f64).sqrt()
+                        (j, dot / (hd as f64).sqrt())
                     })
                     .collect();
-                let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let total: f64 = s.iter().map(|x| (x - max).exp()).sum();
-                for (j, x) in s.iter().enumerate() {
+                let max = s.iter().map(|s| s.1).fold(f64::NEG_INFINITY, f64::max);
+                let total: f64 = s.iter().map(|(_, x)| (x - max).exp()).sum();
+                for &(j, ref x) in &s {
                     let p = (x - max).exp() / total;
                     for i in 0..hd {
                         out[r * dim + h * hd + i] += p * values[j * kv_dim + g * hd + i] as f64;
@@ -676,10 +695,16 @@ mod tests {
     /// past the score and value blocks (the partial last block is scored as a whole one), after
     /// the cache grew and was cut back, for head dimensions with and without a kernel of their
     /// own; each row gives the same bits alone as in the pass (batch invariance); and the result
-    /// is causal attention.
+    /// is causal attention, over all positions or a sliding window of them.
     #[test]
     fn attention_is_the_same_bits_on_every_isa_split_and_pass_and_matches_the_definition() {
-        for hd in [64, 128, 32] {
+        for (hd, window) in [
+            (64, None),
+            (128, None),
+            (32, None),
+            (64, Some(5)),
+            (32, Some(64)),
+        ] {
             let cfg = Heads {
                 n_head: 6,
                 n_kv_head: 2,
@@ -704,8 +729,8 @@ mod tests {
                 cache.append(&pseudo((n + 40) * kv_dim, 9), &pseudo((n + 40) * kv_dim, 9));
                 cache.truncate(0);
                 cache.append(&keys, &values);
-                let want = attended(Isa::Scalar, 1, &cfg, &cache, &q, pos);
-                let exact = naive(&cfg, &keys, &values, &q, pos);
+                let want = attended(Isa::Scalar, 1, &cfg, &cache, &q, (pos, window));
+                let exact = naive(&cfg, &keys, &values, &q, (pos, window));
                 for (w, e) in want.iter().zip(&exact) {
                     assert!(
                         (*w as f64 - e).abs() < 1e-4,
@@ -714,7 +739,7 @@ mod tests {
                 }
                 for isa in Isa::available() {
                     for threads in [1, 2, 3] {
-                        let got = attended(isa, threads, &cfg, &cache, &q, pos);
+                        let got = attended(isa, threads, &cfg, &cache, &q, (pos, window));
                         let at = format!("{isa:?}, {threads} threads, hd {hd}, pos {pos}");
                         assert_eq!(got, want, "{at}, {rows} rows");
                     }
@@ -723,7 +748,7 @@ mod tests {
                         .zip(want.chunks(cfg.q_width()))
                         .enumerate()
                     {
-                        let alone = attended(isa, 1, &cfg, &cache, row, pos + r);
+                        let alone = attended(isa, 1, &cfg, &cache, row, (pos + r, window));
                         assert_eq!(alone, want, "{isa:?}, hd {hd}, row {r} of {rows} alone");
                     }
                 }
@@ -738,10 +763,11 @@ mod tests {
         cfg: &Heads,
         cache: &KvCache,
         q: &[f32],
-        pos: usize,
+        (pos, window): (usize, Option<usize>),
     ) -> Vec<f32> {
         let mut out = vec![0.0; q.len()];
-        attend(isa, &mut Pool::new(threads), cfg, cache, q, pos, &mut out);
+        let mut pool = Pool::new(threads);
+        attend(isa, &mut pool, cfg, cache, q, pos, window, &mut out);
         out
     }
 

@@ -1,7 +1,7 @@
 //! Reading a GGUF file: its metadata (hyper-parameters) and its tensors.
 //!
-//! Both forward passes ([`crate::neural::arch::llama::Llama`], the native one, and
-//! [`crate::neural::candle::llama::CandleLlama`], the candle reference) load through here, and
+//! Both forward passes ([`crate::neural::arch::decoder::Decoder`], the native one, and
+//! [`crate::neural::candle::decoder::CandleDecoder`], the candle reference) load through here, and
 //! read what a file's architecture means through [`crate::neural::arch::describe`], so they
 //! agree on a file and refuse the same bad files with the same messages.
 
@@ -109,9 +109,37 @@ impl Gguf {
             .collect()
     }
 
+    /// The id of the token spelled `text` in the file's vocabulary, if it has one.
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        let tokens = self
+            .content
+            .metadata
+            .get("tokenizer.ggml.tokens")?
+            .to_vec()
+            .ok()?;
+        tokens
+            .iter()
+            .position(|t| t.to_string().is_ok_and(|t| t == text))
+            .map(|i| i as u32)
+    }
+
     /// A model error about this file.
     pub fn error(&self, e: impl std::fmt::Display) -> Error {
         model_err(&self.path, e)
+    }
+
+    /// Whether the file's metadata has this key.
+    pub fn has_metadata(&self, key: &str) -> bool {
+        self.content.metadata.contains_key(key)
+    }
+
+    /// The shape of tensor `name` as the file states it (innermost dimension last), without
+    /// reading it.
+    pub fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.content
+            .tensor_infos
+            .get(name)
+            .map(|info| info.shape.dims().to_vec())
     }
 
     /// Whether the file has a tensor of this name.

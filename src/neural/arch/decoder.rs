@@ -1,0 +1,643 @@
+//! The forward pass of every architecture ([`Decoder`]) on infgram's own CPU kernels: one
+//! loop over the blocks of a [`crate::neural::arch::Architecture`], whose fields switch the
+//! family's features on (q/k/v biases, q/k norms, the rotary layout and per-layer base,
+//! sliding windows, GeGLU or SwiGLU, norms after the blocks, scaled embeddings).
+//!
+//! Matrices stay in the file's blocks ([`crate::neural::arch::weights`]) and are multiplied
+//! by [`crate::neural::cpu::kernels`], which reuse each weight block across the rows of a
+//! verification pass; everything else (RMS norms, rotary embedding, attention over the KV
+//! cache, the gate) is plain Rust on f32 rows. Each position is computed by the same
+//! operations in the same order whether it is fed alone or in a batch, so incremental
+//! decoding, a k-token pass and a full pass give bit-identical logits.
+//! [`crate::neural::candle::llama::CandleDecoder`] is the candle-ops reference this one is
+//! tested against.
+
+use crate::error::{Error, Result};
+use crate::lm::{LanguageModel, Logits};
+use crate::neural::arch::weights::to_matrix;
+use crate::neural::arch::{Activation, Architecture, RopeScaling, RopeStyle};
+use crate::neural::cpu::attention::{attend, KvCache};
+use crate::neural::cpu::gates::{gelu_mul, silu_mul};
+use crate::neural::cpu::kernels::{matmul, matmul_many, Isa, QMatrix, QRows};
+use crate::neural::cpu::pool::{split_mut, stretches, Pool};
+use crate::neural::load::gguf::{model_err, Gguf};
+use candle_core::quantized::GgmlDType;
+use std::path::Path;
+
+struct Layer {
+    wq: QMatrix,
+    wk: QMatrix,
+    wv: QMatrix,
+    wo: QMatrix,
+    w_gate: QMatrix,
+    w_up: QMatrix,
+    w_down: QMatrix,
+    attn_norm: Vec<f32>,
+    ffn_norm: Vec<f32>,
+    /// q, k and v biases (Qwen 2).
+    biases: Option<[Vec<f32>; 3]>,
+    /// Per-head norms of q and k (Qwen 3, Gemma 3), `head_dim` weights each.
+    qk_norms: Option<[Vec<f32>; 2]>,
+    /// Norms of the attention and feed-forward outputs (Gemma).
+    post_norms: Option<[Vec<f32>; 2]>,
+    /// The positions this layer sees (a sliding window), if not all.
+    window: Option<usize>,
+    /// Which rotary table it uses: 0 global, 1 the windowed layers' base.
+    rope: usize,
+    cache: KvCache,
+}
+
+/// The rotary angles' `cos` and `sin`, `positions × head_dim/2`, grown on demand.
+struct RopeTable {
+    freqs: Vec<f32>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl RopeTable {
+    fn new(freqs: Vec<f32>) -> Self {
+        RopeTable {
+            freqs,
+            cos: Vec::new(),
+            sin: Vec::new(),
+        }
+    }
+
+    /// Extends the table to cover positions `0..end`.
+    fn ensure(&mut self, end: usize) {
+        let half = self.freqs.len();
+        for p in self.cos.len() / half.max(1)..end {
+            for &freq in &self.freqs {
+                let angle = p as f32 * freq;
+                self.cos.push(angle.cos());
+                self.sin.push(angle.sin());
+            }
+        }
+    }
+}
+
+/// The activations of a pass, `rows × width` floats each, kept from pass to pass: allocating
+/// them per layer cost the thread that runs the pass about 5% of its time in `malloc` and
+/// `free` while the pool's other threads waited.
+#[derive(Default)]
+struct Scratch {
+    /// The residual stream.
+    x: Vec<f32>,
+    /// `x` RMS-normalized.
+    normed: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attended: Vec<f32>,
+    /// An output of the attention or feed-forward block, before it joins `x`.
+    projected: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    /// `act(gate) · up`.
+    act: Vec<f32>,
+}
+
+/// A quantized model of any [`ARCHITECTURES`](crate::neural::arch::ARCHITECTURES) family
+/// loaded from GGUF, run on infgram's kernels.
+pub struct Decoder {
+    cfg: Architecture,
+    isa: Isa,
+    pool: Pool,
+    /// Token embeddings, also the output projection when the file ties them (SmolLM2 does).
+    embeddings: QMatrix,
+    output: Option<QMatrix>,
+    layers: Vec<Layer>,
+    norm: Vec<f32>,
+    /// The rotary tables: the global base's, and the windowed layers' when they differ.
+    ropes: Vec<RopeTable>,
+    cached: usize,
+    /// Reused buffer for quantized activations.
+    acts: QRows,
+    /// Reused buffers of a pass's activations.
+    scratch: Scratch,
+    /// The last pass's final-normed rows whose logits are still to come
+    /// ([`LanguageModel::score_more`]), `dim` floats each, from row `held_next` of it on.
+    held: Vec<f32>,
+    held_next: usize,
+}
+
+fn vector(gguf: &mut Gguf, name: &str) -> Result<Vec<f32>> {
+    Ok(gguf
+        .tensor(name)?
+        .dequantize(&candle_core::Device::Cpu)?
+        .flatten_all()?
+        .to_vec1()?)
+}
+
+/// A norm's weights, with the description's offset added, checked to be `len` long.
+fn norm_weights(gguf: &mut Gguf, name: &str, len: usize, offset: f32) -> Result<Vec<f32>> {
+    let mut w = vector(gguf, name)?;
+    if w.len() != len {
+        return Err(gguf.error(format!(
+            "tensor {name} has {} weights where the metadata implies {len}",
+            w.len()
+        )));
+    }
+    if offset != 0.0 {
+        w.iter_mut().for_each(|v| *v += offset);
+    }
+    Ok(w)
+}
+
+/// Refuses a matrix whose shape contradicts the description (before any pass runs).
+fn check_shape(path: &Path, name: &str, m: &QMatrix, rows: usize, cols: usize) -> Result<()> {
+    if (m.rows(), m.cols()) == (rows, cols) {
+        return Ok(());
+    }
+    Err(model_err(
+        path,
+        format!(
+            "tensor {name} is {} × {} where the metadata implies {rows} × {cols}; the file is \
+             inconsistent",
+            m.rows(),
+            m.cols()
+        ),
+    ))
+}
+
+impl Decoder {
+    /// Loads a GGUF file of any supported family, keeping its weights' blocks.
+    pub fn from_gguf(path: &Path) -> Result<Self> {
+        Self::load(path, None)
+    }
+
+    /// Loads a GGUF file; `requantize` may be Q8_0 (every matrix re-quantized through f32).
+    pub fn load(path: &Path, requantize: Option<GgmlDType>) -> Result<Self> {
+        let requant = match requantize {
+            None => false,
+            Some(GgmlDType::Q8_0) => true,
+            Some(other) => {
+                return Err(Error::input(format!(
+                    "the native runtime re-quantizes to q8_0 only, not {other:?}"
+                )))
+            }
+        };
+        let mut gguf = Gguf::open(path)?;
+        let cfg = super::describe(&gguf)?;
+        let (dim, heads) = (cfg.dim, cfg.heads);
+        let matrix = |gguf: &mut Gguf, name: &str| -> Result<QMatrix> {
+            let t = gguf.tensor(name)?;
+            to_matrix(path, name, t, requant)
+        };
+        let embeddings = matrix(&mut gguf, "token_embd.weight")?;
+        let vocab = embeddings.rows();
+        check_shape(path, "token_embd.weight", &embeddings, vocab, dim)?;
+        let output = if gguf.has("output.weight") {
+            let output = matrix(&mut gguf, "output.weight")?;
+            check_shape(path, "output.weight", &output, output.rows(), dim)?;
+            Some(output)
+        } else {
+            None
+        };
+        let offset = cfg.norm.weight_offset;
+        let (q_width, kv_width) = (heads.q_width(), heads.kv_width());
+        let mut layers = Vec::with_capacity(cfg.n_layer);
+        for i in 0..cfg.n_layer {
+            let name = |n: &str| format!("blk.{i}.{n}.weight");
+            let m = |gguf: &mut Gguf, n: &str, rows: usize, cols: usize| -> Result<QMatrix> {
+                let m = matrix(gguf, &name(n))?;
+                check_shape(path, &name(n), &m, rows, cols)?;
+                Ok(m)
+            };
+            let g = &mut gguf;
+            let (wq, wk, wv) = (
+                m(g, "attn_q", q_width, dim)?,
+                m(g, "attn_k", kv_width, dim)?,
+                m(g, "attn_v", kv_width, dim)?,
+            );
+            let wo = m(g, "attn_output", dim, q_width)?;
+            let w_gate = matrix(&mut gguf, &name("ffn_gate"))?;
+            let ffn = w_gate.rows();
+            check_shape(path, &name("ffn_gate"), &w_gate, ffn, dim)?;
+            let w_up = m(&mut gguf, "ffn_up", ffn, dim)?;
+            let w_down = m(&mut gguf, "ffn_down", dim, ffn)?;
+            let mut norm = |n: &str, len: usize| norm_weights(&mut gguf, &name(n), len, offset);
+            let attn_norm = norm("attn_norm", dim)?;
+            let ffn_norm = norm("ffn_norm", dim)?;
+            let qk_norms = match cfg.qk_norm {
+                true => Some([
+                    norm("attn_q_norm", heads.head_dim)?,
+                    norm("attn_k_norm", heads.head_dim)?,
+                ]),
+                false => None,
+            };
+            let post_norms = match cfg.post_norms {
+                true => Some([
+                    norm("post_attention_norm", dim)?,
+                    norm("post_ffw_norm", dim)?,
+                ]),
+                false => None,
+            };
+            let biases = match cfg.attention_bias {
+                true => {
+                    let mut bias = |n: &str, len: usize| -> Result<Vec<f32>> {
+                        let b = vector(&mut gguf, &format!("blk.{i}.{n}.bias"))?;
+                        if b.len() != len {
+                            return Err(
+                                gguf.error(format!("blk.{i}.{n}.bias has {} values", b.len()))
+                            );
+                        }
+                        Ok(b)
+                    };
+                    Some([
+                        bias("attn_q", q_width)?,
+                        bias("attn_k", kv_width)?,
+                        bias("attn_v", kv_width)?,
+                    ])
+                }
+                false => None,
+            };
+            let windowed = cfg.sliding_window.filter(|w| w.windowed(i));
+            layers.push(Layer {
+                wq,
+                wk,
+                wv,
+                wo,
+                w_gate,
+                w_up,
+                w_down,
+                attn_norm,
+                ffn_norm,
+                biases,
+                qk_norms,
+                post_norms,
+                window: windowed.map(|w| w.size),
+                rope: usize::from(windowed.is_some()),
+                cache: KvCache::new(heads.n_kv_head, heads.head_dim),
+            });
+        }
+        let norm = norm_weights(&mut gguf, "output_norm.weight", dim, offset)?;
+        let factors = match cfg.rope.scaling {
+            RopeScaling::Frequencies => {
+                let f = vector(&mut gguf, "rope_freqs.weight")?;
+                if f.len() != heads.head_dim / 2 {
+                    return Err(gguf.error(format!(
+                        "rope_freqs.weight has {} factors for heads of {}",
+                        f.len(),
+                        heads.head_dim
+                    )));
+                }
+                Some(f)
+            }
+            _ => None,
+        };
+        let mut ropes = vec![RopeTable::new(
+            cfg.rope.frequencies(heads.head_dim, factors.as_deref()),
+        )];
+        if let Some(w) = cfg.sliding_window {
+            let local = crate::neural::arch::Rope {
+                base: w.local_base,
+                scaling: RopeScaling::None,
+                ..cfg.rope
+            };
+            ropes.push(RopeTable::new(local.frequencies(heads.head_dim, None)));
+        }
+        Ok(Decoder {
+            cfg,
+            isa: Isa::detect(),
+            pool: Pool::new(1),
+            embeddings,
+            output,
+            layers,
+            norm,
+            ropes,
+            cached: 0,
+            acts: QRows::default(),
+            scratch: Scratch::default(),
+            held: Vec::new(),
+            held_next: 0,
+        })
+    }
+
+    /// The description this model runs.
+    pub fn architecture(&self) -> &Architecture {
+        &self.cfg
+    }
+
+    /// Splits matrix products and attention across `threads` threads (1 by default). The
+    /// logits are the same bit for bit.
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.pool = Pool::new(threads);
+        self
+    }
+
+    /// Forces an instruction set (tests compare them); `Isa::detect()` is the default.
+    pub fn with_isa(mut self, isa: Isa) -> Self {
+        if Isa::available().contains(&isa) {
+            self.isa = isa;
+        }
+        self
+    }
+
+    /// The instruction set in use.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// Feeds `tokens` through every layer into the cache and returns the logits of the first
+    /// `rows` positions; the final-normed rows of the others are held for
+    /// [`Decoder::held_logits`].
+    fn run(&mut self, tokens: &[u32], rows: usize) -> Result<Vec<Vec<f32>>> {
+        self.held.clear();
+        self.held_next = 0;
+        if tokens.is_empty() {
+            return Ok(Vec::new());
+        }
+        let vocab = self.vocab_size();
+        crate::lm::check_vocab(tokens, vocab)?;
+        let (t, pos, dim, eps) = (tokens.len(), self.cached, self.cfg.dim, self.cfg.norm.eps);
+        for table in &mut self.ropes {
+            table.ensure(pos + t);
+        }
+        let (isa, pool, cfg, acts) = (self.isa, &mut self.pool, &self.cfg, &mut self.acts);
+        let (heads, ropes) = (cfg.heads, &self.ropes);
+        let Scratch {
+            x,
+            normed,
+            q,
+            k,
+            v,
+            attended,
+            projected,
+            gate,
+            up,
+            act,
+        } = &mut self.scratch;
+        sized(x, t * dim);
+        for (row, &tok) in x.chunks_exact_mut(dim).zip(tokens) {
+            self.embeddings.dequantize_row(tok as usize, row);
+            if let Some(scale) = cfg.embedding.scale {
+                row.iter_mut().for_each(|v| *v *= scale);
+            }
+        }
+        for layer in &mut self.layers {
+            rms_norm(x, &layer.attn_norm, eps, normed);
+            acts.quantize_on_pool(isa, pool, normed, dim);
+            project_many(
+                isa,
+                pool,
+                acts,
+                [&layer.wq, &layer.wk, &layer.wv],
+                [q, k, v],
+            );
+            if let Some([bq, bk, bv]) = &layer.biases {
+                add_rows(q, bq);
+                add_rows(k, bk);
+                add_rows(v, bv);
+            }
+            if let Some([nq, nk]) = &layer.qk_norms {
+                rms_norm_in_place(q, nq, eps);
+                rms_norm_in_place(k, nk, eps);
+            }
+            let table = &ropes[layer.rope];
+            let (hd, style) = (heads.head_dim, cfg.rope.style);
+            rope(q, heads.q_width(), hd, pos, table, style);
+            rope(k, heads.kv_width(), hd, pos, table, style);
+            layer.cache.append(k, v);
+            let out = sized(attended, q.len());
+            attend(isa, pool, &heads, &layer.cache, q, pos, layer.window, out);
+            acts.quantize_on_pool(isa, pool, attended, heads.q_width());
+            project(isa, pool, acts, &layer.wo, projected);
+            if let Some([post_attention, _]) = &layer.post_norms {
+                rms_norm_in_place(projected, post_attention, eps);
+            }
+            add_in_place(x, projected);
+            rms_norm(x, &layer.ffn_norm, eps, normed);
+            acts.quantize_on_pool(isa, pool, normed, dim);
+            project_many(isa, pool, acts, [&layer.w_gate, &layer.w_up], [gate, up]);
+            gated(isa, pool, cfg.activation, gate, up, act);
+            acts.quantize_on_pool(isa, pool, act, layer.w_up.rows());
+            project(isa, pool, acts, &layer.w_down, projected);
+            if let Some([_, post_ffw]) = &layer.post_norms {
+                rms_norm_in_place(projected, post_ffw, eps);
+            }
+            add_in_place(x, projected);
+        }
+        self.cached += t;
+        if rows == 0 {
+            return Ok(Vec::new());
+        }
+        rms_norm(x, &self.norm, eps, &mut self.held);
+        self.held_logits(rows)
+    }
+
+    /// The logits of the next `rows` held rows (fewer when fewer are held). Each row's are the
+    /// same bits however the rows are grouped: activations are quantized row by row and the
+    /// kernels are batch-invariant.
+    fn held_logits(&mut self, rows: usize) -> Result<Vec<Vec<f32>>> {
+        let dim = self.cfg.dim;
+        let from = self.held_next.min(self.held.len() / dim);
+        let to = (from + rows).min(self.held.len() / dim);
+        if from == to {
+            return Ok(Vec::new());
+        }
+        self.held_next = to;
+        let held = &self.held[from * dim..to * dim];
+        self.acts
+            .quantize_on_pool(self.isa, &mut self.pool, held, dim);
+        let output = self.output.as_ref().unwrap_or(&self.embeddings);
+        let mut logits = Vec::new();
+        project(self.isa, &mut self.pool, &self.acts, output, &mut logits);
+        if to - from == 1 {
+            return Ok(vec![logits]);
+        }
+        Ok(logits
+            .chunks_exact(output.rows())
+            .map(<[f32]>::to_vec)
+            .collect())
+    }
+}
+
+/// `out = act(gate) · up`, element by element ([`silu_mul`], [`gelu_mul`]); split across
+/// the pool's threads when long enough to pay for the hand-off.
+fn gated(
+    isa: Isa,
+    pool: &mut Pool,
+    activation: Activation,
+    gate: &[f32],
+    up: &[f32],
+    out: &mut Vec<f32>,
+) {
+    const PARALLEL: usize = 2048;
+    let out = sized(out, gate.len());
+    let threads = if gate.len() >= PARALLEL {
+        pool.threads()
+    } else {
+        1
+    };
+    let parts = stretches(gate.len(), 64, threads);
+    let silu = |(out, r): (&mut [f32], std::ops::Range<usize>)| match activation {
+        Activation::Silu => silu_mul(isa, &gate[r.clone()], &up[r], out),
+        Activation::GeluTanh => gelu_mul(isa, &gate[r.clone()], &up[r], out),
+    };
+    let items: Vec<_> = split_mut(out, &parts)
+        .into_iter()
+        .zip(parts.clone())
+        .collect();
+    if items.len() == 1 {
+        items.into_iter().for_each(silu);
+    } else {
+        pool.run_each(items, &silu);
+    }
+}
+
+/// Rotates the pairs of every head of every row of `x` (rows of `width`); row r is at
+/// position pos + r. The pairs are `(2i, 2i + 1)` or `(i, i + d/2)` by `style`.
+fn rope(
+    x: &mut [f32],
+    width: usize,
+    head_dim: usize,
+    pos: usize,
+    table: &RopeTable,
+    style: RopeStyle,
+) {
+    let half = head_dim / 2;
+    for (r, row) in x.chunks_exact_mut(width).enumerate() {
+        let at = (pos + r) * half..(pos + r + 1) * half;
+        let (cos, sin) = (&table.cos[at.clone()], &table.sin[at]);
+        for head in row.chunks_exact_mut(head_dim) {
+            for i in 0..half {
+                let (j, k) = match style {
+                    RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                    RopeStyle::Halves => (i, i + half),
+                };
+                let (a, b) = (head[j], head[k]);
+                head[j] = a * cos[i] - b * sin[i];
+                head[k] = a * sin[i] + b * cos[i];
+            }
+        }
+    }
+}
+
+/// `out` = the products of the quantized activation rows with `w`, row-major.
+fn project(isa: Isa, pool: &mut Pool, acts: &QRows, w: &QMatrix, out: &mut Vec<f32>) {
+    matmul(isa, w, acts, sized(out, acts.rows() * w.rows()), pool);
+}
+
+/// [`project`] with several matrices in one parallel section ([`matmul_many`]).
+fn project_many<const N: usize>(
+    isa: Isa,
+    pool: &mut Pool,
+    acts: &QRows,
+    ws: [&QMatrix; N],
+    outs: [&mut Vec<f32>; N],
+) {
+    let mut slices: Vec<&mut [f32]> = outs
+        .into_iter()
+        .zip(ws)
+        .map(|(o, w)| sized(o, acts.rows() * w.rows()))
+        .collect();
+    matmul_many(isa, &ws, acts, &mut slices, pool);
+}
+
+/// `v` resized to `len` floats, as a slice. Its old values stay (every user overwrites all of
+/// them), so a buffer reused at the same size costs nothing.
+fn sized(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    v.resize(len, 0.0);
+    v
+}
+
+/// Dot product in sixteen lanes (two AVX registers), reduced in a fixed order.
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 16];
+    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
+    let mut tail = 0.0f32;
+    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
+        tail += x * y;
+    }
+    for (x, y) in ca.zip(cb) {
+        for i in 0..16 {
+            lanes[i] += x[i] * y[i];
+        }
+    }
+    // Pairwise reduction: short dependency chains, still one fixed order.
+    for width in [8, 4, 2, 1] {
+        for i in 0..width {
+            lanes[i] += lanes[i + width];
+        }
+    }
+    lanes[0] + tail
+}
+
+/// `out` = the RMS normalization of every row of `x`, scaled by `w`.
+fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
+    out.clear();
+    for row in x.chunks_exact(w.len()) {
+        let mean_sq = dot(row, row) / w.len() as f32;
+        let inv = 1.0 / (mean_sq + eps).sqrt();
+        out.extend(row.iter().zip(w).map(|(v, w)| v * inv * w));
+    }
+}
+
+/// RMS-normalizes every `w.len()`-wide stretch of `x` (a row, or a head) in place, scaled by
+/// `w`: the same operations as [`rms_norm`].
+fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    for row in x.chunks_exact_mut(w.len()) {
+        let mean_sq = dot(row, row) / w.len() as f32;
+        let inv = 1.0 / (mean_sq + eps).sqrt();
+        row.iter_mut().zip(w).for_each(|(v, w)| *v = *v * inv * w);
+    }
+}
+
+/// Adds `bias` to every row of `x`.
+fn add_rows(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        add_in_place(row, bias);
+    }
+}
+
+fn add_in_place(x: &mut [f32], y: &[f32]) {
+    x.iter_mut().zip(y).for_each(|(x, y)| *x += y);
+}
+
+impl LanguageModel for Decoder {
+    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        self.run(tokens, tokens.len())
+    }
+
+    /// Runs every layer over all of `tokens`, and the output projection (a fifth of a pass's
+    /// weights) over the first `first` positions only: the others' wait for
+    /// [`LanguageModel::score_more`].
+    fn score_first(&mut self, tokens: &[u32], first: usize) -> Result<Vec<Logits>> {
+        let rows = self.run(tokens, first.clamp(1, tokens.len().max(1)))?;
+        Ok(rows.into_iter().map(Logits::Dense).collect())
+    }
+
+    fn score_more(&mut self, count: usize) -> Result<Vec<Logits>> {
+        let rows = self.held_logits(count)?;
+        Ok(rows.into_iter().map(Logits::Dense).collect())
+    }
+
+    /// Skips the output projection (a fifth of a pass's weights, and 49,152 logits per
+    /// position): a prompt's logits are not needed.
+    fn feed(&mut self, tokens: &[u32]) -> Result<()> {
+        self.run(tokens, 0).map(drop)
+    }
+
+    fn cache_len(&self) -> usize {
+        self.cached
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.held.clear();
+        let len = len.min(self.cached);
+        for layer in &mut self.layers {
+            layer.cache.truncate(len);
+        }
+        self.cached = len;
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.output.as_ref().unwrap_or(&self.embeddings).rows()
+    }
+
+    fn eos_tokens(&self) -> &[u32] {
+        &self.cfg.eos
+    }
+}
