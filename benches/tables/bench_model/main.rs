@@ -5,8 +5,10 @@
 //! table), plus the largest logit difference from the candle Q4_1 reference. Compare with llama.cpp's
 //! figures in BENCHMARKS.md.
 //!
-//! `cargo run --release --example bench_model [-- FILTER]` (candle with CANDLE_NUM_THREADS=1
-//! unless set; FILTER keeps only the rows whose pass name contains it, e.g. `infgram`)
+//! `cargo run --release --example bench_model [-- FILTER] [--model FILE.gguf]` (candle with
+//! CANDLE_NUM_THREADS=1 unless set; FILTER keeps only the rows whose pass name contains it,
+//! e.g. `infgram`; `--model` times another GGUF file, of any architecture, fed Tiny
+//! Shakespeare's bytes as ids when infgram cannot rebuild its tokenizer)
 
 use candle_core::quantized::GgmlDType;
 use infgram::lm::{argmax, LanguageModel};
@@ -25,6 +27,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 struct Args {
     /// Run only the rows whose backend contains this (`infgram` skips the slow candle rows).
     filter: Option<String>,
+    /// A GGUF file to time instead of SmolLM2.
+    #[arg(long)]
+    model: Option<std::path::PathBuf>,
 }
 
 fn main() {
@@ -32,10 +37,15 @@ fn main() {
     if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
         std::env::set_var("CANDLE_NUM_THREADS", "1");
     }
-    let path = infgram::assets::ensure_model("smollm2-135m").expect("fetch the model");
-    let tok = HfTokenizer::from_gguf(&path).unwrap();
+    let path = match args.model {
+        Some(path) => path,
+        None => infgram::assets::ensure_model("smollm2-135m").expect("fetch the model"),
+    };
     let text = infgram::assets::tiny_shakespeare().expect("the in-tree Tiny Shakespeare");
-    let ids = tok.encode(&text[..4000]).unwrap();
+    let ids = match HfTokenizer::from_gguf(&path) {
+        Ok(tok) => tok.encode(&text[..4000]).unwrap(),
+        Err(_) => text.bytes().take(4000).map(|b| b as u32 + 100).collect(),
+    };
     let ctx = &ids[..256];
     let mut reference: Option<Vec<f32>> = None;
     println!("| forward pass | weights | decode tokens/s | k=1 ms | k=2 | k=4 | k=8 | k=16 | k=8 / k=1 | max logit diff vs Q4_1 |");

@@ -9,7 +9,7 @@
 //! cache, the gate) is plain Rust on f32 rows. Each position is computed by the same
 //! operations in the same order whether it is fed alone or in a batch, so incremental
 //! decoding, a k-token pass and a full pass give bit-identical logits.
-//! [`crate::neural::candle::llama::CandleDecoder`] is the candle-ops reference this one is
+//! [`crate::neural::candle::decoder::CandleDecoder`] is the candle-ops reference this one is
 //! tested against.
 
 use crate::error::{Error, Result};

@@ -8,7 +8,7 @@
 //! Adding an architecture is a file here with its `describe`, a row of [`ARCHITECTURES`], and
 //! a test against a reference implementation (`tests/architectures.rs`); a block feature no
 //! field describes yet is a new field, read by both passes (this one and
-//! [`crate::neural::candle::llama::CandleDecoder`]).
+//! [`crate::neural::candle::decoder::CandleDecoder`]).
 
 pub mod decoder;
 pub mod gemma;
