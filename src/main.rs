@@ -39,7 +39,7 @@ enum Command {
         /// The index directory.
         index: std::path::PathBuf,
     },
-    /// Fetch a known model (`smollm2-135m`) or the default corpus (`shakespeare`).
+    /// Fetch a known model (`smollm2-135m`, `gemma3-270m`) or the default corpus (`shakespeare`).
     Fetch {
         /// What to fetch.
         what: String,

@@ -56,7 +56,7 @@ pub struct GenArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
-    /// Generate with a neural model instead of the index: a short name (`smollm2-135m`,
+    /// Generate with a neural model instead of the index: a short name (`smollm2-135m`, `gemma3-270m`,
     /// fetched on first use), a `.gguf` file, a safetensors model directory, or
     /// `hf:OWNER/REPO[:FILE]` (downloaded from the Hugging Face Hub). With --speculative, --index is the drafting
     /// index (built with `infgram index --tokenizer` and the same model).
@@ -375,10 +375,12 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
         None => None,
     };
     let shown = args.prompt.as_deref().unwrap_or_default();
+    // A base model (no chat template in its file) continues the prompt as it is.
+    let raw = args.raw || !infgram::neural::wants_chat_turns(&path);
     let text = match &args.prompt {
-        Some(p) if args.raw => Some(p.clone()),
-        _ if args.raw => None,
-        _ => Some(infgram::neural::chat_prompt(shown)),
+        Some(p) if raw => Some(p.clone()),
+        _ if raw => None,
+        _ => Some(infgram::neural::chat_prompt_for(&tok, shown)),
     };
     let scorer = if mix.is_some() {
         Scorer::Mixture

@@ -13,7 +13,7 @@ pub struct IndexArgs {
     #[arg(short, long)]
     pub output: PathBuf,
     /// `bytes`, `words` (whitespace-split, the vocabulary taken from the inputs), a
-    /// tokenizer.json, a .gguf model file, a model name (`smollm2-135m`), a safetensors model
+    /// tokenizer.json, a .gguf model file, a model name (`smollm2-135m`, `gemma3-270m`), a safetensors model
     /// directory, or `hf:OWNER/REPO[:FILE]`.
     #[arg(long, default_value = "bytes")]
     pub tokenizer: String,

@@ -58,7 +58,7 @@ pub struct PplArgs {
     /// Draw agreement and token counts by effective n into this PNG file.
     #[arg(long)]
     pub plot: Option<PathBuf>,
-    /// Score with a neural model instead (`smollm2-135m`, a `.gguf` file, a safetensors model
+    /// Score with a neural model instead (`smollm2-135m`, `gemma3-270m`, a `.gguf` file, a safetensors model
     /// directory or `hf:OWNER/REPO[:FILE]`): windows of --window tokens moved by --stride.
     /// With --index (built with the model's tokenizer): the neural model, the ∞-gram and their
     /// mixture.

@@ -202,6 +202,9 @@ impl<M: LanguageModel> LanguageModel for DenseRows<M> {
     fn eos_tokens(&self) -> &[u32] {
         self.0.eos_tokens()
     }
+    fn bos_token(&self) -> Option<u32> {
+        self.0.bos_token()
+    }
     fn backoff(&mut self, context: &[u32], masked: &[u32]) -> Result<Option<Logits>> {
         Ok(self
             .0
@@ -257,6 +260,11 @@ pub trait LanguageModel {
     fn vocab_size(&self) -> usize;
     /// Ids that end a generation.
     fn eos_tokens(&self) -> &[u32];
+    /// The id a sequence must start with (Gemma's `<bos>`), if the model asks for one; the
+    /// model generation path puts it before a prompt that lacks it.
+    fn bos_token(&self) -> Option<u32> {
+        None
+    }
     /// A wider distribution for the position after `context` (everything fed before it), for
     /// when the decode loop's processors masked every token of the row (`masked`: the row's
     /// support): the ∞-gram backs off to shorter levels with allowed continuations. `None`
@@ -307,6 +315,9 @@ macro_rules! forward_language_model {
             }
             fn eos_tokens(&self) -> &[u32] {
                 (**self).eos_tokens()
+            }
+            fn bos_token(&self) -> Option<u32> {
+                (**self).bos_token()
             }
             fn backoff(&mut self, context: &[u32], masked: &[u32]) -> Result<Option<Logits>> {
                 (**self).backoff(context, masked)

@@ -494,6 +494,10 @@ impl<S: AsRef<[u8]> + Sync, N: LanguageModel> LanguageModel for Interpolated<S, 
     fn eos_tokens(&self) -> &[u32] {
         self.neural.eos_tokens()
     }
+
+    fn bos_token(&self) -> Option<u32> {
+        self.neural.bos_token()
+    }
 }
 
 #[cfg(test)]

@@ -24,3 +24,24 @@ pub mod source;
 pub fn chat_prompt(user: &str) -> String {
     format!("<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
 }
+
+/// Whether the model at `path` is meant to be prompted in chat turns: a GGUF file that names
+/// a chat template (`tokenizer.chat_template`; base models such as the packaged Gemma 3 270M
+/// have none, and continue text), or a model directory (as before: ChatML).
+pub fn wants_chat_turns(path: &std::path::Path) -> bool {
+    if path.is_dir() {
+        return true;
+    }
+    crate::tokenizer::gguf::read_gguf_metadata(path)
+        .is_ok_and(|c| c.metadata.contains_key("tokenizer.chat_template"))
+}
+
+/// The chat template of the model whose tokenizer is `tok` around one user message: Gemma's
+/// turns when the vocabulary has `<start_of_turn>` (the model's `<bos>` comes from
+/// [`crate::lm::LanguageModel::bos_token`]), else ChatML ([`chat_prompt`]: SmolLM2, Qwen).
+pub fn chat_prompt_for(tok: &crate::tokenizer::HfTokenizer, user: &str) -> String {
+    if tok.token_to_id("<start_of_turn>").is_some() {
+        return format!("<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n");
+    }
+    chat_prompt(user)
+}

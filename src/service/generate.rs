@@ -375,13 +375,20 @@ pub fn generate_with_model(
 ) -> Result<ModelGeneration> {
     let mut drafters = drafters(&req.assembly, tok)?;
     let (mut processors, guard) = processors(&req.assembly, tok)?;
+    // A model that asks for a first token (Gemma's <bos>) gets it before the prompt.
+    let prompt: std::borrow::Cow<[u32]> = match model.bos_token() {
+        Some(bos) if req.prompt.first() != Some(&bos) => std::iter::once(bos)
+            .chain(req.prompt.iter().copied())
+            .collect(),
+        _ => std::borrow::Cow::Borrowed(&req.prompt),
+    };
     let run = |scorer: &mut dyn LanguageModel| {
         let (tokens, stats) = decode(
             scorer,
             &mut drafters,
             &mut processors,
             sampler,
-            &req.prompt,
+            &prompt,
             &req.decode,
             on_token,
         )?;

@@ -640,4 +640,8 @@ impl LanguageModel for Decoder {
     fn eos_tokens(&self) -> &[u32] {
         &self.cfg.eos
     }
+
+    fn bos_token(&self) -> Option<u32> {
+        self.cfg.bos
+    }
 }

@@ -57,6 +57,7 @@ pub fn describe(gguf: &Gguf) -> Result<Architecture> {
             scale: Some((dim as f32).sqrt()),
         },
         eos: gemma_eos(gguf),
+        bos: gguf.bos_id(),
     })
 }
 

@@ -43,5 +43,6 @@ pub fn describe(gguf: &Gguf) -> Result<Architecture> {
             scale: None,
         },
         eos: gguf.eos_ids(),
+        bos: gguf.bos_id(),
     })
 }

@@ -145,6 +145,8 @@ pub struct Architecture {
     pub embedding: Embedding,
     /// End-of-sequence ids.
     pub eos: Vec<u32>,
+    /// The token a sequence starts with, when the file asks for one (Gemma's `<bos>`).
+    pub bos: Option<u32>,
 }
 
 /// Reads one family's description from a GGUF file's metadata.

@@ -35,6 +35,7 @@ fn describe(gguf: &Gguf, family: &str) -> Result<Architecture> {
             scale: None,
         },
         eos: gguf.eos_ids(),
+        bos: gguf.bos_id(),
     })
 }
 

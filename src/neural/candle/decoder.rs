@@ -364,4 +364,8 @@ impl LanguageModel for CandleDecoder {
     fn eos_tokens(&self) -> &[u32] {
         &self.cfg.eos
     }
+
+    fn bos_token(&self) -> Option<u32> {
+        self.cfg.bos
+    }
 }

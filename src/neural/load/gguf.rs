@@ -123,6 +123,15 @@ impl Gguf {
             .map(|i| i as u32)
     }
 
+    /// The token the file asks to put first (`tokenizer.ggml.bos_token_id` when
+    /// `tokenizer.ggml.add_bos_token` is true: Gemma), if any.
+    pub fn bos_id(&self) -> Option<u32> {
+        let md = &self.content.metadata;
+        let add = md.get("tokenizer.ggml.add_bos_token")?.to_bool().ok()?;
+        add.then(|| md.get("tokenizer.ggml.bos_token_id")?.to_u32().ok())
+            .flatten()
+    }
+
     /// A model error about this file.
     pub fn error(&self, e: impl std::fmt::Display) -> Error {
         model_err(&self.path, e)
