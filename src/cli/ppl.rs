@@ -327,12 +327,16 @@ fn run_model(args: &PplArgs, model: &str) -> Result<()> {
         tokenizer: tok,
         path: _,
     } = infgram::service::models::load_model(model, &args.model_args.options())?;
-    // Each --text file on its own: its tokens (the first --limit of each).
+    // Each --text file on its own: its tokens (the first --limit of each), after the
+    // model's first token when it asks for one (Gemma's <bos>, never scored itself).
     let mut documents = Vec::new();
     for path in &args.text {
         let mut ids = tok.encode(&read_text(path)?)?;
         if args.limit > 0 {
             ids.truncate(args.limit);
+        }
+        if let Some(bos) = llm.bos_token() {
+            ids.insert(0, bos);
         }
         documents.push((path.display().to_string(), ids));
     }
