@@ -314,6 +314,18 @@ impl Decoder {
         })
     }
 
+    /// The weight bytes a one-token step reads: every layer's matrices and the output
+    /// projection (the embeddings when tied; one embedding row is all a step reads otherwise).
+    pub fn weight_bytes_per_step(&self) -> usize {
+        let layers: usize = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+            .map(QMatrix::bytes)
+            .sum();
+        layers + self.output.as_ref().unwrap_or(&self.embeddings).bytes()
+    }
+
     /// The description this model runs.
     pub fn architecture(&self) -> &Architecture {
         &self.cfg

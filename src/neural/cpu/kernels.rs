@@ -99,7 +99,7 @@ enum Quants {
     Q4_1(Vec<Q4Tile<f16>>),
     /// Nibbles with f32 scales (Q4_K: a sub-block's scale is `d·sc`, exact in f32 only).
     Q4F(Vec<Q4Tile<f32>>),
-    /// Signed bytes with one scale per block (Q8_0, Q5_0).
+    /// Bytes with one f16 scale per block (Q8_0, Q5_0).
     Q8_0(Vec<Q8_0Tile>),
     /// Signed bytes with a scale per half block and an offset (Q6_K, Q5_K, Q5_1).
     Q8H(Vec<Q8HTile>),
@@ -145,28 +145,43 @@ struct Q4Tile<S> {
     m: [S; TILE_ROWS],
 }
 
-/// 16 rows × 32 columns of Q8_0 (`value = d·q`, q in −127..=127); 640 bytes.
-#[repr(C, align(64))]
+/// 16 rows × 32 columns of Q8_0 (`value = d·q`, q in −127..=127, d an f16); 544 bytes,
+/// 8.5 bits a weight as in ggml's blocks.
+///
+/// The quants are kept as `q + 128` (unsigned): VNNI's `vpdpbusd` multiplies unsigned by
+/// signed bytes, so the weights take the unsigned side and the activations stay signed; the
+/// kernels then subtract `128·Σq_a`, one number per activation block (held by [`QRows`]),
+/// where a signed-weight layout would need `128·Σq_w` stored beside every weight row.
+#[repr(C, align(32))]
 #[derive(Clone, Copy)]
 struct Q8_0Tile {
-    /// Chunk t, byte 4·i + c: row i's quant at column 4t + c.
-    qs: [[i8; 64]; 8],
-    d: [f32; TILE_ROWS],
-    /// `128·Σq` of each row: what the VNNI kernels' unsigned activations (q + 128) add.
-    bias: [i32; TILE_ROWS],
+    /// Chunk t, byte 4·i + c: row i's quant at column 4t + c, plus 128.
+    qs: [[u8; 64]; 8],
+    d: [f16; TILE_ROWS],
 }
 
-/// 16 rows × 32 columns of signed bytes with a scale per half block and an offset
-/// (`value = d[h]·q + m` in half h = column / 16); 832 bytes.
+/// 16 rows × 32 columns of bytes with a scale per half block and an offset
+/// (`value = d[h]·q + m` in half h = column / 16); 704 bytes.
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
 struct Q8HTile {
-    /// As in [`Q8_0Tile`]: chunks 0..4 are the first half's columns, 4..8 the second's.
-    qs: [[i8; 64]; 8],
+    /// As in [`Q8_0Tile`] (`q + 128`): chunks 0..4 are the first half's columns, 4..8 the
+    /// second's.
+    qs: [[u8; 64]; 8],
     d: [[f32; TILE_ROWS]; 2],
     m: [f32; TILE_ROWS],
-    /// `128·Σq` of each row's half.
-    bias: [[i32; TILE_ROWS]; 2],
+}
+
+/// A signed quant as the byte tiles keep it.
+#[inline(always)]
+fn biased(q: i8) -> u8 {
+    q.max(-127) as u8 ^ 0x80
+}
+
+/// A byte tile's quant back as a signed integer.
+#[inline(always)]
+fn unbiased(u: u8) -> i32 {
+    u as i32 - 128
 }
 
 /// One block of 32 columns of one weight row, decoded from a file's format: `value = d·q + m`
@@ -208,6 +223,16 @@ impl QMatrix {
 
     fn blocks_per_row(&self) -> usize {
         self.cols / BLOCK
+    }
+
+    /// The bytes its tiles take: what a pass over all its rows reads from memory.
+    pub fn bytes(&self) -> usize {
+        match &self.quants {
+            Quants::Q4_1(t) => std::mem::size_of_val(t.as_slice()),
+            Quants::Q4F(t) => std::mem::size_of_val(t.as_slice()),
+            Quants::Q8_0(t) => std::mem::size_of_val(t.as_slice()),
+            Quants::Q8H(t) => std::mem::size_of_val(t.as_slice()),
+        }
     }
 
     fn groups(&self) -> usize {
@@ -287,49 +312,45 @@ impl QMatrix {
     ) -> QMatrix {
         let quants = if split {
             let empty = Q8HTile {
-                qs: [[0; 64]; 8],
+                qs: [[128; 64]; 8],
                 d: [[0.0; TILE_ROWS]; 2],
                 m: [0.0; TILE_ROWS],
-                bias: [[0; TILE_ROWS]; 2],
             };
             Quants::Q8H(Self::tiled(rows, cols, block, empty, |tile, i, rb| {
                 tile.d[0][i] = rb.d;
                 tile.d[1][i] = rb.d_hi;
                 tile.m[i] = rb.m;
-                for h in 0..2 {
-                    let half = &rb.q[16 * h..16 * h + 16];
-                    tile.bias[h][i] = 128 * half.iter().map(|&q| q as i32).sum::<i32>();
-                }
                 for (c, &q) in rb.q.iter().enumerate() {
-                    tile.qs[c / 4][4 * i + c % 4] = q.max(-127);
+                    tile.qs[c / 4][4 * i + c % 4] = biased(q);
                 }
             }))
         } else {
             let empty = Q8_0Tile {
-                qs: [[0; 64]; 8],
-                d: [0.0; TILE_ROWS],
-                bias: [0; TILE_ROWS],
+                qs: [[128; 64]; 8],
+                d: [f16::ZERO; TILE_ROWS],
             };
             Quants::Q8_0(Self::tiled(rows, cols, block, empty, |tile, i, rb| {
-                tile.d[i] = rb.d;
+                // Q8_0's and Q5_0's scales are f16 values, kept exactly.
+                tile.d[i] = f16::from_f32(rb.d);
+                debug_assert_eq!(tile.d[i].to_f32(), rb.d, "a Q8_0 scale that is no f16");
                 // ggml writes −128 never; clamp so the AVX2 sign trick stays exact regardless.
-                let q = rb.q.map(|q| q.max(-127));
-                tile.bias[i] = 128 * q.iter().map(|&q| q as i32).sum::<i32>();
-                for (c, &q) in q.iter().enumerate() {
-                    tile.qs[c / 4][4 * i + c % 4] = q;
+                for (c, &q) in rb.q.iter().enumerate() {
+                    tile.qs[c / 4][4 * i + c % 4] = biased(q);
                 }
             }))
         };
         QMatrix { rows, cols, quants }
     }
 
-    /// Quantizes `values` (`rows × cols`, row-major) to Q8_0, as ggml does.
+    /// Quantizes `values` (`rows × cols`, row-major) to Q8_0, as ggml does: quants by the f32
+    /// scale `amax/127`, the scale then stored in f16.
     pub fn quantize_q8_0(rows: usize, cols: usize, values: &[f32]) -> Option<QMatrix> {
         if !cols.is_multiple_of(BLOCK) || values.len() != rows * cols {
             return None;
         }
         Some(Self::from_byte_blocks(rows, cols, false, |r, b| {
             let (d, q, _) = quantize_block(&values[r * cols + b * BLOCK..][..BLOCK]);
+            let d = f16::from_f32(d).to_f32();
             RowBlock {
                 d,
                 d_hi: d,
@@ -373,13 +394,13 @@ impl QMatrix {
                 Quants::Q8_0(tiles) => {
                     let tile = &tiles[t];
                     for (c, x) in chunk.iter_mut().enumerate() {
-                        *x = tile.d[i] * tile.qs[c / 4][4 * i + c % 4] as f32;
+                        *x = tile.d[i].to_f32() * unbiased(tile.qs[c / 4][4 * i + c % 4]) as f32;
                     }
                 }
                 Quants::Q8H(tiles) => {
                     let tile = &tiles[t];
                     for (c, x) in chunk.iter_mut().enumerate() {
-                        let q = tile.qs[c / 4][4 * i + c % 4] as f32;
+                        let q = unbiased(tile.qs[c / 4][4 * i + c % 4]) as f32;
                         *x = tile.d[c / 16][i] * q + tile.m[i];
                     }
                 }
@@ -430,12 +451,12 @@ fn quantize_blocks(
     d: &mut [f32],
     s: &mut [f32],
     qs: &mut [[i8; 32]],
-    us: &mut [[u8; 32]],
+    sums: &mut [[i32; 2]],
 ) {
-    let slots = d.iter_mut().zip(s).zip(qs).zip(us);
-    for (block, (((d, s), q), u)) in x.chunks_exact(BLOCK).zip(slots) {
+    let slots = d.iter_mut().zip(s).zip(qs).zip(sums);
+    for (block, (((d, s), q), sum)) in x.chunks_exact(BLOCK).zip(slots) {
         (*d, *q, *s) = quantize_block(block);
-        *u = q.map(|v| (v as u8) ^ 0x80);
+        *sum = [0, 16].map(|h| q[h..h + 16].iter().map(|&v| v as i32).sum());
     }
 }
 
@@ -449,15 +470,15 @@ fn quantize_blocks_on(
     d: &mut [f32],
     s: &mut [f32],
     qs: &mut [[i8; 32]],
-    us: &mut [[u8; 32]],
+    sums: &mut [[i32; 2]],
 ) {
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar {
         // SAFETY: `Isa::detect` saw AVX2 and FMA before choosing a vector ISA.
-        return unsafe { quantize_blocks_avx2(x, d, s, qs, us) };
+        return unsafe { quantize_blocks_avx2(x, d, s, qs, sums) };
     }
     let _ = isa;
-    quantize_blocks(x, d, s, qs, us)
+    quantize_blocks(x, d, s, qs, sums)
 }
 
 /// [`quantize_blocks`] in AVX2 intrinsics: the same float operations (a multiply, then the
@@ -471,18 +492,17 @@ unsafe fn quantize_blocks_avx2(
     d: &mut [f32],
     s: &mut [f32],
     qs: &mut [[i8; 32]],
-    us: &mut [[u8; 32]],
+    sums: &mut [[i32; 2]],
 ) {
     use std::arch::x86_64::*;
     const MAGIC: f32 = 12_582_912.0;
     let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
     let magic = _mm256_set1_ps(MAGIC);
     let magic_bits = _mm256_set1_epi32(MAGIC.to_bits() as i32);
-    let flip = _mm256_set1_epi8(0x80u8 as i8);
     // The two packs leave each 128-bit lane's quarters interleaved: put the dwords back.
     let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    let slots = d.iter_mut().zip(s).zip(qs).zip(us);
-    for (block, (((d, s), q), u)) in x.chunks_exact(BLOCK).zip(slots) {
+    let slots = d.iter_mut().zip(s).zip(qs).zip(sums);
+    for (block, (((d, s), q), half_sums)) in x.chunks_exact(BLOCK).zip(slots) {
         let p = block.as_ptr();
         // SAFETY: a block holds 32 values, four loads of 8.
         let v = [0, 8, 16, 24].map(|o| unsafe { _mm256_loadu_ps(p.add(o)) });
@@ -499,16 +519,17 @@ unsafe fn quantize_blocks_avx2(
             let shifted = _mm256_add_ps(_mm256_mul_ps(vi, inv), magic);
             _mm256_sub_epi32(_mm256_castps_si256(shifted), magic_bits)
         });
-        let total = _mm256_add_epi32(
-            _mm256_add_epi32(ints[0], ints[1]),
-            _mm256_add_epi32(ints[2], ints[3]),
-        );
-        let t4 = _mm_add_epi32(
-            _mm256_castsi256_si128(total),
-            _mm256_extracti128_si256(total, 1),
-        );
-        let t2 = _mm_add_epi32(t4, _mm_unpackhi_epi64(t4, t4));
-        let sum = _mm_cvtsi128_si32(_mm_add_epi32(t2, _mm_shuffle_epi32(t2, 1)));
+        let halves = [(0, 1), (2, 3)].map(|(a, b)| {
+            let total = _mm256_add_epi32(ints[a], ints[b]);
+            let t4 = _mm_add_epi32(
+                _mm256_castsi256_si128(total),
+                _mm256_extracti128_si256(total, 1),
+            );
+            let t2 = _mm_add_epi32(t4, _mm_unpackhi_epi64(t4, t4));
+            _mm_cvtsi128_si32(_mm_add_epi32(t2, _mm_shuffle_epi32(t2, 1)))
+        });
+        *half_sums = halves;
+        let sum = halves[0] + halves[1];
         // |quant| ≤ 127: the saturating packs change nothing.
         let bytes = _mm256_packs_epi16(
             _mm256_packs_epi32(ints[0], ints[1]),
@@ -518,7 +539,6 @@ unsafe fn quantize_blocks_avx2(
         // SAFETY: 32 bytes each, unaligned stores.
         unsafe {
             _mm256_storeu_si256(q.as_mut_ptr().cast(), bytes);
-            _mm256_storeu_si256(u.as_mut_ptr().cast(), _mm256_xor_si256(bytes, flip));
         }
         (*d, *s) = (scale, scale * sum as f32);
     }
@@ -533,8 +553,9 @@ pub struct QRows {
     /// `d·Σq` of each block, for Q4_1's offset term.
     s: Vec<f32>,
     qs: Vec<[i8; 32]>,
-    /// `q + 128` as unsigned bytes, for `vpdpbusd` against signed Q8_0 weights.
-    us: Vec<[u8; 32]>,
+    /// `Σq` of each block's two halves: what the byte tiles' `q + 128` weights add (times
+    /// 128) to a product, for the VNNI kernels to take back out.
+    sums: Vec<[i32; 2]>,
 }
 
 impl QRows {
@@ -546,8 +567,8 @@ impl QRows {
     /// [`QRows::quantize`] with `isa`'s vectors (the same bits on every ISA).
     pub fn quantize_on(&mut self, isa: Isa, x: &[f32], cols: usize) {
         self.resize_for(x, cols);
-        let (d, s, qs, us) = (&mut self.d, &mut self.s, &mut self.qs, &mut self.us);
-        quantize_blocks_on(isa, x, d, s, qs, us)
+        let (d, s, qs, sums) = (&mut self.d, &mut self.s, &mut self.qs, &mut self.sums);
+        quantize_blocks_on(isa, x, d, s, qs, sums)
     }
 
     /// [`QRows::quantize_on`], split across `pool`'s threads when `x` is long enough to pay
@@ -566,11 +587,11 @@ impl QRows {
             .into_iter()
             .zip(split_mut(&mut self.s, &parts))
             .zip(split_mut(&mut self.qs, &parts))
-            .zip(split_mut(&mut self.us, &parts))
+            .zip(split_mut(&mut self.sums, &parts))
             .zip(xs)
             .collect();
-        pool.run_each(items, &|((((d, s), qs), us), r)| {
-            quantize_blocks_on(isa, &x[r], d, s, qs, us)
+        pool.run_each(items, &|((((d, s), qs), sums), r)| {
+            quantize_blocks_on(isa, &x[r], d, s, qs, sums)
         });
     }
 
@@ -583,7 +604,7 @@ impl QRows {
         self.d.resize(blocks, 0.0);
         self.s.resize(blocks, 0.0);
         self.qs.resize(blocks, [0; 32]);
-        self.us.resize(blocks, [0; 32]);
+        self.sums.resize(blocks, [0; 2]);
     }
 
     /// Number of rows.
@@ -598,7 +619,7 @@ impl QRows {
             d: &self.d[span.clone()],
             s: &self.s[span.clone()],
             qs: &self.qs[span.clone()],
-            us: &self.us[span],
+            sums: &self.sums[span],
         }
     }
 }
@@ -608,7 +629,7 @@ struct Row<'a> {
     d: &'a [f32],
     s: &'a [f32],
     qs: &'a [[i8; 32]],
-    us: &'a [[u8; 32]],
+    sums: &'a [[i32; 2]],
 }
 
 /// Below this many tile groups (of 16 weight rows) per thread a product is not split.
@@ -748,10 +769,10 @@ fn tile_scalar<const N: usize>(tiles: Tiles, rows: &[Row; N], out: &mut [[f32; T
                     let mut acc = 0.0f32;
                     for (b, tile) in tiles.iter().enumerate() {
                         let isum: i32 = (0..BLOCK)
-                            .map(|c| tile.qs[c / 4][4 * i + c % 4] as i32 * row.qs[b][c] as i32)
+                            .map(|c| unbiased(tile.qs[c / 4][4 * i + c % 4]) * row.qs[b][c] as i32)
                             .sum();
                         let t = isum as f32 * row.d[b];
-                        acc = t.mul_add(tile.d[i], acc);
+                        acc = t.mul_add(tile.d[i].to_f32(), acc);
                     }
                     acc
                 }
@@ -760,7 +781,9 @@ fn tile_scalar<const N: usize>(tiles: Tiles, rows: &[Row; N], out: &mut [[f32; T
                     for (b, tile) in tiles.iter().enumerate() {
                         for h in 0..2 {
                             let isum: i32 = (16 * h..16 * h + 16)
-                                .map(|c| tile.qs[c / 4][4 * i + c % 4] as i32 * row.qs[b][c] as i32)
+                                .map(|c| {
+                                    unbiased(tile.qs[c / 4][4 * i + c % 4]) * row.qs[b][c] as i32
+                                })
                                 .sum();
                             let t = isum as f32 * row.d[b];
                             acc = t.mul_add(tile.d[h][i], acc);
@@ -875,16 +898,17 @@ mod x86 {
             prefetch_ahead(tile);
             let w: [__m512i; 8] =
                 std::array::from_fn(|t| _mm512_loadu_si512(tile.qs[t].as_ptr() as *const __m512i));
-            let dw = _mm512_loadu_ps(tile.d.as_ptr());
-            let bias = _mm512_loadu_si512(tile.bias.as_ptr() as *const __m512i);
+            let dw = scales16(&tile.d);
             for i in 0..N {
-                // Unsigned activations q + 128; the bias takes the 128·Σw back out.
-                let a = &rows[i].us[b];
+                // Weights q + 128 against signed activations: take 128·Σq_a back out.
+                let a = &rows[i].qs[b];
                 let (mut s0, mut s1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
                 for t in (0..8).step_by(2) {
-                    s0 = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32(quad(a, t)), w[t]);
-                    s1 = _mm512_dpbusd_epi32(s1, _mm512_set1_epi32(quad(a, t + 1)), w[t + 1]);
+                    s0 = _mm512_dpbusd_epi32(s0, w[t], _mm512_set1_epi32(quad(a, t)));
+                    s1 = _mm512_dpbusd_epi32(s1, w[t + 1], _mm512_set1_epi32(quad(a, t + 1)));
                 }
+                let [h0, h1] = rows[i].sums[b];
+                let bias = _mm512_set1_epi32(128 * (h0 + h1));
                 let isum = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), bias);
                 let t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(rows[i].d[b]));
                 acc[i] = _mm512_fmadd_ps(t, dw, acc[i]);
@@ -903,18 +927,18 @@ mod x86 {
             let w: [__m512i; 8] =
                 std::array::from_fn(|t| _mm512_loadu_si512(tile.qs[t].as_ptr() as *const __m512i));
             let dw = [0, 1].map(|h| _mm512_loadu_ps(tile.d[h].as_ptr()));
-            let bias = [0, 1].map(|h| _mm512_loadu_si512(tile.bias[h].as_ptr() as *const __m512i));
             let mw = _mm512_loadu_ps(tile.m.as_ptr());
             for i in 0..N {
-                let a = &rows[i].us[b];
+                let a = &rows[i].qs[b];
                 let (mut s0, mut s1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
                 for t in 0..4 {
-                    s0 = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32(quad(a, t)), w[t]);
-                    s1 = _mm512_dpbusd_epi32(s1, _mm512_set1_epi32(quad(a, t + 4)), w[t + 4]);
+                    s0 = _mm512_dpbusd_epi32(s0, w[t], _mm512_set1_epi32(quad(a, t)));
+                    s1 = _mm512_dpbusd_epi32(s1, w[t + 4], _mm512_set1_epi32(quad(a, t + 4)));
                 }
                 let da = _mm512_set1_ps(rows[i].d[b]);
+                let sums = rows[i].sums[b];
                 for (h, s) in [s0, s1].into_iter().enumerate() {
-                    let isum = _mm512_sub_epi32(s, bias[h]);
+                    let isum = _mm512_sub_epi32(s, _mm512_set1_epi32(128 * sums[h]));
                     let t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), da);
                     acc[i] = _mm512_fmadd_ps(t, dw[h], acc[i]);
                 }
@@ -971,20 +995,33 @@ mod x86 {
         s
     }
 
-    /// Signed-byte weights `w` times activation quad (signed `q`, unsigned `u = q + 128`):
-    /// AVX2 moves the weights' signs onto the activations; VNNI uses `u` and leaves the bias
-    /// to subtract. (Moving q's signs onto the weights instead, against a precomputed `|q|`,
-    /// keeps half the registers and spills nothing with four rows, but its second broadcast
-    /// per quad made a 16-row product 5–10% slower on an AVX2 EPYC.)
+    /// Byte-tile weights `w` times signed activation quad `q`. AVX2 takes the weights signed
+    /// (`q_w = (q_w + 128) ^ 0x80`, flipped once per tile) and moves their signs onto the
+    /// activations; VNNI takes them unsigned as stored and leaves `128·Σq_a` to subtract.
+    /// (Moving q's signs onto the weights instead, against a precomputed `|q|`, keeps half
+    /// the registers and spills nothing with four rows, but its second broadcast per quad
+    /// made a 16-row product 5–10% slower on an AVX2 EPYC.)
     #[inline(always)]
-    unsafe fn dot_q8_avx2(acc: __m256i, w: __m256i, q: i32, _u: i32) -> __m256i {
+    unsafe fn dot_q8_avx2(acc: __m256i, w: __m256i, q: i32) -> __m256i {
         let a = _mm256_sign_epi8(_mm256_set1_epi32(q), w);
         dot_avx2(acc, _mm256_abs_epi8(w), a)
     }
 
     #[inline(always)]
-    unsafe fn dot_q8_vnni(acc: __m256i, w: __m256i, _q: i32, u: i32) -> __m256i {
-        _mm256_dpbusd_avx_epi32(acc, _mm256_set1_epi32(u), w)
+    unsafe fn dot_q8_vnni(acc: __m256i, w: __m256i, q: i32) -> __m256i {
+        _mm256_dpbusd_avx_epi32(acc, w, _mm256_set1_epi32(q))
+    }
+
+    /// A byte tile's 32 bytes at `at` as the `dot_q8` of the ISA takes them: unsigned as
+    /// stored for VNNI (`unsigned`), signed otherwise.
+    #[inline(always)]
+    unsafe fn byte_quads(at: *const u8, unsigned: bool) -> __m256i {
+        let w = _mm256_loadu_si256(at as *const __m256i);
+        if unsigned {
+            w
+        } else {
+            _mm256_xor_si256(w, _mm256_set1_epi8(0x80u8 as i8))
+        }
     }
 
     macro_rules! tile_256 {
@@ -1041,18 +1078,18 @@ mod x86 {
                                     prefetch_ahead(tile);
                                 }
                                 let w: [__m256i; 8] = std::array::from_fn(|t| {
-                                    _mm256_loadu_si256(half(tile.qs[t].as_ptr() as *const u8))
+                                    byte_quads(half(tile.qs[t].as_ptr()) as *const u8, $q8_bias)
                                 });
-                                let dw = _mm256_loadu_ps(tile.d[8 * h..].as_ptr());
-                                let bias = tile.bias[8 * h..].as_ptr() as *const __m256i;
-                                let bias = _mm256_loadu_si256(bias);
+                                let dw = scales8(&tile.d[8 * h..]);
                                 for i in 0..N {
-                                    let (q, u) = (&rows[i].qs[b], &rows[i].us[b]);
+                                    let q = &rows[i].qs[b];
                                     let mut s = _mm256_setzero_si256();
                                     for t in 0..8 {
-                                        s = $dot_q8(s, w[t], quad(q, t), quad(u, t));
+                                        s = $dot_q8(s, w[t], quad(q, t));
                                     }
                                     if $q8_bias {
+                                        let [h0, h1] = rows[i].sums[b];
+                                        let bias = _mm256_set1_epi32(128 * (h0 + h1));
                                         s = _mm256_sub_epi32(s, bias);
                                     }
                                     let t = _mm256_mul_ps(
@@ -1069,26 +1106,22 @@ mod x86 {
                                     prefetch_ahead(tile);
                                 }
                                 let w: [__m256i; 8] = std::array::from_fn(|t| {
-                                    _mm256_loadu_si256(half(tile.qs[t].as_ptr() as *const u8))
+                                    byte_quads(half(tile.qs[t].as_ptr()) as *const u8, $q8_bias)
                                 });
                                 let dw =
                                     [0, 1].map(|k| _mm256_loadu_ps(tile.d[k][8 * h..].as_ptr()));
-                                let bias = [0, 1].map(|k| {
-                                    _mm256_loadu_si256(
-                                        tile.bias[k][8 * h..].as_ptr() as *const __m256i
-                                    )
-                                });
                                 let mw = _mm256_loadu_ps(tile.m[8 * h..].as_ptr());
                                 for i in 0..N {
-                                    let (q, u) = (&rows[i].qs[b], &rows[i].us[b]);
+                                    let q = &rows[i].qs[b];
                                     let da = _mm256_set1_ps(rows[i].d[b]);
                                     for k in 0..2 {
                                         let mut s = _mm256_setzero_si256();
                                         for t in 4 * k..4 * k + 4 {
-                                            s = $dot_q8(s, w[t], quad(q, t), quad(u, t));
+                                            s = $dot_q8(s, w[t], quad(q, t));
                                         }
                                         if $q8_bias {
-                                            s = _mm256_sub_epi32(s, bias[k]);
+                                            let bias = 128 * rows[i].sums[b][k];
+                                            s = _mm256_sub_epi32(s, _mm256_set1_epi32(bias));
                                         }
                                         let t = _mm256_mul_ps(_mm256_cvtepi32_ps(s), da);
                                         acc[i] = _mm256_fmadd_ps(t, dw[k], acc[i]);
@@ -1183,6 +1216,14 @@ pub(in crate::neural) mod tests {
     }
 
     #[test]
+    fn q8_0_tiles_take_what_ggml_blocks_take() {
+        // 8.5 bits a weight: 32 quants and an f16 scale per block of 32, nothing beside.
+        let (rows, cols) = (32, 64);
+        let m = QMatrix::quantize_q8_0(rows, cols, &pseudo(rows * cols, 5)).unwrap();
+        assert_eq!(m.bytes(), rows * cols / BLOCK * 34);
+    }
+
+    #[test]
     fn the_largest_quants_stay_exact_on_every_isa() {
         // Q4_1 blocks whose quants are 15 but for one 0 (the minimum), against activations of
         // ±127: the AVX2 kernel's 16-bit sums of a block reach 2·15·127 per pair, 8 pairs
@@ -1273,8 +1314,8 @@ pub(in crate::neural) mod tests {
                 got.quantize_on_pool(isa, &mut Pool::new(threads), &long, cols);
                 assert_eq!((&got.d, &got.s), (&want_long.d, &want_long.s), "{isa:?}");
                 assert_eq!(
-                    (&got.qs, &got.us),
-                    (&want_long.qs, &want_long.us),
+                    (&got.qs, &got.sums),
+                    (&want_long.qs, &want_long.sums),
                     "{isa:?}"
                 );
             }
@@ -1283,7 +1324,7 @@ pub(in crate::neural) mod tests {
             assert_eq!(got.d, want.d, "{isa:?}");
             assert_eq!(got.s, want.s, "{isa:?}");
             assert_eq!(got.qs, want.qs, "{isa:?}");
-            assert_eq!(got.us, want.us, "{isa:?}");
+            assert_eq!(got.sums, want.sums, "{isa:?}");
         }
     }
 
