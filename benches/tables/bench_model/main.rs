@@ -8,12 +8,21 @@
 //! `cargo run --release --example bench_model [-- FILTER] [--model FILE.gguf]` (candle with
 //! CANDLE_NUM_THREADS=1 unless set; FILTER keeps only the rows whose pass name contains it,
 //! e.g. `infgram`; `--model` times another GGUF file, of any architecture, fed Tiny
-//! Shakespeare's bytes as ids when infgram cannot rebuild its tokenizer)
+//! Shakespeare's bytes as ids when infgram cannot rebuild its tokenizer; `--isa avx2` runs
+//! infgram's kernels on an older instruction set than the CPU's best)
+//!
+//! `cargo run --release --example bench_model -- --roofline [--model FILE.gguf]`: the
+//! memory-bandwidth bound of a decoding step instead. A step reads every weight once, so no
+//! implementation of the file's weight types steps faster than (this machine's rate of reading
+//! that many bytes again and again, from memory or from a last-level cache that holds them) /
+//! (the file's weight bytes per step); the table gives that bound beside infgram's own bytes
+//! per step.
 
 use candle_core::quantized::GgmlDType;
 use infgram::lm::{argmax, LanguageModel};
 use infgram::neural::arch::decoder::Decoder;
 use infgram::neural::candle::decoder::CandleDecoder;
+use infgram::neural::cpu::kernels::Isa;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 use std::time::Instant;
 
@@ -30,6 +39,233 @@ struct Args {
     /// A GGUF file to time instead of SmolLM2.
     #[arg(long)]
     model: Option<std::path::PathBuf>,
+    /// Run infgram's kernels on this instruction set (scalar, avx2, avxvnni, avx512vnni).
+    #[arg(long)]
+    isa: Option<String>,
+    /// Print the memory-bandwidth bound of a step instead of timing passes.
+    #[arg(long)]
+    roofline: bool,
+    /// llama.cpp's answers on the same file (python/bench/llamacpp_oracle.py): compare
+    /// infgram's with them after the timings.
+    #[arg(long)]
+    llamacpp: Option<std::path::PathBuf>,
+}
+
+#[derive(serde::Deserialize)]
+struct Oracle {
+    teacher: Teacher,
+    greedy: Vec<Greedy>,
+    speed: Vec<Speed>,
+    /// llama.cpp against itself with an f32 KV cache: top-1 agreement, equal greedy tokens.
+    self_top1: Option<f64>,
+    self_greedy: Option<Vec<usize>>,
+}
+
+#[derive(serde::Deserialize)]
+struct Teacher {
+    ids: Vec<u32>,
+    top_ids: Vec<Vec<u32>>,
+    top_logits: Vec<Vec<f32>>,
+}
+
+#[derive(serde::Deserialize)]
+struct Greedy {
+    prompt: String,
+    ids: Vec<u32>,
+    continuation: Vec<u32>,
+}
+
+#[derive(serde::Deserialize)]
+struct Speed {
+    threads: usize,
+    tokens_per_s: f64,
+    k1_ms: f64,
+    k16_ms: f64,
+}
+
+/// infgram's answers against llama.cpp's on the same ids: top-1 agreement over the teacher-
+/// forced text (with llama.cpp's margin where they differ), and the greedy continuations.
+fn compare_with_llamacpp(path: &std::path::Path, oracle: &Oracle, isa: Isa) {
+    let mut m = Decoder::from_gguf(path)
+        .unwrap()
+        .with_threads(2)
+        .with_isa(isa);
+    let t = &oracle.teacher;
+    let rows = m.forward(&t.ids).unwrap();
+    let mut margins = Vec::new();
+    for (i, row) in rows.iter().enumerate() {
+        let ours = argmax(row);
+        if ours != t.top_ids[i][0] {
+            // llama.cpp's margin of its choice over ours (past its top 5: at least the 5th's).
+            let theirs = t.top_ids[i].iter().position(|&id| id == ours);
+            let last = t.top_logits[i].len() - 1;
+            margins.push(t.top_logits[i][0] - t.top_logits[i][theirs.unwrap_or(last)]);
+        }
+    }
+    let n = rows.len();
+    println!(
+        "\nTop-1 against llama.cpp, teacher-forced over {n} tokens: {:.1}% agree; where they differ, llama.cpp's margin: median {:.3}, max {:.3} logits",
+        100.0 * (n - margins.len()) as f64 / n as f64,
+        if margins.is_empty() { 0.0 } else { median(margins.iter().map(|&x| x as f64).collect()) },
+        margins.iter().cloned().fold(0f32, f32::max)
+    );
+    if let Some(top1) = oracle.self_top1 {
+        println!(
+            "The bound: llama.cpp against itself with its KV cache in f32 instead of f16, {:.1}%",
+            100.0 * top1
+        );
+    }
+    println!("\n| prompt | greedy tokens equal to llama.cpp's | first difference: infgram's margin | llama.cpp with an f32 KV cache |");
+    println!("|---|---:|---:|---:|");
+    for (k, g) in oracle.greedy.iter().enumerate() {
+        m.truncate(0);
+        let mut row = m.forward(&g.ids).unwrap().pop().unwrap();
+        let mut same = 0;
+        let mut margin = None;
+        for &theirs in &g.continuation {
+            let ours = argmax(&row);
+            if ours != theirs {
+                margin = Some(row[ours as usize] - row[theirs as usize]);
+                break;
+            }
+            same += 1;
+            row = m.forward(&[theirs]).unwrap().pop().unwrap();
+        }
+        let margin = margin.map_or("–".into(), |d| format!("{d:.3}"));
+        let own = oracle.self_greedy.as_ref().map_or("".into(), |v| {
+            format!("{} / {}", v[k], g.continuation.len())
+        });
+        println!(
+            "| {:?} | {same} / {} | {margin} | {own} |",
+            g.prompt,
+            g.continuation.len()
+        );
+    }
+}
+
+fn parse_isa(name: &str) -> Isa {
+    let isa = match name {
+        "scalar" => Isa::Scalar,
+        "avx2" => Isa::Avx2,
+        "avxvnni" => Isa::AvxVnni,
+        "avx512vnni" => Isa::Avx512Vnni,
+        other => panic!("--isa {other}: expected scalar, avx2, avxvnni or avx512vnni"),
+    };
+    assert!(
+        Isa::available().contains(&isa),
+        "this CPU cannot run {isa:?}"
+    );
+    isa
+}
+
+/// Bytes of the matrices a one-token step reads from the file: every tensor but the
+/// embeddings when the file has a separate output matrix.
+fn file_bytes_per_step(path: &std::path::Path) -> usize {
+    let mut f = std::fs::File::open(path).unwrap();
+    let content = candle_core::quantized::gguf_file::Content::read(&mut f).unwrap();
+    let untied = content.tensor_infos.contains_key("output.weight");
+    content
+        .tensor_infos
+        .iter()
+        .filter(|(name, _)| !(untied && name.as_str() == "token_embd.weight"))
+        .map(|(_, t)| {
+            let dtype = t.ggml_dtype;
+            t.shape.elem_count() / dtype.block_size() * dtype.type_size()
+        })
+        .sum()
+}
+
+/// The wrapping sum of `words` (a multiple of 16), read as the kernels read weights: 256-bit
+/// loads, two cache lines at a time, asking for the lines `AHEAD` bytes ahead.
+#[target_feature(enable = "avx2")]
+unsafe fn sum_avx2<const AHEAD: usize>(words: &[u64]) -> u64 {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm256_setzero_si256(); 4];
+    for lines in words.chunks_exact(16) {
+        let p = lines.as_ptr() as *const __m256i;
+        _mm_prefetch(p.cast::<i8>().wrapping_add(AHEAD), _MM_HINT_T0);
+        _mm_prefetch(p.cast::<i8>().wrapping_add(AHEAD + 64), _MM_HINT_T0);
+        for (k, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_add_epi64(*a, _mm256_loadu_si256(p.add(k)));
+        }
+    }
+    let mut out = [0u64; 16];
+    for (k, a) in acc.iter().enumerate() {
+        _mm256_storeu_si256(out.as_mut_ptr().add(4 * k) as *mut __m256i, *a);
+    }
+    out.iter().fold(0u64, |a, &x| a.wrapping_add(x))
+}
+
+/// A way of summing a buffer's words.
+type SumFn = unsafe fn(&[u64]) -> u64;
+
+/// GB/s reading a buffer of `bytes` again and again with `threads` threads (each summing
+/// its part), as decoding steps read the weights: for the best of several prefetch distances,
+/// the best and the median of 9 passes after one to warm the caches (a CPU whose last-level
+/// cache holds the buffer reads it from there), and the distance.
+fn read_bandwidth(bytes: usize, threads: usize) -> (f64, f64, usize) {
+    let sums: [(usize, SumFn); 5] = [
+        (0, sum_avx2::<0>),
+        (2048, sum_avx2::<2048>),
+        (4096, sum_avx2::<4096>),
+        (8192, sum_avx2::<8192>),
+        (16384, sum_avx2::<16384>),
+    ];
+    sums.into_iter()
+        .map(|(ahead, sum)| {
+            let (best, med) = read_rate(bytes, threads, sum);
+            (best, med, ahead)
+        })
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .unwrap()
+}
+
+fn read_rate(bytes: usize, threads: usize, sum: SumFn) -> (f64, f64) {
+    assert!(
+        std::arch::is_x86_feature_detected!("avx2"),
+        "--roofline needs AVX2"
+    );
+    let words = bytes.div_ceil(128) * 16;
+    let buf: Vec<u64> = (0..words as u64).collect();
+    let pass = || {
+        std::thread::scope(|s| {
+            let parts: Vec<_> = buf
+                .chunks(words.div_ceil(threads).next_multiple_of(16))
+                .map(|part| {
+                    // SAFETY: the CPU has AVX2.
+                    s.spawn(move || unsafe { sum(part) })
+                })
+                .collect();
+            let total = parts.into_iter().map(|h| h.join().unwrap()).sum::<u64>();
+            std::hint::black_box(total)
+        })
+    };
+    pass();
+    let mut rates = Vec::new();
+    for _ in 0..9 {
+        let t = Instant::now();
+        pass();
+        rates.push((words * 8) as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    let best = rates.iter().cloned().fold(0.0, f64::max);
+    (best, median(rates))
+}
+
+fn roofline(path: &std::path::Path) {
+    let file_bytes = file_bytes_per_step(path);
+    let file = file_bytes as f64 / 1e6;
+    let ours = Decoder::from_gguf(path).unwrap().weight_bytes_per_step() as f64 / 1e6;
+    println!("weights a step reads: {file:.1} MB in the file's blocks, {ours:.1} MB in infgram's tiles\n");
+    println!("| threads | read GB/s, best (median) of 9 | prefetch distance | bound, file's blocks: tokens/s | bound, infgram's tiles: tokens/s |");
+    println!("|---:|---:|---:|---:|---:|");
+    for threads in [1, 2] {
+        let (best, med, ahead) = read_bandwidth(file_bytes, threads);
+        println!(
+            "| {threads} | {best:.1} ({med:.1}) | {ahead} | {:.1} | {:.1} |",
+            best * 1e3 / file,
+            best * 1e3 / ours
+        );
+    }
 }
 
 fn main() {
@@ -37,10 +273,22 @@ fn main() {
     if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
         std::env::set_var("CANDLE_NUM_THREADS", "1");
     }
+    let file_types = match args.model {
+        Some(_) => "the file's types",
+        None => "Q4_1 (file)",
+    };
     let path = match args.model {
         Some(path) => path,
         None => infgram::assets::ensure_model("smollm2-135m").expect("fetch the model"),
     };
+    if args.roofline {
+        return roofline(&path);
+    }
+    let isa = args
+        .isa
+        .as_deref()
+        .map(parse_isa)
+        .unwrap_or_else(Isa::detect);
     let text = infgram::assets::tiny_shakespeare().expect("the in-tree Tiny Shakespeare");
     let ids = match HfTokenizer::from_gguf(&path) {
         Ok(tok) => tok.encode(&text[..4000]).unwrap(),
@@ -48,14 +296,21 @@ fn main() {
     };
     let ctx = &ids[..256];
     let mut reference: Option<Vec<f32>> = None;
-    println!("| forward pass | weights | decode tokens/s | k=1 ms | k=2 | k=4 | k=8 | k=16 | k=8 / k=1 | max logit diff vs Q4_1 |");
+    println!("| forward pass | weights | decode tokens/s | k=1 ms | k=2 | k=4 | k=8 | k=16 | k=16 / k=1 | max logit diff vs the first row |");
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     type Loader = Box<dyn Fn() -> Box<dyn LanguageModel>>;
     let q8 = Some(GgmlDType::Q8_0);
     let p = path.clone();
     let native = move |dtype, threads| -> Loader {
         let p = p.clone();
-        Box::new(move || Box::new(Decoder::load(&p, dtype).unwrap().with_threads(threads)))
+        Box::new(move || {
+            Box::new(
+                Decoder::load(&p, dtype)
+                    .unwrap()
+                    .with_threads(threads)
+                    .with_isa(isa),
+            )
+        })
     };
     let p = path.clone();
     let candle = move |dtype| -> Loader {
@@ -63,10 +318,10 @@ fn main() {
         Box::new(move || Box::new(CandleDecoder::load(&p, dtype).unwrap()))
     };
     let rows: Vec<(&str, &str, Loader)> = vec![
-        ("candle ops, 1 thread", "Q4_1 (file)", candle(None)),
+        ("candle ops, 1 thread", file_types, candle(None)),
         ("candle ops, 1 thread", "Q8_0 (re-quantized)", candle(q8)),
-        ("infgram kernels, 1 thread", "Q4_1 (file)", native(None, 1)),
-        ("infgram kernels, 2 threads", "Q4_1 (file)", native(None, 2)),
+        ("infgram kernels, 1 thread", file_types, native(None, 1)),
+        ("infgram kernels, 2 threads", file_types, native(None, 2)),
         (
             "infgram kernels, 1 thread",
             "Q8_0 (re-quantized)",
@@ -123,8 +378,26 @@ fn main() {
             cost[2],
             cost[3],
             cost[4],
-            cost[3] / cost[0]
+            cost[4] / cost[0]
         );
+    }
+    let oracle: Option<Oracle> = args.llamacpp.as_ref().map(|p| {
+        serde_json::from_slice(&std::fs::read(p).expect("read the --llamacpp file"))
+            .expect("the JSON llamacpp_oracle.py writes")
+    });
+    if let Some(oracle) = &oracle {
+        for s in &oracle.speed {
+            println!(
+                "| llama.cpp, {} thread(s) | {file_types} | {:.1} | {:.1} | | | | {:.1} | {:.1}× | |",
+                s.threads,
+                s.tokens_per_s,
+                s.k1_ms,
+                s.k16_ms,
+                s.k16_ms / s.k1_ms
+            );
+        }
+        compare_with_llamacpp(&path, oracle, isa);
+        return;
     }
     println!("\nllama.cpp (BENCHMARKS.md, 2 threads): 177 tokens/s; k = 1/2/4/8/16: 6.7 / 13.0 / 19.3 / 35.0 / 56.6 ms (Q4_0: 5.9 / 8.4 / 11.7 / 16.8 / 24.8)");
 }
