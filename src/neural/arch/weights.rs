@@ -6,10 +6,10 @@
 //! | Q4_0 | `d·(q − 8)`, q in 0..16 | nibbles, f16 scales, offset `−8d` |
 //! | Q4_1 | `d·q + m` | nibbles, f16 scales |
 //! | Q4_K | `d·sc·q − dmin·mn` (6-bit sc, mn per 32) | nibbles, f32 scales (`d·sc`, `−dmin·mn`) |
-//! | Q5_0 | `d·(q − 16)`, q in 0..32 | bytes, one scale |
+//! | Q5_0 | `d·(q − 16)`, q in 0..32 | five bits, f16 scales, offset `−16d` |
+//! | Q5_1 | `d·q + m`, q in 0..32 | five bits, f16 scales |
+//! | Q5_K | `d·sc·q − dmin·mn`, q in 0..32 | five bits, f32 scales (`d·sc`, `−dmin·mn`) |
 //! | Q8_0 | `d·q` | bytes, one scale |
-//! | Q5_1 | `d·q + m`, q in 0..32 | bytes, split scales (equal halves) and offset |
-//! | Q5_K | `d·sc·q − dmin·mn`, q in 0..32 | bytes, split scales (equal halves) and offset |
 //! | Q6_K | `d·sc·(q − 32)`, 8-bit sc per 16 columns | bytes, a scale per half |
 //!
 //! Every scale the tiles keep is the exact product the format defines (an f16 times a small
@@ -130,21 +130,26 @@ pub fn native_matrix(dtype: GgmlDType, rows: usize, cols: usize, bytes: &[u8]) -
             let offset = dtype == GgmlDType::Q5_1;
             let size = if offset { 24 } else { 22 };
             let l = Layout::new(bytes, rows, cols, BLOCK, size)?;
-            Some(signed(offset, &|r, b| {
-                let raw = l.block(r, b);
-                let at = if offset { 4 } else { 2 };
-                let qh = u32::from_le_bytes(raw[at..at + 4].try_into().expect("4 bytes"));
-                let q = std::array::from_fn(|c| {
-                    let v = low_high(raw[at + 4 + c % 16], c) | (((qh >> c) & 1) << 4) as u8;
-                    if offset {
-                        v as i8
-                    } else {
-                        v as i8 - 16
-                    }
-                });
-                let m = if offset { f16_at(raw, 2) } else { 0.0 };
-                one_scale(f16_at(raw, 0), m, q)
-            }))
+            // Q5_0's offset −16d is an f16 whenever d is, short of overflow: f32 scales then.
+            let overflows = !offset
+                && (0..rows)
+                    .any(|r| (0..cols / BLOCK).any(|b| f16_at(l.block(r, b), 0).abs() > 4094.0));
+            Some(QMatrix::from_five_bit_blocks(
+                rows,
+                cols,
+                overflows,
+                |r, b| {
+                    let raw = l.block(r, b);
+                    let at = if offset { 4 } else { 2 };
+                    let qh = u32::from_le_bytes(raw[at..at + 4].try_into().expect("4 bytes"));
+                    let q = std::array::from_fn(|c| {
+                        low_high(raw[at + 4 + c % 16], c) | (((qh >> c) & 1) << 4) as u8
+                    });
+                    let d = f16_at(raw, 0);
+                    let m = if offset { f16_at(raw, 2) } else { -16.0 * d };
+                    one_scale(d, m, q)
+                },
+            ))
         }
         GgmlDType::Q4K => {
             let l = Layout::new(bytes, rows, cols, QK_K, 144)?;
@@ -160,7 +165,7 @@ pub fn native_matrix(dtype: GgmlDType, rows: usize, cols: usize, bytes: &[u8]) -
         }
         GgmlDType::Q5K => {
             let l = Layout::new(bytes, rows, cols, QK_K, 176)?;
-            Some(signed(true, &|r, b| {
+            Some(QMatrix::from_five_bit_blocks(rows, cols, true, |r, b| {
                 let raw = l.block(r, b / 8);
                 let j = b % 8;
                 let (d, dmin) = (f16_at(raw, 0), f16_at(raw, 2));
@@ -168,7 +173,7 @@ pub fn native_matrix(dtype: GgmlDType, rows: usize, cols: usize, bytes: &[u8]) -
                 let (qh, qs) = (&raw[16..48], &raw[48 + 32 * (j / 2)..][..32]);
                 let q = std::array::from_fn(|c| {
                     let low = if j % 2 == 0 { qs[c] & 0xF } else { qs[c] >> 4 };
-                    (low | (((qh[c] >> j) & 1) << 4)) as i8
+                    low | (((qh[c] >> j) & 1) << 4)
                 });
                 one_scale(d * sc as f32, -(dmin * mn as f32), q)
             }))

@@ -1,7 +1,10 @@
-//! Quantized matrix kernels for the native llama forward pass.
+//! Quantized matrix kernels for the native forward pass.
 //!
-//! Weights keep the GGUF file's Q4_1 blocks (or Q8_0; other types are re-quantized to Q8_0 at
-//! load), repacked at load into *tiles* of 16 weight rows × one block of 32 columns. In a tile
+//! Weights keep the GGUF file's values (`arch::weights` decodes each ggml block type; others
+//! are re-quantized to Q8_0 at load), repacked at load into *tiles* of 16 weight rows × one
+//! block of 32 columns: nibbles (Q4_0, Q4_1, Q4_K; 5–6 bits a weight), five-bit quants (Q5_0,
+//! Q5_1, Q5_K; 6–7), bytes with one f16 scale (Q8_0; 8.5, as ggml) or a scale per half block
+//! and an offset (Q6_K; 11). In a tile
 //! the rows are interleaved four columns at a time, so one 64-byte load holds the same four
 //! columns of 16 rows: a single `vpdpbusd` against four broadcast activation bytes advances 16
 //! dot products at once, and a block's integer sums land in one register, one lane per weight
@@ -99,6 +102,10 @@ enum Quants {
     Q4_1(Vec<Q4Tile<f16>>),
     /// Nibbles with f32 scales (Q4_K: a sub-block's scale is `d·sc`, exact in f32 only).
     Q4F(Vec<Q4Tile<f32>>),
+    /// Five-bit quants with f16 scales (Q5_0, Q5_1).
+    Q5(Vec<Q5Tile<f16>>),
+    /// Five-bit quants with f32 scales (Q5_K).
+    Q5F(Vec<Q5Tile<f32>>),
     /// Bytes with one f16 scale per block (Q8_0, Q5_0).
     Q8_0(Vec<Q8_0Tile>),
     /// Signed bytes with a scale per half block and an offset (Q6_K, Q5_K, Q5_1).
@@ -143,6 +150,50 @@ struct Q4Tile<S> {
     qs: [[u8; 64]; 4],
     d: [S; TILE_ROWS],
     m: [S; TILE_ROWS],
+}
+
+/// 16 rows × 32 columns of five-bit quants (`value = d·q + m`, q in 0..32): the low four bits
+/// as a nibble tile, the fifth beside them; 384 bytes with f16 scales (6 bits a weight), 448
+/// with f32.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct Q5Tile<S> {
+    low: Q4Tile<S>,
+    /// Bit 4·i + c of word t: the fifth bit of row i's quant at column 4t + c (the byte order
+    /// of the nibble tile's chunk t unpacked, so one mask per unpacked register).
+    high: [u64; 8],
+}
+
+/// The tiles whose quants are a nibble tile's, plus a fifth bit for [`Q5Tile`]: one kernel
+/// for both, the fifth bit added after unpacking (compiled out for nibbles).
+trait NibbleTile: Copy + 'static {
+    type S: Scale;
+    fn nibbles(&self) -> &Q4Tile<Self::S>;
+    fn high(&self) -> Option<&[u64; 8]>;
+}
+
+impl<S: Scale> NibbleTile for Q4Tile<S> {
+    type S = S;
+    #[inline(always)]
+    fn nibbles(&self) -> &Q4Tile<S> {
+        self
+    }
+    #[inline(always)]
+    fn high(&self) -> Option<&[u64; 8]> {
+        None
+    }
+}
+
+impl<S: Scale> NibbleTile for Q5Tile<S> {
+    type S = S;
+    #[inline(always)]
+    fn nibbles(&self) -> &Q4Tile<S> {
+        &self.low
+    }
+    #[inline(always)]
+    fn high(&self) -> Option<&[u64; 8]> {
+        Some(&self.high)
+    }
 }
 
 /// 16 rows × 32 columns of Q8_0 (`value = d·q`, q in −127..=127, d an f16); 544 bytes,
@@ -200,16 +251,14 @@ fn q4_1_slot(c: usize) -> (usize, usize, bool) {
     ((c / 4) % 4, c % 4, c >= 16)
 }
 
-/// Row i's quant at column c of a nibble tile.
+/// Row i's quant at column c of a nibble (or five-bit) tile.
 #[inline(always)]
-fn nibble<S>(tile: &Q4Tile<S>, i: usize, c: usize) -> u8 {
+fn nibble<T: NibbleTile>(tile: &T, i: usize, c: usize) -> u8 {
     let (t, k, high) = q4_1_slot(c);
-    let byte = tile.qs[t][4 * i + k];
-    if high {
-        byte >> 4
-    } else {
-        byte & 15
-    }
+    let byte = tile.nibbles().qs[t][4 * i + k];
+    let low = if high { byte >> 4 } else { byte & 15 };
+    let fifth = tile.high().map_or(0, |h| (h[c / 4] >> (4 * i + c % 4)) & 1) as u8;
+    low | fifth << 4
 }
 
 impl QMatrix {
@@ -230,6 +279,8 @@ impl QMatrix {
         match &self.quants {
             Quants::Q4_1(t) => std::mem::size_of_val(t.as_slice()),
             Quants::Q4F(t) => std::mem::size_of_val(t.as_slice()),
+            Quants::Q5(t) => std::mem::size_of_val(t.as_slice()),
+            Quants::Q5F(t) => std::mem::size_of_val(t.as_slice()),
             Quants::Q8_0(t) => std::mem::size_of_val(t.as_slice()),
             Quants::Q8H(t) => std::mem::size_of_val(t.as_slice()),
         }
@@ -283,6 +334,47 @@ impl QMatrix {
                 tile.qs[t][4 * i + k] |= if high { q << 4 } else { q };
             }
         })
+    }
+
+    fn five_bit_tiles<S: Scale>(
+        rows: usize,
+        cols: usize,
+        block: impl Fn(usize, usize) -> RowBlock<u8>,
+    ) -> Vec<Q5Tile<S>> {
+        let empty = Q5Tile {
+            low: Q4Tile {
+                qs: [[0; 64]; 4],
+                d: [S::default(); TILE_ROWS],
+                m: [S::default(); TILE_ROWS],
+            },
+            high: [0; 8],
+        };
+        Self::tiled(rows, cols, block, empty, |tile, i, rb| {
+            tile.low.d[i] = S::from_f32(rb.d);
+            tile.low.m[i] = S::from_f32(rb.m);
+            for (c, &q) in rb.q.iter().enumerate() {
+                let (t, k, high) = q4_1_slot(c);
+                let low = q & 15;
+                tile.low.qs[t][4 * i + k] |= if high { low << 4 } else { low };
+                tile.high[c / 4] |= u64::from(q >> 4 & 1) << (4 * i + c % 4);
+            }
+        })
+    }
+
+    /// A matrix of five-bit blocks (`q` in 0..32, `d_hi` ignored): scales kept in f16 (they
+    /// must be f16 values: Q5_0, Q5_1) or, with `f32_scales`, in f32 (Q5_K).
+    pub fn from_five_bit_blocks(
+        rows: usize,
+        cols: usize,
+        f32_scales: bool,
+        block: impl Fn(usize, usize) -> RowBlock<u8>,
+    ) -> QMatrix {
+        let quants = if f32_scales {
+            Quants::Q5F(Self::five_bit_tiles::<f32>(rows, cols, block))
+        } else {
+            Quants::Q5(Self::five_bit_tiles::<f16>(rows, cols, block))
+        };
+        QMatrix { rows, cols, quants }
     }
 
     /// A matrix of nibble blocks (`q` in 0..16, `d_hi` ignored: one scale per block): scales
@@ -391,6 +483,8 @@ impl QMatrix {
             match &self.quants {
                 Quants::Q4_1(tiles) => dequantize_nibbles(&tiles[t], i, chunk),
                 Quants::Q4F(tiles) => dequantize_nibbles(&tiles[t], i, chunk),
+                Quants::Q5(tiles) => dequantize_nibbles(&tiles[t], i, chunk),
+                Quants::Q5F(tiles) => dequantize_nibbles(&tiles[t], i, chunk),
                 Quants::Q8_0(tiles) => {
                     let tile = &tiles[t];
                     for (c, x) in chunk.iter_mut().enumerate() {
@@ -409,8 +503,8 @@ impl QMatrix {
     }
 }
 
-fn dequantize_nibbles<S: Scale>(tile: &Q4Tile<S>, i: usize, out: &mut [f32]) {
-    let (d, m) = (tile.d[i].get(), tile.m[i].get());
+fn dequantize_nibbles<T: NibbleTile>(tile: &T, i: usize, out: &mut [f32]) {
+    let (d, m) = (tile.nibbles().d[i].get(), tile.nibbles().m[i].get());
     for (c, x) in out.iter_mut().enumerate() {
         *x = d * nibble(tile, i, c) as f32 + m;
     }
@@ -710,6 +804,8 @@ fn matmul_groups(
             match &w.quants {
                 Quants::Q4_1(t) => tile_rows(isa, Tiles::Q4_1(&t[tiles.clone()]), rs, &mut o),
                 Quants::Q4F(t) => tile_rows(isa, Tiles::Q4F(&t[tiles.clone()]), rs, &mut o),
+                Quants::Q5(t) => tile_rows(isa, Tiles::Q5(&t[tiles.clone()]), rs, &mut o),
+                Quants::Q5F(t) => tile_rows(isa, Tiles::Q5F(&t[tiles.clone()]), rs, &mut o),
                 Quants::Q8_0(t) => tile_rows(isa, Tiles::Q8_0(&t[tiles.clone()]), rs, &mut o),
                 Quants::Q8H(t) => tile_rows(isa, Tiles::Q8H(&t[tiles.clone()]), rs, &mut o),
             }
@@ -726,6 +822,8 @@ fn matmul_groups(
 enum Tiles<'a> {
     Q4_1(&'a [Q4Tile<f16>]),
     Q4F(&'a [Q4Tile<f32>]),
+    Q5(&'a [Q5Tile<f16>]),
+    Q5F(&'a [Q5Tile<f32>]),
     Q8_0(&'a [Q8_0Tile]),
     Q8H(&'a [Q8HTile]),
 }
@@ -765,6 +863,8 @@ fn tile_scalar<const N: usize>(tiles: Tiles, rows: &[Row; N], out: &mut [[f32; T
             *acc = match tiles {
                 Tiles::Q4_1(tiles) => nibbles_scalar(tiles, row, i),
                 Tiles::Q4F(tiles) => nibbles_scalar(tiles, row, i),
+                Tiles::Q5(tiles) => nibbles_scalar(tiles, row, i),
+                Tiles::Q5F(tiles) => nibbles_scalar(tiles, row, i),
                 Tiles::Q8_0(tiles) => {
                     let mut acc = 0.0f32;
                     for (b, tile) in tiles.iter().enumerate() {
@@ -797,15 +897,16 @@ fn tile_scalar<const N: usize>(tiles: Tiles, rows: &[Row; N], out: &mut [[f32; T
     }
 }
 
-fn nibbles_scalar<S: Scale>(tiles: &[Q4Tile<S>], row: &Row, i: usize) -> f32 {
+fn nibbles_scalar<T: NibbleTile>(tiles: &[T], row: &Row, i: usize) -> f32 {
     let mut acc = 0.0f32;
     for (b, tile) in tiles.iter().enumerate() {
         let isum: i32 = (0..BLOCK)
             .map(|c| nibble(tile, i, c) as i32 * row.qs[b][c] as i32)
             .sum();
         let t = isum as f32 * row.d[b];
-        acc = t.mul_add(tile.d[i].get(), acc);
-        acc = tile.m[i].get().mul_add(row.s[b], acc);
+        let q4 = tile.nibbles();
+        acc = t.mul_add(q4.d[i].get(), acc);
+        acc = q4.m[i].get().mul_add(row.s[b], acc);
     }
     acc
 }
@@ -814,7 +915,7 @@ fn nibbles_scalar<S: Scale>(tiles: &[Q4Tile<S>], row: &Row, i: usize) -> f32 {
 mod x86 {
     //! SIMD versions of [`super::tile_scalar`]: the same integer sums and the same float
     //! operations in the same order, 16 (AVX-512) or 8 (AVX2) weight rows per register.
-    use super::{Q4Tile, Q8HTile, Q8_0Tile, Row, Scale, Tiles, TILE_ROWS};
+    use super::{NibbleTile, Q8HTile, Q8_0Tile, Row, Scale, Tiles, TILE_ROWS};
     use std::arch::x86_64::*;
 
     /// Activation bytes `4t..4t+4` of a block as one 32-bit word, for broadcasting.
@@ -857,22 +958,29 @@ mod x86 {
     }
 
     #[inline(always)]
-    unsafe fn nibbles_avx512<S: Scale, const N: usize>(
-        tiles: &[Q4Tile<S>],
+    unsafe fn nibbles_avx512<T: NibbleTile, const N: usize>(
+        tiles: &[T],
         rows: &[Row; N],
         acc: &mut [__m512; N],
     ) {
         let mask = _mm512_set1_epi8(0x0F);
         for (b, tile) in tiles.iter().enumerate() {
             prefetch_ahead(tile);
+            let q4 = tile.nibbles();
             let mut w = [_mm512_setzero_si512(); 8];
             for t in 0..4 {
-                let x = _mm512_loadu_si512(tile.qs[t].as_ptr() as *const __m512i);
+                let x = _mm512_loadu_si512(q4.qs[t].as_ptr() as *const __m512i);
                 w[t] = _mm512_and_si512(x, mask);
                 w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(x, 4), mask);
             }
-            let dw = scales16(&tile.d);
-            let mw = scales16(&tile.m);
+            if let Some(high) = tile.high() {
+                let sixteen = _mm512_set1_epi8(16);
+                for t in 0..8 {
+                    w[t] = _mm512_mask_add_epi8(w[t], high[t], w[t], sixteen);
+                }
+            }
+            let dw = scales16(&q4.d);
+            let mw = scales16(&q4.m);
             for i in 0..N {
                 let a = &rows[i].qs[b];
                 let (mut s0, mut s1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
@@ -957,6 +1065,8 @@ mod x86 {
         match tiles {
             Tiles::Q4_1(tiles) => nibbles_avx512(tiles, rows, &mut acc),
             Tiles::Q4F(tiles) => nibbles_avx512(tiles, rows, &mut acc),
+            Tiles::Q5(tiles) => nibbles_avx512(tiles, rows, &mut acc),
+            Tiles::Q5F(tiles) => nibbles_avx512(tiles, rows, &mut acc),
             Tiles::Q8_0(tiles) => q8_0_avx512(tiles, rows, &mut acc),
             Tiles::Q8H(tiles) => q8h_avx512(tiles, rows, &mut acc),
         }
@@ -984,6 +1094,35 @@ mod x86 {
         let low = _mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3]));
         let high = _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7]));
         _mm256_madd_epi16(_mm256_add_epi16(low, high), _mm256_set1_epi16(1))
+    }
+
+    /// [`dot_q4_avx2`] for five-bit quants: a pair reaches 2·31·127 = 7,874, so four pairs
+    /// (31,496 < 2¹⁵) are added before each of two widenings.
+    #[inline(always)]
+    unsafe fn dot_q5_avx2(w: &[__m256i; 8], a: &[i8; 32]) -> __m256i {
+        let p: [__m256i; 8] =
+            std::array::from_fn(|t| _mm256_maddubs_epi16(w[t], _mm256_set1_epi32(quad(a, t))));
+        let low = _mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3]));
+        let high = _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7]));
+        let ones = _mm256_set1_epi16(1);
+        _mm256_add_epi32(_mm256_madd_epi16(low, ones), _mm256_madd_epi16(high, ones))
+    }
+
+    /// 32 bits as 32 bytes, 16 where a bit is set (bit j to byte j).
+    #[inline(always)]
+    unsafe fn fifth_bits(bits: u32) -> __m256i {
+        let spread = _mm256_shuffle_epi8(
+            _mm256_set1_epi32(bits as i32),
+            _mm256_setr_epi64x(
+                0,
+                0x0101_0101_0101_0101,
+                0x0202_0202_0202_0202,
+                0x0303_0303_0303_0303,
+            ),
+        );
+        let select = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select);
+        _mm256_and_si256(set, _mm256_set1_epi8(16))
     }
 
     #[inline(always)]
@@ -1025,7 +1164,7 @@ mod x86 {
     }
 
     macro_rules! tile_256 {
-        ($name:ident, $dot_q4:ident, $dot_q8:ident, $q8_bias:literal, $features:literal) => {
+        ($name:ident, $dot_q4:ident, $dot_q5:ident, $dot_q8:ident, $q8_bias:literal, $features:literal) => {
             /// Two halves of 8 weight rows, each a 256-bit register of lanes.
             #[target_feature(enable = $features)]
             pub unsafe fn $name<const N: usize>(
@@ -1035,8 +1174,8 @@ mod x86 {
             ) {
                 /// A nibble tile group's rows `8h..8h + 8`.
                 #[inline(always)]
-                unsafe fn nibbles<S: Scale, const N: usize>(
-                    tiles: &[Q4Tile<S>],
+                unsafe fn nibbles<T: NibbleTile, const N: usize>(
+                    tiles: &[T],
                     rows: &[Row; N],
                     h: usize,
                     acc: &mut [__m256; N],
@@ -1048,16 +1187,26 @@ mod x86 {
                         if h == 0 {
                             prefetch_ahead(tile);
                         }
+                        let q4 = tile.nibbles();
                         let mut w = [_mm256_setzero_si256(); 8];
                         for t in 0..4 {
-                            let x = _mm256_loadu_si256(half(tile.qs[t].as_ptr()));
+                            let x = _mm256_loadu_si256(half(q4.qs[t].as_ptr()));
                             w[t] = _mm256_and_si256(x, mask);
                             w[t + 4] = _mm256_and_si256(_mm256_srli_epi16(x, 4), mask);
                         }
-                        let dw = scales8(&tile.d[8 * h..]);
-                        let mw = scales8(&tile.m[8 * h..]);
+                        if let Some(high) = tile.high() {
+                            for t in 0..8 {
+                                let bits = (high[t] >> (32 * h)) as u32;
+                                w[t] = _mm256_or_si256(w[t], fifth_bits(bits));
+                            }
+                        }
+                        let dw = scales8(&q4.d[8 * h..]);
+                        let mw = scales8(&q4.m[8 * h..]);
                         for i in 0..N {
-                            let s = $dot_q4(&w, &rows[i].qs[b]);
+                            let s = match tile.high() {
+                                None => $dot_q4(&w, &rows[i].qs[b]),
+                                Some(_) => $dot_q5(&w, &rows[i].qs[b]),
+                            };
                             let t =
                                 _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(rows[i].d[b]));
                             acc[i] = _mm256_fmadd_ps(t, dw, acc[i]);
@@ -1072,6 +1221,8 @@ mod x86 {
                     match tiles {
                         Tiles::Q4_1(tiles) => nibbles(tiles, rows, h, &mut acc),
                         Tiles::Q4F(tiles) => nibbles(tiles, rows, h, &mut acc),
+                        Tiles::Q5(tiles) => nibbles(tiles, rows, h, &mut acc),
+                        Tiles::Q5F(tiles) => nibbles(tiles, rows, h, &mut acc),
                         Tiles::Q8_0(tiles) => {
                             for (b, tile) in tiles.iter().enumerate() {
                                 if h == 0 {
@@ -1140,9 +1291,17 @@ mod x86 {
         };
     }
 
-    tile_256!(tile_avx2, dot_q4_avx2, dot_q8_avx2, false, "avx2,fma,f16c");
+    tile_256!(
+        tile_avx2,
+        dot_q4_avx2,
+        dot_q5_avx2,
+        dot_q8_avx2,
+        false,
+        "avx2,fma,f16c"
+    );
     tile_256!(
         tile_vnni,
+        dot_q4_vnni,
         dot_q4_vnni,
         dot_q8_vnni,
         true,
@@ -1196,6 +1355,29 @@ pub(in crate::neural) mod tests {
         })
     }
 
+    /// A five-bit matrix: Q5_0-shaped (f16 scales, offset −16d), Q5_1-shaped (f16 scales and
+    /// offsets) or Q5_K-shaped (`f32_scales`: products that are no f16).
+    fn five_bits(rows: usize, cols: usize, seed: u32, shape: &str) -> QMatrix {
+        let v = pseudo(rows * cols + 2 * rows * cols / BLOCK, seed);
+        let n = rows * cols;
+        let f16 = |x: f32| f16::from_f32(x).to_f32();
+        QMatrix::from_five_bit_blocks(rows, cols, shape == "q5_k", |r, b| {
+            let k = r * cols / BLOCK + b;
+            let d = (v[n + 2 * k].abs() + 0.01) * 0.023_456_7;
+            let (d, m) = match shape {
+                "q5_0" => (f16(d), -16.0 * f16(d)),
+                "q5_1" => (f16(d), f16(v[n + 2 * k + 1] * 0.5)),
+                _ => (d, v[n + 2 * k + 1] * 0.487_654_3),
+            };
+            RowBlock {
+                d,
+                d_hi: d,
+                m,
+                q: std::array::from_fn(|c| ((v[r * cols + 32 * b + c] + 1.0) * 15.9) as u8),
+            }
+        })
+    }
+
     /// A Q6_K / Q5_K-shaped matrix: signed bytes in `lo..=hi`, a scale per half, an offset.
     fn split_bytes(rows: usize, cols: usize, seed: u32, lo: i8, hi: i8) -> QMatrix {
         let v = pseudo(rows * cols + 3 * rows * cols / BLOCK, seed);
@@ -1221,6 +1403,11 @@ pub(in crate::neural) mod tests {
         let (rows, cols) = (32, 64);
         let m = QMatrix::quantize_q8_0(rows, cols, &pseudo(rows * cols, 5)).unwrap();
         assert_eq!(m.bytes(), rows * cols / BLOCK * 34);
+        // Five bits: 6 a weight with f16 scale and offset (Q5_0's file: 5.5, Q5_1's: 6).
+        assert_eq!(
+            five_bits(rows, cols, 6, "q5_0").bytes(),
+            rows * cols * 6 / 8
+        );
     }
 
     #[test]
@@ -1251,6 +1438,13 @@ pub(in crate::neural) mod tests {
                 d_hi: 0.1,
                 m: -0.7,
                 q: std::array::from_fn(|c| if c == 0 { 0 } else { 15 }),
+            }),
+            // Five-bit quants of 31: the AVX2 kernel's 16-bit sums reach 4·2·31·127 = 31,496.
+            QMatrix::from_five_bit_blocks(rows, cols, false, |_, _| RowBlock {
+                d: 0.5,
+                d_hi: 0.5,
+                m: -8.0,
+                q: std::array::from_fn(|c| if c == 0 { 0 } else { 31 }),
             }),
             // Split blocks at ±127 (beyond Q6_K's −32..31 and Q5_K's 0..31).
             extreme(&|r, c| if (r + c / 7) % 2 == 0 { 127 } else { -127 }),
@@ -1335,6 +1529,9 @@ pub(in crate::neural) mod tests {
             QMatrix::quantize_q4_1(rows, cols, &pseudo(rows * cols, 7)).unwrap(),
             QMatrix::quantize_q8_0(rows, cols, &pseudo(rows * cols, 9)).unwrap(),
             f32_nibbles(rows, cols, 10),
+            five_bits(rows, cols, 14, "q5_0"),
+            five_bits(rows, cols, 15, "q5_1"),
+            five_bits(rows, cols, 16, "q5_k"),
             split_bytes(rows, cols, 12, -32, 31),
             split_bytes(rows, cols, 13, 0, 31),
         ];
