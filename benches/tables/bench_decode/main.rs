@@ -34,6 +34,9 @@ enum Bench {
         /// Also draw, per prompt, the tokens each pass emitted (feature `plot`).
         #[arg(long)]
         plot_dir: Option<std::path::PathBuf>,
+        /// The model: a short name (`smollm2-135m`, `gemma3-270m`) or a GGUF file.
+        #[arg(long, default_value = "smollm2-135m")]
+        model: String,
     },
     /// SmolLM2 mixed with the ∞-gram on Tiny Shakespeare.
     Mix {
@@ -50,7 +53,11 @@ enum Bench {
 
 fn main() {
     match Cli::parse().bench {
-        Bench::Speculative { repeats, plot_dir } => speculative::run(repeats, plot_dir),
+        Bench::Speculative {
+            repeats,
+            plot_dir,
+            model,
+        } => speculative::run(&model, repeats, plot_dir),
         Bench::Mix {
             max_val_tokens,
             rounds,

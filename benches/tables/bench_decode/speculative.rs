@@ -1,6 +1,6 @@
 //! Speculative decoding benchmark (issues #5 and #15): twelve copy / light-edit prompts, five
-//! Shakespeare openings and five open questions, 256 new tokens, greedy, SmolLM2-135M (native
-//! kernels, 2 threads). For each prompt: plain decoding, then speculative decoding with the live
+//! Shakespeare openings and five open questions, 256 new tokens, greedy, SmolLM2-135M or
+//! `--model` (native kernels, 2 threads). For each prompt: plain decoding, then speculative decoding with the live
 //! prompt index and an index of Shakespeare's complete works in the model's tokens drafting,
 //! once with the drafters trusted by their run-wide calibration only and once with local
 //! evidence too (`DecodeConfig::local_evidence`); every output must equal plain decoding's.
@@ -14,8 +14,9 @@
 
 use infgram::decode::drafters::{CorpusDrafter, CorpusRule, PromptLookup};
 use infgram::decode::{greedy, DecodeConfig, DecodeStats, Drafter};
+use infgram::lm::LanguageModel;
 use infgram::neural::arch::decoder::Decoder;
-use infgram::neural::chat_prompt;
+use infgram::neural::{chat_prompt_for, wants_chat_turns};
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 use std::path::Path;
 
@@ -226,9 +227,16 @@ fn keep_fastest(best: &mut Option<(Vec<u32>, DecodeStats)>, run: (Vec<u32>, Deco
     }
 }
 
-/// Runs the benchmark: `repeats` alternating runs per prompt, plots into `plot_dir`.
-pub fn run(repeats: usize, plot_dir: Option<std::path::PathBuf>) {
-    let path = infgram::assets::ensure_model("smollm2-135m").expect("fetch the model");
+/// Runs the benchmark with `model` (a short name or a GGUF file): `repeats` alternating runs
+/// per prompt, plots into `plot_dir`.
+pub fn run(model: &str, repeats: usize, plot_dir: Option<std::path::PathBuf>) {
+    let path = match Path::new(model).is_file() {
+        true => Path::new(model).to_path_buf(),
+        false => infgram::assets::ensure_model(model).expect("fetch the model"),
+    };
+    // A model without a chat template (the packaged Gemma 3 is pretrained) continues the
+    // questions as text.
+    let chat_turns = wants_chat_turns(&path);
     let tok = HfTokenizer::from_gguf(&path).unwrap();
     let index_dir = infgram::service::cached_index(&[], &tok)
         .expect("the Shakespeare index in the model's tokens");
@@ -247,8 +255,12 @@ pub fn run(repeats: usize, plot_dir: Option<std::path::PathBuf>) {
         let mut set_rows: Vec<Row> = policies.iter().map(|_| Row::default()).collect();
         let mut tree = TreeRoot::default();
         for (i, p) in prompts.iter().enumerate() {
-            let text = if chat { chat_prompt(p) } else { p.to_string() };
-            let prompt = tok.encode(&text).unwrap();
+            let text = match chat && chat_turns {
+                true => chat_prompt_for(&tok, p),
+                false => p.to_string(),
+            };
+            let mut prompt: Vec<u32> = model.bos_token().into_iter().collect();
+            prompt.extend(tok.encode(&text).unwrap());
             let plain_cfg = DecodeConfig {
                 trace: false,
                 ..base.clone()
@@ -328,7 +340,8 @@ pub fn run(repeats: usize, plot_dir: Option<std::path::PathBuf>) {
         trees.push((name, tree));
     }
     println!(
-        "Greedy, 256 new tokens at most, SmolLM2-135M on {} cores; ratios are speculative / plain tokens per second in the same run (fastest of {repeats} alternating runs each), geometric mean over the prompts (min–max); every output is compared with plain decoding's.\n",
+        "Greedy, 256 new tokens at most, {} on {} cores; ratios are speculative / plain tokens per second in the same run (fastest of {repeats} alternating runs each), geometric mean over the prompts (min–max); every output is compared with plain decoding's.\n",
+        path.file_name().unwrap_or_default().to_string_lossy(),
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
     println!("| prompt set | drafting | plain tokens/s | speculative tokens/s | ratio, geomean (min–max) | acceptance | accepted per drafted pass | tokens per pass on verbatim stretches | identical |");
