@@ -6,7 +6,7 @@
 //! | Q4_0 | `d·(q − 8)`, q in 0..16 | nibbles, f16 scales, offset `−8d` |
 //! | Q4_1 | `d·q + m` | nibbles, f16 scales |
 //! | Q4_K | `d·sc·q − dmin·mn` (6-bit sc, mn per 32) | nibbles, f32 scales (`d·sc`, `−dmin·mn`) |
-//! | Q5_0 | `d·(q − 16)`, q in 0..32 | five bits, f16 scales, offset `−16d` |
+//! | Q5_0 | `d·(q − 16)`, q in 0..32 | five bits, f16 scales (the 16 taken out in integers) |
 //! | Q5_1 | `d·q + m`, q in 0..32 | five bits, f16 scales |
 //! | Q5_K | `d·sc·q − dmin·mn`, q in 0..32 | five bits, f32 scales (`d·sc`, `−dmin·mn`) |
 //! | Q8_0 | `d·q` | bytes, one scale |
@@ -130,26 +130,20 @@ pub fn native_matrix(dtype: GgmlDType, rows: usize, cols: usize, bytes: &[u8]) -
             let offset = dtype == GgmlDType::Q5_1;
             let size = if offset { 24 } else { 22 };
             let l = Layout::new(bytes, rows, cols, BLOCK, size)?;
-            // Q5_0's offset −16d is an f16 whenever d is, short of overflow: f32 scales then.
-            let overflows = !offset
-                && (0..rows)
-                    .any(|r| (0..cols / BLOCK).any(|b| f16_at(l.block(r, b), 0).abs() > 4094.0));
-            Some(QMatrix::from_five_bit_blocks(
-                rows,
-                cols,
-                overflows,
-                |r, b| {
-                    let raw = l.block(r, b);
-                    let at = if offset { 4 } else { 2 };
-                    let qh = u32::from_le_bytes(raw[at..at + 4].try_into().expect("4 bytes"));
-                    let q = std::array::from_fn(|c| {
-                        low_high(raw[at + 4 + c % 16], c) | (((qh >> c) & 1) << 4) as u8
-                    });
-                    let d = f16_at(raw, 0);
-                    let m = if offset { f16_at(raw, 2) } else { -16.0 * d };
-                    one_scale(d, m, q)
-                },
-            ))
+            let block = |r, b| {
+                let raw = l.block(r, b);
+                let at = if offset { 4 } else { 2 };
+                let qh = u32::from_le_bytes(raw[at..at + 4].try_into().expect("4 bytes"));
+                let q = std::array::from_fn(|c| {
+                    low_high(raw[at + 4 + c % 16], c) | (((qh >> c) & 1) << 4) as u8
+                });
+                let m = if offset { f16_at(raw, 2) } else { 0.0 };
+                one_scale(f16_at(raw, 0), m, q)
+            };
+            Some(match offset {
+                true => QMatrix::from_five_bit_blocks(rows, cols, false, block),
+                false => QMatrix::from_q5_0_blocks(rows, cols, block),
+            })
         }
         GgmlDType::Q4K => {
             let l = Layout::new(bytes, rows, cols, QK_K, 144)?;

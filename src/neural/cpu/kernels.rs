@@ -3,7 +3,7 @@
 //! Weights keep the GGUF file's values (`arch::weights` decodes each ggml block type; others
 //! are re-quantized to Q8_0 at load), repacked at load into *tiles* of 16 weight rows × one
 //! block of 32 columns: nibbles (Q4_0, Q4_1, Q4_K; 5–6 bits a weight), five-bit quants (Q5_0,
-//! Q5_1, Q5_K; 6–7), bytes with one f16 scale (Q8_0; 8.5, as ggml) or a scale per half block
+//! Q5_1, Q5_K; 5.5–7), bytes with one f16 scale (Q8_0; 8.5, as ggml) or a scale per half block
 //! and an offset (Q6_K; 11). In a tile
 //! the rows are interleaved four columns at a time, so one 64-byte load holds the same four
 //! columns of 16 rows: a single `vpdpbusd` against four broadcast activation bytes advances 16
@@ -102,7 +102,9 @@ enum Quants {
     Q4_1(Vec<Q4Tile<f16>>),
     /// Nibbles with f32 scales (Q4_K: a sub-block's scale is `d·sc`, exact in f32 only).
     Q4F(Vec<Q4Tile<f32>>),
-    /// Five-bit quants with f16 scales (Q5_0, Q5_1).
+    /// Five-bit quants with f16 scales and no offsets (Q5_0: `d·(q − 16)`).
+    Q5_0(Vec<Q5_0Tile>),
+    /// Five-bit quants with f16 scales (Q5_1).
     Q5(Vec<Q5Tile<f16>>),
     /// Five-bit quants with f32 scales (Q5_K).
     Q5F(Vec<Q5Tile<f32>>),
@@ -164,19 +166,46 @@ struct Q5Tile<S> {
     high: [u64; 8],
 }
 
-/// The tiles whose quants are a nibble tile's, plus a fifth bit for [`Q5Tile`]: one kernel
-/// for both, the fifth bit added after unpacking (compiled out for nibbles).
+/// 16 rows × 32 columns of Q5_0 (`value = d·(q − 16)`, q in 0..32): a [`Q5Tile`] without
+/// offsets, the 16 taken out of the integer sum (`16·Σq_a`, from [`QRows`]); 352 bytes, 5.5
+/// bits a weight as in ggml's blocks.
+#[repr(C, align(32))]
+#[derive(Clone, Copy)]
+struct Q5_0Tile {
+    qs: [[u8; 64]; 4],
+    high: [u64; 8],
+    d: [f16; TILE_ROWS],
+}
+
+/// The tiles whose quants are a nibble tile's, plus a fifth bit for the five-bit tiles: one
+/// kernel for all, the fifth bit added after unpacking and the offset taken either from the
+/// integer sum ([`NibbleTile::CENTER`]) or as `m·d_a·Σq_a` (each compiled out where unused).
 trait NibbleTile: Copy + 'static {
     type S: Scale;
-    fn nibbles(&self) -> &Q4Tile<Self::S>;
+    /// What a stored quant exceeds the signed one by (Q5_0: 16), subtracted in integers; 0
+    /// where the tile keeps offsets `m` instead.
+    const CENTER: i32;
+    fn qs(&self) -> &[[u8; 64]; 4];
+    fn d(&self) -> &[Self::S; TILE_ROWS];
+    /// The offsets (`value = d·q + m`); not read where [`NibbleTile::CENTER`] is not 0.
+    fn m(&self) -> &[Self::S; TILE_ROWS];
     fn high(&self) -> Option<&[u64; 8]>;
 }
 
 impl<S: Scale> NibbleTile for Q4Tile<S> {
     type S = S;
+    const CENTER: i32 = 0;
     #[inline(always)]
-    fn nibbles(&self) -> &Q4Tile<S> {
-        self
+    fn qs(&self) -> &[[u8; 64]; 4] {
+        &self.qs
+    }
+    #[inline(always)]
+    fn d(&self) -> &[S; TILE_ROWS] {
+        &self.d
+    }
+    #[inline(always)]
+    fn m(&self) -> &[S; TILE_ROWS] {
+        &self.m
     }
     #[inline(always)]
     fn high(&self) -> Option<&[u64; 8]> {
@@ -186,9 +215,40 @@ impl<S: Scale> NibbleTile for Q4Tile<S> {
 
 impl<S: Scale> NibbleTile for Q5Tile<S> {
     type S = S;
+    const CENTER: i32 = 0;
     #[inline(always)]
-    fn nibbles(&self) -> &Q4Tile<S> {
-        &self.low
+    fn qs(&self) -> &[[u8; 64]; 4] {
+        &self.low.qs
+    }
+    #[inline(always)]
+    fn d(&self) -> &[S; TILE_ROWS] {
+        &self.low.d
+    }
+    #[inline(always)]
+    fn m(&self) -> &[S; TILE_ROWS] {
+        &self.low.m
+    }
+    #[inline(always)]
+    fn high(&self) -> Option<&[u64; 8]> {
+        Some(&self.high)
+    }
+}
+
+impl NibbleTile for Q5_0Tile {
+    type S = f16;
+    const CENTER: i32 = 16;
+    #[inline(always)]
+    fn qs(&self) -> &[[u8; 64]; 4] {
+        &self.qs
+    }
+    #[inline(always)]
+    fn d(&self) -> &[f16; TILE_ROWS] {
+        &self.d
+    }
+    /// No offsets: the scales stand in, never read.
+    #[inline(always)]
+    fn m(&self) -> &[f16; TILE_ROWS] {
+        &self.d
     }
     #[inline(always)]
     fn high(&self) -> Option<&[u64; 8]> {
@@ -255,7 +315,7 @@ fn q4_1_slot(c: usize) -> (usize, usize, bool) {
 #[inline(always)]
 fn nibble<T: NibbleTile>(tile: &T, i: usize, c: usize) -> u8 {
     let (t, k, high) = q4_1_slot(c);
-    let byte = tile.nibbles().qs[t][4 * i + k];
+    let byte = tile.qs()[t][4 * i + k];
     let low = if high { byte >> 4 } else { byte & 15 };
     let fifth = tile.high().map_or(0, |h| (h[c / 4] >> (4 * i + c % 4)) & 1) as u8;
     low | fifth << 4
@@ -279,6 +339,7 @@ impl QMatrix {
         match &self.quants {
             Quants::Q4_1(t) => std::mem::size_of_val(t.as_slice()),
             Quants::Q4F(t) => std::mem::size_of_val(t.as_slice()),
+            Quants::Q5_0(t) => std::mem::size_of_val(t.as_slice()),
             Quants::Q5(t) => std::mem::size_of_val(t.as_slice()),
             Quants::Q5F(t) => std::mem::size_of_val(t.as_slice()),
             Quants::Q8_0(t) => std::mem::size_of_val(t.as_slice()),
@@ -359,6 +420,26 @@ impl QMatrix {
                 tile.high[c / 4] |= u64::from(q >> 4 & 1) << (4 * i + c % 4);
             }
         })
+    }
+
+    /// A matrix of Q5_0 blocks (`value = d·(q − 16)`, `q` in 0..32, `d` an f16; `d_hi` and `m`
+    /// ignored).
+    pub fn from_q5_0_blocks(
+        rows: usize,
+        cols: usize,
+        block: impl Fn(usize, usize) -> RowBlock<u8>,
+    ) -> QMatrix {
+        let quants = Quants::Q5_0(
+            Self::five_bit_tiles::<f16>(rows, cols, block)
+                .into_iter()
+                .map(|t| Q5_0Tile {
+                    qs: t.low.qs,
+                    high: t.high,
+                    d: t.low.d,
+                })
+                .collect(),
+        );
+        QMatrix { rows, cols, quants }
     }
 
     /// A matrix of five-bit blocks (`q` in 0..32, `d_hi` ignored): scales kept in f16 (they
@@ -483,6 +564,7 @@ impl QMatrix {
             match &self.quants {
                 Quants::Q4_1(tiles) => dequantize_nibbles(&tiles[t], i, chunk),
                 Quants::Q4F(tiles) => dequantize_nibbles(&tiles[t], i, chunk),
+                Quants::Q5_0(tiles) => dequantize_nibbles(&tiles[t], i, chunk),
                 Quants::Q5(tiles) => dequantize_nibbles(&tiles[t], i, chunk),
                 Quants::Q5F(tiles) => dequantize_nibbles(&tiles[t], i, chunk),
                 Quants::Q8_0(tiles) => {
@@ -504,9 +586,12 @@ impl QMatrix {
 }
 
 fn dequantize_nibbles<T: NibbleTile>(tile: &T, i: usize, out: &mut [f32]) {
-    let (d, m) = (tile.nibbles().d[i].get(), tile.nibbles().m[i].get());
+    let d = tile.d()[i].get();
     for (c, x) in out.iter_mut().enumerate() {
-        *x = d * nibble(tile, i, c) as f32 + m;
+        *x = match T::CENTER {
+            0 => d * nibble(tile, i, c) as f32 + tile.m()[i].get(),
+            center => d * (nibble(tile, i, c) as i32 - center) as f32,
+        };
     }
 }
 
@@ -804,6 +889,7 @@ fn matmul_groups(
             match &w.quants {
                 Quants::Q4_1(t) => tile_rows(isa, Tiles::Q4_1(&t[tiles.clone()]), rs, &mut o),
                 Quants::Q4F(t) => tile_rows(isa, Tiles::Q4F(&t[tiles.clone()]), rs, &mut o),
+                Quants::Q5_0(t) => tile_rows(isa, Tiles::Q5_0(&t[tiles.clone()]), rs, &mut o),
                 Quants::Q5(t) => tile_rows(isa, Tiles::Q5(&t[tiles.clone()]), rs, &mut o),
                 Quants::Q5F(t) => tile_rows(isa, Tiles::Q5F(&t[tiles.clone()]), rs, &mut o),
                 Quants::Q8_0(t) => tile_rows(isa, Tiles::Q8_0(&t[tiles.clone()]), rs, &mut o),
@@ -822,6 +908,7 @@ fn matmul_groups(
 enum Tiles<'a> {
     Q4_1(&'a [Q4Tile<f16>]),
     Q4F(&'a [Q4Tile<f32>]),
+    Q5_0(&'a [Q5_0Tile]),
     Q5(&'a [Q5Tile<f16>]),
     Q5F(&'a [Q5Tile<f32>]),
     Q8_0(&'a [Q8_0Tile]),
@@ -863,6 +950,7 @@ fn tile_scalar<const N: usize>(tiles: Tiles, rows: &[Row; N], out: &mut [[f32; T
             *acc = match tiles {
                 Tiles::Q4_1(tiles) => nibbles_scalar(tiles, row, i),
                 Tiles::Q4F(tiles) => nibbles_scalar(tiles, row, i),
+                Tiles::Q5_0(tiles) => nibbles_scalar(tiles, row, i),
                 Tiles::Q5(tiles) => nibbles_scalar(tiles, row, i),
                 Tiles::Q5F(tiles) => nibbles_scalar(tiles, row, i),
                 Tiles::Q8_0(tiles) => {
@@ -903,10 +991,13 @@ fn nibbles_scalar<T: NibbleTile>(tiles: &[T], row: &Row, i: usize) -> f32 {
         let isum: i32 = (0..BLOCK)
             .map(|c| nibble(tile, i, c) as i32 * row.qs[b][c] as i32)
             .sum();
+        let [h0, h1] = row.sums[b];
+        let isum = isum - T::CENTER * (h0 + h1);
         let t = isum as f32 * row.d[b];
-        let q4 = tile.nibbles();
-        acc = t.mul_add(q4.d[i].get(), acc);
-        acc = q4.m[i].get().mul_add(row.s[b], acc);
+        acc = t.mul_add(tile.d()[i].get(), acc);
+        if T::CENTER == 0 {
+            acc = tile.m()[i].get().mul_add(row.s[b], acc);
+        }
     }
     acc
 }
@@ -966,10 +1057,9 @@ mod x86 {
         let mask = _mm512_set1_epi8(0x0F);
         for (b, tile) in tiles.iter().enumerate() {
             prefetch_ahead(tile);
-            let q4 = tile.nibbles();
             let mut w = [_mm512_setzero_si512(); 8];
             for t in 0..4 {
-                let x = _mm512_loadu_si512(q4.qs[t].as_ptr() as *const __m512i);
+                let x = _mm512_loadu_si512(tile.qs()[t].as_ptr() as *const __m512i);
                 w[t] = _mm512_and_si512(x, mask);
                 w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(x, 4), mask);
             }
@@ -979,8 +1069,8 @@ mod x86 {
                     w[t] = _mm512_mask_add_epi8(w[t], high[t], w[t], sixteen);
                 }
             }
-            let dw = scales16(&q4.d);
-            let mw = scales16(&q4.m);
+            let dw = scales16(tile.d());
+            let mw = scales16(tile.m());
             for i in 0..N {
                 let a = &rows[i].qs[b];
                 let (mut s0, mut s1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
@@ -988,10 +1078,16 @@ mod x86 {
                     s0 = _mm512_dpbusd_epi32(s0, w[t], _mm512_set1_epi32(quad(a, t)));
                     s1 = _mm512_dpbusd_epi32(s1, w[t + 1], _mm512_set1_epi32(quad(a, t + 1)));
                 }
-                let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
-                let t = _mm512_mul_ps(isum, _mm512_set1_ps(rows[i].d[b]));
+                let mut isum = _mm512_add_epi32(s0, s1);
+                if T::CENTER != 0 {
+                    let [h0, h1] = rows[i].sums[b];
+                    isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(T::CENTER * (h0 + h1)));
+                }
+                let t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(rows[i].d[b]));
                 acc[i] = _mm512_fmadd_ps(t, dw, acc[i]);
-                acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(rows[i].s[b]), acc[i]);
+                if T::CENTER == 0 {
+                    acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(rows[i].s[b]), acc[i]);
+                }
             }
         }
     }
@@ -1065,6 +1161,7 @@ mod x86 {
         match tiles {
             Tiles::Q4_1(tiles) => nibbles_avx512(tiles, rows, &mut acc),
             Tiles::Q4F(tiles) => nibbles_avx512(tiles, rows, &mut acc),
+            Tiles::Q5_0(tiles) => nibbles_avx512(tiles, rows, &mut acc),
             Tiles::Q5(tiles) => nibbles_avx512(tiles, rows, &mut acc),
             Tiles::Q5F(tiles) => nibbles_avx512(tiles, rows, &mut acc),
             Tiles::Q8_0(tiles) => q8_0_avx512(tiles, rows, &mut acc),
@@ -1187,10 +1284,9 @@ mod x86 {
                         if h == 0 {
                             prefetch_ahead(tile);
                         }
-                        let q4 = tile.nibbles();
                         let mut w = [_mm256_setzero_si256(); 8];
                         for t in 0..4 {
-                            let x = _mm256_loadu_si256(half(q4.qs[t].as_ptr()));
+                            let x = _mm256_loadu_si256(half(tile.qs()[t].as_ptr()));
                             w[t] = _mm256_and_si256(x, mask);
                             w[t + 4] = _mm256_and_si256(_mm256_srli_epi16(x, 4), mask);
                         }
@@ -1200,17 +1296,24 @@ mod x86 {
                                 w[t] = _mm256_or_si256(w[t], fifth_bits(bits));
                             }
                         }
-                        let dw = scales8(&q4.d[8 * h..]);
-                        let mw = scales8(&q4.m[8 * h..]);
+                        let dw = scales8(&tile.d()[8 * h..]);
+                        let mw = scales8(&tile.m()[8 * h..]);
                         for i in 0..N {
-                            let s = match tile.high() {
+                            let mut s = match tile.high() {
                                 None => $dot_q4(&w, &rows[i].qs[b]),
                                 Some(_) => $dot_q5(&w, &rows[i].qs[b]),
                             };
+                            if T::CENTER != 0 {
+                                let [h0, h1] = rows[i].sums[b];
+                                let center = _mm256_set1_epi32(T::CENTER * (h0 + h1));
+                                s = _mm256_sub_epi32(s, center);
+                            }
                             let t =
                                 _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(rows[i].d[b]));
                             acc[i] = _mm256_fmadd_ps(t, dw, acc[i]);
-                            acc[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(rows[i].s[b]), acc[i]);
+                            if T::CENTER == 0 {
+                                acc[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(rows[i].s[b]), acc[i]);
+                            }
                         }
                     }
                 }
@@ -1221,6 +1324,7 @@ mod x86 {
                     match tiles {
                         Tiles::Q4_1(tiles) => nibbles(tiles, rows, h, &mut acc),
                         Tiles::Q4F(tiles) => nibbles(tiles, rows, h, &mut acc),
+                        Tiles::Q5_0(tiles) => nibbles(tiles, rows, h, &mut acc),
                         Tiles::Q5(tiles) => nibbles(tiles, rows, h, &mut acc),
                         Tiles::Q5F(tiles) => nibbles(tiles, rows, h, &mut acc),
                         Tiles::Q8_0(tiles) => {
@@ -1361,7 +1465,7 @@ pub(in crate::neural) mod tests {
         let v = pseudo(rows * cols + 2 * rows * cols / BLOCK, seed);
         let n = rows * cols;
         let f16 = |x: f32| f16::from_f32(x).to_f32();
-        QMatrix::from_five_bit_blocks(rows, cols, shape == "q5_k", |r, b| {
+        let block = |r: usize, b: usize| {
             let k = r * cols / BLOCK + b;
             let d = (v[n + 2 * k].abs() + 0.01) * 0.023_456_7;
             let (d, m) = match shape {
@@ -1375,7 +1479,11 @@ pub(in crate::neural) mod tests {
                 m,
                 q: std::array::from_fn(|c| ((v[r * cols + 32 * b + c] + 1.0) * 15.9) as u8),
             }
-        })
+        };
+        match shape {
+            "q5_0" => QMatrix::from_q5_0_blocks(rows, cols, block),
+            _ => QMatrix::from_five_bit_blocks(rows, cols, shape == "q5_k", block),
+        }
     }
 
     /// A Q6_K / Q5_K-shaped matrix: signed bytes in `lo..=hi`, a scale per half, an offset.
@@ -1403,10 +1511,14 @@ pub(in crate::neural) mod tests {
         let (rows, cols) = (32, 64);
         let m = QMatrix::quantize_q8_0(rows, cols, &pseudo(rows * cols, 5)).unwrap();
         assert_eq!(m.bytes(), rows * cols / BLOCK * 34);
-        // Five bits: 6 a weight with f16 scale and offset (Q5_0's file: 5.5, Q5_1's: 6).
+        // Five bits: Q5_0 at its file's 5.5 bits a weight, Q5_1 (with offsets) at 6.
         assert_eq!(
             five_bits(rows, cols, 6, "q5_0").bytes(),
-            rows * cols * 6 / 8
+            rows * cols / BLOCK * 22
+        );
+        assert_eq!(
+            five_bits(rows, cols, 6, "q5_1").bytes(),
+            rows * cols / BLOCK * 24
         );
     }
 
@@ -1444,6 +1556,12 @@ pub(in crate::neural) mod tests {
                 d: 0.5,
                 d_hi: 0.5,
                 m: -8.0,
+                q: std::array::from_fn(|c| if c == 0 { 0 } else { 31 }),
+            }),
+            QMatrix::from_q5_0_blocks(rows, cols, |_, _| RowBlock {
+                d: 0.5,
+                d_hi: 0.5,
+                m: 0.0,
                 q: std::array::from_fn(|c| if c == 0 { 0 } else { 31 }),
             }),
             // Split blocks at ±127 (beyond Q6_K's −32..31 and Q5_K's 0..31).
