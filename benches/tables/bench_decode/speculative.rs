@@ -227,20 +227,18 @@ fn keep_fastest(best: &mut Option<(Vec<u32>, DecodeStats)>, run: (Vec<u32>, Deco
     }
 }
 
-/// Runs the benchmark with `model` (a short name or a GGUF file): `repeats` alternating runs
+/// Runs the benchmark with `model` (a short name, fetched on first use, or a GGUF file): `repeats` alternating runs
 /// per prompt, plots into `plot_dir`.
 pub fn run(model: &str, repeats: usize, plot_dir: Option<std::path::PathBuf>) {
-    let path = match Path::new(model).is_file() {
-        true => Path::new(model).to_path_buf(),
-        false => infgram::assets::ensure_model(model).expect("fetch the model"),
-    };
+    let source = infgram::neural::source::ModelSource::resolve(model).expect("the model");
+    let path = source.path();
     // A model without a chat template (the packaged Gemma 3 is pretrained) continues the
     // questions as text.
-    let chat_turns = wants_chat_turns(&path);
-    let tok = HfTokenizer::from_gguf(&path).unwrap();
+    let chat_turns = wants_chat_turns(path);
+    let tok = HfTokenizer::from_gguf(path).unwrap();
     let index_dir = infgram::service::cached_index(&[], &tok)
         .expect("the Shakespeare index in the model's tokens");
-    let mut model = Decoder::from_gguf(&path).unwrap().with_threads(2);
+    let mut model = Decoder::from_gguf(path).unwrap().with_threads(2);
     let base = DecodeConfig {
         max_tokens: 256,
         trace: true,

@@ -115,15 +115,17 @@ enum Quants {
 }
 
 /// A tile's per-row scales: f16 as the file stores them, or f32 when they are products.
-pub(crate) trait Scale: Copy + Default + 'static {
+pub(crate) trait Scale: Copy + 'static {
     /// Stored as f32 (loaded as is), else f16 (converted).
     const F32: bool;
+    const ZERO: Self;
     fn from_f32(v: f32) -> Self;
     fn get(self) -> f32;
 }
 
 impl Scale for f16 {
     const F32: bool = false;
+    const ZERO: Self = f16::ZERO;
     fn from_f32(v: f32) -> Self {
         f16::from_f32(v)
     }
@@ -134,6 +136,7 @@ impl Scale for f16 {
 
 impl Scale for f32 {
     const F32: bool = true;
+    const ZERO: Self = 0.0;
     fn from_f32(v: f32) -> Self {
         v
     }
@@ -305,6 +308,25 @@ pub struct RowBlock<Q> {
     pub q: [Q; BLOCK],
 }
 
+impl<S: Scale> Q4Tile<S> {
+    const EMPTY: Self = Q4Tile {
+        qs: [[0; 64]; 4],
+        d: [S::ZERO; TILE_ROWS],
+        m: [S::ZERO; TILE_ROWS],
+    };
+
+    /// Puts block `rb` in row `i`: its scale and offset, and its quants' low four bits.
+    fn put(&mut self, i: usize, rb: &RowBlock<u8>) {
+        self.d[i] = S::from_f32(rb.d);
+        self.m[i] = S::from_f32(rb.m);
+        for (c, &q) in rb.q.iter().enumerate() {
+            let (t, k, high) = q4_1_slot(c);
+            let low = q & 15;
+            self.qs[t][4 * i + k] |= if high { low << 4 } else { low };
+        }
+    }
+}
+
 /// Where column c of a tile row lives: (chunk, byte offset within the 4 of the row, high nibble).
 #[inline(always)]
 fn q4_1_slot(c: usize) -> (usize, usize, bool) {
@@ -382,19 +404,7 @@ impl QMatrix {
         cols: usize,
         block: impl Fn(usize, usize) -> RowBlock<u8>,
     ) -> Vec<Q4Tile<S>> {
-        let empty = Q4Tile {
-            qs: [[0; 64]; 4],
-            d: [S::default(); TILE_ROWS],
-            m: [S::default(); TILE_ROWS],
-        };
-        Self::tiled(rows, cols, block, empty, |tile, i, rb| {
-            tile.d[i] = S::from_f32(rb.d);
-            tile.m[i] = S::from_f32(rb.m);
-            for (c, &q) in rb.q.iter().enumerate() {
-                let (t, k, high) = q4_1_slot(c);
-                tile.qs[t][4 * i + k] |= if high { q << 4 } else { q };
-            }
-        })
+        Self::tiled(rows, cols, block, Q4Tile::EMPTY, Q4Tile::put)
     }
 
     fn five_bit_tiles<S: Scale>(
@@ -403,20 +413,12 @@ impl QMatrix {
         block: impl Fn(usize, usize) -> RowBlock<u8>,
     ) -> Vec<Q5Tile<S>> {
         let empty = Q5Tile {
-            low: Q4Tile {
-                qs: [[0; 64]; 4],
-                d: [S::default(); TILE_ROWS],
-                m: [S::default(); TILE_ROWS],
-            },
+            low: Q4Tile::EMPTY,
             high: [0; 8],
         };
         Self::tiled(rows, cols, block, empty, |tile, i, rb| {
-            tile.low.d[i] = S::from_f32(rb.d);
-            tile.low.m[i] = S::from_f32(rb.m);
+            tile.low.put(i, rb);
             for (c, &q) in rb.q.iter().enumerate() {
-                let (t, k, high) = q4_1_slot(c);
-                let low = q & 15;
-                tile.low.qs[t][4 * i + k] |= if high { low << 4 } else { low };
                 tile.high[c / 4] |= u64::from(q >> 4 & 1) << (4 * i + c % 4);
             }
         })
@@ -443,7 +445,7 @@ impl QMatrix {
     }
 
     /// A matrix of five-bit blocks (`q` in 0..32, `d_hi` ignored): scales kept in f16 (they
-    /// must be f16 values: Q5_0, Q5_1) or, with `f32_scales`, in f32 (Q5_K).
+    /// must be f16 values: Q5_1) or, with `f32_scales`, in f32 (Q5_K).
     pub fn from_five_bit_blocks(
         rows: usize,
         cols: usize,
@@ -475,8 +477,8 @@ impl QMatrix {
     }
 
     /// A matrix of signed-byte blocks (`q` in −127..=127): with `split`, a scale per half
-    /// block and an offset (Q6_K, Q5_K, Q5_1), else one scale per block and no offset (Q8_0,
-    /// Q5_0; `d_hi` and `m` ignored).
+    /// block and an offset (Q6_K), else one scale per block and no offset (Q8_0; `d_hi` and
+    /// `m` ignored).
     pub fn from_byte_blocks(
         rows: usize,
         cols: usize,
