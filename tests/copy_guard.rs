@@ -222,6 +222,7 @@ impl Drafter for Fixed {
         Ok(Draft {
             confidence: vec![0.99; tokens.len()],
             tokens,
+            ..Draft::default()
         })
     }
     fn name(&self) -> &str {

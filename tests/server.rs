@@ -1094,6 +1094,7 @@ fn neural_completions_with_a_model_loaded_once() {
                 drafting_index: Some(drafting.clone()),
                 repetition_penalty: 1.0,
                 guard: guard.map(infgram::service::GuardConfig::new),
+                past_outputs: None,
             },
             mix,
             decode: infgram::decode::DecodeConfig {
@@ -1166,6 +1167,27 @@ fn neural_completions_with_a_model_loaded_once() {
         }
     }
     assert_eq!(opens(), opened_at_start, "a request opened an index");
+    // Every completion's output went into the server's past outputs; the same task again
+    // drafts from them (output still the plain one), and a guarded request still copies at
+    // most 4 tokens of the corpus though an unguarded answer is among the past outputs.
+    let (_, health) = server.request("GET", "/health", None);
+    let health: Value = serde_json::from_str(&health).unwrap();
+    assert_eq!(health["past_outputs"]["outputs"], 5, "{health}");
+    for (guard, want) in [(None, &plain), (Some(4), &guarded)] {
+        let body = json!({"prompt": prompt, "max_tokens": 24, "temperature": 0,
+                          "mode": "speculative", "index": "ts", "guard": guard});
+        let (status, v) = server.post("/v1/completions", &body.to_string());
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["choices"][0]["text"].as_str().unwrap(), want);
+        let by = &v["infgram"]["stats"]["accepted_by_drafter"];
+        assert!(by["past"].as_u64().unwrap_or(0) > 0, "{v}");
+        if guard.is_some() {
+            assert!(
+                v["infgram"]["max_copied_span"].as_u64().unwrap() <= 4,
+                "{v}"
+            );
+        }
+    }
     // The index named must be in the model's tokens; sbis still serves the byte index.
     let e = server.refused(
         "/v1/completions",

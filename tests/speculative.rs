@@ -30,6 +30,7 @@ impl Drafter for Scripted {
         Ok(Draft {
             confidence: vec![1.0; tokens.len()],
             tokens,
+            ..Draft::default()
         })
     }
     fn name(&self) -> &str {
@@ -224,6 +225,7 @@ impl Drafter for Zeros {
         Ok(Draft {
             tokens: vec![0; n],
             confidence: vec![0.99; n],
+            ..Draft::default()
         })
     }
     fn name(&self) -> &str {
@@ -285,4 +287,54 @@ fn rejection_sampling_keeps_the_scorer_distribution() {
             observed[prev as usize]
         );
     }
+}
+
+/// `gen --past-outputs FILE`: the first run writes its output there, the second drafts from it
+/// (the output still plain decoding's); a file that is not ours is refused and left as it is.
+#[test]
+fn gen_drafts_from_the_outputs_of_earlier_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("past.bin");
+    let gen = |file: &std::path::Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_infgram"))
+            .args([
+                "gen",
+                "--model",
+                "smollm2-135m",
+                "--speculative",
+                "--compare",
+            ])
+            .args(["--prompt", "Write a list of five fruits, one per line."])
+            .args(["--max-tokens", "32", "--temperature", "0", "--json"])
+            .arg("--past-outputs")
+            .arg(file)
+            .output()
+            .unwrap()
+    };
+    let runs: Vec<serde_json::Value> = (0..2)
+        .map(|_| {
+            let out = gen(&file);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            serde_json::from_slice(&out.stdout).unwrap()
+        })
+        .collect();
+    for r in &runs {
+        assert_eq!(r["identical"], true, "{r}");
+    }
+    assert_eq!(runs[0]["text"], runs[1]["text"]);
+    let by = &runs[1]["stats"]["accepted_by_drafter"];
+    assert!(by["past"].as_u64().unwrap_or(0) > 0, "{}", runs[1]);
+    let notes = dir.path().join("notes.txt");
+    std::fs::write(&notes, "mine\n").unwrap();
+    let out = gen(&notes);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && e.contains("not a past-outputs file"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "mine\n");
 }

@@ -26,7 +26,11 @@ impl Drafter for RepeatLastWord {
         tokens.insert(0, b' ' as u32);
         tokens.truncate(max);
         let confidence = vec![0.5; tokens.len()];
-        Ok(Draft { tokens, confidence })
+        Ok(Draft {
+            tokens,
+            confidence,
+            ..Draft::default()
+        })
     }
 
     fn name(&self) -> &str {

@@ -66,6 +66,11 @@ pub struct GenArgs {
     /// drafts tokens, the model verifies them in one pass; the output is the model's own.
     #[arg(long, requires = "model")]
     pub speculative: bool,
+    /// With --model: remember outputs in FILE (created on first use) and, with --speculative,
+    /// draft from the outputs of earlier runs: a task run again with other data is drafted
+    /// from what the model wrote before. Keeps the newest 262,144 tokens.
+    #[arg(long, value_name = "FILE", requires = "model")]
+    pub past_outputs: Option<PathBuf>,
     /// With --speculative: longest draft verified in one pass (default 16).
     #[arg(long)]
     pub draft_max: Option<usize>,
@@ -112,7 +117,11 @@ impl GenArgs {
     /// by the library: no default and no range is the CLI's own.
     fn request(&self, prompt: Option<String>, scorer: Scorer) -> Result<CheckedRequest> {
         let drafters = if self.speculative {
-            vec![DrafterSpec::PromptLookup, DrafterSpec::Corpus]
+            vec![
+                DrafterSpec::PromptLookup,
+                DrafterSpec::PastOutputs,
+                DrafterSpec::Corpus,
+            ]
         } else {
             Vec::new()
         };
@@ -401,6 +410,15 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
         mix,
     );
     req.decode.trace = args.trace.is_some();
+    let past = match &args.past_outputs {
+        Some(file) => {
+            use infgram::decode::past::{PastOutputs, DEFAULT_BUDGET};
+            let past = PastOutputs::load(file, &tok.fingerprint(), DEFAULT_BUDGET)?;
+            Some(Arc::new(std::sync::RwLock::new(past)))
+        }
+        None => None,
+    };
+    req.assembly.past_outputs = past.clone();
     let prompt = req.prompt.clone();
     let mut sampler = checked.sampler();
     let mut out = Output::new(args, &tok);
@@ -414,8 +432,13 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
         std::fs::write(file, lines)
             .map_err(|e| anyhow::anyhow!("cannot write the trace to {}: {e}", file.display()))?;
     }
+    if let (Some(file), Some(past)) = (&args.past_outputs, &past) {
+        let past = past.read().unwrap_or_else(|e| e.into_inner());
+        past.save(file, &tok.fingerprint())?;
+    }
     let plain = if args.compare {
         req.assembly.drafters.clear();
+        req.assembly.past_outputs = None;
         req.decode.trace = false;
         let mut sampler = checked.sampler();
         let p = generate_with_model(llm.as_mut(), &tok, &req, &mut sampler, |_| {})?;

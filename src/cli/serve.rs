@@ -61,6 +61,10 @@ pub struct ServeArgs {
     /// Queries that run at once (more wait their turn).
     #[arg(long, default_value_t = 64, value_parser = super::positive)]
     pub concurrent_queries: usize,
+    /// With --model: tokens of past outputs kept for speculative completions to draft from
+    /// (the oldest go; 0: none kept).
+    #[arg(long, default_value_t = 1 << 18)]
+    pub past_output_tokens: usize,
     #[command(flatten)]
     pub model_args: super::ModelArgs,
 }
@@ -120,6 +124,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         client_time: std::time::Duration::from_secs_f64(args.client_timeout),
         backlog: args.backlog,
         concurrent_queries: args.concurrent_queries,
+        past_output_tokens: args.past_output_tokens,
         ..Default::default()
     };
     let names: Vec<String> = indexes.iter().map(|(n, _)| n.clone()).collect();

@@ -56,7 +56,7 @@ fn grow_draft(
 /// progress, one that followed 2 is a guess), discounted for short matches (1 − 2^−len). A
 /// single occurrence gives 0.375 after 1 token, 0.91 after 8, 0.98 after 16. The decode loop
 /// calibrates it against the model's acceptances.
-fn copy_confidence(agree: u64, total: u64, len: usize) -> f64 {
+pub(super) fn copy_confidence(agree: u64, total: u64, len: usize) -> f64 {
     let against = 0.5 * 0.5f64.powf((len.max(1) - 1).min(240) as f64 / 4.0);
     let share = (agree as f64 + 0.5) / (total as f64 + 0.5 + against);
     let length = 1.0 - 0.5f64.powi(len.min(60) as i32);
@@ -324,12 +324,79 @@ impl Drafter for PromptLookup {
         }))
     }
 
+    fn next_after(&mut self, context: &[u32], draft: &[u32]) -> Result<Option<(u32, f64)>> {
+        self.sync(context);
+        let seq = [context, draft].concat();
+        Ok(self
+            .next(&seq)
+            .map(|(tok, agree, total, len)| (tok, copy_confidence(agree, total, len))))
+    }
+
     fn observe(&mut self, context: &[u32]) {
         self.sync(context);
     }
 
     fn name(&self) -> &str {
         "prompt"
+    }
+}
+
+/// Drafters that draft together, token by token: each next token is the one the most
+/// confident part proposes after the context and the draft so far. A repeated task's answer
+/// takes its frame from past outputs and its data from the prompt; a braid drafts both in one
+/// pass where either alone would stop at the first switch. [`Draft::parts`] says which part
+/// proposed each token.
+pub struct Braid {
+    parts: Vec<Box<dyn Drafter>>,
+}
+
+impl Braid {
+    /// At most 256 parts.
+    pub fn new(parts: Vec<Box<dyn Drafter>>) -> Self {
+        assert!(parts.len() <= 256, "a braid has at most 256 parts");
+        Braid { parts }
+    }
+}
+
+impl Drafter for Braid {
+    fn propose(&mut self, context: &[u32], max: usize) -> Result<Draft> {
+        let mut draft = Draft::default();
+        let mut reach = 1.0;
+        while draft.tokens.len() < max {
+            let mut best: Option<(u32, f64, u8)> = None;
+            for (i, part) in self.parts.iter_mut().enumerate() {
+                if let Some((t, c)) = part.next_after(context, &draft.tokens)? {
+                    if best.is_none_or(|b| c > b.1) {
+                        best = Some((t, c, i as u8));
+                    }
+                }
+            }
+            let Some((token, confidence, part)) = best else {
+                break;
+            };
+            draft.tokens.push(token);
+            draft.confidence.push(confidence);
+            draft.parts.push(part);
+            reach *= confidence;
+            if reach < MIN_REACH {
+                break;
+            }
+        }
+        Ok(draft)
+    }
+
+    fn observe(&mut self, context: &[u32]) {
+        for p in &mut self.parts {
+            p.observe(context);
+        }
+    }
+
+    fn name(&self) -> &str {
+        "braid"
+    }
+
+    fn part_name(&self, part: u8) -> &str {
+        self.parts.get(part as usize).map_or("braid", |p| p.name())
     }
 }
 
@@ -508,6 +575,35 @@ mod tests {
         let mut d = PromptLookup::new(8);
         d.sync(&far);
         assert!(d.copy.broke.is_none());
+    }
+
+    #[test]
+    fn a_braid_takes_the_frame_from_past_outputs_and_the_data_from_the_prompt() {
+        use crate::decode::past::{remember, PastOutputDrafter, PastOutputs};
+        // Three past answers: the frame 50 51 52 · 53 54 55 around different data.
+        let past = PastOutputs::shared(1000);
+        for data in [6, 7, 8] {
+            remember(&past, &[50, 51, 52, data, 53, 54, 55]);
+        }
+        // This request's data follows "51 52" in the prompt; the answer's frame has begun.
+        let context = [9, 51, 52, 70, 71, 72, 9, 50, 51, 52];
+        let mut braid = Braid::new(vec![
+            Box::new(PromptLookup::new(8)),
+            Box::new(PastOutputDrafter::new(past)),
+        ]);
+        // Past outputs disagree on the data slot (one vote in three); the prompt's 2-token
+        // match is surer: the data comes from the prompt.
+        let draft = braid.propose(&context, 3).unwrap();
+        assert_eq!(draft.tokens, vec![70, 71, 72]);
+        assert_eq!(draft.parts, vec![0, 0, 0]);
+        // After the data, the frame goes on from past outputs (the prompt never saw 53).
+        let mut ctx = context.to_vec();
+        ctx.extend([70, 71, 72, 53]);
+        braid.observe(&ctx);
+        let draft = braid.propose(&ctx, 2).unwrap();
+        assert_eq!(draft.tokens, vec![54, 55]);
+        assert_eq!(draft.parts, vec![1, 1]);
+        assert_eq!((braid.part_name(0), braid.part_name(1)), ("prompt", "past"));
     }
 
     /// A corpus where "1 2 3" is followed by 4 once, but "2 3" is followed by 5 thirty times.

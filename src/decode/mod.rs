@@ -50,6 +50,7 @@
 
 pub mod drafters;
 pub mod guard;
+pub mod past;
 pub mod policy;
 pub mod sampler;
 
@@ -66,6 +67,9 @@ use std::time::Instant;
 pub struct Draft {
     pub tokens: Vec<u32>,
     pub confidence: Vec<f64>,
+    /// Which part of a composite drafter proposed each token ([`Drafter::part_name`]); empty
+    /// when the drafter is one source.
+    pub parts: Vec<u8>,
 }
 
 /// Proposes tokens to follow a context.
@@ -84,10 +88,23 @@ pub trait Drafter {
             .take(n)
             .collect())
     }
+    /// The token after `context` followed by `draft` (a draft being grown) and its
+    /// confidence, without learning `draft` as context. By default the first token of
+    /// [`Drafter::propose`] over the two joined.
+    fn next_after(&mut self, context: &[u32], draft: &[u32]) -> Result<Option<(u32, f64)>> {
+        let seq = [context, draft].concat();
+        let d = self.propose(&seq, 1)?;
+        Ok(d.tokens.first().map(|&t| (t, d.confidence[0])))
+    }
     /// `context` grew by accepted tokens (live indexes learn them).
     fn observe(&mut self, _context: &[u32]) {}
     /// A short name for statistics.
     fn name(&self) -> &str;
+    /// The name of part `part` of a composite drafter ([`Draft::parts`]); by default the
+    /// drafter's own.
+    fn part_name(&self, _part: u8) -> &str {
+        self.name()
+    }
 }
 
 /// Edits the logits of one position before sampling.
@@ -227,6 +244,8 @@ pub struct DecodeStats {
     pub exhausted: bool,
     /// Whether generation ended because [`DecodeConfig::cancel`] was set.
     pub cancelled: bool,
+    /// Accepted draft tokens by the drafter that proposed them ([`Drafter::name`]).
+    pub accepted_by_drafter: std::collections::BTreeMap<String, usize>,
     /// Every pass, with [`DecodeConfig::trace`].
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub trace: Vec<PassTrace>,
@@ -494,7 +513,18 @@ impl Decoding {
                 seconds: pass.seconds,
             });
         }
-        if chosen.is_some() {
+        if let Some(d) = chosen {
+            for i in 0..pass.accepted {
+                let name = match draft.parts.get(i) {
+                    Some(&part) => drafters[d].part_name(part),
+                    None => drafters[d].name(),
+                };
+                *self
+                    .stats
+                    .accepted_by_drafter
+                    .entry(name.to_string())
+                    .or_default() += 1;
+            }
             self.stats.drafted_passes += 1;
             self.stats.drafted += draft.tokens.len();
             self.stats.accepted += pass.accepted;

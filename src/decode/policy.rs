@@ -335,6 +335,7 @@ impl DraftPolicy {
                 draft.tokens.truncate(admitted);
             }
             draft.confidence.truncate(draft.tokens.len());
+            draft.parts.truncate(draft.tokens.len());
             let f = state.calibration.factor();
             let local = if cfg.local_evidence {
                 state.run.confidence()
@@ -350,6 +351,7 @@ impl DraftPolicy {
             if k > 0 && speed > best.2 {
                 draft.tokens.truncate(k);
                 draft.confidence.truncate(k);
+                draft.parts.truncate(k);
                 best = (draft, Some(d), speed);
             }
         }

@@ -10,6 +10,7 @@
 
 use super::api::ApiError;
 use super::{Limits, Served};
+use crate::decode::past::{PastOutputs, PastStats, SharedPastOutputs};
 use crate::decode::{Cancel, Sampler};
 #[cfg(feature = "neural")]
 use crate::service::generate::generate_with_model;
@@ -164,11 +165,20 @@ pub struct Generator {
     model_tokenizer: Option<Arc<dyn Tokenizer>>,
     /// The model's name and file (with a model).
     pub model_name: Option<String>,
+    /// The outputs of the model's generations, drafted from in speculative mode (none when
+    /// the server keeps no past outputs).
+    past_outputs: Option<SharedPastOutputs>,
 }
 
 impl Generator {
     /// Starts the worker, loading `model` (if any) on it: an error to load it is returned here.
-    pub fn start(model: Option<&str>, opts: &ModelOptions, backlog: usize) -> crate::Result<Self> {
+    /// `past_output_tokens`: the past outputs' budget (0: none kept).
+    pub fn start(
+        model: Option<&str>,
+        opts: &ModelOptions,
+        backlog: usize,
+        past_output_tokens: usize,
+    ) -> crate::Result<Self> {
         let (queue, jobs) = sync_channel::<Job>(backlog);
         let (ready_tx, ready) = std::sync::mpsc::channel();
         let waiting = Arc::new(AtomicUsize::new(0));
@@ -196,9 +206,18 @@ impl Generator {
             waiting,
             running,
             backlog,
+            past_outputs: (model_name.is_some() && past_output_tokens > 0)
+                .then(|| PastOutputs::shared(past_output_tokens)),
             model_tokenizer,
             model_name,
         })
+    }
+
+    /// What the past outputs hold (`None` when none are kept).
+    pub fn past_output_stats(&self) -> Option<PastStats> {
+        self.past_outputs
+            .as_ref()
+            .map(|p| p.read().unwrap_or_else(|e| e.into_inner()).stats())
     }
 
     /// Jobs waiting for the worker.
@@ -276,7 +295,11 @@ impl Generator {
             Mode::Mix => Scorer::Mixture,
         };
         let drafters = if mode == Mode::Speculative {
-            vec![DrafterSpec::PromptLookup, DrafterSpec::Corpus]
+            vec![
+                DrafterSpec::PromptLookup,
+                DrafterSpec::PastOutputs,
+                DrafterSpec::Corpus,
+            ]
         } else {
             Vec::new()
         };
@@ -351,7 +374,8 @@ impl Generator {
             ));
         }
         let prompt = prompt_ids(&checked, model_tok.as_ref(), limits)?;
-        let req = checked.model_request(prompt.clone(), opened, None, None);
+        let mut req = checked.model_request(prompt.clone(), opened, None, None);
+        req.assembly.past_outputs = self.past_outputs.clone();
         Ok((Plan::Model { req }, prompt, checked.sampler()))
     }
 }

@@ -67,6 +67,9 @@ pub struct Limits {
     pub backlog: usize,
     /// Queries running at once at most (more wait their turn).
     pub concurrent_queries: usize,
+    /// Tokens of past outputs the model's generations draft from (speculative mode); the
+    /// oldest go past it; 0: none kept.
+    pub past_output_tokens: usize,
 }
 
 impl Default for Limits {
@@ -88,6 +91,7 @@ impl Default for Limits {
             client_time: Duration::from_secs(10),
             backlog: 8,
             concurrent_queries: 64,
+            past_output_tokens: crate::decode::past::DEFAULT_BUDGET,
         }
     }
 }
@@ -273,6 +277,7 @@ fn app(config: &ServerConfig) -> crate::Result<(Arc<AppState>, Router)> {
         config.model.as_deref(),
         &config.model_options,
         config.limits.backlog,
+        config.limits.past_output_tokens,
     )?;
     let state = Arc::new(AppState {
         indexes,
@@ -594,6 +599,7 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
         "indexes": indexes,
         "model": state.generator.model_name,
         "generation_waiting": state.generator.waiting(),
+        "past_outputs": state.generator.past_output_stats(),
         "uptime_seconds": state.started.elapsed().as_secs_f64(),
         "requests": state.metrics.total_requests(),
     });

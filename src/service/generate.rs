@@ -2,8 +2,9 @@
 //! model), and the drafters and processors of a neural generation from options; the copy
 //! guard ([`CopyGuard`]) for either.
 
-use crate::decode::drafters::{CorpusDrafter, PromptLookup};
+use crate::decode::drafters::{Braid, CorpusDrafter, PromptLookup};
 use crate::decode::guard::{CopyGuard, GuardStats};
+use crate::decode::past::{remember, PastOutputDrafter, SharedPastOutputs};
 use crate::decode::{
     decode, Cancel, DecodeConfig, DecodeStats, Drafter, Processor, RepetitionPenalty, Sampler,
 };
@@ -263,6 +264,9 @@ pub struct AssemblyOptions {
     pub repetition_penalty: f32,
     /// The copy guard (its index defaults to the drafting index).
     pub guard: Option<GuardConfig>,
+    /// Past outputs to draft from (with [`DrafterSpec::PastOutputs`]); the generation's output
+    /// is appended to them when it ends.
+    pub past_outputs: Option<SharedPastOutputs>,
 }
 
 /// A neural generation's copy guard: its index (for the longest copied span afterwards) and
@@ -284,18 +288,37 @@ impl GuardHandle {
 /// Tokens the repetition penalty looks back over.
 pub const REPETITION_WINDOW: usize = 64;
 
-/// The drafters of a generation, as `opts.drafters` lists them: prompt lookup, and the corpus
+/// The drafters of a generation, as `opts.drafters` lists them: prompt lookup, the corpus
 /// drafter over the drafting index (refused unless it was built with `tok`; left out when
-/// there is no drafting index).
+/// there is no drafting index), and past outputs (left out when there are none to read).
+/// Prompt lookup and past outputs together draft as one [`Braid`], token by token, where
+/// prompt lookup stands in the list.
 pub fn drafters(opts: &AssemblyOptions, tok: &dyn Tokenizer) -> Result<Vec<Box<dyn Drafter>>> {
     let mut drafters: Vec<Box<dyn Drafter>> = Vec::new();
+    let past = opts.past_outputs.as_ref();
+    let braided = past.is_some()
+        && opts.drafters.contains(&DrafterSpec::PromptLookup)
+        && opts.drafters.contains(&DrafterSpec::PastOutputs);
     for spec in &opts.drafters {
         match spec {
+            DrafterSpec::PromptLookup if braided => {
+                let past = past.expect("braided only with past outputs").clone();
+                drafters.push(Box::new(Braid::new(vec![
+                    Box::new(PromptLookup::new(8)),
+                    Box::new(PastOutputDrafter::new(past)),
+                ])))
+            }
+            DrafterSpec::PastOutputs if braided => {}
             DrafterSpec::PromptLookup => drafters.push(Box::new(PromptLookup::new(8))),
             DrafterSpec::Corpus => {
                 if let Some(index) = &opts.drafting_index {
                     check_fingerprint(&index.header().tokenizer, tok)?;
                     drafters.push(Box::new(CorpusDrafter::new(index.clone())));
+                }
+            }
+            DrafterSpec::PastOutputs => {
+                if let Some(past) = &opts.past_outputs {
+                    drafters.push(Box::new(PastOutputDrafter::new(past.clone())));
                 }
             }
         }
@@ -409,6 +432,9 @@ pub fn generate_with_model(
             run(&mut mixed)?
         }
     };
+    if let Some(past) = &req.assembly.past_outputs {
+        remember(past, &tokens);
+    }
     Ok(ModelGeneration {
         guard: guard.as_ref().map(|g| g.report(&tokens)),
         tokens,
@@ -466,6 +492,7 @@ impl CheckedRequest {
                 drafting_index,
                 repetition_penalty: self.repetition_penalty,
                 guard: self.guard_config(guard_index),
+                past_outputs: None,
             },
             mix: if self.mix {
                 Some(mixer.unwrap_or_default())

@@ -93,6 +93,8 @@ pub enum DrafterSpec {
     PromptLookup,
     /// The ∞-gram of the index.
     Corpus,
+    /// The outputs of past generations (the server's, or `gen --past-outputs FILE`).
+    PastOutputs,
 }
 
 /// The copy guard: the output never repeats more than `max_span` tokens of the corpus.

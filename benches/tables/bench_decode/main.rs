@@ -3,7 +3,8 @@
 //!
 //! * `speculative`: speculative decoding against plain decoding, per prompt set;
 //! * `mix`: mixing SmolLM2 with the ∞-gram (perplexity, fitted λ, decoding speed);
-//! * `policy`: drafting policies compared free of timing noise.
+//! * `policy`: drafting policies compared free of timing noise;
+//! * `repeated`: the repeated-task workload through one server (past outputs drafting).
 //!
 //! `cargo run --release --example bench_decode -- speculative --repeats 3` (`--help` lists the
 //! options). The tables are those of `BENCHMARKS.md`.
@@ -14,6 +15,7 @@ mod ceiling;
 mod mix;
 mod policy;
 mod prompts;
+mod repeated;
 mod speculative;
 
 #[derive(Parser)]
@@ -49,6 +51,12 @@ enum Bench {
     },
     /// Drafting policies compared by modeled speed-up (a frozen cost table).
     Policy,
+    /// The repeated-task workload through one server: past outputs drafting.
+    Repeated {
+        /// The model: a short name (`smollm2-135m`, `gemma3-270m`) or a GGUF file.
+        #[arg(long, default_value = "smollm2-135m")]
+        model: String,
+    },
 }
 
 fn main() {
@@ -63,5 +71,6 @@ fn main() {
             rounds,
         } => mix::run(max_val_tokens, rounds),
         Bench::Policy => policy::run(),
+        Bench::Repeated { model } => repeated::run(&model),
     }
 }

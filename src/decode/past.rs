@@ -1,0 +1,679 @@
+//! An index of past outputs that grows online, and the drafter that reads it.
+//!
+//! Agentic pipelines send the same few tasks again and again with different data, and the
+//! model answers each in much the same words: what it wrote before is the best draft of what it
+//! writes next (SuffixDecoding's observation). [`PastOutputs`] keeps every generation's output
+//! (server-wide, or in a file for `gen --past-outputs`) and makes it draftable as soon as the
+//! generation ends; [`PastOutputDrafter`] drafts from it like prompt lookup drafts from the
+//! prompt.
+//!
+//! # The structure
+//!
+//! A **suffix automaton** of the outputs, documents joined by a separator no context holds (so
+//! no match crosses two outputs). It is built online: appending a token costs amortized O(1)
+//! states, plus one walk up the suffix links that counts the token's end position in every
+//! state it ends (each state's `count` is how often its strings occur, the frequencies that
+//! rank continuations). A context is matched by walking its last [`MATCH_WINDOW`] tokens from
+//! the root (falling back along suffix links on a mismatch): the longest suffix of the
+//! context that the outputs hold, in microseconds, whatever their size. The continuations are
+//! the state's edges; the draft follows the most frequent one (ties to the most recent
+//! occurrence), its confidence [`super::drafters::copy_confidence`] of the counts and the match
+//! length, as prompt lookup's.
+//!
+//! **Why not a suffix array rebuilt?** Appending an output of n tokens to the automaton costs
+//! O(n); a suffix array over all outputs would be rebuilt (O(N) for N tokens kept) after every
+//! generation. `bench_decode repeated` measures both.
+//!
+//! **Bounded.** The automaton keeps at most `budget` tokens: when an append passes it, the
+//! oldest outputs are dropped until three quarters of the budget are left and the automaton is
+//! rebuilt from the rest (O(budget), once per quarter budget of appended tokens: amortized
+//! O(1) a token).
+//!
+//! **Shared.** [`SharedPastOutputs`] is an `Arc<RwLock<_>>`: drafters of concurrent
+//! generations read it, a finished generation appends under the write lock.
+//!
+//! **Never an exemption.** The copy guard knows nothing of it: a past output is drafted like
+//! anything else, and the guard masks and cuts its tokens as it does every draft's.
+
+use super::drafters::copy_confidence;
+use super::{Draft, Drafter};
+use crate::error::{Error, Result};
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+/// Joins outputs in the automaton; never a token of a context.
+const SEPARATOR: u32 = u32::MAX;
+
+/// Tokens at the end of a context matched against the outputs (a longer match says no more
+/// about the continuation: the confidence saturates well before).
+pub const MATCH_WINDOW: usize = 64;
+
+/// Tokens kept by default: a few hundred generations, about 25 MB of automaton.
+pub const DEFAULT_BUDGET: usize = 1 << 18;
+
+/// A draft stops once the chance that all of it is accepted falls below this (as the other
+/// drafters' do).
+const MIN_REACH: f64 = 0.05;
+
+/// One state of the automaton: the strings that end at the same set of positions.
+#[derive(Clone, Debug)]
+struct State {
+    /// Length of the longest string of the state.
+    len: u32,
+    /// The state of the longest suffix that is not in this state.
+    link: u32,
+    /// How many positions the state's strings end at (occurrences).
+    count: u32,
+    /// The latest position its strings end at.
+    last_end: u32,
+    /// Transitions, sorted by token.
+    edges: Vec<(u32, u32)>,
+}
+
+impl State {
+    fn new(len: u32, link: u32) -> Self {
+        State {
+            len,
+            link,
+            count: 0,
+            last_end: 0,
+            edges: Vec::new(),
+        }
+    }
+
+    fn edge(&self, token: u32) -> Option<u32> {
+        self.edges
+            .binary_search_by_key(&token, |e| e.0)
+            .ok()
+            .map(|i| self.edges[i].1)
+    }
+
+    fn set_edge(&mut self, token: u32, to: u32) {
+        match self.edges.binary_search_by_key(&token, |e| e.0) {
+            Ok(i) => self.edges[i].1 = to,
+            Err(i) => self.edges.insert(i, (token, to)),
+        }
+    }
+}
+
+/// A suffix automaton over a token sequence, built online, with occurrence counts.
+#[derive(Clone, Debug)]
+struct Automaton {
+    states: Vec<State>,
+    /// The state of the whole sequence.
+    last: u32,
+    /// Tokens appended so far.
+    len: u32,
+}
+
+impl Automaton {
+    fn new() -> Self {
+        Automaton {
+            states: vec![State::new(0, u32::MAX)],
+            last: 0,
+            len: 0,
+        }
+    }
+
+    /// Appends `token` (Blumer et al.'s online construction), then counts its end position
+    /// in every state of a suffix of the sequence.
+    fn push(&mut self, token: u32) {
+        let cur = self.states.len() as u32;
+        self.states
+            .push(State::new(self.states[self.last as usize].len + 1, 0));
+        let mut p = self.last;
+        loop {
+            if self.states[p as usize].edge(token).is_some() {
+                break;
+            }
+            self.states[p as usize].set_edge(token, cur);
+            if p == 0 {
+                p = u32::MAX;
+                break;
+            }
+            p = self.states[p as usize].link;
+        }
+        if p != u32::MAX {
+            let q = self.states[p as usize].edge(token).expect("found above");
+            if self.states[p as usize].len + 1 == self.states[q as usize].len {
+                self.states[cur as usize].link = q;
+            } else {
+                let clone = self.states.len() as u32;
+                let mut c = self.states[q as usize].clone();
+                c.len = self.states[p as usize].len + 1;
+                self.states.push(c);
+                self.states[q as usize].link = clone;
+                self.states[cur as usize].link = clone;
+                let mut r = p;
+                while self.states[r as usize].edge(token) == Some(q) {
+                    self.states[r as usize].set_edge(token, clone);
+                    if r == 0 {
+                        break;
+                    }
+                    r = self.states[r as usize].link;
+                }
+            }
+        }
+        self.last = cur;
+        let end = self.len;
+        self.len += 1;
+        let mut s = cur;
+        while s != 0 {
+            let state = &mut self.states[s as usize];
+            state.count += 1;
+            state.last_end = end;
+            s = state.link;
+        }
+    }
+
+    /// The state of the longest suffix of `tokens` that occurs, and its length.
+    fn match_suffix(&self, tokens: &[u32]) -> (u32, usize) {
+        let (mut s, mut len) = (0u32, 0usize);
+        for &t in tokens {
+            loop {
+                if let Some(next) = self.states[s as usize].edge(t) {
+                    s = next;
+                    len += 1;
+                    break;
+                }
+                if s == 0 {
+                    len = 0;
+                    break;
+                }
+                s = self.states[s as usize].link;
+                len = self.states[s as usize].len as usize;
+            }
+        }
+        (s, len)
+    }
+
+    /// The continuations of state `s`: `(token, next state, occurrences)`, most frequent
+    /// first, ties to the most recent; the separator left out.
+    fn continuations(&self, s: u32) -> Vec<(u32, u32, u32)> {
+        let mut next: Vec<(u32, u32, u32)> = self.states[s as usize]
+            .edges
+            .iter()
+            .filter(|e| e.0 != SEPARATOR)
+            .map(|&(t, to)| (t, to, self.states[to as usize].count))
+            .collect();
+        next.sort_by(|a, b| {
+            b.2.cmp(&a.2).then(
+                self.states[b.1 as usize]
+                    .last_end
+                    .cmp(&self.states[a.1 as usize].last_end),
+            )
+        });
+        next
+    }
+
+    fn bytes(&self) -> usize {
+        self.states
+            .iter()
+            .map(|s| std::mem::size_of::<State>() + s.edges.capacity() * 8)
+            .sum()
+    }
+}
+
+/// Past outputs, oldest first, and their suffix automaton; at most `budget` tokens.
+#[derive(Clone, Debug)]
+pub struct PastOutputs {
+    budget: usize,
+    outputs: VecDeque<Vec<u32>>,
+    tokens: usize,
+    automaton: Automaton,
+}
+
+/// Past outputs shared by the generations of a server (or a program): drafters read, finished
+/// generations append.
+pub type SharedPastOutputs = Arc<RwLock<PastOutputs>>;
+
+/// Statistics of a [`PastOutputs`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PastStats {
+    /// Outputs kept.
+    pub outputs: usize,
+    /// Their tokens.
+    pub tokens: usize,
+    /// States of the automaton.
+    pub states: usize,
+    /// Bytes of the automaton (approximate).
+    pub bytes: usize,
+}
+
+impl PastOutputs {
+    /// An empty index that keeps at most `budget` tokens (at least 1).
+    pub fn new(budget: usize) -> Self {
+        PastOutputs {
+            budget: budget.max(1),
+            outputs: VecDeque::new(),
+            tokens: 0,
+            automaton: Automaton::new(),
+        }
+    }
+
+    /// A shareable empty index.
+    pub fn shared(budget: usize) -> SharedPastOutputs {
+        Arc::new(RwLock::new(PastOutputs::new(budget)))
+    }
+
+    /// Appends one output (draftable at once). Empty outputs are skipped; an output longer
+    /// than the budget keeps its last `budget` tokens. When the budget is passed, the oldest
+    /// outputs go and the automaton is rebuilt from the rest.
+    pub fn append(&mut self, output: &[u32]) {
+        let output = &output[output.len().saturating_sub(self.budget)..];
+        if output.is_empty() {
+            return;
+        }
+        if self.tokens + output.len() > self.budget {
+            let keep = self.budget - self.budget / 4;
+            while !self.outputs.is_empty() && self.tokens + output.len() > keep {
+                let gone = self.outputs.pop_front().expect("non-empty");
+                self.tokens -= gone.len();
+            }
+            self.rebuild();
+        }
+        self.push_to_automaton(output);
+        self.tokens += output.len();
+        self.outputs.push_back(output.to_vec());
+    }
+
+    fn push_to_automaton(&mut self, output: &[u32]) {
+        if self.automaton.len > 0 {
+            self.automaton.push(SEPARATOR);
+        }
+        for &t in output {
+            // A token equal to the separator (no vocabulary has 2³² ids) would join outputs.
+            self.automaton.push(if t == SEPARATOR { t - 1 } else { t });
+        }
+    }
+
+    /// Builds the automaton anew from the outputs kept.
+    fn rebuild(&mut self) {
+        self.automaton = Automaton::new();
+        let outputs = std::mem::take(&mut self.outputs);
+        for o in &outputs {
+            self.push_to_automaton(o);
+        }
+        self.outputs = outputs;
+    }
+
+    /// The outputs kept, oldest first.
+    pub fn outputs(&self) -> impl Iterator<Item = &[u32]> {
+        self.outputs.iter().map(Vec::as_slice)
+    }
+
+    /// What it holds.
+    pub fn stats(&self) -> PastStats {
+        PastStats {
+            outputs: self.outputs.len(),
+            tokens: self.tokens,
+            states: self.automaton.states.len(),
+            bytes: self.automaton.bytes(),
+        }
+    }
+
+    /// The longest suffix of `context` (within its last [`MATCH_WINDOW`] tokens) that the
+    /// outputs hold: its length and its continuations `(token, occurrences)`, most frequent
+    /// first, ties to the most recent.
+    pub fn continuations(&self, context: &[u32]) -> (usize, Vec<(u32, u32)>) {
+        let tail = &context[context.len().saturating_sub(MATCH_WINDOW)..];
+        let (s, len) = self.automaton.match_suffix(tail);
+        if len == 0 {
+            return (0, Vec::new());
+        }
+        let next = self.automaton.continuations(s);
+        (len, next.into_iter().map(|(t, _, c)| (t, c)).collect())
+    }
+
+    /// A draft of up to `max` tokens after `context`: the most frequent continuation of the
+    /// longest matching suffix, followed on while the chance that all of it is accepted stays
+    /// above [`MIN_REACH`].
+    pub fn draft(&self, context: &[u32], max: usize) -> Draft {
+        let tail = &context[context.len().saturating_sub(MATCH_WINDOW)..];
+        let (mut s, mut len) = self.automaton.match_suffix(tail);
+        let mut draft = Draft::default();
+        let mut reach = 1.0;
+        while len > 0 && draft.tokens.len() < max {
+            let next = self.automaton.continuations(s);
+            let Some(&(token, to, agree)) = next.first() else {
+                break;
+            };
+            let total: u32 = next.iter().map(|n| n.2).sum();
+            let confidence = copy_confidence(agree as u64, total as u64, len);
+            draft.tokens.push(token);
+            draft.confidence.push(confidence);
+            reach *= confidence;
+            (s, len) = (to, len + 1);
+            if reach < MIN_REACH {
+                break;
+            }
+        }
+        draft
+    }
+
+    /// Reads outputs saved by [`PastOutputs::save`] for a tokenizer with `fingerprint`,
+    /// keeping at most `budget` tokens (the newest). A missing file is an empty index.
+    pub fn load(path: &Path, fingerprint: &str, budget: usize) -> Result<PastOutputs> {
+        let mut past = PastOutputs::new(budget);
+        let mut bytes = Vec::new();
+        match std::fs::File::open(path) {
+            Ok(mut f) => f.read_to_end(&mut bytes).map_err(|e| Error::io(path, e))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(past),
+            Err(e) => return Err(Error::io(path, e)),
+        };
+        let bad = |what: &str| {
+            Error::input(format!(
+                "{}: not a past-outputs file of infgram ({what}); name another file with \
+                 --past-outputs, or move this one away",
+                path.display()
+            ))
+        };
+        let Some(newline) = bytes.iter().position(|&b| b == b'\n') else {
+            return Err(bad("no header line"));
+        };
+        let header: serde_json::Value =
+            serde_json::from_slice(&bytes[..newline]).map_err(|_| bad("no header line"))?;
+        if header["magic"] != MAGIC {
+            return Err(bad("another magic"));
+        }
+        if header["version"] != VERSION {
+            return Err(bad(&format!("format version {}", header["version"])));
+        }
+        if header["tokenizer"] != fingerprint {
+            return Err(Error::input(format!(
+                "{}: past outputs written with another tokenizer (fingerprint {}, this model's \
+                 is {fingerprint}): name another file with --past-outputs",
+                path.display(),
+                header["tokenizer"]
+            )));
+        }
+        let body = &bytes[newline + 1..];
+        if !body.len().is_multiple_of(4) {
+            return Err(bad("a truncated body"));
+        }
+        let words: Vec<u32> = body
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let mut outputs = Vec::new();
+        let mut at = 0;
+        while at < words.len() {
+            let n = words[at] as usize;
+            let Some(output) = words.get(at + 1..at + 1 + n) else {
+                return Err(bad("a truncated output"));
+            };
+            outputs.push(output);
+            at += 1 + n;
+        }
+        // The newest outputs that fit, appended oldest first.
+        let mut kept = 0;
+        let from = outputs
+            .iter()
+            .rposition(|o| {
+                kept += o.len();
+                kept > past.budget
+            })
+            .map_or(0, |i| i + 1);
+        for o in &outputs[from..] {
+            past.append(o);
+        }
+        Ok(past)
+    }
+
+    /// Writes the outputs to `path` for a tokenizer with `fingerprint`: a new file beside it,
+    /// renamed over it when complete (a crash leaves the old file whole). Refuses to replace a
+    /// file that is not a past-outputs file.
+    pub fn save(&self, path: &Path, fingerprint: &str) -> Result<()> {
+        if path.exists() {
+            let mut head = vec![0u8; 64];
+            let n = std::fs::File::open(path)
+                .and_then(|mut f| f.read(&mut head))
+                .map_err(|e| Error::io(path, e))?;
+            let magic = format!("{{\"magic\":\"{MAGIC}\"");
+            if !head[..n].starts_with(magic.as_bytes()) {
+                return Err(Error::input(format!(
+                    "{}: exists and is not a past-outputs file of infgram; it is left as it is: \
+                     name another file with --past-outputs",
+                    path.display()
+                )));
+            }
+        }
+        let header =
+            serde_json::json!({"magic": MAGIC, "version": VERSION, "tokenizer": fingerprint});
+        let mut bytes = serde_json::to_vec(&header).expect("a JSON value");
+        bytes.push(b'\n');
+        for o in &self.outputs {
+            bytes.extend((o.len() as u32).to_le_bytes());
+            for t in o {
+                bytes.extend(t.to_le_bytes());
+            }
+        }
+        let tmp = sibling(path, &format!(".tmp-{}", std::process::id()));
+        let written = std::fs::File::create(&tmp)
+            .and_then(|mut f| f.write_all(&bytes).and_then(|_| f.sync_all()))
+            .and_then(|_| std::fs::rename(&tmp, path));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(Error::io(path, e));
+        }
+        Ok(())
+    }
+}
+
+/// The header's magic of a past-outputs file.
+const MAGIC: &str = "infgram-past-outputs";
+
+/// The format version of a past-outputs file.
+const VERSION: u32 = 1;
+
+/// `path` with `suffix` added to its file name.
+fn sibling(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(suffix);
+    path.with_file_name(name)
+}
+
+/// Drafts from the outputs of past generations ([`PastOutputs`]).
+pub struct PastOutputDrafter {
+    past: SharedPastOutputs,
+}
+
+impl PastOutputDrafter {
+    pub fn new(past: SharedPastOutputs) -> Self {
+        PastOutputDrafter { past }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, PastOutputs> {
+        // A writer that panicked left whole outputs behind (appends are not torn): read on.
+        self.past.read().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drafter for PastOutputDrafter {
+    fn propose(&mut self, context: &[u32], max: usize) -> Result<Draft> {
+        Ok(self.read().draft(context, max))
+    }
+
+    fn next_after(&mut self, context: &[u32], draft: &[u32]) -> Result<Option<(u32, f64)>> {
+        let seq = [context, draft].concat();
+        let d = self.read().draft(&seq, 1);
+        Ok(d.tokens.first().map(|&t| (t, d.confidence[0])))
+    }
+
+    fn alternatives(&mut self, context: &[u32], n: usize) -> Result<Vec<(u32, f64)>> {
+        let (len, next) = self.read().continuations(context);
+        let total: u32 = next.iter().map(|c| c.1).sum();
+        Ok(next
+            .into_iter()
+            .take(n)
+            .map(|(t, c)| (t, copy_confidence(c as u64, total as u64, len)))
+            .collect())
+    }
+
+    fn name(&self) -> &str {
+        "past"
+    }
+}
+
+/// Appends `output` to `past`, whatever a panicking writer left (whole outputs only).
+pub fn remember(past: &SharedPastOutputs, output: &[u32]) {
+    past.write()
+        .unwrap_or_else(|e| e.into_inner())
+        .append(output);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Brute force: the longest suffix of `ctx` (within the window) occurring in one of
+    /// `outputs`, and the counts of the tokens that follow its occurrences.
+    fn oracle(outputs: &[Vec<u32>], ctx: &[u32]) -> (usize, Vec<(u32, u32)>) {
+        let tail = &ctx[ctx.len().saturating_sub(MATCH_WINDOW)..];
+        for len in (1..=tail.len()).rev() {
+            let suffix = &tail[tail.len() - len..];
+            let mut found = false;
+            let mut next: Vec<(u32, u32)> = Vec::new();
+            for o in outputs {
+                for end in len..=o.len() {
+                    if o[end - len..end] == *suffix {
+                        found = true;
+                        if let Some(&t) = o.get(end) {
+                            match next.iter_mut().find(|n| n.0 == t) {
+                                Some(n) => n.1 += 1,
+                                None => next.push((t, 1)),
+                            }
+                        }
+                    }
+                }
+            }
+            if found {
+                next.sort();
+                return (len, next);
+            }
+        }
+        (0, Vec::new())
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+        /// The automaton's longest match and continuation counts equal brute force, after
+        /// every append, on small alphabets (many repeats, many clones).
+        #[test]
+        fn continuations_equal_brute_force(
+            vocab in 2u32..6,
+            outputs in proptest::collection::vec(proptest::collection::vec(0u32..6, 0..40), 1..6),
+            contexts in proptest::collection::vec(proptest::collection::vec(0u32..6, 1..12), 1..10),
+        ) {
+            let mut past = PastOutputs::new(1 << 20);
+            let mut kept: Vec<Vec<u32>> = Vec::new();
+            for o in outputs {
+                let o: Vec<u32> = o.into_iter().map(|t| t % vocab).collect();
+                past.append(&o);
+                if !o.is_empty() {
+                    kept.push(o);
+                }
+                for ctx in &contexts {
+                    let ctx: Vec<u32> = ctx.iter().map(|t| t % vocab).collect();
+                    let (len, mut next) = past.continuations(&ctx);
+                    next.sort();
+                    proptest::prop_assert_eq!((len, next), oracle(&kept, &ctx));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn drafts_follow_the_most_frequent_continuation_and_never_cross_outputs() {
+        let mut past = PastOutputs::new(1000);
+        past.append(&[1, 2, 3, 4, 5]);
+        past.append(&[1, 2, 3, 9]);
+        past.append(&[7, 2, 3, 4, 6]);
+        // "2 3" → 4 twice, 9 once; then "2 3 4" → 5 or 6, once each: the most recent (6).
+        let d = past.draft(&[8, 2, 3], 4);
+        assert_eq!(d.tokens, vec![4, 6]);
+        assert!(d.confidence.iter().all(|&c| c > 0.0 && c < 1.0));
+        // The end of an output is not followed into the next one.
+        assert!(past.draft(&[3, 4, 5], 4).tokens.is_empty());
+        assert!(past.draft(&[42], 4).tokens.is_empty());
+        assert_eq!(past.continuations(&[9]), (1, vec![]));
+    }
+
+    #[test]
+    fn the_budget_drops_the_oldest_outputs() {
+        let mut past = PastOutputs::new(10);
+        past.append(&[1, 2, 3, 4]);
+        past.append(&[5, 6, 7, 8]);
+        past.append(&[9, 10, 11]);
+        // 11 > 10: the oldest go until the new one fits in three quarters (8).
+        assert_eq!(past.stats().outputs, 2);
+        assert_eq!(past.stats().tokens, 7);
+        assert!(past.draft(&[1, 2], 2).tokens.is_empty());
+        assert_eq!(past.draft(&[6], 2).tokens, vec![7, 8]);
+        // An output longer than the budget keeps its tail.
+        past.append(&(100..120).collect::<Vec<_>>());
+        assert_eq!(
+            past.outputs().collect::<Vec<_>>(),
+            vec![&(110..120).collect::<Vec<_>>()[..]]
+        );
+    }
+
+    #[test]
+    fn a_saved_file_loads_back_and_foreign_files_are_refused_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("past.bin");
+        assert_eq!(
+            PastOutputs::load(&path, "fp", 100).unwrap().stats().outputs,
+            0
+        );
+        let mut past = PastOutputs::new(100);
+        past.append(&[1, 2, 3]);
+        past.append(&[4, 5]);
+        past.save(&path, "fp").unwrap();
+        let back = PastOutputs::load(&path, "fp", 100).unwrap();
+        assert_eq!(
+            back.outputs().collect::<Vec<_>>(),
+            vec![&[1, 2, 3][..], &[4, 5]]
+        );
+        // A smaller budget keeps the newest.
+        let small = PastOutputs::load(&path, "fp", 2).unwrap();
+        assert_eq!(small.outputs().collect::<Vec<_>>(), vec![&[4, 5][..]]);
+        let e = PastOutputs::load(&path, "other", 100)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("another tokenizer"), "{e}");
+        // Truncated: refused.
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 4]).unwrap();
+        let e = PastOutputs::load(&path, "fp", 100).unwrap_err().to_string();
+        assert!(e.contains("truncated"), "{e}");
+        // A user's file is neither read as outputs nor replaced.
+        let notes = dir.path().join("notes.txt");
+        std::fs::write(&notes, "my notes\n").unwrap();
+        assert!(PastOutputs::load(&notes, "fp", 100).is_err());
+        assert!(past.save(&notes, "fp").is_err());
+        assert_eq!(std::fs::read_to_string(&notes).unwrap(), "my notes\n");
+    }
+
+    #[test]
+    fn concurrent_generations_read_while_one_appends() {
+        let shared = PastOutputs::shared(1 << 16);
+        remember(&shared, &[1, 2, 3, 4]);
+        std::thread::scope(|s| {
+            for k in 0..4u32 {
+                let shared = shared.clone();
+                s.spawn(move || {
+                    let mut d = PastOutputDrafter::new(shared.clone());
+                    for i in 0..200 {
+                        let draft = d.propose(&[1, 2], 2).unwrap();
+                        assert_eq!(draft.tokens.first(), Some(&3));
+                        remember(&shared, &[1, 2, 3, 100 + k, i]);
+                    }
+                });
+            }
+        });
+        assert_eq!(shared.read().unwrap().stats().outputs, 801);
+    }
+}
