@@ -427,3 +427,87 @@ fn gemma3_270m_tokenizes_and_continues_as_llama_cpp_does() {
         " the capital of the country of France. It is the"
     );
 }
+
+/// A token tree with two branches off the root and one off the middle (padding rows needed):
+/// `(tokens, parents)`.
+fn a_tree(seed: u64) -> (Vec<u32>, Vec<Option<usize>>) {
+    let tokens = ids(8, seed);
+    let parents = vec![
+        None,
+        Some(0),
+        Some(1),
+        Some(2),
+        Some(0),
+        Some(4),
+        Some(1),
+        Some(6),
+    ];
+    (tokens, parents)
+}
+
+/// Node i's branch: its ancestors and itself, from node 0.
+fn branch(parents: &[Option<usize>], i: usize) -> Vec<usize> {
+    let mut path = vec![i];
+    while let Some(p) = parents[*path.last().unwrap()] {
+        path.push(p);
+    }
+    path.reverse();
+    path
+}
+
+/// A token tree verified in one pass gives every node the bits of its branch fed as a chain,
+/// on every family and ISA, with 1 and 2 threads; after keeping one branch the cache is that
+/// chain's (the next token's row is the same bits).
+#[test]
+fn a_token_tree_in_one_pass_is_every_branch_fed_as_a_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    for family in &FAMILIES {
+        // Windows longer than a tree is deep (the tiny Gemma's 4 would cut inside it).
+        let family = Family {
+            window: family.window.map(|_| 80),
+            ..*family
+        };
+        let path = write_model(dir.path(), &family, false);
+        let prefix = ids(9, 3);
+        let (tokens, parents) = a_tree(11);
+        for isa in Isa::available() {
+            for threads in [1, 2] {
+                let what = format!("{} {isa:?} {threads} threads", family.name);
+                let mut m = Decoder::from_gguf(&path)
+                    .unwrap()
+                    .with_isa(isa)
+                    .with_threads(threads);
+                assert!(m.supports_trees(), "{what}");
+                m.feed(&prefix).unwrap();
+                let mut rows = m.score_tree_first(&tokens, &parents, 3).unwrap();
+                while rows.len() < tokens.len() {
+                    let more = m.score_more(2).unwrap();
+                    assert!(!more.is_empty(), "{what}");
+                    rows.extend(more);
+                }
+                assert!(m.score_more(2).unwrap().is_empty());
+                for (i, row) in rows.iter().enumerate() {
+                    let nodes = branch(&parents, i);
+                    let chain: Vec<u32> = nodes.iter().map(|&n| tokens[n]).collect();
+                    m.truncate(prefix.len());
+                    let want = m.forward(&chain).unwrap().pop().unwrap();
+                    assert_eq!(row.clone().into_dense(), want, "{what}: node {i}");
+                }
+                // Keep the branch 0 → 1 → 6 → 7, then go on: the chain's rows.
+                m.truncate(prefix.len());
+                m.score_tree_first(&tokens, &parents, 1).unwrap();
+                m.keep_path(&[0, 1, 6, 7]).unwrap();
+                assert_eq!(m.cache_len(), prefix.len() + 4);
+                let next = m.forward(&[5, 6]).unwrap();
+                m.truncate(prefix.len());
+                let chain = [tokens[0], tokens[1], tokens[6], tokens[7], 5, 6];
+                let want = m.forward(&chain).unwrap();
+                assert_eq!(next, want[4..], "{what}: after keeping a branch");
+                // A path that is not one is refused.
+                m.truncate(prefix.len());
+                m.score_tree_first(&tokens, &parents, 1).unwrap();
+                assert!(m.keep_path(&[0, 2]).is_err(), "{what}");
+            }
+        }
+    }
+}

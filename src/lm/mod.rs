@@ -279,6 +279,35 @@ pub trait LanguageModel {
     fn recycle(&mut self, rows: Vec<Logits>) {
         drop(rows);
     }
+    /// Whether [`LanguageModel::score_tree_first`] verifies token trees in one pass. By
+    /// default not: the decode loop then verifies chains.
+    fn supports_trees(&self) -> bool {
+        false
+    }
+    /// [`LanguageModel::score_first`] for a token tree after the cached tokens: node i holds
+    /// `tokens[i]` and follows `parents[i]` (`None`: the cache; node 0 only), in preorder.
+    /// Row i is the same bits as feeding node i's branch as a chain would give; the rows
+    /// after the first `first` come from [`LanguageModel::score_more`], in node order. The
+    /// cache then holds the whole tree until [`LanguageModel::keep_path`].
+    fn score_tree_first(
+        &mut self,
+        tokens: &[u32],
+        parents: &[Option<usize>],
+        first: usize,
+    ) -> Result<Vec<Logits>> {
+        let _ = (tokens, parents, first);
+        Err(crate::Error::Model(
+            "this model verifies no token trees".into(),
+        ))
+    }
+    /// After a tree pass: keeps of the tree only the nodes `path` (node 0, a child of it, …),
+    /// so that the cache holds what feeding them as a chain would have.
+    fn keep_path(&mut self, path: &[usize]) -> Result<()> {
+        let _ = path;
+        Err(crate::Error::Model(
+            "this model verifies no token trees".into(),
+        ))
+    }
 }
 
 /// Implements [`LanguageModel`] for a pointer type by forwarding every method to the model it
@@ -324,6 +353,20 @@ macro_rules! forward_language_model {
             }
             fn recycle(&mut self, rows: Vec<Logits>) {
                 (**self).recycle(rows)
+            }
+            fn supports_trees(&self) -> bool {
+                (**self).supports_trees()
+            }
+            fn score_tree_first(
+                &mut self,
+                tokens: &[u32],
+                parents: &[Option<usize>],
+                first: usize,
+            ) -> Result<Vec<Logits>> {
+                (**self).score_tree_first(tokens, parents, first)
+            }
+            fn keep_path(&mut self, path: &[usize]) -> Result<()> {
+                (**self).keep_path(path)
             }
         }
     };

@@ -14,6 +14,7 @@
 
 use crate::error::{Error, Result};
 use crate::lm::{LanguageModel, Logits};
+use crate::neural::arch::tree::{TreeLayout, MAX_TREE_ROWS};
 use crate::neural::arch::weights::to_matrix;
 use crate::neural::arch::{Activation, Architecture, RopeScaling, RopeStyle};
 use crate::neural::cpu::attention::{attend, KvCache};
@@ -119,6 +120,9 @@ pub struct Decoder {
     /// ([`LanguageModel::score_more`]), `dim` floats each, from row `held_next` of it on.
     held: Vec<f32>,
     held_next: usize,
+    /// The last pass's token tree and the cache length before it, until
+    /// [`LanguageModel::keep_path`] (or any other change of the cache).
+    tree: Option<(usize, TreeLayout)>,
 }
 
 fn vector(gguf: &mut Gguf, name: &str) -> Result<Vec<f32>> {
@@ -311,6 +315,7 @@ impl Decoder {
             scratch: Scratch::default(),
             held: Vec::new(),
             held_next: 0,
+            tree: None,
         })
     }
 
@@ -355,6 +360,18 @@ impl Decoder {
     /// `rows` positions; the final-normed rows of the others are held for
     /// [`Decoder::held_logits`].
     fn run(&mut self, tokens: &[u32], rows: usize) -> Result<Vec<Vec<f32>>> {
+        self.tree = None;
+        self.run_placed(tokens, rows, None)
+    }
+
+    /// [`Decoder::run`] with the rows placed as `tree` says (its padding rows' logits never
+    /// come out).
+    fn run_placed(
+        &mut self,
+        tokens: &[u32],
+        rows: usize,
+        tree: Option<&TreeLayout>,
+    ) -> Result<Vec<Vec<f32>>> {
         self.held.clear();
         self.held_next = 0;
         if tokens.is_empty() {
@@ -408,11 +425,22 @@ impl Decoder {
             }
             let table = &ropes[layer.rope];
             let (hd, style) = (heads.head_dim, cfg.rope.style);
-            rope(q, heads.q_width(), hd, pos, table, style);
-            rope(k, heads.kv_width(), hd, pos, table, style);
+            let depth = tree.map(|t| t.depth.as_slice());
+            rope(q, heads.q_width(), hd, (pos, depth), table, style);
+            rope(k, heads.kv_width(), hd, (pos, depth), table, style);
             layer.cache.append(k, v);
             let out = sized(attended, q.len());
-            attend(isa, pool, &heads, &layer.cache, q, pos, layer.window, out);
+            let placed = (pos, tree.map(TreeLayout::rows));
+            attend(
+                isa,
+                pool,
+                &heads,
+                &layer.cache,
+                q,
+                placed,
+                layer.window,
+                out,
+            );
             acts.quantize_on_pool(isa, pool, attended, heads.q_width());
             project(isa, pool, acts, &layer.wo, projected);
             if let Some([post_attention, _]) = &layer.post_norms {
@@ -435,6 +463,15 @@ impl Decoder {
             return Ok(Vec::new());
         }
         rms_norm(x, &self.norm, eps, &mut self.held);
+        if let Some(t) = tree.filter(|t| t.padding.contains(&true)) {
+            // Padding rows' logits are never asked for: drop their rows.
+            let mut kept = 0;
+            for (s, _) in t.padding.iter().enumerate().filter(|p| !*p.1) {
+                self.held.copy_within(s * dim..(s + 1) * dim, kept * dim);
+                kept += 1;
+            }
+            self.held.truncate(kept * dim);
+        }
         self.held_logits(rows)
     }
 
@@ -499,18 +536,20 @@ fn gated(
 }
 
 /// Rotates the pairs of every head of every row of `x` (rows of `width`); row r is at
-/// position pos + r. The pairs are `(2i, 2i + 1)` or `(i, i + d/2)` by `style`.
+/// position pos + r, or pos + depth[r] in a tree pass. The pairs are `(2i, 2i + 1)` or
+/// `(i, i + d/2)` by `style`.
 fn rope(
     x: &mut [f32],
     width: usize,
     head_dim: usize,
-    pos: usize,
+    (pos, depth): (usize, Option<&[usize]>),
     table: &RopeTable,
     style: RopeStyle,
 ) {
     let half = head_dim / 2;
     for (r, row) in x.chunks_exact_mut(width).enumerate() {
-        let at = (pos + r) * half..(pos + r + 1) * half;
+        let p = pos + depth.map_or(r, |d| d[r]);
+        let at = p * half..(p + 1) * half;
         let (cos, sin) = (&table.cos[at.clone()], &table.sin[at]);
         for head in row.chunks_exact_mut(head_dim) {
             for i in 0..half {
@@ -638,6 +677,7 @@ impl LanguageModel for Decoder {
 
     fn truncate(&mut self, len: usize) {
         self.held.clear();
+        self.tree = None;
         let len = len.min(self.cached);
         for layer in &mut self.layers {
             layer.cache.truncate(len);
@@ -655,5 +695,46 @@ impl LanguageModel for Decoder {
 
     fn bos_token(&self) -> Option<u32> {
         self.cfg.bos
+    }
+
+    /// Trees need every layer's window (if any) longer than a tree is deep.
+    fn supports_trees(&self) -> bool {
+        self.layers
+            .iter()
+            .all(|l| l.window.is_none_or(|w| w > MAX_TREE_ROWS))
+    }
+
+    fn score_tree_first(
+        &mut self,
+        tokens: &[u32],
+        parents: &[Option<usize>],
+        first: usize,
+    ) -> Result<Vec<Logits>> {
+        if !self.supports_trees() {
+            return Err(Error::Model(
+                "a sliding window shorter than a token tree: verify chains".into(),
+            ));
+        }
+        let layout = TreeLayout::new(tokens, parents)?;
+        let base = self.cached;
+        let rows = first.clamp(1, tokens.len());
+        let out = self.run_placed(&layout.tokens.clone(), rows, Some(&layout))?;
+        self.tree = Some((base, layout));
+        Ok(out.into_iter().map(Logits::Dense).collect())
+    }
+
+    fn keep_path(&mut self, path: &[usize]) -> Result<()> {
+        let Some((base, layout)) = self.tree.take() else {
+            return Err(Error::Model(
+                "keep_path: no tree pass to keep a path of".into(),
+            ));
+        };
+        let slots = layout.slots_of(path)?;
+        for layer in &mut self.layers {
+            layer.cache.keep_slots(base, &slots);
+        }
+        self.held.clear();
+        self.cached = base + slots.len();
+        Ok(())
     }
 }

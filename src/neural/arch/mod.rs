@@ -14,6 +14,7 @@ pub mod decoder;
 pub mod gemma;
 pub mod llama;
 pub mod qwen;
+pub mod tree;
 pub mod weights;
 
 use crate::error::Result;

@@ -85,6 +85,25 @@ impl KvCache {
         self.len = self.len.min(len);
     }
 
+    /// Keeps the first `base` positions and then the positions `base + s` for `s` in `slots`
+    /// (ascending), moved to follow them in that order: a tree pass's accepted path.
+    pub fn keep_slots(&mut self, base: usize, slots: &[usize]) {
+        let (stride, kv_dim) = (self.stride(), self.kv_heads * self.head_dim);
+        for (i, &s) in slots.iter().enumerate() {
+            let (from, to) = (base + s, base + i);
+            assert!(s >= i && from < self.len, "slots ascend inside the cache");
+            if from == to {
+                continue;
+            }
+            for c in 0..kv_dim {
+                self.keys_t[c * stride + to] = self.keys_t[c * stride + from];
+            }
+            self.values
+                .copy_within(from * kv_dim..(from + 1) * kv_dim, to * kv_dim);
+        }
+        self.len = base + slots.len();
+    }
+
     /// Grows the transposed keys to hold `need` positions (doubling, to amortize the copy).
     fn reserve(&mut self, need: usize) {
         if need <= self.capacity {
@@ -150,10 +169,25 @@ impl Heads {
     }
 }
 
+/// The rows of a pass that verifies a token tree: which rows of the pass each row sees.
+///
+/// Row r sits in the cache at slot pos + r but stands at position pos + `depth[r]` of its
+/// own branch, and sees the cached positions and the pass rows whose bits are set in
+/// `visible[r]` (its ancestors and itself; at most 64 rows). Every other slot's score is −∞,
+/// so its weight is exactly 0 and adds nothing to any sum: a row's output is the same bits as
+/// a chain's of its branch, provided that each row's slot has the parity of its position
+/// (the weighted values are summed over even and odd slots apart), which the caller arranges.
+#[derive(Clone, Copy, Debug)]
+pub struct TreeRows<'a> {
+    pub depth: &'a [usize],
+    pub visible: &'a [u64],
+}
+
 /// `out` = causal attention of the query rows `q` (row r at position pos + r) over `cache`,
 /// which already holds their keys and values; with a `window`, a row sees only its last
-/// `window` positions (itself included). The (row, head) pairs are split across the pool's
-/// threads.
+/// `window` positions (itself included); with a `tree`, each row sees only the cached
+/// positions and its branch ([`TreeRows`]). The (row, head) pairs are split across the
+/// pool's threads.
 #[allow(clippy::too_many_arguments)]
 pub fn attend(
     isa: Isa,
@@ -161,7 +195,7 @@ pub fn attend(
     cfg: &Heads,
     cache: &KvCache,
     q: &[f32],
-    pos: usize,
+    (pos, tree): (usize, Option<TreeRows>),
     window: Option<usize>,
     out: &mut [f32],
 ) {
@@ -169,11 +203,41 @@ pub fn attend(
     let shared = DisjointOut::new(out);
     // The (row, head) pairs, numbered row by row, in one stretch per thread.
     let parts = stretches(q.len() / cfg.q_width() * cfg.n_head, 1, pool.threads());
+    let at = Placement { pos, window, tree };
     pool.run(&|part| {
         if let Some(units) = parts.get(part) {
-            attend_heads(isa, cfg, cache, q, (pos, window), units.clone(), shared);
+            attend_heads(isa, cfg, cache, q, at, units.clone(), shared);
         }
     });
+}
+
+/// Where the rows of a pass stand: after `pos` cached positions, in a chain or a tree, with
+/// or without a sliding window.
+#[derive(Clone, Copy)]
+struct Placement<'a> {
+    pos: usize,
+    window: Option<usize>,
+    tree: Option<TreeRows<'a>>,
+}
+
+impl Placement<'_> {
+    /// Row `row`'s pair: the slots it runs to, where its window starts (by its position in
+    /// its branch), and which pass rows it sees.
+    fn pair(&self, row: usize, head: usize) -> Pair {
+        let seen = self.pos + row + 1;
+        let (at, mask) = match self.tree {
+            Some(t) => (self.pos + t.depth[row] + 1, t.visible[row]),
+            None => (seen, u64::MAX),
+        };
+        Pair {
+            row,
+            head,
+            seen,
+            first: self.window.map_or(0, |w| at.saturating_sub(w)),
+            pass_start: self.pos,
+            mask,
+        }
+    }
 }
 
 /// [`attend_portable`] compiled for the widest vectors the CPU has (the same operations in
@@ -183,7 +247,7 @@ fn attend_heads(
     cfg: &Heads,
     cache: &KvCache,
     q: &[f32],
-    pos: (usize, Option<usize>),
+    pos: Placement,
     units: std::ops::Range<usize>,
     out: DisjointOut,
 ) {
@@ -215,7 +279,7 @@ macro_rules! attend_entry {
             cfg: &Heads,
             cache: &KvCache,
             q: &[f32],
-            pos: (usize, Option<usize>),
+            pos: Placement,
             units: std::ops::Range<usize>,
             out: DisjointOut,
         ) {
@@ -244,11 +308,11 @@ fn attend_portable<const SB: usize, const VC: usize>(
     cfg: &Heads,
     cache: &KvCache,
     q: &[f32],
-    (pos, window): (usize, Option<usize>),
+    at: Placement,
     units: std::ops::Range<usize>,
     out: DisjointOut,
 ) {
-    let n_head = cfg.n_head;
+    let (n_head, pos) = (cfg.n_head, at.pos);
     let group = n_head / cfg.n_kv_head;
     // Every row sees at most `width` positions; each pair's scores get a stretch that long.
     let width = pos + q.len() / cfg.q_width();
@@ -260,15 +324,7 @@ fn attend_portable<const SB: usize, const VC: usize>(
                     .clone()
                     .map(|u| (u / n_head, u % n_head))
                     .filter(|&(_, h)| h / group == g)
-                    .map(|(row, head)| {
-                        let seen = pos + row + 1;
-                        Pair {
-                            row,
-                            head,
-                            seen,
-                            first: window.map_or(0, |w| seen.saturating_sub(w)),
-                        }
-                    }),
+                    .map(|(row, head)| at.pair(row, head)),
             );
             if pairs.is_empty() {
                 continue;
@@ -299,6 +355,11 @@ struct Pair {
     /// Positions before this one are outside a sliding window: their scores are set to −∞,
     /// so their weights are exactly 0 and the sums are those of the window alone.
     first: usize,
+    /// The slot of the pass's first row.
+    pass_start: usize,
+    /// Bit r: the row sees the pass's row r (all bits: a chain; [`TreeRows`]). Rows it does not
+    /// see get −∞ scores, as positions outside a window do.
+    mask: u64,
 }
 
 /// Positions whose values are summed together for all the pairs of a kv head before the next
@@ -376,6 +437,13 @@ fn softmax_pairs(pairs: &[Pair], scores: &mut [f32], width: usize) {
     for (i, pair) in pairs.iter().enumerate() {
         let stretch = &mut scores[i * width..][..pair.seen];
         stretch[..pair.first].fill(f32::NEG_INFINITY);
+        if pair.mask != u64::MAX {
+            for (r, s) in stretch[pair.pass_start..].iter_mut().enumerate() {
+                if pair.mask >> r & 1 == 0 {
+                    *s = f32::NEG_INFINITY;
+                }
+            }
+        }
         exp_minus_max(stretch);
     }
     for (set, together) in pairs.chunks(HEADS_TOGETHER).enumerate() {
@@ -767,7 +835,7 @@ mod tests {
     ) -> Vec<f32> {
         let mut out = vec![0.0; q.len()];
         let mut pool = Pool::new(threads);
-        attend(isa, &mut pool, cfg, cache, q, pos, window, &mut out);
+        attend(isa, &mut pool, cfg, cache, q, (pos, None), window, &mut out);
         out
     }
 
