@@ -338,3 +338,190 @@ fn gen_drafts_from_the_outputs_of_earlier_runs() {
     );
     assert_eq!(std::fs::read_to_string(&notes).unwrap(), "mine\n");
 }
+
+/// [`Stub`] verifying token trees: a node's row depends on its own token alone.
+struct TreeStub {
+    fed: Vec<u32>,
+    tree: Option<(usize, Vec<u32>)>,
+}
+
+impl LanguageModel for TreeStub {
+    fn forward(&mut self, tokens: &[u32]) -> infgram::Result<Vec<Vec<f32>>> {
+        self.tree = None;
+        self.fed.extend_from_slice(tokens);
+        Ok(tokens.iter().map(|&t| stub_logits(t)).collect())
+    }
+    fn cache_len(&self) -> usize {
+        self.fed.len()
+    }
+    fn truncate(&mut self, len: usize) {
+        self.fed.truncate(len);
+    }
+    fn vocab_size(&self) -> usize {
+        STUB_VOCAB
+    }
+    fn eos_tokens(&self) -> &[u32] {
+        &[4]
+    }
+    fn supports_trees(&self) -> bool {
+        true
+    }
+    fn score_tree_first(
+        &mut self,
+        tokens: &[u32],
+        parents: &[Option<usize>],
+        _first: usize,
+    ) -> infgram::Result<Vec<infgram::lm::Logits>> {
+        assert!(
+            parents[0].is_none()
+                && parents[1..]
+                    .iter()
+                    .enumerate()
+                    .all(|(i, p)| p.unwrap() <= i)
+        );
+        self.tree = Some((self.fed.len(), tokens.to_vec()));
+        Ok(tokens
+            .iter()
+            .map(|&t| infgram::lm::Logits::Dense(stub_logits(t)))
+            .collect())
+    }
+    fn keep_path(&mut self, path: &[usize]) -> infgram::Result<()> {
+        let (base, tokens) = self.tree.take().expect("a tree pass before keep_path");
+        self.fed.truncate(base);
+        self.fed.extend(path.iter().map(|&n| tokens[n]));
+        Ok(())
+    }
+}
+
+/// Passes cost the same whatever their rows (as on a GPU): every branch with a chance pays.
+fn flat_cost() -> infgram::decode::CostModel {
+    infgram::decode::CostModel::from_ms(&[(1, 1.0), (64, 1.0)]).frozen()
+}
+
+/// Drafts `token` three times with a middling confidence.
+struct Always(u32);
+
+impl Drafter for Always {
+    fn propose(&mut self, _: &[u32], max: usize) -> infgram::Result<Draft> {
+        let n = max.min(3);
+        Ok(Draft {
+            tokens: vec![self.0; n],
+            confidence: vec![0.6; n],
+            ..Draft::default()
+        })
+    }
+    fn name(&self) -> &str {
+        "always"
+    }
+}
+
+/// Draft trees (two drafters that disagree at every token: a branch of each) sample exactly
+/// the scorer's distribution: the first and the second token, chi-square tested.
+#[test]
+fn rejection_sampling_over_a_draft_tree_keeps_the_scorer_distribution() {
+    let cfg = DecodeConfig {
+        max_tokens: 3,
+        cost: flat_cost(),
+        ..DecodeConfig::default()
+    };
+    let mut sampler = Sampler::new(
+        SamplerConfig {
+            temperature: 1.0,
+            ..SamplerConfig::default()
+        },
+        Some(11),
+    );
+    let runs = 20_000;
+    let mut first = vec![0f64; STUB_VOCAB];
+    let mut second = vec![vec![0f64; STUB_VOCAB]; STUB_VOCAB];
+    let mut tree_passes = 0;
+    for _ in 0..runs {
+        let mut model = TreeStub {
+            fed: Vec::new(),
+            tree: None,
+        };
+        let mut drafters: Vec<Box<dyn Drafter>> = vec![Box::new(Always(0)), Box::new(Always(2))];
+        let (out, stats) = decode(
+            &mut model,
+            &mut drafters,
+            &mut [],
+            &mut sampler,
+            &[1],
+            &cfg,
+            |_| {},
+        )
+        .unwrap();
+        tree_passes += stats.tree_passes;
+        first[out.first().copied().unwrap_or(4) as usize] += 1.0;
+        if out.len() >= 2 {
+            second[out[0] as usize][out[1] as usize] += 1.0;
+        } else if out.len() == 1 {
+            second[out[0] as usize][4] += 1.0;
+        }
+    }
+    assert!(tree_passes > runs / 2, "trees were verified: {tree_passes}");
+    let chi2 = |observed: &[f64], prev: u32| {
+        let n: f64 = observed.iter().sum();
+        let p = infgram::lm::softmax(&stub_logits(prev));
+        (0..STUB_VOCAB)
+            .map(|t| {
+                let expected = n * p[t].1;
+                (observed[t] - expected).powi(2) / expected
+            })
+            .sum::<f64>()
+    };
+    // 4 degrees of freedom: P(chi2 > 18.47) = 0.001.
+    let c = chi2(&first, 1);
+    assert!(c < 18.47, "first token: chi2 {c}, {first:?}");
+    for prev in 0..4u32 {
+        if second[prev as usize].iter().sum::<f64>() < 500.0 {
+            continue;
+        }
+        let c = chi2(&second[prev as usize], prev);
+        assert!(
+            c < 18.47,
+            "after {prev}: chi2 {c}, {:?}",
+            second[prev as usize]
+        );
+    }
+}
+
+/// Greedy decoding with a draft tree (drafters that part from each other) on SmolLM2 gives
+/// plain greedy decoding's tokens, and the tree passes happen.
+#[test]
+fn greedy_tree_decoding_equals_plain_greedy() {
+    let path = infgram::neural::source::ModelSource::resolve("smollm2-135m")
+        .unwrap()
+        .path()
+        .to_path_buf();
+    let tok = HfTokenizer::from_gguf(&path).unwrap();
+    let mut model = Decoder::from_gguf(&path).unwrap().with_threads(2);
+    let prompt = tok
+        .encode(&chat_prompt(
+            "Repeat exactly: the cat sat on the mat, the dog sat on the log, the bird sat on the word.",
+        ))
+        .unwrap();
+    let cfg = DecodeConfig {
+        max_tokens: 48,
+        cost: flat_cost(),
+        ..DecodeConfig::default()
+    };
+    let (plain, _) = greedy(&mut model, &mut [], &prompt, &cfg).unwrap();
+    // A script of the plain output; one drafter errs at every third token, one at every
+    // fourth: where one errs the other is right, a branch.
+    let scripted = |edit: fn(usize, u32) -> u32| -> Box<dyn Drafter> {
+        Box::new(Scripted {
+            prompt_len: prompt.len(),
+            script: plain.clone(),
+            edit,
+            length: 6,
+        })
+    };
+    let mut drafters = vec![
+        scripted(|i, t| if i % 3 == 2 { t + 1 } else { t }),
+        scripted(|i, t| if i % 4 == 3 { t + 1 } else { t }),
+    ];
+    let (out, stats) = greedy(&mut model, &mut drafters, &prompt, &cfg).unwrap();
+    assert_eq!(out, plain);
+    assert!(stats.tree_passes > 0, "{stats:?}");
+}

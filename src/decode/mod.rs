@@ -159,6 +159,9 @@ pub struct DecodeConfig {
     pub cancel: Option<Cancel>,
     /// Record every pass in [`DecodeStats::trace`] (`gen --trace FILE`).
     pub trace: bool,
+    /// Verify a tree of drafts in one pass where drafters disagree and the model can
+    /// ([`LanguageModel::supports_trees`]); else the best draft alone.
+    pub trees: bool,
     /// Trust a drafter by its current run as well as by its whole record: while the model has
     /// accepted `s` of its draft tokens in a row, each next one is taken as likely as the rule of
     /// succession says, `(s + 1) / (s + 2)`, if that beats the calibrated confidence. Drafts
@@ -209,6 +212,7 @@ impl Default for DecodeConfig {
             cost: CostModel::default(),
             cancel: None,
             trace: false,
+            trees: true,
             local_evidence: true,
         }
     }
@@ -223,6 +227,8 @@ pub struct DecodeStats {
     pub passes: usize,
     /// Passes that carried a draft.
     pub drafted_passes: usize,
+    /// Drafted passes that verified a tree (branches beside the main draft).
+    pub tree_passes: usize,
     /// Draft tokens verified.
     pub drafted: usize,
     /// Draft tokens accepted.
@@ -281,18 +287,24 @@ pub fn decode(
     mut on_token: impl FnMut(u32),
 ) -> Result<(Vec<u32>, DecodeStats)> {
     let mut run = Decoding::start(model, drafters.len(), processors, prompt, cfg)?;
+    let trees = cfg.trees && drafters.len() > 1 && model.supports_trees();
     while !run.done && run.stats.tokens < cfg.max_tokens {
         if cfg.cancel.as_ref().is_some_and(Cancel::is_cancelled) {
             run.stats.cancelled = true;
             break;
         }
-        let (draft, chosen) = run.plan(drafters, processors, cfg)?;
-        let pass = run.pass(model, processors, sampler, &draft, cfg, &mut on_token)?;
-        run.record(drafters, chosen, &draft, &pass, cfg);
+        let planned = run.plan(drafters, processors, cfg, trees)?;
+        let tree = DraftTree::of(&planned);
+        let pass = run.pass(model, processors, sampler, &tree, cfg, &mut on_token)?;
+        run.record(drafters, &planned, &tree, &pass, cfg);
         // Keep the pending token and the accepted drafts; the last token of the context is
         // the new pending one. (When the budget ends on an accepted draft token, that token
         // stays in the cache too; the loop ends there.)
-        model.truncate(pass.cached + 1 + pass.accepted);
+        if planned.branches.is_empty() {
+            model.truncate(pass.cached + 1 + pass.accepted);
+        } else {
+            model.keep_path(&pass.path)?;
+        }
         run.pending = *run.context.last().expect("non-empty");
         for d in drafters.iter_mut() {
             d.observe(&run.context);
@@ -333,6 +345,8 @@ struct Pass {
     seconds: f64,
     /// Tokens generated before the pass.
     tokens_before: usize,
+    /// The nodes of the draft tree kept: 0 (the pending token), then each accepted one.
+    path: Vec<usize>,
 }
 
 impl Decoding {
@@ -373,66 +387,77 @@ impl Decoding {
         })
     }
 
-    /// The draft of this step (timed into the drafters' seconds).
+    /// The draft (or draft tree) of this step (timed into the drafters' seconds).
     fn plan(
         &mut self,
         drafters: &mut [Box<dyn Drafter>],
         processors: &mut [Box<dyn Processor>],
         cfg: &DecodeConfig,
-    ) -> Result<(Draft, Option<usize>)> {
+        trees: bool,
+    ) -> Result<policy::Planned> {
         let budget = cfg.max_tokens - self.stats.tokens;
         let t = self.timed.then(Instant::now);
         let planned = self
             .policy
-            .plan(drafters, processors, &self.context, cfg, budget)?;
+            .plan(drafters, processors, &self.context, cfg, budget, trees)?;
         if let Some(t) = t {
             self.stats.draft_seconds += t.elapsed().as_secs_f64();
         }
         Ok(planned)
     }
 
-    /// One forward pass over the pending token and `draft`, verified left to right; row `i`
-    /// predicts the token after `fed[i]`. Rows past the first ones are asked for as
-    /// verification reaches them (`LanguageModel::score_first`).
+    /// One forward pass over the pending token and the draft tree (a chain without branches),
+    /// verified from its root: row `n` predicts the token after node `n`'s branch. Rows past
+    /// the first ones are asked for as verification reaches them
+    /// (`LanguageModel::score_first`).
     fn pass(
         &mut self,
         model: &mut dyn LanguageModel,
         processors: &mut [Box<dyn Processor>],
         sampler: &mut Sampler,
-        draft: &Draft,
+        tree: &DraftTree,
         cfg: &DecodeConfig,
         on_token: &mut impl FnMut(u32),
     ) -> Result<Pass> {
         self.fed.clear();
         self.fed.push(self.pending);
-        self.fed.extend_from_slice(&draft.tokens);
+        self.fed.extend_from_slice(&tree.tokens[1..]);
         let mut pass = Pass {
             cached: model.cache_len(),
             accepted: 0,
             seconds: 0.0,
             tokens_before: self.stats.tokens,
+            path: vec![0],
         };
-        let mut rows = self.timing(&mut pass, || model.score_first(&self.fed, FIRST_ROWS))?;
+        let mut rows = if tree.is_chain() {
+            self.timing(&mut pass, || model.score_first(&self.fed, FIRST_ROWS))?
+        } else {
+            self.timing(&mut pass, || {
+                model.score_tree_first(&self.fed, &tree.parents, FIRST_ROWS)
+            })?
+        };
         self.stats.passes += 1;
-        for i in 0..self.fed.len() {
-            if i == rows.len() {
+        let mut node = 0;
+        loop {
+            while node >= rows.len() {
                 let more =
                     self.timing(&mut pass, || model.score_more(rows.len().max(FIRST_ROWS)))?;
                 if more.is_empty() {
                     return Err(Error::Model(format!(
-                        "the model returned {i} of a pass's {} rows",
+                        "the model returned {} of a pass's {} rows",
+                        rows.len(),
                         self.fed.len()
                     )));
                 }
                 rows.extend(more);
             }
-            if !self.process_row(model, processors, &mut rows[i])? {
+            if !self.process_row(model, processors, &mut rows[node])? {
                 self.stats.exhausted = true;
                 self.done = true;
                 break;
             }
-            let proposal = draft.tokens.get(i).copied();
-            let (token, is_draft) = verify(sampler, &rows[i], proposal, &mut self.weights)?;
+            let children = tree.children(node);
+            let (token, next) = verify(sampler, &rows[node], &children, &mut self.weights)?;
             if self.eos.contains(&token) {
                 self.done = true;
                 break;
@@ -440,10 +465,12 @@ impl Decoding {
             self.context.push(token);
             self.stats.tokens += 1;
             on_token(token);
-            if !is_draft {
+            let Some(next) = next else {
                 break;
-            }
+            };
+            pass.path.push(next);
             pass.accepted += 1;
+            node = next;
             if self.stats.tokens >= cfg.max_tokens {
                 break;
             }
@@ -495,28 +522,30 @@ impl Decoding {
     fn record(
         &mut self,
         drafters: &[Box<dyn Drafter>],
-        chosen: Option<usize>,
-        draft: &Draft,
+        planned: &policy::Planned,
+        tree: &DraftTree,
         pass: &Pass,
         cfg: &DecodeConfig,
     ) {
         if self.timed {
             self.stats.model_seconds += pass.seconds;
         }
+        let drafted = tree.tokens.len() - 1;
         if cfg.trace {
             self.stats.trace.push(PassTrace {
                 at: pass.tokens_before,
-                drafter: chosen.map(|d| drafters[d].name().to_string()),
-                drafted: draft.tokens.len(),
+                drafter: planned.chosen.map(|d| drafters[d].name().to_string()),
+                drafted,
                 accepted: pass.accepted,
                 emitted: self.stats.tokens - pass.tokens_before,
                 seconds: pass.seconds,
             });
         }
-        if let Some(d) = chosen {
-            for i in 0..pass.accepted {
-                let name = match draft.parts.get(i) {
-                    Some(&part) => drafters[d].part_name(part),
+        if planned.chosen.is_some() {
+            for &n in &pass.path[1..] {
+                let (d, part) = tree.source[n];
+                let name = match part {
+                    Some(part) => drafters[d].part_name(part),
                     None => drafters[d].name(),
                 };
                 *self
@@ -526,14 +555,18 @@ impl Decoding {
                     .or_default() += 1;
             }
             self.stats.drafted_passes += 1;
-            self.stats.drafted += draft.tokens.len();
+            self.stats.drafted += drafted;
             self.stats.accepted += pass.accepted;
+            if !planned.branches.is_empty() {
+                self.stats.tree_passes += 1;
+            }
         }
+        let (on_main, branch) = tree.split_path(&pass.path);
         let mean_step =
             (self.stats.model_seconds - self.stats.prompt_seconds) / self.stats.passes as f64;
         let timing = self.timed.then_some((self.fed.len(), pass.seconds));
         self.policy
-            .learn(chosen, draft, pass.accepted, timing, mean_step);
+            .learn(planned, on_main, branch, timing, mean_step);
     }
 
     /// The generated tokens and the statistics.
@@ -573,34 +606,116 @@ pub fn greedy(
 /// than 4 on every set.
 const FIRST_ROWS: usize = 8;
 
-/// Decides the token at one position: the draft token if verification accepts it, otherwise
-/// the model's own choice. Returns (token, whether it is the draft token). Greedy decoding
-/// takes the argmax of the logits directly (the sampler's argmax of the softmax, smallest id
-/// among ties), saving a softmax per position; a sparse row is sampled over its support. An
-/// error when every token has probability 0 (processors masked them all).
+/// Decides the token at one position: a draft token of `candidates` (`(node, token)`, the
+/// children of the node whose row `logits` is, distinct tokens, best first) if verification
+/// accepts it, otherwise the model's own choice. Returns (token, the accepted candidate's
+/// node). Greedy decoding takes the argmax of the logits directly (the sampler's argmax of the
+/// softmax, smallest id among ties), saving a softmax per position, and accepts the candidate
+/// that holds it. Sampling is rejection sampling over the candidates in turn: accept x with
+/// probability p(x), else remove x from p and renormalize, and try the next; after the last,
+/// sample from what is left. Each candidate is a point mass, so every token comes out with
+/// exactly its probability under p. A sparse row is sampled over its support. An error when
+/// every token has probability 0 (processors masked them all).
 fn verify(
     sampler: &mut Sampler,
     logits: &Logits,
-    proposal: Option<u32>,
+    candidates: &[(usize, u32)],
     weights: &mut Vec<(u32, f64)>,
-) -> Result<(u32, bool)> {
+) -> Result<(u32, Option<usize>)> {
     let nothing = || Error::input("no token can come next: every candidate has probability 0");
     if sampler.is_greedy() {
         let target = logits.argmax().ok_or_else(nothing)?;
-        return Ok((target, proposal == Some(target)));
+        let accepted = candidates.iter().find(|c| c.1 == target).map(|c| c.0);
+        return Ok((target, accepted));
     }
     sampler.target_weights_of(logits, weights);
-    if let Some(x) = proposal {
+    for &(node, x) in candidates {
         let total: f64 = weights.iter().map(|w| w.1).sum();
         let px = weights.iter().find(|w| w.0 == x).map_or(0.0, |w| w.1) / total;
         if sampler.uniform() < px {
-            return Ok((x, true));
+            return Ok((x, Some(node)));
         }
-        // Rejected: sample from p with x removed and renormalized.
+        // Rejected: p with x removed, renormalized (by the next total).
         weights.retain(|w| w.0 != x);
     }
     let token = sampler.draw_weighted(weights).ok_or_else(nothing)?;
-    Ok((token, false))
+    Ok((token, None))
+}
+
+/// A step's drafts as one tree: node 0 is the pending token, nodes 1..=m the main draft,
+/// then each branch's tokens, each node after its parent (the order rows are fed and come).
+#[derive(Clone, Debug, Default)]
+struct DraftTree {
+    tokens: Vec<u32>,
+    /// Node 0's is `None`: it follows the cache.
+    parents: Vec<Option<usize>>,
+    /// Who proposed each node: drafter and part ([`Draft::parts`]).
+    source: Vec<(usize, Option<u8>)>,
+    /// Nodes of the main draft (after node 0).
+    main: usize,
+    /// Each branch's first node.
+    branch_starts: Vec<usize>,
+}
+
+impl DraftTree {
+    fn of(planned: &policy::Planned) -> DraftTree {
+        let d = &planned.draft;
+        let chosen = planned.chosen.unwrap_or(0);
+        let mut t = DraftTree {
+            tokens: vec![0],
+            parents: vec![None],
+            source: vec![(chosen, None)],
+            main: d.tokens.len(),
+            branch_starts: Vec::new(),
+        };
+        t.add(&d.tokens, &d.parts, 0, chosen);
+        for b in &planned.branches {
+            t.branch_starts.push(t.tokens.len());
+            t.add(&b.draft.tokens, &b.draft.parts, b.at, b.drafter);
+        }
+        t
+    }
+
+    /// Adds a chain after node `parent`.
+    fn add(&mut self, tokens: &[u32], parts: &[u8], mut parent: usize, drafter: usize) {
+        for (i, &tok) in tokens.iter().enumerate() {
+            self.tokens.push(tok);
+            self.parents.push(Some(parent));
+            self.source.push((drafter, parts.get(i).copied()));
+            parent = self.tokens.len() - 1;
+        }
+    }
+
+    fn is_chain(&self) -> bool {
+        self.branch_starts.is_empty()
+    }
+
+    /// The children of `node`, `(node, token)`, in node order (the main draft's first), a
+    /// token already held by an earlier child left out.
+    fn children(&self, node: usize) -> Vec<(usize, u32)> {
+        let mut kids: Vec<(usize, u32)> = Vec::new();
+        for c in node + 1..self.tokens.len() {
+            if self.parents[c] == Some(node) && !kids.iter().any(|k| k.1 == self.tokens[c]) {
+                kids.push((c, self.tokens[c]));
+            }
+        }
+        kids
+    }
+
+    /// The accepted path's tokens kept on the main draft, and the branch it went on in (its
+    /// index and tokens kept there), if it left the main draft.
+    fn split_path(&self, path: &[usize]) -> (usize, Option<(usize, usize)>) {
+        let on_main = path[1..].iter().take_while(|&&n| n <= self.main).count();
+        let branch = path.get(1 + on_main).map(|&n| {
+            let b = self
+                .branch_starts
+                .iter()
+                .rposition(|&s| s <= n)
+                .expect("a node past the main draft is in a branch");
+            (b, path.len() - 1 - on_main)
+        });
+        (on_main, branch)
+    }
 }
 
 #[cfg(test)]

@@ -17,8 +17,8 @@
 //! the root (falling back along suffix links on a mismatch): the longest suffix of the
 //! context that the outputs hold, in microseconds, whatever their size. The continuations are
 //! the state's edges; the draft follows the most frequent one (ties to the most recent
-//! occurrence), its confidence [`super::drafters::copy_confidence`] of the counts and the match
-//! length, as prompt lookup's.
+//! occurrence), each token's confidence from the counts and the match length by prompt
+//! lookup's rule.
 //!
 //! **Why not a suffix array rebuilt?** Appending an output of n tokens to the automaton costs
 //! O(n); a suffix array over all outputs would be rebuilt (O(N) for N tokens kept) after every
@@ -329,7 +329,7 @@ impl PastOutputs {
 
     /// A draft of up to `max` tokens after `context`: the most frequent continuation of the
     /// longest matching suffix, followed on while the chance that all of it is accepted stays
-    /// above [`MIN_REACH`].
+    /// above 5%.
     pub fn draft(&self, context: &[u32], max: usize) -> Draft {
         let tail = &context[context.len().saturating_sub(MATCH_WINDOW)..];
         let (mut s, mut len) = self.automaton.match_suffix(tail);

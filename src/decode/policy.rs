@@ -263,6 +263,11 @@ impl DrafterState {
         }
     }
 
+    /// Whether its calls cost under [`COSTLY_SHARE`] of a step of `step_seconds`.
+    fn is_cheap(&self, step_seconds: f64) -> bool {
+        self.seconds / (self.calls.max(1) as f64) < COSTLY_SHARE * step_seconds
+    }
+
     /// After a step: `accepted` tokens came from this drafter's draft.
     fn settle(&mut self, accepted: usize, step_seconds: f64) {
         if !std::mem::take(&mut self.asked) {
@@ -280,6 +285,44 @@ impl DrafterState {
     }
 }
 
+/// A drafter's draft in one step: as proposed (cut where processors refuse it), with its
+/// calibrated confidences and the expected speed of its best prefix.
+#[derive(Clone, Debug)]
+struct Offer {
+    draft: Draft,
+    drafter: usize,
+    calibrated: Vec<f64>,
+    speed: f64,
+}
+
+impl Offer {
+    /// The first `k` tokens.
+    fn cut(mut self, k: usize) -> Offer {
+        self.draft.tokens.truncate(k);
+        self.draft.confidence.truncate(k);
+        self.draft.parts.truncate(k);
+        self.calibrated.truncate(k);
+        self
+    }
+}
+
+/// A branch of a draft tree: `draft` follows the main draft's first `at` tokens, in place of
+/// its token `at`.
+#[derive(Clone, Debug)]
+pub(super) struct Branch {
+    pub at: usize,
+    pub draft: Draft,
+    pub drafter: usize,
+}
+
+/// What a step verifies: the main draft (from drafter `chosen`), and branches off it.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Planned {
+    pub draft: Draft,
+    pub chosen: Option<usize>,
+    pub branches: Vec<Branch>,
+}
+
 /// Expected speed-up at which the drafters after the one that offers it are not asked.
 const GOOD_ENOUGH: f64 = 1.3;
 
@@ -287,6 +330,8 @@ const GOOD_ENOUGH: f64 = 1.3;
 pub(super) struct DraftPolicy {
     states: Vec<DrafterState>,
     cost: CostModel,
+    /// Seconds of a model step so far (infinite until measured, or with a frozen cost model).
+    step: f64,
 }
 
 impl DraftPolicy {
@@ -295,12 +340,14 @@ impl DraftPolicy {
         DraftPolicy {
             states: vec![DrafterState::new(); drafters],
             cost,
+            step: f64::INFINITY,
         }
     }
 
     /// Asks the drafters in order and keeps the draft (cut to its best length) with the
     /// highest expected speed; `None` when no draft beats plain decoding. `budget`: tokens
-    /// the generation may still add.
+    /// the generation may still add. With `trees`, the other drafts asked become branches of
+    /// the best where they part from it and pay for their rows ([`DraftPolicy::branches`]).
     pub(super) fn plan(
         &mut self,
         drafters: &mut [Box<dyn Drafter>],
@@ -308,16 +355,21 @@ impl DraftPolicy {
         context: &[u32],
         cfg: &DecodeConfig,
         budget: usize,
-    ) -> Result<(Draft, Option<usize>)> {
+        trees: bool,
+    ) -> Result<Planned> {
         let max = cfg.draft_max.min(budget.saturating_sub(1));
-        let mut best: (Draft, Option<usize>, f64) = (Draft::default(), None, 1.0);
+        let mut offers: Vec<Offer> = Vec::new();
+        let mut best: Option<usize> = None;
+        let best_speed =
+            |offers: &[Offer], best: Option<usize>| best.map_or(1.0, |b| offers[b].speed);
         if max == 0 {
-            return Ok((best.0, None));
+            return Ok(Planned::default());
         }
         for (d, (drafter, state)) in drafters.iter_mut().zip(self.states.iter_mut()).enumerate() {
-            if best.2 >= GOOD_ENOUGH {
-                // An earlier (cheaper) drafter already has a good draft: skip the rest.
-                break;
+            if best_speed(&offers, best) >= GOOD_ENOUGH && !(trees && state.is_cheap(self.step)) {
+                // An earlier (cheaper) drafter already has a good draft: skip the rest (but
+                // for a tree, ask the cheap ones too: their drafts may branch).
+                continue;
             }
             if state.rest > 0 {
                 state.rest -= 1;
@@ -348,50 +400,147 @@ impl DraftPolicy {
                 .map(|c| (c * f).max(local).min(0.99))
                 .collect();
             let (k, speed) = self.cost.best_length(&calibrated);
-            if k > 0 && speed > best.2 {
-                draft.tokens.truncate(k);
-                draft.confidence.truncate(k);
-                draft.parts.truncate(k);
-                best = (draft, Some(d), speed);
+            let offer = Offer {
+                draft,
+                drafter: d,
+                calibrated,
+                speed,
+            };
+            if k > 0 && speed > best_speed(&offers, best) {
+                best = Some(offers.len());
             }
+            let keep = if trees { offer.draft.tokens.len() } else { k };
+            offers.push(offer.cut(keep));
         }
-        Ok((best.0, best.1))
+        let Some(b) = best else {
+            return Ok(Planned::default());
+        };
+        let (k, _) = self.cost.best_length(&offers[b].calibrated);
+        let main = offers[b].clone().cut(k);
+        let branches = if trees {
+            self.branches(&main, &offers, cfg.draft_max)
+        } else {
+            Vec::new()
+        };
+        Ok(Planned {
+            chosen: Some(main.drafter),
+            draft: main.draft,
+            branches,
+        })
     }
 
-    /// After a pass in which `accepted` tokens of `draft` (from drafter `chosen`) were kept;
-    /// `timing` is the pass's (tokens fed, seconds) when passes are timed, and
+    /// Branches for the tree of `main`: each other offer that parts from it at position `a`
+    /// (the same `a` tokens, then another) hangs off there, as long as its prefix that most
+    /// raises the expected speed, if any does: the chance to reach it is that of accepting
+    /// `main`'s first `a` tokens and rejecting its next, times the branch's own chances.
+    /// At most `max_rows` draft rows in all (a padding row counted for each branch).
+    fn branches(&self, main: &Offer, offers: &[Offer], max_rows: usize) -> Vec<Branch> {
+        let m = &main.draft.tokens;
+        let mut reach = vec![1.0];
+        for c in &main.calibrated {
+            reach.push(reach.last().copied().unwrap_or(1.0) * c);
+        }
+        let mut expected: f64 = reach.iter().sum();
+        let mut rows = 1 + m.len();
+        let mut speed = expected / self.cost.cost(rows);
+        let mut out: Vec<Branch> = Vec::new();
+        for o in offers.iter().filter(|o| o.drafter != main.drafter) {
+            let t = &o.draft.tokens;
+            let a = m.iter().zip(t).take_while(|(x, y)| x == y).count();
+            if a >= m.len()
+                || a >= t.len()
+                || out.iter().any(|b| b.at == a && b.draft.tokens[0] == t[a])
+            {
+                continue;
+            }
+            let mut r = reach[a] * (1.0 - main.calibrated[a]);
+            let (mut gain, mut best) = (0.0, (0, 0.0, speed));
+            for j in a..t.len() {
+                r *= o.calibrated[j];
+                gain += r;
+                let n = rows + (j - a + 1) + 1;
+                if n > max_rows + 1 {
+                    break;
+                }
+                let s = (expected + gain) / self.cost.cost(n);
+                if s > best.2 {
+                    best = (j - a + 1, gain, s);
+                }
+            }
+            let (len, gained, s) = best;
+            if len == 0 {
+                continue;
+            }
+            let mut draft = o.draft.clone();
+            draft.tokens = t[a..a + len].to_vec();
+            draft.confidence = draft.confidence[a..a + len].to_vec();
+            draft.parts = draft
+                .parts
+                .get(a..a + len)
+                .map_or(Vec::new(), <[u8]>::to_vec);
+            out.push(Branch {
+                at: a,
+                draft,
+                drafter: o.drafter,
+            });
+            expected += gained;
+            rows += len + 1;
+            speed = s;
+        }
+        out
+    }
+
+    /// After a pass in which `accepted` tokens of `planned`'s main draft were kept, and
+    /// `branch`: the branch the accepted path went on in and its tokens kept there, if it left
+    /// the main draft; `timing` is the pass's (tokens fed, seconds) when passes are timed, and
     /// `mean_step_seconds` the mean time of a model step so far.
     pub(super) fn learn(
         &mut self,
-        chosen: Option<usize>,
-        draft: &Draft,
+        planned: &Planned,
         accepted: usize,
+        branch: Option<(usize, usize)>,
         timing: Option<(usize, f64)>,
         mean_step_seconds: f64,
     ) {
         if let Some((fed, seconds)) = timing {
             self.cost.observe(fed, seconds);
         }
+        let draft = &planned.draft;
+        let chosen = planned.chosen;
         if let Some(d) = chosen {
             self.states[d]
                 .calibration
                 .record(&draft.confidence, accepted);
         }
+        // The drafter of the branch taken: its own draft from where it parted.
+        let taken = branch.map(|(b, kept)| (&planned.branches[b], kept));
+        if let Some((b, kept)) = taken {
+            self.states[b.drafter]
+                .calibration
+                .record(&b.draft.confidence, kept);
+        }
         for (d, state) in self.states.iter_mut().enumerate() {
             // A run ends at a rejection, or when the model went on without this drafter.
-            match chosen {
-                Some(c) if c == d => state.run.record(draft.tokens.len(), accepted),
+            match (chosen, taken) {
+                (_, Some((b, kept))) if b.drafter == d => {
+                    state.run.record(b.draft.tokens.len(), kept)
+                }
+                (Some(c), _) if c == d => state.run.record(draft.tokens.len(), accepted),
                 _ => state.run = Run::default(),
             }
         }
         // A frozen cost model plans without the clock: no drafter rests for its call time.
-        let step_seconds = if self.cost.is_frozen() {
+        let step_seconds = if self.cost.is_frozen() || mean_step_seconds <= 0.0 {
             f64::INFINITY
         } else {
             mean_step_seconds
         };
+        self.step = step_seconds;
         for (d, state) in self.states.iter_mut().enumerate() {
-            let gained = if chosen == Some(d) { accepted } else { 0 };
+            let mut gained = if chosen == Some(d) { accepted } else { 0 };
+            if let Some((_, kept)) = taken.filter(|(b, _)| b.drafter == d) {
+                gained += kept;
+            }
             state.settle(gained, step_seconds);
         }
     }

@@ -292,7 +292,7 @@ pub const REPETITION_WINDOW: usize = 64;
 /// drafter over the drafting index (refused unless it was built with `tok`; left out when
 /// there is no drafting index), and past outputs (left out when there are none to read).
 /// Prompt lookup and past outputs together draft as one [`Braid`], token by token, where
-/// prompt lookup stands in the list.
+/// prompt lookup stands in the list, followed by each alone (branches of a draft tree).
 pub fn drafters(opts: &AssemblyOptions, tok: &dyn Tokenizer) -> Result<Vec<Box<dyn Drafter>>> {
     let mut drafters: Vec<Box<dyn Drafter>> = Vec::new();
     let past = opts.past_outputs.as_ref();
@@ -302,11 +302,14 @@ pub fn drafters(opts: &AssemblyOptions, tok: &dyn Tokenizer) -> Result<Vec<Box<d
     for spec in &opts.drafters {
         match spec {
             DrafterSpec::PromptLookup if braided => {
-                let past = past.expect("braided only with past outputs").clone();
+                let past = past.expect("braided only with past outputs");
                 drafters.push(Box::new(Braid::new(vec![
                     Box::new(PromptLookup::new(8)),
-                    Box::new(PastOutputDrafter::new(past)),
-                ])))
+                    Box::new(PastOutputDrafter::new(past.clone())),
+                ])));
+                // Each alone too: where they part from the braid, a branch of the tree.
+                drafters.push(Box::new(PromptLookup::new(8)));
+                drafters.push(Box::new(PastOutputDrafter::new(past.clone())));
             }
             DrafterSpec::PastOutputs if braided => {}
             DrafterSpec::PromptLookup => drafters.push(Box::new(PromptLookup::new(8))),

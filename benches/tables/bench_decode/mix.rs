@@ -266,7 +266,7 @@ fn sorted(v: impl Iterator<Item = f64>) -> Vec<f64> {
 
 /// The milliseconds of a pass of n = 1, 2, 4, 8, 16 tokens of `model` after `context`, every
 /// row scored (fastest of 20 each).
-fn pass_costs(model: &mut dyn LanguageModel, context: &[u32]) -> Vec<(usize, f64)> {
+pub fn pass_costs(model: &mut dyn LanguageModel, context: &[u32]) -> Vec<(usize, f64)> {
     model.truncate(0);
     model.feed(context).unwrap();
     [1, 2, 4, 8, 16]

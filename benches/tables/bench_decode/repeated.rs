@@ -102,6 +102,7 @@ struct Completion {
     /// Seconds after the prompt's pass.
     seconds: f64,
     passes: usize,
+    tree_passes: usize,
     accepted_by: BTreeMap<String, usize>,
 }
 
@@ -114,6 +115,7 @@ impl Completion {
             tokens: f("tokens") as usize,
             seconds: f("seconds") - f("prompt_seconds"),
             passes: f("passes") as usize,
+            tree_passes: f("tree_passes") as usize,
             accepted_by: stats["accepted_by_drafter"]
                 .as_object()
                 .map(|m| {
@@ -213,13 +215,14 @@ pub fn run(model: &str) {
                 let spec = Completion::of(&complete(&agent, url, p, "speculative"));
                 let plain = Completion::of(&complete(&agent, url, p, "neural"));
                 eprintln!(
-                    "request {i:2} (template {}): {} tokens, plain {:.1} tok/s, speculative {:.1} tok/s ({:.2}×), {:.2} tokens/pass, by drafter {:?}",
+                    "request {i:2} (template {}): {} tokens, plain {:.1} tok/s, speculative {:.1} tok/s ({:.2}×), {:.2} tokens/pass, {} tree passes, by drafter {:?}",
                     i % 4,
                     spec.tokens,
                     plain.tokens_per_second(),
                     spec.tokens_per_second(),
                     spec.tokens_per_second() / plain.tokens_per_second(),
                     spec.tokens as f64 / spec.passes.max(1) as f64,
+                    spec.tree_passes,
                     spec.accepted_by
                 );
                 (spec, plain)
@@ -228,6 +231,72 @@ pub fn run(model: &str) {
     });
     print_table(model, &results);
     print_index_cost(&tok, &results);
+    print_ceiling(&path, &tok, &prompts, &results);
+}
+
+/// What no drafting policy passes on these outputs, with this machine's pass costs: the
+/// drafters' ceiling (each pass drafts exactly the longest prefix of the output that the
+/// braid, prompt lookup or past outputs propose, as a policy that knew the output would) and
+/// a perfect drafter's (every pass 16 right tokens).
+fn print_ceiling(
+    path: &std::path::Path,
+    tok: &dyn infgram::tokenizer::Tokenizer,
+    prompts: &[String],
+    results: &[(Completion, Completion)],
+) {
+    use infgram::decode::drafters::{Braid, PromptLookup};
+    use infgram::decode::past::{remember, PastOutputDrafter};
+    use infgram::decode::{CostModel, Drafter};
+    let mut model = infgram::neural::arch::decoder::Decoder::from_gguf(path)
+        .unwrap()
+        .with_threads(2);
+    let context: Vec<u32> = (0..160).map(|i| 100 + i).collect();
+    let ms = crate::mix::pass_costs(&mut model, &context);
+    let cost = CostModel::from_ms(&ms).frozen();
+    let past = PastOutputs::shared(infgram::decode::past::DEFAULT_BUDGET);
+    let (mut ceiling, mut perfect) = (Vec::new(), Vec::new());
+    for (p, (spec, _)) in prompts.iter().zip(results) {
+        let prompt = tok.encode(p).unwrap();
+        let output = tok.encode(&spec.text).unwrap();
+        let mut drafters: Vec<Box<dyn Drafter>> = vec![
+            Box::new(Braid::new(vec![
+                Box::new(PromptLookup::new(8)),
+                Box::new(PastOutputDrafter::new(past.clone())),
+            ])),
+            Box::new(PromptLookup::new(8)),
+            Box::new(PastOutputDrafter::new(past.clone())),
+        ];
+        let (modeled, _) = crate::ceiling::ceiling(&mut drafters, &cost, &prompt, &output);
+        ceiling.push(output.len() as f64 / modeled.max(1e-9));
+        let full = output.len() / 17;
+        let rest = output.len() % 17;
+        let best = full as f64 * cost.cost(17) + if rest > 0 { cost.cost(rest) } else { 0.0 };
+        perfect.push(output.len() as f64 / best.max(1e-9));
+        // As the server did: the speculative and the plain output (the same text).
+        remember(&past, &output);
+        remember(&past, &output);
+    }
+    let show = |v: &[f64]| {
+        let (g, min, max) = geomean(v.iter().copied());
+        format!("{g:.2}× ({min:.2}–{max:.2})")
+    };
+    println!(
+        "\nBounds after the first 5, modeled with this machine's passes ({}):\n",
+        ms.iter()
+            .map(|(n, ms)| format!("{n} rows {ms:.2} ms"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!("| bound | speed-up, geomean (min–max) |");
+    println!("|---|---:|");
+    println!(
+        "| the drafters' ceiling (each pass drafts the longest right prefix any of them offers) | {} |",
+        show(&ceiling[WARMUP..])
+    );
+    println!(
+        "| a perfect drafter (16 right tokens a pass) | {} |",
+        show(&perfect[WARMUP..])
+    );
 }
 
 fn geomean(r: impl Iterator<Item = f64>) -> (f64, f64, f64) {
@@ -240,10 +309,11 @@ fn geomean(r: impl Iterator<Item = f64>) -> (f64, f64, f64) {
 
 fn print_table(model: &str, results: &[(Completion, Completion)]) {
     println!(
-        "Repeated tasks through one server on 127.0.0.1: {REQUESTS} requests of 4 templates, greedy, 256 tokens at most, {model}, 2 threads; each request speculative (prompt lookup + past outputs + corpus) then plain; ratios of tokens/s after the prompt's pass, same run.\n"
+        "Repeated tasks through one server on 127.0.0.1: {REQUESTS} requests of 4 templates, greedy, 256 tokens at most, {model}, 2 threads, kernels {:?}; each request speculative (prompt lookup + past outputs + corpus) then plain; ratios of tokens/s after the prompt's pass, same run.\n",
+        infgram::neural::cpu::kernels::Isa::detect()
     );
-    println!("| requests | speed-up, geomean (min–max) | time ratio (Σ plain s / Σ speculative s) | tokens per pass | accepted: prompt / past / corpus | identical |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!("| requests | speed-up, geomean (min–max) | time ratio (Σ plain s / Σ speculative s) | tokens per pass | tree passes / passes | accepted: prompt / past / corpus | identical |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
     for (name, range) in [
         ("first 5", 0..WARMUP),
         ("after the first 5", WARMUP..results.len()),
@@ -264,8 +334,9 @@ fn print_table(model: &str, results: &[(Completion, Completion)]) {
                 .sum()
         };
         let identical = part.iter().filter(|(s, p)| s.text == p.text).count();
+        let trees: usize = part.iter().map(|(s, _)| s.tree_passes).sum();
         println!(
-            "| {name} | {g:.2}× ({min:.2}–{max:.2}) | {:.2}× | {:.2} | {} / {} / {} | {identical}/{} |",
+            "| {name} | {g:.2}× ({min:.2}–{max:.2}) | {:.2}× | {:.2} | {trees} / {passes} | {} / {} / {} | {identical}/{} |",
             plain_s / spec_s.max(1e-9),
             tokens as f64 / passes.max(1) as f64,
             by("prompt"),

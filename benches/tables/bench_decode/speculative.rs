@@ -31,6 +31,7 @@ struct Row {
     drafted: usize,
     accepted: usize,
     drafted_passes: usize,
+    tree_passes: usize,
     /// Passes whose tokens all lie on a verbatim stretch, and the tokens they emitted.
     verbatim_passes: usize,
     verbatim_tokens: usize,
@@ -47,6 +48,7 @@ impl Row {
         self.drafted += spec.drafted;
         self.accepted += spec.accepted;
         self.drafted_passes += spec.drafted_passes;
+        self.tree_passes += spec.tree_passes;
         for pass in &spec.trace {
             let span = pass.at..pass.at + pass.emitted;
             if pass.emitted > 0
@@ -81,7 +83,7 @@ impl Row {
             )
         };
         println!(
-            "| {name} | {policy} | {:.1} | {:.1} | {:.2}× ({:.2}–{:.2}) | {:.1}% | {:.2} | {verbatim} | {}/{} |",
+            "| {name} | {policy} | {:.1} | {:.1} | {:.2}× ({:.2}–{:.2}) | {:.1}% | {:.2} | {} | {verbatim} | {}/{} |",
             self.plain_tps / n,
             self.spec_tps / n,
             self.geomean(),
@@ -89,6 +91,7 @@ impl Row {
             max,
             100.0 * self.accepted as f64 / self.drafted.max(1) as f64,
             self.accepted as f64 / self.drafted_passes.max(1) as f64,
+            self.tree_passes,
             self.identical,
             self.prompts
         );
@@ -244,7 +247,12 @@ pub fn run(model: &str, repeats: usize, plot_dir: Option<std::path::PathBuf>) {
         trace: true,
         ..DecodeConfig::default()
     };
-    let policies = [("run-wide calibration", false), ("+ local evidence", true)];
+    // (name, local evidence, draft trees)
+    let policies = [
+        ("run-wide calibration", false, false),
+        ("+ local evidence", true, false),
+        ("+ draft trees", true, true),
+    ];
     let repeats = repeats.max(1);
     let mut rows = Vec::new();
     let mut trees = Vec::new();
@@ -271,7 +279,7 @@ pub fn run(model: &str, repeats: usize, plot_dir: Option<std::path::PathBuf>) {
             for _ in 0..repeats {
                 let run = greedy(&mut model, &mut [], &prompt, &plain_cfg).unwrap();
                 keep_fastest(&mut plain_best, run);
-                for (k, &(_, local)) in policies.iter().enumerate() {
+                for (k, &(_, local, trees)) in policies.iter().enumerate() {
                     let mut drafters: Vec<Box<dyn Drafter>> = vec![
                         Box::new(PromptLookup::new(8)),
                         Box::new(CorpusDrafter::new(std::sync::Arc::new(
@@ -280,6 +288,7 @@ pub fn run(model: &str, repeats: usize, plot_dir: Option<std::path::PathBuf>) {
                     ];
                     let cfg = DecodeConfig {
                         local_evidence: local,
+                        trees,
                         ..base.clone()
                     };
                     let run = greedy(&mut model, &mut drafters, &prompt, &cfg).unwrap();
@@ -289,7 +298,7 @@ pub fn run(model: &str, repeats: usize, plot_dir: Option<std::path::PathBuf>) {
             let (plain_ids, plain) = plain_best.expect("at least one run");
             let verbatim = verbatim_positions(&prompt, &plain_ids);
             let mut runs = Vec::new();
-            for (k, &(policy, _)) in policies.iter().enumerate() {
+            for (k, &(policy, _, _)) in policies.iter().enumerate() {
                 let (ids, spec) = spec_best[k].take().expect("at least one run");
                 eprintln!(
                     "{name} #{i} [{policy}]: {} tokens, plain {:.1} tok/s, speculative {:.1} tok/s ({:.2}×), accepted {}/{} in {} passes",
@@ -342,10 +351,10 @@ pub fn run(model: &str, repeats: usize, plot_dir: Option<std::path::PathBuf>) {
         path.file_name().unwrap_or_default().to_string_lossy(),
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
-    println!("| prompt set | drafting | plain tokens/s | speculative tokens/s | ratio, geomean (min–max) | acceptance | accepted per drafted pass | tokens per pass on verbatim stretches | identical |");
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| prompt set | drafting | plain tokens/s | speculative tokens/s | ratio, geomean (min–max) | acceptance | accepted per drafted pass | tree passes | tokens per pass on verbatim stretches | identical |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (name, set_rows) in &rows {
-        for (row, (policy, _)) in set_rows.iter().zip(&policies) {
+        for (row, (policy, _, _)) in set_rows.iter().zip(&policies) {
             row.print(name, policy);
         }
     }
