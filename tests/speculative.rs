@@ -306,6 +306,7 @@ fn gen_drafts_from_the_outputs_of_earlier_runs() {
             ])
             .args(["--prompt", "Write a list of five fruits, one per line."])
             .args(["--max-tokens", "32", "--temperature", "0", "--json"])
+            .arg("--draft-trees")
             .arg("--past-outputs")
             .arg(file)
             .output()
@@ -422,6 +423,7 @@ fn rejection_sampling_over_a_draft_tree_keeps_the_scorer_distribution() {
     let cfg = DecodeConfig {
         max_tokens: 3,
         cost: flat_cost(),
+        trees: true,
         ..DecodeConfig::default()
     };
     let mut sampler = Sampler::new(
@@ -504,6 +506,7 @@ fn greedy_tree_decoding_equals_plain_greedy() {
     let cfg = DecodeConfig {
         max_tokens: 48,
         cost: flat_cost(),
+        trees: true,
         ..DecodeConfig::default()
     };
     let (plain, _) = greedy(&mut model, &mut [], &prompt, &cfg).unwrap();

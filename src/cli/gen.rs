@@ -71,6 +71,10 @@ pub struct GenArgs {
     /// from what the model wrote before. Keeps the newest 262,144 tokens.
     #[arg(long, value_name = "FILE", requires = "model")]
     pub past_outputs: Option<PathBuf>,
+    /// With --speculative: verify a tree of drafts in one pass where the drafters part ways
+    /// (native models), when the cost model says the branch's rows pay.
+    #[arg(long, requires = "speculative")]
+    pub draft_trees: bool,
     /// With --speculative: longest draft verified in one pass (default 16).
     #[arg(long)]
     pub draft_max: Option<usize>,
@@ -410,6 +414,7 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
         mix,
     );
     req.decode.trace = args.trace.is_some();
+    req.decode.trees = args.draft_trees;
     let past = match &args.past_outputs {
         Some(file) => {
             use infgram::decode::past::{PastOutputs, DEFAULT_BUDGET};

@@ -160,7 +160,9 @@ pub struct DecodeConfig {
     /// Record every pass in [`DecodeStats::trace`] (`gen --trace FILE`).
     pub trace: bool,
     /// Verify a tree of drafts in one pass where drafters disagree and the model can
-    /// ([`LanguageModel::supports_trees`]); else the best draft alone.
+    /// ([`LanguageModel::supports_trees`]); else the best draft alone. Off by default: on the
+    /// CPUs measured a branch's rows almost never pay (`bench_decode speculative`), and asking
+    /// every cheap drafter each step costs a little.
     pub trees: bool,
     /// Trust a drafter by its current run as well as by its whole record: while the model has
     /// accepted `s` of its draft tokens in a row, each next one is taken as likely as the rule of
@@ -212,7 +214,7 @@ impl Default for DecodeConfig {
             cost: CostModel::default(),
             cancel: None,
             trace: false,
-            trees: true,
+            trees: false,
             local_evidence: true,
         }
     }
