@@ -50,7 +50,11 @@ enum Bench {
         rounds: usize,
     },
     /// Drafting policies compared by modeled speed-up (a frozen cost table).
-    Policy,
+    Policy {
+        /// Plan and weigh with this machine's pass costs (and print a perfect drafter's bound).
+        #[arg(long)]
+        measured_costs: bool,
+    },
     /// The repeated-task workload through one server: past outputs drafting.
     Repeated {
         /// The model: a short name (`smollm2-135m`, `gemma3-270m`) or a GGUF file.
@@ -70,7 +74,7 @@ fn main() {
             max_val_tokens,
             rounds,
         } => mix::run(max_val_tokens, rounds),
-        Bench::Policy => policy::run(),
+        Bench::Policy { measured_costs } => policy::run(measured_costs),
         Bench::Repeated { model } => repeated::run(&model),
     }
 }

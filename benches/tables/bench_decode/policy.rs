@@ -12,6 +12,10 @@
 //! the effects being tuned; this count does not move. It leaves out what a pass costs beyond the
 //! table (drafting, sampling), so it reads a little above `bench_decode speculative`'s timed ratios.
 //!
+//! `--measured-costs` plans and weighs with this machine's pass costs (measured first, then
+//! frozen) instead of the prior table, and adds a perfect drafter's bound (16 right tokens
+//! every pass): what no drafter passes here.
+//!
 //! `cargo run --release --example bench_decode -- policy` (about a minute on 2 cores)
 
 use crate::ceiling::ceiling;
@@ -23,15 +27,29 @@ use infgram::neural::chat_prompt;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 use std::sync::Arc;
 
-/// Runs the comparison.
-pub fn run() {
+/// Runs the comparison, with this machine's pass costs when `measured`.
+pub fn run(measured: bool) {
     let path = infgram::assets::ensure_model("smollm2-135m").expect("fetch the model");
     let tok = HfTokenizer::from_gguf(&path).unwrap();
     let index_dir = infgram::service::cached_index(&[], &tok)
         .expect("the Shakespeare index in the model's tokens");
     let index = Arc::new(infgram::Index::open(&index_dir).unwrap());
     let mut model = Decoder::from_gguf(&path).unwrap().with_threads(2);
-    let cost = CostModel::default().frozen();
+    let cost = if measured {
+        let context: Vec<u32> = (0..256).map(|i| 100 + i).collect();
+        let ms = crate::mix::pass_costs(&mut model, &context);
+        println!(
+            "Pass costs measured here (kernels {:?}): {}\n",
+            infgram::neural::cpu::kernels::Isa::detect(),
+            ms.iter()
+                .map(|(n, ms)| format!("{n} rows {ms:.2} ms"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        CostModel::from_ms(&ms).frozen()
+    } else {
+        CostModel::default().frozen()
+    };
     let new_drafters = || -> Vec<Box<dyn Drafter>> {
         vec![
             Box::new(PromptLookup::new(8)),
@@ -75,6 +93,18 @@ pub fn run() {
             "ceiling: drafts cut where the model leaves them",
             &runs,
         );
+        if measured {
+            let perfect: Vec<_> = outputs
+                .iter()
+                .map(|(_, ids)| {
+                    let (full, rest) = (ids.len() / 17, ids.len() % 17);
+                    let modeled =
+                        full as f64 * cost.cost(17) + if rest > 0 { cost.cost(rest) } else { 0.0 };
+                    (ids.len(), modeled, full + usize::from(rest > 0))
+                })
+                .collect();
+            print_row(name, "bound: a perfect drafter (16 right a pass)", &perfect);
+        }
     }
 }
 
