@@ -10,6 +10,7 @@
 //! options). The tables are those of `BENCHMARKS.md`.
 
 use clap::{Parser, Subcommand};
+use infgram::neural::cpu::kernels::Isa;
 
 mod ceiling;
 mod mix;
@@ -39,6 +40,9 @@ enum Bench {
         /// The model: a short name (`smollm2-135m`, `gemma3-270m`) or a GGUF file.
         #[arg(long, default_value = "smollm2-135m")]
         model: String,
+        /// The kernels' instruction set (`avx2`, `avx512vnni`…; default: the best this CPU has).
+        #[arg(long)]
+        isa: Option<Isa>,
     },
     /// SmolLM2 mixed with the ∞-gram on Tiny Shakespeare.
     Mix {
@@ -54,6 +58,9 @@ enum Bench {
         /// Plan and weigh with this machine's pass costs (and print a perfect drafter's bound).
         #[arg(long)]
         measured_costs: bool,
+        /// The kernels' instruction set (`avx2`, `avx512vnni`…; default: the best this CPU has).
+        #[arg(long)]
+        isa: Option<Isa>,
     },
     /// The repeated-task workload through one server: past outputs drafting.
     Repeated {
@@ -69,12 +76,16 @@ fn main() {
             repeats,
             plot_dir,
             model,
-        } => speculative::run(&model, repeats, plot_dir),
+            isa,
+        } => speculative::run(&model, repeats, plot_dir, isa.unwrap_or_else(Isa::detect)),
         Bench::Mix {
             max_val_tokens,
             rounds,
         } => mix::run(max_val_tokens, rounds),
-        Bench::Policy { measured_costs } => policy::run(measured_costs),
+        Bench::Policy {
+            measured_costs,
+            isa,
+        } => policy::run(measured_costs, isa.unwrap_or_else(Isa::detect)),
         Bench::Repeated { model } => repeated::run(&model),
     }
 }

@@ -27,20 +27,22 @@ use infgram::neural::chat_prompt;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 use std::sync::Arc;
 
-/// Runs the comparison, with this machine's pass costs when `measured`.
-pub fn run(measured: bool) {
+/// Runs the comparison on the `isa` kernels, with this machine's pass costs when `measured`.
+pub fn run(measured: bool, isa: infgram::neural::cpu::kernels::Isa) {
     let path = infgram::assets::ensure_model("smollm2-135m").expect("fetch the model");
     let tok = HfTokenizer::from_gguf(&path).unwrap();
     let index_dir = infgram::service::cached_index(&[], &tok)
         .expect("the Shakespeare index in the model's tokens");
     let index = Arc::new(infgram::Index::open(&index_dir).unwrap());
-    let mut model = Decoder::from_gguf(&path).unwrap().with_threads(2);
+    let mut model = Decoder::from_gguf(&path)
+        .unwrap()
+        .with_threads(2)
+        .with_isa(isa);
     let cost = if measured {
         let context: Vec<u32> = (0..256).map(|i| 100 + i).collect();
         let ms = crate::mix::pass_costs(&mut model, &context);
         println!(
-            "Pass costs measured here (kernels {:?}): {}\n",
-            infgram::neural::cpu::kernels::Isa::detect(),
+            "Pass costs measured here (kernels {isa:?}): {}\n",
             ms.iter()
                 .map(|(n, ms)| format!("{n} rows {ms:.2} ms"))
                 .collect::<Vec<_>>()

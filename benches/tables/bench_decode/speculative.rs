@@ -232,7 +232,12 @@ fn keep_fastest(best: &mut Option<(Vec<u32>, DecodeStats)>, run: (Vec<u32>, Deco
 
 /// Runs the benchmark with `model` (a short name, fetched on first use, or a GGUF file): `repeats` alternating runs
 /// per prompt, plots into `plot_dir`.
-pub fn run(model: &str, repeats: usize, plot_dir: Option<std::path::PathBuf>) {
+pub fn run(
+    model: &str,
+    repeats: usize,
+    plot_dir: Option<std::path::PathBuf>,
+    isa: infgram::neural::cpu::kernels::Isa,
+) {
     let source = infgram::neural::source::ModelSource::resolve(model).expect("the model");
     let path = source.path();
     // A model without a chat template (the packaged Gemma 3 is pretrained) continues the
@@ -241,7 +246,10 @@ pub fn run(model: &str, repeats: usize, plot_dir: Option<std::path::PathBuf>) {
     let tok = HfTokenizer::from_gguf(path).unwrap();
     let index_dir = infgram::service::cached_index(&[], &tok)
         .expect("the Shakespeare index in the model's tokens");
-    let mut model = Decoder::from_gguf(path).unwrap().with_threads(2);
+    let mut model = Decoder::from_gguf(path)
+        .unwrap()
+        .with_threads(2)
+        .with_isa(isa);
     let base = DecodeConfig {
         max_tokens: 256,
         trace: true,
@@ -347,7 +355,7 @@ pub fn run(model: &str, repeats: usize, plot_dir: Option<std::path::PathBuf>) {
         trees.push((name, tree));
     }
     println!(
-        "Greedy, 256 new tokens at most, {} on {} cores; ratios are speculative / plain tokens per second in the same run (fastest of {repeats} alternating runs each), geometric mean over the prompts (min–max); every output is compared with plain decoding's.\n",
+        "Greedy, 256 new tokens at most, {} on {} cores, kernels {isa:?}; ratios are speculative / plain tokens per second in the same run (fastest of {repeats} alternating runs each), geometric mean over the prompts (min–max); every output is compared with plain decoding's.\n",
         path.file_name().unwrap_or_default().to_string_lossy(),
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );

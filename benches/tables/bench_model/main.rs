@@ -144,18 +144,7 @@ fn compare_with_llamacpp(path: &std::path::Path, oracle: &Oracle, isa: Isa) {
 }
 
 fn parse_isa(name: &str) -> Isa {
-    let isa = match name {
-        "scalar" => Isa::Scalar,
-        "avx2" => Isa::Avx2,
-        "avxvnni" => Isa::AvxVnni,
-        "avx512vnni" => Isa::Avx512Vnni,
-        other => panic!("--isa {other}: expected scalar, avx2, avxvnni or avx512vnni"),
-    };
-    assert!(
-        Isa::available().contains(&isa),
-        "this CPU cannot run {isa:?}"
-    );
-    isa
+    name.parse().unwrap_or_else(|e| panic!("--isa {e}"))
 }
 
 /// Bytes of the matrices a one-token step reads from the file: every tensor but the

@@ -81,6 +81,29 @@ impl Isa {
     }
 }
 
+impl std::str::FromStr for Isa {
+    type Err = String;
+
+    /// `scalar`, `avx2`, `avxvnni` or `avx512vnni`, if this CPU runs it.
+    fn from_str(name: &str) -> Result<Isa, String> {
+        let isa = match name {
+            "scalar" => Isa::Scalar,
+            "avx2" => Isa::Avx2,
+            "avxvnni" => Isa::AvxVnni,
+            "avx512vnni" => Isa::Avx512Vnni,
+            other => {
+                return Err(format!(
+                    "{other}: expected scalar, avx2, avxvnni or avx512vnni"
+                ))
+            }
+        };
+        if !Isa::available().contains(&isa) {
+            return Err(format!("this CPU cannot run {isa:?}"));
+        }
+        Ok(isa)
+    }
+}
+
 fn has_avxvnni() -> bool {
     #[cfg(target_arch = "x86_64")]
     return std::arch::is_x86_feature_detected!("avxvnni");
