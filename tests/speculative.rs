@@ -364,8 +364,8 @@ impl LanguageModel for TreeStub {
     fn eos_tokens(&self) -> &[u32] {
         &[4]
     }
-    fn supports_trees(&self) -> bool {
-        true
+    fn max_tree_rows(&self) -> usize {
+        64
     }
     fn score_tree_first(
         &mut self,

@@ -160,7 +160,7 @@ pub struct DecodeConfig {
     /// Record every pass in [`DecodeStats::trace`] (`gen --trace FILE`).
     pub trace: bool,
     /// Verify a tree of drafts in one pass where drafters disagree and the model can
-    /// ([`LanguageModel::supports_trees`]); else the best draft alone. Off by default: on the
+    /// ([`LanguageModel::max_tree_rows`]); else the best draft alone. Off by default: on the
     /// CPUs measured a branch's rows almost never pay (`bench_decode speculative`), and asking
     /// every cheap drafter each step costs a little.
     pub trees: bool,
@@ -289,13 +289,17 @@ pub fn decode(
     mut on_token: impl FnMut(u32),
 ) -> Result<(Vec<u32>, DecodeStats)> {
     let mut run = Decoding::start(model, drafters.len(), processors, prompt, cfg)?;
-    let trees = cfg.trees && drafters.len() > 1 && model.supports_trees();
+    let tree_rows = if cfg.trees && drafters.len() > 1 {
+        model.max_tree_rows()
+    } else {
+        0
+    };
     while !run.done && run.stats.tokens < cfg.max_tokens {
         if cfg.cancel.as_ref().is_some_and(Cancel::is_cancelled) {
             run.stats.cancelled = true;
             break;
         }
-        let planned = run.plan(drafters, processors, cfg, trees)?;
+        let planned = run.plan(drafters, processors, cfg, tree_rows)?;
         let tree = DraftTree::of(&planned);
         let pass = run.pass(model, processors, sampler, &tree, cfg, &mut on_token)?;
         run.record(drafters, &planned, &tree, &pass, cfg);
@@ -395,13 +399,13 @@ impl Decoding {
         drafters: &mut [Box<dyn Drafter>],
         processors: &mut [Box<dyn Processor>],
         cfg: &DecodeConfig,
-        trees: bool,
+        tree_rows: usize,
     ) -> Result<policy::Planned> {
         let budget = cfg.max_tokens - self.stats.tokens;
         let t = self.timed.then(Instant::now);
-        let planned = self
-            .policy
-            .plan(drafters, processors, &self.context, cfg, budget, trees)?;
+        let planned =
+            self.policy
+                .plan(drafters, processors, &self.context, cfg, budget, tree_rows)?;
         if let Some(t) = t {
             self.stats.draft_seconds += t.elapsed().as_secs_f64();
         }

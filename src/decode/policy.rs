@@ -346,8 +346,9 @@ impl DraftPolicy {
 
     /// Asks the drafters in order and keeps the draft (cut to its best length) with the
     /// highest expected speed; `None` when no draft beats plain decoding. `budget`: tokens
-    /// the generation may still add. With `trees`, the other drafts asked become branches of
-    /// the best where they part from it and pay for their rows ([`DraftPolicy::branches`]).
+    /// the generation may still add. With `tree_rows` (the rows a tree pass may have; 0: no
+    /// trees), the other drafts asked become branches of the best where they part from it and
+    /// pay for their rows ([`DraftPolicy::branches`]).
     pub(super) fn plan(
         &mut self,
         drafters: &mut [Box<dyn Drafter>],
@@ -355,8 +356,9 @@ impl DraftPolicy {
         context: &[u32],
         cfg: &DecodeConfig,
         budget: usize,
-        trees: bool,
+        tree_rows: usize,
     ) -> Result<Planned> {
+        let trees = tree_rows > 0;
         let max = cfg.draft_max.min(budget.saturating_sub(1));
         let mut offers: Vec<Offer> = Vec::new();
         let mut best: Option<usize> = None;
@@ -418,7 +420,7 @@ impl DraftPolicy {
         let (k, _) = self.cost.best_length(&offers[b].calibrated);
         let main = offers[b].clone().cut(k);
         let branches = if trees {
-            self.branches(&main, &offers, cfg.draft_max)
+            self.branches(&main, &offers, tree_rows)
         } else {
             Vec::new()
         };
@@ -433,7 +435,8 @@ impl DraftPolicy {
     /// (the same `a` tokens, then another) hangs off there, as long as its prefix that most
     /// raises the expected speed, if any does: the chance to reach it is that of accepting
     /// `main`'s first `a` tokens and rejecting its next, times the branch's own chances.
-    /// At most `max_rows` draft rows in all (a padding row counted for each branch).
+    /// At most `max_rows` rows in all (the pending token's, and a padding row counted for
+    /// each branch).
     fn branches(&self, main: &Offer, offers: &[Offer], max_rows: usize) -> Vec<Branch> {
         let m = &main.draft.tokens;
         let mut reach = vec![1.0];
@@ -459,7 +462,7 @@ impl DraftPolicy {
                 r *= o.calibrated[j];
                 gain += r;
                 let n = rows + (j - a + 1) + 1;
-                if n > max_rows + 1 {
+                if n > max_rows {
                     break;
                 }
                 let s = (expected + gain) / self.cost.cost(n);

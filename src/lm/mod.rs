@@ -279,10 +279,11 @@ pub trait LanguageModel {
     fn recycle(&mut self, rows: Vec<Logits>) {
         drop(rows);
     }
-    /// Whether [`LanguageModel::score_tree_first`] verifies token trees in one pass. By
-    /// default not: the decode loop then verifies chains.
-    fn supports_trees(&self) -> bool {
-        false
+    /// How many rows a token tree verified by [`LanguageModel::score_tree_first`] may have
+    /// (padding included: one per branch); 0, the default, when the model verifies no trees
+    /// and the decode loop verifies chains.
+    fn max_tree_rows(&self) -> usize {
+        0
     }
     /// [`LanguageModel::score_first`] for a token tree after the cached tokens: node i holds
     /// `tokens[i]` and follows `parents[i]` (`None`: the cache; node 0 only), in preorder.
@@ -354,8 +355,8 @@ macro_rules! forward_language_model {
             fn recycle(&mut self, rows: Vec<Logits>) {
                 (**self).recycle(rows)
             }
-            fn supports_trees(&self) -> bool {
-                (**self).supports_trees()
+            fn max_tree_rows(&self) -> usize {
+                (**self).max_tree_rows()
             }
             fn score_tree_first(
                 &mut self,

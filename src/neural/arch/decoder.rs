@@ -698,10 +698,16 @@ impl LanguageModel for Decoder {
     }
 
     /// Trees need every layer's window (if any) longer than a tree is deep.
-    fn supports_trees(&self) -> bool {
-        self.layers
+    fn max_tree_rows(&self) -> usize {
+        let windows_fit = self
+            .layers
             .iter()
-            .all(|l| l.window.is_none_or(|w| w > MAX_TREE_ROWS))
+            .all(|l| l.window.is_none_or(|w| w > MAX_TREE_ROWS));
+        if windows_fit {
+            MAX_TREE_ROWS
+        } else {
+            0
+        }
     }
 
     fn score_tree_first(
@@ -710,7 +716,7 @@ impl LanguageModel for Decoder {
         parents: &[Option<usize>],
         first: usize,
     ) -> Result<Vec<Logits>> {
-        if !self.supports_trees() {
+        if self.max_tree_rows() == 0 {
             return Err(Error::Model(
                 "a sliding window shorter than a token tree: verify chains".into(),
             ));
