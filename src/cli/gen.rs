@@ -418,8 +418,7 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
     let past = match &args.past_outputs {
         Some(file) => {
             use infgram::decode::past::{PastOutputs, DEFAULT_BUDGET};
-            let past = PastOutputs::load(file, &tok.fingerprint(), DEFAULT_BUDGET)?;
-            Some(Arc::new(std::sync::RwLock::new(past)))
+            Some(PastOutputs::load(file, &tok.fingerprint(), DEFAULT_BUDGET)?.into_shared())
         }
         None => None,
     };

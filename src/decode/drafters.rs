@@ -324,11 +324,10 @@ impl Drafter for PromptLookup {
         }))
     }
 
-    fn next_after(&mut self, context: &[u32], draft: &[u32]) -> Result<Option<(u32, f64)>> {
-        self.sync(context);
-        let seq = [context, draft].concat();
+    fn next_after(&mut self, seq: &[u32], context_len: usize) -> Result<Option<(u32, f64)>> {
+        self.sync(&seq[..context_len]);
         Ok(self
-            .next(&seq)
+            .next(seq)
             .map(|(tok, agree, total, len)| (tok, copy_confidence(agree, total, len))))
     }
 
@@ -360,28 +359,22 @@ impl Braid {
 
 impl Drafter for Braid {
     fn propose(&mut self, context: &[u32], max: usize) -> Result<Draft> {
-        let mut draft = Draft::default();
-        let mut reach = 1.0;
-        while draft.tokens.len() < max {
+        let mut parts = Vec::new();
+        let mut draft = grow_draft(context.to_vec(), max, |seq| {
             let mut best: Option<(u32, f64, u8)> = None;
             for (i, part) in self.parts.iter_mut().enumerate() {
-                if let Some((t, c)) = part.next_after(context, &draft.tokens)? {
+                if let Some((t, c)) = part.next_after(seq, context.len())? {
                     if best.is_none_or(|b| c > b.1) {
                         best = Some((t, c, i as u8));
                     }
                 }
             }
-            let Some((token, confidence, part)) = best else {
-                break;
-            };
-            draft.tokens.push(token);
-            draft.confidence.push(confidence);
-            draft.parts.push(part);
-            reach *= confidence;
-            if reach < MIN_REACH {
-                break;
-            }
-        }
+            Ok(best.map(|(token, confidence, part)| {
+                parts.push(part);
+                (token, confidence)
+            }))
+        })?;
+        draft.parts = parts;
         Ok(draft)
     }
 

@@ -88,12 +88,12 @@ pub trait Drafter {
             .take(n)
             .collect())
     }
-    /// The token after `context` followed by `draft` (a draft being grown) and its
-    /// confidence, without learning `draft` as context. By default the first token of
-    /// [`Drafter::propose`] over the two joined.
-    fn next_after(&mut self, context: &[u32], draft: &[u32]) -> Result<Option<(u32, f64)>> {
-        let seq = [context, draft].concat();
-        let d = self.propose(&seq, 1)?;
+    /// The token after `seq` and its confidence, where `seq` is the context (its first
+    /// `context_len` tokens) followed by a draft being grown, without learning the draft as
+    /// context. By default the first token of [`Drafter::propose`] over `seq`.
+    fn next_after(&mut self, seq: &[u32], context_len: usize) -> Result<Option<(u32, f64)>> {
+        let _ = context_len;
+        let d = self.propose(seq, 1)?;
         Ok(d.tokens.first().map(|&t| (t, d.confidence[0])))
     }
     /// `context` grew by accepted tokens (live indexes learn them).
@@ -554,11 +554,13 @@ impl Decoding {
                     Some(part) => drafters[d].part_name(part),
                     None => drafters[d].name(),
                 };
-                *self
-                    .stats
-                    .accepted_by_drafter
-                    .entry(name.to_string())
-                    .or_default() += 1;
+                // A drafter's name is allocated once per generation, not per token.
+                match self.stats.accepted_by_drafter.get_mut(name) {
+                    Some(count) => *count += 1,
+                    None => {
+                        self.stats.accepted_by_drafter.insert(name.to_string(), 1);
+                    }
+                }
             }
             self.stats.drafted_passes += 1;
             self.stats.drafted += drafted;

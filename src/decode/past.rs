@@ -255,7 +255,12 @@ impl PastOutputs {
 
     /// A shareable empty index.
     pub fn shared(budget: usize) -> SharedPastOutputs {
-        Arc::new(RwLock::new(PastOutputs::new(budget)))
+        PastOutputs::new(budget).into_shared()
+    }
+
+    /// This index, to share.
+    pub fn into_shared(self) -> SharedPastOutputs {
+        Arc::new(RwLock::new(self))
     }
 
     /// Appends one output (draftable at once). Empty outputs are skipped; an output longer
@@ -370,14 +375,9 @@ impl PastOutputs {
                 path.display()
             ))
         };
-        let Some(newline) = bytes.iter().position(|&b| b == b'\n') else {
-            return Err(bad("no header line"));
+        let Some((header, body_at)) = our_header(&bytes) else {
+            return Err(bad("its first line is not the header"));
         };
-        let header: serde_json::Value =
-            serde_json::from_slice(&bytes[..newline]).map_err(|_| bad("no header line"))?;
-        if header["magic"] != MAGIC {
-            return Err(bad("another magic"));
-        }
         if header["version"] != VERSION {
             return Err(bad(&format!("format version {}", header["version"])));
         }
@@ -389,7 +389,7 @@ impl PastOutputs {
                 header["tokenizer"]
             )));
         }
-        let body = &bytes[newline + 1..];
+        let body = &bytes[body_at..];
         if !body.len().is_multiple_of(4) {
             return Err(bad("a truncated body"));
         }
@@ -427,12 +427,18 @@ impl PastOutputs {
     /// file that is not a past-outputs file.
     pub fn save(&self, path: &Path, fingerprint: &str) -> Result<()> {
         if path.exists() {
-            let mut head = vec![0u8; 64];
-            let n = std::fs::File::open(path)
-                .and_then(|mut f| f.read(&mut head))
+            // The header line only (a user's file may be large).
+            let mut head = Vec::new();
+            std::fs::File::open(path)
+                .and_then(|f| {
+                    std::io::BufRead::read_until(
+                        &mut std::io::BufReader::new(f.take(HEADER_MAX)),
+                        b'\n',
+                        &mut head,
+                    )
+                })
                 .map_err(|e| Error::io(path, e))?;
-            let magic = format!("{{\"magic\":\"{MAGIC}\"");
-            if !head[..n].starts_with(magic.as_bytes()) {
+            if our_header(&head).is_none() {
                 return Err(Error::input(format!(
                     "{}: exists and is not a past-outputs file of infgram; it is left as it is: \
                      name another file with --past-outputs",
@@ -468,6 +474,17 @@ const MAGIC: &str = "infgram-past-outputs";
 /// The format version of a past-outputs file.
 const VERSION: u32 = 1;
 
+/// Longest header line read.
+const HEADER_MAX: u64 = 4096;
+
+/// The header of a past-outputs file's `bytes` (its first line, with our magic) and where
+/// the body starts after it; `None` when they are not such a file's.
+fn our_header(bytes: &[u8]) -> Option<(serde_json::Value, usize)> {
+    let newline = bytes.iter().position(|&b| b == b'\n')?;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[..newline]).ok()?;
+    (header["magic"] == MAGIC).then_some((header, newline + 1))
+}
+
 /// `path` with `suffix` added to its file name.
 fn sibling(path: &Path, suffix: &str) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_os_string();
@@ -494,12 +511,6 @@ impl PastOutputDrafter {
 impl Drafter for PastOutputDrafter {
     fn propose(&mut self, context: &[u32], max: usize) -> Result<Draft> {
         Ok(self.read().draft(context, max))
-    }
-
-    fn next_after(&mut self, context: &[u32], draft: &[u32]) -> Result<Option<(u32, f64)>> {
-        let seq = [context, draft].concat();
-        let d = self.read().draft(&seq, 1);
-        Ok(d.tokens.first().map(|&t| (t, d.confidence[0])))
     }
 
     fn alternatives(&mut self, context: &[u32], n: usize) -> Result<Vec<(u32, f64)>> {

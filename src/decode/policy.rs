@@ -286,12 +286,13 @@ impl DrafterState {
 }
 
 /// A drafter's draft in one step: as proposed (cut where processors refuse it), with its
-/// calibrated confidences and the expected speed of its best prefix.
+/// calibrated confidences, the length of its best prefix and that prefix's expected speed.
 #[derive(Clone, Debug)]
 struct Offer {
     draft: Draft,
     drafter: usize,
     calibrated: Vec<f64>,
+    best_len: usize,
     speed: f64,
 }
 
@@ -402,23 +403,30 @@ impl DraftPolicy {
                 .map(|c| (c * f).max(local).min(0.99))
                 .collect();
             let (k, speed) = self.cost.best_length(&calibrated);
-            let offer = Offer {
-                draft,
-                drafter: d,
-                calibrated,
-                speed,
-            };
             if k > 0 && speed > best_speed(&offers, best) {
                 best = Some(offers.len());
             }
-            let keep = if trees { offer.draft.tokens.len() } else { k };
-            offers.push(offer.cut(keep));
+            offers.push(Offer {
+                draft,
+                drafter: d,
+                calibrated,
+                best_len: k,
+                speed,
+            });
         }
         let Some(b) = best else {
             return Ok(Planned::default());
         };
-        let (k, _) = self.cost.best_length(&offers[b].calibrated);
-        let main = offers[b].clone().cut(k);
+        // Branches are cut from the other offers as they were proposed.
+        let main = if trees {
+            offers[b].clone()
+        } else {
+            offers.swap_remove(b)
+        };
+        let main = {
+            let k = main.best_len;
+            main.cut(k)
+        };
         let branches = if trees {
             self.branches(&main, &offers, tree_rows)
         } else {

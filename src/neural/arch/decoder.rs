@@ -724,7 +724,7 @@ impl LanguageModel for Decoder {
         let layout = TreeLayout::new(tokens, parents)?;
         let base = self.cached;
         let rows = first.clamp(1, tokens.len());
-        let out = self.run_placed(&layout.tokens.clone(), rows, Some(&layout))?;
+        let out = self.run_placed(&layout.tokens, rows, Some(&layout))?;
         self.tree = Some((base, layout));
         Ok(out.into_iter().map(Logits::Dense).collect())
     }
