@@ -183,8 +183,23 @@ fn long_prompt_lookup_run_matches_plain_decoding_token_by_token() {
 }
 
 /// A scorer with a known next-token distribution: logits depend only on the previous token.
+/// With `tree_rows`, it verifies token trees too (a node's row depends on its own token
+/// alone).
 struct Stub {
     fed: Vec<u32>,
+    tree_rows: usize,
+    /// The cache length before the last tree pass, and the tree's tokens.
+    tree: Option<(usize, Vec<u32>)>,
+}
+
+impl Stub {
+    fn new(tree_rows: usize) -> Stub {
+        Stub {
+            fed: Vec::new(),
+            tree_rows,
+            tree: None,
+        }
+    }
 }
 
 const STUB_VOCAB: usize = 5;
@@ -199,6 +214,7 @@ fn stub_logits(prev: u32) -> Vec<f32> {
 
 impl LanguageModel for Stub {
     fn forward(&mut self, tokens: &[u32]) -> infgram::Result<Vec<Vec<f32>>> {
+        self.tree = None;
         self.fed.extend_from_slice(tokens);
         Ok(tokens.iter().map(|&t| stub_logits(t)).collect())
     }
@@ -214,23 +230,66 @@ impl LanguageModel for Stub {
     fn eos_tokens(&self) -> &[u32] {
         &[4]
     }
+    fn max_tree_rows(&self) -> usize {
+        self.tree_rows
+    }
+    fn score_tree_first(
+        &mut self,
+        tokens: &[u32],
+        parents: &[Option<usize>],
+        _first: usize,
+    ) -> infgram::Result<Vec<infgram::lm::Logits>> {
+        assert!(
+            parents[0].is_none()
+                && parents[1..]
+                    .iter()
+                    .enumerate()
+                    .all(|(i, p)| p.unwrap() <= i)
+        );
+        self.tree = Some((self.fed.len(), tokens.to_vec()));
+        Ok(tokens
+            .iter()
+            .map(|&t| infgram::lm::Logits::Dense(stub_logits(t)))
+            .collect())
+    }
+    fn keep_path(&mut self, path: &[usize]) -> infgram::Result<()> {
+        let (base, tokens) = self.tree.take().expect("a tree pass before keep_path");
+        self.fed.truncate(base);
+        self.fed.extend(path.iter().map(|&n| tokens[n]));
+        Ok(())
+    }
 }
 
-/// Always drafts `0, 0, 0`: deterministic drafts that are often wrong.
-struct Zeros;
+/// Always drafts `token` three times, with `confidence`: deterministic drafts that are
+/// often wrong.
+struct Always {
+    token: u32,
+    confidence: f64,
+}
 
-impl Drafter for Zeros {
+impl Drafter for Always {
     fn propose(&mut self, _: &[u32], max: usize) -> infgram::Result<Draft> {
         let n = max.min(3);
         Ok(Draft {
-            tokens: vec![0; n],
-            confidence: vec![0.99; n],
+            tokens: vec![self.token; n],
+            confidence: vec![self.confidence; n],
             ..Draft::default()
         })
     }
     fn name(&self) -> &str {
-        "zeros"
+        "always"
     }
+}
+
+/// Sampling at temperature 1 from `seed`.
+fn sampler(seed: u64) -> Sampler {
+    Sampler::new(
+        SamplerConfig {
+            temperature: 1.0,
+            ..SamplerConfig::default()
+        },
+        Some(seed),
+    )
 }
 
 #[test]
@@ -239,19 +298,16 @@ fn rejection_sampling_keeps_the_scorer_distribution() {
         max_tokens: 3,
         ..DecodeConfig::default()
     };
-    let mut sampler = Sampler::new(
-        SamplerConfig {
-            temperature: 1.0,
-            ..SamplerConfig::default()
-        },
-        Some(7),
-    );
+    let mut sampler = sampler(7);
     // Count the second generated token after prompt [1]: its law given the first is known.
     let runs = 20_000;
     let mut observed = vec![vec![0f64; STUB_VOCAB]; STUB_VOCAB];
     for _ in 0..runs {
-        let mut model = Stub { fed: Vec::new() };
-        let mut drafters: Vec<Box<dyn Drafter>> = vec![Box::new(Zeros)];
+        let mut model = Stub::new(0);
+        let mut drafters: Vec<Box<dyn Drafter>> = vec![Box::new(Always {
+            token: 0,
+            confidence: 0.99,
+        })];
         let (out, _) = decode(
             &mut model,
             &mut drafters,
@@ -340,80 +396,9 @@ fn gen_drafts_from_the_outputs_of_earlier_runs() {
     assert_eq!(std::fs::read_to_string(&notes).unwrap(), "mine\n");
 }
 
-/// [`Stub`] verifying token trees: a node's row depends on its own token alone.
-struct TreeStub {
-    fed: Vec<u32>,
-    tree: Option<(usize, Vec<u32>)>,
-}
-
-impl LanguageModel for TreeStub {
-    fn forward(&mut self, tokens: &[u32]) -> infgram::Result<Vec<Vec<f32>>> {
-        self.tree = None;
-        self.fed.extend_from_slice(tokens);
-        Ok(tokens.iter().map(|&t| stub_logits(t)).collect())
-    }
-    fn cache_len(&self) -> usize {
-        self.fed.len()
-    }
-    fn truncate(&mut self, len: usize) {
-        self.fed.truncate(len);
-    }
-    fn vocab_size(&self) -> usize {
-        STUB_VOCAB
-    }
-    fn eos_tokens(&self) -> &[u32] {
-        &[4]
-    }
-    fn max_tree_rows(&self) -> usize {
-        64
-    }
-    fn score_tree_first(
-        &mut self,
-        tokens: &[u32],
-        parents: &[Option<usize>],
-        _first: usize,
-    ) -> infgram::Result<Vec<infgram::lm::Logits>> {
-        assert!(
-            parents[0].is_none()
-                && parents[1..]
-                    .iter()
-                    .enumerate()
-                    .all(|(i, p)| p.unwrap() <= i)
-        );
-        self.tree = Some((self.fed.len(), tokens.to_vec()));
-        Ok(tokens
-            .iter()
-            .map(|&t| infgram::lm::Logits::Dense(stub_logits(t)))
-            .collect())
-    }
-    fn keep_path(&mut self, path: &[usize]) -> infgram::Result<()> {
-        let (base, tokens) = self.tree.take().expect("a tree pass before keep_path");
-        self.fed.truncate(base);
-        self.fed.extend(path.iter().map(|&n| tokens[n]));
-        Ok(())
-    }
-}
-
 /// Passes cost the same whatever their rows (as on a GPU): every branch with a chance pays.
 fn flat_cost() -> infgram::decode::CostModel {
     infgram::decode::CostModel::from_ms(&[(1, 1.0), (64, 1.0)]).frozen()
-}
-
-/// Drafts `token` three times with a middling confidence.
-struct Always(u32);
-
-impl Drafter for Always {
-    fn propose(&mut self, _: &[u32], max: usize) -> infgram::Result<Draft> {
-        let n = max.min(3);
-        Ok(Draft {
-            tokens: vec![self.0; n],
-            confidence: vec![0.6; n],
-            ..Draft::default()
-        })
-    }
-    fn name(&self) -> &str {
-        "always"
-    }
 }
 
 /// Draft trees (two drafters that disagree at every token: a branch of each) sample exactly
@@ -426,23 +411,20 @@ fn rejection_sampling_over_a_draft_tree_keeps_the_scorer_distribution() {
         trees: true,
         ..DecodeConfig::default()
     };
-    let mut sampler = Sampler::new(
-        SamplerConfig {
-            temperature: 1.0,
-            ..SamplerConfig::default()
-        },
-        Some(11),
-    );
+    let mut sampler = sampler(11);
     let runs = 20_000;
     let mut first = vec![0f64; STUB_VOCAB];
     let mut second = vec![vec![0f64; STUB_VOCAB]; STUB_VOCAB];
     let mut tree_passes = 0;
     for _ in 0..runs {
-        let mut model = TreeStub {
-            fed: Vec::new(),
-            tree: None,
+        let mut model = Stub::new(64);
+        let always = |token| -> Box<dyn Drafter> {
+            Box::new(Always {
+                token,
+                confidence: 0.6,
+            })
         };
-        let mut drafters: Vec<Box<dyn Drafter>> = vec![Box::new(Always(0)), Box::new(Always(2))];
+        let mut drafters = vec![always(0), always(2)];
         let (out, stats) = decode(
             &mut model,
             &mut drafters,

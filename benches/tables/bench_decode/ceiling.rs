@@ -1,5 +1,6 @@
-//! The ceiling of a set of drafters on one output (`policy`, `mix`): what a policy
-//! that knew the output would reach with them.
+//! The ceiling of a set of drafters on one output (`policy`, `mix`, `repeated`): what a
+//! policy that knew the output would reach with them; and a perfect drafter's bound, what no
+//! drafter passes with the pass costs.
 
 use infgram::decode::{CostModel, Drafter};
 
@@ -30,4 +31,23 @@ pub fn ceiling(
         }
     }
     (modeled, passes)
+}
+
+/// The table cost and passes of writing `len` tokens with a drafter that is always right: 16
+/// draft tokens a pass (17 tokens), the rest in one last pass.
+pub fn perfect(cost: &CostModel, len: usize) -> (f64, usize) {
+    let (full, rest) = (len / 17, len % 17);
+    let last = if rest > 0 { cost.cost(rest) } else { 0.0 };
+    (
+        full as f64 * cost.cost(17) + last,
+        full + usize::from(rest > 0),
+    )
+}
+
+/// Measured pass costs as a line: "1 rows 2.65 ms, 2 rows …".
+pub fn describe_costs(ms: &[(usize, f64)]) -> String {
+    ms.iter()
+        .map(|(n, ms)| format!("{n} rows {ms:.2} ms"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -43,10 +43,7 @@ pub fn run(measured: bool, isa: infgram::neural::cpu::kernels::Isa) {
         let ms = crate::mix::pass_costs(&mut model, &context);
         println!(
             "Pass costs measured here (kernels {isa:?}): {}\n",
-            ms.iter()
-                .map(|(n, ms)| format!("{n} rows {ms:.2} ms"))
-                .collect::<Vec<_>>()
-                .join(", ")
+            crate::ceiling::describe_costs(&ms)
         );
         CostModel::from_ms(&ms).frozen()
     } else {
@@ -99,10 +96,8 @@ pub fn run(measured: bool, isa: infgram::neural::cpu::kernels::Isa) {
             let perfect: Vec<_> = outputs
                 .iter()
                 .map(|(_, ids)| {
-                    let (full, rest) = (ids.len() / 17, ids.len() % 17);
-                    let modeled =
-                        full as f64 * cost.cost(17) + if rest > 0 { cost.cost(rest) } else { 0.0 };
-                    (ids.len(), modeled, full + usize::from(rest > 0))
+                    let (modeled, passes) = crate::ceiling::perfect(&cost, ids.len());
+                    (ids.len(), modeled, passes)
                 })
                 .collect();
             print_row(name, "bound: a perfect drafter (16 right a pass)", &perfect);

@@ -244,9 +244,10 @@ fn print_ceiling(
     prompts: &[String],
     results: &[(Completion, Completion)],
 ) {
-    use infgram::decode::drafters::{Braid, PromptLookup};
-    use infgram::decode::past::{remember, PastOutputDrafter};
-    use infgram::decode::{CostModel, Drafter};
+    use infgram::decode::past::remember;
+    use infgram::decode::CostModel;
+    use infgram::service::generate::{drafters, AssemblyOptions};
+    use infgram::service::request::DrafterSpec;
     let mut model = infgram::neural::arch::decoder::Decoder::from_gguf(path)
         .unwrap()
         .with_threads(2);
@@ -254,23 +255,22 @@ fn print_ceiling(
     let ms = crate::mix::pass_costs(&mut model, &context);
     let cost = CostModel::from_ms(&ms).frozen();
     let past = PastOutputs::shared(infgram::decode::past::DEFAULT_BUDGET);
+    let assembly = AssemblyOptions {
+        drafters: vec![DrafterSpec::PromptLookup, DrafterSpec::PastOutputs],
+        drafting_index: None,
+        repetition_penalty: 1.0,
+        guard: None,
+        past_outputs: Some(past.clone()),
+    };
     let (mut ceiling, mut perfect) = (Vec::new(), Vec::new());
     for (p, (spec, _)) in prompts.iter().zip(results) {
         let prompt = tok.encode(p).unwrap();
         let output = tok.encode(&spec.text).unwrap();
-        let mut drafters: Vec<Box<dyn Drafter>> = vec![
-            Box::new(Braid::new(vec![
-                Box::new(PromptLookup::new(8)),
-                Box::new(PastOutputDrafter::new(past.clone())),
-            ])),
-            Box::new(PromptLookup::new(8)),
-            Box::new(PastOutputDrafter::new(past.clone())),
-        ];
+        // The drafters a server's speculative completion has, but the corpus.
+        let mut drafters = drafters(&assembly, tok).unwrap();
         let (modeled, _) = crate::ceiling::ceiling(&mut drafters, &cost, &prompt, &output);
         ceiling.push(output.len() as f64 / modeled.max(1e-9));
-        let full = output.len() / 17;
-        let rest = output.len() % 17;
-        let best = full as f64 * cost.cost(17) + if rest > 0 { cost.cost(rest) } else { 0.0 };
+        let (best, _) = crate::ceiling::perfect(&cost, output.len());
         perfect.push(output.len() as f64 / best.max(1e-9));
         // As the server did: the speculative and the plain output (the same text).
         remember(&past, &output);
@@ -282,10 +282,7 @@ fn print_ceiling(
     };
     println!(
         "\nBounds after the first 5, modeled with this machine's passes ({}):\n",
-        ms.iter()
-            .map(|(n, ms)| format!("{n} rows {ms:.2} ms"))
-            .collect::<Vec<_>>()
-            .join(", ")
+        crate::ceiling::describe_costs(&ms)
     );
     println!("| bound | speed-up, geomean (min–max) |");
     println!("|---|---:|");
@@ -307,6 +304,56 @@ fn geomean(r: impl Iterator<Item = f64>) -> (f64, f64, f64) {
     (g, min, max)
 }
 
+/// A set of requests in figures: the speed-ups (geomean, min, max), the time ratio, tokens
+/// per pass, tree passes, passes, tokens accepted from prompt / past / corpus, identical
+/// outputs, requests.
+struct Summary {
+    speedup: (f64, f64, f64),
+    time_ratio: f64,
+    tokens_per_pass: f64,
+    tree_passes: usize,
+    passes: usize,
+    accepted: [usize; 3],
+    identical: usize,
+    requests: usize,
+}
+
+impl Summary {
+    fn of(part: &[&(Completion, Completion)]) -> Summary {
+        let sum = |f: &dyn Fn(&Completion) -> usize| part.iter().map(|(s, _)| f(s)).sum::<usize>();
+        let seconds = |plain: bool| -> f64 {
+            part.iter()
+                .map(|(s, p)| if plain { p.seconds } else { s.seconds })
+                .sum()
+        };
+        let passes = sum(&|s| s.passes);
+        let by = |d: &str| sum(&|s| s.accepted_by.get(d).copied().unwrap_or(0));
+        Summary {
+            speedup: geomean(
+                part.iter()
+                    .map(|(s, p)| s.tokens_per_second() / p.tokens_per_second()),
+            ),
+            time_ratio: seconds(true) / seconds(false).max(1e-9),
+            tokens_per_pass: sum(&|s| s.tokens) as f64 / passes.max(1) as f64,
+            tree_passes: sum(&|s| s.tree_passes),
+            passes,
+            accepted: [by("prompt"), by("past"), by("corpus")],
+            identical: part.iter().filter(|(s, p)| s.text == p.text).count(),
+            requests: part.len(),
+        }
+    }
+
+    fn speedup(&self) -> String {
+        let (g, min, max) = self.speedup;
+        format!("{g:.2}× ({min:.2}–{max:.2})")
+    }
+
+    fn accepted(&self) -> String {
+        let [p, past, c] = self.accepted;
+        format!("{p} / {past} / {c}")
+    }
+}
+
 fn print_table(model: &str, results: &[(Completion, Completion)]) {
     println!(
         "Repeated tasks through one server on 127.0.0.1: {REQUESTS} requests of 4 templates, greedy, 256 tokens at most, {model}, 2 threads, kernels {:?}; each request speculative (prompt lookup + past outputs + corpus) then plain; ratios of tokens/s after the prompt's pass, same run.\n",
@@ -314,72 +361,48 @@ fn print_table(model: &str, results: &[(Completion, Completion)]) {
     );
     println!("| requests | speed-up, geomean (min–max) | time ratio (Σ plain s / Σ speculative s) | tokens per pass | tree passes / passes | accepted: prompt / past / corpus | identical |");
     println!("|---|---:|---:|---:|---:|---:|---:|");
+    let requests = |keep: &dyn Fn(usize) -> bool| -> Vec<&(Completion, Completion)> {
+        results
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| keep(*i))
+            .map(|(_, r)| r)
+            .collect()
+    };
     for (name, range) in [
         ("first 5", 0..WARMUP),
         ("after the first 5", WARMUP..results.len()),
         ("all", 0..results.len()),
     ] {
-        let part = &results[range];
-        let (g, min, max) = geomean(
-            part.iter()
-                .map(|(s, p)| s.tokens_per_second() / p.tokens_per_second()),
-        );
-        let spec_s: f64 = part.iter().map(|(s, _)| s.seconds).sum();
-        let plain_s: f64 = part.iter().map(|(_, p)| p.seconds).sum();
-        let tokens: usize = part.iter().map(|(s, _)| s.tokens).sum();
-        let passes: usize = part.iter().map(|(s, _)| s.passes).sum();
-        let by = |d: &str| -> usize {
-            part.iter()
-                .map(|(s, _)| s.accepted_by.get(d).copied().unwrap_or(0))
-                .sum()
-        };
-        let identical = part.iter().filter(|(s, p)| s.text == p.text).count();
-        let trees: usize = part.iter().map(|(s, _)| s.tree_passes).sum();
+        let s = Summary::of(&requests(&|i| range.contains(&i)));
         println!(
-            "| {name} | {g:.2}× ({min:.2}–{max:.2}) | {:.2}× | {:.2} | {trees} / {passes} | {} / {} / {} | {identical}/{} |",
-            plain_s / spec_s.max(1e-9),
-            tokens as f64 / passes.max(1) as f64,
-            by("prompt"),
-            by("past"),
-            by("corpus"),
-            part.len()
+            "| {name} | {} | {:.2}× | {:.2} | {} / {} | {} | {}/{} |",
+            s.speedup(),
+            s.time_ratio,
+            s.tokens_per_pass,
+            s.tree_passes,
+            s.passes,
+            s.accepted(),
+            s.identical,
+            s.requests
         );
     }
     println!("\nPer template, after the first 5:\n");
     println!("| template | speed-up, geomean (min–max) | tokens per pass | accepted: prompt / past / corpus |");
     println!("|---|---:|---:|---:|");
-    for (t, name) in [
+    let templates = [
         "extract to JSON",
         "rewrite SQL",
         "rename in code",
         "form letter",
-    ]
-    .iter()
-    .enumerate()
-    {
-        let part: Vec<&(Completion, Completion)> = results
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| *i >= WARMUP && i % 4 == t)
-            .map(|(_, r)| r)
-            .collect();
-        let (g, min, max) = geomean(
-            part.iter()
-                .map(|(s, p)| s.tokens_per_second() / p.tokens_per_second()),
-        );
-        let tokens: usize = part.iter().map(|(s, _)| s.tokens).sum();
-        let passes: usize = part.iter().map(|(s, _)| s.passes).sum();
-        let by = |d: &str| -> usize {
-            part.iter()
-                .map(|(s, _)| s.accepted_by.get(d).copied().unwrap_or(0))
-                .sum()
-        };
+    ];
+    for (t, name) in templates.iter().enumerate() {
+        let s = Summary::of(&requests(&|i| i >= WARMUP && i % 4 == t));
         println!(
-            "| {name} | {g:.2}× ({min:.2}–{max:.2}) | {:.2} | {} / {} / {} |",
-            tokens as f64 / passes.max(1) as f64,
-            by("prompt"),
-            by("past"),
-            by("corpus")
+            "| {name} | {} | {:.2} | {} |",
+            s.speedup(),
+            s.tokens_per_pass,
+            s.accepted()
         );
     }
 }
