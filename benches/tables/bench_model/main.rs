@@ -18,6 +18,8 @@
 //! (the file's weight bytes per step); the table gives that bound beside infgram's own bytes
 //! per step.
 
+mod kinds;
+
 use candle_core::quantized::GgmlDType;
 use infgram::lm::{argmax, LanguageModel};
 use infgram::neural::arch::decoder::Decoder;
@@ -45,6 +47,15 @@ struct Args {
     /// Print the memory-bandwidth bound of a step instead of timing passes.
     #[arg(long)]
     roofline: bool,
+    /// Decode with `--model` and with this file side by side, alternating, and give the ratio.
+    #[arg(long)]
+    against: Option<std::path::PathBuf>,
+    /// Rounds of `--against`.
+    #[arg(long, default_value_t = 20)]
+    rounds: usize,
+    /// Time each weight type's product alone, at SmolLM2's shapes, instead.
+    #[arg(long)]
+    kinds: bool,
     /// llama.cpp's answers on the same file (python/bench/llamacpp_oracle.py): compare
     /// infgram's with them after the timings.
     #[arg(long)]
@@ -270,19 +281,25 @@ fn main() {
         Some(path) => path,
         None => infgram::assets::ensure_model("smollm2-135m").expect("fetch the model"),
     };
-    if args.roofline {
-        return roofline(&path);
-    }
     let isa = args
         .isa
         .as_deref()
         .map(parse_isa)
         .unwrap_or_else(Isa::detect);
+    if args.kinds {
+        return kinds::run(isa);
+    }
+    if args.roofline {
+        return roofline(&path);
+    }
     let text = infgram::assets::tiny_shakespeare().expect("the in-tree Tiny Shakespeare");
     let ids = match HfTokenizer::from_gguf(&path) {
         Ok(tok) => tok.encode(&text[..4000]).unwrap(),
         Err(_) => text.bytes().take(4000).map(|b| b as u32 + 100).collect(),
     };
+    if let Some(other) = &args.against {
+        return kinds::against(&path, other, isa, &ids, args.rounds);
+    }
     let ctx = &ids[..256];
     let mut reference: Option<Vec<f32>> = None;
     println!("| forward pass | weights | decode tokens/s | k=1 ms | k=2 | k=4 | k=8 | k=16 | k=16 / k=1 | max logit diff vs the first row |");

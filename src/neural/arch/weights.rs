@@ -5,26 +5,23 @@
 //! |---|---|---|
 //! | Q4_0 | `d·(q − 8)`, q in 0..16 | nibbles, f16 scales, offset `−8d` |
 //! | Q4_1 | `d·q + m` | nibbles, f16 scales |
-//! | Q4_K | `d·sc·q − dmin·mn` (6-bit sc, mn per 32) | nibbles, f32 scales (`d·sc`, `−dmin·mn`) |
+//! | Q4_K | `d·sc·q − dmin·mn` (6-bit sc, mn per 32) | nibbles, factors `sc`, `mn` per row; `d`, `−dmin` per super-block |
 //! | Q5_0 | `d·(q − 16)`, q in 0..32 | five bits, f16 scales (the 16 taken out in integers) |
 //! | Q5_1 | `d·q + m`, q in 0..32 | five bits, f16 scales |
-//! | Q5_K | `d·sc·q − dmin·mn`, q in 0..32 | five bits, f32 scales (`d·sc`, `−dmin·mn`) |
+//! | Q5_K | `d·sc·q − dmin·mn`, q in 0..32 | five bits, as Q4_K |
 //! | Q8_0 | `d·q` | bytes, one scale |
-//! | Q6_K | `d·sc·(q − 32)`, 8-bit sc per 16 columns | bytes, a scale per half |
+//! | Q6_K | `d·sc·(q − 32)`, 8-bit sc per 16 columns | six bits, a factor per half; `d` per super-block |
 //!
-//! Every scale the tiles keep is the exact product the format defines (an f16 times a small
+//! The kernels form each scale as the exact product the format defines (an f16 times a small
 //! integer fits an f32's mantissa), so no weight changes. Any other type (F32, F16, BF16,
 //! Q2_K, Q3_K…) is re-quantized to Q8_0 through f32, which does change weights, slightly.
 
 use crate::error::Result;
-use crate::neural::cpu::kernels::{QMatrix, RowBlock, BLOCK};
+use crate::neural::cpu::kernels::{KBlock, KQuant, QMatrix, RowBlock, BLOCK, SUPER_BLOCK};
 use crate::neural::load::gguf::model_err;
 use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
 use std::path::Path;
-
-/// Columns in a K-quant super-block.
-const QK_K: usize = 256;
 
 /// The file types whose blocks the kernels take as they are.
 pub const NATIVE_TYPES: &[GgmlDType] = &[
@@ -39,7 +36,11 @@ pub const NATIVE_TYPES: &[GgmlDType] = &[
 ];
 
 fn f16_at(bytes: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
+    half_at(bytes, at).to_f32()
+}
+
+fn half_at(bytes: &[u8], at: usize) -> f16 {
+    f16::from_le_bytes([bytes[at], bytes[at + 1]])
 }
 
 /// A block's bytes: `bytes` holds `rows` rows of `per_row` blocks of `size` bytes each, and
@@ -68,7 +69,7 @@ impl<'a> Layout<'a> {
 }
 
 fn one_scale<Q>(d: f32, m: f32, q: [Q; BLOCK]) -> RowBlock<Q> {
-    RowBlock { d, d_hi: d, m, q }
+    RowBlock { d, m, q }
 }
 
 /// The 6-bit scale and minimum of sub-block `j` of a Q4_K / Q5_K super-block (ggml's
@@ -87,16 +88,12 @@ fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
 /// `t`'s blocks in the kernels' tiles, with the values the file holds; `None` when the type
 /// is not one of [`NATIVE_TYPES`] or its data does not have the length its shape needs.
 pub fn native_matrix(dtype: GgmlDType, rows: usize, cols: usize, bytes: &[u8]) -> Option<QMatrix> {
-    let nibbles = |f32_scales, block: &dyn Fn(usize, usize) -> RowBlock<u8>| {
-        QMatrix::from_nibble_blocks(rows, cols, f32_scales, block)
-    };
-    let signed = |split, block: &dyn Fn(usize, usize) -> RowBlock<i8>| {
-        QMatrix::from_byte_blocks(rows, cols, split, block)
-    };
+    // A K-quant super-block's d and −dmin (at bytes 0 and 2 of Q4_K and Q5_K).
+    let d_dmin = |raw: &[u8]| (half_at(raw, 0), -half_at(raw, 2));
     match dtype {
         GgmlDType::Q4_0 => {
             let l = Layout::new(bytes, rows, cols, BLOCK, 18)?;
-            Some(nibbles(false, &|r, b| {
+            Some(QMatrix::from_nibble_blocks(rows, cols, |r, b| {
                 let raw = l.block(r, b);
                 let d = f16_at(raw, 0);
                 // −8d is an f16 whenever d is (a power of two apart), short of overflow.
@@ -109,7 +106,7 @@ pub fn native_matrix(dtype: GgmlDType, rows: usize, cols: usize, bytes: &[u8]) -
         }
         GgmlDType::Q4_1 => {
             let l = Layout::new(bytes, rows, cols, BLOCK, 20)?;
-            Some(nibbles(false, &|r, b| {
+            Some(QMatrix::from_nibble_blocks(rows, cols, |r, b| {
                 let raw = l.block(r, b);
                 let q = std::array::from_fn(|c| low_high(raw[4 + c % 16], c));
                 one_scale(f16_at(raw, 0), f16_at(raw, 2), q)
@@ -117,7 +114,7 @@ pub fn native_matrix(dtype: GgmlDType, rows: usize, cols: usize, bytes: &[u8]) -
         }
         GgmlDType::Q8_0 => {
             let l = Layout::new(bytes, rows, cols, BLOCK, 34)?;
-            Some(signed(false, &|r, b| {
+            Some(QMatrix::from_byte_blocks(rows, cols, |r, b| {
                 let raw = l.block(r, b);
                 one_scale(
                     f16_at(raw, 0),
@@ -141,60 +138,86 @@ pub fn native_matrix(dtype: GgmlDType, rows: usize, cols: usize, bytes: &[u8]) -
                 one_scale(f16_at(raw, 0), m, q)
             };
             Some(match offset {
-                true => QMatrix::from_five_bit_blocks(rows, cols, false, block),
+                true => QMatrix::from_five_bit_blocks(rows, cols, block),
                 false => QMatrix::from_q5_0_blocks(rows, cols, block),
             })
         }
         GgmlDType::Q4K => {
-            let l = Layout::new(bytes, rows, cols, QK_K, 144)?;
-            Some(nibbles(true, &|r, b| {
-                let raw = l.block(r, b / 8);
-                let j = b % 8;
-                let (d, dmin) = (f16_at(raw, 0), f16_at(raw, 2));
-                let (sc, mn) = scale_min_k4(j, &raw[4..16]);
-                let qs = &raw[16 + 32 * (j / 2)..][..32];
-                let q = std::array::from_fn(|c| if j % 2 == 0 { qs[c] & 0xF } else { qs[c] >> 4 });
-                one_scale(d * sc as f32, -(dmin * mn as f32), q)
-            }))
+            let l = Layout::new(bytes, rows, cols, SUPER_BLOCK, 144)?;
+            let sup = |r, s| d_dmin(l.block(r, s));
+            Some(QMatrix::from_k_blocks(
+                KQuant::Q4K,
+                rows,
+                cols,
+                sup,
+                |r, b| {
+                    let raw = l.block(r, b / 8);
+                    let j = b % 8;
+                    let (sc, mn) = scale_min_k4(j, &raw[4..16]);
+                    let qs = &raw[16 + 32 * (j / 2)..][..32];
+                    let q =
+                        std::array::from_fn(|c| if j % 2 == 0 { qs[c] & 0xF } else { qs[c] >> 4 });
+                    KBlock {
+                        sc: [sc as i8; 2],
+                        mn,
+                        q,
+                    }
+                },
+            ))
         }
         GgmlDType::Q5K => {
-            let l = Layout::new(bytes, rows, cols, QK_K, 176)?;
-            Some(QMatrix::from_five_bit_blocks(rows, cols, true, |r, b| {
-                let raw = l.block(r, b / 8);
-                let j = b % 8;
-                let (d, dmin) = (f16_at(raw, 0), f16_at(raw, 2));
-                let (sc, mn) = scale_min_k4(j, &raw[4..16]);
-                let (qh, qs) = (&raw[16..48], &raw[48 + 32 * (j / 2)..][..32]);
-                let q = std::array::from_fn(|c| {
-                    let low = if j % 2 == 0 { qs[c] & 0xF } else { qs[c] >> 4 };
-                    low | (((qh[c] >> j) & 1) << 4)
-                });
-                one_scale(d * sc as f32, -(dmin * mn as f32), q)
-            }))
+            let l = Layout::new(bytes, rows, cols, SUPER_BLOCK, 176)?;
+            let sup = |r, s| d_dmin(l.block(r, s));
+            Some(QMatrix::from_k_blocks(
+                KQuant::Q5K,
+                rows,
+                cols,
+                sup,
+                |r, b| {
+                    let raw = l.block(r, b / 8);
+                    let j = b % 8;
+                    let (sc, mn) = scale_min_k4(j, &raw[4..16]);
+                    let (qh, qs) = (&raw[16..48], &raw[48 + 32 * (j / 2)..][..32]);
+                    let q = std::array::from_fn(|c| {
+                        let low = if j % 2 == 0 { qs[c] & 0xF } else { qs[c] >> 4 };
+                        low | (((qh[c] >> j) & 1) << 4)
+                    });
+                    KBlock {
+                        sc: [sc as i8; 2],
+                        mn,
+                        q,
+                    }
+                },
+            ))
         }
         GgmlDType::Q6K => {
-            let l = Layout::new(bytes, rows, cols, QK_K, 210)?;
-            Some(signed(true, &|r, b| {
-                let raw = l.block(r, b / 8);
-                let (ql, qh, sc) = (&raw[..128], &raw[128..192], &raw[192..208]);
-                let d = f16_at(raw, 208);
-                let q = std::array::from_fn(|c| {
-                    // Element e of the super-block: half n, quarter, lane l (ggml's loop).
-                    let e = 32 * (b % 8) + c;
-                    let (n, quarter, l) = (e / 128, (e % 128) / 32, e % 32);
-                    let low = ql[64 * n + l + 32 * (quarter % 2)];
-                    let low = if quarter < 2 { low & 0xF } else { low >> 4 };
-                    let high = (qh[32 * n + l] >> (2 * quarter)) & 3;
-                    (low | (high << 4)) as i8 - 32
-                });
-                let e = 32 * (b % 8);
-                RowBlock {
-                    d: d * sc[e / 16] as i8 as f32,
-                    d_hi: d * sc[e / 16 + 1] as i8 as f32,
-                    m: 0.0,
-                    q,
-                }
-            }))
+            let l = Layout::new(bytes, rows, cols, SUPER_BLOCK, 210)?;
+            let sup = |r, s| (half_at(l.block(r, s), 208), f16::ZERO);
+            Some(QMatrix::from_k_blocks(
+                KQuant::Q6K,
+                rows,
+                cols,
+                sup,
+                |r, b| {
+                    let raw = l.block(r, b / 8);
+                    let (ql, qh, sc) = (&raw[..128], &raw[128..192], &raw[192..208]);
+                    let q = std::array::from_fn(|c| {
+                        // Element e of the super-block: half n, quarter, lane l (ggml's loop).
+                        let e = 32 * (b % 8) + c;
+                        let (n, quarter, l) = (e / 128, (e % 128) / 32, e % 32);
+                        let low = ql[64 * n + l + 32 * (quarter % 2)];
+                        let low = if quarter < 2 { low & 0xF } else { low >> 4 };
+                        let high = (qh[32 * n + l] >> (2 * quarter)) & 3;
+                        low | (high << 4)
+                    });
+                    let e = 32 * (b % 8);
+                    KBlock {
+                        sc: [sc[e / 16] as i8, sc[e / 16 + 1] as i8],
+                        mn: 0,
+                        q,
+                    }
+                },
+            ))
         }
         _ => None,
     }

@@ -2,9 +2,11 @@
 //!
 //! Weights keep the GGUF file's values (`arch::weights` decodes each ggml block type; others
 //! are re-quantized to Q8_0 at load), repacked at load into *tiles* of 16 weight rows × one
-//! block of 32 columns: nibbles (Q4_0, Q4_1, Q4_K; 5–6 bits a weight), five-bit quants (Q5_0,
-//! Q5_1, Q5_K; 5.5–7), bytes with one f16 scale (Q8_0; 8.5, as ggml) or a scale per half block
-//! and an offset (Q6_K; 11). In a tile
+//! block of 32 columns: nibbles (Q4_0, Q4_1: 5 bits a weight; Q4_K: 4.6), five-bit quants
+//! (Q5_0: 5.5; Q5_1: 6; Q5_K: 5.6), six-bit quants (Q6_K: 6.6) and bytes (Q8_0: 8.5), each at
+//! its file's size or within 0.13 bits of it. K-quant tiles keep each row's small integer
+//! factors, and the f16 scales of their super-blocks of 256 columns are kept once per 16 rows
+//! beside the tiles; the kernels multiply the two, exactly, once per tile. In a tile
 //! the rows are interleaved four columns at a time, so one 64-byte load holds the same four
 //! columns of 16 rows: a single `vpdpbusd` against four broadcast activation bytes advances 16
 //! dot products at once, and a block's integer sums land in one register, one lane per weight
@@ -121,72 +123,69 @@ pub struct QMatrix {
 /// Tiles in group-major order: tile `g·nb + b` holds rows `16g..16g+16`, block `b`. Rows past
 /// `rows` (padding of the last group) are zero.
 enum Quants {
-    /// Nibbles with f16 scales (Q4_1, Q4_0).
-    Q4_1(Vec<Q4Tile<f16>>),
-    /// Nibbles with f32 scales (Q4_K: a sub-block's scale is `d·sc`, exact in f32 only).
-    Q4F(Vec<Q4Tile<f32>>),
+    /// Nibbles with f16 scales and offsets (Q4_1, Q4_0).
+    Q4_1(Vec<Q4Tile>),
     /// Five-bit quants with f16 scales and no offsets (Q5_0: `d·(q − 16)`).
     Q5_0(Vec<Q5_0Tile>),
-    /// Five-bit quants with f16 scales (Q5_1).
-    Q5(Vec<Q5Tile<f16>>),
-    /// Five-bit quants with f32 scales (Q5_K).
-    Q5F(Vec<Q5Tile<f32>>),
-    /// Bytes with one f16 scale per block (Q8_0, Q5_0).
+    /// Five-bit quants with f16 scales and offsets (Q5_1).
+    Q5(Vec<Q5Tile>),
+    /// Bytes with one f16 scale per block (Q8_0).
     Q8_0(Vec<Q8_0Tile>),
-    /// Signed bytes with a scale per half block and an offset (Q6_K, Q5_K, Q5_1).
-    Q8H(Vec<Q8HTile>),
+    /// Q4_K: nibbles with integer factors of the super-block's scales.
+    Q4K(KTiles<Q4KTile>),
+    /// Q5_K: five-bit quants with integer factors of the super-block's scales.
+    Q5K(KTiles<Q5KTile>),
+    /// Q6_K: six-bit quants with a signed integer factor per half block.
+    Q6K(KTiles<Q6KTile>),
 }
 
-/// A tile's per-row scales: f16 as the file stores them, or f32 when they are products.
-pub(crate) trait Scale: Copy + 'static {
-    /// Stored as f32 (loaded as is), else f16 (converted).
-    const F32: bool;
-    const ZERO: Self;
-    fn from_f32(v: f32) -> Self;
-    fn get(self) -> f32;
+/// A K-quant matrix: its tiles, and the f16 scales of each group's super-blocks (entry
+/// `g·nb/8 + b/8` for tile `g·nb + b`), kept once per 8 tiles as the file keeps them once
+/// per 256 columns.
+struct KTiles<T> {
+    tiles: Vec<T>,
+    supers: Vec<SuperScales>,
 }
 
-impl Scale for f16 {
-    const F32: bool = false;
-    const ZERO: Self = f16::ZERO;
-    fn from_f32(v: f32) -> Self {
-        f16::from_f32(v)
-    }
-    fn get(self) -> f32 {
-        self.to_f32()
-    }
-}
-
-impl Scale for f32 {
-    const F32: bool = true;
-    const ZERO: Self = 0.0;
-    fn from_f32(v: f32) -> Self {
-        v
-    }
-    fn get(self) -> f32 {
-        self
+impl<T> KTiles<T> {
+    /// Group g's super-blocks, for `nb` blocks a row.
+    fn group_supers(&self, g: usize, nb: usize) -> &[SuperScales] {
+        &self.supers[g * nb / 8..(g + 1) * nb / 8]
     }
 }
 
-/// 16 rows × 32 columns of nibbles (`value = d·q + m`, q in 0..16); 320 bytes with f16
-/// scales, 384 with f32.
+/// The f16 scale `d` and offset scale `m` (ggml's `−dmin`; unused by Q6_K) of 16 rows' super-
+/// block: a K-quant block's scale is `d·sc` and its offset `m·mn`, both exact in f32.
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
-struct Q4Tile<S> {
+struct SuperScales {
+    d: [f16; TILE_ROWS],
+    m: [f16; TILE_ROWS],
+}
+
+/// What tiles without super-blocks pass for one (never read).
+const NO_SUPER: SuperScales = SuperScales {
+    d: [f16::ZERO; TILE_ROWS],
+    m: [f16::ZERO; TILE_ROWS],
+};
+
+/// 16 rows × 32 columns of nibbles (`value = d·q + m`, q in 0..16); 320 bytes.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct Q4Tile {
     /// Chunk t, byte 4·i + c: row i's quant at column 4t + c in the low nibble and at column
     /// 4(t + 4) + c in the high nibble.
     qs: [[u8; 64]; 4],
-    d: [S; TILE_ROWS],
-    m: [S; TILE_ROWS],
+    d: [f16; TILE_ROWS],
+    m: [f16; TILE_ROWS],
 }
 
 /// 16 rows × 32 columns of five-bit quants (`value = d·q + m`, q in 0..32): the low four bits
-/// as a nibble tile, the fifth beside them; 384 bytes with f16 scales (6 bits a weight), 448
-/// with f32.
+/// as a nibble tile, the fifth beside them; 384 bytes (6 bits a weight).
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
-struct Q5Tile<S> {
-    low: Q4Tile<S>,
+struct Q5Tile {
+    low: Q4Tile,
     /// Bit 4·i + c of word t: the fifth bit of row i's quant at column 4t + c (the byte order
     /// of the nibble tile's chunk t unpacked, so one mask per unpacked register).
     high: [u64; 8],
@@ -203,82 +202,191 @@ struct Q5_0Tile {
     d: [f16; TILE_ROWS],
 }
 
+/// 16 rows × 32 columns of Q4_K (`value = d·sc·q + m·mn`, q in 0..16, the 6-bit factors
+/// `sc` and `mn` per row, `d` and `m` from the super-block); 288 bytes, 4.6 bits a weight
+/// with the super-block's scales (the file's: 4.5).
+#[repr(C, align(32))]
+#[derive(Clone, Copy)]
+struct Q4KTile {
+    qs: [[u8; 64]; 4],
+    sc: [u8; TILE_ROWS],
+    mn: [u8; TILE_ROWS],
+}
+
+/// 16 rows × 32 columns of Q5_K: a [`Q4KTile`] with a plane of fifth bits as in
+/// [`Q5Tile`]; 352 bytes, 5.6 bits a weight with the super-block's scales (the file's: 5.5).
+#[repr(C, align(32))]
+#[derive(Clone, Copy)]
+struct Q5KTile {
+    qs: [[u8; 64]; 4],
+    high: [u64; 8],
+    sc: [u8; TILE_ROWS],
+    mn: [u8; TILE_ROWS],
+}
+
+/// 16 rows × 32 columns of Q6_K (`value = d·sc[h]·(q − 32)` in half h = column / 16, q in
+/// 0..64, `sc` a signed byte per row and half, `d` from the super-block): the low four bits
+/// as a nibble tile, the top two in a plane beside them, the 32 taken out of the integer sums
+/// (`32·Σq_a` per half); 416 bytes, 6.6 bits a weight with the super-block's scales (the
+/// file's: 6.56).
+#[repr(C, align(32))]
+#[derive(Clone, Copy)]
+struct Q6KTile {
+    qs: [[u8; 64]; 4],
+    /// Plane p, byte 4·i + c, bits 2k..2k + 2: the top two bits of row i's quant at column
+    /// 4(4p + k) + c (unpacked register 4p + k's byte, shifted into place by one shift).
+    high: [[u8; 64]; 2],
+    sc: [[i8; TILE_ROWS]; 2],
+}
+
+/// A tile's rows' scales and offsets (the offsets unread where [`NibbleTile::CENTER`] is not 0).
+#[derive(Clone, Copy)]
+enum Scales<'a> {
+    /// f16 values kept in the tile.
+    Kept {
+        d: &'a [f16; TILE_ROWS],
+        m: &'a [f16; TILE_ROWS],
+    },
+    /// K-quants: each row's integer factors of its super-block's f16 scales.
+    Factors {
+        sc: &'a [u8; TILE_ROWS],
+        mn: &'a [u8; TILE_ROWS],
+        sup: &'a SuperScales,
+    },
+}
+
+impl Scales<'_> {
+    /// Row i's scale.
+    #[inline(always)]
+    fn d(self, i: usize) -> f32 {
+        match self {
+            Scales::Kept { d, .. } => d[i].to_f32(),
+            Scales::Factors { sc, sup, .. } => sup.d[i].to_f32() * sc[i] as f32,
+        }
+    }
+
+    /// Row i's offset.
+    #[inline(always)]
+    fn m(self, i: usize) -> f32 {
+        match self {
+            Scales::Kept { m, .. } => m[i].to_f32(),
+            Scales::Factors { mn, sup, .. } => sup.m[i].to_f32() * mn[i] as f32,
+        }
+    }
+}
+
 /// The tiles whose quants are a nibble tile's, plus a fifth bit for the five-bit tiles: one
 /// kernel for all, the fifth bit added after unpacking and the offset taken either from the
 /// integer sum ([`NibbleTile::CENTER`]) or as `m·d_a·Σq_a` (each compiled out where unused).
 trait NibbleTile: Copy + 'static {
-    type S: Scale;
     /// What a stored quant exceeds the signed one by (Q5_0: 16), subtracted in integers; 0
     /// where the tile keeps offsets `m` instead.
     const CENTER: i32;
+    /// Scales come from super-blocks (K-quants).
+    const K: bool;
     fn qs(&self) -> &[[u8; 64]; 4];
-    fn d(&self) -> &[Self::S; TILE_ROWS];
-    /// The offsets (`value = d·q + m`); not read where [`NibbleTile::CENTER`] is not 0.
-    fn m(&self) -> &[Self::S; TILE_ROWS];
     fn high(&self) -> Option<&[u64; 8]>;
+    /// The rows' scales, `sup` being the tile's super-block's (never read unless [`NibbleTile::K`]).
+    fn scales<'a>(&'a self, sup: &'a SuperScales) -> Scales<'a>;
 }
 
-impl<S: Scale> NibbleTile for Q4Tile<S> {
-    type S = S;
+impl NibbleTile for Q4Tile {
     const CENTER: i32 = 0;
+    const K: bool = false;
     #[inline(always)]
     fn qs(&self) -> &[[u8; 64]; 4] {
         &self.qs
-    }
-    #[inline(always)]
-    fn d(&self) -> &[S; TILE_ROWS] {
-        &self.d
-    }
-    #[inline(always)]
-    fn m(&self) -> &[S; TILE_ROWS] {
-        &self.m
     }
     #[inline(always)]
     fn high(&self) -> Option<&[u64; 8]> {
         None
     }
+    #[inline(always)]
+    fn scales<'a>(&'a self, _: &'a SuperScales) -> Scales<'a> {
+        Scales::Kept {
+            d: &self.d,
+            m: &self.m,
+        }
+    }
 }
 
-impl<S: Scale> NibbleTile for Q5Tile<S> {
-    type S = S;
+impl NibbleTile for Q5Tile {
     const CENTER: i32 = 0;
+    const K: bool = false;
     #[inline(always)]
     fn qs(&self) -> &[[u8; 64]; 4] {
         &self.low.qs
     }
     #[inline(always)]
-    fn d(&self) -> &[S; TILE_ROWS] {
-        &self.low.d
-    }
-    #[inline(always)]
-    fn m(&self) -> &[S; TILE_ROWS] {
-        &self.low.m
-    }
-    #[inline(always)]
     fn high(&self) -> Option<&[u64; 8]> {
         Some(&self.high)
+    }
+    #[inline(always)]
+    fn scales<'a>(&'a self, _: &'a SuperScales) -> Scales<'a> {
+        self.low.scales(&NO_SUPER)
     }
 }
 
 impl NibbleTile for Q5_0Tile {
-    type S = f16;
     const CENTER: i32 = 16;
+    const K: bool = false;
     #[inline(always)]
     fn qs(&self) -> &[[u8; 64]; 4] {
         &self.qs
     }
     #[inline(always)]
-    fn d(&self) -> &[f16; TILE_ROWS] {
-        &self.d
+    fn high(&self) -> Option<&[u64; 8]> {
+        Some(&self.high)
     }
     /// No offsets: the scales stand in, never read.
     #[inline(always)]
-    fn m(&self) -> &[f16; TILE_ROWS] {
-        &self.d
+    fn scales<'a>(&'a self, _: &'a SuperScales) -> Scales<'a> {
+        Scales::Kept {
+            d: &self.d,
+            m: &self.d,
+        }
+    }
+}
+
+impl NibbleTile for Q4KTile {
+    const CENTER: i32 = 0;
+    const K: bool = true;
+    #[inline(always)]
+    fn qs(&self) -> &[[u8; 64]; 4] {
+        &self.qs
+    }
+    #[inline(always)]
+    fn high(&self) -> Option<&[u64; 8]> {
+        None
+    }
+    #[inline(always)]
+    fn scales<'a>(&'a self, sup: &'a SuperScales) -> Scales<'a> {
+        Scales::Factors {
+            sc: &self.sc,
+            mn: &self.mn,
+            sup,
+        }
+    }
+}
+
+impl NibbleTile for Q5KTile {
+    const CENTER: i32 = 0;
+    const K: bool = true;
+    #[inline(always)]
+    fn qs(&self) -> &[[u8; 64]; 4] {
+        &self.qs
     }
     #[inline(always)]
     fn high(&self) -> Option<&[u64; 8]> {
         Some(&self.high)
+    }
+    #[inline(always)]
+    fn scales<'a>(&'a self, sup: &'a SuperScales) -> Scales<'a> {
+        Scales::Factors {
+            sc: &self.sc,
+            mn: &self.mn,
+            sup,
+        }
     }
 }
 
@@ -297,18 +405,6 @@ struct Q8_0Tile {
     d: [f16; TILE_ROWS],
 }
 
-/// 16 rows × 32 columns of bytes with a scale per half block and an offset
-/// (`value = d[h]·q + m` in half h = column / 16); 704 bytes.
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-struct Q8HTile {
-    /// As in [`Q8_0Tile`] (`q + 128`): chunks 0..4 are the first half's columns, 4..8 the
-    /// second's.
-    qs: [[u8; 64]; 8],
-    d: [[f32; TILE_ROWS]; 2],
-    m: [f32; TILE_ROWS],
-}
-
 /// A signed quant as the byte tiles keep it.
 #[inline(always)]
 fn biased(q: i8) -> u8 {
@@ -321,32 +417,48 @@ fn unbiased(u: u8) -> i32 {
     u as i32 - 128
 }
 
-/// One block of 32 columns of one weight row, decoded from a file's format: `value = d·q + m`
-/// in columns 0..16 and `d_hi·q + m` in columns 16..32.
+/// One block of 32 columns of one weight row, decoded from a file's format: `value = d·q + m`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RowBlock<Q> {
     pub d: f32,
-    pub d_hi: f32,
     pub m: f32,
     pub q: [Q; BLOCK],
 }
 
-impl<S: Scale> Q4Tile<S> {
-    const EMPTY: Self = Q4Tile {
-        qs: [[0; 64]; 4],
-        d: [S::ZERO; TILE_ROWS],
-        m: [S::ZERO; TILE_ROWS],
-    };
+/// One block of 32 columns of one K-quant weight row: its quants and its integer factors of
+/// the super-block's scales. Q4_K, Q5_K: `value = d·sc[0]·q + m·mn` (`sc[0]`, `mn` in 0..64,
+/// `m` = ggml's `−dmin`); Q6_K: `value = d·sc[h]·(q − 32)` in half h (`sc` signed, `mn` unused).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KBlock {
+    pub sc: [i8; 2],
+    pub mn: u8,
+    pub q: [u8; BLOCK],
+}
 
-    /// Puts block `rb` in row `i`: its scale and offset, and its quants' low four bits.
-    fn put(&mut self, i: usize, rb: &RowBlock<u8>) {
-        self.d[i] = S::from_f32(rb.d);
-        self.m[i] = S::from_f32(rb.m);
-        for (c, &q) in rb.q.iter().enumerate() {
-            let (t, k, high) = q4_1_slot(c);
-            let low = q & 15;
-            self.qs[t][4 * i + k] |= if high { low << 4 } else { low };
-        }
+/// The K-quant block formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KQuant {
+    Q4K,
+    Q5K,
+    Q6K,
+}
+
+/// Columns in a K-quant super-block.
+pub const SUPER_BLOCK: usize = 256;
+
+/// Puts row i's quants' low four bits in a nibble tile's chunks.
+fn put_nibbles(qs: &mut [[u8; 64]; 4], i: usize, q: &[u8; BLOCK]) {
+    for (c, &q) in q.iter().enumerate() {
+        let (t, k, high) = q4_1_slot(c);
+        let low = q & 15;
+        qs[t][4 * i + k] |= if high { low << 4 } else { low };
+    }
+}
+
+/// Puts row i's quants' fifth bits in a five-bit tile's plane.
+fn put_fifth_bits(high: &mut [u64; 8], i: usize, q: &[u8; BLOCK]) {
+    for (c, &q) in q.iter().enumerate() {
+        high[c / 4] |= u64::from(q >> 4 & 1) << (4 * i + c % 4);
     }
 }
 
@@ -359,11 +471,32 @@ fn q4_1_slot(c: usize) -> (usize, usize, bool) {
 /// Row i's quant at column c of a nibble (or five-bit) tile.
 #[inline(always)]
 fn nibble<T: NibbleTile>(tile: &T, i: usize, c: usize) -> u8 {
+    nibble_of(tile.qs(), i, c) | fifth_bit(tile.high(), i, c) << 4
+}
+
+/// Row i's low four bits at column c of a nibble tile's chunks.
+#[inline(always)]
+fn nibble_of(qs: &[[u8; 64]; 4], i: usize, c: usize) -> u8 {
     let (t, k, high) = q4_1_slot(c);
-    let byte = tile.qs()[t][4 * i + k];
-    let low = if high { byte >> 4 } else { byte & 15 };
-    let fifth = tile.high().map_or(0, |h| (h[c / 4] >> (4 * i + c % 4)) & 1) as u8;
-    low | fifth << 4
+    let byte = qs[t][4 * i + k];
+    if high {
+        byte >> 4
+    } else {
+        byte & 15
+    }
+}
+
+#[inline(always)]
+fn fifth_bit(high: Option<&[u64; 8]>, i: usize, c: usize) -> u8 {
+    high.map_or(0, |h| (h[c / 4] >> (4 * i + c % 4)) & 1) as u8
+}
+
+/// Row i's quant (0..64) at column c of a Q6_K tile.
+#[inline(always)]
+fn six_bits(tile: &Q6KTile, i: usize, c: usize) -> u8 {
+    let t = c / 4;
+    let top = (tile.high[t / 4][4 * i + c % 4] >> (2 * (t % 4))) & 3;
+    nibble_of(&tile.qs, i, c) | top << 4
 }
 
 impl QMatrix {
@@ -379,16 +512,20 @@ impl QMatrix {
         self.cols / BLOCK
     }
 
-    /// The bytes its tiles take: what a pass over all its rows reads from memory.
+    /// The bytes its tiles (and super-block scales) take: what a pass over all its rows
+    /// reads from memory.
     pub fn bytes(&self) -> usize {
+        fn k<T>(k: &KTiles<T>) -> usize {
+            std::mem::size_of_val(k.tiles.as_slice()) + std::mem::size_of_val(k.supers.as_slice())
+        }
         match &self.quants {
             Quants::Q4_1(t) => std::mem::size_of_val(t.as_slice()),
-            Quants::Q4F(t) => std::mem::size_of_val(t.as_slice()),
             Quants::Q5_0(t) => std::mem::size_of_val(t.as_slice()),
             Quants::Q5(t) => std::mem::size_of_val(t.as_slice()),
-            Quants::Q5F(t) => std::mem::size_of_val(t.as_slice()),
             Quants::Q8_0(t) => std::mem::size_of_val(t.as_slice()),
-            Quants::Q8H(t) => std::mem::size_of_val(t.as_slice()),
+            Quants::Q4K(t) => k(t),
+            Quants::Q5K(t) => k(t),
+            Quants::Q6K(t) => k(t),
         }
     }
 
@@ -397,16 +534,13 @@ impl QMatrix {
     }
 
     /// Tiles `rows × cols` from `block(row, b)`; padding rows are zero.
-    fn tiled<Q: Copy + Default, T>(
+    fn tiled<B, T: Copy>(
         rows: usize,
         cols: usize,
-        block: impl Fn(usize, usize) -> RowBlock<Q>,
+        block: impl Fn(usize, usize) -> B,
         empty: T,
-        put: impl Fn(&mut T, usize, &RowBlock<Q>),
-    ) -> Vec<T>
-    where
-        T: Copy,
-    {
+        put: impl Fn(&mut T, usize, &B),
+    ) -> Vec<T> {
         let nb = cols / BLOCK;
         let groups = rows.div_ceil(TILE_ROWS);
         let mut tiles = vec![empty; groups * nb];
@@ -422,122 +556,176 @@ impl QMatrix {
         tiles
     }
 
-    fn nibble_tiles<S: Scale>(
+    fn nibble_tiles(
         rows: usize,
         cols: usize,
         block: impl Fn(usize, usize) -> RowBlock<u8>,
-    ) -> Vec<Q4Tile<S>> {
-        Self::tiled(rows, cols, block, Q4Tile::EMPTY, Q4Tile::put)
-    }
-
-    fn five_bit_tiles<S: Scale>(
-        rows: usize,
-        cols: usize,
-        block: impl Fn(usize, usize) -> RowBlock<u8>,
-    ) -> Vec<Q5Tile<S>> {
-        let empty = Q5Tile {
-            low: Q4Tile::EMPTY,
-            high: [0; 8],
+    ) -> Vec<Q4Tile> {
+        let empty = Q4Tile {
+            qs: [[0; 64]; 4],
+            d: [f16::ZERO; TILE_ROWS],
+            m: [f16::ZERO; TILE_ROWS],
         };
         Self::tiled(rows, cols, block, empty, |tile, i, rb| {
-            tile.low.put(i, rb);
-            for (c, &q) in rb.q.iter().enumerate() {
-                tile.high[c / 4] |= u64::from(q >> 4 & 1) << (4 * i + c % 4);
-            }
+            tile.d[i] = f16::from_f32(rb.d);
+            tile.m[i] = f16::from_f32(rb.m);
+            put_nibbles(&mut tile.qs, i, &rb.q);
         })
     }
 
-    /// A matrix of Q5_0 blocks (`value = d·(q − 16)`, `q` in 0..32, `d` an f16; `d_hi` and `m`
-    /// ignored).
+    /// A matrix of Q5_0 blocks (`value = d·(q − 16)`, `q` in 0..32, `d` an f16; `m` ignored).
     pub fn from_q5_0_blocks(
         rows: usize,
         cols: usize,
         block: impl Fn(usize, usize) -> RowBlock<u8>,
     ) -> QMatrix {
-        let quants = Quants::Q5_0(
-            Self::five_bit_tiles::<f16>(rows, cols, block)
-                .into_iter()
-                .map(|t| Q5_0Tile {
-                    qs: t.low.qs,
-                    high: t.high,
-                    d: t.low.d,
-                })
-                .collect(),
-        );
-        QMatrix { rows, cols, quants }
+        let empty = Q5_0Tile {
+            qs: [[0; 64]; 4],
+            high: [0; 8],
+            d: [f16::ZERO; TILE_ROWS],
+        };
+        let tiles = Self::tiled(rows, cols, block, empty, |tile, i, rb| {
+            tile.d[i] = f16::from_f32(rb.d);
+            put_nibbles(&mut tile.qs, i, &rb.q);
+            put_fifth_bits(&mut tile.high, i, &rb.q);
+        });
+        QMatrix {
+            rows,
+            cols,
+            quants: Quants::Q5_0(tiles),
+        }
     }
 
-    /// A matrix of five-bit blocks (`q` in 0..32, `d_hi` ignored): scales kept in f16 (they
-    /// must be f16 values: Q5_1) or, with `f32_scales`, in f32 (Q5_K).
+    /// A matrix of five-bit blocks with offsets (`q` in 0..32; `d` and `m` f16 values: Q5_1).
     pub fn from_five_bit_blocks(
         rows: usize,
         cols: usize,
-        f32_scales: bool,
         block: impl Fn(usize, usize) -> RowBlock<u8>,
     ) -> QMatrix {
-        let quants = if f32_scales {
-            Quants::Q5F(Self::five_bit_tiles::<f32>(rows, cols, block))
-        } else {
-            Quants::Q5(Self::five_bit_tiles::<f16>(rows, cols, block))
-        };
-        QMatrix { rows, cols, quants }
+        let low = Self::nibble_tiles(rows, cols, &block);
+        let empty = [0u64; 8];
+        let high = Self::tiled(rows, cols, &block, empty, |high, i, rb| {
+            put_fifth_bits(high, i, &rb.q)
+        });
+        let tiles = low
+            .into_iter()
+            .zip(high)
+            .map(|(low, high)| Q5Tile { low, high })
+            .collect();
+        QMatrix {
+            rows,
+            cols,
+            quants: Quants::Q5(tiles),
+        }
     }
 
-    /// A matrix of nibble blocks (`q` in 0..16, `d_hi` ignored: one scale per block): scales
-    /// kept in f16 (they must be f16 values: Q4_1, Q4_0) or, with `f32_scales`, in f32 (Q4_K).
+    /// A matrix of nibble blocks (`q` in 0..16; `d` and `m` f16 values: Q4_1, Q4_0).
     pub fn from_nibble_blocks(
         rows: usize,
         cols: usize,
-        f32_scales: bool,
         block: impl Fn(usize, usize) -> RowBlock<u8>,
     ) -> QMatrix {
-        let quants = if f32_scales {
-            Quants::Q4F(Self::nibble_tiles::<f32>(rows, cols, block))
-        } else {
-            Quants::Q4_1(Self::nibble_tiles::<f16>(rows, cols, block))
+        QMatrix {
+            rows,
+            cols,
+            quants: Quants::Q4_1(Self::nibble_tiles(rows, cols, block)),
+        }
+    }
+
+    /// A K-quant matrix (`cols` a multiple of [`SUPER_BLOCK`]): `block(row, b)` gives block
+    /// b's quants and factors, `sup(row, s)` super-block s's f16 scale `d` and offset scale
+    /// `m` (ggml's `−dmin`; 0 for Q6_K).
+    pub fn from_k_blocks(
+        kind: KQuant,
+        rows: usize,
+        cols: usize,
+        sup: impl Fn(usize, usize) -> (f16, f16),
+        block: impl Fn(usize, usize) -> KBlock,
+    ) -> QMatrix {
+        assert!(cols.is_multiple_of(SUPER_BLOCK), "K-quant columns");
+        let per_group = cols / SUPER_BLOCK;
+        let mut supers = vec![NO_SUPER; rows.div_ceil(TILE_ROWS) * per_group];
+        for r in 0..rows {
+            for s in 0..per_group {
+                let (d, m) = sup(r, s);
+                let at = &mut supers[r / TILE_ROWS * per_group + s];
+                at.d[r % TILE_ROWS] = d;
+                at.m[r % TILE_ROWS] = m;
+            }
+        }
+        let quants = match kind {
+            KQuant::Q4K => {
+                let empty = Q4KTile {
+                    qs: [[0; 64]; 4],
+                    sc: [0; TILE_ROWS],
+                    mn: [0; TILE_ROWS],
+                };
+                let tiles = Self::tiled(rows, cols, block, empty, |tile, i, kb| {
+                    (tile.sc[i], tile.mn[i]) = (kb.sc[0] as u8, kb.mn);
+                    put_nibbles(&mut tile.qs, i, &kb.q);
+                });
+                Quants::Q4K(KTiles { tiles, supers })
+            }
+            KQuant::Q5K => {
+                let empty = Q5KTile {
+                    qs: [[0; 64]; 4],
+                    high: [0; 8],
+                    sc: [0; TILE_ROWS],
+                    mn: [0; TILE_ROWS],
+                };
+                let tiles = Self::tiled(rows, cols, block, empty, |tile, i, kb| {
+                    (tile.sc[i], tile.mn[i]) = (kb.sc[0] as u8, kb.mn);
+                    put_nibbles(&mut tile.qs, i, &kb.q);
+                    put_fifth_bits(&mut tile.high, i, &kb.q);
+                });
+                Quants::Q5K(KTiles { tiles, supers })
+            }
+            KQuant::Q6K => {
+                let empty = Q6KTile {
+                    qs: [[0; 64]; 4],
+                    high: [[0; 64]; 2],
+                    sc: [[0; TILE_ROWS]; 2],
+                };
+                let tiles = Self::tiled(rows, cols, block, empty, |tile, i, kb| {
+                    tile.sc[0][i] = kb.sc[0];
+                    tile.sc[1][i] = kb.sc[1];
+                    put_nibbles(&mut tile.qs, i, &kb.q);
+                    for (c, &q) in kb.q.iter().enumerate() {
+                        let t = c / 4;
+                        tile.high[t / 4][4 * i + c % 4] |= (q >> 4 & 3) << (2 * (t % 4));
+                    }
+                });
+                Quants::Q6K(KTiles { tiles, supers })
+            }
         };
         QMatrix { rows, cols, quants }
     }
 
-    /// A matrix of signed-byte blocks (`q` in −127..=127): with `split`, a scale per half
-    /// block and an offset (Q6_K), else one scale per block and no offset (Q8_0; `d_hi` and
+    /// A matrix of signed-byte blocks with one scale per block (Q8_0: `q` in −127..=127;
     /// `m` ignored).
     pub fn from_byte_blocks(
         rows: usize,
         cols: usize,
-        split: bool,
         block: impl Fn(usize, usize) -> RowBlock<i8>,
     ) -> QMatrix {
-        let quants = if split {
-            let empty = Q8HTile {
-                qs: [[128; 64]; 8],
-                d: [[0.0; TILE_ROWS]; 2],
-                m: [0.0; TILE_ROWS],
-            };
-            Quants::Q8H(Self::tiled(rows, cols, block, empty, |tile, i, rb| {
-                tile.d[0][i] = rb.d;
-                tile.d[1][i] = rb.d_hi;
-                tile.m[i] = rb.m;
-                for (c, &q) in rb.q.iter().enumerate() {
-                    tile.qs[c / 4][4 * i + c % 4] = biased(q);
-                }
-            }))
-        } else {
-            let empty = Q8_0Tile {
-                qs: [[128; 64]; 8],
-                d: [f16::ZERO; TILE_ROWS],
-            };
-            Quants::Q8_0(Self::tiled(rows, cols, block, empty, |tile, i, rb| {
-                // Q8_0's and Q5_0's scales are f16 values, kept exactly.
-                tile.d[i] = f16::from_f32(rb.d);
-                debug_assert_eq!(tile.d[i].to_f32(), rb.d, "a Q8_0 scale that is no f16");
-                // ggml writes −128 never; clamp so the AVX2 sign trick stays exact regardless.
-                for (c, &q) in rb.q.iter().enumerate() {
-                    tile.qs[c / 4][4 * i + c % 4] = biased(q);
-                }
-            }))
+        let empty = Q8_0Tile {
+            qs: [[128; 64]; 8],
+            d: [f16::ZERO; TILE_ROWS],
         };
-        QMatrix { rows, cols, quants }
+        let tiles = Self::tiled(rows, cols, block, empty, |tile, i, rb| {
+            // Q8_0's scales are f16 values, kept exactly.
+            tile.d[i] = f16::from_f32(rb.d);
+            debug_assert_eq!(tile.d[i].to_f32(), rb.d, "a Q8_0 scale that is no f16");
+            // ggml writes −128 never; clamp so the AVX2 sign trick stays exact regardless.
+            for (c, &q) in rb.q.iter().enumerate() {
+                tile.qs[c / 4][4 * i + c % 4] = biased(q);
+            }
+        });
+        QMatrix {
+            rows,
+            cols,
+            quants: Quants::Q8_0(tiles),
+        }
     }
 
     /// Quantizes `values` (`rows × cols`, row-major) to Q8_0, as ggml does: quants by the f32
@@ -546,12 +734,10 @@ impl QMatrix {
         if !cols.is_multiple_of(BLOCK) || values.len() != rows * cols {
             return None;
         }
-        Some(Self::from_byte_blocks(rows, cols, false, |r, b| {
+        Some(Self::from_byte_blocks(rows, cols, |r, b| {
             let (d, q, _) = quantize_block(&values[r * cols + b * BLOCK..][..BLOCK]);
-            let d = f16::from_f32(d).to_f32();
             RowBlock {
-                d,
-                d_hi: d,
+                d: f16::from_f32(d).to_f32(),
                 m: 0.0,
                 q,
             }
@@ -564,16 +750,14 @@ impl QMatrix {
         if !cols.is_multiple_of(BLOCK) || values.len() != rows * cols {
             return None;
         }
-        Some(Self::from_nibble_blocks(rows, cols, false, |r, b| {
+        Some(Self::from_nibble_blocks(rows, cols, |r, b| {
             let x = &values[r * cols + b * BLOCK..][..BLOCK];
             let min = x.iter().copied().fold(f32::MAX, f32::min);
             let max = x.iter().copied().fold(f32::MIN, f32::max);
             let d = (max - min) / 15.0;
             let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-            let d = f16::from_f32(d).to_f32();
             RowBlock {
-                d,
-                d_hi: d,
+                d: f16::from_f32(d).to_f32(),
                 m: f16::from_f32(min).to_f32(),
                 q: std::array::from_fn(|c| ((x[c] - min) * id).round().clamp(0.0, 15.0) as u8),
             }
@@ -587,22 +771,26 @@ impl QMatrix {
         for (b, chunk) in out[..self.cols].chunks_exact_mut(BLOCK).enumerate() {
             let t = g * nb + b;
             match &self.quants {
-                Quants::Q4_1(tiles) => dequantize_nibbles(&tiles[t], i, chunk),
-                Quants::Q4F(tiles) => dequantize_nibbles(&tiles[t], i, chunk),
-                Quants::Q5_0(tiles) => dequantize_nibbles(&tiles[t], i, chunk),
-                Quants::Q5(tiles) => dequantize_nibbles(&tiles[t], i, chunk),
-                Quants::Q5F(tiles) => dequantize_nibbles(&tiles[t], i, chunk),
+                Quants::Q4_1(tiles) => dequantize_nibbles(&tiles[t], &NO_SUPER, i, chunk),
+                Quants::Q5_0(tiles) => dequantize_nibbles(&tiles[t], &NO_SUPER, i, chunk),
+                Quants::Q5(tiles) => dequantize_nibbles(&tiles[t], &NO_SUPER, i, chunk),
+                Quants::Q4K(k) => {
+                    dequantize_nibbles(&k.tiles[t], &k.group_supers(g, nb)[b / 8], i, chunk)
+                }
+                Quants::Q5K(k) => {
+                    dequantize_nibbles(&k.tiles[t], &k.group_supers(g, nb)[b / 8], i, chunk)
+                }
                 Quants::Q8_0(tiles) => {
                     let tile = &tiles[t];
                     for (c, x) in chunk.iter_mut().enumerate() {
                         *x = tile.d[i].to_f32() * unbiased(tile.qs[c / 4][4 * i + c % 4]) as f32;
                     }
                 }
-                Quants::Q8H(tiles) => {
-                    let tile = &tiles[t];
+                Quants::Q6K(k) => {
+                    let (tile, d) = (&k.tiles[t], k.group_supers(g, nb)[b / 8].d[i].to_f32());
                     for (c, x) in chunk.iter_mut().enumerate() {
-                        let q = unbiased(tile.qs[c / 4][4 * i + c % 4]) as f32;
-                        *x = tile.d[c / 16][i] * q + tile.m[i];
+                        let q = six_bits(tile, i, c) as i32 - 32;
+                        *x = d * tile.sc[c / 16][i] as f32 * q as f32;
                     }
                 }
             }
@@ -610,20 +798,17 @@ impl QMatrix {
     }
 }
 
-fn dequantize_nibbles<T: NibbleTile>(tile: &T, i: usize, out: &mut [f32]) {
-    let d = tile.d()[i].get();
+fn dequantize_nibbles<T: NibbleTile>(tile: &T, sup: &SuperScales, i: usize, out: &mut [f32]) {
+    let scales = tile.scales(sup);
+    let d = scales.d(i);
     for (c, x) in out.iter_mut().enumerate() {
         *x = match T::CENTER {
-            0 => d * nibble(tile, i, c) as f32 + tile.m()[i].get(),
+            0 => d * nibble(tile, i, c) as f32 + scales.m(i),
             center => d * (nibble(tile, i, c) as i32 - center) as f32,
         };
     }
 }
 
-/// Quantizes 32 values to signed bytes: (scale, quants, scale·Σquants). Compare-and-select
-/// maximum and the rounding constant's bits as the integer: plain arithmetic that vectorizes
-/// (`f32::max` keeps NaN rules and a float-to-int `as` saturates, both scalar code).
-#[inline(always)]
 fn quantize_block(x: &[f32]) -> (f32, [i8; 32], f32) {
     let x: &[f32; BLOCK] = x.try_into().expect("a block of 32");
     let mut amax = 0.0f32;
@@ -888,8 +1073,35 @@ pub fn matmul_many(isa: Isa, ws: &[&QMatrix], a: &QRows, outs: &mut [&mut [f32]]
     if parts == 1 {
         return run(0..groups);
     }
-    let span = groups.div_ceil(parts);
-    pool.run(&|part| run((part * span).min(groups)..((part + 1) * span).min(groups)));
+    let bounds = split_by_bytes(ws, parts);
+    // The pool runs a part per thread; those past `parts` have nothing to do.
+    pool.run(&|part| {
+        if part < parts {
+            run(bounds[part]..bounds[part + 1])
+        }
+    });
+}
+
+/// Where `parts` threads' shares of the concatenated tile groups of `ws` begin and end
+/// (`parts + 1` bounds): each share about the same bytes, since a step streams its weights
+/// and groups of different types differ in size (a layer's q and k in Q5_0 beside v in Q8_0).
+fn split_by_bytes(ws: &[&QMatrix], parts: usize) -> Vec<usize> {
+    let total: usize = ws.iter().map(|w| w.bytes()).sum();
+    let mut bounds = vec![0];
+    let (mut group, mut bytes) = (0, 0);
+    for w in ws {
+        let per_group = w.bytes() / w.groups();
+        for _ in 0..w.groups() {
+            group += 1;
+            bytes += per_group;
+            // Close share p once its bytes reach p/parts of the total.
+            if bounds.len() < parts && bytes * parts >= total * bounds.len() {
+                bounds.push(group);
+            }
+        }
+    }
+    bounds.resize(parts + 1, group);
+    bounds
 }
 
 /// Tile groups `gs` times all activation rows; `put(j0, r, values)` stores the outputs of
@@ -911,15 +1123,16 @@ fn matmul_groups(
         while r < k {
             let n = (k - r).min(ROWS_PER_PASS);
             let rs = &rows[r..r + n];
-            match &w.quants {
-                Quants::Q4_1(t) => tile_rows(isa, Tiles::Q4_1(&t[tiles.clone()]), rs, &mut o),
-                Quants::Q4F(t) => tile_rows(isa, Tiles::Q4F(&t[tiles.clone()]), rs, &mut o),
-                Quants::Q5_0(t) => tile_rows(isa, Tiles::Q5_0(&t[tiles.clone()]), rs, &mut o),
-                Quants::Q5(t) => tile_rows(isa, Tiles::Q5(&t[tiles.clone()]), rs, &mut o),
-                Quants::Q5F(t) => tile_rows(isa, Tiles::Q5F(&t[tiles.clone()]), rs, &mut o),
-                Quants::Q8_0(t) => tile_rows(isa, Tiles::Q8_0(&t[tiles.clone()]), rs, &mut o),
-                Quants::Q8H(t) => tile_rows(isa, Tiles::Q8H(&t[tiles.clone()]), rs, &mut o),
-            }
+            let tiles = match &w.quants {
+                Quants::Q4_1(t) => Tiles::Q4_1(&t[tiles.clone()]),
+                Quants::Q5_0(t) => Tiles::Q5_0(&t[tiles.clone()]),
+                Quants::Q5(t) => Tiles::Q5(&t[tiles.clone()]),
+                Quants::Q8_0(t) => Tiles::Q8_0(&t[tiles.clone()]),
+                Quants::Q4K(k) => Tiles::Q4K(&k.tiles[tiles.clone()], k.group_supers(g, nb)),
+                Quants::Q5K(k) => Tiles::Q5K(&k.tiles[tiles.clone()], k.group_supers(g, nb)),
+                Quants::Q6K(k) => Tiles::Q6K(&k.tiles[tiles.clone()], k.group_supers(g, nb)),
+            };
+            tile_rows(isa, tiles, rs, &mut o);
             for (i, v) in o[..n].iter().enumerate() {
                 put(g * TILE_ROWS, r + i, v);
             }
@@ -928,16 +1141,16 @@ fn matmul_groups(
     }
 }
 
-/// The tiles of one group (16 weight rows, all blocks).
+/// The tiles of one group (16 weight rows, all blocks), with their super-blocks' scales.
 #[derive(Clone, Copy)]
 enum Tiles<'a> {
-    Q4_1(&'a [Q4Tile<f16>]),
-    Q4F(&'a [Q4Tile<f32>]),
+    Q4_1(&'a [Q4Tile]),
     Q5_0(&'a [Q5_0Tile]),
-    Q5(&'a [Q5Tile<f16>]),
-    Q5F(&'a [Q5Tile<f32>]),
+    Q5(&'a [Q5Tile]),
     Q8_0(&'a [Q8_0Tile]),
-    Q8H(&'a [Q8HTile]),
+    Q4K(&'a [Q4KTile], &'a [SuperScales]),
+    Q5K(&'a [Q5KTile], &'a [SuperScales]),
+    Q6K(&'a [Q6KTile], &'a [SuperScales]),
 }
 
 /// One group of tiles times `rows` (at most [`ROWS_PER_PASS`]) into `out[..rows.len()]`.
@@ -967,17 +1180,17 @@ fn tile_rows(isa: Isa, tiles: Tiles, rows: &[Row], out: &mut [[f32; TILE_ROWS]; 
 }
 
 /// The reference every ISA reproduces bit for bit: per block, the exact integer dot product
-/// `isum`, then `acc = fma(isum·d_a, d_w, acc)` and, for nibbles, `acc = fma(m_w, d_a·Σq_a,
-/// acc)`. Split blocks take the two halves' sums in turn, then the offset.
+/// `isum`, then `acc = fma(isum·d_a, d_w, acc)` and, for nibbles with offsets, `acc = fma(m_w,
+/// d_a·Σq_a, acc)`. Q6_K blocks take the two halves' sums in turn.
 fn tile_scalar<const N: usize>(tiles: Tiles, rows: &[Row; N], out: &mut [[f32; TILE_ROWS]; N]) {
     for (row, o) in rows.iter().zip(out.iter_mut()) {
         for (i, acc) in o.iter_mut().enumerate() {
             *acc = match tiles {
-                Tiles::Q4_1(tiles) => nibbles_scalar(tiles, row, i),
-                Tiles::Q4F(tiles) => nibbles_scalar(tiles, row, i),
-                Tiles::Q5_0(tiles) => nibbles_scalar(tiles, row, i),
-                Tiles::Q5(tiles) => nibbles_scalar(tiles, row, i),
-                Tiles::Q5F(tiles) => nibbles_scalar(tiles, row, i),
+                Tiles::Q4_1(tiles) => nibbles_scalar(tiles, &[], row, i),
+                Tiles::Q5_0(tiles) => nibbles_scalar(tiles, &[], row, i),
+                Tiles::Q5(tiles) => nibbles_scalar(tiles, &[], row, i),
+                Tiles::Q4K(tiles, supers) => nibbles_scalar(tiles, supers, row, i),
+                Tiles::Q5K(tiles, supers) => nibbles_scalar(tiles, supers, row, i),
                 Tiles::Q8_0(tiles) => {
                     let mut acc = 0.0f32;
                     for (b, tile) in tiles.iter().enumerate() {
@@ -989,19 +1202,18 @@ fn tile_scalar<const N: usize>(tiles: Tiles, rows: &[Row; N], out: &mut [[f32; T
                     }
                     acc
                 }
-                Tiles::Q8H(tiles) => {
+                Tiles::Q6K(tiles, supers) => {
                     let mut acc = 0.0f32;
                     for (b, tile) in tiles.iter().enumerate() {
+                        let d = supers[b / 8].d[i].to_f32();
                         for h in 0..2 {
                             let isum: i32 = (16 * h..16 * h + 16)
-                                .map(|c| {
-                                    unbiased(tile.qs[c / 4][4 * i + c % 4]) * row.qs[b][c] as i32
-                                })
+                                .map(|c| six_bits(tile, i, c) as i32 * row.qs[b][c] as i32)
                                 .sum();
+                            let isum = isum - 32 * row.sums[b][h];
                             let t = isum as f32 * row.d[b];
-                            acc = t.mul_add(tile.d[h][i], acc);
+                            acc = t.mul_add(d * tile.sc[h][i] as f32, acc);
                         }
-                        acc = tile.m[i].mul_add(row.s[b], acc);
                     }
                     acc
                 }
@@ -1010,7 +1222,17 @@ fn tile_scalar<const N: usize>(tiles: Tiles, rows: &[Row; N], out: &mut [[f32; T
     }
 }
 
-fn nibbles_scalar<T: NibbleTile>(tiles: &[T], row: &Row, i: usize) -> f32 {
+/// The super-block of block `b` of a group (`supers` empty for tiles without).
+#[inline(always)]
+fn super_of<T: NibbleTile>(supers: &[SuperScales], b: usize) -> &SuperScales {
+    if T::K {
+        &supers[b / 8]
+    } else {
+        &NO_SUPER
+    }
+}
+
+fn nibbles_scalar<T: NibbleTile>(tiles: &[T], supers: &[SuperScales], row: &Row, i: usize) -> f32 {
     let mut acc = 0.0f32;
     for (b, tile) in tiles.iter().enumerate() {
         let isum: i32 = (0..BLOCK)
@@ -1019,9 +1241,10 @@ fn nibbles_scalar<T: NibbleTile>(tiles: &[T], row: &Row, i: usize) -> f32 {
         let [h0, h1] = row.sums[b];
         let isum = isum - T::CENTER * (h0 + h1);
         let t = isum as f32 * row.d[b];
-        acc = t.mul_add(tile.d()[i].get(), acc);
+        let scales = tile.scales(super_of::<T>(supers, b));
+        acc = t.mul_add(scales.d(i), acc);
         if T::CENTER == 0 {
-            acc = tile.m()[i].get().mul_add(row.s[b], acc);
+            acc = scales.m(i).mul_add(row.s[b], acc);
         }
     }
     acc
@@ -1031,7 +1254,9 @@ fn nibbles_scalar<T: NibbleTile>(tiles: &[T], row: &Row, i: usize) -> f32 {
 mod x86 {
     //! SIMD versions of [`super::tile_scalar`]: the same integer sums and the same float
     //! operations in the same order, 16 (AVX-512) or 8 (AVX2) weight rows per register.
-    use super::{NibbleTile, Q8HTile, Q8_0Tile, Row, Scale, Tiles, TILE_ROWS};
+    use super::{
+        super_of, NibbleTile, Q6KTile, Q8_0Tile, Row, Scales, SuperScales, Tiles, TILE_ROWS,
+    };
     use std::arch::x86_64::*;
 
     /// Activation bytes `4t..4t+4` of a block as one 32-bit word, for broadcasting.
@@ -1053,29 +1278,72 @@ mod x86 {
 
     const PREFETCH_BYTES: usize = 2048;
 
-    /// 16 scales as floats.
+    /// 16 f16 values as floats.
     #[inline(always)]
-    unsafe fn scales16<S: Scale>(s: &[S; TILE_ROWS]) -> __m512 {
-        if S::F32 {
-            _mm512_loadu_ps(s.as_ptr() as *const f32)
+    unsafe fn halves16(s: &[half::f16; TILE_ROWS]) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(s.as_ptr() as *const __m256i))
+    }
+
+    /// 16 bytes as floats, unsigned or signed.
+    #[inline(always)]
+    unsafe fn bytes16(b: *const u8, signed: bool) -> __m512 {
+        let x = _mm_loadu_si128(b as *const __m128i);
+        let x = if signed {
+            _mm512_cvtepi8_epi32(x)
         } else {
-            _mm512_cvtph_ps(_mm256_loadu_si256(s.as_ptr() as *const __m256i))
+            _mm512_cvtepu8_epi32(x)
+        };
+        _mm512_cvtepi32_ps(x)
+    }
+
+    /// The 16 rows' scales and offsets as floats (products of the super-block's and the
+    /// rows' factors for K-quants: exact, the scalar reference's values).
+    #[inline(always)]
+    unsafe fn scales16(s: Scales) -> (__m512, __m512) {
+        match s {
+            Scales::Kept { d, m } => (halves16(d), halves16(m)),
+            Scales::Factors { sc, mn, sup } => (
+                _mm512_mul_ps(halves16(&sup.d), bytes16(sc.as_ptr(), false)),
+                _mm512_mul_ps(halves16(&sup.m), bytes16(mn.as_ptr(), false)),
+            ),
         }
     }
 
-    /// The first 8 scales of `s` as floats.
+    /// 8 f16 values from `s` as floats.
     #[inline(always)]
-    unsafe fn scales8<S: Scale>(s: &[S]) -> __m256 {
-        if S::F32 {
-            _mm256_loadu_ps(s.as_ptr() as *const f32)
+    unsafe fn halves8(s: &[half::f16]) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr() as *const __m128i))
+    }
+
+    /// 8 bytes from `b` as floats, unsigned or signed.
+    #[inline(always)]
+    unsafe fn bytes8(b: *const u8, signed: bool) -> __m256 {
+        let x = _mm_loadl_epi64(b as *const __m128i);
+        let x = if signed {
+            _mm256_cvtepi8_epi32(x)
         } else {
-            _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr() as *const __m128i))
+            _mm256_cvtepu8_epi32(x)
+        };
+        _mm256_cvtepi32_ps(x)
+    }
+
+    /// [`scales16`] of rows `8h..8h + 8`.
+    #[inline(always)]
+    unsafe fn scales8(s: Scales, h: usize) -> (__m256, __m256) {
+        let r = 8 * h;
+        match s {
+            Scales::Kept { d, m } => (halves8(&d[r..]), halves8(&m[r..])),
+            Scales::Factors { sc, mn, sup } => (
+                _mm256_mul_ps(halves8(&sup.d[r..]), bytes8(sc[r..].as_ptr(), false)),
+                _mm256_mul_ps(halves8(&sup.m[r..]), bytes8(mn[r..].as_ptr(), false)),
+            ),
         }
     }
 
     #[inline(always)]
     unsafe fn nibbles_avx512<T: NibbleTile, const N: usize>(
         tiles: &[T],
+        supers: &[SuperScales],
         rows: &[Row; N],
         acc: &mut [__m512; N],
     ) {
@@ -1094,8 +1362,7 @@ mod x86 {
                     w[t] = _mm512_mask_add_epi8(w[t], high[t], w[t], sixteen);
                 }
             }
-            let dw = scales16(tile.d());
-            let mw = scales16(tile.m());
+            let (dw, mw) = scales16(tile.scales(super_of::<T>(supers, b)));
             for i in 0..N {
                 let a = &rows[i].qs[b];
                 let (mut s0, mut s1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
@@ -1127,7 +1394,7 @@ mod x86 {
             prefetch_ahead(tile);
             let w: [__m512i; 8] =
                 std::array::from_fn(|t| _mm512_loadu_si512(tile.qs[t].as_ptr() as *const __m512i));
-            let dw = scales16(&tile.d);
+            let dw = halves16(&tile.d);
             for i in 0..N {
                 // Weights q + 128 against signed activations: take 128·Σq_a back out.
                 let a = &rows[i].qs[b];
@@ -1145,18 +1412,49 @@ mod x86 {
         }
     }
 
+    /// A Q6_K tile's six-bit quants as eight registers of bytes: the nibbles, with the top
+    /// two bits of plane `p` shifted into bits 4..6 of register `4p + k`.
     #[inline(always)]
-    unsafe fn q8h_avx512<const N: usize>(
-        tiles: &[Q8HTile],
+    unsafe fn six_bits_avx512(tile: &Q6KTile) -> [__m512i; 8] {
+        let (mask, top) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
+        let mut w = [_mm512_setzero_si512(); 8];
+        for t in 0..4 {
+            let x = _mm512_loadu_si512(tile.qs[t].as_ptr() as *const __m512i);
+            w[t] = _mm512_and_si512(x, mask);
+            w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(x, 4), mask);
+        }
+        for p in 0..2 {
+            let h = _mm512_loadu_si512(tile.high[p].as_ptr() as *const __m512i);
+            let shifted = [
+                _mm512_slli_epi16(h, 4),
+                _mm512_slli_epi16(h, 2),
+                h,
+                _mm512_srli_epi16(h, 2),
+            ];
+            for (k, x) in shifted.into_iter().enumerate() {
+                // w | (x & 0x30)
+                w[4 * p + k] = _mm512_ternarylogic_epi32(w[4 * p + k], x, top, 0xF8);
+            }
+        }
+        w
+    }
+
+    #[inline(always)]
+    unsafe fn q6k_avx512<const N: usize>(
+        tiles: &[Q6KTile],
+        supers: &[SuperScales],
         rows: &[Row; N],
         acc: &mut [__m512; N],
     ) {
         for (b, tile) in tiles.iter().enumerate() {
             prefetch_ahead(tile);
-            let w: [__m512i; 8] =
-                std::array::from_fn(|t| _mm512_loadu_si512(tile.qs[t].as_ptr() as *const __m512i));
-            let dw = [0, 1].map(|h| _mm512_loadu_ps(tile.d[h].as_ptr()));
-            let mw = _mm512_loadu_ps(tile.m.as_ptr());
+            let w = six_bits_avx512(tile);
+            let d = halves16(&supers[b / 8].d);
+            // (No closure here: it would not inherit the target features.)
+            let dw = [
+                _mm512_mul_ps(d, bytes16(tile.sc[0].as_ptr() as *const u8, true)),
+                _mm512_mul_ps(d, bytes16(tile.sc[1].as_ptr() as *const u8, true)),
+            ];
             for i in 0..N {
                 let a = &rows[i].qs[b];
                 let (mut s0, mut s1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
@@ -1167,11 +1465,10 @@ mod x86 {
                 let da = _mm512_set1_ps(rows[i].d[b]);
                 let sums = rows[i].sums[b];
                 for (h, s) in [s0, s1].into_iter().enumerate() {
-                    let isum = _mm512_sub_epi32(s, _mm512_set1_epi32(128 * sums[h]));
+                    let isum = _mm512_sub_epi32(s, _mm512_set1_epi32(32 * sums[h]));
                     let t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), da);
                     acc[i] = _mm512_fmadd_ps(t, dw[h], acc[i]);
                 }
-                acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(rows[i].s[b]), acc[i]);
             }
         }
     }
@@ -1184,13 +1481,13 @@ mod x86 {
     ) {
         let mut acc = [_mm512_setzero_ps(); N];
         match tiles {
-            Tiles::Q4_1(tiles) => nibbles_avx512(tiles, rows, &mut acc),
-            Tiles::Q4F(tiles) => nibbles_avx512(tiles, rows, &mut acc),
-            Tiles::Q5_0(tiles) => nibbles_avx512(tiles, rows, &mut acc),
-            Tiles::Q5(tiles) => nibbles_avx512(tiles, rows, &mut acc),
-            Tiles::Q5F(tiles) => nibbles_avx512(tiles, rows, &mut acc),
+            Tiles::Q4_1(tiles) => nibbles_avx512(tiles, &[], rows, &mut acc),
+            Tiles::Q5_0(tiles) => nibbles_avx512(tiles, &[], rows, &mut acc),
+            Tiles::Q5(tiles) => nibbles_avx512(tiles, &[], rows, &mut acc),
+            Tiles::Q4K(tiles, supers) => nibbles_avx512(tiles, supers, rows, &mut acc),
+            Tiles::Q5K(tiles, supers) => nibbles_avx512(tiles, supers, rows, &mut acc),
             Tiles::Q8_0(tiles) => q8_0_avx512(tiles, rows, &mut acc),
-            Tiles::Q8H(tiles) => q8h_avx512(tiles, rows, &mut acc),
+            Tiles::Q6K(tiles, supers) => q6k_avx512(tiles, supers, rows, &mut acc),
         }
         for i in 0..N {
             _mm512_storeu_ps(out[i].as_mut_ptr(), acc[i]);
@@ -1285,8 +1582,59 @@ mod x86 {
         }
     }
 
+    /// Quads `4k..4k + 4` of six-bit weights `w` times activation block `a`, summed per
+    /// lane: a pair reaches 2·63·127 = 16,002, so two pairs (32,004 < 2¹⁵) are added before
+    /// each of two widenings.
+    #[inline(always)]
+    unsafe fn dot_q6_avx2(w: &[__m256i; 8], a: &[i8; 32], k: usize) -> __m256i {
+        let p: [__m256i; 4] = std::array::from_fn(|t| {
+            _mm256_maddubs_epi16(w[4 * k + t], _mm256_set1_epi32(quad(a, 4 * k + t)))
+        });
+        let ones = _mm256_set1_epi16(1);
+        _mm256_add_epi32(
+            _mm256_madd_epi16(_mm256_add_epi16(p[0], p[1]), ones),
+            _mm256_madd_epi16(_mm256_add_epi16(p[2], p[3]), ones),
+        )
+    }
+
+    #[inline(always)]
+    unsafe fn dot_q6_vnni(w: &[__m256i; 8], a: &[i8; 32], k: usize) -> __m256i {
+        let mut s = _mm256_setzero_si256();
+        for (t, &w) in w.iter().enumerate().skip(4 * k).take(4) {
+            s = _mm256_dpbusd_avx_epi32(s, w, _mm256_set1_epi32(quad(a, t)));
+        }
+        s
+    }
+
+    /// Rows `8h..8h + 8` of a Q6_K tile's six-bit quants as eight registers of bytes (as
+    /// `six_bits_avx512`).
+    #[inline(always)]
+    unsafe fn six_bits_256(tile: &Q6KTile, h: usize) -> [__m256i; 8] {
+        let half = |bytes: &[u8; 64]| bytes.as_ptr().add(32 * h) as *const __m256i;
+        let (mask, top) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+        let mut w = [_mm256_setzero_si256(); 8];
+        for t in 0..4 {
+            let x = _mm256_loadu_si256(half(&tile.qs[t]));
+            w[t] = _mm256_and_si256(x, mask);
+            w[t + 4] = _mm256_and_si256(_mm256_srli_epi16(x, 4), mask);
+        }
+        for p in 0..2 {
+            let x = _mm256_loadu_si256(half(&tile.high[p]));
+            let shifted = [
+                _mm256_slli_epi16(x, 4),
+                _mm256_slli_epi16(x, 2),
+                x,
+                _mm256_srli_epi16(x, 2),
+            ];
+            for (k, x) in shifted.into_iter().enumerate() {
+                w[4 * p + k] = _mm256_or_si256(w[4 * p + k], _mm256_and_si256(x, top));
+            }
+        }
+        w
+    }
+
     macro_rules! tile_256 {
-        ($name:ident, $dot_q4:ident, $dot_q5:ident, $dot_q8:ident, $q8_bias:literal, $features:literal) => {
+        ($name:ident, $dot_q4:ident, $dot_q5:ident, $dot_q6:ident, $dot_q8:ident, $q8_bias:literal, $features:literal) => {
             /// Two halves of 8 weight rows, each a 256-bit register of lanes.
             #[target_feature(enable = $features)]
             pub unsafe fn $name<const N: usize>(
@@ -1298,6 +1646,7 @@ mod x86 {
                 #[inline(always)]
                 unsafe fn nibbles<T: NibbleTile, const N: usize>(
                     tiles: &[T],
+                    supers: &[SuperScales],
                     rows: &[Row; N],
                     h: usize,
                     acc: &mut [__m256; N],
@@ -1321,8 +1670,7 @@ mod x86 {
                                 w[t] = _mm256_or_si256(w[t], fifth_bits(bits));
                             }
                         }
-                        let dw = scales8(&tile.d()[8 * h..]);
-                        let mw = scales8(&tile.m()[8 * h..]);
+                        let (dw, mw) = scales8(tile.scales(super_of::<T>(supers, b)), h);
                         for i in 0..N {
                             let mut s = match tile.high() {
                                 None => $dot_q4(&w, &rows[i].qs[b]),
@@ -1347,11 +1695,11 @@ mod x86 {
                     let mut acc = [_mm256_setzero_ps(); N];
                     let half = |bytes: *const u8| bytes.add(32 * h) as *const __m256i;
                     match tiles {
-                        Tiles::Q4_1(tiles) => nibbles(tiles, rows, h, &mut acc),
-                        Tiles::Q4F(tiles) => nibbles(tiles, rows, h, &mut acc),
-                        Tiles::Q5_0(tiles) => nibbles(tiles, rows, h, &mut acc),
-                        Tiles::Q5(tiles) => nibbles(tiles, rows, h, &mut acc),
-                        Tiles::Q5F(tiles) => nibbles(tiles, rows, h, &mut acc),
+                        Tiles::Q4_1(tiles) => nibbles(tiles, &[], rows, h, &mut acc),
+                        Tiles::Q5_0(tiles) => nibbles(tiles, &[], rows, h, &mut acc),
+                        Tiles::Q5(tiles) => nibbles(tiles, &[], rows, h, &mut acc),
+                        Tiles::Q4K(tiles, supers) => nibbles(tiles, supers, rows, h, &mut acc),
+                        Tiles::Q5K(tiles, supers) => nibbles(tiles, supers, rows, h, &mut acc),
                         Tiles::Q8_0(tiles) => {
                             for (b, tile) in tiles.iter().enumerate() {
                                 if h == 0 {
@@ -1360,7 +1708,7 @@ mod x86 {
                                 let w: [__m256i; 8] = std::array::from_fn(|t| {
                                     byte_quads(half(tile.qs[t].as_ptr()) as *const u8, $q8_bias)
                                 });
-                                let dw = scales8(&tile.d[8 * h..]);
+                                let dw = halves8(&tile.d[8 * h..]);
                                 for i in 0..N {
                                     let q = &rows[i].qs[b];
                                     let mut s = _mm256_setzero_si256();
@@ -1380,34 +1728,28 @@ mod x86 {
                                 }
                             }
                         }
-                        Tiles::Q8H(tiles) => {
+                        Tiles::Q6K(tiles, supers) => {
                             for (b, tile) in tiles.iter().enumerate() {
                                 if h == 0 {
                                     prefetch_ahead(tile);
                                 }
-                                let w: [__m256i; 8] = std::array::from_fn(|t| {
-                                    byte_quads(half(tile.qs[t].as_ptr()) as *const u8, $q8_bias)
-                                });
-                                let dw =
-                                    [0, 1].map(|k| _mm256_loadu_ps(tile.d[k][8 * h..].as_ptr()));
-                                let mw = _mm256_loadu_ps(tile.m[8 * h..].as_ptr());
+                                let w = six_bits_256(tile, h);
+                                let d = halves8(&supers[b / 8].d[8 * h..]);
+                                let sc = |k: usize| tile.sc[k][8 * h..].as_ptr() as *const u8;
+                                let dw = [
+                                    _mm256_mul_ps(d, bytes8(sc(0), true)),
+                                    _mm256_mul_ps(d, bytes8(sc(1), true)),
+                                ];
                                 for i in 0..N {
                                     let q = &rows[i].qs[b];
                                     let da = _mm256_set1_ps(rows[i].d[b]);
                                     for k in 0..2 {
-                                        let mut s = _mm256_setzero_si256();
-                                        for t in 4 * k..4 * k + 4 {
-                                            s = $dot_q8(s, w[t], quad(q, t));
-                                        }
-                                        if $q8_bias {
-                                            let bias = 128 * rows[i].sums[b][k];
-                                            s = _mm256_sub_epi32(s, _mm256_set1_epi32(bias));
-                                        }
+                                        let s = $dot_q6(&w, q, k);
+                                        let center = 32 * rows[i].sums[b][k];
+                                        let s = _mm256_sub_epi32(s, _mm256_set1_epi32(center));
                                         let t = _mm256_mul_ps(_mm256_cvtepi32_ps(s), da);
                                         acc[i] = _mm256_fmadd_ps(t, dw[k], acc[i]);
                                     }
-                                    acc[i] =
-                                        _mm256_fmadd_ps(mw, _mm256_set1_ps(rows[i].s[b]), acc[i]);
                                 }
                             }
                         }
@@ -1424,6 +1766,7 @@ mod x86 {
         tile_avx2,
         dot_q4_avx2,
         dot_q5_avx2,
+        dot_q6_avx2,
         dot_q8_avx2,
         false,
         "avx2,fma,f16c"
@@ -1432,6 +1775,7 @@ mod x86 {
         tile_vnni,
         dot_q4_vnni,
         dot_q4_vnni,
+        dot_q6_vnni,
         dot_q8_vnni,
         true,
         "avx2,fma,f16c,avxvnni"
@@ -1468,66 +1812,65 @@ pub(in crate::neural) mod tests {
             .collect()
     }
 
-    /// A Q4_K-shaped matrix: nibbles with f32 scales and offsets that are no f16.
-    fn f32_nibbles(rows: usize, cols: usize, seed: u32) -> QMatrix {
-        let v = pseudo(rows * cols + 2 * rows * cols / BLOCK, seed);
+    /// A K-quant matrix (`cols` a multiple of 256): random factors over their whole range,
+    /// super-block scales that are no round numbers, quants over their range.
+    fn k_quants(kind: KQuant, rows: usize, cols: usize, seed: u32) -> QMatrix {
+        let v = pseudo(rows * cols + 3 * rows * cols / BLOCK, seed);
         let n = rows * cols;
-        QMatrix::from_nibble_blocks(rows, cols, true, |r, b| {
-            let k = r * cols / BLOCK + b;
-            let d = (v[n + 2 * k].abs() + 0.01) * 0.123_456_7;
-            RowBlock {
-                d,
-                d_hi: d,
-                m: v[n + 2 * k + 1] * 0.987_654_3,
-                q: std::array::from_fn(|c| ((v[r * cols + 32 * b + c] + 1.0) * 7.9) as u8),
-            }
-        })
+        let top = match kind {
+            KQuant::Q4K => 15.9,
+            KQuant::Q5K => 31.9,
+            KQuant::Q6K => 63.9,
+        };
+        QMatrix::from_k_blocks(
+            kind,
+            rows,
+            cols,
+            |r, s| {
+                let k = (r * cols / SUPER_BLOCK + s) * 8;
+                let d = f16::from_f32((v[n + 3 * k].abs() + 0.01) * 0.003_456_7);
+                let m = f16::from_f32(-v[n + 3 * k + 1].abs() * 0.002_345_6);
+                (d, if kind == KQuant::Q6K { f16::ZERO } else { m })
+            },
+            |r, b| {
+                let k = r * cols / BLOCK + b;
+                let factor = |x: f32| match kind {
+                    KQuant::Q6K => (x * 127.9).floor() as i8,
+                    _ => ((x + 1.0) * 31.9) as i8,
+                };
+                KBlock {
+                    sc: [factor(v[n + 3 * k + 1]), factor(v[n + 3 * k + 2])],
+                    mn: ((v[n + 3 * k] + 1.0) * 31.9) as u8,
+                    q: std::array::from_fn(|c| {
+                        ((v[r * cols + 32 * b + c] + 1.0) / 2.0 * top) as u8
+                    }),
+                }
+            },
+        )
     }
 
-    /// A five-bit matrix: Q5_0-shaped (f16 scales, offset −16d), Q5_1-shaped (f16 scales and
-    /// offsets) or Q5_K-shaped (`f32_scales`: products that are no f16).
+    /// A five-bit matrix: Q5_0-shaped (f16 scales, offset −16d) or Q5_1-shaped (f16 scales
+    /// and offsets).
     fn five_bits(rows: usize, cols: usize, seed: u32, shape: &str) -> QMatrix {
         let v = pseudo(rows * cols + 2 * rows * cols / BLOCK, seed);
         let n = rows * cols;
         let f16 = |x: f32| f16::from_f32(x).to_f32();
         let block = |r: usize, b: usize| {
             let k = r * cols / BLOCK + b;
-            let d = (v[n + 2 * k].abs() + 0.01) * 0.023_456_7;
-            let (d, m) = match shape {
-                "q5_0" => (f16(d), -16.0 * f16(d)),
-                "q5_1" => (f16(d), f16(v[n + 2 * k + 1] * 0.5)),
-                _ => (d, v[n + 2 * k + 1] * 0.487_654_3),
-            };
+            let d = f16((v[n + 2 * k].abs() + 0.01) * 0.023_456_7);
             RowBlock {
                 d,
-                d_hi: d,
-                m,
+                m: match shape {
+                    "q5_0" => -16.0 * d,
+                    _ => f16(v[n + 2 * k + 1] * 0.5),
+                },
                 q: std::array::from_fn(|c| ((v[r * cols + 32 * b + c] + 1.0) * 15.9) as u8),
             }
         };
         match shape {
             "q5_0" => QMatrix::from_q5_0_blocks(rows, cols, block),
-            _ => QMatrix::from_five_bit_blocks(rows, cols, shape == "q5_k", block),
+            _ => QMatrix::from_five_bit_blocks(rows, cols, block),
         }
-    }
-
-    /// A Q6_K / Q5_K-shaped matrix: signed bytes in `lo..=hi`, a scale per half, an offset.
-    fn split_bytes(rows: usize, cols: usize, seed: u32, lo: i8, hi: i8) -> QMatrix {
-        let v = pseudo(rows * cols + 3 * rows * cols / BLOCK, seed);
-        let n = rows * cols;
-        let span = hi as f32 - lo as f32;
-        QMatrix::from_byte_blocks(rows, cols, true, |r, b| {
-            let k = r * cols / BLOCK + b;
-            RowBlock {
-                d: v[n + 3 * k] * 0.031,
-                d_hi: v[n + 3 * k + 1] * 0.029,
-                m: if lo < 0 { 0.0 } else { v[n + 3 * k + 2] },
-                q: std::array::from_fn(|c| {
-                    let x = (v[r * cols + 32 * b + c] + 1.0) / 2.0;
-                    (lo as f32 + (x * span).round()) as i8
-                }),
-            }
-        })
     }
 
     #[test]
@@ -1545,6 +1888,14 @@ pub(in crate::neural) mod tests {
             five_bits(rows, cols, 6, "q5_1").bytes(),
             rows * cols / BLOCK * 24
         );
+        // K-quants: per row and super-block of 256 weights, the file's bytes plus 4 (Q4_K,
+        // Q5_K: 16 factors in bytes where the file packs them in 12, and its d and dmin kept
+        // once per 16 rows) or 2 (Q6_K: d) — 4.625, 5.625 and 6.625 bits a weight.
+        let cols = 512;
+        for (kind, ours) in [(KQuant::Q4K, 148), (KQuant::Q5K, 180), (KQuant::Q6K, 212)] {
+            let m = k_quants(kind, rows, cols, 7);
+            assert_eq!(m.bytes(), rows * cols / SUPER_BLOCK * ours, "{kind:?}");
+        }
     }
 
     #[test]
@@ -1559,48 +1910,76 @@ pub(in crate::neural) mod tests {
         let signed: Vec<f32> = (0..rows * cols)
             .map(|i| if (i / 7) % 2 == 0 { 1.0 } else { -1.0 })
             .collect();
-        let extreme = |q: &dyn Fn(usize, usize) -> i8| {
-            QMatrix::from_byte_blocks(rows, cols, true, |r, b| RowBlock {
-                d: 0.5,
-                d_hi: 0.25,
-                m: -1.0,
-                q: std::array::from_fn(|c| q(r, 32 * b + c)),
-            })
+        // Q6_K at its limits: quants of 63 and 0 (after the center: 31 and −32), factors of
+        // ±127 and −128; the AVX2 kernel's 16-bit sums reach 2·2·63·127 = 32,004.
+        let six_bits = |q: &dyn Fn(usize, usize) -> u8, sc: [i8; 2]| {
+            QMatrix::from_k_blocks(
+                KQuant::Q6K,
+                rows,
+                SUPER_BLOCK,
+                |_, _| (f16::from_f32(0.5), f16::ZERO),
+                |r, b| KBlock {
+                    sc,
+                    mn: 0,
+                    q: std::array::from_fn(|c| q(r, 32 * b + c)),
+                },
+            )
+        };
+        let k_nibbles = |kind, top: u8| {
+            QMatrix::from_k_blocks(
+                kind,
+                rows,
+                SUPER_BLOCK,
+                |_, _| (f16::from_f32(0.1), f16::from_f32(-0.7)),
+                |_, _| KBlock {
+                    sc: [63; 2],
+                    mn: 63,
+                    q: std::array::from_fn(|c| if c == 0 { 0 } else { top }),
+                },
+            )
         };
         let mats = [
             QMatrix::quantize_q4_1(rows, cols, &w).unwrap(),
             QMatrix::quantize_q8_0(rows, cols, &signed).unwrap(),
-            QMatrix::from_nibble_blocks(rows, cols, true, |_, _| RowBlock {
-                d: 0.1,
-                d_hi: 0.1,
-                m: -0.7,
-                q: std::array::from_fn(|c| if c == 0 { 0 } else { 15 }),
-            }),
             // Five-bit quants of 31: the AVX2 kernel's 16-bit sums reach 4·2·31·127 = 31,496.
-            QMatrix::from_five_bit_blocks(rows, cols, false, |_, _| RowBlock {
+            QMatrix::from_five_bit_blocks(rows, cols, |_, _| RowBlock {
                 d: 0.5,
-                d_hi: 0.5,
                 m: -8.0,
                 q: std::array::from_fn(|c| if c == 0 { 0 } else { 31 }),
             }),
             QMatrix::from_q5_0_blocks(rows, cols, |_, _| RowBlock {
                 d: 0.5,
-                d_hi: 0.5,
                 m: 0.0,
                 q: std::array::from_fn(|c| if c == 0 { 0 } else { 31 }),
             }),
-            // Split blocks at ±127 (beyond Q6_K's −32..31 and Q5_K's 0..31).
-            extreme(&|r, c| if (r + c / 7) % 2 == 0 { 127 } else { -127 }),
-            extreme(&|_, _| 127),
+            k_nibbles(KQuant::Q4K, 15),
+            k_nibbles(KQuant::Q5K, 31),
+            six_bits(
+                &|r, c| if (r + c / 7) % 2 == 0 { 63 } else { 0 },
+                [127, -128],
+            ),
+            six_bits(&|_, _| 63, [-128, 127]),
+            six_bits(&|_, _| 0, [127, 127]),
         ];
         for x in [
-            vec![1.0f32; 5 * cols],
-            vec![-1.0f32; 5 * cols],
-            signed[..5 * cols].to_vec(),
+            vec![1.0f32; 5 * SUPER_BLOCK],
+            vec![-1.0f32; 5 * SUPER_BLOCK],
+            signed
+                .iter()
+                .cycle()
+                .take(5 * SUPER_BLOCK)
+                .copied()
+                .collect(),
         ] {
-            let mut a = QRows::default();
-            a.quantize(&x, cols);
             for w in &mats {
+                let cols = w.cols();
+                let x: Vec<f32> = x
+                    .chunks(SUPER_BLOCK)
+                    .flat_map(|r| &r[..cols])
+                    .copied()
+                    .collect();
+                let mut a = QRows::default();
+                a.quantize(&x, cols);
                 let mut pool = Pool::new(1);
                 let mut scalar = vec![0.0; 5 * rows];
                 matmul(Isa::Scalar, w, &a, &mut scalar, &mut pool);
@@ -1671,15 +2050,16 @@ pub(in crate::neural) mod tests {
         let mats = [
             QMatrix::quantize_q4_1(rows, cols, &pseudo(rows * cols, 7)).unwrap(),
             QMatrix::quantize_q8_0(rows, cols, &pseudo(rows * cols, 9)).unwrap(),
-            f32_nibbles(rows, cols, 10),
             five_bits(rows, cols, 14, "q5_0"),
             five_bits(rows, cols, 15, "q5_1"),
-            five_bits(rows, cols, 16, "q5_k"),
-            split_bytes(rows, cols, 12, -32, 31),
-            split_bytes(rows, cols, 13, 0, 31),
+            // Two super-blocks a row.
+            k_quants(KQuant::Q4K, rows, 512, 10),
+            k_quants(KQuant::Q5K, rows, 512, 16),
+            k_quants(KQuant::Q6K, rows, 512, 12),
         ];
         let isas = Isa::available();
         for (mi, w) in mats.iter().enumerate() {
+            let cols = w.cols();
             for k in [1usize, 2, 3, 5, 9] {
                 let x = pseudo(k * cols, 3 + k as u32);
                 let mut a = QRows::default();
@@ -1720,13 +2100,13 @@ pub(in crate::neural) mod tests {
     /// matrix and between them).
     #[test]
     fn products_together_are_products_apart() {
-        let cols = 64;
+        let cols = 256;
         let mats = [
             QMatrix::quantize_q4_1(200, cols, &pseudo(200 * cols, 21)).unwrap(),
             QMatrix::quantize_q8_0(48, cols, &pseudo(48 * cols, 22)).unwrap(),
             QMatrix::quantize_q4_1(130, cols, &pseudo(130 * cols, 23)).unwrap(),
-            f32_nibbles(40, cols, 25),
-            split_bytes(70, cols, 26, -32, 31),
+            k_quants(KQuant::Q4K, 40, cols, 25),
+            k_quants(KQuant::Q6K, 70, cols, 26),
         ];
         let k = 5;
         let mut a = QRows::default();
