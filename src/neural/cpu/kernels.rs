@@ -186,10 +186,12 @@ struct Q4Tile {
 #[derive(Clone, Copy)]
 struct Q5Tile {
     low: Q4Tile,
-    /// Bit 4·i + c of word t: the fifth bit of row i's quant at column 4t + c (the byte order
-    /// of the nibble tile's chunk t unpacked, so one mask per unpacked register).
-    high: [u64; 8],
+    high: FifthBits,
 }
+
+/// The fifth bits of a five-bit tile: byte 4·i + c, bit t is that of row i's quant at column
+/// 4t + c (byte 4·i + c of unpacked register t), so one shift puts a register's bits in place.
+type FifthBits = [u8; 64];
 
 /// 16 rows × 32 columns of Q5_0 (`value = d·(q − 16)`, q in 0..32): a [`Q5Tile`] without
 /// offsets, the 16 taken out of the integer sum (`16·Σq_a`, from [`QRows`]); 352 bytes, 5.5
@@ -198,7 +200,7 @@ struct Q5Tile {
 #[derive(Clone, Copy)]
 struct Q5_0Tile {
     qs: [[u8; 64]; 4],
-    high: [u64; 8],
+    high: FifthBits,
     d: [f16; TILE_ROWS],
 }
 
@@ -219,7 +221,7 @@ struct Q4KTile {
 #[derive(Clone, Copy)]
 struct Q5KTile {
     qs: [[u8; 64]; 4],
-    high: [u64; 8],
+    high: FifthBits,
     sc: [u8; TILE_ROWS],
     mn: [u8; TILE_ROWS],
 }
@@ -285,7 +287,7 @@ trait NibbleTile: Copy + 'static {
     /// Scales come from super-blocks (K-quants).
     const K: bool;
     fn qs(&self) -> &[[u8; 64]; 4];
-    fn high(&self) -> Option<&[u64; 8]>;
+    fn high(&self) -> Option<&FifthBits>;
     /// The rows' scales, `sup` being the tile's super-block's (never read unless [`NibbleTile::K`]).
     fn scales<'a>(&'a self, sup: &'a SuperScales) -> Scales<'a>;
 }
@@ -298,7 +300,7 @@ impl NibbleTile for Q4Tile {
         &self.qs
     }
     #[inline(always)]
-    fn high(&self) -> Option<&[u64; 8]> {
+    fn high(&self) -> Option<&FifthBits> {
         None
     }
     #[inline(always)]
@@ -318,7 +320,7 @@ impl NibbleTile for Q5Tile {
         &self.low.qs
     }
     #[inline(always)]
-    fn high(&self) -> Option<&[u64; 8]> {
+    fn high(&self) -> Option<&FifthBits> {
         Some(&self.high)
     }
     #[inline(always)]
@@ -335,7 +337,7 @@ impl NibbleTile for Q5_0Tile {
         &self.qs
     }
     #[inline(always)]
-    fn high(&self) -> Option<&[u64; 8]> {
+    fn high(&self) -> Option<&FifthBits> {
         Some(&self.high)
     }
     /// No offsets: the scales stand in, never read.
@@ -356,7 +358,7 @@ impl NibbleTile for Q4KTile {
         &self.qs
     }
     #[inline(always)]
-    fn high(&self) -> Option<&[u64; 8]> {
+    fn high(&self) -> Option<&FifthBits> {
         None
     }
     #[inline(always)]
@@ -377,7 +379,7 @@ impl NibbleTile for Q5KTile {
         &self.qs
     }
     #[inline(always)]
-    fn high(&self) -> Option<&[u64; 8]> {
+    fn high(&self) -> Option<&FifthBits> {
         Some(&self.high)
     }
     #[inline(always)]
@@ -456,9 +458,9 @@ fn put_nibbles(qs: &mut [[u8; 64]; 4], i: usize, q: &[u8; BLOCK]) {
 }
 
 /// Puts row i's quants' fifth bits in a five-bit tile's plane.
-fn put_fifth_bits(high: &mut [u64; 8], i: usize, q: &[u8; BLOCK]) {
+fn put_fifth_bits(high: &mut FifthBits, i: usize, q: &[u8; BLOCK]) {
     for (c, &q) in q.iter().enumerate() {
-        high[c / 4] |= u64::from(q >> 4 & 1) << (4 * i + c % 4);
+        high[4 * i + c % 4] |= (q >> 4 & 1) << (c / 4);
     }
 }
 
@@ -487,8 +489,8 @@ fn nibble_of(qs: &[[u8; 64]; 4], i: usize, c: usize) -> u8 {
 }
 
 #[inline(always)]
-fn fifth_bit(high: Option<&[u64; 8]>, i: usize, c: usize) -> u8 {
-    high.map_or(0, |h| (h[c / 4] >> (4 * i + c % 4)) & 1) as u8
+fn fifth_bit(high: Option<&FifthBits>, i: usize, c: usize) -> u8 {
+    high.map_or(0, |h| (h[4 * i + c % 4] >> (c / 4)) & 1)
 }
 
 /// Row i's quant (0..64) at column c of a Q6_K tile.
@@ -581,7 +583,7 @@ impl QMatrix {
     ) -> QMatrix {
         let empty = Q5_0Tile {
             qs: [[0; 64]; 4],
-            high: [0; 8],
+            high: [0; 64],
             d: [f16::ZERO; TILE_ROWS],
         };
         let tiles = Self::tiled(rows, cols, block, empty, |tile, i, rb| {
@@ -603,7 +605,7 @@ impl QMatrix {
         block: impl Fn(usize, usize) -> RowBlock<u8>,
     ) -> QMatrix {
         let low = Self::nibble_tiles(rows, cols, &block);
-        let empty = [0u64; 8];
+        let empty = [0u8; 64];
         let high = Self::tiled(rows, cols, &block, empty, |high, i, rb| {
             put_fifth_bits(high, i, &rb.q)
         });
@@ -669,7 +671,7 @@ impl QMatrix {
             KQuant::Q5K => {
                 let empty = Q5KTile {
                     qs: [[0; 64]; 4],
-                    high: [0; 8],
+                    high: [0; 64],
                     sc: [0; TILE_ROWS],
                     mn: [0; TILE_ROWS],
                 };
@@ -1357,9 +1359,21 @@ mod x86 {
                 w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(x, 4), mask);
             }
             if let Some(high) = tile.high() {
+                let x = _mm512_loadu_si512(high.as_ptr() as *const __m512i);
                 let sixteen = _mm512_set1_epi8(16);
-                for t in 0..8 {
-                    w[t] = _mm512_mask_add_epi8(w[t], high[t], w[t], sixteen);
+                let shifted = [
+                    _mm512_slli_epi16(x, 4),
+                    _mm512_slli_epi16(x, 3),
+                    _mm512_slli_epi16(x, 2),
+                    _mm512_slli_epi16(x, 1),
+                    x,
+                    _mm512_srli_epi16(x, 1),
+                    _mm512_srli_epi16(x, 2),
+                    _mm512_srli_epi16(x, 3),
+                ];
+                for (t, x) in shifted.into_iter().enumerate() {
+                    // w | (x & 16)
+                    w[t] = _mm512_ternarylogic_epi32(w[t], x, sixteen, 0xF8);
                 }
             }
             let (dw, mw) = scales16(tile.scales(super_of::<T>(supers, b)));
@@ -1527,21 +1541,26 @@ mod x86 {
         _mm256_add_epi32(_mm256_madd_epi16(low, ones), _mm256_madd_epi16(high, ones))
     }
 
-    /// 32 bits as 32 bytes, 16 where a bit is set (bit j to byte j).
+    /// Rows `8h..8h + 8` of a five-bit tile's fifth bits, each unpacked register's at 16.
     #[inline(always)]
-    unsafe fn fifth_bits(bits: u32) -> __m256i {
-        let spread = _mm256_shuffle_epi8(
-            _mm256_set1_epi32(bits as i32),
-            _mm256_setr_epi64x(
-                0,
-                0x0101_0101_0101_0101,
-                0x0202_0202_0202_0202,
-                0x0303_0303_0303_0303,
-            ),
-        );
-        let select = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-        let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select);
-        _mm256_and_si256(set, _mm256_set1_epi8(16))
+    unsafe fn fifth_bits(high: &super::FifthBits, h: usize) -> [__m256i; 8] {
+        let x = _mm256_loadu_si256(high.as_ptr().add(32 * h) as *const __m256i);
+        let sixteen = _mm256_set1_epi8(16);
+        let mut bits = [
+            _mm256_slli_epi16(x, 4),
+            _mm256_slli_epi16(x, 3),
+            _mm256_slli_epi16(x, 2),
+            _mm256_slli_epi16(x, 1),
+            x,
+            _mm256_srli_epi16(x, 1),
+            _mm256_srli_epi16(x, 2),
+            _mm256_srli_epi16(x, 3),
+        ];
+        // (A loop, not a closure: closures do not inherit the target features.)
+        for b in &mut bits {
+            *b = _mm256_and_si256(*b, sixteen);
+        }
+        bits
     }
 
     #[inline(always)]
@@ -1665,9 +1684,9 @@ mod x86 {
                             w[t + 4] = _mm256_and_si256(_mm256_srli_epi16(x, 4), mask);
                         }
                         if let Some(high) = tile.high() {
+                            let fifth = fifth_bits(high, h);
                             for t in 0..8 {
-                                let bits = (high[t] >> (32 * h)) as u32;
-                                w[t] = _mm256_or_si256(w[t], fifth_bits(bits));
+                                w[t] = _mm256_or_si256(w[t], fifth[t]);
                             }
                         }
                         let (dw, mw) = scales8(tile.scales(super_of::<T>(supers, b)), h);
