@@ -74,7 +74,7 @@ fn time(isa: Isa, ws: &[QMatrix], k: usize, threads: usize) -> f64 {
 
 pub fn run(isa: Isa) {
     // 12 layers' worth (about 50 M weights), more than the last-level caches hold.
-    let copies: usize = std::env::var("KINDS_COPIES").map_or(12, |v| v.parse().unwrap());
+    let copies = 12;
     println!("ISA {isa:?}; {copies} copies of a layer's four products, random weights\n");
     println!("| type | MB | k=1, 1 thread: ms (GB/s) | k=1, 2 threads | k=16, 1 thread | k=16, 2 threads |");
     println!("|---|---:|---:|---:|---:|---:|");
@@ -88,11 +88,6 @@ pub fn run(isa: Isa) {
         GgmlDType::Q6K,
         GgmlDType::Q8_0,
     ] {
-        if let Ok(only) = std::env::var("KINDS_TYPES") {
-            if !only.split(',').any(|t| t == format!("{dtype:?}")) {
-                continue;
-            }
-        }
         let ws = matrices(dtype, copies);
         let bytes: usize = ws.iter().map(|w| w.bytes()).sum();
         let mb = bytes as f64 / 1e6;
@@ -107,10 +102,45 @@ pub fn run(isa: Isa) {
     }
 }
 
+/// Ratios of A to B over alternating rounds: their geometric mean (which cancels an effect
+/// of order, the order alternating), median, minimum and maximum.
+struct Ratios(Vec<f64>);
+
+impl Ratios {
+    /// Runs `rounds` rounds of `measure(0)` and `measure(1)` (A first in even rounds), each
+    /// giving a speed; returns the speeds of each and the ratios A / B.
+    fn alternate(rounds: usize, mut measure: impl FnMut(usize) -> f64) -> ([Vec<f64>; 2], Ratios) {
+        let (mut speeds, mut ratios) = ([Vec::new(), Vec::new()], Vec::new());
+        for round in 0..rounds {
+            let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+            let mut v = [0.0; 2];
+            for i in order {
+                v[i] = measure(i);
+                speeds[i].push(v[i]);
+            }
+            ratios.push(v[0] / v[1]);
+        }
+        (speeds, Ratios(ratios))
+    }
+
+    fn describe(&self) -> String {
+        let geomean = (self.0.iter().map(|r| r.ln()).sum::<f64>() / self.0.len() as f64).exp();
+        let (med, lo, hi) = spread(&self.0);
+        format!("geometric mean {geomean:.3}; median {med:.3} (min {lo:.3}, max {hi:.3})")
+    }
+}
+
+/// Median, minimum and maximum.
+fn spread(v: &[f64]) -> (f64, f64, f64) {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
 /// `bench_model -- --model A.gguf --against B.gguf`: both files' greedy decoding, side by side
-/// in one run at 2 threads after the same 256-token context: `rounds` rounds of 64 tokens each,
-/// the two alternating so that the machine's drift falls on both, and the ratio of A's speed to
-/// B's in each round (median and spread), with each file's bytes per step.
+/// in one run at 2 threads after the same 256-token context: `rounds` rounds of 64 tokens each
+/// (after 16 untimed ones), the two alternating so that the machine's drift falls on both, and
+/// the ratio of A's speed to B's, with each file's bytes per step.
 pub fn against(a: &std::path::Path, b: &std::path::Path, isa: Isa, ids: &[u32], rounds: usize) {
     use infgram::lm::{argmax, LanguageModel};
     use infgram::neural::arch::decoder::Decoder;
@@ -121,46 +151,107 @@ pub fn against(a: &std::path::Path, b: &std::path::Path, isa: Isa, ids: &[u32], 
         .iter_mut()
         .map(|m| argmax(&m.forward(ctx).unwrap().pop().unwrap()))
         .collect();
-    let mut decode = |i: usize| {
+    let mb: Vec<f64> = models
+        .iter()
+        .map(|m| m.weight_bytes_per_step() as f64 / 1e6)
+        .collect();
+    // A file decoded right after the other finds its weights evicted from the last-level
+    // cache, which a file decoding on its own never does (here that made whichever file ran
+    // first in a round up to 15% faster): each timing follows 16 untimed tokens of its file.
+    let (speeds, ratios) = Ratios::alternate(rounds, |i| {
         let m = &mut models[i];
-        m.truncate(256);
         let mut next = firsts[i];
-        let t = Instant::now();
-        for _ in 0..64 {
+        let mut t = Instant::now();
+        m.truncate(256 - 16);
+        for step in 0..16 + 64 {
+            if step == 16 {
+                t = Instant::now();
+            }
             next = argmax(&m.forward(&[next]).unwrap()[0]);
         }
         64.0 / t.elapsed().as_secs_f64()
-    };
-    decode(0);
-    decode(1);
-    let (mut speeds, mut ratios) = ([Vec::new(), Vec::new()], Vec::new());
-    for round in 0..rounds {
-        // A first in even rounds, B first in odd ones.
-        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
-        let mut tps = [0.0; 2];
-        for i in order {
-            tps[i] = decode(i);
-        }
-        ratios.push(tps[0] / tps[1]);
-        speeds[0].push(tps[0]);
-        speeds[1].push(tps[1]);
-    }
-    let mb = |m: &Decoder| m.weight_bytes_per_step() as f64 / 1e6;
-    let spread = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        (v[v.len() / 2], v[0], v[v.len() - 1])
-    };
+    });
     println!("ISA {isa:?}, 2 threads, {rounds} rounds of 64 greedy tokens at depth 256\n");
     println!("| file | MB a step | tokens/s: median (min–max) |");
     println!("|---|---:|---:|");
     for (i, p) in [a, b].iter().enumerate() {
-        let (med, lo, hi) = spread(&mut speeds[i]);
+        let (med, lo, hi) = spread(&speeds[i]);
+        let name = p.file_name().unwrap().to_string_lossy();
+        println!("| {name} | {:.1} | {med:.1} ({lo:.1}–{hi:.1}) |", mb[i]);
+    }
+    println!("\nA / B speed per round: {}", ratios.describe());
+}
+
+/// `bench_model -- --stream TYPE,TYPE [--copies A,B]`: the products of a SmolLM2-135M step
+/// with one activation row (`copies` layers of q, k, v, o, gate, up and down in each type; 7
+/// products of 576 × 1536 a layer for the K-quants, whose rows must be multiples of 256),
+/// timed alternately at 2 threads after a warm pass: each side's weight bytes and its read
+/// rate, and the ratio of A's rate to B's. With one type on both sides and different copies,
+/// what more bytes alone cost on this machine.
+pub fn stream(isa: Isa, types: [GgmlDType; 2], copies: [usize; 2], rounds: usize) {
+    let k_quant = types
+        .iter()
+        .any(|d| matches!(d, GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K));
+    let shapes = if k_quant {
+        [(576, 1536); 7]
+    } else {
+        [
+            (576, 576),
+            (192, 576),
+            (192, 576),
+            (576, 576),
+            (1536, 576),
+            (1536, 576),
+            (576, 1536),
+        ]
+    };
+    let make = |dtype: GgmlDType, copies: usize| -> Vec<QMatrix> {
+        (0..copies)
+            .flat_map(|c| shapes.iter().map(move |&s| (c, s)))
+            .map(|(c, (rows, cols))| {
+                let values = random(rows * cols, c as u64 + 7);
+                let t = Tensor::from_vec(values, (rows, cols), &Device::Cpu).unwrap();
+                let q = QTensor::quantize(&t, dtype).unwrap();
+                native_matrix(dtype, rows, cols, &q.data().unwrap()).unwrap()
+            })
+            .collect()
+    };
+    let ws = [make(types[0], copies[0]), make(types[1], copies[1])];
+    let mut pool = Pool::new(2);
+    let acts: std::collections::HashMap<usize, QRows> = [576usize, 1536]
+        .into_iter()
+        .map(|c| {
+            let mut q = QRows::default();
+            q.quantize(&random(c, 3), c);
+            (c, q)
+        })
+        .collect();
+    let mut out = vec![0.0f32; 1536];
+    let bytes = [0, 1].map(|i| ws[i].iter().map(|w| w.bytes()).sum::<usize>() as f64);
+    let (rates, ratios) = Ratios::alternate(rounds, |i| {
+        let mut pass = || {
+            for w in &ws[i] {
+                matmul(isa, w, &acts[&w.cols()], &mut out[..w.rows()], &mut pool);
+            }
+        };
+        pass();
+        let t = Instant::now();
+        for _ in 0..10 {
+            pass();
+        }
+        bytes[i] * 10.0 / t.elapsed().as_secs_f64() / 1e9
+    });
+    println!("ISA {isa:?}, 2 threads, {rounds} rounds of 10 passes, one activation row\n");
+    println!("| side | type | MB a pass | GB/s: median (min–max) |");
+    println!("|---|---|---:|---:|");
+    for i in 0..2 {
+        let (med, lo, hi) = spread(&rates[i]);
+        let side = ["A", "B"][i];
         println!(
-            "| {} | {:.1} | {med:.1} ({lo:.1}–{hi:.1}) |",
-            p.file_name().unwrap().to_string_lossy(),
-            mb(&models[i])
+            "| {side} | {:?} | {:.1} | {med:.1} ({lo:.1}–{hi:.1}) |",
+            types[i],
+            bytes[i] / 1e6
         );
     }
-    let (med, lo, hi) = spread(&mut ratios);
-    println!("\nA / B speed, per round: median {med:.3} (min {lo:.3}, max {hi:.3})");
+    println!("\nA / B read rate per round: {}", ratios.describe());
 }

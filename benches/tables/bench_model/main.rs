@@ -50,9 +50,16 @@ struct Args {
     /// Decode with `--model` and with this file side by side, alternating, and give the ratio.
     #[arg(long)]
     against: Option<std::path::PathBuf>,
-    /// Rounds of `--against`.
+    /// Rounds of `--against` and `--stream`.
     #[arg(long, default_value_t = 20)]
     rounds: usize,
+    /// Two weight types' products at SmolLM2's shapes, alternately: their read rates
+    /// (`q4_0`, `q4_1`, `q4k`, `q5_0`, `q5_1`, `q5k`, `q6k`, `q8_0`).
+    #[arg(long, value_parser = pair::<String>)]
+    stream: Option<[String; 2]>,
+    /// Layers of products on each side of `--stream`.
+    #[arg(long, value_parser = pair::<usize>, default_value = "30,30")]
+    copies: [usize; 2],
     /// Time each weight type's product alone, at SmolLM2's shapes, instead.
     #[arg(long)]
     kinds: bool,
@@ -151,6 +158,32 @@ fn compare_with_llamacpp(path: &std::path::Path, oracle: &Oracle, isa: Isa) {
             g.prompt,
             g.continuation.len()
         );
+    }
+}
+
+/// `A,B` as two values.
+fn pair<T: std::str::FromStr>(s: &str) -> Result<[T; 2], String> {
+    let parts: Vec<T> = s
+        .split(',')
+        .map(|p| p.parse().map_err(|_| format!("{p}: not a value")))
+        .collect::<Result<_, _>>()?;
+    parts
+        .try_into()
+        .map_err(|_| "expected two values: A,B".into())
+}
+
+/// A weight type by its lowercase name.
+fn parse_type(name: &str) -> GgmlDType {
+    match name {
+        "q4_0" => GgmlDType::Q4_0,
+        "q4_1" => GgmlDType::Q4_1,
+        "q4k" => GgmlDType::Q4K,
+        "q5_0" => GgmlDType::Q5_0,
+        "q5_1" => GgmlDType::Q5_1,
+        "q5k" => GgmlDType::Q5K,
+        "q6k" => GgmlDType::Q6K,
+        "q8_0" => GgmlDType::Q8_0,
+        other => panic!("--stream {other}: expected q4_0, q4_1, q4k, q5_0, q5_1, q5k, q6k or q8_0"),
     }
 }
 
@@ -286,6 +319,10 @@ fn main() {
         .as_deref()
         .map(parse_isa)
         .unwrap_or_else(Isa::detect);
+    if let Some(types) = &args.stream {
+        let types = [parse_type(&types[0]), parse_type(&types[1])];
+        return kinds::stream(isa, types, args.copies, args.rounds);
+    }
     if args.kinds {
         return kinds::run(isa);
     }
