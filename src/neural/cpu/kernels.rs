@@ -180,6 +180,14 @@ struct Q4Tile {
     m: [f16; TILE_ROWS],
 }
 
+impl Q4Tile {
+    const EMPTY: Q4Tile = Q4Tile {
+        qs: [[0; 64]; 4],
+        d: [f16::ZERO; TILE_ROWS],
+        m: [f16::ZERO; TILE_ROWS],
+    };
+}
+
 /// 16 rows × 32 columns of five-bit quants (`value = d·q + m`, q in 0..32): the low four bits
 /// as a nibble tile, the fifth beside them; 384 bytes (6 bits a weight).
 #[repr(C, align(64))]
@@ -558,21 +566,11 @@ impl QMatrix {
         tiles
     }
 
-    fn nibble_tiles(
-        rows: usize,
-        cols: usize,
-        block: impl Fn(usize, usize) -> RowBlock<u8>,
-    ) -> Vec<Q4Tile> {
-        let empty = Q4Tile {
-            qs: [[0; 64]; 4],
-            d: [f16::ZERO; TILE_ROWS],
-            m: [f16::ZERO; TILE_ROWS],
-        };
-        Self::tiled(rows, cols, block, empty, |tile, i, rb| {
-            tile.d[i] = f16::from_f32(rb.d);
-            tile.m[i] = f16::from_f32(rb.m);
-            put_nibbles(&mut tile.qs, i, &rb.q);
-        })
+    /// Row i's scale, offset and low four bits of its quants in a nibble tile.
+    fn put_nibble_row(tile: &mut Q4Tile, i: usize, rb: &RowBlock<u8>) {
+        tile.d[i] = f16::from_f32(rb.d);
+        tile.m[i] = f16::from_f32(rb.m);
+        put_nibbles(&mut tile.qs, i, &rb.q);
     }
 
     /// A matrix of Q5_0 blocks (`value = d·(q − 16)`, `q` in 0..32, `d` an f16; `m` ignored).
@@ -604,16 +602,14 @@ impl QMatrix {
         cols: usize,
         block: impl Fn(usize, usize) -> RowBlock<u8>,
     ) -> QMatrix {
-        let low = Self::nibble_tiles(rows, cols, &block);
-        let empty = [0u8; 64];
-        let high = Self::tiled(rows, cols, &block, empty, |high, i, rb| {
-            put_fifth_bits(high, i, &rb.q)
+        let empty = Q5Tile {
+            low: Q4Tile::EMPTY,
+            high: [0; 64],
+        };
+        let tiles = Self::tiled(rows, cols, block, empty, |tile, i, rb| {
+            Self::put_nibble_row(&mut tile.low, i, rb);
+            put_fifth_bits(&mut tile.high, i, &rb.q);
         });
-        let tiles = low
-            .into_iter()
-            .zip(high)
-            .map(|(low, high)| Q5Tile { low, high })
-            .collect();
         QMatrix {
             rows,
             cols,
@@ -627,10 +623,11 @@ impl QMatrix {
         cols: usize,
         block: impl Fn(usize, usize) -> RowBlock<u8>,
     ) -> QMatrix {
+        let tiles = Self::tiled(rows, cols, block, Q4Tile::EMPTY, Self::put_nibble_row);
         QMatrix {
             rows,
             cols,
-            quants: Quants::Q4_1(Self::nibble_tiles(rows, cols, block)),
+            quants: Quants::Q4_1(tiles),
         }
     }
 
