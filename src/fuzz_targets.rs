@@ -352,6 +352,7 @@ pub fn router(data: &[u8]) {
                 ..Limits::default()
             },
             log_requests: false,
+            past_outputs_file: None,
         };
         App {
             runtime: tokio::runtime::Builder::new_current_thread()

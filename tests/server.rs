@@ -136,7 +136,17 @@ impl Drop for Server {
 }
 
 fn run(args: &[&str]) {
-    let out = Command::new(env!("CARGO_BIN_EXE_infgram"))
+    let out = output(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Runs `infgram ARGS` and returns what it printed and how it ended.
+fn output(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_infgram"))
         .args(args)
         .env(
             "INFGRAM_CACHE",
@@ -144,12 +154,14 @@ fn run(args: &[&str]) {
         )
         .env("INFGRAM_MODELS", infgram::assets::models_dir())
         .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .unwrap()
+}
+
+/// Runs `infgram ARGS`, which must fail: its stderr.
+fn fails(args: &[&str]) -> String {
+    let out = output(args);
+    assert!(!out.status.success(), "{args:?} succeeded");
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// A corpus of a few documents of a small vocabulary, indexed byte-level at `dir/idx`.
@@ -1064,16 +1076,21 @@ fn neural_completions_with_a_model_loaded_once() {
         format!("ts={}", idx.display()),
         format!("small={}", bytes_idx.display()),
     );
-    let server = Server::start(&[
-        "--model",
-        "smollm2-135m",
-        "--index",
-        &spec,
-        "--index",
-        &bytes_spec,
-        "--threads",
-        "1",
-    ]);
+    let past_file = tmp.path().join("past-outputs.bin");
+    let past_arg = past_file.to_str().unwrap();
+    let model_server = |more: &[&str]| {
+        let mut args = vec![
+            "--model",
+            "smollm2-135m",
+            "--index",
+            &spec,
+            "--threads",
+            "1",
+        ];
+        args.extend_from_slice(more);
+        Server::start(&args)
+    };
+    let server = model_server(&["--index", &bytes_spec, "--past-outputs", past_arg]);
     let drafting = Arc::new(infgram::Index::open(&idx).unwrap());
     let mut loaded =
         infgram::service::models::load_model("smollm2-135m", &Default::default()).unwrap();
@@ -1188,6 +1205,33 @@ fn neural_completions_with_a_model_loaded_once() {
             );
         }
     }
+    // The past outputs were written after every completion: a server started on the file
+    // drafts from all seven at once.
+    let restarted = model_server(&["--past-outputs", past_arg, "--quiet"]);
+    let (_, health) = restarted.request("GET", "/health", None);
+    let health: Value = serde_json::from_str(&health).unwrap();
+    assert_eq!(health["past_outputs"]["outputs"], 7, "{health}");
+    drop(restarted);
+    // A file that is not a past-outputs file is refused at start and left as it is, and so is
+    // the option without a model.
+    let foreign = tmp.path().join("notes.txt");
+    std::fs::write(&foreign, "my notes\n").unwrap();
+    let e = fails(&[
+        "serve",
+        "--addr",
+        "127.0.0.1:0",
+        "--model",
+        "smollm2-135m",
+        "--past-outputs",
+        foreign.to_str().unwrap(),
+    ]);
+    assert!(
+        e.contains("past outputs") || e.contains("past-outputs"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read_to_string(&foreign).unwrap(), "my notes\n");
+    let e = fails(&["serve", "--addr", "127.0.0.1:0", "--past-outputs", past_arg]);
+    assert!(e.contains("--model"), "{e}");
     // The index named must be in the model's tokens; sbis still serves the byte index.
     let e = server.refused(
         "/v1/completions",

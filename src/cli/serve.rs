@@ -65,6 +65,10 @@ pub struct ServeArgs {
     /// (the oldest go; 0: none kept).
     #[arg(long, default_value_t = 1 << 18)]
     pub past_output_tokens: usize,
+    /// With --model: keep the past outputs in FILE across restarts (read at start, written
+    /// after every completion; a file written with another tokenizer is refused and kept).
+    #[arg(long, value_name = "FILE")]
+    pub past_outputs: Option<PathBuf>,
     #[command(flatten)]
     pub model_args: super::ModelArgs,
 }
@@ -100,6 +104,15 @@ fn seconds(s: &str) -> Result<f64, String> {
 
 /// Runs `infgram serve` until SIGINT or SIGTERM.
 pub fn run(args: ServeArgs) -> Result<()> {
+    if let Some(file) = &args.past_outputs {
+        if args.model.is_none() || args.past_output_tokens == 0 {
+            anyhow::bail!(
+                "--past-outputs {} keeps a model's past outputs: give --model, and a \
+                 --past-output-tokens above 0",
+                file.display()
+            );
+        }
+    }
     let indexes = if args.indexes.is_empty() {
         vec![(
             "shakespeare".to_string(),
@@ -136,6 +149,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         model_options: args.model_args.options(),
         limits,
         log_requests: !args.quiet,
+        past_outputs_file: args.past_outputs.clone(),
     };
     infgram::server::serve(config, |server| {
         eprintln!(

@@ -172,12 +172,15 @@ pub struct Generator {
 
 impl Generator {
     /// Starts the worker, loading `model` (if any) on it: an error to load it is returned here.
-    /// `past_output_tokens`: the past outputs' budget (0: none kept).
+    /// `past_output_tokens`: the past outputs' budget (0: none kept); `past_file`: where they
+    /// are kept across restarts (read here, written after every completion; a file written
+    /// with another tokenizer is refused and left as it is).
     pub fn start(
         model: Option<&str>,
         opts: &ModelOptions,
         backlog: usize,
         past_output_tokens: usize,
+        past_file: Option<&std::path::Path>,
     ) -> crate::Result<Self> {
         let (queue, jobs) = sync_channel::<Job>(backlog);
         let (ready_tx, ready) = std::sync::mpsc::channel();
@@ -187,11 +190,13 @@ impl Generator {
         let worker_waiting = waiting.clone();
         let running = Arc::new(AtomicBool::new(true));
         let worker_running = running.clone();
+        let keep = (past_output_tokens > 0).then(|| past_file.map(|f| f.to_path_buf()));
+        let worker_past_file = keep.flatten();
         std::thread::Builder::new()
             .name("infgram-generate".into())
             .spawn(move || {
                 let _running = Running(worker_running);
-                worker(spec, opts, jobs, worker_waiting, ready_tx)
+                worker(spec, opts, jobs, worker_waiting, ready_tx, worker_past_file)
             })
             .map_err(|e| crate::Error::input(format!("cannot start the generation thread: {e}")))?;
         let loaded = ready
@@ -201,13 +206,19 @@ impl Generator {
             Some((tok, name)) => (Some(tok), Some(name)),
             None => (None, None),
         };
+        let past_outputs = match (&model_tokenizer, past_output_tokens, past_file) {
+            (Some(_), 0, _) | (None, _, _) => None,
+            (Some(tok), budget, Some(file)) => {
+                Some(PastOutputs::load(file, &tok.fingerprint(), budget)?.into_shared())
+            }
+            (Some(_), budget, None) => Some(PastOutputs::shared(budget)),
+        };
         Ok(Generator {
             queue,
             waiting,
             running,
             backlog,
-            past_outputs: (model_name.is_some() && past_output_tokens > 0)
-                .then(|| PastOutputs::shared(past_output_tokens)),
+            past_outputs,
             model_tokenizer,
             model_name,
         })
@@ -437,10 +448,12 @@ impl Drop for Running {
     }
 }
 
-/// What the worker owns: the model, if any.
+/// What the worker owns: the model, if any, and where the past outputs are kept.
 struct Worker {
     #[cfg(feature = "neural")]
     model: Option<crate::service::models::LoadedModel>,
+    #[cfg_attr(not(feature = "neural"), allow(dead_code))]
+    past_file: Option<std::path::PathBuf>,
 }
 
 /// The worker thread: loads the model, reports, then runs jobs until the queue closes.
@@ -450,12 +463,13 @@ fn worker(
     jobs: std::sync::mpsc::Receiver<Job>,
     waiting: Arc<AtomicUsize>,
     ready: std::sync::mpsc::Sender<crate::Result<Option<ModelInfo>>>,
+    past_file: Option<std::path::PathBuf>,
 ) {
     crate::service::catalog::lower_priority();
     let mut state = match load(spec.as_deref(), &opts) {
         Ok((w, info)) => {
             let _ = ready.send(Ok(info));
-            w
+            Worker { past_file, ..w }
         }
         Err(e) => {
             let _ = ready.send(Err(e));
@@ -520,6 +534,7 @@ fn load(spec: Option<&str>, opts: &ModelOptions) -> crate::Result<(Worker, Optio
             Worker {
                 #[cfg(feature = "neural")]
                 model: None,
+                past_file: None,
             },
             None,
         )),
@@ -532,6 +547,7 @@ fn load(spec: Option<&str>, opts: &ModelOptions) -> crate::Result<(Worker, Optio
             Ok((
                 Worker {
                     model: Some(loaded),
+                    past_file: None,
                 },
                 Some((tok, name)),
             ))
@@ -644,6 +660,13 @@ fn model_job(
     };
     let tok: &dyn Tokenizer = tokenizer;
     let g = generate_with_model(model.as_mut(), tok, req, sampler, |t| emit(tok, t))?;
+    if let (Some(past), Some(file)) = (&req.assembly.past_outputs, &state.past_file) {
+        // The completion is answered whether or not its output could be kept.
+        let past = past.read().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = past.save(file, &tok.fingerprint()) {
+            eprintln!("the past outputs were not saved: {e}");
+        }
+    }
     let natural_end =
         !g.stats.cancelled && (g.tokens.len() < req.decode.max_tokens || g.stats.exhausted);
     let info = json!({

@@ -114,6 +114,8 @@ pub struct ServerConfig {
     pub limits: Limits,
     /// One line per request on stderr.
     pub log_requests: bool,
+    /// Where the model's past outputs are kept across restarts (none: in memory only).
+    pub past_outputs_file: Option<PathBuf>,
 }
 
 pub use crate::service::catalog::{CheckState, FullCheck, Indexes, Served};
@@ -278,6 +280,7 @@ fn app(config: &ServerConfig) -> crate::Result<(Arc<AppState>, Router)> {
         &config.model_options,
         config.limits.backlog,
         config.limits.past_output_tokens,
+        config.past_outputs_file.as_deref(),
     )?;
     let state = Arc::new(AppState {
         indexes,

@@ -149,6 +149,7 @@ fn with_server<T>(model: &str, index: std::path::PathBuf, f: impl FnOnce(&str) -
             ..Limits::default()
         },
         log_requests: false,
+        past_outputs_file: None,
     };
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
