@@ -467,9 +467,10 @@ fn worker(
 ) {
     crate::service::catalog::lower_priority();
     let mut state = match load(spec.as_deref(), &opts) {
-        Ok((w, info)) => {
+        Ok((mut w, info)) => {
             let _ = ready.send(Ok(info));
-            Worker { past_file, ..w }
+            w.past_file = past_file;
+            w
         }
         Err(e) => {
             let _ = ready.send(Err(e));
