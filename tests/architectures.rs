@@ -256,6 +256,9 @@ fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
 /// separates them.
 const TOLERANCE: f32 = 0.08;
 
+/// How far the candle reference's rows may move when fed again after a rollback (see the test).
+const REFERENCE_ROLLBACK_TOLERANCE: f32 = 0.01;
+
 fn ids(n: usize, seed: u64) -> Vec<u32> {
     noise(n, seed, 1.0)
         .iter()
@@ -271,13 +274,18 @@ fn every_family_is_the_same_bits_however_fed_and_matches_the_candle_reference() 
         let tokens = ids(14, 7);
         let mut reference = CandleDecoder::from_gguf(&path).unwrap();
         let want = reference.forward(&tokens).unwrap();
-        // The reference's own cache: a rollback and one token at a time give its rows again.
+        // The reference's own cache: a rollback and one token at a time give its rows again,
+        // up to one flipped rounding. candle's float products differ in their last bits
+        // between a 14-row and a 1-row pass (its blocking depends on the CPU), and where that
+        // moves an activation across a rounding boundary of its 8-bit quantization, the row
+        // and every later one (through the cached keys) move by a few 1e-3 (4.5e-3 on an AVX2
+        // EPYC, 1e-7 otherwise). A cache fed at a wrong position moves them by 0.02 to 0.6.
         reference.truncate(6);
         for (i, &t) in tokens[6..].iter().enumerate() {
             let row = reference.forward(&[t]).unwrap().remove(0);
             let d = rel_diff(&row, &want[6 + i]);
             assert!(
-                d < 1e-4,
+                d < REFERENCE_ROLLBACK_TOLERANCE,
                 "{}: reference row {} after rollback: {d}",
                 family.name,
                 6 + i
