@@ -188,18 +188,20 @@ impl Q4Tile {
     };
 }
 
-/// 16 rows × 32 columns of five-bit quants (`value = d·q + m`, q in 0..32): the low four bits
-/// as a nibble tile, the fifth beside them; 384 bytes (6 bits a weight).
+/// 16 rows × 32 columns of five-bit quants (`value = d·q + m`, q in 0..32): a nibble tile's
+/// chunks and scales holding [five-bit bytes](put_five_bits), their top bits beside them; 384
+/// bytes (6 bits a weight).
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
 struct Q5Tile {
     low: Q4Tile,
-    high: FifthBits,
+    high: TopBits,
 }
 
-/// The fifth bits of a five-bit tile: byte 4·i + c, bit t is that of row i's quant at column
-/// 4t + c (byte 4·i + c of unpacked register t), so one shift puts a register's bits in place.
-type FifthBits = [u8; 64];
+/// The top bits of a five-bit tile's chunks: byte 4·i + c, bits 2t..2t + 2, are bits 3 and 4
+/// of row i's quant at column 4(t + 4) + c (byte 4·i + c of unpacked register t + 4, whose
+/// low three bits chunk t keeps), so one shift and a mask put a register's bits in place.
+type TopBits = [u8; 64];
 
 /// 16 rows × 32 columns of Q5_0 (`value = d·(q − 16)`, q in 0..32): a [`Q5Tile`] without
 /// offsets, the 16 taken out of the integer sum (`16·Σq_a`, from [`QRows`]); 352 bytes, 5.5
@@ -208,7 +210,7 @@ type FifthBits = [u8; 64];
 #[derive(Clone, Copy)]
 struct Q5_0Tile {
     qs: [[u8; 64]; 4],
-    high: FifthBits,
+    high: TopBits,
     d: [f16; TILE_ROWS],
 }
 
@@ -223,13 +225,13 @@ struct Q4KTile {
     mn: [u8; TILE_ROWS],
 }
 
-/// 16 rows × 32 columns of Q5_K: a [`Q4KTile`] with a plane of fifth bits as in
+/// 16 rows × 32 columns of Q5_K: a [`Q4KTile`] holding five-bit bytes and their top bits as in
 /// [`Q5Tile`]; 352 bytes, 5.6 bits a weight with the super-block's scales (the file's: 5.5).
 #[repr(C, align(32))]
 #[derive(Clone, Copy)]
 struct Q5KTile {
     qs: [[u8; 64]; 4],
-    high: FifthBits,
+    high: TopBits,
     sc: [u8; TILE_ROWS],
     mn: [u8; TILE_ROWS],
 }
@@ -285,9 +287,9 @@ impl Scales<'_> {
     }
 }
 
-/// The tiles whose quants are a nibble tile's, plus a fifth bit for the five-bit tiles: one
-/// kernel for all, the fifth bit added after unpacking and the offset taken either from the
-/// integer sum ([`NibbleTile::CENTER`]) or as `m·d_a·Σq_a` (each compiled out where unused).
+/// The tiles whose quants are four chunks of bytes: nibbles, or five-bit bytes with a plane of
+/// top bits (`high`) for the five-bit tiles. One kernel for all, the offset taken either from
+/// the integer sum ([`NibbleTile::CENTER`]) or as `m·d_a·Σq_a` (each compiled out where unused).
 trait NibbleTile: Copy + 'static {
     /// What a stored quant exceeds the signed one by (Q5_0: 16), subtracted in integers; 0
     /// where the tile keeps offsets `m` instead.
@@ -295,7 +297,7 @@ trait NibbleTile: Copy + 'static {
     /// Scales come from super-blocks (K-quants).
     const K: bool;
     fn qs(&self) -> &[[u8; 64]; 4];
-    fn high(&self) -> Option<&FifthBits>;
+    fn high(&self) -> Option<&TopBits>;
     /// The rows' scales, `sup` being the tile's super-block's (never read unless [`NibbleTile::K`]).
     fn scales<'a>(&'a self, sup: &'a SuperScales) -> Scales<'a>;
 }
@@ -308,7 +310,7 @@ impl NibbleTile for Q4Tile {
         &self.qs
     }
     #[inline(always)]
-    fn high(&self) -> Option<&FifthBits> {
+    fn high(&self) -> Option<&TopBits> {
         None
     }
     #[inline(always)]
@@ -328,7 +330,7 @@ impl NibbleTile for Q5Tile {
         &self.low.qs
     }
     #[inline(always)]
-    fn high(&self) -> Option<&FifthBits> {
+    fn high(&self) -> Option<&TopBits> {
         Some(&self.high)
     }
     #[inline(always)]
@@ -345,7 +347,7 @@ impl NibbleTile for Q5_0Tile {
         &self.qs
     }
     #[inline(always)]
-    fn high(&self) -> Option<&FifthBits> {
+    fn high(&self) -> Option<&TopBits> {
         Some(&self.high)
     }
     /// No offsets: the scales stand in, never read.
@@ -366,7 +368,7 @@ impl NibbleTile for Q4KTile {
         &self.qs
     }
     #[inline(always)]
-    fn high(&self) -> Option<&FifthBits> {
+    fn high(&self) -> Option<&TopBits> {
         None
     }
     #[inline(always)]
@@ -387,7 +389,7 @@ impl NibbleTile for Q5KTile {
         &self.qs
     }
     #[inline(always)]
-    fn high(&self) -> Option<&FifthBits> {
+    fn high(&self) -> Option<&TopBits> {
         Some(&self.high)
     }
     #[inline(always)]
@@ -465,10 +467,20 @@ fn put_nibbles(qs: &mut [[u8; 64]; 4], i: usize, q: &[u8; BLOCK]) {
     }
 }
 
-/// Puts row i's quants' fifth bits in a five-bit tile's plane.
-fn put_fifth_bits(high: &mut FifthBits, i: usize, q: &[u8; BLOCK]) {
+/// Puts row i's five-bit quants in a five-bit tile: chunk t, byte 4·i + k holds the quant at
+/// column 4t + k (unpacked register t) in its low five bits and the low three bits of the quant
+/// at column 4(t + 4) + k (register t + 4) above them; `high` keeps that quant's top two bits.
+/// Unpacking a register then takes one mask (t < 4) or two shifts, two masks and an or,
+/// where nibbles and a plane of fifth bits took three to five operations a register.
+fn put_five_bits(qs: &mut [[u8; 64]; 4], high: &mut TopBits, i: usize, q: &[u8; BLOCK]) {
     for (c, &q) in q.iter().enumerate() {
-        high[4 * i + c % 4] |= (q >> 4 & 1) << (c / 4);
+        let (t, k) = (c / 4, c % 4);
+        if t < 4 {
+            qs[t][4 * i + k] |= q & 31;
+        } else {
+            qs[t - 4][4 * i + k] |= (q & 7) << 5;
+            high[4 * i + k] |= (q >> 3 & 3) << (2 * (t - 4));
+        }
     }
 }
 
@@ -481,7 +493,10 @@ fn q4_1_slot(c: usize) -> (usize, usize, bool) {
 /// Row i's quant at column c of a nibble (or five-bit) tile.
 #[inline(always)]
 fn nibble<T: NibbleTile>(tile: &T, i: usize, c: usize) -> u8 {
-    nibble_of(tile.qs(), i, c) | fifth_bit(tile.high(), i, c) << 4
+    match tile.high() {
+        None => nibble_of(tile.qs(), i, c),
+        Some(high) => five_bits_of(tile.qs(), high, i, c),
+    }
 }
 
 /// Row i's low four bits at column c of a nibble tile's chunks.
@@ -496,9 +511,15 @@ fn nibble_of(qs: &[[u8; 64]; 4], i: usize, c: usize) -> u8 {
     }
 }
 
+/// Row i's quant at column c of a five-bit tile (see [`put_five_bits`]).
 #[inline(always)]
-fn fifth_bit(high: Option<&FifthBits>, i: usize, c: usize) -> u8 {
-    high.map_or(0, |h| (h[4 * i + c % 4] >> (c / 4)) & 1)
+fn five_bits_of(qs: &[[u8; 64]; 4], high: &TopBits, i: usize, c: usize) -> u8 {
+    let (t, k) = (c / 4, c % 4);
+    if t < 4 {
+        qs[t][4 * i + k] & 31
+    } else {
+        qs[t - 4][4 * i + k] >> 5 | (high[4 * i + k] >> (2 * (t - 4)) & 3) << 3
+    }
 }
 
 /// Row i's quant (0..64) at column c of a Q6_K tile.
@@ -586,8 +607,7 @@ impl QMatrix {
         };
         let tiles = Self::tiled(rows, cols, block, empty, |tile, i, rb| {
             tile.d[i] = f16::from_f32(rb.d);
-            put_nibbles(&mut tile.qs, i, &rb.q);
-            put_fifth_bits(&mut tile.high, i, &rb.q);
+            put_five_bits(&mut tile.qs, &mut tile.high, i, &rb.q);
         });
         QMatrix {
             rows,
@@ -607,8 +627,9 @@ impl QMatrix {
             high: [0; 64],
         };
         let tiles = Self::tiled(rows, cols, block, empty, |tile, i, rb| {
-            Self::put_nibble_row(&mut tile.low, i, rb);
-            put_fifth_bits(&mut tile.high, i, &rb.q);
+            tile.low.d[i] = f16::from_f32(rb.d);
+            tile.low.m[i] = f16::from_f32(rb.m);
+            put_five_bits(&mut tile.low.qs, &mut tile.high, i, &rb.q);
         });
         QMatrix {
             rows,
@@ -674,8 +695,7 @@ impl QMatrix {
                 };
                 let tiles = Self::tiled(rows, cols, block, empty, |tile, i, kb| {
                     (tile.sc[i], tile.mn[i]) = (kb.sc[0] as u8, kb.mn);
-                    put_nibbles(&mut tile.qs, i, &kb.q);
-                    put_fifth_bits(&mut tile.high, i, &kb.q);
+                    put_five_bits(&mut tile.qs, &mut tile.high, i, &kb.q);
                 });
                 Quants::Q5K(KTiles { tiles, supers })
             }
@@ -1350,27 +1370,32 @@ mod x86 {
         for (b, tile) in tiles.iter().enumerate() {
             prefetch_ahead(tile);
             let mut w = [_mm512_setzero_si512(); 8];
-            for t in 0..4 {
-                let x = _mm512_loadu_si512(tile.qs()[t].as_ptr() as *const __m512i);
-                w[t] = _mm512_and_si512(x, mask);
-                w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(x, 4), mask);
-            }
+            let chunk = |t: usize| _mm512_loadu_si512(tile.qs()[t].as_ptr() as *const __m512i);
             if let Some(high) = tile.high() {
-                let x = _mm512_loadu_si512(high.as_ptr() as *const __m512i);
-                let sixteen = _mm512_set1_epi8(16);
-                let shifted = [
-                    _mm512_slli_epi16(x, 4),
-                    _mm512_slli_epi16(x, 3),
-                    _mm512_slli_epi16(x, 2),
-                    _mm512_slli_epi16(x, 1),
-                    x,
-                    _mm512_srli_epi16(x, 1),
-                    _mm512_srli_epi16(x, 2),
-                    _mm512_srli_epi16(x, 3),
+                // Five-bit bytes (`put_five_bits`): w_t = x & 31, w_{t+4} = (x >> 5 & 7) |
+                // (top bits shifted to 3..5 & 0x18).
+                let top = _mm512_loadu_si512(high.as_ptr() as *const __m512i);
+                let tops = [
+                    _mm512_slli_epi16(top, 3),
+                    _mm512_slli_epi16(top, 1),
+                    _mm512_srli_epi16(top, 1),
+                    _mm512_srli_epi16(top, 3),
                 ];
-                for (t, x) in shifted.into_iter().enumerate() {
-                    // w | (x & 16)
-                    w[t] = _mm512_ternarylogic_epi32(w[t], x, sixteen, 0xF8);
+                let (five, seven) = (_mm512_set1_epi8(31), _mm512_set1_epi8(7));
+                let top_mask = _mm512_set1_epi8(0x18);
+                for t in 0..4 {
+                    let x = chunk(t);
+                    w[t] = _mm512_and_si512(x, five);
+                    let tops = _mm512_and_si512(tops[t], top_mask);
+                    // (x >> 5 & 7) | tops
+                    w[t + 4] =
+                        _mm512_ternarylogic_epi32(_mm512_srli_epi16(x, 5), seven, tops, 0xEA);
+                }
+            } else {
+                for t in 0..4 {
+                    let x = chunk(t);
+                    w[t] = _mm512_and_si512(x, mask);
+                    w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(x, 4), mask);
                 }
             }
             let (dw, mw) = scales16(tile.scales(super_of::<T>(supers, b)));
@@ -1538,26 +1563,29 @@ mod x86 {
         _mm256_add_epi32(_mm256_madd_epi16(low, ones), _mm256_madd_epi16(high, ones))
     }
 
-    /// Rows `8h..8h + 8` of a five-bit tile's fifth bits, each unpacked register's at 16.
+    /// Rows `8h..8h + 8` of a five-bit tile's quants as eight registers of bytes
+    /// (`put_five_bits`): register t < 4 is chunk t's low five bits, register t + 4 its top
+    /// three bits with the plane's two above them.
     #[inline(always)]
-    unsafe fn fifth_bits(high: &super::FifthBits, h: usize) -> [__m256i; 8] {
-        let x = _mm256_loadu_si256(high.as_ptr().add(32 * h) as *const __m256i);
-        let sixteen = _mm256_set1_epi8(16);
-        let mut bits = [
-            _mm256_slli_epi16(x, 4),
-            _mm256_slli_epi16(x, 3),
-            _mm256_slli_epi16(x, 2),
-            _mm256_slli_epi16(x, 1),
-            x,
-            _mm256_srli_epi16(x, 1),
-            _mm256_srli_epi16(x, 2),
-            _mm256_srli_epi16(x, 3),
+    unsafe fn five_bits_256(qs: &[[u8; 64]; 4], high: &super::TopBits, h: usize) -> [__m256i; 8] {
+        let top = _mm256_loadu_si256(high.as_ptr().add(32 * h) as *const __m256i);
+        let tops = [
+            _mm256_slli_epi16(top, 3),
+            _mm256_slli_epi16(top, 1),
+            _mm256_srli_epi16(top, 1),
+            _mm256_srli_epi16(top, 3),
         ];
+        let (five, seven) = (_mm256_set1_epi8(31), _mm256_set1_epi8(7));
+        let top_mask = _mm256_set1_epi8(0x18);
+        let mut w = [_mm256_setzero_si256(); 8];
         // (A loop, not a closure: closures do not inherit the target features.)
-        for b in &mut bits {
-            *b = _mm256_and_si256(*b, sixteen);
+        for t in 0..4 {
+            let x = _mm256_loadu_si256(qs[t].as_ptr().add(32 * h) as *const __m256i);
+            w[t] = _mm256_and_si256(x, five);
+            let low3 = _mm256_and_si256(_mm256_srli_epi16(x, 5), seven);
+            w[t + 4] = _mm256_or_si256(low3, _mm256_and_si256(tops[t], top_mask));
         }
-        bits
+        w
     }
 
     #[inline(always)]
@@ -1674,18 +1702,18 @@ mod x86 {
                         if h == 0 {
                             prefetch_ahead(tile);
                         }
-                        let mut w = [_mm256_setzero_si256(); 8];
-                        for t in 0..4 {
-                            let x = _mm256_loadu_si256(half(tile.qs()[t].as_ptr()));
-                            w[t] = _mm256_and_si256(x, mask);
-                            w[t + 4] = _mm256_and_si256(_mm256_srli_epi16(x, 4), mask);
-                        }
-                        if let Some(high) = tile.high() {
-                            let fifth = fifth_bits(high, h);
-                            for t in 0..8 {
-                                w[t] = _mm256_or_si256(w[t], fifth[t]);
+                        let w = match tile.high() {
+                            Some(high) => five_bits_256(tile.qs(), high, h),
+                            None => {
+                                let mut w = [_mm256_setzero_si256(); 8];
+                                for t in 0..4 {
+                                    let x = _mm256_loadu_si256(half(tile.qs()[t].as_ptr()));
+                                    w[t] = _mm256_and_si256(x, mask);
+                                    w[t + 4] = _mm256_and_si256(_mm256_srli_epi16(x, 4), mask);
+                                }
+                                w
                             }
-                        }
+                        };
                         let (dw, mw) = scales8(tile.scales(super_of::<T>(supers, b)), h);
                         for i in 0..N {
                             let mut s = match tile.high() {
