@@ -140,37 +140,54 @@ fn spread(v: &[f64]) -> (f64, f64, f64) {
 /// `bench_model -- --model A.gguf --against B.gguf`: both files' greedy decoding, side by side
 /// in one run at 2 threads after the same 256-token context: `rounds` rounds of 64 tokens each
 /// (after 16 untimed ones), the two alternating so that the machine's drift falls on both, and
-/// the ratio of A's speed to B's, with each file's bytes per step.
+/// the ratio of A's speed to B's, with each file's bytes per step. The files are loaded twice,
+/// A first for the first half of the rounds and B first for the second: on a Zen 3 EPYC the
+/// file loaded first decoded 3–5% slower whatever it was (A against A: 0.954, 0.970), so a
+/// ratio measured in one loading order holds that bias and the two halves' ratios cancel it.
 pub fn against(a: &std::path::Path, b: &std::path::Path, isa: Isa, ids: &[u32], rounds: usize) {
     use infgram::lm::{argmax, LanguageModel};
     use infgram::neural::arch::decoder::Decoder;
     let load = |p: &std::path::Path| Decoder::from_gguf(p).unwrap().with_threads(2).with_isa(isa);
-    let mut models = [load(a), load(b)];
     let ctx = &ids[..256];
-    let firsts: Vec<u32> = models
-        .iter_mut()
-        .map(|m| argmax(&m.forward(ctx).unwrap().pop().unwrap()))
-        .collect();
-    let mb: Vec<f64> = models
-        .iter()
-        .map(|m| m.weight_bytes_per_step() as f64 / 1e6)
-        .collect();
-    // A file decoded right after the other finds its weights evicted from the last-level
-    // cache, which a file decoding on its own never does (here that made whichever file ran
-    // first in a round up to 15% faster): each timing follows 16 untimed tokens of its file.
-    let (speeds, ratios) = Ratios::alternate(rounds, |i| {
-        let m = &mut models[i];
-        let mut next = firsts[i];
-        let mut t = Instant::now();
-        m.truncate(256 - 16);
-        for step in 0..16 + 64 {
-            if step == 16 {
-                t = Instant::now();
-            }
-            next = argmax(&m.forward(&[next]).unwrap()[0]);
+    let mut speeds: [Vec<f64>; 2] = Default::default();
+    let mut halves = Vec::new();
+    let mut mb = [0.0; 2];
+    for a_first in [true, false] {
+        let mut models = if a_first {
+            let first = load(a);
+            [first, load(b)]
+        } else {
+            let first = load(b);
+            [load(a), first]
+        };
+        let firsts: Vec<u32> = models
+            .iter_mut()
+            .map(|m| argmax(&m.forward(ctx).unwrap().pop().unwrap()))
+            .collect();
+        for (i, m) in models.iter().enumerate() {
+            mb[i] = m.weight_bytes_per_step() as f64 / 1e6;
         }
-        64.0 / t.elapsed().as_secs_f64()
-    });
+        // A file decoded right after the other finds its weights evicted from the last-level
+        // cache, which a file decoding on its own never does (here that made whichever file ran
+        // first in a round up to 15% faster): each timing follows 16 untimed tokens of its file.
+        let (half_speeds, ratios) = Ratios::alternate(rounds.div_ceil(2), |i| {
+            let m = &mut models[i];
+            let mut next = firsts[i];
+            let mut t = Instant::now();
+            m.truncate(256 - 16);
+            for step in 0..16 + 64 {
+                if step == 16 {
+                    t = Instant::now();
+                }
+                next = argmax(&m.forward(&[next]).unwrap()[0]);
+            }
+            64.0 / t.elapsed().as_secs_f64()
+        });
+        for (all, half) in speeds.iter_mut().zip(half_speeds) {
+            all.extend(half);
+        }
+        halves.push(ratios);
+    }
     println!("ISA {isa:?}, 2 threads, {rounds} rounds of 64 greedy tokens at depth 256\n");
     println!("| file | MB a step | tokens/s: median (min–max) |");
     println!("|---|---:|---:|");
@@ -179,7 +196,16 @@ pub fn against(a: &std::path::Path, b: &std::path::Path, isa: Isa, ids: &[u32], 
         let name = p.file_name().unwrap().to_string_lossy();
         println!("| {name} | {:.1} | {med:.1} ({lo:.1}–{hi:.1}) |", mb[i]);
     }
-    println!("\nA / B speed per round: {}", ratios.describe());
+    println!(
+        "\nA / B speed per round, A loaded first: {}",
+        halves[0].describe()
+    );
+    println!(
+        "A / B speed per round, B loaded first: {}",
+        halves[1].describe()
+    );
+    let all = Ratios(halves.iter().flat_map(|r| r.0.iter().copied()).collect());
+    println!("A / B speed per round, both orders: {}", all.describe());
 }
 
 /// `bench_model -- --stream TYPE,TYPE [--copies A,B]`: the products of a SmolLM2-135M step
