@@ -47,7 +47,8 @@ struct Args {
     /// Print the memory-bandwidth bound of a step instead of timing passes.
     #[arg(long)]
     roofline: bool,
-    /// Decode with `--model` and with this file side by side, alternating, and give the ratio.
+    /// Decode with `--model` and with this file side by side, alternating, each file loaded
+    /// first for half of the rounds, and give the ratio.
     #[arg(long)]
     against: Option<std::path::PathBuf>,
     /// Rounds of `--against` and `--stream`.
