@@ -587,10 +587,15 @@ impl QMatrix {
         tiles
     }
 
-    /// Row i's scale, offset and low four bits of its quants in a nibble tile.
-    fn put_nibble_row(tile: &mut Q4Tile, i: usize, rb: &RowBlock<u8>) {
+    /// Row i's scale and offset in a nibble tile (or a five-bit tile's scales).
+    fn put_row_scales(tile: &mut Q4Tile, i: usize, rb: &RowBlock<u8>) {
         tile.d[i] = f16::from_f32(rb.d);
         tile.m[i] = f16::from_f32(rb.m);
+    }
+
+    /// Row i's scale, offset and low four bits of its quants in a nibble tile.
+    fn put_nibble_row(tile: &mut Q4Tile, i: usize, rb: &RowBlock<u8>) {
+        Self::put_row_scales(tile, i, rb);
         put_nibbles(&mut tile.qs, i, &rb.q);
     }
 
@@ -627,8 +632,7 @@ impl QMatrix {
             high: [0; 64],
         };
         let tiles = Self::tiled(rows, cols, block, empty, |tile, i, rb| {
-            tile.low.d[i] = f16::from_f32(rb.d);
-            tile.low.m[i] = f16::from_f32(rb.m);
+            Self::put_row_scales(&mut tile.low, i, rb);
             put_five_bits(&mut tile.low.qs, &mut tile.high, i, &rb.q);
         });
         QMatrix {
@@ -1370,7 +1374,8 @@ mod x86 {
         for (b, tile) in tiles.iter().enumerate() {
             prefetch_ahead(tile);
             let mut w = [_mm512_setzero_si512(); 8];
-            let chunk = |t: usize| _mm512_loadu_si512(tile.qs()[t].as_ptr() as *const __m512i);
+            // (The closure only finds the address: closures do not inherit the target features.)
+            let chunk = |t: usize| tile.qs()[t].as_ptr() as *const __m512i;
             if let Some(high) = tile.high() {
                 // Five-bit bytes (`put_five_bits`): w_t = x & 31, w_{t+4} = (x >> 5 & 7) |
                 // (top bits shifted to 3..5 & 0x18).
@@ -1384,7 +1389,7 @@ mod x86 {
                 let (five, seven) = (_mm512_set1_epi8(31), _mm512_set1_epi8(7));
                 let top_mask = _mm512_set1_epi8(0x18);
                 for t in 0..4 {
-                    let x = chunk(t);
+                    let x = _mm512_loadu_si512(chunk(t));
                     w[t] = _mm512_and_si512(x, five);
                     let tops = _mm512_and_si512(tops[t], top_mask);
                     // (x >> 5 & 7) | tops
@@ -1393,7 +1398,7 @@ mod x86 {
                 }
             } else {
                 for t in 0..4 {
-                    let x = chunk(t);
+                    let x = _mm512_loadu_si512(chunk(t));
                     w[t] = _mm512_and_si512(x, mask);
                     w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(x, 4), mask);
                 }
