@@ -64,10 +64,18 @@ pub fn ensure_tiny_shakespeare() -> Result<PathBuf> {
             ("val.txt", val),
             ("tinyshakespeare.txt", &text),
         ] {
-            // Written beside and renamed, so a reader never sees half a file.
-            let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-            std::fs::write(&tmp, part).map_err(|e| Error::io(&tmp, e))?;
-            std::fs::rename(&tmp, dir.join(name)).map_err(|e| Error::io(dir.join(name), e))?;
+            // Written beside under a fresh name (created exclusively, never a planted link)
+            // and renamed, so a reader never sees half a file. (This layer lies below
+            // `output_file`; the cache is never inside an index.)
+            let dest = dir.join(name);
+            let mut tmp = tempfile::Builder::new()
+                .prefix(&format!(".{name}."))
+                .tempfile_in(&dir)
+                .map_err(|e| Error::io(&dir, e))?;
+            std::io::Write::write_all(&mut tmp, part.as_bytes())
+                .and_then(|_| tmp.as_file().sync_all())
+                .map_err(|e| Error::io(tmp.path(), e))?;
+            tmp.persist(&dest).map_err(|e| Error::io(&dest, e.error))?;
         }
     }
     Ok(whole)

@@ -36,6 +36,7 @@ pub mod mix;
 #[cfg(feature = "neural")]
 pub mod neural;
 pub mod ngram;
+pub mod output_file;
 #[cfg(feature = "server")]
 pub mod server;
 pub mod service;

@@ -1315,3 +1315,96 @@ fn neural_completions_with_a_model_loaded_once() {
     }
     assert_eq!(answer.0, 200, "{}", answer.1);
 }
+
+/// Past-outputs files that would fail later are refused at start and left as they are: ids
+/// outside the model's vocabulary (every speculative completion drafting them failed while
+/// `/health` said ok), a header line longer than a save accepts (loaded, then never saved),
+/// a file larger than the budget can fill, a path in a missing directory. A save that fails
+/// while serving shows in `/health` (503, degraded) until one succeeds.
+#[test]
+fn past_output_files_that_would_fail_are_refused_at_start_and_failed_saves_show_in_health() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("past.bin");
+    let path = file.to_str().unwrap();
+    let model = ["--model", "smollm2-135m", "--threads", "1"];
+    // A valid file of this model's, written by a completion.
+    let server = Server::start(&[&model[..], &["--past-outputs", path, "--quiet"]].concat());
+    let body = r#"{"prompt": "Say hi", "max_tokens": 3, "temperature": 0}"#;
+    let (status, _) = server.post("/v1/completions", body);
+    assert_eq!(status, 200);
+    let valid = std::fs::read(&file).unwrap();
+    let header_end = valid.iter().position(|&b| b == b'\n').unwrap() + 1;
+    // While serving, the file becomes something a save must not replace: the completion is
+    // answered, /health says why nothing is saved; once the file is back, saves go on.
+    std::fs::remove_file(&file).unwrap();
+    std::fs::create_dir(&file).unwrap();
+    let (status, _) = server.post("/v1/completions", body);
+    assert_eq!(status, 200);
+    let (status, health) = server.request("GET", "/health", None);
+    let health: Value = serde_json::from_str(&health).unwrap();
+    assert_eq!(status, 503, "{health}");
+    assert_eq!(health["status"], "degraded", "{health}");
+    assert!(
+        health["past_outputs_not_saved"]
+            .as_str()
+            .is_some_and(|e| e.contains("is a directory")),
+        "{health}"
+    );
+    std::fs::remove_dir(&file).unwrap();
+    let (status, _) = server.post("/v1/completions", body);
+    assert_eq!(status, 200);
+    let (status, health) = server.request("GET", "/health", None);
+    assert_eq!(status, 200, "{health}");
+    drop(server);
+    let refused = |bytes: &[u8], why: &str| {
+        std::fs::write(&file, bytes).unwrap();
+        let e = fails(
+            &[
+                &["serve", "--addr", "127.0.0.1:0"][..],
+                &model,
+                &["--past-outputs", path],
+            ]
+            .concat(),
+        );
+        assert!(e.contains(why), "{why}: {e}");
+        assert_eq!(
+            std::fs::read(&file).unwrap(),
+            bytes,
+            "{why}: the file changed"
+        );
+    };
+    // An output holding an id past the vocabulary.
+    let mut oov = valid.clone();
+    oov.extend(1u32.to_le_bytes());
+    oov.extend(4_000_000_000u32.to_le_bytes());
+    refused(&oov, "outside this model's vocabulary");
+    // The same header padded past 4 KB.
+    let header: Value = serde_json::from_slice(&valid[..header_end - 1]).unwrap();
+    let mut padded = header.clone();
+    padded["pad"] = "x".repeat(5000).into();
+    let mut long = serde_json::to_vec(&padded).unwrap();
+    long.push(b'\n');
+    refused(&long, "not a past-outputs file");
+    // More bytes than a budget of 100 tokens can fill (1,000 outputs of one token).
+    let mut big = valid.clone();
+    for _ in 0..1000 {
+        big.extend(1u32.to_le_bytes());
+        big.extend(1u32.to_le_bytes());
+    }
+    std::fs::write(&file, &big).unwrap();
+    let budget = ["--past-outputs", path, "--past-output-tokens", "100"];
+    let e = fails(&[&["serve", "--addr", "127.0.0.1:0"][..], &model, &budget].concat());
+    assert!(e.contains("more than past outputs of 100 tokens"), "{e}");
+    assert_eq!(std::fs::read(&file).unwrap(), big);
+    // A directory that is not there.
+    let nowhere = tmp.path().join("missing/past.bin");
+    let e = fails(
+        &[
+            &["serve", "--addr", "127.0.0.1:0"][..],
+            &model,
+            &["--past-outputs", nowhere.to_str().unwrap()],
+        ]
+        .concat(),
+    );
+    assert!(e.contains("does not exist"), "{e}");
+}

@@ -1485,15 +1485,15 @@ impl NgramModel {
     fn export_arpa(&self, py: Python<'_>, path: PathBuf) -> Ans {
         let summary = py
             .detach(|| -> infgram::Result<_> {
-                let file =
-                    std::fs::File::create(&path).map_err(|e| infgram::Error::io(&path, e))?;
-                let mut out = std::io::BufWriter::new(file);
-                infgram::ngram::arpa::write_arpa(
-                    &self.model,
-                    &self.index,
-                    self.tok.as_ref(),
-                    &mut out,
-                )
+                use infgram::output_file::{write_file, Accept};
+                write_file(&path, Accept::Streams, |out| {
+                    infgram::ngram::arpa::write_arpa(
+                        &self.model,
+                        &self.index,
+                        self.tok.as_ref(),
+                        out,
+                    )
+                })
             })
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         let v =

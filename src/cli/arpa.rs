@@ -1,7 +1,8 @@
 //! `infgram export-arpa`: the modified Kneser–Ney model of an index in ARPA format.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
+use infgram::output_file::{Accept, Target};
 use std::path::PathBuf;
 
 /// Arguments of `infgram export-arpa`.
@@ -17,13 +18,17 @@ pub struct ArpaArgs {
     /// --discount_fallback; with no values 0.5,1,1.5).
     #[arg(long, value_delimiter = ',', num_args = 0..=3)]
     pub discount_fallback: Option<Vec<f64>>,
-    /// The ARPA file to write (written beside it and renamed into place when complete).
+    /// The ARPA file to write: a regular file is written beside it and renamed into place when
+    /// complete; `-` (standard output), a FIFO or a character device is written as a stream.
+    /// A link, a directory or a path inside an index is refused.
     #[arg(short, long)]
     pub output: PathBuf,
 }
 
 /// Runs `infgram export-arpa`.
 pub fn run(args: ArpaArgs) -> Result<()> {
+    // Checked before the model is built (a refused output costs nothing).
+    let target = infgram::output_file::check(&args.output, Accept::Streams)?;
     let (index, tok) = infgram::service::open_index(&args.index, None)?;
     let sentences = infgram::ngram::classic::is_sentence_index(&index);
     let est = super::EstimatorArgs {
@@ -34,40 +39,22 @@ pub fn run(args: ArpaArgs) -> Result<()> {
         alpha: None,
     };
     let model = super::ppl::classic_model(&est, &index, sentences, &args.discount_fallback)?;
-    let name = args
-        .output
-        .file_name()
-        .context("--output must name a file")?
-        .to_string_lossy()
-        .into_owned();
-    let tmp = args
-        .output
-        .with_file_name(format!(".{name}.tmp-{}", std::process::id()));
-    let write = || -> Result<infgram::ngram::arpa::ArpaSummary> {
-        let file = std::fs::File::create(&tmp).with_context(|| tmp.display().to_string())?;
-        let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-        let s = infgram::ngram::arpa::write_arpa(&model, &index, tok.as_ref(), &mut out)?;
-        out.into_inner()
-            .map_err(|e| e.into_error())?
-            .sync_all()
-            .with_context(|| tmp.display().to_string())?;
-        Ok(s)
-    };
-    let summary = match write() {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
-    };
-    std::fs::rename(&tmp, &args.output).with_context(|| args.output.display().to_string())?;
+    let summary = infgram::output_file::write_file(&args.output, Accept::Streams, |out| {
+        infgram::ngram::arpa::write_arpa(&model, &index, tok.as_ref(), out)
+    })?;
     let counts: Vec<String> = summary.ngrams.iter().map(u64::to_string).collect();
-    outln!(
+    let line = format!(
         "wrote {} ({} n-grams by order: {}) in {:.2} s",
         args.output.display(),
         summary.ngrams.iter().sum::<u64>(),
         counts.join(", "),
         summary.seconds
-    )?;
+    );
+    // On standard output the model is the output: the summary goes to stderr.
+    if target == Target::Stdout {
+        eprintln!("{line}");
+    } else {
+        outln!("{line}")?;
+    }
     Ok(())
 }

@@ -3,6 +3,7 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
+use infgram::output_file::Accept;
 use infgram::service::query::{execute, Answer, Query, SpanAnswer};
 use infgram::tokenizer::Tokenizer;
 use serde_json::json;
@@ -68,13 +69,19 @@ pub struct AttributeArgs {
     /// Tokens of a document window to show around a match [default: 100].
     #[arg(long)]
     pub max_disp_len: Option<usize>,
-    /// Also write a self-contained HTML page with the spans highlighted and their documents.
+    /// Also write a self-contained HTML page with the spans highlighted and their documents
+    /// (a regular file is written beside and renamed into place; `-`, a FIFO or a device is
+    /// written as a stream).
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
 }
 
 /// Runs `infgram attribute`.
 pub fn run_attribute(args: AttributeArgs) -> Result<()> {
+    if let Some(path) = &args.html {
+        // Checked before the work (a refused output costs nothing).
+        infgram::output_file::check(path, Accept::Streams)?;
+    }
     let Loaded { index, tok, ids } = args.input.load()?;
     let query = Query::from_value(json!({
         "query_type": "attribute",
@@ -97,7 +104,10 @@ pub fn run_attribute(args: AttributeArgs) -> Result<()> {
     };
     if let Some(path) = &args.html {
         let page = html_page(&spans, &ids, tok.as_ref())?;
-        std::fs::write(path, page).with_context(|| format!("writing {}", path.display()))?;
+        infgram::output_file::write_file(path, Accept::Streams, |out| {
+            out.write_all(page.as_bytes())
+                .map_err(|e| infgram::Error::io(path, e))
+        })?;
     }
     let mut out = std::io::stdout().lock();
     if args.input.json {

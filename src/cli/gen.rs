@@ -3,6 +3,7 @@
 
 use anyhow::Result;
 use clap::Args;
+use infgram::output_file::Accept;
 use infgram::service::request::{
     CheckedRequest, DrafterSpec, GenLimits, GenerateRequest, GuardSpec, Prompt, Sampling, Scorer,
     MAX_GEN_TOKENS,
@@ -68,7 +69,8 @@ pub struct GenArgs {
     pub speculative: bool,
     /// With --model: remember outputs in FILE (created on first use) and, with --speculative,
     /// draft from the outputs of earlier runs: a task run again with other data is drafted
-    /// from what the model wrote before. Keeps the newest 262,144 tokens.
+    /// from what the model wrote before. Keeps the newest 262,144 tokens. A regular file only:
+    /// written beside and renamed over after the generation; checked at start.
     #[arg(long, value_name = "FILE", requires = "model")]
     pub past_outputs: Option<PathBuf>,
     /// With --speculative: verify a tree of drafts in one pass where the drafters part ways
@@ -94,6 +96,8 @@ pub struct GenArgs {
     pub mix: Option<PathBuf>,
     /// With --model: write one JSON line per forward pass to FILE (the drafter, tokens drafted
     /// and accepted, tokens emitted, the pass's seconds, and `at`: tokens generated before it).
+    /// A regular file is written beside and renamed into place; `-`, a FIFO or a device is
+    /// written as a stream.
     #[arg(long, value_name = "FILE", requires = "model")]
     pub trace: Option<PathBuf>,
     /// With --model: use the prompt as is, without the chat template.
@@ -270,6 +274,13 @@ impl<'a> Output<'a> {
 
 /// Runs `infgram gen`.
 pub fn run(args: GenArgs) -> Result<()> {
+    if args.model.is_some() {
+        args.est.refuse_all(
+            "with --model (the model generates; a mixture's ∞-gram is the mixer file's)",
+        )?;
+    } else {
+        args.est.check_applies()?;
+    }
     match args.model.clone() {
         #[cfg(feature = "neural")]
         Some(model) => run_model(&args, &model),
@@ -415,10 +426,16 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
     );
     req.decode.trace = args.trace.is_some();
     req.decode.trees = args.draft_trees;
+    if let Some(file) = &args.trace {
+        // Checked before the generation (a refused output costs nothing).
+        infgram::output_file::check(file, Accept::Streams)?;
+    }
     let past = match &args.past_outputs {
         Some(file) => {
             use infgram::decode::past::{PastOutputs, DEFAULT_BUDGET};
-            Some(PastOutputs::load(file, &tok.fingerprint(), DEFAULT_BUDGET)?.into_shared())
+            let vocab = tok.vocab_size();
+            let loaded = PastOutputs::load(file, &tok.fingerprint(), vocab, DEFAULT_BUDGET)?;
+            Some(loaded.into_shared())
         }
         None => None,
     };
@@ -428,13 +445,13 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
     let mut out = Output::new(args, &tok);
     let g = generate_with_model(llm.as_mut(), &tok, &req, &mut sampler, |t| out.token(t))?;
     if let Some(file) = &args.trace {
-        let mut lines = String::new();
-        for pass in &g.stats.trace {
-            lines.push_str(&serde_json::to_string(pass)?);
-            lines.push('\n');
-        }
-        std::fs::write(file, lines)
-            .map_err(|e| anyhow::anyhow!("cannot write the trace to {}: {e}", file.display()))?;
+        infgram::output_file::write_file(file, Accept::Streams, |out| {
+            for pass in &g.stats.trace {
+                let line = serde_json::to_string(pass).expect("a pass serializes");
+                writeln!(out, "{line}").map_err(|e| infgram::Error::io(file, e))?;
+            }
+            Ok(())
+        })?;
     }
     if let (Some(file), Some(past)) = (&args.past_outputs, &past) {
         let past = past.read().unwrap_or_else(|e| e.into_inner());

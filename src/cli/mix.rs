@@ -73,6 +73,8 @@ fn fit(args: &FitArgs) -> Result<()> {
     if args.k == 0 {
         anyhow::bail!("--k must be −1 (all levels) or at least 1");
     }
+    // Checked before the fit (a refused output costs nothing).
+    infgram::output_file::check(&args.output, infgram::output_file::Accept::Files)?;
     let loaded = infgram::service::models::load_model(&args.model, &args.model_args.options())?;
     let index = open_mixing_index(&args.index, &loaded.tokenizer)?;
     let estimator = args.estimator.spec_with(Some(args.k), None, None, None);

@@ -41,8 +41,8 @@ fn number_in(s: &str, lo: (f64, bool), hi: (f64, bool)) -> Result<f64, String> {
     Err(format!("{s} is outside {l}{}, {}{h}", lo.0, hi.0))
 }
 
-/// Makes SIGINT and SIGTERM remove the temporary directories of index builds in progress
-/// before the process exits (status 130 / 143, as a shell reports a process the signal
+/// Makes SIGINT and SIGTERM remove the temporary directories of index builds and the
+/// temporary files of writes in progress before the process exits (status 130 / 143, as a shell reports a process the signal
 /// killed). The signals are blocked in every thread and taken by one thread that waits for
 /// them; call it before any other thread starts. (Not for `serve`, whose runtime handles them.)
 #[cfg(unix)]
@@ -66,6 +66,7 @@ pub fn clean_up_on_signals() {
             // SAFETY: sigwait on a set of blocked signals, into a local.
             if unsafe { libc::sigwait(&set, &mut sig) } == 0 {
                 infgram::index::output_dir::remove_unfinished();
+                infgram::output_file::remove_unfinished();
                 std::process::exit(128 + sig);
             }
         });
@@ -199,6 +200,52 @@ impl EstimatorArgs {
         self.estimator == Some(EstimatorKind::Smoothed)
     }
 
+    /// Whether a fixed-order model (mkn, add-alpha) is chosen.
+    pub fn is_fixed_order(&self) -> bool {
+        matches!(
+            self.estimator,
+            Some(EstimatorKind::Mkn | EstimatorKind::AddAlpha)
+        )
+    }
+
+    /// The estimator chosen (SBIS when none is).
+    pub fn kind(&self) -> EstimatorKind {
+        self.estimator.unwrap_or(EstimatorKind::Sbis)
+    }
+
+    /// Refuses every estimator flag (with `--model`, whose ∞-gram, if mixed, the mixer file
+    /// names): `because` says why.
+    pub fn refuse_all(&self, because: &str) -> Result<()> {
+        let given = [
+            ("--estimator", self.estimator.is_some()),
+            ("--k", self.k.is_some()),
+            ("--decay", self.decay.is_some()),
+            ("--order", self.order.is_some()),
+            ("--alpha", self.alpha.is_some()),
+        ];
+        match given.iter().find(|g| g.1) {
+            Some((flag, _)) => anyhow::bail!("{flag} does not apply {because}: leave it out"),
+            None => Ok(()),
+        }
+    }
+
+    /// Refuses a flag given for an estimator it does not apply to (`--order` with SBIS,
+    /// `--k` with mkn…), naming both: a flag is never accepted and ignored.
+    pub fn check_applies(&self) -> Result<()> {
+        use EstimatorKind::*;
+        let kind = self.kind();
+        let flags: [(&str, bool, &[EstimatorKind]); 4] = [
+            ("--k", self.k.is_some(), &[Sbis]),
+            ("--decay", self.decay.is_some(), &[Sbis]),
+            ("--order", self.order.is_some(), &[Mkn, AddAlpha]),
+            ("--alpha", self.alpha.is_some(), &[AddAlpha]),
+        ];
+        for (flag, given, applies) in flags {
+            check_flag_applies(flag, given, kind, applies)?;
+        }
+        Ok(())
+    }
+
     /// The estimator as the request names it.
     pub fn spec(&self) -> EstimatorSpec {
         self.estimator
@@ -218,6 +265,31 @@ impl EstimatorArgs {
             sbis => sbis,
         })
     }
+}
+
+/// The error of `flag` (given when `given`) for estimator `kind`, when it applies only to
+/// `applies`.
+pub fn check_flag_applies(
+    flag: &str,
+    given: bool,
+    kind: EstimatorKind,
+    applies: &[EstimatorKind],
+) -> Result<()> {
+    if !given || applies.contains(&kind) {
+        return Ok(());
+    }
+    let name = |k: &EstimatorKind| {
+        clap::ValueEnum::to_possible_value(k)
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default()
+    };
+    let names: Vec<String> = applies.iter().map(name).collect();
+    anyhow::bail!(
+        "{flag} applies to --estimator {} only, not to --estimator {}: leave {flag} out, or \
+         choose that estimator",
+        names.join(" or "),
+        name(&kind)
+    )
 }
 
 /// How a neural model is loaded and run (`gen --model`, `ppl --model`).

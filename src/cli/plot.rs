@@ -7,9 +7,10 @@ use infgram::eval::PplReport;
 use plotters::prelude::*;
 use std::path::Path;
 
-/// Draws the two panels into a PNG.
+/// Draws the two panels into a PNG at `path` (the caller's temporary file: errors do not
+/// name it).
 pub fn agreement_by_n(report: &PplReport, path: &Path) -> Result<()> {
-    let err = |e: &dyn std::fmt::Display| anyhow!("{}: cannot draw the plot: {e}", path.display());
+    let err = |e: &dyn std::fmt::Display| anyhow!("cannot draw the plot: {e}");
     let rows: Vec<(usize, f64, u64)> = report
         .agreement_by_n
         .iter()

@@ -55,7 +55,8 @@ pub struct PplArgs {
     /// Print one JSON object (with --sentences: each sentence's log10 probability too).
     #[arg(long)]
     pub json: bool,
-    /// Draw agreement and token counts by effective n into this PNG file.
+    /// Draw agreement and token counts by effective n into this PNG file (a regular file,
+    /// written beside and renamed into place; checked before scoring).
     #[arg(long)]
     pub plot: Option<PathBuf>,
     /// Score with a neural model instead (`smollm2-135m`, `gemma3-270m`, a `.gguf` file, a safetensors model
@@ -98,6 +99,17 @@ fn read_text(path: &std::path::Path) -> Result<String> {
 
 /// Runs `infgram ppl`.
 pub fn run(args: PplArgs) -> Result<()> {
+    check_flags(&args)?;
+    if let Some(path) = &args.plot {
+        if args.model.is_some() || args.est.is_fixed_order() {
+            bail!(
+                "--plot draws the ∞-gram's agreement by effective n: it does not apply with \
+                 --model or a fixed-order --estimator; leave one of them out"
+            );
+        }
+        // Checked before scoring (a refused output costs nothing).
+        infgram::output_file::check(path, infgram::output_file::Accept::Files)?;
+    }
     if let Some(model) = &args.model {
         #[cfg(feature = "neural")]
         return run_model(&args, model);
@@ -188,7 +200,10 @@ pub fn run(args: PplArgs) -> Result<()> {
     }
     if let Some(path) = &args.plot {
         #[cfg(feature = "plot")]
-        super::plot::agreement_by_n(&report, path)?;
+        infgram::output_file::write_via_path(path, "png", |tmp| {
+            super::plot::agreement_by_n(&report, tmp)
+                .map_err(|e| infgram::Error::input(format!("{}: {e}", path.display())))
+        })?;
         #[cfg(not(feature = "plot"))]
         bail!(
             "--plot {}: this infgram was built without the `plot` feature",
@@ -206,6 +221,30 @@ pub fn fallback_discounts(given: &Option<Vec<f64>>) -> Result<Option<[f64; 3]>> 
         Some(&[a, b, c]) => Some([a, b, c]),
         Some(_) => bail!("--discount-fallback takes no values or three: D1,D2,D3+"),
     })
+}
+
+/// Refuses flags that do not apply to the scoring asked for (each is otherwise ignored).
+fn check_flags(args: &PplArgs) -> Result<()> {
+    use super::EstimatorKind::{Mkn, Smoothed};
+    if args.model.is_some() {
+        let because = "with --model (a mixture's ∞-gram is the mixer file's)";
+        args.est.refuse_all(because)?;
+        for (flag, given) in [
+            ("--discounts", args.discounts.is_some()),
+            ("--discount-fallback", args.discount_fallback.is_some()),
+            ("--sentences", args.sentences),
+        ] {
+            if given {
+                bail!("{flag} does not apply {because}: leave it out");
+            }
+        }
+        return Ok(());
+    }
+    args.est.check_applies()?;
+    let kind = args.est.kind();
+    super::check_flag_applies("--discounts", args.discounts.is_some(), kind, &[Smoothed])?;
+    let fallback = args.discount_fallback.is_some();
+    super::check_flag_applies("--discount-fallback", fallback, kind, &[Mkn])
 }
 
 /// The fixed-order model the estimator flags name, estimated over `index`.

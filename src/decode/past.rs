@@ -39,8 +39,8 @@ use super::drafters::copy_confidence;
 use super::{Draft, Drafter};
 use crate::error::{Error, Result};
 use std::collections::VecDeque;
-use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::io::Read;
+use std::path::Path;
 use std::sync::{Arc, RwLock};
 
 /// Joins outputs in the automaton; never a token of a context.
@@ -68,6 +68,8 @@ struct State {
     count: u32,
     /// The latest position its strings end at.
     last_end: u32,
+    /// Whether the state was made by splitting another (it is no position's own state).
+    clone: bool,
     /// Transitions, sorted by token.
     edges: Vec<(u32, u32)>,
 }
@@ -79,6 +81,7 @@ impl State {
             link,
             count: 0,
             last_end: 0,
+            clone: false,
             edges: Vec::new(),
         }
     }
@@ -106,6 +109,9 @@ struct Automaton {
     last: u32,
     /// Tokens appended so far.
     len: u32,
+    /// Steps taken to keep the counts (suffix links walked, states recounted): what the
+    /// tests bound to show that the counts cost linear time.
+    work: u64,
 }
 
 impl Automaton {
@@ -114,11 +120,12 @@ impl Automaton {
             states: vec![State::new(0, u32::MAX)],
             last: 0,
             len: 0,
+            work: 0,
         }
     }
 
-    /// Appends `token` (Blumer et al.'s online construction), then counts its end position
-    /// in every state of a suffix of the sequence.
+    /// Appends `token` (Blumer et al.'s online construction; amortized O(1) states). The
+    /// counts are updated apart ([`Automaton::count_last`], [`Automaton::recount`]).
     fn push(&mut self, token: u32) {
         let cur = self.states.len() as u32;
         self.states
@@ -143,6 +150,7 @@ impl Automaton {
                 let clone = self.states.len() as u32;
                 let mut c = self.states[q as usize].clone();
                 c.len = self.states[p as usize].len + 1;
+                c.clone = true;
                 self.states.push(c);
                 self.states[q as usize].link = clone;
                 self.states[cur as usize].link = clone;
@@ -157,14 +165,69 @@ impl Automaton {
             }
         }
         self.last = cur;
-        let end = self.len;
         self.len += 1;
-        let mut s = cur;
+    }
+
+    /// Counts the end position of the last token appended in every state it ends (a walk up
+    /// the suffix links from the last state), taking at most `steps` steps; `false` (the
+    /// counts left partly updated) when the walk was longer.
+    fn count_last(&mut self, steps: &mut usize) -> bool {
+        let end = self.len - 1;
+        let mut s = self.last;
         while s != 0 {
+            if *steps == 0 {
+                return false;
+            }
+            *steps -= 1;
+            self.work += 1;
             let state = &mut self.states[s as usize];
             state.count += 1;
             state.last_end = end;
             s = state.link;
+        }
+        true
+    }
+
+    /// Computes every state's count and latest end anew, in O(states): a state of a position
+    /// (its longest string is the whole prefix, so it ends at `len − 1`) counts one, a clone
+    /// none, and each state adds its counts to its suffix link's, longest states first.
+    fn recount(&mut self) {
+        self.work += self.states.len() as u64;
+        let mut by_len = vec![0u32; self.len as usize + 2];
+        for st in &self.states[1..] {
+            by_len[st.len as usize] += 1;
+        }
+        let mut start = 0u32;
+        for b in by_len.iter_mut() {
+            (*b, start) = (start, start + *b);
+        }
+        let mut order = vec![0u32; self.states.len() - 1];
+        for (i, st) in self.states.iter().enumerate().skip(1) {
+            let slot = &mut by_len[st.len as usize];
+            order[*slot as usize] = i as u32;
+            *slot += 1;
+        }
+        for st in &mut self.states {
+            st.count = 0;
+            st.last_end = 0;
+        }
+        for &i in &order {
+            let st = &mut self.states[i as usize];
+            if !st.clone {
+                st.count = 1;
+                st.last_end = st.len - 1;
+            }
+        }
+        for &i in order.iter().rev() {
+            let (link, count, last_end) = {
+                let st = &self.states[i as usize];
+                (st.link, st.count, st.last_end)
+            };
+            if link != 0 {
+                let l = &mut self.states[link as usize];
+                l.count += count;
+                l.last_end = l.last_end.max(last_end);
+            }
         }
     }
 
@@ -266,6 +329,11 @@ impl PastOutputs {
     /// Appends one output (draftable at once). Empty outputs are skipped; an output longer
     /// than the budget keeps its last `budget` tokens. When the budget is passed, the oldest
     /// outputs go and the automaton is rebuilt from the rest.
+    ///
+    /// The counts are kept by walking up the suffix links after each token, which is short
+    /// for text but as long as the match for a repetition (an output of one token repeated);
+    /// a walk longer than the automaton is cut and the counts computed anew instead, so an
+    /// append costs at most O(its tokens + the automaton's states).
     pub fn append(&mut self, output: &[u32]) {
         let output = &output[output.len().saturating_sub(self.budget)..];
         if output.is_empty() {
@@ -279,29 +347,53 @@ impl PastOutputs {
             }
             self.rebuild();
         }
-        self.push_to_automaton(output);
+        let mut steps = self.automaton.states.len() + 2 * output.len() + 64;
+        let mut counted = true;
+        for t in joined(self.automaton.len > 0, output) {
+            self.automaton.push(t);
+            counted = counted && self.automaton.count_last(&mut steps);
+        }
+        if !counted {
+            self.automaton.recount();
+        }
         self.tokens += output.len();
         self.outputs.push_back(output.to_vec());
     }
 
-    fn push_to_automaton(&mut self, output: &[u32]) {
-        if self.automaton.len > 0 {
-            self.automaton.push(SEPARATOR);
-        }
-        for &t in output {
-            // A token equal to the separator (no vocabulary has 2³² ids) would join outputs.
-            self.automaton.push(if t == SEPARATOR { t - 1 } else { t });
-        }
-    }
-
-    /// Builds the automaton anew from the outputs kept.
+    /// Builds the automaton anew from the outputs kept, in O(their tokens): the structure
+    /// first, the counts once at the end.
     fn rebuild(&mut self) {
         self.automaton = Automaton::new();
         let outputs = std::mem::take(&mut self.outputs);
         for o in &outputs {
-            self.push_to_automaton(o);
+            for t in joined(self.automaton.len > 0, o) {
+                self.automaton.push(t);
+            }
         }
+        self.automaton.recount();
         self.outputs = outputs;
+    }
+
+    /// An index of `outputs` (oldest first), keeping the newest that fit in `budget` tokens;
+    /// built in O(their tokens).
+    fn from_outputs(budget: usize, outputs: Vec<Vec<u32>>) -> Self {
+        let mut past = PastOutputs::new(budget);
+        let mut kept = 0;
+        let from = outputs
+            .iter()
+            .rposition(|o| {
+                kept += o.len();
+                kept > past.budget
+            })
+            .map_or(0, |i| i + 1);
+        past.outputs = outputs
+            .into_iter()
+            .skip(from)
+            .filter(|o| !o.is_empty())
+            .collect();
+        past.tokens = past.outputs.iter().map(Vec::len).sum();
+        past.rebuild();
+        past
     }
 
     /// The outputs kept, oldest first.
@@ -358,16 +450,33 @@ impl PastOutputs {
         draft
     }
 
-    /// Reads outputs saved by [`PastOutputs::save`] for a tokenizer with `fingerprint`,
-    /// keeping at most `budget` tokens (the newest). A missing file is an empty index.
-    pub fn load(path: &Path, fingerprint: &str, budget: usize) -> Result<PastOutputs> {
-        let mut past = PastOutputs::new(budget);
-        let mut bytes = Vec::new();
-        match std::fs::File::open(path) {
-            Ok(mut f) => f.read_to_end(&mut bytes).map_err(|e| Error::io(path, e))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(past),
-            Err(e) => return Err(Error::io(path, e)),
+    /// Reads outputs saved by [`PastOutputs::save`] for a tokenizer with `fingerprint` and
+    /// `vocab` ids, keeping at most `budget` tokens (the newest), in time linear in the file;
+    /// a missing file is an empty index. The path must be one that [`PastOutputs::save`] can
+    /// write (checked here, at start, not after the first generation). Refused with the
+    /// reason, and left as they are: a file that is not ours (a header line over
+    /// [`HEADER_MAX`] bytes included), another tokenizer's, a truncated one, one holding an
+    /// id outside the vocabulary, and one larger than `budget` tokens can fill
+    /// ([`max_file_bytes`]; read no further than that).
+    pub fn load(path: &Path, fingerprint: &str, vocab: usize, budget: usize) -> Result<Self> {
+        crate::output_file::check_writable(path)?;
+        let Some(file) = open_existing(path)? else {
+            return Ok(PastOutputs::new(budget));
         };
+        let cap = max_file_bytes(budget);
+        let size = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        if size > cap {
+            return Err(Error::input(format!(
+                "{}: {size} bytes, more than past outputs of {budget} tokens can fill ({cap} \
+                 bytes): raise the budget (serve --past-output-tokens) or name another file \
+                 with --past-outputs",
+                path.display()
+            )));
+        }
+        let mut bytes = Vec::with_capacity(size as usize);
+        file.take(cap + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| Error::io(path, e))?;
         let bad = |what: &str| {
             Error::input(format!(
                 "{}: not a past-outputs file of infgram ({what}); name another file with \
@@ -375,6 +484,9 @@ impl PastOutputs {
                 path.display()
             ))
         };
+        if bytes.len() as u64 > cap {
+            return Err(bad("it grew while it was read"));
+        }
         let Some((header, body_at)) = our_header(&bytes) else {
             return Err(bad("its first line is not the header"));
         };
@@ -393,50 +505,39 @@ impl PastOutputs {
         if !body.len().is_multiple_of(4) {
             return Err(bad("a truncated body"));
         }
-        let words: Vec<u32> = body
+        let mut words = body
             .chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]));
         let mut outputs = Vec::new();
-        let mut at = 0;
-        while at < words.len() {
-            let n = words[at] as usize;
-            let Some(output) = words.get(at + 1..at + 1 + n) else {
+        while let Some(n) = words.next() {
+            let output: Vec<u32> = words.by_ref().take(n as usize).collect();
+            if output.len() != n as usize {
                 return Err(bad("a truncated output"));
-            };
+            }
+            if let Some(&id) = output.iter().find(|&&t| t as usize >= vocab) {
+                return Err(Error::input(format!(
+                    "{}: holds token id {id}, outside this model's vocabulary of {vocab} ids \
+                     (a damaged file, or another model's): name another file with \
+                     --past-outputs, or move this one away",
+                    path.display()
+                )));
+            }
             outputs.push(output);
-            at += 1 + n;
         }
-        // The newest outputs that fit, appended oldest first.
-        let mut kept = 0;
-        let from = outputs
-            .iter()
-            .rposition(|o| {
-                kept += o.len();
-                kept > past.budget
-            })
-            .map_or(0, |i| i + 1);
-        for o in &outputs[from..] {
-            past.append(o);
-        }
-        Ok(past)
+        Ok(PastOutputs::from_outputs(budget, outputs))
     }
 
-    /// Writes the outputs to `path` for a tokenizer with `fingerprint`: a new file beside it,
-    /// renamed over it when complete (a crash leaves the old file whole). Refuses to replace a
-    /// file that is not a past-outputs file.
+    /// Writes the outputs to `path` for a tokenizer with `fingerprint`, as every infgram file
+    /// is written ([`crate::output_file`]: beside it, synced, renamed over it; a crash leaves
+    /// the old file whole). Refuses to replace a file that is not a past-outputs file, and
+    /// anything but a regular file.
     pub fn save(&self, path: &Path, fingerprint: &str) -> Result<()> {
-        if path.exists() {
+        crate::output_file::check(path, crate::output_file::Accept::Files)?;
+        if let Some(file) = open_existing(path)? {
             // The header line only (a user's file may be large).
             let mut head = Vec::new();
-            std::fs::File::open(path)
-                .and_then(|f| {
-                    std::io::BufRead::read_until(
-                        &mut std::io::BufReader::new(f.take(HEADER_MAX)),
-                        b'\n',
-                        &mut head,
-                    )
-                })
+            file.take(HEADER_MAX)
+                .read_to_end(&mut head)
                 .map_err(|e| Error::io(path, e))?;
             if our_header(&head).is_none() {
                 return Err(Error::input(format!(
@@ -450,21 +551,39 @@ impl PastOutputs {
             serde_json::json!({"magic": MAGIC, "version": VERSION, "tokenizer": fingerprint});
         let mut bytes = serde_json::to_vec(&header).expect("a JSON value");
         bytes.push(b'\n');
+        if bytes.len() as u64 > HEADER_MAX {
+            return Err(Error::input(format!(
+                "{}: the tokenizer's fingerprint is too long for a past-outputs header",
+                path.display()
+            )));
+        }
         for o in &self.outputs {
             bytes.extend((o.len() as u32).to_le_bytes());
             for t in o {
                 bytes.extend(t.to_le_bytes());
             }
         }
-        let tmp = sibling(path, &format!(".tmp-{}", std::process::id()));
-        let written = std::fs::File::create(&tmp)
-            .and_then(|mut f| f.write_all(&bytes).and_then(|_| f.sync_all()))
-            .and_then(|_| std::fs::rename(&tmp, path));
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(Error::io(path, e));
-        }
-        Ok(())
+        crate::output_file::write_bytes(path, &bytes)
+    }
+}
+
+/// The most bytes a past-outputs file of at most `budget` tokens takes: its header line and,
+/// per output (at least one token each), a length and its tokens, 4 bytes each.
+pub fn max_file_bytes(budget: usize) -> u64 {
+    HEADER_MAX + 8 * budget as u64
+}
+
+/// `path` opened for reading without following a link; `None` when it does not exist.
+fn open_existing(path: &Path) -> Result<Option<std::fs::File>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => Ok(Some(f)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io(path, e)),
     }
 }
 
@@ -477,19 +596,28 @@ const VERSION: u32 = 1;
 /// Longest header line read.
 const HEADER_MAX: u64 = 4096;
 
-/// The header of a past-outputs file's `bytes` (its first line, with our magic) and where
-/// the body starts after it; `None` when they are not such a file's.
+/// The header of a past-outputs file's `bytes` (its first line, with our magic, within
+/// [`HEADER_MAX`] bytes) and where the body starts after it; `None` when they are not such a
+/// file's.
 fn our_header(bytes: &[u8]) -> Option<(serde_json::Value, usize)> {
-    let newline = bytes.iter().position(|&b| b == b'\n')?;
+    let head = &bytes[..bytes.len().min(HEADER_MAX as usize)];
+    let newline = head.iter().position(|&b| b == b'\n')?;
     let header: serde_json::Value = serde_json::from_slice(&bytes[..newline]).ok()?;
     (header["magic"] == MAGIC).then_some((header, newline + 1))
 }
 
-/// `path` with `suffix` added to its file name.
-fn sibling(path: &Path, suffix: &str) -> PathBuf {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(suffix);
-    path.with_file_name(name)
+/// The tokens that append `output` to the automaton: a separator when outputs come before
+/// it (`after`), then its tokens (one equal to the separator, which no vocabulary has, mapped
+/// below it so it cannot join outputs).
+fn joined(after: bool, output: &[u32]) -> impl Iterator<Item = u32> + '_ {
+    after
+        .then_some(SEPARATOR)
+        .into_iter()
+        .chain(
+            output
+                .iter()
+                .map(|&t| if t == SEPARATOR { t - 1 } else { t }),
+        )
 }
 
 /// Drafts from the outputs of past generations ([`PastOutputs`]).
@@ -636,36 +764,159 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("past.bin");
         assert_eq!(
-            PastOutputs::load(&path, "fp", 100).unwrap().stats().outputs,
+            PastOutputs::load(&path, "fp", 100, 100)
+                .unwrap()
+                .stats()
+                .outputs,
             0
         );
         let mut past = PastOutputs::new(100);
         past.append(&[1, 2, 3]);
         past.append(&[4, 5]);
         past.save(&path, "fp").unwrap();
-        let back = PastOutputs::load(&path, "fp", 100).unwrap();
+        let back = PastOutputs::load(&path, "fp", 100, 100).unwrap();
         assert_eq!(
             back.outputs().collect::<Vec<_>>(),
             vec![&[1, 2, 3][..], &[4, 5]]
         );
         // A smaller budget keeps the newest.
-        let small = PastOutputs::load(&path, "fp", 2).unwrap();
+        let small = PastOutputs::load(&path, "fp", 100, 2).unwrap();
         assert_eq!(small.outputs().collect::<Vec<_>>(), vec![&[4, 5][..]]);
-        let e = PastOutputs::load(&path, "other", 100)
+        let e = PastOutputs::load(&path, "other", 100, 100)
             .unwrap_err()
             .to_string();
         assert!(e.contains("another tokenizer"), "{e}");
         // Truncated: refused.
         let bytes = std::fs::read(&path).unwrap();
         std::fs::write(&path, &bytes[..bytes.len() - 4]).unwrap();
-        let e = PastOutputs::load(&path, "fp", 100).unwrap_err().to_string();
+        let e = PastOutputs::load(&path, "fp", 100, 100)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("truncated"), "{e}");
         // A user's file is neither read as outputs nor replaced.
         let notes = dir.path().join("notes.txt");
         std::fs::write(&notes, "my notes\n").unwrap();
-        assert!(PastOutputs::load(&notes, "fp", 100).is_err());
+        assert!(PastOutputs::load(&notes, "fp", 100, 100).is_err());
         assert!(past.save(&notes, "fp").is_err());
         assert_eq!(std::fs::read_to_string(&notes).unwrap(), "my notes\n");
+    }
+
+    /// The states' counts and latest ends, to compare two constructions.
+    fn counts(past: &PastOutputs) -> Vec<(u32, u32)> {
+        let st = &past.automaton.states;
+        st.iter().skip(1).map(|s| (s.count, s.last_end)).collect()
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+        /// Counts computed anew (a load, a rebuild) equal the counts kept by walking after
+        /// every token, state by state, on small alphabets (long repetitions, many clones).
+        #[test]
+        fn recounted_counts_equal_walked_counts(
+            outputs in proptest::collection::vec(proptest::collection::vec(0u32..3, 0..60), 1..8),
+        ) {
+            let mut walked = PastOutputs::new(1 << 20);
+            for o in &outputs {
+                walked.append(o);
+            }
+            let loaded = PastOutputs::from_outputs(1 << 20, outputs.clone());
+            proptest::prop_assert_eq!(counts(&loaded), counts(&walked));
+            proptest::prop_assert_eq!(loaded.stats(), walked.stats());
+            let mut forced = walked.clone();
+            forced.automaton.recount();
+            proptest::prop_assert_eq!(counts(&forced), counts(&walked));
+        }
+    }
+
+    /// One output of equal tokens walks its whole match after every token (quadratic); the
+    /// walk is cut and the counts recounted, in linear work, whether appended or loaded.
+    #[test]
+    fn repetitions_cost_linear_work() {
+        let n = 50_000usize;
+        let mut past = PastOutputs::new(1 << 20);
+        past.append(&vec![7; n]);
+        assert!(
+            past.automaton.work < 8 * n as u64,
+            "{}",
+            past.automaton.work
+        );
+        assert_eq!(past.draft(&[7, 7], 3).tokens, vec![7, 7, 7]);
+        let loaded = PastOutputs::from_outputs(1 << 20, vec![vec![7; n]]);
+        assert!(loaded.automaton.work < 8 * n as u64);
+        assert_eq!(counts(&loaded), counts(&past));
+        // Many one-token outputs: a periodic sequence, as long a walk after each.
+        let many: Vec<Vec<u32>> = (0..n).map(|_| vec![3]).collect();
+        let loaded = PastOutputs::from_outputs(1 << 20, many);
+        assert_eq!(loaded.stats().outputs, n);
+        assert!(loaded.automaton.work < 8 * n as u64);
+    }
+
+    #[test]
+    fn files_that_would_fail_later_are_refused_at_load_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("past.bin");
+        let mut past = PastOutputs::new(100);
+        past.append(&[1, 2, 3]);
+        past.save(&path, "fp").unwrap();
+        let saved = std::fs::read(&path).unwrap();
+        // An id outside the vocabulary (every completion drafting it would fail).
+        let e = PastOutputs::load(&path, "fp", 3, 100)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("token id 3") && e.contains("vocabulary of 3"),
+            "{e}"
+        );
+        // Larger than the budget can fill: refused before it is read.
+        let big = dir.path().join("big.bin");
+        let mut bytes = saved.clone();
+        bytes.resize(max_file_bytes(100) as usize + 4, 0);
+        std::fs::write(&big, &bytes).unwrap();
+        let e = PastOutputs::load(&big, "fp", 100, 100)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("more than past outputs of 100 tokens"), "{e}");
+        // A header line longer than a save accepts: refused at load too.
+        let long = dir.path().join("long.bin");
+        let header = format!(
+            "{{\"magic\":\"{MAGIC}\",\"version\":1,\"tokenizer\":\"fp\",\"pad\":\"{}\"}}\n",
+            "x".repeat(5000)
+        );
+        std::fs::write(&long, &header).unwrap();
+        assert!(PastOutputs::load(&long, "fp", 100, 100).is_err());
+        // A path that cannot be written: refused at load, not at the first save.
+        let nowhere = dir.path().join("missing/past.bin");
+        let e = PastOutputs::load(&nowhere, "fp", 100, 100)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("does not exist"), "{e}");
+        let link = dir.path().join("link.bin");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        assert!(PastOutputs::load(&link, "fp", 100, 100).is_err());
+        assert!(past.save(&link, "fp").is_err());
+        assert_eq!(std::fs::read(&path).unwrap(), saved);
+        assert_eq!(std::fs::read(&big).unwrap(), bytes);
+        assert_eq!(std::fs::read_to_string(&long).unwrap(), header);
+    }
+
+    /// A link or a file planted at the old temporary name (`FILE.tmp-PID`) is neither
+    /// followed nor consumed by a save.
+    #[test]
+    fn a_save_never_follows_a_planted_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.bin");
+        let victim = dir.path().join("victim.txt");
+        std::fs::write(&victim, "mine").unwrap();
+        let planted = dir.path().join(format!("p.bin.tmp-{}", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        let mut past = PastOutputs::new(100);
+        past.append(&[1, 2]);
+        past.save(&path, "fp").unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "mine");
+        assert!(planted.symlink_metadata().unwrap().file_type().is_symlink());
+        assert!(path.symlink_metadata().unwrap().file_type().is_file());
+        let back = PastOutputs::load(&path, "fp", 100, 100).unwrap();
+        assert_eq!(back.outputs().collect::<Vec<_>>(), vec![&[1, 2][..]]);
     }
 
     #[test]

@@ -230,7 +230,12 @@ pub fn write_shard(dir: &Path, name: &str, s: &ShardBytes, reverse: bool) -> Res
     let mut files = BTreeMap::new();
     let mut put = |file: &str, bytes: &[u8]| -> Result<()> {
         let path = sdir.join(file);
-        let mut f = std::fs::File::create(&path).map_err(|e| Error::io(&path, e))?;
+        // A new file in the build's own directory (never one planted there).
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| Error::io(&path, e))?;
         f.write_all(bytes).map_err(|e| Error::io(&path, e))?;
         f.sync_all().map_err(|e| Error::io(&path, e))?;
         files.insert(file.to_string(), FileInfo::of(bytes));

@@ -53,7 +53,12 @@ impl Marker {
         };
         let path = dir.join(MARKER_FILE);
         let text = serde_json::to_string(&marker).expect("marker serializes");
-        std::fs::write(&path, text).map_err(|e| Error::io(&path, e))
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))
+            .map_err(|e| Error::io(&path, e))
     }
 
     /// The marker of `dir`, if it holds a readable one.
@@ -336,6 +341,9 @@ impl TempIndexDir {
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
         std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+        // An index inside another would be a foreign entry of it (and a build there would
+        // replace its files).
+        crate::output_file::refuse_inside_index(out, parent)?;
         let out_abs = parent
             .canonicalize()
             .map_err(|e| Error::io(parent, e))?

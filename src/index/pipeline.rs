@@ -191,7 +191,11 @@ pub fn build_index(
     }
     for (name, bytes) in tokenizer.index_files() {
         let path = tmp.path().join(name);
-        let mut f = std::fs::File::create(&path).map_err(|e| Error::io(&path, e))?;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| Error::io(&path, e))?;
         std::io::Write::write_all(&mut f, &bytes).map_err(|e| Error::io(&path, e))?;
         f.sync_all().map_err(|e| Error::io(&path, e))?;
     }

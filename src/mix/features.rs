@@ -192,6 +192,7 @@ pub fn input_names() -> Vec<String> {
 
 /// λ = σ(bias + Σ weight_i · (x_i − mean_i) / scale_i) over the inputs of [`input_names`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LambdaModel {
     /// The inputs' names, in order.
     pub inputs: Vec<String>,

@@ -53,37 +53,41 @@ use std::path::Path;
 /// How `mix.json` files written before [`EstimatorSpec`] named their estimator
 /// (`"infgram"`, `{"sbis": {"k": 2}}`, `"smoothed"`); still read.
 #[derive(Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
 enum LegacyEstimator {
     Infgram,
     Sbis { k: i64 },
     Smoothed,
 }
 
-/// A mixer file's estimator in either form.
+/// A mixer file's estimator in either form; an error is the current form's (what a user
+/// writes today), never serde's "did not match any variant".
 fn read_estimator<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> std::result::Result<EstimatorSpec, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Either {
-        Spec(EstimatorSpec),
-        Legacy(LegacyEstimator),
+    let value = serde_json::Value::deserialize(d)?;
+    let spec_error = match EstimatorSpec::deserialize(&value) {
+        Ok(spec) => return Ok(spec),
+        Err(e) => e,
+    };
+    match LegacyEstimator::deserialize(&value) {
+        Ok(LegacyEstimator::Infgram) => Ok(EstimatorSpec::Infgram),
+        Ok(LegacyEstimator::Sbis { k }) => Ok(EstimatorSpec::sbis(k)),
+        Ok(LegacyEstimator::Smoothed) => Ok(EstimatorSpec::Smoothed),
+        Err(_) => Err(serde::de::Error::custom(format!(
+            "estimator {value}: {spec_error} (write it as {{\"name\": \"sbis\", \"k\": 2}})"
+        ))),
     }
-    Ok(match Either::deserialize(d)? {
-        Either::Spec(spec) => spec,
-        Either::Legacy(LegacyEstimator::Infgram) => EstimatorSpec::Infgram,
-        Either::Legacy(LegacyEstimator::Sbis { k }) => EstimatorSpec::sbis(k),
-        Either::Legacy(LegacyEstimator::Smoothed) => EstimatorSpec::Smoothed,
-    })
 }
 
 /// Upper ends (exclusive) of the suffix-length buckets of the λ table ([`Mixer`]): 0, 1, 2, 3, 4–5,
 /// 6–7, 8–11, 12–15, 16 and more.
 pub const TABLE_EDGES: [usize; 8] = [1, 2, 3, 4, 6, 8, 12, 16];
 
-/// λ per position: a table over (suffix-length bucket, sparse or not).
+/// λ per position: a table over (suffix-length bucket, sparse or not). A file with a field
+/// it does not know is refused (a misspelt field is never ignored).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Mixer {
     /// The ∞-gram distribution mixed in.
     #[serde(deserialize_with = "read_estimator")]
@@ -218,10 +222,11 @@ impl Mixer {
         Ok(mixer)
     }
 
-    /// Writes the mixer as JSON.
+    /// Writes the mixer as JSON (a regular file, written beside and renamed into place:
+    /// [`crate::output_file`]).
     pub fn save(&self, path: &Path) -> Result<()> {
         let text = serde_json::to_string_pretty(self).expect("a mixer serializes");
-        std::fs::write(path, text + "\n").map_err(|e| Error::io(path, e))
+        crate::output_file::write_bytes(path, (text + "\n").as_bytes())
     }
 
     /// Fits λ by maximum likelihood on held-out positions, each cell of the table on its own
@@ -604,6 +609,28 @@ mod tests {
         std::fs::write(dir.path().join("bad.json"), "nonsense").unwrap();
         let bad = Mixer::load(&dir.path().join("bad.json")).unwrap_err();
         assert!(bad.to_string().contains("is not a mixer file"), "{bad}");
+        // Unknown fields are refused, at the top and in the estimator, by name; serde's
+        // "untagged enum" never reaches a user.
+        for (text, want) in [
+            (
+                r#"{"estimator": {"name": "sbis"}, "edges": [], "sparse": [0.5], "dense": [0.1], "lambda": 1}"#,
+                "lambda",
+            ),
+            (
+                r#"{"estimator": {"name": "sbis", "kk": 2}, "edges": [], "sparse": [0.5], "dense": [0.1]}"#,
+                "kk",
+            ),
+            (
+                r#"{"estimator": {"sbis": {"k": 2, "x": 1}}, "edges": [], "sparse": [0.5], "dense": [0.1]}"#,
+                "estimator",
+            ),
+        ] {
+            std::fs::write(dir.path().join("bad.json"), text).unwrap();
+            let e = Mixer::load(&dir.path().join("bad.json"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want) && !e.contains("untagged"), "{e}");
+        }
         let ev = |n, d| Evidence {
             suffix_len: n,
             count: 5,

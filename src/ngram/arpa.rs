@@ -57,7 +57,7 @@ pub fn write_arpa<S: AsRef<[u8]> + Sync>(
             .collect();
         Ok(words?.join(" "))
     };
-    let io = |e: std::io::Error| Error::input(format!("writing the ARPA file: {e}"));
+    let io = |e: std::io::Error| Error::io("the ARPA file being written", e);
     let order = model.order();
     let stats = model.stats();
     // The unigrams: the types seen, <unk> and <s> (in sentence mode) as lmplz writes them.

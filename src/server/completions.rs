@@ -168,6 +168,16 @@ pub struct Generator {
     /// The outputs of the model's generations, drafted from in speculative mode (none when
     /// the server keeps no past outputs).
     past_outputs: Option<SharedPastOutputs>,
+    /// Where they are kept across restarts, shared with the worker that saves them.
+    past_file: Option<PastFile>,
+}
+
+/// The file the server keeps its past outputs in, and why the last save failed, if it did.
+#[derive(Clone)]
+struct PastFile {
+    #[cfg_attr(not(feature = "neural"), allow(dead_code))]
+    path: std::path::PathBuf,
+    failure: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl Generator {
@@ -190,8 +200,13 @@ impl Generator {
         let worker_waiting = waiting.clone();
         let running = Arc::new(AtomicBool::new(true));
         let worker_running = running.clone();
-        let keep = (past_output_tokens > 0).then(|| past_file.map(|f| f.to_path_buf()));
-        let worker_past_file = keep.flatten();
+        let kept_file = past_file
+            .filter(|_| past_output_tokens > 0)
+            .map(|f| PastFile {
+                path: f.to_path_buf(),
+                failure: Arc::default(),
+            });
+        let worker_past_file = kept_file.clone();
         std::thread::Builder::new()
             .name("infgram-generate".into())
             .spawn(move || {
@@ -209,7 +224,8 @@ impl Generator {
         let past_outputs = match (&model_tokenizer, past_output_tokens, past_file) {
             (Some(_), 0, _) | (None, _, _) => None,
             (Some(tok), budget, Some(file)) => {
-                Some(PastOutputs::load(file, &tok.fingerprint(), budget)?.into_shared())
+                let vocab = tok.vocab_size();
+                Some(PastOutputs::load(file, &tok.fingerprint(), vocab, budget)?.into_shared())
             }
             (Some(_), budget, None) => Some(PastOutputs::shared(budget)),
         };
@@ -219,9 +235,20 @@ impl Generator {
             running,
             backlog,
             past_outputs,
+            past_file: kept_file,
             model_tokenizer,
             model_name,
         })
+    }
+
+    /// Why the past outputs could not be saved after the last completion (`None` when they
+    /// were, or are not kept in a file): `/health` reports the server degraded meanwhile.
+    pub fn past_outputs_unsaved(&self) -> Option<String> {
+        let file = self.past_file.as_ref()?;
+        file.failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// What the past outputs hold (`None` when none are kept).
@@ -453,7 +480,7 @@ struct Worker {
     #[cfg(feature = "neural")]
     model: Option<crate::service::models::LoadedModel>,
     #[cfg_attr(not(feature = "neural"), allow(dead_code))]
-    past_file: Option<std::path::PathBuf>,
+    past_file: Option<PastFile>,
 }
 
 /// The worker thread: loads the model, reports, then runs jobs until the queue closes.
@@ -463,7 +490,7 @@ fn worker(
     jobs: std::sync::mpsc::Receiver<Job>,
     waiting: Arc<AtomicUsize>,
     ready: std::sync::mpsc::Sender<crate::Result<Option<ModelInfo>>>,
-    past_file: Option<std::path::PathBuf>,
+    past_file: Option<PastFile>,
 ) {
     crate::service::catalog::lower_priority();
     let mut state = match load(spec.as_deref(), &opts) {
@@ -662,9 +689,13 @@ fn model_job(
     let tok: &dyn Tokenizer = tokenizer;
     let g = generate_with_model(model.as_mut(), tok, req, sampler, |t| emit(tok, t))?;
     if let (Some(past), Some(file)) = (&req.assembly.past_outputs, &state.past_file) {
-        // The completion is answered whether or not its output could be kept.
+        // The completion is answered whether or not its output could be kept; a failure
+        // shows in /health until a save succeeds.
         let past = past.read().unwrap_or_else(|e| e.into_inner());
-        if let Err(e) = past.save(file, &tok.fingerprint()) {
+        let saved = past.save(&file.path, &tok.fingerprint());
+        let mut failure = file.failure.lock().unwrap_or_else(|e| e.into_inner());
+        *failure = saved.err().map(|e| e.to_string());
+        if let Some(e) = &*failure {
             eprintln!("the past outputs were not saved: {e}");
         }
     }

@@ -223,14 +223,17 @@ pub fn serve(config: ServerConfig, ready: impl FnOnce(&Server)) -> crate::Result
         .enable_all()
         .build()
         .map_err(|e| crate::Error::input(format!("cannot start the async runtime: {e}")))?;
-    runtime.block_on(async move {
+    let served = runtime.block_on(async move {
         let server = Server::bind(config).await?;
         // The handlers are in place before anyone is told the address: a SIGTERM that comes
         // right after stops the server gracefully instead of killing it.
         let shutdown = shutdown_signal();
         ready(&server);
         server.run(shutdown).await
-    })
+    });
+    // A save of the past outputs that the exit cuts short leaves no temporary file.
+    crate::output_file::remove_unfinished();
+    served
 }
 
 /// Installs the SIGINT (Ctrl-C) and SIGTERM handlers now, and returns what resolves when one of
@@ -596,17 +599,21 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
         .indexes
         .iter()
         .any(|s| matches!(s.check.state(), CheckState::Failed(_)));
+    // Past outputs that cannot be saved are lost at the next restart: not ok either.
+    let unsaved = state.generator.past_outputs_unsaved();
+    let ok = worker && !failed && unsaved.is_none();
     let v = json!({
-        "status": if worker && !failed { "ok" } else { "degraded" },
+        "status": if ok { "ok" } else { "degraded" },
         "generation_worker": if worker { "running" } else { "stopped" },
         "indexes": indexes,
         "model": state.generator.model_name,
         "generation_waiting": state.generator.waiting(),
         "past_outputs": state.generator.past_output_stats(),
+        "past_outputs_not_saved": unsaved,
         "uptime_seconds": state.started.elapsed().as_secs_f64(),
         "requests": state.metrics.total_requests(),
     });
-    json_response("health", if worker && !failed { 200 } else { 503 }, &v)
+    json_response("health", if ok { 200 } else { 503 }, &v)
 }
 
 /// `GET /metrics`: Prometheus text.

@@ -61,7 +61,7 @@ pub fn record_verified(index: &Index<Mmap>) -> Result<()> {
     std::fs::create_dir_all(parent).map_err(|e| crate::Error::io(parent, e))?;
     let dir = index.dir().map(|d| d.display().to_string());
     let text = serde_json::json!({ "index": dir, "header_crc32": index.header().header_crc32 });
-    std::fs::write(&path, text.to_string()).map_err(|e| crate::Error::io(&path, e))
+    crate::output_file::write_bytes(&path, text.to_string().as_bytes())
 }
 
 /// Says once per process, on stderr, that an index whose large files were checked by sampled
