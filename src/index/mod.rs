@@ -392,4 +392,14 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
     pub fn has_reverse(&self) -> bool {
         self.shards.iter().all(|s| s.has_reverse())
     }
+    /// Tokens of the longest document (separators excluded; 0 for an empty index): no
+    /// n-gram of the corpus is longer. One read of the document offsets.
+    pub fn longest_document(&self) -> usize {
+        self.shards
+            .iter()
+            .flat_map(|s| (0..s.num_docs()).map(move |d| s.doc_span(d)))
+            .map(|(a, b)| b - a)
+            .max()
+            .unwrap_or(0)
+    }
 }
