@@ -168,11 +168,20 @@ pub fn every_query<S: AsRef<[u8]> + Sync>(index: &Index<S>, q: &[u32], ranks: &[
     }
 }
 
-/// A GGUF file's metadata and the tokenizer rebuilt from it (feature `neural`).
+/// A GGUF file through the checked reader, the tokenizer rebuilt from it, and the model's
+/// description and loading (the metadata the loaders read: counts, widths, ε, rotary bases)
+/// with both backends (feature `neural`).
 #[cfg(feature = "neural")]
 pub fn gguf(data: &[u8]) {
-    let mut cursor = std::io::Cursor::new(data);
-    if let Ok(content) = candle_core::quantized::gguf_file::Content::read(&mut cursor) {
+    let dir = scratch_dir("gguf");
+    let path = dir.join("fuzz.gguf");
+    if std::fs::write(&path, data).is_err() {
+        return;
+    }
+    let _ = crate::neural::arch::decoder::Decoder::load(&path, None);
+    let _ = crate::neural::candle::decoder::CandleDecoder::load(&path, None);
+    let mut file = std::fs::File::open(&path).expect("just written");
+    if let Ok(content) = crate::gguf::read(&mut file, &path) {
         let path = Path::new("fuzz.gguf");
         if let Ok(json) = crate::tokenizer::gguf::tokenizer_json_of(&content, path) {
             if let Ok(tok) = crate::tokenizer::HfTokenizer::from_json_str(&json, "gguf", path) {

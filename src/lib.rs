@@ -30,6 +30,8 @@ pub mod error;
 pub mod eval;
 #[doc(hidden)]
 pub mod fuzz_targets;
+#[cfg(feature = "neural")]
+pub mod gguf;
 pub mod index;
 pub mod lm;
 pub mod mix;

@@ -31,12 +31,7 @@ pub fn read_gguf_metadata(path: &Path) -> Result<Content> {
             Error::io(path, e)
         }
     })?;
-    Content::read(&mut f).map_err(|e| {
-        Error::input(format!(
-            "{}: not a readable GGUF file ({e}); fetch the model again (models/README.md in the repository)",
-            path.display()
-        ))
-    })
+    crate::gguf::read(&mut f, path)
 }
 
 fn strings(content: &Content, key: &str, path: &Path) -> Result<Vec<String>> {

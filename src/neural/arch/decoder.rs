@@ -183,6 +183,7 @@ impl Decoder {
         };
         let mut gguf = Gguf::open(path)?;
         let cfg = super::describe(&gguf)?;
+        super::check_blocks(&gguf, &cfg)?;
         let (dim, heads) = (cfg.dim, cfg.heads);
         let matrix = |gguf: &mut Gguf, name: &str| -> Result<QMatrix> {
             let t = gguf.tensor(name)?;

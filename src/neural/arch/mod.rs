@@ -166,7 +166,11 @@ pub const ARCHITECTURES: &[(&str, Describe)] = &[
 pub fn describe(gguf: &Gguf) -> Result<Architecture> {
     let name = gguf.architecture()?;
     match ARCHITECTURES.iter().find(|(family, _)| *family == name) {
-        Some((_, describe)) => describe(gguf),
+        Some((_, describe)) => {
+            let arch = describe(gguf)?;
+            arch.check_values().map_err(|e| gguf.error(e))?;
+            Ok(arch)
+        }
         None => {
             let known: Vec<&str> = ARCHITECTURES.iter().map(|(f, _)| *f).collect();
             Err(gguf.error(format!(
@@ -174,6 +178,104 @@ pub fn describe(gguf: &Gguf) -> Result<Architecture> {
                 known.join(", ")
             )))
         }
+    }
+}
+
+impl Architecture {
+    /// Refuses numbers no model has, which would load and generate garbage (or divide by
+    /// zero) instead of failing: the error names the metadata key.
+    fn check_values(&self) -> std::result::Result<(), String> {
+        let key = |k: &str| format!("{}.{k}", self.name);
+        let positive = |k: &str, v: f32| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{} is {v}: it must be a finite number above 0; the file is damaged",
+                    key(k)
+                ))
+            }
+        };
+        if self.n_layer == 0 || self.dim == 0 {
+            return Err(format!(
+                "{} is {} and {} is {}: a model needs at least one block of some width; the \
+                 file is damaged",
+                key("block_count"),
+                self.n_layer,
+                key("embedding_length"),
+                self.dim
+            ));
+        }
+        positive("attention.layer_norm_rms_epsilon", self.norm.eps)?;
+        positive("rope.freq_base", self.rope.base)?;
+        if let RopeScaling::Linear(f) = self.rope.scaling {
+            positive("rope.scaling.factor", f)?;
+        }
+        if let Some(w) = &self.sliding_window {
+            positive("rope.local_freq_base", w.local_base)?;
+            if w.size == 0 {
+                return Err(format!(
+                    "{} is 0: a window sees at least its own position",
+                    key("attention.sliding_window")
+                ));
+            }
+        }
+        if let Some(scale) = self.embedding.scale {
+            positive("embedding scale", scale)?;
+        }
+        Ok(())
+    }
+}
+
+/// Refuses a description whose numbers the file's tensors cannot back (before a backend
+/// allocates by them): more blocks than the file has tensors, a block with no tensor
+/// (`blk.N.*`), and a width or head layout that the embeddings' and the first block's query
+/// projection do not have. Both backends call it after [`describe`].
+pub fn check_blocks(gguf: &Gguf, arch: &Architecture) -> Result<()> {
+    let heads = arch.heads;
+    let q_width = heads.n_head.checked_mul(heads.head_dim);
+    for (tensor, want) in [
+        ("token_embd.weight", None),
+        ("blk.0.attn_q.weight", q_width),
+    ] {
+        let Some(shape) = gguf.shape(tensor) else {
+            return Err(gguf.error(format!("the file has no tensor {tensor}")));
+        };
+        let fits =
+            shape.len() == 2 && shape[1] == arch.dim && want.is_none_or(|rows| shape[0] == rows);
+        if !fits {
+            return Err(gguf.error(format!(
+                "{tensor} is {shape:?}, which the metadata ({}.embedding_length {}, {} heads of \
+                 width {}) does not describe; the file is damaged",
+                arch.name, arch.dim, heads.n_head, heads.head_dim
+            )));
+        }
+    }
+    let key = format!("{}.block_count", arch.name);
+    if arch.n_layer > gguf.tensor_count() {
+        return Err(gguf.error(format!(
+            "{key} is {}, more blocks than the file has tensors ({}); the file is damaged",
+            arch.n_layer,
+            gguf.tensor_count()
+        )));
+    }
+    let mut seen = vec![false; arch.n_layer];
+    for name in gguf.tensor_names() {
+        let block = name
+            .strip_prefix("blk.")
+            .and_then(|r| r.split('.').next())
+            .and_then(|n| n.parse::<usize>().ok());
+        if let Some(slot) = block.and_then(|b| seen.get_mut(b)) {
+            *slot = true;
+        }
+    }
+    match seen.iter().position(|s| !s) {
+        Some(missing) => Err(gguf.error(format!(
+            "{key} is {}, but the file has no tensor of block {missing} (blk.{missing}.*); the \
+             file is damaged or cut short",
+            arch.n_layer
+        ))),
+        None => Ok(()),
     }
 }
 
@@ -231,6 +333,108 @@ mod tests {
         let mut f = std::fs::File::create(&path).unwrap();
         gguf_file::write(&mut f, &md, &ts).unwrap();
         Gguf::open(&path).unwrap()
+    }
+
+    /// A GGUF file of `metadata` and f32 tensors of the given shapes (rows, columns).
+    fn shaped(
+        dir: &std::path::Path,
+        metadata: &[(&str, Value)],
+        tensors: &[(&str, usize, usize)],
+    ) -> Gguf {
+        let path = dir.join("shaped.gguf");
+        let qt: Vec<(String, QTensor)> = tensors
+            .iter()
+            .map(|&(n, rows, cols)| {
+                let t = Tensor::zeros((rows, cols), candle_core::DType::F32, &Device::Cpu).unwrap();
+                let q = QTensor::quantize(&t, candle_core::quantized::GgmlDType::F32).unwrap();
+                (n.to_string(), q)
+            })
+            .collect();
+        let md: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (*k, v)).collect();
+        let ts: Vec<(&str, &QTensor)> = qt.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let mut f = std::fs::File::create(&path).unwrap();
+        gguf_file::write(&mut f, &md, &ts).unwrap();
+        Gguf::open(&path).unwrap()
+    }
+
+    /// Metadata no model has (NaN or 0 where a positive number belongs, no blocks) loads and
+    /// generates garbage unless refused: refused at description, the key named.
+    #[test]
+    fn impossible_metadata_is_refused_by_key() {
+        let t = tempfile::tempdir().unwrap();
+        let cases: [(&str, Value, &str); 6] = [
+            (
+                "llama.attention.layer_norm_rms_epsilon",
+                Value::F32(f32::NAN),
+                "layer_norm_rms_epsilon",
+            ),
+            (
+                "llama.attention.layer_norm_rms_epsilon",
+                Value::F32(0.0),
+                "layer_norm_rms_epsilon",
+            ),
+            (
+                "llama.rope.freq_base",
+                Value::F32(f32::NAN),
+                "rope.freq_base",
+            ),
+            ("llama.rope.freq_base", Value::F32(0.0), "rope.freq_base"),
+            (
+                "llama.rope.scaling.factor",
+                Value::F32(f32::INFINITY),
+                "rope.scaling.factor",
+            ),
+            ("llama.block_count", Value::U32(0), "block_count"),
+        ];
+        for (key, value, named) in cases {
+            let mut md = llama_metadata();
+            md.retain(|(k, _)| *k != key);
+            md.push((key, value.clone()));
+            let e = describe(&gguf(t.path(), &md, &["token_embd.weight"]))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(named), "{key} = {value:?}: {e}");
+        }
+    }
+
+    /// A block count of 2³² − 1 made both backends allocate per block (an abort): refused
+    /// against the file's tensors first, as are widths the tensors do not have.
+    #[test]
+    fn counts_the_tensors_cannot_back_are_refused_before_loading() {
+        let t = tempfile::tempdir().unwrap();
+        let tensors = [
+            ("token_embd.weight", 4, 64),
+            ("blk.0.attn_q.weight", 64, 64),
+            ("blk.1.attn_q.weight", 64, 64),
+        ];
+        let mut md = llama_metadata();
+        md.retain(|(k, _)| *k != "llama.block_count");
+        md.push(("llama.block_count", Value::U32(2)));
+        let file = shaped(t.path(), &md, &tensors);
+        check_blocks(&file, &describe(&file).unwrap()).unwrap();
+        for (count, named) in [(u32::MAX, "more blocks than"), (3, "no tensor of block 2")] {
+            md.retain(|(k, _)| *k != "llama.block_count");
+            md.push(("llama.block_count", Value::U32(count)));
+            let file = shaped(t.path(), &md, &tensors);
+            let e = check_blocks(&file, &describe(&file).unwrap())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(named) && e.contains("llama.block_count"), "{e}");
+            let path = t.path().join("shaped.gguf");
+            let native = crate::neural::arch::decoder::Decoder::load(&path, None);
+            assert!(native.is_err());
+            let reference = crate::neural::candle::decoder::CandleDecoder::load(&path, None);
+            assert!(reference.is_err());
+        }
+        let mut wide = llama_metadata();
+        wide.retain(|(k, _)| *k != "llama.embedding_length" && *k != "llama.block_count");
+        wide.push(("llama.embedding_length", Value::U32(1 << 30)));
+        wide.push(("llama.block_count", Value::U32(2)));
+        let file = shaped(t.path(), &wide, &tensors);
+        let e = check_blocks(&file, &describe(&file).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("does not describe"), "{e}");
     }
 
     fn llama_metadata() -> Vec<(&'static str, Value)> {

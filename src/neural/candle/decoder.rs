@@ -81,6 +81,7 @@ impl CandleDecoder {
     ) -> Result<Self> {
         let mut gguf = Gguf::open(path)?;
         let cfg = describe(&gguf)?;
+        crate::neural::arch::check_blocks(&gguf, &cfg)?;
         let head_dim = cfg.heads.head_dim;
         let device = device.clone();
         let requant =

@@ -44,15 +44,7 @@ impl Gguf {
             )));
         }
         let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
-        let content = gguf_file::Content::read(&mut file).map_err(|e| {
-            model_err(
-                path,
-                format!(
-                    "not a readable GGUF file ({}); fetch it again, or pass another model",
-                    plain(e)
-                ),
-            )
-        })?;
+        let content = crate::gguf::read(&mut file, path)?;
         Ok(Gguf {
             path: path.to_path_buf(),
             file,
@@ -149,6 +141,16 @@ impl Gguf {
             .tensor_infos
             .get(name)
             .map(|info| info.shape.dims().to_vec())
+    }
+
+    /// How many tensors the file has.
+    pub fn tensor_count(&self) -> usize {
+        self.content.tensor_infos.len()
+    }
+
+    /// The names of the file's tensors.
+    pub fn tensor_names(&self) -> impl Iterator<Item = &str> {
+        self.content.tensor_infos.keys().map(String::as_str)
     }
 
     /// Whether the file has a tensor of this name.
