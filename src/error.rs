@@ -73,6 +73,17 @@ pub enum Error {
     Model(String),
 }
 
+/// A number as an error message shows it: as Rust writes it, or in exponent form when that
+/// would take more than 12 digits (`1e308`, not 309 digits).
+pub fn shown(x: f64) -> String {
+    let plain = x.to_string();
+    if plain.trim_start_matches('-').len() > 12 {
+        format!("{x:e}")
+    } else {
+        plain
+    }
+}
+
 /// Shorthand for results of this crate.
 pub type Result<T> = std::result::Result<T, Error>;
 

@@ -1384,3 +1384,102 @@ fn a_shard_directory_outside_the_index_is_refused() {
         "cat",
     ]));
 }
+
+/// Options that do not apply to the request are refused with both named, never accepted and
+/// ignored; orders past the bound, a link loop and a huge temperature give one clear line
+/// (issue 45, items 5 and 11, and the small ones).
+#[test]
+fn options_that_do_not_apply_and_numbers_past_their_bounds_are_refused_clearly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let index = build(tmp.path());
+    let idx = index.to_str().unwrap();
+    let text = tmp.path().join("text.txt");
+    std::fs::write(&text, "the cat sat").unwrap();
+    let t = text.to_str().unwrap();
+    let gen = [
+        "gen",
+        "--index",
+        idx,
+        "--prompt",
+        "the",
+        "--max-tokens",
+        "3",
+    ];
+    for (more, named) in [
+        (&["--estimator", "smoothed", "--order", "3"][..], "--order"),
+        (&["--estimator", "sbis", "--alpha", "0.1"], "--alpha"),
+        (&["--estimator", "mkn", "--k", "2"], "--k"),
+        (&["--estimator", "mkn", "--decay", "0.5"], "--decay"),
+    ] {
+        let e = err(&infgram(&[&gen[..], more].concat()));
+        assert!(
+            e.contains(named) && e.contains("--estimator"),
+            "{more:?}: {e}"
+        );
+    }
+    let ppl = ["ppl", "--index", idx, "--text", t];
+    for (more, named) in [
+        (
+            &["--discounts", "0.5,1,1.5", "--estimator", "sbis"][..],
+            "--discounts",
+        ),
+        (
+            &["--estimator", "smoothed", "--discount-fallback"],
+            "--discount-fallback",
+        ),
+        (&["--estimator", "mkn", "--plot", "p.png"], "--plot"),
+    ] {
+        let e = err(&infgram(&[&ppl[..], more].concat()));
+        assert!(e.contains(named), "{more:?}: {e}");
+    }
+    let q = |more: &[&str]| err(&infgram(&[&["query", idx][..], more].concat()));
+    let e = q(&["count", "--text", "a", "--cont-text", "b"]);
+    assert!(e.contains("--cont-text") && e.contains("count"), "{e}");
+    let e = q(&["count", "--cnf", "a AND b", "--text", "x"]);
+    assert!(e.contains("--cnf") && e.contains("--text"), "{e}");
+    let e = q(&["find", "--text", "a", "--maxnum", "3"]);
+    assert!(e.contains("--maxnum") && e.contains("find"), "{e}");
+    // Orders: one error above the bound, whatever the number; an order past the longest
+    // document is the model of that length + 1, not an allocation by the order.
+    for order in ["257", "100000000", "18446744073709551615"] {
+        let e = err(&infgram(
+            &[&ppl[..], &["--estimator", "mkn", "--order", order]].concat(),
+        ));
+        assert!(
+            e.contains("--order") && e.contains("at most 256"),
+            "{order}: {e}"
+        );
+    }
+    let out = infgram(
+        &[
+            &ppl[..],
+            &["--estimator", "add-alpha", "--order", "256", "--json"],
+        ]
+        .concat(),
+    );
+    let long = json(&out);
+    let out = infgram(
+        &[
+            &ppl[..],
+            &["--estimator", "add-alpha", "--order", "64", "--json"],
+        ]
+        .concat(),
+    );
+    let short = json(&out);
+    assert!(long["ppl"].as_f64().is_some(), "{long}");
+    assert_eq!(long["ppl"], short["ppl"], "{long} {short}");
+    assert_eq!(long["log10_prob"], short["log10_prob"], "{long} {short}");
+    // A link loop is named as one; a huge number is shown short.
+    let looped = tmp.path().join("LOOP");
+    std::os::unix::fs::symlink(&looped, &looped).unwrap();
+    let e = err(&infgram(&[
+        "query",
+        looped.to_str().unwrap(),
+        "count",
+        "--text",
+        "a",
+    ]));
+    assert!(e.contains("loop"), "{e}");
+    let e = err(&infgram(&[&gen[..], &["--temperature", "1e308"]].concat()));
+    assert!(e.contains("1e308") && e.len() < 200, "{e}");
+}

@@ -105,9 +105,99 @@ const FLAG_NAMES: &[(&str, &str)] = &[
     ("max_disp_len", "--max-disp-len"),
 ];
 
+/// Refuses a flag that the query type does not read (each would be accepted and ignored),
+/// naming the flag and the query type; and `--cnf` beside `--text` / `--ids`, where the CNF
+/// is the query and the n-gram would be ignored.
+fn check_flags_apply(args: &QueryArgs, qt: QueryType) -> Result<()> {
+    use QueryType::*;
+    let subject = args.text.is_some() || args.ids.is_some();
+    let flags: [(&str, bool, &[QueryType]); 11] = [
+        (
+            "--text / --ids",
+            subject,
+            &[
+                Count,
+                Prob,
+                Ntd,
+                InfgramProb,
+                InfgramNtd,
+                InfgramRows,
+                Find,
+                SearchDocs,
+                LongestMatch,
+            ],
+        ),
+        (
+            "--cont-text / --cont-id",
+            args.cont_text.is_some() || args.cont_id.is_some(),
+            &[Prob, InfgramProb],
+        ),
+        ("--cnf", args.cnf.is_some(), &[Count, SearchDocs]),
+        ("--maxnum", args.maxnum.is_some(), &[SearchDocs]),
+        (
+            "--max-diff-tokens",
+            args.max_diff_tokens.is_some(),
+            &[Count, SearchDocs],
+        ),
+        (
+            "--max-clause-freq",
+            args.max_clause_freq.is_some(),
+            &[Count, SearchDocs],
+        ),
+        (
+            "--max-disp-len",
+            args.max_disp_len.is_some(),
+            &[SearchDocs, GetDocByRank, GetDocByPtr],
+        ),
+        (
+            "--shard",
+            args.shard.is_some(),
+            &[GetDocByRank, GetDocByPtr],
+        ),
+        ("--rank", args.rank.is_some(), &[GetDocByRank]),
+        ("--ptr", args.ptr.is_some(), &[GetDocByPtr]),
+        (
+            "--eos-token-id",
+            args.eos_token_id.is_some(),
+            &[Ntd, InfgramNtd, InfgramRows],
+        ),
+    ];
+    let name = |q: QueryType| {
+        q.to_possible_value()
+            .expect("not hidden")
+            .get_name()
+            .to_string()
+    };
+    for (flag, given, applies) in flags {
+        if given && !applies.contains(&qt) {
+            anyhow::bail!(
+                "{flag} does not apply to {}: leave it out (it is read by {})",
+                name(qt),
+                applies
+                    .iter()
+                    .map(|&q| name(q))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
+    if args.cnf.is_some() && subject {
+        anyhow::bail!(
+            "--cnf and --text / --ids both name what {} looks for: give one of them",
+            name(qt)
+        );
+    }
+    let cnf_only = args.max_diff_tokens.is_some() || args.max_clause_freq.is_some();
+    if qt == Count && cnf_only && args.cnf.is_none() {
+        anyhow::bail!("--max-diff-tokens and --max-clause-freq apply to count with --cnf only");
+    }
+    Ok(())
+}
+
 /// The query the flags describe: the flags given, as the request's fields (those not given
 /// take the library's defaults).
 fn query_from_flags(args: &QueryArgs, qt: QueryType, tok: &dyn Tokenizer) -> Result<Query> {
+    check_flags_apply(args, qt)?;
     let cnf = args.cnf.as_deref().map(|c| parse_cnf(c, tok)).transpose()?;
     match qt {
         QueryType::GetDocByRank if args.rank.is_none() => {

@@ -202,12 +202,29 @@ impl Header {
     /// Reads and validates `dir/index.json` (magic, version, checksum, widths).
     pub fn read(dir: &Path) -> Result<Header> {
         let path = dir.join(HEADER_FILE);
-        if !dir.is_dir() {
-            return Err(Error::input(format!(
-                "{}: no index here; build one with `infgram index -o {} FILES...`",
-                dir.display(),
-                dir.display()
-            )));
+        match std::fs::metadata(dir) {
+            Ok(m) if m.is_dir() => {}
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                return Err(Error::input(format!(
+                    "{}: a symbolic link that leads back to itself (a loop): name the index \
+                     directory itself",
+                    dir.display()
+                )));
+            }
+            Ok(_) => {
+                return Err(Error::input(format!(
+                    "{}: a file, not an index directory: name the directory `infgram index -o` \
+                     wrote",
+                    dir.display()
+                )));
+            }
+            Err(_) => {
+                return Err(Error::input(format!(
+                    "{}: no index here; build one with `infgram index -o {} FILES...`",
+                    dir.display(),
+                    dir.display()
+                )));
+            }
         }
         let text = std::fs::read(&path).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {

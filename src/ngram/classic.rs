@@ -179,7 +179,10 @@ impl ClassicSpec {
             if !(alpha >= 0.0 && alpha.is_finite()) {
                 return Err(Error::Field {
                     field: "alpha",
-                    message: format!("must be finite and at least 0, got {alpha}"),
+                    message: format!(
+                        "must be finite and at least 0, got {}",
+                        crate::error::shown(alpha)
+                    ),
                 });
             }
         }

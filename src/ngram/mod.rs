@@ -236,7 +236,7 @@ impl EstimatorSpec {
                 if !(decay > 0.0 && decay <= 1.0) {
                     return Err(field(
                         "estimator.decay",
-                        format!("must be in (0, 1], got {decay}"),
+                        format!("must be in (0, 1], got {}", crate::error::shown(decay)),
                     ));
                 }
                 Ok(Estimator::Sbis { k, decay })

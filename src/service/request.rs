@@ -213,21 +213,27 @@ impl GenerateRequest {
         if !(temperature.is_finite() && (0.0..=MAX_TEMPERATURE).contains(&temperature)) {
             return Err(field(
                 "sampling.temperature",
-                format!("must be between 0 (greedy) and {MAX_TEMPERATURE}, got {temperature}"),
+                format!(
+                    "must be between 0 (greedy) and {MAX_TEMPERATURE}, got {}",
+                    crate::error::shown(temperature)
+                ),
             ));
         }
         let top_p = s.top_p.unwrap_or(defaults::TOP_P);
         if !(top_p > 0.0 && top_p <= 1.0) {
             return Err(field(
                 "sampling.top_p",
-                format!("must be in (0, 1], got {top_p}"),
+                format!("must be in (0, 1], got {}", crate::error::shown(top_p)),
             ));
         }
         let penalty = s.repetition_penalty.unwrap_or(defaults::REPETITION_PENALTY);
         if !(penalty.is_finite() && penalty > 0.0 && penalty <= 1e6) {
             return Err(field(
                 "sampling.repetition_penalty",
-                format!("must be above 0 (1: none), got {penalty}"),
+                format!(
+                    "must be above 0 (1: none), got {}",
+                    crate::error::shown(penalty)
+                ),
             ));
         }
         let l = &self.limits;
