@@ -5,8 +5,10 @@
 //!
 //! 1. [`error`], [`assets`] (the in-tree Tiny Shakespeare; fetching the default corpus and
 //!    model from package registries), [`corpus`] (reading `.txt` / `.jsonl[.gz|.zst]` inputs),
-//!    [`tokenizer`] (bytes, `tokenizer.json`, the tokenizer of a GGUF file).
+//!    [`tokenizer`] (bytes, `tokenizer.json`, the tokenizer of a GGUF file), `gguf` (feature
+//!    `neural`: GGUF headers through a checked reader before candle reads them).
 //! 2. [`index`]: the on-disk, memory-mapped suffix-array index and the infini-gram queries.
+//!    [`output_file`]: how every file infgram writes is written (checked, beside, renamed).
 //!    [`lm`]: the `LanguageModel` trait every scorer implements, and dense/sparse logits.
 //! 3. [`ngram`]: the ∞-gram estimators (SBIS, smoothed) and the ∞-gram as a language model.
 //!    `neural` (feature `neural`): the llama forward passes and where models come from.

@@ -4,9 +4,28 @@ mod cli;
 
 use clap::{Parser, Subcommand};
 
+/// What each command writes, and where (`infgram --help`).
+const WRITES: &str = "\
+What each command writes (and nothing else):
+  index -o DIR              the index DIR (built beside it in DIR.tmp-PID, renamed into place)
+  gen --corpus, serve       cached indexes under $INFGRAM_CACHE (default ~/.cache/infgram)
+  gen --past-outputs FILE   FILE, after the generation
+  serve --past-outputs FILE FILE, after each completion
+  gen --trace FILE          FILE
+  export-arpa -o FILE       FILE
+  attribute --html FILE     FILE
+  ppl --plot FILE           FILE (PNG)
+  mix fit -o FILE           FILE
+  verify                    a record under the cache
+  fetch                     the cache (models under $INFGRAM_MODELS)
+A FILE is written into a new temporary file beside it (created exclusively, never through a
+link), synced and renamed over it: a failure leaves the old file and nothing else. A link, a
+directory and a path inside an index are refused. export-arpa -o, --trace and --html also
+write to - (standard output), a FIFO or a device, as a stream.";
+
 /// infgram: an ∞-gram engine and text generator.
 #[derive(Parser, Debug)]
-#[command(name = "infgram", version, about, long_about = None)]
+#[command(name = "infgram", version, about, long_about = None, after_help = WRITES)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
