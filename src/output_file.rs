@@ -112,7 +112,7 @@ pub fn check(dest: &Path, accept: Accept) -> Result<Target> {
                     dest.display()
                 )));
             }
-            refuse_inside_index(dest, &parent)?;
+            crate::index::output_dir::refuse_inside_index(dest, &parent)?;
             use std::os::unix::fs::PermissionsExt;
             Ok(Target::File {
                 path: dest.to_path_buf(),
@@ -127,7 +127,7 @@ pub fn check(dest: &Path, accept: Accept) -> Result<Target> {
                     parent.display()
                 )));
             }
-            refuse_inside_index(dest, &parent)?;
+            crate::index::output_dir::refuse_inside_index(dest, &parent)?;
             Ok(Target::File {
                 path: dest.to_path_buf(),
                 mode: 0o666 & !umask(),
@@ -310,46 +310,6 @@ fn parent_of(dest: &Path) -> PathBuf {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     }
-}
-
-/// Refuses `dest` when `parent` (its directory) or a directory above it is an index
-/// (infgram's: an `index.json` with infgram's magic; infini-gram's: `tokenized.0` and
-/// `table.0`).
-pub fn refuse_inside_index(dest: &Path, parent: &Path) -> Result<()> {
-    let Ok(parent) = parent.canonicalize() else {
-        return Ok(());
-    };
-    for dir in parent.ancestors() {
-        if is_index_dir(dir) {
-            return Err(Error::input(format!(
-                "{} lies inside the index {}: writing there would damage it; choose a path \
-                 outside the index",
-                dest.display(),
-                dir.display()
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// Whether `dir` is an index directory of either layout.
-pub fn is_index_dir(dir: &Path) -> bool {
-    crate::index::infini_gram::is_infini_gram_dir(dir) || has_infgram_header(dir)
-}
-
-/// Whether `dir/index.json` is an infgram header (its magic; the first 1 MiB read).
-fn has_infgram_header(dir: &Path) -> bool {
-    use std::io::Read;
-    let path = dir.join(crate::index::format::HEADER_FILE);
-    let Ok(file) = std::fs::File::open(path) else {
-        return false;
-    };
-    let mut text = Vec::new();
-    if file.take(1 << 20).read_to_end(&mut text).is_err() {
-        return false;
-    }
-    serde_json::from_slice::<serde_json::Value>(&text)
-        .is_ok_and(|v| v.get("magic").and_then(|m| m.as_str()) == Some(crate::index::format::MAGIC))
 }
 
 /// The process's umask (Linux: read from `/proc/self/status`; elsewhere 022).

@@ -205,6 +205,46 @@ fn check_replaceable(out: &Path, inputs: &[PathBuf]) -> Result<()> {
     Ok(())
 }
 
+/// Refuses `dest` when `parent` (its directory) or a directory above it is an index
+/// (infgram's: an `index.json` with infgram's magic; infini-gram's: `tokenized.0` and
+/// `table.0`).
+pub fn refuse_inside_index(dest: &Path, parent: &Path) -> Result<()> {
+    let Ok(parent) = parent.canonicalize() else {
+        return Ok(());
+    };
+    for dir in parent.ancestors() {
+        if is_index_dir(dir) {
+            return Err(Error::input(format!(
+                "{} lies inside the index {}: writing there would damage it; choose a path \
+                 outside the index",
+                dest.display(),
+                dir.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `dir` is an index directory of either layout.
+pub fn is_index_dir(dir: &Path) -> bool {
+    crate::index::infini_gram::is_infini_gram_dir(dir) || has_infgram_header(dir)
+}
+
+/// Whether `dir/index.json` is an infgram header (its magic; the first 1 MiB read).
+fn has_infgram_header(dir: &Path) -> bool {
+    use std::io::Read;
+    let path = dir.join(HEADER_FILE);
+    let Ok(file) = std::fs::File::open(path) else {
+        return false;
+    };
+    let mut text = Vec::new();
+    if file.take(1 << 20).read_to_end(&mut text).is_err() {
+        return false;
+    }
+    serde_json::from_slice::<serde_json::Value>(&text)
+        .is_ok_and(|v| v.get("magic").and_then(|m| m.as_str()) == Some(MAGIC))
+}
+
 /// Whether process `pid` is alive (on Linux; elsewhere every process counts as alive).
 fn process_alive(pid: u32) -> bool {
     if cfg!(target_os = "linux") {
@@ -343,7 +383,7 @@ impl TempIndexDir {
         std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
         // An index inside another would be a foreign entry of it (and a build there would
         // replace its files).
-        crate::output_file::refuse_inside_index(out, parent)?;
+        refuse_inside_index(out, parent)?;
         let out_abs = parent
             .canonicalize()
             .map_err(|e| Error::io(parent, e))?
