@@ -16,10 +16,12 @@
 //! 3. The temporary file is flushed and synced, the destination checked again, the file
 //!    renamed over it (a reader sees the old file or the new, never half of one) and the
 //!    directory synced. A replaced file keeps its permission bits; a new one gets the umask's.
-//! 4. Any failure, or a signal handled by the binary ([`remove_unfinished`]), removes the
+//! 4. Any failure, or a signal handled by the binary
+//!    ([`crate::index::output_dir::remove_unfinished`], which index builds share), removes the
 //!    temporary file: a failed write leaves nothing behind.
 
 use crate::error::{Error, Result};
+use crate::index::output_dir::unfinished;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -215,23 +217,6 @@ pub fn write_via_path<T>(
         .map_err(|e| Error::io(&tmp.path, e))?;
     tmp.commit(&path, &parent)?;
     Ok(value)
-}
-
-/// The temporary files of writes in progress: what [`remove_unfinished`] removes.
-static UNFINISHED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
-
-fn unfinished() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
-    UNFINISHED
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Removes the temporary files of this process's writes in progress: for a signal handler to
-/// call before the process exits.
-pub fn remove_unfinished() {
-    for path in unfinished().drain(..) {
-        let _ = std::fs::remove_file(path);
-    }
 }
 
 /// A temporary file being written: removed when dropped unless committed.

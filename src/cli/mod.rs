@@ -66,7 +66,6 @@ pub fn clean_up_on_signals() {
             // SAFETY: sigwait on a set of blocked signals, into a local.
             if unsafe { libc::sigwait(&set, &mut sig) } == 0 {
                 infgram::index::output_dir::remove_unfinished();
-                infgram::output_file::remove_unfinished();
                 std::process::exit(128 + sig);
             }
         });

@@ -79,22 +79,29 @@ pub struct TempIndexDir {
     done: bool,
 }
 
-/// The temporary directories of this process's builds in progress: what
-/// [`remove_unfinished`] removes when the process is told to stop.
+/// The temporary directories of this process's builds and the temporary files of its writes
+/// ([`crate::output_file`]) in progress: what [`remove_unfinished`] removes when the process
+/// is told to stop.
 static UNFINISHED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
 
-/// The list of unfinished builds (a panic elsewhere while it was held leaves it usable).
-fn unfinished() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+/// The list of unfinished builds and writes (a panic elsewhere while it was held leaves it
+/// usable). Hold it while the temporary comes to be, so a signal's clean-up waits for it.
+pub(crate) fn unfinished() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
     UNFINISHED
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Removes the temporary directories of this process's builds in progress: for a signal
-/// handler (SIGINT, SIGTERM) to call before the process exits, so an interrupted build leaves
-/// nothing behind. (A build killed outright, SIGKILL, is cleaned up by the next build beside it.)
+/// Removes the temporary directories of this process's builds and the temporary files of its
+/// writes in progress: for a signal handler (SIGINT, SIGTERM) to call before the process
+/// exits, so an interrupted build or write leaves nothing behind. (A build killed outright,
+/// SIGKILL, is cleaned up by the next build beside it.)
 pub fn remove_unfinished() {
     for dir in unfinished().drain(..) {
+        if !dir.is_dir() {
+            let _ = std::fs::remove_file(&dir);
+            continue;
+        }
         // The build's threads may still be writing into it: try again if a file appeared
         // while it was being emptied.
         for _ in 0..5 {

@@ -232,7 +232,7 @@ pub fn serve(config: ServerConfig, ready: impl FnOnce(&Server)) -> crate::Result
         server.run(shutdown).await
     });
     // A save of the past outputs that the exit cuts short leaves no temporary file.
-    crate::output_file::remove_unfinished();
+    crate::index::output_dir::remove_unfinished();
     served
 }
 

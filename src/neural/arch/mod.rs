@@ -315,24 +315,10 @@ mod tests {
     use candle_core::quantized::QTensor;
     use candle_core::{Device, Tensor};
 
-    /// A GGUF file of `metadata` and one small f32 tensor per name in `tensors`.
+    /// A GGUF file of `metadata` and one 2 × 32 f32 tensor per name in `tensors`.
     fn gguf(dir: &std::path::Path, metadata: &[(&str, Value)], tensors: &[&str]) -> Gguf {
-        let path = dir.join("m.gguf");
-        let qt: Vec<(String, QTensor)> = tensors
-            .iter()
-            .map(|n| {
-                let t = Tensor::zeros((2, 32), candle_core::DType::F32, &Device::Cpu).unwrap();
-                (
-                    n.to_string(),
-                    QTensor::quantize(&t, candle_core::quantized::GgmlDType::F32).unwrap(),
-                )
-            })
-            .collect();
-        let md: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (*k, v)).collect();
-        let ts: Vec<(&str, &QTensor)> = qt.iter().map(|(n, t)| (n.as_str(), t)).collect();
-        let mut f = std::fs::File::create(&path).unwrap();
-        gguf_file::write(&mut f, &md, &ts).unwrap();
-        Gguf::open(&path).unwrap()
+        let shapes: Vec<(&str, usize, usize)> = tensors.iter().map(|&n| (n, 2, 32)).collect();
+        shaped(dir, metadata, &shapes)
     }
 
     /// A GGUF file of `metadata` and f32 tensors of the given shapes (rows, columns).
