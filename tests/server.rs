@@ -1329,9 +1329,22 @@ fn past_output_files_that_would_fail_are_refused_at_start_and_failed_saves_show_
     let model = ["--model", "smollm2-135m", "--threads", "1"];
     // A valid file of this model's, written by a completion.
     let server = Server::start(&[&model[..], &["--past-outputs", path, "--quiet"]].concat());
+    // Links planted at the names saves once used (`FILE.tmp-PID`) are neither followed nor
+    // consumed.
+    let victim = tmp.path().join("victim.txt");
+    std::fs::write(&victim, "the victim's\n").unwrap();
+    let pid = server.child.id();
+    for planted in [
+        format!("past.bin.tmp-{pid}"),
+        format!(".past.bin.tmp-{pid}"),
+    ] {
+        std::os::unix::fs::symlink(&victim, tmp.path().join(planted)).unwrap();
+    }
     let body = r#"{"prompt": "Say hi", "max_tokens": 3, "temperature": 0}"#;
     let (status, _) = server.post("/v1/completions", body);
     assert_eq!(status, 200);
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "the victim's\n");
+    assert!(file.symlink_metadata().unwrap().file_type().is_file());
     let valid = std::fs::read(&file).unwrap();
     let header_end = valid.iter().position(|&b| b == b'\n').unwrap() + 1;
     // While serving, the file becomes something a save must not replace: the completion is

@@ -192,6 +192,32 @@ fn writers(root: &Path) -> Vec<Writer> {
             directory: false,
             replaces_user_files: true,
         });
+        let (tokens, text) = (p("tokens"), text.clone());
+        all.push(Writer {
+            name: "mix fit -o",
+            args: Box::new(move |out| {
+                let o = out.display().to_string();
+                s(&[
+                    "mix",
+                    "fit",
+                    "--model",
+                    "smollm2-135m",
+                    "--index",
+                    &tokens,
+                    "--text",
+                    &text,
+                    "--window",
+                    "64",
+                    "--stride",
+                    "32",
+                    "-o",
+                    &o,
+                ])
+            }),
+            streams: false,
+            directory: false,
+            replaces_user_files: true,
+        });
         all.push(Writer {
             name: "gen --past-outputs",
             args: Box::new(move |out| gen(&["--past-outputs", &out.display().to_string()])),
@@ -266,7 +292,11 @@ fn no_writer_changes_anything_outside_its_output() {
     )
     .unwrap();
     let t = text.to_str().unwrap();
-    for (dir, tokenizer) in [("words", "words"), ("bytes", "bytes")] {
+    let mut indexes = vec![("words", "words"), ("bytes", "bytes")];
+    if cfg!(feature = "neural") {
+        indexes.push(("tokens", "smollm2-135m"));
+    }
+    for (dir, tokenizer) in indexes {
         let out = infgram(
             &s(&[
                 "index",
