@@ -173,8 +173,9 @@ pub fn every_query<S: AsRef<[u8]> + Sync>(index: &Index<S>, q: &[u32], ranks: &[
 /// with both backends (feature `neural`).
 #[cfg(feature = "neural")]
 pub fn gguf(data: &[u8]) {
-    let dir = scratch_dir("gguf");
-    let path = dir.join("fuzz.gguf");
+    static DIR: OnceLock<std::path::PathBuf> = OnceLock::new();
+    // The loaders read a path: the input goes into this process's own directory.
+    let path = DIR.get_or_init(|| scratch_dir("gguf")).join("fuzz.gguf");
     if std::fs::write(&path, data).is_err() {
         return;
     }
@@ -193,12 +194,14 @@ pub fn gguf(data: &[u8]) {
     }
 }
 
-/// A directory in the system's temporary directory for one fuzzing process, made anew.
+/// A new directory in the system's temporary directory for one fuzzing process (created
+/// exclusively under a random name: nothing that was there is followed or removed).
 fn scratch_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("infgram-fuzz-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("a scratch directory");
-    dir
+    tempfile::Builder::new()
+        .prefix(&format!("infgram-fuzz-{name}-"))
+        .tempdir()
+        .expect("a scratch directory")
+        .keep()
 }
 
 /// An index directory's files: (path relative to the directory, bytes).

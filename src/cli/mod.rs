@@ -199,14 +199,6 @@ impl EstimatorArgs {
         self.estimator == Some(EstimatorKind::Smoothed)
     }
 
-    /// Whether a fixed-order model (mkn, add-alpha) is chosen.
-    pub fn is_fixed_order(&self) -> bool {
-        matches!(
-            self.estimator,
-            Some(EstimatorKind::Mkn | EstimatorKind::AddAlpha)
-        )
-    }
-
     /// The estimator chosen (SBIS when none is).
     pub fn kind(&self) -> EstimatorKind {
         self.estimator.unwrap_or(EstimatorKind::Sbis)

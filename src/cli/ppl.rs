@@ -101,12 +101,6 @@ fn read_text(path: &std::path::Path) -> Result<String> {
 pub fn run(args: PplArgs) -> Result<()> {
     check_flags(&args)?;
     if let Some(path) = &args.plot {
-        if args.model.is_some() || args.est.is_fixed_order() {
-            bail!(
-                "--plot draws the ∞-gram's agreement by effective n: it does not apply with \
-                 --model or a fixed-order --estimator; leave one of them out"
-            );
-        }
         // Checked before scoring (a refused output costs nothing).
         infgram::output_file::check(path, infgram::output_file::Accept::Files)?;
     }
@@ -225,7 +219,7 @@ pub fn fallback_discounts(given: &Option<Vec<f64>>) -> Result<Option<[f64; 3]>> 
 
 /// Refuses flags that do not apply to the scoring asked for (each is otherwise ignored).
 fn check_flags(args: &PplArgs) -> Result<()> {
-    use super::EstimatorKind::{Mkn, Smoothed};
+    use super::EstimatorKind::{Infgram, Mkn, Sbis, Smoothed};
     if args.model.is_some() {
         let because = "with --model (a mixture's ∞-gram is the mixer file's)";
         args.est.refuse_all(because)?;
@@ -233,6 +227,7 @@ fn check_flags(args: &PplArgs) -> Result<()> {
             ("--discounts", args.discounts.is_some()),
             ("--discount-fallback", args.discount_fallback.is_some()),
             ("--sentences", args.sentences),
+            ("--plot", args.plot.is_some()),
         ] {
             if given {
                 bail!("{flag} does not apply {because}: leave it out");
@@ -244,7 +239,10 @@ fn check_flags(args: &PplArgs) -> Result<()> {
     let kind = args.est.kind();
     super::check_flag_applies("--discounts", args.discounts.is_some(), kind, &[Smoothed])?;
     let fallback = args.discount_fallback.is_some();
-    super::check_flag_applies("--discount-fallback", fallback, kind, &[Mkn])
+    super::check_flag_applies("--discount-fallback", fallback, kind, &[Mkn])?;
+    // The plot is the ∞-gram's agreement by effective n.
+    let plot = args.plot.is_some();
+    super::check_flag_applies("--plot", plot, kind, &[Infgram, Sbis, Smoothed])
 }
 
 /// The fixed-order model the estimator flags name, estimated over `index`.

@@ -532,21 +532,6 @@ impl PastOutputs {
     /// the old file whole). Refuses to replace a file that is not a past-outputs file, and
     /// anything but a regular file.
     pub fn save(&self, path: &Path, fingerprint: &str) -> Result<()> {
-        crate::output_file::check(path, crate::output_file::Accept::Files)?;
-        if let Some(file) = open_existing(path)? {
-            // The header line only (a user's file may be large).
-            let mut head = Vec::new();
-            file.take(HEADER_MAX)
-                .read_to_end(&mut head)
-                .map_err(|e| Error::io(path, e))?;
-            if our_header(&head).is_none() {
-                return Err(Error::input(format!(
-                    "{}: exists and is not a past-outputs file of infgram; it is left as it is: \
-                     name another file with --past-outputs",
-                    path.display()
-                )));
-            }
-        }
         let header =
             serde_json::json!({"magic": MAGIC, "version": VERSION, "tokenizer": fingerprint});
         let mut bytes = serde_json::to_vec(&header).expect("a JSON value");
@@ -563,8 +548,33 @@ impl PastOutputs {
                 bytes.extend(t.to_le_bytes());
             }
         }
-        crate::output_file::write_bytes(path, &bytes)
+        // `path` is checked once, by the writer; what is there is read before the new file
+        // is renamed over it (a refusal discards the new file).
+        crate::output_file::write_file(path, crate::output_file::Accept::Files, |out| {
+            refuse_foreign(path)?;
+            out.write_all(&bytes).map_err(|e| Error::io(path, e))
+        })
     }
+}
+
+/// Refuses to replace `path` when it exists and is not a past-outputs file (its header line
+/// only is read: a user's file may be large).
+fn refuse_foreign(path: &Path) -> Result<()> {
+    let Some(file) = open_existing(path)? else {
+        return Ok(());
+    };
+    let mut head = Vec::new();
+    file.take(HEADER_MAX)
+        .read_to_end(&mut head)
+        .map_err(|e| Error::io(path, e))?;
+    if our_header(&head).is_none() {
+        return Err(Error::input(format!(
+            "{}: exists and is not a past-outputs file of infgram; it is left as it is: name \
+             another file with --past-outputs",
+            path.display()
+        )));
+    }
+    Ok(())
 }
 
 /// The most bytes a past-outputs file of at most `budget` tokens takes: its header line and,

@@ -161,14 +161,8 @@ fn foreign_shard_entry(dir: &Path) -> std::io::Result<Option<PathBuf>> {
 /// Why `dir` may not be replaced by `--force`: it must be an infgram index (its header has
 /// infgram's magic and a format version) holding nothing but index files.
 fn not_replaceable(dir: &Path) -> Option<String> {
-    let header = dir.join(HEADER_FILE);
-    let value: Option<serde_json::Value> = std::fs::read(&header)
-        .ok()
-        .and_then(|t| serde_json::from_slice(&t).ok());
-    let is_header = value.as_ref().is_some_and(|v| {
-        v.get("magic").and_then(|m| m.as_str()) == Some(MAGIC)
-            && v.get("format_version").is_some_and(|n| n.is_u64())
-    });
+    let is_header = infgram_header(dir, u64::MAX)
+        .is_some_and(|v| v.get("format_version").is_some_and(|n| n.is_u64()));
     if !is_header {
         return Some(format!(
             "{} exists and is not an infgram index ({} is missing or is not an infgram header)",
@@ -234,22 +228,20 @@ pub fn refuse_inside_index(dest: &Path, parent: &Path) -> Result<()> {
 
 /// Whether `dir` is an index directory of either layout.
 pub fn is_index_dir(dir: &Path) -> bool {
-    crate::index::infini_gram::is_infini_gram_dir(dir) || has_infgram_header(dir)
+    // A directory above the output is not ours to read whole: its first 1 MiB.
+    crate::index::infini_gram::is_infini_gram_dir(dir) || infgram_header(dir, 1 << 20).is_some()
 }
 
-/// Whether `dir/index.json` is an infgram header (its magic; the first 1 MiB read).
-fn has_infgram_header(dir: &Path) -> bool {
+/// `dir/index.json` (its first `limit` bytes) as JSON when it has infgram's magic: what
+/// tells an infgram index (the full check is [`super::format::Header::read`]).
+fn infgram_header(dir: &Path, limit: u64) -> Option<serde_json::Value> {
     use std::io::Read;
-    let path = dir.join(HEADER_FILE);
-    let Ok(file) = std::fs::File::open(path) else {
-        return false;
-    };
+    let file = std::fs::File::open(dir.join(HEADER_FILE)).ok()?;
     let mut text = Vec::new();
-    if file.take(1 << 20).read_to_end(&mut text).is_err() {
-        return false;
-    }
+    file.take(limit).read_to_end(&mut text).ok()?;
     serde_json::from_slice::<serde_json::Value>(&text)
-        .is_ok_and(|v| v.get("magic").and_then(|m| m.as_str()) == Some(MAGIC))
+        .ok()
+        .filter(|v| v.get("magic").and_then(|m| m.as_str()) == Some(MAGIC))
 }
 
 /// Whether process `pid` is alive (on Linux; elsewhere every process counts as alive).
