@@ -256,9 +256,6 @@ fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
 /// separates them.
 const TOLERANCE: f32 = 0.08;
 
-/// How far the candle reference's rows may move when fed again after a rollback (see the test).
-const REFERENCE_ROLLBACK_TOLERANCE: f32 = 0.01;
-
 fn ids(n: usize, seed: u64) -> Vec<u32> {
     noise(n, seed, 1.0)
         .iter()
@@ -275,21 +272,11 @@ fn every_family_is_the_same_bits_however_fed_and_matches_the_candle_reference() 
         let mut reference = CandleDecoder::from_gguf(&path).unwrap();
         let want = reference.forward(&tokens).unwrap();
         // The reference's own cache: a rollback and one token at a time give its rows again,
-        // up to one flipped rounding. candle's float products differ in their last bits
-        // between a 14-row and a 1-row pass (its blocking depends on the CPU), and where that
-        // moves an activation across a rounding boundary of its 8-bit quantization, the row
-        // and every later one (through the cached keys) move by a few 1e-3 (4.5e-3 on an AVX2
-        // EPYC, 1e-7 otherwise). A cache fed at a wrong position moves them by 0.02 to 0.6.
+        // bit for bit (the candle pass is batch-invariant; see the next test).
         reference.truncate(6);
         for (i, &t) in tokens[6..].iter().enumerate() {
             let row = reference.forward(&[t]).unwrap().remove(0);
-            let d = rel_diff(&row, &want[6 + i]);
-            assert!(
-                d < REFERENCE_ROLLBACK_TOLERANCE,
-                "{}: reference row {} after rollback: {d}",
-                family.name,
-                6 + i
-            );
+            assert_eq!(row, want[6 + i], "{}: reference row {}", family.name, 6 + i);
         }
         for isa in Isa::available() {
             let mut native = Decoder::from_gguf(&path).unwrap().with_isa(isa);
@@ -318,6 +305,55 @@ fn every_family_is_the_same_bits_however_fed_and_matches_the_candle_reference() 
                 full,
                 "{} {isa:?}",
                 family.name
+            );
+        }
+    }
+}
+
+/// The candle pass (`--backend candle`, and so `--device cuda`) gives a position the same bits
+/// however it is fed: in one pass, in passes of any length, one token at a time, after a
+/// rollback over positions a longer pass had written, and across the cache's growth steps
+/// (`POSITION_STEP`). Speculative decoding verified by this pass is then lossless: a row of a
+/// k-token verification is the row plain decoding computes. The same rules hold on CUDA; the
+/// device check (`scripts/device-check.sh`) compares the outputs there.
+#[test]
+fn the_candle_pass_gives_a_position_the_same_bits_however_fed() {
+    use infgram::neural::candle::decoder::POSITION_STEP;
+    let dir = tempfile::tempdir().unwrap();
+    let n = POSITION_STEP + 20;
+    for family in &FAMILIES {
+        let path = write_model(dir.path(), family, false);
+        let tokens = ids(n, 11);
+        let mut model = CandleDecoder::from_gguf(&path).unwrap();
+        let full = model.forward(&tokens).unwrap();
+        for sizes in [&[1usize][..], &[5, 16, 3, 9], &[17, 1, 2]] {
+            model.clear();
+            let (mut rows, mut at) = (Vec::new(), 0);
+            for &size in sizes.iter().cycle() {
+                if at == n {
+                    break;
+                }
+                let end = (at + size).min(n);
+                rows.extend(model.forward(&tokens[at..end]).unwrap());
+                at = end;
+            }
+            for (i, (got, want)) in rows.iter().zip(&full).enumerate() {
+                assert_eq!(got, want, "{} fed in {sizes:?}: position {i}", family.name);
+            }
+        }
+        // A draft of 16 written over positions 50.., rolled back, then the true tokens.
+        model.truncate(50);
+        let draft = ids(16, 99);
+        model.forward(&draft).unwrap();
+        model.truncate(50);
+        for (i, &t) in tokens[50..].iter().enumerate() {
+            let row = model.forward(&[t]).unwrap().remove(0);
+            assert_eq!(
+                row,
+                full[50 + i],
+                "{}: after a rollback, {}",
+                family.name,
+                50 + i
             );
         }
     }
@@ -360,8 +396,12 @@ fn the_reference_matches_candle_transformers_for_llama_and_qwen() {
             // k (one position), then differs by 1–3% (also fed token by token); the same
             // blocks (q/k norms, rotary halves) agree with llama.cpp on Gemma 3. Its figure
             // is checked at the first position only.
+            // Elsewhere the two differ by the order of their float sums (ours are fixed per
+            // row for batch invariance, theirs are matrix products): where that moves an
+            // activation across a rounding boundary of its 8-bit quantization, a row moves by
+            // up to a few 1e-3. A cache fed at a wrong position moves it by 0.02 to 0.6.
             if family.name != "qwen3" || end == 1 {
-                assert!(d < 1e-3, "{} position {}: {d}", family.name, end - 1);
+                assert!(d < 5e-3, "{} position {}: {d}", family.name, end - 1);
             }
         }
     }

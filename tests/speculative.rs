@@ -10,6 +10,7 @@ use infgram::decode::{decode, greedy, DecodeConfig, Draft, Drafter};
 use infgram::decode::{Sampler, SamplerConfig};
 use infgram::lm::LanguageModel;
 use infgram::neural::arch::decoder::Decoder;
+use infgram::neural::candle::decoder::CandleDecoder;
 use infgram::neural::chat_prompt;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 
@@ -41,8 +42,22 @@ impl Drafter for Scripted {
 #[test]
 fn greedy_speculative_output_equals_plain_greedy() {
     let path = infgram::assets::ensure_model("smollm2-135m").unwrap();
-    let tok = HfTokenizer::from_gguf(&path).unwrap();
     let mut model = Decoder::from_gguf(&path).unwrap().with_threads(2);
+    speculative_equals_plain(&mut model, &path);
+}
+
+/// The candle pass (the one `--device cuda` runs) is batch-invariant, so speculative decoding
+/// over it is lossless too: here on the CPU; `scripts/device-check.sh` runs the prompt sets on
+/// a GPU.
+#[test]
+fn greedy_speculative_output_equals_plain_greedy_on_the_candle_pass() {
+    let path = infgram::assets::ensure_model("smollm2-135m").unwrap();
+    let mut model = CandleDecoder::from_gguf(&path).unwrap();
+    speculative_equals_plain(&mut model, &path);
+}
+
+fn speculative_equals_plain(model: &mut dyn LanguageModel, path: &std::path::Path) {
+    let tok = HfTokenizer::from_gguf(path).unwrap();
     let cfg = DecodeConfig {
         max_tokens: 48,
         ..DecodeConfig::default()
@@ -51,7 +66,7 @@ fn greedy_speculative_output_equals_plain_greedy() {
     let prompt = tok
         .encode(&chat_prompt("What is the capital of France?"))
         .unwrap();
-    let (plain, _) = greedy(&mut model, &mut [], &prompt, &cfg).unwrap();
+    let (plain, _) = greedy(model, &mut [], &prompt, &cfg).unwrap();
     assert!(
         plain.len() < cfg.max_tokens,
         "the answer should end: {}",
@@ -80,7 +95,7 @@ fn greedy_speculative_output_equals_plain_greedy() {
             edit,
             length,
         })];
-        let (spec, stats) = greedy(&mut model, &mut drafters, &prompt, &cfg).unwrap();
+        let (spec, stats) = greedy(model, &mut drafters, &prompt, &cfg).unwrap();
         assert_eq!(spec, plain, "{name}");
         if name == "always right" {
             assert!(stats.passes < plain.len() / 2, "{name}: {stats:?}");
@@ -97,7 +112,7 @@ fn greedy_speculative_output_equals_plain_greedy() {
         edit: |_, t| t,
         length: 500,
     })];
-    let (spec, _) = greedy(&mut model, &mut drafters, &prompt, &short).unwrap();
+    let (spec, _) = greedy(model, &mut drafters, &prompt, &short).unwrap();
     assert_eq!(spec, plain[..5]);
 }
 

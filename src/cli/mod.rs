@@ -290,15 +290,16 @@ pub struct ModelArgs {
     /// on it.
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
-    /// With --model: infgram's kernels (`native`, the default) or the candle-ops reference
-    /// (`candle`, several times slower).
-    #[arg(long, value_enum, default_value_t = Backend::Native)]
-    pub backend: Backend,
+    /// With --model: infgram's kernels (`native`, the default on the CPU) or the candle-ops
+    /// pass (`candle`: several times slower on the CPU; the one on a GPU).
+    #[arg(long, value_enum)]
+    pub backend: Option<Backend>,
     /// With --model: re-quantize the weights at load (`q8_0`; the candle backend also takes
     /// `q4_0`). The file's own Q4_1 is the fastest with the native backend.
     #[arg(long, value_enum)]
     pub requantize: Option<Requantize>,
-    /// With --model: where the passes run (this build has the CPU).
+    /// With --model: where the passes run: `cpu`, or `cuda` (an NVIDIA GPU, with the candle
+    /// backend; a binary built with the `cuda` feature, see the README's "On a GPU").
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     pub device: Device,
 }
@@ -321,7 +322,9 @@ impl ModelArgs {
         };
         ModelOptions {
             threads,
-            backend: self.backend,
+            backend: self
+                .backend
+                .unwrap_or_else(|| Backend::default_for(self.device)),
             requantize: self.requantize,
             device: self.device,
         }

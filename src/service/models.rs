@@ -32,9 +32,9 @@ pub enum Requantize {
     Q4_0,
 }
 
-/// Where a model's passes run. The CPU is the one device of this build: the native kernels
-/// are CPU kernels, and candle is built without CUDA or Metal (a GPU would be a variant here,
-/// behind candle's feature of the same name, taken by the candle passes).
+/// Where a model's passes run: a property of the candle backend (the native kernels are CPU
+/// kernels). Every build parses both; a build without the `cuda` feature answers `cuda` with
+/// an error that says how to build one.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
@@ -42,6 +42,18 @@ pub enum Device {
     /// The CPU (every backend).
     #[default]
     Cpu,
+    /// An NVIDIA GPU through candle's CUDA backend (the candle backend; feature `cuda`).
+    Cuda,
+}
+
+impl Backend {
+    /// The backend a request gets when it names none: candle on a GPU, native on the CPU.
+    pub fn default_for(device: Device) -> Backend {
+        match device {
+            Device::Cpu => Backend::Native,
+            Device::Cuda => Backend::Candle,
+        }
+    }
 }
 
 /// How a model is loaded and run.
@@ -49,7 +61,7 @@ pub enum Device {
 pub struct ModelOptions {
     /// Threads of the native pass (0: one per core). The logits do not depend on it.
     pub threads: usize,
-    /// The forward pass of GGUF models.
+    /// The forward pass of GGUF models (with [`Device::Cuda`], candle).
     pub backend: Backend,
     /// Re-quantize GGUF weights at load.
     pub requantize: Option<Requantize>,
@@ -92,8 +104,15 @@ mod loading {
             n => n,
         };
         let path = source.path().to_path_buf();
-        let device = match opts.device {
-            Device::Cpu => candle_core::Device::Cpu,
+        let device = match (opts.device, opts.backend, &source) {
+            (Device::Cpu, _, _) => candle_core::Device::Cpu,
+            (Device::Cuda, Backend::Native, ModelSource::Gguf(_)) => {
+                return Err(Error::input(
+                    "--device cuda runs the candle backend (the native kernels are CPU \
+                     kernels): pass --backend candle, or leave --backend out",
+                ))
+            }
+            (Device::Cuda, _, _) => crate::neural::candle::cuda::device()?,
         };
         let model: Box<dyn LanguageModel> = match (&source, opts.backend) {
             (ModelSource::Safetensors(_), _) if requantize.is_some() => {

@@ -8,12 +8,26 @@
 //! also runs SiLU where Gemma has GELU, and masks cached positions in multi-token passes).
 //! Weights stay in their GGUF quantization and are multiplied with candle's `QMatMul`;
 //! embeddings are dequantized once.
+//!
+//! **Batch-invariant on every device.** A row of a k-token pass is the same bits as the row
+//! that k one-token passes give, on the CPU and on CUDA, so that speculative decoding verified
+//! by this pass gives exactly the plain output. Three rules make it so:
+//! * matrix products run on a fixed number of rows per call ([`RowsPerCall`]): one on the CPU;
+//!   on CUDA, quantized weights take candle's matrix-vector kernel on exactly eight rows (a
+//!   pass's rows padded with copies of its last row), whose reduction order per row depends
+//!   only on that count, and other weights one row per call;
+//! * attention reduces with sums whose order does not depend on how many rows are fed or how
+//!   many cached positions trail a row's own: scores are element products summed over the head
+//!   width, the values are weighted and summed over positions, over a KV cache preallocated in
+//!   steps of [`POSITION_STEP`] (zero-filled; a position a row may not see is masked to −∞ in
+//!   its scores and so weighs exactly 0);
+//! * everything else (norms, rotary embedding, gates) works on one row at a time already.
 
 use crate::error::Result;
 use crate::lm::LanguageModel;
 use crate::neural::arch::{describe, Activation, Architecture, Rope, RopeScaling, RopeStyle};
 use crate::neural::load::gguf::Gguf;
-use candle_core::quantized::QMatMul;
+use candle_core::quantized::{QMatMul, QStorage, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 use std::path::Path;
 
@@ -37,9 +51,29 @@ struct Layer {
     window: Option<usize>,
     /// Index of the rotary table (0 global, 1 windowed layers').
     rope: usize,
-    /// Keys and values of the cached positions: `(1, n_kv_head, len, head_dim)`.
+    /// Keys and values, `(n_kv_head, capacity, head_dim)` each; the first `cached` positions
+    /// are the cache.
     cache: Option<(Tensor, Tensor)>,
 }
+
+/// The attended positions of a pass are rounded up to a multiple of this (the cache grows in
+/// such steps): then candle's CPU sums (8-lane vectors, 32 elements a step) take every position
+/// in their vector part, and its CUDA sums take none in their small-reduction kernel, whatever
+/// the length, so positions past a row's own add exact zeros at the end of a fixed order.
+pub const POSITION_STEP: usize = 64;
+
+/// How many rows one call of a matrix product takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowsPerCall {
+    /// Each row alone.
+    One,
+    /// Exactly this many, padded with copies of the last row (CUDA's quantized kernels).
+    Padded(usize),
+}
+
+/// Rows per quantized matrix-vector call on CUDA: candle's kernel takes 1 to 8 and picks its
+/// warp layout (and so its reduction order) by the count, so every call takes 8.
+const CUDA_ROWS: usize = 8;
 
 /// A quantized model of any supported family loaded from GGUF, run with candle ops.
 pub struct CandleDecoder {
@@ -53,6 +87,8 @@ pub struct CandleDecoder {
     cached: usize,
     vocab: usize,
     device: Device,
+    /// Rows per call of the quantized products (the dense ones take one on every device).
+    rows_per_call: RowsPerCall,
 }
 
 /// Positions the rotary tables cover.
@@ -84,24 +120,26 @@ impl CandleDecoder {
         crate::neural::arch::check_blocks(&gguf, &cfg)?;
         let head_dim = cfg.heads.head_dim;
         let device = device.clone();
-        let requant =
-            |t: candle_core::quantized::QTensor| -> Result<candle_core::quantized::QTensor> {
-                match requantize {
-                    Some(dtype)
-                        if t.dtype() != dtype
-                            && t.shape()
-                                .dims()
-                                .last()
-                                .is_some_and(|d| d % dtype.block_size() == 0) =>
-                    {
-                        Ok(candle_core::quantized::QTensor::quantize(
-                            &t.dequantize(&Device::Cpu)?,
-                            dtype,
-                        )?)
-                    }
-                    _ => Ok(t),
+        // A matrix in its blocks, re-quantized if asked (on the CPU), on the device.
+        let requant = |t: QTensor| -> Result<QTensor> {
+            let t = match requantize {
+                Some(dtype)
+                    if t.dtype() != dtype
+                        && t.shape()
+                            .dims()
+                            .last()
+                            .is_some_and(|d| d % dtype.block_size() == 0) =>
+                {
+                    QTensor::quantize(&t.dequantize(&Device::Cpu)?, dtype)?
                 }
+                _ => t,
             };
+            if device.is_cpu() {
+                return Ok(t);
+            }
+            let storage = QStorage::from_data(t.data()?, &device, t.dtype())?;
+            Ok(QTensor::new(storage, t.shape().clone())?)
+        };
         let offset = cfg.norm.weight_offset as f64;
         let vector = |gguf: &mut Gguf, name: &str| -> Result<Tensor> {
             Ok((gguf.tensor(name)?.dequantize(&device)? + offset)?)
@@ -191,6 +229,10 @@ impl CandleDecoder {
             };
             ropes.push(rope_table(&local.frequencies(head_dim, None), &device)?);
         }
+        let rows_per_call = match device.is_cuda() {
+            true => RowsPerCall::Padded(CUDA_ROWS),
+            false => RowsPerCall::One,
+        };
         Ok(CandleDecoder {
             cfg,
             embeddings,
@@ -201,7 +243,38 @@ impl CandleDecoder {
             cached: 0,
             vocab,
             device,
+            rows_per_call,
         })
+    }
+
+    /// The device the passes run on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// `x · wᵀ` for `x: (1, t, k)`, on a fixed number of rows per call
+    /// ([`CandleDecoder::rows_per_call`]), so that a row's product does not depend on `t`.
+    fn matmul(&self, w: &QMatMul, x: &Tensor) -> Result<Tensor> {
+        let t = x.dim(1)?;
+        let per_call = match (w, self.rows_per_call) {
+            (QMatMul::QTensor(_), RowsPerCall::Padded(n)) => n,
+            _ => 1,
+        };
+        if t == per_call {
+            return Ok(w.forward(x)?);
+        }
+        let mut parts = Vec::with_capacity(t.div_ceil(per_call));
+        for start in (0..t).step_by(per_call) {
+            let len = per_call.min(t - start);
+            let mut rows = x.narrow(1, start, len)?;
+            if len < per_call {
+                let last = x.narrow(1, start + len - 1, 1)?;
+                let pad = last.broadcast_as((1, per_call - len, x.dim(2)?))?;
+                rows = Tensor::cat(&[&rows, &pad.contiguous()?], 1)?;
+            }
+            parts.push(w.forward(&rows.contiguous()?)?.narrow(1, 0, len)?);
+        }
+        Ok(Tensor::cat(&parts, 1)?)
     }
 
     /// RMS normalization with candle-nn's fused kernel. Its rounding matters: activations are
@@ -228,13 +301,15 @@ impl CandleDecoder {
         })
     }
 
-    fn attention(&mut self, li: usize, x: &Tensor, pos: usize) -> Result<Tensor> {
+    /// The attention block of layer `li` for `x: (1, t, dim)` at positions `pos..pos + t`;
+    /// `mask` is the layer's `(1, 1, t, attended)` mask ([`CandleDecoder::mask`]).
+    fn attention(&mut self, li: usize, x: &Tensor, pos: usize, mask: &Tensor) -> Result<Tensor> {
         let (_, t, _) = x.dims3()?;
         let heads = self.cfg.heads;
         let (nh, nkv, hd) = (heads.n_head, heads.n_kv_head, heads.head_dim);
         let layer = &self.layers[li];
         let project = |w: &QMatMul, bias: Option<&Tensor>, n: usize| -> Result<Tensor> {
-            let mut y = w.forward(x)?;
+            let mut y = self.matmul(w, x)?;
             if let Some(b) = bias {
                 y = y.broadcast_add(b)?;
             }
@@ -248,50 +323,83 @@ impl CandleDecoder {
             q = self.rms_norm(&q, nq)?;
             k = self.rms_norm(&k, nk)?;
         }
-        let (window, table) = (layer.window, layer.rope);
+        let table = layer.rope;
         let q = self.rope(&q, pos, table)?;
         let k = self.rope(&k, pos, table)?;
-        let (k, v) = match &self.layers[li].cache {
-            Some((ck, cv)) => (Tensor::cat(&[ck, &k], 2)?, Tensor::cat(&[cv, &v], 2)?),
-            None => (k, v),
-        };
-        self.layers[li].cache = Some((k.clone(), v.clone()));
-        let kv_len = k.dim(2)?;
-        // Grouped-query attention: each key/value head serves n_head / n_kv_head query heads.
+        let attended = mask.dim(3)?;
+        let (keys, values) = self.cache_append(li, &k.squeeze(0)?, &v.squeeze(0)?, pos)?;
+        let keys = keys.narrow(1, 0, attended)?;
+        let values = values.narrow(1, 0, attended)?;
+        // Grouped-query attention: query head h reads key/value head h / rep. Products summed
+        // over the head width (not a matmul, whose blocking would depend on t).
         let rep = nh / nkv;
-        let k = k
-            .unsqueeze(2)?
-            .expand((1, nkv, rep, kv_len, hd))?
-            .reshape((1, nh, kv_len, hd))?;
-        let v = v
-            .unsqueeze(2)?
-            .expand((1, nkv, rep, kv_len, hd))?
-            .reshape((1, nh, kv_len, hd))?;
-        let att = (q.matmul(&k.t()?)? / (hd as f64).sqrt())?;
-        let first = |i: usize| window.map_or(0, |w| (pos + i + 1).saturating_sub(w));
-        let att = if t > 1 || first(0) > 0 {
-            // Query i (absolute position pos + i) sees keys first(i)..=pos + i.
-            let mask: Vec<f32> = (0..t)
-                .flat_map(|i| {
-                    (0..kv_len).map(move |j| {
-                        if j > pos + i || j < first(i) {
-                            f32::NEG_INFINITY
-                        } else {
-                            0.0
-                        }
-                    })
-                })
-                .collect();
-            att.broadcast_add(&Tensor::from_vec(mask, (1, 1, t, kv_len), &self.device)?)?
-        } else {
-            att
-        };
-        let att = candle_nn::ops::softmax_last_dim(&att)?;
-        let y = att
-            .matmul(&v.contiguous()?)?
-            .transpose(1, 2)?
+        let q = q.reshape((nkv, rep, t, 1, hd))?;
+        let scores = q
+            .broadcast_mul(&keys.reshape((nkv, 1, 1, attended, hd))?)?
+            .sum(4)?;
+        let scores = (scores / (hd as f64).sqrt())?.broadcast_add(&mask.squeeze(0)?)?;
+        let weights = candle_nn::ops::softmax_last_dim(&scores)?;
+        let y = weights
+            .unsqueeze(4)?
+            .broadcast_mul(&values.reshape((nkv, 1, 1, attended, hd))?)?
+            .sum(3)?
+            .reshape((nh, t, hd))?
+            .transpose(0, 1)?
             .reshape((1, t, nh * hd))?;
-        Ok(self.layers[li].wo.forward(&y)?)
+        self.matmul(&self.layers[li].wo, &y)
+    }
+
+    /// Writes `k, v: (n_kv_head, t, head_dim)` at positions `pos..pos + t` of layer `li`'s
+    /// cache, growing it (zero-filled, in [`POSITION_STEP`]s) to hold the positions a pass
+    /// attends; returns the cache's keys and values.
+    fn cache_append(
+        &mut self,
+        li: usize,
+        k: &Tensor,
+        v: &Tensor,
+        pos: usize,
+    ) -> Result<(Tensor, Tensor)> {
+        let (nkv, t, hd) = k.dims3()?;
+        let need = (pos + t).next_multiple_of(POSITION_STEP);
+        let layer = &mut self.layers[li];
+        let capacity = layer
+            .cache
+            .as_ref()
+            .map_or(0, |(k, _)| k.dim(1).unwrap_or(0));
+        if capacity < need {
+            let grown = need.max(2 * capacity).next_multiple_of(POSITION_STEP);
+            let keys = Tensor::zeros((nkv, grown, hd), DType::F32, &self.device)?;
+            let values = Tensor::zeros((nkv, grown, hd), DType::F32, &self.device)?;
+            if let Some((old_k, old_v)) = &layer.cache {
+                keys.slice_set(old_k, 1, 0)?;
+                values.slice_set(old_v, 1, 0)?;
+            }
+            layer.cache = Some((keys, values));
+        }
+        let (keys, values) = layer.cache.as_ref().expect("allocated above");
+        keys.slice_set(&k.contiguous()?, 1, pos)?;
+        values.slice_set(&v.contiguous()?, 1, pos)?;
+        Ok((keys.clone(), values.clone()))
+    }
+
+    /// The additive mask of a pass of `t` rows at `pos` over the positions it attends
+    /// (`pos + t` rounded up to [`POSITION_STEP`]): row i (position pos + i) sees positions
+    /// `first..=pos + i`, where `first` is 0, or the start of a `window`.
+    fn mask(&self, t: usize, pos: usize, window: Option<usize>) -> Result<Tensor> {
+        let attended = (pos + t).next_multiple_of(POSITION_STEP);
+        let first = |i: usize| window.map_or(0, |w| (pos + i + 1).saturating_sub(w));
+        let mask: Vec<f32> = (0..t)
+            .flat_map(|i| {
+                (0..attended).map(move |j| {
+                    if j > pos + i || j < first(i) {
+                        f32::NEG_INFINITY
+                    } else {
+                        0.0
+                    }
+                })
+            })
+            .collect();
+        Ok(Tensor::from_vec(mask, (1, 1, t, attended), &self.device)?)
     }
 }
 
@@ -313,29 +421,42 @@ impl LanguageModel for CandleDecoder {
         let pos = self.cached;
         let ids = Tensor::new(tokens, &self.device)?;
         let mut x = self.embeddings.index_select(&ids, 0)?.unsqueeze(0)?;
+        let t = tokens.len();
+        let global = self.mask(t, pos, None)?;
+        let windowed = match self.layers.iter().find_map(|l| l.window) {
+            Some(w) => Some(self.mask(t, pos, Some(w))?),
+            None => None,
+        };
         for li in 0..self.layers.len() {
             let h = self.rms_norm(&x, &self.layers[li].attn_norm)?;
-            let mut attended = self.attention(li, &h, pos)?;
+            let mask = match (self.layers[li].window, &windowed) {
+                (Some(_), Some(m)) => m,
+                _ => &global,
+            };
+            let mut attended = self.attention(li, &h, pos, mask)?;
             let layer = &self.layers[li];
             if let Some([post_attention, _]) = &layer.post_norms {
                 attended = self.rms_norm(&attended, post_attention)?;
             }
             x = (attended + x)?;
             let h = self.rms_norm(&x, &layer.ffn_norm)?;
-            let gate = layer.w_gate.forward(&h)?;
+            let gate = self.matmul(&layer.w_gate, &h)?;
             let gate = match self.cfg.activation {
                 Activation::Silu => candle_nn::ops::silu(&gate)?,
                 Activation::GeluTanh => gate.gelu()?,
             };
-            let up = layer.w_up.forward(&h)?;
-            let mut y = layer.w_down.forward(&(gate * up)?)?;
+            let up = self.matmul(&layer.w_up, &h)?;
+            let mut y = self.matmul(&layer.w_down, &(gate * up)?)?;
             if let Some([_, post_ffw]) = &layer.post_norms {
                 y = self.rms_norm(&y, post_ffw)?;
             }
             x = (y + x)?;
         }
         let x = self.rms_norm(&x, &self.norm)?;
-        let logits = self.output.forward(&x)?.squeeze(0)?.to_dtype(DType::F32)?;
+        let logits = self
+            .matmul(&self.output, &x)?
+            .squeeze(0)?
+            .to_dtype(DType::F32)?;
         self.cached += tokens.len();
         Ok(logits.to_vec2()?)
     }
@@ -345,17 +466,9 @@ impl LanguageModel for CandleDecoder {
     }
 
     fn truncate(&mut self, len: usize) {
-        let len = len.min(self.cached);
-        for layer in &mut self.layers {
-            layer.cache = match (&layer.cache, len) {
-                (_, 0) | (None, _) => None,
-                (Some((k, v)), _) => Some((
-                    k.narrow(2, 0, len).expect("len within cache"),
-                    v.narrow(2, 0, len).expect("len within cache"),
-                )),
-            };
-        }
-        self.cached = len;
+        // Positions past `len` stay in the cache, masked out of every later pass (a row weighs
+        // them exactly 0) until a pass writes over them.
+        self.cached = len.min(self.cached);
     }
 
     fn vocab_size(&self) -> usize {
