@@ -274,6 +274,8 @@ impl<'a> Output<'a> {
 
 /// Runs `infgram gen`.
 pub fn run(args: GenArgs) -> Result<()> {
+    args.model_args
+        .refuse_without_model(args.model.as_deref())?;
     if args.model.is_some() {
         args.est.refuse_all(
             "with --model (the model generates; a mixture's ∞-gram is the mixer file's)",

@@ -305,6 +305,26 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
+    /// Refuses these flags where no `--model` is named (each would otherwise be ignored).
+    pub fn refuse_without_model(&self, model: Option<&str>) -> Result<()> {
+        if model.is_some() {
+            return Ok(());
+        }
+        for (flag, given) in [
+            ("--threads", self.threads != 0),
+            ("--backend", self.backend.is_some()),
+            ("--requantize", self.requantize.is_some()),
+            ("--device", self.device != Device::Cpu),
+        ] {
+            if given {
+                anyhow::bail!(
+                    "{flag} applies with --model only: name a model, or leave {flag} out"
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// The service's model options (unused in a build without neural models).
     #[cfg_attr(not(feature = "neural"), allow(dead_code))]
     pub fn options(&self) -> ModelOptions {

@@ -220,6 +220,8 @@ pub fn fallback_discounts(given: &Option<Vec<f64>>) -> Result<Option<[f64; 3]>> 
 /// Refuses flags that do not apply to the scoring asked for (each is otherwise ignored).
 fn check_flags(args: &PplArgs) -> Result<()> {
     use super::EstimatorKind::{Infgram, Mkn, Sbis, Smoothed};
+    args.model_args
+        .refuse_without_model(args.model.as_deref())?;
     if args.model.is_some() {
         let because = "with --model (a mixture's ∞-gram is the mixer file's)";
         args.est.refuse_all(because)?;

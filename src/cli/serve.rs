@@ -104,6 +104,8 @@ fn seconds(s: &str) -> Result<f64, String> {
 
 /// Runs `infgram serve` until SIGINT or SIGTERM.
 pub fn run(args: ServeArgs) -> Result<()> {
+    args.model_args
+        .refuse_without_model(args.model.as_deref())?;
     if let Some(file) = &args.past_outputs {
         if args.model.is_none() || args.past_output_tokens == 0 {
             anyhow::bail!(

@@ -4,16 +4,19 @@
 //! * `speculative`: speculative decoding against plain decoding, per prompt set;
 //! * `mix`: mixing SmolLM2 with the ∞-gram (perplexity, fitted λ, decoding speed);
 //! * `policy`: drafting policies compared free of timing noise;
-//! * `repeated`: the repeated-task workload through one server (past outputs drafting).
+//! * `repeated`: the repeated-task workload through one server (past outputs drafting);
+//! * `passes`: what a pass of k tokens costs against a one-token step, on the CPU or a GPU.
 //!
 //! `cargo run --release --example bench_decode -- speculative --repeats 3` (`--help` lists the
 //! options). The tables are those of `BENCHMARKS.md`.
 
 use clap::{Parser, Subcommand};
 use infgram::neural::cpu::kernels::Isa;
+use infgram::service::models::Device;
 
 mod ceiling;
 mod mix;
+mod passes;
 mod policy;
 mod prompts;
 mod repeated;
@@ -43,7 +46,29 @@ enum Bench {
         /// The kernels' instruction set (`avx2`, `avx512vnni`…; default: the best this CPU has).
         #[arg(long)]
         isa: Option<Isa>,
+        /// Where the model runs: `cpu` (the native kernels) or `cuda` (the candle pass on a GPU,
+        /// a build with the `cuda` feature).
+        #[arg(long, value_enum, default_value_t = Device::Cpu)]
+        device: Device,
+        /// Only the prompt sets whose names start with this (`copy`, `Shakespeare`, `open`).
+        #[arg(long)]
+        set: Option<String>,
     },
+    /// What a pass over k new tokens costs against a one-token step (after a 256-token prompt).
+    Passes {
+        /// The model: a short name (`smollm2-135m`, `gemma3-270m`) or a GGUF file.
+        #[arg(long, default_value = "smollm2-135m")]
+        model: String,
+        /// `cpu` (the native kernels) or `cuda` (the candle pass on a GPU).
+        #[arg(long, value_enum, default_value_t = Device::Cpu)]
+        device: Device,
+        /// Timed repetitions of each pass length (the median is printed).
+        #[arg(long, default_value_t = 30)]
+        repeats: usize,
+    },
+    /// The prompt sets as JSON lines (`{"set", "chat", "prompt"}`), for baselines outside
+    /// infgram (`scripts/hf_baseline.py`).
+    Prompts,
     /// SmolLM2 mixed with the ∞-gram on Tiny Shakespeare.
     Mix {
         /// Score only the first N tokens of val (0: all, about 36,000).
@@ -77,7 +102,29 @@ fn main() {
             plot_dir,
             model,
             isa,
-        } => speculative::run(&model, repeats, plot_dir, isa.unwrap_or_else(Isa::detect)),
+            device,
+            set,
+        } => speculative::run(
+            &model,
+            repeats,
+            plot_dir,
+            isa.unwrap_or_else(Isa::detect),
+            device,
+            set.as_deref(),
+        ),
+        Bench::Passes {
+            model,
+            device,
+            repeats,
+        } => passes::run(&model, device, repeats),
+        Bench::Prompts => {
+            for (set, prompts, chat) in prompts::SETS {
+                for p in prompts {
+                    let line = serde_json::json!({"set": set, "chat": chat, "prompt": p});
+                    println!("{line}");
+                }
+            }
+        }
         Bench::Mix {
             max_val_tokens,
             rounds,

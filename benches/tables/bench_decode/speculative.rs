@@ -15,8 +15,8 @@
 use infgram::decode::drafters::{CorpusDrafter, CorpusRule, PromptLookup};
 use infgram::decode::{greedy, DecodeConfig, DecodeStats, Drafter};
 use infgram::lm::LanguageModel;
-use infgram::neural::arch::decoder::Decoder;
 use infgram::neural::{chat_prompt_for, wants_chat_turns};
+use infgram::service::models::Device;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 use std::path::Path;
 
@@ -237,6 +237,8 @@ pub fn run(
     repeats: usize,
     plot_dir: Option<std::path::PathBuf>,
     isa: infgram::neural::cpu::kernels::Isa,
+    device: Device,
+    only: Option<&str>,
 ) {
     let source = infgram::neural::source::ModelSource::resolve(model).expect("the model");
     let path = source.path();
@@ -246,10 +248,12 @@ pub fn run(
     let tok = HfTokenizer::from_gguf(path).unwrap();
     let index_dir = infgram::service::cached_index(&[], &tok)
         .expect("the Shakespeare index in the model's tokens");
-    let mut model = Decoder::from_gguf(path)
-        .unwrap()
-        .with_threads(2)
-        .with_isa(isa);
+    let mut model = crate::passes::load(path, device, isa);
+    let model = model.as_mut();
+    let on = match device {
+        Device::Cpu => format!("native kernels {isa:?}"),
+        Device::Cuda => "the candle pass on CUDA".to_string(),
+    };
     let base = DecodeConfig {
         max_tokens: 256,
         trace: true,
@@ -266,6 +270,9 @@ pub fn run(
     let mut trees = Vec::new();
     let mut per_prompt = Vec::new();
     for (name, prompts, chat) in SETS {
+        if only.is_some_and(|o| !name.to_lowercase().starts_with(&o.to_lowercase())) {
+            continue;
+        }
         let mut set_rows: Vec<Row> = policies.iter().map(|_| Row::default()).collect();
         let mut tree = TreeRoot::default();
         for (i, p) in prompts.iter().enumerate() {
@@ -285,7 +292,7 @@ pub fn run(
             let mut plain_best: Option<(Vec<u32>, DecodeStats)> = None;
             let mut spec_best: Vec<Option<(Vec<u32>, DecodeStats)>> = vec![None; policies.len()];
             for _ in 0..repeats {
-                let run = greedy(&mut model, &mut [], &prompt, &plain_cfg).unwrap();
+                let run = greedy(model, &mut [], &prompt, &plain_cfg).unwrap();
                 keep_fastest(&mut plain_best, run);
                 for (k, &(_, local, trees)) in policies.iter().enumerate() {
                     let mut drafters: Vec<Box<dyn Drafter>> = vec![
@@ -299,7 +306,7 @@ pub fn run(
                         trees,
                         ..base.clone()
                     };
-                    let run = greedy(&mut model, &mut drafters, &prompt, &cfg).unwrap();
+                    let run = greedy(model, &mut drafters, &prompt, &cfg).unwrap();
                     keep_fastest(&mut spec_best[k], run);
                 }
             }
@@ -355,7 +362,7 @@ pub fn run(
         trees.push((name, tree));
     }
     println!(
-        "Greedy, 256 new tokens at most, {} on {} cores, kernels {isa:?}; ratios are speculative / plain tokens per second in the same run (fastest of {repeats} alternating runs each), geometric mean over the prompts (min–max); every output is compared with plain decoding's.\n",
+        "Greedy, 256 new tokens at most, {} on {} cores, {on}; ratios are speculative / plain tokens per second in the same run (fastest of {repeats} alternating runs each), geometric mean over the prompts (min–max); every output is compared with plain decoding's.\n",
         path.file_name().unwrap_or_default().to_string_lossy(),
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Builds infgram with the `cuda` feature into target/cuda/release/infgram, without root and
+# without a GPU: nvcc comes from pip into target/cuda-toolchain.
+#
+# The binary starts anywhere and runs every CPU path; it opens the CUDA libraries (the NVIDIA
+# driver's libcuda, and cuBLAS, cuRAND, NVRTC of CUDA 13) only when `--device cuda` puts a
+# model on the GPU, and says which are missing if any is. Two things make it so:
+# * candle-core 0.11.1 asks its CUDA loader (cudarc) to link the libraries at build time; this
+#   script builds a copy of it (under target/cuda-patch) that asks cudarc to open them at run
+#   time instead (`dynamic-loading`), the one line that differs;
+# * candle's kernels link the CUDA runtime: only its static library is on the link path, so
+#   it is linked into the binary.
+#
+# Usage: bash scripts/build-cuda.sh [--check]   (--check: compile only, as CI does)
+# Environment: CUDA_COMPUTE_CAP (default 90: H100, H200), CARGO_BUILD_JOBS.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+mode=build
+[ "${1:-}" = "--check" ] && mode=check
+
+# nvcc and its parts, pinned to one CUDA 13.0 release: a newer nvcc writes PTX that a CUDA
+# 13.0 driver (580) cannot load.
+toolchain=$root/target/cuda-toolchain
+if [ ! -x "$toolchain/venv/bin/nvcc-ok" ]; then
+    python3 -m venv "$toolchain/venv"
+    "$toolchain/venv/bin/pip" install --quiet --disable-pip-version-check \
+        nvidia-cuda-nvcc==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85 \
+        nvidia-cuda-crt==13.0.88 nvidia-nvvm==13.0.88
+    touch "$toolchain/venv/bin/nvcc-ok"
+fi
+cuda=$("$toolchain/venv/bin/python" -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13"))')
+mkdir -p "$toolchain/lib64"
+ln -sf "$cuda/lib/libcudart_static.a" "$toolchain/lib64/libcudart.a"
+export NVCC=$cuda/bin/nvcc CUDA_HOME=$cuda CUDA_ROOT=$cuda CUDA_PATH=$cuda
+export PATH=$cuda/bin:$PATH
+export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90} CUDARC_CUDA_VERSION=13000
+# The kernels embedded in the binary, compressed (33 MB to 6 MB).
+export NVCC_APPEND_FLAGS=--compress-mode=size
+export RUSTFLAGS="${RUSTFLAGS:-} -L native=$toolchain/lib64"
+export CARGO_TARGET_DIR=$root/target/cuda
+
+# candle-core as fetched, with cudarc's dynamic-loading for its dynamic-linking.
+cargo fetch --quiet
+manifest=$(cargo metadata --format-version 1 --locked | python3 -c '
+import json, sys
+pkgs = json.load(sys.stdin)["packages"]
+print(next(p["manifest_path"] for p in pkgs if p["name"] == "candle-core"))')
+patched=$root/target/cuda-patch/candle-core
+rm -rf "$patched"
+mkdir -p "$(dirname "$patched")"
+cp -r "$(dirname "$manifest")" "$patched"
+grep -q '"dynamic-linking",' "$patched/Cargo.toml" || {
+    echo "build-cuda: candle-core's Cargo.toml no longer asks for dynamic-linking; update this script" >&2
+    exit 1
+}
+sed -i 's/"dynamic-linking",/"dynamic-loading",/' "$patched/Cargo.toml"
+
+# The patch rewrites Cargo.lock's candle-core entry: keep the committed one.
+cp Cargo.lock "$toolchain/Cargo.lock.kept"
+trap 'cp "$toolchain/Cargo.lock.kept" Cargo.lock' EXIT
+patch=(--config "patch.crates-io.candle-core.path=\"$patched\"")
+if [ "$mode" = check ]; then
+    cargo build --release --features cuda --bin infgram "${patch[@]}"
+    # It starts without CUDA and answers --device cuda with what is missing.
+    "$CARGO_TARGET_DIR/release/infgram" --version
+    ldd "$CARGO_TARGET_DIR/release/infgram" | grep -Ei 'cuda|cublas|curand|nvrtc' && {
+        echo "build-cuda: the binary links a CUDA library; it would not start without one" >&2
+        exit 1
+    }
+    echo "build-cuda: target/cuda/release/infgram links no CUDA library"
+    # --device cuda: on a GPU machine, a generation; elsewhere, the error that says what is
+    # missing (exit 1), never a crash.
+    set +e
+    out=$("$CARGO_TARGET_DIR/release/infgram" gen --model smollm2-135m --device cuda \
+        --prompt "The capital of France is" --max-tokens 4 --temperature 0 2>&1)
+    rc=$?
+    set -e
+    echo "$out" | tail -3
+    case $rc in
+        0) echo "build-cuda: a GPU is here, and the model ran on it" ;;
+        1) echo "$out" | grep -q "^error: --device cuda" || exit 1 ;;
+        *) echo "build-cuda: --device cuda crashed (exit $rc)" >&2; exit 1 ;;
+    esac
+else
+    cargo build --release --features cuda --bin infgram --example bench_decode "${patch[@]}"
+    echo "built: $CARGO_TARGET_DIR/release/infgram and examples/bench_decode"
+fi

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The GPU check of infgram (issue 46), one command on a machine with an NVIDIA GPU:
+#
+#   bash scripts/device-check.sh [--bin DIR] MODEL.gguf [MODEL.gguf ...]
+#
+# DIR holds `infgram` and `bench_decode` built with the `cuda` feature (default:
+# target/cuda/release, what `bash scripts/build-cuda.sh` makes; DIR/examples is looked in
+# too). The models are GGUF files on this machine (SmolLM2-135M-Instruct Q4_1 and
+# gemma-3-270m Q4_K_M are the issue's; no network is needed). For each model it prints:
+# 1. a short generation on the GPU, and the same on the CPU;
+# 2. the cost of a pass of k = 1…16 new tokens against a one-token step, on the GPU;
+# 3. `bench_decode speculative` on the GPU: plain against speculative decoding on the copy /
+#    edit, Shakespeare and open prompt sets, with whether every output equals plain decoding's
+#    (the "identical" column: lossless on the device);
+# 4. the same prompts through Hugging Face transformers on the same GPU, where PyTorch,
+#    transformers and gguf are installed (scripts/hf_baseline.py).
+# Each step has a time limit, so the whole check ends within about 8 minutes.
+set -uo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+bin=$here/target/cuda/release
+if [ "${1:-}" = "--bin" ]; then bin=$2; shift 2; fi
+[ $# -ge 1 ] || { sed -n 2,18p "$0"; exit 2; }
+infgram=$bin/infgram
+bench=$bin/bench_decode
+[ -x "$bench" ] || bench=$bin/examples/bench_decode
+for f in "$infgram" "$bench"; do
+    [ -x "$f" ] || { echo "device-check: $f is missing; build with scripts/build-cuda.sh" >&2; exit 2; }
+done
+
+# The CUDA libraries: PyTorch's wheels carry them (site-packages/nvidia/*/lib).
+libs=$(python3 - <<'PY' 2>/dev/null
+import glob, os
+try:
+    import nvidia
+    roots = list(nvidia.__path__)
+except Exception:
+    roots = []
+print(":".join(sorted({d for r in roots for d in glob.glob(os.path.join(r, "*", "lib"))})))
+PY
+)
+export LD_LIBRARY_PATH=${libs:+$libs:}${LD_LIBRARY_PATH:-}
+
+section() { printf '\n## %s\n\n' "$*"; }
+section "Machine"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -2
+echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-) ($(nproc) cores)"
+"$infgram" --version
+
+for model in "$@"; do
+    name=$(basename "$model")
+    section "$name: a generation (GPU, then CPU)"
+    timeout 60 "$infgram" gen --model "$model" --device cuda --prompt "The capital of France is" \
+        --max-tokens 24 --json 2>&1 | tail -3
+    timeout 60 "$infgram" gen --model "$model" --prompt "The capital of France is" \
+        --max-tokens 24 --json 2>&1 | tail -3
+    section "$name: a pass of k new tokens against a one-token step (GPU)"
+    timeout 90 "$bench" passes --model "$model" --device cuda --repeats 30 2>&1 | tail -12
+    section "$name: speculative against plain decoding (GPU)"
+    timeout 200 "$bench" speculative --model "$model" --device cuda 2>/dev/null \
+        | sed -n '1,/^Per prompt/p' | head -n -1
+    section "$name: Hugging Face transformers on the same GPU"
+    "$bench" prompts | timeout 120 python3 "$here/scripts/hf_baseline.py" "$model" 2>&1 | tail -8
+done
