@@ -5,8 +5,8 @@
 //! `cargo bench --bench kernels`
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use infgram::neural::cpu::kernels::{matmul, Isa, QMatrix, QRows};
-use infgram::neural::cpu::pool::Pool;
+use infgram::neural::native::kernels::{matmul, Isa, QMatrix, QRows};
+use infgram::neural::native::pool::Pool;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::hint::black_box;

@@ -179,7 +179,7 @@ pub fn gguf(data: &[u8]) {
     if std::fs::write(&path, data).is_err() {
         return;
     }
-    let _ = crate::neural::arch::decoder::Decoder::load(&path, None);
+    let _ = crate::neural::native::decoder::Decoder::load(&path, None);
     let _ = crate::neural::candle::decoder::CandleDecoder::load(&path, None);
     let mut file = std::fs::File::open(&path).expect("just written");
     if let Ok(content) = crate::gguf::read(&mut file, &path) {

@@ -17,9 +17,9 @@ use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use infgram::lm::LanguageModel;
-use infgram::neural::arch::decoder::Decoder;
 use infgram::neural::candle::decoder::CandleDecoder;
-use infgram::neural::cpu::kernels::Isa;
+use infgram::neural::native::decoder::Decoder;
+use infgram::neural::native::kernels::Isa;
 use std::path::{Path, PathBuf};
 
 const DIM: usize = 256;

@@ -8,7 +8,7 @@ use infgram::decode::drafters::{CorpusDrafter, PromptLookup};
 use infgram::decode::{greedy, DecodeConfig, Drafter};
 use infgram::lm::LanguageModel;
 use infgram::mix::{Interpolated, Mixer};
-use infgram::neural::arch::decoder::Decoder;
+use infgram::neural::native::decoder::Decoder;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 use infgram::Index;
 use std::sync::Arc;

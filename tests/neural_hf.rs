@@ -10,9 +10,9 @@
 
 use candle_core::{Device, Tensor};
 use infgram::lm::LanguageModel;
-use infgram::neural::arch::decoder::Decoder;
 use infgram::neural::candle::hf::HfLlama;
 use infgram::neural::load::gguf::Gguf;
+use infgram::neural::native::decoder::Decoder;
 use infgram::neural::source::ModelSource;
 use infgram::tokenizer::Tokenizer;
 use std::collections::HashMap;

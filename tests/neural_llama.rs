@@ -8,9 +8,9 @@
 #![cfg(feature = "neural")]
 
 use infgram::lm::{argmax, LanguageModel};
-use infgram::neural::arch::decoder::Decoder;
 use infgram::neural::candle::decoder::CandleDecoder;
-use infgram::neural::cpu::kernels::Isa;
+use infgram::neural::native::decoder::Decoder;
+use infgram::neural::native::kernels::Isa;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 
 mod common;

@@ -9,9 +9,9 @@ use infgram::decode::drafters::PromptLookup;
 use infgram::decode::{decode, greedy, DecodeConfig, Draft, Drafter};
 use infgram::decode::{Sampler, SamplerConfig};
 use infgram::lm::LanguageModel;
-use infgram::neural::arch::decoder::Decoder;
 use infgram::neural::candle::decoder::CandleDecoder;
 use infgram::neural::chat_prompt;
+use infgram::neural::native::decoder::Decoder;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 
 /// Drafts from a fixed script of what comes after the prompt, edited by `edit`.

@@ -2,19 +2,23 @@
 //! run down only):
 //! * [`source`] — where a `--model` comes from (a short name fetched on first use, a GGUF
 //!   file, a safetensors directory, `hf:`) and which pass runs it;
-//! * [`candle`] — passes run by candle: the reference llama, safetensors llamas;
+//! * the two backends, each a pass over any architecture's layers:
+//!   [`native`] — infgram's own CPU kernels (the decoder, weights in the kernels' tiles, token
+//!   trees, the kernels, attention, the thread pool), the fast path on a CPU;
+//!   [`candle`] — passes written with candle ops, on the CPU or on a GPU (`--device cuda`),
+//!   batch-invariant on both, and safetensors llamas through candle-transformers;
 //! * [`arch`] — architectures: each family's blocks described as data
-//!   ([`arch::Architecture`], read from a file by [`arch::describe`]) and the pass that runs
-//!   them on infgram's kernels ([`arch::decoder::Decoder`]);
-//! * [`cpu`] — the CPU backend: kernels, attention, activation, the thread pool;
+//!   ([`arch::Architecture`], read from a file by [`arch::describe`]) and the one assembly
+//!   of a model's layers from a description ([`arch::layers`]) that both backends load
+//!   through;
 //! * [`load`] — reading GGUF files: metadata and tensors.
 //!
 //! This layer knows nothing of the ∞-gram index; the decode loop is where the two meet.
 
 pub mod arch;
 pub mod candle;
-pub mod cpu;
 pub mod load;
+pub mod native;
 pub mod source;
 
 /// The chat template of SmolLM2-Instruct (ChatML) around one user message. The GGUF's own

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 /// A resolved model: its files are on disk.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ModelSource {
-    /// A GGUF file (llama, Qwen 2 / 3, Gemma 3), run by the native runtime ([`crate::neural::arch::decoder::Decoder`]).
+    /// A GGUF file (llama, Qwen 2 / 3, Gemma 3), run by the native runtime ([`crate::neural::native::decoder::Decoder`]).
     Gguf(PathBuf),
     /// A safetensors model directory, run by candle-transformers ([`crate::neural::candle::hf::HfLlama`]).
     Safetensors(PathBuf),

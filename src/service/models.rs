@@ -120,7 +120,7 @@ mod loading {
             }
             (ModelSource::Safetensors(_), _) => source.load_safetensors(&device)?,
             (ModelSource::Gguf(_), Backend::Native) => Box::new(
-                crate::neural::arch::decoder::Decoder::load(&path, requantize)?
+                crate::neural::native::decoder::Decoder::load(&path, requantize)?
                     .with_threads(threads),
             ),
             (ModelSource::Gguf(_), Backend::Candle) => Box::new(

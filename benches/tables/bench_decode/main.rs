@@ -11,7 +11,7 @@
 //! options). The tables are those of `BENCHMARKS.md`.
 
 use clap::{Parser, Subcommand};
-use infgram::neural::cpu::kernels::Isa;
+use infgram::neural::native::kernels::Isa;
 use infgram::service::models::Device;
 
 mod ceiling;

@@ -22,7 +22,7 @@ use infgram::decode::{greedy, CostModel, DecodeConfig, Drafter};
 use infgram::lm::LanguageModel;
 use infgram::mix::score::{fitting_data, infgram_positions, neural_probs, MixReport};
 use infgram::mix::{Interpolated, Mixer, TABLE_EDGES};
-use infgram::neural::arch::decoder::Decoder;
+use infgram::neural::native::decoder::Decoder;
 use infgram::ngram::EstimatorSpec;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 use infgram::Index;

@@ -6,8 +6,8 @@
 //! `cargo run --release --example bench_decode -- passes --device cuda` (a `cuda` build).
 
 use infgram::lm::LanguageModel;
-use infgram::neural::arch::decoder::Decoder;
-use infgram::neural::cpu::kernels::Isa;
+use infgram::neural::native::decoder::Decoder;
+use infgram::neural::native::kernels::Isa;
 use infgram::service::models::{Backend, Device, ModelOptions};
 use std::path::Path;
 use std::time::Instant;

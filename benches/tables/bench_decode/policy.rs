@@ -22,13 +22,13 @@ use crate::ceiling::ceiling;
 use crate::prompts::SETS;
 use infgram::decode::drafters::{CorpusDrafter, PromptLookup};
 use infgram::decode::{greedy, CostModel, DecodeConfig, Drafter};
-use infgram::neural::arch::decoder::Decoder;
 use infgram::neural::chat_prompt;
+use infgram::neural::native::decoder::Decoder;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 use std::sync::Arc;
 
 /// Runs the comparison on the `isa` kernels, with this machine's pass costs when `measured`.
-pub fn run(measured: bool, isa: infgram::neural::cpu::kernels::Isa) {
+pub fn run(measured: bool, isa: infgram::neural::native::kernels::Isa) {
     let path = infgram::assets::ensure_model("smollm2-135m").expect("fetch the model");
     let tok = HfTokenizer::from_gguf(&path).unwrap();
     let index_dir = infgram::service::cached_index(&[], &tok)

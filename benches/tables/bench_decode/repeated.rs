@@ -249,7 +249,7 @@ fn print_ceiling(
     use infgram::decode::CostModel;
     use infgram::service::generate::{drafters, AssemblyOptions};
     use infgram::service::request::DrafterSpec;
-    let mut model = infgram::neural::arch::decoder::Decoder::from_gguf(path)
+    let mut model = infgram::neural::native::decoder::Decoder::from_gguf(path)
         .unwrap()
         .with_threads(2);
     let context: Vec<u32> = (0..160).map(|i| 100 + i).collect();
@@ -358,7 +358,7 @@ impl Summary {
 fn print_table(model: &str, results: &[(Completion, Completion)]) {
     println!(
         "Repeated tasks through one server on 127.0.0.1: {REQUESTS} requests of 4 templates, greedy, 256 tokens at most, {model}, 2 threads, kernels {:?}; each request speculative (prompt lookup + past outputs + corpus) then plain; ratios of tokens/s after the prompt's pass, same run.\n",
-        infgram::neural::cpu::kernels::Isa::detect()
+        infgram::neural::native::kernels::Isa::detect()
     );
     println!("| requests | speed-up, geomean (min–max) | time ratio (Σ plain s / Σ speculative s) | tokens per pass | tree passes / passes | accepted: prompt / past / corpus | identical |");
     println!("|---|---:|---:|---:|---:|---:|---:|");

@@ -236,7 +236,7 @@ pub fn run(
     model: &str,
     repeats: usize,
     plot_dir: Option<std::path::PathBuf>,
-    isa: infgram::neural::cpu::kernels::Isa,
+    isa: infgram::neural::native::kernels::Isa,
     device: Device,
     only: Option<&str>,
 ) {

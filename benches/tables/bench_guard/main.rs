@@ -205,8 +205,8 @@ mod neural {
     use infgram::decode::guard::CopyGuard;
     use infgram::decode::{decode, DecodeConfig, Processor, Sampler};
     use infgram::eval::attribution::max_copied_span;
-    use infgram::neural::arch::decoder::Decoder;
     use infgram::neural::chat_prompt;
+    use infgram::neural::native::decoder::Decoder;
     use infgram::tokenizer::{HfTokenizer, Tokenizer};
     use infgram::Index;
     use std::sync::Arc;

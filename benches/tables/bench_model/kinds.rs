@@ -6,9 +6,9 @@
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use infgram::neural::arch::weights::native_matrix;
-use infgram::neural::cpu::kernels::{matmul, Isa, QMatrix, QRows};
-use infgram::neural::cpu::pool::Pool;
+use infgram::neural::native::kernels::{matmul, Isa, QMatrix, QRows};
+use infgram::neural::native::pool::Pool;
+use infgram::neural::native::weights::native_matrix;
 use std::time::Instant;
 
 /// A layer's worth of matrices of one type: (rows, cols).
@@ -146,7 +146,7 @@ fn spread(v: &[f64]) -> (f64, f64, f64) {
 /// ratio measured in one loading order holds that bias and the two halves' ratios cancel it.
 pub fn against(a: &std::path::Path, b: &std::path::Path, isa: Isa, ids: &[u32], rounds: usize) {
     use infgram::lm::{argmax, LanguageModel};
-    use infgram::neural::arch::decoder::Decoder;
+    use infgram::neural::native::decoder::Decoder;
     let load = |p: &std::path::Path| Decoder::from_gguf(p).unwrap().with_threads(2).with_isa(isa);
     let ctx = &ids[..256];
     let mut speeds: [Vec<f64>; 2] = Default::default();

@@ -22,9 +22,9 @@ mod kinds;
 
 use candle_core::quantized::GgmlDType;
 use infgram::lm::{argmax, LanguageModel};
-use infgram::neural::arch::decoder::Decoder;
 use infgram::neural::candle::decoder::CandleDecoder;
-use infgram::neural::cpu::kernels::Isa;
+use infgram::neural::native::decoder::Decoder;
+use infgram::neural::native::kernels::Isa;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 use std::time::Instant;
 

@@ -2,24 +2,45 @@
 //! where they sit, activation, rotary embedding with its layout and scaling, q/k norms,
 //! biases, sliding-window layers, tied or scaled embeddings), read from a GGUF file's metadata
 //! by the family's own `describe` function ([`ARCHITECTURES`]: [`llama`], [`qwen`],
-//! [`gemma`]), the forward pass that runs any description on the CPU backend
-//! ([`decoder::Decoder`]), and the file's weights in the backend's tiles ([`weights`]).
+//! [`gemma`]), and the one assembly of a model's layers from a description ([`layers`]) that
+//! both backends load through ([`crate::neural::native`], [`crate::neural::candle`]).
 //!
 //! Adding an architecture is a file here with its `describe`, a row of [`ARCHITECTURES`], and
 //! a test against a reference implementation (`tests/architectures.rs`); a block feature no
-//! field describes yet is a new field, read by both passes (this one and
+//! field describes yet is a new field, assembled in [`layers`] and run by both passes
+//! ([`crate::neural::native::decoder::Decoder`],
 //! [`crate::neural::candle::decoder::CandleDecoder`]).
 
-pub mod decoder;
 pub mod gemma;
+pub mod layers;
 pub mod llama;
 pub mod qwen;
-pub mod tree;
-pub mod weights;
 
 use crate::error::Result;
-use crate::neural::cpu::attention::Heads;
 use crate::neural::load::gguf::Gguf;
+
+/// The attention heads of a layer: what the backend's attention needs to know of a model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Heads {
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads (a group of `n_head / n_kv_head` query heads shares each).
+    pub n_kv_head: usize,
+    /// Width of a head.
+    pub head_dim: usize,
+}
+
+impl Heads {
+    /// Width of a row of queries (all heads).
+    pub fn q_width(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    /// Width of a row of keys or values.
+    pub fn kv_width(&self) -> usize {
+        self.n_kv_head * self.head_dim
+    }
+}
 
 /// The normalization before each block (RMS norm in every family infgram reads).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -407,7 +428,7 @@ mod tests {
                 .to_string();
             assert!(e.contains(named) && e.contains("llama.block_count"), "{e}");
             let path = t.path().join("shaped.gguf");
-            let native = crate::neural::arch::decoder::Decoder::load(&path, None);
+            let native = crate::neural::native::decoder::Decoder::load(&path, None);
             assert!(native.is_err());
             let reference = crate::neural::candle::decoder::CandleDecoder::load(&path, None);
             assert!(reference.is_err());

@@ -1,5 +1,5 @@
 //! Every architecture's forward pass from a GGUF file, written with candle ops
-//! ([`CandleDecoder`]): the reference the native pass ([`crate::neural::arch::decoder::Decoder`])
+//! ([`CandleDecoder`]): the reference the native pass ([`crate::neural::native::decoder::Decoder`])
 //! is checked against, and `--backend candle`.
 //!
 //! Unlike candle-transformers' quantized models, this pass returns the logits of every fed
@@ -25,35 +25,74 @@
 
 use crate::error::Result;
 use crate::lm::LanguageModel;
-use crate::neural::arch::{describe, Activation, Architecture, Rope, RopeScaling, RopeStyle};
+use crate::neural::arch::layers::{rope_frequencies, weights, Backend};
+use crate::neural::arch::{describe, Activation, Architecture, RopeStyle};
 use crate::neural::load::gguf::Gguf;
-use candle_core::quantized::{QMatMul, QStorage, QTensor};
+use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 use std::path::Path;
 
+/// A block: its weights (assembled by [`crate::neural::arch::layers`]) and its KV cache.
 struct Layer {
-    wq: QMatMul,
-    wk: QMatMul,
-    wv: QMatMul,
-    wo: QMatMul,
-    w_gate: QMatMul,
-    w_up: QMatMul,
-    w_down: QMatMul,
-    attn_norm: Tensor,
-    ffn_norm: Tensor,
-    /// q, k, v biases.
-    biases: Option<[Tensor; 3]>,
-    /// Per-head q and k norms.
-    qk_norms: Option<[Tensor; 2]>,
-    /// Norms of the attention and feed-forward outputs.
-    post_norms: Option<[Tensor; 2]>,
-    /// Positions seen (a sliding window), if not all.
-    window: Option<usize>,
-    /// Index of the rotary table (0 global, 1 windowed layers').
-    rope: usize,
+    w: crate::neural::arch::layers::Layer<QMatMul, Tensor>,
     /// Keys and values, `(n_kv_head, capacity, head_dim)` each; the first `cached` positions
     /// are the cache.
     cache: Option<(Tensor, Tensor)>,
+}
+
+/// The candle backend's form of a file's tensors: matrices kept in their blocks (re-quantized
+/// to `requantize` where asked), on `device`; vectors as f32 tensors there.
+struct OnDevice<'a> {
+    device: &'a Device,
+    requantize: Option<GgmlDType>,
+}
+
+impl OnDevice<'_> {
+    /// A matrix in its blocks, re-quantized if asked (on the CPU), on the device.
+    fn blocks(&self, t: QTensor) -> Result<QTensor> {
+        let t = match self.requantize {
+            Some(dtype)
+                if t.dtype() != dtype
+                    && t.shape()
+                        .dims()
+                        .last()
+                        .is_some_and(|d| d % dtype.block_size() == 0) =>
+            {
+                QTensor::quantize(&t.dequantize(&Device::Cpu)?, dtype)?
+            }
+            _ => t,
+        };
+        if self.device.is_cpu() {
+            return Ok(t);
+        }
+        let storage = QStorage::from_data(t.data()?, self.device, t.dtype())?;
+        Ok(QTensor::new(storage, t.shape().clone())?)
+    }
+}
+
+impl Backend for OnDevice<'_> {
+    type Matrix = QMatMul;
+    type Vector = Tensor;
+
+    fn matrix(&mut self, gguf: &mut Gguf, name: &str) -> Result<QMatMul> {
+        Ok(QMatMul::from_qtensor(self.blocks(gguf.tensor(name)?)?)?)
+    }
+
+    fn shape(m: &QMatMul) -> (usize, usize) {
+        let dims = match m {
+            QMatMul::QTensor(t) => t.shape().dims().to_vec(),
+            QMatMul::Tensor(t) | QMatMul::TensorF16(t) => t.dims().to_vec(),
+        };
+        match dims[..] {
+            [rows, cols] => (rows, cols),
+            _ => (0, 0),
+        }
+    }
+
+    fn vector(&mut self, values: Vec<f32>) -> Result<Tensor> {
+        let len = values.len();
+        Ok(Tensor::from_vec(values, len, self.device)?)
+    }
 }
 
 /// The attended positions of a pass are rounded up to a multiple of this (the cache grows in
@@ -118,31 +157,10 @@ impl CandleDecoder {
         let mut gguf = Gguf::open(path)?;
         let cfg = describe(&gguf)?;
         crate::neural::arch::check_blocks(&gguf, &cfg)?;
-        let head_dim = cfg.heads.head_dim;
         let device = device.clone();
-        // A matrix in its blocks, re-quantized if asked (on the CPU), on the device.
-        let requant = |t: QTensor| -> Result<QTensor> {
-            let t = match requantize {
-                Some(dtype)
-                    if t.dtype() != dtype
-                        && t.shape()
-                            .dims()
-                            .last()
-                            .is_some_and(|d| d % dtype.block_size() == 0) =>
-                {
-                    QTensor::quantize(&t.dequantize(&Device::Cpu)?, dtype)?
-                }
-                _ => t,
-            };
-            if device.is_cpu() {
-                return Ok(t);
-            }
-            let storage = QStorage::from_data(t.data()?, &device, t.dtype())?;
-            Ok(QTensor::new(storage, t.shape().clone())?)
-        };
-        let offset = cfg.norm.weight_offset as f64;
-        let vector = |gguf: &mut Gguf, name: &str| -> Result<Tensor> {
-            Ok((gguf.tensor(name)?.dequantize(&device)? + offset)?)
+        let mut on = OnDevice {
+            device: &device,
+            requantize,
         };
         let embd_q = gguf.tensor("token_embd.weight")?;
         let mut embeddings = embd_q.dequantize(&device)?;
@@ -150,85 +168,20 @@ impl CandleDecoder {
             embeddings = (embeddings * scale as f64)?;
         }
         let vocab = embeddings.dim(0)?;
-        let norm = vector(&mut gguf, "output_norm.weight")?;
         let output = match gguf.has("output.weight") {
-            true => QMatMul::from_qtensor(requant(gguf.tensor("output.weight")?)?)?,
-            false => QMatMul::from_qtensor(requant(embd_q)?)?,
+            true => on.matrix(&mut gguf, "output.weight")?,
+            false => QMatMul::from_qtensor(on.blocks(embd_q)?)?,
         };
-        let mut layers = Vec::with_capacity(cfg.n_layer);
-        for i in 0..cfg.n_layer {
-            let name = |n: &str| format!("blk.{i}.{n}.weight");
-            let mut q = |n: &str| -> Result<QMatMul> {
-                Ok(QMatMul::from_qtensor(requant(gguf.tensor(&name(n))?)?)?)
-            };
-            let (wq, wk, wv, wo) = (q("attn_q")?, q("attn_k")?, q("attn_v")?, q("attn_output")?);
-            let (w_gate, w_up, w_down) = (q("ffn_gate")?, q("ffn_up")?, q("ffn_down")?);
-            let g = &mut gguf;
-            let attn_norm = vector(g, &name("attn_norm"))?;
-            let ffn_norm = vector(g, &name("ffn_norm"))?;
-            let qk_norms = match cfg.qk_norm {
-                true => Some([
-                    vector(g, &name("attn_q_norm"))?,
-                    vector(g, &name("attn_k_norm"))?,
-                ]),
-                false => None,
-            };
-            let post_norms = match cfg.post_norms {
-                true => Some([
-                    vector(g, &name("post_attention_norm"))?,
-                    vector(g, &name("post_ffw_norm"))?,
-                ]),
-                false => None,
-            };
-            let biases = match cfg.attention_bias {
-                true => {
-                    let mut bias = |n: &str| -> Result<Tensor> {
-                        Ok(g.tensor(&format!("blk.{i}.{n}.bias"))?
-                            .dequantize(&device)?)
-                    };
-                    Some([bias("attn_q")?, bias("attn_k")?, bias("attn_v")?])
-                }
-                false => None,
-            };
-            let windowed = cfg.sliding_window.filter(|w| w.windowed(i));
-            layers.push(Layer {
-                wq,
-                wk,
-                wv,
-                wo,
-                w_gate,
-                w_up,
-                w_down,
-                attn_norm,
-                ffn_norm,
-                biases,
-                qk_norms,
-                post_norms,
-                window: windowed.map(|w| w.size),
-                rope: usize::from(windowed.is_some()),
-                cache: None,
-            });
-        }
-        let factors: Option<Vec<f32>> = match cfg.rope.scaling {
-            RopeScaling::Frequencies => Some(
-                gguf.tensor("rope_freqs.weight")?
-                    .dequantize(&device)?
-                    .to_vec1()?,
-            ),
-            _ => None,
-        };
-        let mut ropes = vec![rope_table(
-            &cfg.rope.frequencies(head_dim, factors.as_deref()),
-            &device,
-        )?];
-        if let Some(w) = cfg.sliding_window {
-            let local = Rope {
-                base: w.local_base,
-                scaling: RopeScaling::None,
-                ..cfg.rope
-            };
-            ropes.push(rope_table(&local.frequencies(head_dim, None), &device)?);
-        }
+        let layers = crate::neural::arch::layers::layers(&mut gguf, &cfg, &mut on)?
+            .into_iter()
+            .map(|w| Layer { w, cache: None })
+            .collect();
+        let offset = cfg.norm.weight_offset;
+        let norm = on.vector(weights(&mut gguf, "output_norm.weight", cfg.dim, offset)?)?;
+        let ropes = rope_frequencies(&mut gguf, &cfg)?
+            .iter()
+            .map(|freqs| rope_table(freqs, &device))
+            .collect::<Result<Vec<_>>>()?;
         let rows_per_call = match device.is_cuda() {
             true => RowsPerCall::Padded(CUDA_ROWS),
             false => RowsPerCall::One,
@@ -315,15 +268,15 @@ impl CandleDecoder {
             }
             Ok(y.reshape((1, t, n, hd))?.transpose(1, 2)?.contiguous()?)
         };
-        let bias = |i: usize| layer.biases.as_ref().map(|b| &b[i]);
-        let mut q = project(&layer.wq, bias(0), nh)?;
-        let mut k = project(&layer.wk, bias(1), nkv)?;
-        let v = project(&layer.wv, bias(2), nkv)?;
-        if let Some([nq, nk]) = &layer.qk_norms {
+        let bias = |i: usize| layer.w.biases.as_ref().map(|b| &b[i]);
+        let mut q = project(&layer.w.wq, bias(0), nh)?;
+        let mut k = project(&layer.w.wk, bias(1), nkv)?;
+        let v = project(&layer.w.wv, bias(2), nkv)?;
+        if let Some([nq, nk]) = &layer.w.qk_norms {
             q = self.rms_norm(&q, nq)?;
             k = self.rms_norm(&k, nk)?;
         }
-        let table = layer.rope;
+        let table = layer.w.rope;
         let q = self.rope(&q, pos, table)?;
         let k = self.rope(&k, pos, table)?;
         let attended = mask.dim(3)?;
@@ -346,7 +299,7 @@ impl CandleDecoder {
             .reshape((nh, t, hd))?
             .transpose(0, 1)?
             .reshape((1, t, nh * hd))?;
-        self.matmul(&self.layers[li].wo, &y)
+        self.matmul(&self.layers[li].w.wo, &y)
     }
 
     /// Writes `k, v: (n_kv_head, t, head_dim)` at positions `pos..pos + t` of layer `li`'s
@@ -423,31 +376,31 @@ impl LanguageModel for CandleDecoder {
         let mut x = self.embeddings.index_select(&ids, 0)?.unsqueeze(0)?;
         let t = tokens.len();
         let global = self.mask(t, pos, None)?;
-        let windowed = match self.layers.iter().find_map(|l| l.window) {
+        let windowed = match self.layers.iter().find_map(|l| l.w.window) {
             Some(w) => Some(self.mask(t, pos, Some(w))?),
             None => None,
         };
         for li in 0..self.layers.len() {
-            let h = self.rms_norm(&x, &self.layers[li].attn_norm)?;
-            let mask = match (self.layers[li].window, &windowed) {
+            let h = self.rms_norm(&x, &self.layers[li].w.attn_norm)?;
+            let mask = match (self.layers[li].w.window, &windowed) {
                 (Some(_), Some(m)) => m,
                 _ => &global,
             };
             let mut attended = self.attention(li, &h, pos, mask)?;
             let layer = &self.layers[li];
-            if let Some([post_attention, _]) = &layer.post_norms {
+            if let Some([post_attention, _]) = &layer.w.post_norms {
                 attended = self.rms_norm(&attended, post_attention)?;
             }
             x = (attended + x)?;
-            let h = self.rms_norm(&x, &layer.ffn_norm)?;
-            let gate = self.matmul(&layer.w_gate, &h)?;
+            let h = self.rms_norm(&x, &layer.w.ffn_norm)?;
+            let gate = self.matmul(&layer.w.w_gate, &h)?;
             let gate = match self.cfg.activation {
                 Activation::Silu => candle_nn::ops::silu(&gate)?,
                 Activation::GeluTanh => gate.gelu()?,
             };
-            let up = self.matmul(&layer.w_up, &h)?;
-            let mut y = self.matmul(&layer.w_down, &(gate * up)?)?;
-            if let Some([_, post_ffw]) = &layer.post_norms {
+            let up = self.matmul(&layer.w.w_up, &h)?;
+            let mut y = self.matmul(&layer.w.w_down, &(gate * up)?)?;
+            if let Some([_, post_ffw]) = &layer.w.post_norms {
                 y = self.rms_norm(&y, post_ffw)?;
             }
             x = (y + x)?;

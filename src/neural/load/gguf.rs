@@ -1,6 +1,6 @@
 //! Reading a GGUF file: its metadata (hyper-parameters) and its tensors.
 //!
-//! Both forward passes ([`crate::neural::arch::decoder::Decoder`], the native one, and
+//! Both forward passes ([`crate::neural::native::decoder::Decoder`], the native one, and
 //! [`crate::neural::candle::decoder::CandleDecoder`], the candle reference) load through here, and
 //! read what a file's architecture means through [`crate::neural::arch::describe`], so they
 //! agree on a file and refuse the same bad files with the same messages.

@@ -19,7 +19,7 @@
 //! gives the same bits, and an output does not depend on the other rows in the pass: a k-token
 //! verification pass gives each position bit-for-bit the logits of a single-token step.
 
-use crate::neural::cpu::pool::{split_mut, stretches, DisjointOut, Pool};
+use crate::neural::native::pool::{split_mut, stretches, DisjointOut, Pool};
 use half::f16;
 
 /// Weights and activations are quantized in blocks of this many values.

@@ -15,7 +15,7 @@
 //! exactly what feeding the path as a chain would have written.
 
 use crate::error::{Error, Result};
-use crate::neural::cpu::attention::TreeRows;
+use crate::neural::native::attention::TreeRows;
 
 /// Rows a tree pass holds at most (a row's visible rows are the bits of a `u64`).
 pub const MAX_TREE_ROWS: usize = 64;

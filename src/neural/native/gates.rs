@@ -11,7 +11,7 @@
 //! exactly, so the pass's logits do not change; larger |x| and NaN take libm's `expf`. Other
 //! libms round a few values differently, which the unit test below would show.
 
-use crate::neural::cpu::kernels::Isa;
+use crate::neural::native::kernels::Isa;
 
 /// `out[i] = gate[i] / (1 + e^−gate[i]) · up[i]`, with `isa`'s vectors.
 pub fn silu_mul(isa: Isa, gate: &[f32], up: &[f32], out: &mut [f32]) {

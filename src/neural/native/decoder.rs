@@ -3,8 +3,8 @@
 //! family's features on (q/k/v biases, q/k norms, the rotary layout and per-layer base,
 //! sliding windows, GeGLU or SwiGLU, norms after the blocks, scaled embeddings).
 //!
-//! Matrices stay in the file's blocks ([`crate::neural::arch::weights`]) and are multiplied
-//! by [`crate::neural::cpu::kernels`], which reuse each weight block across the rows of a
+//! Matrices stay in the file's blocks ([`crate::neural::native::weights`]) and are multiplied
+//! by [`crate::neural::native::kernels`], which reuse each weight block across the rows of a
 //! verification pass; everything else (RMS norms, rotary embedding, attention over the KV
 //! cache, the gate) is plain Rust on f32 rows. Each position is computed by the same
 //! operations in the same order whether it is fed alone or in a batch, so incremental
@@ -14,38 +14,49 @@
 
 use crate::error::{Error, Result};
 use crate::lm::{LanguageModel, Logits};
-use crate::neural::arch::tree::{TreeLayout, MAX_TREE_ROWS};
-use crate::neural::arch::weights::to_matrix;
-use crate::neural::arch::{Activation, Architecture, RopeScaling, RopeStyle};
-use crate::neural::cpu::attention::{attend, KvCache};
-use crate::neural::cpu::gates::{gelu_mul, silu_mul};
-use crate::neural::cpu::kernels::{matmul, matmul_many, Isa, QMatrix, QRows};
-use crate::neural::cpu::pool::{split_mut, stretches, Pool};
+use crate::neural::arch::layers::{rope_frequencies, weights, Backend as _};
+use crate::neural::arch::{Activation, Architecture, RopeStyle};
 use crate::neural::load::gguf::{model_err, Gguf};
+use crate::neural::native::attention::{attend, KvCache};
+use crate::neural::native::gates::{gelu_mul, silu_mul};
+use crate::neural::native::kernels::{matmul, matmul_many, Isa, QMatrix, QRows};
+use crate::neural::native::pool::{split_mut, stretches, Pool};
+use crate::neural::native::tree::{TreeLayout, MAX_TREE_ROWS};
+use crate::neural::native::weights::to_matrix;
 use candle_core::quantized::GgmlDType;
 use std::path::Path;
 
+/// A block: its weights (assembled by [`crate::neural::arch::layers`]) and its KV cache.
 struct Layer {
-    wq: QMatrix,
-    wk: QMatrix,
-    wv: QMatrix,
-    wo: QMatrix,
-    w_gate: QMatrix,
-    w_up: QMatrix,
-    w_down: QMatrix,
-    attn_norm: Vec<f32>,
-    ffn_norm: Vec<f32>,
-    /// q, k and v biases (Qwen 2).
-    biases: Option<[Vec<f32>; 3]>,
-    /// Per-head norms of q and k (Qwen 3, Gemma 3), `head_dim` weights each.
-    qk_norms: Option<[Vec<f32>; 2]>,
-    /// Norms of the attention and feed-forward outputs (Gemma).
-    post_norms: Option<[Vec<f32>; 2]>,
-    /// The positions this layer sees (a sliding window), if not all.
-    window: Option<usize>,
-    /// Which rotary table it uses: 0 global, 1 the windowed layers' base.
-    rope: usize,
+    w: Blocks,
     cache: KvCache,
+}
+
+/// A block's weights in the kernels' tiles.
+type Blocks = crate::neural::arch::layers::Layer<QMatrix, Vec<f32>>;
+
+/// The native backend's form of a file's tensors: matrices in the kernels' tiles
+/// (re-quantized to Q8_0 when `requant`), vectors as they are.
+struct Tiles<'a> {
+    path: &'a Path,
+    requant: bool,
+}
+
+impl crate::neural::arch::layers::Backend for Tiles<'_> {
+    type Matrix = QMatrix;
+    type Vector = Vec<f32>;
+
+    fn matrix(&mut self, gguf: &mut Gguf, name: &str) -> Result<QMatrix> {
+        to_matrix(self.path, name, gguf.tensor(name)?, self.requant)
+    }
+
+    fn shape(m: &QMatrix) -> (usize, usize) {
+        (m.rows(), m.cols())
+    }
+
+    fn vector(&mut self, values: Vec<f32>) -> Result<Vec<f32>> {
+        Ok(values)
+    }
 }
 
 /// The rotary angles' `cos` and `sin`, `positions × head_dim/2`, grown on demand.
@@ -125,29 +136,6 @@ pub struct Decoder {
     tree: Option<(usize, TreeLayout)>,
 }
 
-fn vector(gguf: &mut Gguf, name: &str) -> Result<Vec<f32>> {
-    Ok(gguf
-        .tensor(name)?
-        .dequantize(&candle_core::Device::Cpu)?
-        .flatten_all()?
-        .to_vec1()?)
-}
-
-/// A norm's weights, with the description's offset added, checked to be `len` long.
-fn norm_weights(gguf: &mut Gguf, name: &str, len: usize, offset: f32) -> Result<Vec<f32>> {
-    let mut w = vector(gguf, name)?;
-    if w.len() != len {
-        return Err(gguf.error(format!(
-            "tensor {name} has {} weights where the metadata implies {len}",
-            w.len()
-        )));
-    }
-    if offset != 0.0 {
-        w.iter_mut().for_each(|v| *v += offset);
-    }
-    Ok(w)
-}
-
 /// Refuses a matrix whose shape contradicts the description (before any pass runs).
 fn check_shape(path: &Path, name: &str, m: &QMatrix, rows: usize, cols: usize) -> Result<()> {
     if (m.rows(), m.cols()) == (rows, cols) {
@@ -182,126 +170,32 @@ impl Decoder {
             }
         };
         let mut gguf = Gguf::open(path)?;
-        let cfg = super::describe(&gguf)?;
-        super::check_blocks(&gguf, &cfg)?;
+        let cfg = crate::neural::arch::describe(&gguf)?;
+        crate::neural::arch::check_blocks(&gguf, &cfg)?;
         let (dim, heads) = (cfg.dim, cfg.heads);
-        let matrix = |gguf: &mut Gguf, name: &str| -> Result<QMatrix> {
-            let t = gguf.tensor(name)?;
-            to_matrix(path, name, t, requant)
-        };
-        let embeddings = matrix(&mut gguf, "token_embd.weight")?;
+        let mut tiles = Tiles { path, requant };
+        let embeddings = tiles.matrix(&mut gguf, "token_embd.weight")?;
         let vocab = embeddings.rows();
         check_shape(path, "token_embd.weight", &embeddings, vocab, dim)?;
         let output = if gguf.has("output.weight") {
-            let output = matrix(&mut gguf, "output.weight")?;
+            let output = tiles.matrix(&mut gguf, "output.weight")?;
             check_shape(path, "output.weight", &output, output.rows(), dim)?;
             Some(output)
         } else {
             None
         };
-        let offset = cfg.norm.weight_offset;
-        let (q_width, kv_width) = (heads.q_width(), heads.kv_width());
-        let mut layers = Vec::with_capacity(cfg.n_layer);
-        for i in 0..cfg.n_layer {
-            let name = |n: &str| format!("blk.{i}.{n}.weight");
-            let m = |gguf: &mut Gguf, n: &str, rows: usize, cols: usize| -> Result<QMatrix> {
-                let m = matrix(gguf, &name(n))?;
-                check_shape(path, &name(n), &m, rows, cols)?;
-                Ok(m)
-            };
-            let g = &mut gguf;
-            let (wq, wk, wv) = (
-                m(g, "attn_q", q_width, dim)?,
-                m(g, "attn_k", kv_width, dim)?,
-                m(g, "attn_v", kv_width, dim)?,
-            );
-            let wo = m(g, "attn_output", dim, q_width)?;
-            let w_gate = matrix(&mut gguf, &name("ffn_gate"))?;
-            let ffn = w_gate.rows();
-            check_shape(path, &name("ffn_gate"), &w_gate, ffn, dim)?;
-            let w_up = m(&mut gguf, "ffn_up", ffn, dim)?;
-            let w_down = m(&mut gguf, "ffn_down", dim, ffn)?;
-            let mut norm = |n: &str, len: usize| norm_weights(&mut gguf, &name(n), len, offset);
-            let attn_norm = norm("attn_norm", dim)?;
-            let ffn_norm = norm("ffn_norm", dim)?;
-            let qk_norms = match cfg.qk_norm {
-                true => Some([
-                    norm("attn_q_norm", heads.head_dim)?,
-                    norm("attn_k_norm", heads.head_dim)?,
-                ]),
-                false => None,
-            };
-            let post_norms = match cfg.post_norms {
-                true => Some([
-                    norm("post_attention_norm", dim)?,
-                    norm("post_ffw_norm", dim)?,
-                ]),
-                false => None,
-            };
-            let biases = match cfg.attention_bias {
-                true => {
-                    let mut bias = |n: &str, len: usize| -> Result<Vec<f32>> {
-                        let b = vector(&mut gguf, &format!("blk.{i}.{n}.bias"))?;
-                        if b.len() != len {
-                            return Err(
-                                gguf.error(format!("blk.{i}.{n}.bias has {} values", b.len()))
-                            );
-                        }
-                        Ok(b)
-                    };
-                    Some([
-                        bias("attn_q", q_width)?,
-                        bias("attn_k", kv_width)?,
-                        bias("attn_v", kv_width)?,
-                    ])
-                }
-                false => None,
-            };
-            let windowed = cfg.sliding_window.filter(|w| w.windowed(i));
-            layers.push(Layer {
-                wq,
-                wk,
-                wv,
-                wo,
-                w_gate,
-                w_up,
-                w_down,
-                attn_norm,
-                ffn_norm,
-                biases,
-                qk_norms,
-                post_norms,
-                window: windowed.map(|w| w.size),
-                rope: usize::from(windowed.is_some()),
+        let layers = crate::neural::arch::layers::layers(&mut gguf, &cfg, &mut tiles)?
+            .into_iter()
+            .map(|w| Layer {
+                w,
                 cache: KvCache::new(heads.n_kv_head, heads.head_dim),
-            });
-        }
-        let norm = norm_weights(&mut gguf, "output_norm.weight", dim, offset)?;
-        let factors = match cfg.rope.scaling {
-            RopeScaling::Frequencies => {
-                let f = vector(&mut gguf, "rope_freqs.weight")?;
-                if f.len() != heads.head_dim / 2 {
-                    return Err(gguf.error(format!(
-                        "rope_freqs.weight has {} factors for heads of {}",
-                        f.len(),
-                        heads.head_dim
-                    )));
-                }
-                Some(f)
-            }
-            _ => None,
-        };
-        let mut ropes = vec![RopeTable::new(
-            cfg.rope.frequencies(heads.head_dim, factors.as_deref()),
-        )];
-        if let Some(w) = cfg.sliding_window {
-            let local = crate::neural::arch::Rope {
-                base: w.local_base,
-                scaling: RopeScaling::None,
-                ..cfg.rope
-            };
-            ropes.push(RopeTable::new(local.frequencies(heads.head_dim, None)));
-        }
+            })
+            .collect();
+        let norm = weights(&mut gguf, "output_norm.weight", dim, cfg.norm.weight_offset)?;
+        let ropes = rope_frequencies(&mut gguf, &cfg)?
+            .into_iter()
+            .map(RopeTable::new)
+            .collect();
         Ok(Decoder {
             cfg,
             isa: Isa::detect(),
@@ -326,7 +220,17 @@ impl Decoder {
         let layers: usize = self
             .layers
             .iter()
-            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+            .flat_map(|l| {
+                [
+                    &l.w.wq,
+                    &l.w.wk,
+                    &l.w.wv,
+                    &l.w.wo,
+                    &l.w.w_gate,
+                    &l.w.w_up,
+                    &l.w.w_down,
+                ]
+            })
             .map(QMatrix::bytes)
             .sum();
         layers + self.output.as_ref().unwrap_or(&self.embeddings).bytes()
@@ -406,25 +310,25 @@ impl Decoder {
             }
         }
         for layer in &mut self.layers {
-            rms_norm(x, &layer.attn_norm, eps, normed);
+            rms_norm(x, &layer.w.attn_norm, eps, normed);
             acts.quantize_on_pool(isa, pool, normed, dim);
             project_many(
                 isa,
                 pool,
                 acts,
-                [&layer.wq, &layer.wk, &layer.wv],
+                [&layer.w.wq, &layer.w.wk, &layer.w.wv],
                 [q, k, v],
             );
-            if let Some([bq, bk, bv]) = &layer.biases {
+            if let Some([bq, bk, bv]) = &layer.w.biases {
                 add_rows(q, bq);
                 add_rows(k, bk);
                 add_rows(v, bv);
             }
-            if let Some([nq, nk]) = &layer.qk_norms {
+            if let Some([nq, nk]) = &layer.w.qk_norms {
                 rms_norm_in_place(q, nq, eps);
                 rms_norm_in_place(k, nk, eps);
             }
-            let table = &ropes[layer.rope];
+            let table = &ropes[layer.w.rope];
             let (hd, style) = (heads.head_dim, cfg.rope.style);
             let depth = tree.map(|t| t.depth.as_slice());
             rope(q, heads.q_width(), hd, (pos, depth), table, style);
@@ -439,22 +343,28 @@ impl Decoder {
                 &layer.cache,
                 q,
                 placed,
-                layer.window,
+                layer.w.window,
                 out,
             );
             acts.quantize_on_pool(isa, pool, attended, heads.q_width());
-            project(isa, pool, acts, &layer.wo, projected);
-            if let Some([post_attention, _]) = &layer.post_norms {
+            project(isa, pool, acts, &layer.w.wo, projected);
+            if let Some([post_attention, _]) = &layer.w.post_norms {
                 rms_norm_in_place(projected, post_attention, eps);
             }
             add_in_place(x, projected);
-            rms_norm(x, &layer.ffn_norm, eps, normed);
+            rms_norm(x, &layer.w.ffn_norm, eps, normed);
             acts.quantize_on_pool(isa, pool, normed, dim);
-            project_many(isa, pool, acts, [&layer.w_gate, &layer.w_up], [gate, up]);
+            project_many(
+                isa,
+                pool,
+                acts,
+                [&layer.w.w_gate, &layer.w.w_up],
+                [gate, up],
+            );
             gated(isa, pool, cfg.activation, gate, up, act);
-            acts.quantize_on_pool(isa, pool, act, layer.w_up.rows());
-            project(isa, pool, acts, &layer.w_down, projected);
-            if let Some([_, post_ffw]) = &layer.post_norms {
+            acts.quantize_on_pool(isa, pool, act, layer.w.w_up.rows());
+            project(isa, pool, acts, &layer.w.w_down, projected);
+            if let Some([_, post_ffw]) = &layer.w.post_norms {
                 rms_norm_in_place(projected, post_ffw, eps);
             }
             add_in_place(x, projected);
@@ -703,7 +613,7 @@ impl LanguageModel for Decoder {
         let windows_fit = self
             .layers
             .iter()
-            .all(|l| l.window.is_none_or(|w| w > MAX_TREE_ROWS));
+            .all(|l| l.w.window.is_none_or(|w| w > MAX_TREE_ROWS));
         if windows_fit {
             MAX_TREE_ROWS
         } else {

@@ -14,8 +14,9 @@
 //! one; the softmax sums (chains of dependent adds, in position order) run four side by side;
 //! threads take even stretches of (row, head) pairs.
 
-use crate::neural::cpu::kernels::Isa;
-use crate::neural::cpu::pool::{stretches, DisjointOut, Pool};
+pub use crate::neural::arch::Heads;
+use crate::neural::native::kernels::Isa;
+use crate::neural::native::pool::{stretches, DisjointOut, Pool};
 
 /// Positions scored together at most: a block of accumulators that stays in registers (eight
 /// AVX-512 registers per pair, two pairs at once: enough independent FMA chains to hide the
@@ -143,29 +144,6 @@ impl KvCache {
     fn value(&self, j: usize, g: usize) -> &[f32] {
         let at = j * self.kv_heads * self.head_dim + g * self.head_dim;
         &self.values[at..at + self.head_dim]
-    }
-}
-
-/// The attention heads of a layer: what the backend's attention needs to know of a model.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Heads {
-    /// Query heads.
-    pub n_head: usize,
-    /// Key/value heads (a group of `n_head / n_kv_head` query heads shares each).
-    pub n_kv_head: usize,
-    /// Width of a head.
-    pub head_dim: usize,
-}
-
-impl Heads {
-    /// Width of a row of queries (all heads).
-    pub fn q_width(&self) -> usize {
-        self.n_head * self.head_dim
-    }
-
-    /// Width of a row of keys or values.
-    pub fn kv_width(&self) -> usize {
-        self.n_kv_head * self.head_dim
     }
 }
 
@@ -722,7 +700,7 @@ fn exp_nonpositive(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::neural::cpu::kernels::tests::pseudo;
+    use crate::neural::native::kernels::tests::pseudo;
 
     /// Causal attention in f64, one query row and head at a time.
     fn naive(

@@ -17,8 +17,8 @@
 //! Q2_K, Q3_K…) is re-quantized to Q8_0 through f32, which does change weights, slightly.
 
 use crate::error::Result;
-use crate::neural::cpu::kernels::{KBlock, KQuant, QMatrix, RowBlock, BLOCK, SUPER_BLOCK};
 use crate::neural::load::gguf::model_err;
+use crate::neural::native::kernels::{KBlock, KQuant, QMatrix, RowBlock, BLOCK, SUPER_BLOCK};
 use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
 use std::path::Path;
@@ -264,7 +264,7 @@ pub fn to_matrix(path: &Path, name: &str, t: QTensor, requantize: bool) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::neural::cpu::kernels::tests::pseudo;
+    use crate::neural::native::kernels::tests::pseudo;
     use candle_core::{Device, Tensor};
 
     /// Every native type decodes to the values candle's dequantization gives, bit for bit, on
