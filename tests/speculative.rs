@@ -493,8 +493,20 @@ fn greedy_tree_decoding_equals_plain_greedy() {
         .unwrap()
         .path()
         .to_path_buf();
-    let tok = HfTokenizer::from_gguf(&path).unwrap();
     let mut model = Decoder::from_gguf(&path).unwrap().with_threads(2);
+    tree_decoding_equals_plain(&mut model, &path);
+}
+
+/// The candle pass (the one `--device cuda` runs) verifies draft trees losslessly too.
+#[test]
+fn greedy_tree_decoding_equals_plain_greedy_on_the_candle_pass() {
+    let path = infgram::assets::ensure_model("smollm2-135m").unwrap();
+    let mut model = CandleDecoder::from_gguf(&path).unwrap();
+    tree_decoding_equals_plain(&mut model, &path);
+}
+
+fn tree_decoding_equals_plain(model: &mut dyn LanguageModel, path: &std::path::Path) {
+    let tok = HfTokenizer::from_gguf(path).unwrap();
     let prompt = tok
         .encode(&chat_prompt(
             "Repeat exactly: the cat sat on the mat, the dog sat on the log, the bird sat on the word.",
@@ -506,7 +518,7 @@ fn greedy_tree_decoding_equals_plain_greedy() {
         trees: true,
         ..DecodeConfig::default()
     };
-    let (plain, _) = greedy(&mut model, &mut [], &prompt, &cfg).unwrap();
+    let (plain, _) = greedy(model, &mut [], &prompt, &cfg).unwrap();
     // A script of the plain output; one drafter errs at every third token, one at every
     // fourth: where one errs the other is right, a branch.
     let scripted = |edit: fn(usize, u32) -> u32| -> Box<dyn Drafter> {
@@ -521,7 +533,7 @@ fn greedy_tree_decoding_equals_plain_greedy() {
         scripted(|i, t| if i % 3 == 2 { t + 1 } else { t }),
         scripted(|i, t| if i % 4 == 3 { t + 1 } else { t }),
     ];
-    let (out, stats) = greedy(&mut model, &mut drafters, &prompt, &cfg).unwrap();
+    let (out, stats) = greedy(model, &mut drafters, &prompt, &cfg).unwrap();
     assert_eq!(out, plain);
     assert!(stats.tree_passes > 0, "{stats:?}");
 }

@@ -455,7 +455,7 @@ impl PastOutputs {
     /// a missing file is an empty index. The path must be one that [`PastOutputs::save`] can
     /// write (checked here, at start, not after the first generation). Refused with the
     /// reason, and left as they are: a file that is not ours (a header line over
-    /// [`HEADER_MAX`] bytes included), another tokenizer's, a truncated one, one holding an
+    /// `HEADER_MAX` bytes included), another tokenizer's, a truncated one, one holding an
     /// id outside the vocabulary, and one larger than `budget` tokens can fill
     /// ([`max_file_bytes`]; read no further than that).
     pub fn load(path: &Path, fingerprint: &str, vocab: usize, budget: usize) -> Result<Self> {

@@ -13,10 +13,10 @@ use candle_core::Device;
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 const LIBRARIES: [(&str, &str); 5] = [
     ("cuda", "the NVIDIA driver"),
-    ("cublas", "CUDA's cuBLAS (pip: nvidia-cublas)"),
-    ("cublasLt", "CUDA's cuBLASLt (pip: nvidia-cublas)"),
-    ("curand", "CUDA's cuRAND (pip: nvidia-curand)"),
-    ("nvrtc", "CUDA's NVRTC (pip: nvidia-cuda-nvrtc)"),
+    ("cublas", "cuBLAS; pip: nvidia-cublas"),
+    ("cublasLt", "cuBLASLt; pip: nvidia-cublas"),
+    ("curand", "cuRAND; pip: nvidia-curand"),
+    ("nvrtc", "NVRTC; pip: nvidia-cuda-nvrtc"),
 ];
 
 /// The file names a library is looked for under (those of candle's loader, cudarc, that

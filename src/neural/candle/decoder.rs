@@ -22,9 +22,12 @@
 //!   steps of [`POSITION_STEP`] (zero-filled; a position a row may not see is masked to −∞ in
 //!   its scores and so weighs exactly 0);
 //! * everything else (norms, rotary embedding, gates) works on one row at a time already.
+//!
+//! A row gathers the keys and values it sees in the order of its own positions (`Rows`), so
+//! a token tree verified in one pass gives each node the bits of its branch fed as a chain.
 
 use crate::error::Result;
-use crate::lm::LanguageModel;
+use crate::lm::{LanguageModel, Logits};
 use crate::neural::arch::layers::{rope_frequencies, weights, Backend};
 use crate::neural::arch::{describe, Activation, Architecture, RopeStyle};
 use crate::neural::load::gguf::Gguf;
@@ -128,6 +131,9 @@ pub struct CandleDecoder {
     device: Device,
     /// Rows per call of the quantized products (the dense ones take one on every device).
     rows_per_call: RowsPerCall,
+    /// The cache length before the last pass and the tree's parents, when that pass was a
+    /// token tree (until [`LanguageModel::keep_path`] or any other change of the cache).
+    tree: Option<(usize, Vec<Option<usize>>)>,
 }
 
 /// Positions the rotary tables cover.
@@ -197,6 +203,7 @@ impl CandleDecoder {
             vocab,
             device,
             rows_per_call,
+            tree: None,
         })
     }
 
@@ -241,12 +248,14 @@ impl CandleDecoder {
         )?)
     }
 
-    /// The rotary embedding of `x: (1, heads, t, head_dim)` for positions `pos..pos+t`, from
-    /// table `table`, in the description's layout.
-    fn rope(&self, x: &Tensor, pos: usize, table: usize) -> Result<Tensor> {
-        let t = x.dim(2)?;
+    /// The rotary embedding of `x: (1, heads, t, head_dim)`, row i at position
+    /// `rows.positions[i]`, from table `table`, in the description's layout.
+    fn rope(&self, x: &Tensor, rows: &Rows, table: usize) -> Result<Tensor> {
         let (cos, sin) = &self.ropes[table];
-        let (cos, sin) = (cos.narrow(0, pos, t)?, sin.narrow(0, pos, t)?);
+        let (cos, sin) = (
+            cos.index_select(&rows.position_ids, 0)?,
+            sin.index_select(&rows.position_ids, 0)?,
+        );
         let x = x.contiguous()?;
         Ok(match self.cfg.rope.style {
             RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(&x, &cos, &sin)?,
@@ -254,9 +263,17 @@ impl CandleDecoder {
         })
     }
 
-    /// The attention block of layer `li` for `x: (1, t, dim)` at positions `pos..pos + t`;
-    /// `mask` is the layer's `(1, 1, t, attended)` mask ([`CandleDecoder::mask`]).
-    fn attention(&mut self, li: usize, x: &Tensor, pos: usize, mask: &Tensor) -> Result<Tensor> {
+    /// The attention block of layer `li` for `x: (1, t, dim)`, fed at cache slots
+    /// `pos..pos + t`, its rows placed by `rows` (positions, what each sees); `mask` is the
+    /// layer's `(t, attended)` mask ([`Rows::mask`]).
+    fn attention(
+        &mut self,
+        li: usize,
+        x: &Tensor,
+        pos: usize,
+        rows: &Rows,
+        mask: &Tensor,
+    ) -> Result<Tensor> {
         let (_, t, _) = x.dims3()?;
         let heads = self.cfg.heads;
         let (nh, nkv, hd) = (heads.n_head, heads.n_kv_head, heads.head_dim);
@@ -277,24 +294,29 @@ impl CandleDecoder {
             k = self.rms_norm(&k, nk)?;
         }
         let table = layer.w.rope;
-        let q = self.rope(&q, pos, table)?;
-        let k = self.rope(&k, pos, table)?;
-        let attended = mask.dim(3)?;
+        let q = self.rope(&q, rows, table)?;
+        let k = self.rope(&k, rows, table)?;
+        let attended = rows.attended;
         let (keys, values) = self.cache_append(li, &k.squeeze(0)?, &v.squeeze(0)?, pos)?;
-        let keys = keys.narrow(1, 0, attended)?;
-        let values = values.narrow(1, 0, attended)?;
+        // Each row's keys and values in the order of its own positions (a tree node's
+        // ancestors sit at other slots): what a chain of its branch would have at the same
+        // indices, so every sum below takes the same terms in the same order.
+        let keys = keys
+            .index_select(&rows.slot_ids, 1)?
+            .reshape((nkv, 1, t, attended, hd))?;
+        let values = values
+            .index_select(&rows.slot_ids, 1)?
+            .reshape((nkv, 1, t, attended, hd))?;
         // Grouped-query attention: query head h reads key/value head h / rep. Products summed
         // over the head width (not a matmul, whose blocking would depend on t).
         let rep = nh / nkv;
         let q = q.reshape((nkv, rep, t, 1, hd))?;
-        let scores = q
-            .broadcast_mul(&keys.reshape((nkv, 1, 1, attended, hd))?)?
-            .sum(4)?;
-        let scores = (scores / (hd as f64).sqrt())?.broadcast_add(&mask.squeeze(0)?)?;
+        let scores = q.broadcast_mul(&keys)?.sum(4)?;
+        let scores = (scores / (hd as f64).sqrt())?.broadcast_add(mask)?;
         let weights = candle_nn::ops::softmax_last_dim(&scores)?;
         let y = weights
             .unsqueeze(4)?
-            .broadcast_mul(&values.reshape((nkv, 1, 1, attended, hd))?)?
+            .broadcast_mul(&values)?
             .sum(3)?
             .reshape((nh, t, hd))?
             .transpose(0, 1)?
@@ -334,17 +356,77 @@ impl CandleDecoder {
         values.slice_set(&v.contiguous()?, 1, pos)?;
         Ok((keys.clone(), values.clone()))
     }
+}
 
-    /// The additive mask of a pass of `t` rows at `pos` over the positions it attends
-    /// (`pos + t` rounded up to [`POSITION_STEP`]): row i (position pos + i) sees positions
-    /// `first..=pos + i`, where `first` is 0, or the start of a `window`.
-    fn mask(&self, t: usize, pos: usize, window: Option<usize>) -> Result<Tensor> {
-        let attended = (pos + t).next_multiple_of(POSITION_STEP);
-        let first = |i: usize| window.map_or(0, |w| (pos + i + 1).saturating_sub(w));
-        let mask: Vec<f32> = (0..t)
-            .flat_map(|i| {
+/// Where the rows of a pass stand: row i, fed at cache slot `pos + i`, stands at position
+/// `positions[i]` and sees, in position order, the cached slots `0..pos` and then the slots of
+/// its branch (a chain: the rows before it; a tree: its ancestors), `positions[i] + 1` slots.
+struct Rows {
+    positions: Vec<usize>,
+    /// `positions` on the device, for the rotary tables.
+    position_ids: Tensor,
+    /// Each row's slots in position order, padded to `attended` (with slot 0, masked), all
+    /// rows one after another.
+    slot_ids: Tensor,
+    /// Positions a row's attention spans: the furthest row's, rounded up to
+    /// [`POSITION_STEP`].
+    attended: usize,
+}
+
+impl Rows {
+    /// The rows of `t` tokens fed at slot `pos`: a chain, or the tree whose node i follows
+    /// `parents[i]` (`None`: the cache; node 0 only; each after its parent).
+    fn new(
+        t: usize,
+        pos: usize,
+        parents: Option<&[Option<usize>]>,
+        device: &Device,
+    ) -> Result<Rows> {
+        let mut branches: Vec<Vec<usize>> = Vec::with_capacity(t);
+        for i in 0..t {
+            let parent = match parents {
+                None => i.checked_sub(1),
+                Some(p) => p[i],
+            };
+            let mut branch = match parent {
+                Some(p) => branches[p].clone(),
+                None => Vec::new(),
+            };
+            branch.push(pos + i);
+            branches.push(branch);
+        }
+        let positions: Vec<usize> = branches.iter().map(|b| pos + b.len() - 1).collect();
+        let furthest = positions.iter().max().map_or(pos, |&p| p + 1);
+        let attended = furthest.next_multiple_of(POSITION_STEP);
+        let slots: Vec<u32> = branches
+            .iter()
+            .flat_map(|branch| {
+                let seen = (0..pos).chain(branch.iter().copied());
+                seen.chain(std::iter::repeat(0))
+                    .take(attended)
+                    .map(|s| s as u32)
+            })
+            .collect();
+        let ids: Vec<u32> = positions.iter().map(|&p| p as u32).collect();
+        Ok(Rows {
+            position_ids: Tensor::new(ids, device)?,
+            slot_ids: Tensor::from_vec(slots, t * attended, device)?,
+            positions,
+            attended,
+        })
+    }
+
+    /// The additive mask over each row's `attended` positions: row i sees positions
+    /// `first..=positions[i]`, where `first` is 0, or the start of a `window`.
+    fn mask(&self, window: Option<usize>, device: &Device) -> Result<Tensor> {
+        let attended = self.attended;
+        let mask: Vec<f32> = self
+            .positions
+            .iter()
+            .flat_map(|&p| {
+                let first = window.map_or(0, |w| (p + 1).saturating_sub(w));
                 (0..attended).map(move |j| {
-                    if j > pos + i || j < first(i) {
+                    if j > p || j < first {
                         f32::NEG_INFINITY
                     } else {
                         0.0
@@ -352,7 +434,11 @@ impl CandleDecoder {
                 })
             })
             .collect();
-        Ok(Tensor::from_vec(mask, (1, 1, t, attended), &self.device)?)
+        Ok(Tensor::from_vec(
+            mask,
+            (self.positions.len(), attended),
+            device,
+        )?)
     }
 }
 
@@ -365,19 +451,19 @@ fn rope_table(freqs: &[f32], device: &Device) -> Result<(Tensor, Tensor)> {
     Ok((angles.cos()?, angles.sin()?))
 }
 
-impl LanguageModel for CandleDecoder {
-    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
-        if tokens.is_empty() {
-            return Ok(Vec::new());
-        }
+impl CandleDecoder {
+    /// One pass over `tokens` fed after the cache: a chain, or the tree of `parents`. Returns
+    /// each row's logits.
+    fn pass(&mut self, tokens: &[u32], parents: Option<&[Option<usize>]>) -> Result<Vec<Vec<f32>>> {
         crate::lm::check_vocab(tokens, self.vocab)?;
-        let pos = self.cached;
+        self.tree = None;
+        let (pos, t) = (self.cached, tokens.len());
+        let rows = Rows::new(t, pos, parents, &self.device)?;
         let ids = Tensor::new(tokens, &self.device)?;
         let mut x = self.embeddings.index_select(&ids, 0)?.unsqueeze(0)?;
-        let t = tokens.len();
-        let global = self.mask(t, pos, None)?;
+        let global = rows.mask(None, &self.device)?;
         let windowed = match self.layers.iter().find_map(|l| l.w.window) {
-            Some(w) => Some(self.mask(t, pos, Some(w))?),
+            Some(w) => Some(rows.mask(Some(w), &self.device)?),
             None => None,
         };
         for li in 0..self.layers.len() {
@@ -386,7 +472,7 @@ impl LanguageModel for CandleDecoder {
                 (Some(_), Some(m)) => m,
                 _ => &global,
             };
-            let mut attended = self.attention(li, &h, pos, mask)?;
+            let mut attended = self.attention(li, &h, pos, &rows, mask)?;
             let layer = &self.layers[li];
             if let Some([post_attention, _]) = &layer.w.post_norms {
                 attended = self.rms_norm(&attended, post_attention)?;
@@ -410,8 +496,37 @@ impl LanguageModel for CandleDecoder {
             .matmul(&self.output, &x)?
             .squeeze(0)?
             .to_dtype(DType::F32)?;
-        self.cached += tokens.len();
+        self.cached += t;
         Ok(logits.to_vec2()?)
+    }
+}
+
+/// Checks that `parents` is a token tree over `n` tokens in preorder: node 0 follows the
+/// cache, every other node a node before it.
+fn check_tree(n: usize, parents: &[Option<usize>]) -> Result<()> {
+    let ok = n > 0
+        && parents.len() == n
+        && parents[0].is_none()
+        && parents
+            .iter()
+            .enumerate()
+            .skip(1)
+            .all(|(i, p)| p.is_some_and(|p| p < i));
+    match ok {
+        true => Ok(()),
+        false => Err(crate::Error::input(
+            "a token tree needs one parent per token, node 0 following the cache and every \
+             other node after its parent",
+        )),
+    }
+}
+
+impl LanguageModel for CandleDecoder {
+    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        if tokens.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.pass(tokens, None)
     }
 
     fn cache_len(&self) -> usize {
@@ -422,6 +537,7 @@ impl LanguageModel for CandleDecoder {
         // Positions past `len` stay in the cache, masked out of every later pass (a row weighs
         // them exactly 0) until a pass writes over them.
         self.cached = len.min(self.cached);
+        self.tree = None;
     }
 
     fn vocab_size(&self) -> usize {
@@ -435,4 +551,64 @@ impl LanguageModel for CandleDecoder {
     fn bos_token(&self) -> Option<u32> {
         self.cfg.bos
     }
+
+    fn max_tree_rows(&self) -> usize {
+        MAX_TREE_ROWS
+    }
+
+    /// Every row at once; each is the same bits as its branch fed as a chain (its keys are
+    /// gathered in the order of its own positions, `Rows`).
+    fn score_tree_first(
+        &mut self,
+        tokens: &[u32],
+        parents: &[Option<usize>],
+        _first: usize,
+    ) -> Result<Vec<Logits>> {
+        check_tree(tokens.len(), parents)?;
+        if tokens.len() > MAX_TREE_ROWS {
+            return Err(crate::Error::input(format!(
+                "a token tree of {} nodes: at most {MAX_TREE_ROWS}",
+                tokens.len()
+            )));
+        }
+        let base = self.cached;
+        let rows = self.pass(tokens, Some(parents))?;
+        self.tree = Some((base, parents.to_vec()));
+        Ok(rows.into_iter().map(Logits::Dense).collect())
+    }
+
+    fn keep_path(&mut self, path: &[usize]) -> Result<()> {
+        let Some((base, parents)) = self.tree.take() else {
+            return Err(crate::Error::Model(
+                "keep_path: no tree pass to keep a path of".into(),
+            ));
+        };
+        let is_path = path.first() == Some(&0)
+            && path
+                .windows(2)
+                .all(|w| parents.get(w[1]).copied().flatten() == Some(w[0]));
+        if !is_path {
+            return Err(crate::Error::input(format!(
+                "keep_path: {path:?} is not a path from node 0 of the last tree"
+            )));
+        }
+        // The path's keys and values move to the slots a chain of it would have filled.
+        let slots: Vec<u32> = path.iter().map(|&n| (base + n) as u32).collect();
+        let slots = Tensor::new(slots, &self.device)?;
+        for layer in &mut self.layers {
+            if let Some((keys, values)) = &layer.cache {
+                let (k, v) = (
+                    keys.index_select(&slots, 1)?,
+                    values.index_select(&slots, 1)?,
+                );
+                keys.slice_set(&k, 1, base)?;
+                values.slice_set(&v, 1, base)?;
+            }
+        }
+        self.cached = base + path.len();
+        Ok(())
+    }
 }
+
+/// Nodes a token tree verified in one pass may have.
+const MAX_TREE_ROWS: usize = 64;
