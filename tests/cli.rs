@@ -1483,3 +1483,43 @@ fn options_that_do_not_apply_and_numbers_past_their_bounds_are_refused_clearly()
     let e = err(&infgram(&[&gen[..], &["--temperature", "1e308"]].concat()));
     assert!(e.contains("1e308") && e.len() < 200, "{e}");
 }
+
+/// `--device cuda`: refused with what to do in a build without the `cuda` feature (the tests'
+/// build) or on a machine without CUDA, never a crash; with the native backend named, refused;
+/// model options without `--model`, refused rather than ignored.
+#[cfg(feature = "neural")]
+#[test]
+fn device_cuda_without_a_gpu_says_what_to_do() {
+    let tmp = tempfile::tempdir().unwrap();
+    let index = build(tmp.path());
+    let idx = index.to_str().unwrap();
+    let model = infgram::assets::ensure_model("smollm2-135m").unwrap();
+    let model = model.to_str().unwrap();
+    let gen = ["gen", "--prompt", "The", "--max-tokens", "2"];
+    let e = err(&infgram(
+        &[&gen[..], &["--model", model, "--device", "cuda"]].concat(),
+    ));
+    assert!(
+        e.contains("--device cuda")
+            && (e.contains("built without the `cuda` feature") || e.contains("library path")),
+        "{e}"
+    );
+    let e = err(&infgram(
+        &[
+            &gen[..],
+            &["--model", model, "--device", "cuda", "--backend", "native"],
+        ]
+        .concat(),
+    ));
+    assert!(e.contains("--backend candle"), "{e}");
+    for (flag, value) in [
+        ("--device", "cuda"),
+        ("--backend", "candle"),
+        ("--threads", "1"),
+    ] {
+        let e = err(&infgram(
+            &[&gen[..], &["--index", idx, flag, value]].concat(),
+        ));
+        assert!(e.contains(flag) && e.contains("--model"), "{flag}: {e}");
+    }
+}
