@@ -517,7 +517,6 @@ fn a_token_tree_in_one_pass_is_every_branch_fed_as_a_chain() {
         };
         let path = write_model(dir.path(), &family, false);
         let prefix = ids(9, 3);
-        let (tokens, parents) = a_tree(11);
         for isa in Isa::available() {
             for threads in [1, 2] {
                 let what = format!("{} {isa:?} {threads} threads", family.name);
@@ -525,36 +524,7 @@ fn a_token_tree_in_one_pass_is_every_branch_fed_as_a_chain() {
                     .unwrap()
                     .with_isa(isa)
                     .with_threads(threads);
-                assert_eq!(m.max_tree_rows(), 64, "{what}");
-                m.feed(&prefix).unwrap();
-                let mut rows = m.score_tree_first(&tokens, &parents, 3).unwrap();
-                while rows.len() < tokens.len() {
-                    let more = m.score_more(2).unwrap();
-                    assert!(!more.is_empty(), "{what}");
-                    rows.extend(more);
-                }
-                assert!(m.score_more(2).unwrap().is_empty());
-                for (i, row) in rows.iter().enumerate() {
-                    let nodes = branch(&parents, i);
-                    let chain: Vec<u32> = nodes.iter().map(|&n| tokens[n]).collect();
-                    m.truncate(prefix.len());
-                    let want = m.forward(&chain).unwrap().pop().unwrap();
-                    assert_eq!(row.clone().into_dense(), want, "{what}: node {i}");
-                }
-                // Keep the branch 0 → 1 → 6 → 7, then go on: the chain's rows.
-                m.truncate(prefix.len());
-                m.score_tree_first(&tokens, &parents, 1).unwrap();
-                m.keep_path(&[0, 1, 6, 7]).unwrap();
-                assert_eq!(m.cache_len(), prefix.len() + 4);
-                let next = m.forward(&[5, 6]).unwrap();
-                m.truncate(prefix.len());
-                let chain = [tokens[0], tokens[1], tokens[6], tokens[7], 5, 6];
-                let want = m.forward(&chain).unwrap();
-                assert_eq!(next, want[4..], "{what}: after keeping a branch");
-                // A path that is not one is refused.
-                m.truncate(prefix.len());
-                m.score_tree_first(&tokens, &parents, 1).unwrap();
-                assert!(m.keep_path(&[0, 2]).is_err(), "{what}");
+                tree_rows_are_chain_rows(&mut m, &prefix, &what);
             }
         }
     }
@@ -569,31 +539,43 @@ fn the_candle_pass_verifies_a_token_tree_as_its_branches_fed_as_chains() {
     for family in &FAMILIES {
         let path = write_model(dir.path(), family, false);
         let prefix = ids(9, 3);
-        let (tokens, parents) = a_tree(11);
         let what = family.name;
         let mut m = CandleDecoder::from_gguf(&path).unwrap();
-        assert_eq!(m.max_tree_rows(), 64, "{what}");
-        m.feed(&prefix).unwrap();
-        let rows = m.score_tree_first(&tokens, &parents, 3).unwrap();
-        assert_eq!(rows.len(), tokens.len(), "{what}");
-        for (i, row) in rows.iter().enumerate() {
-            let nodes = branch(&parents, i);
-            let chain: Vec<u32> = nodes.iter().map(|&n| tokens[n]).collect();
-            m.truncate(prefix.len());
-            let want = m.forward(&chain).unwrap().pop().unwrap();
-            assert_eq!(row.clone().into_dense(), want, "{what}: node {i}");
-        }
-        m.truncate(prefix.len());
-        m.score_tree_first(&tokens, &parents, 1).unwrap();
-        m.keep_path(&[0, 1, 6, 7]).unwrap();
-        assert_eq!(m.cache_len(), prefix.len() + 4);
-        let next = m.forward(&[5, 6]).unwrap();
-        m.truncate(prefix.len());
-        let chain = [tokens[0], tokens[1], tokens[6], tokens[7], 5, 6];
-        let want = m.forward(&chain).unwrap();
-        assert_eq!(next, want[4..], "{what}: after keeping a branch");
-        m.truncate(prefix.len());
-        m.score_tree_first(&tokens, &parents, 1).unwrap();
-        assert!(m.keep_path(&[0, 2]).is_err(), "{what}");
+        tree_rows_are_chain_rows(&mut m, &prefix, what);
     }
+}
+
+/// After `prefix`, [`a_tree`] verified in one pass (its first 3 rows, then the rest as asked)
+/// gives every node the bits of its branch fed as a chain; after keeping the branch
+/// 0 → 1 → 6 → 7 the next rows are the chain's; a path that is not one is refused.
+fn tree_rows_are_chain_rows(m: &mut dyn LanguageModel, prefix: &[u32], what: &str) {
+    let (tokens, parents) = a_tree(11);
+    assert_eq!(m.max_tree_rows(), 64, "{what}");
+    m.feed(prefix).unwrap();
+    let mut rows = m.score_tree_first(&tokens, &parents, 3).unwrap();
+    while rows.len() < tokens.len() {
+        let more = m.score_more(2).unwrap();
+        assert!(!more.is_empty(), "{what}");
+        rows.extend(more);
+    }
+    assert!(m.score_more(2).unwrap().is_empty());
+    for (i, row) in rows.iter().enumerate() {
+        let nodes = branch(&parents, i);
+        let chain: Vec<u32> = nodes.iter().map(|&n| tokens[n]).collect();
+        m.truncate(prefix.len());
+        let want = m.forward(&chain).unwrap().pop().unwrap();
+        assert_eq!(row.clone().into_dense(), want, "{what}: node {i}");
+    }
+    m.truncate(prefix.len());
+    m.score_tree_first(&tokens, &parents, 1).unwrap();
+    m.keep_path(&[0, 1, 6, 7]).unwrap();
+    assert_eq!(m.cache_len(), prefix.len() + 4);
+    let next = m.forward(&[5, 6]).unwrap();
+    m.truncate(prefix.len());
+    let chain = [tokens[0], tokens[1], tokens[6], tokens[7], 5, 6];
+    let want = m.forward(&chain).unwrap();
+    assert_eq!(next, want[4..], "{what}: after keeping a branch");
+    m.truncate(prefix.len());
+    m.score_tree_first(&tokens, &parents, 1).unwrap();
+    assert!(m.keep_path(&[0, 2]).is_err(), "{what}");
 }
