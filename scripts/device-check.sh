@@ -29,10 +29,10 @@ for f in "$infgram" "$bench"; do
 done
 
 # bench_decode's corpus where build-cuda.sh packed it (a GPU machine may have no network).
-if [ -f "$bin/corpora.tar.zst" ]; then
+if [ -f "$bin/corpora.tar.gz" ]; then
     export INFGRAM_CACHE=${INFGRAM_CACHE:-/tmp/infgram-cache}
     mkdir -p "$INFGRAM_CACHE"
-    zstd -q -d -c "$bin/corpora.tar.zst" | tar -C "$INFGRAM_CACHE" -xf -
+    tar -C "$INFGRAM_CACHE" -xzf "$bin/corpora.tar.gz"
 fi
 
 # The CUDA libraries: PyTorch's wheels carry them (site-packages/nvidia/*/lib).
