@@ -388,6 +388,28 @@ pub fn check_vocab(tokens: &[u32], vocab: usize) -> Result<()> {
     }
 }
 
+/// Refuses what is not a token tree as [`LanguageModel::score_tree_first`] takes one: a parent
+/// for each of `n` tokens (at least one), node 0 following the cache and every other node a
+/// node before it (preorder). Every model that verifies trees checks its input here.
+pub fn check_tree(n: usize, parents: &[Option<usize>]) -> Result<()> {
+    let bad = |what: String| Err(Error::input(format!("a token tree {what}")));
+    if parents.len() != n || n == 0 {
+        return bad("needs one parent per token, and a token".into());
+    }
+    for (i, &parent) in parents.iter().enumerate() {
+        match parent {
+            None if i == 0 => {}
+            Some(p) if p < i => {}
+            _ => {
+                return bad(format!(
+                    "lists node {i} before its parent or as a second root"
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Index of the largest logit (the smallest id among ties).
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0usize;

@@ -62,22 +62,12 @@ pub fn layers<B: Backend>(
     for i in 0..cfg.n_layer {
         let name = |n: &str| format!("blk.{i}.{n}.weight");
         // A matrix, checked to be rows × dim (`wide`: dim × rows).
-        let mut m = |g: &mut Gguf, n: &str, rows: Option<usize>, wide: bool| {
+        let mut m = |g: &mut Gguf, n: &str, rows: Option<usize>, wide: bool| -> Result<B::Matrix> {
             let matrix = backend.matrix(g, &name(n))?;
             let got = B::shape(&matrix);
             let rows = rows.unwrap_or(if wide { got.1 } else { got.0 });
             let want = if wide { (dim, rows) } else { (rows, dim) };
-            if got != want {
-                return Err(g.error(format!(
-                    "tensor {} is {} × {} where the metadata implies {} × {}; the file is \
-                     inconsistent",
-                    name(n),
-                    got.0,
-                    got.1,
-                    want.0,
-                    want.1
-                )));
-            }
+            check_shape(g, &name(n), got, want)?;
             Ok(matrix)
         };
         let wq = m(gguf, "attn_q", Some(q_width), false)?;
@@ -138,6 +128,23 @@ pub fn layers<B: Backend>(
         });
     }
     Ok(layers)
+}
+
+/// Refuses the matrix `name` of shape `got` (rows × columns) where the description implies
+/// `want`, before any pass runs.
+pub fn check_shape(
+    gguf: &Gguf,
+    name: &str,
+    got: (usize, usize),
+    want: (usize, usize),
+) -> Result<()> {
+    if got == want {
+        return Ok(());
+    }
+    Err(gguf.error(format!(
+        "tensor {name} is {} × {} where the metadata implies {} × {}; the file is inconsistent",
+        got.0, got.1, want.0, want.1
+    )))
 }
 
 /// The values of the vector `name` (dequantized on the CPU), `offset` added to each, checked

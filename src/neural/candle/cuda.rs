@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use candle_core::Device;
 
 /// The libraries candle's CUDA backend opens, with where each comes from.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[cfg(feature = "cuda")]
 const LIBRARIES: [(&str, &str); 5] = [
     ("cuda", "the NVIDIA driver"),
     ("cublas", "cuBLAS; pip: nvidia-cublas"),
@@ -21,7 +21,7 @@ const LIBRARIES: [(&str, &str); 5] = [
 
 /// The file names a library is looked for under (those of candle's loader, cudarc, that
 /// Linux uses): unversioned, the driver's `.1`, and the CUDA major versions.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[cfg(feature = "cuda")]
 fn candidates(lib: &str) -> Vec<String> {
     let mut names = vec![format!("lib{lib}.so"), format!("lib{lib}.so.1")];
     names.extend(["13", "12", "11", "10"].map(|major| format!("lib{lib}.so.{major}")));
@@ -29,7 +29,7 @@ fn candidates(lib: &str) -> Vec<String> {
 }
 
 /// Whether the dynamic loader finds `name` (the handle is kept: candle opens it next).
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[cfg(feature = "cuda")]
 fn loadable(name: &str) -> bool {
     let Ok(c) = std::ffi::CString::new(name) else {
         return false;
@@ -39,7 +39,7 @@ fn loadable(name: &str) -> bool {
 }
 
 /// The CUDA libraries that cannot be opened here, as "libNAME (where it comes from)".
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[cfg(feature = "cuda")]
 pub fn missing_libraries() -> Vec<String> {
     LIBRARIES
         .iter()

@@ -207,11 +207,6 @@ impl CandleDecoder {
         })
     }
 
-    /// The device the passes run on.
-    pub fn device(&self) -> &Device {
-        &self.device
-    }
-
     /// `x · wᵀ` for `x: (1, t, k)`, on a fixed number of rows per call
     /// ([`CandleDecoder::rows_per_call`]), so that a row's product does not depend on `t`.
     fn matmul(&self, w: &QMatMul, x: &Tensor) -> Result<Tensor> {
@@ -356,6 +351,54 @@ impl CandleDecoder {
         values.slice_set(&v.contiguous()?, 1, pos)?;
         Ok((keys.clone(), values.clone()))
     }
+
+    /// One pass over `tokens` fed after the cache: a chain, or the tree of `parents`. Returns
+    /// each row's logits.
+    fn pass(&mut self, tokens: &[u32], parents: Option<&[Option<usize>]>) -> Result<Vec<Vec<f32>>> {
+        crate::lm::check_vocab(tokens, self.vocab)?;
+        self.tree = None;
+        let (pos, t) = (self.cached, tokens.len());
+        let rows = Rows::new(t, pos, parents, &self.device)?;
+        let ids = Tensor::new(tokens, &self.device)?;
+        let mut x = self.embeddings.index_select(&ids, 0)?.unsqueeze(0)?;
+        let global = rows.mask(None, &self.device)?;
+        let windowed = match self.layers.iter().find_map(|l| l.w.window) {
+            Some(w) => Some(rows.mask(Some(w), &self.device)?),
+            None => None,
+        };
+        for li in 0..self.layers.len() {
+            let h = self.rms_norm(&x, &self.layers[li].w.attn_norm)?;
+            let mask = match (self.layers[li].w.window, &windowed) {
+                (Some(_), Some(m)) => m,
+                _ => &global,
+            };
+            let mut attended = self.attention(li, &h, pos, &rows, mask)?;
+            let layer = &self.layers[li];
+            if let Some([post_attention, _]) = &layer.w.post_norms {
+                attended = self.rms_norm(&attended, post_attention)?;
+            }
+            x = (attended + x)?;
+            let h = self.rms_norm(&x, &layer.w.ffn_norm)?;
+            let gate = self.matmul(&layer.w.w_gate, &h)?;
+            let gate = match self.cfg.activation {
+                Activation::Silu => candle_nn::ops::silu(&gate)?,
+                Activation::GeluTanh => gate.gelu()?,
+            };
+            let up = self.matmul(&layer.w.w_up, &h)?;
+            let mut y = self.matmul(&layer.w.w_down, &(gate * up)?)?;
+            if let Some([_, post_ffw]) = &layer.w.post_norms {
+                y = self.rms_norm(&y, post_ffw)?;
+            }
+            x = (y + x)?;
+        }
+        let x = self.rms_norm(&x, &self.norm)?;
+        let logits = self
+            .matmul(&self.output, &x)?
+            .squeeze(0)?
+            .to_dtype(DType::F32)?;
+        self.cached += t;
+        Ok(logits.to_vec2()?)
+    }
 }
 
 /// Where the rows of a pass stand: row i, fed at cache slot `pos + i`, stands at position
@@ -451,76 +494,6 @@ fn rope_table(freqs: &[f32], device: &Device) -> Result<(Tensor, Tensor)> {
     Ok((angles.cos()?, angles.sin()?))
 }
 
-impl CandleDecoder {
-    /// One pass over `tokens` fed after the cache: a chain, or the tree of `parents`. Returns
-    /// each row's logits.
-    fn pass(&mut self, tokens: &[u32], parents: Option<&[Option<usize>]>) -> Result<Vec<Vec<f32>>> {
-        crate::lm::check_vocab(tokens, self.vocab)?;
-        self.tree = None;
-        let (pos, t) = (self.cached, tokens.len());
-        let rows = Rows::new(t, pos, parents, &self.device)?;
-        let ids = Tensor::new(tokens, &self.device)?;
-        let mut x = self.embeddings.index_select(&ids, 0)?.unsqueeze(0)?;
-        let global = rows.mask(None, &self.device)?;
-        let windowed = match self.layers.iter().find_map(|l| l.w.window) {
-            Some(w) => Some(rows.mask(Some(w), &self.device)?),
-            None => None,
-        };
-        for li in 0..self.layers.len() {
-            let h = self.rms_norm(&x, &self.layers[li].w.attn_norm)?;
-            let mask = match (self.layers[li].w.window, &windowed) {
-                (Some(_), Some(m)) => m,
-                _ => &global,
-            };
-            let mut attended = self.attention(li, &h, pos, &rows, mask)?;
-            let layer = &self.layers[li];
-            if let Some([post_attention, _]) = &layer.w.post_norms {
-                attended = self.rms_norm(&attended, post_attention)?;
-            }
-            x = (attended + x)?;
-            let h = self.rms_norm(&x, &layer.w.ffn_norm)?;
-            let gate = self.matmul(&layer.w.w_gate, &h)?;
-            let gate = match self.cfg.activation {
-                Activation::Silu => candle_nn::ops::silu(&gate)?,
-                Activation::GeluTanh => gate.gelu()?,
-            };
-            let up = self.matmul(&layer.w.w_up, &h)?;
-            let mut y = self.matmul(&layer.w.w_down, &(gate * up)?)?;
-            if let Some([_, post_ffw]) = &layer.w.post_norms {
-                y = self.rms_norm(&y, post_ffw)?;
-            }
-            x = (y + x)?;
-        }
-        let x = self.rms_norm(&x, &self.norm)?;
-        let logits = self
-            .matmul(&self.output, &x)?
-            .squeeze(0)?
-            .to_dtype(DType::F32)?;
-        self.cached += t;
-        Ok(logits.to_vec2()?)
-    }
-}
-
-/// Checks that `parents` is a token tree over `n` tokens in preorder: node 0 follows the
-/// cache, every other node a node before it.
-fn check_tree(n: usize, parents: &[Option<usize>]) -> Result<()> {
-    let ok = n > 0
-        && parents.len() == n
-        && parents[0].is_none()
-        && parents
-            .iter()
-            .enumerate()
-            .skip(1)
-            .all(|(i, p)| p.is_some_and(|p| p < i));
-    match ok {
-        true => Ok(()),
-        false => Err(crate::Error::input(
-            "a token tree needs one parent per token, node 0 following the cache and every \
-             other node after its parent",
-        )),
-    }
-}
-
 impl LanguageModel for CandleDecoder {
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
         if tokens.is_empty() {
@@ -564,7 +537,7 @@ impl LanguageModel for CandleDecoder {
         parents: &[Option<usize>],
         _first: usize,
     ) -> Result<Vec<Logits>> {
-        check_tree(tokens.len(), parents)?;
+        crate::lm::check_tree(tokens.len(), parents)?;
         if tokens.len() > MAX_TREE_ROWS {
             return Err(crate::Error::input(format!(
                 "a token tree of {} nodes: at most {MAX_TREE_ROWS}",

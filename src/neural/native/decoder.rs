@@ -14,9 +14,9 @@
 
 use crate::error::{Error, Result};
 use crate::lm::{LanguageModel, Logits};
-use crate::neural::arch::layers::{rope_frequencies, weights, Backend as _};
+use crate::neural::arch::layers::{check_shape, rope_frequencies, weights, Backend as _};
 use crate::neural::arch::{Activation, Architecture, RopeStyle};
-use crate::neural::load::gguf::{model_err, Gguf};
+use crate::neural::load::gguf::Gguf;
 use crate::neural::native::attention::{attend, KvCache};
 use crate::neural::native::gates::{gelu_mul, silu_mul};
 use crate::neural::native::kernels::{matmul, matmul_many, Isa, QMatrix, QRows};
@@ -136,22 +136,6 @@ pub struct Decoder {
     tree: Option<(usize, TreeLayout)>,
 }
 
-/// Refuses a matrix whose shape contradicts the description (before any pass runs).
-fn check_shape(path: &Path, name: &str, m: &QMatrix, rows: usize, cols: usize) -> Result<()> {
-    if (m.rows(), m.cols()) == (rows, cols) {
-        return Ok(());
-    }
-    Err(model_err(
-        path,
-        format!(
-            "tensor {name} is {} × {} where the metadata implies {rows} × {cols}; the file is \
-             inconsistent",
-            m.rows(),
-            m.cols()
-        ),
-    ))
-}
-
 impl Decoder {
     /// Loads a GGUF file of any supported family, keeping its weights' blocks.
     pub fn from_gguf(path: &Path) -> Result<Self> {
@@ -176,10 +160,16 @@ impl Decoder {
         let mut tiles = Tiles { path, requant };
         let embeddings = tiles.matrix(&mut gguf, "token_embd.weight")?;
         let vocab = embeddings.rows();
-        check_shape(path, "token_embd.weight", &embeddings, vocab, dim)?;
+        check_shape(
+            &gguf,
+            "token_embd.weight",
+            Tiles::shape(&embeddings),
+            (vocab, dim),
+        )?;
         let output = if gguf.has("output.weight") {
             let output = tiles.matrix(&mut gguf, "output.weight")?;
-            check_shape(path, "output.weight", &output, output.rows(), dim)?;
+            let shape = Tiles::shape(&output);
+            check_shape(&gguf, "output.weight", shape, (shape.0, dim))?;
             Some(output)
         } else {
             None

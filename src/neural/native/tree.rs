@@ -39,22 +39,14 @@ impl TreeLayout {
     /// The layout of a tree in preorder: node i holds `tokens[i]` and follows `parents[i]`
     /// (`None`: the cached context; only node 0).
     pub fn new(tokens: &[u32], parents: &[Option<usize>]) -> Result<TreeLayout> {
-        let bad = |what: String| Err(Error::input(format!("a token tree {what}")));
-        if tokens.len() != parents.len() || tokens.is_empty() {
-            return bad("needs one parent per token, and a token".into());
-        }
+        crate::lm::check_tree(tokens.len(), parents)?;
         let mut l = TreeLayout::default();
-        for (i, (&token, &parent)) in tokens.iter().zip(parents).enumerate() {
+        for (&token, &parent) in tokens.iter().zip(parents) {
             let (depth, above) = match parent {
-                None if i == 0 => (0, 0u64),
-                Some(p) if p < i => {
+                None => (0, 0u64),
+                Some(p) => {
                     let s = l.slot[p];
                     (l.depth[s] + 1, l.visible[s])
-                }
-                _ => {
-                    return bad(format!(
-                        "lists node {i} before its parent or as a second root"
-                    ))
                 }
             };
             if l.tokens.len() % 2 != depth % 2 {
@@ -63,7 +55,9 @@ impl TreeLayout {
             l.slot.push(l.tokens.len());
             l.push(token, depth, above, false);
             if l.tokens.len() > MAX_TREE_ROWS {
-                return bad(format!("needs more than {MAX_TREE_ROWS} rows"));
+                return Err(Error::input(format!(
+                    "a token tree needs more than {MAX_TREE_ROWS} rows"
+                )));
             }
         }
         Ok(l)
