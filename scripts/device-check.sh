@@ -46,7 +46,9 @@ except Exception:
 print(":".join(sorted({d for r in roots for d in glob.glob(os.path.join(r, "*", "lib"))})))
 PY
 )
-export LD_LIBRARY_PATH=${libs:+$libs:}${LD_LIBRARY_PATH:-}
+# The driver's libcuda, where the image keeps it off the loader's path.
+driver=$(ls -d /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu 2>/dev/null | tr '\n' ':')
+export LD_LIBRARY_PATH=${libs:+$libs:}${driver}${LD_LIBRARY_PATH:-}
 
 section() { printf '\n## %s\n\n' "$*"; }
 section "Machine"
@@ -73,6 +75,40 @@ for model in "$@"; do
         [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "(did not finish in ${limit} s; last lines:)"; tail -3 "$log"; }
         rm -f "$log"
     done
+    # The other decoders on the device, each against plain decoding (`identical`), and the
+    # model's perplexity: a Shakespeare passage the prompts quote.
+    section "$name: the other decoders and ppl on the GPU (speculative vs plain, greedy)"
+    text=$(mktemp --suffix .txt)
+    printf 'ROMEO:\nBut, soft! what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\nArise, fair sun, and kill the envious moon,\nWho is already sick and pale with grief,\n' >"$text"
+    past=$(mktemp -u --suffix .past)
+    spec=(gen --model "$model" --device cuda --temperature 0 --max-tokens 96 --json --compare
+        --speculative --prompt "Repeat this passage exactly: $(cat "$text")")
+    for variant in "trees --draft-trees" "mix --mix" "past-outputs(1) --past-outputs $past" \
+        "past-outputs(2) --past-outputs $past" "guard --guard 8 --mix"; do
+        read -r label flags <<<"$variant"
+        # shellcheck disable=SC2086
+        timeout 90 "$infgram" "${spec[@]}" $flags 2>&1 | tail -1 | python3 -c '
+import json, sys
+line = sys.stdin.read().strip()
+try:
+    r = json.loads(line)
+    keys = ("identical", "tokens_per_second", "plain_tokens_per_second", "speedup")
+    print("%-16s identical %s  %7.1f tok/s  plain %7.1f  speed-up %.2f" % ((sys.argv[1],) + tuple(r[k] for k in keys)))
+except Exception:
+    print("%-16s %s" % (sys.argv[1], line[-300:]))' "$label"
+    done
+    timeout 60 "$infgram" ppl --model "$model" --device cuda --text "$text" 2>&1 | sed -n "1p;\$p" | sed "s/^/GPU /"
+    timeout 60 "$infgram" ppl --model "$model" --text "$text" 2>&1 | sed -n "1p;\$p" | sed "s/^/CPU /"
+    rm -f "$text" "$past"
+    # One model on the GPU serving the completions queue (127.0.0.1, one request, then stopped).
+    "$infgram" serve --model "$model" --device cuda --addr 127.0.0.1:18089 --quiet &
+    server=$!
+    for _ in $(seq 60); do curl -sf 127.0.0.1:18089/health >/dev/null && break; sleep 1; done
+    echo "serve --device cuda: $(curl -s -m 30 127.0.0.1:18089/v1/completions \
+        -H 'content-type: application/json' \
+        -d '{"prompt": "The capital of France is", "max_tokens": 12, "temperature": 0, "mode": "speculative"}' \
+        | head -c 300)"
+    kill "$server" 2>/dev/null; wait "$server" 2>/dev/null
     section "$name: Hugging Face transformers on the same GPU"
     "$bench" prompts | timeout 60 python3 "$here/scripts/hf_baseline.py" "$model" \
         --per-set 2 --max-new-tokens 128 2>&1 | tail -8
