@@ -60,15 +60,18 @@ sed -i 's/"dynamic-linking",/"dynamic-loading",/' "$patched/Cargo.toml"
 cp Cargo.lock "$toolchain/Cargo.lock.kept"
 trap 'cp "$toolchain/Cargo.lock.kept" Cargo.lock' EXIT
 patch=(--config "patch.crates-io.candle-core.path=\"$patched\"")
+# Without `plot` (`ppl --plot`): its fonts come through fontconfig, which GPU images often
+# lack (an H100 image had none), and the binary would not start there.
+features=(--no-default-features --features cli,server,cuda)
 if [ "$mode" = check ]; then
-    cargo build --release --features cuda --bin infgram "${patch[@]}"
+    cargo build --release "${features[@]}" --bin infgram "${patch[@]}"
     # It starts without CUDA and answers --device cuda with what is missing.
     "$CARGO_TARGET_DIR/release/infgram" --version
-    ldd "$CARGO_TARGET_DIR/release/infgram" | grep -Ei 'cuda|cublas|curand|nvrtc' && {
-        echo "build-cuda: the binary links a CUDA library; it would not start without one" >&2
+    ldd "$CARGO_TARGET_DIR/release/infgram" | grep -Ei 'cuda|cublas|curand|nvrtc|fontconfig|freetype' && {
+        echo "build-cuda: the binary links a CUDA or font library; it would not start without one" >&2
         exit 1
     }
-    echo "build-cuda: target/cuda/release/infgram links no CUDA library"
+    echo "build-cuda: target/cuda/release/infgram links no CUDA or font library"
     # --device cuda: on a GPU machine, a generation; elsewhere, the error that says what is
     # missing (exit 1), never a crash.
     set +e
@@ -84,10 +87,10 @@ if [ "$mode" = check ]; then
     esac
     # The CPU passes of the cuda build: the candle pass is still batch-invariant, and
     # speculative decoding over it lossless.
-    cargo test --release --features cuda "${patch[@]}" --test architectures --test speculative \
+    cargo test --release "${features[@]}" "${patch[@]}" --test architectures --test speculative \
         -- candle
 else
-    cargo build --release --features cuda --bin infgram --example bench_decode "${patch[@]}"
+    cargo build --release "${features[@]}" --bin infgram --example bench_decode "${patch[@]}"
     # Stripped copies to carry to a GPU machine, and all of it in one gzip'd tar (about 33 MB:
     # one call of the device tool), with bench_decode's Shakespeare corpus for a machine
     # without network.
