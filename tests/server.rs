@@ -1057,7 +1057,11 @@ fn sigterm_stops_the_server_gracefully() {
 #[cfg(feature = "neural")]
 #[test]
 fn neural_completions_with_a_model_loaded_once() {
-    use infgram::service::generate::{generate_with_model, AssemblyOptions, ModelGenRequest};
+    use infgram::service::request::{
+        GenLimits, GenerateRequest, GuardSpec, Prompt, Sampling, Scorer, MAX_GEN_TOKENS,
+    };
+    use infgram::service::run::{generate, ModelIndex};
+    use infgram::service::{Resources, RunOptions};
     let tmp = tempfile::tempdir().unwrap();
     let (train, _) = infgram::assets::tiny_shakespeare_split().unwrap();
     let text = tmp.path().join("ts.txt");
@@ -1096,63 +1100,52 @@ fn neural_completions_with_a_model_loaded_once() {
         infgram::service::models::load_model("smollm2-135m", &Default::default()).unwrap();
     let prompt = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\n";
     let ids = loaded.tokenizer.encode(prompt).unwrap();
+    // The library's one generation call, as a front end makes it.
     let library = |loaded: &mut infgram::service::models::LoadedModel,
                    speculative: bool,
-                   mix: Option<infgram::mix::Mixer>,
+                   mix: bool,
                    guard: Option<usize>| {
-        let req = ModelGenRequest {
-            prompt: ids.clone(),
-            assembly: AssemblyOptions {
-                drafters: if speculative {
-                    vec![DrafterSpec::PromptLookup, DrafterSpec::Corpus]
-                } else {
-                    Vec::new()
-                },
-                drafting_index: Some(drafting.clone()),
-                repetition_penalty: 1.0,
-                guard: guard.map(infgram::service::GuardConfig::new),
-                past_outputs: None,
+        let req = GenerateRequest {
+            prompt: Prompt::Ids(ids.clone()),
+            scorer: if mix { Scorer::Mixture } else { Scorer::Model },
+            drafters: if speculative {
+                vec![DrafterSpec::PromptLookup, DrafterSpec::Corpus]
+            } else {
+                Vec::new()
             },
-            mix,
-            decode: infgram::decode::DecodeConfig {
-                max_tokens: 24,
+            guard: guard.map(|max_span| GuardSpec {
+                max_span,
+                ignore_prompt: false,
+            }),
+            sampling: Sampling {
+                temperature: Some(0.0),
                 ..Default::default()
             },
-        };
-        let mut sampler = Sampler::new(
-            SamplerConfig {
-                temperature: 0.0,
-                top_p: 1.0,
-                top_k: 0,
+            limits: GenLimits {
+                max_tokens: Some(24),
+                ..Default::default()
             },
-            None,
-        );
-        let g = generate_with_model(
-            loaded.model.as_mut(),
-            &loaded.tokenizer,
-            &req,
-            &mut sampler,
-            |_| {},
-        )
+        }
+        .check(MAX_GEN_TOKENS)
         .unwrap();
-        loaded.tokenizer.decode(&g.tokens).unwrap()
+        let index = ModelIndex::check(drafting.clone(), &loaded.tokenizer, mix).unwrap();
+        let mut res = Resources::model(loaded.model.as_mut(), &loaded.tokenizer, "smollm2-135m")
+            .drafting_index(Some(index), None);
+        generate(&req, &mut res, &RunOptions::default(), |_| {})
+            .unwrap()
+            .text
     };
-    let plain = library(&mut loaded, false, None, None);
-    let mixed = library(
-        &mut loaded,
-        false,
-        Some(infgram::mix::Mixer::default()),
-        None,
-    );
-    let guarded = library(&mut loaded, false, None, Some(4));
+    let plain = library(&mut loaded, false, false, None);
+    let mixed = library(&mut loaded, false, true, None);
+    let guarded = library(&mut loaded, false, false, Some(4));
     // Requests open no index: the server's opened indexes flow to the drafters, the mixture
     // and the guard (issue 28: a mixed, guarded request opened one up to three times).
-    let opens = || {
+    let counter = |name: &str| {
         let (_, text) = server.request("GET", "/metrics", None);
         let line = text
             .lines()
-            .find(|l| l.starts_with("infgram_index_opens_total "))
-            .unwrap_or_else(|| panic!("no opens counter: {text}"))
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no counter {name}: {text}"))
             .to_string();
         line.split_whitespace()
             .nth(1)
@@ -1160,6 +1153,8 @@ fn neural_completions_with_a_model_loaded_once() {
             .parse::<f64>()
             .unwrap()
     };
+    let opens = || counter("infgram_index_opens_total");
+    let checks = || counter("infgram_tokenizer_checks_total");
     let opened_at_start = opens();
     assert!(opened_at_start >= 2.0, "{opened_at_start}");
     for (mode, guard, want) in [
@@ -1171,8 +1166,15 @@ fn neural_completions_with_a_model_loaded_once() {
     ] {
         let body = json!({"prompt": prompt, "max_tokens": 24, "temperature": 0, "mode": mode,
                           "index": "ts", "guard": guard});
+        // Issue 47: one completion binds its index once: one tokenizer check, no open.
+        let checked_before = checks();
         let (status, v) = server.post("/v1/completions", &body.to_string());
         assert_eq!(status, 200, "{mode}: {v}");
+        assert_eq!(
+            checks(),
+            checked_before + 1.0,
+            "{mode}: checks of one completion"
+        );
         assert_eq!(v["choices"][0]["text"].as_str().unwrap(), want, "{mode}");
         assert_eq!(v["infgram"]["mode"], mode);
         assert!(v["model"].as_str().unwrap().contains("smollm2-135m"), "{v}");
@@ -1244,6 +1246,52 @@ fn neural_completions_with_a_model_loaded_once() {
         r#"{"prompt": "the", "mode": "sbis", "index": "small", "max_tokens": 5}"#,
     );
     assert_eq!(status, 200);
+    // Issue 47: the CLI and the server make one service call for a generation and give one
+    // report: the same request (speculative, guarded) has the same fields through both.
+    let out = output(&[
+        "gen",
+        "--model",
+        "smollm2-135m",
+        "--index",
+        idx.to_str().unwrap(),
+        "--speculative",
+        "--guard",
+        "4",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "24",
+        "--raw",
+        "--threads",
+        "1",
+        "--json",
+        "--prompt",
+        prompt,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cli: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let body = json!({"prompt": prompt, "max_tokens": 24, "temperature": 0,
+                      "mode": "speculative", "index": "ts", "guard": 4});
+    let (status, v) = server.post("/v1/completions", &body.to_string());
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(cli["text"], v["choices"][0]["text"], "{cli} {v}");
+    assert_eq!(cli["text"].as_str().unwrap(), guarded);
+    for key in [
+        "token_ids",
+        "tokens",
+        "prompt_tokens",
+        "natural_end",
+        "max_copied_span",
+        "guard_exhausted",
+        "speculative",
+        "mix",
+    ] {
+        assert_eq!(cli[key], v["infgram"][key], "{key}: {cli} {v}");
+    }
     // A client that leaves mid-stream: its generation stops, and the next one runs at once.
     let body = json!({"prompt": prompt, "max_tokens": 2048, "stream": true, "temperature": 0.7,
                       "seed": 3})

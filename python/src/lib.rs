@@ -1137,17 +1137,14 @@ struct SbisArgs<'a> {
 impl SbisArgs<'_> {
     /// The library's request from these arguments, checked (a bad one names Python's
     /// parameter: `ValueError`), run by `run` with the GIL released, as
-    /// `{text, tokens, hit_end[, guard]}`. A shard that did not answer is a `RuntimeError`.
+    /// `{text, tokens, hit_end[, guard]}` and the report's speed. A shard that did not answer
+    /// is a `RuntimeError`. `bind` makes the resources it runs over: one call of the service's
+    /// generation ([`infgram::service::run::generate`]).
     fn run(
         self,
         py: Python<'_>,
-        tok: &dyn Tokenizer,
-        run: impl FnOnce(
-                &[u32],
-                &infgram::service::GenConfig,
-                &mut infgram::decode::Sampler,
-            ) -> infgram::Result<infgram::service::Generation>
-            + Send,
+        tok: Arc<dyn Tokenizer>,
+        bind: impl for<'t> FnOnce(&'t dyn Tokenizer) -> infgram::service::Resources<'t> + Send,
     ) -> Ans {
         use infgram::service::request::{
             EstimatorSpec, GenLimits, GenerateRequest, GuardSpec, Prompt, Sampling, Scorer,
@@ -1193,19 +1190,25 @@ impl SbisArgs<'_> {
         let checked = request
             .check(MAX_GEN_TOKENS)
             .map_err(|e| invalid(e.rename_field(PARAMETER_NAMES)))?;
-        let ids = checked.prompt_ids(tok).map_err(invalid)?;
-        let cfg = checked.gen_config(None, None);
-        let gen = py
-            .detach(|| run(&ids, &cfg, &mut checked.sampler()))
+        let opts = infgram::service::RunOptions::default();
+        let report = py
+            .detach(|| {
+                let mut res = bind(tok.as_ref());
+                infgram::service::run::generate(&checked, &mut res, &opts, |_| {})
+            })
             .map_err(|e| match e {
                 infgram::Error::Unavailable(_) => runtime(e),
                 e => invalid(e),
             })?;
         let d = PyDict::new(py);
-        d.set_item("text", tok.decode(&gen.tokens).map_err(invalid)?)?;
-        d.set_item("tokens", &gen.tokens)?;
-        d.set_item("hit_end", gen.hit_end)?;
-        if let Some(g) = gen.guard {
+        d.set_item("text", &report.text)?;
+        d.set_item("tokens", &report.token_ids)?;
+        d.set_item("hit_end", report.stopped_at_document_end.unwrap_or(false))?;
+        d.set_item("natural_end", report.natural_end)?;
+        d.set_item("prompt_tokens", report.prompt_tokens)?;
+        d.set_item("seconds", report.seconds)?;
+        d.set_item("tokens_per_second", report.tokens_per_second)?;
+        if let Some(g) = report.copying.and_then(|c| c.guard) {
             let stats = PyDict::new(py);
             stats.set_item("max_span", g.max_span)?;
             stats.set_item("blocked", g.blocked)?;
@@ -1356,8 +1359,8 @@ impl Index {
             guard,
         };
         let index = self.index.clone();
-        args.run(py, self.tok.as_ref(), |ids, cfg, sampler| {
-            infgram::service::generate(index, ids, cfg, sampler, |_| {})
+        args.run(py, self.tok.clone(), move |tok| {
+            infgram::service::Resources::index(index, tok)
         })
     }
 
@@ -1736,8 +1739,8 @@ impl RemoteIndex {
             guard,
         };
         let shards: ask::SharedShards = self.shards.clone();
-        args.run(py, self.tok.as_ref(), |ids, cfg, sampler| {
-            infgram::service::generate_over_shards(shards, ids, cfg, sampler, |_| {})
+        args.run(py, self.tok.clone(), move |tok| {
+            infgram::service::Resources::shards(shards, tok)
         })
     }
 }

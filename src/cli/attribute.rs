@@ -4,7 +4,7 @@
 use anyhow::{Context, Result};
 use clap::Args;
 use infgram::output_file::Accept;
-use infgram::service::query::{execute, Answer, Query, SpanAnswer};
+use infgram::service::query::{attribute_spans, creativity_of, Query, SpanAnswer};
 use infgram::tokenizer::Tokenizer;
 use serde_json::json;
 use std::io::{IsTerminal, Read, Write};
@@ -83,25 +83,12 @@ pub fn run_attribute(args: AttributeArgs) -> Result<()> {
         infgram::output_file::check(path, Accept::Streams)?;
     }
     let Loaded { index, tok, ids } = args.input.load()?;
-    let query = Query::from_value(json!({
-        "query_type": "attribute",
-        "input_ids": ids,
-        "min_len": args.min_len,
-        "maxnum": args.docs,
-        "max_disp_len": args.max_disp_len,
-    }))?;
+    let query = Query::attribute(ids.clone(), args.min_len, args.docs, args.max_disp_len);
     let t = std::time::Instant::now();
-    let answer = execute(&index, tok.as_ref(), &query)
+    let found = attribute_spans(&index, tok.as_ref(), &query)
         .map_err(|e| e.rename_field(&[("maxnum", "--docs"), ("max_disp_len", "--max-disp-len")]))?;
     let seconds = t.elapsed().as_secs_f64();
-    let Answer::Attribute(answer) = answer else {
-        unreachable!("an attribute query is answered with spans")
-    };
-    let spans = answer.spans;
-    let min_len = match query {
-        Query::Attribute { min_len, .. } => min_len,
-        _ => unreachable!("built as an attribute query"),
-    };
+    let (spans, min_len) = (found.answer.spans, found.min_len);
     if let Some(path) = &args.html {
         let page = html_page(&spans, &ids, tok.as_ref())?;
         infgram::output_file::write_file(path, Accept::Streams, |out| {
@@ -285,20 +272,12 @@ pub struct CreativityArgs {
 /// Runs `infgram creativity`.
 pub fn run_creativity(args: CreativityArgs) -> Result<()> {
     let Loaded { index, tok, ids } = args.input.load()?;
-    let query = Query::from_value(json!({
-        "query_type": "creativity",
-        "input_ids": ids,
-        "min_n": args.min_n,
-        "max_n": args.max_n,
-    }))?;
-    let answer = execute(&index, tok.as_ref(), &query)
+    let query = Query::creativity(ids, args.min_n, args.max_n);
+    let c = creativity_of(&index, tok.as_ref(), &query)
         .map_err(|e| e.rename_field(&[("min_n", "--min-n"), ("max_n", "--max-n")]))?;
-    let Answer::Creativity(c) = answer else {
-        unreachable!("a creativity query is answered with uniqueness")
-    };
-    let (min_n, max_n) = match query {
-        Query::Creativity { min_n, max_n, .. } => (min_n, max_n),
-        _ => unreachable!("built as a creativity query"),
+    let (min_n, max_n) = match (c.uniqueness.first(), c.uniqueness.last()) {
+        (Some(&(lo, _)), Some(&(hi, _))) => (lo, hi),
+        _ => (0, 0),
     };
     let mut out = std::io::stdout().lock();
     if args.input.json {

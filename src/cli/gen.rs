@@ -8,9 +8,10 @@ use infgram::service::request::{
     CheckedRequest, DrafterSpec, GenLimits, GenerateRequest, GuardSpec, Prompt, Sampling, Scorer,
     MAX_GEN_TOKENS,
 };
-use infgram::service::{generate, GuardReport};
+use infgram::service::run::{generate, Copying};
+use infgram::service::{Resources, RunOptions};
 use infgram::tokenizer::{Tokenizer, Utf8Stream};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -170,7 +171,7 @@ impl GenArgs {
 }
 
 /// The `--stats` line of a copy guard.
-fn guard_line(report: &GuardReport) -> Option<String> {
+fn guard_line(report: &Copying) -> Option<String> {
     let g = report.guard?;
     Some(format!(
         "copy guard (L = {}): {} steps blocked, {} tokens masked, {} searches, {:.2} ms; longest copied span {} tokens",
@@ -179,7 +180,7 @@ fn guard_line(report: &GuardReport) -> Option<String> {
         g.masked,
         g.searches,
         g.seconds * 1e3,
-        report.max_copied_span
+        report.max_copied_span.unwrap_or(0)
     ))
 }
 
@@ -298,59 +299,34 @@ fn run_infgram(args: &GenArgs) -> Result<()> {
         Some(d) => infgram::service::open_index(d, None)?,
         None => infgram::service::open_cached_byte_index(&args.corpus)?,
     };
-    let index = Arc::new(index);
     let estimator = args.est.spec();
     let req = args.request(args.prompt.clone(), Scorer::Infgram { estimator })?;
     let shown = args.prompt.as_deref().unwrap_or_default();
-    let prompt = req.prompt_ids(tok.as_ref())?;
-    let cfg = req.gen_config(args.guard_index()?, None);
-    let mut sampler = req.sampler();
+    let mut res =
+        Resources::index(Arc::new(index), tok.as_ref()).guard_index(args.guard_index()?)?;
+    let opts = RunOptions {
+        // The longest copied span (a pass over the output), when it is shown.
+        measure_copying: args.stats || args.json,
+        ..Default::default()
+    };
     let mut out = Output::new(args, tok.as_ref());
     out.start(shown)?;
-    let t0 = std::time::Instant::now();
-    let g = generate(index.clone(), &prompt, &cfg, &mut sampler, |t| out.token(t))?;
-    let secs = t0.elapsed().as_secs_f64();
-    let text = tok.decode(&g.tokens)?;
-    // The longest copied span (on the guard's index, or the generation's), when it is shown.
-    let copying = if args.stats || args.json {
-        match cfg.guard.as_ref().and_then(|g| g.index.as_ref()) {
-            Some(other) => GuardReport::measure(g.guard, other, &g.tokens),
-            None => GuardReport::measure(g.guard, &index, &g.tokens),
-        }
-    } else {
-        GuardReport::default()
-    };
-    let tps = g.tokens.len() as f64 / secs.max(1e-12);
-    let fields = json!({
-        "prompt": shown,
-        "text": text,
-        "tokens": g.tokens.len(),
-        "token_ids": g.tokens,
-        "seconds": secs,
-        "tokens_per_second": tps,
-        "stopped_at_document_end": g.hit_end,
-        "cache": g.cache,
-        "max_copied_span": copying.max_copied_span,
-        "guard": copying.guard,
-        "guard_blocked": copying.guard.map(|s| s.blocked),
-        "guard_seconds": copying.guard.map(|s| s.seconds),
-        "guard_exhausted": g.decode.exhausted,
-    });
+    let r = generate(&req, &mut res, &opts, |t| out.token(t))?;
+    let mut fields = serde_json::to_value(&r)?;
+    fields["prompt"] = shown.into();
     let mut stats = Vec::new();
-    if g.decode.exhausted && !args.json {
+    if r.guard_exhausted && !args.json {
         stats.push(EXHAUSTED.to_string());
     }
     if args.stats {
         stats.push(format!(
             "{} tokens in {:.4} s ({:.0} tokens/s)",
-            g.tokens.len(),
-            secs,
-            tps
+            r.tokens, r.seconds, r.tokens_per_second
         ));
-        let depth = g.steps.steps().map(<[_]>::len).max().unwrap_or(0);
+        let depth = r.steps.steps().map(<[_]>::len).max().unwrap_or(0);
         for j in 0..depth {
             let level = |f: fn(&(usize, u64)) -> f64| -> Vec<f64> {
-                g.steps.steps().filter_map(|s| s.get(j)).map(f).collect()
+                r.steps.steps().filter_map(|s| s.get(j)).map(f).collect()
             };
             let (mut n, mut m) = (level(|l| l.0 as f64), level(|l| l.1 as f64));
             stats.push(format!(
@@ -360,33 +336,36 @@ fn run_infgram(args: &GenArgs) -> Result<()> {
                 stats_line(&mut m)
             ));
         }
+        let cache = r.cache.unwrap_or_default();
         stats.push(format!(
             "counts cache: {} hits, {} misses (hit rate {:.1}%), {} evicted, {} pairs held",
-            g.cache.hits,
-            g.cache.misses,
-            100.0 * g.cache.hit_rate(),
-            g.cache.evicted,
-            g.cache.held
+            cache.hits,
+            cache.misses,
+            100.0 * cache.hit_rate(),
+            cache.evicted,
+            cache.held
         ));
+        let copying = r.copying.unwrap_or_default();
         stats.push(format!(
             "longest span of the output found in the corpus: {} tokens",
-            copying.max_copied_span
+            copying.max_copied_span.unwrap_or(0)
         ));
         stats.extend(guard_line(&copying));
-        if g.decode.backoffs > 0 {
+        let backoffs = r.stats.as_ref().map_or(0, |s| s.backoffs);
+        if backoffs > 0 {
             stats.push(format!(
-                "{} steps backed off to shorter levels (the guard masked the kept levels' continuations)",
-                g.decode.backoffs
+                "{backoffs} steps backed off to shorter levels (the guard masked the kept levels' continuations)"
             ));
         }
     }
-    out.finish(shown, &g.tokens, fields, &stats)
+    out.finish(shown, &r.token_ids, fields, &stats)
 }
 
 /// `infgram gen --model M`: decoding with the neural model, plain or speculative.
 #[cfg(feature = "neural")]
 fn run_model(args: &GenArgs, model: &str) -> Result<()> {
-    use infgram::service::generate::generate_with_model;
+    use infgram::decode::past::DEFAULT_BUDGET;
+    use infgram::service::run::ModelIndex;
     let infgram::service::models::LoadedModel {
         model: mut llm,
         tokenizer: tok,
@@ -413,85 +392,64 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
     } else {
         Scorer::Model
     };
-    let checked = args.request(text, scorer)?;
+    let req = args.request(text, scorer)?;
     let drafting_index = match (&args.index, &mix) {
         (Some(dir), _) => Some(Arc::new(infgram::Index::open(dir)?)),
         // The mixture's default ∞-gram: the default corpus in the model's tokens.
         (None, Some(_)) => Some(Arc::new(infgram::service::open_cached_index(&[], &tok)?.1)),
         (None, None) => None,
     };
-    let mut req = checked.model_request(
-        checked.prompt_ids(&tok)?,
-        drafting_index,
-        args.guard_index()?,
-        mix,
-    );
-    req.decode.trace = args.trace.is_some();
-    req.decode.trees = args.draft_trees;
+    // --guard-index naming the --index directory: the index opened once.
+    let guard_index = match (&args.guard_index, &args.index, &drafting_index) {
+        (Some(g), Some(i), Some(opened)) if same_dir(g, i) => Some(opened.clone()),
+        _ => args.guard_index()?,
+    };
+    let drafting_index = drafting_index
+        .map(|index| ModelIndex::check(index, &tok, mix.is_some()))
+        .transpose()?;
     if let Some(file) = &args.trace {
         // Checked before the generation (a refused output costs nothing).
         infgram::output_file::check(file, Accept::Streams)?;
     }
     let past = match &args.past_outputs {
-        Some(file) => {
-            use infgram::decode::past::{PastOutputs, DEFAULT_BUDGET};
-            let vocab = tok.vocab_size();
-            let loaded = PastOutputs::load(file, &tok.fingerprint(), vocab, DEFAULT_BUDGET)?;
-            Some(loaded.into_shared())
-        }
+        Some(file) => Some(infgram::service::PastStore::load(
+            file,
+            &tok,
+            DEFAULT_BUDGET,
+        )?),
         None => None,
     };
-    req.assembly.past_outputs = past.clone();
-    let prompt = req.prompt.clone();
-    let mut sampler = checked.sampler();
+    let name = path.display().to_string();
+    let mut res = Resources::model(llm.as_mut(), &tok, name)
+        .drafting_index(drafting_index, mix)
+        .guard_index(guard_index)?
+        .past_outputs(past);
+    let opts = RunOptions {
+        trace: args.trace.is_some(),
+        trees: args.draft_trees,
+        compare: args.compare,
+        ..Default::default()
+    };
     let mut out = Output::new(args, &tok);
-    let g = generate_with_model(llm.as_mut(), &tok, &req, &mut sampler, |t| out.token(t))?;
+    let r = generate(&req, &mut res, &opts, |t| out.token(t))?;
+    let stats = r.stats.clone().unwrap_or_default();
     if let Some(file) = &args.trace {
         infgram::output_file::write_file(file, Accept::Streams, |out| {
-            for pass in &g.stats.trace {
+            for pass in &stats.trace {
                 let line = serde_json::to_string(pass).expect("a pass serializes");
                 writeln!(out, "{line}").map_err(|e| infgram::Error::io(file, e))?;
             }
             Ok(())
         })?;
     }
-    if let (Some(file), Some(past)) = (&args.past_outputs, &past) {
-        let past = past.read().unwrap_or_else(|e| e.into_inner());
-        past.save(file, &tok.fingerprint())?;
+    if let Some(why) = &r.past_outputs_not_saved {
+        anyhow::bail!("the past outputs were not saved: {why}");
     }
-    let plain = if args.compare {
-        req.assembly.drafters.clear();
-        req.assembly.past_outputs = None;
-        req.decode.trace = false;
-        let mut sampler = checked.sampler();
-        let p = generate_with_model(llm.as_mut(), &tok, &req, &mut sampler, |_| {})?;
-        Some((p.tokens, p.stats))
-    } else {
-        None
-    };
-    let (ids, stats, report) = (g.tokens, g.stats, g.guard);
-    let generated = tok.decode(&ids)?;
-    let tps = stats.tokens_per_second();
-    let mut fields = json!({
-        "prompt": shown, "text": generated, "tokens": ids.len(), "token_ids": ids,
-        "seconds": stats.seconds, "tokens_per_second": tps, "model": path.display().to_string(),
-        "prompt_tokens": prompt.len(), "context_tokens": g.context_tokens,
-        "speculative": args.speculative, "mix": args.mix.is_some(), "acceptance_rate": stats.acceptance_rate(),
-        "mean_accepted": stats.mean_accepted(), "stats": stats,
-    });
-    if let Some(r) = &report {
-        fields["max_copied_span"] = r.max_copied_span.into();
-        fields["guard"] = serde_json::to_value(r.guard)?;
-        fields["guard_blocked"] = r.guard.map(|s| s.blocked).into();
-        fields["guard_seconds"] = r.guard.map(|s| s.seconds).into();
-        fields["guard_exhausted"] = stats.exhausted.into();
-    }
+    let mut fields = serde_json::to_value(&r)?;
+    fields["prompt"] = shown.into();
     let mut lines = vec![format!(
         "{} tokens in {:.2} s ({:.1} tokens/s, prompt {} tokens)",
-        ids.len(),
-        stats.seconds,
-        tps,
-        prompt.len()
+        r.tokens, r.seconds, r.tokens_per_second, r.prompt_tokens
     )];
     if args.stats && args.speculative {
         lines.push(format!(
@@ -505,27 +463,32 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
             stats.model_seconds
         ));
     }
-    if stats.exhausted {
+    if r.guard_exhausted {
         lines.push(EXHAUSTED.to_string());
     }
     if args.stats {
-        lines.extend(report.as_ref().and_then(guard_line));
+        lines.extend(r.copying.as_ref().and_then(guard_line));
     }
-    if let Some((plain_ids, plain_stats)) = &plain {
-        let identical = plain_ids == &ids;
-        fields["plain_tokens_per_second"] = plain_stats.tokens_per_second().into();
-        fields["speedup"] = (tps / plain_stats.tokens_per_second()).into();
-        fields["identical"] = identical.into();
+    if let Some(c) = &r.comparison {
         lines.push(format!(
             "plain decoding: {:.1} tokens/s; speculative: {:.1} tokens/s; speed-up {:.2}×; outputs {}",
-            plain_stats.tokens_per_second(),
-            tps,
-            tps / plain_stats.tokens_per_second(),
-            if identical { "identical" } else { "differ (sampling)" }
+            c.plain_tokens_per_second,
+            r.tokens_per_second,
+            c.speedup,
+            if c.identical { "identical" } else { "differ (sampling)" }
         ));
     }
     if args.json {
         lines.clear();
     }
-    out.finish("", &ids, fields, &lines)
+    out.finish("", &r.token_ids, fields, &lines)
+}
+
+/// Whether two paths name one directory.
+#[cfg(feature = "neural")]
+fn same_dir(a: &std::path::Path, b: &std::path::Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
 }

@@ -10,16 +10,15 @@
 
 use super::api::ApiError;
 use super::{Limits, Served};
-use crate::decode::past::{PastOutputs, PastStats, SharedPastOutputs};
-use crate::decode::{Cancel, Sampler};
-#[cfg(feature = "neural")]
-use crate::service::generate::generate_with_model;
-use crate::service::generate::{generate, GenConfig, ModelGenRequest};
+use crate::decode::past::{PastOutputs, PastStats};
+use crate::decode::Cancel;
 use crate::service::models::ModelOptions;
 use crate::service::request::{
     self, CheckedRequest, DrafterSpec, EstimatorSpec, GenLimits, GenerateRequest, GuardSpec,
     Prompt, Sampling, Scorer,
 };
+use crate::service::run::{generate, GenerationReport, ModelIndex};
+use crate::service::{PastStore, Resources, RunOptions};
 use crate::tokenizer::{Tokenizer, Utf8Stream};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -127,10 +126,16 @@ pub struct Summary {
     pub infgram: Value,
 }
 
-/// A generation job, checked and ready to run.
+/// A generation job's resources, resolved and checked: the index to generate from, or the
+/// model's drafting index (its tokenizer checked here, once) and the past outputs.
 enum Plan {
-    Sbis { served: Arc<Served>, cfg: GenConfig },
-    Model { req: ModelGenRequest },
+    Sbis {
+        served: Arc<Served>,
+    },
+    Model {
+        index: Option<ModelIndex>,
+        past: Option<PastStore>,
+    },
 }
 
 /// The server's names of the generation request's fields.
@@ -146,8 +151,8 @@ const FIELD_NAMES: &[(&str, &str)] = &[
 
 struct Job {
     plan: Plan,
-    prompt: Vec<u32>,
-    sampler: Sampler,
+    /// The request, its prompt already tokenized (within the server's limits).
+    req: CheckedRequest,
     mode: Mode,
     deadline: Instant,
     cancel: Cancel,
@@ -165,18 +170,16 @@ pub struct Generator {
     model_tokenizer: Option<Arc<dyn Tokenizer>>,
     /// The model's name and file (with a model).
     pub model_name: Option<String>,
-    /// The outputs of the model's generations, drafted from in speculative mode (none when
-    /// the server keeps no past outputs).
-    past_outputs: Option<SharedPastOutputs>,
+    /// The outputs of the model's generations, drafted from in speculative mode, and their
+    /// file (none when the server keeps no past outputs).
+    past: Option<PastStore>,
     /// Where they are kept across restarts, shared with the worker that saves them.
     past_file: Option<PastFile>,
 }
 
-/// The file the server keeps its past outputs in, and why the last save failed, if it did.
-#[derive(Clone)]
+/// Why the last save of the past outputs to their file failed, if it did (with a file).
+#[derive(Clone, Default)]
 struct PastFile {
-    #[cfg_attr(not(feature = "neural"), allow(dead_code))]
-    path: std::path::PathBuf,
     failure: Arc<std::sync::Mutex<Option<String>>>,
 }
 
@@ -202,10 +205,7 @@ impl Generator {
         let worker_running = running.clone();
         let kept_file = past_file
             .filter(|_| past_output_tokens > 0)
-            .map(|f| PastFile {
-                path: f.to_path_buf(),
-                failure: Arc::default(),
-            });
+            .map(|_| PastFile::default());
         let worker_past_file = kept_file.clone();
         std::thread::Builder::new()
             .name("infgram-generate".into())
@@ -221,20 +221,21 @@ impl Generator {
             Some((tok, name)) => (Some(tok), Some(name)),
             None => (None, None),
         };
-        let past_outputs = match (&model_tokenizer, past_output_tokens, past_file) {
+        let past = match (&model_tokenizer, past_output_tokens, past_file) {
             (Some(_), 0, _) | (None, _, _) => None,
-            (Some(tok), budget, Some(file)) => {
-                let vocab = tok.vocab_size();
-                Some(PastOutputs::load(file, &tok.fingerprint(), vocab, budget)?.into_shared())
-            }
-            (Some(_), budget, None) => Some(PastOutputs::shared(budget)),
+            (Some(tok), budget, Some(file)) => Some(PastStore::load(file, tok.as_ref(), budget)?),
+            (Some(tok), budget, None) => Some(PastStore::new(
+                PastOutputs::shared(budget),
+                None,
+                tok.as_ref(),
+            )),
         };
         Ok(Generator {
             queue,
             waiting,
             running,
             backlog,
-            past_outputs,
+            past,
             past_file: kept_file,
             model_tokenizer,
             model_name,
@@ -253,9 +254,9 @@ impl Generator {
 
     /// What the past outputs hold (`None` when none are kept).
     pub fn past_output_stats(&self) -> Option<PastStats> {
-        self.past_outputs
+        self.past
             .as_ref()
-            .map(|p| p.read().unwrap_or_else(|e| e.into_inner()).stats())
+            .map(|p| p.outputs.read().unwrap_or_else(|e| e.into_inner()).stats())
     }
 
     /// Jobs waiting for the worker.
@@ -282,12 +283,11 @@ impl Generator {
             Mode::Sbis
         });
         check_openai_options(&req)?;
-        let (plan, prompt, sampler) = self.plan(&req, mode, indexes, limits)?;
+        let (plan, checked) = self.plan(&req, mode, indexes, limits)?;
         let (events, rx) = tokio::sync::mpsc::unbounded_channel();
         let job = Job {
             plan,
-            prompt,
-            sampler,
+            req: checked,
             mode,
             deadline: Instant::now() + limits.generation_time,
             cancel: Cancel::default(),
@@ -367,20 +367,21 @@ impl Generator {
             .map_err(|e| ApiError::from(e.rename_field(FIELD_NAMES)))
     }
 
-    /// The job `req` asks for, its prompt's tokens and its sampler.
+    /// The job `req` asks for, its resources resolved and checked, and the checked request
+    /// with its prompt tokenized (within the server's limits).
     fn plan(
         &self,
         req: &CompletionRequest,
         mode: Mode,
         indexes: &super::Indexes,
         limits: &Limits,
-    ) -> Result<(Plan, Vec<u32>, Sampler), ApiError> {
-        let checked = Self::request(req, mode, limits)?;
+    ) -> Result<(Plan, CheckedRequest), ApiError> {
+        let mut checked = Self::request(req, mode, limits)?;
         if mode == Mode::Sbis {
             let served = indexes.get(req.index.as_deref())?;
             let prompt = prompt_ids(&checked, served.tokenizer.as_ref(), limits)?;
-            let cfg = checked.gen_config(None, None);
-            return Ok((Plan::Sbis { served, cfg }, prompt, checked.sampler()));
+            checked.prompt = request::Prompt::Ids(prompt);
+            return Ok((Plan::Sbis { served }, checked));
         }
         let Some(model_tok) = &self.model_tokenizer else {
             return Err(ApiError::bad(format!(
@@ -392,29 +393,33 @@ impl Generator {
         // The index to draft, mix and guard with: the named one, else the first built with
         // the model's tokenizer.
         let index = match &req.index {
-            Some(name) => {
-                let served = indexes.get(Some(name))?;
-                if served.tokenizer.fingerprint() != model_tok.fingerprint() {
-                    return Err(ApiError::bad(format!(
-                        "index {name:?} was not built with the model's tokenizer; build one with \
-                         `infgram index --tokenizer MODEL` and serve it"
-                    )));
-                }
-                Some(served)
-            }
+            Some(name) => Some(indexes.get(Some(name))?),
             None => indexes.with_tokenizer(model_tok.as_ref()),
         };
-        let opened = index.map(|s| s.index.clone());
-        if opened.is_none() && (mode == Mode::Mix || checked.guard.is_some()) {
+        if index.is_none() && (mode == Mode::Mix || checked.guard.is_some()) {
             return Err(ApiError::bad(
                 "mixing and the copy guard need an index built with the model's tokenizer: \
                  serve one (`infgram index --tokenizer MODEL`) and name it in \"index\"",
             ));
         }
+        let index = match index {
+            Some(served) => {
+                let mixing = mode == Mode::Mix;
+                let checked = ModelIndex::check(served.index.clone(), model_tok.as_ref(), mixing);
+                Some(checked.map_err(|_| {
+                    ApiError::bad(format!(
+                        "index {:?} was not built with the model's tokenizer; build one with \
+                         `infgram index --tokenizer MODEL` and serve it",
+                        served.name
+                    ))
+                })?)
+            }
+            None => None,
+        };
         let prompt = prompt_ids(&checked, model_tok.as_ref(), limits)?;
-        let mut req = checked.model_request(prompt.clone(), opened, None, None);
-        req.assembly.past_outputs = self.past_outputs.clone();
-        Ok((Plan::Model { req }, prompt, checked.sampler()))
+        checked.prompt = request::Prompt::Ids(prompt);
+        let past = self.past.clone();
+        Ok((Plan::Model { index, past }, checked))
     }
 }
 
@@ -479,6 +484,9 @@ impl Drop for Running {
 struct Worker {
     #[cfg(feature = "neural")]
     model: Option<crate::service::models::LoadedModel>,
+    /// The model's name in reports.
+    #[cfg_attr(not(feature = "neural"), allow(dead_code))]
+    name: String,
     #[cfg_attr(not(feature = "neural"), allow(dead_code))]
     past_file: Option<PastFile>,
 }
@@ -562,6 +570,7 @@ fn load(spec: Option<&str>, opts: &ModelOptions) -> crate::Result<(Worker, Optio
             Worker {
                 #[cfg(feature = "neural")]
                 model: None,
+                name: String::new(),
                 past_file: None,
             },
             None,
@@ -575,6 +584,7 @@ fn load(spec: Option<&str>, opts: &ModelOptions) -> crate::Result<(Worker, Optio
             Ok((
                 Worker {
                     model: Some(loaded),
+                    name: name.clone(),
                     past_file: None,
                 },
                 Some((tok, name)),
@@ -603,12 +613,11 @@ fn served_model_name(spec: &str) -> String {
         .map_or_else(|| spec.to_string(), |n| n.to_string_lossy().into_owned())
 }
 
-/// Runs one job, sending its text as it comes.
+/// Runs one job, sending its text as it comes: one call of the service's generation.
 fn run_job(state: &mut Worker, job: Job) -> Result<Summary, ApiError> {
     let Job {
         plan,
-        prompt,
-        mut sampler,
+        req,
         mode,
         deadline,
         cancel,
@@ -616,7 +625,6 @@ fn run_job(state: &mut Worker, job: Job) -> Result<Summary, ApiError> {
     } = job;
     let mut stream = Utf8Stream::default();
     let (mut timed_out, mut client_gone) = (false, false);
-    let started = Instant::now();
     let mut emit = |tok: &dyn Tokenizer, t: u32| {
         let text = stream.push(&tok.decode_bytes(&[t]).unwrap_or_default());
         if !text.is_empty() && events.send(Event::Text(text)).is_err() {
@@ -628,42 +636,42 @@ fn run_job(state: &mut Worker, job: Job) -> Result<Summary, ApiError> {
             cancel.cancel();
         }
     };
-    let (tokens, stopped_early, mut infgram) = match plan {
-        Plan::Sbis { served, mut cfg } => {
-            cfg.cancel = Some(cancel.clone());
+    let opts = RunOptions {
+        cancel: Some(cancel.clone()),
+        ..Default::default()
+    };
+    let report = match plan {
+        Plan::Sbis { served } => {
             let tok = served.tokenizer.clone();
-            let g = generate(served.index.clone(), &prompt, &cfg, &mut sampler, |t| {
-                emit(tok.as_ref(), t)
-            })?;
-            let natural_end = g.hit_end || g.decode.exhausted;
-            let info = json!({
-                "stopped_at_document_end": g.hit_end,
-                "guard": g.guard,
-                "guard_exhausted": g.decode.exhausted,
-            });
-            (g.tokens.len(), natural_end, info)
+            let mut res = Resources::index(served.index.clone(), tok.as_ref());
+            generate(&req, &mut res, &opts, |t| emit(tok.as_ref(), t))?
         }
-        Plan::Model { mut req } => {
-            req.decode.cancel = Some(cancel.clone());
-            model_job(state, &req, &mut sampler, &mut emit)?
-        }
+        Plan::Model { index, past } => model_job(state, &req, index, past, &opts, &mut emit)?,
     };
     if client_gone {
-        eprintln!("generation stopped after {tokens} tokens: the client left");
+        eprintln!(
+            "generation stopped after {} tokens: the client left",
+            report.tokens
+        );
     }
     let rest = stream.finish();
     if !rest.is_empty() {
         let _ = events.send(Event::Text(rest));
     }
-    let seconds = started.elapsed().as_secs_f64();
+    let mut infgram = serde_json::to_value(&report).map_err(|e| ApiError {
+        status: 500,
+        message: format!("the report did not serialize: {e}"),
+    })?;
+    // The text is the completion's own; the rest is infgram's report.
+    if let Some(fields) = infgram.as_object_mut() {
+        fields.remove("text");
+    }
     infgram["mode"] = json!(mode.name());
-    infgram["seconds"] = json!(seconds);
-    infgram["tokens_per_second"] = json!(tokens as f64 / seconds.max(1e-9));
     infgram["time_limit_reached"] = json!(timed_out);
     Ok(Summary {
-        prompt_tokens: prompt.len(),
-        completion_tokens: tokens,
-        finish_reason: if stopped_early && !timed_out {
+        prompt_tokens: report.prompt_tokens,
+        completion_tokens: report.tokens,
+        finish_reason: if report.natural_end && !timed_out {
             "stop"
         } else {
             "length"
@@ -672,53 +680,47 @@ fn run_job(state: &mut Worker, job: Job) -> Result<Summary, ApiError> {
     })
 }
 
-/// A job of the neural model: tokens generated, whether it ended by itself, statistics.
+/// A job of the neural model, over its drafting index and the server's past outputs (saved
+/// after it; a failure shows in `/health` until a save succeeds).
 #[cfg(feature = "neural")]
 fn model_job(
     state: &mut Worker,
-    req: &ModelGenRequest,
-    sampler: &mut Sampler,
+    req: &CheckedRequest,
+    index: Option<ModelIndex>,
+    past: Option<PastStore>,
+    opts: &RunOptions,
     emit: &mut dyn FnMut(&dyn Tokenizer, u32),
-) -> Result<(usize, bool, Value), ApiError> {
-    let Some(crate::service::models::LoadedModel {
-        model, tokenizer, ..
-    }) = state.model.as_mut()
-    else {
+) -> Result<GenerationReport, ApiError> {
+    let Some(loaded) = state.model.as_mut() else {
         return Err(ApiError::bad("this server has no model"));
     };
-    let tok: &dyn Tokenizer = tokenizer;
-    let g = generate_with_model(model.as_mut(), tok, req, sampler, |t| emit(tok, t))?;
-    if let (Some(past), Some(file)) = (&req.assembly.past_outputs, &state.past_file) {
-        // The completion is answered whether or not its output could be kept; a failure
-        // shows in /health until a save succeeds.
-        let past = past.read().unwrap_or_else(|e| e.into_inner());
-        let saved = past.save(&file.path, &tok.fingerprint());
+    let tok: &dyn Tokenizer = &loaded.tokenizer;
+    let saves = past.is_some();
+    let mut res = Resources::model(loaded.model.as_mut(), tok, state.name.clone())
+        .drafting_index(index, None)
+        .past_outputs(past);
+    let report = generate(req, &mut res, opts, |t| emit(tok, t))?;
+    if let (true, Some(file)) = (saves, &state.past_file) {
+        // The completion is answered whether or not its output could be kept.
         let mut failure = file.failure.lock().unwrap_or_else(|e| e.into_inner());
-        *failure = saved.err().map(|e| e.to_string());
+        failure.clone_from(&report.past_outputs_not_saved);
         if let Some(e) = &*failure {
             eprintln!("the past outputs were not saved: {e}");
         }
     }
-    let natural_end =
-        !g.stats.cancelled && (g.tokens.len() < req.decode.max_tokens || g.stats.exhausted);
-    let info = json!({
-        "stats": g.stats,
-        "acceptance_rate": g.stats.acceptance_rate(),
-        "max_copied_span": g.guard.map(|r| r.max_copied_span),
-        "guard": g.guard.and_then(|r| r.guard),
-        "guard_exhausted": g.stats.exhausted,
-    });
-    Ok((g.tokens.len(), natural_end, info))
+    Ok(report)
 }
 
 /// Without the `neural` feature there is no model job.
 #[cfg(not(feature = "neural"))]
 fn model_job(
     _state: &mut Worker,
-    _req: &ModelGenRequest,
-    _sampler: &mut Sampler,
+    _req: &CheckedRequest,
+    _index: Option<ModelIndex>,
+    _past: Option<PastStore>,
+    _opts: &RunOptions,
     _emit: &mut dyn FnMut(&dyn Tokenizer, u32),
-) -> Result<(usize, bool, Value), ApiError> {
+) -> Result<GenerationReport, ApiError> {
     Err(ApiError::bad(
         "this infgram was built without neural models",
     ))

@@ -634,6 +634,12 @@ async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
             "Index directories opened by this process (at start; a request opens none).",
             crate::index::opens_so_far() as f64,
         ),
+        (
+            "infgram_tokenizer_checks_total",
+            "Checks that an index was built with the tokenizer it is used with (one per \
+             index a completion binds).",
+            crate::tokenizer::checks_so_far() as f64,
+        ),
     ]);
     let mut r = ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response();
     r.extensions_mut().insert(Endpoint("metrics"));

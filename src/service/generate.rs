@@ -14,11 +14,10 @@ use crate::index::counts_cache::CacheStats;
 use crate::index::partial::{Shards, SharedShards};
 use crate::index::Index;
 use crate::lm::LanguageModel;
+use crate::mix::mixture_model;
 use crate::mix::Mixer;
-use crate::mix::{check_mixing_index, mixture_model};
 use crate::ngram::{Estimator, InfgramModel, LevelLog};
 use crate::service::request::{CheckedRequest, DrafterSpec};
-use crate::tokenizer::{check_fingerprint, Tokenizer};
 use memmap2::Mmap;
 use std::cell::Cell;
 use std::rc::Rc;
@@ -289,11 +288,11 @@ impl GuardHandle {
 pub const REPETITION_WINDOW: usize = 64;
 
 /// The drafters of a generation, as `opts.drafters` lists them: prompt lookup, the corpus
-/// drafter over the drafting index (refused unless it was built with `tok`; left out when
-/// there is no drafting index), and past outputs (left out when there are none to read).
+/// drafter over the drafting index (left out when there is none; [`crate::service::Resources`]
+/// checked its tokenizer when it was bound), and past outputs (left out when there are none to read).
 /// Prompt lookup and past outputs together draft as one [`Braid`], token by token, where
 /// prompt lookup stands in the list, followed by each alone (branches of a draft tree).
-pub fn drafters(opts: &AssemblyOptions, tok: &dyn Tokenizer) -> Result<Vec<Box<dyn Drafter>>> {
+pub fn drafters(opts: &AssemblyOptions) -> Result<Vec<Box<dyn Drafter>>> {
     let mut drafters: Vec<Box<dyn Drafter>> = Vec::new();
     let past = opts.past_outputs.as_ref();
     let braided = past.is_some()
@@ -315,7 +314,6 @@ pub fn drafters(opts: &AssemblyOptions, tok: &dyn Tokenizer) -> Result<Vec<Box<d
             DrafterSpec::PromptLookup => drafters.push(Box::new(PromptLookup::new(8))),
             DrafterSpec::Corpus => {
                 if let Some(index) = &opts.drafting_index {
-                    check_fingerprint(&index.header().tokenizer, tok)?;
                     drafters.push(Box::new(CorpusDrafter::new(index.clone())));
                 }
             }
@@ -333,11 +331,9 @@ pub fn drafters(opts: &AssemblyOptions, tok: &dyn Tokenizer) -> Result<Vec<Box<d
 pub type Processors = Vec<Box<dyn Processor>>;
 
 /// The processors of a neural generation: the repetition penalty when it is not 1, then the
-/// copy guard (its index refused unless built with `tok`), with a handle on the guard.
-pub fn processors(
-    opts: &AssemblyOptions,
-    tok: &dyn Tokenizer,
-) -> Result<(Processors, Option<GuardHandle>)> {
+/// copy guard (its index checked when bound, [`crate::service::Resources`]), with a handle on
+/// the guard.
+pub fn processors(opts: &AssemblyOptions) -> Result<(Processors, Option<GuardHandle>)> {
     let mut processors: Vec<Box<dyn Processor>> = Vec::new();
     if opts.repetition_penalty != 1.0 {
         processors.push(Box::new(RepetitionPenalty {
@@ -355,7 +351,6 @@ pub fn processors(
              (`infgram index --tokenizer MODEL`): give it with --guard-index DIR or --index DIR",
         ));
     };
-    check_fingerprint(&index.header().tokenizer, tok)?;
     let (p, stats) = g.build(index.clone());
     processors.push(p);
     Ok((processors, Some(GuardHandle { index, stats })))
@@ -391,16 +386,17 @@ pub struct ModelGeneration {
 
 /// Generates with `model` (borrowed: a server loads it once) as `req` asks, calling `on_token`
 /// after each token: the drafters and processors of [`drafters`] and [`processors`], the
-/// mixture of [`crate::mix::mixture_model`] when `req.mix` is set.
+/// mixture of [`crate::mix::mixture_model`] when `req.mix` is set. The indexes in `req` were
+/// checked against the model's tokenizer when bound ([`crate::service::Resources`]); front
+/// ends call [`crate::service::run::generate`].
 pub fn generate_with_model(
     model: &mut dyn LanguageModel,
-    tok: &dyn Tokenizer,
     req: &ModelGenRequest,
     sampler: &mut Sampler,
     on_token: impl FnMut(u32),
 ) -> Result<ModelGeneration> {
-    let mut drafters = drafters(&req.assembly, tok)?;
-    let (mut processors, guard) = processors(&req.assembly, tok)?;
+    let mut drafters = drafters(&req.assembly)?;
+    let (mut processors, guard) = processors(&req.assembly)?;
     // A model that asks for a first token (Gemma's <bos>) gets it before the prompt.
     let prompt: std::borrow::Cow<[u32]> = match model.bos_token() {
         Some(bos) if req.prompt.first() != Some(&bos) => std::iter::once(bos)
@@ -430,7 +426,6 @@ pub fn generate_with_model(
                      (`infgram index --tokenizer MODEL`): give it with --index DIR",
                 ));
             };
-            check_mixing_index(index, tok)?;
             let mut mixed = mixture_model(&mut *model, index.clone(), mixer.clone())?;
             run(&mut mixed)?
         }
@@ -446,67 +441,9 @@ pub fn generate_with_model(
     })
 }
 
-/// The settings a checked request gives each generation path.
 impl CheckedRequest {
     /// The sampler the request asks for.
     pub fn sampler(&self) -> Sampler {
         Sampler::new(self.sampler.clone(), self.seed)
-    }
-
-    /// The copy guard the request asks for, against `index` when given.
-    fn guard_config(&self, index: Option<Arc<Index<Mmap>>>) -> Option<GuardConfig> {
-        self.guard.map(|g| GuardConfig {
-            max_span: g.max_span,
-            index,
-            ignore_prompt: g.ignore_prompt,
-        })
-    }
-
-    /// The settings of a generation from the index alone: the guard against `guard_index`
-    /// (default: the generation's own index), stopped early by `cancel`.
-    pub fn gen_config(
-        &self,
-        guard_index: Option<Arc<Index<Mmap>>>,
-        cancel: Option<Cancel>,
-    ) -> GenConfig {
-        GenConfig {
-            estimator: self.estimator.clone(),
-            context: self.context,
-            max_tokens: self.max_tokens,
-            guard: self.guard_config(guard_index),
-            cancel,
-        }
-    }
-
-    /// The settings of a generation with a model from `prompt` (the request's prompt as the
-    /// model's tokens): drafting, mixing (with `mixer`, when the request mixes) and guarding
-    /// with `drafting_index`, the guard against `guard_index` when given.
-    pub fn model_request(
-        &self,
-        prompt: Vec<u32>,
-        drafting_index: Option<Arc<Index<Mmap>>>,
-        guard_index: Option<Arc<Index<Mmap>>>,
-        mixer: Option<Mixer>,
-    ) -> ModelGenRequest {
-        ModelGenRequest {
-            prompt,
-            assembly: AssemblyOptions {
-                drafters: self.drafters.clone(),
-                drafting_index,
-                repetition_penalty: self.repetition_penalty,
-                guard: self.guard_config(guard_index),
-                past_outputs: None,
-            },
-            mix: if self.mix {
-                Some(mixer.unwrap_or_default())
-            } else {
-                None
-            },
-            decode: DecodeConfig {
-                max_tokens: self.max_tokens,
-                draft_max: self.draft_max,
-                ..Default::default()
-            },
-        }
     }
 }

@@ -11,6 +11,8 @@
 //!   (drafters, processors, the copy guard) from options.
 //! * [`request`]: the generation request of every front end ([`GenerateRequest`], serde), its
 //!   one set of defaults and its checks.
+//! * [`run`]: the one door of generation: a checked request over bound [`Resources`] gives one
+//!   [`GenerationReport`].
 
 pub mod catalog;
 pub mod generate;
@@ -18,6 +20,7 @@ pub mod indexes;
 pub mod models;
 pub mod query;
 pub mod request;
+pub mod run;
 
 pub use generate::{
     generate, generate_over_shards, GenConfig, Generation, GuardConfig, GuardReport,
@@ -28,3 +31,4 @@ pub use indexes::{
 };
 pub use query::{execute, Answer, Query, QueryLimits};
 pub use request::GenerateRequest;
+pub use run::{GenerationReport, PastStore, Resources, RunOptions};

@@ -672,6 +672,76 @@ impl Answer {
     }
 }
 
+impl Query {
+    /// `attribute` of `ids`: spans of at least `min_len` tokens, `maxnum` documents each,
+    /// windows of `max_disp_len` tokens; each left out takes the protocol's default.
+    pub fn attribute(
+        ids: Vec<u32>,
+        min_len: Option<usize>,
+        maxnum: Option<usize>,
+        max_disp_len: Option<usize>,
+    ) -> Query {
+        Query::Attribute {
+            subject: Subject::ids(ids),
+            min_len: min_len.unwrap_or(defaults::MIN_LEN),
+            maxnum: maxnum.unwrap_or(defaults::DOCS_PER_SPAN),
+            max_disp_len: max_disp_len.unwrap_or(defaults::SPAN_DISP_LEN),
+        }
+    }
+
+    /// `creativity` of `ids` for `n = min_n ..= max_n`; each left out takes the protocol's
+    /// default.
+    pub fn creativity(ids: Vec<u32>, min_n: Option<usize>, max_n: Option<usize>) -> Query {
+        Query::Creativity {
+            subject: Subject::ids(ids),
+            min_n: min_n.unwrap_or(defaults::MIN_N),
+            max_n: max_n.unwrap_or(defaults::MAX_N),
+        }
+    }
+}
+
+/// What [`attribute_spans`] found: the spans, and the shortest length they were asked for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Attribution {
+    /// The answer.
+    pub answer: AttributeAnswer,
+    /// The shortest span reported, in tokens.
+    pub min_len: usize,
+}
+
+/// Runs `query` (built by [`Query::attribute`]) over `index`: its typed answer.
+pub fn attribute_spans(
+    index: &(impl Shards + ?Sized),
+    tok: &dyn Tokenizer,
+    query: &Query,
+) -> Result<Attribution> {
+    let Query::Attribute { min_len, .. } = query else {
+        return Err(Error::input("attribute_spans runs an attribute query"));
+    };
+    match execute(index, tok, query)? {
+        Answer::Attribute(answer) => Ok(Attribution {
+            answer,
+            min_len: *min_len,
+        }),
+        _ => Err(Error::input("an attribute query was answered otherwise")),
+    }
+}
+
+/// Runs `query` (built by [`Query::creativity`]) over `index`: its typed answer.
+pub fn creativity_of(
+    index: &(impl Shards + ?Sized),
+    tok: &dyn Tokenizer,
+    query: &Query,
+) -> Result<Creativity> {
+    if !matches!(query, Query::Creativity { .. }) {
+        return Err(Error::input("creativity_of runs a creativity query"));
+    }
+    match execute(index, tok, query)? {
+        Answer::Creativity(c) => Ok(c),
+        _ => Err(Error::input("a creativity query was answered otherwise")),
+    }
+}
+
 /// Answers one query, unbounded but for the protocol's own limits ([`execute_within`]).
 pub fn execute(
     index: &(impl Shards + ?Sized),

@@ -410,11 +410,21 @@ pub fn from_spec_in(spec: &TokenizerSpec, dir: Option<&Path>) -> Result<Box<dyn 
     Ok(tok)
 }
 
+/// Calls of [`check_fingerprint`] in this process: what the server reports
+/// (`infgram_tokenizer_checks_total`), so that a request that checks an index twice shows.
+static CHECKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many times [`check_fingerprint`] was called in this process.
+pub fn checks_so_far() -> u64 {
+    CHECKS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Refuses a tokenizer whose fingerprint differs from the index's.
 ///
 /// An index that does not record its tokenizer (kind `unknown`, an infini-gram index) takes
 /// the one named, unchecked, if its ids fit.
 pub fn check_fingerprint(spec: &TokenizerSpec, tok: &dyn Tokenizer) -> Result<()> {
+    CHECKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     if spec.kind == UNKNOWN_KIND {
         if tok.vocab_size() > spec.vocab_size {
             return Err(Error::input(format!(

@@ -268,7 +268,7 @@ fn print_ceiling(
         let prompt = tok.encode(p).unwrap();
         let output = tok.encode(&spec.text).unwrap();
         // The drafters a server's speculative completion has, but the corpus.
-        let mut drafters = drafters(&assembly, tok).unwrap();
+        let mut drafters = drafters(&assembly).unwrap();
         let (modeled, _) = crate::ceiling::ceiling(&mut drafters, &cost, &prompt, &output);
         ceiling.push(output.len() as f64 / modeled.max(1e-9));
         let (best, _) = crate::ceiling::perfect(&cost, output.len());

@@ -1,0 +1,490 @@
+//! One door for generation: [`generate`] runs a checked request ([`CheckedRequest`]) over the
+//! resources bound to it ([`Resources`]) with the options that are not part of the request
+//! ([`RunOptions`]) and returns one typed report ([`GenerationReport`]).
+//!
+//! The CLI (`infgram gen`), the HTTP server (`POST /v1/completions`) and Python
+//! (`Index.generate`) each make one call of it. What they would otherwise each write lives
+//! here once: the scorer (the ∞-gram of an index or of shards, the model, the mixture), the
+//! tokenizer checks (each made once, when a resource is bound), past outputs (drafted from,
+//! added to, saved), `--compare`'s plain run, and the rule of a natural end.
+
+use crate::decode::past::{PastOutputs, SharedPastOutputs};
+use crate::decode::{Cancel, DecodeConfig, DecodeStats};
+use crate::error::{Error, Result};
+use crate::index::counts_cache::CacheStats;
+use crate::index::partial::SharedShards;
+use crate::index::Index;
+use crate::lm::LanguageModel;
+use crate::mix::{check_mixing_index, Mixer};
+use crate::ngram::LevelLog;
+use crate::service::generate::{
+    generate as generate_from_index, generate_over_shards, generate_with_model, AssemblyOptions,
+    Generation, GuardConfig, GuardReport, ModelGenRequest,
+};
+use crate::service::request::CheckedRequest;
+use crate::tokenizer::{check_fingerprint, Tokenizer};
+use memmap2::Mmap;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Past outputs shared by the generations of a process (drafted from, added to after each),
+/// and the file they are kept in across restarts, if any.
+#[derive(Clone)]
+pub struct PastStore {
+    /// The outputs.
+    pub outputs: SharedPastOutputs,
+    file: Option<PathBuf>,
+    fingerprint: String,
+}
+
+impl PastStore {
+    /// The outputs kept in `file` (a missing file: none yet) for generations in `tok`'s tokens,
+    /// the newest `budget` tokens; refused if the file was written with another tokenizer.
+    pub fn load(file: &Path, tok: &dyn Tokenizer, budget: usize) -> Result<PastStore> {
+        let fingerprint = tok.fingerprint();
+        let outputs = PastOutputs::load(file, &fingerprint, tok.vocab_size(), budget)?;
+        Ok(PastStore {
+            outputs: outputs.into_shared(),
+            file: Some(file.to_path_buf()),
+            fingerprint,
+        })
+    }
+
+    /// `outputs` (in `tok`'s tokens), saved to `file` after each generation when given.
+    pub fn new(outputs: SharedPastOutputs, file: Option<PathBuf>, tok: &dyn Tokenizer) -> Self {
+        PastStore {
+            outputs,
+            file,
+            fingerprint: tok.fingerprint(),
+        }
+    }
+
+    /// Writes the outputs to their file (beside it, renamed into place), if they have one.
+    fn save(&self) -> Option<Result<()>> {
+        let file = self.file.as_ref()?;
+        let past = self.outputs.read().unwrap_or_else(|e| e.into_inner());
+        Some(past.save(file, &self.fingerprint))
+    }
+}
+
+/// What scores the next token.
+enum Scorer<'a> {
+    /// The ∞-gram of an index.
+    Index(Arc<Index<Mmap>>),
+    /// The ∞-gram of shards held elsewhere.
+    Shards(SharedShards),
+    /// A neural model and its name in reports.
+    Model {
+        model: &'a mut dyn LanguageModel,
+        name: String,
+    },
+}
+
+/// What a generation runs on, bound once: the scorer, the tokenizer its prompt and output are
+/// in, the guard's index and the past outputs. Each binding checks, once, that the resource
+/// was built with the generation's tokenizer.
+pub struct Resources<'a> {
+    tokenizer: &'a dyn Tokenizer,
+    scorer: Scorer<'a>,
+    /// A model's drafting index (drafted from, mixed with, guarded against by default).
+    drafting_index: Option<Arc<Index<Mmap>>>,
+    /// A model's mixer (default: the built-in one, when the request mixes).
+    mixer: Option<Mixer>,
+    guard_index: Option<Arc<Index<Mmap>>>,
+    past: Option<PastStore>,
+}
+
+impl<'a> Resources<'a> {
+    /// Generation from `index` alone, in the tokens of `tok` (the tokenizer it was opened
+    /// with: [`crate::service::open_index`] checks them).
+    pub fn index(index: Arc<Index<Mmap>>, tok: &'a dyn Tokenizer) -> Self {
+        Self::with(Scorer::Index(index), tok)
+    }
+
+    /// Generation from shards held elsewhere (SBIS, one round trip a position; the guard
+    /// checks the same shards), in the tokens of `tok`.
+    pub fn shards(shards: SharedShards, tok: &'a dyn Tokenizer) -> Self {
+        Self::with(Scorer::Shards(shards), tok)
+    }
+
+    /// Generation with `model` (borrowed: a server loads it once), its tokenizer `tok`;
+    /// `name` is what reports call it.
+    pub fn model(
+        model: &'a mut dyn LanguageModel,
+        tok: &'a dyn Tokenizer,
+        name: impl Into<String>,
+    ) -> Self {
+        let scorer = Scorer::Model {
+            model,
+            name: name.into(),
+        };
+        Self::with(scorer, tok)
+    }
+
+    fn with(scorer: Scorer<'a>, tok: &'a dyn Tokenizer) -> Self {
+        Resources {
+            tokenizer: tok,
+            scorer,
+            drafting_index: None,
+            mixer: None,
+            guard_index: None,
+            past: None,
+        }
+    }
+
+    /// The index a model drafts from, mixes with (with `mixer`; without one, a mixing request
+    /// takes the built-in mixer) and guards against by default.
+    pub fn drafting_index(mut self, index: Option<ModelIndex>, mixer: Option<Mixer>) -> Self {
+        self.drafting_index = index.map(|i| i.0);
+        self.mixer = mixer;
+        self
+    }
+
+    /// The copy guard's own index (default: the generation's index, or the model's drafting
+    /// index), checked once against the generation's tokenizer.
+    pub fn guard_index(mut self, index: Option<Arc<Index<Mmap>>>) -> Result<Self> {
+        let Some(index) = index else {
+            return Ok(self);
+        };
+        match &self.scorer {
+            Scorer::Shards(_) => {
+                return Err(Error::input(
+                    "over shards held elsewhere the copy guard checks those shards: give no \
+                     guard index of its own",
+                ))
+            }
+            // The index-alone generation compares the two indexes' tokenizers (once).
+            Scorer::Index(_) => {}
+            Scorer::Model { .. }
+                if self
+                    .drafting_index
+                    .as_ref()
+                    .is_some_and(|own| Arc::ptr_eq(own, &index)) => {}
+            Scorer::Model { .. } => check_fingerprint(&index.header().tokenizer, self.tokenizer)?,
+        }
+        self.guard_index = Some(index);
+        Ok(self)
+    }
+
+    /// Past outputs to draft from (with the past-outputs drafter), added to (and saved) after
+    /// each generation with a model.
+    pub fn past_outputs(mut self, past: Option<PastStore>) -> Self {
+        self.past = past;
+        self
+    }
+
+    /// The tokenizer of the generation.
+    pub fn tokenizer(&self) -> &dyn Tokenizer {
+        self.tokenizer
+    }
+}
+
+/// An index checked, once, against the tokenizer of the model it goes with: what a model
+/// drafts from, mixes with and guards against. A front end checks it where it resolves the
+/// index (a server before it queues the request), then binds it ([`Resources::drafting_index`]).
+#[derive(Clone)]
+pub struct ModelIndex(Arc<Index<Mmap>>);
+
+impl ModelIndex {
+    /// `index` if it was built with `tok` (`mixing`: the error says what mixing needs).
+    pub fn check(index: Arc<Index<Mmap>>, tok: &dyn Tokenizer, mixing: bool) -> Result<Self> {
+        match mixing {
+            true => check_mixing_index(&index, tok)?,
+            false => check_fingerprint(&index.header().tokenizer, tok)?,
+        }
+        Ok(ModelIndex(index))
+    }
+
+    /// The index.
+    pub fn index(&self) -> &Arc<Index<Mmap>> {
+        &self.0
+    }
+}
+
+/// What a run needs that is not part of the request.
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    /// Stops the generation early when set (a client gone, a time limit passed).
+    pub cancel: Option<Cancel>,
+    /// Record each forward pass (in the report's `stats.trace`).
+    pub trace: bool,
+    /// Verify trees of drafts where the drafters part ways.
+    pub trees: bool,
+    /// Also decode without drafts and report both speeds and whether the outputs are the same.
+    pub compare: bool,
+    /// Measure the longest span of the output found in the corpus also without a guard (a pass
+    /// over the output).
+    pub measure_copying: bool,
+    /// The most prompt tokens taken (a server's limit).
+    pub max_prompt_tokens: Option<usize>,
+}
+
+/// What the copy guard did and the longest span of the output found in its corpus.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Copying {
+    /// The longest span of the output that occurs in the corpus (not measured over shards).
+    pub max_copied_span: Option<usize>,
+    /// The guard's statistics (`None` without a guard).
+    pub guard: Option<crate::decode::guard::GuardStats>,
+    /// Steps at which the guard masked a token.
+    pub guard_blocked: Option<usize>,
+    /// Seconds the guard spent.
+    pub guard_seconds: Option<f64>,
+}
+
+impl From<GuardReport> for Copying {
+    fn from(r: GuardReport) -> Self {
+        Copying {
+            max_copied_span: Some(r.max_copied_span),
+            guard: r.guard,
+            guard_blocked: r.guard.map(|g| g.blocked),
+            guard_seconds: r.guard.map(|g| g.seconds),
+        }
+    }
+}
+
+/// Speculative decoding against plain decoding of the same request (`RunOptions::compare`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Comparison {
+    /// Plain decoding's speed.
+    pub plain_tokens_per_second: f64,
+    /// Speculative tokens per second over plain.
+    pub speedup: f64,
+    /// Whether both wrote the same tokens.
+    pub identical: bool,
+}
+
+/// What a generation produced: one type, which the CLI prints (`--json`), the server maps to
+/// an OpenAI completion (its `infgram` field) and Python returns.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct GenerationReport {
+    /// The generated text (the prompt excluded).
+    pub text: String,
+    /// Tokens generated.
+    pub tokens: usize,
+    /// Their ids.
+    pub token_ids: Vec<u32>,
+    /// The prompt's tokens as fed (a model's first token included).
+    pub prompt_tokens: usize,
+    /// Seconds the generation took.
+    pub seconds: f64,
+    /// Tokens per second.
+    pub tokens_per_second: f64,
+    /// It ended by itself (an end token, the end of a document, or no token left by the
+    /// guard), not at `max_tokens` nor cancelled.
+    pub natural_end: bool,
+    /// Stopped early (a client gone, a time limit).
+    pub cancelled: bool,
+    /// The copy guard masked every token that could come next.
+    pub guard_exhausted: bool,
+    /// From an index alone: whether it stopped at a document boundary.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped_at_document_end: Option<bool>,
+    /// From an index alone: how the counts cache served.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheStats>,
+    /// With a model: its name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// With a model: drafts were verified (speculative decoding).
+    pub speculative: bool,
+    /// With a model: the mixture scored.
+    pub mix: bool,
+    /// With a model: what the decode loop did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stats: Option<DecodeStats>,
+    /// With a model: the share of drafted tokens accepted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub acceptance_rate: Option<f64>,
+    /// With a model: tokens accepted per pass that had a draft.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mean_accepted: Option<f64>,
+    /// With a model: tokens in its cache at the end.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context_tokens: Option<usize>,
+    /// The copy guard's report (with a guard, or when measured).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub copying: Option<Copying>,
+    /// Plain decoding of the same request (`RunOptions::compare`).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub comparison: Option<Comparison>,
+    /// Why the past outputs could not be saved (the output is returned all the same).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub past_outputs_not_saved: Option<String>,
+    /// From an index alone: per-step statistics of the ∞-gram's levels.
+    #[serde(skip)]
+    pub steps: LevelLog,
+}
+
+/// The report of a generation from the ∞-gram alone (the text and speed filled in after).
+fn infgram_report(
+    g: Generation,
+    copying: Option<Copying>,
+    req: &CheckedRequest,
+    prompt_tokens: usize,
+) -> GenerationReport {
+    GenerationReport {
+        natural_end: !g.decode.cancelled && (g.tokens.len() < req.max_tokens || g.decode.exhausted),
+        cancelled: g.decode.cancelled,
+        guard_exhausted: g.decode.exhausted,
+        stopped_at_document_end: Some(g.hit_end),
+        cache: Some(g.cache),
+        copying,
+        steps: g.steps,
+        stats: Some(g.decode),
+        prompt_tokens,
+        token_ids: g.tokens,
+        ..Default::default()
+    }
+}
+
+/// Runs `req` over `res` as `opts` says, calling `on_token` after each token (for streaming).
+pub fn generate(
+    req: &CheckedRequest,
+    res: &mut Resources<'_>,
+    opts: &RunOptions,
+    mut on_token: impl FnMut(u32),
+) -> Result<GenerationReport> {
+    let tok = res.tokenizer;
+    let prompt = req.prompt_ids(tok)?;
+    if let Some(limit) = opts.max_prompt_tokens {
+        if prompt.len() > limit {
+            return Err(Error::Field {
+                field: "prompt",
+                message: format!(
+                    "is {} tokens; this server takes at most {limit}",
+                    prompt.len()
+                ),
+            });
+        }
+    }
+    let guard = |index: Option<Arc<Index<Mmap>>>| {
+        req.guard.map(|g| GuardConfig {
+            max_span: g.max_span,
+            index,
+            ignore_prompt: g.ignore_prompt,
+        })
+    };
+    let cfg = crate::service::GenConfig {
+        estimator: req.estimator.clone(),
+        context: req.context,
+        max_tokens: req.max_tokens,
+        guard: guard(res.guard_index.clone()),
+        cancel: opts.cancel.clone(),
+    };
+    let started = Instant::now();
+    let mut report = match &mut res.scorer {
+        Scorer::Index(index) => {
+            let mut sampler = req.sampler();
+            let g = generate_from_index(index.clone(), &prompt, &cfg, &mut sampler, &mut on_token)?;
+            // The longest copied span, on the guard's index or the generation's.
+            let copying = (opts.measure_copying || g.guard.is_some()).then(|| {
+                let on = res.guard_index.as_ref().unwrap_or(index);
+                GuardReport::measure(g.guard, on, &g.tokens)
+            });
+            infgram_report(g, copying.map(Copying::from), req, prompt.len())
+        }
+        Scorer::Shards(shards) => {
+            let mut sampler = req.sampler();
+            let g =
+                generate_over_shards(shards.clone(), &prompt, &cfg, &mut sampler, &mut on_token)?;
+            // Over shards the longest copied span would take another round of searches.
+            let copying = g.guard.map(|stats| {
+                Copying::from(GuardReport {
+                    guard: Some(stats),
+                    max_copied_span: 0,
+                })
+            });
+            let copying = copying.map(|c| Copying {
+                max_copied_span: None,
+                ..c
+            });
+            infgram_report(g, copying, req, prompt.len())
+        }
+        Scorer::Model { model, name } => {
+            let index = &res.drafting_index;
+            let mut model_req = ModelGenRequest {
+                prompt,
+                assembly: AssemblyOptions {
+                    drafters: req.drafters.clone(),
+                    drafting_index: index.clone(),
+                    repetition_penalty: req.repetition_penalty,
+                    guard: guard(res.guard_index.clone()),
+                    past_outputs: res.past.as_ref().map(|p| p.outputs.clone()),
+                },
+                mix: res.mixer.clone().filter(|_| req.mix),
+                decode: DecodeConfig {
+                    max_tokens: req.max_tokens,
+                    draft_max: req.draft_max,
+                    cancel: opts.cancel.clone(),
+                    trace: opts.trace,
+                    trees: opts.trees,
+                    ..Default::default()
+                },
+            };
+            if req.mix && model_req.mix.is_none() {
+                model_req.mix = Some(Mixer::default());
+            }
+            if model_req.mix.is_some() && index.is_none() {
+                return Err(Error::input(
+                    "mixing needs an index built with the model's tokenizer \
+                     (`infgram index --tokenizer MODEL`): give it with --index DIR",
+                ));
+            }
+            let g =
+                generate_with_model(&mut **model, &model_req, &mut req.sampler(), &mut on_token)?;
+            let past_outputs_not_saved = res
+                .past
+                .as_ref()
+                .and_then(PastStore::save)
+                .and_then(|saved| saved.err())
+                .map(|e| e.to_string());
+            let comparison = match opts.compare {
+                true => {
+                    model_req.assembly.drafters.clear();
+                    model_req.assembly.past_outputs = None;
+                    model_req.decode.trace = false;
+                    let plain =
+                        generate_with_model(&mut **model, &model_req, &mut req.sampler(), |_| {})?;
+                    let tps = g.stats.tokens_per_second();
+                    let plain_tps = plain.stats.tokens_per_second();
+                    Some(Comparison {
+                        plain_tokens_per_second: plain_tps,
+                        speedup: tps / plain_tps,
+                        identical: plain.tokens == g.tokens,
+                    })
+                }
+                false => None,
+            };
+            let s = &g.stats;
+            GenerationReport {
+                natural_end: !s.cancelled && (g.tokens.len() < req.max_tokens || s.exhausted),
+                cancelled: s.cancelled,
+                guard_exhausted: s.exhausted,
+                model: Some(name.clone()),
+                speculative: !req.drafters.is_empty(),
+                mix: model_req.mix.is_some(),
+                acceptance_rate: Some(s.acceptance_rate()),
+                mean_accepted: Some(s.mean_accepted()),
+                context_tokens: Some(g.context_tokens),
+                copying: g.guard.map(Copying::from),
+                comparison,
+                past_outputs_not_saved,
+                prompt_tokens: model_req.prompt.len(),
+                stats: Some(g.stats),
+                token_ids: g.tokens,
+                ..Default::default()
+            }
+        }
+    };
+    report.seconds = match &report.stats {
+        Some(stats) => stats.seconds,
+        None => started.elapsed().as_secs_f64(),
+    };
+    report.tokens = report.token_ids.len();
+    report.tokens_per_second = report.tokens as f64 / report.seconds.max(1e-12);
+    report.text = tok.decode(&report.token_ids)?;
+    Ok(report)
+}
