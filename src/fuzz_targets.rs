@@ -40,13 +40,10 @@ pub fn query_line(data: &[u8]) {
             let _ = execute(index, &ByteTokenizer, &q);
         }
     }
-    #[cfg(feature = "server")]
-    {
-        let limits = crate::server::Limits::default();
-        if let Ok(request) = crate::server::api::read_request(data, &limits) {
-            if let Ok((q, _)) = request.to_query(&ByteTokenizer, &limits) {
-                let _ = execute(index, &ByteTokenizer, &q);
-            }
+    let limits = crate::service::query::QueryLimits::SERVED;
+    if let Ok(request) = crate::service::api::read_request(data, &limits) {
+        if let Ok((q, _)) = request.to_query(&ByteTokenizer, &limits) {
+            let _ = execute(index, &ByteTokenizer, &q);
         }
     }
 }

@@ -14,7 +14,8 @@
 //! line per request goes to stderr (unless `log_requests` is off). SIGINT or SIGTERM stops
 //! accepting connections and lets the open ones finish (for at most [`SHUTDOWN_GRACE`]).
 
-pub mod api;
+/// The infini-gram API's shapes (moved into the service: Python answers them without a server).
+pub use crate::service::api;
 pub mod completions;
 pub mod metrics;
 
@@ -76,13 +77,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             body_bytes: 64 * 1024,
-            query: QueryLimits {
-                text_chars: 1000,
-                tokens: 500,
-                maxnum: 10,
-                max_disp_len: 10_000,
-                max_diff_tokens: 1000,
-            },
+            query: QueryLimits::SERVED,
             prompt_chars: 20_000,
             prompt_tokens: 4096,
             max_tokens: 2048,
@@ -432,7 +427,7 @@ async fn query(
         Ok(b) => b,
         Err(rejection) => return error_response("other", &body_error(&rejection)),
     };
-    let request = match read_request(&body, &state.limits) {
+    let request = match read_request(&body, &state.limits.query) {
         Ok(r) => r,
         Err(e) => return error_response("other", &e),
     };
@@ -451,7 +446,7 @@ async fn answer_query(state: &Arc<AppState>, request: api::ApiQuery) -> Result<V
         .acquire()
         .await
         .map_err(|_| ApiError::bad("the server is shutting down"))?;
-    let limits = state.limits.clone();
+    let limits = state.limits.query;
     let task = tokio::task::spawn_blocking(move || {
         api::answer(&served.index, served.tokenizer.as_ref(), &request, &limits)
     });

@@ -1,6 +1,8 @@
 //! The library's service layer: what a front end (the CLI now; the HTTP server and the Python
 //! module next) calls, so none of them owns library logic.
 //!
+//! * [`api`]: the infini-gram HTTP API's request and answer shapes (`POST /` of `infgram
+//!   serve`, and Python's `RemoteIndex.api`), over the typed query protocol.
 //! * [`catalog`]: the indexes a front end has opened, by name, shared as `Arc`s.
 //! * [`query`]: the typed query protocol ([`query::Query`], serde) and its executor.
 //! * [`indexes`]: opening an index with the tokenizer that must go with it, resolving tokenizer
@@ -14,6 +16,7 @@
 //! * [`run`]: the one door of generation: a checked request over bound [`Resources`] gives one
 //!   [`GenerationReport`].
 
+pub mod api;
 pub mod catalog;
 pub mod generate;
 pub mod indexes;

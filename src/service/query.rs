@@ -408,6 +408,17 @@ impl QueryLimits {
         max_diff_tokens: usize::MAX,
     };
 
+    /// The bounds of infini-gram's public API, which `infgram serve` takes by default: 1,000
+    /// characters of text, 500 tokens, 10 documents, windows of 10,000 tokens, clauses 1,000
+    /// tokens apart.
+    pub const SERVED: QueryLimits = QueryLimits {
+        text_chars: 1000,
+        tokens: 500,
+        maxnum: 10,
+        max_disp_len: 10_000,
+        max_diff_tokens: 1000,
+    };
+
     /// Refuses a query text of more than [`QueryLimits::text_chars`] characters (field `text`).
     pub fn check_text(&self, text: &str) -> Result<()> {
         let chars = text.chars().count();

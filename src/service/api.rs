@@ -7,9 +7,8 @@
 //! string with ` AND ` / ` OR ` or from nested `query_ids`; `search_docs` returns one document
 //! unless `maxnum` says more.
 
-use super::Limits;
 use crate::index::partial::Shards;
-use crate::service::query::{execute_within, parse_cnf, Query, QUERY_TYPES};
+use crate::service::query::{execute_within, parse_cnf, Query, QueryLimits, QUERY_TYPES};
 use crate::tokenizer::Tokenizer;
 use serde_json::{json, Map, Value};
 
@@ -78,7 +77,7 @@ pub enum Input {
 }
 
 /// Reads a request body into an [`ApiQuery`]; the answer names what is wrong.
-pub fn read_request(body: &[u8], limits: &Limits) -> Result<ApiQuery, ApiError> {
+pub fn read_request(body: &[u8], limits: &QueryLimits) -> Result<ApiQuery, ApiError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad(format!("the body is not valid JSON: {e}")))?;
     let Value::Object(mut obj) = value else {
@@ -133,12 +132,11 @@ pub fn read_request(body: &[u8], limits: &Limits) -> Result<ApiQuery, ApiError> 
 fn read_input(
     query: Option<Value>,
     query_ids: Option<Value>,
-    limits: &Limits,
+    limits: &QueryLimits,
 ) -> Result<Input, ApiError> {
     match (query, query_ids) {
         (Some(Value::String(text)), None) => {
             limits
-                .query
                 .check_text(&text)
                 .map_err(|e| ApiError::from(e.rename_field(FIELD_NAMES)))?;
             Ok(Input::Text(text))
@@ -191,14 +189,13 @@ fn type_name(v: &Value) -> &'static str {
 }
 
 /// Refuses queries of more tokens than the limit (before they are copied into a query).
-fn check_tokens(input: &Input, limits: &Limits) -> Result<(), ApiError> {
+fn check_tokens(input: &Input, limits: &QueryLimits) -> Result<(), ApiError> {
     let n = match input {
         Input::Ids(ids) => ids.len(),
         Input::Cnf(cnf) => cnf.iter().flatten().map(Vec::len).sum(),
         Input::None | Input::Text(_) => 0,
     };
     limits
-        .query
         .check_tokens(n)
         .map_err(|e| ApiError::from(e.rename_field(FIELD_NAMES)))
 }
@@ -221,7 +218,7 @@ impl ApiQuery {
     pub fn to_query(
         &self,
         tok: &dyn Tokenizer,
-        limits: &Limits,
+        limits: &QueryLimits,
     ) -> Result<(Query, Tokens), ApiError> {
         let tokens = match &self.input {
             Input::None => Tokens::Ids(Vec::new()),
@@ -319,11 +316,11 @@ pub fn answer(
     shards: &(impl Shards + ?Sized),
     tok: &dyn Tokenizer,
     request: &ApiQuery,
-    limits: &Limits,
+    limits: &QueryLimits,
 ) -> Result<Value, ApiError> {
     let started = std::time::Instant::now();
     let (query, tokens) = request.to_query(tok, limits)?;
-    let mut answer = execute_within(shards, tok, &query, &limits.query)
+    let mut answer = execute_within(shards, tok, &query, limits)
         .map_err(|e| e.rename_field(FIELD_NAMES))?
         .to_value();
     let latency_ms = started.elapsed().as_secs_f64() * 1e3;

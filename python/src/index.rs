@@ -1,0 +1,321 @@
+//! `Index`: infgram's own API over one index opened in this process (the typed query
+//! protocol, generation through the service's one door, perplexity, n-gram models).
+
+use super::*;
+
+/// Python's arguments of an SBIS generation (`Index.generate`, `RemoteIndex.generate`).
+pub(crate) struct SbisArgs<'a> {
+    pub(crate) prompt: &'a str,
+    pub(crate) max_tokens: Option<usize>,
+    pub(crate) k: Option<i64>,
+    pub(crate) decay: Option<f64>,
+    pub(crate) context: Option<usize>,
+    pub(crate) temperature: Option<f64>,
+    pub(crate) top_k: Option<usize>,
+    pub(crate) top_p: Option<f64>,
+    pub(crate) seed: Option<u64>,
+    pub(crate) guard: Option<usize>,
+}
+
+impl SbisArgs<'_> {
+    /// The library's request from these arguments, checked (a bad one names Python's
+    /// parameter: `ValueError`), run by `run` with the GIL released, as
+    /// `{text, tokens, hit_end[, guard]}` and the report's speed. A shard that did not answer
+    /// is a `RuntimeError`. `bind` makes the resources it runs over: one call of the service's
+    /// generation ([`infgram::service::run::generate`]).
+    pub(crate) fn run(
+        self,
+        py: Python<'_>,
+        tok: Arc<dyn Tokenizer>,
+        bind: impl for<'t> FnOnce(&'t dyn Tokenizer) -> infgram::service::Resources<'t> + Send,
+    ) -> Ans {
+        use infgram::service::request::{
+            EstimatorSpec, GenLimits, GenerateRequest, GuardSpec, Prompt, Sampling, Scorer,
+            MAX_GEN_TOKENS,
+        };
+        const PARAMETER_NAMES: &[(&str, &str)] = &[
+            ("sampling.temperature", "temperature"),
+            ("sampling.top_p", "top_p"),
+            ("sampling.top_k", "top_k"),
+            ("limits.max_tokens", "max_tokens"),
+            ("limits.context", "context"),
+            ("scorer.estimator.k", "k"),
+            ("scorer.estimator.decay", "decay"),
+            ("guard.max_span", "guard"),
+        ];
+        let request = GenerateRequest {
+            prompt: Prompt::Text(self.prompt.to_string()),
+            scorer: Scorer::Infgram {
+                estimator: EstimatorSpec::Sbis {
+                    k: self.k,
+                    decay: self.decay,
+                },
+            },
+            guard: self.guard.map(|max_span| GuardSpec {
+                max_span,
+                ignore_prompt: false,
+            }),
+            sampling: Sampling {
+                temperature: self.temperature,
+                top_p: self.top_p,
+                top_k: self.top_k,
+                seed: self.seed,
+                repetition_penalty: None,
+            },
+            limits: GenLimits {
+                max_tokens: self.max_tokens,
+                context: self.context,
+                draft_max: None,
+            },
+            ..Default::default()
+        };
+        let invalid = |e: infgram::Error| PyValueError::new_err(e.to_string());
+        let checked = request
+            .check(MAX_GEN_TOKENS)
+            .map_err(|e| invalid(e.rename_field(PARAMETER_NAMES)))?;
+        let opts = infgram::service::RunOptions::default();
+        let report = py
+            .detach(|| {
+                let mut res = bind(tok.as_ref());
+                infgram::service::run::generate(&checked, &mut res, &opts, |_| {})
+            })
+            .map_err(|e| match e {
+                infgram::Error::Unavailable(_) => runtime(e),
+                e => invalid(e),
+            })?;
+        let d = PyDict::new(py);
+        d.set_item("text", &report.text)?;
+        d.set_item("tokens", &report.token_ids)?;
+        d.set_item("hit_end", report.stopped_at_document_end.unwrap_or(false))?;
+        d.set_item("natural_end", report.natural_end)?;
+        d.set_item("prompt_tokens", report.prompt_tokens)?;
+        d.set_item("seconds", report.seconds)?;
+        d.set_item("tokens_per_second", report.tokens_per_second)?;
+        if let Some(g) = report.copying.and_then(|c| c.guard) {
+            let stats = PyDict::new(py);
+            stats.set_item("max_span", g.max_span)?;
+            stats.set_item("blocked", g.blocked)?;
+            stats.set_item("masked", g.masked)?;
+            d.set_item("guard", stats)?;
+        }
+        Ok(d.into_any().unbind())
+    }
+}
+
+/// An infgram index with its tokenizer: the typed query protocol, generation and perplexity.
+#[pyclass(frozen, subclass, module = "infgram._native")]
+pub struct Index {
+    pub(crate) index: Arc<Idx>,
+    pub(crate) tok: Arc<dyn Tokenizer>,
+}
+
+#[pymethods]
+impl Index {
+    /// Opens an index directory (infgram's or infini-gram's); `tokenizer` names the one to
+    /// tokenize text with (default: the index's own).
+    #[new]
+    #[pyo3(signature = (path, tokenizer=None))]
+    fn new(py: Python<'_>, path: PathBuf, tokenizer: Option<String>) -> PyResult<Self> {
+        let (index, tok) = py
+            .detach(|| infgram::service::open_index(&path, tokenizer.as_deref()))
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(Index {
+            index: Arc::new(index),
+            tok: Arc::from(tok),
+        })
+    }
+
+    /// Answers one query of the protocol shared with `infgram query --batch` and the server,
+    /// given as a JSON string (`{"query_type": "count", "text": "the cat"}`); returns the
+    /// answer as a JSON string, or `{"error": ...}`.
+    fn query_json(&self, py: Python<'_>, request: &str) -> String {
+        py.detach(|| {
+            let answer = infgram::service::Query::from_json(request)
+                .and_then(|q| infgram::service::execute(&self.index, self.tok.as_ref(), &q));
+            match answer {
+                Ok(a) => a.to_value().to_string(),
+                Err(e) => serde_json::json!({ "error": e.to_string() }).to_string(),
+            }
+        })
+    }
+
+    /// Token ids of `text` with the index's tokenizer.
+    fn tokenize(&self, text: &str) -> PyResult<Vec<u32>> {
+        self.tok
+            .encode(text)
+            .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// Text of token ids.
+    fn detokenize(&self, ids: Vec<u32>) -> PyResult<String> {
+        self.tok
+            .decode(&ids)
+            .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// Corpus tokens (separators excluded), documents and shards.
+    fn stats(&self, py: Python<'_>) -> Ans {
+        let d = PyDict::new(py);
+        d.set_item("tokens", self.index.total_tokens())?;
+        d.set_item("documents", self.index.num_docs())?;
+        d.set_item("shards", self.index.shards().len())?;
+        d.set_item("token_width", self.index.header().token_width)?;
+        d.set_item("reverse", self.index.has_reverse())?;
+        d.set_item(
+            "format",
+            match self.index.shards().first().map(|s| s.layout()) {
+                Some(Layout::InfiniGram) => "infini-gram",
+                _ => "infgram",
+            },
+        )?;
+        Ok(d.into_any().unbind())
+    }
+
+    /// What a distributed manifest records of this index and checks at start: `header_crc32`
+    /// (the header's own checksum, which covers every file's checksum), `tokenizer` (`kind`,
+    /// `fingerprint`, `vocab_size`), `separator`, `token_width` and `shard_infos` (each
+    /// shard's `[tokens, documents]`, separators counted in tokens).
+    fn identity(&self, py: Python<'_>) -> Ans {
+        let h = self.index.header();
+        let d = PyDict::new(py);
+        d.set_item("header_crc32", h.header_crc32)?;
+        let t = PyDict::new(py);
+        t.set_item("kind", &h.tokenizer.kind)?;
+        t.set_item("fingerprint", &h.tokenizer.fingerprint)?;
+        t.set_item("vocab_size", h.tokenizer.vocab_size)?;
+        d.set_item("tokenizer", t)?;
+        d.set_item("separator", self.index.separator())?;
+        d.set_item("token_width", h.token_width)?;
+        let infos: Vec<(u64, u64)> = self
+            .index
+            .infos()
+            .iter()
+            .map(|i| (i.tokens, i.documents))
+            .collect();
+        d.set_item("shard_infos", infos)?;
+        Ok(d.into_any().unbind())
+    }
+
+    /// A shard server's side of `infgram.ray`: the answers of this index's shards to
+    /// `[(shard, query_json), ...]` (shards numbered within this index), as JSON strings.
+    /// Releases the GIL.
+    fn answer_shard_queries(
+        &self,
+        py: Python<'_>,
+        requests: Vec<(usize, String)>,
+    ) -> PyResult<Vec<String>> {
+        py.detach(|| remote::answer_json(&self.index, &requests))
+            .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// Generates text from the index alone with SBIS (`k` levels, −1 = all; `decay` between
+    /// levels), sampling with `temperature` / `top_k` / `top_p` and `seed`; `guard`: the longest
+    /// span of the corpus the output may repeat (the copy guard). Every parameter left out takes
+    /// the library's default (`infgram gen` and the server use the same ones). Returns
+    /// `{text, tokens, hit_end}` (and `guard`, its statistics, when guarded).
+    #[pyo3(signature = (prompt, max_tokens=None, k=None, decay=None, context=None, temperature=None, top_k=None, top_p=None, seed=None, guard=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn generate(
+        &self,
+        py: Python<'_>,
+        prompt: &str,
+        max_tokens: Option<usize>,
+        k: Option<i64>,
+        decay: Option<f64>,
+        context: Option<usize>,
+        temperature: Option<f64>,
+        top_k: Option<usize>,
+        top_p: Option<f64>,
+        seed: Option<u64>,
+        guard: Option<usize>,
+    ) -> Ans {
+        let args = SbisArgs {
+            prompt,
+            max_tokens,
+            k,
+            decay,
+            context,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            guard,
+        };
+        let index = self.index.clone();
+        args.run(py, self.tok.clone(), move |tok| {
+            infgram::service::Resources::index(index, tok)
+        })
+    }
+
+    /// Every position's ∞-gram next-token distribution of `tokens` (u32 little-endian bytes)
+    /// in one call, with its suffix length, count and distinct continuations (see
+    /// `infgram.Index.infgram_rows`). Releases the GIL.
+    #[pyo3(signature = (tokens, window=infgram::ngram::batch::ROWS_WINDOW, end_token=None, vocab=None, estimator_json=None))]
+    fn infgram_rows(
+        &self,
+        py: Python<'_>,
+        tokens: &[u8],
+        window: usize,
+        end_token: Option<u32>,
+        vocab: Option<usize>,
+        estimator_json: Option<&str>,
+    ) -> PyResult<rows::InfgramRows> {
+        rows::compute(
+            py,
+            &self.index,
+            tokens,
+            window,
+            end_token,
+            vocab,
+            estimator_json,
+        )
+    }
+
+    /// A classic n-gram model of fixed `order` over this index: `estimator` `"mkn"`
+    /// (interpolated modified Kneser–Ney, as KenLM's lmplz) or `"add_alpha"` (with `alpha`;
+    /// 0 is MLE). Sentence mode follows the index (built with `sentences=True`).
+    /// `discount_fallback`: three discounts for an order whose count-of-counts cannot give
+    /// them (KenLM's `--discount_fallback`).
+    #[pyo3(signature = (order, estimator="mkn", alpha=None, discount_fallback=None))]
+    fn ngram_model(
+        &self,
+        py: Python<'_>,
+        order: usize,
+        estimator: &str,
+        alpha: Option<f64>,
+        discount_fallback: Option<[f64; 3]>,
+    ) -> PyResult<NgramModel> {
+        let spec = match estimator {
+            "mkn" => infgram::ngram::EstimatorSpec::Mkn { order },
+            "add_alpha" | "add-alpha" => infgram::ngram::EstimatorSpec::AddAlpha { order, alpha },
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "estimator {other:?}: a fixed-order model is \"mkn\" or \"add_alpha\""
+                )))
+            }
+        };
+        let model = py
+            .detach(|| spec.classic(&*self.index, discount_fallback))
+            .map_err(|e| PyValueError::new_err(e.to_string()))?
+            .ok_or_else(|| PyValueError::new_err("not a fixed-order model"))?;
+        Ok(NgramModel {
+            index: self.index.clone(),
+            tok: self.tok.clone(),
+            model,
+        })
+    }
+
+    /// Perplexity of `text` under the ∞-gram (SBIS with `k` levels and `decay`), with the
+    /// agreement analysis: `{ppl, tokens, bits_per_token, seconds, floored, ...}`.
+    #[pyo3(signature = (text, k=-1, decay=0.1, context=200))]
+    fn perplexity(&self, py: Python<'_>, text: &str, k: i64, decay: f64, context: usize) -> Ans {
+        let ids = self.tokenize(text)?;
+        let est = infgram::ngram::Estimator::Sbis { k, decay };
+        let report = py
+            .detach(|| infgram::eval::ngram::perplexity(&self.index, &ids, &est, context, None))
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let v =
+            serde_json::to_value(&report).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        to_py(py, &v)
+    }
+}
