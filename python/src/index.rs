@@ -20,7 +20,8 @@ pub(crate) struct SbisArgs<'a> {
 impl SbisArgs<'_> {
     /// The library's request from these arguments, checked (a bad one names Python's
     /// parameter: `ValueError`), run by `run` with the GIL released, as
-    /// `{text, tokens, hit_end[, guard]}` and the report's speed. A shard that did not answer
+    /// `{text, tokens, hit_end, natural_end, prompt_tokens[, guard]}` (no timing: the same
+    /// request gives the same dict, local or remote). A shard that did not answer
     /// is a `RuntimeError`. `bind` makes the resources it runs over: one call of the service's
     /// generation ([`infgram::service::run::generate`]).
     pub(crate) fn run(
@@ -89,8 +90,6 @@ impl SbisArgs<'_> {
         d.set_item("hit_end", report.stopped_at_document_end.unwrap_or(false))?;
         d.set_item("natural_end", report.natural_end)?;
         d.set_item("prompt_tokens", report.prompt_tokens)?;
-        d.set_item("seconds", report.seconds)?;
-        d.set_item("tokens_per_second", report.tokens_per_second)?;
         if let Some(g) = report.copying.and_then(|c| c.guard) {
             let stats = PyDict::new(py);
             stats.set_item("max_span", g.max_span)?;
