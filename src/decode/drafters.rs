@@ -469,7 +469,7 @@ impl<S: AsRef<[u8]> + Sync> CorpusDrafter<S> {
     }
 }
 
-impl<S: AsRef<[u8]> + Sync> Drafter for CorpusDrafter<S> {
+impl<S: AsRef<[u8]> + Send + Sync> Drafter for CorpusDrafter<S> {
     fn propose(&mut self, context: &[u32], max: usize) -> Result<Draft> {
         let from = context.len().saturating_sub(self.max_context);
         grow_draft(context[from..].to_vec(), max, |seq| {

@@ -53,6 +53,7 @@ pub mod guard;
 pub mod past;
 pub mod policy;
 pub mod sampler;
+pub mod session;
 
 pub use policy::CostModel;
 pub use sampler::{Sampler, SamplerConfig};
@@ -73,7 +74,7 @@ pub struct Draft {
 }
 
 /// Proposes tokens to follow a context.
-pub trait Drafter {
+pub trait Drafter: Send {
     /// Up to `max` tokens likely to follow `context` (prompt and generated text so far).
     fn propose(&mut self, context: &[u32], max: usize) -> Result<Draft>;
     /// Up to `n` candidates for the token after `context` with their confidences, best first
@@ -712,6 +713,22 @@ impl DraftTree {
 
     /// The accepted path's tokens kept on the main draft, and the branch it went on in (its
     /// index and tokens kept there), if it left the main draft.
+    /// The nodes `tokens` walk from the root (0, then each token that is a child of the last
+    /// node), stopping at the first that is not.
+    fn follow(&self, tokens: &[u32]) -> Vec<usize> {
+        let mut path = vec![0];
+        for &t in tokens {
+            let at = *path.last().expect("the root");
+            let child = (at + 1..self.tokens.len())
+                .find(|&n| self.parents[n] == Some(at) && self.tokens[n] == t);
+            match child {
+                Some(n) => path.push(n),
+                None => break,
+            }
+        }
+        path
+    }
+
     fn split_path(&self, path: &[usize]) -> (usize, Option<(usize, usize)>) {
         let on_main = path[1..].iter().take_while(|&&n| n <= self.main).count();
         let branch = path.get(1 + on_main).map(|&n| {

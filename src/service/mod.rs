@@ -3,6 +3,8 @@
 //!
 //! * [`api`]: the infini-gram HTTP API's request and answer shapes (`POST /` of `infgram
 //!   serve`, and Python's `RemoteIndex.api`), over the typed query protocol.
+//! * [`drafts`]: infgram's drafters for engines that verify elsewhere (`infgram.Drafter`,
+//!   `POST /v1/drafts`): a session per request over the decode loop's drafting.
 //! * [`catalog`]: the indexes a front end has opened, by name, shared as `Arc`s.
 //! * [`query`]: the typed query protocol ([`query::Query`], serde) and its executor.
 //! * [`indexes`]: opening an index with the tokenizer that must go with it, resolving tokenizer
@@ -18,6 +20,7 @@
 
 pub mod api;
 pub mod catalog;
+pub mod drafts;
 pub mod generate;
 pub mod indexes;
 pub mod models;

@@ -61,8 +61,13 @@ impl PastStore {
         }
     }
 
+    /// The fingerprint of the tokenizer the outputs are in.
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+
     /// Writes the outputs to their file (beside it, renamed into place), if they have one.
-    fn save(&self) -> Option<Result<()>> {
+    pub(crate) fn save(&self) -> Option<Result<()>> {
         let file = self.file.as_ref()?;
         let past = self.outputs.read().unwrap_or_else(|e| e.into_inner());
         Some(past.save(file, &self.fingerprint))
