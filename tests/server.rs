@@ -1469,3 +1469,88 @@ fn past_output_files_that_would_fail_are_refused_at_start_and_failed_saves_show_
     );
     assert!(e.contains("does not exist"), "{e}");
 }
+
+/// The same draft: tokens, parents and sources exactly, probabilities to JSON's precision
+/// (serde_json reads floats to within an ulp).
+fn same_draft(got: &Value, want: &Value, what: &str) {
+    for key in ["token_ids", "parents", "sources"] {
+        assert_eq!(got[key], want[key], "{what}: {key}");
+    }
+    let (a, b) = (
+        got["probs"].as_array().unwrap(),
+        want["probs"].as_array().unwrap(),
+    );
+    assert_eq!(a.len(), b.len(), "{what}");
+    for (x, y) in a.iter().zip(b) {
+        assert!(
+            (x.as_f64().unwrap() - y.as_f64().unwrap()).abs() < 1e-12,
+            "{what}: {x} {y}"
+        );
+    }
+}
+
+/// `POST /v1/drafts` (issue 48): the drafts of the library's drafting sessions for the same
+/// contexts, with and without a request id; bad requests get 4xx and the server keeps serving.
+#[test]
+fn drafts_route_answers_the_library_drafts() {
+    use infgram::service::drafts::Drafts;
+    let tmp = tempfile::tempdir().unwrap();
+    let idx = small_index(tmp.path());
+    let server = Server::start(&["--index", &format!("small={}", idx.display()), "--quiet"]);
+    let index = Arc::new(infgram::Index::open(&idx).unwrap());
+    let library = Drafts::new(Some(index.clone()), None, true).unwrap();
+    let text = infgram::tokenizer::ByteTokenizer
+        .encode("the cat sat on the mat the dog ran on a log the cat sat on")
+        .unwrap();
+    let mut x = 3u64;
+    for case in 0..40 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let cut = 3 + (x >> 33) as usize % (text.len() - 3);
+        let (max, tree) = (1 + case % 16, case % 3 == 0);
+        let context = &text[..cut];
+        let body =
+            json!({"index": "small", "context_ids": context, "max_tokens": max, "tree": tree});
+        let (status, v) = server.post("/v1/drafts", &body.to_string());
+        assert_eq!(status, 200, "{v}");
+        let want = serde_json::to_value(library.draft_once(context, max, tree).unwrap()).unwrap();
+        same_draft(&v, &want, &format!("case {case}"));
+    }
+    // A request's session: each call sends its whole context; the server's session learns what
+    // was kept, as a session driven by extend does.
+    library.start("r", &text[..10]).unwrap();
+    let mut at = 10;
+    while at + 4 <= text.len() {
+        let body = json!({"context_ids": &text[..at], "max_tokens": 6, "request_id": "r"});
+        let (status, v) = server.post("/v1/drafts", &body.to_string());
+        assert_eq!(status, 200, "{v}");
+        let want = serde_json::to_value(library.draft("r", 6, false).unwrap()).unwrap();
+        same_draft(&v, &want, &format!("at {at}"));
+        library.extend("r", &text[at..at + 4]).unwrap();
+        at += 4;
+    }
+    let body = json!({"context_ids": &text[..at], "request_id": "r", "finish": true});
+    assert_eq!(server.post("/v1/drafts", &body.to_string()).0, 200);
+    for (body, status, says) in [
+        (
+            r#"{"context_ids": [1, 2], "max_tokens": 100000}"#,
+            400,
+            "max_tokens",
+        ),
+        (
+            r#"{"context_ids": [1, 2], "finish": true}"#,
+            400,
+            "request_id",
+        ),
+        (r#"{"context_ids": [1, 2], "index": "nope"}"#, 404, "nope"),
+        (r#"{"context_ids": [999]}"#, 400, "context_ids"),
+        (r#"{"context": [1]}"#, 400, "drafting request"),
+        (r#"[1, 2]"#, 400, "drafting request"),
+    ] {
+        let e = server.refused("/v1/drafts", body, status);
+        assert!(e.contains(says), "{body}: {e}");
+    }
+    let (status, _) = server.post("/v1/drafts", r#"{"context_ids": [116, 104, 101]}"#);
+    assert_eq!(status, 200);
+}

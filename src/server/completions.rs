@@ -252,6 +252,11 @@ impl Generator {
             .clone()
     }
 
+    /// The past outputs and their file (`None` when none are kept).
+    pub fn past_store(&self) -> Option<PastStore> {
+        self.past.clone()
+    }
+
     /// What the past outputs hold (`None` when none are kept).
     pub fn past_output_stats(&self) -> Option<PastStats> {
         self.past

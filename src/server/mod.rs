@@ -7,6 +7,8 @@
 //!   a slow one never holds an I/O thread.
 //! * `POST /v1/completions` — generation ([`completions`]) on one worker thread with a bounded
 //!   queue; streamed as server-sent events with `"stream": true`.
+//! * `POST /v1/drafts` — drafts for another engine's speculative loop ([`drafts`]): the
+//!   drafters of speculative decoding over a served index, a session per `request_id`.
 //! * `GET /health`, `GET /metrics` (Prometheus text, [`metrics`]), `GET /v1/models`.
 //!
 //! Every refusal is `{"error": MESSAGE}` with a 4xx status. Limits ([`Limits`]) bound the body,
@@ -17,6 +19,7 @@
 /// The infini-gram API's shapes (moved into the service: Python answers them without a server).
 pub use crate::service::api;
 pub mod completions;
+pub mod drafts;
 pub mod metrics;
 
 use crate::service::models::ModelOptions;
@@ -125,6 +128,7 @@ struct AppState {
     log_requests: bool,
     started: Instant,
     completions: AtomicU64,
+    drafts: drafts::DraftService,
 }
 
 /// The endpoint a response answered, for metrics and the log (set by the handlers).
@@ -280,6 +284,7 @@ fn app(config: &ServerConfig) -> crate::Result<(Arc<AppState>, Router)> {
         config.limits.past_output_tokens,
         config.past_outputs_file.as_deref(),
     )?;
+    let generator_past = generator.past_store();
     let state = Arc::new(AppState {
         indexes,
         queries: tokio::sync::Semaphore::new(config.limits.concurrent_queries.max(1)),
@@ -289,6 +294,7 @@ fn app(config: &ServerConfig) -> crate::Result<(Arc<AppState>, Router)> {
         log_requests: config.log_requests,
         started: Instant::now(),
         completions: AtomicU64::new(0),
+        drafts: drafts::DraftService::new(generator_past),
     });
     let router = router(state.clone());
     Ok((state, router))
@@ -300,6 +306,7 @@ fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/", post(query))
         .route("/v1/completions", post(completions_handler))
+        .route("/v1/drafts", post(drafts_handler))
         .route("/health", get(health))
         .route("/metrics", get(metrics_handler))
         .route("/v1/models", get(models))
@@ -469,6 +476,47 @@ async fn answer_query(state: &Arc<AppState>, request: api::ApiQuery) -> Result<V
 }
 
 /// `POST /v1/completions`.
+/// `POST /v1/drafts`: a draft for an engine's request ([`drafts`]), on the blocking pool.
+async fn drafts_handler(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    const ENDPOINT: &str = "drafts";
+    let body = match body {
+        Ok(b) => b,
+        Err(rejection) => return error_response(ENDPOINT, &body_error(&rejection)),
+    };
+    let task_state = state.clone();
+    let task = tokio::task::spawn_blocking(move || {
+        task_state
+            .drafts
+            .answer(&task_state.indexes, &body, &task_state.limits)
+    });
+    match tokio::time::timeout(state.limits.query_time, task).await {
+        Ok(Ok(Ok(v))) => json_response(ENDPOINT, 200, &v),
+        Ok(Ok(Err(e))) => error_response(ENDPOINT, &e),
+        Ok(Err(_panicked)) => error_response(
+            ENDPOINT,
+            &ApiError {
+                status: 500,
+                message: "drafting failed inside the engine (a bug: please report it with the \
+                          request)"
+                    .into(),
+            },
+        ),
+        Err(_) => error_response(
+            ENDPOINT,
+            &ApiError {
+                status: 408,
+                message: format!(
+                    "drafting took longer than {:?}; ask for fewer tokens",
+                    state.limits.query_time
+                ),
+            },
+        ),
+    }
+}
+
 async fn completions_handler(
     State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
@@ -662,7 +710,7 @@ async fn not_found(req: Request) -> Response {
         &ApiError {
             status: 404,
             message: format!(
-                "no endpoint {}: POST / (infini-gram queries), POST /v1/completions, GET /health, \
+                "no endpoint {}: POST / (infini-gram queries), POST /v1/completions, POST /v1/drafts, GET /health, \
                  GET /metrics",
                 req.uri().path()
             ),
