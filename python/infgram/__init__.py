@@ -20,10 +20,12 @@ import os as _os
 from typing import Any, Dict, Optional, Union
 
 from . import _native
-from ._native import build_index, build_index_from_ids
+from ._native import Draft, Drafter, build_index, build_index_from_ids
+from . import speculative
 
 __version__ = _native.__version__
-__all__ = ["Index", "InfgramRows", "mixer_estimator", "build_index", "build_index_from_ids", "engine"]
+__all__ = ["Index", "InfgramRows", "mixer_estimator", "build_index", "build_index_from_ids", "engine",
+           "Drafter", "Draft", "speculative"]
 
 
 class Index(_native.Index):

@@ -3,6 +3,8 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 from . import engine as engine
 from ._native import Index as _NativeIndex, build_index as build_index, build_index_from_ids as build_index_from_ids
+from ._native import Draft as Draft, Drafter as Drafter
+from . import speculative as speculative
 
 __version__: str
 

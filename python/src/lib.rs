@@ -9,13 +9,15 @@
 //!
 //! Every query releases the GIL while it runs, so Python threads query in parallel.
 //!
-//! Rooms: `engine` (`InfiniGramEngine`), `index` (`Index`), `ngram_model` (`NgramModel`),
+//! Rooms: `engine` (`InfiniGramEngine`), `index` (`Index`), `drafter` (`Drafter`: drafts for
+//! another engine's speculative loop), `ngram_model` (`NgramModel`),
 //! `build` (building indexes), `remote` (`RemoteIndex` and the shards a Python callable
 //! answers), `rows` (`InfgramRows`); this file holds the conversions they share and the
 //! module's registration. The library is reached through `infgram::service` (generation,
 //! queries, the infini-gram API) without the HTTP server's crates.
 
 mod build;
+mod drafter;
 mod engine;
 mod index;
 mod ngram_model;
@@ -143,6 +145,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Index>()?;
     m.add_class::<RemoteIndex>()?;
     m.add_class::<NgramModel>()?;
+    m.add_class::<drafter::Drafter>()?;
+    m.add_class::<drafter::Draft>()?;
     m.add_class::<rows::InfgramRows>()?;
     m.add_function(wrap_pyfunction!(rows::default_mixer, m)?)?;
     m.add_function(wrap_pyfunction!(build::build_index, m)?)?;

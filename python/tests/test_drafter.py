@@ -1,0 +1,195 @@
+"""infgram.Drafter and infgram.speculative (issue 48): drafts for another engine's loop.
+
+The reference loop with a tiny numpy model gives plain decoding's output exactly (greedy) and
+its distribution (sampled); Python's drafts are the HTTP route's; 32 threads drafting for 256
+interleaved requests get what one thread gets; past outputs are kept in their file.
+"""
+
+import json
+import threading
+
+import numpy as np
+import pytest
+
+import infgram
+from infgram import speculative
+
+
+class TinyModel:
+    """A bigram model over `vocab` ids with a cache: the logits after token x are table[x]."""
+
+    def __init__(self, vocab=40, seed=0, scale=3.0):
+        rng = np.random.default_rng(seed)
+        self.table = rng.normal(size=(vocab, vocab)) * scale
+        self.cache = []
+
+    def __call__(self, new_ids):
+        self.cache.extend(new_ids)
+        return self.table[np.asarray(new_ids)]
+
+    def rollback(self, length):
+        del self.cache[length:]
+
+
+def random_prompt(rng, vocab, n=30):
+    # A repeated phrase in noise: prompt lookup has something to draft.
+    phrase = list(rng.integers(0, vocab, size=6))
+    return [int(t) for t in list(rng.integers(0, vocab, size=n)) + phrase + list(rng.integers(0, vocab, size=5)) + phrase[:3]]
+
+
+def test_greedy_speculative_equals_plain_decoding(tmp_path):
+    rng = np.random.default_rng(1)
+    docs = [[int(t) for t in rng.integers(0, 40, size=200)] for _ in range(5)]
+    infgram.build_index_from_ids(docs, str(tmp_path / "ix"), 40)
+    index = infgram.Index(str(tmp_path / "ix"))
+    accepted = 0
+    for case in range(12):
+        prompt = random_prompt(rng, 40) + docs[case % 5][:20]
+        plain = speculative.generate(TinyModel(seed=case), prompt, None, max_tokens=60)
+        for drafter in (infgram.Drafter(), infgram.Drafter(index=index)):
+            stats = {}
+            spec = speculative.generate(TinyModel(seed=case), prompt, drafter, max_tokens=60, stats=stats)
+            assert spec == plain, case
+            accepted += stats["accepted"]
+            assert drafter.open_requests == 0
+    assert accepted > 50
+
+
+def test_sampled_speculative_keeps_the_distribution():
+    vocab, n = 5, 3000
+    prompt = [0, 1, 2, 0, 1, 2, 0, 1]
+
+    def pairs(drafter, offset):
+        counts = np.zeros((vocab, vocab))
+        for i in range(n):
+            out = speculative.generate(TinyModel(vocab=vocab, seed=3, scale=1.0), prompt, drafter,
+                                       max_tokens=2, temperature=1.0, seed=offset + i)
+            counts[out[0], out[1]] += 1
+        return counts / n
+
+    plain = pairs(None, 0)
+    spec = pairs(infgram.Drafter(), 10_000_000)
+    # The exact distribution of the first two tokens under the model.
+    table = TinyModel(vocab=vocab, seed=3, scale=1.0).table
+
+    def softmax(z):
+        e = np.exp(z - z.max())
+        return e / e.sum()
+
+    first = softmax(table[prompt[-1]])
+    exact = np.array([[first[a] * softmax(table[a])[b] for b in range(vocab)] for a in range(vocab)])
+    tv_plain = 0.5 * np.abs(plain - exact).sum()
+    tv_spec = 0.5 * np.abs(spec - exact).sum()
+    assert tv_plain < 0.06 and tv_spec < 0.06, (tv_plain, tv_spec)
+
+
+def infgram_binary():
+    import os
+    from pathlib import Path
+
+    path = Path(os.environ.get("INFGRAM_BIN", Path(__file__).resolve().parents[2] / "target" / "release" / "infgram"))
+    if not path.exists():
+        pytest.skip(f"no infgram binary at {path}: run `cargo build --release` first")
+    return str(path)
+
+
+def test_python_drafts_are_the_http_route_drafts(tmp_path):
+    import subprocess
+    import urllib.request
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the cat sat on the mat and the dog sat on the log. the cat ran. " * 20)
+    idx = tmp_path / "idx"
+    infgram.build_index([str(corpus)], str(idx), progress=False)
+    index = infgram.Index(str(idx))
+    drafter = infgram.Drafter(index=index)
+    server = subprocess.Popen([infgram_binary(), "serve", "--addr", "127.0.0.1:0", "--index", f"t={idx}", "--quiet"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        addr = None
+        for _ in range(200):
+            line = server.stderr.readline()
+            if line.startswith("listening on http://"):
+                addr = line.split("http://", 1)[1].split()[0]
+                break
+            if not line and server.poll() is not None:
+                break
+        assert addr and addr.startswith("127.0.0.1:")
+        text = index.tokenize("the cat sat on the mat and the dog sat on the log. the cat ran. the dog sat")
+        rng = np.random.default_rng(5)
+        for case in range(30):
+            cut = int(rng.integers(2, len(text)))
+            max_tokens, tree = int(rng.integers(1, 17)), bool(case % 2)
+            body = json.dumps({"context_ids": text[:cut], "max_tokens": max_tokens, "tree": tree}).encode()
+            request = urllib.request.Request(f"http://{addr}/v1/drafts", data=body,
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=30) as response:
+                http = json.loads(response.read())
+            mine = drafter.draft_once(text[:cut], max_tokens, tree).to_dict()
+            assert http["token_ids"] == mine["token_ids"] and http["parents"] == mine["parents"], case
+            assert http["sources"] == mine["sources"], case
+            assert np.allclose(http["probs"], mine["probs"], rtol=0, atol=1e-12), case
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_threads_draft_what_one_thread_drafts(tmp_path):
+    rng = np.random.default_rng(9)
+    docs = [[int(t) for t in rng.integers(0, 30, size=300)] for _ in range(8)]
+    infgram.build_index_from_ids(docs, str(tmp_path / "ix"), 30)
+    index = infgram.Index(str(tmp_path / "ix"))
+    requests = []
+    for r in range(256):
+        doc = docs[r % 8]
+        cut = 20 + r % 50
+        requests.append((doc[:cut], [doc[cut + 4 * k: cut + 4 * k + 4] for k in range(3)]))
+
+    def run(drafter, rs, out):
+        for r in rs:
+            drafter.start(f"req-{r}", requests[r][0])
+        for k in range(3):
+            for r in rs:
+                out.setdefault(r, []).append(list(drafter.draft(f"req-{r}", 8, tree=True).token_ids))
+                drafter.extend(f"req-{r}", requests[r][1][k])
+        for r in rs:
+            drafter.finish(f"req-{r}")
+
+    alone = {}
+    run(infgram.Drafter(index=index), range(256), alone)
+    shared, together = infgram.Drafter(index=index), {}
+    threads = [threading.Thread(target=run, args=(shared, range(t, 256, 32), together)) for t in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert together == alone
+    assert shared.open_requests == 0
+    batch = infgram.Drafter(index=index)
+    for r in range(4):
+        batch.start(f"b{r}", requests[r][0])
+    many = batch.draft_many([(f"b{r}", 8) for r in range(4)])
+    assert [list(d.token_ids) for d in many] == [alone[r][0] for r in range(4)]
+
+
+def test_past_outputs_are_kept_in_their_file(tmp_path):
+    rng = np.random.default_rng(2)
+    docs = [[int(t) for t in rng.integers(0, 30, size=100)] for _ in range(3)]
+    infgram.build_index_from_ids(docs, str(tmp_path / "ix"), 30)
+    index = infgram.Index(str(tmp_path / "ix"))
+    past = tmp_path / "past.bin"
+    answer = [29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18]
+    d = infgram.Drafter(index=index, past_outputs=str(past), prompt_lookup=False)
+    d.start("a", [1, 2, 3])
+    d.extend("a", answer)
+    d.finish("a")
+    assert past.exists()
+    again = infgram.Drafter(index=index, past_outputs=str(past), prompt_lookup=False)
+    draft = again.draft_once([5, 6, 29, 28, 27], 8)
+    assert draft.token_ids[:3] == [26, 25, 24] and "past" in draft.sources, draft
+    with pytest.raises(KeyError):
+        again.draft("never-started", 4)
+    with pytest.raises(ValueError):
+        again.draft_once([1, 2], 100_000)
+    with pytest.raises(ValueError):
+        infgram.Drafter(past_outputs=str(past))
