@@ -95,3 +95,49 @@ def engines():
         return Theirs(**args), Ours(**args)
 
     return make
+
+
+def infgram_binary():
+    """The `infgram` command built by `cargo test --release` (or `cargo build --release`) in
+    this checkout; `INFGRAM_BIN` names another. Skips the test where there is none."""
+    path = Path(os.environ.get("INFGRAM_BIN", Path(__file__).resolve().parents[2] / "target" / "release" / "infgram"))
+    if not path.exists():
+        pytest.skip(f"no infgram binary at {path}: run `cargo build --release` first")
+    return str(path)
+
+
+class served:
+    """`infgram serve --addr 127.0.0.1:0 ARGS` for a `with` block: `.addr` is where it listens;
+    the server is stopped when the block ends."""
+
+    def __init__(self, *args):
+        self.args = args
+
+    def __enter__(self):
+        self.proc = subprocess.Popen([infgram_binary(), "serve", "--addr", "127.0.0.1:0", "--quiet", *self.args],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.addr = None
+        for _ in range(200):
+            line = self.proc.stderr.readline()
+            if line.startswith("listening on http://"):
+                self.addr = line.split("http://", 1)[1].split()[0]
+                break
+            if not line and self.proc.poll() is not None:
+                break
+        if not (self.addr and self.addr.startswith("127.0.0.1:")):
+            self.__exit__()
+            raise AssertionError("the server did not start")
+        return self
+
+    def post(self, path, body):
+        """POSTs `body` (JSON) and returns the decoded answer."""
+        import urllib.request
+
+        request = urllib.request.Request(f"http://{self.addr}{path}", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return json.loads(response.read())
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        self.proc.wait(timeout=30)

@@ -5,13 +5,13 @@ its distribution (sampled); Python's drafts are the HTTP route's; 32 threads dra
 interleaved requests get what one thread gets; past outputs are kept in their file.
 """
 
-import json
 import threading
 
 import numpy as np
 import pytest
 
 import infgram
+from conftest import served
 from infgram import speculative
 
 
@@ -83,61 +83,30 @@ def test_sampled_speculative_keeps_the_distribution():
     assert tv_plain < 0.06 and tv_spec < 0.06, (tv_plain, tv_spec)
 
 
-def infgram_binary():
-    import os
-    from pathlib import Path
-
-    path = Path(os.environ.get("INFGRAM_BIN", Path(__file__).resolve().parents[2] / "target" / "release" / "infgram"))
-    if not path.exists():
-        pytest.skip(f"no infgram binary at {path}: run `cargo build --release` first")
-    return str(path)
-
-
 def test_python_drafts_are_the_http_route_drafts(tmp_path):
-    import subprocess
-    import urllib.request
-
     corpus = tmp_path / "c.txt"
     corpus.write_text("the cat sat on the mat and the dog sat on the log. the cat ran. " * 20)
     idx = tmp_path / "idx"
     infgram.build_index([str(corpus)], str(idx), progress=False)
     index = infgram.Index(str(idx))
     drafter = infgram.Drafter(index=index)
-    server = subprocess.Popen([infgram_binary(), "serve", "--addr", "127.0.0.1:0", "--index", f"t={idx}", "--quiet"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        addr = None
-        for _ in range(200):
-            line = server.stderr.readline()
-            if line.startswith("listening on http://"):
-                addr = line.split("http://", 1)[1].split()[0]
-                break
-            if not line and server.poll() is not None:
-                break
-        assert addr and addr.startswith("127.0.0.1:")
-        text = index.tokenize("the cat sat on the mat and the dog sat on the log. the cat ran. the dog sat")
-        rng = np.random.default_rng(5)
+    text = index.tokenize("the cat sat on the mat and the dog sat on the log. the cat ran. the dog sat")
+    rng = np.random.default_rng(5)
+    with served("--index", f"t={idx}") as server:
         for case in range(30):
             cut = int(rng.integers(2, len(text)))
             max_tokens, tree = int(rng.integers(1, 17)), bool(case % 2)
-            body = json.dumps({"context_ids": text[:cut], "max_tokens": max_tokens, "tree": tree}).encode()
-            request = urllib.request.Request(f"http://{addr}/v1/drafts", data=body,
-                                             headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(request, timeout=30) as response:
-                http = json.loads(response.read())
+            http = server.post("/v1/drafts", {"context_ids": text[:cut], "max_tokens": max_tokens, "tree": tree})
             mine = drafter.draft_once(text[:cut], max_tokens, tree).to_dict()
             assert http["token_ids"] == mine["token_ids"] and http["parents"] == mine["parents"], case
             assert http["sources"] == mine["sources"], case
             assert np.allclose(http["probs"], mine["probs"], rtol=0, atol=1e-12), case
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def test_threads_draft_what_one_thread_drafts(tmp_path):
     rng = np.random.default_rng(9)
     docs = [[int(t) for t in rng.integers(0, 30, size=300)] for _ in range(8)]
-    infgram.build_index_from_ids(docs, str(tmp_path / "ix"), 30)
+    infgram.build_index_from_ids(docs, str(tmp_path / "ix"), 30, docs_per_shard=3)
     index = infgram.Index(str(tmp_path / "ix"))
     requests = []
     for r in range(256):

@@ -6,6 +6,7 @@ import json
 import pytest
 
 import infgram
+from conftest import infgram_binary, served
 
 
 def test_build_query_generate_perplexity(tmp_path):
@@ -46,24 +47,12 @@ def test_build_from_ids_refuses_bad_ids(tmp_path):
     assert "error" in ix.query({"query_type": "count", "text": "x"})
 
 
-def infgram_binary():
-    """The `infgram` command built by `cargo test --release` (or `cargo build --release`) in
-    this checkout; `INFGRAM_BIN` names another."""
-    import os
-    from pathlib import Path
-
-    path = Path(os.environ.get("INFGRAM_BIN", Path(__file__).resolve().parents[2] / "target" / "release" / "infgram"))
-    if not path.exists():
-        pytest.skip(f"no infgram binary at {path}: run `cargo build --release` first")
-    return str(path)
-
-
 def test_one_generation_through_cli_http_and_python(tmp_path):
-    """The same request, through the CLI, the HTTP server and Python, gives the same text: one
-    request type, one set of defaults (the temperature is left out on purpose). The server runs
+    """The same request, through the CLI, the HTTP server and Python, gives the same report:
+    one request type, one set of defaults (the temperature is left out on purpose), one
+    generation call. The server runs
     on 127.0.0.1, answers a bounded number of requests and is stopped by the test."""
     import subprocess
-    import urllib.request
 
     corpus = tmp_path / "c.txt"
     corpus.write_text("the cat sat on the mat and the dog sat on the log. " * 20)
@@ -72,34 +61,22 @@ def test_one_generation_through_cli_http_and_python(tmp_path):
     binary = infgram_binary()
     for seed in (1, 7, 42):
         prompt, max_tokens = "the ", 40
-        python = infgram.Index(str(idx)).generate(prompt, max_tokens=max_tokens, seed=seed)["text"]
+        python = infgram.Index(str(idx)).generate(prompt, max_tokens=max_tokens, seed=seed)
         cli = subprocess.run(
             [binary, "gen", "--index", str(idx), "--prompt", prompt, "--seed", str(seed),
              "--max-tokens", str(max_tokens), "--json"],
             capture_output=True, text=True, timeout=120, check=True)
-        assert json.loads(cli.stdout)["text"] == python, (seed, cli.stdout, python)
-        server = subprocess.Popen(
-            [binary, "serve", "--addr", "127.0.0.1:0", "--index", f"t={idx}", "--quiet"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        try:
-            addr = None
-            for _ in range(200):
-                line = server.stderr.readline()
-                if line.startswith("listening on http://"):
-                    addr = line.split("http://", 1)[1].split()[0]
-                    break
-                if not line and server.poll() is not None:
-                    break
-            assert addr and addr.startswith("127.0.0.1:"), "the server did not start"
-            body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "seed": seed}).encode()
-            request = urllib.request.Request(f"http://{addr}/v1/completions", data=body,
-                                             headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(request, timeout=60) as response:
-                http = json.loads(response.read())["choices"][0]["text"]
-            assert http == python, (seed, http, python)
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
+        cli = json.loads(cli.stdout)
+        with served("--index", f"t={idx}") as server:
+            http = server.post("/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, "seed": seed})
+        # One generation call, one report (issue 47): the same fields through all three.
+        report = http["infgram"]
+        assert cli["text"] == python["text"] == http["choices"][0]["text"], (seed, cli, python, http)
+        assert cli["token_ids"] == python["tokens"] == report["token_ids"], seed
+        assert cli["natural_end"] == python["natural_end"] == report["natural_end"], seed
+        assert cli["prompt_tokens"] == python["prompt_tokens"] == report["prompt_tokens"], seed
+        assert cli["stopped_at_document_end"] == python["hit_end"] == report["stopped_at_document_end"], seed
+        assert http["choices"][0]["finish_reason"] == ("stop" if cli["natural_end"] else "length")
 
 
 def test_generation_errors_name_python_parameters(tmp_path):
