@@ -240,3 +240,124 @@ fn sessions_draft_the_same_from_many_threads() {
     }
     assert_eq!(shared.open_sessions(), 0);
 }
+
+/// An outside speculative loop (what an engine's hook does, and what Python's
+/// `infgram.speculative.generate` does) over infgram's own model, SmolLM2: it feeds the
+/// pending token and a session's draft in one pass, keeps the prefix its greedy choices
+/// agree with, cuts its cache back, and extends the session. Its output is plain greedy
+/// decoding's, and the library's decode loop writes the same.
+#[cfg(feature = "neural")]
+#[test]
+fn an_outside_loop_over_infgrams_model_keeps_plain_decodings_output() {
+    use infgram::lm::LanguageModel;
+    fn argmax(row: &[f32]) -> u32 {
+        let mut best = 0;
+        for (i, &x) in row.iter().enumerate() {
+            if x > row[best] {
+                best = i;
+            }
+        }
+        best as u32
+    }
+    fn outside_loop(
+        model: &mut dyn LanguageModel,
+        drafts: Option<&Drafts>,
+        prompt: &[u32],
+        max_tokens: usize,
+    ) -> (Vec<u32>, usize) {
+        let (&last, head) = prompt.split_last().unwrap();
+        model.clear();
+        model.feed(head).unwrap();
+        let eos = model.eos_tokens().to_vec();
+        let (mut cached, mut pending, mut out, mut accepted) = (head.len(), last, Vec::new(), 0);
+        if let Some(d) = drafts {
+            d.start("x", prompt).unwrap();
+        }
+        while out.len() < max_tokens {
+            let room = max_tokens - out.len() - 1;
+            let draft = match drafts {
+                Some(d) if room > 0 => d.draft("x", room.min(16), false).unwrap().token_ids,
+                _ => Vec::new(),
+            };
+            let fed: Vec<u32> = std::iter::once(pending)
+                .chain(draft.iter().copied())
+                .collect();
+            let rows = model.forward(&fed).unwrap();
+            let kept = draft
+                .iter()
+                .zip(&rows)
+                .take_while(|(&t, row)| argmax(row) == t)
+                .count();
+            accepted += kept;
+            let mut emitted = draft[..kept].to_vec();
+            emitted.push(argmax(&rows[kept]));
+            model.truncate(cached + 1 + kept);
+            cached += 1 + kept;
+            let room = max_tokens - out.len();
+            emitted.truncate(room);
+            if let Some(end) = emitted.iter().position(|t| eos.contains(t)) {
+                emitted.truncate(end + 1);
+            }
+            out.extend_from_slice(&emitted);
+            if let Some(d) = drafts {
+                d.extend("x", &emitted).unwrap();
+            }
+            if out.last().is_some_and(|t| eos.contains(t)) {
+                break;
+            }
+            pending = *out.last().unwrap();
+        }
+        (out, accepted)
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let mut loaded =
+        infgram::service::models::load_model("smollm2-135m", &Default::default()).unwrap();
+    let tok = &loaded.tokenizer;
+    let text = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\nFirst Citizen:\nYou are all resolved rather to die than to famish?\n";
+    let corpus = tmp.path().join("c");
+    std::fs::create_dir_all(&corpus).unwrap();
+    std::fs::write(corpus.join("a.txt"), text.repeat(3)).unwrap();
+    build_index(
+        &[corpus],
+        &tmp.path().join("ix"),
+        tok,
+        &BuildOptions::default(),
+    )
+    .unwrap();
+    let index = Arc::new(Index::open(&tmp.path().join("ix")).unwrap());
+    let drafts = Drafts::new(Some(index), None, true).unwrap();
+    for prompt in [
+        "Repeat exactly: First Citizen:\nBefore we proceed any further, hear me speak.\n",
+        "First Citizen:\nBefore we proceed",
+        "The capital of France is",
+    ] {
+        let ids = tok.encode(prompt).unwrap();
+        let model = loaded.model.as_mut();
+        let (plain, _) = outside_loop(model, None, &ids, 48);
+        let (spec, accepted) = outside_loop(model, Some(&drafts), &ids, 48);
+        assert_eq!(spec, plain, "{prompt:?}");
+        let greedy = SamplerConfig {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+        };
+        let cfg = DecodeConfig {
+            max_tokens: 48,
+            ..Default::default()
+        };
+        let (library, _) = decode(
+            model,
+            &mut [],
+            &mut [],
+            &mut Sampler::new(greedy, None),
+            &ids,
+            &cfg,
+            |_| {},
+        )
+        .unwrap();
+        assert_eq!(library, plain, "{prompt:?}");
+        if prompt.starts_with("Repeat") {
+            assert!(accepted > 10, "{accepted} accepted");
+        }
+    }
+}
