@@ -304,15 +304,34 @@ impl Index {
         })
     }
 
-    /// Perplexity of `text` under the ∞-gram (SBIS with `k` levels and `decay`), with the
-    /// agreement analysis: `{ppl, tokens, bits_per_token, seconds, floored, ...}`.
-    #[pyo3(signature = (text, k=-1, decay=0.1, context=200))]
-    fn perplexity(&self, py: Python<'_>, text: &str, k: i64, decay: f64, context: usize) -> Ans {
+    /// Perplexity of `text` under the ∞-gram (SBIS with `k` levels and `decay`), looking at
+    /// `context` tokens, with the agreement analysis: `{ppl, tokens, bits_per_token, seconds,
+    /// floored, ...}`. Each left out takes the library's default (as `infgram gen` and the
+    /// server do: all levels, decay 0.1, 200 tokens); a bad one is a `ValueError` naming it.
+    #[pyo3(signature = (text, k=None, decay=None, context=None))]
+    fn perplexity(
+        &self,
+        py: Python<'_>,
+        text: &str,
+        k: Option<i64>,
+        decay: Option<f64>,
+        context: Option<usize>,
+    ) -> Ans {
+        use infgram::service::request::defaults;
+        let invalid = |e: infgram::Error| {
+            PyValueError::new_err(
+                e.rename_field(&[("estimator.k", "k"), ("estimator.decay", "decay")])
+                    .to_string(),
+            )
+        };
+        let est = infgram::ngram::EstimatorSpec::Sbis { k, decay }
+            .estimator()
+            .map_err(invalid)?;
+        let context = context.unwrap_or(defaults::CONTEXT);
         let ids = self.tokenize(text)?;
-        let est = infgram::ngram::Estimator::Sbis { k, decay };
         let report = py
             .detach(|| infgram::eval::ngram::perplexity(&self.index, &ids, &est, context, None))
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+            .map_err(invalid)?;
         let v =
             serde_json::to_value(&report).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
         to_py(py, &v)

@@ -25,6 +25,12 @@ def test_build_query_generate_perplexity(tmp_path):
     assert g["text"].startswith("at sat on the") and len(g["tokens"]) <= 20
     p = ix.perplexity("the cat sat on the log.")
     assert 1.0 <= p["ppl"] < 10.0 and p["tokens"] > 0
+    # The library's defaults (all levels, decay 0.1, 200 tokens) and its range checks.
+    explicit = ix.perplexity("the cat sat on the log.", k=-1, decay=0.1, context=200)
+    assert (explicit["ppl"], explicit["tokens"]) == (p["ppl"], p["tokens"])
+    for kwargs, name in [({"context": 0}, "context"), ({"k": 0}, "k"), ({"decay": 0.0}, "decay")]:
+        with pytest.raises(ValueError, match=name):
+            ix.perplexity("the cat sat on the log.", **kwargs)
     # An existing index is not overwritten without overwrite=True; nothing half-built is left.
     with pytest.raises(ValueError):
         infgram.build_index([str(corpus)], str(tmp_path / "idx"), progress=False)

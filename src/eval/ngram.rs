@@ -81,6 +81,12 @@ pub fn perplexity<S: AsRef<[u8]> + Sync>(
 ) -> Result<PplReport> {
     let t0 = std::time::Instant::now();
     estimator.check_levels("this perplexity")?;
+    if context == 0 {
+        return Err(Error::Field {
+            field: "context",
+            message: "must be at least 1 token".into(),
+        });
+    }
     if tokens.len() < 2 {
         return Err(Error::input("need at least two tokens of text to score"));
     }
