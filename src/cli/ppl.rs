@@ -3,7 +3,7 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use infgram::eval::{perplexity, PplReport};
-use infgram::ngram::smoothed::{fit_on_train, Discounts, CLASSES};
+use infgram::ngram::smoothed::{fit_on_train, Discounts};
 use infgram::tokenizer::{ByteTokenizer, Tokenizer};
 use infgram::Index;
 use std::path::PathBuf;
@@ -127,28 +127,12 @@ pub fn run(args: PplArgs) -> Result<()> {
         bail!("--sentences scores with a fixed-order model: pass --estimator mkn or add-alpha");
     }
     let smoothed = args.est.is_smoothed();
-    let given = args.discounts.as_ref().map(|d| -> Result<Discounts> {
-        match d.as_slice() {
-            [a, b, c] => Ok(Discounts::uniform([*a, *b, *c])),
-            v if v.len() == 3 * CLASSES => {
-                let mut d = Discounts::uniform([0.0; 3]);
-                for (k, row) in v.chunks(3).enumerate() {
-                    d.0[k] = [row[0], row[1], row[2]];
-                }
-                Ok(d)
-            }
-            _ => bail!(
-                "--discounts takes three numbers d1,d2,d3, or {} (three per class of level total)",
-                3 * CLASSES
-            ),
-        }
-    });
-    let given = given.transpose()?;
-    if let Some(d) = &args.discounts {
-        if d.iter().any(|x| !x.is_finite() || *x < 0.0) {
-            bail!("--discounts must be finite and at least 0 (got {d:?})");
-        }
-    }
+    let given = args
+        .discounts
+        .as_deref()
+        .map(Discounts::from_values)
+        .transpose()
+        .map_err(|e| e.rename_field(&[("discounts", "--discounts")]))?;
     let make_est = |d: Option<Discounts>| args.est.estimator(d);
     let report: PplReport;
     let mut discounts = given;

@@ -50,6 +50,35 @@ impl Discounts {
         Discounts([d; CLASSES])
     }
 
+    /// Discounts given as numbers (`--discounts`): three `d1, d2, d3` for every class, or three
+    /// per class of level total ([`CLASSES`] × 3); each finite and at least 0 (field
+    /// `discounts`).
+    pub fn from_values(values: &[f64]) -> crate::Result<Self> {
+        let field = |message: String| crate::Error::Field {
+            field: "discounts",
+            message,
+        };
+        if values.iter().any(|x| !x.is_finite() || *x < 0.0) {
+            return Err(field(format!(
+                "must be finite and at least 0 (got {values:?})"
+            )));
+        }
+        match values {
+            [a, b, c] => Ok(Discounts::uniform([*a, *b, *c])),
+            v if v.len() == 3 * CLASSES => {
+                let mut d = Discounts::uniform([0.0; 3]);
+                for (k, row) in v.chunks(3).enumerate() {
+                    d.0[k] = [row[0], row[1], row[2]];
+                }
+                Ok(d)
+            }
+            _ => Err(field(format!(
+                "takes three numbers d1,d2,d3, or {} (three per class of level total)",
+                3 * CLASSES
+            ))),
+        }
+    }
+
     #[inline]
     fn class(total: u64) -> usize {
         CLASS_BOUNDS
