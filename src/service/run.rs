@@ -154,14 +154,9 @@ impl<'a> Resources<'a> {
             return Ok(self);
         };
         match &self.scorer {
-            Scorer::Shards(_) => {
-                return Err(Error::input(
-                    "over shards held elsewhere the copy guard checks those shards: give no \
-                     guard index of its own",
-                ))
-            }
-            // The index-alone generation compares the two indexes' tokenizers (once).
-            Scorer::Index(_) => {}
+            // The index-alone generation compares the two indexes' tokenizers (once); over
+            // shards it refuses a guard index of its own.
+            Scorer::Index(_) | Scorer::Shards(_) => {}
             Scorer::Model { .. }
                 if self
                     .drafting_index
@@ -178,11 +173,6 @@ impl<'a> Resources<'a> {
     pub fn past_outputs(mut self, past: Option<PastStore>) -> Self {
         self.past = past;
         self
-    }
-
-    /// The tokenizer of the generation.
-    pub fn tokenizer(&self) -> &dyn Tokenizer {
-        self.tokenizer
     }
 }
 
@@ -201,11 +191,6 @@ impl ModelIndex {
         }
         Ok(ModelIndex(index))
     }
-
-    /// The index.
-    pub fn index(&self) -> &Arc<Index<Mmap>> {
-        &self.0
-    }
 }
 
 /// What a run needs that is not part of the request.
@@ -222,8 +207,6 @@ pub struct RunOptions {
     /// Measure the longest span of the output found in the corpus also without a guard (a pass
     /// over the output).
     pub measure_copying: bool,
-    /// The most prompt tokens taken (a server's limit).
-    pub max_prompt_tokens: Option<usize>,
 }
 
 /// What the copy guard did and the longest span of the output found in its corpus.
@@ -354,17 +337,6 @@ pub fn generate(
 ) -> Result<GenerationReport> {
     let tok = res.tokenizer;
     let prompt = req.prompt_ids(tok)?;
-    if let Some(limit) = opts.max_prompt_tokens {
-        if prompt.len() > limit {
-            return Err(Error::Field {
-                field: "prompt",
-                message: format!(
-                    "is {} tokens; this server takes at most {limit}",
-                    prompt.len()
-                ),
-            });
-        }
-    }
     let guard = |index: Option<Arc<Index<Mmap>>>| {
         req.guard.map(|g| GuardConfig {
             max_span: g.max_span,
@@ -396,15 +368,12 @@ pub fn generate(
             let g =
                 generate_over_shards(shards.clone(), &prompt, &cfg, &mut sampler, &mut on_token)?;
             // Over shards the longest copied span would take another round of searches.
-            let copying = g.guard.map(|stats| {
-                Copying::from(GuardReport {
+            let copying = g.guard.map(|stats| Copying {
+                max_copied_span: None,
+                ..Copying::from(GuardReport {
                     guard: Some(stats),
                     max_copied_span: 0,
                 })
-            });
-            let copying = copying.map(|c| Copying {
-                max_copied_span: None,
-                ..c
             });
             infgram_report(g, copying, req, prompt.len())
         }
@@ -419,7 +388,7 @@ pub fn generate(
                     guard: guard(res.guard_index.clone()),
                     past_outputs: res.past.as_ref().map(|p| p.outputs.clone()),
                 },
-                mix: res.mixer.clone().filter(|_| req.mix),
+                mix: req.mix.then(|| res.mixer.clone().unwrap_or_default()),
                 decode: DecodeConfig {
                     max_tokens: req.max_tokens,
                     draft_max: req.draft_max,
@@ -429,9 +398,6 @@ pub fn generate(
                     ..Default::default()
                 },
             };
-            if req.mix && model_req.mix.is_none() {
-                model_req.mix = Some(Mixer::default());
-            }
             if model_req.mix.is_some() && index.is_none() {
                 return Err(Error::input(
                     "mixing needs an index built with the model's tokenizer \
