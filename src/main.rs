@@ -53,6 +53,16 @@ enum Command {
     /// Serve the infini-gram HTTP API and generation (`POST /`, `POST /v1/completions`).
     #[cfg(feature = "server")]
     Serve(cli::serve::ServeArgs),
+    /// Write a model's tokenizer (a short name or a `.gguf` file) as a `tokenizer.json`, with
+    /// the same ids and fingerprint: for a build that cannot read a GGUF file's tokenizer
+    /// (the Python wheel: `infgram.Index(DIR, tokenizer="tokenizer.json")`).
+    ExportTokenizer {
+        /// The model or tokenizer.
+        name: String,
+        /// The file to write (beside and renamed into place).
+        #[arg(short, long)]
+        output: std::path::PathBuf,
+    },
     /// Check every checksum of an index.
     Verify {
         /// The index directory.
@@ -99,6 +109,7 @@ fn main() {
         Command::Mix(c) => cli::mix::run(c),
         #[cfg(feature = "server")]
         Command::Serve(a) => cli::serve::run(a),
+        Command::ExportTokenizer { name, output } => cli::export_tokenizer(&name, &output),
         Command::Verify { index } => cli::verify(&index),
         Command::Fetch { what } => cli::fetch(&what),
     };

@@ -142,3 +142,33 @@ fn ids_agree_with_an_independent_implementation() {
         assert_eq!(tok.decode(want).unwrap(), text, "{text:?}");
     }
 }
+
+/// `export-tokenizer` writes the GGUF's tokenizer as a `tokenizer.json` with the same
+/// fingerprint and ids, so a build that cannot read GGUF files (the Python wheel) opens an
+/// index built with the model's tokenizer through it; `bytes` has none to write.
+#[test]
+fn an_exported_tokenizer_json_is_the_same_tokenizer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("tokenizer.json");
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_infgram"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let o = run(&[
+        "export-tokenizer",
+        "smollm2-135m",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let gguf = smollm2();
+    let json = HfTokenizer::from_json_file(&out).unwrap();
+    assert_eq!(json.fingerprint(), gguf.fingerprint());
+    let text = "fn main() {\n    println!(\"ROMEO: 1234 ünïcode\");\n}\n";
+    assert_eq!(json.encode(text).unwrap(), gguf.encode(text).unwrap());
+    let o = run(&["export-tokenizer", "bytes", "-o", out.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no tokenizer.json"));
+}

@@ -219,6 +219,20 @@ fn writers(root: &Path) -> Vec<Writer> {
             replaces_user_files: true,
         });
         all.push(Writer {
+            name: "export-tokenizer",
+            args: Box::new(move |out| {
+                s(&[
+                    "export-tokenizer",
+                    "smollm2-135m",
+                    "-o",
+                    &out.display().to_string(),
+                ])
+            }),
+            streams: false,
+            directory: false,
+            replaces_user_files: true,
+        });
+        all.push(Writer {
             name: "gen --past-outputs",
             args: Box::new(move |out| gen(&["--past-outputs", &out.display().to_string()])),
             streams: false,

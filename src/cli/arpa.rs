@@ -2,7 +2,8 @@
 
 use anyhow::Result;
 use clap::Args;
-use infgram::output_file::{Accept, Target};
+use infgram::service::files::{Accept, Target};
+use infgram::service::score::{mkn_model, write_arpa_file};
 use std::path::PathBuf;
 
 /// Arguments of `infgram export-arpa`.
@@ -28,20 +29,13 @@ pub struct ArpaArgs {
 /// Runs `infgram export-arpa`.
 pub fn run(args: ArpaArgs) -> Result<()> {
     // Checked before the model is built (a refused output costs nothing).
-    let target = infgram::output_file::check(&args.output, Accept::Streams)?;
+    let target = infgram::service::files::check(&args.output, Accept::Streams)?;
     let (index, tok) = infgram::service::open_index(&args.index, None)?;
-    let sentences = infgram::ngram::classic::is_sentence_index(&index);
-    let est = super::EstimatorArgs {
-        estimator: Some(super::EstimatorKind::Mkn),
-        k: None,
-        decay: None,
-        order: Some(args.order),
-        alpha: None,
-    };
-    let model = super::ppl::classic_model(&est, &index, sentences, &args.discount_fallback)?;
-    let summary = infgram::output_file::write_file(&args.output, Accept::Streams, |out| {
-        infgram::ngram::arpa::write_arpa(&model, &index, tok.as_ref(), out)
+    let model = mkn_model(&index, args.order, args.discount_fallback.as_deref()).map_err(|e| {
+        e.rename_field(&[("discount_fallback", "--discount-fallback")])
+            .rename_field(super::FLAG_NAMES)
     })?;
+    let summary = write_arpa_file(&index, &model, tok.as_ref(), &args.output)?;
     let counts: Vec<String> = summary.ngrams.iter().map(u64::to_string).collect();
     let line = format!(
         "wrote {} ({} n-grams by order: {}) in {:.2} s",

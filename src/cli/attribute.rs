@@ -1,11 +1,11 @@
 //! `infgram attribute` and `infgram creativity`: where a text copies its corpus, and how much
-//! of it is its own ([`infgram::eval::attribution`]).
+//! of it is its own ([`infgram::service::query::attribute`]).
 
 use anyhow::{Context, Result};
 use clap::Args;
-use infgram::output_file::Accept;
+use infgram::service::files::Accept;
 use infgram::service::query::{attribute_spans, creativity_of, Query, SpanAnswer};
-use infgram::tokenizer::Tokenizer;
+use infgram::service::Tokenizer;
 use serde_json::json;
 use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
@@ -26,7 +26,7 @@ pub struct TextArgs {
 
 /// The index, its tokenizer and the text's token ids.
 struct Loaded {
-    index: infgram::Index<memmap2::Mmap>,
+    index: infgram::service::Index<memmap2::Mmap>,
     tok: Box<dyn Tokenizer>,
     ids: Vec<u32>,
 }
@@ -80,7 +80,7 @@ pub struct AttributeArgs {
 pub fn run_attribute(args: AttributeArgs) -> Result<()> {
     if let Some(path) = &args.html {
         // Checked before the work (a refused output costs nothing).
-        infgram::output_file::check(path, Accept::Streams)?;
+        infgram::service::files::check(path, Accept::Streams)?;
     }
     let Loaded { index, tok, ids } = args.input.load()?;
     let query = Query::attribute(ids.clone(), args.min_len, args.docs, args.max_disp_len);
@@ -91,7 +91,7 @@ pub fn run_attribute(args: AttributeArgs) -> Result<()> {
     let (spans, min_len) = (found.answer.spans, found.min_len);
     if let Some(path) = &args.html {
         let page = html_page(&spans, &ids, tok.as_ref())?;
-        infgram::output_file::write_file(path, Accept::Streams, |out| {
+        infgram::service::files::write_file(path, Accept::Streams, |out| {
             out.write_all(page.as_bytes())
                 .map_err(|e| infgram::Error::io(path, e))
         })?;

@@ -3,14 +3,14 @@
 
 use anyhow::Result;
 use clap::Args;
-use infgram::output_file::Accept;
+use infgram::service::files::Accept;
 use infgram::service::request::{
     CheckedRequest, DrafterSpec, GenLimits, GenerateRequest, GuardSpec, Prompt, Sampling, Scorer,
     MAX_GEN_TOKENS,
 };
 use infgram::service::run::{generate, Copying};
 use infgram::service::{Resources, RunOptions};
-use infgram::tokenizer::{Tokenizer, Utf8Stream};
+use infgram::service::{Tokenizer, Utf8Stream};
 use serde_json::Value;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -162,9 +162,9 @@ impl GenArgs {
 
     /// The guard's own index (`--guard-index`), opened once: the guard and the report of the
     /// longest copied span share it.
-    fn guard_index(&self) -> Result<Option<Arc<infgram::Index<memmap2::Mmap>>>> {
+    fn guard_index(&self) -> Result<Option<Arc<infgram::service::Index<memmap2::Mmap>>>> {
         Ok(match &self.guard_index {
-            Some(dir) => Some(Arc::new(infgram::Index::open(dir)?)),
+            Some(dir) => Some(Arc::new(infgram::service::Index::open(dir)?)),
             None => None,
         })
     }
@@ -364,29 +364,23 @@ fn run_infgram(args: &GenArgs) -> Result<()> {
 /// `infgram gen --model M`: decoding with the neural model, plain or speculative.
 #[cfg(feature = "neural")]
 fn run_model(args: &GenArgs, model: &str) -> Result<()> {
-    use infgram::decode::past::DEFAULT_BUDGET;
-    use infgram::service::run::ModelIndex;
+    use infgram::service::run::{load_mixer, ModelIndex, PAST_OUTPUTS_BUDGET};
+    let loaded = infgram::service::models::load_model(model, &args.model_args.options())?;
+    let text = loaded.prompt_text(args.prompt.as_deref(), args.raw);
     let infgram::service::models::LoadedModel {
         model: mut llm,
         tokenizer: tok,
         path,
-    } = infgram::service::models::load_model(model, &args.model_args.options())?;
+    } = loaded;
     // With --mix the scorer is the mixture of the model and the ∞-gram of --index.
     let mix = match &args.mix {
         Some(mix) => {
             let file = (mix.as_os_str() != "default").then_some(mix.as_path());
-            Some(infgram::mix::load_mixer(file)?)
+            Some(load_mixer(file)?)
         }
         None => None,
     };
     let shown = args.prompt.as_deref().unwrap_or_default();
-    // A base model (no chat template in its file) continues the prompt as it is.
-    let raw = args.raw || !infgram::neural::wants_chat_turns(&path);
-    let text = match &args.prompt {
-        Some(p) if raw => Some(p.clone()),
-        _ if raw => None,
-        _ => Some(infgram::neural::chat_prompt_for(&tok, shown)),
-    };
     let scorer = if mix.is_some() {
         Scorer::Mixture
     } else {
@@ -394,7 +388,7 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
     };
     let req = args.request(text, scorer)?;
     let drafting_index = match (&args.index, &mix) {
-        (Some(dir), _) => Some(Arc::new(infgram::Index::open(dir)?)),
+        (Some(dir), _) => Some(Arc::new(infgram::service::Index::open(dir)?)),
         // The mixture's default ∞-gram: the default corpus in the model's tokens.
         (None, Some(_)) => Some(Arc::new(infgram::service::open_cached_index(&[], &tok)?.1)),
         (None, None) => None,
@@ -409,13 +403,13 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
         .transpose()?;
     if let Some(file) = &args.trace {
         // Checked before the generation (a refused output costs nothing).
-        infgram::output_file::check(file, Accept::Streams)?;
+        infgram::service::files::check(file, Accept::Streams)?;
     }
     let past = match &args.past_outputs {
         Some(file) => Some(infgram::service::PastStore::load(
             file,
             &tok,
-            DEFAULT_BUDGET,
+            PAST_OUTPUTS_BUDGET,
         )?),
         None => None,
     };
@@ -434,7 +428,7 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
     let r = generate(&req, &mut res, &opts, |t| out.token(t))?;
     let stats = r.stats.clone().unwrap_or_default();
     if let Some(file) = &args.trace {
-        infgram::output_file::write_file(file, Accept::Streams, |out| {
+        infgram::service::files::write_file(file, Accept::Streams, |out| {
             for pass in &stats.trace {
                 let line = serde_json::to_string(pass).expect("a pass serializes");
                 writeln!(out, "{line}").map_err(|e| infgram::Error::io(file, e))?;

@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use clap::Args;
-use infgram::index::pipeline::{build_index, default_mem_bytes, BuildOptions};
+use infgram::service::build::{build_index, build_tokenizer, default_mem_bytes, BuildOptions};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
@@ -40,15 +40,7 @@ pub struct IndexArgs {
 
 /// Runs `infgram index`.
 pub fn run(args: IndexArgs) -> Result<()> {
-    let tok: Box<dyn infgram::tokenizer::Tokenizer> =
-        if args.tokenizer == infgram::tokenizer::words::KIND {
-            let files = infgram::corpus::list_files(&args.inputs)?;
-            Box::new(infgram::tokenizer::words::WordTokenizer::from_corpus(
-                &files,
-            )?)
-        } else {
-            infgram::service::load_tokenizer(&args.tokenizer)?
-        };
+    let tok = build_tokenizer(&args.tokenizer, &args.inputs)?;
     let opts = BuildOptions {
         mem_bytes: args
             .mem

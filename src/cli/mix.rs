@@ -1,10 +1,10 @@
 //! `infgram mix fit` and `infgram ppl --model M --index I`: fitting λ and interpolated
-//! perplexity ([`infgram::mix::score`]).
+//! perplexity ([`infgram::service::score`]).
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
 #[cfg(feature = "neural")]
-use infgram::mix::score::{ScoredMixture, OVERLAP_DROP, OVERLAP_N, OVERLAP_WARN};
+use infgram::service::score::{ScoredMixture, OVERLAP_DROP, OVERLAP_N, OVERLAP_WARN};
 use std::path::PathBuf;
 
 /// `infgram mix …`.
@@ -69,54 +69,41 @@ pub fn run(cmd: MixCommand) -> Result<()> {
 
 #[cfg(feature = "neural")]
 fn fit(args: &FitArgs) -> Result<()> {
-    use infgram::mix::{open_mixing_index, score_both};
+    use infgram::service::score::{fit_mixer, Document, FitRequest, ModelScoring};
     if args.k == 0 {
         anyhow::bail!("--k must be −1 (all levels) or at least 1");
     }
     // Checked before the fit (a refused output costs nothing).
-    infgram::output_file::check(&args.output, infgram::output_file::Accept::Files)?;
-    let loaded = infgram::service::models::load_model(&args.model, &args.model_args.options())?;
-    let index = open_mixing_index(&args.index, &loaded.tokenizer)?;
-    let estimator = args.estimator.spec_with(Some(args.k), None, None, None);
-    let mut model = loaded.model;
-    let mut parts = Vec::new();
+    infgram::service::files::check(&args.output, infgram::service::files::Accept::Files)?;
+    let mut texts = Vec::new();
     for path in &args.text {
         let text = std::fs::read_to_string(path)
             .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        let tokens = infgram::tokenizer::Tokenizer::encode(&loaded.tokenizer, &text)?;
-        let part = score_both(
-            model.as_mut(),
-            &index,
-            &tokens,
-            &estimator,
-            (args.window, args.stride),
-            false,
-        )?;
-        parts.push(part.named(&path.display().to_string()));
+        texts.push(Document {
+            name: path.display().to_string(),
+            text,
+        });
     }
-    let scoring = infgram::mix::Scoring::join(parts);
-    let edges: &[usize] = if args.two_weights {
-        &[]
-    } else {
-        &infgram::mix::TABLE_EDGES
+    let req = FitRequest {
+        model: ModelScoring {
+            window: args.window,
+            stride: args.stride,
+            ..ModelScoring::new(args.model.clone(), args.model_args.options())
+        },
+        index: args.index.clone(),
+        texts,
+        estimator: args.estimator.spec_with(Some(args.k), None, None, None),
+        two_weights: args.two_weights,
+        features: args.features,
     };
-    let mixer = if args.features {
-        scoring.fit_features(estimator, edges)
-    } else {
-        scoring.fit(estimator, edges)
-    };
-    mixer.save(&args.output)?;
-    let r = scoring.report(&mixer);
-    print_mixture(&r)?;
-    if mixer.reads_neural() {
-        let table = infgram::mix::Mixer {
-            features: None,
-            ..mixer.clone()
-        };
+    let fitted = fit_mixer(&req)?;
+    fitted.mixer.save(&args.output)?;
+    let r = &fitted.report;
+    print_mixture(r)?;
+    if let Some(table) = fitted.table_ppl {
         eprintln!(
-            "on these positions: λ model {:.4}, its table alone {:.4} (perplexity)",
+            "on these positions: λ model {:.4}, its table alone {table:.4} (perplexity)",
             r.report.ppl,
-            scoring.report(&table).report.ppl
         );
     }
     eprintln!(

@@ -22,8 +22,6 @@ pub mod query;
 pub mod serve;
 
 use anyhow::Result;
-use infgram::ngram::smoothed::Discounts;
-use infgram::ngram::Estimator;
 use infgram::service::models::{Backend, Device, ModelOptions, Requantize};
 use infgram::service::request::EstimatorSpec;
 use std::path::Path;
@@ -65,7 +63,7 @@ pub fn clean_up_on_signals() {
             let mut sig: libc::c_int = 0;
             // SAFETY: sigwait on a set of blocked signals, into a local.
             if unsafe { libc::sigwait(&set, &mut sig) } == 0 {
-                infgram::index::output_dir::remove_unfinished();
+                infgram::service::build::remove_unfinished();
                 std::process::exit(128 + sig);
             }
         });
@@ -194,11 +192,6 @@ pub const FLAG_NAMES: &[(&str, &str)] = &[
 ];
 
 impl EstimatorArgs {
-    /// Whether the smoothed estimator is chosen.
-    pub fn is_smoothed(&self) -> bool {
-        self.estimator == Some(EstimatorKind::Smoothed)
-    }
-
     /// The estimator chosen (SBIS when none is).
     pub fn kind(&self) -> EstimatorKind {
         self.estimator.unwrap_or(EstimatorKind::Sbis)
@@ -242,19 +235,6 @@ impl EstimatorArgs {
         self.estimator
             .unwrap_or(EstimatorKind::Sbis)
             .spec_with(self.k, self.decay, self.order, self.alpha)
-    }
-
-    /// The estimator, checked by the library; the smoothed one uses `discounts` or the fitted
-    /// defaults.
-    pub fn estimator(&self, discounts: Option<Discounts>) -> Result<Estimator> {
-        let est = self
-            .spec()
-            .estimator()
-            .map_err(|e| e.rename_field(FLAG_NAMES))?;
-        Ok(match est {
-            Estimator::Smoothed(d) => Estimator::Smoothed(discounts.unwrap_or(d)),
-            sbis => sbis,
-        })
     }
 }
 
@@ -362,9 +342,7 @@ pub fn no_neural() -> anyhow::Error {
 
 /// `infgram verify INDEX`.
 pub fn verify(dir: &Path) -> Result<()> {
-    let index = infgram::Index::open(dir)?;
-    index.verify()?;
-    infgram::service::indexes::record_verified(&index)?;
+    let index = infgram::service::indexes::verify(dir)?;
     outln!(
         "{}: ok ({} tokens, {} shards; recorded as verified)",
         dir.display(),
@@ -374,13 +352,23 @@ pub fn verify(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// `infgram export-tokenizer NAME -o FILE`.
+pub fn export_tokenizer(name: &str, output: &Path) -> Result<()> {
+    use infgram::service::files::{check, write_file, Accept};
+    // Checked before the model is fetched (a refused output costs nothing).
+    check(output, Accept::Files)?;
+    let json = infgram::service::indexes::tokenizer_json(name)?;
+    write_file(output, Accept::Files, |out| {
+        out.write_all(json.as_bytes())
+            .map_err(|e| infgram::Error::io(output, e))
+    })?;
+    outln!("wrote {} ({} bytes)", output.display(), json.len())?;
+    Ok(())
+}
+
 /// `infgram fetch WHAT`.
 pub fn fetch(what: &str) -> Result<()> {
-    let path = match what {
-        "shakespeare" => infgram::assets::ensure_shakespeare()?,
-        "tiny-shakespeare" => infgram::assets::ensure_tiny_shakespeare()?,
-        name => infgram::assets::ensure_model(name)?,
-    };
+    let path = infgram::service::indexes::fetch(what)?;
     outln!("{}", path.display())?;
     Ok(())
 }

@@ -3,7 +3,7 @@
 //! paper.
 
 use anyhow::{anyhow, Result};
-use infgram::eval::PplReport;
+use infgram::service::score::PplReport;
 use plotters::prelude::*;
 use std::path::Path;
 

@@ -2,10 +2,10 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use infgram::eval::{perplexity, PplReport};
-use infgram::ngram::smoothed::{fit_on_train, Discounts};
-use infgram::tokenizer::{ByteTokenizer, Tokenizer};
-use infgram::Index;
+use infgram::service::score::{
+    score, Agreement, ClassicScore, Discounts, Document, ModelPpl, ModelScoring, PplReport,
+    Reference, ScoreReport, ScoreRequest,
+};
 use std::path::PathBuf;
 
 /// Arguments of `infgram ppl`.
@@ -34,7 +34,7 @@ pub struct PplArgs {
     #[command(flatten)]
     pub est: super::EstimatorArgs,
     /// Context length in tokens (at least 1).
-    #[arg(long, default_value_t = 100, value_parser = super::positive)]
+    #[arg(long, default_value_t = infgram::service::score::DEFAULT_CONTEXT, value_parser = super::positive)]
     pub context: usize,
     /// Probability given to a token the estimator gives 0, in (0, 1) (the tiny-infini-gram
     /// protocol uses 1e-10).
@@ -80,10 +80,10 @@ pub struct PplArgs {
     #[arg(long, requires_all = ["model", "index"])]
     pub no_infgram_ppl: bool,
     /// With --model: window length in tokens.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = infgram::service::score::DEFAULT_WINDOW)]
     pub window: usize,
     /// With --model: window stride in tokens.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = infgram::service::score::DEFAULT_STRIDE)]
     pub stride: usize,
     /// With --model: score only the first N tokens of the text (0: all).
     #[arg(long, default_value_t = 0)]
@@ -97,108 +97,118 @@ fn read_text(path: &std::path::Path) -> Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))
 }
 
-/// Runs `infgram ppl`.
+/// The CLI's names of the scoring request's fields.
+const SCORE_FLAGS: &[(&str, &str)] = &[
+    ("split", "--split"),
+    ("discounts", "--discounts"),
+    ("discount_fallback", "--discount-fallback"),
+    ("sentences", "--sentences"),
+    ("context", "--context"),
+];
+
+/// The service's scoring request of these arguments.
+fn request(args: &PplArgs) -> Result<ScoreRequest> {
+    let mut texts = Vec::new();
+    for path in &args.text {
+        texts.push(Document {
+            name: path.display().to_string(),
+            text: read_text(path)?,
+        });
+    }
+    let mut req = ScoreRequest::new(texts);
+    req.reference = match (&args.index, &args.corpus, args.split) {
+        (Some(dir), _, _) => Some(Reference::Index(dir.clone())),
+        (None, files, _) if !files.is_empty() => Some(Reference::Corpus(files.clone())),
+        (None, _, Some(frac)) => Some(Reference::Split(frac)),
+        (None, _, None) if args.model.is_some() => None,
+        (None, _, None) => bail!("give --index DIR, --corpus FILES, or --split FRACTION"),
+    };
+    if args.model.is_none() {
+        if args.text.len() > 1 {
+            bail!(
+                "several --text files are scored each on its own with --model; the ∞-gram alone \
+                 scores one text: give one --text"
+            );
+        }
+        if args.est.spec().is_fixed_order() && matches!(req.reference, Some(Reference::Split(_))) {
+            bail!("a fixed-order model needs --index DIR or --corpus FILES (not --split)");
+        }
+        if args.sentences && !args.est.spec().is_fixed_order() {
+            bail!("--sentences scores with a fixed-order model: pass --estimator mkn or add-alpha");
+        }
+        req.estimator = args.est.spec();
+    }
+    req.discounts = args.discounts.clone();
+    req.discount_fallback = args.discount_fallback.clone();
+    req.sentences = args.sentences;
+    req.context = args.context;
+    req.floor = args.floor;
+    req.model = args.model.as_ref().map(|model| ModelScoring {
+        window: args.window,
+        stride: args.stride,
+        limit: args.limit,
+        mix: args.mix.clone(),
+        compare: args
+            .compare
+            .iter()
+            .map(|p| (p.as_os_str() != "default").then(|| p.clone()))
+            .collect(),
+        max_overlap: args.max_overlap,
+        infgram_ppl: !args.no_infgram_ppl,
+        ..ModelScoring::new(model.clone(), args.model_args.options())
+    });
+    Ok(req)
+}
+
+/// Runs `infgram ppl`: one call of the service's scoring, printed.
 pub fn run(args: PplArgs) -> Result<()> {
     check_flags(&args)?;
     if let Some(path) = &args.plot {
         // Checked before scoring (a refused output costs nothing).
-        infgram::output_file::check(path, infgram::output_file::Accept::Files)?;
+        infgram::service::files::check(path, infgram::service::files::Accept::Files)?;
     }
+    #[cfg(not(feature = "neural"))]
     if let Some(model) = &args.model {
-        #[cfg(feature = "neural")]
-        return run_model(&args, model);
-        #[cfg(not(feature = "neural"))]
         return Err(super::no_neural().context(model.clone()));
     }
-    let [text] = args.text.as_slice() else {
-        bail!(
-            "several --text files are scored each on its own with --model; the ∞-gram alone \
-             scores one text: give one --text"
-        );
-    };
-    let raw = read_text(text)?;
-    if matches!(
-        args.est.spec(),
-        infgram::ngram::EstimatorSpec::Mkn { .. } | infgram::ngram::EstimatorSpec::AddAlpha { .. }
-    ) {
-        return run_classic(&args, &raw);
-    }
-    if args.sentences {
-        bail!("--sentences scores with a fixed-order model: pass --estimator mkn or add-alpha");
-    }
-    let smoothed = args.est.is_smoothed();
-    let given = args
-        .discounts
-        .as_deref()
-        .map(Discounts::from_values)
-        .transpose()
-        .map_err(|e| e.rename_field(&[("discounts", "--discounts")]))?;
-    let make_est = |d: Option<Discounts>| args.est.estimator(d);
-    let report: PplReport;
-    let mut discounts = given;
-    if let Some(frac) = args.split {
-        if !(0.0..1.0).contains(&frac) || frac == 0.0 {
-            bail!("--split must be a fraction between 0 and 1");
-        }
-        let tok = ByteTokenizer;
-        let cut = (raw.len() as f64 * frac) as usize;
-        let cut = (0..=cut)
-            .rev()
-            .find(|&c| raw.is_char_boundary(c))
-            .unwrap_or(0);
-        let train = tok.encode(&raw[..cut])?;
-        let val = tok.encode(&raw[cut..])?;
-        if smoothed && discounts.is_none() {
-            discounts = Some(fit_on_train(&train, tok.spec(), args.context)?);
-        }
-        let index = Index::from_docs(tok.spec(), &[train], 1, true)?;
-        report = perplexity(
-            &index,
-            &val,
-            &make_est(discounts)?,
-            args.context,
-            args.floor,
-        )?;
-    } else {
-        let (index, tok) = match &args.index {
-            Some(d) => infgram::service::open_index(d, None)?,
-            None if !args.corpus.is_empty() => {
-                infgram::service::open_cached_byte_index(&args.corpus)?
+    let req = request(&args)?;
+    let report =
+        score(&req).map_err(|e| e.rename_field(SCORE_FLAGS).rename_field(super::FLAG_NAMES))?;
+    match report {
+        ScoreReport::Infgram { report, discounts } => {
+            if let Some(path) = &args.plot {
+                plot(&report, path)?;
             }
-            None => bail!("give --index DIR, --corpus FILES, or --split FRACTION"),
-        };
-        let tokens = tok.encode(&raw)?;
-        report = perplexity(
-            &index,
-            &tokens,
-            &make_est(discounts)?,
-            args.context,
-            args.floor,
-        )?;
+            print_report(&report, args.json, discounts)
+        }
+        ScoreReport::Classic(c) => print_classic(&c, args.json, args.sentences),
+        #[cfg(feature = "neural")]
+        ScoreReport::Mixture { main, compared } => {
+            super::mix::print_mixtures(&main, &compared, args.json)
+        }
+        #[cfg(not(feature = "neural"))]
+        ScoreReport::Mixture { .. } => Err(super::no_neural()),
+        ScoreReport::Model(m) => print_model(&m, args.json),
     }
-    if let Some(path) = &args.plot {
-        #[cfg(feature = "plot")]
-        infgram::output_file::write_via_path(path, "png", |tmp| {
-            super::plot::agreement_by_n(&report, tmp)
-                .map_err(|e| infgram::Error::input(format!("{}: {e}", path.display())))
-        })?;
-        #[cfg(not(feature = "plot"))]
+}
+
+/// Draws the agreement by effective n into the PNG `path`.
+fn plot(report: &PplReport, path: &std::path::Path) -> Result<()> {
+    #[cfg(feature = "plot")]
+    infgram::service::files::write_via_path(path, "png", |tmp| {
+        super::plot::agreement_by_n(report, tmp)
+            .map_err(|e| infgram::Error::input(format!("{}: {e}", path.display())))
+    })?;
+    #[cfg(not(feature = "plot"))]
+    {
+        let _ = report;
         bail!(
             "--plot {}: this infgram was built without the `plot` feature",
             path.display()
         );
     }
-    print_report(&report, args.json, discounts.filter(|_| smoothed))
-}
-
-/// The fallback discounts of `--discount-fallback` (KenLM's defaults when it has no values).
-pub fn fallback_discounts(given: &Option<Vec<f64>>) -> Result<Option<[f64; 3]>> {
-    Ok(match given.as_deref() {
-        None => None,
-        Some([]) => Some(infgram::ngram::classic::KENLM_FALLBACK),
-        Some(&[a, b, c]) => Some([a, b, c]),
-        Some(_) => bail!("--discount-fallback takes no values or three: D1,D2,D3+"),
-    })
+    #[cfg(feature = "plot")]
+    Ok(())
 }
 
 /// Refuses flags that do not apply to the scoring asked for (each is otherwise ignored).
@@ -231,48 +241,12 @@ fn check_flags(args: &PplArgs) -> Result<()> {
     super::check_flag_applies("--plot", plot, kind, &[Infgram, Sbis, Smoothed])
 }
 
-/// The fixed-order model the estimator flags name, estimated over `index`.
-pub fn classic_model<S: AsRef<[u8]> + Sync>(
-    est: &super::EstimatorArgs,
-    index: &Index<S>,
-    sentences: bool,
-    fallback: &Option<Vec<f64>>,
-) -> Result<infgram::ngram::classic::ClassicModel> {
-    use infgram::ngram::classic::is_sentence_index;
-    if sentences != is_sentence_index(index) {
-        bail!(if sentences {
-            "--sentences needs an index built in sentence mode: `infgram index --tokenizer words --sentences`"
-        } else {
-            "this index was built in sentence mode: pass --sentences"
-        });
-    }
-    let model = est
-        .spec()
-        .classic(index, fallback_discounts(fallback)?)
-        .map_err(|e| e.rename_field(super::FLAG_NAMES))?;
-    model.context("the estimator is not a fixed-order model")
-}
-
-/// `infgram ppl --estimator mkn|add-alpha`: a fixed-order model's perplexity.
-fn run_classic(args: &PplArgs, raw: &str) -> Result<()> {
-    use infgram::eval::classic::{score, scored_sequences};
-    let (index, tok) = match &args.index {
-        Some(d) => infgram::service::open_index(d, None)?,
-        None if !args.corpus.is_empty() => infgram::service::open_cached_byte_index(&args.corpus)?,
-        None => bail!("a fixed-order model needs --index DIR or --corpus FILES"),
-    };
-    let t0 = std::time::Instant::now();
-    let model = classic_model(&args.est, &index, args.sentences, &args.discount_fallback)?;
-    let estimate_seconds = t0.elapsed().as_secs_f64();
-    let seqs = scored_sequences(tok.as_ref(), raw, args.sentences)?;
-    let r = score(&index, &model, &seqs, args.floor)?;
-    if args.json {
-        let mut v = serde_json::to_value(&r)?;
-        v["order"] = model.order().into();
-        v["discounts"] = serde_json::to_value(model.discounts())?;
-        v["estimate_seconds"] = estimate_seconds.into();
-        v["ngrams"] = serde_json::to_value(&model.stats().ngrams)?;
-        if !args.sentences {
+/// Prints a fixed-order model's score (`sentences`: with each sentence's log10 probability).
+fn print_classic(c: &ClassicScore, json: bool, sentences: bool) -> Result<()> {
+    let r = &c.report;
+    if json {
+        let mut v = serde_json::to_value(c)?;
+        if !sentences {
             v.as_object_mut().map(|o| o.remove("sentence_log10"));
         }
         outln!("{v}")?;
@@ -281,14 +255,14 @@ fn run_classic(args: &PplArgs, raw: &str) -> Result<()> {
     outln!("perplexity      {:.4}", r.ppl)?;
     outln!("log10 prob      {:.4}", r.log10_prob)?;
     outln!("tokens          {}", r.tokens)?;
-    if args.sentences {
+    if sentences {
         outln!("sentences       {}", r.sentences)?;
     }
     outln!("oov             {}", r.oov)?;
     if r.floored > 0 {
         outln!("floored         {}", r.floored)?;
     }
-    for (n, d) in model.discounts().iter().enumerate() {
+    for (n, d) in c.discounts.iter().enumerate() {
         outln!(
             "discounts {}     {:.4},{:.4},{:.4}",
             n + 1,
@@ -299,9 +273,23 @@ fn run_classic(args: &PplArgs, raw: &str) -> Result<()> {
     }
     outln!(
         "seconds         {:.3} estimate, {:.3} score",
-        estimate_seconds,
+        c.estimate_seconds,
         r.seconds
     )?;
+    Ok(())
+}
+
+/// Prints a neural model's perplexity.
+fn print_model(m: &ModelPpl, json: bool) -> Result<()> {
+    if json {
+        outln!("{}", serde_json::to_value(m)?)?;
+        return Ok(());
+    }
+    outln!("perplexity      {:.4}", m.ppl)?;
+    outln!("bits per token  {:.4}", m.bits_per_token)?;
+    outln!("bits per byte   {:.4}", m.bits_per_byte)?;
+    outln!("tokens          {}", m.tokens)?;
+    outln!("seconds         {:.2}", m.seconds)?;
     Ok(())
 }
 
@@ -330,113 +318,13 @@ fn print_report(r: &PplReport, json: bool, discounts: Option<Discounts>) -> Resu
     }
     outln!("\n∞-gram agreement (argmax = actual token)")?;
     outln!("{:<14}{:>10}{:>10}", "", "tokens", "agree")?;
-    let row = |name: &str, a: &infgram::eval::Agreement| {
-        outln!("{name:<14}{:>10}{:>9.1}%", a.tokens, 100.0 * a.rate())
-    };
+    let row =
+        |name: &str, a: &Agreement| outln!("{name:<14}{:>10}{:>9.1}%", a.tokens, 100.0 * a.rate());
     row("all", &r.agreement)?;
     row("sparse", &r.agreement_sparse)?;
     row("non-sparse", &r.agreement_nonsparse)?;
     for (n, a) in &r.agreement_by_n {
         row(&format!("n = {n}"), a)?;
-    }
-    Ok(())
-}
-
-/// `infgram ppl --model M`: perplexity of the neural model.
-#[cfg(feature = "neural")]
-fn run_model(args: &PplArgs, model: &str) -> Result<()> {
-    let infgram::service::models::LoadedModel {
-        model: mut llm,
-        tokenizer: tok,
-        path: _,
-    } = infgram::service::models::load_model(model, &args.model_args.options())?;
-    // Each --text file on its own: its tokens (the first --limit of each), after the
-    // model's first token when it asks for one (Gemma's <bos>, never scored itself).
-    let mut documents = Vec::new();
-    for path in &args.text {
-        let mut ids = tok.encode(&read_text(path)?)?;
-        if args.limit > 0 {
-            ids.truncate(args.limit);
-        }
-        if let Some(bos) = llm.bos_token() {
-            ids.insert(0, bos);
-        }
-        documents.push((path.display().to_string(), ids));
-    }
-    if let Some(dir) = &args.index {
-        // The mixture of the model and the ∞-gram of the index.
-        use infgram::mix::{load_mixer, open_mixing_index, score_both, Scoring};
-        let mixer = load_mixer(args.mix.as_deref())?;
-        let mut others = Vec::new();
-        for path in &args.compare {
-            let other = if path.as_os_str() == "default" {
-                load_mixer(None)?
-            } else {
-                load_mixer(Some(path))?
-            };
-            if other.estimator != mixer.estimator {
-                anyhow::bail!(
-                    "{} mixes in the estimator {} but --mix mixes in {}: --compare takes \
-                     mixers of the same ∞-gram distribution (fit them with the same --estimator)",
-                    path.display(),
-                    serde_json::to_string(&other.estimator)?,
-                    serde_json::to_string(&mixer.estimator)?
-                );
-            }
-            others.push((path.display().to_string(), other));
-        }
-        let index = open_mixing_index(dir, &tok)?;
-        let mut parts = Vec::new();
-        for (name, ids) in &documents {
-            let part = score_both(
-                llm.as_mut(),
-                &index,
-                ids,
-                &mixer.estimator,
-                (args.window, args.stride),
-                !args.no_infgram_ppl,
-            )
-            .with_context(|| name.clone())?;
-            parts.push(part.named(name));
-        }
-        let mut scoring = Scoring::join(parts);
-        if let Some(max) = args.max_overlap {
-            scoring = scoring.leave_out_above(max);
-        }
-        let compared: Vec<_> = others
-            .iter()
-            .map(|(name, other)| (name.clone(), scoring.report(other)))
-            .collect();
-        return super::mix::print_mixtures(&scoring.report(&mixer), &compared, args.json);
-    }
-    let t0 = std::time::Instant::now();
-    let (mut total_nll, mut scored, mut bytes) = (0.0, 0, 0);
-    for (name, ids) in &documents {
-        let (nll, n) =
-            infgram::eval::windowed_perplexity(llm.as_mut(), ids, args.window, args.stride)
-                .with_context(|| name.clone())?;
-        total_nll += nll * n as f64;
-        scored += n;
-        // Per byte as well, to compare with byte-level models (the ∞-gram's char-level
-        // perplexity).
-        bytes += tok.decode_bytes(&ids[1.min(ids.len())..])?.len();
-    }
-    let nll = total_nll / scored.max(1) as f64;
-    let secs = t0.elapsed().as_secs_f64();
-    let ppl = nll.exp();
-    let bits_per_byte = total_nll / bytes.max(1) as f64 / std::f64::consts::LN_2;
-    if args.json {
-        outln!(
-            "{}",
-            serde_json::json!({"ppl": ppl, "tokens": scored, "bits_per_token": ppl.log2(),
-                "bits_per_byte": bits_per_byte, "seconds": secs, "window": args.window, "stride": args.stride})
-        )?;
-    } else {
-        outln!("perplexity      {ppl:.4}")?;
-        outln!("bits per token  {:.4}", ppl.log2())?;
-        outln!("bits per byte   {bits_per_byte:.4}")?;
-        outln!("tokens          {scored}")?;
-        outln!("seconds         {secs:.2}")?;
     }
     Ok(())
 }

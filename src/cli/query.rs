@@ -5,9 +5,8 @@
 use anyhow::{Context, Result};
 use clap::Args;
 use clap::ValueEnum as _;
-use infgram::index::query::TokenProb;
-use infgram::service::query::{execute, parse_cnf, Answer, DocAnswer, Query};
-use infgram::tokenizer::Tokenizer;
+use infgram::service::query::{execute, parse_cnf, Answer, DocAnswer, Query, TokenProb};
+use infgram::service::Tokenizer;
 use serde_json::json;
 use std::io::{BufRead, Write};
 use std::path::PathBuf;

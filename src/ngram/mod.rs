@@ -159,6 +159,14 @@ impl Default for EstimatorSpec {
 }
 
 impl EstimatorSpec {
+    /// Whether this is a fixed-order model (mkn, add-α), not an ∞-gram estimator.
+    pub fn is_fixed_order(&self) -> bool {
+        matches!(
+            self,
+            EstimatorSpec::Mkn { .. } | EstimatorSpec::AddAlpha { .. }
+        )
+    }
+
     /// The classic fixed-order model this spec names, estimated over `index` (in sentence mode
     /// when the index was built so); `None` for the ∞-gram estimators. `discount_fallback`:
     /// KenLM's `--discount_fallback` (without it, discounts the counts cannot give are an error).

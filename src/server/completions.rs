@@ -10,16 +10,15 @@
 
 use super::api::ApiError;
 use super::{Limits, Served};
-use crate::decode::past::{PastOutputs, PastStats};
-use crate::decode::Cancel;
 use crate::service::models::ModelOptions;
 use crate::service::request::{
     self, CheckedRequest, DrafterSpec, EstimatorSpec, GenLimits, GenerateRequest, GuardSpec,
     Prompt, Sampling, Scorer,
 };
 use crate::service::run::{generate, GenerationReport, ModelIndex};
+use crate::service::run::{Cancel, PastOutputs, PastStats};
 use crate::service::{PastStore, Resources, RunOptions};
-use crate::tokenizer::{Tokenizer, Utf8Stream};
+use crate::service::{Tokenizer, Utf8Stream};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};

@@ -89,7 +89,7 @@ impl Default for Limits {
             client_time: Duration::from_secs(10),
             backlog: 8,
             concurrent_queries: 64,
-            past_output_tokens: crate::decode::past::DEFAULT_BUDGET,
+            past_output_tokens: crate::service::run::PAST_OUTPUTS_BUDGET,
         }
     }
 }
@@ -231,7 +231,7 @@ pub fn serve(config: ServerConfig, ready: impl FnOnce(&Server)) -> crate::Result
         server.run(shutdown).await
     });
     // A save of the past outputs that the exit cuts short leaves no temporary file.
-    crate::index::output_dir::remove_unfinished();
+    crate::service::build::remove_unfinished();
     served
 }
 
@@ -675,13 +675,13 @@ async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
         (
             "infgram_index_opens_total",
             "Index directories opened by this process (at start; a request opens none).",
-            crate::index::opens_so_far() as f64,
+            crate::service::indexes::opens_so_far() as f64,
         ),
         (
             "infgram_tokenizer_checks_total",
             "Checks that an index was built with the tokenizer it is used with (one per \
              index a completion binds).",
-            crate::tokenizer::checks_so_far() as f64,
+            crate::service::indexes::checks_so_far() as f64,
         ),
     ]);
     let mut r = ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response();

@@ -6,7 +6,7 @@
 //! order, planned by the same policy.
 
 use crate::decode::past::remember;
-use crate::decode::session::{DraftSession, SessionDraft};
+use crate::decode::session::DraftSession;
 use crate::decode::Drafter;
 use crate::error::{Error, Result};
 use crate::index::Index;
@@ -16,6 +16,8 @@ use crate::service::run::PastStore;
 use memmap2::Mmap;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+
+pub use crate::decode::session::SessionDraft;
 
 /// Sessions kept at most: starting one more ends the least recently used.
 pub const MAX_SESSIONS: usize = 4096;

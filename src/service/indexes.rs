@@ -52,6 +52,30 @@ pub fn was_verified(index: &Index<Mmap>) -> bool {
     verification_record(index).is_some_and(|p| p.is_file())
 }
 
+/// Opens the index `dir`, reads every byte of it against its checksums, and records it as
+/// verified (`infgram verify`): a later open skips the note that it never was.
+pub fn verify(dir: &Path) -> Result<Index<Mmap>> {
+    let index = Index::open(dir)?;
+    index.verify()?;
+    record_verified(&index)?;
+    Ok(index)
+}
+
+/// Fetches what `infgram fetch WHAT` names into the cache (`shakespeare`, `tiny-shakespeare`,
+/// or a model's short name) and gives its path; a second call finds it there.
+pub fn fetch(what: &str) -> Result<PathBuf> {
+    match what {
+        "shakespeare" => crate::assets::ensure_shakespeare(),
+        "tiny-shakespeare" => crate::assets::ensure_tiny_shakespeare(),
+        name => crate::assets::ensure_model(name),
+    }
+}
+
+// How many indexes this process has opened, and how many tokenizer checks it has made (the
+// server's metrics).
+pub use crate::index::opens_so_far;
+pub use crate::tokenizer::checks_so_far;
+
 /// Records that `index` was verified whole (after [`Index::verify`] passed).
 pub fn record_verified(index: &Index<Mmap>) -> Result<()> {
     let Some(path) = verification_record(index) else {
@@ -126,6 +150,32 @@ pub fn resolve_tokenizer_name(name: &str) -> Result<String> {
         return Ok(source.tokenizer_file().display().to_string());
     }
     Ok(name.to_string())
+}
+
+/// The `tokenizer.json` text of the tokenizer `name` names: a model's (a short name, a `.gguf`
+/// file, whose embedded tokenizer is translated to the `tokenizer.json` it stands for, with the
+/// same fingerprint) or a `tokenizer.json` as it is. For a build without the `neural` feature
+/// (the Python wheel), which reads a `tokenizer.json` but not a GGUF file
+/// (`infgram export-tokenizer`).
+pub fn tokenizer_json(name: &str) -> Result<String> {
+    let path = resolve_tokenizer_name(name)?;
+    if path == "bytes" || path == tokenizer::words::KIND {
+        return Err(crate::Error::input(format!(
+            "{path} is infgram's own tokenizer: it has no tokenizer.json (name it as it is)"
+        )));
+    }
+    if path.ends_with(".gguf") {
+        #[cfg(feature = "neural")]
+        return tokenizer::gguf_tokenizer_json(Path::new(&path));
+        #[cfg(not(feature = "neural"))]
+        return Err(crate::Error::input(format!(
+            "{path}: reading a GGUF file's tokenizer needs the `neural` feature"
+        )));
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| crate::Error::io(&path, e))?;
+    // Refused here when it is no tokenizer, not later where it is read.
+    tokenizer::HfTokenizer::from_json_file(Path::new(&path))?;
+    Ok(text)
 }
 
 /// The byte-level index of a corpus, built into the cache on first use: the default

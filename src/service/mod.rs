@@ -1,5 +1,8 @@
-//! The library's service layer: what a front end (the CLI now; the HTTP server and the Python
-//! module next) calls, so none of them owns library logic.
+//! The library's service layer: the one room the front ends (the CLI, the HTTP server, the
+//! Python module) enter, so none of them owns library logic. A front end names
+//! `infgram::service` and the error type only (`tests/waist.rs` checks it); what it handles
+//! besides requests and reports (an open [`Index`], a [`Tokenizer`], the [`files`] it writes) is
+//! re-exported here.
 //!
 //! * [`api`]: the infini-gram HTTP API's request and answer shapes (`POST /` of `infgram
 //!   serve`, and Python's `RemoteIndex.api`), over the typed query protocol.
@@ -15,10 +18,16 @@
 //!   (drafters, processors, the copy guard) from options.
 //! * [`request`]: the generation request of every front end ([`GenerateRequest`], serde), its
 //!   one set of defaults and its checks.
+//! * [`score`]: the one door of scoring: a [`score::ScoreRequest`] (∞-gram, fixed-order,
+//!   neural model, mixture) gives one [`score::ScoreReport`].
+//! * [`build`]: building an index (the pipeline, the tokenizer a build names).
+//! * [`shards`]: an index's shards spread over processes or hosts, and their answers.
+//! * [`rows`]: the ∞-gram's rows for a model's batch and their mixing (Python's `Index.rows`).
 //! * [`run`]: the one door of generation: a checked request over bound [`Resources`] gives one
 //!   [`GenerationReport`].
 
 pub mod api;
+pub mod build;
 pub mod catalog;
 pub mod drafts;
 pub mod generate;
@@ -26,7 +35,10 @@ pub mod indexes;
 pub mod models;
 pub mod query;
 pub mod request;
+pub mod rows;
 pub mod run;
+pub mod score;
+pub mod shards;
 
 pub use generate::{
     generate, generate_over_shards, GenConfig, Generation, GuardConfig, GuardReport,
@@ -36,5 +48,10 @@ pub use indexes::{
     open_cached_index, open_index, resolve_tokenizer_name, tiny_shakespeare_index,
 };
 pub use query::{execute, Answer, Query, QueryLimits};
+// What the front ends hold besides requests and reports (an open index, its tokenizer, the
+// files they write), so that they name `service` alone.
+pub use crate::index::Index;
+pub use crate::output_file as files;
+pub use crate::tokenizer::{Tokenizer, Utf8Stream};
 pub use request::GenerateRequest;
 pub use run::{GenerationReport, PastStore, Resources, RunOptions};

@@ -134,4 +134,21 @@ mod loading {
             path,
         })
     }
+
+    impl LoadedModel {
+        /// The text a generation starts from: `prompt` as it is when `raw` or when the model is
+        /// a base model (no chat template in its file), else `prompt` as the user's turn of
+        /// the model's chat template (an empty turn without a prompt); `None`: no prompt, raw.
+        pub fn prompt_text(&self, prompt: Option<&str>, raw: bool) -> Option<String> {
+            let raw = raw || !crate::neural::wants_chat_turns(&self.path);
+            match prompt {
+                Some(p) if raw => Some(p.to_string()),
+                _ if raw => None,
+                _ => Some(crate::neural::chat_prompt_for(
+                    &self.tokenizer,
+                    prompt.unwrap_or_default(),
+                )),
+            }
+        }
+    }
 }

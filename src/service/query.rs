@@ -7,8 +7,9 @@
 //! index's tokenizer), a continuation from `cont_id` or `cont_text`.
 
 use crate::error::{Error, Result};
-use crate::eval::attribution::{attribute, creativity, Creativity, Span};
+pub use crate::eval::attribution::{attribute, creativity, Creativity, Span};
 use crate::index::partial::{self as ask, Shards};
+pub use crate::index::query::TokenProb;
 use crate::index::query::{CountResult, Document, FindResult, Match, NtdResult, ProbResult};
 use crate::ngram::batch::{rows_over, Rows, RowsOptions};
 use crate::ngram::EstimatorSpec;

@@ -8,14 +8,14 @@
 //! tokenizer checks (each made once, when a resource is bound), past outputs (drafted from,
 //! added to, saved), `--compare`'s plain run, and the rule of a natural end.
 
-use crate::decode::past::{PastOutputs, SharedPastOutputs};
-use crate::decode::{Cancel, DecodeConfig, DecodeStats};
+use crate::decode::past::SharedPastOutputs;
+use crate::decode::{DecodeConfig, DecodeStats};
 use crate::error::{Error, Result};
 use crate::index::counts_cache::CacheStats;
 use crate::index::partial::SharedShards;
 use crate::index::Index;
 use crate::lm::LanguageModel;
-use crate::mix::{check_mixing_index, Mixer};
+use crate::mix::check_mixing_index;
 use crate::ngram::LevelLog;
 use crate::service::generate::{
     generate as generate_from_index, generate_over_shards, generate_with_model, AssemblyOptions,
@@ -28,6 +28,10 @@ use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
+
+pub use crate::decode::past::{PastOutputs, PastStats, DEFAULT_BUDGET as PAST_OUTPUTS_BUDGET};
+pub use crate::decode::Cancel;
+pub use crate::mix::{load_mixer, Mixer};
 
 /// Past outputs shared by the generations of a process (drafted from, added to after each),
 /// and the file they are kept in across restarts, if any.

@@ -206,7 +206,8 @@ impl HfTokenizer {
         #[cfg(not(feature = "neural"))]
         Err(Error::input(format!(
             "{}: reading the tokenizer of a GGUF file needs infgram built with the `neural` \
-             feature (the default build has it)",
+             feature (the default build has it); `infgram export-tokenizer FILE -o \
+             tokenizer.json` writes it as a tokenizer.json, which this build reads",
             path.display()
         )))
     }

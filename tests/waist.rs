@@ -1,0 +1,126 @@
+//! `service` is the waist: the front ends (the CLI, the HTTP server, the Python module) name the
+//! library through `infgram::service` and its error type only, so the library's rooms below it
+//! can move without a front end changing. Read from the sources: every `infgram::ROOM` path of
+//! `src/cli/` and `python/src/`, and every `crate::ROOM` path of `src/server/`.
+
+use std::path::{Path, PathBuf};
+
+/// The `.rs` files under `dir`, recursively.
+fn sources(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(sources(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The rooms `prefix` paths name in `text` (`infgram::service::run` names `service`), with the
+/// line of each.
+fn rooms_named(text: &str, prefix: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let mut rest = line;
+        while let Some(at) = rest.find(prefix) {
+            let before = rest[..at].chars().next_back();
+            rest = &rest[at + prefix.len()..];
+            // `my_infgram::x` or `$crate::x` is another path.
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$') {
+                continue;
+            }
+            let first = |path: &str| -> String {
+                path.trim()
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect()
+            };
+            match rest.strip_prefix('{') {
+                // `infgram::{Error, service::Index}`: each path of the group (on one line).
+                Some(group) => {
+                    let group = group.split('}').next().unwrap_or_default();
+                    for path in group.split(',').filter(|p| !p.trim().is_empty()) {
+                        out.push((n + 1, first(path)));
+                    }
+                }
+                None => out.push((n + 1, first(rest))),
+            }
+        }
+    }
+    out
+}
+
+/// Every path of the front end in `dir` that names a room other than `allowed`.
+fn strays(dir: &str, prefix: &str, allowed: &[&str], also: &[(&str, &str)]) -> Vec<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let files = sources(&root.join(dir));
+    assert!(!files.is_empty(), "no sources under {dir}");
+    let mut out = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let name = file.strip_prefix(root).unwrap().display().to_string();
+        for (line, room) in rooms_named(&text, prefix) {
+            let excepted = also.iter().any(|(f, r)| name.ends_with(f) && room == *r);
+            if !allowed.contains(&room.as_str()) && !excepted {
+                out.push(format!("{name}:{line}: {prefix}{room}"));
+            }
+        }
+    }
+    out
+}
+
+/// The error type and its `Result`, besides `service`.
+const ALLOWED: &[&str] = &["service", "Error", "Result"];
+
+#[test]
+fn the_command_line_names_only_the_service() {
+    // `infgram serve` starts the HTTP server, another front end, beside the service.
+    let strays = strays(
+        "src/cli",
+        "infgram::",
+        ALLOWED,
+        &[("src/cli/serve.rs", "server")],
+    );
+    assert!(strays.is_empty(), "{}", strays.join("\n"));
+}
+
+#[test]
+fn the_python_module_names_only_the_service() {
+    let strays = strays("python/src", "infgram::", ALLOWED, &[]);
+    assert!(strays.is_empty(), "{}", strays.join("\n"));
+}
+
+#[test]
+fn the_http_server_names_only_the_service() {
+    let strays = strays(
+        "src/server",
+        "crate::",
+        &["service", "Error", "Result", "error", "server"],
+        &[],
+    );
+    assert!(strays.is_empty(), "{}", strays.join("\n"));
+}
+
+/// The check itself finds a stray path, and passes over a longer name that ends like one.
+#[test]
+fn a_stray_path_is_found() {
+    let text = "use infgram::service::Index;\nlet x = infgram::index::Index::open(d);\n\
+                let y = my_infgram::index::z; // $crate::index\n\
+                use infgram::{Error, mix::Mixer};\n";
+    let rooms = rooms_named(text, "infgram::");
+    let named = |n: usize, room: &str| (n, room.to_string());
+    assert_eq!(
+        rooms,
+        vec![
+            named(1, "service"),
+            named(2, "index"),
+            named(4, "Error"),
+            named(4, "mix")
+        ]
+    );
+    assert_eq!(rooms_named(text, "crate::"), vec![]);
+}
