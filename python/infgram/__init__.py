@@ -29,7 +29,10 @@ __all__ = ["Index", "InfgramRows", "mixer_estimator", "build_index", "build_inde
 
 
 class Index(_native.Index):
-    """An infgram (or infini-gram) index directory with its tokenizer."""
+    """An infgram (or infini-gram) index with its tokenizer: ``Index(path)`` opens a directory;
+    ``Index(ask=..., shard_infos=..., separator=..., tokenizer=..., fingerprint=...)`` is the
+    same class over shards held elsewhere (``infgram.ray``'s router makes one), which answers
+    queries, the infini-gram API and ``generate``."""
 
     def query(self, request: Dict[str, Any]) -> Dict[str, Any]:
         """Answers one query of infgram's protocol, e.g. ``{"query_type": "count", "text": "the cat"}``;

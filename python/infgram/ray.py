@@ -344,14 +344,16 @@ class Router:
             eos_token_id, token_dtype=f"u{8 * m['token_width']}", **kwargs)
 
     def index(self, tokenizer: Optional[str] = None,
-              name: str = "index") -> "_native.RemoteIndex":
-        """infgram's protocol (``query_json``), SBIS generation (``generate``) and the
-        infini-gram HTTP API (``api``) over these actors, with the build's tokenizer (or
-        ``tokenizer``, of the same fingerprint)."""
+              name: str = "index") -> "Index":
+        """An ``infgram.Index`` over these actors: infgram's protocol (``query``), SBIS
+        generation (``generate``) and the infini-gram HTTP API (``api``), with the build's
+        tokenizer (or ``tokenizer``, of the same fingerprint)."""
+        from . import Index
+
         m = self.manifest
-        return _native.RemoteIndex(self.ask, self.shard_infos, m["separator"],
-                                   tokenizer or m["tokenizer"]["name"],
-                                   m["tokenizer"]["fingerprint"], name)
+        return Index(ask=self.ask, shard_infos=self.shard_infos, separator=m["separator"],
+                     tokenizer=tokenizer or m["tokenizer"]["name"],
+                     fingerprint=m["tokenizer"]["fingerprint"], name=name)
 
     def shutdown(self) -> None:
         """Stops the slice actors."""

@@ -26,7 +26,7 @@ pub(crate) fn build_index(
     let tok = py
         .detach(|| infgram::service::build_tokenizer(tokenizer, &inputs))
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
-    let mut opts = infgram::index::pipeline::BuildOptions {
+    let mut opts = infgram::service::build::BuildOptions {
         reverse,
         overwrite,
         progress,
@@ -38,7 +38,7 @@ pub(crate) fn build_index(
         opts.mem_bytes = (g * (1u64 << 30) as f64) as u64;
     }
     let summary = py
-        .detach(|| infgram::index::pipeline::build_index(&inputs, &out, tok.as_ref(), &opts))
+        .detach(|| infgram::service::build::build_index(&inputs, &out, tok.as_ref(), &opts))
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
     let d = PyDict::new(py);
     d.set_item("tokens", summary.tokens)?;
@@ -59,7 +59,7 @@ pub(crate) fn plan_slices(
     n: usize,
 ) -> PyResult<Vec<(u64, u64, u64)>> {
     let slices = py
-        .detach(|| infgram::index::pipeline::plan_slices(&inputs, n))
+        .detach(|| infgram::service::build::plan_slices(&inputs, n))
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
     Ok(slices
         .into_iter()
@@ -83,7 +83,7 @@ pub(crate) fn build_index_from_ids(
     reverse: bool,
     overwrite: bool,
 ) -> Ans {
-    let opts = infgram::index::pipeline::BuildOptions {
+    let opts = infgram::service::build::BuildOptions {
         reverse,
         overwrite,
         progress: false,
@@ -93,7 +93,7 @@ pub(crate) fn build_index_from_ids(
     let meta = metadata.unwrap_or_default();
     let summary = py
         .detach(|| {
-            infgram::index::pipeline::build_from_ids(&docs, &meta, vocab_size, per, &out, &opts)
+            infgram::service::build::build_from_ids(&docs, &meta, vocab_size, per, &out, &opts)
         })
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
     let d = PyDict::new(py);

@@ -53,8 +53,8 @@ impl Draft {
     }
 }
 
-impl From<infgram::decode::session::SessionDraft> for Draft {
-    fn from(d: infgram::decode::session::SessionDraft) -> Self {
+impl From<infgram::service::drafts::SessionDraft> for Draft {
+    fn from(d: infgram::service::drafts::SessionDraft) -> Self {
         Draft {
             token_ids: d.token_ids,
             parents: d.parents,
@@ -95,7 +95,10 @@ impl Drafter {
         tokenizer: Option<String>,
     ) -> PyResult<Self> {
         let (opened, index_tok) = match &index {
-            Some(i) => (Some(i.index.clone()), Some(i.tok.clone())),
+            Some(i) => (
+                Some(i.local("drafting from a corpus")?.clone()),
+                Some(i.tok.clone()),
+            ),
             None => (None, None),
         };
         let drafts = py
@@ -113,7 +116,7 @@ impl Drafter {
                                 ))
                             }
                         };
-                        let budget = infgram::decode::past::DEFAULT_BUDGET;
+                        let budget = infgram::service::run::PAST_OUTPUTS_BUDGET;
                         Some(infgram::service::PastStore::load(
                             &file,
                             tok.as_ref(),

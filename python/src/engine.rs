@@ -86,7 +86,7 @@ pub(crate) fn dtype_width(token_dtype: &str) -> PyResult<u8> {
 /// Opens one directory: infgram's format, or infini-gram's (then `width` is checked).
 pub(crate) fn open_dir(dir: &str, width: u8) -> PyResult<Idx> {
     let path = PathBuf::from(dir);
-    let index = if infgram::index::infini_gram::is_infini_gram_dir(&path) {
+    let index = if infgram::service::shards::is_infini_gram_dir(&path) {
         Idx::open_infini_gram(&path, Some(width))
     } else {
         Idx::open(&path)
@@ -591,7 +591,7 @@ impl InfiniGramEngine {
             d.set_item("rs", PyList::empty(py))?;
             return Ok(d.into_any().unbind());
         }
-        match py.detach(|| infgram::eval::attribution::creativity(&self.shards, &q, 1, 1)) {
+        match py.detach(|| infgram::service::query::creativity(&self.shards, &q, 1, 1)) {
             Ok(c) => {
                 let d = PyDict::new(py);
                 d.set_item("rs", c.rs)?;
@@ -629,7 +629,7 @@ impl InfiniGramEngine {
             return error_dict(py, "max_cnt must be a positive integer");
         }
         let spans = match py.detach(|| {
-            infgram::eval::attribution::attribute(
+            infgram::service::query::attribute(
                 &self.shards,
                 &q,
                 min_len.max(1) as usize,
@@ -797,13 +797,13 @@ impl InfiniGramEngine {
         max_diff_tokens: usize,
         max_clause_freq: usize,
         max_disp_len: usize,
-    ) -> infgram::Result<infgram::index::query::SearchResult> {
+    ) -> infgram::Result<infgram::service::shards::SearchResult> {
         let held: Vec<Vec<Vec<u32>>> = cnf
             .iter()
             .map(|c| c.iter().filter(|g| self.held(g)).cloned().collect())
             .collect();
         if held.iter().any(|c: &Vec<Vec<u32>>| c.is_empty()) {
-            return Ok(infgram::index::query::SearchResult {
+            return Ok(infgram::service::shards::SearchResult {
                 cnt: 0,
                 approx: false,
                 documents: Vec::new(),

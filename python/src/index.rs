@@ -3,7 +3,7 @@
 
 use super::*;
 
-/// Python's arguments of an SBIS generation (`Index.generate`, `RemoteIndex.generate`).
+/// Python's arguments of an SBIS generation (`Index.generate`, over shards here or elsewhere).
 pub(crate) struct SbisArgs<'a> {
     pub(crate) prompt: &'a str,
     pub(crate) max_tokens: Option<usize>,
@@ -101,27 +101,127 @@ impl SbisArgs<'_> {
     }
 }
 
-/// An infgram index with its tokenizer: the typed query protocol, generation and perplexity.
+/// Where an index's shards are: here (its directory, memory-mapped), or behind a Python
+/// callable (the Ray router of `infgram.ray`: each shard on the actor that holds it).
+pub(crate) enum Over {
+    /// The shards here.
+    Local(Arc<Idx>),
+    /// Shards a callable answers for.
+    Remote(Arc<remote::RemoteShards>),
+}
+
+/// An infgram index with its tokenizer, its shards here or held elsewhere: the typed query
+/// protocol, the infini-gram HTTP API, generation; over shards here also perplexity, n-gram
+/// models, batch rows and what a shard server answers.
 #[pyclass(frozen, subclass, module = "infgram._native")]
 pub struct Index {
-    pub(crate) index: Arc<Idx>,
+    pub(crate) over: Over,
     pub(crate) tok: Arc<dyn Tokenizer>,
+    /// The name the infini-gram API's `"index"` field must give (any, when it is left out).
+    pub(crate) name: String,
+}
+
+impl Index {
+    /// The shards here, or an error saying that `what` needs them.
+    pub(crate) fn local(&self, what: &str) -> PyResult<&Arc<Idx>> {
+        match &self.over {
+            Over::Local(index) => Ok(index),
+            Over::Remote(_) => Err(PyValueError::new_err(format!(
+                "{what} needs the index's files here; an index over shards held elsewhere \
+                 answers queries, the API and generate: open the directory with Index(path)"
+            ))),
+        }
+    }
+
+    /// An index over shards that `ask` answers for (see [`remote::RemoteShards`]): the
+    /// tokenizer `tokenizer` (a name or file) must have the shards' `fingerprint`.
+    pub(crate) fn over_remote(
+        py: Python<'_>,
+        ask: Py<PyAny>,
+        shard_infos: &[(u64, u64)],
+        separator: u32,
+        tokenizer: &str,
+        fingerprint: &str,
+        name: &str,
+    ) -> PyResult<Self> {
+        let tok = py
+            .detach(|| infgram::service::load_tokenizer(tokenizer))
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        if tok.fingerprint() != fingerprint {
+            return Err(PyValueError::new_err(format!(
+                "tokenizer {tokenizer} has fingerprint {}, the shards were built with {fingerprint}: \
+                 pass the tokenizer the index was built with",
+                tok.fingerprint()
+            )));
+        }
+        let shards = remote::RemoteShards::new(ask, shard_infos, separator, tok.vocab_size());
+        Ok(Index {
+            over: Over::Remote(Arc::new(shards)),
+            tok: Arc::from(tok),
+            name: name.to_string(),
+        })
+    }
 }
 
 #[pymethods]
 impl Index {
     /// Opens an index directory (infgram's or infini-gram's); `tokenizer` names the one to
-    /// tokenize text with (default: the index's own).
+    /// tokenize text with (default: the index's own). Or, with `ask` instead of a path, an
+    /// index over shards held elsewhere: `ask([(shard, query_json), ...])` returns
+    /// `[answer_json, ...]` (the Ray router of `infgram.ray`), `shard_infos` gives each shard's
+    /// `(tokens, documents)`, `separator` the separator id, and `tokenizer` (required then) must
+    /// have the shards' `fingerprint`. `name`: the index's name in the infini-gram API.
     #[new]
-    #[pyo3(signature = (path, tokenizer=None))]
-    fn new(py: Python<'_>, path: PathBuf, tokenizer: Option<String>) -> PyResult<Self> {
-        let (index, tok) = py
-            .detach(|| infgram::service::open_index(&path, tokenizer.as_deref()))
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        Ok(Index {
-            index: Arc::new(index),
-            tok: Arc::from(tok),
-        })
+    #[pyo3(signature = (path=None, tokenizer=None, *, ask=None, shard_infos=None, separator=None, fingerprint=None, name="index"))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        path: Option<PathBuf>,
+        tokenizer: Option<String>,
+        ask: Option<Py<PyAny>>,
+        shard_infos: Option<Vec<(u64, u64)>>,
+        separator: Option<u32>,
+        fingerprint: Option<String>,
+        name: &str,
+    ) -> PyResult<Self> {
+        match (path, ask) {
+            (Some(path), None) => {
+                if shard_infos.is_some() || separator.is_some() || fingerprint.is_some() {
+                    return Err(PyValueError::new_err(
+                        "shard_infos, separator and fingerprint go with ask=, not with a path",
+                    ));
+                }
+                let (index, tok) = py
+                    .detach(|| infgram::service::open_index(&path, tokenizer.as_deref()))
+                    .map_err(|e| PyValueError::new_err(e.to_string()))?;
+                Ok(Index {
+                    over: Over::Local(Arc::new(index)),
+                    tok: Arc::from(tok),
+                    name: name.to_string(),
+                })
+            }
+            (None, Some(ask)) => match (shard_infos, separator, tokenizer, fingerprint) {
+                (Some(infos), Some(sep), Some(tok), Some(fp)) => {
+                    Index::over_remote(py, ask, &infos, sep, &tok, &fp, name)
+                }
+                _ => Err(PyValueError::new_err(
+                    "an index over shards held elsewhere needs ask, shard_infos, separator, \
+                     tokenizer and fingerprint",
+                )),
+            },
+            (Some(_), Some(_)) => Err(PyValueError::new_err(
+                "give a path or ask= (shards held elsewhere), not both",
+            )),
+            (None, None) => Err(PyValueError::new_err(
+                "give the index's directory (or ask= for shards held elsewhere)",
+            )),
+        }
+    }
+
+    /// Whether the shards are held elsewhere (made with `ask=`).
+    #[getter]
+    fn is_remote(&self) -> bool {
+        matches!(self.over, Over::Remote(_))
     }
 
     /// Answers one query of the protocol shared with `infgram query --batch` and the server,
@@ -129,11 +229,46 @@ impl Index {
     /// answer as a JSON string, or `{"error": ...}`.
     fn query_json(&self, py: Python<'_>, request: &str) -> String {
         py.detach(|| {
-            let answer = infgram::service::Query::from_json(request)
-                .and_then(|q| infgram::service::execute(&self.index, self.tok.as_ref(), &q));
+            let answer = infgram::service::Query::from_json(request).and_then(|q| {
+                let tok = self.tok.as_ref();
+                match &self.over {
+                    Over::Local(index) => infgram::service::execute(index, tok, &q),
+                    Over::Remote(shards) => infgram::service::execute(shards, tok, &q),
+                }
+            });
             match answer {
                 Ok(a) => a.to_value().to_string(),
                 Err(e) => serde_json::json!({ "error": e.to_string() }).to_string(),
+            }
+        })
+    }
+
+    /// Answers one body of the infini-gram HTTP API (`POST /` of `infgram serve`, with its
+    /// default limits) and returns `(status, json)`: the same shapes, limits and errors (an
+    /// `"index"` other than this one's `name` is a 404, as on a server of one index).
+    fn api(&self, py: Python<'_>, body: &[u8]) -> (u16, String) {
+        use infgram::service::api;
+        let limits = infgram::service::QueryLimits::SERVED;
+        py.detach(|| {
+            let answer = api::read_request(body, &limits).and_then(|r| match &r.index {
+                Some(name) if *name != self.name => Err(api::ApiError {
+                    status: 404,
+                    message: format!("no index {name:?} here; this server has: {}", self.name),
+                }),
+                _ => {
+                    let tok = self.tok.as_ref();
+                    match &self.over {
+                        Over::Local(index) => api::answer(index, tok, &r, &limits),
+                        Over::Remote(shards) => api::answer(shards, tok, &r, &limits),
+                    }
+                }
+            });
+            match answer {
+                Ok(v) => (200, v.to_string()),
+                Err(e) => (
+                    e.status,
+                    serde_json::json!({ "error": e.message }).to_string(),
+                ),
             }
         })
     }
@@ -154,15 +289,16 @@ impl Index {
 
     /// Corpus tokens (separators excluded), documents and shards.
     fn stats(&self, py: Python<'_>) -> Ans {
+        let index = self.local("stats")?;
         let d = PyDict::new(py);
-        d.set_item("tokens", self.index.total_tokens())?;
-        d.set_item("documents", self.index.num_docs())?;
-        d.set_item("shards", self.index.shards().len())?;
-        d.set_item("token_width", self.index.header().token_width)?;
-        d.set_item("reverse", self.index.has_reverse())?;
+        d.set_item("tokens", index.total_tokens())?;
+        d.set_item("documents", index.num_docs())?;
+        d.set_item("shards", index.shards().len())?;
+        d.set_item("token_width", index.header().token_width)?;
+        d.set_item("reverse", index.has_reverse())?;
         d.set_item(
             "format",
-            match self.index.shards().first().map(|s| s.layout()) {
+            match index.shards().first().map(|s| s.layout()) {
                 Some(Layout::InfiniGram) => "infini-gram",
                 _ => "infgram",
             },
@@ -175,7 +311,8 @@ impl Index {
     /// `fingerprint`, `vocab_size`), `separator`, `token_width` and `shard_infos` (each
     /// shard's `[tokens, documents]`, separators counted in tokens).
     fn identity(&self, py: Python<'_>) -> Ans {
-        let h = self.index.header();
+        let index = self.local("identity")?;
+        let h = index.header();
         let d = PyDict::new(py);
         d.set_item("header_crc32", h.header_crc32)?;
         let t = PyDict::new(py);
@@ -183,10 +320,9 @@ impl Index {
         t.set_item("fingerprint", &h.tokenizer.fingerprint)?;
         t.set_item("vocab_size", h.tokenizer.vocab_size)?;
         d.set_item("tokenizer", t)?;
-        d.set_item("separator", self.index.separator())?;
+        d.set_item("separator", index.separator())?;
         d.set_item("token_width", h.token_width)?;
-        let infos: Vec<(u64, u64)> = self
-            .index
+        let infos: Vec<(u64, u64)> = index
             .infos()
             .iter()
             .map(|i| (i.tokens, i.documents))
@@ -203,7 +339,8 @@ impl Index {
         py: Python<'_>,
         requests: Vec<(usize, String)>,
     ) -> PyResult<Vec<String>> {
-        py.detach(|| remote::answer_json(&self.index, &requests))
+        let index = self.local("answering shard queries")?;
+        py.detach(|| remote::answer_json(index, &requests))
             .map_err(|e| PyValueError::new_err(e.to_string()))
     }
 
@@ -240,16 +377,26 @@ impl Index {
             seed,
             guard,
         };
-        let index = self.index.clone();
-        args.run(py, self.tok.clone(), move |tok| {
-            infgram::service::Resources::index(index, tok)
-        })
+        match &self.over {
+            Over::Local(index) => {
+                let index = index.clone();
+                args.run(py, self.tok.clone(), move |tok| {
+                    infgram::service::Resources::index(index, tok)
+                })
+            }
+            Over::Remote(shards) => {
+                let shards: infgram::service::shards::SharedShards = shards.clone();
+                args.run(py, self.tok.clone(), move |tok| {
+                    infgram::service::Resources::shards(shards, tok)
+                })
+            }
+        }
     }
 
     /// Every position's ∞-gram next-token distribution of `tokens` (u32 little-endian bytes)
     /// in one call, with its suffix length, count and distinct continuations (see
     /// `infgram.Index.infgram_rows`). Releases the GIL.
-    #[pyo3(signature = (tokens, window=infgram::ngram::batch::ROWS_WINDOW, end_token=None, vocab=None, estimator_json=None))]
+    #[pyo3(signature = (tokens, window=infgram::service::rows::ROWS_WINDOW, end_token=None, vocab=None, estimator_json=None))]
     fn infgram_rows(
         &self,
         py: Python<'_>,
@@ -261,7 +408,7 @@ impl Index {
     ) -> PyResult<rows::InfgramRows> {
         rows::compute(
             py,
-            &self.index,
+            self.local("infgram_rows")?,
             tokens,
             window,
             end_token,
@@ -285,20 +432,23 @@ impl Index {
         discount_fallback: Option<[f64; 3]>,
     ) -> PyResult<NgramModel> {
         let spec = match estimator {
-            "mkn" => infgram::ngram::EstimatorSpec::Mkn { order },
-            "add_alpha" | "add-alpha" => infgram::ngram::EstimatorSpec::AddAlpha { order, alpha },
+            "mkn" => infgram::service::request::EstimatorSpec::Mkn { order },
+            "add_alpha" | "add-alpha" => {
+                infgram::service::request::EstimatorSpec::AddAlpha { order, alpha }
+            }
             other => {
                 return Err(PyValueError::new_err(format!(
                     "estimator {other:?}: a fixed-order model is \"mkn\" or \"add_alpha\""
                 )))
             }
         };
+        let index = self.local("ngram_model")?;
         let model = py
-            .detach(|| spec.classic(&*self.index, discount_fallback))
+            .detach(|| spec.classic(&**index, discount_fallback))
             .map_err(|e| PyValueError::new_err(e.to_string()))?
             .ok_or_else(|| PyValueError::new_err("not a fixed-order model"))?;
         Ok(NgramModel {
-            index: self.index.clone(),
+            index: index.clone(),
             tok: self.tok.clone(),
             model,
         })
@@ -318,20 +468,28 @@ impl Index {
         context: Option<usize>,
     ) -> Ans {
         use infgram::service::request::defaults;
+        use infgram::service::score::{score_over, Document, ScoreReport, ScoreRequest};
         let invalid = |e: infgram::Error| {
             PyValueError::new_err(
                 e.rename_field(&[("estimator.k", "k"), ("estimator.decay", "decay")])
                     .to_string(),
             )
         };
-        let est = infgram::ngram::EstimatorSpec::Sbis { k, decay }
-            .estimator()
-            .map_err(invalid)?;
-        let context = context.unwrap_or(defaults::CONTEXT);
-        let ids = self.tokenize(text)?;
+        let mut req = ScoreRequest::new(vec![Document {
+            name: "text".into(),
+            text: text.to_string(),
+        }]);
+        req.estimator = infgram::service::request::EstimatorSpec::Sbis { k, decay };
+        req.context = context.unwrap_or(defaults::CONTEXT);
+        let index = self.local("perplexity")?;
         let report = py
-            .detach(|| infgram::eval::ngram::perplexity(&self.index, &ids, &est, context, None))
+            .detach(|| score_over(index, self.tok.as_ref(), &req))
             .map_err(invalid)?;
+        let ScoreReport::Infgram { report, .. } = report else {
+            return Err(PyRuntimeError::new_err(
+                "an SBIS scoring gave another report",
+            ));
+        };
         let v =
             serde_json::to_value(&report).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
         to_py(py, &v)

@@ -11,8 +11,8 @@
 //!
 //! Rooms: `engine` (`InfiniGramEngine`), `index` (`Index`), `drafter` (`Drafter`: drafts for
 //! another engine's speculative loop), `ngram_model` (`NgramModel`),
-//! `build` (building indexes), `remote` (`RemoteIndex` and the shards a Python callable
-//! answers), `rows` (`InfgramRows`); this file holds the conversions they share and the
+//! `build` (building indexes), `remote` (the shards a Python callable answers, for an
+//! `Index` over shards held elsewhere), `rows` (`InfgramRows`); this file holds the conversions they share and the
 //! module's registration. The library is reached through `infgram::service` (generation,
 //! queries, the infini-gram API) without the HTTP server's crates.
 
@@ -27,13 +27,12 @@ mod rows;
 use engine::*;
 use index::*;
 use ngram_model::*;
-use remote::RemoteIndex;
 
-use infgram::index::partial::{self as ask, ShardAnswer, ShardInfo, ShardQuery, Shards};
-use infgram::index::query::{Document, NtdResult, ProbResult};
-use infgram::index::Layout;
 use infgram::service::query::defaults;
-use infgram::tokenizer::Tokenizer;
+use infgram::service::shards::Layout;
+use infgram::service::shards::{partial as ask, ShardAnswer, ShardInfo, ShardQuery, Shards};
+use infgram::service::shards::{Document, NtdResult, ProbResult};
+use infgram::service::Tokenizer;
 use memmap2::Mmap;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -41,7 +40,7 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-type Idx = infgram::Index<Mmap>;
+type Idx = infgram::service::Index<Mmap>;
 type Ans = PyResult<Py<PyAny>>;
 
 /// `{"error": message}`, infini-gram's way of refusing a query.
@@ -143,7 +142,7 @@ fn to_py(py: Python<'_>, v: &serde_json::Value) -> Ans {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<InfiniGramEngine>()?;
     m.add_class::<Index>()?;
-    m.add_class::<RemoteIndex>()?;
+    m.add_function(wrap_pyfunction!(remote::remote_index, m)?)?;
     m.add_class::<NgramModel>()?;
     m.add_class::<drafter::Drafter>()?;
     m.add_class::<drafter::Draft>()?;

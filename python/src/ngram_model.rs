@@ -9,7 +9,7 @@ pub struct NgramModel {
     pub(crate) index: Arc<Idx>,
     /// The index's tokenizer (shared with its `Index`).
     pub(crate) tok: Arc<dyn Tokenizer>,
-    pub(crate) model: infgram::ngram::classic::ClassicModel,
+    pub(crate) model: infgram::service::score::ClassicModel,
 }
 
 #[pymethods]
@@ -52,16 +52,13 @@ impl NgramModel {
     /// Writes the model (mkn) in ARPA format to `path`; returns `{ngrams, seconds}`.
     fn export_arpa(&self, py: Python<'_>, path: PathBuf) -> Ans {
         let summary = py
-            .detach(|| -> infgram::Result<_> {
-                use infgram::output_file::{write_file, Accept};
-                write_file(&path, Accept::Streams, |out| {
-                    infgram::ngram::arpa::write_arpa(
-                        &self.model,
-                        &self.index,
-                        self.tok.as_ref(),
-                        out,
-                    )
-                })
+            .detach(|| {
+                infgram::service::score::write_arpa_file(
+                    &self.index,
+                    &self.model,
+                    self.tok.as_ref(),
+                    &path,
+                )
             })
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         let v =
@@ -76,12 +73,15 @@ impl NgramModel {
         py: Python<'_>,
         text: &str,
         floor: Option<f64>,
-    ) -> PyResult<infgram::eval::classic::ClassicReport> {
+    ) -> PyResult<infgram::service::score::ClassicReport> {
         py.detach(|| {
-            let sentences = self.model.bos().is_some();
-            let seqs =
-                infgram::eval::classic::scored_sequences(self.tok.as_ref(), text, sentences)?;
-            infgram::eval::classic::score(&self.index, &self.model, &seqs, floor)
+            infgram::service::score::classic_report(
+                &self.index,
+                &self.model,
+                self.tok.as_ref(),
+                text,
+                floor,
+            )
         })
         .map_err(|e| PyValueError::new_err(e.to_string()))
     }

@@ -4,9 +4,8 @@
 //! little-endian bytes; `infgram/__init__.py` wraps them as numpy arrays (no copy). Every call
 //! releases the GIL.
 
-use infgram::mix::Mixer;
-use infgram::ngram::batch::{infgram_rows, Rows, RowsOptions};
-use infgram::ngram::EstimatorSpec;
+use infgram::service::request::EstimatorSpec;
+use infgram::service::rows::{infgram_rows, Mixer, Rows, RowsOptions};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -128,7 +127,7 @@ impl InfgramRows {
     fn lambdas(&self, py: Python<'_>, mixer_json: Option<&str>) -> PyResult<Py<PyAny>> {
         let mixer = mixer_of(mixer_json)?;
         let l = py
-            .detach(|| infgram::mix::lambdas(&self.rows, &mixer))
+            .detach(|| infgram::service::rows::lambdas(&self.rows, &mixer))
             .map_err(invalid)?;
         Ok(le_bytes(py, &l, f64::to_le_bytes))
     }
@@ -139,7 +138,7 @@ impl InfgramRows {
     fn mix(&self, py: Python<'_>, logits: &[u8], mixer_json: Option<&str>) -> PyResult<Py<PyAny>> {
         let mixer = mixer_of(mixer_json)?;
         let mut logits = values(logits, "logits", f32::from_le_bytes)?;
-        py.detach(|| infgram::mix::mix_rows(&self.rows, &mut logits, &mixer))
+        py.detach(|| infgram::service::rows::mix_rows(&self.rows, &mut logits, &mixer))
             .map_err(invalid)?;
         Ok(le_bytes(py, &logits, f32::to_le_bytes))
     }
@@ -159,7 +158,7 @@ impl InfgramRows {
         let targets = values(targets, "targets", u32::from_le_bytes)?;
         let neural = values(neural_logprobs, "neural_logprobs", f32::from_le_bytes)?;
         let mixed = py
-            .detach(|| infgram::mix::mix_targets(&self.rows, &targets, &neural, &mixer))
+            .detach(|| infgram::service::rows::mix_targets(&self.rows, &targets, &neural, &mixer))
             .map_err(invalid)?;
         Ok(le_bytes(py, &mixed, f32::to_le_bytes))
     }

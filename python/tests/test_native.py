@@ -94,3 +94,46 @@ def test_generation_errors_name_python_parameters(tmp_path):
                          ({"max_tokens": 0}, "max_tokens"), ({"k": 0}, "k"), ({"context": 0}, "context")]:
         with pytest.raises(ValueError, match=name):
             ix.generate("the", **kwargs)
+
+
+def test_one_index_class_over_shards_here_or_elsewhere(tmp_path):
+    """`Index(path)` and `Index(ask=...)` over the same shards (here: a local index's own shard
+    server as the callable) answer alike: queries, the infini-gram API, generation. What needs
+    the files (perplexity, rows, n-gram models, identity) is refused over shards held
+    elsewhere, naming what to do; the old `RemoteIndex` constructor makes the same class."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the cat sat on the mat. the dog sat on the log. a cat ate. " * 4)
+    infgram.build_index([str(corpus)], str(tmp_path / "idx"), progress=False)
+    local = infgram.Index(str(tmp_path / "idx"))
+    ident = local.identity()
+    remote = infgram.Index(ask=local.answer_shard_queries, shard_infos=ident["shard_infos"],
+                           separator=ident["separator"], tokenizer="bytes",
+                           fingerprint=ident["tokenizer"]["fingerprint"], name="idx")
+    assert isinstance(remote, infgram.Index) and remote.is_remote and not local.is_remote
+    for q in [{"query_type": "count", "text": "sat on"}, {"query_type": "ntd", "text": "the ", "eos_token_id": 0},
+              {"query_type": "prob", "text": "the ca", "cont_text": "t"}, {"query_type": "find", "text": "cat"}]:
+        assert remote.query(q) == local.query(q), q
+    args = {"max_tokens": 30, "seed": 3, "temperature": 1.0, "guard": 8}
+    assert remote.generate("the ", **args) == local.generate("the ", **args)
+    body = json.dumps({"query_type": "count", "query": "cat"}).encode()
+
+    def answer(index):
+        status, text = index.api(body)
+        v = json.loads(text)
+        v.pop("latency", None)
+        return status, v
+
+    assert answer(remote) == answer(local) and answer(local)[1]["count"] == 8
+    assert remote.api(json.dumps({"index": "other", "query_type": "count", "query": "cat"}).encode())[0] == 404
+    for call in [lambda: remote.perplexity("the cat"), lambda: remote.ngram_model(2),
+                 lambda: remote.identity(), lambda: infgram.Drafter(index=remote)]:
+        with pytest.raises(ValueError, match="files here"):
+            call()
+    with pytest.raises(ValueError, match="not both"):
+        infgram.Index(str(tmp_path / "idx"), ask=local.answer_shard_queries)
+    with pytest.raises(ValueError, match="needs ask"):
+        infgram.Index(ask=local.answer_shard_queries)
+    old = infgram._native.RemoteIndex(local.answer_shard_queries, ident["shard_infos"], ident["separator"],
+                                      "bytes", ident["tokenizer"]["fingerprint"])
+    assert isinstance(old, infgram._native.Index) and old.query_json('{"query_type": "count", "text": "cat"}') \
+        == local.query_json('{"query_type": "count", "text": "cat"}')
