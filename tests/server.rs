@@ -1292,6 +1292,52 @@ fn neural_completions_with_a_model_loaded_once() {
     ] {
         assert_eq!(cli[key], v["infgram"][key], "{key}: {cli} {v}");
     }
+    // … and so does a guarded mixture (the mixer's statistics included).
+    let out = output(&[
+        "gen",
+        "--model",
+        "smollm2-135m",
+        "--index",
+        idx.to_str().unwrap(),
+        "--mix",
+        "default",
+        "--guard",
+        "4",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "24",
+        "--raw",
+        "--threads",
+        "1",
+        "--json",
+        "--prompt",
+        prompt,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cli: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let body = json!({"prompt": prompt, "max_tokens": 24, "temperature": 0,
+                      "mode": "mix", "index": "ts", "guard": 4});
+    let (status, v) = server.post("/v1/completions", &body.to_string());
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(cli["text"], v["choices"][0]["text"], "{cli} {v}");
+    assert_eq!(cli["mix"], true, "{cli}");
+    for key in [
+        "token_ids",
+        "tokens",
+        "prompt_tokens",
+        "natural_end",
+        "max_copied_span",
+        "guard_exhausted",
+        "guard_blocked",
+        "mix",
+    ] {
+        assert_eq!(cli[key], v["infgram"][key], "{key}: {cli} {v}");
+    }
     // A client that leaves mid-stream: its generation stops, and the next one runs at once.
     let body = json!({"prompt": prompt, "max_tokens": 2048, "stream": true, "temperature": 0.7,
                       "seed": 3})
