@@ -437,13 +437,20 @@ impl<S: AsRef<[u8]> + Sync> CorpusDrafter<S> {
     fn ranked(&mut self, seq: &[u32], n: usize) -> Result<Vec<(u32, f64)>> {
         let (len, mut scored) = match self.rule {
             CorpusRule::MostFrequent => {
-                let (len, counts) = self.index.infgram_counts(seq)?;
-                let total: u64 = counts.iter().map(|c| c.1).sum::<u64>().max(1);
-                let shares = counts
-                    .into_iter()
-                    .map(|(t, c)| (t, (c as f64 + 0.5) / (total as f64 + 1.0)))
+                // The first level: the longest suffix with a next token (the ∞-gram's), its
+                // counts from the index's counts cache.
+                self.index.check_tokens(seq)?;
+                let levels = self.finder.levels(&self.index, seq, 1, false);
+                let Some(level) = levels.first() else {
+                    return Ok(Vec::new());
+                };
+                let total = level.total.max(1) as f64;
+                let shares = level
+                    .counts
+                    .iter()
+                    .map(|&(t, c)| (t, (c as f64 + 0.5) / (total + 1.0)))
                     .collect();
-                (len, shares)
+                (level.len, shares)
             }
             CorpusRule::Sbis { decay } => {
                 self.index.check_tokens(seq)?;
@@ -626,5 +633,53 @@ mod tests {
         // A one-token match is below min_match: no draft.
         assert!(sbis.propose(&[9, 3], 2).unwrap().tokens.is_empty());
         assert!(frequent.propose(&[42], 2).unwrap().tokens.is_empty());
+    }
+
+    /// The longest-suffix rule reads its level through the counts cache: the same tokens and
+    /// shares as the ∞-gram's counts of the index's query protocol, on random corpora (with
+    /// document ends and several shards) and random contexts.
+    #[test]
+    fn the_longest_suffix_rule_is_the_infgram_counts() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n) as u32
+        };
+        let mut drafted = 0;
+        for round in 0..40 {
+            let spec = crate::tokenizer::TokenizerSpec::synthetic(12);
+            let docs: Vec<Vec<u32>> = (0..1 + next(6))
+                .map(|_| (0..next(40)).map(|_| next(4 + round % 6) + 1).collect())
+                .collect();
+            let shards = 1 + (round as usize % 3);
+            let Ok(index) = Index::from_docs(spec, &docs, shards, true) else {
+                continue;
+            };
+            let index = Arc::new(index);
+            let mut frequent = CorpusDrafter::with_rule(index.clone(), CorpusRule::MostFrequent);
+            for _ in 0..30 {
+                let ctx: Vec<u32> = (0..1 + next(8)).map(|_| next(8) + 1).collect();
+                let got = frequent.ranked(&ctx, 4).unwrap();
+                let (len, counts) = index.infgram_counts(&ctx).unwrap();
+                let total: u64 = counts.iter().map(|c| c.1).sum::<u64>().max(1);
+                let mut want: Vec<(u32, f64)> = counts
+                    .into_iter()
+                    .map(|(t, c)| (t, (c as f64 + 0.5) / (total as f64 + 1.0)))
+                    .collect();
+                if len < frequent.min_match {
+                    want.clear();
+                }
+                want.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+                want.truncate(4);
+                let length = 1.0 - 0.5f64.powi(len.min(60) as i32);
+                let want: Vec<(u32, f64)> =
+                    want.into_iter().map(|(t, p)| (t, p * length)).collect();
+                assert_eq!(got, want, "docs {docs:?} ctx {ctx:?}");
+                drafted += usize::from(!got.is_empty());
+            }
+        }
+        assert!(drafted > 100, "{drafted}");
     }
 }
