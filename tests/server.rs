@@ -1247,38 +1247,41 @@ fn neural_completions_with_a_model_loaded_once() {
     );
     assert_eq!(status, 200);
     // Issue 47: the CLI and the server make one service call for a generation and give one
-    // report: the same request (speculative, guarded) has the same fields through both.
-    let out = output(&[
-        "gen",
-        "--model",
-        "smollm2-135m",
-        "--index",
-        idx.to_str().unwrap(),
-        "--speculative",
-        "--guard",
-        "4",
-        "--temperature",
-        "0",
-        "--max-tokens",
-        "24",
-        "--raw",
-        "--threads",
-        "1",
-        "--json",
-        "--prompt",
-        prompt,
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let cli: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let body = json!({"prompt": prompt, "max_tokens": 24, "temperature": 0,
-                      "mode": "speculative", "index": "ts", "guard": 4});
-    let (status, v) = server.post("/v1/completions", &body.to_string());
-    assert_eq!(status, 200, "{v}");
-    assert_eq!(cli["text"], v["choices"][0]["text"], "{cli} {v}");
+    // report: the same guarded request has the same fields through both. `how` is the CLI's
+    // flags for the HTTP `mode`; both reports come back, their texts checked equal.
+    let cli_and_http = |how: &[&str], mode: &str| {
+        let idx = idx.to_str().unwrap();
+        let mut args = vec!["gen", "--model", "smollm2-135m", "--index", idx];
+        args.extend(how);
+        args.extend([
+            "--guard",
+            "4",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "24",
+            "--raw",
+            "--threads",
+            "1",
+            "--json",
+            "--prompt",
+            prompt,
+        ]);
+        let out = output(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cli: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let body = json!({"prompt": prompt, "max_tokens": 24, "temperature": 0,
+                          "mode": mode, "index": "ts", "guard": 4});
+        let (status, v) = server.post("/v1/completions", &body.to_string());
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(cli["text"], v["choices"][0]["text"], "{cli} {v}");
+        (cli, v)
+    };
+    let (cli, v) = cli_and_http(&["--speculative"], "speculative");
     assert_eq!(cli["text"].as_str().unwrap(), guarded);
     for key in [
         "token_ids",
@@ -1293,38 +1296,7 @@ fn neural_completions_with_a_model_loaded_once() {
         assert_eq!(cli[key], v["infgram"][key], "{key}: {cli} {v}");
     }
     // … and so does a guarded mixture (the mixer's statistics included).
-    let out = output(&[
-        "gen",
-        "--model",
-        "smollm2-135m",
-        "--index",
-        idx.to_str().unwrap(),
-        "--mix",
-        "default",
-        "--guard",
-        "4",
-        "--temperature",
-        "0",
-        "--max-tokens",
-        "24",
-        "--raw",
-        "--threads",
-        "1",
-        "--json",
-        "--prompt",
-        prompt,
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let cli: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let body = json!({"prompt": prompt, "max_tokens": 24, "temperature": 0,
-                      "mode": "mix", "index": "ts", "guard": 4});
-    let (status, v) = server.post("/v1/completions", &body.to_string());
-    assert_eq!(status, 200, "{v}");
-    assert_eq!(cli["text"], v["choices"][0]["text"], "{cli} {v}");
+    let (cli, v) = cli_and_http(&["--mix", "default"], "mix");
     assert_eq!(cli["mix"], true, "{cli}");
     for key in [
         "token_ids",

@@ -130,12 +130,6 @@ fn request(args: &PplArgs) -> Result<ScoreRequest> {
                  scores one text: give one --text"
             );
         }
-        if args.est.spec().is_fixed_order() && matches!(req.reference, Some(Reference::Split(_))) {
-            bail!("a fixed-order model needs --index DIR or --corpus FILES (not --split)");
-        }
-        if args.sentences && !args.est.spec().is_fixed_order() {
-            bail!("--sentences scores with a fixed-order model: pass --estimator mkn or add-alpha");
-        }
         req.estimator = args.est.spec();
     }
     req.discounts = args.discounts.clone();
