@@ -1246,6 +1246,13 @@ fn neural_completions_with_a_model_loaded_once() {
         r#"{"prompt": "the", "mode": "sbis", "index": "small", "max_tokens": 5}"#,
     );
     assert_eq!(status, 200);
+    // Drafts are verified by the model: `speculative` with the index alone is refused, named.
+    let e = server.refused(
+        "/v1/completions",
+        r#"{"prompt": "the", "mode": "sbis", "index": "small", "speculative": true}"#,
+        400,
+    );
+    assert!(e.contains("\"speculative\""), "{e}");
     // Issue 47: the CLI and the server make one service call for a generation and give one
     // report: the same guarded request has the same fields through both. `how` is the CLI's
     // flags for the HTTP `mode`; both reports come back, their texts checked equal.

@@ -9,6 +9,9 @@
 * ``Index.infgram_rows(tokens)`` — every position's ∞-gram next-token distribution of a token
   sequence in one call (numpy arrays), and ``InfgramRows.mix`` / ``mix_targets``: a saved mixer
   applied to your own model's logits (PyTorch, Hugging Face), outside infgram's runtime.
+* ``infgram.Model("smollm2-135m", index=...)`` — a neural model run by infgram: ``generate``
+  (plain, speculative, mixed with the ∞-gram, guarded: the report of ``infgram gen --json``),
+  and ``step`` / ``rollback`` for :func:`infgram.speculative.generate`.
 * ``Index.ngram_model(order, "mkn")`` — a fixed-order model equal to KenLM's ``lmplz`` model
   (``score``, ``perplexity``, ``export_arpa``), or ``"add_alpha"``.
 
@@ -25,7 +28,7 @@ from . import speculative
 
 __version__ = _native.__version__
 __all__ = ["Index", "InfgramRows", "mixer_estimator", "build_index", "build_index_from_ids", "engine",
-           "Drafter", "Draft", "speculative"]
+           "Drafter", "Draft", "speculative", "Model"]
 
 
 class Index(_native.Index):
@@ -69,6 +72,34 @@ class Index(_native.Index):
         spec = None if estimator is None else _json.dumps(estimator)
         native = super().infgram_rows(ids.tobytes(), window, end_token, vocab, spec)
         return InfgramRows(native)
+
+
+if hasattr(_native, "Model"):
+
+    class Model(_native.Model):
+        """A neural model run by infgram (``Model("smollm2-135m", index=..., past_outputs=...)``):
+        ``generate(prompt, speculative=True, mix=True, guard=8, ...)`` returns the report of
+        ``infgram gen --json``; as a ``step`` of :func:`infgram.speculative.generate`,
+        ``model(new_ids)`` feeds tokens after its cache and returns their logits, and
+        ``rollback(length)`` cuts the cache back."""
+
+        def step(self, new_ids: Any) -> Any:
+            """Feeds ``new_ids`` after the cache; returns a ``(len(new_ids), vocab_size)`` float32
+            array of logits (row ``j`` scores the token after ``new_ids[j]``)."""
+            ids = [int(t) for t in new_ids]
+            raw = self.forward_bytes(ids)
+            return _numpy().frombuffer(raw, dtype="<f4").reshape(len(ids), -1)
+
+        __call__ = step
+
+else:  # pragma: no cover - a wheel built without the `neural` feature
+
+    class Model:  # type: ignore[no-redef]
+        """Needs a wheel built with neural models (the default ``neural`` feature)."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            raise ImportError("this infgram wheel was built without neural models: rebuild it "
+                              "with the default features (maturin build)")
 
 
 def _numpy() -> Any:

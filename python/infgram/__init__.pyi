@@ -3,7 +3,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 from . import engine as engine
 from ._native import Index as _NativeIndex, build_index as build_index, build_index_from_ids as build_index_from_ids
-from ._native import Draft as Draft, Drafter as Drafter
+from ._native import Draft as Draft, Drafter as Drafter, Model as _NativeModel
 from . import speculative as speculative
 
 __version__: str
@@ -41,3 +41,7 @@ class InfgramRows:
     def lambdas(self, mixer: Mixer = None) -> Any: ...
     def mix(self, logits: Any, mixer: Mixer = None) -> Any: ...
     def mix_targets(self, targets: Any, neural_logprobs: Any, mixer: Mixer = None) -> Any: ...
+
+class Model(_NativeModel):
+    def step(self, new_ids: Any) -> Any: ...
+    def __call__(self, new_ids: Any) -> Any: ...

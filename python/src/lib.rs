@@ -10,7 +10,8 @@
 //! Every query releases the GIL while it runs, so Python threads query in parallel.
 //!
 //! Rooms: `engine` (`InfiniGramEngine`), `index` (`Index`), `drafter` (`Drafter`: drafts for
-//! another engine's speculative loop), `ngram_model` (`NgramModel`),
+//! another engine's speculative loop), `model` (`Model`: a neural model's generation and its
+//! `step` for a speculative loop; feature `neural`), `ngram_model` (`NgramModel`),
 //! `build` (building indexes), `remote` (the shards a Python callable answers, for an
 //! `Index` over shards held elsewhere), `rows` (`InfgramRows`); this file holds the conversions they share and the
 //! module's registration. The library is reached through `infgram::service` (generation,
@@ -20,6 +21,8 @@ mod build;
 mod drafter;
 mod engine;
 mod index;
+#[cfg(feature = "neural")]
+mod model;
 mod ngram_model;
 mod remote;
 mod rows;
@@ -144,6 +147,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Index>()?;
     m.add_function(wrap_pyfunction!(remote::remote_index, m)?)?;
     m.add_class::<NgramModel>()?;
+    #[cfg(feature = "neural")]
+    m.add_class::<model::Model>()?;
     m.add_class::<drafter::Drafter>()?;
     m.add_class::<drafter::Draft>()?;
     m.add_class::<rows::InfgramRows>()?;

@@ -374,10 +374,7 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
     } = loaded;
     // With --mix the scorer is the mixture of the model and the ∞-gram of --index.
     let mix = match &args.mix {
-        Some(mix) => {
-            let file = (mix.as_os_str() != "default").then_some(mix.as_path());
-            Some(load_mixer(file)?)
-        }
+        Some(mix) => Some(load_mixer(infgram::service::run::mixer_file(mix))?),
         None => None,
     };
     let shown = args.prompt.as_deref().unwrap_or_default();

@@ -6,7 +6,7 @@ use infgram::service::score::{
     score, Agreement, ClassicScore, Discounts, Document, ModelPpl, ModelScoring, PplReport,
     Reference, ScoreReport, ScoreRequest,
 };
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Arguments of `infgram ppl`.
 #[derive(Args, Debug)]
@@ -145,7 +145,7 @@ fn request(args: &PplArgs) -> Result<ScoreRequest> {
         compare: args
             .compare
             .iter()
-            .map(|p| (p.as_os_str() != "default").then(|| p.clone()))
+            .map(|p| infgram::service::run::mixer_file(p).map(Path::to_path_buf))
             .collect(),
         max_overlap: args.max_overlap,
         infgram_ppl: !args.no_infgram_ppl,

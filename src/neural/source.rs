@@ -75,7 +75,10 @@ impl ModelSource {
     }
 
     /// Loads a safetensors model (GGUF files have their own loaders with backend options).
-    pub fn load_safetensors(&self, device: &candle_core::Device) -> Result<Box<dyn LanguageModel>> {
+    pub fn load_safetensors(
+        &self,
+        device: &candle_core::Device,
+    ) -> Result<Box<dyn LanguageModel + Send>> {
         match self {
             ModelSource::Safetensors(dir) => Ok(Box::new(
                 crate::neural::candle::hf::HfLlama::load_on(dir, device)?,

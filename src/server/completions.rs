@@ -100,6 +100,14 @@ pub struct CompletionRequest {
     /// SBIS levels (−1: all).
     #[serde(default)]
     pub k: Option<i64>,
+    /// Verify drafts (prompt lookup, past outputs, the index) with mode `neural` or `mix`
+    /// (mode `speculative` is `neural` with this set).
+    #[serde(default)]
+    pub speculative: bool,
+    /// Also decode without drafts and report both speeds and whether the outputs are the same
+    /// (`infgram gen --compare`; the job takes twice as long).
+    #[serde(default)]
+    pub compare: bool,
 }
 
 /// What the worker sends back while it generates.
@@ -146,6 +154,7 @@ const FIELD_NAMES: &[(&str, &str)] = &[
     ("limits.max_tokens", "\"max_tokens\""),
     ("guard.max_span", "\"guard\""),
     ("scorer.estimator.k", "\"k\""),
+    ("drafters", "\"speculative\""),
 ];
 
 struct Job {
@@ -153,6 +162,8 @@ struct Job {
     /// The request, its prompt already tokenized (within the server's limits).
     req: CheckedRequest,
     mode: Mode,
+    /// Also decode without drafts (`compare`).
+    compare: bool,
     deadline: Instant,
     cancel: Cancel,
     events: UnboundedSender<Event>,
@@ -293,6 +304,7 @@ impl Generator {
             plan,
             req: checked,
             mode,
+            compare: req.compare,
             deadline: Instant::now() + limits.generation_time,
             cancel: Cancel::default(),
             events,
@@ -336,7 +348,7 @@ impl Generator {
             Mode::Neural | Mode::Speculative => Scorer::Model,
             Mode::Mix => Scorer::Mixture,
         };
-        let drafters = if mode == Mode::Speculative {
+        let drafters = if mode == Mode::Speculative || req.speculative {
             vec![
                 DrafterSpec::PromptLookup,
                 DrafterSpec::PastOutputs,
@@ -623,6 +635,7 @@ fn run_job(state: &mut Worker, job: Job) -> Result<Summary, ApiError> {
         plan,
         req,
         mode,
+        compare,
         deadline,
         cancel,
         events,
@@ -642,6 +655,7 @@ fn run_job(state: &mut Worker, job: Job) -> Result<Summary, ApiError> {
     };
     let opts = RunOptions {
         cancel: Some(cancel.clone()),
+        compare,
         ..Default::default()
     };
     let report = match plan {

@@ -3,6 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The model interface a front end drives directly (Python's `Model.step`: feed tokens, read
+/// their logits, cut the cache back).
+pub use crate::lm::LanguageModel;
 #[cfg(feature = "neural")]
 pub use loading::{load_model, LoadedModel};
 
@@ -84,7 +87,7 @@ mod loading {
     /// A loaded neural model with its tokenizer.
     pub struct LoadedModel {
         /// The model.
-        pub model: Box<dyn LanguageModel>,
+        pub model: Box<dyn LanguageModel + Send>,
         /// Its tokenizer.
         pub tokenizer: HfTokenizer,
         /// The GGUF file or model directory it came from.
@@ -114,7 +117,7 @@ mod loading {
             }
             (Device::Cuda, _, _) => crate::neural::candle::cuda::device()?,
         };
-        let model: Box<dyn LanguageModel> = match (&source, opts.backend) {
+        let model: Box<dyn LanguageModel + Send> = match (&source, opts.backend) {
             (ModelSource::Safetensors(_), _) if requantize.is_some() => {
                 return Err(Error::input("--requantize applies to GGUF models only"))
             }

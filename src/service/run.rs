@@ -33,6 +33,12 @@ pub use crate::decode::past::{PastOutputs, PastStats, DEFAULT_BUDGET as PAST_OUT
 pub use crate::decode::Cancel;
 pub use crate::mix::{load_mixer, Mixer};
 
+/// The mixer file a `--mix` value names: `None` for `default`, the built-in mixer (which
+/// [`load_mixer`] loads for `None`).
+pub fn mixer_file(spec: &Path) -> Option<&Path> {
+    (spec.as_os_str() != "default").then_some(spec)
+}
+
 /// Past outputs shared by the generations of a process (drafted from, added to after each),
 /// and the file they are kept in across restarts, if any.
 #[derive(Clone)]

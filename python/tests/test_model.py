@@ -1,0 +1,130 @@
+"""`infgram.Model`: a neural model (SmolLM2-135M, fetched into the cache by `cargo test` on first
+use) run by infgram from Python. One generation request gives one report through the CLI, the
+HTTP server and Python (issue 47), and the model is a `step` of the reference speculative loop
+whose greedy output is plain decoding's (issue 48)."""
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+import infgram
+from infgram import speculative
+from conftest import infgram_binary, served
+
+MODEL = "smollm2-135m"
+CORPUS = (
+    "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
+    "First Citizen:\nYou are all resolved rather to die than to famish?\n\nAll:\nResolved. resolved.\n\n"
+    "First Citizen:\nFirst, you know Caius Marcius is chief enemy to the people.\n\n"
+    "All:\nWe know't, we know't.\n\nFirst Citizen:\nLet us kill him, and we'll have corn at our own "
+    "price. Is't a verdict?\n\nAll:\nNo more talking on't; let it be done: away, away!\n\n"
+)
+PROMPT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\n"
+
+
+@pytest.fixture(scope="module")
+def model_index(tmp_path_factory):
+    """An index of a short corpus in SmolLM2's tokens (the wheel reads the GGUF tokenizer)."""
+    tmp = tmp_path_factory.mktemp("model")
+    corpus = tmp / "c.txt"
+    corpus.write_text(CORPUS * 3)
+    idx = tmp / "idx"
+    infgram.build_index([str(corpus)], str(idx), tokenizer=MODEL, progress=False)
+    return idx
+
+
+# The report's fields that do not depend on timing.
+SAME = ["text", "token_ids", "tokens", "prompt_tokens", "natural_end", "cancelled", "guard_exhausted",
+        "max_copied_span", "guard_blocked", "speculative", "mix", "identical", "acceptance_rate",
+        "mean_accepted", "context_tokens"]
+SAME_STATS = ["passes", "drafted", "accepted", "accepted_by_drafter", "exhausted"]
+
+
+def test_one_model_generation_through_cli_http_and_python(model_index, tmp_path):
+    """Speculative decoding of the guarded mixture, drafting from past outputs too, with
+    `compare`'s plain run: the CLI (`gen --json`), the server (`/v1/completions`, its `infgram`
+    field) and `Model.generate` give the same report. Each front end runs the request twice
+    over its own copy of the past outputs, so the second run drafts from the first's output."""
+    binary = infgram_binary()
+    max_tokens = 24
+    python_past, cli_past, http_past = (tmp_path / f"{n}.past" for n in ("python", "cli", "http"))
+    model = infgram.Model(MODEL, index=str(model_index), past_outputs=str(python_past), threads=1)
+    python = [model.generate(PROMPT, raw=True, max_tokens=max_tokens, temperature=0, speculative=True,
+                             mix=True, guard=4, compare=True) for _ in range(2)]
+    cli = []
+    for _ in range(2):
+        out = subprocess.run(
+            [binary, "gen", "--model", MODEL, "--index", str(model_index), "--speculative", "--mix", "default",
+             "--guard", "4", "--compare", "--past-outputs", str(cli_past), "--temperature", "0",
+             "--max-tokens", str(max_tokens), "--raw", "--threads", "1", "--json", "--prompt", PROMPT],
+            capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        cli.append(json.loads(out.stdout))
+    with served("--model", MODEL, "--threads", "1", "--index", f"ts={model_index}",
+                "--past-outputs", str(http_past)) as server:
+        http = [server.post("/v1/completions", {"prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0,
+                                                "mode": "mix", "speculative": True, "index": "ts", "guard": 4,
+                                                "compare": True}) for _ in range(2)]
+    for run in range(2):
+        p, c, h = python[run], cli[run], http[run]["infgram"]
+        assert p["text"] == http[run]["choices"][0]["text"], run
+        for key in SAME:
+            assert key in p, key
+            assert p.get(key) == c.get(key) == h.get(key, p["text"] if key == "text" else None), (run, key, p, c, h)
+        for key in SAME_STATS:
+            assert p["stats"][key] == c["stats"][key] == h["stats"][key], (run, key)
+        assert p["speculative"] and p["mix"] and p["identical"], p
+    # The second run drafted from the first's output (kept by each front end).
+    assert python[1]["stats"]["accepted_by_drafter"].get("past", 0) > 0, python[1]
+    assert model.past_outputs()["outputs"] == 2
+
+
+def test_model_generate_checks_its_arguments(model_index):
+    model = infgram.Model(MODEL, threads=1)
+    for kwargs, name in [({"temperature": -1.0}, "temperature"), ({"top_p": 0.0}, "top_p"),
+                         ({"max_tokens": 0}, "max_tokens"), ({"draft_max": 0}, "draft_max"),
+                         ({"guard": 0}, "guard"), ({"prompt_ids": [10 ** 9]}, "prompt_ids")]:
+        with pytest.raises(ValueError, match=name):
+            model.generate("Hi" if "prompt_ids" not in kwargs else None, **kwargs)
+    with pytest.raises(ValueError, match="mixing needs an index"):
+        model.generate("Hi", mix=True, max_tokens=2)
+    with pytest.raises(ValueError, match="not both"):
+        model.generate("Hi", speculative=True, drafters=["corpus"])
+    with pytest.raises(ValueError, match="drafter"):
+        model.generate("Hi", drafters=["telepathy"])
+    with pytest.raises(ValueError, match="device"):
+        infgram.Model(MODEL, device="tpu")
+    # An index in other tokens is refused when the model is made, naming the tokenizer.
+    other = model_index.parent / "bytes-idx"
+    (model_index.parent / "b.txt").write_text(CORPUS)
+    infgram.build_index([str(model_index.parent / "b.txt")], str(other), progress=False)
+    with pytest.raises(ValueError, match="tokenizer"):
+        infgram.Model(MODEL, index=str(other))
+
+
+def test_infgram_model_steps_the_reference_loop(model_index):
+    """`Model` as `speculative.generate`'s step: plain and speculative greedy decoding give
+    `Model.generate`'s plain greedy output, token for token."""
+    model = infgram.Model(MODEL, threads=1)
+    ids = model.prompt_ids(PROMPT, raw=True)
+    want = model.generate(prompt_ids=ids, temperature=0, max_tokens=32)["token_ids"]
+    drafter = infgram.Drafter(index=infgram.Index(str(model_index)))
+    for d in (None, drafter):
+        model.reset()
+        stats = {}
+        got = speculative.generate(model, ids, d, max_tokens=32, eos_ids=model.eos_ids, stats=stats)
+        assert got == want, (d, got, want)
+        if d is not None:
+            assert stats["accepted"] > 0 and stats["passes"] < len(want), stats
+    # The rows are the model's logits: one per fed token, argmax the greedy token.
+    model.reset()
+    rows = model.step(ids)
+    assert rows.shape == (len(ids), model.vocab_size) and rows.dtype == np.float32
+    assert int(rows[-1].argmax()) == want[0]
+    assert model.cache_len == len(ids)
+    model.rollback(1)
+    assert model.cache_len == 1
+    with pytest.raises(ValueError, match="cache holds"):
+        model.rollback(5)
