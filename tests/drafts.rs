@@ -9,7 +9,7 @@ use infgram::index::pipeline::{build_index, BuildOptions};
 use infgram::ngram::{Estimator, InfgramModel};
 use infgram::service::drafts::Drafts;
 use infgram::service::generate::{drafters, AssemblyOptions};
-use infgram::service::request::DrafterSpec;
+use infgram::service::request::{CorpusRule, DrafterSpec};
 use infgram::service::PastStore;
 use infgram::tokenizer::{ByteTokenizer, Tokenizer};
 use infgram::Index;
@@ -60,6 +60,7 @@ fn corpus(
 /// Greedy decoding with the ∞-gram of `scorer` as the model and prompt lookup plus the corpus
 /// of `drafting` as drafters, then the same passes replayed through a drafting session: each
 /// pass's draft has the decode loop's length and drafter, and as many of its tokens are kept.
+/// The cases alternate the corpus drafter's two rules.
 #[test]
 fn a_session_drafts_what_the_decode_loop_drafts() {
     let tmp = tempfile::tempdir().unwrap();
@@ -77,8 +78,13 @@ fn a_session_drafts_what_the_decode_loop_drafts() {
             DrafterSpec::PastOutputs,
             DrafterSpec::Corpus,
         ];
+        let rule = match case % 2 {
+            0 => CorpusRule::Sbis,
+            _ => CorpusRule::LongestSuffix,
+        };
         let opts = AssemblyOptions {
             drafters: specs,
+            corpus_rule: rule,
             drafting_index: Some(drafting.clone()),
             repetition_penalty: 1.0,
             guard: None,
@@ -109,7 +115,7 @@ fn a_session_drafts_what_the_decode_loop_drafts() {
             |_| {},
         )
         .unwrap();
-        let drafts = Drafts::new(Some(drafting.clone()), None, true).unwrap();
+        let drafts = Drafts::new(Some(drafting.clone()), None, true, rule).unwrap();
         drafts.start("r", &prompt).unwrap();
         for pass in &stats.trace {
             let budget = max_tokens - pass.at;
@@ -155,7 +161,7 @@ fn a_tree_is_a_main_chain_with_branches() {
     let past = PastOutputs::shared(1 << 12);
     infgram::decode::past::remember(&past, &ByteTokenizer.encode(&texts[3]).unwrap());
     let store = PastStore::new(past, None, &ByteTokenizer);
-    let drafts = Drafts::new(Some(index), Some(store), true).unwrap();
+    let drafts = Drafts::new(Some(index), Some(store), true, Default::default()).unwrap();
     let mut branched = 0;
     for (i, text) in texts.iter().enumerate() {
         let context = ByteTokenizer.encode(&text[..text.len() / 3]).unwrap();
@@ -214,10 +220,10 @@ fn sessions_draft_the_same_from_many_threads() {
         rs.iter().copied().zip(out).collect()
     };
     let n = requests.len();
-    let one = Drafts::new(Some(index.clone()), None, true).unwrap();
+    let one = Drafts::new(Some(index.clone()), None, true, Default::default()).unwrap();
     let all: Vec<usize> = (0..n).collect();
     let alone: Vec<Vec<Vec<u32>>> = run(&one, &all).into_iter().map(|(_, d)| d).collect();
-    let shared = Arc::new(Drafts::new(Some(index), None, true).unwrap());
+    let shared = Arc::new(Drafts::new(Some(index), None, true, Default::default()).unwrap());
     let results: Vec<(usize, Vec<Vec<u32>>)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..32)
             .map(|t| {
@@ -325,7 +331,7 @@ fn an_outside_loop_over_infgrams_model_keeps_plain_decodings_output() {
     )
     .unwrap();
     let index = Arc::new(Index::open(&tmp.path().join("ix")).unwrap());
-    let drafts = Drafts::new(Some(index), None, true).unwrap();
+    let drafts = Drafts::new(Some(index), None, true, Default::default()).unwrap();
     for prompt in [
         "Repeat exactly: First Citizen:\nBefore we proceed any further, hear me speak.\n",
         "First Citizen:\nBefore we proceed",

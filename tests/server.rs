@@ -1113,6 +1113,7 @@ fn neural_completions_with_a_model_loaded_once() {
             } else {
                 Vec::new()
             },
+            corpus_rule: Default::default(),
             guard: guard.map(|max_span| GuardSpec {
                 max_span,
                 ignore_prompt: false,
@@ -1523,7 +1524,7 @@ fn drafts_route_answers_the_library_drafts() {
     let idx = small_index(tmp.path());
     let server = Server::start(&["--index", &format!("small={}", idx.display()), "--quiet"]);
     let index = Arc::new(infgram::Index::open(&idx).unwrap());
-    let library = Drafts::new(Some(index.clone()), None, true).unwrap();
+    let library = Drafts::new(Some(index.clone()), None, true, Default::default()).unwrap();
     let text = infgram::tokenizer::ByteTokenizer
         .encode("the cat sat on the mat the dog ran on a log the cat sat on")
         .unwrap();

@@ -106,6 +106,8 @@ def main():
                     help="a tokenizer.json for the index (a wheel without `neural` cannot read a GGUF's)")
     ap.add_argument("--prompt-chars", type=int, default=1500)
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--corpus-rule", default="sbis", choices=["sbis", "longest_suffix"],
+                    help="how the corpus index drafts (the server gets the same)")
     args = ap.parse_args()
     index = infgram.Index(args.index, tokenizer=args.tokenizer)
     if args.model:
@@ -117,7 +119,7 @@ def main():
         requests = held_out_requests(index, args.held_out, args.requests)
     rows = []
     for label, drafter in (("prompt lookup alone", infgram.Drafter()),
-                           ("prompt lookup + corpus index", infgram.Drafter(index=index))):
+                           ("prompt lookup + corpus index", infgram.Drafter(index=index, corpus_rule=args.corpus_rule))):
         dt, et = [], []
         mean, per_step = simulate(drafter, requests, dt, et)
         rows.append((label, pct(dt, 0.5), pct(dt, 0.9), pct(et, 0.5), pct(et, 0.9), mean, per_step, len(dt)))
@@ -129,7 +131,7 @@ def main():
         print(f"| {r[0]} | {r[1]:.1f} | {r[2]:.1f} | {r[3]:.1f} | {r[4]:.1f} | {r[5]:.2f} | {r[6]:.2f} | {r[7]} |")
     if args.binary:
         server = subprocess.Popen([args.binary, "serve", "--addr", "127.0.0.1:0", "--index", f"ix={args.index}",
-                                   "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                   "--corpus-rule", args.corpus_rule.replace("_", "-"), "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
             addr = None
             for _ in range(200):

@@ -64,6 +64,15 @@ impl From<infgram::service::drafts::SessionDraft> for Draft {
     }
 }
 
+/// A corpus rule by its name (`"sbis"`, `"longest_suffix"`).
+pub(crate) fn corpus_rule_named(name: &str) -> PyResult<infgram::service::drafts::CorpusRule> {
+    serde_json::from_value(serde_json::Value::String(name.to_string())).map_err(|_| {
+        PyValueError::new_err(format!(
+            "corpus_rule {name:?}: give \"sbis\" or \"longest_suffix\""
+        ))
+    })
+}
+
 /// A library error as Python's exception: a missing request is a `KeyError`, the rest
 /// `ValueError`.
 fn py_err(e: infgram::Error) -> PyErr {
@@ -84,16 +93,21 @@ impl Drafter {
     /// `index`: an `Index` to draft from (the corpus, built with the engine's tokenizer);
     /// `past_outputs`: a file of past outputs (created on first use, written after each
     /// `finish`), in the tokens of `index`'s tokenizer or of `tokenizer` (a short model name,
-    /// `bytes`, or a tokenizer file); `prompt_lookup`: draft from the request's own context.
+    /// `bytes`, or a tokenizer file); `prompt_lookup`: draft from the request's own context;
+    /// `corpus_rule`: how the index drafts, `"sbis"` (the SBIS argmax) or `"longest_suffix"`
+    /// (the longest matching suffix's most frequent continuation: cheaper, and better on a
+    /// large corpus).
     #[new]
-    #[pyo3(signature = (index=None, past_outputs=None, prompt_lookup=true, tokenizer=None))]
+    #[pyo3(signature = (index=None, past_outputs=None, prompt_lookup=true, tokenizer=None, corpus_rule="sbis"))]
     fn new(
         py: Python<'_>,
         index: Option<PyRef<'_, Index>>,
         past_outputs: Option<PathBuf>,
         prompt_lookup: bool,
         tokenizer: Option<String>,
+        corpus_rule: &str,
     ) -> PyResult<Self> {
+        let corpus_rule = corpus_rule_named(corpus_rule)?;
         let (opened, index_tok) = match &index {
             Some(i) => (
                 Some(i.local("drafting from a corpus")?.clone()),
@@ -124,7 +138,7 @@ impl Drafter {
                         )?)
                     }
                 };
-                Drafts::new(opened, past, prompt_lookup)
+                Drafts::new(opened, past, prompt_lookup, corpus_rule)
             })
             .map_err(py_err)?;
         Ok(Drafter {

@@ -154,12 +154,13 @@ impl Model {
     /// Generates from `prompt` (text: as the user's turn of the model's chat template unless
     /// `raw` or a base model) or `prompt_ids`. `speculative`: the model verifies drafts from
     /// prompt lookup, the past outputs and the index (or the `drafters` named: `"prompt_lookup"`,
-    /// `"past_outputs"`, `"corpus"`); `mix`: the mixture of the model and the ∞-gram of the
+    /// `"past_outputs"`, `"corpus"`; `corpus_rule`: how the index drafts, `"sbis"` or
+    /// `"longest_suffix"`); `mix`: the mixture of the model and the ∞-gram of the
     /// index scores; `guard`: the longest span of the guard's index the output may repeat;
     /// `compare`: also decode without drafts and report both speeds and whether the outputs are
     /// the same. Every parameter left out takes the library's default (those of `infgram gen`
     /// and the server). Returns the report `infgram gen --json` prints, as a dict.
-    #[pyo3(signature = (prompt=None, *, prompt_ids=None, max_tokens=None, temperature=None, top_p=None, top_k=None, seed=None, repetition_penalty=None, speculative=false, drafters=None, mix=false, guard=None, guard_ignore_prompt=false, draft_max=None, draft_trees=false, compare=false, raw=false))]
+    #[pyo3(signature = (prompt=None, *, prompt_ids=None, max_tokens=None, temperature=None, top_p=None, top_k=None, seed=None, repetition_penalty=None, speculative=false, drafters=None, mix=false, guard=None, guard_ignore_prompt=false, draft_max=None, draft_trees=false, corpus_rule="sbis", compare=false, raw=false))]
     #[allow(clippy::too_many_arguments)]
     fn generate(
         &self,
@@ -179,9 +180,11 @@ impl Model {
         guard_ignore_prompt: bool,
         draft_max: Option<usize>,
         draft_trees: bool,
+        corpus_rule: &str,
         compare: bool,
         raw: bool,
     ) -> Ans {
+        let corpus_rule = crate::drafter::corpus_rule_named(corpus_rule)?;
         let drafters = match (drafters, speculative) {
             (Some(_), true) => {
                 return Err(PyValueError::new_err(
@@ -215,6 +218,7 @@ impl Model {
             prompt: prompt.unwrap_or_default(),
             scorer: if mix { Scorer::Mixture } else { Scorer::Model },
             drafters,
+            corpus_rule,
             guard: guard.map(|max_span| GuardSpec {
                 max_span,
                 ignore_prompt: guard_ignore_prompt,

@@ -83,16 +83,20 @@ def test_sampled_speculative_keeps_the_distribution():
     assert tv_plain < 0.06 and tv_spec < 0.06, (tv_plain, tv_spec)
 
 
-def test_python_drafts_are_the_http_route_drafts(tmp_path):
+@pytest.mark.parametrize("rule", ["sbis", "longest_suffix"])
+def test_python_drafts_are_the_http_route_drafts(tmp_path, rule):
+    """Under either corpus rule (the server's --corpus-rule, the Drafter's corpus_rule)."""
     corpus = tmp_path / "c.txt"
     corpus.write_text("the cat sat on the mat and the dog sat on the log. the cat ran. " * 20)
     idx = tmp_path / "idx"
     infgram.build_index([str(corpus)], str(idx), progress=False)
     index = infgram.Index(str(idx))
-    drafter = infgram.Drafter(index=index)
+    drafter = infgram.Drafter(index=index, corpus_rule=rule)
     text = index.tokenize("the cat sat on the mat and the dog sat on the log. the cat ran. the dog sat")
     rng = np.random.default_rng(5)
-    with served("--index", f"t={idx}") as server:
+    with pytest.raises(ValueError, match="longest_suffix"):
+        infgram.Drafter(index=index, corpus_rule="shortest")
+    with served("--index", f"t={idx}", "--corpus-rule", rule.replace("_", "-")) as server:
         for case in range(30):
             cut = int(rng.integers(2, len(text)))
             max_tokens, tree = int(rng.integers(1, 17)), bool(case % 2)

@@ -5,8 +5,8 @@ use anyhow::Result;
 use clap::Args;
 use infgram::service::files::Accept;
 use infgram::service::request::{
-    CheckedRequest, DrafterSpec, GenLimits, GenerateRequest, GuardSpec, Prompt, Sampling, Scorer,
-    MAX_GEN_TOKENS,
+    CheckedRequest, CorpusRule, DrafterSpec, GenLimits, GenerateRequest, GuardSpec, Prompt,
+    Sampling, Scorer, MAX_GEN_TOKENS,
 };
 use infgram::service::run::{generate, Copying};
 use infgram::service::{Resources, RunOptions};
@@ -81,6 +81,10 @@ pub struct GenArgs {
     /// With --speculative: longest draft verified in one pass (default 16).
     #[arg(long)]
     pub draft_max: Option<usize>,
+    /// With --speculative and --index: how the index drafts: the SBIS argmax, or the longest
+    /// matching suffix's most frequent continuation (cheaper; better on a large corpus).
+    #[arg(long, value_enum, default_value = "sbis", requires = "speculative")]
+    pub corpus_rule: CorpusRule,
     /// With --model: also decode without drafts and print both speeds, the ratio, and whether
     /// the outputs are identical.
     #[arg(long, requires = "model")]
@@ -138,6 +142,7 @@ impl GenArgs {
             prompt: prompt.map(Prompt::Text).unwrap_or_default(),
             scorer,
             drafters,
+            corpus_rule: self.corpus_rule,
             guard: self.guard.map(|max_span| GuardSpec {
                 max_span,
                 ignore_prompt: self.guard_ignore_prompt,

@@ -69,6 +69,11 @@ pub struct ServeArgs {
     /// after every completion; a file written with another tokenizer is refused and kept).
     #[arg(long, value_name = "FILE")]
     pub past_outputs: Option<PathBuf>,
+    /// How `POST /v1/drafts` drafts from an index: the SBIS argmax, or the longest matching
+    /// suffix's most frequent continuation (cheaper; better on a large corpus). A completion
+    /// names its own (`corpus_rule`).
+    #[arg(long, value_enum, default_value = "sbis")]
+    pub corpus_rule: infgram::service::request::CorpusRule,
     #[command(flatten)]
     pub model_args: super::ModelArgs,
 }
@@ -152,6 +157,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         limits,
         log_requests: !args.quiet,
         past_outputs_file: args.past_outputs.clone(),
+        corpus_rule: args.corpus_rule,
     };
     infgram::server::serve(config, |server| {
         eprintln!(

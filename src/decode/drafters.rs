@@ -15,8 +15,9 @@
 
 use super::{Draft, Drafter};
 use crate::error::Result;
+use crate::index::query::Occ;
 use crate::index::Index;
-use crate::ngram::levels::LevelFinder;
+use crate::ngram::levels::{Level, LevelFinder};
 use crate::ngram::sbis::sbis_distribution;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -106,8 +107,10 @@ struct CopyState {
 pub struct PromptLookup {
     /// Longest suffix matched (the index keys n-grams of 1..=max_ngram tokens).
     max_ngram: usize,
-    /// n-gram hash → positions of the token that followed each occurrence.
-    followers: HashMap<u64, Vec<u32>>,
+    /// n-gram hash → positions of the token that followed each occurrence (hashed again by
+    /// foldhash: every draft token and every new token looks up or adds `max_ngram` keys, and
+    /// std's SipHash cost more than the rest of the lookup).
+    followers: HashMap<u64, Vec<u32>, foldhash::fast::RandomState>,
     /// Tokens indexed so far (a prefix of the context).
     indexed: Vec<u32>,
     /// The copy the context is making, if any.
@@ -118,7 +121,7 @@ impl PromptLookup {
     pub fn new(max_ngram: usize) -> Self {
         PromptLookup {
             max_ngram: max_ngram.max(1),
-            followers: HashMap::new(),
+            followers: HashMap::default(),
             indexed: Vec::new(),
             copy: CopyState::default(),
         }
@@ -404,12 +407,30 @@ pub enum CorpusRule {
     MostFrequent,
 }
 
+/// Where the longest-suffix rule stands in a draft: the sequence drafted from so far, the
+/// length of its level's suffix, and each shard's forward suffix-array range of that suffix
+/// (found on the first step that needs it).
+///
+/// The next step's sequence is this one plus the token drafted, `t`, one of the level's
+/// continuations, so the suffix followed by `t` occurs, and no longer suffix of the new
+/// sequence does (it would make a longer level of this one). Its occurrences are those of the
+/// level's suffix narrowed by `t`: one binary search in a small range per shard, where a
+/// search anew narrows the reversed suffix array once per token of the match. Only when none
+/// of them has a next token (each at a document's end) is the new level searched for.
+struct Chain {
+    seq: Vec<u32>,
+    len: usize,
+    ranges: Option<Vec<crate::index::Range>>,
+}
+
 /// Drafts from an ∞-gram index of a corpus in the model's tokens. It keeps one level finder
 /// (and its counts cache) across drafts.
 pub struct CorpusDrafter<S: AsRef<[u8]> + Sync> {
     index: Arc<Index<S>>,
     finder: LevelFinder,
     rule: CorpusRule,
+    /// The longest-suffix rule's place in the draft being grown.
+    chain: Option<Chain>,
     /// Shortest suffix match worth drafting from.
     min_match: usize,
     /// The context is cut to its last this many tokens before matching.
@@ -427,9 +448,40 @@ impl<S: AsRef<[u8]> + Sync> CorpusDrafter<S> {
             index,
             finder: LevelFinder::new(false),
             rule,
+            chain: None,
             min_match: 2,
             max_context: 64,
         }
+    }
+
+    /// The longest-suffix level of `seq` from the last step's ([`Chain`]), with each shard's
+    /// range of its suffix, when `seq` is the last step's sequence plus one token and one of
+    /// the narrowed occurrences has a next token; `None`: search (a sequence that does not
+    /// extend the last one by one token included).
+    fn chained(&mut self, seq: &[u32]) -> Option<(Level, Vec<crate::index::Range>)> {
+        let chain = self.chain.take()?;
+        let (&t, _) = seq.split_last()?;
+        if chain.seq.len() + 1 != seq.len() || !seq.starts_with(&chain.seq) {
+            return None;
+        }
+        let shards = self.index.shards();
+        let last = &seq[seq.len() - 1 - chain.len..seq.len() - 1];
+        let ranges = match chain.ranges {
+            Some(r) => r,
+            None => shards.iter().map(|sh| sh.find(last)).collect(),
+        };
+        let narrowed: Vec<crate::index::Range> = shards
+            .iter()
+            .zip(&ranges)
+            .map(|(sh, &r)| match r.0 < r.1 {
+                true => sh.narrow(r, chain.len, t),
+                false => r,
+            })
+            .collect();
+        let q = &seq[seq.len() - 1 - chain.len..];
+        let occs = narrowed.iter().map(|&r| Some(Occ::Fwd(r)));
+        let level = self.finder.level_of(&self.index, occs, q)?;
+        Some((level, narrowed))
     }
 
     /// The `n` likeliest next tokens after `seq` with their confidences, best first (ties to
@@ -438,12 +490,25 @@ impl<S: AsRef<[u8]> + Sync> CorpusDrafter<S> {
         let (len, mut scored) = match self.rule {
             CorpusRule::MostFrequent => {
                 // The first level: the longest suffix with a next token (the ∞-gram's), its
-                // counts from the index's counts cache.
-                self.index.check_tokens(seq)?;
-                let levels = self.finder.levels(&self.index, seq, 1, false);
-                let Some(level) = levels.first() else {
-                    return Ok(Vec::new());
+                // counts from the index's counts cache; after a drafted token, from the last
+                // step's level ([`Chain`]).
+                let (level, ranges) = match self.chained(seq) {
+                    Some((level, ranges)) => (level, Some(ranges)),
+                    None => {
+                        self.index.check_tokens(seq)?;
+                        let levels = self.finder.levels(&self.index, seq, 1, false);
+                        let Some(level) = levels.into_iter().next() else {
+                            return Ok(Vec::new());
+                        };
+                        (level, None)
+                    }
                 };
+                self.chain = Some(Chain {
+                    seq: seq.to_vec(),
+                    len: level.len,
+                    ranges,
+                });
+                let level = &level;
                 let total = level.total.max(1) as f64;
                 let shares = level
                     .counts
@@ -479,14 +544,21 @@ impl<S: AsRef<[u8]> + Sync> CorpusDrafter<S> {
 impl<S: AsRef<[u8]> + Send + Sync> Drafter for CorpusDrafter<S> {
     fn propose(&mut self, context: &[u32], max: usize) -> Result<Draft> {
         let from = context.len().saturating_sub(self.max_context);
-        grow_draft(context[from..].to_vec(), max, |seq| {
+        // The chain holds within one draft, whose every step adds the token just drafted.
+        self.chain = None;
+        let draft = grow_draft(context[from..].to_vec(), max, |seq| {
             Ok(self.ranked(seq, 1)?.into_iter().next())
-        })
+        });
+        self.chain = None;
+        draft
     }
 
     fn alternatives(&mut self, context: &[u32], n: usize) -> Result<Vec<(u32, f64)>> {
         let from = context.len().saturating_sub(self.max_context);
-        self.ranked(&context[from..], n)
+        self.chain = None;
+        let ranked = self.ranked(&context[from..], n);
+        self.chain = None;
+        ranked
     }
 
     fn name(&self) -> &str {
@@ -681,5 +753,65 @@ mod tests {
             }
         }
         assert!(drafted > 100, "{drafted}");
+    }
+
+    /// A draft under the longest-suffix rule follows its level from step to step ([`Chain`]):
+    /// the same tokens and confidences as searching every step anew, on random corpora (with
+    /// document ends, several shards, one token's copies only at a document's end).
+    #[test]
+    fn a_chained_draft_is_the_draft_searched_anew_each_step() {
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n) as u32
+        };
+        let (mut steps, mut searched_again) = (0, 0);
+        for round in 0..60 {
+            let spec = crate::tokenizer::TokenizerSpec::synthetic(12);
+            let docs: Vec<Vec<u32>> = (0..1 + next(8))
+                .map(|_| (0..next(50)).map(|_| next(3 + round % 5) + 1).collect())
+                .collect();
+            let shards = 1 + (round as usize % 3);
+            let Ok(index) = Index::from_docs(spec, &docs, shards, true) else {
+                continue;
+            };
+            let index = Arc::new(index);
+            let mut chained = CorpusDrafter::with_rule(index.clone(), CorpusRule::MostFrequent);
+            let mut fresh = CorpusDrafter::with_rule(index.clone(), CorpusRule::MostFrequent);
+            for _ in 0..20 {
+                let ctx: Vec<u32> = (0..2 + next(10)).map(|_| next(7) + 1).collect();
+                let draft = chained.propose(&ctx, 12).unwrap();
+                // Step by step, each a search anew (`alternatives` forgets the chain).
+                let mut seq = ctx.clone();
+                let mut want = Draft::default();
+                let mut reach = 1.0;
+                while want.tokens.len() < 12 {
+                    let Some((t, c)) = fresh.alternatives(&seq, 1).unwrap().into_iter().next()
+                    else {
+                        break;
+                    };
+                    want.tokens.push(t);
+                    want.confidence.push(c);
+                    seq.push(t);
+                    reach *= c;
+                    if reach < MIN_REACH {
+                        break;
+                    }
+                }
+                assert_eq!(draft.tokens, want.tokens, "docs {docs:?} ctx {ctx:?}");
+                assert_eq!(
+                    draft.confidence, want.confidence,
+                    "docs {docs:?} ctx {ctx:?}"
+                );
+                steps += draft.tokens.len();
+                searched_again += usize::from(draft.tokens.len() > 1);
+            }
+        }
+        assert!(
+            steps > 500 && searched_again > 100,
+            "{steps} {searched_again}"
+        );
     }
 }

@@ -56,14 +56,23 @@ pub struct Shard<S> {
     byte_order: bool,
     /// Suffix-array pointers count bytes: shift them right by this to get token positions.
     ptr_shift: u32,
-    /// Memo of `RSA` ranges of 1- and 2-token contexts, for 1-byte tokens (see
-    /// [`Shard::rrange_short`]): the first two narrowing steps are the most expensive ones
-    /// (ranges of ~n and ~n/σ), and a byte vocabulary has only 65,536 two-token contexts.
+    /// Memo of `RSA` ranges of 1- and 2-token contexts (see [`Shard::rrange_short`]): the
+    /// first two narrowing steps are the most expensive ones (ranges of ~n and ~n/σ). For
+    /// 1-byte tokens every context has its entry (65,536 two-token contexts); for wider tokens
+    /// each id below 2^16 has one and the pairs share a direct-mapped table.
     short_ranges: std::sync::OnceLock<Box<[AtomicU64]>>,
 }
 
 /// Marks an entry of the short-range memo as not computed yet.
 const UNKNOWN: u64 = u64::MAX;
+
+/// Token ids with a memo entry of their own (wider tokens).
+const WIDE_SINGLES: usize = 1 << 16;
+
+/// Slots of the pair table (wider tokens): each slot is two words, `key << 32 | lo` and
+/// `key << 32 | hi`, so a read that sees another pair's key in either word (a slot being
+/// rewritten) is a miss, never a wrong range.
+const WIDE_PAIR_SLOTS: usize = 1 << 16;
 
 impl<S: AsRef<[u8]>> Shard<S> {
     /// Assembles a shard from its parts; sizes must already be validated.
@@ -471,31 +480,71 @@ impl<S: AsRef<[u8]>> Shard<S> {
     }
 
     /// `RSA` range of the context `[.., x1, x0]` cut to its last one (`x1 = None`) or two
-    /// tokens, memoized for 1-byte tokens; `None` when the memo does not apply.
+    /// tokens, memoized; `None` when the memo does not apply (no `RSA`, a shard of 2^32 tokens
+    /// or more, an id past the memo).
     pub fn rrange_short(&self, x0: u32, x1: Option<u32>) -> Option<Range> {
-        if self.width != 1 || self.rsa.is_none() || self.n >= u32::MAX as usize || x0 > 0xFF {
+        if self.rsa.is_none() || self.n >= u32::MAX as usize {
+            return None;
+        }
+        let narrow = |x1: Option<u32>| {
+            let r1 = self.rnarrow((0, self.n), 0, x0);
+            match x1 {
+                None => r1,
+                Some(x1) => self.rnarrow(r1, 1, x1),
+            }
+        };
+        let pack = |r: Range| ((r.0 as u64) << 32) | r.1 as u64;
+        let unpack = |v: u64| ((v >> 32) as usize, (v & 0xFFFF_FFFF) as usize);
+        if self.width == 1 {
+            let memo = self.short_ranges.get_or_init(|| {
+                (0..256 + 256 * 256)
+                    .map(|_| AtomicU64::new(UNKNOWN))
+                    .collect()
+            });
+            let slot = match x1 {
+                None if x0 <= 0xFF => x0 as usize,
+                Some(x1) if x0 <= 0xFF && x1 <= 0xFF => 256 + ((x0 as usize) << 8 | x1 as usize),
+                _ => return None,
+            };
+            let v = memo[slot].load(AtomicOrdering::Relaxed);
+            if v != UNKNOWN {
+                return Some(unpack(v));
+            }
+            let r = narrow(x1);
+            memo[slot].store(pack(r), AtomicOrdering::Relaxed);
+            return Some(r);
+        }
+        if x0 as usize >= WIDE_SINGLES || x1.is_some_and(|x| x as usize >= WIDE_SINGLES) {
             return None;
         }
         let memo = self.short_ranges.get_or_init(|| {
-            (0..256 + 256 * 256)
+            (0..WIDE_SINGLES + 2 * WIDE_PAIR_SLOTS)
                 .map(|_| AtomicU64::new(UNKNOWN))
                 .collect()
         });
-        let slot = match x1 {
-            None => x0 as usize,
-            Some(x1) if x1 <= 0xFF => 256 + ((x0 as usize) << 8 | x1 as usize),
-            Some(_) => return None,
+        let Some(x1) = x1 else {
+            let v = memo[x0 as usize].load(AtomicOrdering::Relaxed);
+            if v != UNKNOWN {
+                return Some(unpack(v));
+            }
+            let r = narrow(None);
+            memo[x0 as usize].store(pack(r), AtomicOrdering::Relaxed);
+            return Some(r);
         };
-        let v = memo[slot].load(AtomicOrdering::Relaxed);
-        if v != UNKNOWN {
-            return Some(((v >> 32) as usize, (v & 0xFFFF_FFFF) as usize));
+        let key = (x0 as u64) << 16 | x1 as u64;
+        let hash = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 48) as usize % WIDE_PAIR_SLOTS;
+        let (a, b) = (WIDE_SINGLES + 2 * hash, WIDE_SINGLES + 2 * hash + 1);
+        let (lo, hi) = (
+            memo[a].load(AtomicOrdering::Relaxed),
+            memo[b].load(AtomicOrdering::Relaxed),
+        );
+        if lo != UNKNOWN && hi != UNKNOWN && lo >> 32 == key && hi >> 32 == key {
+            return Some(((lo & 0xFFFF_FFFF) as usize, (hi & 0xFFFF_FFFF) as usize));
         }
-        let r1 = self.rnarrow((0, self.n), 0, x0);
-        let r = match x1 {
-            None => r1,
-            Some(x1) => self.rnarrow(r1, 1, x1),
-        };
-        memo[slot].store(((r.0 as u64) << 32) | r.1 as u64, AtomicOrdering::Relaxed);
+        let start = self.rrange_short(x0, None)?;
+        let r = self.rnarrow(start, 1, x1);
+        memo[a].store(key << 32 | r.0 as u64, AtomicOrdering::Relaxed);
+        memo[b].store(key << 32 | r.1 as u64, AtomicOrdering::Relaxed);
         Some(r)
     }
 

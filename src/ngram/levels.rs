@@ -117,13 +117,42 @@ impl LevelFinder {
         l: usize,
         continuation: bool,
     ) -> Arc<Counts> {
-        let q = &ctx[ctx.len() - l..];
+        let occs = per_shard.iter().map(|occs| occs.get(l).copied());
+        self.counts_of(index, occs, &ctx[ctx.len() - l..], continuation)
+    }
+
+    /// The level of `q` given its occurrences in each shard (`None` or an empty range: none
+    /// there), its counts through the cache; `None` when no occurrence has a next token.
+    pub fn level_of<S: AsRef<[u8]> + Sync>(
+        &mut self,
+        index: &Index<S>,
+        occs: impl Iterator<Item = Option<Occ>>,
+        q: &[u32],
+    ) -> Option<Level> {
+        let counts = self.counts_of(index, occs, q, false);
+        let total: u64 = counts.iter().map(|&(_, c)| c).sum();
+        (total > 0).then_some(Level {
+            len: q.len(),
+            total,
+            counts,
+            continuations: None,
+        })
+    }
+
+    /// Next-token counts of `q` given its occurrences in each shard, merged over shards.
+    fn counts_of<S: AsRef<[u8]> + Sync>(
+        &mut self,
+        index: &Index<S>,
+        occs: impl Iterator<Item = Option<Occ>>,
+        q: &[u32],
+        continuation: bool,
+    ) -> Arc<Counts> {
         let mut parts = index
             .shards()
             .iter()
-            .zip(per_shard)
+            .zip(occs)
             .enumerate()
-            .filter_map(|(s, (sh, occs))| Some((s, sh, *occs.get(l)?)))
+            .filter_map(|(s, (sh, occ))| Some((s, sh, occ?)))
             .filter(|(_, _, occ)| !occ.is_empty())
             .map(|(s, sh, occ)| {
                 let (counts, lookup) =

@@ -108,6 +108,9 @@ pub struct CompletionRequest {
     /// (`infgram gen --compare`; the job takes twice as long).
     #[serde(default)]
     pub compare: bool,
+    /// How the index drafts: `sbis` (default) or `longest_suffix`.
+    #[serde(default)]
+    pub corpus_rule: request::CorpusRule,
 }
 
 /// What the worker sends back while it generates.
@@ -361,6 +364,7 @@ impl Generator {
             prompt: req.prompt.clone(),
             scorer,
             drafters,
+            corpus_rule: req.corpus_rule,
             guard: req.guard.map(|max_span| GuardSpec {
                 max_span,
                 ignore_prompt: false,

@@ -16,7 +16,7 @@
 use super::api::ApiError;
 use super::Limits;
 use crate::service::catalog::{Indexes, Served};
-use crate::service::drafts::Drafts;
+use crate::service::drafts::{CorpusRule, Drafts};
 use crate::service::PastStore;
 use serde::Deserialize;
 use serde_json::Value;
@@ -54,15 +54,17 @@ pub struct DraftRequest {
 pub struct DraftService {
     by_index: Mutex<HashMap<String, Arc<Drafts>>>,
     past: Option<PastStore>,
+    corpus_rule: CorpusRule,
 }
 
 impl DraftService {
     /// Drafting over the server's indexes, with `past` (the model's past outputs) for those
-    /// built with their tokenizer.
-    pub fn new(past: Option<PastStore>) -> Self {
+    /// built with their tokenizer; the corpus drafter by `corpus_rule`.
+    pub fn new(past: Option<PastStore>, corpus_rule: CorpusRule) -> Self {
         DraftService {
             by_index: Mutex::default(),
             past,
+            corpus_rule,
         }
     }
 
@@ -73,7 +75,12 @@ impl DraftService {
         }
         let fingerprint = served.tokenizer.fingerprint();
         let past = self.past.clone().filter(|p| p.fingerprint() == fingerprint);
-        let drafts = Arc::new(Drafts::new(Some(served.index.clone()), past, true)?);
+        let drafts = Arc::new(Drafts::new(
+            Some(served.index.clone()),
+            past,
+            true,
+            self.corpus_rule,
+        )?);
         map.insert(served.name.clone(), drafts.clone());
         Ok(drafts)
     }

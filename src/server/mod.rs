@@ -114,6 +114,8 @@ pub struct ServerConfig {
     pub log_requests: bool,
     /// Where the model's past outputs are kept across restarts (none: in memory only).
     pub past_outputs_file: Option<PathBuf>,
+    /// How `POST /v1/drafts` drafts from a corpus (a completion names its own rule).
+    pub corpus_rule: crate::service::request::CorpusRule,
 }
 
 pub use crate::service::catalog::{CheckState, FullCheck, Indexes, Served};
@@ -294,7 +296,7 @@ fn app(config: &ServerConfig) -> crate::Result<(Arc<AppState>, Router)> {
         log_requests: config.log_requests,
         started: Instant::now(),
         completions: AtomicU64::new(0),
-        drafts: drafts::DraftService::new(generator_past),
+        drafts: drafts::DraftService::new(generator_past, config.corpus_rule),
     });
     let router = router(state.clone());
     Ok((state, router))

@@ -11,6 +11,7 @@ use crate::decode::Drafter;
 use crate::error::{Error, Result};
 use crate::index::Index;
 use crate::service::generate::{drafters, AssemblyOptions};
+pub use crate::service::request::CorpusRule;
 use crate::service::request::DrafterSpec;
 use crate::service::run::PastStore;
 use memmap2::Mmap;
@@ -30,6 +31,7 @@ pub struct Drafts {
     index: Option<Arc<Index<Mmap>>>,
     past: Option<PastStore>,
     prompt_lookup: bool,
+    corpus_rule: CorpusRule,
     sessions: Mutex<Sessions>,
 }
 
@@ -43,11 +45,12 @@ struct Sessions {
 impl Drafts {
     /// Drafting from `index` (the corpus; built with the engine's tokenizer), `past` (past
     /// outputs, added to when a request finishes) and the request's own context
-    /// (`prompt_lookup`), in the decode loop's order.
+    /// (`prompt_lookup`), in the decode loop's order; the corpus drafter by `corpus_rule`.
     pub fn new(
         index: Option<Arc<Index<Mmap>>>,
         past: Option<PastStore>,
         prompt_lookup: bool,
+        corpus_rule: CorpusRule,
     ) -> Result<Self> {
         if index.is_none() && past.is_none() && !prompt_lookup {
             return Err(Error::input(
@@ -58,6 +61,7 @@ impl Drafts {
             index,
             past,
             prompt_lookup,
+            corpus_rule,
             sessions: Mutex::default(),
         })
     }
@@ -71,6 +75,7 @@ impl Drafts {
         specs.extend([DrafterSpec::PastOutputs, DrafterSpec::Corpus]);
         drafters(&AssemblyOptions {
             drafters: specs,
+            corpus_rule: self.corpus_rule,
             drafting_index: self.index.clone(),
             repetition_penalty: 1.0,
             guard: None,

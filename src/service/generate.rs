@@ -17,7 +17,7 @@ use crate::lm::LanguageModel;
 use crate::mix::mixture_model;
 use crate::mix::Mixer;
 use crate::ngram::{Estimator, InfgramModel, LevelLog};
-use crate::service::request::{CheckedRequest, DrafterSpec};
+use crate::service::request::{CheckedRequest, CorpusRule, DrafterSpec};
 use memmap2::Mmap;
 use std::cell::Cell;
 use std::rc::Rc;
@@ -256,6 +256,8 @@ pub struct AssemblyOptions {
     /// The drafters, in order (none: plain decoding; the corpus drafter needs the drafting
     /// index).
     pub drafters: Vec<DrafterSpec>,
+    /// How the corpus drafter drafts.
+    pub corpus_rule: CorpusRule,
     /// An opened index in the model's tokens to draft from (with `speculative`), mix with, and
     /// guard against by default.
     pub drafting_index: Option<Arc<Index<Mmap>>>,
@@ -314,7 +316,8 @@ pub fn drafters(opts: &AssemblyOptions) -> Result<Vec<Box<dyn Drafter>>> {
             DrafterSpec::PromptLookup => drafters.push(Box::new(PromptLookup::new(8))),
             DrafterSpec::Corpus => {
                 if let Some(index) = &opts.drafting_index {
-                    drafters.push(Box::new(CorpusDrafter::new(index.clone())));
+                    let rule = opts.corpus_rule.drafter_rule();
+                    drafters.push(Box::new(CorpusDrafter::with_rule(index.clone(), rule)));
                 }
             }
             DrafterSpec::PastOutputs => {

@@ -97,6 +97,31 @@ pub enum DrafterSpec {
     PastOutputs,
 }
 
+/// How the corpus drafter picks each draft token from the ∞-gram of its index.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[serde(rename_all = "snake_case")]
+pub enum CorpusRule {
+    /// The argmax of SBIS over every level (decay 0.1): the counts of shorter suffixes pooled
+    /// in. The default (on Shakespeare it drafts the model's token more often).
+    #[default]
+    Sbis,
+    /// The most frequent continuation of the longest suffix that occurs (the ∞-gram's own):
+    /// cheaper, and better on a large corpus, where SBIS is decided by the short suffixes.
+    LongestSuffix,
+}
+
+impl CorpusRule {
+    /// The drafter's rule.
+    pub fn drafter_rule(self) -> crate::decode::drafters::CorpusRule {
+        use crate::decode::drafters::CorpusRule as Rule;
+        match self {
+            CorpusRule::Sbis => Rule::Sbis { decay: 0.1 },
+            CorpusRule::LongestSuffix => Rule::MostFrequent,
+        }
+    }
+}
+
 /// The copy guard: the output never repeats more than `max_span` tokens of the corpus.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -157,6 +182,9 @@ pub struct GenerateRequest {
     /// Who drafts (none: plain decoding; only with a model).
     #[serde(default)]
     pub drafters: Vec<DrafterSpec>,
+    /// How the corpus drafter drafts (default: SBIS).
+    #[serde(default)]
+    pub corpus_rule: CorpusRule,
     /// The copy guard.
     #[serde(default)]
     pub guard: Option<GuardSpec>,
@@ -181,6 +209,8 @@ pub struct CheckedRequest {
     pub mix: bool,
     /// The drafters, in order (empty: plain decoding).
     pub drafters: Vec<DrafterSpec>,
+    /// How the corpus drafter drafts.
+    pub corpus_rule: CorpusRule,
     /// The copy guard.
     pub guard: Option<GuardSpec>,
     /// The sampler's settings.
@@ -281,6 +311,7 @@ impl GenerateRequest {
             uses_model,
             mix,
             drafters: self.drafters.clone(),
+            corpus_rule: self.corpus_rule,
             guard: self.guard,
             sampler: SamplerConfig {
                 temperature,

@@ -393,6 +393,7 @@ pub fn generate(
                 prompt,
                 assembly: AssemblyOptions {
                     drafters: req.drafters.clone(),
+                    corpus_rule: req.corpus_rule,
                     drafting_index: index.clone(),
                     repetition_penalty: req.repetition_penalty,
                     guard: guard(res.guard_index.clone()),

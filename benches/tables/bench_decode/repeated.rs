@@ -150,6 +150,7 @@ fn with_server<T>(model: &str, index: std::path::PathBuf, f: impl FnOnce(&str) -
         },
         log_requests: false,
         past_outputs_file: None,
+        corpus_rule: Default::default(),
     };
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -258,6 +259,7 @@ fn print_ceiling(
     let past = PastOutputs::shared(infgram::decode::past::DEFAULT_BUDGET);
     let assembly = AssemblyOptions {
         drafters: vec![DrafterSpec::PromptLookup, DrafterSpec::PastOutputs],
+        corpus_rule: Default::default(),
         drafting_index: None,
         repetition_penalty: 1.0,
         guard: None,

@@ -8,7 +8,8 @@
 //! texts. Each file gives one request: 200 tokens at a spread offset as the prompt, the next
 //! 1,088 as the continuation a verifier keeps. Each step drafts 16 tokens (a
 //! `decode::session::DraftSession`, as `infgram.Drafter` runs it) and keeps the continuation's
-//! tokens the draft got right, plus one. Times are of `draft`, in this thread; each rule runs
+//! tokens the draft got right, plus one. Times are of `draft` and of `extend` (with the kept
+//! tokens), in this thread; each rule runs
 //! on the index opened anew (an empty counts cache; the page cache as the earlier rows left it).
 
 use infgram::decode::drafters::{CorpusDrafter, CorpusRule, PromptLookup};
@@ -37,9 +38,9 @@ fn main() {
     }
     println!("{} requests over {}\n", requests.len(), args[0]);
     println!(
-        "| drafting | draft p50 µs | draft p90 µs | draft mean µs | tokens per step | calls |"
+        "| drafting | draft p50 µs | draft p90 µs | draft mean µs | extend p50 µs | tokens per step | calls |"
     );
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
     let rules: [(&str, Option<CorpusRule>); 3] = [
         ("prompt lookup alone", None),
         (
@@ -51,7 +52,7 @@ fn main() {
     for (label, rule) in rules {
         // Each rule on the index opened anew: its own (empty) counts cache.
         let index = open();
-        let (mut times, mut kept) = (Vec::new(), 0usize);
+        let (mut times, mut extends, mut kept) = (Vec::new(), Vec::new(), 0usize);
         for (prompt, truth) in &requests {
             let mut drafters: Vec<Box<dyn Drafter>> = vec![Box::new(PromptLookup::new(8))];
             if let Some(rule) = rule {
@@ -69,7 +70,9 @@ fn main() {
                     .zip(&truth[pos..])
                     .take_while(|(a, b)| a == b)
                     .count();
+                let t0 = std::time::Instant::now();
                 session.extend(&truth[pos..pos + k + 1]);
+                extends.push(t0.elapsed().as_secs_f64() * 1e6);
                 pos += k + 1;
                 kept += k + 1;
             }
@@ -77,9 +80,11 @@ fn main() {
         let n = times.len().max(1);
         let mean = times.iter().sum::<f64>() / n as f64;
         times.sort_by(f64::total_cmp);
+        extends.sort_by(f64::total_cmp);
         let at = |q: f64| times.get((q * n as f64) as usize).copied().unwrap_or(0.0);
+        let extend = extends.get(extends.len() / 2).copied().unwrap_or(0.0);
         println!(
-            "| {label} | {:.1} | {:.1} | {mean:.1} | {:.3} | {} |",
+            "| {label} | {:.1} | {:.1} | {mean:.1} | {extend:.2} | {:.3} | {} |",
             at(0.5),
             at(0.9),
             kept as f64 / n as f64,
