@@ -407,9 +407,9 @@ pub enum CorpusRule {
     MostFrequent,
 }
 
-/// Where the longest-suffix rule stands in a draft: the sequence drafted from so far, the
-/// length of its level's suffix, and each shard's forward suffix-array range of that suffix
-/// (found on the first step that needs it).
+/// Where the longest-suffix rule stands: a sequence drafted from, the length of its level's
+/// suffix, and each shard's forward suffix-array range of that suffix (found on the first step
+/// that needs it).
 ///
 /// The next step's sequence is this one plus the token drafted, `t`, one of the level's
 /// continuations, so the suffix followed by `t` occurs, and no longer suffix of the new
@@ -417,6 +417,11 @@ pub enum CorpusRule {
 /// level's suffix narrowed by `t`: one binary search in a small range per shard, where a
 /// search anew narrows the reversed suffix array once per token of the match. Only when none
 /// of them has a next token (each at a document's end) is the new level searched for.
+///
+/// The next draft starts where the engine took the last one: its context ends with one of the
+/// last draft's sequences (the tokens it accepted) and the model's own token, so its first
+/// step follows that sequence's level the same way ([`Chain::leads_to`]).
+#[derive(Clone)]
 struct Chain {
     seq: Vec<u32>,
     len: usize,
@@ -431,10 +436,31 @@ pub struct CorpusDrafter<S: AsRef<[u8]> + Sync> {
     rule: CorpusRule,
     /// The longest-suffix rule's place in the draft being grown.
     chain: Option<Chain>,
+    /// Its place after each step of the last draft (where the next draft may start).
+    history: Vec<Chain>,
     /// Shortest suffix match worth drafting from.
     min_match: usize,
     /// The context is cut to its last this many tokens before matching.
     max_context: usize,
+}
+
+impl Chain {
+    /// Whether `seq` is this chain's sequence plus one token, as far as levels go: its tokens
+    /// before the last are the chain's sequence, or a longer sequence ending with it (when the
+    /// level is shorter than the chain's sequence, no longer suffix of the longer one has a
+    /// next token either), or a shorter one that ends it (the context window moved on) and
+    /// still holds the level's suffix.
+    fn leads_to(&self, seq: &[u32]) -> bool {
+        let Some((_, before)) = seq.split_last() else {
+            return false;
+        };
+        let q = &self.seq[..];
+        match before.len().cmp(&q.len()) {
+            std::cmp::Ordering::Equal => before == q,
+            std::cmp::Ordering::Greater => self.len < q.len() && before.ends_with(q),
+            std::cmp::Ordering::Less => self.len <= before.len() && q.ends_with(before),
+        }
+    }
 }
 
 impl<S: AsRef<[u8]> + Sync> CorpusDrafter<S> {
@@ -449,19 +475,20 @@ impl<S: AsRef<[u8]> + Sync> CorpusDrafter<S> {
             finder: LevelFinder::new(false),
             rule,
             chain: None,
+            history: Vec::new(),
             min_match: 2,
             max_context: 64,
         }
     }
 
     /// The longest-suffix level of `seq` from the last step's ([`Chain`]), with each shard's
-    /// range of its suffix, when `seq` is the last step's sequence plus one token and one of
-    /// the narrowed occurrences has a next token; `None`: search (a sequence that does not
-    /// extend the last one by one token included).
+    /// range of its suffix, when the last step's sequence leads to `seq` and one of
+    /// the narrowed occurrences has a next token; `None`: search (a sequence the last one does
+    /// not lead to included, [`Chain::leads_to`]).
     fn chained(&mut self, seq: &[u32]) -> Option<(Level, Vec<crate::index::Range>)> {
         let chain = self.chain.take()?;
         let (&t, _) = seq.split_last()?;
-        if chain.seq.len() + 1 != seq.len() || !seq.starts_with(&chain.seq) {
+        if !chain.leads_to(seq) {
             return None;
         }
         let shards = self.index.shards();
@@ -544,10 +571,16 @@ impl<S: AsRef<[u8]> + Sync> CorpusDrafter<S> {
 impl<S: AsRef<[u8]> + Send + Sync> Drafter for CorpusDrafter<S> {
     fn propose(&mut self, context: &[u32], max: usize) -> Result<Draft> {
         let from = context.len().saturating_sub(self.max_context);
-        // The chain holds within one draft, whose every step adds the token just drafted.
-        self.chain = None;
-        let draft = grow_draft(context[from..].to_vec(), max, |seq| {
-            Ok(self.ranked(seq, 1)?.into_iter().next())
+        let seq = context[from..].to_vec();
+        // The chain holds within one draft, whose every step adds the token just drafted, and
+        // from the step of the last draft that the engine kept.
+        let mut history = std::mem::take(&mut self.history);
+        self.chain = history.drain(..).rev().find(|c| c.leads_to(&seq));
+        self.history = history;
+        let draft = grow_draft(seq, max, |seq| {
+            let next = self.ranked(seq, 1)?.into_iter().next();
+            self.history.extend(self.chain.clone());
+            Ok(next)
         });
         self.chain = None;
         draft
@@ -705,6 +738,16 @@ mod tests {
         // A one-token match is below min_match: no draft.
         assert!(sbis.propose(&[9, 3], 2).unwrap().tokens.is_empty());
         assert!(frequent.propose(&[42], 2).unwrap().tokens.is_empty());
+        // A context that ends with the last draft's whole sequence, whose level spanned all of
+        // it, is searched anew: "1 2 3 4" occurs, longer than "2 3" followed by 4.
+        let mut resumed = CorpusDrafter::with_rule(corpus_index(), CorpusRule::MostFrequent);
+        resumed.propose(&[2, 3], 1).unwrap();
+        let mut anew = CorpusDrafter::with_rule(corpus_index(), CorpusRule::MostFrequent);
+        let want = anew.propose(&[1, 2, 3, 4], 1).unwrap();
+        assert_eq!(
+            resumed.propose(&[1, 2, 3, 4], 1).unwrap().confidence,
+            want.confidence
+        );
     }
 
     /// The longest-suffix rule reads its level through the counts cache: the same tokens and
@@ -755,9 +798,10 @@ mod tests {
         assert!(drafted > 100, "{drafted}");
     }
 
-    /// A draft under the longest-suffix rule follows its level from step to step ([`Chain`]):
-    /// the same tokens and confidences as searching every step anew, on random corpora (with
-    /// document ends, several shards, one token's copies only at a document's end).
+    /// A draft under the longest-suffix rule follows its level from step to step, and from the
+    /// last draft's kept step to the next draft ([`Chain`]): the same tokens and confidences as
+    /// searching every step anew, on random corpora (with document ends, several shards) and
+    /// requests whose contexts grow past the window as an engine extends them.
     #[test]
     fn a_chained_draft_is_the_draft_searched_anew_each_step() {
         let mut x: u64 = 0x2545_f491_4f6c_dd1d;
@@ -780,16 +824,23 @@ mod tests {
             let index = Arc::new(index);
             let mut chained = CorpusDrafter::with_rule(index.clone(), CorpusRule::MostFrequent);
             let mut fresh = CorpusDrafter::with_rule(index.clone(), CorpusRule::MostFrequent);
-            for _ in 0..20 {
-                let ctx: Vec<u32> = (0..2 + next(10)).map(|_| next(7) + 1).collect();
+            chained.max_context = 24;
+            fresh.max_context = 24;
+            let mut ctx: Vec<u32> = Vec::new();
+            for round in 0..40 {
+                // A new request every 8 drafts; between, what an engine keeps of the last draft
+                // and the model's own token (the window of 24 tokens moves on).
+                if round % 8 == 0 {
+                    ctx = (0..2 + next(10)).map(|_| next(7) + 1).collect();
+                }
                 let draft = chained.propose(&ctx, 12).unwrap();
-                // Step by step, each a search anew (`alternatives` forgets the chain).
-                let mut seq = ctx.clone();
+                // Step by step from the same window, each a search anew (no chain).
+                let mut seq = ctx[ctx.len().saturating_sub(24)..].to_vec();
                 let mut want = Draft::default();
                 let mut reach = 1.0;
                 while want.tokens.len() < 12 {
-                    let Some((t, c)) = fresh.alternatives(&seq, 1).unwrap().into_iter().next()
-                    else {
+                    fresh.chain = None;
+                    let Some((t, c)) = fresh.ranked(&seq, 1).unwrap().into_iter().next() else {
                         break;
                     };
                     want.tokens.push(t);
@@ -807,6 +858,12 @@ mod tests {
                 );
                 steps += draft.tokens.len();
                 searched_again += usize::from(draft.tokens.len() > 1);
+                let kept = next(draft.tokens.len() as u64 + 1) as usize;
+                ctx.extend_from_slice(&draft.tokens[..kept]);
+                ctx.push(match next(3) {
+                    0 => next(7) + 1,
+                    _ => draft.tokens.get(kept).copied().unwrap_or(1),
+                });
             }
         }
         assert!(
