@@ -275,16 +275,12 @@ impl Index {
 
     /// Token ids of `text` with the index's tokenizer.
     fn tokenize(&self, text: &str) -> PyResult<Vec<u32>> {
-        self.tok
-            .encode(text)
-            .map_err(|e| PyValueError::new_err(e.to_string()))
+        tokenize_with(self.tok.as_ref(), text)
     }
 
     /// Text of token ids.
     fn detokenize(&self, ids: Vec<u32>) -> PyResult<String> {
-        self.tok
-            .decode(&ids)
-            .map_err(|e| PyValueError::new_err(e.to_string()))
+        detokenize_with(self.tok.as_ref(), &ids)
     }
 
     /// Corpus tokens (separators excluded), documents and shards.

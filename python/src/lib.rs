@@ -53,6 +53,18 @@ fn error_dict(py: Python<'_>, msg: impl std::fmt::Display) -> Ans {
     Ok(d.into_any().unbind())
 }
 
+/// Token ids of `text` with `tok` (a bad text is a `ValueError`).
+fn tokenize_with(tok: &dyn Tokenizer, text: &str) -> PyResult<Vec<u32>> {
+    tok.encode(text)
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// Text of `ids` with `tok` (an id past its vocabulary is a `ValueError`).
+fn detokenize_with(tok: &dyn Tokenizer, ids: &[u32]) -> PyResult<String> {
+    tok.decode(ids)
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 fn runtime(e: infgram::Error) -> PyErr {
     PyRuntimeError::new_err(e.to_string())
 }

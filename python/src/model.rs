@@ -270,16 +270,8 @@ impl Model {
     fn prompt_ids(&self, prompt: &str, raw: bool) -> PyResult<Vec<u32>> {
         let loaded = self.lock();
         let text = loaded.prompt_text(Some(prompt), raw).unwrap_or_default();
-        let mut ids = self
-            .tok
-            .encode(&text)
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        if let Some(bos) = loaded.model.bos_token() {
-            if ids.first() != Some(&bos) {
-                ids.insert(0, bos);
-            }
-        }
-        Ok(ids)
+        let ids = tokenize_with(self.tok.as_ref(), &text)?;
+        Ok(infgram::service::generate::fed_prompt(&*loaded.model, &ids).into_owned())
     }
 
     /// Feeds `new_ids` after the cached tokens and returns one row of logits per new token, as
@@ -293,15 +285,16 @@ impl Model {
         if new_ids.is_empty() {
             return Err(PyValueError::new_err("forward needs at least one token"));
         }
-        let vocab = self.tok.vocab_size().max(self.lock().model.vocab_size());
-        if let Some(t) = new_ids.iter().find(|&&t| t as usize >= vocab) {
-            return Err(PyValueError::new_err(format!(
-                "token id {t} is not in the vocabulary (ids below {vocab})"
-            )));
-        }
-        let rows = py
-            .detach(|| self.lock().model.forward(&new_ids))
-            .map_err(runtime)?;
+        let rows = py.detach(|| {
+            let mut loaded = self.lock();
+            let vocab = self.tok.vocab_size().max(loaded.model.vocab_size());
+            if let Some(t) = new_ids.iter().find(|&&t| t as usize >= vocab) {
+                return Err(PyValueError::new_err(format!(
+                    "token id {t} is not in the vocabulary (ids below {vocab})"
+                )));
+            }
+            loaded.model.forward(&new_ids).map_err(runtime)
+        })?;
         let mut bytes = Vec::with_capacity(rows.iter().map(|r| r.len() * 4).sum());
         for row in &rows {
             for x in row {
@@ -361,16 +354,12 @@ impl Model {
 
     /// Token ids of `text` with the model's tokenizer (no chat template).
     fn tokenize(&self, text: &str) -> PyResult<Vec<u32>> {
-        self.tok
-            .encode(text)
-            .map_err(|e| PyValueError::new_err(e.to_string()))
+        tokenize_with(self.tok.as_ref(), text)
     }
 
     /// Text of token ids.
     fn detokenize(&self, ids: Vec<u32>) -> PyResult<String> {
-        self.tok
-            .decode(&ids)
-            .map_err(|e| PyValueError::new_err(e.to_string()))
+        detokenize_with(self.tok.as_ref(), &ids)
     }
 
     /// The past outputs: `{outputs, tokens, budget}` (`None` without `past_outputs`).

@@ -428,6 +428,13 @@ struct Chain {
     ranges: Option<Vec<crate::index::Range>>,
 }
 
+impl Default for CorpusRule {
+    /// SBIS with decay 0.1 over every level.
+    fn default() -> Self {
+        CorpusRule::Sbis { decay: 0.1 }
+    }
+}
+
 /// Drafts from an ∞-gram index of a corpus in the model's tokens. It keeps one level finder
 /// (and its counts cache) across drafts.
 pub struct CorpusDrafter<S: AsRef<[u8]> + Sync> {
@@ -466,7 +473,7 @@ impl Chain {
 impl<S: AsRef<[u8]> + Sync> CorpusDrafter<S> {
     /// Drafts the SBIS argmax chain (decay 0.1, all levels).
     pub fn new(index: Arc<Index<S>>) -> Self {
-        Self::with_rule(index, CorpusRule::Sbis { decay: 0.1 })
+        Self::with_rule(index, CorpusRule::default())
     }
 
     pub fn with_rule(index: Arc<Index<S>>, rule: CorpusRule) -> Self {

@@ -400,13 +400,7 @@ pub fn generate_with_model(
 ) -> Result<ModelGeneration> {
     let mut drafters = drafters(&req.assembly)?;
     let (mut processors, guard) = processors(&req.assembly)?;
-    // A model that asks for a first token (Gemma's <bos>) gets it before the prompt.
-    let prompt: std::borrow::Cow<[u32]> = match model.bos_token() {
-        Some(bos) if req.prompt.first() != Some(&bos) => std::iter::once(bos)
-            .chain(req.prompt.iter().copied())
-            .collect(),
-        _ => std::borrow::Cow::Borrowed(&req.prompt),
-    };
+    let prompt = fed_prompt(model, &req.prompt);
     let run = |scorer: &mut dyn LanguageModel| {
         let (tokens, stats) = decode(
             scorer,
@@ -442,6 +436,17 @@ pub fn generate_with_model(
         stats,
         context_tokens,
     })
+}
+
+/// The prompt as `model` is fed it: after its first token when it asks for one (Gemma's
+/// `<bos>`) and the prompt does not start with it.
+pub fn fed_prompt<'p>(model: &dyn LanguageModel, prompt: &'p [u32]) -> std::borrow::Cow<'p, [u32]> {
+    match model.bos_token() {
+        Some(bos) if prompt.first() != Some(&bos) => {
+            std::iter::once(bos).chain(prompt.iter().copied()).collect()
+        }
+        _ => std::borrow::Cow::Borrowed(prompt),
+    }
 }
 
 impl CheckedRequest {

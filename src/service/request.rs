@@ -116,7 +116,7 @@ impl CorpusRule {
     pub fn drafter_rule(self) -> crate::decode::drafters::CorpusRule {
         use crate::decode::drafters::CorpusRule as Rule;
         match self {
-            CorpusRule::Sbis => Rule::Sbis { decay: 0.1 },
+            CorpusRule::Sbis => Rule::default(),
             CorpusRule::LongestSuffix => Rule::MostFrequent,
         }
     }
