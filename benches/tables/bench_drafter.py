@@ -108,6 +108,9 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--corpus-rule", default="sbis", choices=["sbis", "longest_suffix"],
                     help="how the corpus index drafts (the server gets the same)")
+    ap.add_argument("--save-requests", default=None,
+                    help="write the requests as JSON [[prompt_ids, continuation_ids], ...] "
+                         "(bench_drafter_rules reads them: the same protocol in Rust)")
     args = ap.parse_args()
     index = infgram.Index(args.index, tokenizer=args.tokenizer)
     if args.model:
@@ -117,6 +120,9 @@ def main():
                                   args.prompt_chars, args.max_tokens)
     else:
         requests = held_out_requests(index, args.held_out, args.requests)
+    if args.save_requests:
+        with open(args.save_requests, "w") as f:
+            json.dump(requests, f)
     rows = []
     for label, drafter in (("prompt lookup alone", infgram.Drafter()),
                            ("prompt lookup + corpus index", infgram.Drafter(index=index, corpus_rule=args.corpus_rule))):

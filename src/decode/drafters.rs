@@ -29,14 +29,14 @@ const MIN_REACH: f64 = 0.05;
 /// sequence so far, or `None` to stop) until the draft has `max` tokens or the chance that all
 /// of it is accepted falls below [`MIN_REACH`].
 fn grow_draft(
-    mut seq: Vec<u32>,
+    seq: &mut Vec<u32>,
     max: usize,
     mut next: impl FnMut(&[u32]) -> Result<Option<(u32, f64)>>,
 ) -> Result<Draft> {
     let mut draft = Draft::default();
     let mut reach = 1.0;
     while draft.tokens.len() < max {
-        let Some((tok, conf)) = next(&seq)? else {
+        let Some((tok, conf)) = next(seq)? else {
             break;
         };
         draft.tokens.push(tok);
@@ -58,7 +58,12 @@ fn grow_draft(
 /// single occurrence gives 0.375 after 1 token, 0.91 after 8, 0.98 after 16. The decode loop
 /// calibrates it against the model's acceptances.
 pub(super) fn copy_confidence(agree: u64, total: u64, len: usize) -> f64 {
-    let against = 0.5 * 0.5f64.powf((len.max(1) - 1).min(240) as f64 / 4.0);
+    // The pseudo-occurrence against, by match length (a table: `powf` cost more than the
+    // rest of a draft step).
+    static AGAINST: std::sync::OnceLock<[f64; 241]> = std::sync::OnceLock::new();
+    let against =
+        AGAINST.get_or_init(|| std::array::from_fn(|i| 0.5 * 0.5f64.powf(i as f64 / 4.0)));
+    let against = against[(len.max(1) - 1).min(240)];
     let share = (agree as f64 + 0.5) / (total as f64 + 0.5 + against);
     let length = 1.0 - 0.5f64.powi(len.min(60) as i32);
     share * length
@@ -67,14 +72,41 @@ pub(super) fn copy_confidence(agree: u64, total: u64, len: usize) -> f64 {
 /// Longest match followed back when prompt lookup's n-grams all match: how far the copy runs.
 const MAX_MATCH: usize = 256;
 
+/// Occurrences of a suffix that vote for its continuation (the latest ones).
+const MAX_VOTES: usize = 16;
+
+/// Longest n-gram prompt lookup indexes.
+pub const MAX_NGRAM: usize = 32;
+
 /// What the occurrences of a suffix voted for.
 struct Votes {
-    /// `(token, votes)`, most votes first, ties to the most recent continuation.
-    tally: Vec<(u32, u64)>,
+    /// `(token, votes)`, most votes first, ties to the most recent continuation; the first
+    /// `len` entries.
+    tally: [(u32, u64); MAX_VOTES],
+    len: usize,
     /// Occurrences that voted.
     occurrences: u64,
     /// Length of the matched suffix.
     suffix_len: usize,
+}
+
+impl Votes {
+    /// One occurrence's vote for `token` after a suffix of `suffix_len` tokens.
+    fn single(token: u32, suffix_len: usize) -> Votes {
+        let mut tally = [(0, 0); MAX_VOTES];
+        tally[0] = (token, 1);
+        Votes {
+            tally,
+            len: 1,
+            occurrences: 1,
+            suffix_len,
+        }
+    }
+
+    /// `(token, votes)`, most votes first.
+    fn ranked(&self) -> &[(u32, u64)] {
+        &self.tally[..self.len]
+    }
 }
 
 /// Tokens that (re)start following a copy: the context's last `RESYNC` tokens seen before.
@@ -103,50 +135,129 @@ struct CopyState {
     broke: Option<(usize, usize)>,
 }
 
+/// The hash keys of the n-grams ending at `end` in `seq`, for n = 1..=`keys.len()`
+/// (`keys[n - 1]`), in one pass backwards from `end`.
+fn gram_keys(seq: &[u32], end: usize, keys: &mut [u64]) {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for (n, key) in keys.iter_mut().enumerate() {
+        h = (h ^ seq[end - 1 - n] as u64).wrapping_mul(0x0100_0000_01b3);
+        *key = h ^ (n as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// How many tokens before `a` in `seq` equal those before `b` (`a < b`), at most `max`.
+fn common_tail(seq: &[u32], a: usize, b: usize, max: usize) -> usize {
+    let max = max.min(a);
+    let mut k = 0;
+    // Whole blocks first (a slice compare is vectorized), then token by token.
+    const BLOCK: usize = 16;
+    while k + BLOCK <= max && seq[a - k - BLOCK..a - k] == seq[b - k - BLOCK..b - k] {
+        k += BLOCK;
+    }
+    while k < max && seq[a - k - 1] == seq[b - k - 1] {
+        k += 1;
+    }
+    k
+}
+
 /// Prompt lookup over a live n-gram index of the sequence.
+///
+/// The index keeps, for each n-gram key, the latest node that followed it (a node: a position
+/// and the n of its n-gram), and for each node the one before it with the same key: each
+/// n-gram's occurrences are a chain, latest first. Indexing a token writes `max_ngram`
+/// links and no allocation; a lookup walks only the occurrences it needs.
 pub struct PromptLookup {
     /// Longest suffix matched (the index keys n-grams of 1..=max_ngram tokens).
     max_ngram: usize,
-    /// n-gram hash → positions of the token that followed each occurrence (hashed again by
-    /// foldhash: every draft token and every new token looks up or adds `max_ngram` keys, and
+    /// n-gram key → the latest node that followed an n-gram of that key
+    /// ([`PromptLookup::node`]; foldhash: every draft token looks up `max_ngram` keys, and
     /// std's SipHash cost more than the rest of the lookup).
-    followers: HashMap<u64, Vec<u32>, foldhash::fast::RandomState>,
+    heads: HashMap<u64, u64, foldhash::fast::RandomState>,
+    /// Node (`p`, `n`) at `p * max_ngram + n - 1` → the node before it with the same key
+    /// (0: none).
+    links: Vec<u64>,
     /// Tokens indexed so far (a prefix of the context).
     indexed: Vec<u32>,
     /// The copy the context is making, if any.
     copy: CopyState,
+    /// The sequence a draft grows in (kept to spare an allocation per draft).
+    scratch: Vec<u32>,
+}
+
+/// The nodes of one n-gram key, latest first: `(follower position, n)`.
+#[derive(Clone)]
+struct Occurrences<'a> {
+    lookup: &'a PromptLookup,
+    node: u64,
+}
+
+impl Iterator for Occurrences<'_> {
+    type Item = (usize, usize);
+
+    fn next(&mut self) -> Option<(usize, usize)> {
+        let (p, n) = PromptLookup::unpack(self.node)?;
+        self.node = self.lookup.links[p * self.lookup.max_ngram + n - 1];
+        Some((p, n))
+    }
 }
 
 impl PromptLookup {
+    /// Prompt lookup matching suffixes of up to `max_ngram` tokens (at most [`MAX_NGRAM`]),
+    /// and following a full match back up to 256 tokens.
     pub fn new(max_ngram: usize) -> Self {
         PromptLookup {
-            max_ngram: max_ngram.max(1),
-            followers: HashMap::default(),
+            max_ngram: max_ngram.clamp(1, MAX_NGRAM),
+            heads: HashMap::default(),
+            links: Vec::new(),
             indexed: Vec::new(),
             copy: CopyState::default(),
+            scratch: Vec::new(),
         }
     }
 
-    fn key(gram: &[u32]) -> u64 {
-        let mut h = 0xcbf2_9ce4_8422_2325u64 ^ gram.len() as u64;
-        for &t in gram {
-            h = (h ^ t as u64).wrapping_mul(0x0100_0000_01b3);
-        }
-        h
+    /// Node (`p`, `n`): the position `p` that followed an `n`-gram (0 is no node).
+    fn node(p: usize, n: usize) -> u64 {
+        ((p as u64) << 6 | n as u64) + 1
+    }
+
+    fn unpack(node: u64) -> Option<(usize, usize)> {
+        let v = node.checked_sub(1)?;
+        Some(((v >> 6) as usize, (v & 63) as usize))
+    }
+
+    /// The positions that followed an occurrence of `seq[end - n..end]` in the indexed
+    /// context, latest first.
+    fn followers<'a>(
+        &'a self,
+        seq: &'a [u32],
+        end: usize,
+        n: usize,
+        key: u64,
+    ) -> impl Iterator<Item = usize> + Clone + 'a {
+        let node = self.heads.get(&key).copied().unwrap_or(0);
+        Occurrences { lookup: self, node }
+            .filter(move |&(p, m)| m == n && p >= n && seq[p - n..p] == seq[end - n..end])
+            .map(|(p, _)| p)
     }
 
     /// Indexes `context` beyond what is indexed (or from scratch if it is not an extension).
     fn sync(&mut self, context: &[u32]) {
         if !context.starts_with(&self.indexed) {
-            self.followers.clear();
+            self.heads.clear();
+            self.links.clear();
             self.indexed.clear();
             self.copy = CopyState::default();
         }
+        let m = self.max_ngram;
+        let mut keys = [0u64; MAX_NGRAM];
+        self.links.resize(context.len() * m, 0);
         for p in self.indexed.len()..context.len() {
             // The n-grams ending at p - 1 are followed by position p.
-            for n in 1..=self.max_ngram.min(p) {
-                let key = Self::key(&context[p - n..p]);
-                self.followers.entry(key).or_default().push(p as u32);
+            let grams = m.min(p);
+            gram_keys(context, p, &mut keys[..grams]);
+            for (i, &key) in keys[..grams].iter().enumerate() {
+                let before = self.heads.insert(key, Self::node(p, i + 1)).unwrap_or(0);
+                self.links[p * m + i] = before;
             }
             self.track(context, p);
         }
@@ -175,17 +286,12 @@ impl PromptLookup {
         if self.copy.broke.is_some_and(|(_, at)| p > at + RESUME_LIFE) {
             self.copy.broke = None;
         }
-        if p + 1 < RESYNC {
+        if p + 1 < RESYNC || self.max_ngram < RESYNC {
             return;
         }
-        let gram = &context[p + 1 - RESYNC..=p];
-        let Some(positions) = self.followers.get(&Self::key(gram)) else {
-            return;
-        };
-        let found = positions
-            .iter()
-            .map(|&f| f as usize)
-            .filter(|&f| f >= RESYNC && context[f - RESYNC..f] == *gram);
+        let mut keys = [0u64; RESYNC];
+        gram_keys(context, p + 1, &mut keys);
+        let found = self.followers(context, p + 1, RESYNC, keys[RESYNC - 1]);
         let after_break = self
             .copy
             .broke
@@ -202,23 +308,16 @@ impl PromptLookup {
     /// (under [`RESYNC`] tokens) that occurs just past the break in the source.
     fn resume(&self, seq: &[u32]) -> Option<Votes> {
         let (q, _) = self.copy.broke?;
-        for m in (1..RESYNC.min(seq.len() + 1)).rev() {
-            let suffix = &seq[seq.len() - m..];
-            let Some(positions) = self.followers.get(&Self::key(suffix)) else {
-                continue;
-            };
-            let near = positions
-                .iter()
-                .map(|&f| f as usize)
+        let mut keys = [0u64; RESYNC - 1];
+        let keys = &mut keys[..(RESYNC - 1).min(self.max_ngram).min(seq.len())];
+        gram_keys(seq, seq.len(), keys);
+        for m in (1..=keys.len()).rev() {
+            let near = self
+                .followers(seq, seq.len(), m, keys[m - 1])
                 .filter(|&f| f > q && f <= q + RESUME_WINDOW && f < seq.len())
-                .filter(|&f| seq[f - m..f] == *suffix)
                 .min();
             if let Some(f) = near {
-                return Some(Votes {
-                    tally: vec![(seq[f], 1)],
-                    occurrences: 1,
-                    suffix_len: m + RESUME_BONUS,
-                });
+                return Some(Votes::single(seq[f], m + RESUME_BONUS));
             }
         }
         None
@@ -238,59 +337,48 @@ impl PromptLookup {
 
     /// [`PromptLookup::tally`] without the copy's place: the longest suffix's votes.
     fn longest_suffix_votes(&self, seq: &[u32]) -> Option<Votes> {
-        for n in (1..=self.max_ngram.min(seq.len())).rev() {
-            let Some(positions) = self.followers.get(&Self::key(&seq[seq.len() - n..])) else {
-                continue;
-            };
-            // Occurrences whose follower exists and is not the suffix's own end; the hash may
-            // collide, so check the tokens.
-            let votes: Vec<u32> = positions
-                .iter()
-                .rev()
-                .map(|&p| p as usize)
-                .filter(|&p| p < seq.len() && seq[p - n..p] == seq[seq.len() - n..])
-                .take(16)
-                .map(|p| seq[p])
-                .collect();
-            if votes.is_empty() {
-                continue;
-            }
-            let mut tally: Vec<(u32, u64)> = Vec::new();
-            for &v in &votes {
-                match tally.iter_mut().find(|t| t.0 == v) {
+        let end = seq.len();
+        let mut keys = [0u64; MAX_NGRAM];
+        let keys = &mut keys[..self.max_ngram.min(end)];
+        gram_keys(seq, end, keys);
+        for n in (1..=keys.len()).rev() {
+            // Occurrences whose follower is not the suffix's own end.
+            let found = self
+                .followers(seq, end, n, keys[n - 1])
+                .filter(|&p| p < end);
+            let mut tally = [(0u32, 0u64); MAX_VOTES];
+            let (mut len, mut occurrences) = (0, 0u64);
+            for p in found.clone().take(MAX_VOTES) {
+                occurrences += 1;
+                let v = seq[p];
+                match tally[..len].iter_mut().find(|t| t.0 == v) {
                     Some(t) => t.1 += 1,
-                    None => tally.push((v, 1)),
+                    None => {
+                        tally[len] = (v, 1);
+                        len += 1;
+                    }
                 }
             }
+            if len == 0 {
+                continue;
+            }
             // Stable: among equal votes the most recent continuation stays first.
-            tally.sort_by_key(|t| std::cmp::Reverse(t.1));
+            tally[..len].sort_by_key(|t| std::cmp::Reverse(t.1));
             // When the longest indexed n-gram matches, follow the match further back (the
             // most recent occurrence of the winning continuation): how far the copy runs.
             let suffix_len = if n == self.max_ngram {
                 let winner = tally[0].0;
-                positions
-                    .iter()
-                    .rev()
-                    .map(|&p| p as usize)
-                    .find(|&p| {
-                        p < seq.len() && seq[p] == winner && seq[p - n..p] == seq[seq.len() - n..]
-                    })
-                    .map_or(n, |p| {
-                        let back = seq[..p]
-                            .iter()
-                            .rev()
-                            .zip(seq.iter().rev())
-                            .take(MAX_MATCH)
-                            .take_while(|(a, b)| a == b)
-                            .count();
-                        back.max(n)
-                    })
+                found
+                    .clone()
+                    .find(|&p| seq[p] == winner)
+                    .map_or(n, |p| common_tail(seq, p, end, MAX_MATCH).max(n))
             } else {
                 n
             };
             return Some(Votes {
                 tally,
-                occurrences: votes.len() as u64,
+                len,
+                occurrences,
                 suffix_len,
             });
         }
@@ -309,20 +397,26 @@ impl Drafter for PromptLookup {
     fn propose(&mut self, context: &[u32], max: usize) -> Result<Draft> {
         self.sync(context);
         // Positions inside the draft are not indexed; `next` only follows indexed ones.
-        grow_draft(context.to_vec(), max, |seq| {
+        let mut seq = std::mem::take(&mut self.scratch);
+        seq.clear();
+        seq.reserve(context.len() + max);
+        seq.extend_from_slice(context);
+        let draft = grow_draft(&mut seq, max, |seq| {
             Ok(self
                 .next(seq)
                 .map(|(tok, agree, total, len)| (tok, copy_confidence(agree, total, len))))
-        })
+        });
+        self.scratch = seq;
+        draft
     }
 
     fn alternatives(&mut self, context: &[u32], n: usize) -> Result<Vec<(u32, f64)>> {
         self.sync(context);
         Ok(self.tally(context).map_or(Vec::new(), |v| {
-            v.tally
-                .into_iter()
+            v.ranked()
+                .iter()
                 .take(n)
-                .map(|(tok, agree)| (tok, copy_confidence(agree, v.occurrences, v.suffix_len)))
+                .map(|&(tok, agree)| (tok, copy_confidence(agree, v.occurrences, v.suffix_len)))
                 .collect()
         }))
     }
@@ -363,7 +457,9 @@ impl Braid {
 impl Drafter for Braid {
     fn propose(&mut self, context: &[u32], max: usize) -> Result<Draft> {
         let mut parts = Vec::new();
-        let mut draft = grow_draft(context.to_vec(), max, |seq| {
+        let mut seq = context.to_vec();
+        seq.reserve(max);
+        let mut draft = grow_draft(&mut seq, max, |seq| {
             let mut best: Option<(u32, f64, u8)> = None;
             for (i, part) in self.parts.iter_mut().enumerate() {
                 if let Some((t, c)) = part.next_after(seq, context.len())? {
@@ -578,13 +674,14 @@ impl<S: AsRef<[u8]> + Sync> CorpusDrafter<S> {
 impl<S: AsRef<[u8]> + Send + Sync> Drafter for CorpusDrafter<S> {
     fn propose(&mut self, context: &[u32], max: usize) -> Result<Draft> {
         let from = context.len().saturating_sub(self.max_context);
-        let seq = context[from..].to_vec();
+        let mut seq = Vec::with_capacity(context.len() - from + max);
+        seq.extend_from_slice(&context[from..]);
         // The chain holds within one draft, whose every step adds the token just drafted, and
         // from the step of the last draft that the engine kept.
         let mut history = std::mem::take(&mut self.history);
         self.chain = history.drain(..).rev().find(|c| c.leads_to(&seq));
         self.history = history;
-        let draft = grow_draft(seq, max, |seq| {
+        let draft = grow_draft(&mut seq, max, |seq| {
             let next = self.ranked(seq, 1)?.into_iter().next();
             self.history.extend(self.chain.clone());
             Ok(next)

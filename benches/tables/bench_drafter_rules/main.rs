@@ -6,7 +6,9 @@
 //!
 //! INDEX: an index in the tokens of TOKENIZER (a name or a `tokenizer.json`); FILE: held-out
 //! texts. Each file gives one request: 200 tokens at a spread offset as the prompt, the next
-//! 1,088 as the continuation a verifier keeps. Each step drafts 16 tokens (a
+//! 1,088 as the continuation a verifier keeps. A FILE ending in `.json` is a list of requests
+//! instead, `[[prompt_ids, continuation_ids], …]`, as `bench_drafter.py --save-requests`
+//! writes them (the model's greedy continuations: the Python protocol's requests). Each step drafts 16 tokens (a
 //! `decode::session::DraftSession`, as `infgram.Drafter` runs it) and keeps the continuation's
 //! tokens the draft got right, plus one. Times are of `draft` and of `extend` (with the kept
 //! tokens), in this thread; each rule runs
@@ -28,6 +30,13 @@ fn main() {
     let tok = infgram::service::load_tokenizer(&args[1]).expect("the tokenizer");
     let mut requests = Vec::new();
     for (r, file) in args[2..].iter().enumerate() {
+        if file.ends_with(".json") {
+            let text = std::fs::read_to_string(file).expect("a requests file");
+            let list: Vec<(Vec<u32>, Vec<u32>)> =
+                serde_json::from_str(&text).expect("[[prompt_ids, continuation_ids], …]");
+            requests.extend(list);
+            continue;
+        }
         let text = std::fs::read_to_string(file).expect("a held-out text");
         let t = tok.encode(&text).expect("tokens");
         if t.len() < 1400 {
