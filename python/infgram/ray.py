@@ -346,7 +346,8 @@ class Router:
     def index(self, tokenizer: Optional[str] = None,
               name: str = "index") -> "Index":
         """An ``infgram.Index`` over these actors: infgram's protocol (``query``), SBIS
-        generation (``generate``) and the infini-gram HTTP API (``api``), with the build's
+        generation (``generate``), the infini-gram HTTP API (``api``) and drafting
+        (``infgram.Drafter(index=...)``), with the build's
         tokenizer (or ``tokenizer``, of the same fingerprint)."""
         from . import Index
 

@@ -82,6 +82,12 @@ fn py_err(e: infgram::Error) -> PyErr {
     }
 }
 
+/// Where the corpus drafter reads: an index here, or shards a callable answers for.
+enum Corpus {
+    Here(Arc<Idx>),
+    Elsewhere(infgram::service::shards::SharedShards),
+}
+
 /// Drafts for an engine's speculative loop (see the module docs).
 #[pyclass(frozen, module = "infgram._native")]
 pub struct Drafter {
@@ -90,7 +96,8 @@ pub struct Drafter {
 
 #[pymethods]
 impl Drafter {
-    /// `index`: an `Index` to draft from (the corpus, built with the engine's tokenizer);
+    /// `index`: an `Index` to draft from (the corpus, built with the engine's tokenizer; one
+    /// over shards held elsewhere drafts the same, each draft token a round trip to them);
     /// `past_outputs`: a file of past outputs (created on first use, written after each
     /// `finish`), in the tokens of `index`'s tokenizer or of `tokenizer` (a short model name,
     /// `bytes`, or a tokenizer file); `prompt_lookup`: draft from the request's own context;
@@ -108,11 +115,15 @@ impl Drafter {
         corpus_rule: &str,
     ) -> PyResult<Self> {
         let corpus_rule = corpus_rule_named(corpus_rule)?;
-        let (opened, index_tok) = match &index {
-            Some(i) => (
-                Some(i.local("drafting from a corpus")?.clone()),
-                Some(i.tok.clone()),
-            ),
+        // The corpus: an index here, or shards held elsewhere (asked per draft token).
+        let (corpus, index_tok) = match &index {
+            Some(i) => {
+                let corpus = match &i.over {
+                    Over::Local(opened) => Corpus::Here(opened.clone()),
+                    Over::Remote(shards) => Corpus::Elsewhere(shards.clone()),
+                };
+                (Some(corpus), Some(i.tok.clone()))
+            }
             None => (None, None),
         };
         let drafts = py
@@ -138,7 +149,15 @@ impl Drafter {
                         )?)
                     }
                 };
-                Drafts::new(opened, past, prompt_lookup, corpus_rule)
+                match corpus {
+                    Some(Corpus::Elsewhere(shards)) => {
+                        Drafts::over_shards(shards, past, prompt_lookup, corpus_rule)
+                    }
+                    Some(Corpus::Here(opened)) => {
+                        Drafts::new(Some(opened), past, prompt_lookup, corpus_rule)
+                    }
+                    None => Drafts::new(None, past, prompt_lookup, corpus_rule),
+                }
             })
             .map_err(py_err)?;
         Ok(Drafter {

@@ -5,6 +5,7 @@ its distribution (sampled); Python's drafts are the HTTP route's; 32 threads dra
 interleaved requests get what one thread gets; past outputs are kept in their file.
 """
 
+import json
 import threading
 
 import numpy as np
@@ -105,6 +106,61 @@ def test_python_drafts_are_the_http_route_drafts(tmp_path, rule):
             assert http["token_ids"] == mine["token_ids"] and http["parents"] == mine["parents"], case
             assert http["sources"] == mine["sources"], case
             assert np.allclose(http["probs"], mine["probs"], rtol=0, atol=1e-12), case
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+@pytest.mark.parametrize("rule", ["sbis", "longest_suffix"])
+def test_drafts_over_shards_held_elsewhere_are_the_local_drafts(tmp_path, shards, rule):
+    """A Drafter over an Index whose shards a callable answers for (as the Ray router's do),
+    built in `shards` slices of the documents, drafts what a Drafter over one local index of
+    the same documents drafts: chains and trees, requests grown by extend, past outputs off."""
+    rng = np.random.default_rng(11 + shards)
+    words = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "its", "log"]
+    data = tmp_path / "data.jsonl"
+    with open(data, "w") as f:
+        for _ in range(24):
+            f.write(json.dumps({"text": " ".join(rng.choice(words, size=int(rng.integers(5, 40))))}) + "\n")
+    infgram.build_index([str(data)], str(tmp_path / "whole"), progress=False)
+    whole = infgram.Index(str(tmp_path / "whole"))
+    slices = []
+    for i, (a, b, _) in enumerate(infgram._native.plan_slices([str(data)], shards)):
+        infgram.build_index([str(data)], str(tmp_path / f"s{i}"), progress=False, docs=(a, b))
+        slices.append(infgram.Index(str(tmp_path / f"s{i}")))
+    assert len(slices) == shards
+    infos, owner = [], []
+    for i, s in enumerate(slices):
+        for k, info in enumerate(s.identity()["shard_infos"]):
+            infos.append(info)
+            owner.append((i, k))
+
+    def ask(requests):
+        return [slices[owner[s][0]].answer_shard_queries([(owner[s][1], q)])[0] for s, q in requests]
+
+    ident = whole.identity()
+    remote = infgram.Index(ask=ask, shard_infos=infos, separator=ident["separator"], tokenizer="bytes",
+                           fingerprint=ident["tokenizer"]["fingerprint"], name="sliced")
+    here, there = infgram.Drafter(index=whole, corpus_rule=rule), infgram.Drafter(index=remote, corpus_rule=rule)
+    text = whole.tokenize(" ".join(rng.choice(words, size=60)))
+    drafted = 0
+    for r in range(10):
+        cut = int(rng.integers(4, 30))
+        for d in (here, there):
+            d.start(f"r{r}", text[:cut])
+        for step in range(4):
+            tree = bool((r + step) % 2)
+            a = here.draft(f"r{r}", 12, tree=tree).to_dict()
+            b = there.draft(f"r{r}", 12, tree=tree).to_dict()
+            assert a == b, (r, step)
+            drafted += a["sources"].count("corpus")
+            kept = text[cut: cut + 3]
+            cut += 3
+            for d in (here, there):
+                d.extend(f"r{r}", kept)
+        for d in (here, there):
+            d.finish(f"r{r}")
+    assert drafted > 10, drafted
+    with pytest.raises(ValueError, match="vocabulary"):
+        there.draft_once([5, 300], 4)
 
 
 def test_threads_draft_what_one_thread_drafts(tmp_path):

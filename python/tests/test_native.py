@@ -126,7 +126,7 @@ def test_one_index_class_over_shards_here_or_elsewhere(tmp_path):
     assert answer(remote) == answer(local) and answer(local)[1]["count"] == 8
     assert remote.api(json.dumps({"index": "other", "query_type": "count", "query": "cat"}).encode())[0] == 404
     for call in [lambda: remote.perplexity("the cat"), lambda: remote.ngram_model(2),
-                 lambda: remote.identity(), lambda: infgram.Drafter(index=remote)]:
+                 lambda: remote.identity()]:
         with pytest.raises(ValueError, match="files here"):
             call()
     with pytest.raises(ValueError, match="not both"):

@@ -15,9 +15,10 @@
 
 use super::{Draft, Drafter};
 use crate::error::Result;
+use crate::index::partial::SharedShards;
 use crate::index::query::Occ;
 use crate::index::Index;
-use crate::ngram::levels::{Level, LevelFinder};
+use crate::ngram::levels::{self, Level, LevelFinder};
 use crate::ngram::sbis::sbis_distribution;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -492,6 +493,12 @@ impl Drafter for Braid {
     }
 }
 
+/// Shortest suffix match the corpus drafters draft from.
+const MIN_CORPUS_MATCH: usize = 2;
+
+/// The context is cut to its last this many tokens before the corpus drafters match it.
+const CORPUS_WINDOW: usize = 64;
+
 /// How the corpus drafter picks the next token of the context's longest matching suffix.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum CorpusRule {
@@ -579,8 +586,8 @@ impl<S: AsRef<[u8]> + Sync> CorpusDrafter<S> {
             rule,
             chain: None,
             history: Vec::new(),
-            min_match: 2,
-            max_context: 64,
+            min_match: MIN_CORPUS_MATCH,
+            max_context: CORPUS_WINDOW,
         }
     }
 
@@ -617,7 +624,7 @@ impl<S: AsRef<[u8]> + Sync> CorpusDrafter<S> {
     /// The `n` likeliest next tokens after `seq` with their confidences, best first (ties to
     /// the smaller id); none when the longest match is shorter than `min_match`.
     fn ranked(&mut self, seq: &[u32], n: usize) -> Result<Vec<(u32, f64)>> {
-        let (len, mut scored) = match self.rule {
+        let (len, scored) = match self.rule {
             CorpusRule::MostFrequent => {
                 // The first level: the longest suffix with a next token (the ∞-gram's), its
                 // counts from the index's counts cache; after a drafted token, from the last
@@ -638,14 +645,7 @@ impl<S: AsRef<[u8]> + Sync> CorpusDrafter<S> {
                     len: level.len,
                     ranges,
                 });
-                let level = &level;
-                let total = level.total.max(1) as f64;
-                let shares = level
-                    .counts
-                    .iter()
-                    .map(|&(t, c)| (t, (c as f64 + 0.5) / (total + 1.0)))
-                    .collect();
-                (level.len, shares)
+                (level.len, level_shares(&level))
             }
             CorpusRule::Sbis { decay } => {
                 self.index.check_tokens(seq)?;
@@ -654,21 +654,43 @@ impl<S: AsRef<[u8]> + Sync> CorpusDrafter<S> {
                 (len, sbis_distribution(&levels, decay))
             }
         };
-        if len < self.min_match {
-            return Ok(Vec::new());
-        }
-        let order = |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        if n == 1 {
-            // The draft's chain needs only the best: no sort of a long tail.
-            scored = scored.into_iter().min_by(order).into_iter().collect();
-        } else {
-            scored.sort_by(order);
-            scored.truncate(n);
-        }
-        // Discounted for short matches, as prompt lookup's confidences are.
-        let length = 1.0 - 0.5f64.powi(len.min(60) as i32);
-        Ok(scored.into_iter().map(|(t, p)| (t, p * length)).collect())
+        Ok(best_scored(len, scored, n, self.min_match))
     }
+}
+
+/// The longest-suffix rule's probabilities: each continuation's share of the level's count,
+/// with half a pseudo-count for it and one in all.
+fn level_shares(level: &Level) -> Vec<(u32, f64)> {
+    let total = level.total.max(1) as f64;
+    level
+        .counts
+        .iter()
+        .map(|&(t, c)| (t, (c as f64 + 0.5) / (total + 1.0)))
+        .collect()
+}
+
+/// The `n` best of `scored` after a longest match of `len` tokens, best first (ties to the
+/// smaller id), discounted for short matches as prompt lookup's confidences are; none when
+/// the match is shorter than `min_match`.
+fn best_scored(
+    len: usize,
+    mut scored: Vec<(u32, f64)>,
+    n: usize,
+    min_match: usize,
+) -> Vec<(u32, f64)> {
+    if len < min_match {
+        return Vec::new();
+    }
+    let order = |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    if n == 1 {
+        // The draft's chain needs only the best: no sort of a long tail.
+        scored = scored.into_iter().min_by(order).into_iter().collect();
+    } else {
+        scored.sort_by(order);
+        scored.truncate(n);
+    }
+    let length = 1.0 - 0.5f64.powi(len.min(60) as i32);
+    scored.into_iter().map(|(t, p)| (t, p * length)).collect()
 }
 
 impl<S: AsRef<[u8]> + Send + Sync> Drafter for CorpusDrafter<S> {
@@ -696,6 +718,62 @@ impl<S: AsRef<[u8]> + Send + Sync> Drafter for CorpusDrafter<S> {
         let ranked = self.ranked(&context[from..], n);
         self.chain = None;
         ranked
+    }
+
+    fn name(&self) -> &str {
+        "corpus"
+    }
+}
+
+/// The corpus drafter over shards held elsewhere (a cluster's, through
+/// [`Shards`](crate::index::partial::Shards)): the same rules, the same context window and the
+/// same drafts as [`CorpusDrafter`] over an index of the same documents, each step's levels
+/// asked in one round trip to every shard ([`levels::levels_over_with`], documents' ends left
+/// out as the local drafter leaves them).
+pub struct ShardsDrafter {
+    shards: SharedShards,
+    rule: CorpusRule,
+}
+
+impl ShardsDrafter {
+    pub fn new(shards: SharedShards, rule: CorpusRule) -> Self {
+        ShardsDrafter { shards, rule }
+    }
+
+    fn ranked(&self, seq: &[u32], n: usize) -> Result<Vec<(u32, f64)>> {
+        self.shards.check_tokens(seq)?;
+        let all = |_: &crate::index::query::Counts| true;
+        let (len, scored) = match self.rule {
+            CorpusRule::MostFrequent => {
+                let levels = levels::levels_over_with(&*self.shards, seq, 1, false, &all, false)?;
+                match levels.first() {
+                    Some(level) => (level.len, level_shares(level)),
+                    None => return Ok(Vec::new()),
+                }
+            }
+            CorpusRule::Sbis { decay } => {
+                let levels = levels::levels_over_with(&*self.shards, seq, -1, false, &all, false)?;
+                let len = levels.first().map_or(0, |l| l.len);
+                (len, sbis_distribution(&levels, decay))
+            }
+        };
+        Ok(best_scored(len, scored, n, MIN_CORPUS_MATCH))
+    }
+}
+
+impl Drafter for ShardsDrafter {
+    fn propose(&mut self, context: &[u32], max: usize) -> Result<Draft> {
+        let from = context.len().saturating_sub(CORPUS_WINDOW);
+        let mut seq = Vec::with_capacity(context.len() - from + max);
+        seq.extend_from_slice(&context[from..]);
+        grow_draft(&mut seq, max, |seq| {
+            Ok(self.ranked(seq, 1)?.into_iter().next())
+        })
+    }
+
+    fn alternatives(&mut self, context: &[u32], n: usize) -> Result<Vec<(u32, f64)>> {
+        let from = context.len().saturating_sub(CORPUS_WINDOW);
+        self.ranked(&context[from..], n)
     }
 
     fn name(&self) -> &str {
@@ -974,5 +1052,69 @@ mod tests {
             steps > 500 && searched_again > 100,
             "{steps} {searched_again}"
         );
+    }
+
+    /// Over shards held elsewhere (asked through [`Shards`], here an index answering for
+    /// itself), the corpus drafter drafts what it drafts over the index: the same tokens,
+    /// confidences and ranked alternatives, under both rules, on random corpora of 1–3 shards
+    /// with document ends, contexts grown as an engine grows them.
+    #[test]
+    fn over_shards_the_corpus_drafter_drafts_what_it_drafts_over_the_index() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n) as u32
+        };
+        let mut drafted = 0;
+        for round in 0..48 {
+            let spec = crate::tokenizer::TokenizerSpec::synthetic(12);
+            let docs: Vec<Vec<u32>> = (0..1 + next(8))
+                .map(|_| (0..next(60)).map(|_| next(3 + round % 5) + 1).collect())
+                .collect();
+            let Ok(index) = Index::from_docs(spec, &docs, 1 + (round as usize % 3), true) else {
+                continue;
+            };
+            let index = Arc::new(index);
+            let rule = match round % 2 {
+                0 => CorpusRule::default(),
+                _ => CorpusRule::MostFrequent,
+            };
+            let mut here = CorpusDrafter::with_rule(index.clone(), rule);
+            let mut there = ShardsDrafter::new(index.clone(), rule);
+            let mut ctx: Vec<u32> = (0..2 + next(10)).map(|_| next(7) + 1).collect();
+            for _ in 0..12 {
+                let draft = here.propose(&ctx, 10).unwrap();
+                let other = there.propose(&ctx, 10).unwrap();
+                assert_eq!(draft.tokens, other.tokens, "docs {docs:?} ctx {ctx:?}");
+                assert_eq!(
+                    draft.confidence, other.confidence,
+                    "docs {docs:?} ctx {ctx:?}"
+                );
+                assert_eq!(
+                    here.alternatives(&ctx, 3).unwrap(),
+                    there.alternatives(&ctx, 3).unwrap()
+                );
+                drafted += draft.tokens.len();
+                let kept = next(draft.tokens.len() as u64 + 1) as usize;
+                ctx.extend_from_slice(&draft.tokens[..kept]);
+                ctx.push(next(7) + 1);
+            }
+        }
+        assert!(drafted > 300, "{drafted}");
+        // A token outside the vocabulary is refused there as here.
+        let index = Arc::new(
+            Index::from_docs(
+                crate::tokenizer::TokenizerSpec::synthetic(12),
+                &[vec![1, 2, 3]],
+                1,
+                true,
+            )
+            .unwrap(),
+        );
+        assert!(ShardsDrafter::new(index.clone(), CorpusRule::MostFrequent)
+            .propose(&[1, 99], 4)
+            .is_err());
     }
 }

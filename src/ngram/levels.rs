@@ -451,9 +451,23 @@ pub fn levels_over(
     include_empty: bool,
     keep: &dyn Fn(&Counts) -> bool,
 ) -> Result<Vec<Level>> {
+    levels_over_with(shards, ctx, k, include_empty, keep, true)
+}
+
+/// [`levels_over`], with documents' ends counted for the separator only with `keep_end`: the
+/// same levels as [`LevelFinder::levels_where`] by a finder of that `keep_end` (the corpus
+/// drafter's leaves them out).
+pub fn levels_over_with(
+    shards: &(impl Shards + ?Sized),
+    ctx: &[u32],
+    k: i64,
+    include_empty: bool,
+    keep: &dyn Fn(&Counts) -> bool,
+    keep_end: bool,
+) -> Result<Vec<Level>> {
     let mut kept = Vec::new();
     let mut prev_total = 0;
-    for p in partial::level_points(shards, ctx, include_empty, true)? {
+    for p in partial::level_points(shards, ctx, include_empty, keep_end)? {
         let total: u64 = p.counts.iter().map(|&(_, c)| c).sum();
         if total <= prev_total {
             continue;

@@ -5,10 +5,12 @@
 //! loop's: the same drafters, assembled by [`crate::service::generate::drafters`] in the same
 //! order, planned by the same policy.
 
+use crate::decode::drafters::ShardsDrafter;
 use crate::decode::past::remember;
 use crate::decode::session::DraftSession;
 use crate::decode::Drafter;
 use crate::error::{Error, Result};
+use crate::index::partial::{Shards, SharedShards};
 use crate::index::Index;
 use crate::service::generate::{drafters, AssemblyOptions};
 pub use crate::service::request::CorpusRule;
@@ -29,6 +31,8 @@ pub const MAX_DRAFT_TOKENS: usize = 256;
 /// What drafts, and the open sessions.
 pub struct Drafts {
     index: Option<Arc<Index<Mmap>>>,
+    /// The corpus as shards held elsewhere (instead of `index`).
+    shards: Option<SharedShards>,
     past: Option<PastStore>,
     prompt_lookup: bool,
     corpus_rule: CorpusRule,
@@ -52,13 +56,36 @@ impl Drafts {
         prompt_lookup: bool,
         corpus_rule: CorpusRule,
     ) -> Result<Self> {
-        if index.is_none() && past.is_none() && !prompt_lookup {
+        Self::with_sources(index, None, past, prompt_lookup, corpus_rule)
+    }
+
+    /// [`Drafts::new`] with the corpus in shards held elsewhere (a cluster's, through
+    /// [`Shards`]): the same drafts as over an index of the same documents, each draft token
+    /// a round trip to every shard ([`ShardsDrafter`]).
+    pub fn over_shards(
+        shards: SharedShards,
+        past: Option<PastStore>,
+        prompt_lookup: bool,
+        corpus_rule: CorpusRule,
+    ) -> Result<Self> {
+        Self::with_sources(None, Some(shards), past, prompt_lookup, corpus_rule)
+    }
+
+    fn with_sources(
+        index: Option<Arc<Index<Mmap>>>,
+        shards: Option<SharedShards>,
+        past: Option<PastStore>,
+        prompt_lookup: bool,
+        corpus_rule: CorpusRule,
+    ) -> Result<Self> {
+        if index.is_none() && shards.is_none() && past.is_none() && !prompt_lookup {
             return Err(Error::input(
                 "a drafter needs a source: an index, past outputs, or prompt lookup",
             ));
         }
         Ok(Drafts {
             index,
+            shards,
             past,
             prompt_lookup,
             corpus_rule,
@@ -66,26 +93,36 @@ impl Drafts {
         })
     }
 
-    /// The drafters of a new session: those of the decode loop's speculative decoding.
+    /// The drafters of a new session: those of the decode loop's speculative decoding (the
+    /// corpus drafter over shards last, where [`DrafterSpec::Corpus`] puts the local one).
     fn drafters(&self) -> Result<Vec<Box<dyn Drafter>>> {
         let mut specs = Vec::new();
         if self.prompt_lookup {
             specs.push(DrafterSpec::PromptLookup);
         }
         specs.extend([DrafterSpec::PastOutputs, DrafterSpec::Corpus]);
-        drafters(&AssemblyOptions {
+        let mut list = drafters(&AssemblyOptions {
             drafters: specs,
             corpus_rule: self.corpus_rule,
             drafting_index: self.index.clone(),
             repetition_penalty: 1.0,
             guard: None,
             past_outputs: self.past.as_ref().map(|p| p.outputs.clone()),
-        })
+        })?;
+        if let Some(shards) = &self.shards {
+            let rule = self.corpus_rule.drafter_rule();
+            list.push(Box::new(ShardsDrafter::new(shards.clone(), rule)));
+        }
+        Ok(list)
     }
 
     fn check_ids(&self, ids: &[u32]) -> Result<()> {
-        if let Some(index) = &self.index {
-            let vocab = index.header().tokenizer.vocab_size;
+        let vocab = match (&self.index, &self.shards) {
+            (Some(index), _) => Some(index.header().tokenizer.vocab_size),
+            (None, Some(shards)) => Some(shards.vocab_size()).filter(|&v| v > 0),
+            (None, None) => None,
+        };
+        if let Some(vocab) = vocab {
             if let Some(t) = ids.iter().find(|&&t| t as usize >= vocab) {
                 return Err(Error::Field {
                     field: "context_ids",
