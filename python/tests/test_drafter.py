@@ -108,6 +108,37 @@ def test_python_drafts_are_the_http_route_drafts(tmp_path, rule):
             assert np.allclose(http["probs"], mine["probs"], rtol=0, atol=1e-12), case
 
 
+def test_http_drafts_are_python_drafts_over_three_shards(tmp_path):
+    """The route and the Drafter over an index of three shards, sessions grown by the
+    route's whole-context calls (`request_id`) and by `extend`."""
+    rng = np.random.default_rng(13)
+    docs = [[int(t) for t in rng.integers(1, 12, size=int(rng.integers(10, 80)))] for _ in range(9)]
+    infgram.build_index_from_ids(docs, str(tmp_path / "ix"), 12, docs_per_shard=3)
+    index = infgram.Index(str(tmp_path / "ix"))
+    assert len(index.identity()["shard_infos"]) == 3
+    from_corpus = 0
+    for rule in ["sbis", "longest_suffix"]:
+        drafter = infgram.Drafter(index=index, corpus_rule=rule)
+        with served("--index", f"t={tmp_path / 'ix'}", "--corpus-rule", rule.replace("_", "-")) as server:
+            for r in range(8):
+                doc = docs[r]
+                ctx = doc[: 3 + r]
+                drafter.start(f"q{r}", ctx)
+                for step in range(4):
+                    tree = bool((r + step) % 2)
+                    body = {"context_ids": ctx, "max_tokens": 10, "tree": tree, "request_id": f"q{r}"}
+                    http = server.post("/v1/drafts", body)
+                    mine = drafter.draft(f"q{r}", 10, tree=tree).to_dict()
+                    assert http["token_ids"] == mine["token_ids"] and http["parents"] == mine["parents"], (rule, r)
+                    assert http["sources"] == mine["sources"], (rule, r)
+                    assert np.allclose(http["probs"], mine["probs"], rtol=0, atol=1e-12), (rule, r)
+                    from_corpus += mine["sources"].count("corpus")
+                    kept = doc[len(ctx): len(ctx) + 2] or [1]
+                    ctx = ctx + kept
+                    drafter.extend(f"q{r}", kept)
+    assert from_corpus > 10, from_corpus
+
+
 @pytest.mark.parametrize("shards", [1, 3])
 @pytest.mark.parametrize("rule", ["sbis", "longest_suffix"])
 def test_drafts_over_shards_held_elsewhere_are_the_local_drafts(tmp_path, shards, rule):
