@@ -785,6 +785,40 @@ impl Drafter for ShardsDrafter {
 mod tests {
     use super::*;
 
+    /// A xorshift source of small numbers: `next(n)` is below `n`.
+    fn numbers(seed: u64) -> impl FnMut(u64) -> u32 {
+        let mut x = seed;
+        move |n| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n) as u32
+        }
+    }
+
+    type Documents = Vec<Vec<u32>>;
+
+    /// An index of `shards` shards over 1 to `max_docs` random documents of fewer than
+    /// `max_len` tokens from `1..=alphabet` (with the documents); `None` when it holds no token.
+    fn random_index(
+        next: &mut impl FnMut(u64) -> u32,
+        max_docs: u64,
+        max_len: u64,
+        alphabet: u32,
+        shards: usize,
+    ) -> Option<(Arc<Index<Vec<u8>>>, Documents)> {
+        let spec = crate::tokenizer::TokenizerSpec::synthetic(12);
+        let docs: Vec<Vec<u32>> = (0..1 + next(max_docs))
+            .map(|_| {
+                (0..next(max_len))
+                    .map(|_| next(alphabet as u64) + 1)
+                    .collect()
+            })
+            .collect();
+        let index = Index::from_docs(spec, &docs, shards, true).ok()?;
+        Some((Arc::new(index), docs))
+    }
+
     #[test]
     fn prompt_lookup_follows_the_latest_repeat_and_learns_new_tokens() {
         let mut d = PromptLookup::new(4);
@@ -937,24 +971,13 @@ mod tests {
     /// document ends and several shards) and random contexts.
     #[test]
     fn the_longest_suffix_rule_is_the_infgram_counts() {
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut next = |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % n) as u32
-        };
+        let mut next = numbers(0x9e37_79b9_7f4a_7c15);
         let mut drafted = 0;
         for round in 0..40 {
-            let spec = crate::tokenizer::TokenizerSpec::synthetic(12);
-            let docs: Vec<Vec<u32>> = (0..1 + next(6))
-                .map(|_| (0..next(40)).map(|_| next(4 + round % 6) + 1).collect())
-                .collect();
             let shards = 1 + (round as usize % 3);
-            let Ok(index) = Index::from_docs(spec, &docs, shards, true) else {
+            let Some((index, docs)) = random_index(&mut next, 6, 40, 4 + round % 6, shards) else {
                 continue;
             };
-            let index = Arc::new(index);
             let mut frequent = CorpusDrafter::with_rule(index.clone(), CorpusRule::MostFrequent);
             for _ in 0..30 {
                 let ctx: Vec<u32> = (0..1 + next(8)).map(|_| next(8) + 1).collect();
@@ -986,24 +1009,13 @@ mod tests {
     /// requests whose contexts grow past the window as an engine extends them.
     #[test]
     fn a_chained_draft_is_the_draft_searched_anew_each_step() {
-        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-        let mut next = |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % n) as u32
-        };
+        let mut next = numbers(0x2545_f491_4f6c_dd1d);
         let (mut steps, mut searched_again) = (0, 0);
         for round in 0..60 {
-            let spec = crate::tokenizer::TokenizerSpec::synthetic(12);
-            let docs: Vec<Vec<u32>> = (0..1 + next(8))
-                .map(|_| (0..next(50)).map(|_| next(3 + round % 5) + 1).collect())
-                .collect();
             let shards = 1 + (round as usize % 3);
-            let Ok(index) = Index::from_docs(spec, &docs, shards, true) else {
+            let Some((index, docs)) = random_index(&mut next, 8, 50, 3 + round % 5, shards) else {
                 continue;
             };
-            let index = Arc::new(index);
             let mut chained = CorpusDrafter::with_rule(index.clone(), CorpusRule::MostFrequent);
             let mut fresh = CorpusDrafter::with_rule(index.clone(), CorpusRule::MostFrequent);
             chained.max_context = 24;
@@ -1060,23 +1072,13 @@ mod tests {
     /// with document ends, contexts grown as an engine grows them.
     #[test]
     fn over_shards_the_corpus_drafter_drafts_what_it_drafts_over_the_index() {
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut next = |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % n) as u32
-        };
+        let mut next = numbers(0x9e37_79b9_7f4a_7c15);
         let mut drafted = 0;
         for round in 0..48 {
-            let spec = crate::tokenizer::TokenizerSpec::synthetic(12);
-            let docs: Vec<Vec<u32>> = (0..1 + next(8))
-                .map(|_| (0..next(60)).map(|_| next(3 + round % 5) + 1).collect())
-                .collect();
-            let Ok(index) = Index::from_docs(spec, &docs, 1 + (round as usize % 3), true) else {
+            let shards = 1 + (round as usize % 3);
+            let Some((index, docs)) = random_index(&mut next, 8, 60, 3 + round % 5, shards) else {
                 continue;
             };
-            let index = Arc::new(index);
             let rule = match round % 2 {
                 0 => CorpusRule::default(),
                 _ => CorpusRule::MostFrequent,
