@@ -3,7 +3,7 @@
 //! drafts ([`infgram::service::drafts::Drafts`]). Thread-safe; every call releases the GIL.
 
 use super::*;
-use infgram::service::drafts::Drafts;
+use infgram::service::drafts::{Corpus, Drafts};
 
 /// A draft: token `i` follows node `parents[i]` (`None`: the end of the context), with the
 /// drafter's probability and the drafter that proposed it. A chain's parents are
@@ -82,12 +82,6 @@ fn py_err(e: infgram::Error) -> PyErr {
     }
 }
 
-/// Where the corpus drafter reads: an index here, or shards a callable answers for.
-enum Corpus {
-    Here(Arc<Idx>),
-    Elsewhere(infgram::service::shards::SharedShards),
-}
-
 /// Drafts for an engine's speculative loop (see the module docs).
 #[pyclass(frozen, module = "infgram._native")]
 pub struct Drafter {
@@ -119,8 +113,8 @@ impl Drafter {
         let (corpus, index_tok) = match &index {
             Some(i) => {
                 let corpus = match &i.over {
-                    Over::Local(opened) => Corpus::Here(opened.clone()),
-                    Over::Remote(shards) => Corpus::Elsewhere(shards.clone()),
+                    Over::Local(opened) => Corpus::Index(opened.clone()),
+                    Over::Remote(shards) => Corpus::Shards(shards.clone()),
                 };
                 (Some(corpus), Some(i.tok.clone()))
             }
@@ -149,15 +143,7 @@ impl Drafter {
                         )?)
                     }
                 };
-                match corpus {
-                    Some(Corpus::Elsewhere(shards)) => {
-                        Drafts::over_shards(shards, past, prompt_lookup, corpus_rule)
-                    }
-                    Some(Corpus::Here(opened)) => {
-                        Drafts::new(Some(opened), past, prompt_lookup, corpus_rule)
-                    }
-                    None => Drafts::new(None, past, prompt_lookup, corpus_rule),
-                }
+                Drafts::with_corpus(corpus, past, prompt_lookup, corpus_rule)
             })
             .map_err(py_err)?;
         Ok(Drafter {

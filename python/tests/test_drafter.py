@@ -84,6 +84,13 @@ def test_sampled_speculative_keeps_the_distribution():
     assert tv_plain < 0.06 and tv_spec < 0.06, (tv_plain, tv_spec)
 
 
+def assert_same_draft(http, mine, case):
+    """The route's draft (JSON) is the Drafter's: tokens, tree, sources, probabilities."""
+    assert http["token_ids"] == mine["token_ids"] and http["parents"] == mine["parents"], case
+    assert http["sources"] == mine["sources"], case
+    assert np.allclose(http["probs"], mine["probs"], rtol=0, atol=1e-12), case
+
+
 @pytest.mark.parametrize("rule", ["sbis", "longest_suffix"])
 def test_python_drafts_are_the_http_route_drafts(tmp_path, rule):
     """Under either corpus rule (the server's --corpus-rule, the Drafter's corpus_rule)."""
@@ -103,9 +110,7 @@ def test_python_drafts_are_the_http_route_drafts(tmp_path, rule):
             max_tokens, tree = int(rng.integers(1, 17)), bool(case % 2)
             http = server.post("/v1/drafts", {"context_ids": text[:cut], "max_tokens": max_tokens, "tree": tree})
             mine = drafter.draft_once(text[:cut], max_tokens, tree).to_dict()
-            assert http["token_ids"] == mine["token_ids"] and http["parents"] == mine["parents"], case
-            assert http["sources"] == mine["sources"], case
-            assert np.allclose(http["probs"], mine["probs"], rtol=0, atol=1e-12), case
+            assert_same_draft(http, mine, case)
 
 
 def test_http_drafts_are_python_drafts_over_three_shards(tmp_path):
@@ -129,9 +134,7 @@ def test_http_drafts_are_python_drafts_over_three_shards(tmp_path):
                     body = {"context_ids": ctx, "max_tokens": 10, "tree": tree, "request_id": f"q{r}"}
                     http = server.post("/v1/drafts", body)
                     mine = drafter.draft(f"q{r}", 10, tree=tree).to_dict()
-                    assert http["token_ids"] == mine["token_ids"] and http["parents"] == mine["parents"], (rule, r)
-                    assert http["sources"] == mine["sources"], (rule, r)
-                    assert np.allclose(http["probs"], mine["probs"], rtol=0, atol=1e-12), (rule, r)
+                    assert_same_draft(http, mine, (rule, r))
                     from_corpus += mine["sources"].count("corpus")
                     kept = doc[len(ctx): len(ctx) + 2] or [1]
                     ctx = ctx + kept

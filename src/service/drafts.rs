@@ -30,13 +30,21 @@ pub const MAX_DRAFT_TOKENS: usize = 256;
 
 /// What drafts, and the open sessions.
 pub struct Drafts {
-    index: Option<Arc<Index<Mmap>>>,
-    /// The corpus as shards held elsewhere (instead of `index`).
-    shards: Option<SharedShards>,
+    corpus: Option<Corpus>,
     past: Option<PastStore>,
     prompt_lookup: bool,
     corpus_rule: CorpusRule,
     sessions: Mutex<Sessions>,
+}
+
+/// The corpus the corpus drafter reads.
+pub enum Corpus {
+    /// An index here.
+    Index(Arc<Index<Mmap>>),
+    /// Shards held elsewhere (a cluster's, through [`Shards`]): the same drafts as over an
+    /// index of the same documents, each draft token a round trip to every shard
+    /// ([`ShardsDrafter`]).
+    Shards(SharedShards),
 }
 
 /// Open sessions by request id, with when each was last used.
@@ -56,36 +64,23 @@ impl Drafts {
         prompt_lookup: bool,
         corpus_rule: CorpusRule,
     ) -> Result<Self> {
-        Self::with_sources(index, None, past, prompt_lookup, corpus_rule)
+        Self::with_corpus(index.map(Corpus::Index), past, prompt_lookup, corpus_rule)
     }
 
-    /// [`Drafts::new`] with the corpus in shards held elsewhere (a cluster's, through
-    /// [`Shards`]): the same drafts as over an index of the same documents, each draft token
-    /// a round trip to every shard ([`ShardsDrafter`]).
-    pub fn over_shards(
-        shards: SharedShards,
+    /// [`Drafts::new`] with the corpus here or in shards held elsewhere.
+    pub fn with_corpus(
+        corpus: Option<Corpus>,
         past: Option<PastStore>,
         prompt_lookup: bool,
         corpus_rule: CorpusRule,
     ) -> Result<Self> {
-        Self::with_sources(None, Some(shards), past, prompt_lookup, corpus_rule)
-    }
-
-    fn with_sources(
-        index: Option<Arc<Index<Mmap>>>,
-        shards: Option<SharedShards>,
-        past: Option<PastStore>,
-        prompt_lookup: bool,
-        corpus_rule: CorpusRule,
-    ) -> Result<Self> {
-        if index.is_none() && shards.is_none() && past.is_none() && !prompt_lookup {
+        if corpus.is_none() && past.is_none() && !prompt_lookup {
             return Err(Error::input(
                 "a drafter needs a source: an index, past outputs, or prompt lookup",
             ));
         }
         Ok(Drafts {
-            index,
-            shards,
+            corpus,
             past,
             prompt_lookup,
             corpus_rule,
@@ -104,12 +99,15 @@ impl Drafts {
         let mut list = drafters(&AssemblyOptions {
             drafters: specs,
             corpus_rule: self.corpus_rule,
-            drafting_index: self.index.clone(),
+            drafting_index: match &self.corpus {
+                Some(Corpus::Index(index)) => Some(index.clone()),
+                _ => None,
+            },
             repetition_penalty: 1.0,
             guard: None,
             past_outputs: self.past.as_ref().map(|p| p.outputs.clone()),
         })?;
-        if let Some(shards) = &self.shards {
+        if let Some(Corpus::Shards(shards)) = &self.corpus {
             let rule = self.corpus_rule.drafter_rule();
             list.push(Box::new(ShardsDrafter::new(shards.clone(), rule)));
         }
@@ -117,10 +115,10 @@ impl Drafts {
     }
 
     fn check_ids(&self, ids: &[u32]) -> Result<()> {
-        let vocab = match (&self.index, &self.shards) {
-            (Some(index), _) => Some(index.header().tokenizer.vocab_size),
-            (None, Some(shards)) => Some(shards.vocab_size()).filter(|&v| v > 0),
-            (None, None) => None,
+        let vocab = match &self.corpus {
+            Some(Corpus::Index(index)) => Some(index.header().tokenizer.vocab_size),
+            Some(Corpus::Shards(shards)) => Some(shards.vocab_size()).filter(|&v| v > 0),
+            None => None,
         };
         if let Some(vocab) = vocab {
             if let Some(t) = ids.iter().find(|&&t| t as usize >= vocab) {
