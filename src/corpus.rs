@@ -57,7 +57,7 @@ pub fn list_files(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
                                 .is_some_and(|io| io.kind() == std::io::ErrorKind::NotFound) =>
                     {
                         let at = e.path().map_or(input.clone(), Path::to_path_buf);
-                        eprintln!("warning: skipping {}: {e}", at.display());
+                        crate::diag!("warning: skipping {}: {e}", at.display());
                         continue;
                     }
                     Err(e) => return Err(Error::input(format!("{}: {e}", input.display()))),
@@ -188,7 +188,7 @@ pub fn for_each_doc_in(
                 Ok(s) => s,
                 Err(e) => {
                     let bytes = e.into_bytes();
-                    eprintln!(
+                    crate::diag!(
                         "warning: {}: {} bytes are not UTF-8 and are indexed as U+FFFD (a binary \
                          file?)",
                         path.display(),

@@ -1,4 +1,7 @@
 //! The `infgram` command-line tool: one file per subcommand under `cli/`.
+// Diagnostics go through `infgram::diag!`: `eprintln!` panics when standard error cannot be
+// written.
+#![deny(clippy::print_stderr)]
 
 mod cli;
 
@@ -113,17 +116,42 @@ fn main() {
         Command::Verify { index } => cli::verify(&index),
         Command::Fetch { what } => cli::fetch(&what),
     };
+    // What the command printed is out before the status says it succeeded (a failed flush is
+    // the command's failure, not a silent loss at exit).
+    let result = result.and_then(|()| {
+        use std::io::Write as _;
+        Ok(std::io::stdout().lock().flush()?)
+    });
     if let Err(e) = result {
-        // A closed pipe (e.g. `| head`) is not an error.
-        if e.chain().any(|c| {
-            c.downcast_ref::<std::io::Error>()
-                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-        }) {
+        // A reader of standard output that stopped reading (`| head`) is not an error; any
+        // other broken pipe (a FIFO given as an output, a child's pipe) is.
+        if is_broken_pipe(&e) && stdout_reader_gone() {
             std::process::exit(0);
         }
-        eprintln!("error: {}", message(&e));
+        infgram::diag!("error: {}", message(&e));
         std::process::exit(1);
     }
+}
+
+/// Whether `e` or one of its causes is a broken pipe.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Whether standard output is a pipe or socket whose reading end is closed (`poll` reports an
+/// error or a hang-up on it without waiting).
+fn stdout_reader_gone() -> bool {
+    let mut fd = libc::pollfd {
+        fd: libc::STDOUT_FILENO,
+        events: 0,
+        revents: 0,
+    };
+    // SAFETY: one pollfd on the stack, a zero timeout.
+    let ready = unsafe { libc::poll(&mut fd, 1, 0) };
+    ready == 1 && fd.revents & (libc::POLLERR | libc::POLLHUP) != 0
 }
 
 /// The command line, or the process ends: `--help` and `--version` print and exit 0 (1 when
@@ -143,7 +171,7 @@ fn parse_or_exit() -> Cli {
     let written = write!(out, "{}", e.render()).and_then(|()| out.flush());
     match written {
         Err(w) if w.kind() != std::io::ErrorKind::BrokenPipe => {
-            eprintln!("error: cannot write the help text to standard output: {w}");
+            infgram::diag!("error: cannot write the help text to standard output: {w}");
             std::process::exit(1);
         }
         _ => std::process::exit(0),

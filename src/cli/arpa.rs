@@ -46,7 +46,7 @@ pub fn run(args: ArpaArgs) -> Result<()> {
     );
     // On standard output the model is the output: the summary goes to stderr.
     if target == Target::Stdout {
-        eprintln!("{line}");
+        infgram::diag!("{line}");
     } else {
         outln!("{line}")?;
     }

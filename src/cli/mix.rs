@@ -101,12 +101,12 @@ fn fit(args: &FitArgs) -> Result<()> {
     let r = &fitted.report;
     print_mixture(r)?;
     if let Some(table) = fitted.table_ppl {
-        eprintln!(
+        infgram::diag!(
             "on these positions: λ model {:.4}, its table alone {table:.4} (perplexity)",
             r.report.ppl,
         );
     }
-    eprintln!(
+    infgram::diag!(
         "wrote {} (fitted on {} tokens of {} file{})",
         args.output.display(),
         r.report.tokens,
@@ -181,7 +181,7 @@ fn print_warnings(r: &ScoredMixture) {
         .iter()
         .filter(|d| d.overlap > OVERLAP_DROP)
     {
-        eprintln!(
+        infgram::diag!(
             "warning: {}: {:.0}% of its {OVERLAP_N}-token windows are in the index (the infini-gram \
              paper drops documents above {:.0}%){}",
             d.document,
@@ -195,7 +195,7 @@ fn print_warnings(r: &ScoredMixture) {
         );
     }
     if r.overlap > OVERLAP_WARN {
-        eprintln!(
+        infgram::diag!(
             "warning: {:.0}% of the text's {OVERLAP_N}-token windows are in the index: the text is \
              largely part of the corpus (the infini-gram paper drops documents above 80%), so the \
              mixture's gain is inflated",

@@ -312,7 +312,7 @@ impl ModelArgs {
         // threads on 2 cores): cap them.
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let threads = if self.threads > cores {
-            eprintln!(
+            infgram::diag!(
                 "warning: --threads {} is more than the {cores} cores here; using {cores}",
                 self.threads
             );

@@ -72,7 +72,7 @@ unsafe fn map_file(path: &Path) -> Result<Mmap> {
     let map = unsafe { Mmap::map(&f) }.map_err(|e| Error::io(path, e))?;
     #[cfg(unix)]
     if let Err(e) = map.advise(memmap2::Advice::Random) {
-        eprintln!("warning: madvise on {}: {e}", path.display());
+        crate::diag!("warning: madvise on {}: {e}", path.display());
     }
     Ok(map)
 }

@@ -104,7 +104,9 @@ fn from_hub(spec: &str) -> Result<ModelSource> {
         )));
     }
     // One line even when stderr is not a terminal (no progress bar then): a fetch is never silent.
-    eprintln!("resolving hf:{spec} on the Hugging Face Hub (files download on first use only) ...");
+    crate::diag!(
+        "resolving hf:{spec} on the Hugging Face Hub (files download on first use only) ..."
+    );
     let api = hf_hub::api::sync::ApiBuilder::from_env()
         .with_progress(std::io::stderr().is_terminal())
         .build()

@@ -72,7 +72,7 @@ impl FullCheck {
                         CheckState::Passed
                     }
                     Err(e) => {
-                        eprintln!(
+                        crate::diag!(
                             "index {name:?} failed its full check: {e}; its queries are refused"
                         );
                         CheckState::Failed(e.to_string())

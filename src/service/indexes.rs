@@ -101,7 +101,7 @@ fn note_if_unverified(index: &Index<Mmap>) {
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     if !noted.iter().any(|d| d == dir) {
         noted.push(dir.to_path_buf());
-        eprintln!(
+        crate::diag!(
             "note: {} was checked at open by sampled blocks (its files are large) and was never \
              verified whole; `infgram verify {}` reads every byte and records it",
             dir.display(),
@@ -230,13 +230,13 @@ pub fn open_cached_index(
         match Index::open(&dir) {
             Ok(index) => return Ok((dir, index)),
             Err(e @ (crate::Error::Corrupt { .. } | crate::Error::Version { .. })) => {
-                eprintln!("the cached index is unusable ({e}); rebuilding it");
+                crate::diag!("the cached index is unusable ({e}); rebuilding it");
                 std::fs::remove_dir_all(&dir).map_err(|e| crate::Error::io(&dir, e))?;
             }
             Err(e) => return Err(e),
         }
     }
-    eprintln!(
+    crate::diag!(
         "indexing {} into {} (first use only) ...",
         inputs
             .iter()
@@ -251,9 +251,11 @@ pub fn open_cached_index(
         ..Default::default()
     };
     let s = build_index(&inputs, &dir, tok, &opts)?;
-    eprintln!(
+    crate::diag!(
         "indexed {} tokens in {} documents ({:.2} s)",
-        s.tokens, s.documents, s.seconds
+        s.tokens,
+        s.documents,
+        s.seconds
     );
     let index = Index::open(&dir)?;
     Ok((dir, index))
