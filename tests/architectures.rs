@@ -105,6 +105,12 @@ const FAMILIES: [Family; 4] = [
 /// Writes `family`'s tiny model into `dir`; `break_shape` gives `blk.0.attn_k` one row too
 /// many.
 fn write_model(dir: &Path, family: &Family, break_shape: bool) -> PathBuf {
+    write_model_with_eos(dir, family, break_shape, 1)
+}
+
+/// [`write_model`] with `eos` as its `tokenizer.ggml.eos_token_id` (named in the file's name
+/// when it is not 1).
+fn write_model_with_eos(dir: &Path, family: &Family, break_shape: bool, eos: u32) -> PathBuf {
     let f = family.name;
     let (n_head, n_kv) = family.heads;
     let hd = family.head_dim.unwrap_or(DIM / n_head);
@@ -128,7 +134,7 @@ fn write_model(dir: &Path, family: &Family, break_shape: bool) -> PathBuf {
         ),
         (format!("{f}.rope.freq_base"), Value::F32(10_000.0)),
         (format!("{f}.rope.dimension_count"), Value::U32(hd as u32)),
-        ("tokenizer.ggml.eos_token_id".into(), Value::U32(1)),
+        ("tokenizer.ggml.eos_token_id".into(), Value::U32(eos)),
     ];
     if let Some(hd) = family.head_dim {
         md.push((format!("{f}.attention.key_length"), Value::U32(hd as u32)));
@@ -234,8 +240,13 @@ fn write_model(dir: &Path, family: &Family, break_shape: bool) -> PathBuf {
         }
     }
     let path = dir.join(format!(
-        "{f}{}.gguf",
-        if break_shape { "-broken" } else { "" }
+        "{f}{}{}.gguf",
+        if break_shape { "-broken" } else { "" },
+        if eos == 1 {
+            String::new()
+        } else {
+            format!("-eos{eos}")
+        }
     ));
     let md_refs: Vec<(&str, &Value)> = md.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let t_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
@@ -433,6 +444,31 @@ fn shapes_that_contradict_the_metadata_are_refused_before_any_pass() {
         e.contains("\"mamba\" is not supported (supported: llama, qwen2, qwen3, gemma3)"),
         "{e}"
     );
+}
+
+/// Issue 56, 6: an end-of-sequence id outside the vocabulary was accepted, and generation
+/// never ended naturally. Both backends refuse it by its key.
+#[test]
+fn a_special_id_outside_the_vocabulary_is_refused_by_both_backends() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_model_with_eos(dir.path(), &FAMILIES[0], false, 4_000_000_000);
+    let native = Decoder::from_gguf(&path)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        native.contains("tokenizer.ggml.eos_token_id is 4000000000")
+            && native.contains(&format!("vocabulary of {VOCAB} tokens")),
+        "{native}"
+    );
+    let candle = CandleDecoder::from_gguf(&path)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert_eq!(candle, native);
+    // The last id of the vocabulary is one.
+    let last = write_model_with_eos(dir.path(), &FAMILIES[0], false, VOCAB as u32 - 1);
+    assert!(Decoder::from_gguf(&last).is_ok());
 }
 
 /// Gemma 3 270M Q4_K_M itself (`gemma3-270m`, fetched on first use): its tokenizer rebuilt

@@ -70,7 +70,8 @@ pub struct GenArgs {
     pub speculative: bool,
     /// With --model: remember outputs in FILE (created on first use) and, with --speculative,
     /// draft from the outputs of earlier runs: a task run again with other data is drafted
-    /// from what the model wrote before. Keeps the newest 262,144 tokens. A regular file only:
+    /// from what the model wrote before. Keeps at most 262,144 tokens (past that, the newest
+    /// three quarters); a file holding more is refused. A regular file only:
     /// written beside and renamed over after the generation; checked at start.
     #[arg(long, value_name = "FILE", requires = "model")]
     pub past_outputs: Option<PathBuf>,
@@ -79,7 +80,7 @@ pub struct GenArgs {
     #[arg(long, requires = "speculative")]
     pub draft_trees: bool,
     /// With --speculative: longest draft verified in one pass (default 16).
-    #[arg(long)]
+    #[arg(long, requires = "speculative")]
     pub draft_max: Option<usize>,
     /// With --speculative and --index: how the index drafts: the SBIS argmax, or the longest
     /// matching suffix's most frequent continuation (cheaper; better on a large corpus).
@@ -90,7 +91,7 @@ pub struct GenArgs {
     #[arg(long, requires = "model")]
     pub compare: bool,
     /// With --model: repetition penalty over the last 64 tokens, above 0 (default 1: none).
-    #[arg(long)]
+    #[arg(long, requires = "model")]
     pub repetition_penalty: Option<f64>,
     /// With --model: sample from the mixture of the model and the ∞-gram of --index (built
     /// with the model's tokenizer; default: Shakespeare's complete works in the model's tokens,
@@ -106,7 +107,7 @@ pub struct GenArgs {
     #[arg(long, value_name = "FILE", requires = "model")]
     pub trace: Option<PathBuf>,
     /// With --model: use the prompt as is, without the chat template.
-    #[arg(long)]
+    #[arg(long, requires = "model")]
     pub raw: bool,
     /// Copy guard: the output never repeats more than L consecutive tokens of the guard's
     /// corpus (the prompt's tail counts). Exact: tokens that would make a longer copied span
@@ -272,7 +273,7 @@ impl<'a> Output<'a> {
         }
         self.out.flush()?;
         for line in stats {
-            eprintln!("{line}");
+            infgram::diag!("{line}");
         }
         Ok(())
     }

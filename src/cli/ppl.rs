@@ -80,13 +80,13 @@ pub struct PplArgs {
     #[arg(long, requires_all = ["model", "index"])]
     pub no_infgram_ppl: bool,
     /// With --model: window length in tokens.
-    #[arg(long, default_value_t = infgram::service::score::DEFAULT_WINDOW)]
+    #[arg(long, default_value_t = infgram::service::score::DEFAULT_WINDOW, requires = "model")]
     pub window: usize,
     /// With --model: window stride in tokens.
-    #[arg(long, default_value_t = infgram::service::score::DEFAULT_STRIDE)]
+    #[arg(long, default_value_t = infgram::service::score::DEFAULT_STRIDE, requires = "model")]
     pub stride: usize,
     /// With --model: score only the first N tokens of the text (0: all).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, requires = "model")]
     pub limit: usize,
     #[command(flatten)]
     pub model_args: super::ModelArgs,

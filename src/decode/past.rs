@@ -25,9 +25,11 @@
 //! generation. `bench_decode repeated` measures both.
 //!
 //! **Bounded.** The automaton keeps at most `budget` tokens: when an append passes it, the
-//! oldest outputs are dropped until three quarters of the budget are left and the automaton is
-//! rebuilt from the rest (O(budget), once per quarter budget of appended tokens: amortized
-//! O(1) a token).
+//! oldest tokens are dropped until the new output fits in three quarters of the budget (the
+//! oldest output kept is cut at its start, not dropped whole: the newest tokens that fit stay)
+//! and the automaton is rebuilt from the rest (O(budget), once per quarter budget of appended
+//! tokens: amortized O(1) a token). A file holding more than the budget is refused at load,
+//! never emptied.
 //!
 //! **Shared.** [`SharedPastOutputs`] is an `Arc<RwLock<_>>`: drafters of concurrent
 //! generations read it, a finished generation appends under the write lock.
@@ -328,7 +330,8 @@ impl PastOutputs {
 
     /// Appends one output (draftable at once). Empty outputs are skipped; an output longer
     /// than the budget keeps its last `budget` tokens. When the budget is passed, the oldest
-    /// outputs go and the automaton is rebuilt from the rest.
+    /// tokens go until three quarters of the budget hold the rest and the new output (the
+    /// oldest output kept is cut at its start), and the automaton is rebuilt from them.
     ///
     /// The counts are kept by walking up the suffix links after each token, which is short
     /// for text but as long as the match for a repetition (an output of one token repeated);
@@ -341,10 +344,7 @@ impl PastOutputs {
         }
         if self.tokens + output.len() > self.budget {
             let keep = self.budget - self.budget / 4;
-            while !self.outputs.is_empty() && self.tokens + output.len() > keep {
-                let gone = self.outputs.pop_front().expect("non-empty");
-                self.tokens -= gone.len();
-            }
+            self.keep_newest(keep.saturating_sub(output.len()));
             self.rebuild();
         }
         let mut steps = self.automaton.states.len() + 2 * output.len() + 64;
@@ -358,6 +358,22 @@ impl PastOutputs {
         }
         self.tokens += output.len();
         self.outputs.push_back(output.to_vec());
+    }
+
+    /// Drops the oldest tokens until at most `room` are left: whole outputs first, then the
+    /// start of the oldest one left.
+    fn keep_newest(&mut self, room: usize) {
+        while self.tokens > room {
+            let excess = self.tokens - room;
+            let oldest = self.outputs.front_mut().expect("tokens are in outputs");
+            if oldest.len() <= excess {
+                self.tokens -= oldest.len();
+                self.outputs.pop_front();
+            } else {
+                oldest.drain(..excess);
+                self.tokens -= excess;
+            }
+        }
     }
 
     /// Builds the automaton anew from the outputs kept, in O(their tokens): the structure
@@ -374,24 +390,13 @@ impl PastOutputs {
         self.outputs = outputs;
     }
 
-    /// An index of `outputs` (oldest first), keeping the newest that fit in `budget` tokens;
-    /// built in O(their tokens).
+    /// An index of `outputs` (oldest first, at most `budget` tokens in all); built in O(their
+    /// tokens).
     fn from_outputs(budget: usize, outputs: Vec<Vec<u32>>) -> Self {
         let mut past = PastOutputs::new(budget);
-        let mut kept = 0;
-        let from = outputs
-            .iter()
-            .rposition(|o| {
-                kept += o.len();
-                kept > past.budget
-            })
-            .map_or(0, |i| i + 1);
-        past.outputs = outputs
-            .into_iter()
-            .skip(from)
-            .filter(|o| !o.is_empty())
-            .collect();
+        past.outputs = outputs.into_iter().filter(|o| !o.is_empty()).collect();
         past.tokens = past.outputs.iter().map(Vec::len).sum();
+        debug_assert!(past.tokens <= past.budget);
         past.rebuild();
         past
     }
@@ -451,13 +456,14 @@ impl PastOutputs {
     }
 
     /// Reads outputs saved by [`PastOutputs::save`] for a tokenizer with `fingerprint` and
-    /// `vocab` ids, keeping at most `budget` tokens (the newest), in time linear in the file;
-    /// a missing file is an empty index. The path must be one that [`PastOutputs::save`] can
-    /// write (checked here, at start, not after the first generation). Refused with the
-    /// reason, and left as they are: a file that is not ours (a header line over
-    /// `HEADER_MAX` bytes included), another tokenizer's, a truncated one, one holding an
-    /// id outside the vocabulary, and one larger than `budget` tokens can fill
-    /// ([`max_file_bytes`]; read no further than that).
+    /// `vocab` ids, in time linear in the file; a missing file is an empty index. The path
+    /// must be one that [`PastOutputs::save`] can write (checked here, at start, not after the
+    /// first generation). Refused with the reason, and left as they are: a file that is not
+    /// ours (a header line over `HEADER_MAX` bytes included), another tokenizer's, a
+    /// truncated one, one holding an id outside the vocabulary, one larger than `budget`
+    /// tokens can fill ([`max_file_bytes`]; read no further than that), and one holding more
+    /// than `budget` tokens (loading it would drop outputs the file kept: the next save would
+    /// lose them).
     pub fn load(path: &Path, fingerprint: &str, vocab: usize, budget: usize) -> Result<Self> {
         crate::output_file::check_writable(path)?;
         let Some(file) = open_existing(path)? else {
@@ -523,6 +529,16 @@ impl PastOutputs {
                 )));
             }
             outputs.push(output);
+        }
+        let tokens: usize = outputs.iter().map(Vec::len).sum();
+        if tokens > budget {
+            return Err(Error::input(format!(
+                "{}: holds {tokens} tokens of past outputs, more than this run keeps ({budget}); \
+                 loading it would drop the oldest at the next save: serve it with \
+                 --past-output-tokens {tokens} or more, or name another file with \
+                 --past-outputs (the file is left as it is)",
+                path.display()
+            )));
         }
         Ok(PastOutputs::from_outputs(budget, outputs))
     }
@@ -756,9 +772,13 @@ mod tests {
         past.append(&[1, 2, 3, 4]);
         past.append(&[5, 6, 7, 8]);
         past.append(&[9, 10, 11]);
-        // 11 > 10: the oldest go until the new one fits in three quarters (8).
-        assert_eq!(past.stats().outputs, 2);
-        assert_eq!(past.stats().tokens, 7);
+        // 11 > 10: the oldest tokens go until the new one fits in three quarters (8); the
+        // oldest output kept is cut at its start.
+        assert_eq!(
+            past.outputs().collect::<Vec<_>>(),
+            vec![&[4][..], &[5, 6, 7, 8], &[9, 10, 11]]
+        );
+        assert_eq!(past.stats().tokens, 8);
         assert!(past.draft(&[1, 2], 2).tokens.is_empty());
         assert_eq!(past.draft(&[6], 2).tokens, vec![7, 8]);
         // An output longer than the budget keeps its tail.
@@ -767,6 +787,38 @@ mod tests {
             past.outputs().collect::<Vec<_>>(),
             vec![&(110..120).collect::<Vec<_>>()[..]]
         );
+    }
+
+    /// Issue 56, 1: a store over the budget was loaded as nothing and emptied by the next
+    /// save; a store at the budget kept only the newest output after one append.
+    #[test]
+    fn a_store_never_loses_what_it_held_without_saying_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s150.bin");
+        let long: Vec<u32> = (0..150).collect();
+        let mut past = PastOutputs::new(1000);
+        past.append(&long);
+        past.save(&path, "fp").unwrap();
+        let before = std::fs::read(&path).unwrap();
+        let e = PastOutputs::load(&path, "fp", 1000, 100)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("holds 150 tokens") && e.contains("--past-output-tokens 150"),
+            "{e}"
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), before, "the file is kept");
+        // At the budget exactly: loads whole; one more output keeps the newest tokens that
+        // fit (three quarters of the budget), the old output's tail included.
+        let mut full = PastOutputs::load(&path, "fp", 1000, 150).unwrap();
+        assert_eq!(full.stats().tokens, 150);
+        full.append(&[900, 901, 902, 903]);
+        let kept: Vec<u32> = full.outputs().flatten().copied().collect();
+        let keep = 150 - 150 / 4;
+        assert_eq!(kept.len(), keep);
+        assert_eq!(kept[..keep - 4], long[150 - (keep - 4)..]);
+        assert_eq!(kept[keep - 4..], [900, 901, 902, 903]);
+        assert_eq!(full.draft(&[140, 141], 2).tokens, vec![142, 143]);
     }
 
     #[test]
@@ -789,9 +841,11 @@ mod tests {
             back.outputs().collect::<Vec<_>>(),
             vec![&[1, 2, 3][..], &[4, 5]]
         );
-        // A smaller budget keeps the newest.
-        let small = PastOutputs::load(&path, "fp", 100, 2).unwrap();
-        assert_eq!(small.outputs().collect::<Vec<_>>(), vec![&[4, 5][..]]);
+        // A smaller budget than the file holds: refused (loading would lose the oldest).
+        let e = PastOutputs::load(&path, "fp", 100, 4)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("holds 5 tokens") && e.contains("4"), "{e}");
         let e = PastOutputs::load(&path, "other", 100, 100)
             .unwrap_err()
             .to_string();

@@ -159,8 +159,21 @@ fn foreign_shard_entry(dir: &Path) -> std::io::Result<Option<PathBuf>> {
 }
 
 /// Why `dir` may not be replaced by `--force`: it must be an infgram index (its header has
-/// infgram's magic and a format version) holding nothing but index files.
+/// infgram's magic and a format version) holding nothing but index files, and the directory
+/// itself, not a link to one (replacing the link would leave the index it names stale).
 fn not_replaceable(dir: &Path) -> Option<String> {
+    if dir
+        .symlink_metadata()
+        .is_ok_and(|m| m.file_type().is_symlink())
+    {
+        let target =
+            std::fs::read_link(dir).map_or_else(|_| "?".into(), |t| t.display().to_string());
+        return Some(format!(
+            "{} is a symbolic link (to {target}), not an index directory: give -o the index's \
+             own path",
+            dir.display()
+        ));
+    }
     let is_header = infgram_header(dir, u64::MAX)
         .is_some_and(|v| v.get("format_version").is_some_and(|n| n.is_u64()));
     if !is_header {
@@ -548,6 +561,39 @@ mod tests {
         assert_eq!(tag_of(&out), "new");
         assert_eq!(names(&out), ["index.json", "shard-0000"]);
         assert_eq!(names(t.path()), ["idx"]);
+    }
+
+    /// Issue 56, 7: `--force -o LINK`, LINK a link to an index, replaced the link by a new
+    /// directory and left the index it named stale. Refused at start and at the swap.
+    #[test]
+    fn force_refuses_a_link_to_an_index_and_leaves_both() {
+        let t = tempfile::tempdir().unwrap();
+        let real = t.path().join("real");
+        index_dir(&real, "old");
+        let link = t.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let e = TempIndexDir::create(&link, true, &[])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("is a symbolic link") && e.contains("real"),
+            "{e}"
+        );
+        assert!(link.symlink_metadata().unwrap().file_type().is_symlink());
+        assert_eq!(tag_of(&real), "old");
+        // A link put in place of the index while the build ran: refused at the swap.
+        let out = t.path().join("idx");
+        index_dir(&out, "old");
+        let tmp = TempIndexDir::create(&out, true, &[]).unwrap();
+        index_dir(tmp.path(), "new");
+        std::fs::remove_dir_all(&out).unwrap();
+        std::os::unix::fs::symlink(&real, &out).unwrap();
+        let e = tmp.commit().err().unwrap().to_string();
+        assert!(e.contains("is a symbolic link"), "{e}");
+        assert!(out.symlink_metadata().unwrap().file_type().is_symlink());
+        assert_eq!(tag_of(&real), "old");
+        assert_eq!(names(t.path()), ["idx", "link", "real"]);
     }
 
     /// `--force` onto a directory whose `index.json` is not infgram's, or an index that holds a

@@ -101,9 +101,9 @@ pub struct CompletionRequest {
     #[serde(default)]
     pub k: Option<i64>,
     /// Verify drafts (prompt lookup, past outputs, the index) with mode `neural` or `mix`
-    /// (mode `speculative` is `neural` with this set).
+    /// (mode `speculative` is `neural` with this set; `false` there is refused).
     #[serde(default)]
-    pub speculative: bool,
+    pub speculative: Option<bool>,
     /// Also decode without drafts and report both speeds and whether the outputs are the same
     /// (`infgram gen --compare`; the job takes twice as long).
     #[serde(default)]
@@ -186,14 +186,6 @@ pub struct Generator {
     /// The outputs of the model's generations, drafted from in speculative mode, and their
     /// file (none when the server keeps no past outputs).
     past: Option<PastStore>,
-    /// Where they are kept across restarts, shared with the worker that saves them.
-    past_file: Option<PastFile>,
-}
-
-/// Why the last save of the past outputs to their file failed, if it did (with a file).
-#[derive(Clone, Default)]
-struct PastFile {
-    failure: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl Generator {
@@ -216,15 +208,11 @@ impl Generator {
         let worker_waiting = waiting.clone();
         let running = Arc::new(AtomicBool::new(true));
         let worker_running = running.clone();
-        let kept_file = past_file
-            .filter(|_| past_output_tokens > 0)
-            .map(|_| PastFile::default());
-        let worker_past_file = kept_file.clone();
         std::thread::Builder::new()
             .name("infgram-generate".into())
             .spawn(move || {
                 let _running = Running(worker_running);
-                worker(spec, opts, jobs, worker_waiting, ready_tx, worker_past_file)
+                worker(spec, opts, jobs, worker_waiting, ready_tx)
             })
             .map_err(|e| crate::Error::input(format!("cannot start the generation thread: {e}")))?;
         let loaded = ready
@@ -249,20 +237,16 @@ impl Generator {
             running,
             backlog,
             past,
-            past_file: kept_file,
             model_tokenizer,
             model_name,
         })
     }
 
-    /// Why the past outputs could not be saved after the last completion (`None` when they
-    /// were, or are not kept in a file): `/health` reports the server degraded meanwhile.
+    /// Why the past outputs could not be saved the last time they were (after a completion
+    /// or a finished drafting request; `None` when they were, or are not kept in a file):
+    /// `/health` reports the server degraded meanwhile.
     pub fn past_outputs_unsaved(&self) -> Option<String> {
-        let file = self.past_file.as_ref()?;
-        file.failure
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.past.as_ref()?.unsaved()
     }
 
     /// The past outputs and their file (`None` when none are kept).
@@ -351,7 +335,19 @@ impl Generator {
             Mode::Neural | Mode::Speculative => Scorer::Model,
             Mode::Mix => Scorer::Mixture,
         };
-        let drafters = if mode == Mode::Speculative || req.speculative {
+        if mode == Mode::Speculative && req.speculative == Some(false) {
+            return Err(ApiError::bad(
+                "mode \"speculative\" is speculative decoding, and \"speculative\": false \
+                 asks for none: leave \"speculative\" out, or ask for mode \"neural\"",
+            ));
+        }
+        if mode == Mode::Sbis && req.compare {
+            return Err(ApiError::bad(
+                "\"compare\" compares speculative with plain decoding of a model; mode \
+                 \"sbis\" has neither: leave it out, or ask for mode \"speculative\"",
+            ));
+        }
+        let drafters = if mode == Mode::Speculative || req.speculative == Some(true) {
             vec![
                 DrafterSpec::PromptLookup,
                 DrafterSpec::PastOutputs,
@@ -507,8 +503,6 @@ struct Worker {
     /// The model's name in reports.
     #[cfg_attr(not(feature = "neural"), allow(dead_code))]
     name: String,
-    #[cfg_attr(not(feature = "neural"), allow(dead_code))]
-    past_file: Option<PastFile>,
 }
 
 /// The worker thread: loads the model, reports, then runs jobs until the queue closes.
@@ -518,13 +512,11 @@ fn worker(
     jobs: std::sync::mpsc::Receiver<Job>,
     waiting: Arc<AtomicUsize>,
     ready: std::sync::mpsc::Sender<crate::Result<Option<ModelInfo>>>,
-    past_file: Option<PastFile>,
 ) {
     crate::service::catalog::lower_priority();
     let mut state = match load(spec.as_deref(), &opts) {
-        Ok((mut w, info)) => {
+        Ok((w, info)) => {
             let _ = ready.send(Ok(info));
-            w.past_file = past_file;
             w
         }
         Err(e) => {
@@ -573,7 +565,7 @@ fn panicked(panic: &(dyn std::any::Any + Send)) -> ApiError {
         .map(|s| s.to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "no message".into());
-    eprintln!("a generation failed with an internal error: {what}");
+    crate::diag!("a generation failed with an internal error: {what}");
     ApiError {
         status: 500,
         message: format!(
@@ -591,7 +583,6 @@ fn load(spec: Option<&str>, opts: &ModelOptions) -> crate::Result<(Worker, Optio
                 #[cfg(feature = "neural")]
                 model: None,
                 name: String::new(),
-                past_file: None,
             },
             None,
         )),
@@ -605,7 +596,6 @@ fn load(spec: Option<&str>, opts: &ModelOptions) -> crate::Result<(Worker, Optio
                 Worker {
                     model: Some(loaded),
                     name: name.clone(),
-                    past_file: None,
                 },
                 Some((tok, name)),
             ))
@@ -671,7 +661,7 @@ fn run_job(state: &mut Worker, job: Job) -> Result<Summary, ApiError> {
         Plan::Model { index, past } => model_job(state, &req, index, past, &opts, &mut emit)?,
     };
     if client_gone {
-        eprintln!(
+        crate::diag!(
             "generation stopped after {} tokens: the client left",
             report.tokens
         );
@@ -717,18 +707,14 @@ fn model_job(
         return Err(ApiError::bad("this server has no model"));
     };
     let tok: &dyn Tokenizer = &loaded.tokenizer;
-    let saves = past.is_some();
     let mut res = Resources::model(loaded.model.as_mut(), tok, state.name.clone())
         .drafting_index(index, None)
         .past_outputs(past);
     let report = generate(req, &mut res, opts, |t| emit(tok, t))?;
-    if let (true, Some(file)) = (saves, &state.past_file) {
-        // The completion is answered whether or not its output could be kept.
-        let mut failure = file.failure.lock().unwrap_or_else(|e| e.into_inner());
-        failure.clone_from(&report.past_outputs_not_saved);
-        if let Some(e) = &*failure {
-            eprintln!("the past outputs were not saved: {e}");
-        }
+    // The completion is answered whether or not its output could be kept; the store records
+    // the failure for `/health` until a save succeeds.
+    if let Some(e) = &report.past_outputs_not_saved {
+        crate::diag!("the past outputs were not saved: {e}");
     }
     Ok(report)
 }

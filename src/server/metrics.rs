@@ -1,6 +1,7 @@
 //! The server's counters, served as Prometheus text at `GET /metrics`: requests and errors,
 //! and a latency histogram, per endpoint: each query type of `POST /`, then `completions`,
-//! `health`, `metrics`, `models`, and `other` for requests that named no valid query type.
+//! `drafts`, `health`, `metrics`, `models`, and `other` for requests that named no valid query
+//! type.
 //! Lock-free: one set of atomics per label.
 
 use std::fmt::Write;
@@ -15,6 +16,7 @@ const BUCKETS: [f64; 14] = [
 fn labels() -> impl Iterator<Item = &'static str> {
     crate::service::query::QUERY_TYPES.iter().copied().chain([
         "completions",
+        "drafts",
         "health",
         "metrics",
         "models",

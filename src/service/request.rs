@@ -305,6 +305,23 @@ impl GenerateRequest {
                     .into(),
             ));
         }
+        // Settings that would change nothing are refused by name, not ignored.
+        if !uses_model && penalty != 1.0 {
+            return Err(field(
+                "sampling.repetition_penalty",
+                "applies to a model's generation; the ∞-gram samples without one: generate \
+                 with a model, or leave it out"
+                    .into(),
+            ));
+        }
+        if self.drafters.is_empty() && l.draft_max.is_some() {
+            return Err(field(
+                "limits.draft_max",
+                "is the longest draft of speculative decoding, and this generation drafts \
+                 nothing: ask for speculative decoding, or leave it out"
+                    .into(),
+            ));
+        }
         Ok(CheckedRequest {
             prompt: self.prompt.clone(),
             estimator,

@@ -47,6 +47,9 @@ pub struct PastStore {
     pub outputs: SharedPastOutputs,
     file: Option<PathBuf>,
     fingerprint: String,
+    /// Why the last save failed (`None` once one succeeds), shared by every clone: whichever
+    /// route saves (a completion, a finished drafting request), `/health` reads one state.
+    unsaved: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl PastStore {
@@ -59,6 +62,7 @@ impl PastStore {
             outputs: outputs.into_shared(),
             file: Some(file.to_path_buf()),
             fingerprint,
+            unsaved: Arc::default(),
         })
     }
 
@@ -68,6 +72,7 @@ impl PastStore {
             outputs,
             file,
             fingerprint: tok.fingerprint(),
+            unsaved: Arc::default(),
         }
     }
 
@@ -76,11 +81,27 @@ impl PastStore {
         &self.fingerprint
     }
 
-    /// Writes the outputs to their file (beside it, renamed into place), if they have one.
+    /// Writes the outputs to their file (beside it, renamed into place), if they have one,
+    /// and records the outcome ([`PastStore::unsaved`]).
     pub(crate) fn save(&self) -> Option<Result<()>> {
         let file = self.file.as_ref()?;
-        let past = self.outputs.read().unwrap_or_else(|e| e.into_inner());
-        Some(past.save(file, &self.fingerprint))
+        let saved = {
+            let past = self.outputs.read().unwrap_or_else(|e| e.into_inner());
+            past.save(file, &self.fingerprint)
+        };
+        *self.unsaved.lock().unwrap_or_else(|e| e.into_inner()) =
+            saved.as_ref().err().map(ToString::to_string);
+        Some(saved)
+    }
+
+    /// Why the last save to the file failed; `None` when it succeeded, none was tried yet,
+    /// or the outputs have no file. The server is degraded meanwhile: what is not saved is
+    /// lost at the next restart.
+    pub fn unsaved(&self) -> Option<String> {
+        self.unsaved
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 

@@ -272,6 +272,7 @@ pub fn check_blocks(gguf: &Gguf, arch: &Architecture) -> Result<()> {
             )));
         }
     }
+    check_special_ids(gguf)?;
     let key = format!("{}.block_count", arch.name);
     if arch.n_layer > gguf.tensor_count() {
         return Err(gguf.error(format!(
@@ -298,6 +299,26 @@ pub fn check_blocks(gguf: &Gguf, arch: &Architecture) -> Result<()> {
         ))),
         None => Ok(()),
     }
+}
+
+/// Refuses a special token id (`tokenizer.ggml.eos_token_id` and the others) outside the
+/// vocabulary: the model's (the embedding's rows) and the tokenizer's. An end-of-sequence id
+/// no token has would let generation run to its limit every time.
+fn check_special_ids(gguf: &Gguf) -> Result<()> {
+    let rows = gguf.shape("token_embd.weight").map(|s| s[0]);
+    let vocab = match (rows, gguf.token_count()) {
+        (Some(r), Some(t)) => r.min(t),
+        (r, t) => r.or(t).unwrap_or(0),
+    };
+    for (key, id) in gguf.special_ids() {
+        if id < 0 || id >= vocab as i128 {
+            return Err(gguf.error(format!(
+                "{key} is {id}, outside the vocabulary of {vocab} tokens; the file is damaged \
+                 (or its metadata was edited): fix the key or fetch the model again"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The heads of `family`'s file: counts from `{family}.attention.head_count(_kv)`, the head

@@ -101,6 +101,40 @@ impl Gguf {
             .collect()
     }
 
+    /// The special token ids the file names (`tokenizer.ggml.*_token_id`: bos, eos,
+    /// unknown, padding…), each with its key, as the integers they are (any integer type).
+    pub fn special_ids(&self) -> Vec<(&str, i128)> {
+        use gguf_file::Value as V;
+        let mut ids: Vec<(&str, i128)> = self
+            .content
+            .metadata
+            .iter()
+            .filter(|(k, _)| k.starts_with("tokenizer.ggml.") && k.ends_with("_token_id"))
+            .filter_map(|(k, v)| {
+                let id = match *v {
+                    V::U8(x) => x as i128,
+                    V::I8(x) => x as i128,
+                    V::U16(x) => x as i128,
+                    V::I16(x) => x as i128,
+                    V::U32(x) => x as i128,
+                    V::I32(x) => x as i128,
+                    V::U64(x) => x as i128,
+                    V::I64(x) => x as i128,
+                    _ => return None,
+                };
+                Some((k.as_str(), id))
+            })
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// How many tokens the file's tokenizer has (`tokenizer.ggml.tokens`), if it has one.
+    pub fn token_count(&self) -> Option<usize> {
+        let tokens = self.content.metadata.get("tokenizer.ggml.tokens")?;
+        tokens.to_vec().ok().map(Vec::len)
+    }
+
     /// The id of the token spelled `text` in the file's vocabulary, if it has one.
     pub fn token_id(&self, text: &str) -> Option<u32> {
         let tokens = self
