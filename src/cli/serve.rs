@@ -61,6 +61,12 @@ pub struct ServeArgs {
     /// Queries that run at once (more wait their turn).
     #[arg(long, default_value_t = 64, value_parser = super::positive)]
     pub concurrent_queries: usize,
+    /// Bytes the drafting sessions of `POST /v1/drafts` (with a `request_id`) may hold, all
+    /// indexes together: a session costs about 40 bytes a token of its context; past the
+    /// bound (or 4,096 sessions) the least recently used end, counted in `/metrics`
+    /// (`infgram_draft_sessions_dropped_total`). Default 256 MiB.
+    #[arg(long, default_value_t = infgram::service::drafts::DEFAULT_SESSION_BYTES, value_parser = super::positive)]
+    pub draft_session_bytes: usize,
     /// With --model: tokens of past outputs kept for speculative completions to draft from
     /// (the oldest go; 0: none kept).
     #[arg(long, default_value_t = 1 << 18)]
@@ -145,6 +151,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         backlog: args.backlog,
         concurrent_queries: args.concurrent_queries,
         past_output_tokens: args.past_output_tokens,
+        draft_session_bytes: args.draft_session_bytes,
         ..Default::default()
     };
     let names: Vec<String> = indexes.iter().map(|(n, _)| n.clone()).collect();
@@ -160,13 +167,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
         corpus_rule: args.corpus_rule,
     };
     infgram::server::serve(config, |server| {
-        eprintln!(
+        infgram::diag!(
             "listening on http://{} (indexes: {}; model: {}); Ctrl-C stops",
             server.local_addr(),
             names.join(", "),
             server.model_name().unwrap_or("none, sbis only")
         );
     })?;
-    eprintln!("stopped");
+    infgram::diag!("stopped");
     Ok(())
 }

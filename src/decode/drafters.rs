@@ -13,6 +13,7 @@
 //! agree); the decode loop cuts the draft where the expected gain no longer pays for the longer
 //! pass, and drafts nothing when nothing is likely.
 
+use super::gram_chains::GramChains;
 use super::{Draft, Drafter};
 use crate::error::Result;
 use crate::index::partial::SharedShards;
@@ -20,8 +21,7 @@ use crate::index::query::Occ;
 use crate::index::Index;
 use crate::ngram::levels::{self, Level, LevelFinder};
 use crate::ngram::sbis::sbis_distribution;
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// A draft stops growing once the chance that all of it is accepted falls below this.
 const MIN_REACH: f64 = 0.05;
@@ -136,16 +136,6 @@ struct CopyState {
     broke: Option<(usize, usize)>,
 }
 
-/// The hash keys of the n-grams ending at `end` in `seq`, for n = 1..=`keys.len()`
-/// (`keys[n - 1]`), in one pass backwards from `end`.
-fn gram_keys(seq: &[u32], end: usize, keys: &mut [u64]) {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for (n, key) in keys.iter_mut().enumerate() {
-        h = (h ^ seq[end - 1 - n] as u64).wrapping_mul(0x0100_0000_01b3);
-        *key = h ^ (n as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
 /// How many tokens before `a` in `seq` equal those before `b` (`a < b`), at most `max`.
 fn common_tail(seq: &[u32], a: usize, b: usize, max: usize) -> usize {
     let max = max.min(a);
@@ -161,109 +151,83 @@ fn common_tail(seq: &[u32], a: usize, b: usize, max: usize) -> usize {
     k
 }
 
-/// Prompt lookup over a live n-gram index of the sequence.
+/// Prompt lookup over a live n-gram index of the sequence ([`GramChains`]: each n-gram's
+/// occurrences a chain, latest first, a few bytes a token).
 ///
-/// The index keeps, for each n-gram key, the latest node that followed it (a node: a position
-/// and the n of its n-gram), and for each node the one before it with the same key: each
-/// n-gram's occurrences are a chain, latest first. Indexing a token writes `max_ngram`
-/// links and no allocation; a lookup walks only the occurrences it needs.
+/// The index and the copy being followed live in a [`LookupState`] that [`PromptLookup::twin`]
+/// shares: a braid's prompt lookup and the one beside it index the same context once.
 pub struct PromptLookup {
-    /// Longest suffix matched (the index keys n-grams of 1..=max_ngram tokens).
-    max_ngram: usize,
-    /// n-gram key → the latest node that followed an n-gram of that key
-    /// ([`PromptLookup::node`]; foldhash: every draft token looks up `max_ngram` keys, and
-    /// std's SipHash cost more than the rest of the lookup).
-    heads: HashMap<u64, u64, foldhash::fast::RandomState>,
-    /// Node (`p`, `n`) at `p * max_ngram + n - 1` → the node before it with the same key
-    /// (0: none).
-    links: Vec<u64>,
-    /// Tokens indexed so far (a prefix of the context).
-    indexed: Vec<u32>,
-    /// The copy the context is making, if any.
-    copy: CopyState,
+    state: Arc<Mutex<LookupState>>,
     /// The sequence a draft grows in (kept to spare an allocation per draft).
     scratch: Vec<u32>,
+    /// Whether [`Drafter::bytes`] counts the index (the lookup made by `new`; its twins do
+    /// not, so a shared index is counted once).
+    counts_index: bool,
 }
 
-/// The nodes of one n-gram key, latest first: `(follower position, n)`.
-#[derive(Clone)]
-struct Occurrences<'a> {
-    lookup: &'a PromptLookup,
-    node: u64,
-}
-
-impl Iterator for Occurrences<'_> {
-    type Item = (usize, usize);
-
-    fn next(&mut self) -> Option<(usize, usize)> {
-        let (p, n) = PromptLookup::unpack(self.node)?;
-        self.node = self.lookup.links[p * self.lookup.max_ngram + n - 1];
-        Some((p, n))
-    }
+/// What prompt lookup knows of a context: its n-gram chains and the copy it is making.
+struct LookupState {
+    /// Longest suffix matched.
+    max_ngram: usize,
+    /// The indexed context (a prefix of the context) and its chains.
+    chains: GramChains,
+    /// The copy the context is making, if any.
+    copy: CopyState,
 }
 
 impl PromptLookup {
     /// Prompt lookup matching suffixes of up to `max_ngram` tokens (at most [`MAX_NGRAM`]),
     /// and following a full match back up to 256 tokens.
     pub fn new(max_ngram: usize) -> Self {
+        let max_ngram = max_ngram.clamp(1, MAX_NGRAM);
         PromptLookup {
-            max_ngram: max_ngram.clamp(1, MAX_NGRAM),
-            heads: HashMap::default(),
-            links: Vec::new(),
-            indexed: Vec::new(),
-            copy: CopyState::default(),
+            state: Arc::new(Mutex::new(LookupState {
+                max_ngram,
+                chains: GramChains::new(max_ngram),
+                copy: CopyState::default(),
+            })),
             scratch: Vec::new(),
+            counts_index: true,
         }
     }
 
-    /// Node (`p`, `n`): the position `p` that followed an `n`-gram (0 is no node).
-    fn node(p: usize, n: usize) -> u64 {
-        ((p as u64) << 6 | n as u64) + 1
+    /// Another prompt lookup over the same index: what one learns of a context, the other
+    /// knows (the same drafts as two lookups of their own, from one index).
+    pub fn twin(&self) -> Self {
+        PromptLookup {
+            state: self.state.clone(),
+            scratch: Vec::new(),
+            counts_index: false,
+        }
     }
 
-    fn unpack(node: u64) -> Option<(usize, usize)> {
-        let v = node.checked_sub(1)?;
-        Some(((v >> 6) as usize, (v & 63) as usize))
+    /// The copy being followed.
+    #[cfg(test)]
+    fn copy(&self) -> CopyState {
+        self.state.lock().unwrap().copy
     }
 
-    /// The positions that followed an occurrence of `seq[end - n..end]` in the indexed
-    /// context, latest first.
-    fn followers<'a>(
-        &'a self,
-        seq: &'a [u32],
-        end: usize,
-        n: usize,
-        key: u64,
-    ) -> impl Iterator<Item = usize> + Clone + 'a {
-        let node = self.heads.get(&key).copied().unwrap_or(0);
-        Occurrences { lookup: self, node }
-            .filter(move |&(p, m)| m == n && p >= n && seq[p - n..p] == seq[end - n..end])
-            .map(|(p, _)| p)
+    /// The shared state, synced to `context`.
+    fn synced(&self, context: &[u32]) -> std::sync::MutexGuard<'_, LookupState> {
+        // A panic while indexing leaves a prefix of the context indexed: read on.
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.sync(context);
+        state
     }
+}
 
+impl LookupState {
     /// Indexes `context` beyond what is indexed (or from scratch if it is not an extension).
     fn sync(&mut self, context: &[u32]) {
-        if !context.starts_with(&self.indexed) {
-            self.heads.clear();
-            self.links.clear();
-            self.indexed.clear();
+        if !context.starts_with(self.chains.seq()) {
+            self.chains.clear();
             self.copy = CopyState::default();
         }
-        let m = self.max_ngram;
-        let mut keys = [0u64; MAX_NGRAM];
-        self.links.resize(context.len() * m, 0);
-        for p in self.indexed.len()..context.len() {
-            // The n-grams ending at p - 1 are followed by position p.
-            let grams = m.min(p);
-            gram_keys(context, p, &mut keys[..grams]);
-            for (i, &key) in keys[..grams].iter().enumerate() {
-                let before = self.heads.insert(key, Self::node(p, i + 1)).unwrap_or(0);
-                self.links[p * m + i] = before;
-            }
+        for p in self.chains.seq().len()..context.len() {
+            // Position p follows the n-grams that end at p - 1.
+            self.chains.push(context[p]);
             self.track(context, p);
         }
-        self.indexed
-            .extend_from_slice(&context[self.indexed.len()..]);
     }
 
     /// Follows the copy in progress through the context's token at `p`: it holds while the
@@ -290,14 +254,13 @@ impl PromptLookup {
         if p + 1 < RESYNC || self.max_ngram < RESYNC {
             return;
         }
-        let mut keys = [0u64; RESYNC];
-        gram_keys(context, p + 1, &mut keys);
-        let found = self.followers(context, p + 1, RESYNC, keys[RESYNC - 1]);
+        // Latest first: the nearest after the break is the last one past it.
+        let mut found = self.chains.followers(context, p + 1, RESYNC);
         let after_break = self
             .copy
             .broke
-            .and_then(|(q, _)| found.clone().filter(|&f| f > q).min());
-        if let Some(f) = after_break.or_else(|| found.max()) {
+            .and_then(|(q, _)| found.clone().take_while(|&f| f > q).last());
+        if let Some(f) = after_break.or_else(|| found.next()) {
             self.copy = CopyState {
                 source: Some(f),
                 broke: None,
@@ -309,14 +272,15 @@ impl PromptLookup {
     /// (under [`RESYNC`] tokens) that occurs just past the break in the source.
     fn resume(&self, seq: &[u32]) -> Option<Votes> {
         let (q, _) = self.copy.broke?;
-        let mut keys = [0u64; RESYNC - 1];
-        let keys = &mut keys[..(RESYNC - 1).min(self.max_ngram).min(seq.len())];
-        gram_keys(seq, seq.len(), keys);
-        for m in (1..=keys.len()).rev() {
+        let longest = (RESYNC - 1).min(self.max_ngram).min(seq.len());
+        for m in (1..=longest).rev() {
+            // Latest first: the nearest past the break is the last one after it.
             let near = self
-                .followers(seq, seq.len(), m, keys[m - 1])
-                .filter(|&f| f > q && f <= q + RESUME_WINDOW && f < seq.len())
-                .min();
+                .chains
+                .followers(seq, seq.len(), m)
+                .take_while(|&f| f > q)
+                .filter(|&f| f <= q + RESUME_WINDOW && f < seq.len())
+                .last();
             if let Some(f) = near {
                 return Some(Votes::single(seq[f], m + RESUME_BONUS));
             }
@@ -336,54 +300,74 @@ impl PromptLookup {
         votes
     }
 
-    /// [`PromptLookup::tally`] without the copy's place: the longest suffix's votes.
+    /// [`LookupState::tally`] without the copy's place: the longest suffix's votes. Each key
+    /// length's chain finds the suffixes from its length up to the next one's, longest first.
     fn longest_suffix_votes(&self, seq: &[u32]) -> Option<Votes> {
-        let end = seq.len();
-        let mut keys = [0u64; MAX_NGRAM];
-        let keys = &mut keys[..self.max_ngram.min(end)];
-        gram_keys(seq, end, keys);
-        for n in (1..=keys.len()).rev() {
-            // Occurrences whose follower is not the suffix's own end.
-            let found = self
-                .followers(seq, end, n, keys[n - 1])
-                .filter(|&p| p < end);
-            let mut tally = [(0u32, 0u64); MAX_VOTES];
-            let (mut len, mut occurrences) = (0, 0u64);
-            for p in found.clone().take(MAX_VOTES) {
-                occurrences += 1;
-                let v = seq[p];
-                match tally[..len].iter_mut().find(|t| t.0 == v) {
-                    Some(t) => t.1 += 1,
-                    None => {
-                        tally[len] = (v, 1);
-                        len += 1;
-                    }
-                }
+        let mut hi = self.max_ngram.min(seq.len());
+        while hi >= 1 {
+            let k = self.chains.key_length(hi);
+            if let Some(votes) = self.votes_on_chain(seq, k, hi) {
+                return Some(votes);
             }
-            if len == 0 {
-                continue;
-            }
-            // Stable: among equal votes the most recent continuation stays first.
-            tally[..len].sort_by_key(|t| std::cmp::Reverse(t.1));
-            // When the longest indexed n-gram matches, follow the match further back (the
-            // most recent occurrence of the winning continuation): how far the copy runs.
-            let suffix_len = if n == self.max_ngram {
-                let winner = tally[0].0;
-                found
-                    .clone()
-                    .find(|&p| seq[p] == winner)
-                    .map_or(n, |p| common_tail(seq, p, end, MAX_MATCH).max(n))
-            } else {
-                n
-            };
-            return Some(Votes {
-                tally,
-                len,
-                occurrences,
-                suffix_len,
-            });
+            hi = k - 1;
         }
         None
+    }
+
+    /// The longest suffix of `seq` of `k..=hi` tokens seen before (a walk down the chain of
+    /// its last `k` tokens, measuring each occurrence's match) and the votes of its latest
+    /// [`MAX_VOTES`] occurrences.
+    fn votes_on_chain(&self, seq: &[u32], k: usize, hi: usize) -> Option<Votes> {
+        let end = seq.len();
+        let (mut best, mut found, mut n_found) = (0, [0usize; MAX_VOTES], 0);
+        for p in self.chains.chain(seq, end, k).filter(|&p| p < end) {
+            let len = k + common_tail(seq, p - k, end - k, hi - k);
+            if len > best {
+                (best, n_found) = (len, 0);
+            }
+            if len == best && n_found < MAX_VOTES {
+                found[n_found] = p;
+                n_found += 1;
+            }
+            if best == hi && n_found == MAX_VOTES {
+                break;
+            }
+        }
+        let found = &found[..n_found];
+        if found.is_empty() {
+            return None;
+        }
+        let mut tally = [(0u32, 0u64); MAX_VOTES];
+        let mut len = 0;
+        for &p in found {
+            let v = seq[p];
+            match tally[..len].iter_mut().find(|t| t.0 == v) {
+                Some(t) => t.1 += 1,
+                None => {
+                    tally[len] = (v, 1);
+                    len += 1;
+                }
+            }
+        }
+        // Stable: among equal votes the most recent continuation stays first.
+        tally[..len].sort_by_key(|t| std::cmp::Reverse(t.1));
+        // When the longest n-gram looked up matches, follow the match further back (the most
+        // recent occurrence of the winning continuation): how far the copy runs.
+        let suffix_len = if best == self.max_ngram {
+            let winner = tally[0].0;
+            found
+                .iter()
+                .find(|&&p| seq[p] == winner)
+                .map_or(best, |&p| common_tail(seq, p, end, MAX_MATCH).max(best))
+        } else {
+            best
+        };
+        Some(Votes {
+            tally,
+            len,
+            occurrences: found.len() as u64,
+            suffix_len,
+        })
     }
 
     /// The majority continuation of `seq`: (token, agreeing occurrences, occurrences, suffix
@@ -392,28 +376,31 @@ impl PromptLookup {
         self.tally(seq)
             .map(|v| (v.tally[0].0, v.tally[0].1, v.occurrences, v.suffix_len))
     }
+
+    /// The next token after `seq` and its confidence.
+    fn next_confident(&self, seq: &[u32]) -> Option<(u32, f64)> {
+        self.next(seq)
+            .map(|(tok, agree, total, len)| (tok, copy_confidence(agree, total, len)))
+    }
 }
 
 impl Drafter for PromptLookup {
     fn propose(&mut self, context: &[u32], max: usize) -> Result<Draft> {
-        self.sync(context);
         // Positions inside the draft are not indexed; `next` only follows indexed ones.
         let mut seq = std::mem::take(&mut self.scratch);
         seq.clear();
         seq.reserve(context.len() + max);
         seq.extend_from_slice(context);
-        let draft = grow_draft(&mut seq, max, |seq| {
-            Ok(self
-                .next(seq)
-                .map(|(tok, agree, total, len)| (tok, copy_confidence(agree, total, len))))
-        });
+        let state = self.synced(context);
+        let draft = grow_draft(&mut seq, max, |seq| Ok(state.next_confident(seq)));
+        drop(state);
         self.scratch = seq;
         draft
     }
 
     fn alternatives(&mut self, context: &[u32], n: usize) -> Result<Vec<(u32, f64)>> {
-        self.sync(context);
-        Ok(self.tally(context).map_or(Vec::new(), |v| {
+        let state = self.synced(context);
+        Ok(state.tally(context).map_or(Vec::new(), |v| {
             v.ranked()
                 .iter()
                 .take(n)
@@ -423,14 +410,22 @@ impl Drafter for PromptLookup {
     }
 
     fn next_after(&mut self, seq: &[u32], context_len: usize) -> Result<Option<(u32, f64)>> {
-        self.sync(&seq[..context_len]);
-        Ok(self
-            .next(seq)
-            .map(|(tok, agree, total, len)| (tok, copy_confidence(agree, total, len))))
+        Ok(self.synced(&seq[..context_len]).next_confident(seq))
     }
 
     fn observe(&mut self, context: &[u32]) {
-        self.sync(context);
+        drop(self.synced(context));
+    }
+
+    fn bytes(&self) -> usize {
+        let index = match self.counts_index {
+            true => {
+                let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                state.chains.bytes()
+            }
+            false => 0,
+        };
+        index + 4 * self.scratch.capacity()
     }
 
     fn name(&self) -> &str {
@@ -476,6 +471,10 @@ impl Drafter for Braid {
         })?;
         draft.parts = parts;
         Ok(draft)
+    }
+
+    fn bytes(&self) -> usize {
+        self.parts.iter().map(|p| p.bytes()).sum()
     }
 
     fn observe(&mut self, context: &[u32]) {
@@ -529,6 +528,17 @@ struct Chain {
     seq: Vec<u32>,
     len: usize,
     ranges: Option<Vec<crate::index::Range>>,
+}
+
+impl Chain {
+    /// Bytes it holds.
+    fn bytes(&self) -> usize {
+        std::mem::size_of::<Chain>()
+            + 4 * self.seq.capacity()
+            + self.ranges.as_ref().map_or(0, |r| {
+                r.capacity() * std::mem::size_of::<crate::index::Range>()
+            })
+    }
 }
 
 impl Default for CorpusRule {
@@ -720,6 +730,14 @@ impl<S: AsRef<[u8]> + Send + Sync> Drafter for CorpusDrafter<S> {
         ranked
     }
 
+    fn bytes(&self) -> usize {
+        self.chain
+            .iter()
+            .chain(&self.history)
+            .map(Chain::bytes)
+            .sum()
+    }
+
     fn name(&self) -> &str {
         "corpus"
     }
@@ -851,8 +869,8 @@ mod tests {
         ctx.extend([99, 98]);
         ctx.extend(&passage[..30]);
         let mut d = PromptLookup::new(8);
-        d.sync(&ctx);
-        assert_eq!(d.tally(&ctx).unwrap().suffix_len, 30);
+        d.observe(&ctx);
+        assert_eq!(d.synced(&ctx).tally(&ctx).unwrap().suffix_len, 30);
         let draft = d.propose(&ctx, 10).unwrap();
         assert_eq!(draft.tokens, passage[30..40].to_vec());
         assert!(draft.confidence.iter().all(|&c| c > 0.97));
@@ -871,31 +889,34 @@ mod tests {
         ctx.extend(&passage[..15]);
         ctx.extend([60]);
         let mut d = PromptLookup::new(8);
-        d.sync(&ctx);
-        assert!(d.copy.source.is_none() && d.copy.broke.is_some());
+        d.observe(&ctx);
+        assert!(d.copy().source.is_none() && d.copy().broke.is_some());
         // After the change only a 1-token match ("26") exists, and most of its occurrences
         // (the source's and the copy's) continue with 77; the one just past the break
         // continues the copy.
         ctx.push(passage[16]);
-        d.sync(&ctx);
-        assert_eq!(d.longest_suffix_votes(&ctx).unwrap().tally[0].0, 77);
-        let resumed = d.tally(&ctx).unwrap();
+        d.observe(&ctx);
+        assert_eq!(
+            d.synced(&ctx).longest_suffix_votes(&ctx).unwrap().tally[0].0,
+            77
+        );
+        let resumed = d.synced(&ctx).tally(&ctx).unwrap();
         assert_eq!(resumed.tally[0].0, passage[17]);
         assert_eq!(resumed.suffix_len, 1 + RESUME_BONUS);
         let draft = d.propose(&ctx, 4).unwrap();
         assert_eq!(draft.tokens, passage[17..21].to_vec());
         // Once the copy has run on for RESYNC tokens it is followed again (no break).
         ctx.extend(&passage[17..20]);
-        d.sync(&ctx);
-        assert_eq!(d.copy.source, Some(20));
-        assert!(d.copy.broke.is_none());
+        d.observe(&ctx);
+        assert_eq!(d.copy().source, Some(20));
+        assert!(d.copy().broke.is_none());
         // A break far in the past no longer steers anything.
         let mut far = ctx.clone();
         far.push(61);
         far.extend(std::iter::repeat_n(98, RESUME_LIFE + 2));
         let mut d = PromptLookup::new(8);
-        d.sync(&far);
-        assert!(d.copy.broke.is_none());
+        d.observe(&far);
+        assert!(d.copy().broke.is_none());
     }
 
     #[test]

@@ -49,6 +49,7 @@
 //! never with a masked token and never with a panic.
 
 pub mod drafters;
+pub mod gram_chains;
 pub mod guard;
 pub mod past;
 pub mod policy;
@@ -99,6 +100,11 @@ pub trait Drafter: Send {
     }
     /// `context` grew by accepted tokens (live indexes learn them).
     fn observe(&mut self, _context: &[u32]) {}
+    /// Bytes this drafter holds for its context (what a drafting session costs beyond the
+    /// context itself; shared indexes such as the corpus's are not counted). By default none.
+    fn bytes(&self) -> usize {
+        0
+    }
     /// A short name for statistics.
     fn name(&self) -> &str;
     /// The name of part `part` of a composite drafter ([`Draft::parts`]); by default the

@@ -60,6 +60,27 @@ impl DraftSession {
         }
     }
 
+    /// Bytes the session holds: its context, what its drafters keep of it, and the last
+    /// draft (an estimate of the heap it owns, by capacities; shared indexes not counted).
+    pub fn bytes(&self) -> usize {
+        let last = self.last.as_ref().map_or(0, |(planned, tree)| {
+            let rows = tree.tokens.len() + planned.draft.tokens.len();
+            rows * 32 + planned.branches.len() * 64
+        });
+        std::mem::size_of::<Self>()
+            + 4 * self.context.capacity()
+            + self.drafters.iter().map(|d| d.bytes() + 64).sum::<usize>()
+            + last
+    }
+
+    /// The drafters read the prompt now rather than when first asked (the same drafts; what
+    /// the session holds is then known from its start).
+    pub fn observe_prompt(&mut self) {
+        for d in self.drafters.iter_mut() {
+            d.observe(&self.context);
+        }
+    }
+
     /// The context so far: the prompt and every token extended.
     pub fn context(&self) -> &[u32] {
         &self.context

@@ -16,7 +16,7 @@
 use super::api::ApiError;
 use super::Limits;
 use crate::service::catalog::{Indexes, Served};
-use crate::service::drafts::{CorpusRule, Drafts};
+use crate::service::drafts::{CorpusRule, Drafts, SessionStore, MAX_SESSIONS};
 use crate::service::PastStore;
 use serde::Deserialize;
 use serde_json::Value;
@@ -55,17 +55,26 @@ pub struct DraftService {
     by_index: Mutex<HashMap<String, Arc<Drafts>>>,
     past: Option<PastStore>,
     corpus_rule: CorpusRule,
+    /// Every index's sessions, under one bound.
+    store: Arc<SessionStore>,
 }
 
 impl DraftService {
     /// Drafting over the server's indexes, with `past` (the model's past outputs) for those
-    /// built with their tokenizer; the corpus drafter by `corpus_rule`.
-    pub fn new(past: Option<PastStore>, corpus_rule: CorpusRule) -> Self {
+    /// built with their tokenizer; the corpus drafter by `corpus_rule`; the sessions of all
+    /// indexes within `session_bytes`.
+    pub fn new(past: Option<PastStore>, corpus_rule: CorpusRule, session_bytes: usize) -> Self {
         DraftService {
             by_index: Mutex::default(),
             past,
             corpus_rule,
+            store: Arc::new(SessionStore::new(MAX_SESSIONS, session_bytes)),
         }
+    }
+
+    /// Where the sessions are kept (for `/metrics`).
+    pub fn store(&self) -> &SessionStore {
+        &self.store
     }
 
     fn drafts_for(&self, served: &Served) -> Result<Arc<Drafts>, ApiError> {
@@ -75,11 +84,12 @@ impl DraftService {
         }
         let fingerprint = served.tokenizer.fingerprint();
         let past = self.past.clone().filter(|p| p.fingerprint() == fingerprint);
-        let drafts = Arc::new(Drafts::new(
-            Some(served.index.clone()),
+        let drafts = Arc::new(Drafts::with_store(
+            Some(crate::service::drafts::Corpus::Index(served.index.clone())),
             past,
             true,
             self.corpus_rule,
+            self.store.clone(),
         )?);
         map.insert(served.name.clone(), drafts.clone());
         Ok(drafts)

@@ -74,6 +74,9 @@ pub struct Limits {
     /// Tokens of past outputs the model's generations draft from (speculative mode); the
     /// oldest go past it; 0: none kept.
     pub past_output_tokens: usize,
+    /// Bytes the drafting sessions of `POST /v1/drafts` may hold, all indexes together; past
+    /// it the least recently used end (as past [`crate::service::drafts::MAX_SESSIONS`]).
+    pub draft_session_bytes: usize,
 }
 
 impl Default for Limits {
@@ -90,6 +93,7 @@ impl Default for Limits {
             backlog: 8,
             concurrent_queries: 64,
             past_output_tokens: crate::service::run::PAST_OUTPUTS_BUDGET,
+            draft_session_bytes: crate::service::drafts::DEFAULT_SESSION_BYTES,
         }
     }
 }
@@ -296,7 +300,11 @@ fn app(config: &ServerConfig) -> crate::Result<(Arc<AppState>, Router)> {
         log_requests: config.log_requests,
         started: Instant::now(),
         completions: AtomicU64::new(0),
-        drafts: drafts::DraftService::new(generator_past, config.corpus_rule),
+        drafts: drafts::DraftService::new(
+            generator_past,
+            config.corpus_rule,
+            config.limits.draft_session_bytes,
+        ),
     });
     let router = router(state.clone());
     Ok((state, router))
@@ -678,6 +686,21 @@ async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
             "infgram_index_opens_total",
             "Index directories opened by this process (at start; a request opens none).",
             crate::service::indexes::opens_so_far() as f64,
+        ),
+        (
+            "infgram_draft_sessions",
+            "Drafting sessions open (POST /v1/drafts with a request_id).",
+            state.drafts.store().open() as f64,
+        ),
+        (
+            "infgram_draft_session_bytes",
+            "Bytes the drafting sessions hold (bounded by --draft-session-bytes).",
+            state.drafts.store().bytes() as f64,
+        ),
+        (
+            "infgram_draft_sessions_dropped_total",
+            "Drafting sessions ended as the least recently used past the sessions' bounds.",
+            state.drafts.store().dropped() as f64,
         ),
         (
             "infgram_tokenizer_checks_total",

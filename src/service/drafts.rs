@@ -17,24 +17,31 @@ pub use crate::service::request::CorpusRule;
 use crate::service::request::DrafterSpec;
 use crate::service::run::PastStore;
 use memmap2::Mmap;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 pub use crate::decode::session::SessionDraft;
 
-/// Sessions kept at most: starting one more ends the least recently used.
+/// Sessions kept at most by default: one more ends the least recently used.
 pub const MAX_SESSIONS: usize = 4096;
+
+/// Bytes the sessions of a store may hold by default (their contexts and what their drafters
+/// keep of them, about 40 bytes a token): past it the least recently used end.
+pub const DEFAULT_SESSION_BYTES: usize = 256 << 20;
 
 /// The longest draft asked for.
 pub const MAX_DRAFT_TOKENS: usize = 256;
 
-/// What drafts, and the open sessions.
+/// What drafts, and where its open sessions are kept.
 pub struct Drafts {
     corpus: Option<Corpus>,
     past: Option<PastStore>,
     prompt_lookup: bool,
     corpus_rule: CorpusRule,
-    sessions: Mutex<Sessions>,
+    store: Arc<SessionStore>,
+    /// This drafting's sessions in the store (a store may hold several's).
+    space: u64,
 }
 
 /// The corpus the corpus drafter reads.
@@ -47,11 +54,132 @@ pub enum Corpus {
     Shards(SharedShards),
 }
 
-/// Open sessions by request id, with when each was last used.
+/// Open drafting sessions, bounded in count and bytes: past either bound the least recently
+/// used end (counted in [`SessionStore::dropped`]). One store may hold the sessions of
+/// several [`Drafts`] (a server's indexes) under one bound.
+pub struct SessionStore {
+    max_sessions: usize,
+    max_bytes: usize,
+    sessions: Mutex<Sessions>,
+    spaces: AtomicU64,
+    dropped: AtomicU64,
+}
+
+/// A session's key: its drafting's space and its request id.
+type Key = (u64, String);
+
+/// The sessions, by key and by last use.
 #[derive(Default)]
 struct Sessions {
-    map: HashMap<String, (u64, Arc<Mutex<DraftSession>>)>,
+    map: HashMap<Key, Entry>,
+    /// Keys by last use, oldest first.
+    order: BTreeMap<u64, Key>,
     clock: u64,
+    /// Bytes of every session, as last measured.
+    bytes: usize,
+}
+
+struct Entry {
+    used: u64,
+    bytes: usize,
+    session: Arc<Mutex<DraftSession>>,
+}
+
+impl Sessions {
+    /// A new tick of the clock, for `key` (which must be in the map).
+    fn touch(&mut self, key: &Key) {
+        self.clock += 1;
+        let now = self.clock;
+        let e = self.map.get_mut(key).expect("a session of the map");
+        let before = std::mem::replace(&mut e.used, now);
+        self.order.remove(&before);
+        self.order.insert(now, key.clone());
+    }
+
+    fn remove(&mut self, key: &Key) -> Option<Entry> {
+        let e = self.map.remove(key)?;
+        self.order.remove(&e.used);
+        self.bytes -= e.bytes;
+        Some(e)
+    }
+}
+
+impl Default for SessionStore {
+    fn default() -> Self {
+        SessionStore::new(MAX_SESSIONS, DEFAULT_SESSION_BYTES)
+    }
+}
+
+impl SessionStore {
+    /// A store of at most `max_sessions` sessions holding at most `max_bytes` bytes.
+    pub fn new(max_sessions: usize, max_bytes: usize) -> Self {
+        SessionStore {
+            max_sessions: max_sessions.max(1),
+            max_bytes,
+            sessions: Mutex::default(),
+            spaces: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Sessions> {
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sessions open.
+    pub fn open(&self) -> usize {
+        self.lock().map.len()
+    }
+
+    /// Bytes they hold (as last measured, after each call on a session).
+    pub fn bytes(&self) -> usize {
+        self.lock().bytes
+    }
+
+    /// Sessions ended because a bound was reached (not finished by their request).
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Relaxed)
+    }
+
+    /// The byte bound.
+    pub fn max_bytes(&self) -> usize {
+        self.max_bytes
+    }
+
+    /// Measures `key`'s session anew (if it is still the one open under that key) and ends
+    /// the least recently used others while a bound is passed. A session over the byte bound
+    /// alone is ended too, and refused.
+    fn account(&self, key: &Key, session: &Arc<Mutex<DraftSession>>) -> Result<()> {
+        let bytes = session.lock().unwrap_or_else(|e| e.into_inner()).bytes();
+        let mut s = self.lock();
+        let Some(e) = s
+            .map
+            .get_mut(key)
+            .filter(|e| Arc::ptr_eq(&e.session, session))
+        else {
+            return Ok(());
+        };
+        let before = std::mem::replace(&mut e.bytes, bytes);
+        s.bytes = s.bytes - before + bytes;
+        if bytes > self.max_bytes {
+            s.remove(key);
+            self.dropped.fetch_add(1, Relaxed);
+            return Err(Error::input(format!(
+                "drafting request {:?} holds {bytes} bytes of state, more than all sessions may \
+                 ({}): send a shorter context, or raise the bound (serve \
+                 --draft-session-bytes)",
+                key.1, self.max_bytes
+            )));
+        }
+        while s.bytes > self.max_bytes || s.map.len() > self.max_sessions {
+            let Some(oldest) = s.order.values().find(|k| *k != key).cloned() else {
+                break;
+            };
+            s.remove(&oldest);
+            self.dropped.fetch_add(1, Relaxed);
+        }
+        Ok(())
+    }
 }
 
 impl Drafts {
@@ -74,18 +202,41 @@ impl Drafts {
         prompt_lookup: bool,
         corpus_rule: CorpusRule,
     ) -> Result<Self> {
+        let store = Arc::new(SessionStore::default());
+        Self::with_store(corpus, past, prompt_lookup, corpus_rule, store)
+    }
+
+    /// [`Drafts::with_corpus`] keeping its sessions in `store` (shared, under one bound).
+    pub fn with_store(
+        corpus: Option<Corpus>,
+        past: Option<PastStore>,
+        prompt_lookup: bool,
+        corpus_rule: CorpusRule,
+        store: Arc<SessionStore>,
+    ) -> Result<Self> {
         if corpus.is_none() && past.is_none() && !prompt_lookup {
             return Err(Error::input(
                 "a drafter needs a source: an index, past outputs, or prompt lookup",
             ));
         }
+        let space = store.spaces.fetch_add(1, Relaxed);
         Ok(Drafts {
             corpus,
             past,
             prompt_lookup,
             corpus_rule,
-            sessions: Mutex::default(),
+            store,
+            space,
         })
+    }
+
+    /// Where the sessions are kept.
+    pub fn store(&self) -> &Arc<SessionStore> {
+        &self.store
+    }
+
+    fn key(&self, id: &str) -> Key {
+        (self.space, id.to_string())
     }
 
     /// The drafters of a new session: those of the decode loop's speculative decoding (the
@@ -136,56 +287,65 @@ impl Drafts {
     /// Starts request `id` after `prompt` (a request of that id already open starts over).
     pub fn start(&self, id: &str, prompt: &[u32]) -> Result<()> {
         self.check_ids(prompt)?;
-        let session = DraftSession::start(self.drafters()?, prompt);
-        let mut s = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
-        if s.map.len() >= MAX_SESSIONS && !s.map.contains_key(id) {
-            let oldest = s
-                .map
-                .iter()
-                .min_by_key(|(_, (t, _))| *t)
-                .map(|(k, _)| k.clone());
-            if let Some(k) = oldest {
-                s.map.remove(&k);
-            }
+        let session = Arc::new(Mutex::new(DraftSession::start(self.drafters()?, prompt)));
+        let key = self.key(id);
+        {
+            let mut s = self.store.lock();
+            s.remove(&key);
+            let entry = Entry {
+                used: 0,
+                bytes: 0,
+                session: session.clone(),
+            };
+            s.map.insert(key.clone(), entry);
+            s.touch(&key);
         }
-        s.clock += 1;
-        let now = s.clock;
-        s.map
-            .insert(id.to_string(), (now, Arc::new(Mutex::new(session))));
-        Ok(())
+        // The prompt is indexed when the session is first asked; measured after that too.
+        session
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .observe_prompt();
+        self.store.account(&key, &session)
     }
 
-    fn session(&self, id: &str) -> Result<Arc<Mutex<DraftSession>>> {
-        let mut s = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
-        s.clock += 1;
-        let now = s.clock;
-        match s.map.get_mut(id) {
-            Some((used, session)) => {
-                *used = now;
-                Ok(session.clone())
-            }
-            None => Err(Error::NotFound(format!(
+    /// Request `id`'s session, marked as used now.
+    fn session(&self, id: &str) -> Result<(Key, Arc<Mutex<DraftSession>>)> {
+        let key = self.key(id);
+        let mut s = self.store.lock();
+        let Some(e) = s.map.get(&key) else {
+            return Err(Error::NotFound(format!(
                 "no drafting request {id:?}: start it first (it may have finished, or been \
-                 dropped as the least recently used of {MAX_SESSIONS})"
-            ))),
-        }
+                 dropped as the least recently used past the sessions' bounds: {} sessions, \
+                 {} bytes)",
+                self.store.max_sessions, self.store.max_bytes
+            )));
+        };
+        let session = e.session.clone();
+        s.touch(&key);
+        Ok((key, session))
     }
 
     /// Request `id`'s engine kept `new_ids` after its context.
     pub fn extend(&self, id: &str, new_ids: &[u32]) -> Result<()> {
         self.check_ids(new_ids)?;
-        let session = self.session(id)?;
-        let mut session = session.lock().unwrap_or_else(|e| e.into_inner());
-        session.extend(new_ids);
-        Ok(())
+        let (key, session) = self.session(id)?;
+        session
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(new_ids);
+        self.store.account(&key, &session)
     }
 
     /// A draft of at most `max_tokens` tokens for request `id` (a token tree with `tree`).
     pub fn draft(&self, id: &str, max_tokens: usize, tree: bool) -> Result<SessionDraft> {
         check_max(max_tokens)?;
-        let session = self.session(id)?;
-        let mut session = session.lock().unwrap_or_else(|e| e.into_inner());
-        session.draft(max_tokens, tree)
+        let (key, session) = self.session(id)?;
+        let draft = session
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .draft(max_tokens, tree)?;
+        self.store.account(&key, &session)?;
+        Ok(draft)
     }
 
     /// A draft for `context` alone, without a session (what a first call of a request
@@ -207,16 +367,20 @@ impl Drafts {
     pub fn sync(&self, id: &str, context: &[u32]) -> Result<()> {
         self.check_ids(context)?;
         let extended = match self.session(id) {
-            Ok(session) => {
-                let mut session = session.lock().unwrap_or_else(|e| e.into_inner());
-                let known = session.context().len();
-                match context.starts_with(session.context()) {
-                    true => {
-                        session.extend(&context[known..]);
-                        true
+            Ok((key, session)) => {
+                let extended = {
+                    let mut s = session.lock().unwrap_or_else(|e| e.into_inner());
+                    let known = s.context().len();
+                    let extends = context.starts_with(s.context());
+                    if extends {
+                        s.extend(&context[known..]);
                     }
-                    false => false,
+                    extends
+                };
+                if extended {
+                    self.store.account(&key, &session)?;
                 }
+                extended
             }
             Err(_) => false,
         };
@@ -227,32 +391,31 @@ impl Drafts {
     }
 
     /// Ends request `id`: its output goes into the past outputs (saved to their file, if they
-    /// have one).
+    /// have one). A save that fails is the server's fault, not the request's
+    /// ([`Error::Unavailable`]; the output stays in memory, and the store records the failure
+    /// for `/health` until a save succeeds).
     pub fn finish(&self, id: &str) -> Result<()> {
-        let removed = {
-            let mut s = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
-            s.map.remove(id)
-        };
-        let Some((_, session)) = removed else {
+        let removed = self.store.lock().remove(&self.key(id));
+        let Some(Entry { session, .. }) = removed else {
             return Err(Error::NotFound(format!("no drafting request {id:?}")));
         };
         let session = session.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(past) = &self.past {
             remember(&past.outputs, session.output());
             if let Some(Err(e)) = past.save() {
-                return Err(e);
+                crate::diag!("the past outputs were not saved: {e}");
+                return Err(Error::Unavailable(format!(
+                    "the request finished and its output is kept in memory, but the past \
+                     outputs could not be saved to their file: {e}"
+                )));
             }
         }
         Ok(())
     }
 
-    /// Requests open.
+    /// Requests open (in the store: those of every drafting that shares it).
     pub fn open_sessions(&self) -> usize {
-        self.sessions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .map
-            .len()
+        self.store.open()
     }
 }
 

@@ -304,12 +304,14 @@ pub fn drafters(opts: &AssemblyOptions) -> Result<Vec<Box<dyn Drafter>>> {
         match spec {
             DrafterSpec::PromptLookup if braided => {
                 let past = past.expect("braided only with past outputs");
+                // One index of the context serves the braid's prompt lookup and its twin.
+                let lookup = PromptLookup::new(8);
                 drafters.push(Box::new(Braid::new(vec![
-                    Box::new(PromptLookup::new(8)),
+                    Box::new(lookup.twin()),
                     Box::new(PastOutputDrafter::new(past.clone())),
                 ])));
                 // Each alone too: where they part from the braid, a branch of the tree.
-                drafters.push(Box::new(PromptLookup::new(8)));
+                drafters.push(Box::new(lookup));
                 drafters.push(Box::new(PastOutputDrafter::new(past.clone())));
             }
             DrafterSpec::PastOutputs if braided => {}
