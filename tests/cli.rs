@@ -1523,3 +1523,219 @@ fn device_cuda_without_a_gpu_says_what_to_do() {
         assert!(e.contains(flag) && e.contains("--model"), "{flag}: {e}");
     }
 }
+
+/// `infgram ARGS` with standard error `stderr`; its output.
+fn infgram_with_stderr(args: &[&str], stderr: Stdio) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_infgram"))
+        .args(args)
+        .env(
+            "INFGRAM_CACHE",
+            std::env::temp_dir().join("infgram-test-cache"),
+        )
+        .env("INFGRAM_MODELS", infgram::assets::models_dir())
+        .stderr(stderr)
+        .output()
+        .expect("run infgram")
+}
+
+/// A word-level index of Tiny Shakespeare (the in-tree text), for outputs larger than a pipe
+/// holds.
+fn shakespeare_words(tmp: &Path) -> PathBuf {
+    let text = ok(&infgram(&["fetch", "tiny-shakespeare"]));
+    let index = tmp.join("words");
+    ok(&infgram(&[
+        "index",
+        "--tokenizer",
+        "words",
+        "-o",
+        index.to_str().unwrap(),
+        text.trim(),
+    ]));
+    index
+}
+
+/// Issue 56, 3: a diagnostic that cannot be written (standard error full, or a closed pipe)
+/// panicked (exit 101, the answer lost). It is dropped; the output and the status stay.
+#[test]
+fn diagnostics_that_cannot_be_written_change_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let index = build(tmp.path());
+    let idx = index.to_str().unwrap();
+    let words = shakespeare_words(tmp.path());
+    let w = words.to_str().unwrap();
+    let commands: [&[&str]; 3] = [
+        &[
+            "gen",
+            "--index",
+            idx,
+            "--prompt",
+            "the",
+            "--max-tokens",
+            "20",
+            "--seed",
+            "3",
+            "--stats",
+        ],
+        &[
+            "export-arpa",
+            "--index",
+            w,
+            "--order",
+            "2",
+            "--discount-fallback",
+            "-o",
+            "-",
+        ],
+        &["query", idx, "count", "--text", "the cat", "--json"],
+    ];
+    for args in commands {
+        let normal = infgram(args);
+        let want = ok(&normal);
+        assert!(!want.is_empty(), "{args:?}");
+        if args[0] != "query" {
+            assert!(!normal.stderr.is_empty(), "{args:?} writes no diagnostic");
+        }
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let out = infgram_with_stderr(args, Stdio::from(full));
+        assert_eq!(out.status.code(), Some(0), "{args:?} with 2>/dev/full");
+        assert_eq!(String::from_utf8(out.stdout).unwrap(), want, "{args:?}");
+        // A closed pipe: the reader is gone before anything is written.
+        let mut child = Command::new(env!("CARGO_BIN_EXE_infgram"))
+            .args(args)
+            .env(
+                "INFGRAM_CACHE",
+                std::env::temp_dir().join("infgram-test-cache"),
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stderr.take());
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?} with stderr closed");
+        assert_eq!(String::from_utf8(out.stdout).unwrap(), want, "{args:?}");
+    }
+}
+
+/// Issue 56, 9: any broken pipe in an error's causes ended the process with status 0 and no
+/// word (as a closed standard output does, `| head`). A FIFO output whose reader goes is an
+/// error; standard output's reader going is still not.
+#[test]
+fn a_broken_pipe_is_success_only_on_standard_output() {
+    let tmp = tempfile::tempdir().unwrap();
+    let words = shakespeare_words(tmp.path());
+    let w = words.to_str().unwrap();
+    let fifo = tmp.path().join("arpa.fifo");
+    let status = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(status.success());
+    // The reader takes one byte and goes; the model is megabytes.
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut f = std::fs::File::open(&fifo).unwrap();
+            let mut byte = [0u8; 1];
+            f.read_exact(&mut byte).unwrap();
+        })
+    };
+    let args = [
+        "export-arpa",
+        "--index",
+        w,
+        "--order",
+        "2",
+        "--discount-fallback",
+        "-o",
+        fifo.to_str().unwrap(),
+    ];
+    let e = err(&infgram(&args));
+    reader.join().unwrap();
+    assert!(e.contains("arpa.fifo") && e.contains("Broken pipe"), "{e}");
+    // The same model to standard output, whose reader goes: success, as `| head` is.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_infgram"))
+        .args(&args[..args.len() - 1])
+        .arg("-")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Issue 56, 5 and 7: options accepted that changed nothing are refused by name; `--force`
+/// onto a link to an index is refused and leaves both.
+#[test]
+fn options_that_would_change_nothing_are_refused_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let index = build(tmp.path());
+    let idx = index.to_str().unwrap();
+    let text = tmp.path().join("corpus").join("a.txt");
+    let t = text.to_str().unwrap();
+    for (args, says) in [
+        (
+            vec!["ppl", "--index", idx, "--text", t, "--limit", "5"],
+            "--model",
+        ),
+        (
+            vec!["ppl", "--index", idx, "--text", t, "--window", "8"],
+            "--model",
+        ),
+        (
+            vec!["ppl", "--index", idx, "--text", t, "--stride", "4"],
+            "--model",
+        ),
+        (
+            vec!["gen", "--index", idx, "--repetition-penalty", "5"],
+            "--model",
+        ),
+        (vec!["gen", "--index", idx, "--raw"], "--model"),
+        (
+            vec!["gen", "--index", idx, "--draft-max", "1"],
+            "--speculative",
+        ),
+        (
+            vec!["gen", "--model", "smollm2-135m", "--draft-max", "4"],
+            "--speculative",
+        ),
+    ] {
+        let e = err(&infgram(&args));
+        assert!(e.contains(says), "{args:?}: {e}");
+    }
+    // The library refuses what the flags would let through.
+    let e = infgram::service::request::GenerateRequest {
+        sampling: infgram::service::request::Sampling {
+            repetition_penalty: Some(5.0),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+    .check(100)
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("sampling.repetition_penalty"), "{e}");
+    // --force onto a link to an index.
+    let link = tmp.path().join("link");
+    std::os::unix::fs::symlink(&index, &link).unwrap();
+    let before = std::fs::read(index.join("index.json")).unwrap();
+    let corpus = tmp.path().join("corpus");
+    let e = err(&infgram(&[
+        "index",
+        "--force",
+        "-o",
+        link.to_str().unwrap(),
+        corpus.to_str().unwrap(),
+    ]));
+    assert!(e.contains("symbolic link"), "{e}");
+    assert!(link.symlink_metadata().unwrap().file_type().is_symlink());
+    assert_eq!(std::fs::read(index.join("index.json")).unwrap(), before);
+}

@@ -674,6 +674,18 @@ fn bad_requests_get_4xx_with_a_message_and_the_server_keeps_serving() {
             400,
             "unknown variant",
         ),
+        // Issue 56, 5: settings that would change nothing are refused by name.
+        (
+            r#"{"prompt": "the", "index": "a", "mode": "sbis", "compare": true}"#.into(),
+            400,
+            "\"compare\"",
+        ),
+        (
+            r#"{"prompt": "the", "index": "a", "mode": "speculative", "speculative": false}"#
+                .into(),
+            400,
+            "\"speculative\": false",
+        ),
         (
             r#"{"prompt": "the", "index": "zz"}"#.into(),
             404,
@@ -1579,4 +1591,250 @@ fn drafts_route_answers_the_library_drafts() {
     }
     let (status, _) = server.post("/v1/drafts", r#"{"context_ids": [116, 104, 101]}"#);
     assert_eq!(status, 200);
+}
+
+/// The resident memory of process `pid`, in bytes (`VmRSS`).
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmRSS in /proc/PID/status");
+    kb * 1024
+}
+
+/// A gauge or counter of `/metrics` (the first line of that name).
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+/// Issue 56, 2: drafting sessions had no memory bound (5,000 sessions of 4,000 tokens took a
+/// server from 47 MB to 3.62 GB). A soak of 5,000 sessions, each a context of 4,000 tokens,
+/// stays within the stated budget: resident memory measured, sessions past it dropped and
+/// counted, the newest still drafting.
+#[test]
+fn a_soak_of_draft_sessions_stays_within_the_byte_budget() {
+    const SESSIONS: usize = 5000;
+    const BUDGET: u64 = 48 << 20;
+    let tmp = tempfile::tempdir().unwrap();
+    let idx = small_index(tmp.path());
+    let server = Server::start(&[
+        "--index",
+        &format!("small={}", idx.display()),
+        "--draft-session-bytes",
+        &BUDGET.to_string(),
+        "--quiet",
+    ]);
+    let pid = server.child.id();
+    // A warm-up session, then the resident memory before the soak.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut context = |n: usize| -> Vec<u32> {
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x % 200) as u32 + 32
+            })
+            .collect()
+    };
+    let warm = json!({"context_ids": context(4000), "max_tokens": 4, "request_id": "warm"});
+    assert_eq!(server.post("/v1/drafts", &warm.to_string()).0, 200);
+    let before = rss(pid);
+    let deadline = std::time::Instant::now() + Duration::from_secs(600);
+    let mut peak = before;
+    let mut last = Vec::new();
+    for i in 0..SESSIONS {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the soak ran past 600 s"
+        );
+        last = context(4000);
+        let body = json!({"context_ids": last, "max_tokens": 4, "request_id": format!("s{i}")});
+        let (status, v) = server.post("/v1/drafts", &body.to_string());
+        assert_eq!(status, 200, "session {i}: {v}");
+        if i % 250 == 0 {
+            peak = peak.max(rss(pid));
+        }
+    }
+    peak = peak.max(rss(pid));
+    let (_, metrics) = server.request("GET", "/metrics", None);
+    let held = metric(&metrics, "infgram_draft_session_bytes");
+    let open = metric(&metrics, "infgram_draft_sessions");
+    let dropped = metric(&metrics, "infgram_draft_sessions_dropped_total");
+    eprintln!(
+        "{SESSIONS} sessions of 4,000 tokens: resident {} MB before, peak {} MB; {open} open \
+         holding {} MB; {dropped} dropped",
+        before >> 20,
+        peak >> 20,
+        held as u64 >> 20
+    );
+    assert!(held <= BUDGET as f64, "{held} bytes held");
+    assert!(
+        dropped > 0.0 && open + dropped >= SESSIONS as f64,
+        "{metrics}"
+    );
+    // Within the budget, with room for the allocator's own pages and the request buffers.
+    assert!(
+        peak - before <= BUDGET + BUDGET / 2,
+        "resident memory grew by {} MB for a budget of {} MB",
+        (peak - before) >> 20,
+        BUDGET >> 20
+    );
+    // The newest session is kept: it finishes (a dropped one would be started anew).
+    let id = format!("s{}", SESSIONS - 1);
+    let body = json!({"context_ids": last, "request_id": id, "finish": true});
+    let (status, v) = server.post("/v1/drafts", &body.to_string());
+    assert_eq!(status, 200, "{v}");
+    let (_, after) = server.request("GET", "/metrics", None);
+    assert_eq!(metric(&after, "infgram_draft_sessions"), open - 1.0);
+    assert!(metrics.contains("infgram_requests_total{endpoint=\"drafts\"}"));
+    assert!(
+        metric(&metrics, "infgram_requests_total{endpoint=\"drafts\"}") >= SESSIONS as f64,
+        "issue 56, 8: /v1/drafts counted under its own endpoint: {metrics}"
+    );
+}
+
+/// Issue 56, 3: `serve` panicked at start when standard error could not be written. With
+/// 2>/dev/full it serves.
+#[test]
+fn serve_starts_with_standard_error_full() {
+    let tmp = tempfile::tempdir().unwrap();
+    let idx = small_index(tmp.path());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_infgram"))
+        .args(["serve", "--addr", &format!("127.0.0.1:{port}")])
+        .args(["--index", &format!("small={}", idx.display())])
+        .stdout(Stdio::null())
+        .stderr(full)
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let answered = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("serve exited with {status} (standard error full)");
+        }
+        let got = ureq::get(&format!("http://127.0.0.1:{port}/health")).call();
+        if let Ok(r) = got {
+            break r.status().as_u16();
+        }
+        assert!(std::time::Instant::now() < deadline, "serve never answered");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(answered, 200);
+}
+
+/// Issue 56, 4 and 1: a failed save of the past outputs when a drafting request finished was
+/// a 400 and left `/health` ok; a good save there did not clear a completion's failure. One
+/// state, whichever route saves; a server fault is 5xx. And a past-outputs file over the
+/// budget is refused at start and kept (it loaded as nothing and the next save emptied it).
+#[cfg(feature = "neural")]
+#[test]
+fn past_output_saves_of_every_route_share_one_health_state() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("past.bin");
+    let path = file.to_str().unwrap();
+    let corpus = tmp.path().join("corpus.txt");
+    std::fs::write(
+        &corpus,
+        "Say hi to the cat. The cat says hi back to you.\n".repeat(20),
+    )
+    .unwrap();
+    let idx = tmp.path().join("idx");
+    run(&[
+        "index",
+        "--tokenizer",
+        "smollm2-135m",
+        "-o",
+        idx.to_str().unwrap(),
+        corpus.to_str().unwrap(),
+    ]);
+    let model = ["--model", "smollm2-135m", "--threads", "1"];
+    let index = format!("m={}", idx.display());
+    let server = Server::start(
+        &[
+            &model[..],
+            &["--index", &index, "--past-outputs", path, "--quiet"],
+        ]
+        .concat(),
+    );
+    let tok = infgram::service::load_tokenizer("smollm2-135m").unwrap();
+    let ids = tok.encode("Say hi to the cat. The cat says hi").unwrap();
+    let finish = |id: &str| {
+        let start = json!({"index": "m", "context_ids": &ids[..4], "request_id": id});
+        assert_eq!(server.post("/v1/drafts", &start.to_string()).0, 200);
+        let end = json!({"index": "m", "context_ids": ids, "request_id": id, "finish": true});
+        server.post("/v1/drafts", &end.to_string())
+    };
+    let health = || {
+        let (status, text) = server.request("GET", "/health", None);
+        (status, serde_json::from_str::<Value>(&text).unwrap())
+    };
+    assert_eq!(finish("a").0, 200);
+    assert!(file.symlink_metadata().unwrap().file_type().is_file());
+    // FILE replaced by a link: the drafts save fails, a server fault, and /health says so.
+    let victim = tmp.path().join("victim.txt");
+    std::fs::write(&victim, "the victim's\n").unwrap();
+    std::fs::remove_file(&file).unwrap();
+    std::os::unix::fs::symlink(&victim, &file).unwrap();
+    let (status, v) = finish("b");
+    assert_eq!(status, 503, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("not be saved"), "{v}");
+    let (status, h) = health();
+    assert_eq!((status, &h["status"]), (503, &json!("degraded")), "{h}");
+    assert!(h["past_outputs_not_saved"].is_string(), "{h}");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "the victim's\n");
+    // The link gone: a good save through drafts clears the state.
+    std::fs::remove_file(&file).unwrap();
+    assert_eq!(finish("c").0, 200);
+    let (status, h) = health();
+    assert_eq!(status, 200, "{h}");
+    assert_eq!(h["past_outputs_not_saved"], Value::Null, "{h}");
+    // A completion's failed save, then a good save through drafts: ok again.
+    let saved = std::fs::read(&file).unwrap();
+    std::fs::remove_file(&file).unwrap();
+    std::fs::create_dir(&file).unwrap();
+    let body = r#"{"prompt": "Say hi", "max_tokens": 3, "temperature": 0}"#;
+    assert_eq!(server.post("/v1/completions", body).0, 200);
+    assert_eq!(health().0, 503);
+    std::fs::remove_dir(&file).unwrap();
+    assert_eq!(finish("d").0, 200);
+    assert_eq!(health().0, 200);
+    assert!(
+        std::fs::read(&file).unwrap().len() > saved.len(),
+        "the outputs grew"
+    );
+    drop(server);
+    // Over the budget: refused at start, the file kept (issue 56, 1).
+    let before = std::fs::read(&file).unwrap();
+    let kept = before.len() - before.iter().position(|&b| b == b'\n').unwrap() - 1;
+    let e = fails(
+        &[
+            &["serve", "--addr", "127.0.0.1:0"][..],
+            &model,
+            &["--past-outputs", path, "--past-output-tokens", "2"],
+        ]
+        .concat(),
+    );
+    assert!(e.contains("more than this run keeps (2)"), "{e}");
+    assert_eq!(
+        std::fs::read(&file).unwrap(),
+        before,
+        "{kept} bytes of outputs"
+    );
 }

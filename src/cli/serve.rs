@@ -62,7 +62,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 64, value_parser = super::positive)]
     pub concurrent_queries: usize,
     /// Bytes the drafting sessions of `POST /v1/drafts` (with a `request_id`) may hold, all
-    /// indexes together: a session costs about 40 bytes a token of its context; past the
+    /// indexes together: a session costs about 30 bytes a token of its context; past the
     /// bound (or 4,096 sessions) the least recently used end, counted in `/metrics`
     /// (`infgram_draft_sessions_dropped_total`). Default 256 MiB.
     #[arg(long, default_value_t = infgram::service::drafts::DEFAULT_SESSION_BYTES, value_parser = super::positive)]

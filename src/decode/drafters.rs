@@ -223,6 +223,7 @@ impl LookupState {
             self.chains.clear();
             self.copy = CopyState::default();
         }
+        self.chains.reserve(context.len() - self.chains.seq().len());
         for p in self.chains.seq().len()..context.len() {
             // Position p follows the n-grams that end at p - 1.
             self.chains.push(context[p]);

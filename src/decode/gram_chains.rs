@@ -13,11 +13,13 @@
 //! with a hash-map entry per distinct n-gram: about 220 bytes a token, 850 KB for a
 //! 4,000-token drafting session. Here a token costs its own 4 bytes, 4 bytes of link per key
 //! length and a share of each table (open addressing over positions, at most 70% full): about
-//! 30 bytes. A lookup of an n-gram between two key lengths walks the occurrences of its
-//! shorter key, which the key lengths 1, 2, 4 keep short for text.
+//! 20 bytes. A lookup of a 2- or 3-gram walks the occurrences of its last token; with a third
+//! key length (2) those walks are shorter, but a token costs 12 bytes more, and on text
+//! (`bench_drafter_rules`) neither drafts faster.
 
-/// Key lengths of the chains. An n-gram is looked up on the chain of the longest one `≤ n`.
-pub const KEY_LENGTHS: [usize; 3] = [1, 2, 4];
+/// Key lengths of the chains. An n-gram is looked up on the chain of the longest one `≤ n`
+/// (4 is prompt lookup's resync length: a copy restarts on the chain of its last 4 tokens).
+pub const KEY_LENGTHS: [usize; 2] = [1, 4];
 
 /// The tables grow past this share of their slots in use (tenths).
 const MAX_LOAD_TENTHS: usize = 7;
@@ -162,6 +164,15 @@ impl GramChains {
         }
     }
 
+    /// Room for `more` tokens, reserved at once (a prompt indexed in one go grows its
+    /// vectors once, not by doubling: fewer copies, and freed blocks of fewer sizes).
+    pub fn reserve(&mut self, more: usize) {
+        self.seq.reserve(more);
+        for c in &mut self.chains {
+            c.links.reserve(self.seq.len() + more - c.links.len());
+        }
+    }
+
     /// Appends `token` at position `p = seq().len()`: `p` follows the `k`-grams that end
     /// before it.
     ///
@@ -277,6 +288,6 @@ mod tests {
             chains.push((x >> 40) as u32 % 30_000);
         }
         let per_token = chains.bytes() as f64 / 100_000.0;
-        assert!(per_token < 48.0, "{per_token} bytes a token");
+        assert!(per_token < 36.0, "{per_token} bytes a token");
     }
 }

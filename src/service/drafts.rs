@@ -27,7 +27,7 @@ pub use crate::decode::session::SessionDraft;
 pub const MAX_SESSIONS: usize = 4096;
 
 /// Bytes the sessions of a store may hold by default (their contexts and what their drafters
-/// keep of them, about 40 bytes a token): past it the least recently used end.
+/// keep of them, about 30 bytes a token): past it the least recently used end.
 pub const DEFAULT_SESSION_BYTES: usize = 256 << 20;
 
 /// The longest draft asked for.

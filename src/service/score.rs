@@ -426,7 +426,12 @@ pub fn write_arpa_file<S: AsRef<[u8]> + Sync>(
 ) -> Result<ArpaSummary> {
     use crate::output_file::{write_file, Accept};
     write_file(path, Accept::Streams, |out| {
-        crate::ngram::arpa::write_arpa(model, index, tok, out)
+        // The writer's I/O errors name the file written (a FIFO whose reader left, a full
+        // disk), not the ARPA stream in general.
+        crate::ngram::arpa::write_arpa(model, index, tok, out).map_err(|e| match e {
+            crate::Error::Io { source, .. } => crate::Error::io(path, source),
+            e => e,
+        })
     })
 }
 
