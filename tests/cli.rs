@@ -2,20 +2,15 @@
 //! `infgram query`; damaged indexes, wrong tokenizers and bad input give clear errors; a failed
 //! build leaves nothing behind.
 
+mod common;
+
+use common::infgram_command;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 fn infgram(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_infgram"))
-        .args(args)
-        .env(
-            "INFGRAM_CACHE",
-            std::env::temp_dir().join("infgram-test-cache"),
-        )
-        .env("INFGRAM_MODELS", infgram::assets::models_dir())
-        .output()
-        .expect("run infgram")
+    infgram_command(args).output().expect("run infgram")
 }
 
 fn ok(out: &Output) -> String {
@@ -880,13 +875,7 @@ fn closed_pipes_and_full_disks() {
         vec!["--version"],
     ];
     for args in &commands {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_infgram"))
-            .args(args)
-            .env(
-                "INFGRAM_CACHE",
-                std::env::temp_dir().join("infgram-test-cache"),
-            )
-            .env("INFGRAM_MODELS", infgram::assets::models_dir())
+        let mut child = infgram_command(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -903,16 +892,7 @@ fn closed_pipes_and_full_disks() {
                 .write(true)
                 .open("/dev/full")
                 .unwrap();
-            let out = Command::new(env!("CARGO_BIN_EXE_infgram"))
-                .args(args)
-                .env(
-                    "INFGRAM_CACHE",
-                    std::env::temp_dir().join("infgram-test-cache"),
-                )
-                .env("INFGRAM_MODELS", infgram::assets::models_dir())
-                .stdout(full)
-                .output()
-                .unwrap();
+            let out = infgram_command(args).stdout(full).output().unwrap();
             let e = String::from_utf8_lossy(&out.stderr);
             assert!(
                 !out.status.success() && e.contains("space") && !e.contains("panicked"),
@@ -1123,14 +1103,18 @@ fn builds_never_remove_a_users_files() {
     std::fs::write(u.join("index.json"), "{}").unwrap();
     let a = root.join("a.txt");
     std::fs::write(&a, text).unwrap();
+    // `index --force -o OUT a.txt`, which must fail: its error.
+    let force = |out: &Path| {
+        err(&infgram(&[
+            "index",
+            "--force",
+            "-o",
+            out.to_str().unwrap(),
+            a.to_str().unwrap(),
+        ]))
+    };
     let before = snapshot(&root);
-    let e = err(&infgram(&[
-        "index",
-        "--force",
-        "-o",
-        u.to_str().unwrap(),
-        a.to_str().unwrap(),
-    ]));
+    let e = force(&u);
     assert!(e.contains("not an infgram index"), "{e}");
     // The same with the working directory as the output.
     let out = Command::new(env!("CARGO_BIN_EXE_infgram"))
@@ -1140,6 +1124,20 @@ fn builds_never_remove_a_users_files() {
         .unwrap();
     assert!(err(&out).contains("not an infgram index"));
     assert_eq!(snapshot(&root), before, "a failed --force changed files");
+    // Issue 56, 7: `--force -o LINK`, LINK a link to an index, replaced the link by a new
+    // directory and left the index stale. Refused; both left as they were.
+    let linked = root.join("linked");
+    ok(&infgram(&[
+        "index",
+        "-o",
+        linked.to_str().unwrap(),
+        a.to_str().unwrap(),
+    ]));
+    std::os::unix::fs::symlink(&linked, root.join("link")).unwrap();
+    let before = snapshot(&root);
+    let e = force(&root.join("link"));
+    assert!(e.contains("symbolic link"), "{e}");
+    assert_eq!(snapshot(&root), before, "--force onto a link changed files");
     // A real index holding a user's file is not replaced either.
     let idx = root.join("idx");
     ok(&infgram(&[
@@ -1432,6 +1430,36 @@ fn options_that_do_not_apply_and_numbers_past_their_bounds_are_refused_clearly()
         let e = err(&infgram(&[&ppl[..], more].concat()));
         assert!(e.contains(named), "{more:?}: {e}");
     }
+    // Issue 56, 5: options that changed nothing were accepted; each is refused, naming the
+    // option it needs.
+    for (command, more, needs) in [
+        (&ppl[..], &["--limit", "5"][..], "--model"),
+        (&ppl, &["--window", "8"], "--model"),
+        (&ppl, &["--stride", "4"], "--model"),
+        (&gen, &["--repetition-penalty", "5"], "--model"),
+        (&gen, &["--raw"], "--model"),
+        (&gen, &["--draft-max", "1"], "--speculative"),
+        (
+            &["gen", "--model", "smollm2-135m"],
+            &["--draft-max", "4"],
+            "--speculative",
+        ),
+    ] {
+        let e = err(&infgram(&[command, more].concat()));
+        assert!(e.contains(needs), "{more:?}: {e}");
+    }
+    // The library refuses what the flags would let through.
+    let e = infgram::service::request::GenerateRequest {
+        sampling: infgram::service::request::Sampling {
+            repetition_penalty: Some(5.0),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+    .check(100)
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("sampling.repetition_penalty"), "{e}");
     let q = |more: &[&str]| err(&infgram(&[&["query", idx][..], more].concat()));
     let e = q(&["count", "--text", "a", "--cont-text", "b"]);
     assert!(e.contains("--cont-text") && e.contains("count"), "{e}");
@@ -1526,13 +1554,7 @@ fn device_cuda_without_a_gpu_says_what_to_do() {
 
 /// `infgram ARGS` with standard error `stderr`; its output.
 fn infgram_with_stderr(args: &[&str], stderr: Stdio) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_infgram"))
-        .args(args)
-        .env(
-            "INFGRAM_CACHE",
-            std::env::temp_dir().join("infgram-test-cache"),
-        )
-        .env("INFGRAM_MODELS", infgram::assets::models_dir())
+    infgram_command(args)
         .stderr(stderr)
         .output()
         .expect("run infgram")
@@ -1552,6 +1574,20 @@ fn shakespeare_words(tmp: &Path) -> PathBuf {
         text.trim(),
     ]));
     index
+}
+
+/// `export-arpa` of the bigram model of index `words` to `out`.
+fn export_arpa<'a>(words: &'a str, out: &'a str) -> [&'a str; 8] {
+    [
+        "export-arpa",
+        "--index",
+        words,
+        "--order",
+        "2",
+        "--discount-fallback",
+        "-o",
+        out,
+    ]
 }
 
 /// Issue 56, 3: a diagnostic that cannot be written (standard error full, or a closed pipe)
@@ -1576,16 +1612,7 @@ fn diagnostics_that_cannot_be_written_change_nothing() {
             "3",
             "--stats",
         ],
-        &[
-            "export-arpa",
-            "--index",
-            w,
-            "--order",
-            "2",
-            "--discount-fallback",
-            "-o",
-            "-",
-        ],
+        &export_arpa(w, "-"),
         &["query", idx, "count", "--text", "the cat", "--json"],
     ];
     for args in commands {
@@ -1603,12 +1630,7 @@ fn diagnostics_that_cannot_be_written_change_nothing() {
         assert_eq!(out.status.code(), Some(0), "{args:?} with 2>/dev/full");
         assert_eq!(String::from_utf8(out.stdout).unwrap(), want, "{args:?}");
         // A closed pipe: the reader is gone before anything is written.
-        let mut child = Command::new(env!("CARGO_BIN_EXE_infgram"))
-            .args(args)
-            .env(
-                "INFGRAM_CACHE",
-                std::env::temp_dir().join("infgram-test-cache"),
-            )
+        let mut child = infgram_command(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -1641,22 +1663,12 @@ fn a_broken_pipe_is_success_only_on_standard_output() {
             f.read_exact(&mut byte).unwrap();
         })
     };
-    let args = [
-        "export-arpa",
-        "--index",
-        w,
-        "--order",
-        "2",
-        "--discount-fallback",
-        "-o",
-        fifo.to_str().unwrap(),
-    ];
+    let args = export_arpa(w, fifo.to_str().unwrap());
     let e = err(&infgram(&args));
     reader.join().unwrap();
     assert!(e.contains("arpa.fifo") && e.contains("Broken pipe"), "{e}");
     // The same model to standard output, whose reader goes: success, as `| head` is.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_infgram"))
-        .args(&args[..args.len() - 1])
+    let mut child = infgram_command(&args[..args.len() - 1])
         .arg("-")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -1670,72 +1682,4 @@ fn a_broken_pipe_is_success_only_on_standard_output() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// Issue 56, 5 and 7: options accepted that changed nothing are refused by name; `--force`
-/// onto a link to an index is refused and leaves both.
-#[test]
-fn options_that_would_change_nothing_are_refused_by_name() {
-    let tmp = tempfile::tempdir().unwrap();
-    let index = build(tmp.path());
-    let idx = index.to_str().unwrap();
-    let text = tmp.path().join("corpus").join("a.txt");
-    let t = text.to_str().unwrap();
-    for (args, says) in [
-        (
-            vec!["ppl", "--index", idx, "--text", t, "--limit", "5"],
-            "--model",
-        ),
-        (
-            vec!["ppl", "--index", idx, "--text", t, "--window", "8"],
-            "--model",
-        ),
-        (
-            vec!["ppl", "--index", idx, "--text", t, "--stride", "4"],
-            "--model",
-        ),
-        (
-            vec!["gen", "--index", idx, "--repetition-penalty", "5"],
-            "--model",
-        ),
-        (vec!["gen", "--index", idx, "--raw"], "--model"),
-        (
-            vec!["gen", "--index", idx, "--draft-max", "1"],
-            "--speculative",
-        ),
-        (
-            vec!["gen", "--model", "smollm2-135m", "--draft-max", "4"],
-            "--speculative",
-        ),
-    ] {
-        let e = err(&infgram(&args));
-        assert!(e.contains(says), "{args:?}: {e}");
-    }
-    // The library refuses what the flags would let through.
-    let e = infgram::service::request::GenerateRequest {
-        sampling: infgram::service::request::Sampling {
-            repetition_penalty: Some(5.0),
-            ..Default::default()
-        },
-        ..Default::default()
-    }
-    .check(100)
-    .unwrap_err()
-    .to_string();
-    assert!(e.contains("sampling.repetition_penalty"), "{e}");
-    // --force onto a link to an index.
-    let link = tmp.path().join("link");
-    std::os::unix::fs::symlink(&index, &link).unwrap();
-    let before = std::fs::read(index.join("index.json")).unwrap();
-    let corpus = tmp.path().join("corpus");
-    let e = err(&infgram(&[
-        "index",
-        "--force",
-        "-o",
-        link.to_str().unwrap(),
-        corpus.to_str().unwrap(),
-    ]));
-    assert!(e.contains("symbolic link"), "{e}");
-    assert!(link.symlink_metadata().unwrap().file_type().is_symlink());
-    assert_eq!(std::fs::read(index.join("index.json")).unwrap(), before);
 }

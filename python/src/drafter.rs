@@ -3,7 +3,7 @@
 //! drafts ([`infgram::service::drafts::Drafts`]). Thread-safe; every call releases the GIL.
 
 use super::*;
-use infgram::service::drafts::{Corpus, Drafts};
+use infgram::service::drafts::{Corpus, Drafts, SessionStore, MAX_SESSIONS};
 
 /// A draft: token `i` follows node `parents[i]` (`None`: the end of the context), with the
 /// drafter's probability and the drafter that proposed it. A chain's parents are
@@ -73,11 +73,13 @@ pub(crate) fn corpus_rule_named(name: &str) -> PyResult<infgram::service::drafts
     })
 }
 
-/// A library error as Python's exception: a missing request is a `KeyError`, the rest
+/// A library error as Python's exception: a missing request is a `KeyError`, a fault of the
+/// drafter's own files (past outputs that could not be saved) an `OSError`, the rest
 /// `ValueError`.
 fn py_err(e: infgram::Error) -> PyErr {
     match e {
         infgram::Error::NotFound(m) => pyo3::exceptions::PyKeyError::new_err(m),
+        infgram::Error::Unavailable(m) => pyo3::exceptions::PyOSError::new_err(m),
         e => PyValueError::new_err(e.to_string()),
     }
 }
@@ -97,9 +99,10 @@ impl Drafter {
     /// `bytes`, or a tokenizer file); `prompt_lookup`: draft from the request's own context;
     /// `corpus_rule`: how the index drafts, `"sbis"` (the SBIS argmax) or `"longest_suffix"`
     /// (the longest matching suffix's most frequent continuation: cheaper, and better on a
-    /// large corpus).
+    /// large corpus); `session_bytes`: what the open requests may hold (about 30 bytes a token
+    /// of context), past which (or 4,096 requests) the least recently used end.
     #[new]
-    #[pyo3(signature = (index=None, past_outputs=None, prompt_lookup=true, tokenizer=None, corpus_rule="sbis"))]
+    #[pyo3(signature = (index=None, past_outputs=None, prompt_lookup=true, tokenizer=None, corpus_rule="sbis", session_bytes=infgram::service::drafts::DEFAULT_SESSION_BYTES))]
     fn new(
         py: Python<'_>,
         index: Option<PyRef<'_, Index>>,
@@ -107,6 +110,7 @@ impl Drafter {
         prompt_lookup: bool,
         tokenizer: Option<String>,
         corpus_rule: &str,
+        session_bytes: usize,
     ) -> PyResult<Self> {
         let corpus_rule = corpus_rule_named(corpus_rule)?;
         // The corpus: an index here, or shards held elsewhere (asked per draft token).
@@ -143,7 +147,8 @@ impl Drafter {
                         )?)
                     }
                 };
-                Drafts::with_corpus(corpus, past, prompt_lookup, corpus_rule)
+                let store = SessionStore::new(MAX_SESSIONS, session_bytes);
+                Drafts::with_store(corpus, past, prompt_lookup, corpus_rule, Arc::new(store))
             })
             .map_err(py_err)?;
         Ok(Drafter {
@@ -219,5 +224,17 @@ impl Drafter {
     #[getter]
     fn open_requests(&self) -> usize {
         self.drafts.open_sessions()
+    }
+
+    /// Bytes the open requests hold (as last measured).
+    #[getter]
+    fn session_bytes(&self) -> usize {
+        self.drafts.store().bytes()
+    }
+
+    /// Requests ended because a bound was passed (the least recently used first).
+    #[getter]
+    fn dropped_requests(&self) -> u64 {
+        self.drafts.store().dropped()
     }
 }

@@ -256,3 +256,29 @@ def test_past_outputs_are_kept_in_their_file(tmp_path):
         again.draft_once([1, 2], 100_000)
     with pytest.raises(ValueError):
         infgram.Drafter(past_outputs=str(past))
+
+
+def test_requests_are_bounded_in_bytes_and_a_failed_save_is_an_os_error(tmp_path):
+    """Issue 56, 2 and 4: open requests hold at most `session_bytes` (the least recently used
+    end past it, counted); past outputs that cannot be saved raise OSError, not ValueError."""
+    rng = np.random.default_rng(5)
+    docs = [[int(t) for t in rng.integers(0, 30, size=100)] for _ in range(3)]
+    infgram.build_index_from_ids(docs, str(tmp_path / "ix"), 30)
+    index = infgram.Index(str(tmp_path / "ix"))
+    bound = 1 << 20
+    d = infgram.Drafter(index=index, session_bytes=bound)
+    for r in range(200):
+        d.start(f"r{r}", [int(t) for t in rng.integers(0, 30, size=1000)])
+        d.draft(f"r{r}", 4)
+        assert d.session_bytes <= bound
+    assert d.dropped_requests > 0 and d.open_requests + d.dropped_requests == 200
+    assert d.draft("r199", 4) is not None  # the newest is kept
+    with pytest.raises(KeyError):
+        d.draft("r0", 4)  # the oldest was dropped
+    past = tmp_path / "past.bin"
+    saver = infgram.Drafter(index=index, past_outputs=str(past))
+    saver.start("a", [1, 2, 3])
+    saver.extend("a", [4, 5])
+    past.mkdir()  # what the save would replace is now a directory
+    with pytest.raises(OSError, match="not be saved"):
+        saver.finish("a")

@@ -154,7 +154,7 @@ fn common_tail(seq: &[u32], a: usize, b: usize, max: usize) -> usize {
 /// Prompt lookup over a live n-gram index of the sequence ([`GramChains`]: each n-gram's
 /// occurrences a chain, latest first, a few bytes a token).
 ///
-/// The index and the copy being followed live in a [`LookupState`] that [`PromptLookup::twin`]
+/// The index and the copy being followed live in a `LookupState` that [`PromptLookup::twin`]
 /// shares: a braid's prompt lookup and the one beside it index the same context once.
 pub struct PromptLookup {
     state: Arc<Mutex<LookupState>>,

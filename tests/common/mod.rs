@@ -4,6 +4,19 @@
 
 use infgram::lm::{argmax, neg_log_prob, LanguageModel, Logits};
 
+/// The `infgram` binary with `args`, in the tests' environment: a cache of their own, the
+/// models where the library fetches them.
+pub fn infgram_command(args: &[&str]) -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_infgram"));
+    c.args(args)
+        .env(
+            "INFGRAM_CACHE",
+            std::env::temp_dir().join("infgram-test-cache"),
+        )
+        .env("INFGRAM_MODELS", infgram::assets::models_dir());
+    c
+}
+
 /// Mean −ln p of `ids[1..]` given the logits of a full pass over `ids`.
 pub fn mean_loss(logits: &[Vec<f32>], ids: &[u32]) -> f64 {
     let nll: f64 = (1..ids.len())
