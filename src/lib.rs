@@ -3,8 +3,9 @@
 //! Layers, bottom to top (a module imports only modules of its own layer or below; drawn in
 //! `ARCHITECTURE.md`):
 //!
-//! 1. [`error`], [`assets`] (the in-tree Tiny Shakespeare; fetching the default corpus and
-//!    model from package registries), [`corpus`] (reading `.txt` / `.jsonl[.gz|.zst]` inputs),
+//! 1. [`error`] (and [`diag!`], the notes and warnings that never panic), [`assets`] (the
+//!    in-tree Tiny Shakespeare; fetching the default corpus and model from package
+//!    registries), [`corpus`] (reading `.txt` / `.jsonl[.gz|.zst]` inputs),
 //!    [`tokenizer`] (bytes, `tokenizer.json`, the tokenizer of a GGUF file), `gguf` (feature
 //!    `neural`: GGUF headers through a checked reader before candle reads them).
 //! 2. [`index`]: the on-disk, memory-mapped suffix-array index and the infini-gram queries.
