@@ -125,3 +125,40 @@ fn a_stray_path_is_found() {
     );
     assert_eq!(rooms_named(text, "crate::"), vec![]);
 }
+
+/// Issue 58: the speculative drafter set is the service's default
+/// (`request::defaults::SPECULATIVE_DRAFTERS`); no front end writes a list of its own, and the
+/// sampling and draft defaults are named, not written again as numbers.
+#[test]
+fn front_ends_name_the_services_defaults_and_write_none() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let written = [
+        "DrafterSpec::PromptLookup",
+        "DrafterSpec::PastOutputs",
+        "DrafterSpec::Corpus",
+        "temperature: 0.8",
+        "draft_max: 16",
+    ];
+    let mut found = Vec::new();
+    for dir in ["src/cli", "src/server", "python/src"] {
+        for file in sources(&root.join(dir)) {
+            let text = std::fs::read_to_string(&file).unwrap();
+            for (i, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or_default();
+                if let Some(w) = written.iter().find(|w| code.contains(*w)) {
+                    let name = file.strip_prefix(root).unwrap().display();
+                    found.push(format!("{name}:{}: {w}", i + 1));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+    // The library's own defaults are the decode layer's, named once.
+    let request = std::fs::read_to_string(root.join("src/service/request.rs")).unwrap();
+    for named in ["sampler::DEFAULT_TEMPERATURE", "decode::DEFAULT_DRAFT_MAX"] {
+        assert!(
+            request.contains(named),
+            "request::defaults does not name {named}"
+        );
+    }
+}

@@ -17,7 +17,8 @@ use infgram::service::models::{
     load_model, Backend, Device, LanguageModel, LoadedModel, ModelOptions, Requantize,
 };
 use infgram::service::request::{
-    DrafterSpec, GenLimits, GenerateRequest, GuardSpec, Prompt, Sampling, Scorer, MAX_GEN_TOKENS,
+    defaults, DrafterSpec, GenLimits, GenerateRequest, GuardSpec, Prompt, Sampling, Scorer,
+    MAX_GEN_TOKENS,
 };
 use infgram::service::run::{load_mixer, mixer_file, Mixer, ModelIndex, PAST_OUTPUTS_BUDGET};
 use infgram::service::{PastStore, Resources, RunOptions};
@@ -195,11 +196,7 @@ impl Model {
                 .iter()
                 .map(|n| named::<DrafterSpec>("drafter", n))
                 .collect::<PyResult<Vec<_>>>()?,
-            (None, true) => vec![
-                DrafterSpec::PromptLookup,
-                DrafterSpec::PastOutputs,
-                DrafterSpec::Corpus,
-            ],
+            (None, true) => defaults::SPECULATIVE_DRAFTERS.to_vec(),
             (None, false) => Vec::new(),
         };
         let prompt = match (prompt, prompt_ids) {

@@ -5,8 +5,8 @@ use anyhow::Result;
 use clap::Args;
 use infgram::service::files::Accept;
 use infgram::service::request::{
-    CheckedRequest, CorpusRule, DrafterSpec, GenLimits, GenerateRequest, GuardSpec, Prompt,
-    Sampling, Scorer, MAX_GEN_TOKENS,
+    defaults, CheckedRequest, CorpusRule, GenLimits, GenerateRequest, GuardSpec, Prompt, Sampling,
+    Scorer, MAX_GEN_TOKENS,
 };
 use infgram::service::run::{generate, Copying};
 use infgram::service::{Resources, RunOptions};
@@ -130,14 +130,9 @@ impl GenArgs {
     /// The request the flags make (`prompt`: the text the scorer's tokenizer reads), checked
     /// by the library: no default and no range is the CLI's own.
     fn request(&self, prompt: Option<String>, scorer: Scorer) -> Result<CheckedRequest> {
-        let drafters = if self.speculative {
-            vec![
-                DrafterSpec::PromptLookup,
-                DrafterSpec::PastOutputs,
-                DrafterSpec::Corpus,
-            ]
-        } else {
-            Vec::new()
+        let drafters = match self.speculative {
+            true => defaults::SPECULATIVE_DRAFTERS.to_vec(),
+            false => Vec::new(),
         };
         let request = GenerateRequest {
             prompt: prompt.map(Prompt::Text).unwrap_or_default(),

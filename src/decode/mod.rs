@@ -213,11 +213,15 @@ impl Cancel {
     }
 }
 
+/// Longest draft verified in one pass when none is given (`service::request::defaults` names
+/// this one).
+pub const DEFAULT_DRAFT_MAX: usize = 16;
+
 impl Default for DecodeConfig {
     fn default() -> Self {
         DecodeConfig {
             max_tokens: 256,
-            draft_max: 16,
+            draft_max: DEFAULT_DRAFT_MAX,
             cost: CostModel::default(),
             cancel: None,
             trace: false,

@@ -15,10 +15,14 @@ pub struct SamplerConfig {
     pub top_k: usize,
 }
 
+/// Sampling temperature when none is given (`service::request::defaults` names this one).
+pub const DEFAULT_TEMPERATURE: f64 = 0.8;
+
 impl Default for SamplerConfig {
+    /// Temperature [`DEFAULT_TEMPERATURE`], every token kept (top-p 1, top-k 0).
     fn default() -> Self {
         SamplerConfig {
-            temperature: 0.8,
+            temperature: DEFAULT_TEMPERATURE,
             top_p: 1.0,
             top_k: 0,
         }

@@ -39,7 +39,10 @@ pub mod score;
 
 pub use batch::{lambdas, mix_rows, mix_targets};
 pub use features::{Confidence, LambdaModel};
-pub use open::{check_mixing_index, load_mixer, mixture_model, open_mixing_index, MIX_CONTEXT};
+pub use open::{
+    check_mixing_index, load_mixer, mixing_needs_an_index, mixture_model, open_mixing_index,
+    MIX_CONTEXT,
+};
 pub use score::{score_both, MixReport, ScoredMixture, Scoring};
 
 use crate::error::{Error, Result};

@@ -33,12 +33,18 @@ pub fn check_mixing_index<S: AsRef<[u8]> + Sync>(
     index: &Index<S>,
     tok: &dyn Tokenizer,
 ) -> Result<()> {
-    check_fingerprint(&index.header().tokenizer, tok).map_err(|e| {
-        Error::input(format!(
-            "{e}; mixing needs an index built with the model's tokenizer \
-             (`infgram index --tokenizer MODEL -o DIR FILES`)"
-        ))
-    })
+    check_fingerprint(&index.header().tokenizer, tok)
+        .map_err(|e| Error::input(format!("{e}; {NEEDS_INDEX}")))
+}
+
+/// What mixing needs, said once for every refusal.
+const NEEDS_INDEX: &str = "mixing needs an index built with the model's tokenizer \
+                           (`infgram index --tokenizer MODEL -o DIR FILES`): give it with \
+                           --index DIR";
+
+/// The error of a mixture asked for without an index.
+pub fn mixing_needs_an_index() -> Error {
+    Error::input(NEEDS_INDEX)
 }
 
 /// The mixture of `neural` and the ∞-gram of `index` as one scorer.

@@ -12,8 +12,8 @@ use super::api::ApiError;
 use super::{Limits, Served};
 use crate::service::models::ModelOptions;
 use crate::service::request::{
-    self, CheckedRequest, DrafterSpec, EstimatorSpec, GenLimits, GenerateRequest, GuardSpec,
-    Prompt, Sampling, Scorer,
+    self, CheckedRequest, EstimatorSpec, GenLimits, GenerateRequest, GuardSpec, Prompt, Sampling,
+    Scorer,
 };
 use crate::service::run::{generate, GenerationReport, ModelIndex};
 use crate::service::run::{Cancel, PastOutputs, PastStats};
@@ -347,14 +347,9 @@ impl Generator {
                  \"sbis\" has neither: leave it out, or ask for mode \"speculative\"",
             ));
         }
-        let drafters = if mode == Mode::Speculative || req.speculative == Some(true) {
-            vec![
-                DrafterSpec::PromptLookup,
-                DrafterSpec::PastOutputs,
-                DrafterSpec::Corpus,
-            ]
-        } else {
-            Vec::new()
+        let drafters = match mode == Mode::Speculative || req.speculative == Some(true) {
+            true => request::defaults::SPECULATIVE_DRAFTERS.to_vec(),
+            false => Vec::new(),
         };
         let request = GenerateRequest {
             prompt: req.prompt.clone(),

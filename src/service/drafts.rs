@@ -242,11 +242,10 @@ impl Drafts {
     /// The drafters of a new session: those of the decode loop's speculative decoding (the
     /// corpus drafter over shards last, where [`DrafterSpec::Corpus`] puts the local one).
     fn drafters(&self) -> Result<Vec<Box<dyn Drafter>>> {
-        let mut specs = Vec::new();
-        if self.prompt_lookup {
-            specs.push(DrafterSpec::PromptLookup);
-        }
-        specs.extend([DrafterSpec::PastOutputs, DrafterSpec::Corpus]);
+        let specs: Vec<DrafterSpec> = crate::service::request::defaults::SPECULATIVE_DRAFTERS
+            .into_iter()
+            .filter(|&d| self.prompt_lookup || d != DrafterSpec::PromptLookup)
+            .collect();
         let mut list = drafters(&AssemblyOptions {
             drafters: specs,
             corpus_rule: self.corpus_rule,

@@ -420,10 +420,7 @@ pub fn generate_with_model(
         None => run(model)?,
         Some(mixer) => {
             let Some(index) = &req.assembly.drafting_index else {
-                return Err(Error::input(
-                    "mixing needs an index built with the model's tokenizer \
-                     (`infgram index --tokenizer MODEL`): give it with --index DIR",
-                ));
+                return Err(crate::mix::mixing_needs_an_index());
             };
             let mut mixed = mixture_model(&mut *model, index.clone(), mixer.clone())?;
             run(&mut mixed)?

@@ -15,8 +15,10 @@ use serde::{Deserialize, Serialize};
 
 /// The defaults of every front end.
 pub mod defaults {
+    use super::DrafterSpec;
+
     /// Sampling temperature.
-    pub const TEMPERATURE: f64 = 0.8;
+    pub const TEMPERATURE: f64 = crate::decode::sampler::DEFAULT_TEMPERATURE;
     /// Nucleus mass.
     pub const TOP_P: f64 = 1.0;
     /// Tokens kept by top-k (0: all).
@@ -28,7 +30,15 @@ pub mod defaults {
     /// Tokens of context the ∞-gram looks at.
     pub const CONTEXT: usize = 200;
     /// Longest draft verified in one pass.
-    pub const DRAFT_MAX: usize = 16;
+    pub const DRAFT_MAX: usize = crate::decode::DEFAULT_DRAFT_MAX;
+    /// The drafters of speculative decoding, in the order the decode loop asks them: the
+    /// prompt (free and often right), past outputs, then the corpus. Front ends that ask for
+    /// "speculative" name this set, never a list of their own.
+    pub const SPECULATIVE_DRAFTERS: [DrafterSpec; 3] = [
+        DrafterSpec::PromptLookup,
+        DrafterSpec::PastOutputs,
+        DrafterSpec::Corpus,
+    ];
     /// SBIS levels (−1: all).
     pub const SBIS_K: i64 = crate::ngram::SBIS_K;
     /// SBIS weight ratio between consecutive levels.

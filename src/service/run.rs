@@ -10,7 +10,7 @@
 
 use crate::decode::past::SharedPastOutputs;
 use crate::decode::{DecodeConfig, DecodeStats};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::index::counts_cache::CacheStats;
 use crate::index::partial::SharedShards;
 use crate::index::Index;
@@ -431,10 +431,7 @@ pub fn generate(
                 },
             };
             if model_req.mix.is_some() && index.is_none() {
-                return Err(Error::input(
-                    "mixing needs an index built with the model's tokenizer \
-                     (`infgram index --tokenizer MODEL`): give it with --index DIR",
-                ));
+                return Err(crate::mix::mixing_needs_an_index());
             }
             let g =
                 generate_with_model(&mut **model, &model_req, &mut req.sampler(), &mut on_token)?;
