@@ -231,7 +231,17 @@ def test_a_killed_shard_actor_never_gives_a_wrong_answer(cluster, tmp_path):
 
     # Past the retry budget: an error naming the slice, not a partial count.
     with iray.Engine(manifest, eos_token_id=10, retries=1, timeout_s=5) as e:
-        ray.kill(e.router.actors[1], no_restart=True)
+        dead = e.router.actors[1]
+        ray.kill(dead, no_restart=True)
+        # ray.kill returns before the actor is gone (a call right after may still reach it):
+        # wait, bounded, until a call to it fails.
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                ray.get(dead.ready.remote(), timeout=5)
+            except Exception:
+                break
+            time.sleep(0.1)
         with pytest.raises(RuntimeError, match=r"slice 1 .* did not answer after 2 tries"):
             e.count([97])
         with pytest.raises(RuntimeError, match=r"^slice 1 "):
