@@ -119,8 +119,9 @@ fn main() {
     // What the command printed is out before the status says it succeeded (a failed flush is
     // the command's failure, not a silent loss at exit).
     let result = result.and_then(|()| {
+        use anyhow::Context as _;
         use std::io::Write as _;
-        Ok(std::io::stdout().lock().flush()?)
+        std::io::stdout().lock().flush().context("standard output")
     });
     if let Err(e) = result {
         // A reader of standard output that stopped reading (`| head`) is not an error; any

@@ -1693,7 +1693,6 @@ fn a_soak_of_draft_sessions_stays_within_the_byte_budget() {
     assert_eq!(status, 200, "{v}");
     let (_, after) = server.request("GET", "/metrics", None);
     assert_eq!(metric(&after, "infgram_draft_sessions"), open - 1.0);
-    assert!(metrics.contains("infgram_requests_total{endpoint=\"drafts\"}"));
     assert!(
         metric(&metrics, "infgram_requests_total{endpoint=\"drafts\"}") >= SESSIONS as f64,
         "issue 56, 8: /v1/drafts counted under its own endpoint: {metrics}"

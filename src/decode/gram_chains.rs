@@ -25,7 +25,7 @@ pub const KEY_LENGTHS: [usize; 2] = [1, 4];
 const MAX_LOAD_TENTHS: usize = 7;
 
 /// The chains of one key length.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 struct Chains {
     /// The key length.
     k: usize,
@@ -40,7 +40,7 @@ struct Chains {
 }
 
 /// The indexed sequence and its chains.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct GramChains {
     seq: Vec<u32>,
     chains: Vec<Chains>,

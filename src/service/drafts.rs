@@ -96,6 +96,20 @@ impl Sessions {
         self.order.insert(now, key.clone());
     }
 
+    /// Opens `session` under `key` (a session open under it ends), used now.
+    fn insert(&mut self, key: Key, session: Arc<Mutex<DraftSession>>) {
+        self.remove(&key);
+        self.clock += 1;
+        let used = self.clock;
+        self.order.insert(used, key.clone());
+        let entry = Entry {
+            used,
+            bytes: 0,
+            session,
+        };
+        self.map.insert(key, entry);
+    }
+
     fn remove(&mut self, key: &Key) -> Option<Entry> {
         let e = self.map.remove(key)?;
         self.order.remove(&e.used);
@@ -141,11 +155,6 @@ impl SessionStore {
         self.dropped.load(Relaxed)
     }
 
-    /// The byte bound.
-    pub fn max_bytes(&self) -> usize {
-        self.max_bytes
-    }
-
     /// Measures `key`'s session anew (if it is still the one open under that key) and ends
     /// the least recently used others while a bound is passed. A session over the byte bound
     /// alone is ended too, and refused.
@@ -167,7 +176,7 @@ impl SessionStore {
             return Err(Error::input(format!(
                 "drafting request {:?} holds {bytes} bytes of state, more than all sessions may \
                  ({}): send a shorter context, or raise the bound (serve \
-                 --draft-session-bytes)",
+                 --draft-session-bytes, Python's Drafter(session_bytes=))",
                 key.1, self.max_bytes
             )));
         }
@@ -288,18 +297,8 @@ impl Drafts {
         self.check_ids(prompt)?;
         let session = Arc::new(Mutex::new(DraftSession::start(self.drafters()?, prompt)));
         let key = self.key(id);
-        {
-            let mut s = self.store.lock();
-            s.remove(&key);
-            let entry = Entry {
-                used: 0,
-                bytes: 0,
-                session: session.clone(),
-            };
-            s.map.insert(key.clone(), entry);
-            s.touch(&key);
-        }
-        // The prompt is indexed when the session is first asked; measured after that too.
+        self.store.lock().insert(key.clone(), session.clone());
+        // The prompt is indexed now, so that the session is measured with it.
         session
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -402,7 +401,6 @@ impl Drafts {
         if let Some(past) = &self.past {
             remember(&past.outputs, session.output());
             if let Some(Err(e)) = past.save() {
-                crate::diag!("the past outputs were not saved: {e}");
                 return Err(Error::Unavailable(format!(
                     "the request finished and its output is kept in memory, but the past \
                      outputs could not be saved to their file: {e}"
