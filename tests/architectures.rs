@@ -615,3 +615,83 @@ fn tree_rows_are_chain_rows(m: &mut dyn LanguageModel, prefix: &[u32], what: &st
     m.score_tree_first(&tokens, &parents, 1).unwrap();
     assert!(m.keep_path(&[0, 2]).is_err(), "{what}");
 }
+
+/// The GPU pass's CPU reference (`neural::gpu::reference`, the kernels' order of operations on
+/// the CPU) on every family: the same bits for a position however it is fed (one pass, one
+/// token at a time after a rollback, chunks), token trees as their branches fed as chains
+/// (windows shorter than the tree included), and within the native pass's bound of the candle
+/// reference. So the kernels' plan (parameters, slots, rotation, gates, windows) is checked
+/// on every machine; on a GPU, `gpu_kernels_match_their_cpu_reference` checks the kernels
+/// against it.
+#[test]
+fn the_gpu_pass_s_cpu_reference_is_batch_invariant_and_agrees_with_the_other_passes() {
+    use infgram::neural::gpu::reference::ReferenceDecoder;
+    let dir = tempfile::tempdir().unwrap();
+    for family in &FAMILIES {
+        let path = write_model(dir.path(), family, false);
+        let tokens = ids(14, 7);
+        let want = CandleDecoder::from_gguf(&path)
+            .unwrap()
+            .forward(&tokens)
+            .unwrap();
+        let mut m = ReferenceDecoder::load(&path).unwrap();
+        let full = m.forward(&tokens).unwrap();
+        for (i, (got, want)) in full.iter().zip(&want).enumerate() {
+            let d = rel_diff(got, want);
+            assert!(d < TOLERANCE, "{} position {i}: {d}", family.name);
+        }
+        m.truncate(5);
+        let mut again = m.forward(&tokens[5..9]).unwrap();
+        for &t in &tokens[9..] {
+            again.extend(m.forward(&[t]).unwrap());
+        }
+        assert_eq!(again, full[5..], "{}: rows after a rollback", family.name);
+        let prefix = ids(9, 3);
+        let mut m = ReferenceDecoder::load(&path).unwrap();
+        tree_rows_are_chain_rows(&mut m, &prefix, family.name);
+    }
+}
+
+/// On a GPU (a `cuda` build run with `INFGRAM_TEST_GPU=1`; `scripts/device-check.sh` runs
+/// it): the fused kernels against their CPU reference on every family, and the GPU pass's own
+/// batch invariance (a k-token pass, one token at a time, token trees), with and without
+/// CUDA graphs.
+#[cfg(feature = "cuda")]
+#[test]
+fn gpu_kernels_match_their_cpu_reference() {
+    use infgram::neural::gpu::decoder::GpuDecoder;
+    use infgram::neural::gpu::reference::ReferenceDecoder;
+    if std::env::var_os("INFGRAM_TEST_GPU").is_none() {
+        eprintln!("gpu_kernels_match_their_cpu_reference: INFGRAM_TEST_GPU is not set; not run");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for family in &FAMILIES {
+        let path = write_model(dir.path(), family, false);
+        let tokens = ids(14, 7);
+        let want = ReferenceDecoder::load(&path)
+            .unwrap()
+            .forward(&tokens)
+            .unwrap();
+        for graphs in [false, true] {
+            let what = format!("{} graphs {graphs}", family.name);
+            let mut m = GpuDecoder::load(&path, None).unwrap().with_graphs(graphs);
+            let full = m.forward(&tokens).unwrap();
+            for (i, (got, want)) in full.iter().zip(&want).enumerate() {
+                let d = rel_diff(got, want);
+                assert!(d < 1e-4, "{what} position {i}: {d}");
+            }
+            for round in 0..2 {
+                m.truncate(5);
+                let mut again = m.forward(&tokens[5..9]).unwrap();
+                for &t in &tokens[9..] {
+                    again.extend(m.forward(&[t]).unwrap());
+                }
+                assert_eq!(again, full[5..], "{what}: rows after a rollback ({round})");
+            }
+            let prefix = ids(9, 3);
+            m.truncate(0);
+            tree_rows_are_chain_rows(&mut m, &prefix, &what);
+        }
+    }
+}

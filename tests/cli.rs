@@ -1513,8 +1513,8 @@ fn options_that_do_not_apply_and_numbers_past_their_bounds_are_refused_clearly()
 }
 
 /// `--device cuda`: refused with what to do in a build without the `cuda` feature (the tests'
-/// build) or on a machine without CUDA, never a crash; with the native backend named, refused;
-/// model options without `--model`, refused rather than ignored.
+/// build) or on a machine without CUDA, never a crash, with either backend (the fused kernels,
+/// the default, or candle's); model options without `--model`, refused rather than ignored.
 #[cfg(feature = "neural")]
 #[test]
 fn device_cuda_without_a_gpu_says_what_to_do() {
@@ -1524,22 +1524,16 @@ fn device_cuda_without_a_gpu_says_what_to_do() {
     let model = infgram::assets::ensure_model("smollm2-135m").unwrap();
     let model = model.to_str().unwrap();
     let gen = ["gen", "--prompt", "The", "--max-tokens", "2"];
-    let e = err(&infgram(
-        &[&gen[..], &["--model", model, "--device", "cuda"]].concat(),
-    ));
-    assert!(
-        e.contains("--device cuda")
-            && (e.contains("built without the `cuda` feature") || e.contains("library path")),
-        "{e}"
-    );
-    let e = err(&infgram(
-        &[
-            &gen[..],
-            &["--model", model, "--device", "cuda", "--backend", "native"],
-        ]
-        .concat(),
-    ));
-    assert!(e.contains("--backend candle"), "{e}");
+    for backend in [&[][..], &["--backend", "native"], &["--backend", "candle"]] {
+        let e = err(&infgram(
+            &[&gen[..], &["--model", model, "--device", "cuda"], backend].concat(),
+        ));
+        assert!(
+            e.contains("--device cuda")
+                && (e.contains("built without the `cuda` feature") || e.contains("library path")),
+            "{backend:?}: {e}"
+        );
+    }
     for (flag, value) in [
         ("--device", "cuda"),
         ("--backend", "candle"),

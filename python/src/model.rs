@@ -110,7 +110,7 @@ impl Model {
             threads,
             backend: match backend {
                 Some(b) => named("backend", b)?,
-                None => Backend::default_for(device),
+                None => Backend::default(),
             },
             requantize: requantize
                 .map(|r| named::<Requantize>("requantize", r))

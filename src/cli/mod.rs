@@ -270,16 +270,17 @@ pub struct ModelArgs {
     /// on it.
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
-    /// With --model: infgram's kernels (`native`, the default on the CPU) or the candle-ops
-    /// pass (`candle`: several times slower on the CPU; the one on a GPU).
+    /// With --model: infgram's kernels (`native`, the default: the CPU kernels, or on a GPU
+    /// the fused CUDA kernels) or the candle-ops pass (`candle`: the reference, several times
+    /// slower on either device).
     #[arg(long, value_enum)]
     pub backend: Option<Backend>,
     /// With --model: re-quantize the weights at load (`q8_0`; the candle backend also takes
     /// `q4_0`). The file's own Q4_1 is the fastest with the native backend.
     #[arg(long, value_enum)]
     pub requantize: Option<Requantize>,
-    /// With --model: where the passes run: `cpu`, or `cuda` (an NVIDIA GPU, with the candle
-    /// backend; a binary built with the `cuda` feature, see the README's "On a GPU").
+    /// With --model: where the passes run: `cpu`, or `cuda` (an NVIDIA GPU; a binary built
+    /// with the `cuda` feature, see the README's "On a GPU").
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     pub device: Device,
 }
@@ -322,9 +323,7 @@ impl ModelArgs {
         };
         ModelOptions {
             threads,
-            backend: self
-                .backend
-                .unwrap_or_else(|| Backend::default_for(self.device)),
+            backend: self.backend.unwrap_or_default(),
             requantize: self.requantize,
             device: self.device,
         }

@@ -2,10 +2,12 @@
 //! run down only):
 //! * [`source`] — where a `--model` comes from (a short name fetched on first use, a GGUF
 //!   file, a safetensors directory, `hf:`) and which pass runs it;
-//! * the two backends, each a pass over any architecture's layers:
+//! * the passes, each over any architecture's layers:
 //!   [`native`] — infgram's own CPU kernels (the decoder, weights in the kernels' tiles, token
 //!   trees, the kernels, attention, the thread pool), the fast path on a CPU;
-//!   [`candle`] — passes written with candle ops, on the CPU or on a GPU (`--device cuda`),
+//!   [`gpu`] — infgram's own fused CUDA kernels (`--device cuda`), each pass a replayed CUDA
+//!   graph, with their CPU reference in the kernels' order of operations;
+//!   [`candle`] — passes written with candle ops, on the CPU or on a GPU (`--backend candle`),
 //!   batch-invariant on both, and safetensors llamas through candle-transformers;
 //! * [`arch`] — architectures: each family's blocks described as data
 //!   ([`arch::Architecture`], read from a file by [`arch::describe`]) and the one assembly
@@ -17,6 +19,7 @@
 
 pub mod arch;
 pub mod candle;
+pub mod gpu;
 pub mod load;
 pub mod native;
 pub mod source;

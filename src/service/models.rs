@@ -14,7 +14,8 @@ pub use loading::{load_model, LoadedModel};
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum Backend {
-    /// infgram's own kernels (the fastest).
+    /// infgram's own kernels (the fastest, and the default on every device): the CPU kernels,
+    /// or on a GPU the fused kernels of [`crate::neural::gpu`].
     #[default]
     Native,
     /// The candle-ops reference (several times slower).
@@ -35,9 +36,8 @@ pub enum Requantize {
     Q4_0,
 }
 
-/// Where a model's passes run: a property of the candle backend (the native kernels are CPU
-/// kernels). Every build parses both; a build without the `cuda` feature answers `cuda` with
-/// an error that says how to build one.
+/// Where a model's passes run. Every build parses both; a build without the `cuda` feature
+/// answers `cuda` with an error that says how to build one.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
@@ -45,18 +45,9 @@ pub enum Device {
     /// The CPU (every backend).
     #[default]
     Cpu,
-    /// An NVIDIA GPU through candle's CUDA backend (the candle backend; feature `cuda`).
+    /// An NVIDIA GPU (feature `cuda`): infgram's fused kernels, or candle's CUDA backend with
+    /// [`Backend::Candle`].
     Cuda,
-}
-
-impl Backend {
-    /// The backend a request gets when it names none: candle on a GPU, native on the CPU.
-    pub fn default_for(device: Device) -> Backend {
-        match device {
-            Device::Cpu => Backend::Native,
-            Device::Cuda => Backend::Candle,
-        }
-    }
 }
 
 /// How a model is loaded and run.
@@ -64,7 +55,7 @@ impl Backend {
 pub struct ModelOptions {
     /// Threads of the native pass (0: one per core). The logits do not depend on it.
     pub threads: usize,
-    /// The forward pass of GGUF models (with [`Device::Cuda`], candle).
+    /// The forward pass of GGUF models.
     pub backend: Backend,
     /// Re-quantize GGUF weights at load.
     pub requantize: Option<Requantize>,
@@ -82,7 +73,7 @@ mod loading {
     use crate::neural::source::ModelSource;
     use crate::tokenizer::HfTokenizer;
     use candle_core::quantized::GgmlDType;
-    use std::path::PathBuf;
+    use std::path::{Path, PathBuf};
 
     /// A loaded neural model with its tokenizer.
     pub struct LoadedModel {
@@ -92,6 +83,23 @@ mod loading {
         pub tokenizer: HfTokenizer,
         /// The GGUF file or model directory it came from.
         pub path: PathBuf,
+    }
+
+    /// A GGUF model on the GPU's fused kernels (a build with the `cuda` feature).
+    #[cfg(feature = "cuda")]
+    fn gpu_model(
+        path: &Path,
+        requantize: Option<GgmlDType>,
+    ) -> Result<Box<dyn LanguageModel + Send>> {
+        Ok(Box::new(crate::neural::gpu::decoder::GpuDecoder::load(
+            path, requantize,
+        )?))
+    }
+
+    /// In a build without the `cuda` feature: the error that says how to get one.
+    #[cfg(not(feature = "cuda"))]
+    fn gpu_model(_: &Path, _: Option<GgmlDType>) -> Result<Box<dyn LanguageModel + Send>> {
+        Err(crate::neural::candle::cuda::not_built())
     }
 
     /// Resolves `spec` (a short name, fetched on first use; a `.gguf` file; a safetensors
@@ -107,15 +115,18 @@ mod loading {
             n => n,
         };
         let path = source.path().to_path_buf();
-        let device = match (opts.device, opts.backend, &source) {
-            (Device::Cpu, _, _) => candle_core::Device::Cpu,
-            (Device::Cuda, Backend::Native, ModelSource::Gguf(_)) => {
-                return Err(Error::input(
-                    "--device cuda runs the candle backend (the native kernels are CPU \
-                     kernels): pass --backend candle, or leave --backend out",
-                ))
-            }
-            (Device::Cuda, _, _) => crate::neural::candle::cuda::device()?,
+        if let (Device::Cuda, Backend::Native, ModelSource::Gguf(_)) =
+            (opts.device, opts.backend, &source)
+        {
+            return Ok(LoadedModel {
+                model: gpu_model(&path, requantize)?,
+                tokenizer: source.tokenizer()?,
+                path,
+            });
+        }
+        let device = match opts.device {
+            Device::Cpu => candle_core::Device::Cpu,
+            Device::Cuda => crate::neural::candle::cuda::device()?,
         };
         let model: Box<dyn LanguageModel + Send> = match (&source, opts.backend) {
             (ModelSource::Safetensors(_), _) if requantize.is_some() => {

@@ -77,8 +77,13 @@ pub fn device() -> Result<Device> {
 /// In a build without the `cuda` feature: the error that says how to get one.
 #[cfg(not(feature = "cuda"))]
 pub fn device() -> Result<Device> {
-    Err(Error::input(
+    Err(not_built())
+}
+
+/// The error of `--device cuda` in a build without the `cuda` feature.
+pub fn not_built() -> Error {
+    Error::input(
         "--device cuda: this infgram was built without the `cuda` feature; build one with \
          `bash scripts/build-cuda.sh` (README: \"On a GPU\"), or leave --device out (the CPU)",
-    ))
+    )
 }

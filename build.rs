@@ -1,0 +1,30 @@
+//! With the `cuda` feature: compiles the GPU step's kernels (`src/neural/gpu/kernels.cu`) to
+//! PTX with nvcc (`$NVCC`, else `nvcc` on the PATH; `scripts/build-cuda.sh` sets it to the
+//! pinned pip toolchain), for `CUDA_COMPUTE_CAP` (default 90: H100, H200). Without it, nothing.
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=src/neural/gpu/kernels.cu");
+    println!("cargo:rerun-if-env-changed=NVCC");
+    println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
+    if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
+        return;
+    }
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let nvcc = std::env::var("NVCC").unwrap_or_else(|_| "nvcc".into());
+    let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into());
+    let ptx = out.join("infgram_kernels.ptx");
+    let status = std::process::Command::new(&nvcc)
+        .args(["--ptx", "-O3", &format!("-arch=compute_{cap}"), "-o"])
+        .arg(&ptx)
+        .arg("src/neural/gpu/kernels.cu")
+        .status();
+    match status {
+        Ok(s) if s.success() => {}
+        Ok(s) => panic!("{nvcc} failed on src/neural/gpu/kernels.cu ({s})"),
+        Err(e) => panic!(
+            "the cuda feature compiles src/neural/gpu/kernels.cu with nvcc ({nvcc}: {e}); \
+             build with scripts/build-cuda.sh, which fetches it"
+        ),
+    }
+}

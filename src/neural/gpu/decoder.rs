@@ -1,0 +1,779 @@
+//! [`GpuDecoder`]: a GGUF model's passes on an NVIDIA GPU, on infgram's own fused kernels
+//! (`kernels.cu`), each pass replayed from a CUDA graph captured once per row count.
+//!
+//! A layer is six launches (eight with Gemma's norms after the blocks): q/k/v in one
+//! matrix-vector kernel with the norm before it fused in; the per-head norms, the rotation and
+//! the cache write; attention over the cache; the output product added to the residual; gate
+//! and up in one kernel with the activation; down added to the residual. The weights stay in
+//! the file's blocks on the device; activations are f32. Every buffer is allocated at load
+//! (the KV cache for [`CAPACITY`] positions), and what varies between passes of one row count
+//! (the cached length, the tokens, each row's position and the slots of its branch) lives in a
+//! parameter array in device memory, so a graph captured for `t` rows replays any pass of `t`
+//! rows. Rolling back is a length change, as on the CPU.
+
+use crate::error::{Error, Result};
+use crate::lm::{LanguageModel, Logits};
+use crate::neural::arch::layers::{rope_frequencies, weights, Backend};
+use crate::neural::arch::{Activation, Architecture, RopeStyle};
+use crate::neural::gpu::{gpu_type, Plan, CAPACITY, MAX_ROWS};
+use crate::neural::load::gguf::Gguf;
+use candle_core::cuda_backend::cudarc::driver::{
+    self, sys, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
+    LaunchConfig, PushKernelArg,
+};
+use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
+use candle_core::quantized::{GgmlDType, QTensor};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+/// The kernels, compiled to PTX by `build.rs` with the pinned nvcc.
+const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/infgram_kernels.ptx"));
+
+/// A matrix as the kernels read it (`struct Mat` in `kernels.cu`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct Mat {
+    w: u64,
+    ty: i32,
+    rows: i32,
+    cols: i32,
+    row_bytes: i32,
+}
+
+/// Up to three matrices reading one input (`struct Mats`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct Mats {
+    m: [Mat; 3],
+    out: [u64; 3],
+    bias: [u64; 3],
+    n: i32,
+    _pad: i32,
+}
+
+// SAFETY: plain old data laid out as the kernels' structs (repr(C), pointers as u64).
+unsafe impl DeviceRepr for Mat {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for Mats {}
+
+fn gpu_err(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Model(format!("the GPU pass: {what}: {e}"))
+}
+
+/// A device allocation and its address (taken once: kernels get raw addresses, so that a
+/// captured graph never meets candle's or cudarc's per-use events).
+struct Buffer<T> {
+    _slice: CudaSlice<T>,
+    ptr: u64,
+}
+
+impl<T: DeviceRepr> Buffer<T> {
+    fn new(slice: CudaSlice<T>, stream: &CudaStream) -> Self {
+        let ptr = {
+            let (ptr, _sync) = slice.device_ptr(stream);
+            ptr
+        };
+        Buffer { _slice: slice, ptr }
+    }
+}
+
+/// What loading puts on the device: matrices in their blocks, vectors as f32.
+struct Upload<'a> {
+    stream: &'a Arc<CudaStream>,
+    owned: Vec<Buffer<u8>>,
+    vectors: Vec<Buffer<f32>>,
+}
+
+impl Upload<'_> {
+    fn matrix_of(&mut self, t: QTensor) -> Result<Mat> {
+        let (rows, cols) = match t.shape().dims() {
+            [rows, cols] => (*rows, *cols),
+            other => return Err(Error::Model(format!("a matrix of shape {other:?}"))),
+        };
+        // Types the kernels do not read go to Q8_0, as the native backend does.
+        let t = match gpu_type(t.dtype()) {
+            Some(_) => t,
+            None => QTensor::quantize(&t.dequantize(&candle_core::Device::Cpu)?, GgmlDType::Q8_0)?,
+        };
+        let ty = gpu_type(t.dtype()).expect("a type the kernels read");
+        let data = t.data()?;
+        let slice = self
+            .stream
+            .clone_htod(data.as_ref())
+            .map_err(|e| gpu_err("copying weights", e))?;
+        let buffer = Buffer::new(slice, self.stream);
+        let mat = Mat {
+            w: buffer.ptr,
+            ty,
+            rows: rows as i32,
+            cols: cols as i32,
+            row_bytes: (data.len() / rows) as i32,
+        };
+        self.owned.push(buffer);
+        Ok(mat)
+    }
+
+    fn floats(&mut self, values: &[f32]) -> Result<u64> {
+        let slice = self
+            .stream
+            .clone_htod(values)
+            .map_err(|e| gpu_err("copying weights", e))?;
+        let buffer = Buffer::new(slice, self.stream);
+        let ptr = buffer.ptr;
+        self.vectors.push(buffer);
+        Ok(ptr)
+    }
+
+    fn zeros(&mut self, len: usize) -> Result<u64> {
+        let slice = self
+            .stream
+            .alloc_zeros::<f32>(len.max(1))
+            .map_err(|e| gpu_err("allocating activations", e))?;
+        let buffer = Buffer::new(slice, self.stream);
+        let ptr = buffer.ptr;
+        self.vectors.push(buffer);
+        Ok(ptr)
+    }
+}
+
+impl Backend for Upload<'_> {
+    type Matrix = Mat;
+    type Vector = u64;
+
+    fn matrix(&mut self, gguf: &mut Gguf, name: &str) -> Result<Mat> {
+        let t = gguf.tensor(name)?;
+        self.matrix_of(t)
+    }
+
+    fn shape(m: &Mat) -> (usize, usize) {
+        (m.rows as usize, m.cols as usize)
+    }
+
+    fn vector(&mut self, values: Vec<f32>) -> Result<u64> {
+        self.floats(&values)
+    }
+}
+
+/// A layer's weights on the device, and its slice of the KV cache.
+struct Layer {
+    w: crate::neural::arch::layers::Layer<Mat, u64>,
+    kcache: u64,
+    vcache: u64,
+}
+
+/// The activations of a pass, [`MAX_ROWS`] rows each.
+struct Acts {
+    x: u64,
+    q: u64,
+    k: u64,
+    v: u64,
+    att: u64,
+    proj: u64,
+    act: u64,
+    logits: u64,
+    logits_buf: CudaSlice<f32>,
+    params: CudaSlice<i32>,
+    params_ptr: u64,
+}
+
+/// A captured pass. The driver's graph handles carry no thread affinity; the decoder that
+/// owns one uses it from one thread at a time (`&mut self`).
+struct Graph(CudaGraph);
+
+// SAFETY: see above; CUDA's graph objects may be launched from any thread with the context
+// bound (cudarc binds it on every launch).
+unsafe impl Send for Graph {}
+
+/// The kernels of `kernels.cu`.
+struct Kernels {
+    _module: Arc<CudaModule>,
+    matvec: CudaFunction,
+    gated: CudaFunction,
+    embed: CudaFunction,
+    norm_add: CudaFunction,
+    rope_cache: CudaFunction,
+    attention: CudaFunction,
+    keep_path: CudaFunction,
+}
+
+/// A GGUF model on the GPU, run by infgram's fused kernels.
+pub struct GpuDecoder {
+    cfg: Architecture,
+    stream: Arc<CudaStream>,
+    kernels: Kernels,
+    _upload: (Vec<Buffer<u8>>, Vec<Buffer<f32>>),
+    embeddings: Mat,
+    output: Mat,
+    norm: u64,
+    layers: Vec<Layer>,
+    /// `(cos, sin)` per rotary table, [`CAPACITY`] × head_dim/2 each.
+    ropes: Vec<(u64, u64)>,
+    acts: Acts,
+    vocab: usize,
+    cached: usize,
+    /// The graph of a pass of each row count, once captured (`None`: capture failed, so that
+    /// row count launches its kernels one by one).
+    graphs: HashMap<usize, Option<Graph>>,
+    use_graphs: bool,
+    /// The cache length before the last pass and its tree's parents (as the other backends).
+    tree: Option<(usize, Vec<Option<usize>>)>,
+    plan: Plan,
+    /// Blocks of the matrix kernels the GPU holds at once (two per multiprocessor).
+    resident_blocks: usize,
+}
+
+const THREADS: u32 = 256;
+const WARPS: usize = (THREADS / 32) as usize;
+
+/// The shared memory `matvec` and `gated` take for `t` rows of `cols` inputs: each row padded
+/// by 4 floats per 32 (`padded` in kernels.cu).
+fn input_bytes(t: usize, cols: usize) -> u32 {
+    (t.min(crate::neural::gpu::TOKENS) * (cols + cols / 32 * 4) * 4) as u32
+}
+
+impl GpuDecoder {
+    /// Loads a GGUF file onto GPU 0 (`--device cuda`).
+    pub fn load(path: &Path, requantize: Option<GgmlDType>) -> Result<Self> {
+        if requantize.is_some() {
+            return Err(Error::input(
+                "--requantize: the GPU kernels read the file's own blocks; leave it out",
+            ));
+        }
+        let mut gguf = Gguf::open(path)?;
+        let cfg = crate::neural::arch::describe(&gguf)?;
+        crate::neural::arch::check_blocks(&gguf, &cfg)?;
+        let plan = Plan::new(&cfg)?;
+        let device = crate::neural::candle::cuda::device()?;
+        let ctx = match &device {
+            candle_core::Device::Cuda(d) => d.cuda_stream().context().clone(),
+            _ => return Err(Error::Model("--device cuda opened no GPU".into())),
+        };
+        let stream = ctx.new_stream().map_err(|e| gpu_err("a stream", e))?;
+        let sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| gpu_err("the multiprocessor count", e))?;
+        let module = ctx
+            .load_module(Ptx::from_src(PTX))
+            .map_err(|e| gpu_err("loading the kernels", e))?;
+        let f = |name: &str| {
+            module
+                .load_function(name)
+                .map_err(|e| gpu_err("loading a kernel", e))
+        };
+        let kernels = Kernels {
+            matvec: f("matvec")?,
+            gated: f("gated")?,
+            embed: f("embed")?,
+            norm_add: f("norm_add")?,
+            rope_cache: f("rope_cache")?,
+            // One attention kernel per head width (Plan::new admits these).
+            attention: f(&format!("attention_{}", cfg.heads.head_dim))?,
+            keep_path: f("keep_path")?,
+            _module: module,
+        };
+        let mut up = Upload {
+            stream: &stream,
+            owned: Vec::new(),
+            vectors: Vec::new(),
+        };
+        let embd = gguf.tensor("token_embd.weight")?;
+        let embeddings = up.matrix_of(embd)?;
+        let vocab = embeddings.rows as usize;
+        let output = match gguf.has("output.weight") {
+            true => up.matrix(&mut gguf, "output.weight")?,
+            false => embeddings,
+        };
+        let w = crate::neural::arch::layers::layers(&mut gguf, &cfg, &mut up)?;
+        let norm = up.floats(&weights(
+            &mut gguf,
+            "output_norm.weight",
+            cfg.dim,
+            cfg.norm.weight_offset,
+        )?)?;
+        let ropes = rope_frequencies(&mut gguf, &cfg)?
+            .iter()
+            .map(|freqs| {
+                let (cos, sin) = crate::neural::gpu::rope_table(freqs, CAPACITY);
+                Ok((up.floats(&cos)?, up.floats(&sin)?))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let (heads, hd) = (cfg.heads, cfg.heads.head_dim);
+        let per_layer = heads.n_kv_head * CAPACITY * hd;
+        let layers = w
+            .into_iter()
+            .map(|w| {
+                Ok(Layer {
+                    w,
+                    kcache: up.zeros(per_layer)?,
+                    vcache: up.zeros(per_layer)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let ffn = layers.first().map_or(0, |l| l.w.w_gate.rows as usize);
+        let widest = cfg.dim.max(heads.q_width()).max(ffn);
+        // The matrix kernels keep up to TOKENS input rows in shared memory: past the 48 KB a
+        // launch gets by default once inputs are wider than about 1,300.
+        let smem = input_bytes(MAX_ROWS, widest) as i32;
+        for f in [&kernels.matvec, &kernels.gated] {
+            f.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem,
+            )
+            .map_err(|e| gpu_err("the kernels' shared memory", e))?;
+        }
+        let logits_buf = stream
+            .alloc_zeros::<f32>(MAX_ROWS * vocab)
+            .map_err(|e| gpu_err("allocating logits", e))?;
+        let params = stream
+            .alloc_zeros::<i32>(Plan::params_len())
+            .map_err(|e| gpu_err("allocating parameters", e))?;
+        let acts = Acts {
+            x: up.zeros(MAX_ROWS * cfg.dim)?,
+            q: up.zeros(MAX_ROWS * heads.q_width())?,
+            k: up.zeros(MAX_ROWS * heads.kv_width())?,
+            v: up.zeros(MAX_ROWS * heads.kv_width())?,
+            att: up.zeros(MAX_ROWS * heads.q_width())?,
+            proj: up.zeros(MAX_ROWS * widest)?,
+            act: up.zeros(MAX_ROWS * ffn)?,
+            logits: {
+                let (p, _s) = logits_buf.device_ptr(&stream);
+                p
+            },
+            params_ptr: {
+                let (p, _s) = params.device_ptr(&stream);
+                p
+            },
+            logits_buf,
+            params,
+        };
+        let upload = (up.owned, up.vectors);
+        stream
+            .synchronize()
+            .map_err(|e| gpu_err("loading the model", e))?;
+        Ok(GpuDecoder {
+            cfg,
+            stream,
+            kernels,
+            _upload: upload,
+            embeddings,
+            output,
+            norm,
+            layers,
+            ropes,
+            acts,
+            vocab,
+            cached: 0,
+            graphs: HashMap::new(),
+            use_graphs: std::env::var_os("INFGRAM_CUDA_GRAPHS").is_none_or(|v| v != "0"),
+            tree: None,
+            plan,
+            resident_blocks: 2 * sms.max(1) as usize,
+        })
+    }
+
+    /// Launches every kernel of a pass of `t` rows, reading the parameters already on the
+    /// device.
+    fn launch_pass(&self, t: usize) -> Result<()> {
+        let cfg = &self.cfg;
+        let a = &self.acts;
+        let (heads, eps) = (cfg.heads, cfg.norm.eps);
+        let (nh, nkv, hd) = (
+            heads.n_head as i32,
+            heads.n_kv_head as i32,
+            heads.head_dim as i32,
+        );
+        let (dim, ti, big_t) = (cfg.dim as i32, t as i32, MAX_ROWS as i32);
+        let token_blocks = t.div_ceil(crate::neural::gpu::TOKENS) as u32;
+        // A warp per row, the grid capped at the blocks the GPU holds at once (the warps then
+        // step through the rows).
+        let grid = |rows: usize, cols: usize| LaunchConfig {
+            grid_dim: (
+                rows.div_ceil(WARPS).min(self.resident_blocks) as u32,
+                token_blocks,
+                1,
+            ),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: input_bytes(t, cols),
+        };
+        let per_row = |threads: u32| LaunchConfig {
+            grid_dim: (t as u32, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let s = &self.stream;
+        let k = &self.kernels;
+        let launched = |r: std::result::Result<_, driver::DriverError>| {
+            r.map(|_| ()).map_err(|e| gpu_err("a kernel launch", e))
+        };
+        let scale = cfg.embedding.scale.unwrap_or(0.0);
+        // SAFETY (every launch below): the arguments match the kernels' signatures in
+        // kernels.cu, and every address is a live allocation of this decoder sized for
+        // MAX_ROWS rows (the caller keeps t ≤ MAX_ROWS and the cache within CAPACITY).
+        unsafe {
+            launched(
+                s.launch_builder(&k.embed)
+                    .arg(&self.embeddings)
+                    .arg(&a.params_ptr)
+                    .arg(&scale)
+                    .arg(&a.x)
+                    .launch(per_row(128)),
+            )?;
+        }
+        let null = 0u64;
+        let act = match cfg.activation {
+            Activation::Silu => 0i32,
+            Activation::GeluTanh => 1,
+        };
+        let interleaved = i32::from(cfg.rope.style == RopeStyle::Interleaved);
+        let attn_scale = 1.0 / (heads.head_dim as f32).sqrt();
+        let capacity = CAPACITY as i32;
+        for layer in &self.layers {
+            let w = &layer.w;
+            let biases = w.biases.as_ref().map_or([0; 3], |b| *b);
+            let qkv = Mats {
+                m: [w.wq, w.wk, w.wv],
+                out: [a.q, a.k, a.v],
+                bias: biases,
+                n: 3,
+                _pad: 0,
+            };
+            let rows = (w.wq.rows + w.wk.rows + w.wv.rows) as usize;
+            let (qn, kn) = w.qk_norms.map_or((0, 0), |[q, k]| (q, k));
+            let (cos, sin) = self.ropes[w.rope];
+            let window = w.window.map_or(0, |w| w as i32);
+            let post = w.post_norms;
+            // Without norms after the blocks, the products add into x directly.
+            let (into, residual) = match post {
+                Some(_) => (a.proj, 0i32),
+                None => (a.x, 1i32),
+            };
+            let one = |m: Mat| Mats {
+                m: [m, Mat::default(), Mat::default()],
+                out: [into, 0, 0],
+                bias: [0; 3],
+                n: 1,
+                _pad: 0,
+            };
+            let wo = one(w.wo);
+            let down = one(w.w_down);
+            let (q_width, ffn) = (heads.q_width() as i32, w.w_gate.rows);
+            let zero = 0i32;
+            // SAFETY: as above.
+            unsafe {
+                launched(
+                    s.launch_builder(&k.matvec)
+                        .arg(&qkv)
+                        .arg(&a.x)
+                        .arg(&dim)
+                        .arg(&ti)
+                        .arg(&w.attn_norm)
+                        .arg(&eps)
+                        .arg(&zero)
+                        .launch(grid(rows, cfg.dim)),
+                )?;
+                launched(
+                    s.launch_builder(&k.rope_cache)
+                        .arg(&a.q)
+                        .arg(&a.k)
+                        .arg(&a.v)
+                        .arg(&a.params_ptr)
+                        .arg(&big_t)
+                        .arg(&nh)
+                        .arg(&nkv)
+                        .arg(&hd)
+                        .arg(&qn)
+                        .arg(&kn)
+                        .arg(&eps)
+                        .arg(&cos)
+                        .arg(&sin)
+                        .arg(&interleaved)
+                        .arg(&layer.kcache)
+                        .arg(&layer.vcache)
+                        .arg(&capacity)
+                        .launch(per_row(THREADS)),
+                )?;
+                launched(
+                    s.launch_builder(&k.attention)
+                        .arg(&a.q)
+                        .arg(&layer.kcache)
+                        .arg(&layer.vcache)
+                        .arg(&a.params_ptr)
+                        .arg(&big_t)
+                        .arg(&nh)
+                        .arg(&nkv)
+                        .arg(&capacity)
+                        .arg(&window)
+                        .arg(&attn_scale)
+                        .arg(&a.att)
+                        .launch(LaunchConfig {
+                            grid_dim: (heads.n_head as u32, t as u32, 1),
+                            block_dim: (crate::neural::gpu::ATT_THREADS as u32, 1, 1),
+                            shared_mem_bytes: (CAPACITY * 4) as u32,
+                        }),
+                )?;
+                launched(
+                    s.launch_builder(&k.matvec)
+                        .arg(&wo)
+                        .arg(&a.att)
+                        .arg(&q_width)
+                        .arg(&ti)
+                        .arg(&null)
+                        .arg(&eps)
+                        .arg(&residual)
+                        .launch(grid(w.wo.rows as usize, w.wo.cols as usize)),
+                )?;
+                if let Some([post_attention, _]) = &post {
+                    launched(
+                        s.launch_builder(&k.norm_add)
+                            .arg(&a.x)
+                            .arg(&a.proj)
+                            .arg(post_attention)
+                            .arg(&dim)
+                            .arg(&eps)
+                            .launch(per_row(32)),
+                    )?;
+                }
+                launched(
+                    s.launch_builder(&k.gated)
+                        .arg(&w.w_gate)
+                        .arg(&w.w_up)
+                        .arg(&a.x)
+                        .arg(&dim)
+                        .arg(&ti)
+                        .arg(&w.ffn_norm)
+                        .arg(&eps)
+                        .arg(&act)
+                        .arg(&a.act)
+                        .launch(grid(w.w_gate.rows as usize, cfg.dim)),
+                )?;
+                launched(
+                    s.launch_builder(&k.matvec)
+                        .arg(&down)
+                        .arg(&a.act)
+                        .arg(&ffn)
+                        .arg(&ti)
+                        .arg(&null)
+                        .arg(&eps)
+                        .arg(&residual)
+                        .launch(grid(w.w_down.rows as usize, w.w_down.cols as usize)),
+                )?;
+                if let Some([_, post_ffw]) = &post {
+                    launched(
+                        s.launch_builder(&k.norm_add)
+                            .arg(&a.x)
+                            .arg(&a.proj)
+                            .arg(post_ffw)
+                            .arg(&dim)
+                            .arg(&eps)
+                            .launch(per_row(32)),
+                    )?;
+                }
+            }
+        }
+        let out = Mats {
+            m: [self.output, Mat::default(), Mat::default()],
+            out: [a.logits, 0, 0],
+            bias: [0; 3],
+            n: 1,
+            _pad: 0,
+        };
+        let zero = 0i32;
+        // SAFETY: as above.
+        unsafe {
+            launched(
+                s.launch_builder(&k.matvec)
+                    .arg(&out)
+                    .arg(&a.x)
+                    .arg(&dim)
+                    .arg(&ti)
+                    .arg(&self.norm)
+                    .arg(&eps)
+                    .arg(&zero)
+                    .launch(grid(self.vocab, cfg.dim)),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Runs a pass of `t` rows whose parameters are on the device: its graph's replay, once
+    /// captured (captured at its first use), or its kernels one by one.
+    fn run_pass(&mut self, t: usize) -> Result<()> {
+        if !self.use_graphs {
+            return self.launch_pass(t);
+        }
+        if !self.graphs.contains_key(&t) {
+            // The first pass of a row count runs directly (modules load, nothing is captured
+            // half-way), and is captured for the next.
+            self.launch_pass(t)?;
+            let graph = self.capture(t);
+            if let Err(e) = &graph {
+                crate::diag!("infgram: the GPU pass of {t} rows runs without a CUDA graph: {e}");
+            }
+            self.graphs.insert(t, graph.ok());
+            return Ok(());
+        }
+        match &self.graphs[&t] {
+            Some(graph) => graph
+                .0
+                .launch()
+                .map_err(|e| gpu_err("replaying a graph", e)),
+            None => self.launch_pass(t),
+        }
+    }
+
+    /// Captures a pass of `t` rows into a graph, without running it.
+    fn capture(&self, t: usize) -> Result<Graph> {
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        self.stream
+            .begin_capture(mode)
+            .map_err(|e| gpu_err("starting a capture", e))?;
+        let launched = self.launch_pass(t);
+        let graph = self
+            .stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(|e| gpu_err("ending a capture", e))?;
+        launched?;
+        let graph = graph.ok_or_else(|| Error::Model("an empty CUDA graph".into()))?;
+        graph
+            .upload()
+            .map_err(|e| gpu_err("uploading a graph", e))?;
+        Ok(Graph(graph))
+    }
+
+    /// One pass of at most [`MAX_ROWS`] rows placed by `parents` (None: a chain): returns
+    /// each row's logits.
+    fn pass(&mut self, tokens: &[u32], parents: Option<&[Option<usize>]>) -> Result<Vec<Vec<f32>>> {
+        let t = tokens.len();
+        let params = self.plan.params(self.cached, tokens, parents)?;
+        // What rows past t would read is never read: the copy stops at row t's branch.
+        let len = 1 + 2 * MAX_ROWS + t * MAX_ROWS;
+        self.stream
+            .memcpy_htod(&params[..len], &mut self.acts.params.slice_mut(0..len))
+            .map_err(|e| gpu_err("copying a pass's parameters", e))?;
+        self.run_pass(t)?;
+        let mut logits = vec![0f32; t * self.vocab];
+        let view = self.acts.logits_buf.slice(0..t * self.vocab);
+        self.stream
+            .memcpy_dtoh(&view, &mut logits)
+            .map_err(|e| gpu_err("copying logits back", e))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| gpu_err("a pass", e))?;
+        self.cached += t;
+        Ok(logits
+            .chunks_exact(self.vocab)
+            .map(<[f32]>::to_vec)
+            .collect())
+    }
+
+    /// Whether passes replay captured CUDA graphs (on unless `INFGRAM_CUDA_GRAPHS=0`).
+    pub fn with_graphs(mut self, on: bool) -> Self {
+        self.use_graphs = on;
+        self
+    }
+}
+
+impl LanguageModel for GpuDecoder {
+    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        crate::lm::check_vocab(tokens, self.vocab)?;
+        self.tree = None;
+        let mut rows = Vec::with_capacity(tokens.len());
+        for chunk in tokens.chunks(MAX_ROWS) {
+            rows.extend(self.pass(chunk, None)?);
+        }
+        Ok(rows)
+    }
+
+    fn cache_len(&self) -> usize {
+        self.cached
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.cached = len.min(self.cached);
+        self.tree = None;
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+
+    fn eos_tokens(&self) -> &[u32] {
+        &self.cfg.eos
+    }
+
+    fn bos_token(&self) -> Option<u32> {
+        self.cfg.bos
+    }
+
+    fn max_tree_rows(&self) -> usize {
+        MAX_ROWS
+    }
+
+    fn score_tree_first(
+        &mut self,
+        tokens: &[u32],
+        parents: &[Option<usize>],
+        _first: usize,
+    ) -> Result<Vec<Logits>> {
+        crate::lm::check_tree(tokens.len(), parents)?;
+        crate::lm::check_vocab(tokens, self.vocab)?;
+        if tokens.len() > MAX_ROWS {
+            return Err(Error::input(format!(
+                "a token tree of {} nodes: at most {MAX_ROWS}",
+                tokens.len()
+            )));
+        }
+        let base = self.cached;
+        let rows = self.pass(tokens, Some(parents))?;
+        self.tree = Some((base, parents.to_vec()));
+        Ok(rows.into_iter().map(Logits::Dense).collect())
+    }
+
+    fn keep_path(&mut self, path: &[usize]) -> Result<()> {
+        let Some((base, parents)) = self.tree.take() else {
+            return Err(Error::Model(
+                "keep_path: no tree pass to keep a path of".into(),
+            ));
+        };
+        if !crate::neural::gpu::is_path(path, &parents) {
+            return Err(Error::input(format!(
+                "keep_path: {path:?} is not a path from node 0 of the last tree"
+            )));
+        }
+        let slots: Vec<i32> = path.iter().map(|&n| (base + n) as i32).collect();
+        self.stream
+            .memcpy_htod(&slots, &mut self.acts.params.slice_mut(0..slots.len()))
+            .map_err(|e| gpu_err("copying a path", e))?;
+        let heads = self.cfg.heads;
+        let (len, base_i) = (slots.len() as i32, base as i32);
+        let (one, capacity, hd) = (
+            heads.n_kv_head as i32,
+            CAPACITY as i32,
+            heads.head_dim as i32,
+        );
+        for layer in &self.layers {
+            // SAFETY: keep_path's signature; the slots lie in the cache (base + nodes).
+            unsafe {
+                self.stream
+                    .launch_builder(&self.kernels.keep_path)
+                    .arg(&layer.kcache)
+                    .arg(&layer.vcache)
+                    .arg(&self.acts.params_ptr)
+                    .arg(&len)
+                    .arg(&base_i)
+                    .arg(&one)
+                    .arg(&capacity)
+                    .arg(&hd)
+                    .launch(LaunchConfig {
+                        grid_dim: (heads.n_kv_head as u32, 1, 1),
+                        block_dim: (THREADS, 1, 1),
+                        shared_mem_bytes: 0,
+                    })
+                    .map_err(|e| gpu_err("keeping a path", e))?;
+            }
+        }
+        self.cached = base + path.len();
+        Ok(())
+    }
+}

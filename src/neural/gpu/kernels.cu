@@ -1,0 +1,643 @@
+// infgram's GPU step: the kernels of one decoder pass, fused and batch-invariant.
+//
+// Every kernel gives a row (a token of a pass) the same arithmetic in the same order whatever
+// else the pass holds: work is split over lanes and threads by the row's own sizes (the model's
+// widths, the positions the row sees), never by the pass's row count, and every reduction runs a
+// fixed tree. So the rows of a k-token pass, or of a token tree, are the bits of k one-token
+// passes. Rounding is spelled out (__fmul_rn, __fadd_rn: no contraction into fused multiply-adds
+// except where a fmaf is written), so that `reference.rs`, which follows the same order on the
+// CPU, gives the same bits everywhere but in expf.
+//
+// Weights stay in GGUF's blocks; `decode32` turns 32 values of a row into floats with the
+// arithmetic of candle's (ggml's) dequantization, operation for operation.
+#include <stdint.h>
+#include <cuda_fp16.h>
+
+#define WARP 32
+// Rows of a pass one matrix-vector call takes at most (more: the grid's y dimension).
+#define TOKENS 8
+
+// GGML type ids.
+#define Q4_0 2
+#define Q4_1 3
+#define Q5_0 6
+#define Q5_1 7
+#define Q8_0 8
+#define Q4_K 12
+#define Q5_K 13
+#define Q6_K 14
+
+struct Mat {
+    const uint8_t *w;   // rows × row_bytes
+    int type;
+    int rows;
+    int cols;
+    int row_bytes;
+};
+
+// Up to three matrices that read the same input, one after another in the grid's rows (q, k, v).
+struct Mats {
+    Mat m[3];
+    float *out[3];         // each t × m.rows
+    const float *bias[3];  // m.rows, or null
+    int n;
+};
+
+__device__ __forceinline__ float h2f(const uint8_t *p) {
+    return __half2float(*reinterpret_cast<const __half *>(p));
+}
+__device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float sub(float a, float b) { return __fsub_rn(a, b); }
+
+__device__ __forceinline__ void scale_min_k4(int j, const uint8_t *s, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+// Values 32·g … 32·g + 31 of a row at `row`, read in 16- or 32-bit words (every block
+// type's blocks are 2-byte aligned; Q4_1, Q5_1, Q4_K, Q5_K's 4-byte aligned).
+__device__ __forceinline__ void decode32(int type, const uint8_t *row, int g, float w[32]) {
+    switch (type) {
+    case Q4_0: {
+        const uint8_t *b = row + g * 18;
+        float d = h2f(b);
+        const uint16_t *q = (const uint16_t *)(b + 2);
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            uint16_t v = q[k];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                int j = 2 * k + i, byte = (v >> (8 * i)) & 255;
+                w[j] = mul((float)((byte & 15) - 8), d);
+                w[j + 16] = mul((float)((byte >> 4) - 8), d);
+            }
+        }
+        break;
+    }
+    case Q4_1: {
+        const uint8_t *b = row + g * 20;
+        float d = h2f(b), m = h2f(b + 2);
+        const uint32_t *q = (const uint32_t *)(b + 4);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            uint32_t v = q[k];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int j = 4 * k + i, byte = (v >> (8 * i)) & 255;
+                w[j] = add(mul((float)(byte & 15), d), m);
+                w[j + 16] = add(mul((float)(byte >> 4), d), m);
+            }
+        }
+        break;
+    }
+    case Q5_0: {
+        const uint8_t *b = row + g * 22;
+        float d = h2f(b);
+        const uint16_t *h = (const uint16_t *)(b + 2);
+        uint32_t qh = h[0] | ((uint32_t)h[1] << 16);
+        const uint16_t *q = (const uint16_t *)(b + 6);
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            uint16_t v = q[k];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                int j = 2 * k + i, byte = (v >> (8 * i)) & 255;
+                int h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
+                w[j] = mul((float)(((byte & 15) | h0) - 16), d);
+                w[j + 16] = mul((float)(((byte >> 4) | h1) - 16), d);
+            }
+        }
+        break;
+    }
+    case Q5_1: {
+        const uint8_t *b = row + g * 24;
+        float d = h2f(b), m = h2f(b + 2);
+        uint32_t qh = *(const uint32_t *)(b + 4);
+        const uint32_t *q = (const uint32_t *)(b + 8);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            uint32_t v = q[k];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int j = 4 * k + i, byte = (v >> (8 * i)) & 255;
+                int h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
+                w[j] = add(mul((float)((byte & 15) | h0), d), m);
+                w[j + 16] = add(mul((float)((byte >> 4) | h1), d), m);
+            }
+        }
+        break;
+    }
+    case Q8_0: {
+        const uint8_t *b = row + g * 34;
+        float d = h2f(b);
+        const uint16_t *q = (const uint16_t *)(b + 2);
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            uint16_t v = q[k];
+            w[2 * k] = mul((float)(int8_t)(v & 255), d);
+            w[2 * k + 1] = mul((float)(int8_t)(v >> 8), d);
+        }
+        break;
+    }
+    case Q4_K: {
+        // Sub-block s of a super-block of 256: pair s / 2 of 64 values, low nibbles if even.
+        const uint8_t *b = row + (g / 8) * 144;
+        int s = g % 8, sc, mn;
+        float d = h2f(b), dmin = h2f(b + 2);
+        scale_min_k4(s, b + 4, &sc, &mn);
+        float d1 = mul(d, (float)sc), m1 = mul(dmin, (float)mn);
+        const uint32_t *q = (const uint32_t *)(b + 16 + 32 * (s / 2));
+        int shift = 4 * (s % 2);
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            uint32_t v = q[k] >> shift;
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                w[4 * k + i] = sub(mul(d1, (float)((v >> (8 * i)) & 15)), m1);
+        }
+        break;
+    }
+    case Q5_K: {
+        const uint8_t *b = row + (g / 8) * 176;
+        int s = g % 8, sc, mn;
+        float d = h2f(b), dmin = h2f(b + 2);
+        scale_min_k4(s, b + 4, &sc, &mn);
+        float d1 = mul(d, (float)sc), m1 = mul(dmin, (float)mn);
+        const uint32_t *qh = (const uint32_t *)(b + 16), *ql = (const uint32_t *)(b + 48 + 32 * (s / 2));
+        int shift = 4 * (s % 2);
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            uint32_t lo = ql[k] >> shift, hi = qh[k] >> s;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float h = ((hi >> (8 * i)) & 1) ? 16.f : 0.f;
+                w[4 * k + i] = sub(mul(d1, add((float)((lo >> (8 * i)) & 15), h)), m1);
+            }
+        }
+        break;
+    }
+    case Q6_K: {
+        // Sub-block s: half s / 4 of 128 values, part s % 4 of it.
+        const uint8_t *b = row + (g / 8) * 210;
+        int s = g % 8, half = s / 4, part = s % 4;
+        const uint16_t *lo = (const uint16_t *)(b + 64 * half + 32 * (part % 2));
+        const uint16_t *qh = (const uint16_t *)(b + 128 + 32 * half);
+        uint16_t scs = *(const uint16_t *)(b + 192 + 8 * half + 2 * part);
+        float d = h2f(b + 208);
+        float d0 = mul(d, (float)(int8_t)(scs & 255)), d1 = mul(d, (float)(int8_t)(scs >> 8));
+        int lshift = 4 * (part / 2), hshift = 2 * part;
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            uint16_t l = lo[k], h = qh[k];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                int j = 2 * k + i;
+                int q = (((l >> (8 * i + lshift)) & 15) | (((h >> (8 * i + hshift)) & 3) << 4)) - 32;
+                w[j] = mul(j < 16 ? d0 : d1, (float)q);
+            }
+        }
+        break;
+    }
+    default:
+        for (int j = 0; j < 32; j++) w[j] = __int_as_float(0x7fc00000);
+    }
+}
+
+// A warp's sum of one value per lane: a butterfly, which leaves the same bits in every lane.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) v = add(v, __shfl_xor_sync(0xffffffff, v, m));
+    return v;
+}
+
+// 1 / sqrt(mean square + eps) of `x[0..n]`, in every lane (lane l sums l, l + 32, …).
+__device__ __forceinline__ float warp_inv_rms(const float *x, int n, float eps, int lane) {
+    float ss = 0.f;
+    // Unrolled: the loads run ahead of the chain (whose order stays e ascending).
+#pragma unroll 8
+    for (int e = lane; e < n; e += WARP) ss = fmaf(x[e], x[e], ss);
+    ss = warp_sum(ss);
+    return 1.f / sqrtf(add(ss / (float)n, eps));
+}
+
+// A block's copy of the rows of input it multiplies, in shared memory: row n's element e at
+// n · padded(cols) + padded(e), four floats of padding after every 32, so that the lanes of a
+// warp, each reading its own group of 32 as 16-byte vectors, hit distinct banks.
+__device__ __forceinline__ int padded(int e) { return e + (e >> 5) * 4; }
+
+// Copies `ntok` rows of `cols` from x (row stride `stride`) into xs, RMS-normed with `norm`
+// when given (warp n forms row n's 1 / rms with the lanes' butterfly, then every element is
+// x · inv · w). Every thread of the block takes part; ends with the block synchronized.
+__device__ __forceinline__ void load_input(float *xs, const float *x, int stride, int cols, int ntok,
+                                           const float *norm, float eps) {
+    __shared__ float inv[TOKENS];
+    int pc = padded(cols);
+    for (int i = threadIdx.x; i < ntok * cols / 4; i += blockDim.x) {
+        int n = (4 * i) / cols, e = (4 * i) % cols;
+        *reinterpret_cast<float4 *>(xs + n * pc + padded(e)) =
+            *reinterpret_cast<const float4 *>(x + (size_t)n * stride + e);
+    }
+    __syncthreads();
+    if (!norm) return;
+    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    for (int n = warp; n < ntok; n += blockDim.x / WARP) {
+        float ss = 0.f;
+#pragma unroll 8
+        for (int e = lane; e < cols; e += WARP) {
+            float v = xs[n * pc + padded(e)];
+            ss = fmaf(v, v, ss);
+        }
+        ss = warp_sum(ss);
+        if (lane == 0) inv[n] = 1.f / sqrtf(add(ss / (float)cols, eps));
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < ntok * cols; i += blockDim.x) {
+        int n = i / cols, e = i % cols;
+        float *v = xs + n * pc + padded(e);
+        *v = mul(mul(*v, inv[n]), norm[e]);
+    }
+    __syncthreads();
+}
+
+// Row r of matrix m times the ntok input rows in xs: lane l takes groups l, l + 32, …, each a
+// fixed chain of 32 fused multiply-adds, then the warp's butterfly.
+__device__ __forceinline__ void row_dot(const Mat &m, int r, const float *xs, int ntok, int lane,
+                                        float acc[TOKENS]) {
+#pragma unroll
+    for (int n = 0; n < TOKENS; n++) acc[n] = 0.f;
+    const uint8_t *row = m.w + (size_t)r * m.row_bytes;
+    int groups = m.cols / 32, pc = padded(m.cols);
+    for (int g = lane; g < groups; g += WARP) {
+        float w[32];
+        decode32(m.type, row, g, w);
+#pragma unroll
+        for (int n = 0; n < TOKENS; n++) {
+            if (n < ntok) {
+                const float4 *xv = reinterpret_cast<const float4 *>(xs + n * pc + g * 36);
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    float4 v = xv[j];
+                    acc[n] = fmaf(w[4 * j], v.x, acc[n]);
+                    acc[n] = fmaf(w[4 * j + 1], v.y, acc[n]);
+                    acc[n] = fmaf(w[4 * j + 2], v.z, acc[n]);
+                    acc[n] = fmaf(w[4 * j + 3], v.w, acc[n]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < TOKENS; n++) acc[n] = warp_sum(acc[n]);
+}
+
+// Row r of two matrices of one shape (gate and up) times the input rows, as two `row_dot`s
+// whose weights are both decoded before either's multiply-adds (the loads overlap).
+__device__ __forceinline__ void row_dot2(const Mat &a, const Mat &b, int r, const float *xs,
+                                         int ntok, int lane, float acc_a[TOKENS],
+                                         float acc_b[TOKENS]) {
+#pragma unroll
+    for (int n = 0; n < TOKENS; n++) acc_a[n] = acc_b[n] = 0.f;
+    const uint8_t *row_a = a.w + (size_t)r * a.row_bytes, *row_b = b.w + (size_t)r * b.row_bytes;
+    int groups = a.cols / 32, pc = padded(a.cols);
+    for (int g = lane; g < groups; g += WARP) {
+        float wa[32], wb[32];
+        decode32(a.type, row_a, g, wa);
+        decode32(b.type, row_b, g, wb);
+#pragma unroll
+        for (int n = 0; n < TOKENS; n++) {
+            if (n < ntok) {
+                const float4 *xv = reinterpret_cast<const float4 *>(xs + n * pc + g * 36);
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    float4 v = xv[j];
+                    acc_a[n] = fmaf(wa[4 * j], v.x, acc_a[n]);
+                    acc_a[n] = fmaf(wa[4 * j + 1], v.y, acc_a[n]);
+                    acc_a[n] = fmaf(wa[4 * j + 2], v.z, acc_a[n]);
+                    acc_a[n] = fmaf(wa[4 * j + 3], v.w, acc_a[n]);
+                    acc_b[n] = fmaf(wb[4 * j], v.x, acc_b[n]);
+                    acc_b[n] = fmaf(wb[4 * j + 1], v.y, acc_b[n]);
+                    acc_b[n] = fmaf(wb[4 * j + 2], v.z, acc_b[n]);
+                    acc_b[n] = fmaf(wb[4 * j + 3], v.w, acc_b[n]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < TOKENS; n++) {
+        acc_a[n] = warp_sum(acc_a[n]);
+        acc_b[n] = warp_sum(acc_b[n]);
+    }
+}
+
+// Asks for a matrix row's bytes ahead of their use (lane l: the row's 128-byte lines l,
+// l + 32, …), so that fetching them overlaps other work.
+__device__ __forceinline__ void prefetch_row(const Mat &m, int r, int lane) {
+    const uint8_t *row = m.w + (size_t)r * m.row_bytes;
+    for (int off = lane * 128; off < m.row_bytes; off += WARP * 128)
+        asm volatile("prefetch.global.L1 [%0];" ::"l"(row + off));
+}
+
+// Row r of 1 to 3 matrices one after another: the matrix it falls in, and r within it.
+struct Pick {
+    Mat m;
+    float *out;
+    const float *bias;
+    int r;
+};
+
+// Picked without indexing the parameter arrays at run time (which copies them to local
+// memory).
+__device__ __forceinline__ Pick pick(const Mats &mats, int r) {
+    Pick p = {mats.m[0], mats.out[0], mats.bias[0], r};
+    if (p.r >= p.m.rows && mats.n > 1) {
+        p.r -= p.m.rows;
+        p = {mats.m[1], mats.out[1], mats.bias[1], p.r};
+        if (p.r >= p.m.rows && mats.n > 2) {
+            p.r -= p.m.rows;
+            p = {mats.m[2], mats.out[2], mats.bias[2], p.r};
+        }
+    }
+    return p;
+}
+
+// out = W · in (+ bias) (+ residual: out[r] += …, in place), for 1 to 3 matrices reading the same
+// input (all `cols` wide). blockIdx.y picks TOKENS rows of the pass, copied (and normed with
+// `norm`) into shared memory once per block; the block's warps then take rows blockIdx.x · 8 +
+// warp, stepping by the grid's warps (the grid is capped at what the GPU holds at once: every
+// block pays for its copy of the input once). A warp asks for its next row's bytes before it
+// works on the current one. Dynamic shared memory: min(t, TOKENS) · padded(cols) floats.
+extern "C" __global__ void matvec(Mats mats, const float *x, int stride, int t, const float *norm,
+                                  float eps, int residual) {
+    extern __shared__ float xs[];
+    int lane = threadIdx.x % WARP, warps = blockDim.x / WARP;
+    int first = blockIdx.y * TOKENS;
+    int ntok = min(TOKENS, t - first);
+    int total = mats.m[0].rows + (mats.n > 1 ? mats.m[1].rows : 0) + (mats.n > 2 ? mats.m[2].rows : 0);
+    int step = gridDim.x * warps, r = blockIdx.x * warps + threadIdx.x / WARP;
+    if (r < total) {
+        Pick p = pick(mats, r);
+        prefetch_row(p.m, p.r, lane);
+    }
+    load_input(xs, x + (size_t)first * stride, stride, mats.m[0].cols, ntok, norm, eps);
+    for (; r < total; r += step) {
+        Pick p = pick(mats, r);
+        if (r + step < total) {
+            Pick next = pick(mats, r + step);
+            prefetch_row(next.m, next.r, lane);
+        }
+        float acc[TOKENS];
+        row_dot(p.m, p.r, xs, ntok, lane, acc);
+        if (lane == 0) {
+            for (int n = 0; n < ntok; n++) {
+                float v = acc[n];
+                if (p.bias) v = add(v, p.bias[p.r]);
+                float *o = p.out + (size_t)(first + n) * p.m.rows + p.r;
+                *o = residual ? add(*o, v) : v;
+            }
+        }
+    }
+}
+
+// out = act(gate · in) · (up · in): the two products of the feed-forward block in one warp per
+// row, the gate applied on the way out. act: 0 SiLU, 1 GELU (tanh), as g / (1 + e^(−arg)).
+// Rows, grid and shared memory as `matvec`.
+extern "C" __global__ void gated(Mat gate, Mat up, const float *x, int stride, int t,
+                                 const float *norm, float eps, int act, float *out) {
+    extern __shared__ float xs[];
+    int lane = threadIdx.x % WARP, warps = blockDim.x / WARP;
+    int first = blockIdx.y * TOKENS;
+    int ntok = min(TOKENS, t - first);
+    int step = gridDim.x * warps, r = blockIdx.x * warps + threadIdx.x / WARP;
+    if (r < gate.rows) {
+        prefetch_row(gate, r, lane);
+        prefetch_row(up, r, lane);
+    }
+    load_input(xs, x + (size_t)first * stride, stride, gate.cols, ntok, norm, eps);
+    for (; r < gate.rows; r += step) {
+        if (r + step < gate.rows) {
+            prefetch_row(gate, r + step, lane);
+            prefetch_row(up, r + step, lane);
+        }
+        float g[TOKENS], u[TOKENS];
+        row_dot2(gate, up, r, xs, ntok, lane, g, u);
+        if (lane == 0) {
+            for (int n = 0; n < ntok; n++) {
+                float a = g[n];
+                if (act == 1) a = mul(a, add(1.5957692f, mul(mul(1.5957692f, 0.044715f), mul(a, a))));
+                float y = mul(g[n] / add(1.f, expf(-a)), u[n]);
+                out[(size_t)(first + n) * gate.rows + r] = y;
+            }
+        }
+    }
+}
+
+// x[row] = dequantized embedding of tokens[row] (· scale, when scale ≠ 0).
+extern "C" __global__ void embed(Mat table, const int *params, float scale, float *x) {
+    int row = blockIdx.x;
+    int token = params[1 + row];
+    const uint8_t *w = table.w + (size_t)token * table.row_bytes;
+    for (int g = threadIdx.x; g < table.cols / 32; g += blockDim.x) {
+        float v[32];
+        decode32(table.type, w, g, v);
+        for (int j = 0; j < 32; j++) {
+            float y = v[j];
+            x[(size_t)row * table.cols + g * 32 + j] = scale != 0.f ? mul(y, scale) : y;
+        }
+    }
+}
+
+// x[row] += rms_norm(y[row]) · w (Gemma's norms after the blocks). One warp per row.
+extern "C" __global__ void norm_add(float *x, const float *y, const float *w, int dim, float eps) {
+    int row = blockIdx.x, lane = threadIdx.x;
+    const float *yr = y + (size_t)row * dim;
+    float inv = warp_inv_rms(yr, dim, eps, lane);
+    for (int e = lane; e < dim; e += WARP)
+        x[(size_t)row * dim + e] = add(x[(size_t)row * dim + e], mul(mul(yr[e], inv), w[e]));
+}
+
+// The pass's parameters in device memory (so a captured graph replays any pass of its row
+// count): params[0] = cached positions before the pass (pos); params[1 + i] = token of row i;
+// params[1 + T + i] = position of row i; params[1 + 2T + i·T + d] = the cache slot of the node at
+// depth d of row i's branch (d ≤ its depth). T is the most rows a pass takes.
+
+// Per row: q/k normed per head (when qnorm), rotated by the row's position, q kept in place and
+// k, v written to the cache at slot pos + row. Block per row, a warp per head.
+extern "C" __global__ void rope_cache(float *q, const float *k, const float *v, const int *params,
+                                      int T, int nh, int nkv, int hd, const float *qnorm,
+                                      const float *knorm, float eps, const float *cos_t,
+                                      const float *sin_t, int interleaved, float *kcache,
+                                      float *vcache, int capacity) {
+    int row = blockIdx.x, lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    int warps = blockDim.x / WARP, half = hd / 2;
+    int p = params[1 + T + row], slot = params[0] + row;
+    const float *c = cos_t + (size_t)p * half, *s = sin_t + (size_t)p * half;
+    for (int h = warp; h < nh + 2 * nkv; h += warps) {
+        if (h >= nh + nkv) {  // a value head: to the cache as it is
+            int kh = h - nh - nkv;
+            const float *src = v + (size_t)row * nkv * hd + kh * hd;
+            float *dst = vcache + ((size_t)kh * capacity + slot) * hd;
+            for (int e = lane; e < hd; e += WARP) dst[e] = src[e];
+            continue;
+        }
+        bool is_q = h < nh;
+        int kh = h - nh;
+        const float *src = is_q ? q + (size_t)row * nh * hd + h * hd : k + (size_t)row * nkv * hd + kh * hd;
+        float *dst = is_q ? q + (size_t)row * nh * hd + h * hd : kcache + ((size_t)kh * capacity + slot) * hd;
+        const float *nw = is_q ? qnorm : knorm;
+        float inv = nw ? warp_inv_rms(src, hd, eps, lane) : 0.f;
+        // Each lane reads its pairs before writing them (dst may be src).
+        for (int i = lane; i < half; i += WARP) {
+            int a_i = interleaved ? 2 * i : i, b_i = interleaved ? 2 * i + 1 : i + half;
+            float a = src[a_i], b = src[b_i];
+            if (nw) {
+                a = mul(mul(a, inv), nw[a_i]);
+                b = mul(mul(b, inv), nw[b_i]);
+            }
+            dst[a_i] = sub(mul(a, c[i]), mul(b, s[i]));
+            dst[b_i] = add(mul(a, s[i]), mul(b, c[i]));
+        }
+    }
+}
+
+#define ATT_THREADS 256
+#define ATT_WARPS (ATT_THREADS / WARP)
+
+// Attention of query head blockIdx.x for row blockIdx.y over the positions the row sees (its
+// position + 1 of them, less those before a window). Thread t scores positions first + t,
+// first + t + 256, … (q·k, a chain of fmaf over the head width, · scale); the softmax's sum is
+// each thread's chain, the warp's butterfly, then the 8 warps' sums in warp order. Warp w sums
+// the values of positions first + w, first + w + 8, … (each lane its dimensions lane, lane + 32,
+// …), and the 8 warps' partial sums are added in warp order. None of it depends on the pass's
+// other rows. Positions before the pass's (slot j = position j) and the row's branch (slots from
+// the parameters) are looped apart, so that the first loop's loads run ahead of its chain.
+// Dynamic shared memory: capacity floats of scores.
+// DIMS = head width / 32: each lane's dimensions (the loops below then have no guards, and
+// the loads of 4 positions run ahead of their multiply-adds).
+template <int DIMS>
+__device__ __forceinline__ void attend(const float *q, const float *kcache, const float *vcache,
+                                       const int *params, int T, int nh, int nkv, int capacity,
+                                       int window, float scale, float *out, float *scores) {
+    const int hd = DIMS * WARP;
+    __shared__ float red[ATT_WARPS];
+    __shared__ float qs[256];
+    __shared__ float parts[ATT_WARPS * 256];
+    int h = blockIdx.x, row = blockIdx.y, tid = threadIdx.x;
+    int lane = tid % WARP, warp = tid / WARP;
+    int kh = h / (nh / nkv);
+    int pos = params[0];
+    int n = params[1 + T + row] + 1;
+    int first = window > 0 ? max(0, n - window) : 0;
+    const int *branch = params + 1 + 2 * T + row * T;
+    for (int e = tid; e < hd; e += ATT_THREADS) qs[e] = q[(size_t)row * nh * hd + h * hd + e];
+    __syncthreads();
+    const float *K = kcache + (size_t)kh * capacity * hd, *V = vcache + (size_t)kh * capacity * hd;
+    float mx = -INFINITY;
+    for (int j = first + tid; j < n; j += ATT_THREADS) {
+        int slot = j < pos ? j : branch[j - pos];
+        const float4 *kj = reinterpret_cast<const float4 *>(K + (size_t)slot * hd);
+        const float4 *qv = reinterpret_cast<const float4 *>(qs);
+        float dot = 0.f;
+#pragma unroll 8
+        for (int e = 0; e < hd / 4; e++) {
+            float4 k = kj[e], qq = qv[e];
+            dot = fmaf(qq.x, k.x, dot);
+            dot = fmaf(qq.y, k.y, dot);
+            dot = fmaf(qq.z, k.z, dot);
+            dot = fmaf(qq.w, k.w, dot);
+        }
+        float sc = mul(dot, scale);
+        scores[j] = sc;
+        mx = fmaxf(mx, sc);
+    }
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, m));
+    if (lane == 0) red[warp] = mx;
+    __syncthreads();
+    mx = red[0];
+    for (int w = 1; w < ATT_WARPS; w++) mx = fmaxf(mx, red[w]);
+    __syncthreads();
+    float sum = 0.f;
+    for (int j = first + tid; j < n; j += ATT_THREADS) {
+        float e = expf(sub(scores[j], mx));
+        scores[j] = e;
+        sum = add(sum, e);
+    }
+    sum = warp_sum(sum);
+    if (lane == 0) red[warp] = sum;
+    __syncthreads();
+    sum = red[0];
+    for (int w = 1; w < ATT_WARPS; w++) sum = add(sum, red[w]);
+    float acc[DIMS];
+#pragma unroll
+    for (int i = 0; i < DIMS; i++) acc[i] = 0.f;
+    int j = first + warp, cached = min(n, pos);
+    for (; j + 3 * ATT_WARPS < cached; j += 4 * ATT_WARPS) {
+        float v[4][DIMS], sc[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            sc[u] = scores[j + u * ATT_WARPS];
+            const float *vj = V + (size_t)(j + u * ATT_WARPS) * hd + lane;
+#pragma unroll
+            for (int i = 0; i < DIMS; i++) v[u][i] = vj[32 * i];
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+#pragma unroll
+            for (int i = 0; i < DIMS; i++) acc[i] = fmaf(sc[u], v[u][i], acc[i]);
+    }
+    for (; j < cached; j += ATT_WARPS) {
+        const float *vj = V + (size_t)j * hd + lane;
+        float s = scores[j];
+#pragma unroll
+        for (int i = 0; i < DIMS; i++) acc[i] = fmaf(s, vj[32 * i], acc[i]);
+    }
+    for (; j < n; j += ATT_WARPS) {
+        const float *vj = V + (size_t)branch[j - pos] * hd + lane;
+        float s = scores[j];
+#pragma unroll
+        for (int i = 0; i < DIMS; i++) acc[i] = fmaf(s, vj[32 * i], acc[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < DIMS; i++) parts[warp * hd + lane + 32 * i] = acc[i];
+    __syncthreads();
+    for (int d = tid; d < hd; d += ATT_THREADS) {
+        float total = parts[d];
+        for (int w = 1; w < ATT_WARPS; w++) total = add(total, parts[w * hd + d]);
+        out[(size_t)row * nh * hd + h * hd + d] = total / sum;
+    }
+}
+
+// One kernel per head width (32, 64, 128, 256). Dynamic shared memory: capacity floats.
+#define ATTENTION(HD)                                                                           \
+    extern "C" __global__ void attention_##HD(const float *q, const float *kcache,             \
+                                              const float *vcache, const int *params, int T,   \
+                                              int nh, int nkv, int capacity, int window,       \
+                                              float scale, float *out) {                       \
+        extern __shared__ float scores[];                                                      \
+        attend<HD / WARP>(q, kcache, vcache, params, T, nh, nkv, capacity, window, scale, out, \
+                          scores);                                                             \
+    }
+ATTENTION(32)
+ATTENTION(64)
+ATTENTION(128)
+ATTENTION(256)
+
+// Moves the keys and values of a kept tree path to the slots a chain would have filled:
+// slots[i] → base + i, in order (a later node never reads a slot an earlier one wrote).
+extern "C" __global__ void keep_path(float *kcache, float *vcache, const int *slots, int len,
+                                     int base, int layers_heads, int capacity, int hd) {
+    int lh = blockIdx.x;
+    for (int e = threadIdx.x; e < hd; e += blockDim.x) {
+        for (int i = 0; i < len; i++) {
+            size_t from = ((size_t)lh * capacity + slots[i]) * hd + e;
+            size_t to = ((size_t)lh * capacity + base + i) * hd + e;
+            kcache[to] = kcache[from];
+            vcache[to] = vcache[from];
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! The GPU step on infgram's own kernels (`--device cuda`).
+//!
+//! * `kernels.cu`: the fused kernels of a pass (six launches a layer; `build.rs` compiles
+//!   them to PTX with the pinned nvcc in a build with the `cuda` feature);
+//! * `decoder` (`cuda` feature): `GpuDecoder`, the model on the GPU, each pass replayed from
+//!   a CUDA graph captured once per row count;
+//! * [`mod@reference`]: the same pass on the CPU in the kernels' order of operations (lanes,
+//!   butterflies, trees), every build: the oracle the kernels are checked against on a GPU,
+//!   and, tested here, batch-invariant and in agreement with the native pass.
+//!
+//! What the two share is here: the pass's parameters ([`Plan`]), the rotary tables, the
+//! weight types the kernels read.
+
+#[cfg(feature = "cuda")]
+pub mod decoder;
+pub mod reference;
+
+use crate::error::{Error, Result};
+use crate::neural::arch::Architecture;
+use candle_core::quantized::GgmlDType;
+
+/// Positions the GPU's KV cache holds (allocated at load) and its rotary tables cover.
+pub const CAPACITY: usize = 8192;
+/// Rows one pass takes (a token tree's nodes, or a chunk of a longer prompt).
+pub const MAX_ROWS: usize = 64;
+/// Rows of a pass one matrix-vector launch takes together (`TOKENS` in `kernels.cu`).
+pub const TOKENS: usize = 8;
+/// Threads of the attention kernel (`ATT_THREADS`).
+pub const ATT_THREADS: usize = 256;
+/// Lanes of a warp.
+const WARP: usize = 32;
+
+/// The GGML id of a block type the kernels decode (`decode32`), or `None` (such matrices
+/// are re-quantized to Q8_0 at load, as the native backend does).
+pub fn gpu_type(t: GgmlDType) -> Option<i32> {
+    Some(match t {
+        GgmlDType::Q4_0 => 2,
+        GgmlDType::Q4_1 => 3,
+        GgmlDType::Q5_0 => 6,
+        GgmlDType::Q5_1 => 7,
+        GgmlDType::Q8_0 => 8,
+        GgmlDType::Q4K => 12,
+        GgmlDType::Q5K => 13,
+        GgmlDType::Q6K => 14,
+        _ => return None,
+    })
+}
+
+/// The `(cos, sin)` tables of `freqs` for `positions` positions, as the native pass forms
+/// them (`p as f32 · freq`, then libm's cos and sin).
+pub fn rope_table(freqs: &[f32], positions: usize) -> (Vec<f32>, Vec<f32>) {
+    let mut cos = Vec::with_capacity(positions * freqs.len());
+    let mut sin = Vec::with_capacity(positions * freqs.len());
+    for p in 0..positions {
+        for &f in freqs {
+            let angle = p as f32 * f;
+            cos.push(angle.cos());
+            sin.push(angle.sin());
+        }
+    }
+    (cos, sin)
+}
+
+/// Whether `path` runs from node 0 of the tree of `parents`, each node a child of the one
+/// before.
+pub fn is_path(path: &[usize], parents: &[Option<usize>]) -> bool {
+    path.first() == Some(&0)
+        && path
+            .windows(2)
+            .all(|w| parents.get(w[1]).copied().flatten() == Some(w[0]))
+}
+
+/// How a pass is described to the kernels: `params[0]` the cached positions before it;
+/// `params[1 + i]` row i's token; `params[1 + T + i]` its position; `params[1 + 2T + i·T + d]`
+/// the cache slot of the node at depth d of its branch (T = [`MAX_ROWS`]). Row i is written
+/// at slot `pos + i` and sees positions `0..=position` (slots `0..pos`, then its branch).
+#[derive(Clone, Copy, Debug)]
+pub struct Plan;
+
+impl Plan {
+    /// Checks that the kernels take `cfg`'s shapes.
+    pub fn new(cfg: &Architecture) -> Result<Plan> {
+        let hd = cfg.heads.head_dim;
+        let dims_ok = [32, 64, 128, 256].contains(&hd)
+            && cfg.dim.is_multiple_of(32)
+            && cfg.heads.n_kv_head > 0
+            && cfg.heads.n_head.is_multiple_of(cfg.heads.n_kv_head);
+        if !dims_ok {
+            return Err(Error::input(format!(
+                "--device cuda: the GPU kernels take heads of 32, 64, 128 or 256 dimensions \
+                 and widths in multiples of 32; this model's heads are {hd} wide and \
+                 its width {}: run it on the CPU (leave --device out)",
+                cfg.dim
+            )));
+        }
+        Ok(Plan)
+    }
+
+    /// The length of the parameter array.
+    pub fn params_len() -> usize {
+        1 + 2 * MAX_ROWS + MAX_ROWS * MAX_ROWS
+    }
+
+    /// The parameters of a pass of `tokens` after `pos` cached positions, a chain or the tree
+    /// of `parents`.
+    pub fn params(
+        &self,
+        pos: usize,
+        tokens: &[u32],
+        parents: Option<&[Option<usize>]>,
+    ) -> Result<Vec<i32>> {
+        let t = tokens.len();
+        if t == 0 || t > MAX_ROWS {
+            return Err(Error::Model(format!("a GPU pass of {t} rows")));
+        }
+        if pos + t > CAPACITY {
+            return Err(Error::input(format!(
+                "--device cuda: the GPU cache holds {CAPACITY} positions and this sequence \
+                 needs {}; shorten the prompt or --max-tokens",
+                pos + t
+            )));
+        }
+        let mut params = vec![0i32; Self::params_len()];
+        params[0] = pos as i32;
+        let mut depth = vec![0usize; t];
+        for i in 0..t {
+            params[1 + i] = tokens[i] as i32;
+            let parent = match parents {
+                None => i.checked_sub(1),
+                Some(p) => p[i],
+            };
+            let base = 1 + 2 * MAX_ROWS;
+            if let Some(p) = parent {
+                depth[i] = depth[p] + 1;
+                for d in 0..depth[p] + 1 {
+                    params[base + i * MAX_ROWS + d] = params[base + p * MAX_ROWS + d];
+                }
+            }
+            params[base + i * MAX_ROWS + depth[i]] = (pos + i) as i32;
+            params[1 + MAX_ROWS + i] = (pos + depth[i]) as i32;
+        }
+        Ok(params)
+    }
+}
+
+/// The sum of one value per lane as the warp's butterfly forms it (every lane ends with
+/// these bits).
+fn warp_sum(mut lanes: [f32; WARP]) -> f32 {
+    let mut m = WARP / 2;
+    while m > 0 {
+        let before = lanes;
+        for (l, v) in lanes.iter_mut().enumerate() {
+            *v = before[l] + before[l ^ m];
+        }
+        m /= 2;
+    }
+    lanes[0]
+}
