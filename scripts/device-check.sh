@@ -8,7 +8,10 @@
 # too; target/cuda/dist has them stripped, with the benchmark's corpus, to carry). The models are GGUF files on this machine (SmolLM2-135M-Instruct Q4_1 and
 # gemma-3-270m Q4_K_M are the issue's; no network is needed). For each model it prints:
 # 1. a short generation on the GPU, and the same on the CPU;
-# 2. the cost of a pass of k = 1…16 new tokens against a one-token step, on the GPU;
+# 2. the fused kernels (`--backend native`, the default on a GPU) against their CPU reference
+#    and the native CPU pass, and their batch invariance (`bench_decode gpu-check`); the cost
+#    of a pass of k = 1…16 new tokens against a one-token step: the fused kernels with CUDA
+#    graphs, without (INFGRAM_CUDA_GRAPHS=0), and the candle pass (`--backend candle`);
 # 3. `bench_decode speculative` on the GPU: plain against speculative decoding on the copy /
 #    edit, Shakespeare and open prompt sets, with whether every output equals plain decoding's
 #    (the "identical" column: lossless on the device);
@@ -64,8 +67,12 @@ for model in "$@"; do
         --max-tokens 24 --json 2>&1 | tail -3
     timeout 60 "$infgram" gen --model "$model" --prompt "The capital of France is" \
         --max-tokens 24 --json 2>&1 | tail -3
-    section "$name: a pass of k new tokens against a one-token step (GPU)"
-    timeout 90 "$bench" passes --model "$model" --device cuda --repeats 30 2>&1 | tail -12
+    section "$name: the fused kernels against their CPU reference and the native pass; batch invariance (GPU)"
+    timeout 150 "$bench" gpu-check --model "$model" 2>&1 | tail -22
+    section "$name: a pass of k new tokens against a one-token step (GPU: fused kernels with and without CUDA graphs, then the candle pass)"
+    timeout 60 "$bench" passes --model "$model" --device cuda --repeats 30 2>&1 | tail -8
+    INFGRAM_CUDA_GRAPHS=0 timeout 60 "$bench" passes --model "$model" --device cuda --repeats 30 2>&1 | tail -8
+    timeout 90 "$bench" passes --model "$model" --device cuda --backend candle --repeats 30 2>&1 | tail -8
     # One prompt set a run, each with its own limit, so that a slow set leaves the others.
     for set in "copy 150" "Shakespeare 90" "open 150"; do
         read -r prefix limit <<<"$set"

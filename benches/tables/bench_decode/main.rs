@@ -12,9 +12,10 @@
 
 use clap::{Parser, Subcommand};
 use infgram::neural::native::kernels::Isa;
-use infgram::service::models::Device;
+use infgram::service::models::{Backend, Device};
 
 mod ceiling;
+mod gpu_check;
 mod mix;
 mod passes;
 mod policy;
@@ -53,6 +54,9 @@ enum Bench {
         /// Only the prompt sets whose names start with this (`copy`, `Shakespeare`, `open`).
         #[arg(long)]
         set: Option<String>,
+        /// On CUDA: `native` (infgram's fused kernels) or `candle` (the candle pass).
+        #[arg(long, value_enum, default_value_t = Backend::Native)]
+        backend: Backend,
     },
     /// What a pass over k new tokens costs against a one-token step (after a 256-token prompt).
     Passes {
@@ -65,6 +69,17 @@ enum Bench {
         /// Timed repetitions of each pass length (the median is printed).
         #[arg(long, default_value_t = 30)]
         repeats: usize,
+        /// On CUDA: `native` (infgram's fused kernels) or `candle` (the candle pass).
+        #[arg(long, value_enum, default_value_t = Backend::Native)]
+        backend: Backend,
+    },
+    /// The GPU's fused kernels checked on a real model (a `cuda` build on a GPU): against
+    /// their CPU reference, against the native CPU pass, and for batch invariance (k-token
+    /// passes, one token at a time, token trees, with and without CUDA graphs).
+    GpuCheck {
+        /// The model: a short name (`smollm2-135m`, `gemma3-270m`) or a GGUF file.
+        #[arg(long, default_value = "smollm2-135m")]
+        model: String,
     },
     /// The prompt sets as JSON lines (`{"set", "chat", "prompt"}`), for baselines outside
     /// infgram (`scripts/hf_baseline.py`).
@@ -104,19 +119,23 @@ fn main() {
             isa,
             device,
             set,
+            backend,
         } => speculative::run(
             &model,
             repeats,
             plot_dir,
             isa.unwrap_or_else(Isa::detect),
             device,
+            backend,
             set.as_deref(),
         ),
         Bench::Passes {
             model,
             device,
             repeats,
-        } => passes::run(&model, device, repeats),
+            backend,
+        } => passes::run(&model, device, backend, repeats),
+        Bench::GpuCheck { model } => gpu_check::run(&model),
         Bench::Prompts => {
             for (set, prompts, chat) in prompts::SETS {
                 for p in prompts {

@@ -12,9 +12,9 @@ use infgram::service::models::{Backend, Device, ModelOptions};
 use std::path::Path;
 use std::time::Instant;
 
-/// The model at `path` on `device`: the native kernels (two threads, `isa`) on the CPU, the
-/// candle pass on CUDA.
-pub fn load(path: &Path, device: Device, isa: Isa) -> Box<dyn LanguageModel> {
+/// The model at `path` on `device`: the native kernels (two threads, `isa`) on the CPU; on
+/// CUDA, `backend`'s pass (native: the fused kernels; candle: the candle ops).
+pub fn load(path: &Path, device: Device, isa: Isa, backend: Backend) -> Box<dyn LanguageModel> {
     match device {
         Device::Cpu => Box::new(
             Decoder::from_gguf(path)
@@ -24,7 +24,7 @@ pub fn load(path: &Path, device: Device, isa: Isa) -> Box<dyn LanguageModel> {
         ),
         Device::Cuda => {
             let opts = ModelOptions {
-                backend: Backend::Candle,
+                backend,
                 device,
                 ..ModelOptions::default()
             };
@@ -41,19 +41,23 @@ pub fn load(path: &Path, device: Device, isa: Isa) -> Box<dyn LanguageModel> {
 }
 
 /// Times passes of 1, 2, 4, 8 and 16 tokens after a 256-token prompt.
-pub fn run(model: &str, device: Device, repeats: usize) {
+pub fn run(model: &str, device: Device, backend: Backend, repeats: usize) {
     let source = infgram::neural::source::ModelSource::resolve(model).expect("the model");
-    let mut lm = load(source.path(), device, Isa::detect());
+    let mut lm = load(source.path(), device, Isa::detect(), backend);
     let vocab = lm.vocab_size() as u32;
     let prompt: Vec<u32> = (0..256u32).map(|i| (i * 7919 + 13) % vocab).collect();
     lm.feed(&prompt).unwrap();
     println!(
-        "{} on {device:?}: median of {repeats} passes after a {}-token prompt\n",
+        "{} on {device:?} ({backend:?}{}): median of {repeats} passes after a {}-token prompt\n",
         source
             .path()
             .file_name()
             .unwrap_or_default()
             .to_string_lossy(),
+        match std::env::var("INFGRAM_CUDA_GRAPHS").as_deref() {
+            Ok("0") => ", no CUDA graphs",
+            _ => "",
+        },
         prompt.len()
     );
     println!("| new tokens | pass, ms | per token, ms | pass / one-token step |");

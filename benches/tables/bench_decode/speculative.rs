@@ -16,7 +16,7 @@ use infgram::decode::drafters::{CorpusDrafter, CorpusRule, PromptLookup};
 use infgram::decode::{greedy, DecodeConfig, DecodeStats, Drafter};
 use infgram::lm::LanguageModel;
 use infgram::neural::{chat_prompt_for, wants_chat_turns};
-use infgram::service::models::Device;
+use infgram::service::models::{Backend, Device};
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 use std::path::Path;
 
@@ -238,6 +238,7 @@ pub fn run(
     plot_dir: Option<std::path::PathBuf>,
     isa: infgram::neural::native::kernels::Isa,
     device: Device,
+    backend: Backend,
     only: Option<&str>,
 ) {
     let source = infgram::neural::source::ModelSource::resolve(model).expect("the model");
@@ -248,11 +249,12 @@ pub fn run(
     let tok = HfTokenizer::from_gguf(path).unwrap();
     let index_dir = infgram::service::cached_index(&[], &tok)
         .expect("the Shakespeare index in the model's tokens");
-    let mut model = crate::passes::load(path, device, isa);
+    let mut model = crate::passes::load(path, device, isa, backend);
     let model = model.as_mut();
-    let on = match device {
-        Device::Cpu => format!("native kernels {isa:?}"),
-        Device::Cuda => "the candle pass on CUDA".to_string(),
+    let on = match (device, backend) {
+        (Device::Cpu, _) => format!("native kernels {isa:?}"),
+        (Device::Cuda, Backend::Native) => "infgram's fused kernels on CUDA".to_string(),
+        (Device::Cuda, Backend::Candle) => "the candle pass on CUDA".to_string(),
     };
     let base = DecodeConfig {
         max_tokens: 256,

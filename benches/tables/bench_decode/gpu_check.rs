@@ -1,0 +1,166 @@
+//! The GPU's fused kernels checked on a real model, on the device (a `cuda` build):
+//! 1. against their CPU reference (`neural::gpu::reference`, the kernels' order of operations
+//!    on the CPU): relative distance, largest difference, same argmax, bit-identical rows;
+//! 2. against the native CPU pass (the bound two implementations keep);
+//! 3. batch invariance on the GPU: a prompt in one pass against k-token passes and one token at
+//!    a time, and a token tree against its branches fed as chains, bit for bit;
+//! 4. CUDA graphs against launches one by one, bit for bit.
+//!
+//! `bench_decode gpu-check --model smollm2-135m` (`scripts/device-check.sh` runs it).
+
+use infgram::lm::LanguageModel;
+use infgram::neural::gpu::reference::ReferenceDecoder;
+use infgram::neural::native::decoder::Decoder;
+use infgram::service::models::{Backend, Device, ModelOptions};
+use std::time::Instant;
+
+fn gpu(path: &std::path::Path, graphs: bool) -> Box<dyn LanguageModel> {
+    // Read at load; set before any other thread runs (this program has one).
+    std::env::set_var("INFGRAM_CUDA_GRAPHS", if graphs { "1" } else { "0" });
+    let opts = ModelOptions {
+        backend: Backend::Native,
+        device: Device::Cuda,
+        ..ModelOptions::default()
+    };
+    match infgram::service::models::load_model(&path.to_string_lossy(), &opts) {
+        Ok(m) => m.model,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// ‖a − b‖ / ‖b‖, the largest |a − b|, and whether the argmax agrees.
+fn compare(a: &[f32], b: &[f32]) -> (f64, f32, bool) {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    let max = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    let argmax = |v: &[f32]| {
+        v.iter()
+            .enumerate()
+            .max_by(|x, y| x.1.total_cmp(y.1))
+            .map(|(i, _)| i)
+    };
+    ((num / den).sqrt(), max, argmax(a) == argmax(b))
+}
+
+fn summary(name: &str, got: &[Vec<f32>], want: &[Vec<f32>]) -> bool {
+    let (mut worst, mut largest, mut same_top, mut identical) = (0f64, 0f32, 0, 0);
+    for (g, w) in got.iter().zip(want) {
+        let (d, m, top) = compare(g, w);
+        worst = worst.max(d);
+        largest = largest.max(m);
+        same_top += usize::from(top);
+        identical += usize::from(g == w);
+    }
+    println!(
+        "| {name} | {} | {worst:.2e} | {largest:.2e} | {same_top}/{} | {identical}/{} |",
+        got.len(),
+        got.len(),
+        got.len()
+    );
+    got.len() == want.len()
+}
+
+fn bits(name: &str, got: &[Vec<f32>], want: &[Vec<f32>]) -> bool {
+    let same = got.len() == want.len() && got.iter().zip(want).all(|(a, b)| a == b);
+    println!(
+        "| {name} | {} rows | {} |",
+        got.len(),
+        if same { "identical" } else { "DIFFER" }
+    );
+    same
+}
+
+/// Runs the checks; exits 1 when a bit-for-bit one fails.
+pub fn run(model: &str) {
+    let source = infgram::neural::source::ModelSource::resolve(model).expect("the model");
+    let path = source.path();
+    let mut m = gpu(path, true);
+    let vocab = m.vocab_size() as u32;
+    let prompt: Vec<u32> = (0..40u32).map(|i| (i * 7919 + 13) % vocab).collect();
+    let t = Instant::now();
+    let full = m.forward(&prompt).unwrap();
+    println!(
+        "GPU prompt pass (40 tokens, first use): {:.1} ms",
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    println!("\n| against | rows | worst ‖Δ‖/‖ref‖ | largest |Δ| | same argmax | bit-identical |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    // The CPU passes over the first 16 rows (the reference is slow: plain loops in the
+    // kernels' order).
+    let t = Instant::now();
+    let reference = ReferenceDecoder::load(path)
+        .unwrap()
+        .forward(&prompt[..16])
+        .unwrap();
+    let ref_s = t.elapsed().as_secs_f64();
+    summary("CPU reference (kernels' order)", &full[..16], &reference);
+    let native = Decoder::from_gguf(path)
+        .unwrap()
+        .with_threads(8)
+        .forward(&prompt[..16])
+        .unwrap();
+    summary("native CPU pass", &full[..16], &native);
+    summary("(reference vs native)", &reference, &native);
+    println!("(reference: {ref_s:.1} s on the CPU)");
+    println!("\n| GPU batch invariance | compared | result |");
+    println!("|---|---:|---|");
+    let mut ok = true;
+    m.truncate(8);
+    let mut again = Vec::new();
+    for chunk in prompt[8..].chunks(5) {
+        again.extend(m.forward(chunk).unwrap());
+    }
+    ok &= bits("5-token passes vs one pass", &again, &full[8..]);
+    m.truncate(20);
+    let mut single = Vec::new();
+    for &tok in &prompt[20..] {
+        single.extend(m.forward(&[tok]).unwrap());
+    }
+    ok &= bits("one token at a time vs one pass", &single, &full[20..]);
+    // A tree after 30 tokens: node 0 (prompt[30]) with two branches of 3.
+    let base = 30;
+    let tree = [prompt[30], prompt[31], prompt[32], prompt[33], 5, 6, 7];
+    let parents = [None, Some(0), Some(1), Some(2), Some(0), Some(4), Some(5)];
+    m.truncate(base);
+    let rows: Vec<Vec<f32>> = m
+        .score_tree_first(&tree, &parents, tree.len())
+        .unwrap()
+        .into_iter()
+        .map(|l| l.into_dense())
+        .collect();
+    ok &= bits("tree, chain branch vs one pass", &rows[..4], &full[30..34]);
+    m.truncate(base);
+    let chain: Vec<Vec<f32>> = m.forward(&[tree[0], 5, 6, 7]).unwrap();
+    ok &= bits("tree, other branch vs its chain", &rows[4..], &chain[1..]);
+    m.truncate(base);
+    m.score_tree_first(&tree, &parents, 1).unwrap();
+    m.keep_path(&[0, 4, 5, 6]).unwrap();
+    let after = m.forward(&[9]).unwrap();
+    m.truncate(base);
+    let want = m.forward(&[tree[0], 5, 6, 7, 9]).unwrap();
+    ok &= bits("after keeping a branch", &after, &want[4..]);
+    m.truncate(0);
+    ok &= bits(
+        "40-row graph replay vs first launch",
+        &m.forward(&prompt).unwrap(),
+        &full,
+    );
+    let mut plain = gpu(path, false);
+    ok &= bits(
+        "no CUDA graphs vs graphs",
+        &plain.forward(&prompt).unwrap(),
+        &full,
+    );
+    if !ok {
+        println!("\ngpu-check: a bit-for-bit check FAILED");
+        std::process::exit(1);
+    }
+    println!("\ngpu-check: every bit-for-bit check passed");
+}
