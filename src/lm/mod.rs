@@ -410,6 +410,32 @@ pub fn check_tree(n: usize, parents: &[Option<usize>]) -> Result<()> {
     Ok(())
 }
 
+/// [`check_tree`] for a model that verifies at most `max` nodes in one pass.
+pub fn check_tree_within(n: usize, parents: &[Option<usize>], max: usize) -> Result<()> {
+    check_tree(n, parents)?;
+    if n > max {
+        return Err(Error::input(format!(
+            "a token tree of {n} nodes: at most {max}"
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses a `path` to keep ([`LanguageModel::keep_path`]) that does not run from node 0 of
+/// the tree of `parents`, each node a child of the one before.
+pub fn check_path(path: &[usize], parents: &[Option<usize>]) -> Result<()> {
+    let is_path = path.first() == Some(&0)
+        && path
+            .windows(2)
+            .all(|w| parents.get(w[1]).copied().flatten() == Some(w[0]));
+    match is_path {
+        true => Ok(()),
+        false => Err(Error::input(format!(
+            "keep_path: {path:?} is not a path from node 0 of the last tree"
+        ))),
+    }
+}
+
 /// Index of the largest logit (the smallest id among ties).
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0usize;

@@ -537,13 +537,7 @@ impl LanguageModel for CandleDecoder {
         parents: &[Option<usize>],
         _first: usize,
     ) -> Result<Vec<Logits>> {
-        crate::lm::check_tree(tokens.len(), parents)?;
-        if tokens.len() > MAX_TREE_ROWS {
-            return Err(crate::Error::input(format!(
-                "a token tree of {} nodes: at most {MAX_TREE_ROWS}",
-                tokens.len()
-            )));
-        }
+        crate::lm::check_tree_within(tokens.len(), parents, MAX_TREE_ROWS)?;
         let base = self.cached;
         let rows = self.pass(tokens, Some(parents))?;
         self.tree = Some((base, parents.to_vec()));
@@ -556,15 +550,7 @@ impl LanguageModel for CandleDecoder {
                 "keep_path: no tree pass to keep a path of".into(),
             ));
         };
-        let is_path = path.first() == Some(&0)
-            && path
-                .windows(2)
-                .all(|w| parents.get(w[1]).copied().flatten() == Some(w[0]));
-        if !is_path {
-            return Err(crate::Error::input(format!(
-                "keep_path: {path:?} is not a path from node 0 of the last tree"
-            )));
-        }
+        crate::lm::check_path(path, &parents)?;
         // The path's keys and values move to the slots a chain of it would have filled.
         let slots: Vec<u32> = path.iter().map(|&n| (base + n) as u32).collect();
         let slots = Tensor::new(slots, &self.device)?;

@@ -716,14 +716,8 @@ impl LanguageModel for GpuDecoder {
         parents: &[Option<usize>],
         _first: usize,
     ) -> Result<Vec<Logits>> {
-        crate::lm::check_tree(tokens.len(), parents)?;
-        crate::lm::check_vocab(tokens, self.vocab)?;
-        if tokens.len() > MAX_ROWS {
-            return Err(Error::input(format!(
-                "a token tree of {} nodes: at most {MAX_ROWS}",
-                tokens.len()
-            )));
-        }
+        crate::lm::check_tree_within(tokens.len(), parents, MAX_ROWS)?;
+        crate::lm::check_vocab(tokens, self.vocab_size())?;
         let base = self.cached;
         let rows = self.pass(tokens, Some(parents))?;
         self.tree = Some((base, parents.to_vec()));
@@ -736,18 +730,14 @@ impl LanguageModel for GpuDecoder {
                 "keep_path: no tree pass to keep a path of".into(),
             ));
         };
-        if !crate::neural::gpu::is_path(path, &parents) {
-            return Err(Error::input(format!(
-                "keep_path: {path:?} is not a path from node 0 of the last tree"
-            )));
-        }
+        crate::lm::check_path(path, &parents)?;
         let slots: Vec<i32> = path.iter().map(|&n| (base + n) as i32).collect();
         self.stream
             .memcpy_htod(&slots, &mut self.acts.params.slice_mut(0..slots.len()))
             .map_err(|e| gpu_err("copying a path", e))?;
         let heads = self.cfg.heads;
         let (len, base_i) = (slots.len() as i32, base as i32);
-        let (one, capacity, hd) = (
+        let (kv_heads, capacity, hd) = (
             heads.n_kv_head as i32,
             CAPACITY as i32,
             heads.head_dim as i32,
@@ -762,7 +752,7 @@ impl LanguageModel for GpuDecoder {
                     .arg(&self.acts.params_ptr)
                     .arg(&len)
                     .arg(&base_i)
-                    .arg(&one)
+                    .arg(&kv_heads)
                     .arg(&capacity)
                     .arg(&hd)
                     .launch(LaunchConfig {

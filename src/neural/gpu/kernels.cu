@@ -627,10 +627,11 @@ ATTENTION(64)
 ATTENTION(128)
 ATTENTION(256)
 
-// Moves the keys and values of a kept tree path to the slots a chain would have filled:
-// slots[i] → base + i, in order (a later node never reads a slot an earlier one wrote).
+// Moves the keys and values of a kept tree path to the slots a chain would have filled, in
+// one layer's cache: slots[i] → base + i, in order (a later node never reads a slot an earlier
+// one wrote). A block per key/value head (kv_heads of them: the grid).
 extern "C" __global__ void keep_path(float *kcache, float *vcache, const int *slots, int len,
-                                     int base, int layers_heads, int capacity, int hd) {
+                                     int base, int kv_heads, int capacity, int hd) {
     int lh = blockIdx.x;
     for (int e = threadIdx.x; e < hd; e += blockDim.x) {
         for (int i = 0; i < len; i++) {

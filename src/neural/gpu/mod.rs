@@ -61,15 +61,6 @@ pub fn rope_table(freqs: &[f32], positions: usize) -> (Vec<f32>, Vec<f32>) {
     (cos, sin)
 }
 
-/// Whether `path` runs from node 0 of the tree of `parents`, each node a child of the one
-/// before.
-pub fn is_path(path: &[usize], parents: &[Option<usize>]) -> bool {
-    path.first() == Some(&0)
-        && path
-            .windows(2)
-            .all(|w| parents.get(w[1]).copied().flatten() == Some(w[0]))
-}
-
 /// How a pass is described to the kernels: `params[0]` the cached positions before it;
 /// `params[1 + i]` row i's token; `params[1 + T + i]` its position; `params[1 + 2T + i·T + d]`
 /// the cache slot of the node at depth d of its branch (T = [`MAX_ROWS`]). Row i is written

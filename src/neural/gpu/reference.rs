@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::lm::{LanguageModel, Logits};
 use crate::neural::arch::layers::{rope_frequencies, weights, Backend};
 use crate::neural::arch::{Activation, Architecture, RopeStyle};
-use crate::neural::gpu::{gpu_type, is_path, warp_sum, Plan, ATT_THREADS, MAX_ROWS, WARP};
+use crate::neural::gpu::{gpu_type, warp_sum, Plan, ATT_THREADS, MAX_ROWS, WARP};
 use crate::neural::load::gguf::Gguf;
 use candle_core::quantized::{GgmlDType, QTensor};
 use std::path::Path;
@@ -394,14 +394,8 @@ impl LanguageModel for ReferenceDecoder {
         parents: &[Option<usize>],
         _first: usize,
     ) -> Result<Vec<Logits>> {
-        crate::lm::check_tree(tokens.len(), parents)?;
-        crate::lm::check_vocab(tokens, self.embeddings.rows)?;
-        if tokens.len() > MAX_ROWS {
-            return Err(Error::input(format!(
-                "a token tree of {} nodes: at most {MAX_ROWS}",
-                tokens.len()
-            )));
-        }
+        crate::lm::check_tree_within(tokens.len(), parents, MAX_ROWS)?;
+        crate::lm::check_vocab(tokens, self.vocab_size())?;
         let base = self.cached;
         let rows = self.pass(tokens, Some(parents))?;
         self.tree = Some((base, parents.to_vec()));
@@ -414,11 +408,7 @@ impl LanguageModel for ReferenceDecoder {
                 "keep_path: no tree pass to keep a path of".into(),
             ));
         };
-        if !is_path(path, &parents) {
-            return Err(Error::input(format!(
-                "keep_path: {path:?} is not a path from node 0 of the last tree"
-            )));
-        }
+        crate::lm::check_path(path, &parents)?;
         let hd = self.cfg.heads.head_dim;
         for layer in &mut self.layers {
             for kv in layer.keys.iter_mut().chain(layer.values.iter_mut()) {
