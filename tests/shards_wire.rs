@@ -6,7 +6,9 @@ use infgram::decode::{Sampler, SamplerConfig};
 use infgram::index::partial::{ShardAnswer, ShardInfo, ShardQuery, Shards, SharedShards};
 use infgram::ngram::levels::{levels_over, LevelFinder};
 use infgram::ngram::Estimator;
-use infgram::service::{execute, generate, generate_over_shards, GenConfig, GuardConfig, Query};
+use infgram::service::{
+    execute, generate_from_index, generate_over_shards, GenConfig, GuardConfig, Query,
+};
 use infgram::tokenizer::{IdsOnly, TokenizerSpec};
 use infgram::{Error, Index, Result};
 use proptest::prelude::*;
@@ -253,7 +255,7 @@ proptest! {
             Ok(g) => Ok((g.tokens, g.hit_end, g.guard.map(|s| (s.blocked, s.masked)))),
             Err(e) => Err(e.to_string()),
         };
-        let local = generate(index.clone(), &prompt, &cfg, &mut sampler(temperature, seed), |_| {});
+        let local = generate_from_index(index.clone(), &prompt, &cfg, &mut sampler(temperature, seed), |_| {});
         let remote = generate_over_shards(wire.clone(), &prompt, &cfg, &mut sampler(temperature, seed), |_| {});
         prop_assert_eq!(outcome(local), outcome(remote));
     }

@@ -1,6 +1,9 @@
 //! Building indexes from Python: files, token ids, and slices of a corpus for a cluster.
-
-use super::*;
+use crate::Ans;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::path::PathBuf;
 
 /// Builds an index of `inputs` (files or directories of .txt / .jsonl[.gz|.zst]) into `out`
 /// with `tokenizer` (`bytes`, `words`, a short model name, or a tokenizer file); with

@@ -1,8 +1,15 @@
 //! `Drafter`: infgram's drafters (prompt lookup, past outputs, a corpus index) for a
 //! speculative loop that runs its model elsewhere: one session per request, the decode loop's
 //! drafts ([`infgram::service::drafts::Drafts`]). Thread-safe; every call releases the GIL.
+use crate::index::{Index, Over};
+use crate::Ans;
+use infgram::service::Tokenizer;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::path::PathBuf;
+use std::sync::Arc;
 
-use super::*;
 use infgram::service::drafts::{Corpus, Drafts, SessionStore, MAX_SESSIONS};
 
 /// A draft: token `i` follows node `parents[i]` (`None`: the end of the context), with the

@@ -1,7 +1,15 @@
 //! `InfiniGramEngine`: the drop-in for infini-gram 2.6.0's engine, over infgram's indexes
 //! and infini-gram's own, local or held elsewhere.
-
-use super::*;
+use crate::remote;
+use crate::{cnf_of, error_dict, ids_of, positive, runtime, Ans, Idx};
+use infgram::service::query::defaults;
+use infgram::service::shards::{partial as ask, ShardAnswer, ShardInfo, ShardQuery, Shards};
+use infgram::service::shards::{Document, NtdResult, ProbResult};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+use std::path::PathBuf;
+use std::sync::Arc;
 
 /// The shards an engine asks: opened in this process, or held elsewhere (a Ray router's).
 pub(crate) enum Backend {

@@ -1,7 +1,16 @@
 //! `Index`: infgram's own API over one index opened in this process (the typed query
 //! protocol, generation through the service's one door, perplexity, n-gram models).
-
-use super::*;
+use crate::ngram_model::NgramModel;
+use crate::{detokenize_with, runtime, to_py, tokenize_with, Ans, Idx};
+use crate::{remote, rows};
+use infgram::service::shards::Layout;
+use infgram::service::shards::Shards;
+use infgram::service::Tokenizer;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Python's arguments of an SBIS generation (`Index.generate`, over shards here or elsewhere).
 pub(crate) struct SbisArgs<'a> {

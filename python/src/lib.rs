@@ -13,8 +13,9 @@
 //! another engine's speculative loop), `model` (`Model`: a neural model's generation and its
 //! `step` for a speculative loop; feature `neural`), `ngram_model` (`NgramModel`),
 //! `build` (building indexes), `remote` (the shards a Python callable answers, for an
-//! `Index` over shards held elsewhere), `rows` (`InfgramRows`); this file holds the conversions they share and the
-//! module's registration. The library is reached through `infgram::service` (generation,
+//! `Index` over shards held elsewhere), `rows` (`InfgramRows`); this file holds the conversions
+//! they share and the module's registration. Each room names what it takes from another (no
+//! glob imports between rooms; pyo3's prelude aside). The library is reached through `infgram::service` (generation,
 //! queries, the infini-gram API) without the HTTP server's crates.
 
 mod build;
@@ -27,21 +28,15 @@ mod ngram_model;
 mod remote;
 mod rows;
 
-use engine::*;
-use index::*;
-use ngram_model::*;
+use crate::engine::InfiniGramEngine;
+use crate::index::Index;
+use crate::ngram_model::NgramModel;
 
-use infgram::service::query::defaults;
-use infgram::service::shards::Layout;
-use infgram::service::shards::{partial as ask, ShardAnswer, ShardInfo, ShardQuery, Shards};
-use infgram::service::shards::{Document, NtdResult, ProbResult};
 use infgram::service::Tokenizer;
 use memmap2::Mmap;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
-use std::path::PathBuf;
-use std::sync::Arc;
+use pyo3::types::{PyDict, PyList};
 
 type Idx = infgram::service::Index<Mmap>;
 type Ans = PyResult<Py<PyAny>>;

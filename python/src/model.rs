@@ -11,8 +11,14 @@
 //!
 //! The model sits behind a mutex: calls from several threads run one at a time; each releases
 //! the GIL while it runs.
+use crate::index::Index;
+use crate::{detokenize_with, runtime, to_py, tokenize_with, Ans, Idx};
+use infgram::service::Tokenizer;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use std::path::PathBuf;
+use std::sync::Arc;
 
-use super::*;
 use infgram::service::models::{
     load_model, Backend, Device, LanguageModel, LoadedModel, ModelOptions, Requantize,
 };

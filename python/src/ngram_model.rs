@@ -1,6 +1,10 @@
 //! `NgramModel`: a classic fixed-order n-gram model over an index, scored as KenLM scores.
-
-use super::*;
+use crate::{to_py, Ans, Idx};
+use infgram::service::Tokenizer;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use std::path::PathBuf;
+use std::sync::Arc;
 
 /// A classic fixed-order n-gram model over an index (`Index.ngram_model`), scored as KenLM's
 /// `kenlm.Model` scores: `score(sentence)` is the log10 probability of `<s> sentence </s>`.

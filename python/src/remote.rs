@@ -9,8 +9,7 @@
 //! the callable (a shard that stays down past the router's retries) fails the query with an
 //! `Unavailable` error carrying its message: never a partial answer.
 
-#[allow(unused_imports)]
-use super::*;
+use crate::index::Index;
 use infgram::service::shards::{answer_all, ShardAnswer, ShardInfo, ShardQuery, Shards};
 use infgram::{Error, Result};
 use pyo3::prelude::*;

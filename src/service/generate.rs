@@ -128,7 +128,7 @@ pub struct Generation {
 /// decode loop ([`crate::decode::decode`]) with the ∞-gram as its model and no drafters. The
 /// prompt starts a document (the separator goes first); generation stops at the next
 /// document boundary.
-pub fn generate<S: AsRef<[u8]> + Sync + 'static>(
+pub fn generate_from_index<S: AsRef<[u8]> + Sync + 'static>(
     index: Arc<Index<S>>,
     prompt: &[u32],
     cfg: &GenConfig,
@@ -152,7 +152,7 @@ pub fn generate<S: AsRef<[u8]> + Sync + 'static>(
     run_generation(model, guard, separator, prompt, cfg, sampler, on_token)
 }
 
-/// [`generate`] over shards held elsewhere ([`InfgramModel::over_shards`]: SBIS, one round
+/// [`generate_from_index`] over shards held elsewhere ([`InfgramModel::over_shards`]: SBIS, one round
 /// trip a position), the copy guard over the same shards ([`CopyGuard::over_shards`]). A guard
 /// search that failed fails the generation (`Error::Unavailable`): its output was not checked.
 pub fn generate_over_shards(

@@ -27,7 +27,6 @@
 //!   [`GenerationReport`].
 
 pub mod api;
-pub mod build;
 pub mod catalog;
 pub mod drafts;
 pub mod generate;
@@ -35,13 +34,11 @@ pub mod indexes;
 pub mod models;
 pub mod query;
 pub mod request;
-pub mod rows;
 pub mod run;
 pub mod score;
-pub mod shards;
 
 pub use generate::{
-    generate, generate_over_shards, GenConfig, Generation, GuardConfig, GuardReport,
+    generate_from_index, generate_over_shards, GenConfig, Generation, GuardConfig, GuardReport,
 };
 pub use indexes::{
     build_tokenizer, cached_byte_index, cached_index, load_tokenizer, open_cached_byte_index,
@@ -54,4 +51,41 @@ pub use crate::index::Index;
 pub use crate::output_file as files;
 pub use crate::tokenizer::{Tokenizer, Utf8Stream};
 pub use request::GenerateRequest;
-pub use run::{GenerationReport, PastStore, Resources, RunOptions};
+// The one door of generation (the index-only loops above are what it runs without a model).
+pub use run::{generate, GenerationReport, PastStore, Resources, RunOptions};
+
+// The re-export-only rooms, here rather than in files of their own.
+
+/// Building an index, as the front ends ask for it (`infgram index`, Python's `build_index`,
+/// `plan_slices` and `build_from_ids`): the pipeline's entry points, the tokenizer a build
+/// names, and the removal of unfinished builds when a signal stops the process.
+pub mod build {
+    pub use super::indexes::build_tokenizer;
+    pub use crate::index::output_dir::remove_unfinished;
+    pub use crate::index::pipeline::{
+        build_from_ids, build_index, default_mem_bytes, plan_slices, BuildOptions, BuildSummary,
+    };
+}
+
+/// The ∞-gram's rows for a neural model's batch (Python's `Index.rows`: for each position, the
+/// ∞-gram's distribution and what it knew), and the mixing of them with a model's
+/// probabilities by a fitted [`Mixer`](crate::mix::Mixer) (`lambdas`, `mix_rows`, `mix_targets`): what an engine
+/// that runs its own model calls to mix.
+pub mod rows {
+    pub use crate::mix::{lambdas, mix_rows, mix_targets, Mixer};
+    pub use crate::ngram::batch::{infgram_rows, Rows, RowsOptions, ROWS_WINDOW};
+}
+
+/// An index's shards as a front end spreads them over processes or hosts (Python's
+/// `RemoteIndex` and `InfiniGramEngine`, the Ray cluster): one shard's typed query and answer,
+/// the [`Shards`](crate::index::partial::Shards) a query is asked of (local or remote), the
+/// queries over them ([`partial`](crate::index::partial): `find`, `ntd`, `infgram_prob`… each merged from the shards' answers), and the
+/// answer shapes the front ends return.
+pub mod shards {
+    pub use crate::index::infini_gram::is_infini_gram_dir;
+    pub use crate::index::partial::{
+        self, answer_all, ShardAnswer, ShardInfo, ShardQuery, Shards, SharedShards,
+    };
+    pub use crate::index::query::{Document, NtdResult, ProbResult, SearchResult, TokenProb};
+    pub use crate::index::Layout;
+}

@@ -18,8 +18,8 @@ use crate::lm::LanguageModel;
 use crate::mix::check_mixing_index;
 use crate::ngram::LevelLog;
 use crate::service::generate::{
-    generate as generate_from_index, generate_over_shards, generate_with_model, AssemblyOptions,
-    Generation, GuardConfig, GuardReport, ModelGenRequest,
+    generate_from_index, generate_over_shards, generate_with_model, AssemblyOptions, Generation,
+    GuardConfig, GuardReport, ModelGenRequest,
 };
 use crate::service::request::CheckedRequest;
 use crate::tokenizer::{check_fingerprint, Tokenizer};

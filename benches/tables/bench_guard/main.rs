@@ -18,7 +18,7 @@ use infgram::decode::SamplerConfig;
 use infgram::eval::attribution::attribute;
 use infgram::eval::perplexity;
 use infgram::ngram::Estimator;
-use infgram::service::{generate, GenConfig, GuardConfig};
+use infgram::service::{generate_from_index, GenConfig, GuardConfig};
 use infgram::Index;
 use std::sync::Arc;
 use std::time::Instant;
@@ -66,7 +66,7 @@ fn main() {
             for seed in 0..10 {
                 let seed = seed + 100 * rep;
                 let t = Instant::now();
-                let g = generate(
+                let g = generate_from_index(
                     index.clone(),
                     &prompt,
                     &cfg(k, None, 2000),
@@ -76,7 +76,7 @@ fn main() {
                 .unwrap();
                 plain.push(t.elapsed().as_secs_f64() * 1e6 / g.tokens.len().max(1) as f64);
                 let t = Instant::now();
-                let g = generate(
+                let g = generate_from_index(
                     index.clone(),
                     &prompt,
                     &cfg(k, Some(16), 2000),
@@ -104,7 +104,7 @@ fn main() {
     for guard in [None, Some(16)] {
         let (mut spans, mut ppls, mut blocked) = (Vec::new(), Vec::new(), Vec::new());
         for seed in 0..20 {
-            let g = generate(
+            let g = generate_from_index(
                 index.clone(),
                 &prompt,
                 &cfg(-1, guard, 2000),
@@ -129,7 +129,7 @@ fn main() {
     println!("\n| attribute 500 tokens (--min-len 8, 3 docs per span) | index tokens | spans | ms (min–max of 20) |");
     println!("|---|---:|---:|---:|");
     let tiny = infgram::service::tiny_shakespeare_index().unwrap();
-    let generated = generate(
+    let generated = generate_from_index(
         index.clone(),
         &prompt,
         &cfg(-1, None, 500),
