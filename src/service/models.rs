@@ -85,21 +85,60 @@ mod loading {
         pub path: PathBuf,
     }
 
-    /// A GGUF model on the GPU's fused kernels (a build with the `cuda` feature).
-    #[cfg(feature = "cuda")]
-    fn gpu_model(
-        path: &Path,
+    /// What a pass over a GGUF file is loaded from.
+    struct Gguf<'a> {
+        path: &'a Path,
         requantize: Option<GgmlDType>,
-    ) -> Result<Box<dyn LanguageModel + Send>> {
-        Ok(Box::new(crate::neural::gpu::decoder::GpuDecoder::load(
-            path, requantize,
-        )?))
+        threads: usize,
+        device: Device,
+    }
+
+    type Loaded = Result<Box<dyn LanguageModel + Send>>;
+
+    /// How one backend loads a GGUF file on one device.
+    type LoadPass = fn(&Gguf) -> Loaded;
+
+    /// The pass of each backend on each device, for GGUF files: a new backend (or device) is a
+    /// row here and a variant of [`Backend`] (or [`Device`]).
+    const GGUF_PASSES: &[(Backend, Device, LoadPass)] = &[
+        (Backend::Native, Device::Cpu, native_cpu),
+        (Backend::Native, Device::Cuda, native_gpu),
+        (Backend::Candle, Device::Cpu, candle),
+        (Backend::Candle, Device::Cuda, candle),
+    ];
+
+    /// infgram's CPU kernels.
+    fn native_cpu(g: &Gguf) -> Loaded {
+        let decoder = crate::neural::native::decoder::Decoder::load(g.path, g.requantize)?;
+        Ok(Box::new(decoder.with_threads(g.threads)))
+    }
+
+    /// infgram's fused GPU kernels (a build with the `cuda` feature).
+    #[cfg(feature = "cuda")]
+    fn native_gpu(g: &Gguf) -> Loaded {
+        let decoder = crate::neural::gpu::decoder::GpuDecoder::load(g.path, g.requantize)?;
+        Ok(Box::new(decoder))
     }
 
     /// In a build without the `cuda` feature: the error that says how to get one.
     #[cfg(not(feature = "cuda"))]
-    fn gpu_model(_: &Path, _: Option<GgmlDType>) -> Result<Box<dyn LanguageModel + Send>> {
+    fn native_gpu(_: &Gguf) -> Loaded {
         Err(crate::neural::candle::cuda::not_built())
+    }
+
+    /// The candle-ops pass, on the CPU or candle's CUDA backend.
+    fn candle(g: &Gguf) -> Loaded {
+        let device = candle_device(g.device)?;
+        let decoder =
+            crate::neural::candle::decoder::CandleDecoder::load_on(g.path, g.requantize, &device)?;
+        Ok(Box::new(decoder))
+    }
+
+    fn candle_device(device: Device) -> Result<candle_core::Device> {
+        match device {
+            Device::Cpu => Ok(candle_core::Device::Cpu),
+            Device::Cuda => crate::neural::candle::cuda::device(),
+        }
     }
 
     /// Resolves `spec` (a short name, fetched on first use; a `.gguf` file; a safetensors
@@ -115,31 +154,28 @@ mod loading {
             n => n,
         };
         let path = source.path().to_path_buf();
-        if let (Device::Cuda, Backend::Native, ModelSource::Gguf(_)) =
-            (opts.device, opts.backend, &source)
-        {
-            return Ok(LoadedModel {
-                model: gpu_model(&path, requantize)?,
-                tokenizer: source.tokenizer()?,
-                path,
-            });
-        }
-        let device = match opts.device {
-            Device::Cpu => candle_core::Device::Cpu,
-            Device::Cuda => crate::neural::candle::cuda::device()?,
-        };
-        let model: Box<dyn LanguageModel + Send> = match (&source, opts.backend) {
-            (ModelSource::Safetensors(_), _) if requantize.is_some() => {
+        let model = match &source {
+            ModelSource::Safetensors(_) if requantize.is_some() => {
                 return Err(Error::input("--requantize applies to GGUF models only"))
             }
-            (ModelSource::Safetensors(_), _) => source.load_safetensors(&device)?,
-            (ModelSource::Gguf(_), Backend::Native) => Box::new(
-                crate::neural::native::decoder::Decoder::load(&path, requantize)?
-                    .with_threads(threads),
-            ),
-            (ModelSource::Gguf(_), Backend::Candle) => Box::new(
-                crate::neural::candle::decoder::CandleDecoder::load_on(&path, requantize, &device)?,
-            ),
+            ModelSource::Safetensors(_) => source.load_safetensors(&candle_device(opts.device)?)?,
+            ModelSource::Gguf(_) => {
+                let (_, _, load) = GGUF_PASSES
+                    .iter()
+                    .find(|(b, d, _)| *b == opts.backend && *d == opts.device)
+                    .ok_or_else(|| {
+                        Error::input(format!(
+                            "--backend {:?} does not run on --device {:?}",
+                            opts.backend, opts.device
+                        ))
+                    })?;
+                load(&Gguf {
+                    path: &path,
+                    requantize,
+                    threads,
+                    device: opts.device,
+                })?
+            }
         };
         let tokenizer = source.tokenizer()?;
         Ok(LoadedModel {
@@ -162,6 +198,25 @@ mod loading {
                     &self.tokenizer,
                     prompt.unwrap_or_default(),
                 )),
+            }
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        /// Every backend has a pass on every device (one row each), so no pair falls through.
+        #[test]
+        fn every_backend_has_one_pass_on_every_device() {
+            for backend in [Backend::Native, Backend::Candle] {
+                for device in [Device::Cpu, Device::Cuda] {
+                    let rows = GGUF_PASSES
+                        .iter()
+                        .filter(|(b, d, _)| *b == backend && *d == device)
+                        .count();
+                    assert_eq!(rows, 1, "{backend:?} on {device:?}");
+                }
             }
         }
     }
