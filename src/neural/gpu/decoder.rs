@@ -12,10 +12,9 @@
 //! rows. Rolling back is a length change, as on the CPU.
 
 use crate::error::{Error, Result};
-use crate::lm::{LanguageModel, Logits};
 use crate::neural::arch::layers::{rope_frequencies, weights, Backend};
 use crate::neural::arch::{Activation, Architecture, RopeStyle};
-use crate::neural::gpu::{gpu_type, Plan, CAPACITY, MAX_ROWS};
+use crate::neural::gpu::{gpu_type, Pass, Sequence, CAPACITY, MAX_ROWS, PARAMS_LEN};
 use crate::neural::load::gguf::Gguf;
 use candle_core::cuda_backend::cudarc::driver::{
     self, sys, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
@@ -211,14 +210,10 @@ pub struct GpuDecoder {
     ropes: Vec<(u64, u64)>,
     acts: Acts,
     vocab: usize,
-    cached: usize,
     /// The graph of a pass of each row count, once captured (`None`: capture failed, so that
     /// row count launches its kernels one by one).
     graphs: HashMap<usize, Option<Graph>>,
     use_graphs: bool,
-    /// The cache length before the last pass and its tree's parents (as the other backends).
-    tree: Option<(usize, Vec<Option<usize>>)>,
-    plan: Plan,
     /// Blocks of the matrix kernels the GPU holds at once (two per multiprocessor).
     resident_blocks: usize,
 }
@@ -234,7 +229,7 @@ fn input_bytes(t: usize, cols: usize) -> u32 {
 
 impl GpuDecoder {
     /// Loads a GGUF file onto GPU 0 (`--device cuda`).
-    pub fn load(path: &Path, requantize: Option<GgmlDType>) -> Result<Self> {
+    pub fn load(path: &Path, requantize: Option<GgmlDType>) -> Result<Sequence<Self>> {
         if requantize.is_some() {
             return Err(Error::input(
                 "--requantize: the GPU kernels read the file's own blocks; leave it out",
@@ -243,7 +238,7 @@ impl GpuDecoder {
         let mut gguf = Gguf::open(path)?;
         let cfg = crate::neural::arch::describe(&gguf)?;
         crate::neural::arch::check_blocks(&gguf, &cfg)?;
-        let plan = Plan::new(&cfg)?;
+        crate::neural::gpu::check_shapes(&cfg)?;
         let device = crate::neural::candle::cuda::device()?;
         let ctx = match &device {
             candle_core::Device::Cuda(d) => d.cuda_stream().context().clone(),
@@ -267,7 +262,7 @@ impl GpuDecoder {
             embed: f("embed")?,
             norm_add: f("norm_add")?,
             rope_cache: f("rope_cache")?,
-            // One attention kernel per head width (Plan::new admits these).
+            // One attention kernel per head width (check_shapes admits these).
             attention: f(&format!("attention_{}", cfg.heads.head_dim))?,
             keep_path: f("keep_path")?,
             _module: module,
@@ -326,7 +321,7 @@ impl GpuDecoder {
             .alloc_zeros::<f32>(MAX_ROWS * vocab)
             .map_err(|e| gpu_err("allocating logits", e))?;
         let params = stream
-            .alloc_zeros::<i32>(Plan::params_len())
+            .alloc_zeros::<i32>(PARAMS_LEN)
             .map_err(|e| gpu_err("allocating parameters", e))?;
         let acts = Acts {
             x: up.zeros(MAX_ROWS * cfg.dim)?,
@@ -351,7 +346,7 @@ impl GpuDecoder {
         stream
             .synchronize()
             .map_err(|e| gpu_err("loading the model", e))?;
-        Ok(GpuDecoder {
+        Ok(Sequence::new(GpuDecoder {
             cfg,
             stream,
             kernels,
@@ -363,13 +358,10 @@ impl GpuDecoder {
             ropes,
             acts,
             vocab,
-            cached: 0,
             graphs: HashMap::new(),
             use_graphs: std::env::var_os("INFGRAM_CUDA_GRAPHS").is_none_or(|v| v != "0"),
-            tree: None,
-            plan,
             resident_blocks: 2 * sms.max(1) as usize,
-        })
+        }))
     }
 
     /// Launches every kernel of a pass of `t` rows, reading the parameters already on the
@@ -640,12 +632,28 @@ impl GpuDecoder {
             .map_err(|e| gpu_err("uploading a graph", e))?;
         Ok(Graph(graph))
     }
+}
 
-    /// One pass of at most [`MAX_ROWS`] rows placed by `parents` (None: a chain): returns
-    /// each row's logits.
-    fn pass(&mut self, tokens: &[u32], parents: Option<&[Option<usize>]>) -> Result<Vec<Vec<f32>>> {
+impl Sequence<GpuDecoder> {
+    /// Whether passes replay captured CUDA graphs (on unless `INFGRAM_CUDA_GRAPHS=0`).
+    pub fn with_graphs(mut self, on: bool) -> Self {
+        self.pass_mut().use_graphs = on;
+        self
+    }
+}
+
+impl Pass for GpuDecoder {
+    fn architecture(&self) -> &Architecture {
+        &self.cfg
+    }
+
+    fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    /// Copies the parameters up, runs the pass (its graph's replay), copies the logits back.
+    fn run(&mut self, params: &[i32], _pos: usize, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
         let t = tokens.len();
-        let params = self.plan.params(self.cached, tokens, parents)?;
         // What rows past t would read is never read: the copy stops at row t's branch.
         let len = 1 + 2 * MAX_ROWS + t * MAX_ROWS;
         self.stream
@@ -660,77 +668,16 @@ impl GpuDecoder {
         self.stream
             .synchronize()
             .map_err(|e| gpu_err("a pass", e))?;
-        self.cached += t;
+        if t == 1 {
+            return Ok(vec![logits]);
+        }
         Ok(logits
             .chunks_exact(self.vocab)
             .map(<[f32]>::to_vec)
             .collect())
     }
 
-    /// Whether passes replay captured CUDA graphs (on unless `INFGRAM_CUDA_GRAPHS=0`).
-    pub fn with_graphs(mut self, on: bool) -> Self {
-        self.use_graphs = on;
-        self
-    }
-}
-
-impl LanguageModel for GpuDecoder {
-    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
-        crate::lm::check_vocab(tokens, self.vocab)?;
-        self.tree = None;
-        let mut rows = Vec::with_capacity(tokens.len());
-        for chunk in tokens.chunks(MAX_ROWS) {
-            rows.extend(self.pass(chunk, None)?);
-        }
-        Ok(rows)
-    }
-
-    fn cache_len(&self) -> usize {
-        self.cached
-    }
-
-    fn truncate(&mut self, len: usize) {
-        self.cached = len.min(self.cached);
-        self.tree = None;
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.vocab
-    }
-
-    fn eos_tokens(&self) -> &[u32] {
-        &self.cfg.eos
-    }
-
-    fn bos_token(&self) -> Option<u32> {
-        self.cfg.bos
-    }
-
-    fn max_tree_rows(&self) -> usize {
-        MAX_ROWS
-    }
-
-    fn score_tree_first(
-        &mut self,
-        tokens: &[u32],
-        parents: &[Option<usize>],
-        _first: usize,
-    ) -> Result<Vec<Logits>> {
-        crate::lm::check_tree_within(tokens.len(), parents, MAX_ROWS)?;
-        crate::lm::check_vocab(tokens, self.vocab_size())?;
-        let base = self.cached;
-        let rows = self.pass(tokens, Some(parents))?;
-        self.tree = Some((base, parents.to_vec()));
-        Ok(rows.into_iter().map(Logits::Dense).collect())
-    }
-
-    fn keep_path(&mut self, path: &[usize]) -> Result<()> {
-        let Some((base, parents)) = self.tree.take() else {
-            return Err(Error::Model(
-                "keep_path: no tree pass to keep a path of".into(),
-            ));
-        };
-        crate::lm::check_path(path, &parents)?;
+    fn move_path(&mut self, base: usize, path: &[usize]) -> Result<()> {
         let slots: Vec<i32> = path.iter().map(|&n| (base + n) as i32).collect();
         self.stream
             .memcpy_htod(&slots, &mut self.acts.params.slice_mut(0..slots.len()))
@@ -763,7 +710,6 @@ impl LanguageModel for GpuDecoder {
                     .map_err(|e| gpu_err("keeping a path", e))?;
             }
         }
-        self.cached = base + path.len();
         Ok(())
     }
 }

@@ -8,14 +8,16 @@
 //!   butterflies, trees), every build: the oracle the kernels are checked against on a GPU,
 //!   and, tested here, batch-invariant and in agreement with the native pass.
 //!
-//! What the two share is here: the pass's parameters ([`Plan`]), the rotary tables, the
-//! weight types the kernels read.
+//! What the two share is here: the shapes the kernels take, the pass's parameters
+//! ([`params`]), the model around a pass ([`Sequence`]: cache length, chunks, token trees),
+//! the rotary tables, the weight types the kernels read.
 
 #[cfg(feature = "cuda")]
 pub mod decoder;
 pub mod reference;
 
 use crate::error::{Error, Result};
+use crate::lm::{LanguageModel, Logits};
 use crate::neural::arch::Architecture;
 use candle_core::quantized::GgmlDType;
 
@@ -61,76 +63,173 @@ pub fn rope_table(freqs: &[f32], positions: usize) -> (Vec<f32>, Vec<f32>) {
     (cos, sin)
 }
 
-/// How a pass is described to the kernels: `params[0]` the cached positions before it;
-/// `params[1 + i]` row i's token; `params[1 + T + i]` its position; `params[1 + 2T + i·T + d]`
-/// the cache slot of the node at depth d of its branch (T = [`MAX_ROWS`]). Row i is written
-/// at slot `pos + i` and sees positions `0..=position` (slots `0..pos`, then its branch).
-#[derive(Clone, Copy, Debug)]
-pub struct Plan;
-
-impl Plan {
-    /// Checks that the kernels take `cfg`'s shapes.
-    pub fn new(cfg: &Architecture) -> Result<Plan> {
-        let hd = cfg.heads.head_dim;
-        let dims_ok = [32, 64, 128, 256].contains(&hd)
-            && cfg.dim.is_multiple_of(32)
-            && cfg.heads.n_kv_head > 0
-            && cfg.heads.n_head.is_multiple_of(cfg.heads.n_kv_head);
-        if !dims_ok {
-            return Err(Error::input(format!(
-                "--device cuda: the GPU kernels take heads of 32, 64, 128 or 256 dimensions \
-                 and widths in multiples of 32; this model's heads are {hd} wide and \
-                 its width {}: run it on the CPU (leave --device out)",
-                cfg.dim
-            )));
-        }
-        Ok(Plan)
+/// Checks that the kernels take `cfg`'s shapes (before anything is put on a device).
+pub fn check_shapes(cfg: &Architecture) -> Result<()> {
+    let hd = cfg.heads.head_dim;
+    let dims_ok = [32, 64, 128, 256].contains(&hd)
+        && cfg.dim.is_multiple_of(32)
+        && cfg.heads.n_kv_head > 0
+        && cfg.heads.n_head.is_multiple_of(cfg.heads.n_kv_head);
+    if !dims_ok {
+        return Err(Error::input(format!(
+            "--device cuda: the GPU kernels take heads of 32, 64, 128 or 256 dimensions \
+             and widths in multiples of 32; this model's heads are {hd} wide and \
+             its width {}: run it on the CPU (leave --device out)",
+            cfg.dim
+        )));
     }
+    Ok(())
+}
 
-    /// The length of the parameter array.
-    pub fn params_len() -> usize {
-        1 + 2 * MAX_ROWS + MAX_ROWS * MAX_ROWS
+/// The length of a pass's parameter array ([`params`]).
+pub const PARAMS_LEN: usize = 1 + 2 * MAX_ROWS + MAX_ROWS * MAX_ROWS;
+
+/// How a pass of `tokens` after `pos` cached positions, a chain or the tree of `parents`, is
+/// described to the kernels: `params[0]` the cached positions before it; `params[1 + i]` row
+/// i's token; `params[1 + T + i]` its position; `params[1 + 2T + i·T + d]` the cache slot of the
+/// node at depth d of its branch (T = [`MAX_ROWS`]). Row i is written at slot `pos + i` and
+/// sees positions `0..=position` (slots `0..pos`, then its branch).
+pub fn params(pos: usize, tokens: &[u32], parents: Option<&[Option<usize>]>) -> Result<Vec<i32>> {
+    let t = tokens.len();
+    if t == 0 || t > MAX_ROWS {
+        return Err(Error::Model(format!("a GPU pass of {t} rows")));
     }
-
-    /// The parameters of a pass of `tokens` after `pos` cached positions, a chain or the tree
-    /// of `parents`.
-    pub fn params(
-        &self,
-        pos: usize,
-        tokens: &[u32],
-        parents: Option<&[Option<usize>]>,
-    ) -> Result<Vec<i32>> {
-        let t = tokens.len();
-        if t == 0 || t > MAX_ROWS {
-            return Err(Error::Model(format!("a GPU pass of {t} rows")));
-        }
-        if pos + t > CAPACITY {
-            return Err(Error::input(format!(
-                "--device cuda: the GPU cache holds {CAPACITY} positions and this sequence \
-                 needs {}; shorten the prompt or --max-tokens",
-                pos + t
-            )));
-        }
-        let mut params = vec![0i32; Self::params_len()];
-        params[0] = pos as i32;
-        let mut depth = vec![0usize; t];
-        for i in 0..t {
-            params[1 + i] = tokens[i] as i32;
-            let parent = match parents {
-                None => i.checked_sub(1),
-                Some(p) => p[i],
-            };
-            let base = 1 + 2 * MAX_ROWS;
-            if let Some(p) = parent {
-                depth[i] = depth[p] + 1;
-                for d in 0..depth[p] + 1 {
-                    params[base + i * MAX_ROWS + d] = params[base + p * MAX_ROWS + d];
-                }
+    if pos + t > CAPACITY {
+        return Err(Error::input(format!(
+            "--device cuda: the GPU cache holds {CAPACITY} positions and this sequence \
+             needs {}; shorten the prompt or --max-tokens",
+            pos + t
+        )));
+    }
+    let mut params = vec![0i32; PARAMS_LEN];
+    params[0] = pos as i32;
+    let mut depth = vec![0usize; t];
+    for i in 0..t {
+        params[1 + i] = tokens[i] as i32;
+        let parent = match parents {
+            None => i.checked_sub(1),
+            Some(p) => p[i],
+        };
+        let base = 1 + 2 * MAX_ROWS;
+        if let Some(p) = parent {
+            depth[i] = depth[p] + 1;
+            for d in 0..depth[p] + 1 {
+                params[base + i * MAX_ROWS + d] = params[base + p * MAX_ROWS + d];
             }
-            params[base + i * MAX_ROWS + depth[i]] = (pos + i) as i32;
-            params[1 + MAX_ROWS + i] = (pos + depth[i]) as i32;
         }
-        Ok(params)
+        params[base + i * MAX_ROWS + depth[i]] = (pos + i) as i32;
+        params[1 + MAX_ROWS + i] = (pos + depth[i]) as i32;
+    }
+    Ok(params)
+}
+
+/// One pass of the plan above, on the device (`decoder::GpuDecoder`) or on the CPU
+/// ([`reference::ReferenceDecoder`]); [`Sequence`] makes either a [`LanguageModel`].
+pub trait Pass {
+    /// The model's description.
+    fn architecture(&self) -> &Architecture;
+    /// Rows of the output projection.
+    fn vocab(&self) -> usize;
+    /// Runs a pass of `tokens` (at most [`MAX_ROWS`]) after `pos` cached positions, placed by
+    /// `params` ([`params`]); each row's logits.
+    fn run(&mut self, params: &[i32], pos: usize, tokens: &[u32]) -> Result<Vec<Vec<f32>>>;
+    /// Moves the keys and values at slots `base + path[i]` to `base + i`, in order.
+    fn move_path(&mut self, base: usize, path: &[usize]) -> Result<()>;
+}
+
+/// A [`Pass`] as a language model: the cached length (a rollback is a length change), long
+/// inputs in passes of [`MAX_ROWS`], and token trees (the last tree kept until a path of it
+/// is, or anything else changes the cache).
+pub struct Sequence<P> {
+    pass: P,
+    cached: usize,
+    tree: Option<(usize, Vec<Option<usize>>)>,
+}
+
+impl<P: Pass> Sequence<P> {
+    /// `pass` with an empty cache.
+    pub fn new(pass: P) -> Self {
+        Sequence {
+            pass,
+            cached: 0,
+            tree: None,
+        }
+    }
+
+    /// The pass itself.
+    pub fn pass_mut(&mut self) -> &mut P {
+        &mut self.pass
+    }
+
+    /// One pass after the cache: a chain, or the tree of `parents`.
+    fn step(&mut self, tokens: &[u32], parents: Option<&[Option<usize>]>) -> Result<Vec<Vec<f32>>> {
+        let params = params(self.cached, tokens, parents)?;
+        let rows = self.pass.run(&params, self.cached, tokens)?;
+        self.cached += tokens.len();
+        Ok(rows)
+    }
+}
+
+impl<P: Pass> LanguageModel for Sequence<P> {
+    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        crate::lm::check_vocab(tokens, self.pass.vocab())?;
+        self.tree = None;
+        let mut rows = Vec::with_capacity(tokens.len());
+        for chunk in tokens.chunks(MAX_ROWS) {
+            rows.extend(self.step(chunk, None)?);
+        }
+        Ok(rows)
+    }
+
+    fn cache_len(&self) -> usize {
+        self.cached
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.cached = len.min(self.cached);
+        self.tree = None;
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.pass.vocab()
+    }
+
+    fn eos_tokens(&self) -> &[u32] {
+        &self.pass.architecture().eos
+    }
+
+    fn bos_token(&self) -> Option<u32> {
+        self.pass.architecture().bos
+    }
+
+    fn max_tree_rows(&self) -> usize {
+        MAX_ROWS
+    }
+
+    fn score_tree_first(
+        &mut self,
+        tokens: &[u32],
+        parents: &[Option<usize>],
+        _first: usize,
+    ) -> Result<Vec<Logits>> {
+        crate::lm::check_tree_within(tokens.len(), parents, MAX_ROWS)?;
+        crate::lm::check_vocab(tokens, self.pass.vocab())?;
+        let base = self.cached;
+        let rows = self.step(tokens, Some(parents))?;
+        self.tree = Some((base, parents.to_vec()));
+        Ok(rows.into_iter().map(Logits::Dense).collect())
+    }
+
+    fn keep_path(&mut self, path: &[usize]) -> Result<()> {
+        let Some((base, parents)) = self.tree.take() else {
+            return Err(Error::Model(
+                "keep_path: no tree pass to keep a path of".into(),
+            ));
+        };
+        crate::lm::check_path(path, &parents)?;
+        self.pass.move_path(base, path)?;
+        self.cached = base + path.len();
+        Ok(())
     }
 }
 

@@ -12,10 +12,9 @@
 //! bound of it.
 
 use crate::error::{Error, Result};
-use crate::lm::{LanguageModel, Logits};
 use crate::neural::arch::layers::{rope_frequencies, weights, Backend};
 use crate::neural::arch::{Activation, Architecture, RopeStyle};
-use crate::neural::gpu::{gpu_type, warp_sum, Plan, ATT_THREADS, MAX_ROWS, WARP};
+use crate::neural::gpu::{gpu_type, warp_sum, Pass, Sequence, ATT_THREADS, MAX_ROWS, WARP};
 use crate::neural::load::gguf::Gguf;
 use candle_core::quantized::{GgmlDType, QTensor};
 use std::path::Path;
@@ -134,18 +133,15 @@ pub struct ReferenceDecoder {
     norm: Vec<f32>,
     layers: Vec<Layer>,
     freqs: Vec<Vec<f32>>,
-    cached: usize,
-    tree: Option<(usize, Vec<Option<usize>>)>,
-    plan: Plan,
 }
 
 impl ReferenceDecoder {
     /// Loads a GGUF file (its matrices dequantized: several times the file's size in memory).
-    pub fn load(path: &Path) -> Result<Self> {
+    pub fn load(path: &Path) -> Result<Sequence<Self>> {
         let mut gguf = Gguf::open(path)?;
         let cfg = crate::neural::arch::describe(&gguf)?;
         crate::neural::arch::check_blocks(&gguf, &cfg)?;
-        let plan = Plan::new(&cfg)?;
+        crate::neural::gpu::check_shapes(&cfg)?;
         let embeddings = Dequantize::of(gguf.tensor("token_embd.weight")?)?;
         let output = match gguf.has("output.weight") {
             true => Some(Dequantize.matrix(&mut gguf, "output.weight")?),
@@ -167,24 +163,30 @@ impl ReferenceDecoder {
             cfg.norm.weight_offset,
         )?;
         let freqs = rope_frequencies(&mut gguf, &cfg)?;
-        Ok(ReferenceDecoder {
+        Ok(Sequence::new(ReferenceDecoder {
             cfg,
             embeddings,
             output,
             norm,
             layers,
             freqs,
-            cached: 0,
-            tree: None,
-            plan,
-        })
+        }))
+    }
+}
+
+impl Pass for ReferenceDecoder {
+    fn architecture(&self) -> &Architecture {
+        &self.cfg
     }
 
-    /// One pass (at most [`MAX_ROWS`] rows), as the kernels run it.
-    fn pass(&mut self, tokens: &[u32], parents: Option<&[Option<usize>]>) -> Result<Vec<Vec<f32>>> {
-        let params = self.plan.params(self.cached, tokens, parents)?;
+    fn vocab(&self) -> usize {
+        self.embeddings.rows
+    }
+
+    /// One pass, as the kernels run it.
+    fn run(&mut self, params: &[i32], pos: usize, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
         let cfg = &self.cfg;
-        let (t, pos, eps) = (tokens.len(), self.cached, cfg.norm.eps);
+        let (t, eps) = (tokens.len(), cfg.norm.eps);
         let heads = cfg.heads;
         let (nh, nkv, hd) = (heads.n_head, heads.n_kv_head, heads.head_dim);
         let position = |i: usize| params[1 + MAX_ROWS + i] as usize;
@@ -294,11 +296,23 @@ impl ReferenceDecoder {
                 add_block(xi, &y, w.post_norms.as_ref().map(|p| p[1].as_slice()), eps);
             }
         }
-        self.cached += t;
         let output = self.output.as_ref().unwrap_or(&self.embeddings);
         Ok(x.iter()
             .map(|xi| matvec(output, &normed(xi, &self.norm, eps), None))
             .collect())
+    }
+
+    fn move_path(&mut self, base: usize, path: &[usize]) -> Result<()> {
+        let hd = self.cfg.heads.head_dim;
+        for layer in &mut self.layers {
+            for kv in layer.keys.iter_mut().chain(layer.values.iter_mut()) {
+                for (i, &n) in path.iter().enumerate() {
+                    let (from, to) = ((base + n) * hd, (base + i) * hd);
+                    kv.copy_within(from..from + hd, to);
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -349,76 +363,5 @@ fn rotate(
         }
         head[ai] = a * c - b * s;
         head[bi] = a * s + b * c;
-    }
-}
-
-impl LanguageModel for ReferenceDecoder {
-    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
-        crate::lm::check_vocab(tokens, self.embeddings.rows)?;
-        self.tree = None;
-        let mut rows = Vec::with_capacity(tokens.len());
-        for chunk in tokens.chunks(MAX_ROWS) {
-            rows.extend(self.pass(chunk, None)?);
-        }
-        Ok(rows)
-    }
-
-    fn cache_len(&self) -> usize {
-        self.cached
-    }
-
-    fn truncate(&mut self, len: usize) {
-        self.cached = len.min(self.cached);
-        self.tree = None;
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.embeddings.rows
-    }
-
-    fn eos_tokens(&self) -> &[u32] {
-        &self.cfg.eos
-    }
-
-    fn bos_token(&self) -> Option<u32> {
-        self.cfg.bos
-    }
-
-    fn max_tree_rows(&self) -> usize {
-        MAX_ROWS
-    }
-
-    fn score_tree_first(
-        &mut self,
-        tokens: &[u32],
-        parents: &[Option<usize>],
-        _first: usize,
-    ) -> Result<Vec<Logits>> {
-        crate::lm::check_tree_within(tokens.len(), parents, MAX_ROWS)?;
-        crate::lm::check_vocab(tokens, self.vocab_size())?;
-        let base = self.cached;
-        let rows = self.pass(tokens, Some(parents))?;
-        self.tree = Some((base, parents.to_vec()));
-        Ok(rows.into_iter().map(Logits::Dense).collect())
-    }
-
-    fn keep_path(&mut self, path: &[usize]) -> Result<()> {
-        let Some((base, parents)) = self.tree.take() else {
-            return Err(Error::Model(
-                "keep_path: no tree pass to keep a path of".into(),
-            ));
-        };
-        crate::lm::check_path(path, &parents)?;
-        let hd = self.cfg.heads.head_dim;
-        for layer in &mut self.layers {
-            for kv in layer.keys.iter_mut().chain(layer.values.iter_mut()) {
-                for (i, &n) in path.iter().enumerate() {
-                    let (from, to) = ((base + n) * hd, (base + i) * hd);
-                    kv.copy_within(from..from + hd, to);
-                }
-            }
-        }
-        self.cached = base + path.len();
-        Ok(())
     }
 }
