@@ -1,5 +1,5 @@
-//! With the `cuda` feature: compiles the GPU step's kernels (`src/neural/gpu/kernels.cu`) to
-//! PTX with nvcc (`$NVCC`, else `nvcc` on the PATH; `scripts/build-cuda.sh` sets it to the
+//! With the `cuda` feature: compiles the GPU step's kernels (`src/neural/gpu/kernels.cu`) into a
+//! fat binary (machine code for the GPU, and PTX for newer ones) with nvcc (`$NVCC`, else `nvcc` on the PATH; `scripts/build-cuda.sh` sets it to the
 //! pinned pip toolchain), for `CUDA_COMPUTE_CAP` (default 90: H100, H200). Without it, nothing.
 
 fn main() {
@@ -13,10 +13,16 @@ fn main() {
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let nvcc = std::env::var("NVCC").unwrap_or_else(|_| "nvcc".into());
     let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into());
-    let ptx = out.join("infgram_kernels.ptx");
+    let fatbin = out.join("infgram_kernels.fatbin");
     let status = std::process::Command::new(&nvcc)
-        .args(["--ptx", "-O3", &format!("-arch=compute_{cap}"), "-o"])
-        .arg(&ptx)
+        .args([
+            "--fatbin",
+            "-O3",
+            &format!("-gencode=arch=compute_{cap},code=sm_{cap}"),
+            &format!("-gencode=arch=compute_{cap},code=compute_{cap}"),
+            "-o",
+        ])
+        .arg(&fatbin)
         .arg("src/neural/gpu/kernels.cu")
         .status();
     match status {

@@ -22,7 +22,7 @@ mode=build
 # nvcc and its parts, pinned to one CUDA 13.0 release: a newer nvcc writes PTX that a CUDA
 # 13.0 driver (580) cannot load.
 toolchain=$root/target/cuda-toolchain
-if [ ! -x "$toolchain/venv/bin/nvcc-ok" ]; then
+if [ ! -e "$toolchain/venv/bin/nvcc-ok" ]; then
     python3 -m venv "$toolchain/venv"
     "$toolchain/venv/bin/pip" install --quiet --disable-pip-version-check \
         nvidia-cuda-nvcc==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85 \

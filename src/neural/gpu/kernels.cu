@@ -62,8 +62,11 @@ __device__ __forceinline__ void scale_min_k4(int j, const uint8_t *s, int *sc, i
 
 // Values 32·g … 32·g + 31 of a row at `row`, read in 16- or 32-bit words (every block
 // type's blocks are 2-byte aligned; Q4_1, Q5_1, Q4_K, Q5_K's 4-byte aligned).
+// TY: the block type when known at compile time (the switch then folds to one case, so that a
+// kernel's code path stays short and straight), or -1 to switch on `type` at run time.
+template <int TY>
 __device__ __forceinline__ void decode32(int type, const uint8_t *row, int g, float w[32]) {
-    switch (type) {
+    switch (TY < 0 ? type : TY) {
     case Q4_0: {
         const uint8_t *b = row + g * 18;
         float d = h2f(b);
@@ -234,9 +237,10 @@ __device__ __forceinline__ int padded(int e) { return e + (e >> 5) * 4; }
 // Copies `ntok` rows of `cols` from x (row stride `stride`) into xs, RMS-normed with `norm`
 // when given (warp n forms row n's 1 / rms with the lanes' butterfly, then every element is
 // x · inv · w). Every thread of the block takes part; ends with the block synchronized.
+template <int TK>
 __device__ __forceinline__ void load_input(float *xs, const float *x, int stride, int cols, int ntok,
                                            const float *norm, float eps) {
-    __shared__ float inv[TOKENS];
+    __shared__ float inv[TK];
     int pc = padded(cols);
     for (int i = threadIdx.x; i < ntok * cols / 4; i += blockDim.x) {
         int n = (4 * i) / cols, e = (4 * i) % cols;
@@ -267,17 +271,18 @@ __device__ __forceinline__ void load_input(float *xs, const float *x, int stride
 
 // Row r of matrix m times the ntok input rows in xs: lane l takes groups l, l + 32, …, each a
 // fixed chain of 32 fused multiply-adds, then the warp's butterfly.
+template <int TK, int TY>
 __device__ __forceinline__ void row_dot(const Mat &m, int r, const float *xs, int ntok, int lane,
-                                        float acc[TOKENS]) {
+                                        float acc[TK]) {
 #pragma unroll
-    for (int n = 0; n < TOKENS; n++) acc[n] = 0.f;
+    for (int n = 0; n < TK; n++) acc[n] = 0.f;
     const uint8_t *row = m.w + (size_t)r * m.row_bytes;
     int groups = m.cols / 32, pc = padded(m.cols);
     for (int g = lane; g < groups; g += WARP) {
         float w[32];
-        decode32(m.type, row, g, w);
+        decode32<TY>(m.type, row, g, w);
 #pragma unroll
-        for (int n = 0; n < TOKENS; n++) {
+        for (int n = 0; n < TK; n++) {
             if (n < ntok) {
                 const float4 *xv = reinterpret_cast<const float4 *>(xs + n * pc + g * 36);
 #pragma unroll
@@ -292,24 +297,26 @@ __device__ __forceinline__ void row_dot(const Mat &m, int r, const float *xs, in
         }
     }
 #pragma unroll
-    for (int n = 0; n < TOKENS; n++) acc[n] = warp_sum(acc[n]);
+    for (int n = 0; n < TK; n++) acc[n] = warp_sum(acc[n]);
 }
 
-// Row r of two matrices of one shape (gate and up) times the input rows, as two `row_dot`s
-// whose weights are both decoded before either's multiply-adds (the loads overlap).
-__device__ __forceinline__ void row_dot2(const Mat &a, const Mat &b, int r, const float *xs,
-                                         int ntok, int lane, float acc_a[TOKENS],
-                                         float acc_b[TOKENS]) {
+// Row ra of a and row rb of b (of one width: gate and up, or a rotation's two rows) times the
+// input rows, as two `row_dot`s whose weights are both decoded before either's multiply-adds
+// (the loads overlap).
+template <int TK, int TA, int TB>
+__device__ __forceinline__ void row_dot2(const Mat &a, int ra, const Mat &b, int rb,
+                                         const float *xs, int ntok, int lane,
+                                         float acc_a[TK], float acc_b[TK]) {
 #pragma unroll
-    for (int n = 0; n < TOKENS; n++) acc_a[n] = acc_b[n] = 0.f;
-    const uint8_t *row_a = a.w + (size_t)r * a.row_bytes, *row_b = b.w + (size_t)r * b.row_bytes;
+    for (int n = 0; n < TK; n++) acc_a[n] = acc_b[n] = 0.f;
+    const uint8_t *row_a = a.w + (size_t)ra * a.row_bytes, *row_b = b.w + (size_t)rb * b.row_bytes;
     int groups = a.cols / 32, pc = padded(a.cols);
     for (int g = lane; g < groups; g += WARP) {
         float wa[32], wb[32];
-        decode32(a.type, row_a, g, wa);
-        decode32(b.type, row_b, g, wb);
+        decode32<TA>(a.type, row_a, g, wa);
+        decode32<TB>(b.type, row_b, g, wb);
 #pragma unroll
-        for (int n = 0; n < TOKENS; n++) {
+        for (int n = 0; n < TK; n++) {
             if (n < ntok) {
                 const float4 *xv = reinterpret_cast<const float4 *>(xs + n * pc + g * 36);
 #pragma unroll
@@ -328,7 +335,7 @@ __device__ __forceinline__ void row_dot2(const Mat &a, const Mat &b, int r, cons
         }
     }
 #pragma unroll
-    for (int n = 0; n < TOKENS; n++) {
+    for (int n = 0; n < TK; n++) {
         acc_a[n] = warp_sum(acc_a[n]);
         acc_b[n] = warp_sum(acc_b[n]);
     }
@@ -371,27 +378,28 @@ __device__ __forceinline__ Pick pick(const Mats &mats, int r) {
 // warp, stepping by the grid's warps (the grid is capped at what the GPU holds at once: every
 // block pays for its copy of the input once). A warp asks for its next row's bytes before it
 // works on the current one. Dynamic shared memory: min(t, TOKENS) · padded(cols) floats.
-extern "C" __global__ void matvec(Mats mats, const float *x, int stride, int t, const float *norm,
+template <int TK, int TY>
+__device__ __forceinline__ void matvec_typed(Mats mats, const float *x, int stride, int t, const float *norm,
                                   float eps, int residual) {
     extern __shared__ float xs[];
     int lane = threadIdx.x % WARP, warps = blockDim.x / WARP;
-    int first = blockIdx.y * TOKENS;
-    int ntok = min(TOKENS, t - first);
+    int first = blockIdx.y * TK;
+    int ntok = min(TK, t - first);
     int total = mats.m[0].rows + (mats.n > 1 ? mats.m[1].rows : 0) + (mats.n > 2 ? mats.m[2].rows : 0);
     int step = gridDim.x * warps, r = blockIdx.x * warps + threadIdx.x / WARP;
     if (r < total) {
         Pick p = pick(mats, r);
         prefetch_row(p.m, p.r, lane);
     }
-    load_input(xs, x + (size_t)first * stride, stride, mats.m[0].cols, ntok, norm, eps);
+    load_input<TK>(xs, x + (size_t)first * stride, stride, mats.m[0].cols, ntok, norm, eps);
     for (; r < total; r += step) {
         Pick p = pick(mats, r);
         if (r + step < total) {
             Pick next = pick(mats, r + step);
             prefetch_row(next.m, next.r, lane);
         }
-        float acc[TOKENS];
-        row_dot(p.m, p.r, xs, ntok, lane, acc);
+        float acc[TK];
+        row_dot<TK, TY>(p.m, p.r, xs, ntok, lane, acc);
         if (lane == 0) {
             for (int n = 0; n < ntok; n++) {
                 float v = acc[n];
@@ -402,29 +410,166 @@ extern "C" __global__ void matvec(Mats mats, const float *x, int stride, int t, 
         }
     }
 }
+template <int TK>
+__device__ __forceinline__ void matvec_rows(Mats mats, const float *x, int stride, int t, const float *norm,
+                                  float eps, int residual) {
+    switch (mats.n == 1 || (mats.m[1].type == mats.m[0].type && (mats.n == 2 || mats.m[2].type == mats.m[0].type)) ? mats.m[0].type : -1) {
+    case Q4_0: matvec_typed<TK, Q4_0>(mats, x, stride, t, norm, eps, residual); break;
+    case Q4_1: matvec_typed<TK, Q4_1>(mats, x, stride, t, norm, eps, residual); break;
+    case Q5_0: matvec_typed<TK, Q5_0>(mats, x, stride, t, norm, eps, residual); break;
+    case Q5_1: matvec_typed<TK, Q5_1>(mats, x, stride, t, norm, eps, residual); break;
+    case Q8_0: matvec_typed<TK, Q8_0>(mats, x, stride, t, norm, eps, residual); break;
+    case Q4_K: matvec_typed<TK, Q4_K>(mats, x, stride, t, norm, eps, residual); break;
+    case Q5_K: matvec_typed<TK, Q5_K>(mats, x, stride, t, norm, eps, residual); break;
+    case Q6_K: matvec_typed<TK, Q6_K>(mats, x, stride, t, norm, eps, residual); break;
+    default: matvec_typed<TK, -1>(mats, x, stride, t, norm, eps, residual);
+    }
+}
+extern "C" __global__ void matvec(Mats mats, const float *x, int stride, int t, const float *norm,
+                                  float eps, int residual) {
+    matvec_rows<TOKENS>(mats, x, stride, t, norm, eps, residual);
+}
+extern "C" __global__ void matvec1(Mats mats, const float *x, int stride, int t, const float *norm,
+                                  float eps, int residual) {
+    matvec_rows<1>(mats, x, stride, t, norm, eps, residual);
+}
+
+// q, k, v of models without per-head norms in one kernel: `matvec` over the three matrices
+// (the RMS norm before them fused in), with the rotation and the cache write of `rope_cache`
+// on the way out. A warp takes a rotation's two rows together (q or k: head h, pair i), or one
+// value row; every row's arithmetic is `row_dot`'s and the rotation's that of `rope_cache`, so
+// the bits are those of the two kernels it replaces. q is written rotated to `q`; k and v go to
+// the cache at slot pos + row. Grid and shared memory as `matvec`.
+template <int TK, int TY>
+__device__ __forceinline__ void qkv_rope_typed(Mats mats, const float *x, int stride, int t, const float *norm,
+                                    float eps, const int *params, int T, int nh, int nkv, int hd,
+                                    const float *cos_t, const float *sin_t, int interleaved,
+                                    float *q, float *kcache, float *vcache, int capacity) {
+    extern __shared__ float xs[];
+    int lane = threadIdx.x % WARP, warps = blockDim.x / WARP;
+    int first = blockIdx.y * TK;
+    int ntok = min(TK, t - first);
+    int half = hd / 2, rotated = (nh + nkv) * half, total = rotated + nkv * hd;
+    int step = gridDim.x * warps, u0 = blockIdx.x * warps + threadIdx.x / WARP;
+    // The first unit's rows are asked for before the input is copied in (as `matvec`).
+    if (u0 < total) {
+        if (u0 >= rotated) {
+            prefetch_row(mats.m[2], u0 - rotated, lane);
+        } else {
+            bool is_q = u0 < nh * half;
+            int hu = is_q ? u0 : u0 - nh * half, h = hu / half, i = hu % half;
+            Mat m = mats.m[1];
+            if (is_q) m = mats.m[0];
+            prefetch_row(m, h * hd + (interleaved ? 2 * i : i), lane);
+            prefetch_row(m, h * hd + (interleaved ? 2 * i + 1 : i + half), lane);
+        }
+    }
+    load_input<TK>(xs, x + (size_t)first * stride, stride, mats.m[0].cols, ntok, norm, eps);
+    int pos = params[0];
+    for (int u = u0; u < total; u += step) {
+        float acc_a[TK], acc_b[TK];
+        if (u >= rotated) {  // a value row, to the cache as it is
+            int r = u - rotated, kh = r / hd, e = r % hd;
+            row_dot<TK, TY>(mats.m[2], r, xs, ntok, lane, acc_a);
+            if (lane == 0) {
+                for (int n = 0; n < ntok; n++) {
+                    float v = acc_a[n];
+                    if (mats.bias[2]) v = add(v, mats.bias[2][r]);
+                    vcache[((size_t)kh * capacity + pos + first + n) * hd + e] = v;
+                }
+            }
+            continue;
+        }
+        bool is_q = u < nh * half;
+        int hu = is_q ? u : u - nh * half, h = hu / half, i = hu % half;
+        int a_i = interleaved ? 2 * i : i, b_i = interleaved ? 2 * i + 1 : i + half;
+        Mat m = mats.m[1];
+        const float *bias = mats.bias[1];
+        if (is_q) {
+            m = mats.m[0];
+            bias = mats.bias[0];
+        }
+        int ra = h * hd + a_i, rb = h * hd + b_i;
+        // The rows' angles, read before the products so that their loads overlap them.
+        float c[TK], sn[TK];
+#pragma unroll
+        for (int n = 0; n < TK; n++) {
+            int p = params[1 + T + first + min(n, ntok - 1)];
+            c[n] = cos_t[(size_t)p * half + i];
+            sn[n] = sin_t[(size_t)p * half + i];
+        }
+        row_dot2<TK, TY, TY>(m, ra, m, rb, xs, ntok, lane, acc_a, acc_b);
+        if (lane == 0) {
+#pragma unroll
+            for (int n = 0; n < TK; n++) {
+                if (n >= ntok) break;
+                float a = acc_a[n], b = acc_b[n];
+                if (bias) {
+                    a = add(a, bias[ra]);
+                    b = add(b, bias[rb]);
+                }
+                int row = first + n;
+                float *dst = is_q ? q + (size_t)row * nh * hd + h * hd
+                                  : kcache + ((size_t)h * capacity + pos + row) * hd;
+                dst[a_i] = sub(mul(a, c[n]), mul(b, sn[n]));
+                dst[b_i] = add(mul(a, sn[n]), mul(b, c[n]));
+            }
+        }
+    }
+}
+template <int TK>
+__device__ __forceinline__ void qkv_rope_rows(Mats mats, const float *x, int stride, int t, const float *norm,
+                                    float eps, const int *params, int T, int nh, int nkv, int hd,
+                                    const float *cos_t, const float *sin_t, int interleaved,
+                                    float *q, float *kcache, float *vcache, int capacity) {
+    switch (mats.n == 1 || (mats.m[1].type == mats.m[0].type && (mats.n == 2 || mats.m[2].type == mats.m[0].type)) ? mats.m[0].type : -1) {
+    case Q4_0: qkv_rope_typed<TK, Q4_0>(mats, x, stride, t, norm, eps, params, T, nh, nkv, hd, cos_t, sin_t, interleaved, q, kcache, vcache, capacity); break;
+    case Q4_1: qkv_rope_typed<TK, Q4_1>(mats, x, stride, t, norm, eps, params, T, nh, nkv, hd, cos_t, sin_t, interleaved, q, kcache, vcache, capacity); break;
+    case Q5_0: qkv_rope_typed<TK, Q5_0>(mats, x, stride, t, norm, eps, params, T, nh, nkv, hd, cos_t, sin_t, interleaved, q, kcache, vcache, capacity); break;
+    case Q5_1: qkv_rope_typed<TK, Q5_1>(mats, x, stride, t, norm, eps, params, T, nh, nkv, hd, cos_t, sin_t, interleaved, q, kcache, vcache, capacity); break;
+    case Q8_0: qkv_rope_typed<TK, Q8_0>(mats, x, stride, t, norm, eps, params, T, nh, nkv, hd, cos_t, sin_t, interleaved, q, kcache, vcache, capacity); break;
+    case Q4_K: qkv_rope_typed<TK, Q4_K>(mats, x, stride, t, norm, eps, params, T, nh, nkv, hd, cos_t, sin_t, interleaved, q, kcache, vcache, capacity); break;
+    case Q5_K: qkv_rope_typed<TK, Q5_K>(mats, x, stride, t, norm, eps, params, T, nh, nkv, hd, cos_t, sin_t, interleaved, q, kcache, vcache, capacity); break;
+    case Q6_K: qkv_rope_typed<TK, Q6_K>(mats, x, stride, t, norm, eps, params, T, nh, nkv, hd, cos_t, sin_t, interleaved, q, kcache, vcache, capacity); break;
+    default: qkv_rope_typed<TK, -1>(mats, x, stride, t, norm, eps, params, T, nh, nkv, hd, cos_t, sin_t, interleaved, q, kcache, vcache, capacity);
+    }
+}
+extern "C" __global__ void qkv_rope(Mats mats, const float *x, int stride, int t, const float *norm,
+                                    float eps, const int *params, int T, int nh, int nkv, int hd,
+                                    const float *cos_t, const float *sin_t, int interleaved,
+                                    float *q, float *kcache, float *vcache, int capacity) {
+    qkv_rope_rows<TOKENS>(mats, x, stride, t, norm, eps, params, T, nh, nkv, hd, cos_t, sin_t, interleaved, q, kcache, vcache, capacity);
+}
+extern "C" __global__ void qkv_rope1(Mats mats, const float *x, int stride, int t, const float *norm,
+                                    float eps, const int *params, int T, int nh, int nkv, int hd,
+                                    const float *cos_t, const float *sin_t, int interleaved,
+                                    float *q, float *kcache, float *vcache, int capacity) {
+    qkv_rope_rows<1>(mats, x, stride, t, norm, eps, params, T, nh, nkv, hd, cos_t, sin_t, interleaved, q, kcache, vcache, capacity);
+}
 
 // out = act(gate · in) · (up · in): the two products of the feed-forward block in one warp per
 // row, the gate applied on the way out. act: 0 SiLU, 1 GELU (tanh), as g / (1 + e^(−arg)).
 // Rows, grid and shared memory as `matvec`.
-extern "C" __global__ void gated(Mat gate, Mat up, const float *x, int stride, int t,
+template <int TK, int TY>
+__device__ __forceinline__ void gated_typed(Mat gate, Mat up, const float *x, int stride, int t,
                                  const float *norm, float eps, int act, float *out) {
     extern __shared__ float xs[];
     int lane = threadIdx.x % WARP, warps = blockDim.x / WARP;
-    int first = blockIdx.y * TOKENS;
-    int ntok = min(TOKENS, t - first);
+    int first = blockIdx.y * TK;
+    int ntok = min(TK, t - first);
     int step = gridDim.x * warps, r = blockIdx.x * warps + threadIdx.x / WARP;
     if (r < gate.rows) {
         prefetch_row(gate, r, lane);
         prefetch_row(up, r, lane);
     }
-    load_input(xs, x + (size_t)first * stride, stride, gate.cols, ntok, norm, eps);
+    load_input<TK>(xs, x + (size_t)first * stride, stride, gate.cols, ntok, norm, eps);
     for (; r < gate.rows; r += step) {
         if (r + step < gate.rows) {
             prefetch_row(gate, r + step, lane);
             prefetch_row(up, r + step, lane);
         }
-        float g[TOKENS], u[TOKENS];
-        row_dot2(gate, up, r, xs, ntok, lane, g, u);
+        float g[TK], u[TK];
+        row_dot2<TK, TY, TY>(gate, r, up, r, xs, ntok, lane, g, u);
         if (lane == 0) {
             for (int n = 0; n < ntok; n++) {
                 float a = g[n];
@@ -435,6 +580,29 @@ extern "C" __global__ void gated(Mat gate, Mat up, const float *x, int stride, i
         }
     }
 }
+template <int TK>
+__device__ __forceinline__ void gated_rows(Mat gate, Mat up, const float *x, int stride, int t,
+                                 const float *norm, float eps, int act, float *out) {
+    switch (gate.type == up.type ? gate.type : -1) {
+    case Q4_0: gated_typed<TK, Q4_0>(gate, up, x, stride, t, norm, eps, act, out); break;
+    case Q4_1: gated_typed<TK, Q4_1>(gate, up, x, stride, t, norm, eps, act, out); break;
+    case Q5_0: gated_typed<TK, Q5_0>(gate, up, x, stride, t, norm, eps, act, out); break;
+    case Q5_1: gated_typed<TK, Q5_1>(gate, up, x, stride, t, norm, eps, act, out); break;
+    case Q8_0: gated_typed<TK, Q8_0>(gate, up, x, stride, t, norm, eps, act, out); break;
+    case Q4_K: gated_typed<TK, Q4_K>(gate, up, x, stride, t, norm, eps, act, out); break;
+    case Q5_K: gated_typed<TK, Q5_K>(gate, up, x, stride, t, norm, eps, act, out); break;
+    case Q6_K: gated_typed<TK, Q6_K>(gate, up, x, stride, t, norm, eps, act, out); break;
+    default: gated_typed<TK, -1>(gate, up, x, stride, t, norm, eps, act, out);
+    }
+}
+extern "C" __global__ void gated(Mat gate, Mat up, const float *x, int stride, int t,
+                                 const float *norm, float eps, int act, float *out) {
+    gated_rows<TOKENS>(gate, up, x, stride, t, norm, eps, act, out);
+}
+extern "C" __global__ void gated1(Mat gate, Mat up, const float *x, int stride, int t,
+                                 const float *norm, float eps, int act, float *out) {
+    gated_rows<1>(gate, up, x, stride, t, norm, eps, act, out);
+}
 
 // x[row] = dequantized embedding of tokens[row] (· scale, when scale ≠ 0).
 extern "C" __global__ void embed(Mat table, const int *params, float scale, float *x) {
@@ -443,7 +611,7 @@ extern "C" __global__ void embed(Mat table, const int *params, float scale, floa
     const uint8_t *w = table.w + (size_t)token * table.row_bytes;
     for (int g = threadIdx.x; g < table.cols / 32; g += blockDim.x) {
         float v[32];
-        decode32(table.type, w, g, v);
+        decode32<-1>(table.type, w, g, v);
         for (int j = 0; j < 32; j++) {
             float y = v[j];
             x[(size_t)row * table.cols + g * 32 + j] = scale != 0.f ? mul(y, scale) : y;
@@ -504,123 +672,154 @@ extern "C" __global__ void rope_cache(float *q, const float *k, const float *v, 
     }
 }
 
-#define ATT_THREADS 256
-#define ATT_WARPS (ATT_THREADS / WARP)
+// Attention: the positions a row sees (its position + 1 of them, less those before a window)
+// are cut into chunks of CHUNK from the first, and chunk c of (head, row) is taken by block
+// (head, row, c mod gridDim.z), so that a one-token step spreads over many multiprocessors.
+// Within a chunk, warp w takes positions start + w, start + w + 8, …: a position's score is the
+// lanes' chains of fmaf over their dimensions (lane l: l, l + 32, …), the warp's butterfly, ·
+// scale. The chunk's max m_c; its weights p = e^(score − m_c); warp w's sum of its p in order and
+// its lanes' chains p · v over its positions; the chunk's sum s_c and vector o_c add the 8 warps
+// in warp order. The last block of (head, row) to finish (a counter) combines the chunks in
+// chunk order: M = max m_c, S = Σ s_c · e^(m_c − M), out = Σ o_c · e^(m_c − M) / S. No order
+// depends on the pass's other rows, nor on gridDim.z (which block takes a chunk changes
+// nothing of its arithmetic). Positions before the pass's are slot j = position j; the row's
+// branch has its slots in the parameters.
+#define CHUNK 32
+#define ATT_WARPS 8
+#define ATT_THREADS (ATT_WARPS * WARP)
+#define PER_WARP (CHUNK / ATT_WARPS)
+// Chunks a (row, head) has at most: the partials' stride.
+#define MAX_CHUNKS (8192 / CHUNK)
 
-// Attention of query head blockIdx.x for row blockIdx.y over the positions the row sees (its
-// position + 1 of them, less those before a window). Thread t scores positions first + t,
-// first + t + 256, … (q·k, a chain of fmaf over the head width, · scale); the softmax's sum is
-// each thread's chain, the warp's butterfly, then the 8 warps' sums in warp order. Warp w sums
-// the values of positions first + w, first + w + 8, … (each lane its dimensions lane, lane + 32,
-// …), and the 8 warps' partial sums are added in warp order. None of it depends on the pass's
-// other rows. Positions before the pass's (slot j = position j) and the row's branch (slots from
-// the parameters) are looped apart, so that the first loop's loads run ahead of its chain.
-// Dynamic shared memory: capacity floats of scores.
-// DIMS = head width / 32: each lane's dimensions (the loops below then have no guards, and
-// the loads of 4 positions run ahead of their multiply-adds).
+// DIMS = head width / 32: each lane's dimensions. `part`: per (row, head) MAX_CHUNKS partials of
+// head width + 2 floats (m_c, s_c, o_c); `count`: per (row, head), zero between launches.
 template <int DIMS>
 __device__ __forceinline__ void attend(const float *q, const float *kcache, const float *vcache,
                                        const int *params, int T, int nh, int nkv, int capacity,
-                                       int window, float scale, float *out, float *scores) {
+                                       int window, float scale, float *out, float *part,
+                                       int *count) {
     const int hd = DIMS * WARP;
-    __shared__ float red[ATT_WARPS];
-    __shared__ float qs[256];
-    __shared__ float parts[ATT_WARPS * 256];
-    int h = blockIdx.x, row = blockIdx.y, tid = threadIdx.x;
-    int lane = tid % WARP, warp = tid / WARP;
+    __shared__ float wmax[ATT_WARPS], wsum[ATT_WARPS];
+    __shared__ float wout[ATT_WARPS][DIMS * WARP];
+    __shared__ int last;
+    int h = blockIdx.x, row = blockIdx.y;
+    int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
     int kh = h / (nh / nkv);
     int pos = params[0];
     int n = params[1 + T + row] + 1;
     int first = window > 0 ? max(0, n - window) : 0;
+    int chunks = (n - first + CHUNK - 1) / CHUNK;
+    if ((int)blockIdx.z >= chunks) return;
     const int *branch = params + 1 + 2 * T + row * T;
-    for (int e = tid; e < hd; e += ATT_THREADS) qs[e] = q[(size_t)row * nh * hd + h * hd + e];
-    __syncthreads();
     const float *K = kcache + (size_t)kh * capacity * hd, *V = vcache + (size_t)kh * capacity * hd;
-    float mx = -INFINITY;
-    for (int j = first + tid; j < n; j += ATT_THREADS) {
-        int slot = j < pos ? j : branch[j - pos];
-        const float4 *kj = reinterpret_cast<const float4 *>(K + (size_t)slot * hd);
-        const float4 *qv = reinterpret_cast<const float4 *>(qs);
-        float dot = 0.f;
+    size_t rh = (size_t)row * nh + h;
+    float *mine = part + rh * MAX_CHUNKS * (hd + 2);
+    float qv[DIMS];
+#pragma unroll
+    for (int i = 0; i < DIMS; i++) qv[i] = q[rh * hd + lane + 32 * i];
+    for (int c = blockIdx.z; c < chunks; c += gridDim.z) {
+        int start = first + c * CHUNK;
+        // Positions past the row's are read at the chunk's first slot and left out of the
+        // arithmetic: no load waits behind a branch, so a warp's 16 go out together.
+        int slot[PER_WARP];
+        bool valid[PER_WARP];
+        int start_slot = start < pos ? start : branch[start - pos];
+#pragma unroll
+        for (int u = 0; u < PER_WARP; u++) {
+            int j = start + warp + ATT_WARPS * u;
+            valid[u] = j < n;
+            slot[u] = !valid[u] ? start_slot : j < pos ? j : branch[j - pos];
+        }
+        float sc[PER_WARP], mx = -INFINITY;
+#pragma unroll
+        for (int u = 0; u < PER_WARP; u++) {
+            const float *kj = K + (size_t)slot[u] * hd + lane;
+            float d = 0.f;
+#pragma unroll
+            for (int i = 0; i < DIMS; i++) d = fmaf(qv[i], kj[32 * i], d);
+            float dot = mul(warp_sum(d), scale);
+            sc[u] = valid[u] ? dot : -INFINITY;
+            mx = fmaxf(mx, sc[u]);
+        }
+        if (lane == 0) wmax[warp] = mx;
+        __syncthreads();
+        float m = wmax[0];
+#pragma unroll
+        for (int w = 1; w < ATT_WARPS; w++) m = fmaxf(m, wmax[w]);
+        float sum = 0.f, acc[DIMS];
+#pragma unroll
+        for (int i = 0; i < DIMS; i++) acc[i] = 0.f;
+#pragma unroll
+        for (int u = 0; u < PER_WARP; u++) {
+            const float *vj = V + (size_t)slot[u] * hd + lane;
+            float p = expf(sub(sc[u], m));
+            if (valid[u]) sum = add(sum, p);
+#pragma unroll
+            for (int i = 0; i < DIMS; i++) {
+                float a = fmaf(p, vj[32 * i], acc[i]);
+                acc[i] = valid[u] ? a : acc[i];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < DIMS; i++) wout[warp][lane + 32 * i] = acc[i];
+        if (lane == 0) wsum[warp] = sum;
+        __syncthreads();
+        float *pc = mine + (size_t)c * (hd + 2);
+        for (int d = tid; d < hd; d += ATT_THREADS) {
+            float o = wout[0][d];
+#pragma unroll
+            for (int w = 1; w < ATT_WARPS; w++) o = add(o, wout[w][d]);
+            pc[2 + d] = o;
+        }
+        if (tid == 0) {
+            float s = wsum[0];
+#pragma unroll
+            for (int w = 1; w < ATT_WARPS; w++) s = add(s, wsum[w]);
+            pc[0] = m;
+            pc[1] = s;
+        }
+        __syncthreads();
+    }
+    // The last block to finish combines; the counter is left at zero for the next launch.
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        int blocks = min(chunks, (int)gridDim.z);
+        last = atomicAdd(count + rh, 1) == blocks - 1;
+        if (last) count[rh] = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    float M = -INFINITY;
 #pragma unroll 8
-        for (int e = 0; e < hd / 4; e++) {
-            float4 k = kj[e], qq = qv[e];
-            dot = fmaf(qq.x, k.x, dot);
-            dot = fmaf(qq.y, k.y, dot);
-            dot = fmaf(qq.z, k.z, dot);
-            dot = fmaf(qq.w, k.w, dot);
-        }
-        float sc = mul(dot, scale);
-        scores[j] = sc;
-        mx = fmaxf(mx, sc);
+    for (int c = 0; c < chunks; c++) M = fmaxf(M, __ldcg(mine + (size_t)c * (hd + 2)));
+    float S = 0.f;
+#pragma unroll 8
+    for (int c = 0; c < chunks; c++) {
+        const float *pc = mine + (size_t)c * (hd + 2);
+        S = add(S, mul(__ldcg(pc + 1), expf(sub(__ldcg(pc), M))));
     }
-#pragma unroll
-    for (int m = 16; m > 0; m >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, m));
-    if (lane == 0) red[warp] = mx;
-    __syncthreads();
-    mx = red[0];
-    for (int w = 1; w < ATT_WARPS; w++) mx = fmaxf(mx, red[w]);
-    __syncthreads();
-    float sum = 0.f;
-    for (int j = first + tid; j < n; j += ATT_THREADS) {
-        float e = expf(sub(scores[j], mx));
-        scores[j] = e;
-        sum = add(sum, e);
-    }
-    sum = warp_sum(sum);
-    if (lane == 0) red[warp] = sum;
-    __syncthreads();
-    sum = red[0];
-    for (int w = 1; w < ATT_WARPS; w++) sum = add(sum, red[w]);
-    float acc[DIMS];
-#pragma unroll
-    for (int i = 0; i < DIMS; i++) acc[i] = 0.f;
-    int j = first + warp, cached = min(n, pos);
-    for (; j + 3 * ATT_WARPS < cached; j += 4 * ATT_WARPS) {
-        float v[4][DIMS], sc[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            sc[u] = scores[j + u * ATT_WARPS];
-            const float *vj = V + (size_t)(j + u * ATT_WARPS) * hd + lane;
-#pragma unroll
-            for (int i = 0; i < DIMS; i++) v[u][i] = vj[32 * i];
-        }
-#pragma unroll
-        for (int u = 0; u < 4; u++)
-#pragma unroll
-            for (int i = 0; i < DIMS; i++) acc[i] = fmaf(sc[u], v[u][i], acc[i]);
-    }
-    for (; j < cached; j += ATT_WARPS) {
-        const float *vj = V + (size_t)j * hd + lane;
-        float s = scores[j];
-#pragma unroll
-        for (int i = 0; i < DIMS; i++) acc[i] = fmaf(s, vj[32 * i], acc[i]);
-    }
-    for (; j < n; j += ATT_WARPS) {
-        const float *vj = V + (size_t)branch[j - pos] * hd + lane;
-        float s = scores[j];
-#pragma unroll
-        for (int i = 0; i < DIMS; i++) acc[i] = fmaf(s, vj[32 * i], acc[i]);
-    }
-#pragma unroll
-    for (int i = 0; i < DIMS; i++) parts[warp * hd + lane + 32 * i] = acc[i];
-    __syncthreads();
     for (int d = tid; d < hd; d += ATT_THREADS) {
-        float total = parts[d];
-        for (int w = 1; w < ATT_WARPS; w++) total = add(total, parts[w * hd + d]);
-        out[(size_t)row * nh * hd + h * hd + d] = total / sum;
+        float o = 0.f;
+#pragma unroll 8
+        for (int c = 0; c < chunks; c++) {
+            const float *pc = mine + (size_t)c * (hd + 2);
+            o = add(o, mul(__ldcg(pc + 2 + d), expf(sub(__ldcg(pc), M))));
+        }
+        out[rh * hd + d] = o / S;
     }
 }
 
-// One kernel per head width (32, 64, 128, 256). Dynamic shared memory: capacity floats.
+// One kernel per head width (32, 64, 128, 256).
 #define ATTENTION(HD)                                                                           \
     extern "C" __global__ void attention_##HD(const float *q, const float *kcache,             \
                                               const float *vcache, const int *params, int T,   \
                                               int nh, int nkv, int capacity, int window,       \
-                                              float scale, float *out) {                       \
-        extern __shared__ float scores[];                                                      \
+                                              float scale, float *out, float *part,            \
+                                              int *count) {                                    \
         attend<HD / WARP>(q, kcache, vcache, params, T, nh, nkv, capacity, window, scale, out, \
-                          scores);                                                             \
+                          part, count);                                                        \
     }
 ATTENTION(32)
 ATTENTION(64)

@@ -27,8 +27,12 @@ pub const CAPACITY: usize = 8192;
 pub const MAX_ROWS: usize = 64;
 /// Rows of a pass one matrix-vector launch takes together (`TOKENS` in `kernels.cu`).
 pub const TOKENS: usize = 8;
-/// Threads of the attention kernel (`ATT_THREADS`).
-pub const ATT_THREADS: usize = 256;
+/// Positions of one attention block's chunk (`CHUNK` in `kernels.cu`).
+pub const CHUNK: usize = 32;
+/// Warps of an attention block (`ATT_WARPS`): warp w takes a chunk's positions w, w + 8, ….
+pub const ATT_WARPS: usize = 8;
+/// Chunks a row's attention has at most (`MAX_CHUNKS`): the stride of its partials.
+pub const MAX_CHUNKS: usize = CAPACITY / CHUNK;
 /// Lanes of a warp.
 const WARP: usize = 32;
 

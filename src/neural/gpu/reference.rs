@@ -14,7 +14,7 @@
 use crate::error::{Error, Result};
 use crate::neural::arch::layers::{rope_frequencies, weights, Backend};
 use crate::neural::arch::{Activation, Architecture, RopeStyle};
-use crate::neural::gpu::{gpu_type, warp_sum, Pass, Sequence, ATT_THREADS, MAX_ROWS, WARP};
+use crate::neural::gpu::{gpu_type, warp_sum, Pass, Sequence, ATT_WARPS, CHUNK, MAX_ROWS, WARP};
 use crate::neural::load::gguf::Gguf;
 use candle_core::quantized::{GgmlDType, QTensor};
 use std::path::Path;
@@ -106,16 +106,72 @@ fn matvec(m: &Matrix, input: &[f32], bias: Option<&[f32]>) -> Vec<f32> {
         .collect()
 }
 
-/// The attention block's sum of its threads' partials: each warp's butterfly, then the warps'
-/// sums in warp order.
-fn block_sum(partial: &[f32]) -> f32 {
-    let mut warps = partial.chunks_exact(WARP).map(|lanes| {
-        let mut l = [0f32; WARP];
-        l.copy_from_slice(lanes);
-        warp_sum(l)
-    });
-    let first = warps.next().unwrap_or(0.0);
-    warps.fold(first, |a, w| a + w)
+/// One head's attention for one row, in the kernel's order (`attend` in kernels.cu): the
+/// positions `first..n` in chunks of [`CHUNK`], warp w of a chunk taking its positions w, w + 8,
+/// …; a score is the lanes' chains over their dimensions and the warp's butterfly; the chunk's
+/// max, weights, per-warp sums and value chains, the warps added in order; then the chunks
+/// combined in order against their max. `key(j)`, `value(j)`: position j's vectors.
+fn attend<'a>(
+    q: &[f32],
+    key: impl Fn(usize) -> &'a [f32],
+    value: impl Fn(usize) -> &'a [f32],
+    (first, n): (usize, usize),
+    scale: f32,
+) -> Vec<f32> {
+    let hd = q.len();
+    let mut chunks = Vec::new();
+    for start in (first..n).step_by(CHUNK) {
+        let end = (start + CHUNK).min(n);
+        let warp_positions = |w: usize| (start + w..end).step_by(ATT_WARPS);
+        let score = |j: usize| {
+            let k = key(j);
+            let mut lanes = [0f32; WARP];
+            for (l, lane) in lanes.iter_mut().enumerate() {
+                *lane = (l..hd)
+                    .step_by(WARP)
+                    .fold(0f32, |a, e| q[e].mul_add(k[e], a));
+            }
+            warp_sum(lanes) * scale
+        };
+        let scores: Vec<Vec<(usize, f32)>> = (0..ATT_WARPS)
+            .map(|w| warp_positions(w).map(|j| (j, score(j))).collect())
+            .collect();
+        let m = scores
+            .iter()
+            .flatten()
+            .fold(f32::NEG_INFINITY, |a, &(_, s)| a.max(s));
+        let (mut sum, mut out) = (None::<f32>, vec![None::<f32>; hd]);
+        for warp in &scores {
+            let (mut s, mut acc) = (0f32, vec![0f32; hd]);
+            for &(j, sc) in warp {
+                let p = (sc - m).exp();
+                s += p;
+                for (a, v) in acc.iter_mut().zip(value(j)) {
+                    *a = p.mul_add(*v, *a);
+                }
+            }
+            sum = Some(sum.map_or(s, |t| t + s));
+            for (o, a) in out.iter_mut().zip(acc) {
+                *o = Some(o.map_or(a, |t| t + a));
+            }
+        }
+        let out: Vec<f32> = out.into_iter().map(|o| o.unwrap_or(0.0)).collect();
+        chunks.push((m, sum.unwrap_or(0.0), out));
+    }
+    let big_m = chunks
+        .iter()
+        .fold(f32::NEG_INFINITY, |a, (m, _, _)| a.max(*m));
+    let total = chunks
+        .iter()
+        .fold(0f32, |a, (m, s, _)| a + s * (m - big_m).exp());
+    (0..hd)
+        .map(|d| {
+            chunks
+                .iter()
+                .fold(0f32, |a, (m, _, o)| a + o[d] * (m - big_m).exp())
+                / total
+        })
+        .collect()
 }
 
 /// A layer: weights, and its cache (`n_kv_head` vectors of `slots × head_dim`).
@@ -250,34 +306,15 @@ impl Pass for ReferenceDecoder {
                 for h in 0..nh {
                     let kh = h / (nh / nkv);
                     let (keys, values) = (&layer.keys[kh], &layer.values[kh]);
-                    let qh = &q[h * hd..(h + 1) * hd];
-                    let mut scores = vec![0f32; n];
-                    let mut mx = f32::NEG_INFINITY;
-                    for (j, s) in scores.iter_mut().enumerate().skip(first) {
-                        let s_ = slot_of(i, j);
-                        let k = &keys[s_ * hd..(s_ + 1) * hd];
-                        let dot = qh.iter().zip(k).fold(0f32, |a, (q, k)| q.mul_add(*k, a));
-                        *s = dot * scale;
-                        mx = mx.max(*s);
-                    }
-                    let mut partial = vec![0f32; ATT_THREADS];
-                    for (j, s) in scores.iter_mut().enumerate().skip(first) {
-                        *s = (*s - mx).exp();
-                        partial[(j - first) % ATT_THREADS] += *s;
-                    }
-                    let sum = block_sum(&partial);
-                    let warps = ATT_THREADS / WARP;
-                    for e in 0..hd {
-                        let parts: Vec<f32> = (0..warps)
-                            .map(|w| {
-                                (first + w..n).step_by(warps).fold(0f32, |a, j| {
-                                    scores[j].mul_add(values[slot_of(i, j) * hd + e], a)
-                                })
-                            })
-                            .collect();
-                        let total = parts[1..].iter().fold(parts[0], |a, p| a + p);
-                        out[h * hd + e] = total / sum;
-                    }
+                    let at = |j: usize| slot_of(i, j) * hd;
+                    let head = attend(
+                        &q[h * hd..(h + 1) * hd],
+                        |j| &keys[at(j)..at(j) + hd],
+                        |j| &values[at(j)..at(j) + hd],
+                        (first, n),
+                        scale,
+                    );
+                    out[h * hd..(h + 1) * hd].copy_from_slice(&head);
                 }
                 attended.push(out);
             }
