@@ -7,8 +7,15 @@ fn main() {
     println!("cargo:rerun-if-changed=src/neural/gpu/kernels.cu");
     println!("cargo:rerun-if-env-changed=NVCC");
     println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
+    println!("cargo:rerun-if-env-changed=INFGRAM_CUDA_LINK_DIR");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
+    }
+    // Where scripts/build-cuda.sh keeps the static CUDA runtime candle's kernels link: a search
+    // path of this crate's links rather than RUSTFLAGS, whose change would rebuild every
+    // dependency (so the cuda check shares the default build's compiled crates).
+    if let Ok(dir) = std::env::var("INFGRAM_CUDA_LINK_DIR") {
+        println!("cargo:rustc-link-search=native={dir}");
     }
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let nvcc = std::env::var("NVCC").unwrap_or_else(|_| "nvcc".into());

@@ -11,7 +11,8 @@
 # * candle's kernels link the CUDA runtime: only its static library is on the link path, so
 #   it is linked into the binary.
 #
-# Usage: bash scripts/build-cuda.sh [--check]   (--check: compile only, as CI does)
+# Usage: bash scripts/build-cuda.sh [--check]   (--check: compile and start it, as CI does, in the
+#   default target folder, whose release/infgram it leaves as it found it)
 # Environment: CUDA_COMPUTE_CAP (default 90: H100, H200), CARGO_BUILD_JOBS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,8 +38,18 @@ export PATH=$cuda/bin:$PATH
 export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90} CUDARC_CUDA_VERSION=13000
 # The kernels embedded in the binary, compressed (33 MB to 6 MB).
 export NVCC_APPEND_FLAGS=--compress-mode=size
-export RUSTFLAGS="${RUSTFLAGS:-} -L native=$toolchain/lib64"
-export CARGO_TARGET_DIR=$root/target/cuda
+# The static CUDA runtime's folder, passed to the link by build.rs (not RUSTFLAGS: a change of
+# those rebuilds every crate).
+export INFGRAM_CUDA_LINK_DIR=$toolchain/lib64
+# The check shares the default build's target folder, so that the crates the cuda feature does
+# not change are compiled once (CI); the build for a GPU keeps its own (target/cuda), whose
+# binaries are carried.
+if [ "$mode" = check ]; then
+    export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
+    default_bin=$([ -x "$CARGO_TARGET_DIR/release/infgram" ] && echo yes || true)
+else
+    export CARGO_TARGET_DIR=$root/target/cuda
+fi
 
 # candle-core as fetched, with cudarc's dynamic-loading for its dynamic-linking.
 cargo fetch --quiet
@@ -71,7 +82,7 @@ if [ "$mode" = check ]; then
         echo "build-cuda: the binary links a CUDA or font library; it would not start without one" >&2
         exit 1
     }
-    echo "build-cuda: target/cuda/release/infgram links no CUDA or font library"
+    echo "build-cuda: $CARGO_TARGET_DIR/release/infgram links no CUDA or font library"
     # --device cuda: on a GPU machine, a generation; elsewhere, the error that says what is
     # missing (exit 1), never a crash.
     set +e
@@ -85,10 +96,12 @@ if [ "$mode" = check ]; then
         1) echo "$out" | grep -q "^error: --device cuda" || exit 1 ;;
         *) echo "build-cuda: --device cuda crashed (exit $rc)" >&2; exit 1 ;;
     esac
-    # The CPU passes of the cuda build: the candle pass is still batch-invariant, and
-    # speculative decoding over it lossless.
-    cargo test --release "${features[@]}" "${patch[@]}" --test architectures --test speculative \
-        -- candle
+    # The shared folder's release/infgram is now the cuda build's: put the default one back (a
+    # copy of the already-built binary) where it was there before.
+    if [ -n "$default_bin" ]; then
+        cp "$toolchain/Cargo.lock.kept" Cargo.lock
+        cargo build --release --quiet --bin infgram
+    fi
 else
     cargo build --release "${features[@]}" --bin infgram --example bench_decode "${patch[@]}"
     # The architectures tests, whose GPU test checks the fused kernels against their CPU
