@@ -15,8 +15,9 @@
 # 3. `bench_decode speculative` on the GPU: plain against speculative decoding on the copy /
 #    edit, Shakespeare and open prompt sets, with whether every output equals plain decoding's
 #    (the "identical" column: lossless on the device);
-# 4. the same prompts through Hugging Face transformers on the same GPU, where PyTorch,
-#    transformers and gguf are installed (scripts/hf_baseline.py).
+# 4. llama.cpp's llama-bench on the same file (tg128, pp16; from scripts/build-llama-bench.sh,
+#    its folder in LLAMA_BENCH_DIR), and the same prompts through Hugging Face transformers on
+#    the same GPU, where PyTorch, transformers and gguf are installed (scripts/hf_baseline.py).
 # Each step has a time limit, set from a run on an H100 (2026-11-26: about 6 minutes a model,
 # the transformers baseline included; the first model also builds the corpus index in its
 # tokens). The transformers step needs the `gguf` package (carry its wheel to a GPU image).
@@ -24,7 +25,7 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin=$here/target/cuda/release
 if [ "${1:-}" = "--bin" ]; then bin=$2; shift 2; fi
-[ $# -ge 1 ] || { sed -n 2,18p "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n 2,20p "$0"; exit 2; }
 infgram=$bin/infgram
 bench=$bin/bench_decode
 [ -x "$bench" ] || bench=$bin/examples/bench_decode
@@ -117,6 +118,17 @@ except Exception:
         -d '{"prompt": "The capital of France is", "max_tokens": 12, "temperature": 0, "mode": "speculative"}' \
         | head -c 300)"
     kill "$server" 2>/dev/null; wait "$server" 2>/dev/null
+    # llama.cpp's CUDA build on the same GPU and file (scripts/build-llama-bench.sh; its folder
+    # as LLAMA_BENCH_DIR, default target/llama/dist): tg128 and pp16, from an empty context and
+    # after 256 tokens, flash attention on and off.
+    llama=${LLAMA_BENCH_DIR:-$here/target/llama/dist}
+    if [ -x "$llama/llama-bench" ]; then
+        section "$name: llama.cpp (llama-bench) on the same GPU"
+        for fa in 1 0; do
+            LD_LIBRARY_PATH=$llama:$LD_LIBRARY_PATH timeout 120 "$llama/llama-bench" -m "$model" \
+                -ngl 99 -fa "$fa" -p 16 -n 128 -d 0,256 -r 5 -o md 2>&1 | grep '^|' | tail -4
+        done
+    fi
     section "$name: Hugging Face transformers on the same GPU"
     "$bench" prompts | timeout 180 python3 "$here/scripts/hf_baseline.py" "$model" \
         --per-set 2 --max-new-tokens 128 2>&1 | tail -8
