@@ -479,6 +479,25 @@ impl GpuDecoder {
         let launched = |r: std::result::Result<_, driver::DriverError>| {
             r.map(|_| ()).map_err(|e| gpu_err("a kernel launch", e))
         };
+        // `matvec` over `mats` (`rows` in all) reading `cols`-wide rows of `x`, normed first by
+        // `norm` (0: not), added into the output where `residual` is 1.
+        let matvec = |mats: &Mats, x: u64, cols: usize, norm: u64, residual: i32, rows: usize| {
+            let width = cols as i32;
+            // SAFETY: as for every launch below.
+            unsafe {
+                launched(
+                    s.launch_builder(&pr.matvec)
+                        .arg(mats)
+                        .arg(&x)
+                        .arg(&width)
+                        .arg(&ti)
+                        .arg(&norm)
+                        .arg(&eps)
+                        .arg(&residual)
+                        .launch(grid(rows, cols)),
+                )
+            }
+        };
         let scale = cfg.embedding.scale.unwrap_or(0.0);
         // SAFETY (every launch below): the arguments match the kernels' signatures in
         // kernels.cu, and every address is a live allocation of this decoder sized for
@@ -532,8 +551,6 @@ impl GpuDecoder {
             };
             let wo = one(w.wo);
             let down = one(w.w_down);
-            let (q_width, ffn) = (heads.q_width() as i32, w.w_gate.rows);
-            let zero = 0i32;
             // SAFETY: as above.
             unsafe {
                 if qn == 0 {
@@ -563,17 +580,7 @@ impl GpuDecoder {
                             .launch(grid(units, cfg.dim)),
                     )?;
                 } else {
-                    launched(
-                        s.launch_builder(&pr.matvec)
-                            .arg(&qkv)
-                            .arg(&a.x)
-                            .arg(&dim)
-                            .arg(&ti)
-                            .arg(&w.attn_norm)
-                            .arg(&eps)
-                            .arg(&zero)
-                            .launch(grid(rows, cfg.dim)),
-                    )?;
+                    matvec(&qkv, a.x, cfg.dim, w.attn_norm, 0, rows)?;
                     launched(
                         s.launch_builder(&k.rope_cache)
                             .arg(&a.q)
@@ -617,16 +624,13 @@ impl GpuDecoder {
                             shared_mem_bytes: 0,
                         }),
                 )?;
-                launched(
-                    s.launch_builder(&pr.matvec)
-                        .arg(&wo)
-                        .arg(&a.att)
-                        .arg(&q_width)
-                        .arg(&ti)
-                        .arg(&null)
-                        .arg(&eps)
-                        .arg(&residual)
-                        .launch(grid(w.wo.rows as usize, w.wo.cols as usize)),
+                matvec(
+                    &wo,
+                    a.att,
+                    w.wo.cols as usize,
+                    null,
+                    residual,
+                    w.wo.rows as usize,
                 )?;
                 if let Some([post_attention, _]) = &post {
                     launched(
@@ -652,16 +656,13 @@ impl GpuDecoder {
                         .arg(&a.act)
                         .launch(grid(w.w_gate.rows as usize, cfg.dim)),
                 )?;
-                launched(
-                    s.launch_builder(&pr.matvec)
-                        .arg(&down)
-                        .arg(&a.act)
-                        .arg(&ffn)
-                        .arg(&ti)
-                        .arg(&null)
-                        .arg(&eps)
-                        .arg(&residual)
-                        .launch(grid(w.w_down.rows as usize, w.w_down.cols as usize)),
+                matvec(
+                    &down,
+                    a.act,
+                    w.w_down.cols as usize,
+                    null,
+                    residual,
+                    w.w_down.rows as usize,
                 )?;
                 if let Some([_, post_ffw]) = &post {
                     launched(
@@ -683,21 +684,7 @@ impl GpuDecoder {
             n: 1,
             _pad: 0,
         };
-        let zero = 0i32;
-        // SAFETY: as above.
-        unsafe {
-            launched(
-                s.launch_builder(&pr.matvec)
-                    .arg(&out)
-                    .arg(&a.x)
-                    .arg(&dim)
-                    .arg(&ti)
-                    .arg(&self.norm)
-                    .arg(&eps)
-                    .arg(&zero)
-                    .launch(grid(self.vocab, cfg.dim)),
-            )?;
-        }
+        matvec(&out, a.x, cfg.dim, self.norm, 0, self.vocab)?;
         Ok(())
     }
 
