@@ -1,12 +1,13 @@
 //! [`GpuDecoder`]: a GGUF model's passes on an NVIDIA GPU, on infgram's own fused kernels
 //! (`kernels.cu`), each pass replayed from a CUDA graph captured once per row count.
 //!
-//! A layer is five launches (seven with Gemma's norms after the blocks and a sixth for its
-//! per-head norms): q/k/v in one matrix-vector kernel with the norm before it fused in, and the
-//! rotation and the cache write on the way out (a kernel of their own, with the per-head norms,
-//! where a model has those); attention over the cache, split in chunks of positions over
-//! many blocks; the output product added to the residual; gate
-//! and up in one kernel with the activation; down added to the residual. The weights stay in
+//! A layer is five launches: q/k/v in one matrix-vector kernel with the norm before it fused
+//! in, and the rotation and the cache write on the way out; attention over the cache, its
+//! positions in chunks over many blocks; the output product added to the residual; gate
+//! and up in one kernel with the activation; down added to the residual. Per-head norms (Qwen
+//! 3, Gemma 3) move the rotation into a kernel of its own, and Gemma's norms after the blocks
+//! add two (eight launches). The matrix kernels come in a one-row form and a form for several
+//! rows, each compiled per weight type. The weights stay in
 //! the file's blocks on the device; activations are f32. Every buffer is allocated at load
 //! (the KV cache for [`CAPACITY`] positions), and what varies between passes of one row count
 //! (the cached length, the tokens, each row's position and the slots of its branch) lives in a
