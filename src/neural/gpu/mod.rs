@@ -1,7 +1,8 @@
 //! The GPU step on infgram's own kernels (`--device cuda`).
 //!
-//! * `kernels.cu`: the fused kernels of a pass (six launches a layer; `build.rs` compiles
-//!   them to PTX with the pinned nvcc in a build with the `cuda` feature);
+//! * `kernels.cu`: the fused kernels of a pass (five launches a layer, eight for Gemma;
+//!   `build.rs` compiles them with the pinned nvcc into a fat binary, sm_90 code and PTX, in a
+//!   build with the `cuda` feature);
 //! * `decoder` (`cuda` feature): `GpuDecoder`, the model on the GPU, each pass replayed from
 //!   a CUDA graph captured once per row count;
 //! * [`mod@reference`]: the same pass on the CPU in the kernels' order of operations (lanes,
