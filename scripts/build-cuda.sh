@@ -19,6 +19,7 @@ cd "$(dirname "$0")/.."
 root=$PWD
 mode=build
 [ "${1:-}" = "--check" ] && mode=check
+given_env=$(export -p)
 
 # nvcc and its parts, pinned to one CUDA 13.0 release: a newer nvcc writes PTX that a CUDA
 # 13.0 driver (580) cannot load.
@@ -105,9 +106,16 @@ if [ "$mode" = check ]; then
     esac
     # The shared folder's release/infgram is now the cuda build's: put the default one back (a
     # copy of the already-built binary) where it was there before.
+    # It runs in the environment this script was given: build.rs watches the CUDA variables
+    # set above, and with them the default build's crate would be compiled again.
     if [ -n "$default_bin" ]; then
         cp "$toolchain/Cargo.lock.kept" Cargo.lock
-        cargo build --release --quiet --bin infgram
+        (
+            unset NVCC CUDA_COMPUTE_CAP INFGRAM_CUDA_LINK_DIR CUDA_HOME CUDA_ROOT CUDA_PATH \
+                CUDARC_CUDA_VERSION NVCC_APPEND_FLAGS
+            eval "$given_env"
+            cargo build --release --quiet --bin infgram
+        )
     fi
 else
     cargo build --release "${features[@]}" --bin infgram --example bench_decode "${patch[@]}"

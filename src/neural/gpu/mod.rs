@@ -251,3 +251,23 @@ fn warp_sum(mut lanes: [f32; WARP]) -> f32 {
     }
     lanes[0]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The sizes `kernels.cu` defines for itself are the ones the decoder allocates and
+    /// launches by (a partials buffer sized for other chunks would be overrun).
+    #[test]
+    fn the_kernels_sizes_are_the_decoder_s() {
+        let cu = include_str!("kernels.cu");
+        for line in [
+            format!("#define TOKENS {TOKENS}"),
+            format!("#define CHUNK {CHUNK}"),
+            format!("#define ATT_WARPS {ATT_WARPS}"),
+            format!("#define MAX_CHUNKS ({CAPACITY} / CHUNK)"),
+        ] {
+            assert!(cu.lines().any(|l| l == line), "kernels.cu lacks `{line}`");
+        }
+    }
+}
