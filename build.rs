@@ -1,6 +1,7 @@
 //! With the `cuda` feature: compiles the GPU step's kernels (`src/neural/gpu/kernels.cu`) into a
-//! fat binary (machine code for the GPU, and PTX for newer ones) with nvcc (`$NVCC`, else `nvcc` on the PATH; `scripts/build-cuda.sh` sets it to the
-//! pinned pip toolchain), for `CUDA_COMPUTE_CAP` (default 90: H100, H200). Without it, nothing.
+//! fat binary (machine code for the GPU, and PTX for newer ones) with nvcc (`$NVCC`, else
+//! `nvcc` on the PATH; `scripts/build-cuda.sh` sets it to the pinned pip toolchain), for
+//! `CUDA_COMPUTE_CAP` (default 90: H100, H200). Without it, nothing.
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");

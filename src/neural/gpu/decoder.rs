@@ -228,9 +228,10 @@ struct LockedHost {
 impl LockedHost {
     fn new(len: usize) -> Self {
         let mut buf = vec![0f32; len];
+        let bytes = std::mem::size_of_val(buf.as_slice());
         // SAFETY: the range is this Vec's allocation, which lives (and never moves: the Vec is
         // never grown) until Drop unregisters it.
-        let r = unsafe { sys::cuMemHostRegister_v2(buf.as_mut_ptr().cast(), len * 4, 0) };
+        let r = unsafe { sys::cuMemHostRegister_v2(buf.as_mut_ptr().cast(), bytes, 0) };
         let locked = r == sys::cudaError_enum::CUDA_SUCCESS;
         LockedHost { buf, locked }
     }

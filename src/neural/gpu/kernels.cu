@@ -372,6 +372,30 @@ __device__ __forceinline__ Pick pick(const Mats &mats, int r) {
     return p;
 }
 
+// Calls F<TK, type>(args…) with `ty` as a compile-time block type (-1, for a type no case
+// names or matrices of mixed types: `decode32` switches at run time): a launch then runs one
+// type's short, straight path.
+#define BY_TYPE(ty, F, ...)                                                                    \
+    switch (ty) {                                                                              \
+    case Q4_0: F<TK, Q4_0>(__VA_ARGS__); break;                                                \
+    case Q4_1: F<TK, Q4_1>(__VA_ARGS__); break;                                                \
+    case Q5_0: F<TK, Q5_0>(__VA_ARGS__); break;                                                \
+    case Q5_1: F<TK, Q5_1>(__VA_ARGS__); break;                                                \
+    case Q8_0: F<TK, Q8_0>(__VA_ARGS__); break;                                                \
+    case Q4_K: F<TK, Q4_K>(__VA_ARGS__); break;                                                \
+    case Q5_K: F<TK, Q5_K>(__VA_ARGS__); break;                                                \
+    case Q6_K: F<TK, Q6_K>(__VA_ARGS__); break;                                                \
+    default: F<TK, -1>(__VA_ARGS__);                                                           \
+    }
+
+// The block type all of `mats` share, or -1.
+__device__ __forceinline__ int shared_type(const Mats &mats) {
+    return mats.n == 1 || (mats.m[1].type == mats.m[0].type &&
+                           (mats.n == 2 || mats.m[2].type == mats.m[0].type))
+               ? mats.m[0].type
+               : -1;
+}
+
 // out = W · in (+ bias) (+ residual: out[r] += …, in place), for 1 to 3 matrices reading the same
 // input (all `cols` wide). blockIdx.y picks TOKENS rows of the pass, copied (and normed with
 // `norm`) into shared memory once per block; the block's warps then take rows blockIdx.x · 8 +
@@ -413,17 +437,7 @@ __device__ __forceinline__ void matvec_typed(Mats mats, const float *x, int stri
 template <int TK>
 __device__ __forceinline__ void matvec_rows(Mats mats, const float *x, int stride, int t, const float *norm,
                                   float eps, int residual) {
-    switch (mats.n == 1 || (mats.m[1].type == mats.m[0].type && (mats.n == 2 || mats.m[2].type == mats.m[0].type)) ? mats.m[0].type : -1) {
-    case Q4_0: matvec_typed<TK, Q4_0>(mats, x, stride, t, norm, eps, residual); break;
-    case Q4_1: matvec_typed<TK, Q4_1>(mats, x, stride, t, norm, eps, residual); break;
-    case Q5_0: matvec_typed<TK, Q5_0>(mats, x, stride, t, norm, eps, residual); break;
-    case Q5_1: matvec_typed<TK, Q5_1>(mats, x, stride, t, norm, eps, residual); break;
-    case Q8_0: matvec_typed<TK, Q8_0>(mats, x, stride, t, norm, eps, residual); break;
-    case Q4_K: matvec_typed<TK, Q4_K>(mats, x, stride, t, norm, eps, residual); break;
-    case Q5_K: matvec_typed<TK, Q5_K>(mats, x, stride, t, norm, eps, residual); break;
-    case Q6_K: matvec_typed<TK, Q6_K>(mats, x, stride, t, norm, eps, residual); break;
-    default: matvec_typed<TK, -1>(mats, x, stride, t, norm, eps, residual);
-    }
+    BY_TYPE(shared_type(mats), matvec_typed, mats, x, stride, t, norm, eps, residual)
 }
 extern "C" __global__ void matvec(Mats mats, const float *x, int stride, int t, const float *norm,
                                   float eps, int residual) {
@@ -522,17 +536,7 @@ __device__ __forceinline__ void qkv_rope_rows(Mats mats, const float *x, int str
                                     float eps, const int *params, int T, int nh, int nkv, int hd,
                                     const float *cos_t, const float *sin_t, int interleaved,
                                     float *q, float *kcache, float *vcache, int capacity) {
-    switch (mats.n == 1 || (mats.m[1].type == mats.m[0].type && (mats.n == 2 || mats.m[2].type == mats.m[0].type)) ? mats.m[0].type : -1) {
-    case Q4_0: qkv_rope_typed<TK, Q4_0>(mats, x, stride, t, norm, eps, params, T, nh, nkv, hd, cos_t, sin_t, interleaved, q, kcache, vcache, capacity); break;
-    case Q4_1: qkv_rope_typed<TK, Q4_1>(mats, x, stride, t, norm, eps, params, T, nh, nkv, hd, cos_t, sin_t, interleaved, q, kcache, vcache, capacity); break;
-    case Q5_0: qkv_rope_typed<TK, Q5_0>(mats, x, stride, t, norm, eps, params, T, nh, nkv, hd, cos_t, sin_t, interleaved, q, kcache, vcache, capacity); break;
-    case Q5_1: qkv_rope_typed<TK, Q5_1>(mats, x, stride, t, norm, eps, params, T, nh, nkv, hd, cos_t, sin_t, interleaved, q, kcache, vcache, capacity); break;
-    case Q8_0: qkv_rope_typed<TK, Q8_0>(mats, x, stride, t, norm, eps, params, T, nh, nkv, hd, cos_t, sin_t, interleaved, q, kcache, vcache, capacity); break;
-    case Q4_K: qkv_rope_typed<TK, Q4_K>(mats, x, stride, t, norm, eps, params, T, nh, nkv, hd, cos_t, sin_t, interleaved, q, kcache, vcache, capacity); break;
-    case Q5_K: qkv_rope_typed<TK, Q5_K>(mats, x, stride, t, norm, eps, params, T, nh, nkv, hd, cos_t, sin_t, interleaved, q, kcache, vcache, capacity); break;
-    case Q6_K: qkv_rope_typed<TK, Q6_K>(mats, x, stride, t, norm, eps, params, T, nh, nkv, hd, cos_t, sin_t, interleaved, q, kcache, vcache, capacity); break;
-    default: qkv_rope_typed<TK, -1>(mats, x, stride, t, norm, eps, params, T, nh, nkv, hd, cos_t, sin_t, interleaved, q, kcache, vcache, capacity);
-    }
+    BY_TYPE(shared_type(mats), qkv_rope_typed, mats, x, stride, t, norm, eps, params, T, nh, nkv, hd, cos_t, sin_t, interleaved, q, kcache, vcache, capacity)
 }
 extern "C" __global__ void qkv_rope(Mats mats, const float *x, int stride, int t, const float *norm,
                                     float eps, const int *params, int T, int nh, int nkv, int hd,
@@ -583,17 +587,7 @@ __device__ __forceinline__ void gated_typed(Mat gate, Mat up, const float *x, in
 template <int TK>
 __device__ __forceinline__ void gated_rows(Mat gate, Mat up, const float *x, int stride, int t,
                                  const float *norm, float eps, int act, float *out) {
-    switch (gate.type == up.type ? gate.type : -1) {
-    case Q4_0: gated_typed<TK, Q4_0>(gate, up, x, stride, t, norm, eps, act, out); break;
-    case Q4_1: gated_typed<TK, Q4_1>(gate, up, x, stride, t, norm, eps, act, out); break;
-    case Q5_0: gated_typed<TK, Q5_0>(gate, up, x, stride, t, norm, eps, act, out); break;
-    case Q5_1: gated_typed<TK, Q5_1>(gate, up, x, stride, t, norm, eps, act, out); break;
-    case Q8_0: gated_typed<TK, Q8_0>(gate, up, x, stride, t, norm, eps, act, out); break;
-    case Q4_K: gated_typed<TK, Q4_K>(gate, up, x, stride, t, norm, eps, act, out); break;
-    case Q5_K: gated_typed<TK, Q5_K>(gate, up, x, stride, t, norm, eps, act, out); break;
-    case Q6_K: gated_typed<TK, Q6_K>(gate, up, x, stride, t, norm, eps, act, out); break;
-    default: gated_typed<TK, -1>(gate, up, x, stride, t, norm, eps, act, out);
-    }
+    BY_TYPE(gate.type == up.type ? gate.type : -1, gated_typed, gate, up, x, stride, t, norm, eps, act, out)
 }
 extern "C" __global__ void gated(Mat gate, Mat up, const float *x, int stride, int t,
                                  const float *norm, float eps, int act, float *out) {
@@ -720,7 +714,7 @@ __device__ __forceinline__ void attend(const float *q, const float *kcache, cons
     for (int c = blockIdx.z; c < chunks; c += gridDim.z) {
         int start = first + c * CHUNK;
         // Positions past the row's are read at the chunk's first slot and left out of the
-        // arithmetic: no load waits behind a branch, so a warp's 16 go out together.
+        // arithmetic: no load waits behind a branch, so a warp's PER_WARP go out together.
         int slot[PER_WARP];
         bool valid[PER_WARP];
         int start_slot = start < pos ? start : branch[start - pos];

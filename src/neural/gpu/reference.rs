@@ -161,14 +161,18 @@ fn attend<'a>(
     let big_m = chunks
         .iter()
         .fold(f32::NEG_INFINITY, |a, (m, _, _)| a.max(*m));
+    // Each chunk's factor against the max (the kernel forms it where it is used: the same bits).
+    let factors: Vec<f32> = chunks.iter().map(|(m, _, _)| (m - big_m).exp()).collect();
     let total = chunks
         .iter()
-        .fold(0f32, |a, (m, s, _)| a + s * (m - big_m).exp());
+        .zip(&factors)
+        .fold(0f32, |a, ((_, s, _), f)| a + s * f);
     (0..hd)
         .map(|d| {
             chunks
                 .iter()
-                .fold(0f32, |a, (m, _, o)| a + o[d] * (m - big_m).exp())
+                .zip(&factors)
+                .fold(0f32, |a, ((_, _, o), f)| a + o[d] * f)
                 / total
         })
         .collect()
