@@ -11,7 +11,7 @@ use infgram::decode::{decode, DecodeConfig, Draft, Drafter, Processor, Sampler, 
 use infgram::eval::attribution::{attribute, creativity};
 use infgram::lm::DenseRows;
 use infgram::ngram::{Estimator, InfgramModel};
-use infgram::service::{generate_from_index, GenConfig, GuardConfig, GuardReport};
+use infgram::service::{generate_from_corpus, GenConfig, GuardConfig, GuardReport};
 use infgram::tokenizer::TokenizerSpec;
 use infgram::Index;
 use proptest::prelude::*;
@@ -91,7 +91,7 @@ proptest! {
                     max_tokens: 60,
                     guard: Some(GuardConfig { max_span: l, index: None, ignore_prompt }),
                 };
-                let g = generate_from_index(index.clone(), &prompt, &cfg, &mut sampler(temperature, seed), |_| {})
+                let g = generate_from_corpus(index.clone(), &prompt, &cfg, &mut sampler(temperature, seed), |_| {})
                     .unwrap();
                 let (text, from) = if ignore_prompt {
                     (g.tokens.clone(), 0)
@@ -100,7 +100,7 @@ proptest! {
                 };
                 let copied = longest_copied(&docs, &text, from);
                 prop_assert!(copied <= l, "{estimator:?} T={temperature}: copied {copied} > {l}");
-                let report = GuardReport::measure(g.guard, &index, &g.tokens);
+                let report = GuardReport::measure(g.guard, &*index, &g.tokens).unwrap();
                 prop_assert_eq!(report.max_copied_span, longest_copied(&docs, &g.tokens, 0));
             }
         }
@@ -113,9 +113,9 @@ proptest! {
         let prompt = vec![docs[0][0]];
         for estimator in estimators() {
             let cfg = GenConfig { cancel: None, estimator, context: 50, max_tokens: 80, guard: None };
-            let plain = generate_from_index(index.clone(), &prompt, &cfg, &mut sampler(0.8, seed), |_| {}).unwrap();
+            let plain = generate_from_corpus(index.clone(), &prompt, &cfg, &mut sampler(0.8, seed), |_| {}).unwrap();
             let guarded_cfg = GenConfig { guard: Some(GuardConfig::new(100)), ..cfg };
-            let guarded = generate_from_index(index.clone(), &prompt, &guarded_cfg, &mut sampler(0.8, seed), |_| {})
+            let guarded = generate_from_corpus(index.clone(), &prompt, &guarded_cfg, &mut sampler(0.8, seed), |_| {})
                 .unwrap();
             prop_assert_eq!(&plain.tokens, &guarded.tokens);
             prop_assert_eq!(guarded.guard.unwrap().blocked, 0);
@@ -242,8 +242,8 @@ fn edge_cases() {
         max_tokens: 10,
         guard: Some(GuardConfig::new(0)),
     };
-    let e =
-        generate_from_index(index.clone(), &[1], &cfg, &mut Sampler::greedy(), |_| {}).unwrap_err();
+    let e = generate_from_corpus(index.clone(), &[1], &cfg, &mut Sampler::greedy(), |_| {})
+        .unwrap_err();
     assert!(e.to_string().contains("at least 1"), "{e}");
     // The corpus is all copies: with L = 1 the guard leaves SBIS nothing but other tokens, and
     // generation either finds one or stops, never copying two tokens.
@@ -252,7 +252,8 @@ fn edge_cases() {
         guard: Some(GuardConfig::new(1)),
         ..cfg
     };
-    let g = generate_from_index(index.clone(), &[1], &cfg, &mut Sampler::greedy(), |_| {}).unwrap();
+    let g =
+        generate_from_corpus(index.clone(), &[1], &cfg, &mut Sampler::greedy(), |_| {}).unwrap();
     let text = [vec![1], g.tokens.clone()].concat();
     assert!(longest_copied(&docs, &text, 1) <= 1, "{text:?}");
     // Empty text: nothing to attribute, uniqueness 1.

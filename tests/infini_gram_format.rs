@@ -241,7 +241,7 @@ fn damaged_directories_are_refused() {
 fn sbis_generates_from_an_infini_gram_directory() {
     use infgram::decode::{Sampler, SamplerConfig};
     use infgram::ngram::Estimator;
-    use infgram::service::{generate_from_index, GenConfig};
+    use infgram::service::{generate_from_corpus, GenConfig};
     let corpora: [(usize, Vec<Vec<u32>>); 3] = [
         (2, vec![vec![1, 256, 2], vec![256, 2]]),
         (1, vec![vec![3, 4, 3, 4, 3], vec![4, 3], vec![3]]),
@@ -264,7 +264,7 @@ fn sbis_generates_from_an_infini_gram_directory() {
                 for end in 0..=d.len() {
                     for seed in 0..6 {
                         let mut sampler = Sampler::new(SamplerConfig::default(), Some(seed));
-                        let g = generate_from_index(
+                        let g = generate_from_corpus(
                             index.clone(),
                             &d[..end],
                             &cfg,

@@ -27,7 +27,7 @@ fn neural(docs: &[Vec<u32>]) -> Box<dyn LanguageModel> {
     Box::new(DenseRows(m))
 }
 
-fn mixture(a: &[Vec<u32>], b: &[Vec<u32>], mixer: Mixer) -> Interpolated<Vec<u8>> {
+fn mixture(a: &[Vec<u32>], b: &[Vec<u32>], mixer: Mixer) -> Interpolated {
     Interpolated::new(neural(a), index(b), mixer, 20).unwrap()
 }
 

@@ -3,11 +3,11 @@
 
 use infgram::decode::{decode, DecodeConfig};
 use infgram::decode::{Sampler, SamplerConfig};
+use infgram::index::levels::{self, LevelFinder};
 use infgram::lm::{DenseRows, LanguageModel};
-use infgram::ngram::levels::{self, LevelFinder};
 use infgram::ngram::smoothed::{smoothed_distribution, smoothed_prob, Discounts, CLASSES};
 use infgram::ngram::{sbis, Estimator, InfgramModel};
-use infgram::service::{generate_from_index, GenConfig};
+use infgram::service::{generate_from_corpus, GenConfig};
 use infgram::tokenizer::TokenizerSpec;
 use infgram::Index;
 use proptest::prelude::*;
@@ -156,7 +156,7 @@ fn seeded_generation_is_reproducible() {
     };
     let run = |seed| {
         let mut s = Sampler::new(SamplerConfig::default(), Some(seed));
-        generate_from_index(
+        generate_from_corpus(
             index.clone(),
             b"to ".map(u32::from).as_ref(),
             &cfg,
@@ -179,7 +179,7 @@ fn seeded_generation_is_reproducible() {
         },
         None,
     );
-    let out = generate_from_index(
+    let out = generate_from_corpus(
         index.clone(),
         &b"to be or not".map(u32::from),
         &cfg,
@@ -196,20 +196,20 @@ fn seeded_generation_is_reproducible() {
     // An empty prompt and an unseen prompt back off instead of failing.
     let mut s = Sampler::new(SamplerConfig::default(), Some(1));
     assert!(
-        !generate_from_index(index.clone(), &[], &cfg, &mut s, |_| {})
+        !generate_from_corpus(index.clone(), &[], &cfg, &mut s, |_| {})
             .unwrap()
             .tokens
             .is_empty()
     );
     assert!(
-        !generate_from_index(index.clone(), &[200, 201], &cfg, &mut s, |_| {})
+        !generate_from_corpus(index.clone(), &[200, 201], &cfg, &mut s, |_| {})
             .unwrap()
             .tokens
             .is_empty()
     );
     // An empty index is an error, not a panic.
     let empty = Index::from_docs(TokenizerSpec::synthetic(255), &[], 1, true).unwrap();
-    assert!(generate_from_index(Arc::new(empty), &[1], &cfg, &mut s, |_| {}).is_err());
+    assert!(generate_from_corpus(Arc::new(empty), &[1], &cfg, &mut s, |_| {}).is_err());
 }
 
 #[test]

@@ -10,7 +10,7 @@ use infgram::decode::{Sampler, SamplerConfig};
 use infgram::ngram::Estimator;
 use infgram::service::query::{defaults, Continuation, Query, Subject};
 use infgram::service::request::DrafterSpec;
-use infgram::service::{execute, generate_from_index, open_index, GenConfig};
+use infgram::service::{execute, generate_from_corpus, open_index, GenConfig};
 #[cfg(feature = "neural")]
 use infgram::tokenizer::Tokenizer;
 use serde_json::{json, Value};
@@ -787,7 +787,7 @@ fn sbis_completions_are_the_library_generation_streamed_or_not() {
             },
             Some(seed),
         );
-        let g = generate_from_index(
+        let g = generate_from_corpus(
             index.clone(),
             &tok.encode("the cat").unwrap(),
             &cfg,

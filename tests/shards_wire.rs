@@ -3,12 +3,10 @@
 //! router carries to its shard actors), and `service::execute` runs over any `Shards`.
 
 use infgram::decode::{Sampler, SamplerConfig};
+use infgram::index::levels::{levels_over, LevelFinder};
 use infgram::index::partial::{ShardAnswer, ShardInfo, ShardQuery, Shards, SharedShards};
-use infgram::ngram::levels::{levels_over, LevelFinder};
-use infgram::ngram::Estimator;
-use infgram::service::{
-    execute, generate_from_index, generate_over_shards, GenConfig, GuardConfig, Query,
-};
+use infgram::ngram::{Estimator, InfgramModel};
+use infgram::service::{execute, generate_from_corpus, GenConfig, GuardConfig, Query};
 use infgram::tokenizer::{IdsOnly, TokenizerSpec};
 use infgram::{Error, Index, Result};
 use proptest::prelude::*;
@@ -243,7 +241,7 @@ proptest! {
             for include_empty in [false, true] {
                 let here = LevelFinder::new(true).levels(&index, ctx, k, include_empty);
                 let there = levels_over(&*wire, ctx, k, include_empty, &|_| true).unwrap();
-                let key = |l: &infgram::ngram::levels::Level| (l.len, l.total, (*l.counts).clone());
+                let key = |l: &infgram::index::levels::Level| (l.len, l.total, (*l.counts).clone());
                 prop_assert_eq!(here.iter().map(key).collect::<Vec<_>>(), there.iter().map(key).collect::<Vec<_>>());
             }
         }
@@ -255,8 +253,8 @@ proptest! {
             Ok(g) => Ok((g.tokens, g.hit_end, g.guard.map(|s| (s.blocked, s.masked)))),
             Err(e) => Err(e.to_string()),
         };
-        let local = generate_from_index(index.clone(), &prompt, &cfg, &mut sampler(temperature, seed), |_| {});
-        let remote = generate_over_shards(wire.clone(), &prompt, &cfg, &mut sampler(temperature, seed), |_| {});
+        let local = generate_from_corpus(index.clone(), &prompt, &cfg, &mut sampler(temperature, seed), |_| {});
+        let remote = generate_from_corpus(wire.clone(), &prompt, &cfg, &mut sampler(temperature, seed), |_| {});
         prop_assert_eq!(outcome(local), outcome(remote));
     }
 }
@@ -274,7 +272,7 @@ fn a_generation_whose_shard_stops_answering_fails() {
                 ..Wire::new(&index)
             };
             let shards: SharedShards = Arc::new(wire);
-            let e = generate_over_shards(
+            let e = generate_from_corpus(
                 shards,
                 &[1, 2],
                 &gen_config(-1, guard),
@@ -291,6 +289,162 @@ fn a_generation_whose_shard_stops_answering_fails() {
         estimator: Estimator::Smoothed(Default::default()),
         ..gen_config(1, None)
     };
-    let e = generate_over_shards(shards, &[1], &cfg, &mut sampler(0.0, 1), |_| {}).unwrap_err();
+    let e = generate_from_corpus(shards, &[1], &cfg, &mut sampler(0.0, 1), |_| {}).unwrap_err();
     assert!(e.to_string().contains("SBIS"), "{e}");
+}
+
+/// The documents as one index in this process and as 3 shards answering over the wire.
+fn here_and_there(docs: &[Vec<u32>], vocab: usize) -> (Arc<Index<Vec<u8>>>, SharedShards) {
+    let per_shard = docs.len().div_ceil(3).max(1);
+    let spec = TokenizerSpec::synthetic(vocab);
+    let index = Arc::new(Index::from_docs(spec, docs, per_shard, true).unwrap());
+    let wire: SharedShards = Arc::new(Wire::new(&index));
+    (index, wire)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    /// Every reader of the corpus, written once over `Shards`, reads 3 shards held elsewhere
+    /// as it reads the index in this process: the corpus drafter under both rules, the copy
+    /// guard, the ∞-gram's rows (perplexity) and its backoff past masked tokens.
+    #[test]
+    fn every_reader_reads_shards_elsewhere_as_the_index(
+        (docs, ctxs) in corpus_and_queries(4),
+        k in prop_oneof![Just(1i64), Just(-1)],
+        max_span in 1usize..4,
+    ) {
+        use infgram::decode::drafters::{CorpusDrafter, CorpusRule};
+        use infgram::decode::guard::CopyGuard;
+        use infgram::decode::{Drafter, Processor};
+        use infgram::lm::{LanguageModel, Logits};
+        let (index, wire) = here_and_there(&docs, 4);
+        let here: SharedShards = index.clone();
+        for rule in [CorpusRule::default(), CorpusRule::MostFrequent] {
+            let mut a = CorpusDrafter::with_rule(here.clone(), rule);
+            let mut b = CorpusDrafter::with_rule(wire.clone(), rule);
+            for ctx in &ctxs {
+                let (x, y) = (a.propose(ctx, 6), b.propose(ctx, 6));
+                match (x, y) {
+                    (Ok(x), Ok(y)) => {
+                        prop_assert_eq!(&x.tokens, &y.tokens);
+                        prop_assert_eq!(&x.confidence, &y.confidence);
+                    }
+                    (x, y) => prop_assert_eq!(
+                        x.as_ref().err().map(ToString::to_string),
+                        y.as_ref().err().map(ToString::to_string),
+                        "{:?}", ctx
+                    ),
+                }
+                if let (Ok(x), Ok(y)) = (a.alternatives(ctx, 3), b.alternatives(ctx, 3)) {
+                    prop_assert_eq!(x, y);
+                }
+            }
+        }
+        let masked = |guard: &mut CopyGuard, ctx: &[u32]| {
+            let mut logits = Logits::Dense(vec![0.0; 5]);
+            guard.process(ctx, &mut logits);
+            (0..5u32).filter(|&t| logits.get(t) == f32::NEG_INFINITY).collect::<Vec<_>>()
+        };
+        let mut a = CopyGuard::new(here.clone(), max_span);
+        let mut b = CopyGuard::new(wire.clone(), max_span);
+        a.start(&[]);
+        b.start(&[]);
+        for ctx in &ctxs {
+            // Each context, then grown a token at a time (the guard follows its matches).
+            for end in 0..=ctx.len() {
+                prop_assert_eq!(masked(&mut a, &ctx[..end]), masked(&mut b, &ctx[..end]));
+            }
+        }
+        let text: Vec<u32> = ctxs.concat();
+        let estimator = Estimator::Sbis { k, decay: 0.1 };
+        let model = |corpus: &SharedShards| InfgramModel::new(corpus.clone(), estimator.clone(), 20);
+        match (model(&here), model(&wire)) {
+            (Ok(mut a), Ok(mut b)) => {
+                prop_assert_eq!(a.score(&text).unwrap(), b.score(&text).unwrap());
+                for ctx in &ctxs {
+                    let mask: Vec<u32> = ctx.iter().copied().take(2).collect();
+                    prop_assert_eq!(a.backoff(ctx, &mask).unwrap(), b.backoff(ctx, &mask).unwrap());
+                }
+            }
+            (a, b) => prop_assert_eq!(a.err().map(|e| e.to_string()), b.err().map(|e| e.to_string())),
+        }
+    }
+}
+
+/// The estimators that read the whole index (smoothed, classic) say so over shards held
+/// elsewhere, and run over the index.
+#[test]
+fn the_whole_index_estimators_need_the_index_here() {
+    let docs = vec![vec![1, 2, 3, 1, 2], vec![2, 3, 1], vec![3, 1, 2, 3]];
+    let (index, wire) = here_and_there(&docs, 4);
+    let classic = infgram::ngram::EstimatorSpec::Mkn { order: 2 };
+    for estimator in [
+        Estimator::Smoothed(Default::default()),
+        classic.estimator().unwrap(),
+    ] {
+        assert!(InfgramModel::new(index.clone(), estimator.clone(), 10).is_ok());
+        let Err(e) = InfgramModel::new(wire.clone(), estimator, 10) else {
+            panic!("ran over shards held elsewhere");
+        };
+        assert!(e.to_string().contains("index opened in the process"), "{e}");
+    }
+}
+
+/// A model generation with `speculative` drafts from shards held elsewhere as from the index:
+/// the same drafts, so the same passes, and the output of plain decoding.
+#[test]
+fn a_model_generation_drafts_from_shards_held_elsewhere() {
+    use infgram::service::request::{DrafterSpec, GenLimits, Prompt, Sampling};
+    use infgram::service::run::{generate, ModelIndex, Resources, RunOptions};
+    use infgram::service::GenerateRequest;
+    let docs: Vec<Vec<u32>> = (0..9)
+        .map(|d| {
+            (0..40)
+                .map(|i| ((i * (d % 3 + 1) + d) % 7) as u32)
+                .collect()
+        })
+        .collect();
+    let (index, wire) = here_and_there(&docs, 8);
+    let tok = IdsOnly { vocab_size: 8 };
+    let request = |drafters: Vec<DrafterSpec>| {
+        GenerateRequest {
+            prompt: Prompt::Ids(docs[4][..6].to_vec()),
+            scorer: infgram::service::request::Scorer::Model,
+            drafters,
+            sampling: Sampling {
+                temperature: Some(0.0),
+                ..Default::default()
+            },
+            limits: GenLimits {
+                max_tokens: Some(30),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+        .check(1000)
+        .unwrap()
+    };
+    // The model that verifies: the ∞-gram of the first documents (a real language model).
+    let verifier = || {
+        let some =
+            Arc::new(Index::from_docs(TokenizerSpec::synthetic(8), &docs[..5], 2, true).unwrap());
+        InfgramModel::new(some, Estimator::Sbis { k: -1, decay: 0.1 }, 20).unwrap()
+    };
+    let run = |drafting: Option<SharedShards>, drafters: Vec<DrafterSpec>| {
+        let mut model = verifier();
+        let mut res = Resources::model(&mut model, &tok, "infgram")
+            .drafting_index(drafting.map(ModelIndex::elsewhere), None);
+        generate(&request(drafters), &mut res, &RunOptions::default(), |_| {}).unwrap()
+    };
+    let plain = run(None, vec![]);
+    let local = run(Some(index.clone()), vec![DrafterSpec::Corpus]);
+    let remote = run(Some(wire.clone()), vec![DrafterSpec::Corpus]);
+    assert_eq!(local.token_ids, plain.token_ids);
+    assert_eq!(remote.token_ids, plain.token_ids);
+    let passes = |r: &infgram::service::run::GenerationReport| {
+        let s = r.stats.as_ref().unwrap();
+        (s.passes, s.drafted, s.accepted)
+    };
+    assert_eq!(passes(&local), passes(&remote));
+    assert!(passes(&remote).2 > 0, "{:?}", passes(&remote));
 }

@@ -1,7 +1,7 @@
 //! `Drafter`: infgram's drafters (prompt lookup, past outputs, a corpus index) for a
 //! speculative loop that runs its model elsewhere: one session per request, the decode loop's
 //! drafts ([`infgram::service::drafts::Drafts`]). Thread-safe; every call releases the GIL.
-use crate::index::{Index, Over};
+use crate::index::Index;
 use crate::Ans;
 use infgram::service::Tokenizer;
 use pyo3::exceptions::PyValueError;
@@ -10,7 +10,7 @@ use pyo3::types::PyDict;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use infgram::service::drafts::{Corpus, Drafts, SessionStore, MAX_SESSIONS};
+use infgram::service::drafts::{Drafts, SessionStore, MAX_SESSIONS};
 
 /// A draft: token `i` follows node `parents[i]` (`None`: the end of the context), with the
 /// drafter's probability and the drafter that proposed it. A chain's parents are
@@ -122,13 +122,7 @@ impl Drafter {
         let corpus_rule = corpus_rule_named(corpus_rule)?;
         // The corpus: an index here, or shards held elsewhere (asked per draft token).
         let (corpus, index_tok) = match &index {
-            Some(i) => {
-                let corpus = match &i.over {
-                    Over::Local(opened) => Corpus::Index(opened.clone()),
-                    Over::Remote(shards) => Corpus::Shards(shards.clone()),
-                };
-                (Some(corpus), Some(i.tok.clone()))
-            }
+            Some(i) => (Some(i.corpus.clone()), Some(i.tok.clone())),
             None => (None, None),
         };
         let drafts = py

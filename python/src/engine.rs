@@ -3,56 +3,13 @@
 use crate::remote;
 use crate::{cnf_of, error_dict, ids_of, positive, runtime, Ans, Idx};
 use infgram::service::query::defaults;
-use infgram::service::shards::{partial as ask, ShardAnswer, ShardInfo, ShardQuery, Shards};
+use infgram::service::shards::{partial as ask, Shards, SharedShards};
 use infgram::service::shards::{Document, NtdResult, ProbResult};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use std::path::PathBuf;
 use std::sync::Arc;
-
-/// The shards an engine asks: opened in this process, or held elsewhere (a Ray router's).
-pub(crate) enum Backend {
-    Local(Arc<Idx>),
-    Remote(remote::RemoteShards),
-}
-
-impl Shards for Backend {
-    fn shard_count(&self) -> usize {
-        match self {
-            Backend::Local(i) => i.shard_count(),
-            Backend::Remote(r) => r.shard_count(),
-        }
-    }
-
-    fn infos(&self) -> Vec<ShardInfo> {
-        match self {
-            Backend::Local(i) => i.infos(),
-            Backend::Remote(r) => r.infos(),
-        }
-    }
-
-    fn separator(&self) -> u32 {
-        match self {
-            Backend::Local(i) => Shards::separator(i),
-            Backend::Remote(r) => r.separator(),
-        }
-    }
-
-    fn vocab_size(&self) -> usize {
-        match self {
-            Backend::Local(i) => Shards::vocab_size(i),
-            Backend::Remote(r) => r.vocab_size(),
-        }
-    }
-
-    fn ask(&self, asks: Vec<(usize, ShardQuery)>) -> infgram::Result<Vec<ShardAnswer>> {
-        match self {
-            Backend::Local(i) => i.ask(asks),
-            Backend::Remote(r) => r.ask(asks),
-        }
-    }
-}
 
 /// Where a document window is anchored: a token position of a shard, or a suffix-array rank.
 #[derive(Clone, Copy)]
@@ -69,7 +26,7 @@ pub(crate) enum Anchor {
 /// u16) are refused; `attribute` uses infgram's maximal spans.
 #[pyclass(frozen, module = "infgram._native")]
 pub struct InfiniGramEngine {
-    pub(crate) shards: Backend,
+    pub(crate) shards: SharedShards,
     pub(crate) eos: u32,
     pub(crate) token_id_max: u64,
     pub(crate) width: usize,
@@ -173,7 +130,7 @@ impl InfiniGramEngine {
                     .collect::<PyResult<Vec<_>>>()?;
                 Idx::merge(opened).map_err(|e| PyValueError::new_err(e.to_string()))
             })?;
-            Ok(Backend::Local(Arc::new(index)))
+            Ok(Arc::new(index) as SharedShards)
         })
     }
 
@@ -212,7 +169,7 @@ impl InfiniGramEngine {
         ];
         Self::checked(eos_token_id, vocab_size, token_dtype, limits, |_| {
             let shards = remote::RemoteShards::new(ask, &shard_infos, separator, index_vocab_size);
-            Ok(Backend::Remote(shards))
+            Ok(Arc::new(shards) as SharedShards)
         })
     }
 
@@ -681,7 +638,7 @@ impl InfiniGramEngine {
         vocab_size: i64,
         token_dtype: &str,
         limits: [i64; 5],
-        open: impl FnOnce(u8) -> PyResult<Backend>,
+        open: impl FnOnce(u8) -> PyResult<SharedShards>,
     ) -> PyResult<Self> {
         if !(0..vocab_size).contains(&eos_token_id) {
             return Err(PyValueError::new_err(format!(

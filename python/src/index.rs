@@ -4,7 +4,7 @@ use crate::ngram_model::NgramModel;
 use crate::{detokenize_with, runtime, to_py, tokenize_with, Ans, Idx};
 use crate::{remote, rows};
 use infgram::service::shards::Layout;
-use infgram::service::shards::Shards;
+use infgram::service::shards::{Shards, SharedShards};
 use infgram::service::Tokenizer;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -110,21 +110,16 @@ impl SbisArgs<'_> {
     }
 }
 
-/// Where an index's shards are: here (its directory, memory-mapped), or behind a Python
-/// callable (the Ray router of `infgram.ray`: each shard on the actor that holds it).
-pub(crate) enum Over {
-    /// The shards here.
-    Local(Arc<Idx>),
-    /// Shards a callable answers for.
-    Remote(Arc<remote::RemoteShards>),
-}
-
 /// An infgram index with its tokenizer, its shards here or held elsewhere: the typed query
 /// protocol, the infini-gram HTTP API, generation; over shards here also perplexity, n-gram
 /// models, batch rows and what a shard server answers.
 #[pyclass(frozen, subclass, module = "infgram._native")]
 pub struct Index {
-    pub(crate) over: Over,
+    /// The shards: here (its directory, memory-mapped), or behind a Python callable (the Ray
+    /// router of `infgram.ray`: each shard on the actor that holds it).
+    pub(crate) corpus: SharedShards,
+    /// The index's files, when they are here.
+    pub(crate) files: Option<Arc<Idx>>,
     pub(crate) tok: Arc<dyn Tokenizer>,
     /// The name the infini-gram API's `"index"` field must give (any, when it is left out).
     pub(crate) name: String,
@@ -133,9 +128,9 @@ pub struct Index {
 impl Index {
     /// The shards here, or an error saying that `what` needs them.
     pub(crate) fn local(&self, what: &str) -> PyResult<&Arc<Idx>> {
-        match &self.over {
-            Over::Local(index) => Ok(index),
-            Over::Remote(_) => Err(PyValueError::new_err(format!(
+        match &self.files {
+            Some(index) => Ok(index),
+            None => Err(PyValueError::new_err(format!(
                 "{what} needs the index's files here; an index over shards held elsewhere \
                  answers queries, the API and generate: open the directory with Index(path)"
             ))),
@@ -165,7 +160,8 @@ impl Index {
         }
         let shards = remote::RemoteShards::new(ask, shard_infos, separator, tok.vocab_size());
         Ok(Index {
-            over: Over::Remote(Arc::new(shards)),
+            corpus: Arc::new(shards),
+            files: None,
             tok: Arc::from(tok),
             name: name.to_string(),
         })
@@ -203,8 +199,10 @@ impl Index {
                 let (index, tok) = py
                     .detach(|| infgram::service::open_index(&path, tokenizer.as_deref()))
                     .map_err(|e| PyValueError::new_err(e.to_string()))?;
+                let index = Arc::new(index);
                 Ok(Index {
-                    over: Over::Local(Arc::new(index)),
+                    corpus: index.clone(),
+                    files: Some(index),
                     tok: Arc::from(tok),
                     name: name.to_string(),
                 })
@@ -230,7 +228,7 @@ impl Index {
     /// Whether the shards are held elsewhere (made with `ask=`).
     #[getter]
     fn is_remote(&self) -> bool {
-        matches!(self.over, Over::Remote(_))
+        self.files.is_none()
     }
 
     /// Answers one query of the protocol shared with `infgram query --batch` and the server,
@@ -238,13 +236,8 @@ impl Index {
     /// answer as a JSON string, or `{"error": ...}`.
     fn query_json(&self, py: Python<'_>, request: &str) -> String {
         py.detach(|| {
-            let answer = infgram::service::Query::from_json(request).and_then(|q| {
-                let tok = self.tok.as_ref();
-                match &self.over {
-                    Over::Local(index) => infgram::service::execute(index, tok, &q),
-                    Over::Remote(shards) => infgram::service::execute(shards, tok, &q),
-                }
-            });
+            let answer = infgram::service::Query::from_json(request)
+                .and_then(|q| infgram::service::execute(&self.corpus, self.tok.as_ref(), &q));
             match answer {
                 Ok(a) => a.to_value().to_string(),
                 Err(e) => serde_json::json!({ "error": e.to_string() }).to_string(),
@@ -264,13 +257,7 @@ impl Index {
                     status: 404,
                     message: format!("no index {name:?} here; this server has: {}", self.name),
                 }),
-                _ => {
-                    let tok = self.tok.as_ref();
-                    match &self.over {
-                        Over::Local(index) => api::answer(index, tok, &r, &limits),
-                        Over::Remote(shards) => api::answer(shards, tok, &r, &limits),
-                    }
-                }
+                _ => api::answer(&self.corpus, self.tok.as_ref(), &r, &limits),
             });
             match answer {
                 Ok(v) => (200, v.to_string()),
@@ -382,20 +369,10 @@ impl Index {
             seed,
             guard,
         };
-        match &self.over {
-            Over::Local(index) => {
-                let index = index.clone();
-                args.run(py, self.tok.clone(), move |tok| {
-                    infgram::service::Resources::index(index, tok)
-                })
-            }
-            Over::Remote(shards) => {
-                let shards: infgram::service::shards::SharedShards = shards.clone();
-                args.run(py, self.tok.clone(), move |tok| {
-                    infgram::service::Resources::shards(shards, tok)
-                })
-            }
-        }
+        let corpus = self.corpus.clone();
+        args.run(py, self.tok.clone(), move |tok| {
+            infgram::service::Resources::corpus(corpus, tok)
+        })
     }
 
     /// Every position's ∞-gram next-token distribution of `tokens` (u32 little-endian bytes)

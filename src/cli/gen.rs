@@ -304,7 +304,7 @@ fn run_infgram(args: &GenArgs) -> Result<()> {
     let req = args.request(args.prompt.clone(), Scorer::Infgram { estimator })?;
     let shown = args.prompt.as_deref().unwrap_or_default();
     let mut res =
-        Resources::index(Arc::new(index), tok.as_ref()).guard_index(args.guard_index()?)?;
+        Resources::corpus(Arc::new(index), tok.as_ref()).guard_index(args.guard_index()?)?;
     let opts = RunOptions {
         // The longest copied span (a pass over the output), when it is shown.
         measure_copying: args.stats || args.json,

@@ -4,7 +4,7 @@
 //!   each accepted token). Grounded answers repeat their prompt, and generated text repeats
 //!   itself.
 //! - [`CorpusDrafter`]: an ∞-gram index built with the model's tokenizer
-//!   (`infgram index --tokenizer smollm2-135m`). It follows the longest suffix of the context
+//!   (`infgram index --tokenizer smollm2-135m`), or shards of one held elsewhere. It follows the longest suffix of the context
 //!   that occurs in the corpus and drafts its most frequent continuation (the argmax chain of
 //!   the ∞-gram, which is what greedy decoding can accept).
 //!
@@ -16,10 +16,8 @@
 use super::gram_chains::GramChains;
 use super::{Draft, Drafter};
 use crate::error::Result;
+use crate::index::levels::{Level, LevelAsk, Memo};
 use crate::index::partial::SharedShards;
-use crate::index::query::Occ;
-use crate::index::Index;
-use crate::ngram::levels::{self, Level, LevelFinder};
 use crate::ngram::sbis::sbis_distribution;
 use std::sync::{Arc, Mutex};
 
@@ -512,7 +510,7 @@ pub enum CorpusRule {
 
 /// Where the longest-suffix rule stands: a sequence drafted from, the length of its level's
 /// suffix, and each shard's forward suffix-array range of that suffix (found on the first step
-/// that needs it).
+/// that needs it, on an index in this process: [`Shards::narrowed_level`]).
 ///
 /// The next step's sequence is this one plus the token drafted, `t`, one of the level's
 /// continuations, so the suffix followed by `t` occurs, and no longer suffix of the new
@@ -549,11 +547,13 @@ impl Default for CorpusRule {
     }
 }
 
-/// Drafts from an ∞-gram index of a corpus in the model's tokens. It keeps one level finder
-/// (and its counts cache) across drafts.
-pub struct CorpusDrafter<S: AsRef<[u8]> + Sync> {
-    index: Arc<Index<S>>,
-    finder: LevelFinder,
+/// Drafts from the ∞-gram of a corpus in the model's tokens: an index in this process or
+/// shards held elsewhere ([`Shards`]: the same drafts from the same documents, each step one
+/// round trip to every shard). It keeps one memo of its reads (the level finder and its counts
+/// cache's counters) across drafts.
+pub struct CorpusDrafter {
+    corpus: SharedShards,
+    memo: Memo,
     rule: CorpusRule,
     /// The longest-suffix rule's place in the draft being grown.
     chain: Option<Chain>,
@@ -584,16 +584,17 @@ impl Chain {
     }
 }
 
-impl<S: AsRef<[u8]> + Sync> CorpusDrafter<S> {
+impl CorpusDrafter {
     /// Drafts the SBIS argmax chain (decay 0.1, all levels).
-    pub fn new(index: Arc<Index<S>>) -> Self {
-        Self::with_rule(index, CorpusRule::default())
+    pub fn new(corpus: SharedShards) -> Self {
+        Self::with_rule(corpus, CorpusRule::default())
     }
 
-    pub fn with_rule(index: Arc<Index<S>>, rule: CorpusRule) -> Self {
+    /// Drafts by `rule`. Documents' ends are not drafted.
+    pub fn with_rule(corpus: SharedShards, rule: CorpusRule) -> Self {
         CorpusDrafter {
-            index,
-            finder: LevelFinder::new(false),
+            corpus,
+            memo: Memo::new(false),
             rule,
             chain: None,
             history: Vec::new(),
@@ -606,30 +607,15 @@ impl<S: AsRef<[u8]> + Sync> CorpusDrafter<S> {
     /// range of its suffix, when the last step's sequence leads to `seq` and one of
     /// the narrowed occurrences has a next token; `None`: search (a sequence the last one does
     /// not lead to included, [`Chain::leads_to`]).
-    fn chained(&mut self, seq: &[u32]) -> Option<(Level, Vec<crate::index::Range>)> {
+    fn chained(&mut self, seq: &[u32]) -> Option<(Level, Option<Vec<crate::index::Range>>)> {
         let chain = self.chain.take()?;
-        let (&t, _) = seq.split_last()?;
         if !chain.leads_to(seq) {
             return None;
         }
-        let shards = self.index.shards();
-        let last = &seq[seq.len() - 1 - chain.len..seq.len() - 1];
-        let ranges = match chain.ranges {
-            Some(r) => r,
-            None => shards.iter().map(|sh| sh.find(last)).collect(),
-        };
-        let narrowed: Vec<crate::index::Range> = shards
-            .iter()
-            .zip(&ranges)
-            .map(|(sh, &r)| match r.0 < r.1 {
-                true => sh.narrow(r, chain.len, t),
-                false => r,
-            })
-            .collect();
         let q = &seq[seq.len() - 1 - chain.len..];
-        let occs = narrowed.iter().map(|&r| Some(Occ::Fwd(r)));
-        let level = self.finder.level_of(&self.index, occs, q)?;
-        Some((level, narrowed))
+        let mut ranges = chain.ranges;
+        let level = self.corpus.narrowed_level(&mut self.memo, q, &mut ranges)?;
+        Some((level, ranges))
     }
 
     /// The `n` likeliest next tokens after `seq` with their confidences, best first (ties to
@@ -641,10 +627,11 @@ impl<S: AsRef<[u8]> + Sync> CorpusDrafter<S> {
                 // counts from the index's counts cache; after a drafted token, from the last
                 // step's level ([`Chain`]).
                 let (level, ranges) = match self.chained(seq) {
-                    Some((level, ranges)) => (level, Some(ranges)),
+                    Some((level, ranges)) => (level, ranges),
                     None => {
-                        self.index.check_tokens(seq)?;
-                        let levels = self.finder.levels(&self.index, seq, 1, false);
+                        self.corpus.check_tokens(seq)?;
+                        let ask = LevelAsk::new(seq, 1);
+                        let levels = self.corpus.levels(&mut self.memo, ask)?;
                         let Some(level) = levels.into_iter().next() else {
                             return Ok(Vec::new());
                         };
@@ -659,12 +646,15 @@ impl<S: AsRef<[u8]> + Sync> CorpusDrafter<S> {
                 (level.len, level_shares(&level))
             }
             CorpusRule::Sbis { decay } => {
-                self.index.check_tokens(seq)?;
-                let levels = self.finder.levels(&self.index, seq, -1, false);
+                self.corpus.check_tokens(seq)?;
+                let levels = self.corpus.levels(&mut self.memo, LevelAsk::new(seq, -1))?;
                 let len = levels.first().map_or(0, |l| l.len);
                 (len, sbis_distribution(&levels, decay))
             }
         };
+        // Only ids of the vocabulary are drafted (an index built in memory may hold others).
+        let mut scored = scored;
+        scored.retain(|&(t, _)| self.corpus.holds_token(t));
         Ok(best_scored(len, scored, n, self.min_match))
     }
 }
@@ -704,7 +694,7 @@ fn best_scored(
     scored.into_iter().map(|(t, p)| (t, p * length)).collect()
 }
 
-impl<S: AsRef<[u8]> + Send + Sync> Drafter for CorpusDrafter<S> {
+impl Drafter for CorpusDrafter {
     fn propose(&mut self, context: &[u32], max: usize) -> Result<Draft> {
         let from = context.len().saturating_sub(self.max_context);
         let mut seq = Vec::with_capacity(context.len() - from + max);
@@ -744,65 +734,11 @@ impl<S: AsRef<[u8]> + Send + Sync> Drafter for CorpusDrafter<S> {
     }
 }
 
-/// The corpus drafter over shards held elsewhere (a cluster's, through
-/// [`Shards`](crate::index::partial::Shards)): the same rules, the same context window and the
-/// same drafts as [`CorpusDrafter`] over an index of the same documents, each step's levels
-/// asked in one round trip to every shard ([`levels::levels_over_with`], documents' ends left
-/// out as the local drafter leaves them).
-pub struct ShardsDrafter {
-    shards: SharedShards,
-    rule: CorpusRule,
-}
-
-impl ShardsDrafter {
-    pub fn new(shards: SharedShards, rule: CorpusRule) -> Self {
-        ShardsDrafter { shards, rule }
-    }
-
-    fn ranked(&self, seq: &[u32], n: usize) -> Result<Vec<(u32, f64)>> {
-        self.shards.check_tokens(seq)?;
-        let all = |_: &crate::index::query::Counts| true;
-        let (len, scored) = match self.rule {
-            CorpusRule::MostFrequent => {
-                let levels = levels::levels_over_with(&*self.shards, seq, 1, false, &all, false)?;
-                match levels.first() {
-                    Some(level) => (level.len, level_shares(level)),
-                    None => return Ok(Vec::new()),
-                }
-            }
-            CorpusRule::Sbis { decay } => {
-                let levels = levels::levels_over_with(&*self.shards, seq, -1, false, &all, false)?;
-                let len = levels.first().map_or(0, |l| l.len);
-                (len, sbis_distribution(&levels, decay))
-            }
-        };
-        Ok(best_scored(len, scored, n, MIN_CORPUS_MATCH))
-    }
-}
-
-impl Drafter for ShardsDrafter {
-    fn propose(&mut self, context: &[u32], max: usize) -> Result<Draft> {
-        let from = context.len().saturating_sub(CORPUS_WINDOW);
-        let mut seq = Vec::with_capacity(context.len() - from + max);
-        seq.extend_from_slice(&context[from..]);
-        grow_draft(&mut seq, max, |seq| {
-            Ok(self.ranked(seq, 1)?.into_iter().next())
-        })
-    }
-
-    fn alternatives(&mut self, context: &[u32], n: usize) -> Result<Vec<(u32, f64)>> {
-        let from = context.len().saturating_sub(CORPUS_WINDOW);
-        self.ranked(&context[from..], n)
-    }
-
-    fn name(&self) -> &str {
-        "corpus"
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::index::partial::AskOnly;
+    use crate::index::Index;
 
     /// A xorshift source of small numbers: `next(n)` is below `n`.
     fn numbers(seed: u64) -> impl FnMut(u64) -> u32 {
@@ -1106,7 +1042,7 @@ mod tests {
                 _ => CorpusRule::MostFrequent,
             };
             let mut here = CorpusDrafter::with_rule(index.clone(), rule);
-            let mut there = ShardsDrafter::new(index.clone(), rule);
+            let mut there = CorpusDrafter::with_rule(Arc::new(AskOnly(index.clone())), rule);
             let mut ctx: Vec<u32> = (0..2 + next(10)).map(|_| next(7) + 1).collect();
             for _ in 0..12 {
                 let draft = here.propose(&ctx, 10).unwrap();
@@ -1137,7 +1073,8 @@ mod tests {
             )
             .unwrap(),
         );
-        assert!(ShardsDrafter::new(index.clone(), CorpusRule::MostFrequent)
+        let there = Arc::new(AskOnly(index.clone()));
+        assert!(CorpusDrafter::with_rule(there, CorpusRule::MostFrequent)
             .propose(&[1, 99], 4)
             .is_err());
     }

@@ -20,20 +20,19 @@
 //! [`CopyGuard::ignore_prompt`] counts only generated tokens. Ids the index does not hold (past
 //! its vocabulary, its separator) break spans, as document ends do.
 //!
-//! Over shards held elsewhere ([`CopyGuard::over_shards`]) a search is one round trip for the
-//! longest occurring suffix and, when it is `L` long, one for the tokens that follow it; the
-//! bound above still skips most positions, and occurrences are not followed. A search that
-//! fails (a shard that stays down) masks every token and is reported by
-//! [`CopyGuard::failure`]: the guard never lets a token through unchecked.
+//! The corpus is any [`Shards`] ([`crate::index::spans`] reads its spans). Over shards held
+//! elsewhere a search is one round trip for the longest occurring suffix and, when it is `L`
+//! long, one for the tokens that follow it; the bound above still skips most positions, and
+//! occurrences are not followed. A search that fails (a shard that stays down) masks every
+//! token and is reported by [`CopyGuard::failure`]: the guard never lets a token through
+//! unchecked.
 
 use super::Processor;
-use crate::index::partial::{self, Shards, SharedShards};
-use crate::index::query::Occ;
-use crate::index::Index;
+use crate::index::partial::{Shards, SharedShards};
+use crate::index::spans::SuffixMatch;
 use crate::lm::Logits;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
-use std::sync::Arc;
 use std::time::Instant;
 
 /// What a guard did during a generation.
@@ -59,34 +58,15 @@ const TRACK_MAX: usize = 32;
 struct MatchState {
     /// Length of the context.
     context_len: usize,
-    /// The suffix's length, or an upper bound on it when not `exact`.
-    len: usize,
+    /// The suffix (its length, or an upper bound on it when not `exact`) and its occurrences,
+    /// when exact and at most [`TRACK_MAX`] (and the corpus gives them); none otherwise.
+    found: SuffixMatch,
     exact: bool,
-    /// Its occurrences `(shard, start in T)`, when exact and at most [`TRACK_MAX`]; empty
-    /// otherwise.
-    starts: Vec<(usize, usize)>,
-}
-
-/// The corpus a guard checks against.
-enum Corpus<S: AsRef<[u8]> + Sync> {
-    /// An index in this process.
-    Local(Arc<Index<S>>),
-    /// Shards held elsewhere.
-    Remote(SharedShards),
-}
-
-impl<S: AsRef<[u8]> + Sync> Corpus<S> {
-    fn holds_token(&self, t: u32) -> bool {
-        match self {
-            Corpus::Local(index) => index.holds_token(t),
-            Corpus::Remote(shards) => shards.holds_token(t),
-        }
-    }
 }
 
 /// The copy guard over an index (see the module docs).
-pub struct CopyGuard<S: AsRef<[u8]> + Sync> {
-    corpus: Corpus<S>,
+pub struct CopyGuard {
+    corpus: SharedShards,
     max_span: usize,
     ignore_prompt: bool,
     /// Tokens of the prompt (set by [`Processor::start`]).
@@ -100,19 +80,10 @@ pub struct CopyGuard<S: AsRef<[u8]> + Sync> {
     failure: Rc<RefCell<Option<String>>>,
 }
 
-impl<S: AsRef<[u8]> + Sync> CopyGuard<S> {
-    /// A guard that allows at most `max_span` consecutive tokens of `index`'s corpus (at least
-    /// 1; the caller refuses 0).
-    pub fn new(index: Arc<Index<S>>, max_span: usize) -> Self {
-        Self::over(Corpus::Local(index), max_span)
-    }
-
-    /// The guard over shards held elsewhere (see the module docs).
-    pub fn over_shards(shards: SharedShards, max_span: usize) -> Self {
-        Self::over(Corpus::Remote(shards), max_span)
-    }
-
-    fn over(corpus: Corpus<S>, max_span: usize) -> Self {
+impl CopyGuard {
+    /// A guard that allows at most `max_span` consecutive tokens of `corpus` (an index, or
+    /// shards held elsewhere; at least 1: the caller refuses 0).
+    pub fn new(corpus: SharedShards, max_span: usize) -> Self {
         let max_span = max_span.max(1);
         CopyGuard {
             corpus,
@@ -163,72 +134,16 @@ impl<S: AsRef<[u8]> + Sync> CopyGuard<S> {
 
     /// The longest suffix of `window` that occurs (capped at its length) with its occurrences
     /// when they are few, and when it is `max_span` long, the tokens that follow it in the
-    /// corpus into `next` (sorted, distinct).
-    fn search(&mut self, window: &[u32]) -> (usize, Vec<(usize, usize)>) {
-        let index = match &self.corpus {
-            Corpus::Local(index) => index.clone(),
-            Corpus::Remote(shards) => {
-                let shards = shards.clone();
-                return self.search_remote(&*shards, window);
+    /// corpus into `next` (sorted, distinct). A search that fails is recorded in `failure`.
+    fn search(&mut self, window: &[u32]) -> SuffixMatch {
+        match self.corpus.suffix_match(window, self.max_span, TRACK_MAX) {
+            Ok(mut found) => {
+                self.next.append(&mut found.next);
+                found
             }
-        };
-        let shards = index.shards();
-        let per_shard: Vec<Vec<Occ>> = shards.iter().map(|sh| sh.suffix_occs(window)).collect();
-        let longest = per_shard.iter().map(|o| o.len() - 1).max().unwrap_or(0);
-        let occs = || {
-            shards
-                .iter()
-                .zip(&per_shard)
-                .enumerate()
-                .filter_map(move |(s, (sh, o))| Some((s, sh, *o.get(longest)?)))
-        };
-        if longest == self.max_span {
-            for (_, sh, occ) in occs() {
-                let counts = sh.occ_counts_ext(occ, window, false);
-                let held = counts
-                    .iter()
-                    .map(|&(t, _)| t)
-                    .filter(|&t| index.holds_token(t));
-                self.next.extend(held);
-            }
-            self.next.sort_unstable();
-            self.next.dedup();
-        }
-        let mut starts = Vec::new();
-        if longest > 0 && occs().map(|o| o.2.len()).sum::<usize>() <= TRACK_MAX {
-            for (s, sh, occ) in occs() {
-                match occ {
-                    Occ::Rev((a, b)) => starts.extend((a..b).map(|i| (s, sh.rstart(i, longest)))),
-                    Occ::Fwd((a, b)) => starts.extend((a..b).map(|i| (s, sh.sa(i)))),
-                }
-            }
-        }
-        (longest, starts)
-    }
-
-    /// [`CopyGuard::search`] over remote shards: no occurrences to follow.
-    fn search_remote(
-        &mut self,
-        shards: &dyn Shards,
-        window: &[u32],
-    ) -> (usize, Vec<(usize, usize)>) {
-        let found = partial::longest_suffix(shards, window).and_then(|longest| {
-            if longest == self.max_span {
-                let suffix = &window[window.len() - longest..];
-                let counts = partial::next_counts(shards, suffix)?;
-                let held = counts
-                    .iter()
-                    .map(|&(t, _)| t)
-                    .filter(|&t| shards.holds_token(t));
-                self.next.extend(held);
-            }
-            Ok(longest)
-        });
-        match found {
-            Ok(longest) => (longest, Vec::new()),
             Err(e) => {
                 self.failure.borrow_mut().get_or_insert(e.to_string());
-                (0, Vec::new())
+                SuffixMatch::default()
             }
         }
     }
@@ -237,38 +152,12 @@ impl<S: AsRef<[u8]> + Sync> CopyGuard<S> {
     /// state when some continue with `x` (then the longest occurring suffix is one longer), and
     /// the tokens after it into `next` when it is `max_span` long.
     fn extend(&mut self, state: &MatchState, x: u32) -> Option<MatchState> {
-        let Corpus::Local(index) = &self.corpus else {
-            return None; // nothing is tracked over remote shards
-        };
-        let index = index.clone();
-        let shards = index.shards();
-        let len = state.len;
-        let starts: Vec<(usize, usize)> = state
-            .starts
-            .iter()
-            .copied()
-            .filter(|&(s, p)| p + len < shards[s].len() && shards[s].tok(p + len) == x)
-            .collect();
-        if starts.is_empty() {
-            return None;
-        }
-        let len = len + 1;
-        if len == self.max_span {
-            for &(s, p) in &starts {
-                if let Some(t) = (p + len < shards[s].len()).then(|| shards[s].tok(p + len)) {
-                    if index.holds_token(t) {
-                        self.next.push(t);
-                    }
-                }
-            }
-            self.next.sort_unstable();
-            self.next.dedup();
-        }
+        let mut found = self.corpus.follow(&state.found, x, self.max_span)?;
+        self.next.append(&mut found.next);
         Some(MatchState {
             context_len: state.context_len + 1,
-            len,
+            found,
             exact: true,
-            starts,
         })
     }
 
@@ -282,7 +171,8 @@ impl<S: AsRef<[u8]> + Sync> CopyGuard<S> {
         // One token appended to a context whose few occurrences are known: follow them.
         if let (Some(st), Some(&x)) = (&state, context.last()) {
             let appended = st.context_len + 1 == n && !window.is_empty();
-            if appended && st.exact && !st.starts.is_empty() && st.len < self.max_span {
+            let (len, starts) = (st.found.len, &st.found.starts);
+            if appended && st.exact && !starts.is_empty() && len < self.max_span {
                 if let Some(next) = self.extend(st, x) {
                     self.state = Some(next);
                     return;
@@ -292,8 +182,10 @@ impl<S: AsRef<[u8]> + Sync> CopyGuard<S> {
         // The longest occurring suffix grows by at most one token per appended token (and not
         // at all past a token whose tracked occurrences do not continue with it).
         let bound = match &state {
-            Some(st) if st.context_len + 1 == n && st.exact && !st.starts.is_empty() => st.len,
-            Some(st) => st.len + (n - st.context_len),
+            Some(st) if st.context_len + 1 == n && st.exact && !st.found.starts.is_empty() => {
+                st.found.len
+            }
+            Some(st) => st.found.len + (n - st.context_len),
             None => self.max_span,
         }
         .min(self.max_span)
@@ -301,22 +193,23 @@ impl<S: AsRef<[u8]> + Sync> CopyGuard<S> {
         if bound < self.max_span {
             self.state = Some(MatchState {
                 context_len: n,
-                len: bound,
+                found: SuffixMatch {
+                    len: bound,
+                    ..SuffixMatch::default()
+                },
                 exact: false,
-                starts: Vec::new(),
             });
             return;
         }
         let window = window.to_vec();
-        let (len, starts) = self.search(&window);
+        let found = self.search(&window);
         let mut stats = self.stats.get();
         stats.searches += 1;
         self.stats.set(stats);
         self.state = Some(MatchState {
             context_len: n,
-            len,
+            found,
             exact: true,
-            starts,
         });
     }
 
@@ -327,7 +220,7 @@ impl<S: AsRef<[u8]> + Sync> CopyGuard<S> {
     }
 }
 
-impl<S: AsRef<[u8]> + Sync> Processor for CopyGuard<S> {
+impl Processor for CopyGuard {
     fn start(&mut self, prompt: &[u32]) {
         self.prompt_len = prompt.len();
         self.state = None;
@@ -380,6 +273,8 @@ impl<S: AsRef<[u8]> + Sync> Processor for CopyGuard<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::index::Index;
+    use std::sync::Arc;
 
     fn index(docs: &[&[u32]]) -> Arc<Index<Vec<u8>>> {
         let docs: Vec<Vec<u32>> = docs.iter().map(|d| d.to_vec()).collect();
@@ -387,7 +282,7 @@ mod tests {
         Arc::new(Index::from_docs(spec, &docs, 1, true).expect("index"))
     }
 
-    fn masked_after(guard: &mut CopyGuard<Vec<u8>>, context: &[u32]) -> Vec<u32> {
+    fn masked_after(guard: &mut CopyGuard, context: &[u32]) -> Vec<u32> {
         let mut logits = Logits::Dense(vec![0.0; 10]);
         guard.process(context, &mut logits);
         (0..10u32)

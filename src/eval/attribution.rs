@@ -45,30 +45,27 @@ pub struct Span {
 pub const ATTRIBUTION_TOKEN_BUDGET: usize = 1 << 18;
 
 /// The match length of every position of `tokens`: like [`partial::longest_match`], but ids
-/// the index does not hold end spans instead of failing the query.
-pub fn match_lengths(index: &(impl Shards + ?Sized), tokens: &[u32]) -> Vec<Match> {
+/// the index does not hold end spans instead of failing the query (an error: shards held
+/// elsewhere that did not answer).
+pub fn match_lengths(index: &(impl Shards + ?Sized), tokens: &[u32]) -> Result<Vec<Match>> {
     let mut out = Vec::with_capacity(tokens.len());
     for segment in tokens.split_inclusive(|&t| !index.holds_token(t)) {
         let (held, barrier) = match segment.split_last() {
             Some((&last, head)) if !index.holds_token(last) => (head, true),
             _ => (segment, false),
         };
-        // Every id of `held` is one the index holds: the query cannot fail.
-        out.extend(partial::longest_match(index, held).unwrap_or_default());
+        out.extend(partial::longest_match(index, held)?);
         if barrier {
             out.push(Match { len: 0, count: 0 });
         }
     }
-    out
+    Ok(out)
 }
 
 /// The longest span of `tokens` that occurs in the corpus (0 when none does).
-pub fn max_copied_span(index: &(impl Shards + ?Sized), tokens: &[u32]) -> usize {
-    match_lengths(index, tokens)
-        .iter()
-        .map(|m| m.len)
-        .max()
-        .unwrap_or(0)
+pub fn max_copied_span(index: &(impl Shards + ?Sized), tokens: &[u32]) -> Result<usize> {
+    let matches = match_lengths(index, tokens)?;
+    Ok(matches.iter().map(|m| m.len).max().unwrap_or(0))
 }
 
 /// The maximal spans of `matches` (from [`match_lengths`]) at least `min_len` long, as
@@ -97,7 +94,7 @@ pub fn attribute(
             "the shortest span to attribute must be at least 1 token (--min-len)",
         ));
     }
-    let matches = match_lengths(index, tokens);
+    let matches = match_lengths(index, tokens)?;
     let mut budget = ATTRIBUTION_TOKEN_BUDGET;
     maximal_spans(&matches, min_len)
         .into_iter()
@@ -179,7 +176,7 @@ pub fn creativity(
              e.g. --min-n 5 --max-n 12"
         )));
     }
-    let matches = match_lengths(index, tokens);
+    let matches = match_lengths(index, tokens)?;
     let spans = maximal_spans(&matches, 1);
     let total = tokens.len();
     let uniqueness: Vec<(usize, f64)> = (min_n..=max_n)

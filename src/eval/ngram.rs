@@ -4,8 +4,8 @@
 //! estimates.
 
 use crate::error::{Error, Result};
+use crate::index::levels::LevelFinder;
 use crate::index::Index;
-use crate::ngram::levels::LevelFinder;
 use crate::ngram::Estimator;
 use rayon::prelude::*;
 use serde::Serialize;
@@ -120,7 +120,7 @@ pub fn perplexity<S: AsRef<[u8]> + Sync>(
                 p.tokens += 1;
                 // The ∞-gram proper: the longest level with any continuation.
                 if let Some(top) = levels.first().filter(|l| l.len > 0) {
-                    let argmax = crate::ngram::levels::top_token(&top.counts);
+                    let argmax = crate::index::levels::top_token(&top.counts);
                     let hit = argmax == Some(actual);
                     p.all.add(hit);
                     if top.counts.len() == 1 { p.sparse.add(hit) } else { p.nonsparse.add(hit) }

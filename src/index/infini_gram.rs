@@ -146,6 +146,7 @@ impl Index<Mmap> {
             counts: Default::default(),
             // infini-gram's files carry no checksums: nothing is sampled, nothing verified.
             sampled: false,
+            as_local: |index| super::partial::LocalIndex::Mapped(index),
         })
     }
 }

@@ -1,5 +1,8 @@
 //! The ∞-gram index: build ([`build`]), on-disk format ([`format`](mod@format)), one shard ([`Shard`]),
-//! and the whole index ([`Index`]) with its queries ([`query`]).
+//! and the whole index ([`Index`]) with its queries ([`query`]), answered shard by shard and
+//! merged ([`partial`]). [`partial::Shards`] is the one trait every reader of a corpus reads
+//! through, an index here or shards held elsewhere: the queries, a context's SBIS levels
+//! ([`levels`]) and the copy guard's spans ([`spans`]).
 //!
 //! An [`Index`] is generic over the bytes of its files: [`Index::open`] memory-maps a directory
 //! (`Index<Mmap>`; infgram's format, or infini-gram's read as it is: [`infini_gram`]), [`Index::from_shards`] wraps freshly built bytes (`Index<Vec<u8>>`). The two
@@ -9,11 +12,13 @@ pub mod build;
 pub mod counts_cache;
 pub mod format;
 pub mod infini_gram;
+pub mod levels;
 pub mod output_dir;
 pub mod partial;
 pub mod pipeline;
 pub mod query;
 mod shard;
+pub mod spans;
 
 pub use shard::{Layout, Range, Shard};
 
@@ -41,6 +46,9 @@ pub struct Index<S> {
     counts: counts_cache::CountsCache,
     /// Whether some file was checked at open by sampled blocks only (a large file).
     sampled: bool,
+    /// The index as the readers that need all of it take it, by how its bytes are held (set
+    /// where the storage is known: [`partial::Shards::local_index`]).
+    as_local: for<'a> fn(&'a Index<S>) -> partial::LocalIndex<'a>,
 }
 
 /// An index shows where it lives and its size (not its bytes).
@@ -225,6 +233,7 @@ impl Index<Mmap> {
             dir: Some(dir.to_path_buf()),
             counts: Default::default(),
             sampled,
+            as_local: |index| partial::LocalIndex::Mapped(index),
         })
     }
 
@@ -322,6 +331,7 @@ impl Index<Vec<u8>> {
             dir: None,
             counts: Default::default(),
             sampled: false,
+            as_local: |index| partial::LocalIndex::Owned(index),
         }
     }
 }

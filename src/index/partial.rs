@@ -12,12 +12,20 @@
 //! [`Index`] is a [`Shards`] over its in-process shards. A shard held by another
 //! process answers the same queries with [`answer`]; a [`Shards`] that carries them there and
 //! back plugs into the same merges.
+//!
+//! [`Shards`] is the one corpus trait: the readers of a corpus (the ∞-gram's estimators, the
+//! corpus drafter, the copy guard) read through it, each written once over a
+//! [`SharedShards`]. Its reading operations ([`Shards::levels`], [`Shards::suffix_match`] …)
+//! answer by default through [`Shards::ask`] (the merge of the shards' answers: what shards
+//! held elsewhere give), and [`Index`] answers them with its own fast paths and memos.
 
-use super::counts_cache::CountsCache;
+use super::counts_cache::{CacheStats, CountsCache};
+use super::levels::{self, Level, LevelAsk, Memo};
 use super::query::{
     merge_counts, sort_and_merge, CnfPart, CountResult, Counts, Document, FindResult, Located,
     Match, NtdResult, Occ, ProbResult, SearchResult, TokenProb,
 };
+use super::spans::{self, SuffixMatch};
 use super::{Index, Range, Shard};
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -243,10 +251,132 @@ pub trait Shards {
     fn num_docs(&self) -> u64 {
         self.infos().iter().map(|i| i.documents).sum()
     }
+
+    // What the readers of a corpus read (the ∞-gram's estimators, the corpus drafter, the copy
+    // guard): written once over these, each answered here through `ask` (the merge of every
+    // shard's answers, for shards held elsewhere) and by an index in this process with its own
+    // fast paths and memos.
+
+    /// The levels `ask` asks for, longest first, through `memo` (the reader's own). Over shards
+    /// held elsewhere: one round trip for every shard's change points ([`level_points`]); the
+    /// continuation counts of the smoothed estimator need an index in this process.
+    fn levels(&self, memo: &mut Memo, ask: LevelAsk<'_>) -> Result<Vec<Level>> {
+        if ask.continuation {
+            return Err(Error::input(IN_PROCESS_ONLY));
+        }
+        let keep_end = memo.keep_end();
+        levels::levels_over_with(self, ask.ctx, ask.k, ask.include_empty, ask.keep, keep_end)
+    }
+
+    /// The first `k` levels of `ctx` (all when `k < 0`) during generation, where `ctx` is the
+    /// context of the last call plus `appended` (`None`: anything else), into `levels`
+    /// (cleared first). An index in this process extends the last step's small levels by the
+    /// one token ([`LevelFinder::next_levels_into`]); the same levels as
+    /// [`Shards::levels`] of `ctx`.
+    fn next_levels(
+        &self,
+        memo: &mut Memo,
+        ctx: &[u32],
+        appended: Option<u32>,
+        k: i64,
+        levels: &mut Vec<Level>,
+    ) -> Result<()> {
+        let _ = appended;
+        *levels = self.levels(memo, LevelAsk::new(ctx, k))?;
+        Ok(())
+    }
+
+    /// The level of `q` (a level's suffix of the last call, `q[..len-1]`, followed by one of its
+    /// continuations) when it has a next token, found by narrowing the ranges of the shorter
+    /// suffix (`ranges`: `None` the first time, then the last call's, updated): the corpus
+    /// drafter's chain). `None`: search for it (always, over
+    /// shards held elsewhere).
+    fn narrowed_level(
+        &self,
+        memo: &mut Memo,
+        q: &[u32],
+        ranges: &mut Option<Vec<Range>>,
+    ) -> Option<Level> {
+        let _ = (memo, q, ranges);
+        None
+    }
+
+    /// How the counts cache served `memo`'s reads (nothing to say over shards held elsewhere:
+    /// their own caches serve them).
+    fn cache_stats(&self, memo: &Memo) -> CacheStats {
+        let _ = memo;
+        CacheStats::default()
+    }
+
+    /// The longest suffix of `window` that occurs, its occurrences when at most `track` (an
+    /// index in this process only) and the tokens that follow it when it is `full` long: the
+    /// copy guard's search ([`spans`]).
+    fn suffix_match(&self, window: &[u32], full: usize, track: usize) -> Result<SuffixMatch> {
+        let _ = track;
+        spans::suffix_match_over(self, window, full)
+    }
+
+    /// The occurrences of `m` (the match of a window) that continue with `x`, as the match of
+    /// the window extended by `x`; `None` when none does (or `m` holds none).
+    fn follow(&self, m: &SuffixMatch, x: u32, full: usize) -> Option<SuffixMatch> {
+        let _ = (m, x, full);
+        None
+    }
+
+    /// The index in this process behind these shards, for the readers that need all of it
+    /// (the classic models' counting pass); `None` for shards held elsewhere.
+    fn local_index(&self) -> Option<LocalIndex<'_>> {
+        None
+    }
 }
 
-/// Shards to share between threads and owners (a router over shards held elsewhere).
+/// Why a reader needs an index in this process.
+pub const IN_PROCESS_ONLY: &str = "over shards held elsewhere the ∞-gram runs SBIS (`infgram` \
+     or `sbis` estimators); the smoothed and classic estimators need an index opened in the \
+     process";
+
+/// An index in this process, by how its files are held.
+pub enum LocalIndex<'a> {
+    /// Memory-mapped files (an index opened from disk).
+    Mapped(&'a Index<memmap2::Mmap>),
+    /// Bytes in memory (an index built in memory).
+    Owned(&'a Index<Vec<u8>>),
+}
+
+impl LocalIndex<'_> {
+    /// The index's header.
+    pub fn header(&self) -> &super::format::Header {
+        match self {
+            LocalIndex::Mapped(index) => index.header(),
+            LocalIndex::Owned(index) => index.header(),
+        }
+    }
+
+    /// Where the index lies, if on disk.
+    pub fn dir(&self) -> Option<&std::path::Path> {
+        match self {
+            LocalIndex::Mapped(index) => index.dir(),
+            LocalIndex::Owned(index) => index.dir(),
+        }
+    }
+}
+
+/// Shards to share between threads and owners: an index opened once, or a router over shards
+/// held elsewhere.
 pub type SharedShards = std::sync::Arc<dyn Shards + Send + Sync>;
+
+/// Shared shards show how many there are and their size (requests holding them derive
+/// `Debug`).
+impl std::fmt::Debug for dyn Shards + Send + Sync {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let infos = self.infos();
+        f.debug_struct("Shards")
+            .field("shards", &infos.len())
+            .field("tokens", &infos.iter().map(|i| i.tokens).sum::<u64>())
+            .field("in_process", &self.local_index().is_some())
+            .finish()
+    }
+}
 
 /// Asks every shard the same question.
 fn ask_all(shards: &(impl Shards + ?Sized), q: ShardQuery) -> Result<Vec<ShardAnswer>> {
@@ -673,7 +803,7 @@ pub fn infgram_counts(shards: &(impl Shards + ?Sized), prompt: &[u32]) -> Result
 /// The change points of `ctx` over all shards (each shard's [`ShardQuery::Levels`], merged):
 /// every suffix length, longest first, where the total occurrence count changes (and the empty
 /// suffix with `include_empty`), with that total and the merged next-token counts. One round
-/// trip; what SBIS levels are chosen from ([`crate::ngram::levels::levels_over`]).
+/// trip; what SBIS levels are chosen from ([`crate::index::levels::levels_over`]).
 pub fn level_points(
     shards: &(impl Shards + ?Sized),
     ctx: &[u32],
@@ -1139,6 +1269,65 @@ impl<S: AsRef<[u8]> + Sync> Shards for Index<S> {
     fn ask(&self, asks: Vec<(usize, ShardQuery)>) -> Result<Vec<ShardAnswer>> {
         answer_all_with(self.shards(), Some(self.counts_cache()), asks)
     }
+
+    fn levels(&self, memo: &mut Memo, ask: LevelAsk<'_>) -> Result<Vec<Level>> {
+        Ok(memo.finder.levels_asked(self, ask))
+    }
+
+    fn next_levels(
+        &self,
+        memo: &mut Memo,
+        ctx: &[u32],
+        appended: Option<u32>,
+        k: i64,
+        levels: &mut Vec<Level>,
+    ) -> Result<()> {
+        let Memo { finder, tracker } = memo;
+        finder.next_levels_into(self, tracker, ctx, appended, k, levels);
+        Ok(())
+    }
+
+    fn narrowed_level(
+        &self,
+        memo: &mut Memo,
+        q: &[u32],
+        ranges: &mut Option<Vec<Range>>,
+    ) -> Option<Level> {
+        let (&t, shorter) = q.split_last()?;
+        let shards = self.shards();
+        let found = match ranges.take() {
+            Some(r) => r,
+            None => shards.iter().map(|sh| sh.find(shorter)).collect(),
+        };
+        let narrowed: Vec<Range> = shards
+            .iter()
+            .zip(&found)
+            .map(|(sh, &r)| match r.0 < r.1 {
+                true => sh.narrow(r, shorter.len(), t),
+                false => r,
+            })
+            .collect();
+        let occs = narrowed.iter().map(|&r| Some(Occ::Fwd(r)));
+        let level = memo.finder.level_of(self, occs, q)?;
+        *ranges = Some(narrowed);
+        Some(level)
+    }
+
+    fn cache_stats(&self, memo: &Memo) -> CacheStats {
+        memo.finder.cache_stats(self)
+    }
+
+    fn suffix_match(&self, window: &[u32], full: usize, track: usize) -> Result<SuffixMatch> {
+        Ok(spans::suffix_match_local(self, window, full, track))
+    }
+
+    fn follow(&self, m: &SuffixMatch, x: u32, full: usize) -> Option<SuffixMatch> {
+        spans::follow_local(self, m, x, full)
+    }
+
+    fn local_index(&self) -> Option<LocalIndex<'_>> {
+        Some((self.as_local)(self))
+    }
 }
 
 /// Shards shared by `Arc` (an index opened once and handed around) are asked as they are.
@@ -1161,5 +1350,71 @@ impl<T: Shards + ?Sized> Shards for std::sync::Arc<T> {
 
     fn ask(&self, asks: Vec<(usize, ShardQuery)>) -> Result<Vec<ShardAnswer>> {
         (**self).ask(asks)
+    }
+
+    fn levels(&self, memo: &mut Memo, ask: LevelAsk<'_>) -> Result<Vec<Level>> {
+        (**self).levels(memo, ask)
+    }
+
+    fn next_levels(
+        &self,
+        memo: &mut Memo,
+        ctx: &[u32],
+        appended: Option<u32>,
+        k: i64,
+        levels: &mut Vec<Level>,
+    ) -> Result<()> {
+        (**self).next_levels(memo, ctx, appended, k, levels)
+    }
+
+    fn narrowed_level(
+        &self,
+        memo: &mut Memo,
+        q: &[u32],
+        ranges: &mut Option<Vec<Range>>,
+    ) -> Option<Level> {
+        (**self).narrowed_level(memo, q, ranges)
+    }
+
+    fn cache_stats(&self, memo: &Memo) -> CacheStats {
+        (**self).cache_stats(memo)
+    }
+
+    fn suffix_match(&self, window: &[u32], full: usize, track: usize) -> Result<SuffixMatch> {
+        (**self).suffix_match(window, full, track)
+    }
+
+    fn follow(&self, m: &SuffixMatch, x: u32, full: usize) -> Option<SuffixMatch> {
+        (**self).follow(m, x, full)
+    }
+
+    fn local_index(&self) -> Option<LocalIndex<'_>> {
+        (**self).local_index()
+    }
+}
+
+/// Shards asked only through [`Shards::ask`], as shards held elsewhere are: every reader takes
+/// the merge of the shards' answers, never an index's own fast paths (tests compare the two).
+pub struct AskOnly<T>(pub T);
+
+impl<T: Shards> Shards for AskOnly<T> {
+    fn shard_count(&self) -> usize {
+        self.0.shard_count()
+    }
+
+    fn infos(&self) -> Vec<ShardInfo> {
+        self.0.infos()
+    }
+
+    fn separator(&self) -> u32 {
+        self.0.separator()
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.0.vocab_size()
+    }
+
+    fn ask(&self, asks: Vec<(usize, ShardQuery)>) -> Result<Vec<ShardAnswer>> {
+        self.0.ask(asks)
     }
 }

@@ -46,7 +46,6 @@ pub use open::{
 pub use score::{score_both, MixReport, ScoredMixture, Scoring};
 
 use crate::error::{Error, Result};
-use crate::index::Index;
 use crate::lm::{LanguageModel, Logits};
 use crate::ngram::{EstimatorSpec, Evidence, InfgramModel};
 use serde::{Deserialize, Serialize};
@@ -353,9 +352,9 @@ fn mix_in_place(row: &mut [f32], infgram: impl IntoIterator<Item = (u32, f32)>, 
 ///
 /// The neural model is owned (`Box<dyn LanguageModel>`, the default) or borrowed (`&mut M`, a
 /// server's model loaded once and mixed for one request).
-pub struct Interpolated<S: AsRef<[u8]> + Sync, N: LanguageModel = Box<dyn LanguageModel>> {
+pub struct Interpolated<N: LanguageModel = Box<dyn LanguageModel>> {
     neural: N,
-    infgram: InfgramModel<S>,
+    infgram: InfgramModel,
     mixer: Mixer,
     /// λ of each row of the last `score` call.
     lambdas: Vec<f64>,
@@ -366,12 +365,13 @@ pub struct Interpolated<S: AsRef<[u8]> + Sync, N: LanguageModel = Box<dyn Langua
     next_row: usize,
 }
 
-impl<S: AsRef<[u8]> + Sync, N: LanguageModel> Interpolated<S, N> {
-    /// Mixes `neural` with the ∞-gram of `index` (built with the neural model's tokenizer: the
-    /// caller checks the fingerprint) over the last `context` tokens.
+impl<N: LanguageModel> Interpolated<N> {
+    /// Mixes `neural` with the ∞-gram of `corpus` (an index built with the neural model's
+    /// tokenizer: the caller checks the fingerprint; or shards of one held elsewhere) over the
+    /// last `context` tokens.
     pub fn new(
         neural: N,
-        index: std::sync::Arc<Index<S>>,
+        corpus: crate::index::partial::SharedShards,
         mixer: Mixer,
         context: usize,
     ) -> Result<Self> {
@@ -380,7 +380,7 @@ impl<S: AsRef<[u8]> + Sync, N: LanguageModel> Interpolated<S, N> {
             .eos_tokens()
             .first()
             .ok_or_else(|| Error::input("the neural model has no end token"))?;
-        let infgram = InfgramModel::new(index, mixer.estimator.estimator()?, context)?
+        let infgram = InfgramModel::new(corpus, mixer.estimator.estimator()?, context)?
             .with_vocab(neural.vocab_size(), eos)?;
         Ok(Interpolated {
             neural,
@@ -445,7 +445,7 @@ impl<S: AsRef<[u8]> + Sync, N: LanguageModel> Interpolated<S, N> {
     }
 }
 
-impl<S: AsRef<[u8]> + Sync, N: LanguageModel> LanguageModel for Interpolated<S, N> {
+impl<N: LanguageModel> LanguageModel for Interpolated<N> {
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
         Ok(self
             .score(tokens)?

@@ -47,11 +47,12 @@ pub fn mixing_needs_an_index() -> Error {
     Error::input(NEEDS_INDEX)
 }
 
-/// The mixture of `neural` and the ∞-gram of `index` as one scorer.
+/// The mixture of `neural` and the ∞-gram of `corpus` (an index, or shards held elsewhere) as
+/// one scorer.
 pub fn mixture_model<N: LanguageModel>(
     neural: N,
-    index: Arc<Index<Mmap>>,
+    corpus: crate::index::partial::SharedShards,
     mixer: Mixer,
-) -> Result<Interpolated<Mmap, N>> {
-    Interpolated::new(neural, index, mixer, MIX_CONTEXT)
+) -> Result<Interpolated<N>> {
+    Interpolated::new(neural, corpus, mixer, MIX_CONTEXT)
 }

@@ -7,9 +7,9 @@ use super::features::{first_max, top_of_logprobs, Confidence, FitPoint, LambdaMo
 use super::{Mixer, MIX_CONTEXT};
 use crate::error::Result;
 use crate::eval::ngram::Agreement;
+use crate::index::levels::{top_token, LevelFinder};
 use crate::index::Index;
 use crate::lm::{LanguageModel, Logits};
-use crate::ngram::levels::{top_token, LevelFinder};
 use crate::ngram::{Estimator, EstimatorSpec, Evidence};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -283,7 +283,8 @@ pub fn overlap<S: AsRef<[u8]> + Sync>(index: &Index<S>, tokens: &[u32], n: usize
     if tokens.len() < n || n == 0 {
         return 0.0;
     }
-    let matches = crate::eval::attribution::match_lengths(index, tokens);
+    // An index in this process answers every query.
+    let matches = crate::eval::attribution::match_lengths(index, tokens).unwrap_or_default();
     let found = matches[n - 1..].iter().filter(|m| m.len >= n).count();
     found as f64 / (tokens.len() + 1 - n) as f64
 }
@@ -509,7 +510,7 @@ pub fn smoothed_probs<S: AsRef<[u8]> + Sync>(
 /// instead of a search per position; `p_smoothed` comes from [`smoothed_probs`] when
 /// `smoothed` is set (else it is `p`). Returns the positions and the seconds of the rows and
 /// of the smoothed pass.
-pub fn tracked_positions<S: AsRef<[u8]> + Sync>(
+pub fn tracked_positions<S: AsRef<[u8]> + Send + Sync + 'static>(
     index: &std::sync::Arc<Index<S>>,
     tokens: &[u32],
     estimator: &EstimatorSpec,
@@ -563,7 +564,7 @@ pub fn tracked_positions<S: AsRef<[u8]> + Sync>(
 /// ([`tracked_positions`]); the smoothed ∞-gram's own perplexity, a figure the mixture does not
 /// need, is computed (and timed) apart, or not at all without `smoothed` (its perplexity is then
 /// the mixed-in estimator's, infinite where it gives the actual token no mass).
-pub fn score_both<S: AsRef<[u8]> + Sync>(
+pub fn score_both<S: AsRef<[u8]> + Send + Sync + 'static>(
     neural: &mut dyn LanguageModel,
     index: &std::sync::Arc<Index<S>>,
     tokens: &[u32],

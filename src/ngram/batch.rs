@@ -17,8 +17,9 @@
 //! protocol, shards on other machines), SBIS estimators only, one level search a position:
 //! it serves the `infgram_rows` query of the CLI, the server and Python's `query`.
 
-use super::{levels, Estimator, EstimatorSpec, Evidence, InfgramModel};
+use super::{Estimator, EstimatorSpec, Evidence, InfgramModel};
 use crate::error::{Error, Result};
+use crate::index::levels;
 use crate::index::partial::Shards;
 use crate::index::Index;
 use crate::lm::{LanguageModel, Logits};
@@ -122,7 +123,7 @@ fn check_window(window: usize) -> Result<()> {
 }
 
 /// The rows of `tokens` over `index` (see the module's documentation).
-pub fn infgram_rows<S: AsRef<[u8]> + Sync>(
+pub fn infgram_rows<S: AsRef<[u8]> + Send + Sync + 'static>(
     index: Arc<Index<S>>,
     tokens: &[u32],
     options: &RowsOptions,

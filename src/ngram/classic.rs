@@ -38,8 +38,8 @@
 //! start of a sentence or document). At α = 0 (MLE) an unseen n-gram has probability 0: the
 //! caller floors it or reports it.
 
-use super::levels::count_of;
 use crate::error::{Error, Result};
+use crate::index::levels::count_of;
 use crate::index::query::{merge_counts, Counts, Occ};
 use crate::index::Index;
 use rayon::prelude::*;

@@ -1,6 +1,6 @@
 //! The ∞-gram as a language model: next-token estimators over an index.
 //!
-//! * [`levels`]: the SBIS levels of a context (distinct suffix counts, longest first), counted
+//! * [`crate::index::levels`]: the SBIS levels of a context (distinct suffix counts, longest first), counted
 //!   through the index's bounded cache of next-token counts
 //!   ([`crate::index::counts_cache`]), and the incremental tracker used in generation.
 //! * [`sbis`]: the selective backoff interpolation distribution.
@@ -44,15 +44,14 @@
 pub mod arpa;
 pub mod batch;
 pub mod classic;
-pub mod levels;
 pub mod model;
 pub mod sbis;
 pub mod smoothed;
 
 pub use model::{InfgramModel, LevelLog};
 
+use crate::index::levels::{Level, LevelFinder};
 use crate::index::Index;
-use levels::{Level, LevelFinder};
 use smoothed::Discounts;
 
 /// What the ∞-gram knew at one position: the longest suffix of the context with a next token

@@ -7,7 +7,7 @@
 //! tokens; the decode loop never builds a dense row for it); the sampler's softmax and
 //! temperature then give `P^(1/T)`, the ∞-gram generator's rule. The index's document separator
 //! is the end token, and feeding the end token starts a new document: the context after it is
-//! empty. The incremental level tracker of [`super::levels`] keeps a step at about a microsecond
+//! empty. The incremental level tracker of [`crate::index::levels`] keeps a step at about a microsecond
 //! per corpus occurrence it follows; truncating the context (a rolled-back draft) resets it.
 //!
 //! Vocabulary: over a byte index (255 byte ids, separator 255) the model has 256 ids and the
@@ -16,13 +16,12 @@
 //! model's exact vocabulary and maps the separator to the model's end token, so the two
 //! distributions line up id for id.
 
-use super::levels::{self, Level, LevelFinder};
+use super::classic::{ClassicModel, Memo as ClassicMemo};
 use super::Estimator;
 use crate::error::{Error, Result};
-use crate::index::partial::{Shards, SharedShards};
-use crate::index::Index;
+use crate::index::levels::{Level, LevelAsk, Memo};
+use crate::index::partial::{LocalIndex, Shards, SharedShards, IN_PROCESS_ONLY};
 use crate::lm::{LanguageModel, Logits};
-use std::sync::Arc;
 
 /// The levels used at each scored position, for `--stats`: suffix length `n` and total `m`
 /// of each kept level, longest first. One flat list, so recording a step allocates nothing.
@@ -64,23 +63,12 @@ impl LevelLog {
     }
 }
 
-/// Where a model's counts come from.
-enum Source<S: AsRef<[u8]> + Sync> {
-    /// An index in this process (its levels found by the model's [`LevelFinder`]).
-    Local(Arc<Index<S>>),
-    /// Shards of another process or machine, asked one round trip a position
-    /// ([`levels::levels_over`]).
-    Remote(SharedShards),
-}
-
-/// Why another estimator is refused over remote shards.
-const REMOTE_SBIS_ONLY: &str = "over shards held elsewhere the ∞-gram runs SBIS (`infgram` or \
-     `sbis` estimators); the smoothed and classic estimators need an index opened in the process";
-
-/// Next-token distributions of the ∞-gram of an index.
-pub struct InfgramModel<S: AsRef<[u8]> + Sync> {
-    source: Source<S>,
-    finder: LevelFinder,
+/// Next-token distributions of the ∞-gram of a corpus: an index in this process or shards
+/// held elsewhere ([`Shards`]).
+pub struct InfgramModel {
+    corpus: SharedShards,
+    /// The model's reads of levels (the tracked suffixes of the last step among them).
+    memo: Memo,
     estimator: Estimator,
     /// Tokens of context the estimator looks at.
     window: usize,
@@ -88,7 +76,6 @@ pub struct InfgramModel<S: AsRef<[u8]> + Sync> {
     fed: Vec<u32>,
     /// Where the current document starts in `fed` (after the last separator).
     doc_start: usize,
-    tracker: levels::Tracker,
     /// The token fed since the levels were last computed, for the tracker.
     appended: Option<u32>,
     separator: u32,
@@ -111,80 +98,49 @@ pub struct InfgramModel<S: AsRef<[u8]> + Sync> {
     evidence: Vec<super::Evidence>,
     /// A classic fixed-order model ([`Estimator::Classic`]), estimated over the index, and
     /// its memo of contexts; its rows come from it, not from levels.
-    classic: Option<(super::classic::ClassicModel, super::classic::Memo)>,
+    classic: Option<(ClassicModel, ClassicMemo)>,
     /// Scratch space for a classic model's dense distribution.
     dense: Vec<f64>,
 }
 
-impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
-    /// The ∞-gram of `index` with `estimator`, looking at the last `window` tokens. Its
-    /// vocabulary is the index's ids and the separator, which is the end token (for a byte
-    /// index: 256 ids, end token 255). An index of a neural model's tokens wants
-    /// [`InfgramModel::with_vocab`].
-    pub fn new(index: Arc<Index<S>>, estimator: Estimator, window: usize) -> Result<Self> {
-        if index.total_tokens() == 0 {
+impl InfgramModel {
+    /// The ∞-gram of `corpus` (an index, or shards held elsewhere) with `estimator`, looking
+    /// at the last `window` tokens. Its vocabulary is the corpus's ids and the separator, which
+    /// is the end token (for a byte index: 256 ids, end token 255). An index of a neural
+    /// model's tokens wants [`InfgramModel::with_vocab`]. Over shards held elsewhere each
+    /// position asks every shard once for its change points, and only SBIS runs (the smoothed
+    /// and classic estimators read an index in this process).
+    pub fn new(corpus: SharedShards, estimator: Estimator, window: usize) -> Result<Self> {
+        if corpus.infos().iter().all(|i| i.tokens == i.documents) {
             return Err(Error::input(
                 "the index is empty: index a corpus with some text first",
             ));
         }
+        let local = corpus.local_index();
         let classic = match &estimator {
             Estimator::Classic(spec) => {
-                let model =
-                    super::classic::ClassicModel::new(&index, spec.order, spec.smoothing.clone())?;
-                Some((model, super::classic::Memo::default()))
+                let (order, smoothing) = (spec.order, spec.smoothing.clone());
+                let model = match local {
+                    Some(LocalIndex::Mapped(index)) => ClassicModel::new(index, order, smoothing),
+                    Some(LocalIndex::Owned(index)) => ClassicModel::new(index, order, smoothing),
+                    None => Err(Error::input(IN_PROCESS_ONLY)),
+                }?;
+                Some((model, ClassicMemo::default()))
+            }
+            Estimator::Smoothed(_) if local.is_none() => {
+                return Err(Error::input(IN_PROCESS_ONLY));
             }
             _ => None,
         };
-        Ok(Self::assemble(
-            Source::Local(index),
-            estimator,
-            window,
-            classic,
-        ))
-    }
-
-    /// The ∞-gram of shards held elsewhere (a router's: see [`Shards`]) with SBIS `estimator`,
-    /// looking at the last `window` tokens: each position asks every shard once for its change
-    /// points. The same rows as [`InfgramModel::new`] over an index of the same documents.
-    pub fn over_shards(shards: SharedShards, estimator: Estimator, window: usize) -> Result<Self> {
-        if !matches!(estimator, Estimator::Sbis { .. }) {
-            return Err(Error::input(REMOTE_SBIS_ONLY));
-        }
-        let infos = shards.infos();
-        if infos.iter().all(|i| i.tokens == i.documents) {
-            return Err(Error::input(
-                "the index is empty: index a corpus with some text first",
-            ));
-        }
-        Ok(Self::assemble(
-            Source::Remote(shards),
-            estimator,
-            window,
-            None,
-        ))
-    }
-
-    /// A model with nothing fed yet. Its ids are the index's vocabulary and the separator.
-    fn assemble(
-        source: Source<S>,
-        estimator: Estimator,
-        window: usize,
-        classic: Option<(super::classic::ClassicModel, super::classic::Memo)>,
-    ) -> Self {
-        let shards: &dyn Shards = match &source {
-            Source::Local(index) => &**index,
-            Source::Remote(shards) => &**shards,
-        };
-        let separator = shards.separator();
-        let index_vocab = shards.vocab_size().max(separator as usize + 1);
-        InfgramModel {
-            source,
-            finder: LevelFinder::new(true),
+        let separator = corpus.separator();
+        let index_vocab = corpus.vocab_size().max(separator as usize + 1);
+        Ok(InfgramModel {
+            corpus,
+            memo: Memo::new(true),
             estimator,
             window: window.max(1),
             fed: Vec::new(),
             doc_start: 0,
-            tracker: levels::Tracker::default(),
             appended: None,
             separator,
             index_vocab,
@@ -198,7 +154,7 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
             evidence: Vec::new(),
             classic,
             dense: Vec::new(),
-        }
+        })
     }
 
     /// The same model over exactly `vocab` ids, with the separator reported as `end_token` (a
@@ -224,10 +180,7 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
     /// How the level finder's counts cache has served (nothing to say over remote shards:
     /// their own caches serve them).
     pub fn cache_stats(&self) -> crate::index::counts_cache::CacheStats {
-        match &self.source {
-            Source::Local(index) => self.finder.cache_stats(index),
-            Source::Remote(_) => Default::default(),
-        }
+        self.corpus.cache_stats(&self.memo)
     }
 
     /// A token of the model's vocabulary as an index id.
@@ -243,12 +196,12 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
         let token = self.to_index_id(token);
         if self.appended.is_some() {
             // Two tokens since the last levels: the tracker only advances by one.
-            self.tracker.reset();
+            self.memo.forget_steps();
         }
         self.fed.push(token);
         if token == self.separator {
             self.doc_start = self.fed.len();
-            self.tracker.reset();
+            self.memo.forget_steps();
             self.appended = None;
         } else {
             self.appended = Some(token);
@@ -261,42 +214,41 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
         let doc = &self.fed[self.doc_start..];
         let ctx = &doc[doc.len().saturating_sub(self.window)..];
         let appended = self.appended.take();
-        let index = match &self.source {
-            Source::Local(index) => &**index,
-            Source::Remote(shards) => {
-                let Estimator::Sbis { k, .. } = self.estimator else {
-                    return Err(Error::input(REMOTE_SBIS_ONLY));
-                };
-                self.levels = levels::levels_over(&**shards, ctx, k, false, &|_| true)?;
-                if self.levels.is_empty() {
-                    self.levels = levels::levels_over(&**shards, &[], 1, true, &|_| true)?;
-                }
-                return Ok(());
-            }
-        };
+        let corpus = &*self.corpus;
         match self.estimator {
-            Estimator::Sbis { k, .. } => self.finder.next_levels_into(
-                index,
-                &mut self.tracker,
-                ctx,
-                appended,
-                k,
-                &mut self.levels,
-            ),
-            _ => self.levels = self.estimator.levels(&mut self.finder, index, ctx),
+            Estimator::Sbis { k, .. } => {
+                corpus.next_levels(&mut self.memo, ctx, appended, k, &mut self.levels)?
+            }
+            Estimator::Smoothed(_) => {
+                let ask = LevelAsk {
+                    include_empty: true,
+                    continuation: true,
+                    ..LevelAsk::new(ctx, -1)
+                };
+                self.levels = corpus.levels(&mut self.memo, ask)?;
+            }
+            Estimator::Classic(_) => self.levels.clear(),
         }
         if self.levels.is_empty() {
             // Nothing of the context occurs (e.g. an empty prompt): back off to the unigram.
-            self.levels = self.finder.levels(index, &[], 1, true);
+            self.levels = corpus.levels(&mut self.memo, LevelAsk::unigram())?;
         }
         Ok(())
     }
 
     /// The row after the tokens fed so far: ln p of every token with p > 0, by model id.
     fn row(&mut self) -> Result<Logits> {
-        if let (Some((model, memo)), Source::Local(index)) = (&mut self.classic, &self.source) {
+        if let Some((model, memo)) = &mut self.classic {
             let ctx = model.context_of(&self.fed[self.doc_start..]);
-            model.distribution_into(index, memo, &ctx, &mut self.dense);
+            match self.corpus.local_index() {
+                Some(LocalIndex::Mapped(index)) => {
+                    model.distribution_into(index, memo, &ctx, &mut self.dense)
+                }
+                Some(LocalIndex::Owned(index)) => {
+                    model.distribution_into(index, memo, &ctx, &mut self.dense)
+                }
+                None => return Err(Error::input(IN_PROCESS_ONLY)),
+            }
             self.steps.push(std::iter::empty());
             self.evidence.push(super::Evidence::default());
             self.dist.clear();
@@ -350,7 +302,7 @@ impl<S: AsRef<[u8]> + Sync> InfgramModel<S> {
     }
 }
 
-impl<S: AsRef<[u8]> + Sync> LanguageModel for InfgramModel<S> {
+impl LanguageModel for InfgramModel {
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
         Ok(self
             .score(tokens)?
@@ -390,7 +342,7 @@ impl<S: AsRef<[u8]> + Sync> LanguageModel for InfgramModel<S> {
                 .iter()
                 .rposition(|&t| t == self.separator)
                 .map_or(0, |p| p + 1);
-            self.tracker.reset();
+            self.memo.forget_steps();
             self.appended = None;
         }
     }
@@ -433,10 +385,12 @@ impl<S: AsRef<[u8]> + Sync> LanguageModel for InfgramModel<S> {
             None => &ids[..],
         };
         let ctx = &doc[doc.len().saturating_sub(self.window)..];
-        let levels = match &self.source {
-            Source::Local(index) => self.finder.levels_where(index, ctx, k, &allowed),
-            Source::Remote(shards) => levels::levels_over(&**shards, ctx, k, true, &allowed)?,
+        let ask = LevelAsk {
+            include_empty: true,
+            keep: &allowed,
+            ..LevelAsk::new(ctx, k)
         };
+        let levels = self.corpus.levels(&mut self.memo, ask)?;
         if levels.is_empty() {
             return Ok(None);
         }

@@ -3,7 +3,7 @@
 //! defined by "Generating Shakespeare Without Neural Networks" (tiny-infini-gram) and written out
 //! in the [`crate::ngram`] module docs, "The estimators".
 
-use super::levels::{count_of, Level};
+use crate::index::levels::{count_of, Level};
 
 /// Probability of `tok` under SBIS with the given levels, or `None` without levels.
 pub fn sbis_prob(levels: &[Level], decay: f64, tok: u32) -> Option<f64> {

@@ -15,7 +15,7 @@
 //! in thousands of places). The nine discounts are fitted on a slice of the training text held
 //! out from the index ([`fit_discounts`]).
 
-use super::levels::{count_of, Level};
+use crate::index::levels::{count_of, Level};
 use crate::index::query::Counts;
 
 /// Upper bounds of level totals of each class but the last.
@@ -234,7 +234,7 @@ pub fn fit_on_train(
     let cut = train.len() * 95 / 100;
     let (head, held) = (&train[..cut], &train[cut..]);
     let index = crate::Index::from_docs(spec, &[head.to_vec()], 1, true)?;
-    let mut finder = super::levels::LevelFinder::new(false);
+    let mut finder = crate::index::levels::LevelFinder::new(false);
     let est = super::Estimator::Smoothed(Discounts::default());
     let data: Vec<_> = (1..held.len())
         .map(|i| {

@@ -650,7 +650,7 @@ fn run_job(state: &mut Worker, job: Job) -> Result<Summary, ApiError> {
     let report = match plan {
         Plan::Sbis { served } => {
             let tok = served.tokenizer.clone();
-            let mut res = Resources::index(served.index.clone(), tok.as_ref());
+            let mut res = Resources::corpus(served.index.clone(), tok.as_ref());
             generate(&req, &mut res, &opts, |t| emit(tok.as_ref(), t))?
         }
         Plan::Model { index, past } => model_job(state, &req, index, past, &opts, &mut emit)?,

@@ -85,7 +85,7 @@ impl DraftService {
         let fingerprint = served.tokenizer.fingerprint();
         let past = self.past.clone().filter(|p| p.fingerprint() == fingerprint);
         let drafts = Arc::new(Drafts::with_store(
-            Some(crate::service::drafts::Corpus::Index(served.index.clone())),
+            Some(served.index.clone()),
             past,
             true,
             self.corpus_rule,

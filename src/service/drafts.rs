@@ -5,18 +5,15 @@
 //! loop's: the same drafters, assembled by [`crate::service::generate::drafters`] in the same
 //! order, planned by the same policy.
 
-use crate::decode::drafters::ShardsDrafter;
 use crate::decode::past::remember;
 use crate::decode::session::DraftSession;
 use crate::decode::Drafter;
 use crate::error::{Error, Result};
-use crate::index::partial::{Shards, SharedShards};
-use crate::index::Index;
+use crate::index::partial::SharedShards;
 use crate::service::generate::{drafters, AssemblyOptions};
 pub use crate::service::request::CorpusRule;
 use crate::service::request::DrafterSpec;
 use crate::service::run::PastStore;
-use memmap2::Mmap;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -35,23 +32,15 @@ pub const MAX_DRAFT_TOKENS: usize = 256;
 
 /// What drafts, and where its open sessions are kept.
 pub struct Drafts {
-    corpus: Option<Corpus>,
+    /// The corpus the corpus drafter reads: an index here or shards held elsewhere (the same
+    /// drafts over the same documents).
+    corpus: Option<SharedShards>,
     past: Option<PastStore>,
     prompt_lookup: bool,
     corpus_rule: CorpusRule,
     store: Arc<SessionStore>,
     /// This drafting's sessions in the store (a store may hold several's).
     space: u64,
-}
-
-/// The corpus the corpus drafter reads.
-pub enum Corpus {
-    /// An index here.
-    Index(Arc<Index<Mmap>>),
-    /// Shards held elsewhere (a cluster's, through [`Shards`]): the same drafts as over an
-    /// index of the same documents, each draft token a round trip to every shard
-    /// ([`ShardsDrafter`]).
-    Shards(SharedShards),
 }
 
 /// Open drafting sessions, bounded in count and bytes: past either bound the least recently
@@ -192,21 +181,12 @@ impl SessionStore {
 }
 
 impl Drafts {
-    /// Drafting from `index` (the corpus; built with the engine's tokenizer), `past` (past
-    /// outputs, added to when a request finishes) and the request's own context
-    /// (`prompt_lookup`), in the decode loop's order; the corpus drafter by `corpus_rule`.
+    /// Drafting from `corpus` (an index built with the engine's tokenizer, or shards of one
+    /// held elsewhere), `past` (past outputs, added to when a request finishes) and the
+    /// request's own context (`prompt_lookup`), in the decode loop's order; the corpus drafter
+    /// by `corpus_rule`.
     pub fn new(
-        index: Option<Arc<Index<Mmap>>>,
-        past: Option<PastStore>,
-        prompt_lookup: bool,
-        corpus_rule: CorpusRule,
-    ) -> Result<Self> {
-        Self::with_corpus(index.map(Corpus::Index), past, prompt_lookup, corpus_rule)
-    }
-
-    /// [`Drafts::new`] with the corpus here or in shards held elsewhere.
-    pub fn with_corpus(
-        corpus: Option<Corpus>,
+        corpus: Option<SharedShards>,
         past: Option<PastStore>,
         prompt_lookup: bool,
         corpus_rule: CorpusRule,
@@ -215,9 +195,9 @@ impl Drafts {
         Self::with_store(corpus, past, prompt_lookup, corpus_rule, store)
     }
 
-    /// [`Drafts::with_corpus`] keeping its sessions in `store` (shared, under one bound).
+    /// [`Drafts::new`] keeping its sessions in `store` (shared, under one bound).
     pub fn with_store(
-        corpus: Option<Corpus>,
+        corpus: Option<SharedShards>,
         past: Option<PastStore>,
         prompt_lookup: bool,
         corpus_rule: CorpusRule,
@@ -248,37 +228,28 @@ impl Drafts {
         (self.space, id.to_string())
     }
 
-    /// The drafters of a new session: those of the decode loop's speculative decoding (the
-    /// corpus drafter over shards last, where [`DrafterSpec::Corpus`] puts the local one).
+    /// The drafters of a new session: those of the decode loop's speculative decoding.
     fn drafters(&self) -> Result<Vec<Box<dyn Drafter>>> {
         let specs: Vec<DrafterSpec> = crate::service::request::defaults::SPECULATIVE_DRAFTERS
             .into_iter()
             .filter(|&d| self.prompt_lookup || d != DrafterSpec::PromptLookup)
             .collect();
-        let mut list = drafters(&AssemblyOptions {
+        drafters(&AssemblyOptions {
             drafters: specs,
             corpus_rule: self.corpus_rule,
-            drafting_index: match &self.corpus {
-                Some(Corpus::Index(index)) => Some(index.clone()),
-                _ => None,
-            },
+            drafting_index: self.corpus.clone(),
             repetition_penalty: 1.0,
             guard: None,
             past_outputs: self.past.as_ref().map(|p| p.outputs.clone()),
-        })?;
-        if let Some(Corpus::Shards(shards)) = &self.corpus {
-            let rule = self.corpus_rule.drafter_rule();
-            list.push(Box::new(ShardsDrafter::new(shards.clone(), rule)));
-        }
-        Ok(list)
+        })
     }
 
     fn check_ids(&self, ids: &[u32]) -> Result<()> {
-        let vocab = match &self.corpus {
-            Some(Corpus::Index(index)) => Some(index.header().tokenizer.vocab_size),
-            Some(Corpus::Shards(shards)) => Some(shards.vocab_size()).filter(|&v| v > 0),
-            None => None,
-        };
+        let vocab = self
+            .corpus
+            .as_ref()
+            .map(|corpus| corpus.vocab_size())
+            .filter(|&v| v > 0);
         if let Some(vocab) = vocab {
             if let Some(t) = ids.iter().find(|&&t| t as usize >= vocab) {
                 return Err(Error::Field {

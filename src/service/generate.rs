@@ -20,6 +20,7 @@ use crate::ngram::{Estimator, InfgramModel, LevelLog};
 use crate::service::request::{CheckedRequest, CorpusRule, DrafterSpec};
 use memmap2::Mmap;
 use std::cell::Cell;
+use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -38,8 +39,25 @@ pub struct GenConfig {
     pub cancel: Option<Cancel>,
 }
 
-/// A copy guard as the decode loop takes it, and a handle on its statistics.
-type BuiltGuard = (Box<dyn Processor>, Rc<Cell<GuardStats>>);
+/// A copy guard as the decode loop takes it, with handles on its statistics and on why a
+/// search failed (shards held elsewhere that did not answer).
+struct BuiltGuard {
+    processor: Box<dyn Processor>,
+    stats: Rc<Cell<GuardStats>>,
+    failure: Rc<RefCell<Option<String>>>,
+}
+
+impl BuiltGuard {
+    /// Refuses an output the guard could not check (`Error::Unavailable`).
+    fn checked(failure: &Rc<RefCell<Option<String>>>) -> Result<()> {
+        match failure.borrow().clone() {
+            Some(why) => Err(Error::Unavailable(format!(
+                "the copy guard could not check the output (a shard did not answer): {why}"
+            ))),
+            None => Ok(()),
+        }
+    }
+}
 
 /// Settings of the copy guard ([`CopyGuard`]).
 #[derive(Clone, Debug)]
@@ -74,11 +92,14 @@ impl GuardConfig {
         Ok(())
     }
 
-    /// The guard over `index`, and a handle on its statistics.
-    fn build<S: AsRef<[u8]> + Sync + 'static>(&self, index: Arc<Index<S>>) -> BuiltGuard {
-        let guard = CopyGuard::new(index, self.max_span).ignore_prompt(self.ignore_prompt);
-        let stats = guard.stats();
-        (Box::new(guard), stats)
+    /// The guard over `corpus`, with its handles.
+    fn build(&self, corpus: SharedShards) -> BuiltGuard {
+        let guard = CopyGuard::new(corpus, self.max_span).ignore_prompt(self.ignore_prompt);
+        BuiltGuard {
+            stats: guard.stats(),
+            failure: guard.failure(),
+            processor: Box::new(guard),
+        }
     }
 }
 
@@ -92,17 +113,17 @@ pub struct GuardReport {
 }
 
 impl GuardReport {
-    /// The report of a generation's `output`, its longest copied span measured on `index`
+    /// The report of a generation's `output`, its longest copied span measured on `corpus`
     /// (the guard's, or the generation's own).
-    pub fn measure<S: AsRef<[u8]> + Sync>(
+    pub fn measure(
         guard: Option<GuardStats>,
-        index: &Index<S>,
+        corpus: &dyn Shards,
         output: &[u32],
-    ) -> GuardReport {
-        GuardReport {
+    ) -> Result<GuardReport> {
+        Ok(GuardReport {
             guard,
-            max_copied_span: max_copied_span(index, output),
-        }
+            max_copied_span: max_copied_span(corpus, output)?,
+        })
     }
 }
 
@@ -124,75 +145,44 @@ pub struct Generation {
     pub guard: Option<GuardStats>,
 }
 
-/// Generates from the index alone, calling `on_token` after each token (for streaming): the
-/// decode loop ([`crate::decode::decode`]) with the ∞-gram as its model and no drafters. The
-/// prompt starts a document (the separator goes first); generation stops at the next
-/// document boundary.
-pub fn generate_from_index<S: AsRef<[u8]> + Sync + 'static>(
-    index: Arc<Index<S>>,
+/// Generates from the ∞-gram of `corpus` alone (an index, or shards held elsewhere: SBIS, one
+/// round trip a position), calling `on_token` after each token (for streaming): the decode loop
+/// ([`crate::decode::decode`]) with the ∞-gram as its model and no drafters. The prompt starts
+/// a document (the separator goes first); generation stops at the next document boundary. The
+/// copy guard checks the same corpus, or an index of its own with the same tokenizer; a guard
+/// search that failed fails the generation (`Error::Unavailable`): its output was not checked.
+pub fn generate_from_corpus(
+    corpus: SharedShards,
     prompt: &[u32],
     cfg: &GenConfig,
     sampler: &mut Sampler,
     on_token: impl FnMut(u32),
 ) -> Result<Generation> {
-    // The guard's index: the generation's own, or another with the same tokenizer.
     let mut guard = None;
     if let Some(g) = &cfg.guard {
         g.check()?;
         guard = Some(match &g.index {
-            None => g.build(index.clone()),
+            None => g.build(corpus.clone()),
             Some(other) => {
-                same_tokenizer(&index, other)?;
+                same_tokenizer(&*corpus, other)?;
                 g.build(other.clone())
             }
         });
     }
-    let separator = index.separator();
-    let model = InfgramModel::new(index, cfg.estimator.clone(), cfg.context)?;
-    run_generation(model, guard, separator, prompt, cfg, sampler, on_token)
-}
-
-/// [`generate_from_index`] over shards held elsewhere ([`InfgramModel::over_shards`]: SBIS, one round
-/// trip a position), the copy guard over the same shards ([`CopyGuard::over_shards`]). A guard
-/// search that failed fails the generation (`Error::Unavailable`): its output was not checked.
-pub fn generate_over_shards(
-    shards: SharedShards,
-    prompt: &[u32],
-    cfg: &GenConfig,
-    sampler: &mut Sampler,
-    on_token: impl FnMut(u32),
-) -> Result<Generation> {
-    let mut guard = None;
-    let mut failure = None;
-    if let Some(g) = &cfg.guard {
-        g.check()?;
-        if g.index.is_some() {
-            return Err(Error::input(
-                "over shards held elsewhere the copy guard checks those shards: give no guard \
-                 index of its own",
-            ));
-        }
-        let built = CopyGuard::<Vec<u8>>::over_shards(shards.clone(), g.max_span)
-            .ignore_prompt(g.ignore_prompt);
-        failure = Some(built.failure());
-        let stats = built.stats();
-        guard = Some((Box::new(built) as Box<dyn Processor>, stats));
-    }
-    let separator = shards.separator();
-    let model = InfgramModel::<Vec<u8>>::over_shards(shards, cfg.estimator.clone(), cfg.context)?;
+    let failure = guard.as_ref().map(|g| g.failure.clone());
+    let separator = corpus.separator();
+    let model = InfgramModel::new(corpus, cfg.estimator.clone(), cfg.context)?;
     let generation = run_generation(model, guard, separator, prompt, cfg, sampler, on_token)?;
-    if let Some(why) = failure.and_then(|f| f.borrow().clone()) {
-        return Err(Error::Unavailable(format!(
-            "the copy guard could not check the output (a shard did not answer): {why}"
-        )));
+    if let Some(failure) = &failure {
+        BuiltGuard::checked(failure)?;
     }
     Ok(generation)
 }
 
 /// The decode loop of a generation from the ∞-gram `model` alone, after `prompt` (which starts
 /// a document: the separator goes first), with the copy guard when given.
-fn run_generation<S: AsRef<[u8]> + Sync>(
-    mut model: InfgramModel<S>,
+fn run_generation(
+    mut model: InfgramModel,
     guard: Option<BuiltGuard>,
     separator: u32,
     prompt: &[u32],
@@ -201,7 +191,7 @@ fn run_generation<S: AsRef<[u8]> + Sync>(
     on_token: impl FnMut(u32),
 ) -> Result<Generation> {
     let (mut processors, guard_stats) = match guard {
-        Some((p, stats)) => (vec![p], Some(stats)),
+        Some(g) => (vec![g.processor], Some(g.stats)),
         None => (Vec::new(), None),
     };
     let mut fed = Vec::with_capacity(prompt.len() + 1);
@@ -231,11 +221,15 @@ fn run_generation<S: AsRef<[u8]> + Sync>(
     })
 }
 
-/// Refuses a guard index whose tokenizer is not the generation index's.
-fn same_tokenizer<S: AsRef<[u8]> + Sync, T: AsRef<[u8]> + Sync>(
-    index: &Index<S>,
-    guard: &Index<T>,
-) -> Result<()> {
+/// Refuses a guard index whose tokenizer is not the generation index's, and one of its own
+/// over shards held elsewhere (whose tokenizer it cannot compare).
+fn same_tokenizer(corpus: &dyn Shards, guard: &Index<Mmap>) -> Result<()> {
+    let Some(index) = corpus.local_index() else {
+        return Err(Error::input(
+            "over shards held elsewhere the copy guard checks those shards: give no guard \
+             index of its own",
+        ));
+    };
     let (a, b) = (&index.header().tokenizer, &guard.header().tokenizer);
     if a.fingerprint != b.fingerprint {
         let at = guard
@@ -258,9 +252,9 @@ pub struct AssemblyOptions {
     pub drafters: Vec<DrafterSpec>,
     /// How the corpus drafter drafts.
     pub corpus_rule: CorpusRule,
-    /// An opened index in the model's tokens to draft from (with `speculative`), mix with, and
-    /// guard against by default.
-    pub drafting_index: Option<Arc<Index<Mmap>>>,
+    /// A corpus in the model's tokens to draft from (with `speculative`), mix with, and guard
+    /// against by default: an opened index, or shards of one held elsewhere.
+    pub drafting_index: Option<SharedShards>,
     /// Repetition penalty over the last [`REPETITION_WINDOW`] tokens (1: none).
     pub repetition_penalty: f32,
     /// The copy guard (its index defaults to the drafting index).
@@ -270,19 +264,22 @@ pub struct AssemblyOptions {
     pub past_outputs: Option<SharedPastOutputs>,
 }
 
-/// A neural generation's copy guard: its index (for the longest copied span afterwards) and
-/// its statistics.
+/// A neural generation's copy guard: its corpus (for the longest copied span afterwards), its
+/// statistics and why a search failed.
 pub struct GuardHandle {
-    /// The guard's index.
-    pub index: Arc<Index<Mmap>>,
+    /// The guard's corpus.
+    pub corpus: SharedShards,
     /// The guard's statistics, updated as the decode loop runs.
     pub stats: Rc<Cell<GuardStats>>,
+    failure: Rc<RefCell<Option<String>>>,
 }
 
 impl GuardHandle {
-    /// The guard's statistics and the longest span of `output` found in its corpus.
-    pub fn report(&self, output: &[u32]) -> GuardReport {
-        GuardReport::measure(Some(self.stats.get()), &self.index, output)
+    /// The guard's statistics and the longest span of `output` found in its corpus; an error
+    /// when a search of the guard failed (the output was not checked).
+    pub fn report(&self, output: &[u32]) -> Result<GuardReport> {
+        BuiltGuard::checked(&self.failure)?;
+        GuardReport::measure(Some(self.stats.get()), &*self.corpus, output)
     }
 }
 
@@ -350,15 +347,21 @@ pub fn processors(opts: &AssemblyOptions) -> Result<(Processors, Option<GuardHan
         return Ok((processors, None));
     };
     g.check()?;
-    let Some(index) = g.index.as_ref().or(opts.drafting_index.as_ref()).cloned() else {
+    let own = g.index.clone().map(|index| index as SharedShards);
+    let Some(corpus) = own.or_else(|| opts.drafting_index.clone()) else {
         return Err(Error::input(
             "the copy guard needs an index built with the model's tokenizer \
              (`infgram index --tokenizer MODEL`): give it with --guard-index DIR or --index DIR",
         ));
     };
-    let (p, stats) = g.build(index.clone());
-    processors.push(p);
-    Ok((processors, Some(GuardHandle { index, stats })))
+    let built = g.build(corpus.clone());
+    processors.push(built.processor);
+    let handle = GuardHandle {
+        corpus,
+        stats: built.stats,
+        failure: built.failure,
+    };
+    Ok((processors, Some(handle)))
 }
 
 /// A generation with a (neural) model: plain or speculative, mixed with an index or not,
@@ -430,7 +433,7 @@ pub fn generate_with_model(
         remember(past, &tokens);
     }
     Ok(ModelGeneration {
-        guard: guard.as_ref().map(|g| g.report(&tokens)),
+        guard: guard.as_ref().map(|g| g.report(&tokens)).transpose()?,
         tokens,
         stats,
         context_tokens,

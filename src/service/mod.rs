@@ -37,9 +37,7 @@ pub mod request;
 pub mod run;
 pub mod score;
 
-pub use generate::{
-    generate_from_index, generate_over_shards, GenConfig, Generation, GuardConfig, GuardReport,
-};
+pub use generate::{generate_from_corpus, GenConfig, Generation, GuardConfig, GuardReport};
 pub use indexes::{
     build_tokenizer, cached_byte_index, cached_index, load_tokenizer, open_cached_byte_index,
     open_cached_index, open_index, resolve_tokenizer_name, tiny_shakespeare_index,
@@ -84,7 +82,7 @@ pub mod rows {
 pub mod shards {
     pub use crate::index::infini_gram::is_infini_gram_dir;
     pub use crate::index::partial::{
-        self, answer_all, ShardAnswer, ShardInfo, ShardQuery, Shards, SharedShards,
+        self, answer_all, AskOnly, ShardAnswer, ShardInfo, ShardQuery, Shards, SharedShards,
     };
     pub use crate::index::query::{Document, NtdResult, ProbResult, SearchResult, TokenProb};
     pub use crate::index::Layout;

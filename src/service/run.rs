@@ -12,14 +12,14 @@ use crate::decode::past::SharedPastOutputs;
 use crate::decode::{DecodeConfig, DecodeStats};
 use crate::error::Result;
 use crate::index::counts_cache::CacheStats;
-use crate::index::partial::SharedShards;
+use crate::index::partial::{Shards, SharedShards};
 use crate::index::Index;
 use crate::lm::LanguageModel;
 use crate::mix::check_mixing_index;
 use crate::ngram::LevelLog;
 use crate::service::generate::{
-    generate_from_index, generate_over_shards, generate_with_model, AssemblyOptions, Generation,
-    GuardConfig, GuardReport, ModelGenRequest,
+    generate_from_corpus, generate_with_model, AssemblyOptions, Generation, GuardConfig,
+    GuardReport, ModelGenRequest,
 };
 use crate::service::request::CheckedRequest;
 use crate::tokenizer::{check_fingerprint, Tokenizer};
@@ -107,10 +107,8 @@ impl PastStore {
 
 /// What scores the next token.
 enum Scorer<'a> {
-    /// The ∞-gram of an index.
-    Index(Arc<Index<Mmap>>),
-    /// The ∞-gram of shards held elsewhere.
-    Shards(SharedShards),
+    /// The ∞-gram of a corpus: an index, or shards held elsewhere.
+    Corpus(SharedShards),
     /// A neural model and its name in reports.
     Model {
         model: &'a mut dyn LanguageModel,
@@ -124,8 +122,8 @@ enum Scorer<'a> {
 pub struct Resources<'a> {
     tokenizer: &'a dyn Tokenizer,
     scorer: Scorer<'a>,
-    /// A model's drafting index (drafted from, mixed with, guarded against by default).
-    drafting_index: Option<Arc<Index<Mmap>>>,
+    /// A model's drafting corpus (drafted from, mixed with, guarded against by default).
+    drafting_index: Option<SharedShards>,
     /// A model's mixer (default: the built-in one, when the request mixes).
     mixer: Option<Mixer>,
     guard_index: Option<Arc<Index<Mmap>>>,
@@ -133,16 +131,11 @@ pub struct Resources<'a> {
 }
 
 impl<'a> Resources<'a> {
-    /// Generation from `index` alone, in the tokens of `tok` (the tokenizer it was opened
-    /// with: [`crate::service::open_index`] checks them).
-    pub fn index(index: Arc<Index<Mmap>>, tok: &'a dyn Tokenizer) -> Self {
-        Self::with(Scorer::Index(index), tok)
-    }
-
-    /// Generation from shards held elsewhere (SBIS, one round trip a position; the guard
-    /// checks the same shards), in the tokens of `tok`.
-    pub fn shards(shards: SharedShards, tok: &'a dyn Tokenizer) -> Self {
-        Self::with(Scorer::Shards(shards), tok)
+    /// Generation from the ∞-gram of `corpus` alone, in the tokens of `tok`: an index (the
+    /// tokenizer it was opened with: [`crate::service::open_index`] checks them), or shards
+    /// held elsewhere (SBIS, one round trip a position; the guard checks the same shards).
+    pub fn corpus(corpus: SharedShards, tok: &'a dyn Tokenizer) -> Self {
+        Self::with(Scorer::Corpus(corpus), tok)
     }
 
     /// Generation with `model` (borrowed: a server loads it once), its tokenizer `tok`;
@@ -187,12 +180,11 @@ impl<'a> Resources<'a> {
         match &self.scorer {
             // The index-alone generation compares the two indexes' tokenizers (once); over
             // shards it refuses a guard index of its own.
-            Scorer::Index(_) | Scorer::Shards(_) => {}
+            Scorer::Corpus(_) => {}
             Scorer::Model { .. }
-                if self
-                    .drafting_index
-                    .as_ref()
-                    .is_some_and(|own| Arc::ptr_eq(own, &index)) => {}
+                if self.drafting_index.as_ref().is_some_and(|own| {
+                    std::ptr::addr_eq(Arc::as_ptr(own), Arc::as_ptr(&index))
+                }) => {}
             Scorer::Model { .. } => check_fingerprint(&index.header().tokenizer, self.tokenizer)?,
         }
         self.guard_index = Some(index);
@@ -207,11 +199,11 @@ impl<'a> Resources<'a> {
     }
 }
 
-/// An index checked, once, against the tokenizer of the model it goes with: what a model
+/// A corpus checked, once, against the tokenizer of the model it goes with: what a model
 /// drafts from, mixes with and guards against. A front end checks it where it resolves the
 /// index (a server before it queues the request), then binds it ([`Resources::drafting_index`]).
 #[derive(Clone)]
-pub struct ModelIndex(Arc<Index<Mmap>>);
+pub struct ModelIndex(SharedShards);
 
 impl ModelIndex {
     /// `index` if it was built with `tok` (`mixing`: the error says what mixing needs).
@@ -221,6 +213,12 @@ impl ModelIndex {
             false => check_fingerprint(&index.header().tokenizer, tok)?,
         }
         Ok(ModelIndex(index))
+    }
+
+    /// Shards held elsewhere, of an index built with the model's tokenizer (whoever routes
+    /// them answers for it, as [`Resources::corpus`] takes their tokens on trust).
+    pub fn elsewhere(shards: SharedShards) -> Self {
+        ModelIndex(shards)
     }
 }
 
@@ -384,29 +382,22 @@ pub fn generate(
     };
     let started = Instant::now();
     let mut report = match &mut res.scorer {
-        Scorer::Index(index) => {
-            let mut sampler = req.sampler();
-            let g = generate_from_index(index.clone(), &prompt, &cfg, &mut sampler, &mut on_token)?;
-            // The longest copied span, on the guard's index or the generation's.
-            let copying = (opts.measure_copying || g.guard.is_some()).then(|| {
-                let on = res.guard_index.as_ref().unwrap_or(index);
-                GuardReport::measure(g.guard, on, &g.tokens)
-            });
-            infgram_report(g, copying.map(Copying::from), req, prompt.len())
-        }
-        Scorer::Shards(shards) => {
+        Scorer::Corpus(corpus) => {
             let mut sampler = req.sampler();
             let g =
-                generate_over_shards(shards.clone(), &prompt, &cfg, &mut sampler, &mut on_token)?;
-            // Over shards the longest copied span would take another round of searches.
-            let copying = g.guard.map(|stats| Copying {
-                max_copied_span: None,
-                ..Copying::from(GuardReport {
-                    guard: Some(stats),
-                    max_copied_span: 0,
-                })
-            });
-            infgram_report(g, copying, req, prompt.len())
+                generate_from_corpus(corpus.clone(), &prompt, &cfg, &mut sampler, &mut on_token)?;
+            // The longest copied span, on the guard's index or the generation's corpus.
+            let copying = match opts.measure_copying || g.guard.is_some() {
+                true => {
+                    let on: &dyn Shards = match &res.guard_index {
+                        Some(index) => &**index,
+                        None => &**corpus,
+                    };
+                    Some(GuardReport::measure(g.guard, on, &g.tokens)?)
+                }
+                false => None,
+            };
+            infgram_report(g, copying.map(Copying::from), req, prompt.len())
         }
         Scorer::Model { model, name } => {
             let index = &res.drafting_index;

@@ -18,7 +18,7 @@ use infgram::decode::SamplerConfig;
 use infgram::eval::attribution::attribute;
 use infgram::eval::perplexity;
 use infgram::ngram::Estimator;
-use infgram::service::{generate_from_index, GenConfig, GuardConfig};
+use infgram::service::{generate_from_corpus, GenConfig, GuardConfig};
 use infgram::Index;
 use std::sync::Arc;
 use std::time::Instant;
@@ -66,7 +66,7 @@ fn main() {
             for seed in 0..10 {
                 let seed = seed + 100 * rep;
                 let t = Instant::now();
-                let g = generate_from_index(
+                let g = generate_from_corpus(
                     index.clone(),
                     &prompt,
                     &cfg(k, None, 2000),
@@ -76,7 +76,7 @@ fn main() {
                 .unwrap();
                 plain.push(t.elapsed().as_secs_f64() * 1e6 / g.tokens.len().max(1) as f64);
                 let t = Instant::now();
-                let g = generate_from_index(
+                let g = generate_from_corpus(
                     index.clone(),
                     &prompt,
                     &cfg(k, Some(16), 2000),
@@ -104,7 +104,7 @@ fn main() {
     for guard in [None, Some(16)] {
         let (mut spans, mut ppls, mut blocked) = (Vec::new(), Vec::new(), Vec::new());
         for seed in 0..20 {
-            let g = generate_from_index(
+            let g = generate_from_corpus(
                 index.clone(),
                 &prompt,
                 &cfg(-1, guard, 2000),
@@ -113,7 +113,9 @@ fn main() {
             )
             .unwrap();
             let text = [prompt.clone(), g.tokens.clone()].concat();
-            spans.push(infgram::eval::attribution::max_copied_span(&index, &g.tokens) as f64);
+            spans.push(
+                infgram::eval::attribution::max_copied_span(&index, &g.tokens).unwrap() as f64,
+            );
             ppls.push(perplexity(&index, &text, &smoothed, 200, None).unwrap().ppl);
             blocked.push(g.guard.map_or(0.0, |s| s.blocked as f64));
         }
@@ -129,7 +131,7 @@ fn main() {
     println!("\n| attribute 500 tokens (--min-len 8, 3 docs per span) | index tokens | spans | ms (min–max of 20) |");
     println!("|---|---:|---:|---:|");
     let tiny = infgram::service::tiny_shakespeare_index().unwrap();
-    let generated = generate_from_index(
+    let generated = generate_from_corpus(
         index.clone(),
         &prompt,
         &cfg(-1, None, 500),
@@ -264,7 +266,7 @@ mod neural {
                     .as_ref()
                     .map_or(0.0, |s| s.get().seconds / (st.seconds - st.prompt_seconds));
                 let blocked = stats.map_or(0, |s| s.get().blocked);
-                (max_copied_span(&index, &out), ms, blocked, share)
+                (max_copied_span(&index, &out).unwrap(), ms, blocked, share)
             };
             let (free_span, free_ms, _, _) = go(false);
             let (span, ms, blocked, share) = go(true);

@@ -12,7 +12,7 @@ use infgram::decode::{decode, DecodeConfig, Sampler, SamplerConfig};
 use infgram::eval::perplexity;
 use infgram::lm::DenseRows;
 use infgram::ngram::{Estimator, InfgramModel};
-use infgram::service::{generate_from_index, GenConfig};
+use infgram::service::{generate_from_corpus, GenConfig};
 use infgram::tokenizer::{ByteTokenizer, Tokenizer};
 use infgram::Index;
 use std::hint::black_box;
@@ -183,7 +183,7 @@ fn main() {
                 max_tokens: budget,
                 ..cfg.clone()
             };
-            generate_from_index(index.clone(), &prompt, &cfg, sampler, |_| {})
+            generate_from_corpus(index.clone(), &prompt, &cfg, sampler, |_| {})
                 .unwrap()
                 .tokens
                 .len()

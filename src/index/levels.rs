@@ -2,7 +2,7 @@
 //!
 //! For suffix lengths `l = L, L-1, …, 1` the occurrence count of the last `l` tokens never
 //! decreases. A *level* is a length where it changes; its next-token counts are kept when
-//! their total exceeds that of the previous kept level ([`crate::ngram`], "The estimators"). The occurrence ranges of
+//! their total exceeds that of the previous kept level (the ∞-gram estimators of `ngram`). The occurrence ranges of
 //! all suffixes come from the reversed suffix array in one left-to-right narrowing (ranges
 //! nest), so the change points cost one binary search per suffix length that occurs, and the
 //! counts are computed only at change points (cached for large, recurring ranges).
@@ -53,6 +53,74 @@ impl Tracker {
     /// Forgets the tracked suffixes (the context changed by more than one appended token).
     pub fn reset(&mut self) {
         self.tracked.clear();
+    }
+}
+
+/// What a reader of a corpus asks for: the first `k` levels of `ctx` (all when `k < 0`) whose
+/// next-token counts pass `keep`, longest first ([`Shards::levels`]).
+#[derive(Clone, Copy)]
+pub struct LevelAsk<'a> {
+    /// The context.
+    pub ctx: &'a [u32],
+    /// Levels wanted at most (all when negative).
+    pub k: i64,
+    /// Whether the empty context (the unigram distribution) may end the list.
+    pub include_empty: bool,
+    /// Whether every level but the first carries its Kneser–Ney continuation counts (the
+    /// smoothed estimator: an index in this process only).
+    pub continuation: bool,
+    /// Levels whose counts it refuses are skipped (and not counted towards `k`).
+    pub keep: &'a dyn Fn(&Counts) -> bool,
+}
+
+impl<'a> LevelAsk<'a> {
+    /// The first `k` levels of `ctx` (all when `k < 0`), the empty context left out.
+    pub fn new(ctx: &'a [u32], k: i64) -> Self {
+        LevelAsk {
+            ctx,
+            k,
+            include_empty: false,
+            continuation: false,
+            keep: &|_| true,
+        }
+    }
+
+    /// The unigram level (the empty context's), for a context of which nothing occurs.
+    pub fn unigram() -> Self {
+        LevelAsk {
+            include_empty: true,
+            ..LevelAsk::new(&[], 1)
+        }
+    }
+}
+
+/// What one reader of a corpus (a model, a drafter) keeps between its reads of levels. On an
+/// index in this process: its level finder (the counts cache's counters are the reader's) and
+/// the small suffixes tracked from one generation step to the next ([`Tracker`]); shards held
+/// elsewhere keep their own caches and read only whether documents' ends count.
+pub struct Memo {
+    pub(crate) finder: LevelFinder,
+    pub(crate) tracker: Tracker,
+}
+
+impl Memo {
+    /// A reader's memo; with `keep_end`, documents' ends count as the separator token.
+    pub fn new(keep_end: bool) -> Self {
+        Memo {
+            finder: LevelFinder::new(keep_end),
+            tracker: Tracker::default(),
+        }
+    }
+
+    /// Whether documents' ends count as the separator token.
+    pub fn keep_end(&self) -> bool {
+        self.finder.keep_end
+    }
+
+    /// Forgets the suffixes tracked from the last step (the context changed by more than one
+    /// appended token).
+    pub fn forget_steps(&mut self) {
+        self.tracker.reset();
     }
 }
 
@@ -206,6 +274,28 @@ impl LevelFinder {
             continuation,
             (0, 0),
             &|_| true,
+            &mut kept,
+        );
+        kept
+    }
+
+    /// The levels `ask` asks for ([`Shards::levels`] on an index in this process).
+    pub fn levels_asked<S: AsRef<[u8]> + Sync>(
+        &mut self,
+        index: &Index<S>,
+        ask: LevelAsk<'_>,
+    ) -> Vec<Level> {
+        let per_shard = Self::suffix_occs(index, ask.ctx);
+        let mut kept = Vec::with_capacity(16);
+        self.levels_from(
+            index,
+            &per_shard,
+            ask.ctx,
+            ask.k,
+            ask.include_empty,
+            ask.continuation,
+            (0, 0),
+            ask.keep,
             &mut kept,
         );
         kept
