@@ -3,8 +3,10 @@
 //! router carries to its shard actors), and `service::execute` runs over any `Shards`.
 
 use infgram::decode::{Sampler, SamplerConfig};
-use infgram::index::levels::{levels_over, LevelFinder};
-use infgram::index::partial::{ShardAnswer, ShardInfo, ShardQuery, Shards, SharedShards};
+use infgram::index::levels::LevelFinder;
+use infgram::index::partial::{
+    levels_over, ShardAnswer, ShardInfo, ShardQuery, Shards, SharedShards,
+};
 use infgram::ngram::{Estimator, InfgramModel};
 use infgram::service::{execute, generate_from_corpus, GenConfig, GuardConfig, Query};
 use infgram::tokenizer::{IdsOnly, TokenizerSpec};

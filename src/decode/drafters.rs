@@ -510,7 +510,7 @@ pub enum CorpusRule {
 
 /// Where the longest-suffix rule stands: a sequence drafted from, the length of its level's
 /// suffix, and each shard's forward suffix-array range of that suffix (found on the first step
-/// that needs it, on an index in this process: [`Shards::narrowed_level`]).
+/// that needs it, on an index in this process: [`Shards::narrowed_level`](crate::index::partial::Shards::narrowed_level)).
 ///
 /// The next step's sequence is this one plus the token drafted, `t`, one of the level's
 /// continuations, so the suffix followed by `t` occurs, and no longer suffix of the new
@@ -548,7 +548,7 @@ impl Default for CorpusRule {
 }
 
 /// Drafts from the ∞-gram of a corpus in the model's tokens: an index in this process or
-/// shards held elsewhere ([`Shards`]: the same drafts from the same documents, each step one
+/// shards held elsewhere ([`Shards`](crate::index::partial::Shards): the same drafts from the same documents, each step one
 /// round trip to every shard). It keeps one memo of its reads (the level finder and its counts
 /// cache's counters) across drafts.
 pub struct CorpusDrafter {

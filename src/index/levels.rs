@@ -7,9 +7,7 @@
 //! nest), so the change points cost one binary search per suffix length that occurs, and the
 //! counts are computed only at change points (cached for large, recurring ranges).
 
-use crate::error::Result;
 use crate::index::counts_cache::{CacheStats, CountsCache, Lookup};
-use crate::index::partial::{self, Shards};
 use crate::index::query::{merge_counts, tally_sorted_into, Counts, Occ};
 use crate::index::Index;
 use std::sync::Arc;
@@ -57,7 +55,7 @@ impl Tracker {
 }
 
 /// What a reader of a corpus asks for: the first `k` levels of `ctx` (all when `k < 0`) whose
-/// next-token counts pass `keep`, longest first ([`Shards::levels`]).
+/// next-token counts pass `keep`, longest first (`Shards::levels` of `index::partial`).
 #[derive(Clone, Copy)]
 pub struct LevelAsk<'a> {
     /// The context.
@@ -279,7 +277,7 @@ impl LevelFinder {
         kept
     }
 
-    /// The levels `ask` asks for ([`Shards::levels`] on an index in this process).
+    /// The levels `ask` asks for (`Shards::levels` on an index in this process).
     pub fn levels_asked<S: AsRef<[u8]> + Sync>(
         &mut self,
         index: &Index<S>,
@@ -527,55 +525,6 @@ impl LevelFinder {
             }
         }));
     }
-}
-
-/// The first `k` SBIS levels of `ctx` (all when `k < 0`) whose counts pass `keep`, over
-/// shards asked through [`Shards`] (shards of another process or machine): one round trip for
-/// every shard's change points ([`partial::level_points`]), documents' ends counted for the
-/// separator. The same levels as [`LevelFinder::levels_where`] on an index of the same
-/// documents (and, with `keep` passing all, as [`LevelFinder::levels`] with `keep_end`).
-pub fn levels_over(
-    shards: &(impl Shards + ?Sized),
-    ctx: &[u32],
-    k: i64,
-    include_empty: bool,
-    keep: &dyn Fn(&Counts) -> bool,
-) -> Result<Vec<Level>> {
-    levels_over_with(shards, ctx, k, include_empty, keep, true)
-}
-
-/// [`levels_over`], with documents' ends counted for the separator only with `keep_end`: the
-/// same levels as [`LevelFinder::levels_where`] by a finder of that `keep_end` (the corpus
-/// drafter's leaves them out).
-pub fn levels_over_with(
-    shards: &(impl Shards + ?Sized),
-    ctx: &[u32],
-    k: i64,
-    include_empty: bool,
-    keep: &dyn Fn(&Counts) -> bool,
-    keep_end: bool,
-) -> Result<Vec<Level>> {
-    let mut kept = Vec::new();
-    let mut prev_total = 0;
-    for p in partial::level_points(shards, ctx, include_empty, keep_end)? {
-        let total: u64 = p.counts.iter().map(|&(_, c)| c).sum();
-        if total <= prev_total {
-            continue;
-        }
-        prev_total = total;
-        if keep(&p.counts) {
-            kept.push(Level {
-                len: p.len,
-                total,
-                counts: Arc::new(p.counts),
-                continuations: None,
-            });
-            if k >= 0 && kept.len() as i64 >= k {
-                break;
-            }
-        }
-    }
-    Ok(kept)
 }
 
 /// Occurrences, over all shards, of the suffix of length `l` (0 past a shard's longest).

@@ -20,7 +20,7 @@
 //! held elsewhere give), and [`Index`] answers them with its own fast paths and memos.
 
 use super::counts_cache::{CacheStats, CountsCache};
-use super::levels::{self, Level, LevelAsk, Memo};
+use super::levels::{Level, LevelAsk, Memo};
 use super::query::{
     merge_counts, sort_and_merge, CnfPart, CountResult, Counts, Document, FindResult, Located,
     Match, NtdResult, Occ, ProbResult, SearchResult, TokenProb,
@@ -265,13 +265,13 @@ pub trait Shards {
             return Err(Error::input(IN_PROCESS_ONLY));
         }
         let keep_end = memo.keep_end();
-        levels::levels_over_with(self, ask.ctx, ask.k, ask.include_empty, ask.keep, keep_end)
+        levels_over_with(self, ask.ctx, ask.k, ask.include_empty, ask.keep, keep_end)
     }
 
     /// The first `k` levels of `ctx` (all when `k < 0`) during generation, where `ctx` is the
     /// context of the last call plus `appended` (`None`: anything else), into `levels`
     /// (cleared first). An index in this process extends the last step's small levels by the
-    /// one token ([`LevelFinder::next_levels_into`]); the same levels as
+    /// one token ([`levels::LevelFinder::next_levels_into`]); the same levels as
     /// [`Shards::levels`] of `ctx`.
     fn next_levels(
         &self,
@@ -313,7 +313,7 @@ pub trait Shards {
     /// copy guard's search ([`spans`]).
     fn suffix_match(&self, window: &[u32], full: usize, track: usize) -> Result<SuffixMatch> {
         let _ = track;
-        spans::suffix_match_over(self, window, full)
+        suffix_match_over(self, window, full)
     }
 
     /// The occurrences of `m` (the match of a window) that continue with `x`, as the match of
@@ -803,7 +803,7 @@ pub fn infgram_counts(shards: &(impl Shards + ?Sized), prompt: &[u32]) -> Result
 /// The change points of `ctx` over all shards (each shard's [`ShardQuery::Levels`], merged):
 /// every suffix length, longest first, where the total occurrence count changes (and the empty
 /// suffix with `include_empty`), with that total and the merged next-token counts. One round
-/// trip; what SBIS levels are chosen from ([`crate::index::levels::levels_over`]).
+/// trip; what SBIS levels are chosen from ([`levels_over`]).
 pub fn level_points(
     shards: &(impl Shards + ?Sized),
     ctx: &[u32],
@@ -853,6 +853,80 @@ pub fn level_points(
         });
     }
     Ok(out)
+}
+
+/// The first `k` SBIS levels of `ctx` (all when `k < 0`) whose counts pass `keep`, over
+/// shards asked through [`Shards`] (shards of another process or machine): one round trip for
+/// every shard's change points ([`level_points`]), documents' ends counted for the
+/// separator. The same levels as [`LevelFinder::levels_where`](levels::LevelFinder::levels_where) on an index of the same
+/// documents (and, with `keep` passing all, as [`LevelFinder::levels`](levels::LevelFinder::levels) with `keep_end`).
+pub fn levels_over(
+    shards: &(impl Shards + ?Sized),
+    ctx: &[u32],
+    k: i64,
+    include_empty: bool,
+    keep: &dyn Fn(&Counts) -> bool,
+) -> Result<Vec<Level>> {
+    levels_over_with(shards, ctx, k, include_empty, keep, true)
+}
+
+/// [`levels_over`], with documents' ends counted for the separator only with `keep_end`: the
+/// same levels as [`LevelFinder::levels_where`](levels::LevelFinder::levels_where) by a finder of that `keep_end` (the corpus
+/// drafter's leaves them out).
+pub fn levels_over_with(
+    shards: &(impl Shards + ?Sized),
+    ctx: &[u32],
+    k: i64,
+    include_empty: bool,
+    keep: &dyn Fn(&Counts) -> bool,
+    keep_end: bool,
+) -> Result<Vec<Level>> {
+    let mut kept = Vec::new();
+    let mut prev_total = 0;
+    for p in level_points(shards, ctx, include_empty, keep_end)? {
+        let total: u64 = p.counts.iter().map(|&(_, c)| c).sum();
+        if total <= prev_total {
+            continue;
+        }
+        prev_total = total;
+        if keep(&p.counts) {
+            kept.push(Level {
+                len: p.len,
+                total,
+                counts: std::sync::Arc::new(p.counts),
+                continuations: None,
+            });
+            if k >= 0 && kept.len() as i64 >= k {
+                break;
+            }
+        }
+    }
+    Ok(kept)
+}
+
+/// [`Shards::suffix_match`] through the shards' answers (shards held elsewhere): no
+/// occurrences.
+pub fn suffix_match_over(
+    shards: &(impl Shards + ?Sized),
+    window: &[u32],
+    full: usize,
+) -> Result<SuffixMatch> {
+    let len = longest_suffix(shards, window)?;
+    let mut next = Vec::new();
+    if len == full {
+        let counts = next_counts(shards, &window[window.len() - len..])?;
+        next.extend(
+            counts
+                .iter()
+                .map(|&(t, _)| t)
+                .filter(|&t| shards.holds_token(t)),
+        );
+    }
+    Ok(SuffixMatch {
+        len,
+        starts: Vec::new(),
+        next,
+    })
 }
 
 /// The window `[pos − before, pos + after)` of the document holding position `pos` of shard
@@ -1318,11 +1392,16 @@ impl<S: AsRef<[u8]> + Sync> Shards for Index<S> {
     }
 
     fn suffix_match(&self, window: &[u32], full: usize, track: usize) -> Result<SuffixMatch> {
-        Ok(spans::suffix_match_local(self, window, full, track))
+        Ok(spans::suffix_match_local(
+            self,
+            window,
+            (full, track),
+            |t| self.holds_token(t),
+        ))
     }
 
     fn follow(&self, m: &SuffixMatch, x: u32, full: usize) -> Option<SuffixMatch> {
-        spans::follow_local(self, m, x, full)
+        spans::follow_local(self, m, (x, full), |t| self.holds_token(t))
     }
 
     fn local_index(&self) -> Option<LocalIndex<'_>> {

@@ -2,16 +2,15 @@
 //! window that occurs, its occurrences when they are few (to follow token by token), and the
 //! tokens that follow it when it is as long as the guard allows.
 //!
-//! Two implementations behind [`Shards`]: on an index in this process ([`suffix_match_local`],
-//! [`follow_local`]) a search is one narrowing per matched token in the reversed suffix array
-//! ([`crate::index::Shard::suffix_occs`]) and occurrences are read from the corpus; over shards
-//! held elsewhere ([`suffix_match_over`]) it is one round trip for the longest occurring suffix
-//! and, when it is full length, one for the tokens that follow it, and no occurrence comes back.
+//! Two implementations behind `Shards` (`index::partial`): on an index in this process
+//! ([`suffix_match_local`], [`follow_local`]) a search is one narrowing per matched token in the
+//! reversed suffix array ([`crate::index::Shard::suffix_occs`]) and occurrences are read from
+//! the corpus; over shards held elsewhere (`partial::suffix_match_over`) it is one round trip for
+//! the longest occurring suffix and, when it is full length, one for the tokens that follow it,
+//! and no occurrence comes back.
 
-use super::partial::{self, Shards};
 use super::query::Occ;
 use super::Index;
-use crate::error::Result;
 
 /// The longest suffix of a window that occurs in the corpus, as far as a reader needs it.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -26,12 +25,13 @@ pub struct SuffixMatch {
     pub next: Vec<u32>,
 }
 
-/// [`Shards::suffix_match`] on an index in this process.
+/// `Shards::suffix_match` on an index in this process; `held`: whether an id is of the
+/// vocabulary.
 pub fn suffix_match_local<S: AsRef<[u8]> + Sync>(
     index: &Index<S>,
     window: &[u32],
-    full: usize,
-    track: usize,
+    (full, track): (usize, usize),
+    held: impl Fn(u32) -> bool,
 ) -> SuffixMatch {
     let shards = index.shards();
     let per_shard: Vec<Vec<Occ>> = shards.iter().map(|sh| sh.suffix_occs(window)).collect();
@@ -47,12 +47,7 @@ pub fn suffix_match_local<S: AsRef<[u8]> + Sync>(
     if len == full {
         for (_, sh, occ) in occs() {
             let counts = sh.occ_counts_ext(occ, window, false);
-            next.extend(
-                counts
-                    .iter()
-                    .map(|&(t, _)| t)
-                    .filter(|&t| index.holds_token(t)),
-            );
+            next.extend(counts.iter().map(|&(t, _)| t).filter(|&t| held(t)));
         }
         next.sort_unstable();
         next.dedup();
@@ -69,13 +64,13 @@ pub fn suffix_match_local<S: AsRef<[u8]> + Sync>(
     SuffixMatch { len, starts, next }
 }
 
-/// [`Shards::follow`] on an index in this process: the occurrences of `m` that continue with
-/// `x`, read from the corpus.
+/// `Shards::follow` on an index in this process: the occurrences of `m` that continue with
+/// `x`, read from the corpus; `held`: whether an id is of the vocabulary.
 pub fn follow_local<S: AsRef<[u8]> + Sync>(
     index: &Index<S>,
     m: &SuffixMatch,
-    x: u32,
-    full: usize,
+    (x, full): (u32, usize),
+    held: impl Fn(u32) -> bool,
 ) -> Option<SuffixMatch> {
     let shards = index.shards();
     let at = |s: usize, p: usize| (p < shards[s].len()).then(|| shards[s].tok(p));
@@ -95,35 +90,10 @@ pub fn follow_local<S: AsRef<[u8]> + Sync>(
             starts
                 .iter()
                 .filter_map(|&(s, p)| at(s, p + len))
-                .filter(|&t| index.holds_token(t)),
+                .filter(|&t| held(t)),
         );
         next.sort_unstable();
         next.dedup();
     }
     Some(SuffixMatch { len, starts, next })
-}
-
-/// [`Shards::suffix_match`] through the shards' answers (shards held elsewhere): no
-/// occurrences.
-pub fn suffix_match_over(
-    shards: &(impl Shards + ?Sized),
-    window: &[u32],
-    full: usize,
-) -> Result<SuffixMatch> {
-    let len = partial::longest_suffix(shards, window)?;
-    let mut next = Vec::new();
-    if len == full {
-        let counts = partial::next_counts(shards, &window[window.len() - len..])?;
-        next.extend(
-            counts
-                .iter()
-                .map(|&(t, _)| t)
-                .filter(|&t| shards.holds_token(t)),
-        );
-    }
-    Ok(SuffixMatch {
-        len,
-        starts: Vec::new(),
-        next,
-    })
 }
