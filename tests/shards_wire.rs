@@ -370,6 +370,13 @@ proptest! {
             }
             (a, b) => prop_assert_eq!(a.err().map(|e| e.to_string()), b.err().map(|e| e.to_string())),
         }
+        // Perplexity (with a floor: a position may have no level).
+        let ppl = |corpus: &SharedShards| {
+            infgram::eval::ngram::perplexity(&**corpus, &text, &estimator, 20, Some(1e-6))
+                .map(|r| (r.ppl.to_bits(), r.tokens, r.floored, r.agreement.agree))
+                .map_err(|e| e.to_string())
+        };
+        prop_assert_eq!(ppl(&here), ppl(&wire));
     }
 }
 

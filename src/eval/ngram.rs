@@ -4,8 +4,8 @@
 //! estimates.
 
 use crate::error::{Error, Result};
-use crate::index::levels::LevelFinder;
-use crate::index::Index;
+use crate::index::levels::Memo;
+use crate::index::partial::Shards;
 use crate::ngram::Estimator;
 use rayon::prelude::*;
 use serde::Serialize;
@@ -72,8 +72,8 @@ struct Partial {
 /// Scores `tokens[1..]`, each with the previous `context` tokens (of `tokens` only) as context.
 /// `floor` replaces a zero probability (or a position without any level); without a floor such
 /// a position is an error.
-pub fn perplexity<S: AsRef<[u8]> + Sync>(
-    index: &Index<S>,
+pub fn perplexity(
+    index: &(impl Shards + Sync + ?Sized),
     tokens: &[u32],
     estimator: &Estimator,
     context: usize,
@@ -99,12 +99,12 @@ pub fn perplexity<S: AsRef<[u8]> + Sync>(
     let parts: Vec<Result<Partial>> = positions
         .par_chunks(chunk)
         .map(|chunk| {
-            let mut finder = LevelFinder::new(false);
+            let mut memo = Memo::new(false);
             let mut p = Partial::default();
             for &i in chunk {
                 let ctx = &tokens[i.saturating_sub(context)..i];
                 let actual = tokens[i];
-                let levels = estimator.levels(&mut finder, index, ctx);
+                let levels = estimator.levels(index, &mut memo, ctx)?;
                 let prob = estimator.prob(&levels, vocab, actual).unwrap_or(0.0);
                 let prob = if prob > 0.0 {
                     prob

@@ -7,7 +7,7 @@ use super::features::{first_max, top_of_logprobs, Confidence, FitPoint, LambdaMo
 use super::{Mixer, MIX_CONTEXT};
 use crate::error::Result;
 use crate::eval::ngram::Agreement;
-use crate::index::levels::{top_token, LevelFinder};
+use crate::index::levels::{top_token, Memo};
 use crate::index::Index;
 use crate::lm::{LanguageModel, Logits};
 use crate::ngram::{Estimator, EstimatorSpec, Evidence};
@@ -56,34 +56,34 @@ pub fn infgram_positions<S: AsRef<[u8]> + Sync>(
     let vocab = index.vocab_size();
     let scored = each_position(
         tokens.len(),
-        || (LevelFinder::new(false), Vec::new()),
-        |(finder, dist), i| {
+        || (Memo::new(false), Vec::new()),
+        |(memo, dist), i| {
             let ctx = &tokens[i.saturating_sub(context)..i];
             let actual = tokens[i];
-            let all = smoothed.levels(finder, index, ctx);
+            let all = smoothed.levels(index, memo, ctx)?;
             let p_smoothed = smoothed.prob(&all, vocab, actual).unwrap_or(0.0);
             let levels = match mixed {
                 Estimator::Smoothed(_) => all.clone(),
-                _ => mixed.levels(finder, index, ctx),
+                _ => mixed.levels(index, memo, ctx)?,
             };
             let p = mixed.prob(&levels, vocab, actual).unwrap_or(0.0);
             let first = levels.first().filter(|l| l.len > 0);
             let argmax = first.and_then(|l| top_token(&l.counts));
             mixed.distribution_into(&levels, vocab, dist);
-            InfgramPosition {
+            Ok(InfgramPosition {
                 p,
                 p_smoothed,
                 evidence: Evidence::of(first.map(std::slice::from_ref).unwrap_or(&[])),
                 agrees: argmax == Some(actual),
                 top: first_max(dist.iter().copied(), 0.0),
-            }
+            })
         },
     );
-    Ok(scored)
+    scored.into_iter().collect()
 }
 
 /// `at(state, i)` at every position `1..len`, in order, computed in parallel chunks that
-/// each start from a fresh `init()` (a level finder and scratch space).
+/// each start from a fresh `init()` (a reader's memo and scratch space).
 fn each_position<St, T: Send>(
     len: usize,
     init: impl Fn() -> St + Sync,
@@ -491,17 +491,19 @@ pub fn smoothed_probs<S: AsRef<[u8]> + Sync>(
     index: &Index<S>,
     tokens: &[u32],
     context: usize,
-) -> Vec<f64> {
+) -> Result<Vec<f64>> {
     let smoothed = Estimator::Smoothed(Default::default());
     let vocab = index.vocab_size();
     each_position(
         tokens.len(),
-        || LevelFinder::new(false),
-        |finder, i| {
-            let levels = smoothed.levels(finder, index, &tokens[i.saturating_sub(context)..i]);
-            smoothed.prob(&levels, vocab, tokens[i]).unwrap_or(0.0)
+        || Memo::new(false),
+        |memo, i| {
+            let levels = smoothed.levels(index, memo, &tokens[i.saturating_sub(context)..i])?;
+            Ok(smoothed.prob(&levels, vocab, tokens[i]).unwrap_or(0.0))
         },
     )
+    .into_iter()
+    .collect()
 }
 
 /// The ∞-gram at every position `1..` of `tokens` for an SBIS estimator, from its rows in one
@@ -551,7 +553,7 @@ pub fn tracked_positions<S: AsRef<[u8]> + Send + Sync + 'static>(
     if smoothed {
         for (g, p) in positions
             .iter_mut()
-            .zip(smoothed_probs(index, tokens, context))
+            .zip(smoothed_probs(index, tokens, context)?)
         {
             g.p_smoothed = p;
         }

@@ -50,7 +50,8 @@ pub mod smoothed;
 
 pub use model::{InfgramModel, LevelLog};
 
-use crate::index::levels::{Level, LevelFinder};
+use crate::index::levels::{Level, LevelAsk, Memo};
+use crate::index::partial::Shards;
 use crate::index::Index;
 use smoothed::Discounts;
 
@@ -253,17 +254,31 @@ impl EstimatorSpec {
 }
 
 impl Estimator {
-    /// The levels this estimator needs for a context.
-    pub fn levels<S: AsRef<[u8]> + Sync>(
-        &self,
-        finder: &mut LevelFinder,
-        index: &Index<S>,
-        ctx: &[u32],
-    ) -> Vec<Level> {
+    /// What this estimator reads of a context's levels (`None`: a classic model reads counts
+    /// of its own).
+    pub fn level_ask<'a>(&self, ctx: &'a [u32]) -> Option<LevelAsk<'a>> {
         match self {
-            Estimator::Sbis { k, .. } => finder.levels(index, ctx, *k, false),
-            Estimator::Smoothed(_) => finder.levels_with(index, ctx, -1, true, true),
-            Estimator::Classic(_) => Vec::new(),
+            Estimator::Sbis { k, .. } => Some(LevelAsk::new(ctx, *k)),
+            Estimator::Smoothed(_) => Some(LevelAsk {
+                include_empty: true,
+                continuation: true,
+                ..LevelAsk::new(ctx, -1)
+            }),
+            Estimator::Classic(_) => None,
+        }
+    }
+
+    /// The levels this estimator needs for a context, read from `corpus` through `memo` (an
+    /// index here or shards held elsewhere; the smoothed estimator needs an index here).
+    pub fn levels(
+        &self,
+        corpus: &(impl Shards + ?Sized),
+        memo: &mut Memo,
+        ctx: &[u32],
+    ) -> crate::Result<Vec<Level>> {
+        match self.level_ask(ctx) {
+            Some(ask) => corpus.levels(memo, ask),
+            None => Ok(Vec::new()),
         }
     }
 

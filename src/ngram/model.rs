@@ -219,15 +219,7 @@ impl InfgramModel {
             Estimator::Sbis { k, .. } => {
                 corpus.next_levels(&mut self.memo, ctx, appended, k, &mut self.levels)?
             }
-            Estimator::Smoothed(_) => {
-                let ask = LevelAsk {
-                    include_empty: true,
-                    continuation: true,
-                    ..LevelAsk::new(ctx, -1)
-                };
-                self.levels = corpus.levels(&mut self.memo, ask)?;
-            }
-            Estimator::Classic(_) => self.levels.clear(),
+            _ => self.levels = self.estimator.levels(corpus, &mut self.memo, ctx)?,
         }
         if self.levels.is_empty() {
             // Nothing of the context occurs (e.g. an empty prompt): back off to the unigram.

@@ -234,15 +234,13 @@ pub fn fit_on_train(
     let cut = train.len() * 95 / 100;
     let (head, held) = (&train[..cut], &train[cut..]);
     let index = crate::Index::from_docs(spec, &[head.to_vec()], 1, true)?;
-    let mut finder = crate::index::levels::LevelFinder::new(false);
+    let mut memo = crate::index::levels::Memo::new(false);
     let est = super::Estimator::Smoothed(Discounts::default());
-    let data: Vec<_> = (1..held.len())
+    let data = (1..held.len())
         .map(|i| {
-            (
-                est.levels(&mut finder, &index, &held[i.saturating_sub(context)..i]),
-                held[i],
-            )
+            let ctx = &held[i.saturating_sub(context)..i];
+            Ok((est.levels(&index, &mut memo, ctx)?, held[i]))
         })
-        .collect();
+        .collect::<crate::Result<Vec<_>>>()?;
     Ok(fit_discounts(&data, index.vocab_size()))
 }
