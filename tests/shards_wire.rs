@@ -441,8 +441,10 @@ fn a_model_generation_drafts_from_shards_held_elsewhere() {
     };
     let run = |drafting: Option<SharedShards>, drafters: Vec<DrafterSpec>| {
         let mut model = verifier();
-        let mut res = Resources::model(&mut model, &tok, "infgram")
-            .drafting_index(drafting.map(ModelIndex::elsewhere), None);
+        let mut res = Resources::model(&mut model, &tok, "infgram").drafting_index(
+            drafting.map(|d| ModelIndex::elsewhere(d, &tok, &tok).unwrap()),
+            None,
+        );
         generate(&request(drafters), &mut res, &RunOptions::default(), |_| {}).unwrap()
     };
     let plain = run(None, vec![]);

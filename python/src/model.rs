@@ -49,6 +49,23 @@ fn named<T: serde::de::DeserializeOwned>(what: &str, value: &str) -> PyResult<T>
         .map_err(|_| PyValueError::new_err(format!("{what} {value:?} is not one infgram knows")))
 }
 
+/// The drafting index argument, checked against the model's tokenizer `tok`: a directory or an
+/// `infgram.Index` opened here, or an `infgram.Index` over shards held elsewhere (`ask=`).
+fn drafting_arg(
+    py: Python<'_>,
+    obj: &Bound<'_, PyAny>,
+    tok: &dyn Tokenizer,
+) -> PyResult<ModelIndex> {
+    let checked = match obj.cast::<Index>() {
+        Ok(index) if index.get().files.is_none() => {
+            let index = index.get();
+            ModelIndex::elsewhere(index.corpus.clone(), index.tok.as_ref(), tok)
+        }
+        _ => ModelIndex::check(index_arg(py, "index", obj)?, tok, false),
+    };
+    checked.map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 /// An index argument: a directory, or an `infgram.Index` opened here.
 fn index_arg(py: Python<'_>, what: &str, obj: &Bound<'_, PyAny>) -> PyResult<Arc<Idx>> {
     if let Ok(index) = obj.cast::<Index>() {
@@ -91,7 +108,8 @@ impl Model {
     /// Loads `model` (a short name such as `"smollm2-135m"`, fetched on first use; a `.gguf`
     /// file; a safetensors folder; `hf:OWNER/REPO[:FILE]`). `index`: the index it drafts from,
     /// mixes with and guards against (a directory or an `infgram.Index`, built with the model's
-    /// tokenizer); `guard_index`: the guard's own; `mixer`: a `mix.json` (default: the built-in
+    /// tokenizer; an `Index(ask=...)` over shards held elsewhere drafts, mixes and guards
+    /// there); `guard_index`: the guard's own; `mixer`: a `mix.json` (default: the built-in
     /// mixer); `past_outputs`: a file the outputs are kept in across runs (drafted from, added
     /// to after each generation). `threads`, `backend` (`"native"` or `"candle"`), `device`
     /// (`"cpu"` or `"cuda"`) and `requantize` (`"q8_0"`, `"q4_0"`) are `infgram gen`'s options.
@@ -124,7 +142,6 @@ impl Model {
             device,
         };
         let invalid = |e: infgram::Error| PyValueError::new_err(e.to_string());
-        let index = index.map(|i| index_arg(py, "index", &i)).transpose()?;
         let guard_index = guard_index
             .map(|i| index_arg(py, "guard_index", &i))
             .transpose()?;
@@ -136,9 +153,8 @@ impl Model {
         let tok: Arc<dyn Tokenizer> = Arc::new(loaded.tokenizer.clone());
         // Each index is checked against the model's tokenizer once, here.
         let index = index
-            .map(|i| ModelIndex::check(i, tok.as_ref(), false))
-            .transpose()
-            .map_err(invalid)?;
+            .map(|i| drafting_arg(py, &i, tok.as_ref()))
+            .transpose()?;
         if let Some(g) = &guard_index {
             ModelIndex::check(g.clone(), tok.as_ref(), false).map_err(invalid)?;
         }

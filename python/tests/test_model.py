@@ -104,6 +104,33 @@ def test_model_generate_checks_its_arguments(model_index):
         infgram.Model(MODEL, index=str(other))
 
 
+def test_a_model_drafts_from_shards_held_elsewhere(model_index, tmp_path):
+    """`Model(index=Index(ask=...))`: drafts, mixing and the guard over shards held elsewhere
+    (here the index's own shard server as the callable) give the report of the index here;
+    shards in another tokenizer are refused when the model is made."""
+    local = infgram.Index(str(model_index))
+    ident = local.identity()
+
+    def elsewhere(tokenizer, fingerprint):
+        return infgram.Index(ask=local.answer_shard_queries, shard_infos=ident["shard_infos"],
+                             separator=ident["separator"], tokenizer=tokenizer, fingerprint=fingerprint)
+
+    remote = elsewhere(MODEL, ident["tokenizer"]["fingerprint"])
+    models = [infgram.Model(MODEL, index=index, threads=1) for index in (local, remote)]
+    for args in [dict(speculative=True, mix=True, guard=4), dict(drafters=["corpus"])]:
+        here, there = (m.generate(PROMPT, raw=True, max_tokens=24, temperature=0, **args) for m in models)
+        assert there["text"] == here["text"] and there["speculative"], args
+        assert there.get("max_copied_span") == here.get("max_copied_span"), args
+        for key in SAME_STATS:
+            assert there["stats"][key] == here["stats"][key], (args, key)
+    assert there["stats"]["drafted"] > 0, there["stats"]
+    (tmp_path / "b.txt").write_text(CORPUS)
+    infgram.build_index([str(tmp_path / "b.txt")], str(tmp_path / "bytes-idx"), progress=False)
+    bytes_fp = infgram.Index(str(tmp_path / "bytes-idx")).identity()["tokenizer"]["fingerprint"]
+    with pytest.raises(ValueError, match="tokenizer"):
+        infgram.Model(MODEL, index=elsewhere("bytes", bytes_fp))
+
+
 def test_infgram_model_steps_the_reference_loop(model_index):
     """`Model` as `speculative.generate`'s step: plain and speculative greedy decoding give
     `Model.generate`'s plain greedy output, token for token."""

@@ -215,10 +215,25 @@ impl ModelIndex {
         Ok(ModelIndex(index))
     }
 
-    /// Shards held elsewhere, of an index built with the model's tokenizer (whoever routes
-    /// them answers for it, as [`Resources::corpus`] takes their tokens on trust).
-    pub fn elsewhere(shards: SharedShards) -> Self {
-        ModelIndex(shards)
+    /// Shards held elsewhere, built with `theirs` (the tokenizer their router was opened with,
+    /// checked against their fingerprint there), if it is the model's `tok`.
+    pub fn elsewhere(
+        shards: SharedShards,
+        theirs: &dyn Tokenizer,
+        tok: &dyn Tokenizer,
+    ) -> Result<Self> {
+        if theirs.fingerprint() != tok.fingerprint() {
+            return Err(crate::Error::input(format!(
+                "the shards were built with the tokenizer {} (fingerprint {}), not the model's \
+                 {} (fingerprint {}): draft from shards of an index built with the model's \
+                 tokenizer (`infgram index --tokenizer MODEL`)",
+                theirs.name(),
+                theirs.fingerprint(),
+                tok.name(),
+                tok.fingerprint()
+            )));
+        }
+        Ok(ModelIndex(shards))
     }
 }
 
