@@ -271,7 +271,7 @@ pub trait Shards {
     /// The first `k` levels of `ctx` (all when `k < 0`) during generation, where `ctx` is the
     /// context of the last call plus `appended` (`None`: anything else), into `levels`
     /// (cleared first). An index in this process extends the last step's small levels by the
-    /// one token ([`levels::LevelFinder::next_levels_into`]); the same levels as
+    /// one token ([`LevelFinder::next_levels_into`](super::levels::LevelFinder::next_levels_into)); the same levels as
     /// [`Shards::levels`] of `ctx`.
     fn next_levels(
         &self,
@@ -858,8 +858,8 @@ pub fn level_points(
 /// The first `k` SBIS levels of `ctx` (all when `k < 0`) whose counts pass `keep`, over
 /// shards asked through [`Shards`] (shards of another process or machine): one round trip for
 /// every shard's change points ([`level_points`]), documents' ends counted for the
-/// separator. The same levels as [`LevelFinder::levels_where`](levels::LevelFinder::levels_where) on an index of the same
-/// documents (and, with `keep` passing all, as [`LevelFinder::levels`](levels::LevelFinder::levels) with `keep_end`).
+/// separator. The same levels as [`LevelFinder::levels_where`](super::levels::LevelFinder::levels_where) on an index of the same
+/// documents (and, with `keep` passing all, as [`LevelFinder::levels`](super::levels::LevelFinder::levels) with `keep_end`).
 pub fn levels_over(
     shards: &(impl Shards + ?Sized),
     ctx: &[u32],
@@ -871,7 +871,7 @@ pub fn levels_over(
 }
 
 /// [`levels_over`], with documents' ends counted for the separator only with `keep_end`: the
-/// same levels as [`LevelFinder::levels_where`](levels::LevelFinder::levels_where) by a finder of that `keep_end` (the corpus
+/// same levels as [`LevelFinder::levels_where`](super::levels::LevelFinder::levels_where) by a finder of that `keep_end` (the corpus
 /// drafter's leaves them out).
 pub fn levels_over_with(
     shards: &(impl Shards + ?Sized),
