@@ -399,8 +399,9 @@ fn the_whole_index_estimators_need_the_index_here() {
     }
 }
 
-/// A model generation with `speculative` drafts from shards held elsewhere as from the index:
-/// the same drafts, so the same passes, and the output of plain decoding.
+/// A model generation with `speculative` drafts from shards held elsewhere as from the index,
+/// with the output of plain decoding. (How much is drafted is not compared: the draft policy
+/// rests a drafter whose calls cost much next to a step, a timing.)
 #[test]
 fn a_model_generation_drafts_from_shards_held_elsewhere() {
     use infgram::service::request::{DrafterSpec, GenLimits, Prompt, Sampling};
@@ -452,10 +453,6 @@ fn a_model_generation_drafts_from_shards_held_elsewhere() {
     let remote = run(Some(wire.clone()), vec![DrafterSpec::Corpus]);
     assert_eq!(local.token_ids, plain.token_ids);
     assert_eq!(remote.token_ids, plain.token_ids);
-    let passes = |r: &infgram::service::run::GenerationReport| {
-        let s = r.stats.as_ref().unwrap();
-        (s.passes, s.drafted, s.accepted)
-    };
-    assert_eq!(passes(&local), passes(&remote));
-    assert!(passes(&remote).2 > 0, "{:?}", passes(&remote));
+    let stats = remote.stats.as_ref().unwrap();
+    assert!(stats.accepted > 0, "{stats:?}");
 }

@@ -106,8 +106,9 @@ def test_model_generate_checks_its_arguments(model_index):
 
 def test_a_model_drafts_from_shards_held_elsewhere(model_index, tmp_path):
     """`Model(index=Index(ask=...))`: drafts, mixing and the guard over shards held elsewhere
-    (here the index's own shard server as the callable) give the report of the index here;
-    shards in another tokenizer are refused when the model is made."""
+    (here the index's own shard server as the callable) give the text and copied span of the
+    index here (how many tokens are drafted depends on what each draft costs, a timing: not
+    compared); shards in another tokenizer are refused when the model is made."""
     local = infgram.Index(str(model_index))
     ident = local.identity()
 
@@ -121,8 +122,6 @@ def test_a_model_drafts_from_shards_held_elsewhere(model_index, tmp_path):
         here, there = (m.generate(PROMPT, raw=True, max_tokens=24, temperature=0, **args) for m in models)
         assert there["text"] == here["text"] and there["speculative"], args
         assert there.get("max_copied_span") == here.get("max_copied_span"), args
-        for key in SAME_STATS:
-            assert there["stats"][key] == here["stats"][key], (args, key)
     assert there["stats"]["drafted"] > 0, there["stats"]
     (tmp_path / "b.txt").write_text(CORPUS)
     infgram.build_index([str(tmp_path / "b.txt")], str(tmp_path / "bytes-idx"), progress=False)
