@@ -500,6 +500,21 @@ impl GpuDecoder {
                 )
             }
         };
+        // `x += norm(proj)` by `weight` (a norm after a block: Gemma's).
+        let norm_add = |weight: u64| {
+            // SAFETY: as for every launch below.
+            unsafe {
+                launched(
+                    s.launch_builder(&k.norm_add)
+                        .arg(&a.x)
+                        .arg(&a.proj)
+                        .arg(&weight)
+                        .arg(&dim)
+                        .arg(&eps)
+                        .launch(per_row(32)),
+                )
+            }
+        };
         let scale = cfg.embedding.scale.unwrap_or(0.0);
         // SAFETY (every launch below): the arguments match the kernels' signatures in
         // kernels.cu, and every address is a live allocation of this decoder sized for
@@ -634,16 +649,8 @@ impl GpuDecoder {
                     residual,
                     w.wo.rows as usize,
                 )?;
-                if let Some([post_attention, _]) = &post {
-                    launched(
-                        s.launch_builder(&k.norm_add)
-                            .arg(&a.x)
-                            .arg(&a.proj)
-                            .arg(post_attention)
-                            .arg(&dim)
-                            .arg(&eps)
-                            .launch(per_row(32)),
-                    )?;
+                if let Some([post_attention, _]) = post {
+                    norm_add(post_attention)?;
                 }
                 launched(
                     s.launch_builder(&pr.gated)
@@ -666,16 +673,8 @@ impl GpuDecoder {
                     residual,
                     w.w_down.rows as usize,
                 )?;
-                if let Some([_, post_ffw]) = &post {
-                    launched(
-                        s.launch_builder(&k.norm_add)
-                            .arg(&a.x)
-                            .arg(&a.proj)
-                            .arg(post_ffw)
-                            .arg(&dim)
-                            .arg(&eps)
-                            .launch(per_row(32)),
-                    )?;
+                if let Some([_, post_ffw]) = post {
+                    norm_add(post_ffw)?;
                 }
             }
         }
