@@ -621,7 +621,7 @@ impl CorpusDrafter {
     /// The `n` likeliest next tokens after `seq` with their confidences, best first (ties to
     /// the smaller id); none when the longest match is shorter than `min_match`.
     fn ranked(&mut self, seq: &[u32], n: usize) -> Result<Vec<(u32, f64)>> {
-        let (len, scored) = match self.rule {
+        let (len, mut scored) = match self.rule {
             CorpusRule::MostFrequent => {
                 // The first level: the longest suffix with a next token (the ∞-gram's), its
                 // counts from the index's counts cache; after a drafted token, from the last
@@ -653,7 +653,6 @@ impl CorpusDrafter {
             }
         };
         // Only ids of the vocabulary are drafted (an index built in memory may hold others).
-        let mut scored = scored;
         scored.retain(|&(t, _)| self.corpus.holds_token(t));
         Ok(best_scored(len, scored, n, self.min_match))
     }

@@ -261,23 +261,18 @@ impl LevelFinder {
         include_empty: bool,
         continuation: bool,
     ) -> Vec<Level> {
-        let per_shard = Self::suffix_occs(index, ctx);
-        let mut kept = Vec::with_capacity(16);
-        self.levels_from(
-            index,
-            &per_shard,
-            ctx,
-            k,
+        let ask = LevelAsk {
             include_empty,
             continuation,
-            (0, 0),
-            &|_| true,
-            &mut kept,
-        );
-        kept
+            ..LevelAsk::new(ctx, k)
+        };
+        self.levels_asked(index, ask)
     }
 
-    /// The levels `ask` asks for (`Shards::levels` on an index in this process).
+    /// The levels `ask` asks for (`Shards::levels` on an index in this process): the first
+    /// `k` whose next-token counts pass `ask.keep`, chosen as by [`LevelFinder::levels`]; those
+    /// `keep` refuses are skipped (for SBIS after a processor masked every continuation of the
+    /// kept levels: the next levels that have an allowed continuation).
     pub fn levels_asked<S: AsRef<[u8]> + Sync>(
         &mut self,
         index: &Index<S>,
@@ -294,34 +289,6 @@ impl LevelFinder {
             ask.continuation,
             (0, 0),
             ask.keep,
-            &mut kept,
-        );
-        kept
-    }
-
-    /// The first `k` levels of `ctx` (all when `k < 0`, the empty context included) among
-    /// those whose next-token counts pass `keep`: the levels are chosen as by
-    /// [`LevelFinder::levels`], and those `keep` refuses are skipped (for SBIS after a
-    /// processor masked every continuation of the kept levels: the next levels that have an
-    /// allowed continuation).
-    pub fn levels_where<S: AsRef<[u8]> + Sync>(
-        &mut self,
-        index: &Index<S>,
-        ctx: &[u32],
-        k: i64,
-        keep: &dyn Fn(&Counts) -> bool,
-    ) -> Vec<Level> {
-        let per_shard = Self::suffix_occs(index, ctx);
-        let mut kept = Vec::with_capacity(16);
-        self.levels_from(
-            index,
-            &per_shard,
-            ctx,
-            k,
-            true,
-            false,
-            (0, 0),
-            keep,
             &mut kept,
         );
         kept

@@ -271,8 +271,8 @@ pub trait Shards {
     /// The first `k` levels of `ctx` (all when `k < 0`) during generation, where `ctx` is the
     /// context of the last call plus `appended` (`None`: anything else), into `levels`
     /// (cleared first). An index in this process extends the last step's small levels by the
-    /// one token ([`LevelFinder::next_levels_into`](super::levels::LevelFinder::next_levels_into)); the same levels as
-    /// [`Shards::levels`] of `ctx`.
+    /// one token ([`next_levels_into`](super::levels::LevelFinder::next_levels_into)); the
+    /// same levels as [`Shards::levels`] of `ctx`.
     fn next_levels(
         &self,
         memo: &mut Memo,
@@ -286,11 +286,10 @@ pub trait Shards {
         Ok(())
     }
 
-    /// The level of `q` (a level's suffix of the last call, `q[..len-1]`, followed by one of its
-    /// continuations) when it has a next token, found by narrowing the ranges of the shorter
-    /// suffix (`ranges`: `None` the first time, then the last call's, updated): the corpus
-    /// drafter's chain). `None`: search for it (always, over
-    /// shards held elsewhere).
+    /// The corpus drafter's chain: the level of `q` (a level's suffix of the last call,
+    /// `q[..len-1]`, followed by one of its continuations) when it has a next token, found by
+    /// narrowing the ranges of the shorter suffix (`ranges`: `None` the first time, then the
+    /// last call's, updated). `None`: search for it (always, over shards held elsewhere).
     fn narrowed_level(
         &self,
         memo: &mut Memo,
@@ -349,14 +348,6 @@ impl LocalIndex<'_> {
         match self {
             LocalIndex::Mapped(index) => index.header(),
             LocalIndex::Owned(index) => index.header(),
-        }
-    }
-
-    /// Where the index lies, if on disk.
-    pub fn dir(&self) -> Option<&std::path::Path> {
-        match self {
-            LocalIndex::Mapped(index) => index.dir(),
-            LocalIndex::Owned(index) => index.dir(),
         }
     }
 }
@@ -858,8 +849,8 @@ pub fn level_points(
 /// The first `k` SBIS levels of `ctx` (all when `k < 0`) whose counts pass `keep`, over
 /// shards asked through [`Shards`] (shards of another process or machine): one round trip for
 /// every shard's change points ([`level_points`]), documents' ends counted for the
-/// separator. The same levels as [`LevelFinder::levels_where`](super::levels::LevelFinder::levels_where) on an index of the same
-/// documents (and, with `keep` passing all, as [`LevelFinder::levels`](super::levels::LevelFinder::levels) with `keep_end`).
+/// separator. The same levels as [`Shards::levels`] on an index of the same documents, by a
+/// reader whose memo keeps documents' ends.
 pub fn levels_over(
     shards: &(impl Shards + ?Sized),
     ctx: &[u32],
@@ -871,7 +862,7 @@ pub fn levels_over(
 }
 
 /// [`levels_over`], with documents' ends counted for the separator only with `keep_end`: the
-/// same levels as [`LevelFinder::levels_where`](super::levels::LevelFinder::levels_where) by a finder of that `keep_end` (the corpus
+/// same levels as [`Shards::levels`] on an index by a reader of that `keep_end` (the corpus
 /// drafter's leaves them out).
 pub fn levels_over_with(
     shards: &(impl Shards + ?Sized),

@@ -222,17 +222,7 @@ impl ModelIndex {
         theirs: &dyn Tokenizer,
         tok: &dyn Tokenizer,
     ) -> Result<Self> {
-        if theirs.fingerprint() != tok.fingerprint() {
-            return Err(crate::Error::input(format!(
-                "the shards were built with the tokenizer {} (fingerprint {}), not the model's \
-                 {} (fingerprint {}): draft from shards of an index built with the model's \
-                 tokenizer (`infgram index --tokenizer MODEL`)",
-                theirs.name(),
-                theirs.fingerprint(),
-                tok.name(),
-                tok.fingerprint()
-            )));
-        }
+        check_fingerprint(&theirs.spec(), tok)?;
         Ok(ModelIndex(shards))
     }
 }
