@@ -273,10 +273,31 @@ pub struct GpuDecoder {
 const THREADS: u32 = 256;
 const WARPS: usize = (THREADS / 32) as usize;
 
-/// The shared memory `matvec` and `gated` take for `t` rows of `cols` inputs: each row padded
-/// by 4 floats per 32 (`padded` in kernels.cu).
+/// The shared memory the matrix kernels of a `t`-row pass take for `cols` inputs: a row of
+/// input per row the kernel runs (one, or TOKENS: the several-row kernels run every one of
+/// their TOKENS rows' chains, rows past the pass's zeros), each padded by 4 floats per 32
+/// (`padded` in kernels.cu).
 fn input_bytes(t: usize, cols: usize) -> u32 {
-    (t.min(crate::neural::gpu::TOKENS) * (cols + cols / 32 * 4) * 4) as u32
+    let rows = match t {
+        1 => 1,
+        _ => crate::neural::gpu::TOKENS,
+    };
+    (rows * (cols + cols / 32 * 4) * 4) as u32
+}
+
+/// The kernels' fat binary: the one built in, or with `INFGRAM_CUDA_KERNELS=FILE` one compiled
+/// from a variant of `kernels.cu` (same entry points and parameters; `nvcc --fatbin`), so that
+/// a kernel change is measured on a GPU beside the built-in one without rebuilding infgram.
+fn kernels_binary() -> Result<Vec<u8>> {
+    match std::env::var_os("INFGRAM_CUDA_KERNELS") {
+        None => Ok(KERNELS.to_vec()),
+        Some(path) => std::fs::read(&path).map_err(|e| {
+            Error::Model(format!(
+                "INFGRAM_CUDA_KERNELS={}: {e}; unset it to use the built-in kernels",
+                Path::new(&path).display()
+            ))
+        }),
+    }
 }
 
 /// Blocks per (head, row) of the attention kernel: more for short passes, so that a one-token
@@ -307,7 +328,7 @@ impl GpuDecoder {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| gpu_err("the multiprocessor count", e))?;
         let module = ctx
-            .load_module(Ptx::from_binary(KERNELS.to_vec()))
+            .load_module(Ptx::from_binary(kernels_binary()?))
             .map_err(|e| gpu_err("loading the kernels", e))?;
         let f = |name: &str| {
             module

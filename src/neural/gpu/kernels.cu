@@ -17,6 +17,15 @@
 // Rows of a pass one matrix-vector call takes at most (more: the grid's y dimension).
 #define TOKENS 8
 
+// The several-row matrix kernels' launch bounds: none, or with -DMANY_MIN_BLOCKS=N blocks of
+// 256 threads a multiprocessor must hold at once (ptxas then caps their registers to fit), a
+// variant to measure (INFGRAM_CUDA_KERNELS loads such a build).
+#ifdef MANY_MIN_BLOCKS
+#define MANY_BOUNDS __launch_bounds__(256, MANY_MIN_BLOCKS)
+#else
+#define MANY_BOUNDS
+#endif
+
 // GGML type ids.
 #define Q4_0 2
 #define Q4_1 3
@@ -236,7 +245,8 @@ __device__ __forceinline__ int padded(int e) { return e + (e >> 5) * 4; }
 
 // Copies `ntok` rows of `cols` from x (row stride `stride`) into xs, RMS-normed with `norm`
 // when given (warp n forms row n's 1 / rms with the lanes' butterfly, then every element is
-// x · inv · w). Every thread of the block takes part; ends with the block synchronized.
+// x · inv · w), and zeros rows ntok … TK − 1. Every thread of the block takes part; ends with
+// the block synchronized.
 template <int TK>
 __device__ __forceinline__ void load_input(float *xs, const float *x, int stride, int cols, int ntok,
                                            const float *norm, float eps) {
@@ -246,6 +256,11 @@ __device__ __forceinline__ void load_input(float *xs, const float *x, int stride
         int n = (4 * i) / cols, e = (4 * i) % cols;
         *reinterpret_cast<float4 *>(xs + n * pc + padded(e)) =
             *reinterpret_cast<const float4 *>(x + (size_t)n * stride + e);
+    }
+    // Rows past the pass's are zeros: the products run all TK rows' chains (none written).
+    for (int i = threadIdx.x; TK > 1 && i < (TK - ntok) * cols / 4; i += blockDim.x) {
+        int n = ntok + (4 * i) / cols, e = (4 * i) % cols;
+        *reinterpret_cast<float4 *>(xs + n * pc + padded(e)) = make_float4(0.f, 0.f, 0.f, 0.f);
     }
     __syncthreads();
     if (!norm) return;
@@ -269,10 +284,13 @@ __device__ __forceinline__ void load_input(float *xs, const float *x, int stride
     __syncthreads();
 }
 
-// Row r of matrix m times the ntok input rows in xs: lane l takes groups l, l + 32, …, each a
-// fixed chain of 32 fused multiply-adds, then the warp's butterfly.
+// Row r of matrix m times the TK input rows in xs: lane l takes groups l, l + 32, …, each a
+// fixed chain of 32 fused multiply-adds, then the warp's butterfly. Every one of the TK rows'
+// chains runs (rows past the pass's are zeros, their sums unused): unguarded, the compiler
+// interleaves the TK independent chains and issues the shared loads ahead of them, where a
+// guarded row was a branch of its own whose chain waited on each multiply-add and load.
 template <int TK, int TY>
-__device__ __forceinline__ void row_dot(const Mat &m, int r, const float *xs, int ntok, int lane,
+__device__ __forceinline__ void row_dot(const Mat &m, int r, const float *xs, int lane,
                                         float acc[TK]) {
 #pragma unroll
     for (int n = 0; n < TK; n++) acc[n] = 0.f;
@@ -281,19 +299,32 @@ __device__ __forceinline__ void row_dot(const Mat &m, int r, const float *xs, in
     for (int g = lane; g < groups; g += WARP) {
         float w[32];
         decode32<TY>(m.type, row, g, w);
+        if (TK == 1) {  // the measured one-row kernels' code, as it was
+            const float4 *xv = reinterpret_cast<const float4 *>(xs + g * 36);
 #pragma unroll
-        for (int n = 0; n < TK; n++) {
-            if (n < ntok) {
-                const float4 *xv = reinterpret_cast<const float4 *>(xs + n * pc + g * 36);
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    float4 v = xv[j];
-                    acc[n] = fmaf(w[4 * j], v.x, acc[n]);
-                    acc[n] = fmaf(w[4 * j + 1], v.y, acc[n]);
-                    acc[n] = fmaf(w[4 * j + 2], v.z, acc[n]);
-                    acc[n] = fmaf(w[4 * j + 3], v.w, acc[n]);
-                }
+            for (int j = 0; j < 8; j++) {
+                float4 v = xv[j];
+                acc[0] = fmaf(w[4 * j], v.x, acc[0]);
+                acc[0] = fmaf(w[4 * j + 1], v.y, acc[0]);
+                acc[0] = fmaf(w[4 * j + 2], v.z, acc[0]);
+                acc[0] = fmaf(w[4 * j + 3], v.w, acc[0]);
             }
+            continue;
+        }
+        const float4 *xv = reinterpret_cast<const float4 *>(xs + g * 36);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float4 v[TK];
+#pragma unroll
+            for (int n = 0; n < TK; n++) v[n] = xv[n * (pc / 4) + j];
+#pragma unroll
+            for (int n = 0; n < TK; n++) acc[n] = fmaf(w[4 * j], v[n].x, acc[n]);
+#pragma unroll
+            for (int n = 0; n < TK; n++) acc[n] = fmaf(w[4 * j + 1], v[n].y, acc[n]);
+#pragma unroll
+            for (int n = 0; n < TK; n++) acc[n] = fmaf(w[4 * j + 2], v[n].z, acc[n]);
+#pragma unroll
+            for (int n = 0; n < TK; n++) acc[n] = fmaf(w[4 * j + 3], v[n].w, acc[n]);
         }
     }
 #pragma unroll
@@ -305,7 +336,7 @@ __device__ __forceinline__ void row_dot(const Mat &m, int r, const float *xs, in
 // (the loads overlap).
 template <int TK, int TA, int TB>
 __device__ __forceinline__ void row_dot2(const Mat &a, int ra, const Mat &b, int rb,
-                                         const float *xs, int ntok, int lane,
+                                         const float *xs, int lane,
                                          float acc_a[TK], float acc_b[TK]) {
 #pragma unroll
     for (int n = 0; n < TK; n++) acc_a[n] = acc_b[n] = 0.f;
@@ -315,22 +346,47 @@ __device__ __forceinline__ void row_dot2(const Mat &a, int ra, const Mat &b, int
         float wa[32], wb[32];
         decode32<TA>(a.type, row_a, g, wa);
         decode32<TB>(b.type, row_b, g, wb);
+        if (TK == 1) {  // the measured one-row kernels' code, as it was
+            const float4 *xv = reinterpret_cast<const float4 *>(xs + g * 36);
 #pragma unroll
-        for (int n = 0; n < TK; n++) {
-            if (n < ntok) {
-                const float4 *xv = reinterpret_cast<const float4 *>(xs + n * pc + g * 36);
+            for (int j = 0; j < 8; j++) {
+                float4 v = xv[j];
+                acc_a[0] = fmaf(wa[4 * j], v.x, acc_a[0]);
+                acc_a[0] = fmaf(wa[4 * j + 1], v.y, acc_a[0]);
+                acc_a[0] = fmaf(wa[4 * j + 2], v.z, acc_a[0]);
+                acc_a[0] = fmaf(wa[4 * j + 3], v.w, acc_a[0]);
+                acc_b[0] = fmaf(wb[4 * j], v.x, acc_b[0]);
+                acc_b[0] = fmaf(wb[4 * j + 1], v.y, acc_b[0]);
+                acc_b[0] = fmaf(wb[4 * j + 2], v.z, acc_b[0]);
+                acc_b[0] = fmaf(wb[4 * j + 3], v.w, acc_b[0]);
+            }
+            continue;
+        }
+        const float4 *xv = reinterpret_cast<const float4 *>(xs + g * 36);
 #pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    float4 v = xv[j];
-                    acc_a[n] = fmaf(wa[4 * j], v.x, acc_a[n]);
-                    acc_a[n] = fmaf(wa[4 * j + 1], v.y, acc_a[n]);
-                    acc_a[n] = fmaf(wa[4 * j + 2], v.z, acc_a[n]);
-                    acc_a[n] = fmaf(wa[4 * j + 3], v.w, acc_a[n]);
-                    acc_b[n] = fmaf(wb[4 * j], v.x, acc_b[n]);
-                    acc_b[n] = fmaf(wb[4 * j + 1], v.y, acc_b[n]);
-                    acc_b[n] = fmaf(wb[4 * j + 2], v.z, acc_b[n]);
-                    acc_b[n] = fmaf(wb[4 * j + 3], v.w, acc_b[n]);
-                }
+        for (int j = 0; j < 8; j++) {
+            float4 v[TK];
+#pragma unroll
+            for (int n = 0; n < TK; n++) v[n] = xv[n * (pc / 4) + j];
+#pragma unroll
+            for (int n = 0; n < TK; n++) {
+                acc_a[n] = fmaf(wa[4 * j], v[n].x, acc_a[n]);
+                acc_b[n] = fmaf(wb[4 * j], v[n].x, acc_b[n]);
+            }
+#pragma unroll
+            for (int n = 0; n < TK; n++) {
+                acc_a[n] = fmaf(wa[4 * j + 1], v[n].y, acc_a[n]);
+                acc_b[n] = fmaf(wb[4 * j + 1], v[n].y, acc_b[n]);
+            }
+#pragma unroll
+            for (int n = 0; n < TK; n++) {
+                acc_a[n] = fmaf(wa[4 * j + 2], v[n].z, acc_a[n]);
+                acc_b[n] = fmaf(wb[4 * j + 2], v[n].z, acc_b[n]);
+            }
+#pragma unroll
+            for (int n = 0; n < TK; n++) {
+                acc_a[n] = fmaf(wa[4 * j + 3], v[n].w, acc_a[n]);
+                acc_b[n] = fmaf(wb[4 * j + 3], v[n].w, acc_b[n]);
             }
         }
     }
@@ -401,7 +457,7 @@ __device__ __forceinline__ int shared_type(const Mats &mats) {
 // `norm`) into shared memory once per block; the block's warps then take rows blockIdx.x · 8 +
 // warp, stepping by the grid's warps (the grid is capped at what the GPU holds at once: every
 // block pays for its copy of the input once). A warp asks for its next row's bytes before it
-// works on the current one. Dynamic shared memory: min(t, TOKENS) · padded(cols) floats.
+// works on the current one. Dynamic shared memory: TK · padded(cols) floats.
 template <int TK, int TY>
 __device__ __forceinline__ void matvec_typed(Mats mats, const float *x, int stride, int t, const float *norm,
                                   float eps, int residual) {
@@ -423,7 +479,7 @@ __device__ __forceinline__ void matvec_typed(Mats mats, const float *x, int stri
             prefetch_row(next.m, next.r, lane);
         }
         float acc[TK];
-        row_dot<TK, TY>(p.m, p.r, xs, ntok, lane, acc);
+        row_dot<TK, TY>(p.m, p.r, xs, lane, acc);
         if (lane == 0) {
             for (int n = 0; n < ntok; n++) {
                 float v = acc[n];
@@ -439,7 +495,7 @@ __device__ __forceinline__ void matvec_rows(Mats mats, const float *x, int strid
                                   float eps, int residual) {
     BY_TYPE(shared_type(mats), matvec_typed, mats, x, stride, t, norm, eps, residual)
 }
-extern "C" __global__ void matvec(Mats mats, const float *x, int stride, int t, const float *norm,
+extern "C" __global__ void MANY_BOUNDS matvec(Mats mats, const float *x, int stride, int t, const float *norm,
                                   float eps, int residual) {
     matvec_rows<TOKENS>(mats, x, stride, t, norm, eps, residual);
 }
@@ -484,7 +540,7 @@ __device__ __forceinline__ void qkv_rope_typed(Mats mats, const float *x, int st
         float acc_a[TK], acc_b[TK];
         if (u >= rotated) {  // a value row, to the cache as it is
             int r = u - rotated, kh = r / hd, e = r % hd;
-            row_dot<TK, TY>(mats.m[2], r, xs, ntok, lane, acc_a);
+            row_dot<TK, TY>(mats.m[2], r, xs, lane, acc_a);
             if (lane == 0) {
                 for (int n = 0; n < ntok; n++) {
                     float v = acc_a[n];
@@ -512,7 +568,7 @@ __device__ __forceinline__ void qkv_rope_typed(Mats mats, const float *x, int st
             c[n] = cos_t[(size_t)p * half + i];
             sn[n] = sin_t[(size_t)p * half + i];
         }
-        row_dot2<TK, TY, TY>(m, ra, m, rb, xs, ntok, lane, acc_a, acc_b);
+        row_dot2<TK, TY, TY>(m, ra, m, rb, xs, lane, acc_a, acc_b);
         if (lane == 0) {
 #pragma unroll
             for (int n = 0; n < TK; n++) {
@@ -538,7 +594,7 @@ __device__ __forceinline__ void qkv_rope_rows(Mats mats, const float *x, int str
                                     float *q, float *kcache, float *vcache, int capacity) {
     BY_TYPE(shared_type(mats), qkv_rope_typed, mats, x, stride, t, norm, eps, params, T, nh, nkv, hd, cos_t, sin_t, interleaved, q, kcache, vcache, capacity)
 }
-extern "C" __global__ void qkv_rope(Mats mats, const float *x, int stride, int t, const float *norm,
+extern "C" __global__ void MANY_BOUNDS qkv_rope(Mats mats, const float *x, int stride, int t, const float *norm,
                                     float eps, const int *params, int T, int nh, int nkv, int hd,
                                     const float *cos_t, const float *sin_t, int interleaved,
                                     float *q, float *kcache, float *vcache, int capacity) {
@@ -573,7 +629,7 @@ __device__ __forceinline__ void gated_typed(Mat gate, Mat up, const float *x, in
             prefetch_row(up, r + step, lane);
         }
         float g[TK], u[TK];
-        row_dot2<TK, TY, TY>(gate, r, up, r, xs, ntok, lane, g, u);
+        row_dot2<TK, TY, TY>(gate, r, up, r, xs, lane, g, u);
         if (lane == 0) {
             for (int n = 0; n < ntok; n++) {
                 float a = g[n];
@@ -589,7 +645,7 @@ __device__ __forceinline__ void gated_rows(Mat gate, Mat up, const float *x, int
                                  const float *norm, float eps, int act, float *out) {
     BY_TYPE(gate.type == up.type ? gate.type : -1, gated_typed, gate, up, x, stride, t, norm, eps, act, out)
 }
-extern "C" __global__ void gated(Mat gate, Mat up, const float *x, int stride, int t,
+extern "C" __global__ void MANY_BOUNDS gated(Mat gate, Mat up, const float *x, int stride, int t,
                                  const float *norm, float eps, int act, float *out) {
     gated_rows<TOKENS>(gate, up, x, stride, t, norm, eps, act, out);
 }
