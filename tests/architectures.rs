@@ -616,6 +616,40 @@ fn tree_rows_are_chain_rows(m: &mut dyn LanguageModel, prefix: &[u32], what: &st
     assert!(m.keep_path(&[0, 2]).is_err(), "{what}");
 }
 
+/// Rows handed out as asked (`score_first`'s 3, then `score_more`'s 2 at a time) are the
+/// rows of `full` (`tokens` in one pass), and a prompt fed without its rows (`feed`) leaves the
+/// cache `forward` would.
+fn rows_as_asked_are_the_pass_s(
+    m: &mut dyn LanguageModel,
+    tokens: &[u32],
+    full: &[Vec<f32>],
+    what: &str,
+) {
+    m.truncate(5);
+    let mut rows = m.score_first(&tokens[5..], 3).unwrap();
+    assert_eq!(rows.len(), 3, "{what}");
+    loop {
+        let more = m.score_more(2).unwrap();
+        if more.is_empty() {
+            break;
+        }
+        rows.extend(more);
+    }
+    let rows: Vec<Vec<f32>> = rows.into_iter().map(|r| r.into_dense()).collect();
+    assert_eq!(rows, full[5..], "{what}: rows as asked");
+    m.truncate(5);
+    m.feed(&tokens[5..9]).unwrap();
+    assert!(
+        m.score_more(1).unwrap().is_empty(),
+        "{what}: a fed pass holds no rows"
+    );
+    assert_eq!(
+        m.forward(&tokens[9..]).unwrap(),
+        full[9..],
+        "{what}: after feed"
+    );
+}
+
 /// The GPU pass's CPU reference (`neural::gpu::reference`, the kernels' order of operations on
 /// the CPU) on every family: the same bits for a position however it is fed (one pass, one
 /// token at a time after a rollback, chunks), token trees as their branches fed as chains
@@ -646,6 +680,7 @@ fn the_gpu_pass_s_cpu_reference_is_batch_invariant_and_agrees_with_the_other_pas
             again.extend(m.forward(&[t]).unwrap());
         }
         assert_eq!(again, full[5..], "{}: rows after a rollback", family.name);
+        rows_as_asked_are_the_pass_s(&mut m, &tokens, &full, family.name);
         let prefix = ids(9, 3);
         let mut m = ReferenceDecoder::load(&path).unwrap();
         tree_rows_are_chain_rows(&mut m, &prefix, family.name);
@@ -689,6 +724,7 @@ fn gpu_kernels_match_their_cpu_reference() {
                 }
                 assert_eq!(again, full[5..], "{what}: rows after a rollback ({round})");
             }
+            rows_as_asked_are_the_pass_s(&mut m, &tokens, &full, &what);
             let prefix = ids(9, 3);
             m.truncate(0);
             tree_rows_are_chain_rows(&mut m, &prefix, &what);

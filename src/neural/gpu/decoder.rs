@@ -28,6 +28,7 @@ use candle_core::cuda_backend::cudarc::driver::{
 use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
 use candle_core::quantized::{GgmlDType, QTensor};
 use std::collections::HashMap;
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -268,6 +269,8 @@ pub struct GpuDecoder {
     use_graphs: bool,
     /// Blocks of the matrix kernels the GPU holds at once (two per multiprocessor).
     resident_blocks: usize,
+    /// Rows of logits the last pass left in `acts.logits_buf`.
+    last_rows: usize,
 }
 
 const THREADS: u32 = 256;
@@ -459,6 +462,7 @@ impl GpuDecoder {
             graphs: HashMap::new(),
             use_graphs: std::env::var_os("INFGRAM_CUDA_GRAPHS").is_none_or(|v| v != "0"),
             resident_blocks: 2 * sms.max(1) as usize,
+            last_rows: 0,
         }))
     }
 
@@ -773,20 +777,34 @@ impl Pass for GpuDecoder {
         self.vocab
     }
 
-    /// Copies the parameters up, runs the pass (its graph's replay), copies the logits back.
-    fn run(&mut self, params: &[i32], _pos: usize, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+    /// Copies the parameters up and queues the pass (its graph's replay); the logits stay on
+    /// the device.
+    fn run(&mut self, params: &[i32], _pos: usize, tokens: &[u32]) -> Result<()> {
         let t = tokens.len();
         // What rows past t would read is never read: the copy stops at row t's branch.
         let len = 1 + 2 * MAX_ROWS + t * MAX_ROWS;
         self.stream
             .memcpy_htod(&params[..len], &mut self.acts.params.slice_mut(0..len))
             .map_err(|e| gpu_err("copying a pass's parameters", e))?;
+        self.last_rows = 0;
         self.run_pass(t)?;
-        let view = self.acts.logits_buf.slice(0..t * self.vocab);
-        let host = &mut self.acts.logits_host.buf[..t * self.vocab];
-        self.stream
-            .memcpy_dtoh(&view, host)
-            .map_err(|e| gpu_err("copying logits back", e))?;
+        self.last_rows = t;
+        Ok(())
+    }
+
+    /// Copies rows of the last pass's logits back (queued behind the pass) and waits.
+    fn rows(&mut self, rows: Range<usize>) -> Result<Vec<Vec<f32>>> {
+        if rows.end > self.last_rows {
+            return Err(Error::Model("rows past the last pass's".into()));
+        }
+        let (from, to) = (rows.start * self.vocab, rows.end * self.vocab);
+        let host = &mut self.acts.logits_host.buf[from..to];
+        if !rows.is_empty() {
+            let view = self.acts.logits_buf.slice(from..to);
+            self.stream
+                .memcpy_dtoh(&view, host)
+                .map_err(|e| gpu_err("copying logits back", e))?;
+        }
         self.stream
             .synchronize()
             .map_err(|e| gpu_err("a pass", e))?;

@@ -21,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::lm::{LanguageModel, Logits};
 use crate::neural::arch::Architecture;
 use candle_core::quantized::GgmlDType;
+use std::ops::Range;
 
 /// Positions the GPU's KV cache holds (allocated at load) and its rotary tables cover.
 pub const CAPACITY: usize = 8192;
@@ -136,19 +137,28 @@ pub trait Pass {
     /// Rows of the output projection.
     fn vocab(&self) -> usize;
     /// Runs a pass of `tokens` (at most [`MAX_ROWS`]) after `pos` cached positions, placed by
-    /// `params` ([`params`]); each row's logits.
-    fn run(&mut self, params: &[i32], pos: usize, tokens: &[u32]) -> Result<Vec<Vec<f32>>>;
+    /// `params` ([`params`]). Its rows of logits stay with the pass (on the device) until
+    /// [`Pass::rows`] asks for them or the next pass replaces them.
+    fn run(&mut self, params: &[i32], pos: usize, tokens: &[u32]) -> Result<()>;
+    /// Rows `rows` of the last pass's logits (each asked for at most once); an empty range
+    /// waits for the pass and reports its errors.
+    fn rows(&mut self, rows: Range<usize>) -> Result<Vec<Vec<f32>>>;
     /// Moves the keys and values at slots `base + path[i]` to `base + i`, in order.
     fn move_path(&mut self, base: usize, path: &[usize]) -> Result<()>;
 }
 
 /// A [`Pass`] as a language model: the cached length (a rollback is a length change), long
-/// inputs in passes of [`MAX_ROWS`], and token trees (the last tree kept until a path of it
-/// is, or anything else changes the cache).
+/// inputs in passes of [`MAX_ROWS`], token trees (the last tree kept until a path of it is, or
+/// anything else changes the cache), and rows of logits copied back only as they are asked
+/// for: `score_first`'s first rows, then `score_more`'s as verification accepts (a 16-row
+/// pass whose draft fails early copies 8 of SmolLM2's 49,152-logit rows, not 16), and none
+/// for a prompt (`feed`).
 pub struct Sequence<P> {
     pass: P,
     cached: usize,
     tree: Option<(usize, Vec<Option<usize>>)>,
+    /// Rows of the last pass not handed out yet (after `score_first`).
+    held: Range<usize>,
 }
 
 impl<P: Pass> Sequence<P> {
@@ -158,6 +168,7 @@ impl<P: Pass> Sequence<P> {
             pass,
             cached: 0,
             tree: None,
+            held: 0..0,
         }
     }
 
@@ -166,11 +177,21 @@ impl<P: Pass> Sequence<P> {
         &mut self.pass
     }
 
-    /// One pass after the cache: a chain, or the tree of `parents`.
-    fn step(&mut self, tokens: &[u32], parents: Option<&[Option<usize>]>) -> Result<Vec<Vec<f32>>> {
+    /// One pass after the cache: a chain, or the tree of `parents`; its rows held.
+    fn step(&mut self, tokens: &[u32], parents: Option<&[Option<usize>]>) -> Result<()> {
         let params = params(self.cached, tokens, parents)?;
-        let rows = self.pass.run(&params, self.cached, tokens)?;
+        self.held = 0..0;
+        self.pass.run(&params, self.cached, tokens)?;
         self.cached += tokens.len();
+        self.held = 0..tokens.len();
+        Ok(())
+    }
+
+    /// The next at most `count` held rows (none once all were handed out).
+    fn take(&mut self, count: usize) -> Result<Vec<Vec<f32>>> {
+        let end = self.held.end.min(self.held.start + count);
+        let rows = self.pass.rows(self.held.start..end)?;
+        self.held.start = end;
         Ok(rows)
     }
 }
@@ -181,9 +202,39 @@ impl<P: Pass> LanguageModel for Sequence<P> {
         self.tree = None;
         let mut rows = Vec::with_capacity(tokens.len());
         for chunk in tokens.chunks(MAX_ROWS) {
-            rows.extend(self.step(chunk, None)?);
+            self.step(chunk, None)?;
+            rows.extend(self.take(chunk.len())?);
         }
         Ok(rows)
+    }
+
+    /// The passes of `tokens`, no row copied back.
+    fn feed(&mut self, tokens: &[u32]) -> Result<()> {
+        crate::lm::check_vocab(tokens, self.pass.vocab())?;
+        self.tree = None;
+        for chunk in tokens.chunks(MAX_ROWS) {
+            self.step(chunk, None)?;
+        }
+        self.held = 0..0;
+        self.pass.rows(0..0).map(drop)
+    }
+
+    /// A pass of at most [`MAX_ROWS`] copies back its first `first` rows; a longer input
+    /// runs as `forward`.
+    fn score_first(&mut self, tokens: &[u32], first: usize) -> Result<Vec<Logits>> {
+        if tokens.is_empty() || tokens.len() > MAX_ROWS {
+            return self.score(tokens);
+        }
+        crate::lm::check_vocab(tokens, self.pass.vocab())?;
+        self.tree = None;
+        self.step(tokens, None)?;
+        let rows = self.take(first.clamp(1, tokens.len()))?;
+        Ok(rows.into_iter().map(Logits::Dense).collect())
+    }
+
+    fn score_more(&mut self, count: usize) -> Result<Vec<Logits>> {
+        let rows = self.take(count)?;
+        Ok(rows.into_iter().map(Logits::Dense).collect())
     }
 
     fn cache_len(&self) -> usize {
@@ -193,6 +244,7 @@ impl<P: Pass> LanguageModel for Sequence<P> {
     fn truncate(&mut self, len: usize) {
         self.cached = len.min(self.cached);
         self.tree = None;
+        self.held = 0..0;
     }
 
     fn vocab_size(&self) -> usize {
@@ -215,13 +267,14 @@ impl<P: Pass> LanguageModel for Sequence<P> {
         &mut self,
         tokens: &[u32],
         parents: &[Option<usize>],
-        _first: usize,
+        first: usize,
     ) -> Result<Vec<Logits>> {
         crate::lm::check_tree_within(tokens.len(), parents, MAX_ROWS)?;
         crate::lm::check_vocab(tokens, self.pass.vocab())?;
         let base = self.cached;
-        let rows = self.step(tokens, Some(parents))?;
+        self.step(tokens, Some(parents))?;
         self.tree = Some((base, parents.to_vec()));
+        let rows = self.take(first.clamp(1, tokens.len()))?;
         Ok(rows.into_iter().map(Logits::Dense).collect())
     }
 
@@ -232,6 +285,7 @@ impl<P: Pass> LanguageModel for Sequence<P> {
             ));
         };
         crate::lm::check_path(path, &parents)?;
+        self.held = 0..0;
         self.pass.move_path(base, path)?;
         self.cached = base + path.len();
         Ok(())

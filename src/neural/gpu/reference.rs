@@ -17,6 +17,7 @@ use crate::neural::arch::{Activation, Architecture, RopeStyle};
 use crate::neural::gpu::{gpu_type, warp_sum, Pass, Sequence, ATT_WARPS, CHUNK, MAX_ROWS, WARP};
 use crate::neural::load::gguf::Gguf;
 use candle_core::quantized::{GgmlDType, QTensor};
+use std::ops::Range;
 use std::path::Path;
 
 /// A matrix dequantized, `rows × cols`.
@@ -193,6 +194,8 @@ pub struct ReferenceDecoder {
     norm: Vec<f32>,
     layers: Vec<Layer>,
     freqs: Vec<Vec<f32>>,
+    /// The last pass's rows of logits, until [`Pass::rows`] hands them out.
+    logits: Vec<Vec<f32>>,
 }
 
 impl ReferenceDecoder {
@@ -230,6 +233,7 @@ impl ReferenceDecoder {
             norm,
             layers,
             freqs,
+            logits: Vec::new(),
         }))
     }
 }
@@ -244,7 +248,7 @@ impl Pass for ReferenceDecoder {
     }
 
     /// One pass, as the kernels run it.
-    fn run(&mut self, params: &[i32], pos: usize, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+    fn run(&mut self, params: &[i32], pos: usize, tokens: &[u32]) -> Result<()> {
         let cfg = &self.cfg;
         let (t, eps) = (tokens.len(), cfg.norm.eps);
         let heads = cfg.heads;
@@ -338,9 +342,18 @@ impl Pass for ReferenceDecoder {
             }
         }
         let output = self.output.as_ref().unwrap_or(&self.embeddings);
-        Ok(x.iter()
+        self.logits = x
+            .iter()
             .map(|xi| matvec(output, &normed(xi, &self.norm, eps), None))
-            .collect())
+            .collect();
+        Ok(())
+    }
+
+    fn rows(&mut self, rows: Range<usize>) -> Result<Vec<Vec<f32>>> {
+        self.logits
+            .get_mut(rows)
+            .map(|r| r.iter_mut().map(std::mem::take).collect())
+            .ok_or_else(|| Error::Model("rows past the last pass's".into()))
     }
 
     fn move_path(&mut self, base: usize, path: &[usize]) -> Result<()> {
