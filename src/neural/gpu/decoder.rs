@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::neural::arch::layers::{rope_frequencies, weights, Backend};
 use crate::neural::arch::{Activation, Architecture, RopeStyle};
 use crate::neural::gpu::{
-    gpu_type, Pass, Sequence, ATT_WARPS, CAPACITY, MAX_CHUNKS, MAX_ROWS, PARAMS_LEN,
+    gpu_type, Pass, Sequence, ATT_WARPS, CAPACITY, MAX_CHUNKS, MAX_ROWS, PARAMS_LEN, TOKENS,
 };
 use crate::neural::load::gguf::Gguf;
 use candle_core::cuda_backend::cudarc::driver::{
@@ -198,9 +198,8 @@ unsafe impl Send for Graph {}
 /// The kernels of `kernels.cu`.
 struct Kernels {
     _module: Arc<CudaModule>,
-    /// The products for passes of several rows (TOKENS a block) and of one row.
-    many: Products,
-    one: Products,
+    /// The products for 1, 2, 4 and TOKENS rows a block, in that order.
+    products: [Products; 4],
     embed: CudaFunction,
     norm_add: CudaFunction,
     rope_cache: CudaFunction,
@@ -208,10 +207,11 @@ struct Kernels {
     keep_path: CudaFunction,
 }
 
-/// The matrix kernels of one row width (`kernels.cu` instantiates each for TOKENS rows a
-/// block and for one: the one-row code is shorter and holds fewer registers; a row's
-/// arithmetic is the same in both).
+/// The matrix kernels for `rows` rows of a pass a block (`kernels.cu` instantiates each for
+/// 1, 2, 4 and TOKENS: a block runs every one of its rows' chains, so a pass takes the
+/// smallest that holds it; a row's arithmetic is the same in all).
 struct Products {
+    rows: usize,
     matvec: CudaFunction,
     gated: CudaFunction,
     qkv_rope: CudaFunction,
@@ -267,8 +267,8 @@ pub struct GpuDecoder {
     /// row count launches its kernels one by one).
     graphs: HashMap<usize, Option<Graph>>,
     use_graphs: bool,
-    /// Blocks of the matrix kernels the GPU holds at once (two per multiprocessor).
-    resident_blocks: usize,
+    /// The GPU's multiprocessors.
+    sms: usize,
     /// Rows of logits the last pass left in `acts.logits_buf`.
     last_rows: usize,
 }
@@ -276,15 +276,10 @@ pub struct GpuDecoder {
 const THREADS: u32 = 256;
 const WARPS: usize = (THREADS / 32) as usize;
 
-/// The shared memory the matrix kernels of a `t`-row pass take for `cols` inputs: a row of
-/// input per row the kernel runs (one, or TOKENS: the several-row kernels run every one of
-/// their TOKENS rows' chains, rows past the pass's zeros), each padded by 4 floats per 32
-/// (`padded` in kernels.cu).
-fn input_bytes(t: usize, cols: usize) -> u32 {
-    let rows = match t {
-        1 => 1,
-        _ => crate::neural::gpu::TOKENS,
-    };
+/// The shared memory the matrix kernels of `rows` rows a block take for `cols` inputs: a row
+/// of input per row the block runs (rows past the pass's are zeros), each padded by 4 floats
+/// per 32 (`padded` in kernels.cu).
+fn input_bytes(rows: usize, cols: usize) -> u32 {
     (rows * (cols + cols / 32 * 4) * 4) as u32
 }
 
@@ -338,17 +333,20 @@ impl GpuDecoder {
                 .load_function(name)
                 .map_err(|e| gpu_err("loading a kernel", e))
         };
+        let products = |rows: usize| -> Result<Products> {
+            let suffix = match rows {
+                TOKENS => String::new(),
+                _ => rows.to_string(),
+            };
+            Ok(Products {
+                rows,
+                matvec: f(&format!("matvec{suffix}"))?,
+                gated: f(&format!("gated{suffix}"))?,
+                qkv_rope: f(&format!("qkv_rope{suffix}"))?,
+            })
+        };
         let kernels = Kernels {
-            many: Products {
-                matvec: f("matvec")?,
-                gated: f("gated")?,
-                qkv_rope: f("qkv_rope")?,
-            },
-            one: Products {
-                matvec: f("matvec1")?,
-                gated: f("gated1")?,
-                qkv_rope: f("qkv_rope1")?,
-            },
+            products: [products(1)?, products(2)?, products(4)?, products(TOKENS)?],
             embed: f("embed")?,
             norm_add: f("norm_add")?,
             rope_cache: f("rope_cache")?,
@@ -399,9 +397,10 @@ impl GpuDecoder {
         let widest = cfg.dim.max(heads.q_width()).max(ffn);
         // The matrix kernels keep up to TOKENS input rows in shared memory: past the 48 KB a
         // launch gets by default once inputs are wider than about 1,300.
-        let smem = input_bytes(MAX_ROWS, widest) as i32;
-        for f in [&kernels.many, &kernels.one]
-            .into_iter()
+        let smem = input_bytes(TOKENS, widest) as i32;
+        for f in kernels
+            .products
+            .iter()
             .flat_map(|p| [&p.matvec, &p.gated, &p.qkv_rope])
         {
             f.set_attribute(
@@ -461,7 +460,7 @@ impl GpuDecoder {
             vocab,
             graphs: HashMap::new(),
             use_graphs: std::env::var_os("INFGRAM_CUDA_GRAPHS").is_none_or(|v| v != "0"),
-            resident_blocks: 2 * sms.max(1) as usize,
+            sms: sms.max(1) as usize,
             last_rows: 0,
         }))
     }
@@ -478,19 +477,34 @@ impl GpuDecoder {
             heads.head_dim as i32,
         );
         let (dim, ti, big_t) = (cfg.dim as i32, t as i32, MAX_ROWS as i32);
-        let token_blocks = t.div_ceil(crate::neural::gpu::TOKENS) as u32;
-        // A warp per row, the grid (both its dimensions) capped at the blocks the GPU holds at
-        // once (the warps then step through the rows).
-        let grid = |rows: usize, cols: usize| LaunchConfig {
-            grid_dim: (
-                rows.div_ceil(WARPS)
-                    .min(self.resident_blocks / token_blocks as usize)
-                    .max(1) as u32,
-                token_blocks,
-                1,
-            ),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: input_bytes(t, cols),
+        let k = &self.kernels;
+        // The smallest block of rows that holds the pass (TOKENS past it).
+        let pr = k
+            .products
+            .iter()
+            .find(|p| p.rows >= t.min(TOKENS))
+            .unwrap_or(&k.products[3]);
+        let token_blocks = t.div_ceil(pr.rows) as u32;
+        // A warp per row, the grid (both its dimensions) capped at the blocks of `f` the GPU
+        // holds at once (the warps then step through the rows): the driver's occupancy for
+        // its registers and shared memory, so that no block waits for a second wave and a
+        // kernel of few registers keeps more rows' loads in flight.
+        let grid = |f: &CudaFunction, rows: usize, cols: usize| {
+            let smem = input_bytes(pr.rows, cols);
+            let per_sm = f
+                .occupancy_max_active_blocks_per_multiprocessor(THREADS, smem as usize, None)
+                .map_or(2, |b| b.max(1) as usize);
+            LaunchConfig {
+                grid_dim: (
+                    rows.div_ceil(WARPS)
+                        .min(per_sm * self.sms / token_blocks as usize)
+                        .max(1) as u32,
+                    token_blocks,
+                    1,
+                ),
+                block_dim: (THREADS, 1, 1),
+                shared_mem_bytes: smem,
+            }
         };
         let per_row = |threads: u32| LaunchConfig {
             grid_dim: (t as u32, 1, 1),
@@ -498,11 +512,7 @@ impl GpuDecoder {
             shared_mem_bytes: 0,
         };
         let s = &self.stream;
-        let k = &self.kernels;
-        let pr = match t == 1 {
-            true => &k.one,
-            false => &k.many,
-        };
+
         let launched = |r: std::result::Result<_, driver::DriverError>| {
             r.map(|_| ()).map_err(|e| gpu_err("a kernel launch", e))
         };
@@ -521,7 +531,7 @@ impl GpuDecoder {
                         .arg(&norm)
                         .arg(&eps)
                         .arg(&residual)
-                        .launch(grid(rows, cols)),
+                        .launch(grid(&pr.matvec, rows, cols)),
                 )
             }
         };
@@ -619,7 +629,7 @@ impl GpuDecoder {
                             .arg(&layer.kcache)
                             .arg(&layer.vcache)
                             .arg(&capacity)
-                            .launch(grid(units, cfg.dim)),
+                            .launch(grid(&pr.qkv_rope, units, cfg.dim)),
                     )?;
                 } else {
                     matvec(&qkv, a.x, cfg.dim, w.attn_norm, 0, rows)?;
@@ -688,7 +698,7 @@ impl GpuDecoder {
                         .arg(&eps)
                         .arg(&act)
                         .arg(&a.act)
-                        .launch(grid(w.w_gate.rows as usize, cfg.dim)),
+                        .launch(grid(&pr.gated, w.w_gate.rows as usize, cfg.dim)),
                 )?;
                 matvec(
                     &down,

@@ -17,14 +17,15 @@
 // Rows of a pass one matrix-vector call takes at most (more: the grid's y dimension).
 #define TOKENS 8
 
-// The several-row matrix kernels' launch bounds: none, or with -DMANY_MIN_BLOCKS=N blocks of
-// 256 threads a multiprocessor must hold at once (ptxas then caps their registers to fit), a
-// variant to measure (INFGRAM_CUDA_KERNELS loads such a build).
-#ifdef MANY_MIN_BLOCKS
-#define MANY_BOUNDS __launch_bounds__(256, MANY_MIN_BLOCKS)
-#else
-#define MANY_BOUNDS
+// The several-row matrix kernels' launch bounds: MANY_MIN_BLOCKS blocks of 256 threads a
+// multiprocessor must hold at once, so ptxas caps their registers to fit (2: at most 128;
+// measured on an H100, a 16-row SmolLM2 pass 2.12 ms against 2.31 uncapped, where gate/up
+// held 162 registers and qkv 234, one block a multiprocessor). -DMANY_MIN_BLOCKS=1 lifts the
+// cap (a variant to measure: INFGRAM_CUDA_KERNELS loads such a build).
+#ifndef MANY_MIN_BLOCKS
+#define MANY_MIN_BLOCKS 2
 #endif
+#define MANY_BOUNDS __launch_bounds__(256, MANY_MIN_BLOCKS)
 
 // GGML type ids.
 #define Q4_0 2
@@ -495,14 +496,6 @@ __device__ __forceinline__ void matvec_rows(Mats mats, const float *x, int strid
                                   float eps, int residual) {
     BY_TYPE(shared_type(mats), matvec_typed, mats, x, stride, t, norm, eps, residual)
 }
-extern "C" __global__ void MANY_BOUNDS matvec(Mats mats, const float *x, int stride, int t, const float *norm,
-                                  float eps, int residual) {
-    matvec_rows<TOKENS>(mats, x, stride, t, norm, eps, residual);
-}
-extern "C" __global__ void matvec1(Mats mats, const float *x, int stride, int t, const float *norm,
-                                  float eps, int residual) {
-    matvec_rows<1>(mats, x, stride, t, norm, eps, residual);
-}
 
 // q, k, v of models without per-head norms in one kernel: `matvec` over the three matrices
 // (the RMS norm before them fused in), with the rotation and the cache write of `rope_cache`
@@ -594,18 +587,6 @@ __device__ __forceinline__ void qkv_rope_rows(Mats mats, const float *x, int str
                                     float *q, float *kcache, float *vcache, int capacity) {
     BY_TYPE(shared_type(mats), qkv_rope_typed, mats, x, stride, t, norm, eps, params, T, nh, nkv, hd, cos_t, sin_t, interleaved, q, kcache, vcache, capacity)
 }
-extern "C" __global__ void MANY_BOUNDS qkv_rope(Mats mats, const float *x, int stride, int t, const float *norm,
-                                    float eps, const int *params, int T, int nh, int nkv, int hd,
-                                    const float *cos_t, const float *sin_t, int interleaved,
-                                    float *q, float *kcache, float *vcache, int capacity) {
-    qkv_rope_rows<TOKENS>(mats, x, stride, t, norm, eps, params, T, nh, nkv, hd, cos_t, sin_t, interleaved, q, kcache, vcache, capacity);
-}
-extern "C" __global__ void qkv_rope1(Mats mats, const float *x, int stride, int t, const float *norm,
-                                    float eps, const int *params, int T, int nh, int nkv, int hd,
-                                    const float *cos_t, const float *sin_t, int interleaved,
-                                    float *q, float *kcache, float *vcache, int capacity) {
-    qkv_rope_rows<1>(mats, x, stride, t, norm, eps, params, T, nh, nkv, hd, cos_t, sin_t, interleaved, q, kcache, vcache, capacity);
-}
 
 // out = act(gate · in) · (up · in): the two products of the feed-forward block in one warp per
 // row, the gate applied on the way out. act: 0 SiLU, 1 GELU (tanh), as g / (1 + e^(−arg)).
@@ -645,14 +626,34 @@ __device__ __forceinline__ void gated_rows(Mat gate, Mat up, const float *x, int
                                  const float *norm, float eps, int act, float *out) {
     BY_TYPE(gate.type == up.type ? gate.type : -1, gated_typed, gate, up, x, stride, t, norm, eps, act, out)
 }
-extern "C" __global__ void MANY_BOUNDS gated(Mat gate, Mat up, const float *x, int stride, int t,
-                                 const float *norm, float eps, int act, float *out) {
-    gated_rows<TOKENS>(gate, up, x, stride, t, norm, eps, act, out);
-}
-extern "C" __global__ void gated1(Mat gate, Mat up, const float *x, int stride, int t,
-                                 const float *norm, float eps, int act, float *out) {
-    gated_rows<1>(gate, up, x, stride, t, norm, eps, act, out);
-}
+
+// The entry points of the three matrix kernels for TK rows of a pass a block: `matvec`,
+// `qkv_rope` and `gated` for TOKENS, then `…4`, `…2` and the one-row `…1` (the decoder takes
+// the smallest that holds a pass of up to TOKENS rows: a block runs every one of its TK rows'
+// chains).
+#define PRODUCTS(SUFFIX, TK, BOUNDS)                                                            \
+    extern "C" __global__ void BOUNDS matvec##SUFFIX(Mats mats, const float *x, int stride,     \
+                                                     int t, const float *norm, float eps,       \
+                                                     int residual) {                            \
+        matvec_rows<TK>(mats, x, stride, t, norm, eps, residual);                               \
+    }                                                                                           \
+    extern "C" __global__ void BOUNDS qkv_rope##SUFFIX(                                         \
+        Mats mats, const float *x, int stride, int t, const float *norm, float eps,             \
+        const int *params, int T, int nh, int nkv, int hd, const float *cos_t,                  \
+        const float *sin_t, int interleaved, float *q, float *kcache, float *vcache,            \
+        int capacity) {                                                                         \
+        qkv_rope_rows<TK>(mats, x, stride, t, norm, eps, params, T, nh, nkv, hd, cos_t, sin_t,  \
+                          interleaved, q, kcache, vcache, capacity);                            \
+    }                                                                                           \
+    extern "C" __global__ void BOUNDS gated##SUFFIX(Mat gate, Mat up, const float *x,           \
+                                                    int stride, int t, const float *norm,       \
+                                                    float eps, int act, float *out) {           \
+        gated_rows<TK>(gate, up, x, stride, t, norm, eps, act, out);                            \
+    }
+PRODUCTS(, TOKENS, MANY_BOUNDS)
+PRODUCTS(4, 4, MANY_BOUNDS)
+PRODUCTS(2, 2, MANY_BOUNDS)
+PRODUCTS(1, 1, )
 
 // x[row] = dequantized embedding of tokens[row] (· scale, when scale ≠ 0).
 extern "C" __global__ void embed(Mat table, const int *params, float scale, float *x) {
@@ -669,13 +670,17 @@ extern "C" __global__ void embed(Mat table, const int *params, float scale, floa
     }
 }
 
-// x[row] += rms_norm(y[row]) · w (Gemma's norms after the blocks). One warp per row.
-extern "C" __global__ void norm_add(float *x, const float *y, const float *w, int dim, float eps) {
+// x[row] += rms_norm(y[row]) · w (Gemma's norms after the blocks). One warp per row. The
+// pointers do not alias, so the update's loads go out eight at a time instead of each waiting
+// for the last store (ncu, Gemma's one-row step: 12.8 µs a launch, two a layer).
+extern "C" __global__ void norm_add(float *__restrict__ x, const float *__restrict__ y,
+                                    const float *__restrict__ w, int dim, float eps) {
     int row = blockIdx.x, lane = threadIdx.x;
     const float *yr = y + (size_t)row * dim;
+    float *xr = x + (size_t)row * dim;
     float inv = warp_inv_rms(yr, dim, eps, lane);
-    for (int e = lane; e < dim; e += WARP)
-        x[(size_t)row * dim + e] = add(x[(size_t)row * dim + e], mul(mul(yr[e], inv), w[e]));
+#pragma unroll 8
+    for (int e = lane; e < dim; e += WARP) xr[e] = add(xr[e], mul(mul(yr[e], inv), w[e]));
 }
 
 // The pass's parameters in device memory (so a captured graph replays any pass of its row
