@@ -6,9 +6,11 @@
 //! positions in chunks over many blocks; the output product added to the residual; gate
 //! and up in one kernel with the activation; down added to the residual. Per-head norms (Qwen
 //! 3, Gemma 3) move the rotation into a kernel of its own, and Gemma's norms after the blocks
-//! add two (eight launches). The matrix kernels come in a one-row form and a form for several
-//! rows, each compiled per weight type. The weights stay in
-//! the file's blocks on the device; activations are f32. Every buffer is allocated at load
+//! add two (eight launches). The matrix kernels come for 1, 2, 4 and [`TOKENS`] rows of a pass
+//! a block (a pass takes the smallest that holds it), each compiled per weight type, and each
+//! launch's grid is what the GPU holds of that kernel at once. The weights stay in the file's
+//! blocks on the device; activations are f32, and a pass's rows of logits stay on the device
+//! until [`Pass::rows`] copies the ones the caller reads. Every buffer is allocated at load
 //! (the KV cache for [`CAPACITY`] positions), and what varies between passes of one row count
 //! (the cached length, the tokens, each row's position and the slots of its branch) lives in a
 //! parameter array in device memory, so a graph captured for `t` rows replays any pass of `t`

@@ -454,7 +454,7 @@ __device__ __forceinline__ int shared_type(const Mats &mats) {
 }
 
 // out = W · in (+ bias) (+ residual: out[r] += …, in place), for 1 to 3 matrices reading the same
-// input (all `cols` wide). blockIdx.y picks TOKENS rows of the pass, copied (and normed with
+// input (all `cols` wide). blockIdx.y picks TK rows of the pass, copied (and normed with
 // `norm`) into shared memory once per block; the block's warps then take rows blockIdx.x · 8 +
 // warp, stepping by the grid's warps (the grid is capped at what the GPU holds at once: every
 // block pays for its copy of the input once). A warp asks for its next row's bytes before it

@@ -10,8 +10,8 @@
 //!   and, tested here, batch-invariant and in agreement with the native pass.
 //!
 //! What the two share is here: the shapes the kernels take, the pass's parameters
-//! ([`params`]), the model around a pass ([`Sequence`]: cache length, chunks, token trees),
-//! the rotary tables, the weight types the kernels read.
+//! ([`params`]), the model around a pass ([`Sequence`]: cache length, chunks, token trees,
+//! rows of logits handed out as asked), the rotary tables, the weight types the kernels read.
 
 #[cfg(feature = "cuda")]
 pub mod decoder;
@@ -27,7 +27,8 @@ use std::ops::Range;
 pub const CAPACITY: usize = 8192;
 /// Rows one pass takes (a token tree's nodes, or a chunk of a longer prompt).
 pub const MAX_ROWS: usize = 64;
-/// Rows of a pass one matrix-vector launch takes together (`TOKENS` in `kernels.cu`).
+/// Rows of a pass the widest matrix-kernel block takes together (`TOKENS` in `kernels.cu`;
+/// blocks of 1, 2 and 4 rows serve shorter passes).
 pub const TOKENS: usize = 8;
 /// Positions of one attention block's chunk (`CHUNK` in `kernels.cu`).
 pub const CHUNK: usize = 32;
