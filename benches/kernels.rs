@@ -1,8 +1,8 @@
 //! Criterion benches of the quantized matrix product on every instruction set this CPU has,
 //! for the shapes of SmolLM2-135M's feed-forward (1536 × 576, Q4_1) and output (49152 × 576,
 //! Q8_0) at 1 and 8 activation rows. The scalar kernel is the baseline of the same run; each
-//! ISA is first checked to give the scalar result bit for bit.
-//! `cargo bench --bench kernels`
+//! ISA is first checked to give the scalar result bit for bit. Beside them, the greedy pick over
+//! a row of logits. `cargo bench --bench kernels`
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use infgram::neural::native::kernels::{matmul, Isa, QMatrix, QRows};
@@ -52,5 +52,33 @@ fn products(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, products);
+/// The greedy pick over a row of logits (`lm::first_max`) against the one-pass loop it
+/// replaced (the baseline of the same run), for SmolLM2's 49,152 and Gemma 3's 262,144 ids.
+/// `cargo bench --bench kernels -- argmax`
+fn argmax(c: &mut Criterion) {
+    let one_pass = |v: &[f32]| {
+        let mut best: Option<(u32, f32)> = None;
+        for (i, &x) in v.iter().enumerate() {
+            if x > best.map_or(f32::NEG_INFINITY, |b| b.1) {
+                best = Some((i as u32, x));
+            }
+        }
+        best.map(|b| b.0)
+    };
+    let mut g = c.benchmark_group("argmax");
+    for vocab in [49_152usize, 262_144] {
+        let row = values(vocab, 4);
+        assert_eq!(infgram::lm::first_max(&row), one_pass(&row));
+        g.throughput(Throughput::Elements(vocab as u64));
+        g.bench_with_input(BenchmarkId::new("one pass", vocab), &row, |b, r| {
+            b.iter(|| one_pass(black_box(r)))
+        });
+        g.bench_with_input(BenchmarkId::new("first_max", vocab), &row, |b, r| {
+            b.iter(|| infgram::lm::first_max(black_box(r)))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, products, argmax);
 criterion_main!(benches);
