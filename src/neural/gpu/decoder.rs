@@ -514,7 +514,6 @@ impl GpuDecoder {
             shared_mem_bytes: 0,
         };
         let s = &self.stream;
-
         let launched = |r: std::result::Result<_, driver::DriverError>| {
             r.map(|_| ()).map_err(|e| gpu_err("a kernel launch", e))
         };

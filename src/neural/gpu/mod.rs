@@ -195,6 +195,11 @@ impl<P: Pass> Sequence<P> {
         self.held.start = end;
         Ok(rows)
     }
+
+    /// [`Sequence::take`] as the decode loop's rows.
+    fn take_logits(&mut self, count: usize) -> Result<Vec<Logits>> {
+        Ok(self.take(count)?.into_iter().map(Logits::Dense).collect())
+    }
 }
 
 impl<P: Pass> LanguageModel for Sequence<P> {
@@ -229,13 +234,11 @@ impl<P: Pass> LanguageModel for Sequence<P> {
         crate::lm::check_vocab(tokens, self.pass.vocab())?;
         self.tree = None;
         self.step(tokens, None)?;
-        let rows = self.take(first.clamp(1, tokens.len()))?;
-        Ok(rows.into_iter().map(Logits::Dense).collect())
+        self.take_logits(first.max(1))
     }
 
     fn score_more(&mut self, count: usize) -> Result<Vec<Logits>> {
-        let rows = self.take(count)?;
-        Ok(rows.into_iter().map(Logits::Dense).collect())
+        self.take_logits(count)
     }
 
     fn cache_len(&self) -> usize {
@@ -275,8 +278,7 @@ impl<P: Pass> LanguageModel for Sequence<P> {
         let base = self.cached;
         self.step(tokens, Some(parents))?;
         self.tree = Some((base, parents.to_vec()));
-        let rows = self.take(first.clamp(1, tokens.len()))?;
-        Ok(rows.into_iter().map(Logits::Dense).collect())
+        self.take_logits(first.max(1))
     }
 
     fn keep_path(&mut self, path: &[usize]) -> Result<()> {
