@@ -16,7 +16,8 @@
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use infgram::lm::LanguageModel;
+use infgram::decode::{decode, DecodeConfig, Draft, Drafter, Processor, Sampler};
+use infgram::lm::{first_max, LanguageModel, Logits, RowForm};
 use infgram::neural::candle::decoder::CandleDecoder;
 use infgram::neural::native::decoder::Decoder;
 use infgram::neural::native::kernels::Isa;
@@ -616,6 +617,36 @@ fn tree_rows_are_chain_rows(m: &mut dyn LanguageModel, prefix: &[u32], what: &st
     assert!(m.keep_path(&[0, 2]).is_err(), "{what}");
 }
 
+/// A model that hands out greedy picks (the GPU pass's `Sequence`): a tree pass in
+/// `RowForm::Greedy` after `prefix` gives each row's first_max id and logit.
+fn tree_picks_are_first_max(m: &mut dyn LanguageModel, prefix: &[u32], what: &str) {
+    let (tokens, parents) = a_tree(11);
+    m.truncate(0);
+    m.feed(prefix).unwrap();
+    let rows = m.score_tree_first(&tokens, &parents, tokens.len()).unwrap();
+    let dense: Vec<Vec<f32>> = rows.into_iter().map(Logits::into_dense).collect();
+    m.truncate(prefix.len());
+    let mut picks = m
+        .score_tree_first_as(&tokens, &parents, 3, RowForm::Greedy)
+        .unwrap();
+    picks.extend(m.score_more(tokens.len()).unwrap());
+    assert_eq!(picks, greedy_picks(&dense), "{what}: a tree's greedy picks");
+}
+
+/// The rows a pass in `RowForm::Greedy` hands out for `rows`: each row's first_max id and
+/// logit.
+fn greedy_picks(rows: &[Vec<f32>]) -> Vec<Logits> {
+    rows.iter()
+        .map(|r| Logits::Sparse {
+            vocab: r.len(),
+            entries: first_max(r)
+                .map(|id| (id, r[id as usize]))
+                .into_iter()
+                .collect(),
+        })
+        .collect()
+}
+
 /// Rows handed out as asked (`score_first`'s 3, then `score_more`'s 2 at a time) are the
 /// rows of `full` (`tokens` in one pass), and a prompt fed without its rows (`feed`) leaves the
 /// cache `forward` would.
@@ -637,6 +668,11 @@ fn rows_as_asked_are_the_pass_s(
     }
     let rows: Vec<Vec<f32>> = rows.into_iter().map(|r| r.into_dense()).collect();
     assert_eq!(rows, full[5..], "{what}: rows as asked");
+    // As greedy picks: each row's first_max id and logit.
+    m.truncate(5);
+    let mut picks = m.score_first_as(&tokens[5..], 3, RowForm::Greedy).unwrap();
+    picks.extend(m.score_more(tokens.len()).unwrap());
+    assert_eq!(picks, greedy_picks(&full[5..]), "{what}: greedy picks");
     m.truncate(5);
     m.feed(&tokens[5..9]).unwrap();
     assert!(
@@ -684,7 +720,85 @@ fn the_gpu_pass_s_cpu_reference_is_batch_invariant_and_agrees_with_the_other_pas
         let prefix = ids(9, 3);
         let mut m = ReferenceDecoder::load(&path).unwrap();
         tree_rows_are_chain_rows(&mut m, &prefix, family.name);
+        tree_picks_are_first_max(&mut m, &prefix, family.name);
+        greedy_picks_decode_as_full_rows(&mut m, family.name);
     }
+}
+
+/// Drafts from the text that full-row decoding gave, wrong at every `wrong`-th token.
+struct Scripted {
+    prompt_len: usize,
+    script: Vec<u32>,
+    wrong: usize,
+}
+
+impl Drafter for Scripted {
+    fn propose(&mut self, context: &[u32], max: usize) -> infgram::Result<Draft> {
+        let at = context.len() - self.prompt_len;
+        let tokens: Vec<u32> = (at..at + max.min(6))
+            .map(|i| {
+                let t = self.script.get(i).copied().unwrap_or(1);
+                if i % self.wrong == self.wrong - 1 {
+                    (t + 1) % VOCAB as u32
+                } else {
+                    t
+                }
+            })
+            .collect();
+        Ok(Draft {
+            confidence: vec![0.9; tokens.len()],
+            tokens,
+            ..Draft::default()
+        })
+    }
+    fn name(&self) -> &str {
+        "scripted"
+    }
+}
+
+/// Changes nothing, but makes the decode loop ask for rows in full.
+struct Untouched;
+
+impl Processor for Untouched {
+    fn process(&mut self, _context: &[u32], _logits: &mut Logits) {}
+}
+
+/// Greedy decoding where the loop asks the GPU pass's `Sequence` for greedy picks
+/// (`RowForm::Greedy`) instead of rows: plain, speculative and draft-tree decoding give the
+/// tokens of plain decoding over full rows (asked for by a processor that changes nothing).
+fn greedy_picks_decode_as_full_rows(m: &mut dyn LanguageModel, what: &str) {
+    let prompt = ids(6, 21);
+    let cfg = DecodeConfig {
+        max_tokens: 24,
+        trees: true,
+        // Passes cost the same whatever their rows (as on a GPU): branches pay.
+        cost: infgram::decode::CostModel::from_ms(&[(1, 1.0), (64, 1.0)]).frozen(),
+        ..DecodeConfig::default()
+    };
+    let run = |m: &mut dyn LanguageModel, drafters: &mut [Box<dyn Drafter>], full: bool| {
+        m.clear();
+        let mut untouched: Vec<Box<dyn Processor>> = vec![Box::new(Untouched)];
+        let processors: &mut [Box<dyn Processor>] = if full { &mut untouched } else { &mut [] };
+        let mut sampler = Sampler::greedy();
+        decode(m, drafters, processors, &mut sampler, &prompt, &cfg, |_| {}).unwrap()
+    };
+    let (want, _) = run(m, &mut [], true);
+    assert!(want.len() > 8, "{what}: {} tokens", want.len());
+    let (plain, _) = run(m, &mut [], false);
+    assert_eq!(plain, want, "{what}: plain decoding on picks");
+    let scripted = |wrong| -> Box<dyn Drafter> {
+        Box::new(Scripted {
+            prompt_len: prompt.len(),
+            script: want.clone(),
+            wrong,
+        })
+    };
+    let (chain, stats) = run(m, &mut [scripted(3)], false);
+    assert_eq!(chain, want, "{what}: speculative on picks");
+    assert!(stats.accepted > 0, "{what}: {stats:?}");
+    let (tree, stats) = run(m, &mut [scripted(3), scripted(4)], false);
+    assert_eq!(tree, want, "{what}: draft trees on picks");
+    assert!(stats.tree_passes > 0, "{what}: {stats:?}");
 }
 
 /// On a GPU (a `cuda` build run with `INFGRAM_TEST_GPU=1`; `scripts/device-check.sh` runs
@@ -728,6 +842,61 @@ fn gpu_kernels_match_their_cpu_reference() {
             let prefix = ids(9, 3);
             m.truncate(0);
             tree_rows_are_chain_rows(&mut m, &prefix, &what);
+            tree_picks_are_first_max(&mut m, &prefix, &what);
         }
+    }
+    device_picks_are_first_max();
+}
+
+/// The device's greedy pick (`pick_part`, `pick`) against `lm::first_max` on rows chosen for
+/// it: ties inside a chunk and across chunks, NaN, ±∞, −0 against +0, rows of nothing above
+/// −∞, and random rows of one to five chunks of 4,096.
+#[cfg(feature = "cuda")]
+fn device_picks_are_first_max() {
+    use infgram::neural::gpu::decoder::GpuDecoder;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_model(dir.path(), &FAMILIES[0], false);
+    let mut m = GpuDecoder::load(&path, None).unwrap();
+    let edge = |len: usize, put: &[(usize, f32)]| {
+        let mut r = vec![-1.0f32; len];
+        for &(i, v) in put {
+            r[i] = v;
+        }
+        r
+    };
+    let n = 9000;
+    let mut cases = vec![
+        edge(n, &[(5, 2.0), (4100, 2.0)]),
+        edge(n, &[(8191, 3.0), (8192, 3.0), (12, 3.0)]),
+        edge(n, &[(0, f32::NAN), (7, 1.0), (8000, f32::NAN)]),
+        edge(n, &[(300, f32::INFINITY), (20, f32::INFINITY)]),
+        vec![f32::NEG_INFINITY; n],
+        vec![f32::NAN; n],
+        edge(n, &[(9, -0.0), (30, 0.0)]),
+        {
+            let mut r = vec![f32::NEG_INFINITY; n];
+            (r[4097], r[33]) = (0.0, -0.0);
+            r
+        },
+        edge(n, &[(n - 1, 0.5)]),
+    ];
+    for len in [1, 31, 4096, 4097, 20_000] {
+        // Few distinct values: ties everywhere.
+        let rows: Vec<Vec<f32>> = (0..6)
+            .map(|seed| noise(len, seed, 3.0).iter().map(|v| v.round()).collect())
+            .collect();
+        let got = m.picks_of(&rows).unwrap();
+        for (r, g) in rows.iter().zip(got) {
+            assert_eq!(g, first_max(r).map(|id| (id, r[id as usize])), "len {len}");
+        }
+    }
+    let got = m.picks_of(&cases).unwrap();
+    for (i, (r, g)) in cases.iter_mut().zip(got).enumerate() {
+        let want = first_max(r).map(|id| (id, r[id as usize]));
+        assert_eq!(
+            g.map(|(id, v)| (id, v.to_bits())),
+            want.map(|(id, v)| (id, v.to_bits())),
+            "edge case {i}"
+        );
     }
 }

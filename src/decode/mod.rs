@@ -25,7 +25,10 @@
 //! verification reaches them (`score_first` with 8 rows, then `score_more` with as many again as
 //! it has): the native model runs every layer over the whole pass but its output projection (a
 //! fifth of the pass's weights) only over rows that get verified, and the mixture mixes only those;
-//! a draft rejected early costs no logits past the rejection. Greedy verification accepts a draft
+//! a draft rejected early costs no logits past the rejection. Greedy decoding with no processors
+//! asks for rows in `RowForm::Greedy` (`LanguageModel::score_first_as`): a model whose rows live
+//! on a GPU then sends back each row's argmax and its logit instead of the row, and the loop
+//! reads nothing else of a row there. Greedy verification accepts a draft
 //! token when it is the argmax, so the output equals plain greedy decoding (the native pass is
 //! batch-invariant). Sampled verification is rejection sampling: accept draft x with probability
 //! p(x), else sample from p without x, renormalized: the output has exactly the model's
@@ -60,7 +63,7 @@ pub use policy::CostModel;
 pub use sampler::{Sampler, SamplerConfig};
 
 use crate::error::{Error, Result};
-use crate::lm::{LanguageModel, Logits};
+use crate::lm::{LanguageModel, Logits, RowForm};
 use std::time::Instant;
 
 /// A draft: tokens to try next, and for each the estimated chance that it is accepted given
@@ -446,11 +449,18 @@ impl Decoding {
             tokens_before: self.stats.tokens,
             path: vec![0],
         };
+        // Greedy verification with no processors reads a row's argmax alone.
+        let form = match sampler.is_greedy() && processors.is_empty() {
+            true => RowForm::Greedy,
+            false => RowForm::Full,
+        };
         let mut rows = if tree.is_chain() {
-            self.timing(&mut pass, || model.score_first(&self.fed, FIRST_ROWS))?
+            self.timing(&mut pass, || {
+                model.score_first_as(&self.fed, FIRST_ROWS, form)
+            })?
         } else {
             self.timing(&mut pass, || {
-                model.score_tree_first(&self.fed, &tree.parents, FIRST_ROWS)
+                model.score_tree_first_as(&self.fed, &tree.parents, FIRST_ROWS, form)
             })?
         };
         self.stats.passes += 1;

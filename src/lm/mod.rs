@@ -211,6 +211,19 @@ impl<M: LanguageModel> LanguageModel for DenseRows<M> {
     }
 }
 
+/// What a caller reads of the rows of a pass ([`LanguageModel::score_first_as`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RowForm {
+    /// Every logit of every row.
+    #[default]
+    Full,
+    /// The greedy pick alone: a model may return each row as a [`Logits::Sparse`] row holding
+    /// only its [`first_max`] id and that logit (no entry when no logit is above −∞). That is
+    /// all greedy verification with no processors reads, and a model whose rows live on a
+    /// device copies back two numbers a row instead of the row.
+    Greedy,
+}
+
 /// A causal language model with a state that can be cut back (a KV cache).
 pub trait LanguageModel {
     /// Feeds `tokens` after the cached ones; returns one row of logits per fed token.
@@ -235,9 +248,20 @@ pub trait LanguageModel {
         let _ = first;
         self.score(tokens)
     }
+    /// [`LanguageModel::score_first`] whose rows, and those of the pass's
+    /// [`LanguageModel::score_more`], may come in `form` (by default, every row in full).
+    fn score_first_as(
+        &mut self,
+        tokens: &[u32],
+        first: usize,
+        form: RowForm,
+    ) -> Result<Vec<Logits>> {
+        let _ = form;
+        self.score_first(tokens, first)
+    }
     /// The next at most `count` rows of the last [`LanguageModel::score_first`] pass, after the
-    /// ones it and earlier calls returned; empty once every row was returned. Call it before
-    /// anything else changes the model's state.
+    /// ones it and earlier calls returned (in the pass's [`RowForm`]); empty once every row was
+    /// returned. Call it before anything else changes the model's state.
     fn score_more(&mut self, count: usize) -> Result<Vec<Logits>> {
         let _ = count;
         Ok(Vec::new())
@@ -299,6 +323,17 @@ pub trait LanguageModel {
             "this model verifies no token trees".into(),
         ))
     }
+    /// [`LanguageModel::score_tree_first`] whose rows may come in `form` (by default, in full).
+    fn score_tree_first_as(
+        &mut self,
+        tokens: &[u32],
+        parents: &[Option<usize>],
+        first: usize,
+        form: RowForm,
+    ) -> Result<Vec<Logits>> {
+        let _ = form;
+        self.score_tree_first(tokens, parents, first)
+    }
     /// After a tree pass: keeps of the tree only the nodes `path` (node 0, a child of it, …),
     /// so that the cache holds what feeding them as a chain would have.
     fn keep_path(&mut self, path: &[usize]) -> Result<()> {
@@ -322,6 +357,14 @@ macro_rules! forward_language_model {
             }
             fn score_first(&mut self, tokens: &[u32], first: usize) -> Result<Vec<Logits>> {
                 (**self).score_first(tokens, first)
+            }
+            fn score_first_as(
+                &mut self,
+                tokens: &[u32],
+                first: usize,
+                form: RowForm,
+            ) -> Result<Vec<Logits>> {
+                (**self).score_first_as(tokens, first, form)
             }
             fn score_more(&mut self, count: usize) -> Result<Vec<Logits>> {
                 (**self).score_more(count)
@@ -363,6 +406,15 @@ macro_rules! forward_language_model {
                 first: usize,
             ) -> Result<Vec<Logits>> {
                 (**self).score_tree_first(tokens, parents, first)
+            }
+            fn score_tree_first_as(
+                &mut self,
+                tokens: &[u32],
+                parents: &[Option<usize>],
+                first: usize,
+                form: RowForm,
+            ) -> Result<Vec<Logits>> {
+                (**self).score_tree_first_as(tokens, parents, first, form)
             }
             fn keep_path(&mut self, path: &[usize]) -> Result<()> {
                 (**self).keep_path(path)

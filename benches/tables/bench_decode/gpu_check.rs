@@ -4,11 +4,12 @@
 //! 2. against the native CPU pass (the bound two implementations keep);
 //! 3. batch invariance on the GPU: a prompt in one pass against k-token passes and one token at
 //!    a time, and a token tree against its branches fed as chains, bit for bit;
-//! 4. CUDA graphs against launches one by one, bit for bit.
+//! 4. CUDA graphs against launches one by one, bit for bit;
+//! 5. the device's greedy picks (`RowForm::Greedy`) against `lm::first_max` of the same rows.
 //!
 //! `bench_decode gpu-check --model smollm2-135m` (`scripts/device-check.sh` runs it).
 
-use infgram::lm::LanguageModel;
+use infgram::lm::{LanguageModel, Logits, RowForm};
 use infgram::neural::gpu::reference::ReferenceDecoder;
 use infgram::neural::native::decoder::Decoder;
 use infgram::service::models::{Backend, Device, ModelOptions};
@@ -74,6 +75,48 @@ fn bits(name: &str, got: &[Vec<f32>], want: &[Vec<f32>]) -> bool {
         if same { "identical" } else { "DIFFER" }
     );
     same
+}
+
+/// The rows a greedy pass hands out: each row's `first_max` id and logit.
+fn want_picks(rows: &[Vec<f32>]) -> Vec<Logits> {
+    rows.iter()
+        .map(|r| Logits::Sparse {
+            vocab: r.len(),
+            entries: infgram::lm::first_max(r)
+                .map(|id| (id, r[id as usize]))
+                .into_iter()
+                .collect(),
+        })
+        .collect()
+}
+
+/// A 16-row pass after 8 tokens in `RowForm::Greedy` (8 rows, then 8 more), and a tree's
+/// after 30, against the picks of the rows of one pass.
+fn picks(m: &mut dyn LanguageModel, prompt: &[u32], full: &[Vec<f32>]) -> bool {
+    m.truncate(8);
+    let mut got = m
+        .score_first_as(&prompt[8..24], 8, RowForm::Greedy)
+        .unwrap();
+    got.extend(m.score_more(8).unwrap());
+    let same = got == want_picks(&full[8..24]);
+    println!(
+        "| greedy picks of a 16-row pass vs first_max of its rows | {} rows | {} |",
+        got.len(),
+        if same { "identical" } else { "DIFFER" }
+    );
+    // The cache holds 24 tokens: the tree goes after 30, as the rows it is checked against.
+    m.feed(&prompt[24..30]).unwrap();
+    let tree = [prompt[30], prompt[31], prompt[32], 5];
+    let parents = [None, Some(0), Some(1), Some(0)];
+    let got = m
+        .score_tree_first_as(&tree, &parents, 4, RowForm::Greedy)
+        .unwrap();
+    let tree_same = got[..3] == want_picks(&full[30..33]);
+    println!(
+        "| greedy picks of a tree's chain branch vs first_max | 3 rows | {} |",
+        if tree_same { "identical" } else { "DIFFER" }
+    );
+    same && tree_same
 }
 
 /// Runs the checks; exits 1 when a bit-for-bit one fails.
@@ -145,6 +188,7 @@ pub fn run(model: &str) {
     m.truncate(base);
     let want = m.forward(&[tree[0], 5, 6, 7, 9]).unwrap();
     ok &= bits("after keeping a branch", &after, &want[4..]);
+    ok &= picks(&mut *m, &prompt, &full);
     m.truncate(0);
     ok &= bits(
         "40-row graph replay vs first launch",

@@ -20,7 +20,8 @@ use crate::error::{Error, Result};
 use crate::neural::arch::layers::{rope_frequencies, weights, Backend};
 use crate::neural::arch::{Activation, Architecture, RopeStyle};
 use crate::neural::gpu::{
-    gpu_type, Pass, Sequence, ATT_WARPS, CAPACITY, MAX_CHUNKS, MAX_ROWS, PARAMS_LEN, TOKENS,
+    gpu_type, Pass, Sequence, ATT_WARPS, CAPACITY, GREEDY_CHUNK, MAX_CHUNKS, MAX_ROWS, PARAMS_LEN,
+    TOKENS,
 };
 use crate::neural::load::gguf::Gguf;
 use candle_core::cuda_backend::cudarc::driver::{
@@ -184,6 +185,10 @@ struct Acts {
     att_count: u64,
     logits: u64,
     logits_buf: CudaSlice<f32>,
+    /// `pick_part`'s (value, index) pairs: a row's chunks of GREEDY_CHUNK logits.
+    pick_part: u64,
+    /// `pick`'s (value bits, id) a row, copied back by `picks`.
+    picks: CudaSlice<i32>,
     logits_host: LockedHost,
     params: CudaSlice<i32>,
     params_ptr: u64,
@@ -207,6 +212,8 @@ struct Kernels {
     rope_cache: CudaFunction,
     attention: CudaFunction,
     keep_path: CudaFunction,
+    pick_part: CudaFunction,
+    pick: CudaFunction,
 }
 
 /// The matrix kernels for `rows` rows of a pass a block (`kernels.cu` instantiates each for
@@ -355,6 +362,8 @@ impl GpuDecoder {
             // One attention kernel per head width (check_shapes admits these).
             attention: f(&format!("attention_{}", cfg.heads.head_dim))?,
             keep_path: f("keep_path")?,
+            pick_part: f("pick_part")?,
+            pick: f("pick")?,
             _module: module,
         };
         let mut up = Upload {
@@ -414,6 +423,9 @@ impl GpuDecoder {
         let logits_buf = stream
             .alloc_zeros::<f32>(MAX_ROWS * vocab)
             .map_err(|e| gpu_err("allocating logits", e))?;
+        let picks = stream
+            .alloc_zeros::<i32>(2 * MAX_ROWS)
+            .map_err(|e| gpu_err("allocating greedy picks", e))?;
         let params = stream
             .alloc_zeros::<i32>(PARAMS_LEN)
             .map_err(|e| gpu_err("allocating parameters", e))?;
@@ -425,6 +437,8 @@ impl GpuDecoder {
         let acts = Acts {
             att_part: up.zeros(MAX_ROWS * heads.n_head * MAX_CHUNKS * (hd + 2))?,
             att_count: up.zeros(MAX_ROWS * heads.n_head)?,
+            pick_part: up.zeros(2 * MAX_ROWS * vocab.div_ceil(GREEDY_CHUNK))?,
+            picks,
             logits_host,
             x: up.zeros(MAX_ROWS * cfg.dim)?,
             q: up.zeros(MAX_ROWS * heads.q_width())?,
@@ -771,11 +785,92 @@ impl GpuDecoder {
     }
 }
 
+impl GpuDecoder {
+    /// The greedy picks of `n` rows of `len` logits at `logits` (device address): `pick_part`
+    /// over chunks of GREEDY_CHUNK into `part` (2 · n · ⌈len / GREEDY_CHUNK⌉ ints), `pick` a
+    /// warp a row into `out`, queued behind whatever the stream holds; then a copy of two
+    /// numbers a row, and a wait (which reports the pass's errors too).
+    fn launch_picks(
+        &self,
+        logits: u64,
+        len: usize,
+        n: usize,
+        part: u64,
+        out: &CudaSlice<i32>,
+    ) -> Result<Vec<Option<(u32, f32)>>> {
+        let mut host = vec![0i32; 2 * n];
+        if n > 0 {
+            let chunks = len.div_ceil(GREEDY_CHUNK);
+            let (len_i, chunks_i) = (len as i32, chunks as i32);
+            // SAFETY: pick_part's and pick's signatures; the caller's buffers hold n rows of
+            // len logits, their chunks' pairs and two ints a row.
+            unsafe {
+                self.stream
+                    .launch_builder(&self.kernels.pick_part)
+                    .arg(&logits)
+                    .arg(&len_i)
+                    .arg(&part)
+                    .launch(LaunchConfig {
+                        grid_dim: (chunks as u32, n as u32, 1),
+                        block_dim: (THREADS, 1, 1),
+                        shared_mem_bytes: 0,
+                    })
+                    .map_err(|e| gpu_err("picking greedy tokens", e))?;
+                self.stream
+                    .launch_builder(&self.kernels.pick)
+                    .arg(&part)
+                    .arg(&chunks_i)
+                    .arg(out)
+                    .launch(LaunchConfig {
+                        grid_dim: (n as u32, 1, 1),
+                        block_dim: (32, 1, 1),
+                        shared_mem_bytes: 0,
+                    })
+                    .map_err(|e| gpu_err("picking greedy tokens", e))?;
+            }
+            self.stream
+                .memcpy_dtoh(&out.slice(0..2 * n), &mut host)
+                .map_err(|e| gpu_err("copying greedy picks back", e))?;
+        }
+        self.stream
+            .synchronize()
+            .map_err(|e| gpu_err("a pass", e))?;
+        Ok(host
+            .chunks_exact(2)
+            .map(|p| (p[1] >= 0).then(|| (p[1] as u32, f32::from_bits(p[0] as u32))))
+            .collect())
+    }
+}
+
 impl Sequence<GpuDecoder> {
     /// Whether passes replay captured CUDA graphs (on unless `INFGRAM_CUDA_GRAPHS=0`).
     pub fn with_graphs(mut self, on: bool) -> Self {
         self.pass_mut().use_graphs = on;
         self
+    }
+
+    /// The greedy pick of each of `rows` (of one length) by the device's kernels, as a pass's
+    /// rows get theirs: for checking the kernels on rows chosen for it (ties, NaN, −∞, −0,
+    /// rows of several chunks).
+    pub fn picks_of(&mut self, rows: &[Vec<f32>]) -> Result<Vec<Option<(u32, f32)>>> {
+        let len = rows.first().map_or(0, Vec::len);
+        if rows.iter().any(|r| r.len() != len) || len == 0 {
+            return Err(Error::input(
+                "picks_of: rows of one length, at least one value",
+            ));
+        }
+        let d = &mut self.pass_mut();
+        let err = |e| gpu_err("picks_of's buffers", e);
+        let flat: Vec<f32> = rows.concat();
+        let logits = d.stream.clone_htod(&flat).map_err(err)?;
+        let part = d
+            .stream
+            .alloc_zeros::<i32>(2 * rows.len() * len.div_ceil(GREEDY_CHUNK))
+            .map_err(err)?;
+        let out = d.stream.alloc_zeros::<i32>(2 * rows.len()).map_err(err)?;
+        let (lp, _l) = logits.device_ptr(&d.stream);
+        let (pp, _p) = part.device_ptr(&d.stream);
+        d.launch_picks(lp, len, rows.len(), pp, &out)
     }
 }
 
@@ -820,6 +915,16 @@ impl Pass for GpuDecoder {
             .synchronize()
             .map_err(|e| gpu_err("a pass", e))?;
         Ok(host.chunks_exact(self.vocab).map(<[f32]>::to_vec).collect())
+    }
+
+    /// The greedy picks of the pass's rows `rows` (`GpuDecoder::launch_picks`).
+    fn picks(&mut self, rows: Range<usize>) -> Result<Vec<Option<(u32, f32)>>> {
+        if rows.end > self.last_rows {
+            return Err(Error::Model("rows past the last pass's".into()));
+        }
+        let first = self.acts.logits + (rows.start * self.vocab * 4) as u64;
+        let (part, n) = (self.acts.pick_part, rows.len());
+        self.launch_picks(first, self.vocab, n, part, &self.acts.picks)
     }
 
     fn move_path(&mut self, base: usize, path: &[usize]) -> Result<()> {

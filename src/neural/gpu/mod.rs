@@ -11,14 +11,15 @@
 //!
 //! What the two share is here: the shapes the kernels take, the pass's parameters
 //! ([`params`]), the model around a pass ([`Sequence`]: cache length, chunks, token trees,
-//! rows of logits handed out as asked), the rotary tables, the weight types the kernels read.
+//! rows of logits handed out as asked, or only their greedy picks), the rotary tables, the
+//! weight types the kernels read.
 
 #[cfg(feature = "cuda")]
 pub mod decoder;
 pub mod reference;
 
 use crate::error::{Error, Result};
-use crate::lm::{LanguageModel, Logits};
+use crate::lm::{LanguageModel, Logits, RowForm};
 use crate::neural::arch::Architecture;
 use candle_core::quantized::GgmlDType;
 use std::ops::Range;
@@ -36,6 +37,8 @@ pub const CHUNK: usize = 32;
 pub const ATT_WARPS: usize = 8;
 /// Chunks a row's attention has at most (`MAX_CHUNKS`): the stride of its partials.
 pub const MAX_CHUNKS: usize = CAPACITY / CHUNK;
+/// Logits of a row one `pick_part` block takes (`GREEDY_CHUNK`).
+pub const GREEDY_CHUNK: usize = 4096;
 /// Lanes of a warp.
 const WARP: usize = 32;
 
@@ -144,6 +147,10 @@ pub trait Pass {
     /// Rows `rows` of the last pass's logits (each asked for at most once); an empty range
     /// waits for the pass and reports its errors.
     fn rows(&mut self, rows: Range<usize>) -> Result<Vec<Vec<f32>>>;
+    /// The greedy pick of each of rows `rows` of the last pass, as [`crate::lm::first_max`]
+    /// picks it from the row (id and logit; `None` where no logit is above −∞), without
+    /// copying the rows back (each row asked for at most once, as [`Pass::rows`]).
+    fn picks(&mut self, rows: Range<usize>) -> Result<Vec<Option<(u32, f32)>>>;
     /// Moves the keys and values at slots `base + path[i]` to `base + i`, in order.
     fn move_path(&mut self, base: usize, path: &[usize]) -> Result<()>;
 }
@@ -153,13 +160,15 @@ pub trait Pass {
 /// anything else changes the cache), and rows of logits copied back only as they are asked
 /// for: `score_first`'s first rows, then `score_more`'s as verification accepts (a 16-row
 /// pass whose draft fails early copies 8 of SmolLM2's 49,152-logit rows, not 16), and none
-/// for a prompt (`feed`).
+/// for a prompt (`feed`); a pass asked for in [`RowForm::Greedy`] copies back each row's
+/// greedy pick ([`Pass::picks`]) instead of the row.
 pub struct Sequence<P> {
     pass: P,
     cached: usize,
     tree: Option<(usize, Vec<Option<usize>>)>,
-    /// Rows of the last pass not handed out yet (after `score_first`).
+    /// Rows of the last pass not handed out yet (after `score_first`), and in what form.
     held: Range<usize>,
+    form: RowForm,
 }
 
 impl<P: Pass> Sequence<P> {
@@ -170,6 +179,7 @@ impl<P: Pass> Sequence<P> {
             cached: 0,
             tree: None,
             held: 0..0,
+            form: RowForm::Full,
         }
     }
 
@@ -181,7 +191,7 @@ impl<P: Pass> Sequence<P> {
     /// One pass after the cache: a chain, or the tree of `parents`; its rows held.
     fn step(&mut self, tokens: &[u32], parents: Option<&[Option<usize>]>) -> Result<()> {
         let params = params(self.cached, tokens, parents)?;
-        self.held = 0..0;
+        (self.held, self.form) = (0..0, RowForm::Full);
         self.pass.run(&params, self.cached, tokens)?;
         self.cached += tokens.len();
         self.held = 0..tokens.len();
@@ -196,9 +206,22 @@ impl<P: Pass> Sequence<P> {
         Ok(rows)
     }
 
-    /// [`Sequence::take`] as the decode loop's rows.
+    /// The next at most `count` held rows as the decode loop's rows, in the pass's form.
     fn take_logits(&mut self, count: usize) -> Result<Vec<Logits>> {
-        Ok(self.take(count)?.into_iter().map(Logits::Dense).collect())
+        if self.form == RowForm::Full {
+            return Ok(self.take(count)?.into_iter().map(Logits::Dense).collect());
+        }
+        let end = self.held.end.min(self.held.start + count);
+        let picks = self.pass.picks(self.held.start..end)?;
+        self.held.start = end;
+        let vocab = self.pass.vocab();
+        Ok(picks
+            .into_iter()
+            .map(|pick| Logits::Sparse {
+                vocab,
+                entries: pick.into_iter().collect(),
+            })
+            .collect())
     }
 }
 
@@ -225,15 +248,25 @@ impl<P: Pass> LanguageModel for Sequence<P> {
         self.pass.rows(0..0).map(drop)
     }
 
-    /// A pass of at most [`MAX_ROWS`] copies back its first `first` rows; a longer input
-    /// runs as `forward`.
     fn score_first(&mut self, tokens: &[u32], first: usize) -> Result<Vec<Logits>> {
+        self.score_first_as(tokens, first, RowForm::Full)
+    }
+
+    /// A pass of at most [`MAX_ROWS`] copies back its first `first` rows (or their picks); a
+    /// longer input runs as `forward`.
+    fn score_first_as(
+        &mut self,
+        tokens: &[u32],
+        first: usize,
+        form: RowForm,
+    ) -> Result<Vec<Logits>> {
         if tokens.is_empty() || tokens.len() > MAX_ROWS {
             return self.score(tokens);
         }
         crate::lm::check_vocab(tokens, self.pass.vocab())?;
         self.tree = None;
         self.step(tokens, None)?;
+        self.form = form;
         self.take_logits(first.max(1))
     }
 
@@ -273,11 +306,22 @@ impl<P: Pass> LanguageModel for Sequence<P> {
         parents: &[Option<usize>],
         first: usize,
     ) -> Result<Vec<Logits>> {
+        self.score_tree_first_as(tokens, parents, first, RowForm::Full)
+    }
+
+    fn score_tree_first_as(
+        &mut self,
+        tokens: &[u32],
+        parents: &[Option<usize>],
+        first: usize,
+        form: RowForm,
+    ) -> Result<Vec<Logits>> {
         crate::lm::check_tree_within(tokens.len(), parents, MAX_ROWS)?;
         crate::lm::check_vocab(tokens, self.pass.vocab())?;
         let base = self.cached;
         self.step(tokens, Some(parents))?;
         self.tree = Some((base, parents.to_vec()));
+        self.form = form;
         self.take_logits(first.max(1))
     }
 
@@ -323,6 +367,7 @@ mod tests {
             format!("#define CHUNK {CHUNK}"),
             format!("#define ATT_WARPS {ATT_WARPS}"),
             format!("#define MAX_CHUNKS ({CAPACITY} / CHUNK)"),
+            format!("#define GREEDY_CHUNK {GREEDY_CHUNK}"),
         ] {
             assert!(cu.lines().any(|l| l == line), "kernels.cu lacks `{line}`");
         }

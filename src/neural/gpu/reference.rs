@@ -356,6 +356,14 @@ impl Pass for ReferenceDecoder {
             .ok_or_else(|| Error::Model("rows past the last pass's".into()))
     }
 
+    fn picks(&mut self, rows: Range<usize>) -> Result<Vec<Option<(u32, f32)>>> {
+        Ok(self
+            .rows(rows)?
+            .iter()
+            .map(|row| crate::lm::first_max(row).map(|id| (id, row[id as usize])))
+            .collect())
+    }
+
     fn move_path(&mut self, base: usize, path: &[usize]) -> Result<()> {
         let hd = self.cfg.heads.head_dim;
         for layer in &mut self.layers {
