@@ -27,6 +27,11 @@
 #endif
 #define MANY_BOUNDS __launch_bounds__(256, MANY_MIN_BLOCKS)
 
+// Loads a thread of a several-row kernel has in flight while copying its input (`load_input`).
+#ifndef LOAD_BATCH
+#define LOAD_BATCH 8
+#endif
+
 // GGML type ids.
 #define Q4_0 2
 #define Q4_1 3
@@ -247,16 +252,28 @@ __device__ __forceinline__ int padded(int e) { return e + (e >> 5) * 4; }
 // Copies `ntok` rows of `cols` from x (row stride `stride`) into xs, RMS-normed with `norm`
 // when given (warp n forms row n's 1 / rms with the lanes' butterfly, then every element is
 // x · inv · w), and zeros rows ntok … TK − 1. Every thread of the block takes part; ends with
-// the block synchronized.
+// the block synchronized. The kernel's input is never its output, so it is read through the
+// read-only path; a thread of a several-row kernel issues LOAD_BATCH loads before it stores
+// any (a store to shared memory may not pass a load the compiler cannot tell apart from it:
+// one at a time, each copy waited for its load, twelve in a row for a 1,536-wide 8-row input).
 template <int TK>
 __device__ __forceinline__ void load_input(float *xs, const float *x, int stride, int cols, int ntok,
                                            const float *norm, float eps) {
     __shared__ float inv[TK];
-    int pc = padded(cols);
-    for (int i = threadIdx.x; i < ntok * cols / 4; i += blockDim.x) {
-        int n = (4 * i) / cols, e = (4 * i) % cols;
-        *reinterpret_cast<float4 *>(xs + n * pc + padded(e)) =
-            *reinterpret_cast<const float4 *>(x + (size_t)n * stride + e);
+    constexpr int U = TK > 1 ? LOAD_BATCH : 1;
+    int pc = padded(cols), quads = ntok * cols / 4;
+    for (int i0 = threadIdx.x; i0 < quads; i0 += U * blockDim.x) {
+        float4 r[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int i = i0 + u * blockDim.x, n = (4 * i) / cols, e = (4 * i) % cols;
+            if (i < quads) r[u] = __ldg(reinterpret_cast<const float4 *>(x + (size_t)n * stride + e));
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int i = i0 + u * blockDim.x, n = (4 * i) / cols, e = (4 * i) % cols;
+            if (i < quads) *reinterpret_cast<float4 *>(xs + n * pc + padded(e)) = r[u];
+        }
     }
     // Rows past the pass's are zeros: the products run all TK rows' chains (none written).
     for (int i = threadIdx.x; TK > 1 && i < (TK - ntok) * cols / 4; i += blockDim.x) {
@@ -277,12 +294,32 @@ __device__ __forceinline__ void load_input(float *xs, const float *x, int stride
         if (lane == 0) inv[n] = 1.f / sqrtf(add(ss / (float)cols, eps));
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < ntok * cols; i += blockDim.x) {
-        int n = i / cols, e = i % cols;
-        float *v = xs + n * pc + padded(e);
-        *v = mul(mul(*v, inv[n]), norm[e]);
+    for (int i0 = threadIdx.x; i0 < ntok * cols; i0 += U * blockDim.x) {
+        float v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int i = i0 + u * blockDim.x, n = i / cols, e = i % cols;
+            if (i < ntok * cols) v[u] = mul(mul(xs[n * pc + padded(e)], inv[n]), __ldg(norm + e));
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int i = i0 + u * blockDim.x, n = i / cols, e = i % cols;
+            if (i < ntok * cols) xs[n * pc + padded(e)] = v[u];
+        }
     }
     __syncthreads();
+}
+
+// Row `lane` of a warp's TK sums (every lane holds all TK, the same bits: the butterfly's), so
+// that lane n writes row n's output: a residual's read-modify-writes go out together instead of
+// one lane's eight each waiting for its load.
+template <int TK>
+__device__ __forceinline__ float lane_row(const float v[TK], int lane) {
+    float r = v[0];
+#pragma unroll
+    for (int n = 1; n < TK; n++)
+        if (lane == n) r = v[n];
+    return r;
 }
 
 // Row r of matrix m times the TK input rows in xs: lane l takes groups l, l + 32, …, each a
@@ -481,13 +518,11 @@ __device__ __forceinline__ void matvec_typed(Mats mats, const float *x, int stri
         }
         float acc[TK];
         row_dot<TK, TY>(p.m, p.r, xs, lane, acc);
-        if (lane == 0) {
-            for (int n = 0; n < ntok; n++) {
-                float v = acc[n];
-                if (p.bias) v = add(v, p.bias[p.r]);
-                float *o = p.out + (size_t)(first + n) * p.m.rows + p.r;
-                *o = residual ? add(*o, v) : v;
-            }
+        if (lane < ntok) {
+            float v = lane_row<TK>(acc, lane);
+            if (p.bias) v = add(v, p.bias[p.r]);
+            float *o = p.out + (size_t)(first + lane) * p.m.rows + p.r;
+            *o = residual ? add(*o, v) : v;
         }
     }
 }
@@ -534,12 +569,10 @@ __device__ __forceinline__ void qkv_rope_typed(Mats mats, const float *x, int st
         if (u >= rotated) {  // a value row, to the cache as it is
             int r = u - rotated, kh = r / hd, e = r % hd;
             row_dot<TK, TY>(mats.m[2], r, xs, lane, acc_a);
-            if (lane == 0) {
-                for (int n = 0; n < ntok; n++) {
-                    float v = acc_a[n];
-                    if (mats.bias[2]) v = add(v, mats.bias[2][r]);
-                    vcache[((size_t)kh * capacity + pos + first + n) * hd + e] = v;
-                }
+            if (lane < ntok) {
+                float v = lane_row<TK>(acc_a, lane);
+                if (mats.bias[2]) v = add(v, mats.bias[2][r]);
+                vcache[((size_t)kh * capacity + pos + first + lane) * hd + e] = v;
             }
             continue;
         }
@@ -562,21 +595,18 @@ __device__ __forceinline__ void qkv_rope_typed(Mats mats, const float *x, int st
             sn[n] = sin_t[(size_t)p * half + i];
         }
         row_dot2<TK, TY, TY>(m, ra, m, rb, xs, lane, acc_a, acc_b);
-        if (lane == 0) {
-#pragma unroll
-            for (int n = 0; n < TK; n++) {
-                if (n >= ntok) break;
-                float a = acc_a[n], b = acc_b[n];
-                if (bias) {
-                    a = add(a, bias[ra]);
-                    b = add(b, bias[rb]);
-                }
-                int row = first + n;
-                float *dst = is_q ? q + (size_t)row * nh * hd + h * hd
-                                  : kcache + ((size_t)h * capacity + pos + row) * hd;
-                dst[a_i] = sub(mul(a, c[n]), mul(b, sn[n]));
-                dst[b_i] = add(mul(a, sn[n]), mul(b, c[n]));
+        if (lane < ntok) {
+            float a = lane_row<TK>(acc_a, lane), b = lane_row<TK>(acc_b, lane);
+            float cn = lane_row<TK>(c, lane), sn_n = lane_row<TK>(sn, lane);
+            if (bias) {
+                a = add(a, bias[ra]);
+                b = add(b, bias[rb]);
             }
+            int row = first + lane;
+            float *dst = is_q ? q + (size_t)row * nh * hd + h * hd
+                              : kcache + ((size_t)h * capacity + pos + row) * hd;
+            dst[a_i] = sub(mul(a, cn), mul(b, sn_n));
+            dst[b_i] = add(mul(a, sn_n), mul(b, cn));
         }
     }
 }
@@ -611,13 +641,11 @@ __device__ __forceinline__ void gated_typed(Mat gate, Mat up, const float *x, in
         }
         float g[TK], u[TK];
         row_dot2<TK, TY, TY>(gate, r, up, r, xs, lane, g, u);
-        if (lane == 0) {
-            for (int n = 0; n < ntok; n++) {
-                float a = g[n];
-                if (act == 1) a = mul(a, add(1.5957692f, mul(mul(1.5957692f, 0.044715f), mul(a, a))));
-                float y = mul(g[n] / add(1.f, expf(-a)), u[n]);
-                out[(size_t)(first + n) * gate.rows + r] = y;
-            }
+        if (lane < ntok) {
+            float gn = lane_row<TK>(g, lane), a = gn;
+            if (act == 1) a = mul(a, add(1.5957692f, mul(mul(1.5957692f, 0.044715f), mul(a, a))));
+            float y = mul(gn / add(1.f, expf(-a)), lane_row<TK>(u, lane));
+            out[(size_t)(first + lane) * gate.rows + r] = y;
         }
     }
 }
