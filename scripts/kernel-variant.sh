@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# A variant of the GPU kernels as a fat binary, for `INFGRAM_CUDA_KERNELS=FILE` (one infgram
+# binary then measures the built-in kernels against the variant on the same GPU, in one lease):
+# src/neural/gpu/kernels.cu with PATCH applied (a file of scripts/kernel-variants/, or `-` for
+# none), compiled as build.rs compiles it, with the nvcc of scripts/build-cuda.sh (run it once
+# first) and any further nvcc flags (-DMANY_MIN_BLOCKS=1, -DLOAD_BATCH=4, …).
+#
+#   bash scripts/kernel-variant.sh scripts/kernel-variants/scatter-sums.patch scatter.fatbin
+set -euo pipefail
+[ $# -ge 2 ] || { echo "usage: $0 PATCH|- OUT.fatbin [NVCC_FLAGS...]" >&2; exit 2; }
+patch=$1 out=$2
+shift 2
+root=$(cd "$(dirname "$0")/.." && pwd)
+toolchain=$root/target/cuda-toolchain
+[ -x "$toolchain/venv/bin/python" ] || {
+    echo "kernel-variant: no nvcc yet; run bash scripts/build-cuda.sh once (it fetches it)" >&2
+    exit 1
+}
+cuda=$("$toolchain/venv/bin/python" -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13"))')
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/src/neural/gpu"
+cp "$root/src/neural/gpu/kernels.cu" "$work/src/neural/gpu/"
+if [ "$patch" != - ]; then
+    patch_file=$(cd "$(dirname "$patch")" && pwd)/$(basename "$patch")
+    (cd "$work" && patch -s -p1 <"$patch_file") || {
+        echo "kernel-variant: $patch does not apply to this kernels.cu" >&2
+        exit 1
+    }
+fi
+cap=${CUDA_COMPUTE_CAP:-90}
+"$cuda/bin/nvcc" --fatbin -O3 --compress-mode=size \
+    "-gencode=arch=compute_$cap,code=sm_$cap" "-gencode=arch=compute_$cap,code=compute_$cap" \
+    "$@" -o "$work/variant.fatbin" "$work/src/neural/gpu/kernels.cu"
+mv "$work/variant.fatbin" "$out"
+echo "kernel-variant: $out (INFGRAM_CUDA_KERNELS=$out loads it in place of the built-in kernels)"
