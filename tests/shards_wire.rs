@@ -399,6 +399,63 @@ fn the_whole_index_estimators_need_the_index_here() {
     }
 }
 
+/// The service's scoring (what Python's `Index.perplexity` runs) reads 3 shards held
+/// elsewhere as the index: SBIS and the ∞-gram give the index's report; the smoothed and
+/// fixed-order models, which read the whole index, say that they need it here.
+#[test]
+fn scoring_reads_shards_elsewhere_as_the_index() {
+    use infgram::ngram::EstimatorSpec;
+    use infgram::service::score::{score_over, Document, ScoreReport, ScoreRequest};
+    use infgram::tokenizer::ByteTokenizer;
+    let text = "the cat sat on the mat. the dog sat on the log. a cat ate the rat";
+    let docs: Vec<Vec<u32>> = text
+        .split(". ")
+        .map(|d| d.bytes().map(u32::from).collect())
+        .collect();
+    let (index, wire) = here_and_there(&docs, 255);
+    let here: SharedShards = index;
+    let score = |corpus: &SharedShards, estimator: EstimatorSpec| {
+        let mut req = ScoreRequest::new(vec![Document {
+            name: "text".into(),
+            text: "the cat sat on the log".into(),
+        }]);
+        (req.estimator, req.floor) = (estimator, Some(1e-6));
+        match score_over(&**corpus, &ByteTokenizer, &req) {
+            Ok(ScoreReport::Infgram { mut report, .. }) => {
+                report.seconds = 0.0;
+                Ok(serde_json::to_string(&report).unwrap())
+            }
+            Ok(_) => Err("another report".to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    };
+    for estimator in [
+        EstimatorSpec::Infgram,
+        EstimatorSpec::Sbis {
+            k: Some(-1),
+            decay: None,
+        },
+    ] {
+        let want = score(&here, estimator.clone());
+        assert!(want.is_ok(), "{want:?}");
+        assert_eq!(score(&wire, estimator), want);
+    }
+    // Over the index they run (the fixed-order model gives a report of its own).
+    assert!(score(&here, EstimatorSpec::Smoothed).is_ok());
+    let add_one = EstimatorSpec::AddAlpha {
+        order: 2,
+        alpha: None,
+    };
+    assert_eq!(
+        score(&here, add_one.clone()),
+        Err("another report".to_string())
+    );
+    for estimator in [EstimatorSpec::Smoothed, add_one] {
+        let e = score(&wire, estimator).unwrap_err();
+        assert!(e.contains("index opened in the process"), "{e}");
+    }
+}
+
 /// A model generation with `speculative` drafts from shards held elsewhere as from the index,
 /// with the output of plain decoding. (How much is drafted is not compared: the draft policy
 /// rests a drafter whose calls cost much next to a step, a timing.)

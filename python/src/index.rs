@@ -111,7 +111,7 @@ impl SbisArgs<'_> {
 }
 
 /// An infgram index with its tokenizer, its shards here or held elsewhere: the typed query
-/// protocol, the infini-gram HTTP API, generation; over shards here also perplexity, n-gram
+/// protocol, the infini-gram HTTP API, generation, perplexity; over shards here also n-gram
 /// models, batch rows and what a shard server answers.
 #[pyclass(frozen, subclass, module = "infgram._native")]
 pub struct Index {
@@ -463,9 +463,8 @@ impl Index {
         }]);
         req.estimator = infgram::service::request::EstimatorSpec::Sbis { k, decay };
         req.context = context.unwrap_or(defaults::CONTEXT);
-        let index = self.local("perplexity")?;
         let report = py
-            .detach(|| score_over(index, self.tok.as_ref(), &req))
+            .detach(|| score_over(&*self.corpus, self.tok.as_ref(), &req))
             .map_err(invalid)?;
         let ScoreReport::Infgram { report, .. } = report else {
             return Err(PyRuntimeError::new_err(

@@ -98,9 +98,9 @@ def test_generation_errors_name_python_parameters(tmp_path):
 
 def test_one_index_class_over_shards_here_or_elsewhere(tmp_path):
     """`Index(path)` and `Index(ask=...)` over the same shards (here: a local index's own shard
-    server as the callable) answer alike: queries, the infini-gram API, generation. What needs
-    the files (perplexity, rows, n-gram models, identity) is refused over shards held
-    elsewhere, naming what to do; the old `RemoteIndex` constructor makes the same class."""
+    server as the callable) answer alike: queries, the infini-gram API, generation, perplexity.
+    What needs the files (rows, n-gram models, identity) is refused over shards held elsewhere,
+    naming what to do; the old `RemoteIndex` constructor makes the same class."""
     corpus = tmp_path / "c.txt"
     corpus.write_text("the cat sat on the mat. the dog sat on the log. a cat ate. " * 4)
     infgram.build_index([str(corpus)], str(tmp_path / "idx"), progress=False)
@@ -125,8 +125,13 @@ def test_one_index_class_over_shards_here_or_elsewhere(tmp_path):
 
     assert answer(remote) == answer(local) and answer(local)[1]["count"] == 8
     assert remote.api(json.dumps({"index": "other", "query_type": "count", "query": "cat"}).encode())[0] == 404
-    for call in [lambda: remote.perplexity("the cat"), lambda: remote.ngram_model(2),
-                 lambda: remote.identity()]:
+    def ppl(index):
+        report = index.perplexity("the cat sat on the log.")
+        report.pop("seconds")
+        return report
+
+    assert ppl(remote) == ppl(local) and ppl(local)["tokens"] > 10
+    for call in [lambda: remote.ngram_model(2), lambda: remote.identity()]:
         with pytest.raises(ValueError, match="files here"):
             call()
     with pytest.raises(ValueError, match="not both"):

@@ -6,6 +6,7 @@
 //! mixture's scoring reads (`infgram mix fit`); [`classic_report`] and [`write_arpa_file`]
 //! serve a fixed-order model held by a front end (Python's `NgramModel`).
 
+use crate::index::partial::{LocalIndex, Shards, IN_PROCESS_ONLY};
 use crate::index::Index;
 use crate::ngram::classic::{is_sentence_index, KENLM_FALLBACK};
 use crate::ngram::smoothed::fit_on_train;
@@ -236,22 +237,32 @@ pub fn score(req: &ScoreRequest) -> Result<ScoreReport> {
     }
 }
 
-/// Scores the request's one text with the ∞-gram or the fixed-order model of `index`, open
-/// already with its tokenizer `tok` (the request's reference and model are not read): what
-/// [`score`] does once it has opened the index.
-pub fn score_over<S: AsRef<[u8]> + Sync>(
-    index: &Index<S>,
+/// Scores the request's one text with the ∞-gram or the fixed-order model of `corpus` (an
+/// index open in this process, or shards held elsewhere), tokenized by `tok` (the request's
+/// reference and model are not read): what [`score`] does once it has opened the index. Over
+/// shards held elsewhere the ∞-gram scores with SBIS; the smoothed and fixed-order models,
+/// which read the whole index, say so.
+pub fn score_over(
+    corpus: &(impl Shards + Sync + ?Sized),
     tok: &dyn Tokenizer,
     req: &ScoreRequest,
 ) -> Result<ScoreReport> {
     let doc = one_text(req)?;
+    let local = corpus.local_index();
     if req.estimator.is_fixed_order() {
-        return score_classic(index, tok, req, &doc.text);
+        return match local {
+            Some(LocalIndex::Mapped(index)) => score_classic(index, tok, req, &doc.text),
+            Some(LocalIndex::Owned(index)) => score_classic(index, tok, req, &doc.text),
+            None => Err(Error::input(IN_PROCESS_ONLY)),
+        };
     }
     check_infgram_settings(req)?;
+    if req.estimator == EstimatorSpec::Smoothed && local.is_none() {
+        return Err(Error::input(IN_PROCESS_ONLY));
+    }
     let discounts = given_discounts(req)?;
     let tokens = tok.encode(&doc.text)?;
-    let report = infgram_ppl(index, &tokens, req, discounts)?;
+    let report = infgram_ppl(corpus, &tokens, req, discounts)?;
     Ok(ScoreReport::Infgram {
         report,
         discounts: discounts.filter(|_| req.estimator == EstimatorSpec::Smoothed),
@@ -297,10 +308,10 @@ fn given_discounts(req: &ScoreRequest) -> Result<Option<Discounts>> {
         .transpose()
 }
 
-/// The ∞-gram's perplexity of `tokens` over `index` with the request's estimator (the smoothed
+/// The ∞-gram's perplexity of `tokens` over `corpus` with the request's estimator (the smoothed
 /// one with `discounts` when given).
-fn infgram_ppl<S: AsRef<[u8]> + Sync>(
-    index: &Index<S>,
+fn infgram_ppl(
+    corpus: &(impl Shards + Sync + ?Sized),
     tokens: &[u32],
     req: &ScoreRequest,
     discounts: Option<Discounts>,
@@ -309,7 +320,7 @@ fn infgram_ppl<S: AsRef<[u8]> + Sync>(
         Estimator::Smoothed(d) => Estimator::Smoothed(discounts.unwrap_or(d)),
         other => other,
     };
-    crate::eval::perplexity(index, tokens, &est, req.context, req.floor)
+    crate::eval::perplexity(corpus, tokens, &est, req.context, req.floor)
 }
 
 /// The byte tokens of `text` cut at the fraction `frac` (on a character boundary): (train,
