@@ -11,7 +11,9 @@
 # 2. the fused kernels (`--backend native`, the default on a GPU) against their CPU reference
 #    and the native CPU pass, and their batch invariance (`bench_decode gpu-check`); the cost
 #    of a pass of k = 1…16 new tokens against a one-token step: the fused kernels with CUDA
-#    graphs, without (INFGRAM_CUDA_GRAPHS=0), and the candle pass (`--backend candle`);
+#    graphs, without (INFGRAM_CUDA_GRAPHS=0), and the candle pass (`--backend candle`); with
+#    INFGRAM_VARIANTS="A.fatbin B.fatbin" (scripts/kernel-variant.sh), the same table for each
+#    variant of the kernels, then the built-in ones again (the same binary, run after run);
 # 3. `bench_decode speculative` on the GPU: plain against speculative decoding on the copy /
 #    edit, Shakespeare and open prompt sets, with whether every output equals plain decoding's
 #    (the "identical" column: lossless on the device);
@@ -69,9 +71,20 @@ for model in "$@"; do
     timeout 60 "$infgram" gen --model "$model" --prompt "The capital of France is" \
         --max-tokens 24 --json 2>&1 | tail -3
     section "$name: the fused kernels against their CPU reference and the native pass; batch invariance (GPU)"
-    timeout 150 "$bench" gpu-check --model "$model" 2>&1 | tail -22
+    timeout 150 "$bench" gpu-check --model "$model" 2>&1 | tail -26
     section "$name: a pass of k new tokens against a one-token step (GPU: fused kernels with and without CUDA graphs, then the candle pass)"
     timeout 60 "$bench" passes --model "$model" --device cuda --repeats 30 2>&1 | tail -8
+    if [ -n "${INFGRAM_VARIANTS:-}" ]; then
+        for variant in $INFGRAM_VARIANTS built-in; do
+            echo "kernels: $variant"
+            if [ "$variant" = built-in ]; then
+                timeout 60 "$bench" passes --model "$model" --device cuda --repeats 30 2>&1 | tail -5
+            else
+                INFGRAM_CUDA_KERNELS=$variant timeout 60 "$bench" passes --model "$model" \
+                    --device cuda --repeats 30 2>&1 | tail -5
+            fi
+        done
+    fi
     INFGRAM_CUDA_GRAPHS=0 timeout 60 "$bench" passes --model "$model" --device cuda --repeats 30 2>&1 | tail -8
     timeout 90 "$bench" passes --model "$model" --device cuda --backend candle --repeats 30 2>&1 | tail -8
     # One prompt set a run, each with its own limit, so that a slow set leaves the others.

@@ -859,7 +859,7 @@ impl Sequence<GpuDecoder> {
                 "picks_of: rows of one length, at least one value",
             ));
         }
-        let d = &mut self.pass_mut();
+        let d = self.pass_mut();
         let err = |e| gpu_err("picks_of's buffers", e);
         let flat: Vec<f32> = rows.concat();
         let logits = d.stream.clone_htod(&flat).map_err(err)?;
