@@ -17,7 +17,7 @@ use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use infgram::decode::{decode, DecodeConfig, Draft, Drafter, Processor, Sampler};
-use infgram::lm::{first_max, LanguageModel, Logits, RowForm};
+use infgram::lm::{greedy_pick, LanguageModel, Logits, RowForm};
 use infgram::neural::candle::decoder::CandleDecoder;
 use infgram::neural::native::decoder::Decoder;
 use infgram::neural::native::kernels::Isa;
@@ -637,13 +637,7 @@ fn tree_picks_are_first_max(m: &mut dyn LanguageModel, prefix: &[u32], what: &st
 /// logit.
 fn greedy_picks(rows: &[Vec<f32>]) -> Vec<Logits> {
     rows.iter()
-        .map(|r| Logits::Sparse {
-            vocab: r.len(),
-            entries: first_max(r)
-                .map(|id| (id, r[id as usize]))
-                .into_iter()
-                .collect(),
-        })
+        .map(|r| Logits::of_pick(r.len(), greedy_pick(r)))
         .collect()
 }
 
@@ -865,7 +859,7 @@ fn device_picks_are_first_max() {
         r
     };
     let n = 9000;
-    let mut cases = vec![
+    let cases = vec![
         edge(n, &[(5, 2.0), (4100, 2.0)]),
         edge(n, &[(8191, 3.0), (8192, 3.0), (12, 3.0)]),
         edge(n, &[(0, f32::NAN), (7, 1.0), (8000, f32::NAN)]),
@@ -887,15 +881,14 @@ fn device_picks_are_first_max() {
             .collect();
         let got = m.picks_of(&rows).unwrap();
         for (r, g) in rows.iter().zip(got) {
-            assert_eq!(g, first_max(r).map(|id| (id, r[id as usize])), "len {len}");
+            assert_eq!(g, greedy_pick(r), "len {len}");
         }
     }
     let got = m.picks_of(&cases).unwrap();
-    for (i, (r, g)) in cases.iter_mut().zip(got).enumerate() {
-        let want = first_max(r).map(|id| (id, r[id as usize]));
+    for (i, (r, g)) in cases.iter().zip(got).enumerate() {
         assert_eq!(
             g.map(|(id, v)| (id, v.to_bits())),
-            want.map(|(id, v)| (id, v.to_bits())),
+            greedy_pick(r).map(|(id, v)| (id, v.to_bits())),
             "edge case {i}"
         );
     }

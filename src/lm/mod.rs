@@ -114,6 +114,15 @@ impl Logits {
         }
     }
 
+    /// A row of `vocab` ids holding only a greedy pick ([`greedy_pick`]; no entry for
+    /// `None`): the form of [`RowForm::Greedy`] rows, whose [`Logits::argmax`] is the pick's id.
+    pub fn of_pick(vocab: usize, pick: Option<(u32, f32)>) -> Logits {
+        Logits::Sparse {
+            vocab,
+            entries: pick.into_iter().collect(),
+        }
+    }
+
     /// Id of the largest logit, the smallest id among ties; `None` when every logit is −∞
     /// (nothing can come next).
     pub fn argmax(&self) -> Option<u32> {
@@ -217,8 +226,8 @@ pub enum RowForm {
     /// Every logit of every row.
     #[default]
     Full,
-    /// The greedy pick alone: a model may return each row as a [`Logits::Sparse`] row holding
-    /// only its [`first_max`] id and that logit (no entry when no logit is above −∞). That is
+    /// The greedy pick alone: a model may return each row as [`Logits::of_pick`] of its
+    /// [`greedy_pick`] (no entry when no logit is above −∞). That is
     /// all greedy verification with no processors reads, and a model whose rows live on a
     /// device copies back two numbers a row instead of the row.
     Greedy,
@@ -509,6 +518,12 @@ pub fn first_max(logits: &[f32]) -> Option<u32> {
     let start = chunk? * ARGMAX_CHUNK;
     let at = logits[start..].iter().position(|&x| x == best)?;
     Some((start + at) as u32)
+}
+
+/// The greedy pick of `logits`: [`first_max`]'s id and its logit (`None` when none is above
+/// −∞), what a row in [`RowForm::Greedy`] holds.
+pub fn greedy_pick(logits: &[f32]) -> Option<(u32, f32)> {
+    first_max(logits).map(|id| (id, logits[id as usize]))
 }
 
 /// Logits [`first_max`] takes the maximum of at a time.

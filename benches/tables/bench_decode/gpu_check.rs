@@ -80,13 +80,7 @@ fn bits(name: &str, got: &[Vec<f32>], want: &[Vec<f32>]) -> bool {
 /// The rows a greedy pass hands out: each row's `first_max` id and logit.
 fn want_picks(rows: &[Vec<f32>]) -> Vec<Logits> {
     rows.iter()
-        .map(|r| Logits::Sparse {
-            vocab: r.len(),
-            entries: infgram::lm::first_max(r)
-                .map(|id| (id, r[id as usize]))
-                .into_iter()
-                .collect(),
-        })
+        .map(|r| Logits::of_pick(r.len(), infgram::lm::greedy_pick(r)))
         .collect()
 }
 

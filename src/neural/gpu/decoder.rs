@@ -783,9 +783,15 @@ impl GpuDecoder {
             .map_err(|e| gpu_err("uploading a graph", e))?;
         Ok(Graph(graph))
     }
-}
 
-impl GpuDecoder {
+    /// Refuses rows the last pass did not leave.
+    fn check_rows(&self, rows: &Range<usize>) -> Result<()> {
+        match rows.end > self.last_rows {
+            true => Err(Error::Model("rows past the last pass's".into())),
+            false => Ok(()),
+        }
+    }
+
     /// The greedy picks of `n` rows of `len` logits at `logits` (device address): `pick_part`
     /// over chunks of GREEDY_CHUNK into `part` (2 · n · ⌈len / GREEDY_CHUNK⌉ ints), `pick` a
     /// warp a row into `out`, queued behind whatever the stream holds; then a copy of two
@@ -900,9 +906,7 @@ impl Pass for GpuDecoder {
 
     /// Copies rows of the last pass's logits back (queued behind the pass) and waits.
     fn rows(&mut self, rows: Range<usize>) -> Result<Vec<Vec<f32>>> {
-        if rows.end > self.last_rows {
-            return Err(Error::Model("rows past the last pass's".into()));
-        }
+        self.check_rows(&rows)?;
         let (from, to) = (rows.start * self.vocab, rows.end * self.vocab);
         let host = &mut self.acts.logits_host.buf[from..to];
         if !rows.is_empty() {
@@ -919,9 +923,7 @@ impl Pass for GpuDecoder {
 
     /// The greedy picks of the pass's rows `rows` (`GpuDecoder::launch_picks`).
     fn picks(&mut self, rows: Range<usize>) -> Result<Vec<Option<(u32, f32)>>> {
-        if rows.end > self.last_rows {
-            return Err(Error::Model("rows past the last pass's".into()));
-        }
+        self.check_rows(&rows)?;
         let first = self.acts.logits + (rows.start * self.vocab * 4) as u64;
         let (part, n) = (self.acts.pick_part, rows.len());
         self.launch_picks(first, self.vocab, n, part, &self.acts.picks)

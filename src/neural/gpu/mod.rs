@@ -147,7 +147,7 @@ pub trait Pass {
     /// Rows `rows` of the last pass's logits (each asked for at most once); an empty range
     /// waits for the pass and reports its errors.
     fn rows(&mut self, rows: Range<usize>) -> Result<Vec<Vec<f32>>>;
-    /// The greedy pick of each of rows `rows` of the last pass, as [`crate::lm::first_max`]
+    /// The greedy pick of each of rows `rows` of the last pass, as [`crate::lm::greedy_pick`]
     /// picks it from the row (id and logit; `None` where no logit is above −∞), without
     /// copying the rows back (each row asked for at most once, as [`Pass::rows`]).
     fn picks(&mut self, rows: Range<usize>) -> Result<Vec<Option<(u32, f32)>>>;
@@ -198,12 +198,18 @@ impl<P: Pass> Sequence<P> {
         Ok(())
     }
 
+    /// The next at most `count` held rows' range, no longer held.
+    fn next_held(&mut self, count: usize) -> Range<usize> {
+        let end = self.held.end.min(self.held.start + count);
+        let next = self.held.start..end;
+        self.held.start = end;
+        next
+    }
+
     /// The next at most `count` held rows (none once all were handed out).
     fn take(&mut self, count: usize) -> Result<Vec<Vec<f32>>> {
-        let end = self.held.end.min(self.held.start + count);
-        let rows = self.pass.rows(self.held.start..end)?;
-        self.held.start = end;
-        Ok(rows)
+        let next = self.next_held(count);
+        self.pass.rows(next)
     }
 
     /// The next at most `count` held rows as the decode loop's rows, in the pass's form.
@@ -211,16 +217,12 @@ impl<P: Pass> Sequence<P> {
         if self.form == RowForm::Full {
             return Ok(self.take(count)?.into_iter().map(Logits::Dense).collect());
         }
-        let end = self.held.end.min(self.held.start + count);
-        let picks = self.pass.picks(self.held.start..end)?;
-        self.held.start = end;
+        let next = self.next_held(count);
         let vocab = self.pass.vocab();
+        let picks = self.pass.picks(next)?;
         Ok(picks
             .into_iter()
-            .map(|pick| Logits::Sparse {
-                vocab,
-                entries: pick.into_iter().collect(),
-            })
+            .map(|p| Logits::of_pick(vocab, p))
             .collect())
     }
 }

@@ -360,7 +360,7 @@ impl Pass for ReferenceDecoder {
         Ok(self
             .rows(rows)?
             .iter()
-            .map(|row| crate::lm::first_max(row).map(|id| (id, row[id as usize])))
+            .map(|row| crate::lm::greedy_pick(row))
             .collect())
     }
 
