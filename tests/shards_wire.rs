@@ -380,6 +380,25 @@ proptest! {
     }
 }
 
+/// A draft step chained from the last one (the index here chains, shards elsewhere search
+/// again) refuses an id outside the vocabulary as a step that searches does: the case that
+/// found a chained step reading it unchecked.
+#[test]
+fn a_chained_draft_step_refuses_an_id_outside_the_vocabulary() {
+    use infgram::decode::drafters::{CorpusDrafter, CorpusRule};
+    use infgram::decode::Drafter;
+    let (index, wire) = here_and_there(&[vec![1, 4, 4]], 4);
+    let here: SharedShards = index;
+    for shards in [here, wire] {
+        for rule in [CorpusRule::default(), CorpusRule::MostFrequent] {
+            let mut drafter = CorpusDrafter::with_rule(shards.clone(), rule);
+            assert!(drafter.propose(&[1], 6).is_ok());
+            let e = drafter.propose(&[1, 4], 6).unwrap_err().to_string();
+            assert!(e.contains("token id 4 is outside"), "{e}");
+        }
+    }
+}
+
 /// The estimators that read the whole index (smoothed, classic) say so over shards held
 /// elsewhere, and run over the index.
 #[test]

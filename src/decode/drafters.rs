@@ -621,6 +621,10 @@ impl CorpusDrafter {
     /// The `n` likeliest next tokens after `seq` with their confidences, best first (ties to
     /// the smaller id); none when the longest match is shorter than `min_match`.
     fn ranked(&mut self, seq: &[u32], n: usize) -> Result<Vec<(u32, f64)>> {
+        // Every step checks its whole sequence, chained from the last step or not: whether a
+        // step chains depends on where the shards are, and an id outside the vocabulary is
+        // refused wherever they are.
+        self.corpus.check_tokens(seq)?;
         let (len, mut scored) = match self.rule {
             CorpusRule::MostFrequent => {
                 // The first level: the longest suffix with a next token (the ∞-gram's), its
@@ -629,7 +633,6 @@ impl CorpusDrafter {
                 let (level, ranges) = match self.chained(seq) {
                     Some((level, ranges)) => (level, ranges),
                     None => {
-                        self.corpus.check_tokens(seq)?;
                         let ask = LevelAsk::new(seq, 1);
                         let levels = self.corpus.levels(&mut self.memo, ask)?;
                         let Some(level) = levels.into_iter().next() else {
@@ -646,7 +649,6 @@ impl CorpusDrafter {
                 (level.len, level_shares(&level))
             }
             CorpusRule::Sbis { decay } => {
-                self.corpus.check_tokens(seq)?;
                 let levels = self.corpus.levels(&mut self.memo, LevelAsk::new(seq, -1))?;
                 let len = levels.first().map_or(0, |l| l.len);
                 (len, sbis_distribution(&levels, decay))
