@@ -16,7 +16,7 @@
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use infgram::decode::{decode, DecodeConfig, Draft, Drafter, Processor, Sampler};
+use infgram::decode::{decode, DecodeConfig, Draft, Drafter, Processor, Sampler, SamplerConfig};
 use infgram::lm::{greedy_pick, LanguageModel, Logits, RowForm};
 use infgram::neural::candle::decoder::CandleDecoder;
 use infgram::neural::native::decoder::Decoder;
@@ -719,6 +719,138 @@ fn the_gpu_pass_s_cpu_reference_is_batch_invariant_and_agrees_with_the_other_pas
     }
 }
 
+/// The distribution check the GPU test runs on the fused kernels' rows
+/// (`sampled_decoding_keeps_the_rows_distribution`), here on the native pass's rows (the
+/// reference's, which follow the kernels' order one operation at a time, take minutes).
+#[test]
+fn sampled_speculative_decoding_keeps_the_native_rows_distribution() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_model(dir.path(), &FAMILIES[0], false);
+    let mut m = Decoder::from_gguf(&path).unwrap();
+    sampled_decoding_keeps_the_rows_distribution(&mut m, FAMILIES[0].name);
+}
+
+/// Drafts `script` from the end of `prompt_len` tokens on (its rest, whatever was sampled).
+struct Fixed {
+    prompt_len: usize,
+    script: Vec<u32>,
+}
+
+impl Drafter for Fixed {
+    fn propose(&mut self, context: &[u32], max: usize) -> infgram::Result<Draft> {
+        let at = (context.len() - self.prompt_len).min(self.script.len());
+        let tokens: Vec<u32> = self.script[at..].iter().copied().take(max).collect();
+        Ok(Draft {
+            confidence: vec![0.9; tokens.len()],
+            tokens,
+            ..Draft::default()
+        })
+    }
+    fn name(&self) -> &str {
+        "fixed"
+    }
+}
+
+/// The law of sampling `row` at temperature `t` (`p^(1/t)`, normalized).
+fn tempered(row: &[f32], t: f64) -> Vec<f64> {
+    let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+    let w: Vec<f64> = row.iter().map(|&l| ((l as f64 - max) / t).exp()).collect();
+    let sum: f64 = w.iter().sum();
+    w.into_iter().map(|x| x / sum).collect()
+}
+
+/// The likeliest token of `p` other than `eos`.
+fn likeliest_but(p: &[f64], eos: u32) -> u32 {
+    (0..p.len() as u32)
+        .filter(|&t| t != eos)
+        .max_by(|&a, &b| p[a as usize].total_cmp(&p[b as usize]))
+        .unwrap()
+}
+
+/// Chi-square of counts against the law `p` (tokens expected fewer than 5 times pooled), held
+/// to its 1-in-10,000 bound (Wilson–Hilferty).
+fn assert_fits(observed: &[f64], p: &[f64], what: &str) {
+    let n: f64 = observed.iter().sum();
+    let (mut chi2, mut bins, mut pooled) = (0.0, 0usize, (0.0, 0.0));
+    for (o, &q) in observed.iter().zip(p) {
+        let e = n * q;
+        if e < 5.0 {
+            pooled = (pooled.0 + o, pooled.1 + e);
+        } else {
+            chi2 += (o - e).powi(2) / e;
+            bins += 1;
+        }
+    }
+    if pooled.1 > 0.0 {
+        chi2 += (pooled.0 - pooled.1).powi(2) / pooled.1;
+        bins += 1;
+    }
+    let k = (bins - 1).max(1) as f64;
+    let bound = k * (1.0 - 2.0 / (9.0 * k) + 3.72 * (2.0 / (9.0 * k)).sqrt()).powi(3);
+    assert!(
+        chi2 < bound,
+        "{what}: chi2 {chi2:.1} over {k} degrees (bound {bound:.1}), n {n}"
+    );
+}
+
+/// Sampled speculative decoding (temperature 0.5; a draft of the two likeliest tokens, whatever
+/// was sampled) draws the first token from the prompt's row and the second, after the drafted
+/// first, from that row: both chi-square tested against the model's own rows, so that drafts
+/// verified on the pass's rows keep its distribution (on a GPU, the fused kernels' rows).
+fn sampled_decoding_keeps_the_rows_distribution(m: &mut dyn LanguageModel, what: &str) {
+    let (prompt, t) = (ids(6, 21), 0.5);
+    let eos = m.eos_tokens().first().copied().unwrap_or(u32::MAX);
+    m.clear();
+    let p1 = tempered(m.forward(&prompt).unwrap().last().unwrap(), t);
+    let d1 = likeliest_but(&p1, eos);
+    let p2 = tempered(m.forward(&[d1]).unwrap().last().unwrap(), t);
+    let d2 = likeliest_but(&p2, eos);
+    let cfg = DecodeConfig {
+        max_tokens: 2,
+        cost: infgram::decode::CostModel::from_ms(&[(1, 1.0), (64, 1.0)]).frozen(),
+        ..DecodeConfig::default()
+    };
+    let config = SamplerConfig {
+        temperature: t,
+        ..SamplerConfig::default()
+    };
+    let mut sampler = Sampler::new(config, Some(11));
+    let (mut first, mut second) = (vec![0f64; p1.len()], vec![0f64; p2.len()]);
+    let mut accepted = 0;
+    for _ in 0..3000 {
+        m.clear();
+        let mut drafters: Vec<Box<dyn Drafter>> = vec![Box::new(Fixed {
+            prompt_len: prompt.len(),
+            script: vec![d1, d2],
+        })];
+        let (out, stats) = decode(
+            m,
+            &mut drafters,
+            &mut [],
+            &mut sampler,
+            &prompt,
+            &cfg,
+            |_| {},
+        )
+        .unwrap();
+        accepted += stats.accepted;
+        // An end of text is the end token's draw (the loop does not emit it).
+        let token = |i: usize| out.get(i).copied().unwrap_or(eos) as usize;
+        first[token(0)] += 1.0;
+        if out.first() == Some(&d1) {
+            second[token(1)] += 1.0;
+        }
+    }
+    assert!(accepted > 0, "{what}: no draft token accepted");
+    assert_fits(&first, &p1, &format!("{what}: the first token"));
+    let n: f64 = second.iter().sum();
+    assert!(
+        n >= 200.0,
+        "{what}: the drafted first token drawn {n} times"
+    );
+    assert_fits(&second, &p2, &format!("{what}: the second token"));
+}
+
 /// Drafts from the text that full-row decoding gave, wrong at every `wrong`-th token.
 struct Scripted {
     prompt_len: usize,
@@ -837,6 +969,7 @@ fn gpu_kernels_match_their_cpu_reference() {
             m.truncate(0);
             tree_rows_are_chain_rows(&mut m, &prefix, &what);
             tree_picks_are_first_max(&mut m, &prefix, &what);
+            sampled_decoding_keeps_the_rows_distribution(&mut m, &what);
         }
     }
     device_picks_are_first_max();
