@@ -221,6 +221,10 @@ struct Kernels {
 /// smallest that holds it; a row's arithmetic is the same in all).
 struct Products {
     rows: usize,
+    /// Units (rows, or a rotation's two rows) a warp takes at once: 1, or for the several-row
+    /// kernels of a variant that says otherwise (`infgram_rows_per_warp`, which
+    /// scripts/kernel-variants/split-rows.patch defines) its count.
+    per_warp: usize,
     matvec: CudaFunction,
     gated: CudaFunction,
     qkv_rope: CudaFunction,
@@ -307,6 +311,27 @@ fn kernels_binary() -> Result<Vec<u8>> {
     }
 }
 
+/// The rows a warp of the several-row kernels takes at once: the kernels' own
+/// `infgram_rows_per_warp` where they define it (the `SPLIT` of
+/// scripts/kernel-variants/split-rows.patch), else 1 (the built-in kernels: a warp a row).
+fn rows_per_warp(module: &Arc<CudaModule>, stream: &Arc<CudaStream>) -> Result<usize> {
+    let Ok(symbol) = module.get_global("infgram_rows_per_warp", stream) else {
+        return Ok(1);
+    };
+    let bytes = stream
+        .clone_dtoh(&symbol)
+        .map_err(|e| gpu_err("reading the kernels' layout", e))?;
+    let split = bytes
+        .get(..4)
+        .map_or(1, |b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    match split {
+        1 | 2 | 4 => Ok(split as usize),
+        _ => Err(Error::Model(format!(
+            "the GPU kernels say {split} rows a warp (1, 2 or 4 expected); rebuild them"
+        ))),
+    }
+}
+
 /// Blocks per (head, row) of the attention kernel: more for short passes, so that a one-token
 /// step fills the GPU. Which block takes a chunk changes none of its arithmetic.
 fn attention_blocks(t: usize) -> u32 {
@@ -342,6 +367,7 @@ impl GpuDecoder {
                 .load_function(name)
                 .map_err(|e| gpu_err("loading a kernel", e))
         };
+        let split = rows_per_warp(&module, &stream)?;
         let products = |rows: usize| -> Result<Products> {
             let suffix = match rows {
                 TOKENS => String::new(),
@@ -349,6 +375,7 @@ impl GpuDecoder {
             };
             Ok(Products {
                 rows,
+                per_warp: if rows > 1 { split } else { 1 },
                 matvec: f(&format!("matvec{suffix}"))?,
                 gated: f(&format!("gated{suffix}"))?,
                 qkv_rope: f(&format!("qkv_rope{suffix}"))?,
@@ -501,7 +528,7 @@ impl GpuDecoder {
             .find(|p| p.rows >= t.min(TOKENS))
             .unwrap_or(&k.products[3]);
         let token_blocks = t.div_ceil(pr.rows) as u32;
-        // A warp per row, the grid (both its dimensions) capped at the blocks of `f` the GPU
+        // A warp per row (per `per_warp` rows), the grid (both its dimensions) capped at the blocks of `f` the GPU
         // holds at once (the warps then step through the rows): the driver's occupancy for
         // its registers and shared memory, so that no block waits for a second wave and a
         // kernel of few registers keeps more rows' loads in flight.
@@ -512,7 +539,7 @@ impl GpuDecoder {
                 .map_or(2, |b| b.max(1) as usize);
             LaunchConfig {
                 grid_dim: (
-                    rows.div_ceil(WARPS)
+                    rows.div_ceil(WARPS * pr.per_warp)
                         .min(per_sm * self.sms / token_blocks as usize)
                         .max(1) as u32,
                     token_blocks,
