@@ -965,6 +965,14 @@ fn gpu_kernels_match_their_cpu_reference() {
                 assert_eq!(again, full[5..], "{what}: rows after a rollback ({round})");
             }
             rows_as_asked_are_the_pass_s(&mut m, &tokens, &full, &what);
+            // However many rows a block of the matrix kernels takes, the same bits.
+            for rows in ["1", "2", "4"] {
+                std::env::set_var("INFGRAM_CUDA_BLOCK_ROWS", rows);
+                let blocks = GpuDecoder::load(&path, None).map(|m| m.with_graphs(graphs));
+                std::env::remove_var("INFGRAM_CUDA_BLOCK_ROWS");
+                let got = blocks.unwrap().forward(&tokens).unwrap();
+                assert_eq!(got, full, "{what}: {rows} rows a block");
+            }
             let prefix = ids(9, 3);
             m.truncate(0);
             tree_rows_are_chain_rows(&mut m, &prefix, &what);

@@ -280,6 +280,10 @@ pub struct GpuDecoder {
     /// row count launches its kernels one by one).
     graphs: HashMap<usize, Option<Graph>>,
     use_graphs: bool,
+    /// Rows of a pass a block of the matrix kernels takes at most (1, 2, 4 or TOKENS, the
+    /// default; `INFGRAM_CUDA_BLOCK_ROWS`): fewer rows a block, more blocks, each on a shorter
+    /// path, the same bits.
+    block_rows: usize,
     /// The GPU's multiprocessors.
     sms: usize,
     /// Rows of logits the last pass left in `acts.logits_buf`.
@@ -329,6 +333,25 @@ fn rows_per_warp(module: &Arc<CudaModule>, stream: &Arc<CudaStream>) -> Result<u
         _ => Err(Error::Model(format!(
             "the GPU kernels say {split} rows a warp (1, 2 or 4 expected); rebuild them"
         ))),
+    }
+}
+
+/// `INFGRAM_CUDA_BLOCK_ROWS`: the most rows of a pass a block of the matrix kernels takes (1,
+/// 2, 4 or 8; 8 when unset). A row's arithmetic is the same in every one (`kernels.cu`), so
+/// this trades the blocks' count against their paths without changing a bit. Measured on an
+/// H200 (BENCHMARKS.md): 4 makes SmolLM2's 8- and 16-row passes 4–6% faster and Gemma 3's
+/// 16-row pass 5% slower (its 262k-row output product decodes each weight for fewer rows);
+/// halving only for matrices too small to fill the GPU was worse for Gemma too. So 8 stays.
+fn block_rows() -> Result<usize> {
+    match std::env::var("INFGRAM_CUDA_BLOCK_ROWS") {
+        Err(_) => Ok(TOKENS),
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(n @ (1 | 2 | 4 | 8)) => Ok(n),
+            _ => Err(Error::input(format!(
+                "INFGRAM_CUDA_BLOCK_ROWS={v}: give 1, 2, 4 or 8 (rows a block of the GPU's \
+                 matrix kernels takes), or unset it"
+            ))),
+        },
     }
 }
 
@@ -503,6 +526,7 @@ impl GpuDecoder {
             vocab,
             graphs: HashMap::new(),
             use_graphs: std::env::var_os("INFGRAM_CUDA_GRAPHS").is_none_or(|v| v != "0"),
+            block_rows: block_rows()?,
             sms: sms.max(1) as usize,
             last_rows: 0,
         }))
@@ -521,11 +545,11 @@ impl GpuDecoder {
         );
         let (dim, ti, big_t) = (cfg.dim as i32, t as i32, MAX_ROWS as i32);
         let k = &self.kernels;
-        // The smallest block of rows that holds the pass (TOKENS past it).
+        // The smallest block of rows that holds the pass (`block_rows` past it).
         let pr = k
             .products
             .iter()
-            .find(|p| p.rows >= t.min(TOKENS))
+            .find(|p| p.rows >= t.min(self.block_rows))
             .unwrap_or(&k.products[3]);
         let token_blocks = t.div_ceil(pr.rows) as u32;
         // A warp per row (per `per_warp` rows), the grid (both its dimensions) capped at the blocks of `f` the GPU
