@@ -730,27 +730,6 @@ fn sampled_speculative_decoding_keeps_the_native_rows_distribution() {
     sampled_decoding_keeps_the_rows_distribution(&mut m, FAMILIES[0].name);
 }
 
-/// Drafts `script` from the end of `prompt_len` tokens on (its rest, whatever was sampled).
-struct Fixed {
-    prompt_len: usize,
-    script: Vec<u32>,
-}
-
-impl Drafter for Fixed {
-    fn propose(&mut self, context: &[u32], max: usize) -> infgram::Result<Draft> {
-        let at = (context.len() - self.prompt_len).min(self.script.len());
-        let tokens: Vec<u32> = self.script[at..].iter().copied().take(max).collect();
-        Ok(Draft {
-            confidence: vec![0.9; tokens.len()],
-            tokens,
-            ..Draft::default()
-        })
-    }
-    fn name(&self) -> &str {
-        "fixed"
-    }
-}
-
 /// The law of sampling `row` at temperature `t` (`p^(1/t)`, normalized).
 fn tempered(row: &[f32], t: f64) -> Vec<f64> {
     let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
@@ -794,7 +773,7 @@ fn assert_fits(observed: &[f64], p: &[f64], what: &str) {
 }
 
 /// Sampled speculative decoding (temperature 0.5; a draft of the two likeliest tokens, whatever
-/// was sampled) draws the first token from the prompt's row and the second, after the drafted
+/// was sampled, then `Scripted`'s filler) draws the first token from the prompt's row and the second, after the drafted
 /// first, from that row: both chi-square tested against the model's own rows, so that drafts
 /// verified on the pass's rows keep its distribution (on a GPU, the fused kernels' rows).
 fn sampled_decoding_keeps_the_rows_distribution(m: &mut dyn LanguageModel, what: &str) {
@@ -819,9 +798,11 @@ fn sampled_decoding_keeps_the_rows_distribution(m: &mut dyn LanguageModel, what:
     let mut accepted = 0;
     for _ in 0..3000 {
         m.clear();
-        let mut drafters: Vec<Box<dyn Drafter>> = vec![Box::new(Fixed {
+        // Never wrong on purpose: d1, d2, then token 1 (whatever was sampled).
+        let mut drafters: Vec<Box<dyn Drafter>> = vec![Box::new(Scripted {
             prompt_len: prompt.len(),
             script: vec![d1, d2],
+            wrong: usize::MAX,
         })];
         let (out, stats) = decode(
             m,
