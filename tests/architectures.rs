@@ -773,9 +773,10 @@ fn assert_fits(observed: &[f64], p: &[f64], what: &str) {
 }
 
 /// Sampled speculative decoding (temperature 0.5; a draft of the two likeliest tokens, whatever
-/// was sampled, then `Scripted`'s filler) draws the first token from the prompt's row and the second, after the drafted
-/// first, from that row: both chi-square tested against the model's own rows, so that drafts
-/// verified on the pass's rows keep its distribution (on a GPU, the fused kernels' rows).
+/// was sampled, then `Scripted`'s filler) draws the first token from the prompt's row and the
+/// second, after the drafted first, from that row: both chi-square tested against the model's
+/// own rows, so that drafts verified on the pass's rows keep its distribution (on a GPU, the
+/// fused kernels' rows).
 fn sampled_decoding_keeps_the_rows_distribution(m: &mut dyn LanguageModel, what: &str) {
     let (prompt, t) = (ids(6, 21), 0.5);
     let eos = m.eos_tokens().first().copied().unwrap_or(u32::MAX);

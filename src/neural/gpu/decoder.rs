@@ -337,7 +337,7 @@ fn rows_per_warp(module: &Arc<CudaModule>, stream: &Arc<CudaStream>) -> Result<u
 }
 
 /// `INFGRAM_CUDA_BLOCK_ROWS`: the most rows of a pass a block of the matrix kernels takes (1,
-/// 2, 4 or 8; 8 when unset). A row's arithmetic is the same in every one (`kernels.cu`), so
+/// 2, 4 or TOKENS, the products `kernels.cu` instantiates; TOKENS when unset). A row's arithmetic is the same in every one (`kernels.cu`), so
 /// this trades the blocks' count against their paths without changing a bit. Measured on an
 /// H200 (BENCHMARKS.md): 4 makes SmolLM2's 8- and 16-row passes 4–6% faster and Gemma 3's
 /// 16-row pass 5% slower (its 262k-row output product decodes each weight for fewer rows);
@@ -346,10 +346,10 @@ fn block_rows() -> Result<usize> {
     match std::env::var("INFGRAM_CUDA_BLOCK_ROWS") {
         Err(_) => Ok(TOKENS),
         Ok(v) => match v.trim().parse::<usize>() {
-            Ok(n @ (1 | 2 | 4 | 8)) => Ok(n),
+            Ok(n) if [1, 2, 4, TOKENS].contains(&n) => Ok(n),
             _ => Err(Error::input(format!(
-                "INFGRAM_CUDA_BLOCK_ROWS={v}: give 1, 2, 4 or 8 (rows a block of the GPU's \
-                 matrix kernels takes), or unset it"
+                "INFGRAM_CUDA_BLOCK_ROWS={v}: give 1, 2, 4 or {TOKENS} (rows a block of the \
+                 GPU's matrix kernels takes), or unset it"
             ))),
         },
     }
@@ -552,10 +552,10 @@ impl GpuDecoder {
             .find(|p| p.rows >= t.min(self.block_rows))
             .unwrap_or(&k.products[3]);
         let token_blocks = t.div_ceil(pr.rows) as u32;
-        // A warp per row (per `per_warp` rows), the grid (both its dimensions) capped at the blocks of `f` the GPU
-        // holds at once (the warps then step through the rows): the driver's occupancy for
-        // its registers and shared memory, so that no block waits for a second wave and a
-        // kernel of few registers keeps more rows' loads in flight.
+        // A warp per row (per `per_warp` rows), the grid (both its dimensions) capped at the
+        // blocks of `f` the GPU holds at once (the warps then step through the rows): the
+        // driver's occupancy for its registers and shared memory, so that no block waits for a
+        // second wave and a kernel of few registers keeps more rows' loads in flight.
         let grid = |f: &CudaFunction, rows: usize, cols: usize| {
             let smem = input_bytes(pr.rows, cols);
             let per_sm = f
