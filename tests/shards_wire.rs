@@ -54,6 +54,10 @@ impl Shards for Wire {
         Shards::vocab_size(&*self.index)
     }
 
+    fn tokenizer(&self) -> Option<TokenizerSpec> {
+        Shards::tokenizer(&*self.index)
+    }
+
     fn ask(&self, asks: Vec<(usize, ShardQuery)>) -> Result<Vec<ShardAnswer>> {
         if self.trips.fetch_add(1, Ordering::Relaxed) >= self.fail_after {
             return Err(Error::Unavailable("slice 1 did not answer".into()));
@@ -285,14 +289,28 @@ fn a_generation_whose_shard_stops_answering_fails() {
             assert!(e.to_string().contains("slice 1 did not answer"), "{e}");
         }
     }
-    // Only SBIS runs over remote shards.
-    let shards: SharedShards = Arc::new(Wire::new(&index));
-    let cfg = GenConfig {
-        estimator: Estimator::Smoothed(Default::default()),
-        ..gen_config(1, None)
-    };
-    let e = generate_from_corpus(shards, &[1], &cfg, &mut sampler(0.0, 1), |_| {}).unwrap_err();
-    assert!(e.to_string().contains("SBIS"), "{e}");
+    // The whole-corpus estimators too: the smoothed one's continuation counts and the fixed-
+    // order model's counting pass and contexts.
+    let classic = infgram::ngram::EstimatorSpec::Mkn { order: 2 };
+    for estimator in [
+        Estimator::Smoothed(Default::default()),
+        classic.estimator().unwrap(),
+    ] {
+        for fail_after in [0, 1, 2] {
+            let wire = Wire {
+                fail_after,
+                ..Wire::new(&index)
+            };
+            let cfg = GenConfig {
+                estimator: estimator.clone(),
+                ..gen_config(-1, None)
+            };
+            let shards: SharedShards = Arc::new(wire);
+            let e = generate_from_corpus(shards, &[1, 2], &cfg, &mut sampler(0.0, 1), |_| {})
+                .unwrap_err();
+            assert!(e.to_string().contains("slice 1 did not answer"), "{e}");
+        }
+    }
 }
 
 /// The documents as one index in this process and as 3 shards answering over the wire.
@@ -399,28 +417,80 @@ fn a_chained_draft_step_refuses_an_id_outside_the_vocabulary() {
     }
 }
 
-/// The estimators that read the whole index (smoothed, classic) say so over shards held
-/// elsewhere, and run over the index.
-#[test]
-fn the_whole_index_estimators_need_the_index_here() {
-    let docs = vec![vec![1, 2, 3, 1, 2], vec![2, 3, 1], vec![3, 1, 2, 3]];
-    let (index, wire) = here_and_there(&docs, 4);
-    let classic = infgram::ngram::EstimatorSpec::Mkn { order: 2 };
-    for estimator in [
-        Estimator::Smoothed(Default::default()),
-        classic.estimator().unwrap(),
-    ] {
-        assert!(InfgramModel::new(index.clone(), estimator.clone(), 10).is_ok());
-        let Err(e) = InfgramModel::new(wire.clone(), estimator, 10) else {
-            panic!("ran over shards held elsewhere");
-        };
-        assert!(e.to_string().contains("index opened in the process"), "{e}");
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    /// The estimators that read the whole corpus (the smoothed ∞-gram's continuation counts, the
+    /// fixed-order models' counting pass and contexts) read 3 shards held elsewhere as the index
+    /// of those shards and as one index of the same documents: the same rows, the same
+    /// perplexity bits, the same generation.
+    #[test]
+    fn the_whole_corpus_estimators_read_shards_elsewhere_as_one_index(
+        (docs, ctxs) in corpus_and_queries(4),
+        order in 1usize..5,
+        temperature in prop_oneof![Just(0.0), Just(0.9)],
+        seed in 0u64..1000,
+    ) {
+        use infgram::lm::LanguageModel;
+        use infgram::ngram::EstimatorSpec;
+        let (index, wire) = here_and_there(&docs, 4);
+        let here: SharedShards = index;
+        let one: SharedShards =
+            Arc::new(Index::from_docs(TokenizerSpec::synthetic(4), &docs, docs.len(), true).unwrap());
+        let estimators = [
+            Estimator::Smoothed(Default::default()),
+            EstimatorSpec::Mkn { order }.estimator().unwrap(),
+            EstimatorSpec::AddAlpha { order, alpha: Some(0.5) }.estimator().unwrap(),
+        ];
+        let text: Vec<u32> = ctxs.concat().into_iter().filter(|&t| t < 4).collect();
+        for estimator in estimators {
+            let rows = |corpus: &SharedShards| {
+                InfgramModel::new(corpus.clone(), estimator.clone(), 20)
+                    .and_then(|mut m| m.score(&text))
+                    .map(|rows| format!("{rows:?}"))
+                    .map_err(|e| e.to_string())
+            };
+            let want = rows(&one);
+            prop_assert_eq!(&rows(&here), &want, "{:?}", estimator);
+            prop_assert_eq!(&rows(&wire), &want, "{:?}", estimator);
+            let ppl = |corpus: &SharedShards| {
+                infgram::eval::ngram::perplexity(&**corpus, &text, &estimator, 20, Some(1e-6))
+                    .map(|r| (r.ppl.to_bits(), r.tokens, r.floored))
+                    .map_err(|e| e.to_string())
+            };
+            if !matches!(estimator, Estimator::Classic(_)) {
+                prop_assert_eq!(ppl(&wire), ppl(&one));
+            }
+            let prompt: Vec<u32> = ctxs[0].iter().copied().filter(|&t| t < 4).collect();
+            let cfg = GenConfig {
+                estimator: estimator.clone(),
+                ..gen_config(-1, None)
+            };
+            let outcome = |corpus: &SharedShards| {
+                generate_from_corpus(corpus.clone(), &prompt, &cfg, &mut sampler(temperature, seed), |_| {})
+                    .map(|g| (g.tokens, g.hit_end))
+                    .map_err(|e| e.to_string())
+            };
+            prop_assert_eq!(outcome(&wire), outcome(&one));
+        }
+        // The fixed-order model itself: its counts and discounts.
+        for smoothing in [
+            infgram::ngram::classic::Smoothing::Mkn { fallback: Some([0.5, 1.0, 1.5]) },
+            infgram::ngram::classic::Smoothing::AddAlpha { alpha: 0.0 },
+        ] {
+            let model = |corpus: &SharedShards| {
+                infgram::ngram::classic::ClassicModel::new(&**corpus, order, smoothing.clone())
+                    .map(|m| format!("{:?} {:?}", m.stats(), m.discounts()))
+                    .map_err(|e| e.to_string())
+            };
+            prop_assert_eq!(model(&wire), model(&one));
+            prop_assert_eq!(model(&here), model(&one));
+        }
     }
 }
 
 /// The service's scoring (what Python's `Index.perplexity` runs) reads 3 shards held
-/// elsewhere as the index: SBIS and the ∞-gram give the index's report; the smoothed and
-/// fixed-order models, which read the whole index, say that they need it here.
+/// elsewhere as the index: every estimator, the fixed-order models among them, gives the
+/// index's report.
 #[test]
 fn scoring_reads_shards_elsewhere_as_the_index() {
     use infgram::ngram::EstimatorSpec;
@@ -438,11 +508,18 @@ fn scoring_reads_shards_elsewhere_as_the_index() {
             name: "text".into(),
             text: "the cat sat on the log".into(),
         }]);
+        if matches!(estimator, EstimatorSpec::Mkn { .. }) {
+            req.discount_fallback = Some(Vec::new());
+        }
         (req.estimator, req.floor) = (estimator, Some(1e-6));
         match score_over(&**corpus, &ByteTokenizer, &req) {
             Ok(ScoreReport::Infgram { mut report, .. }) => {
                 report.seconds = 0.0;
                 Ok(serde_json::to_string(&report).unwrap())
+            }
+            Ok(ScoreReport::Classic(mut c)) => {
+                (c.report.seconds, c.estimate_seconds) = (0.0, 0.0);
+                Ok(serde_json::to_string(&c).unwrap())
             }
             Ok(_) => Err("another report".to_string()),
             Err(e) => Err(e.to_string()),
@@ -454,24 +531,16 @@ fn scoring_reads_shards_elsewhere_as_the_index() {
             k: Some(-1),
             decay: None,
         },
+        EstimatorSpec::Smoothed,
+        EstimatorSpec::AddAlpha {
+            order: 2,
+            alpha: None,
+        },
+        EstimatorSpec::Mkn { order: 3 },
     ] {
         let want = score(&here, estimator.clone());
-        assert!(want.is_ok(), "{want:?}");
+        assert!(want.is_ok(), "{estimator:?}: {want:?}");
         assert_eq!(score(&wire, estimator), want);
-    }
-    // Over the index they run (the fixed-order model gives a report of its own).
-    assert!(score(&here, EstimatorSpec::Smoothed).is_ok());
-    let add_one = EstimatorSpec::AddAlpha {
-        order: 2,
-        alpha: None,
-    };
-    assert_eq!(
-        score(&here, add_one.clone()),
-        Err("another report".to_string())
-    );
-    for estimator in [EstimatorSpec::Smoothed, add_one] {
-        let e = score(&wire, estimator).unwrap_err();
-        assert!(e.contains("index opened in the process"), "{e}");
     }
 }
 

@@ -158,7 +158,8 @@ impl Index {
                 tok.fingerprint()
             )));
         }
-        let shards = remote::RemoteShards::new(ask, shard_infos, separator, tok.vocab_size());
+        let shards = remote::RemoteShards::new(ask, shard_infos, separator, tok.vocab_size())
+            .with_tokenizer(tok.spec());
         Ok(Index {
             corpus: Arc::new(shards),
             files: None,
@@ -401,7 +402,8 @@ impl Index {
 
     /// A classic n-gram model of fixed `order` over this index: `estimator` `"mkn"`
     /// (interpolated modified Kneser–Ney, as KenLM's lmplz) or `"add_alpha"` (with `alpha`;
-    /// 0 is MLE). Sentence mode follows the index (built with `sentences=True`).
+    /// 0 is MLE). Sentence mode follows the index (built with `sentences=True`). Over shards
+    /// held elsewhere each shard sends all its suffixes once, grouped by their first tokens.
     /// `discount_fallback`: three discounts for an order whose count-of-counts cannot give
     /// them (KenLM's `--discount_fallback`).
     #[pyo3(signature = (order, estimator="mkn", alpha=None, discount_fallback=None))]
@@ -424,13 +426,12 @@ impl Index {
                 )))
             }
         };
-        let index = self.local("ngram_model")?;
         let model = py
-            .detach(|| spec.classic(&**index, discount_fallback))
+            .detach(|| spec.classic(&*self.corpus, discount_fallback))
             .map_err(|e| PyValueError::new_err(e.to_string()))?
             .ok_or_else(|| PyValueError::new_err("not a fixed-order model"))?;
         Ok(NgramModel {
-            index: index.clone(),
+            corpus: self.corpus.clone(),
             tok: self.tok.clone(),
             model,
         })

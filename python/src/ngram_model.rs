@@ -1,5 +1,6 @@
-//! `NgramModel`: a classic fixed-order n-gram model over an index, scored as KenLM scores.
-use crate::{to_py, Ans, Idx};
+//! `NgramModel`: a classic fixed-order n-gram model over an index (here or in shards held
+//! elsewhere), scored as KenLM scores.
+use crate::{to_py, Ans};
 use infgram::service::Tokenizer;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -10,7 +11,8 @@ use std::sync::Arc;
 /// `kenlm.Model` scores: `score(sentence)` is the log10 probability of `<s> sentence </s>`.
 #[pyclass(frozen, module = "infgram._native")]
 pub struct NgramModel {
-    pub(crate) index: Arc<Idx>,
+    /// The corpus it was estimated over: an index here or shards held elsewhere.
+    pub(crate) corpus: infgram::service::shards::SharedShards,
     /// The index's tokenizer (shared with its `Index`).
     pub(crate) tok: Arc<dyn Tokenizer>,
     pub(crate) model: infgram::service::score::ClassicModel,
@@ -58,7 +60,7 @@ impl NgramModel {
         let summary = py
             .detach(|| {
                 infgram::service::score::write_arpa_file(
-                    &self.index,
+                    &*self.corpus,
                     &self.model,
                     self.tok.as_ref(),
                     &path,
@@ -80,7 +82,7 @@ impl NgramModel {
     ) -> PyResult<infgram::service::score::ClassicReport> {
         py.detach(|| {
             infgram::service::score::classic_report(
-                &self.index,
+                &*self.corpus,
                 &self.model,
                 self.tok.as_ref(),
                 text,

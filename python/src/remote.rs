@@ -11,6 +11,7 @@
 
 use crate::index::Index;
 use infgram::service::shards::{answer_all, ShardAnswer, ShardInfo, ShardQuery, Shards};
+use infgram::service::TokenizerSpec;
 use infgram::{Error, Result};
 use pyo3::prelude::*;
 
@@ -19,6 +20,7 @@ pub struct RemoteShards {
     infos: Vec<ShardInfo>,
     separator: u32,
     vocab_size: usize,
+    tokenizer: Option<TokenizerSpec>,
     ask: Py<PyAny>,
 }
 
@@ -33,7 +35,17 @@ impl RemoteShards {
                 .collect(),
             separator,
             vocab_size,
+            tokenizer: None,
             ask,
+        }
+    }
+
+    /// The shards, saying the tokenizer they were built with (its fingerprint checked against
+    /// theirs): the fixed-order models read its kind, and a guard index is checked against it.
+    pub fn with_tokenizer(self, tokenizer: TokenizerSpec) -> Self {
+        RemoteShards {
+            tokenizer: Some(tokenizer),
+            ..self
         }
     }
 }
@@ -53,6 +65,10 @@ impl Shards for RemoteShards {
 
     fn vocab_size(&self) -> usize {
         self.vocab_size
+    }
+
+    fn tokenizer(&self) -> Option<TokenizerSpec> {
+        self.tokenizer.clone()
     }
 
     fn ask(&self, asks: Vec<(usize, ShardQuery)>) -> Result<Vec<ShardAnswer>> {

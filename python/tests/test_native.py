@@ -98,9 +98,9 @@ def test_generation_errors_name_python_parameters(tmp_path):
 
 def test_one_index_class_over_shards_here_or_elsewhere(tmp_path):
     """`Index(path)` and `Index(ask=...)` over the same shards (here: a local index's own shard
-    server as the callable) answer alike: queries, the infini-gram API, generation, perplexity.
-    What needs the files (rows, n-gram models, identity) is refused over shards held elsewhere,
-    naming what to do; the old `RemoteIndex` constructor makes the same class."""
+    server as the callable) answer alike: queries, the infini-gram API, generation, perplexity,
+    fixed-order n-gram models. What needs the files (rows, identity) is refused over shards held
+    elsewhere, naming what to do; the old `RemoteIndex` constructor makes the same class."""
     corpus = tmp_path / "c.txt"
     corpus.write_text("the cat sat on the mat. the dog sat on the log. a cat ate. " * 4)
     infgram.build_index([str(corpus)], str(tmp_path / "idx"), progress=False)
@@ -131,9 +131,17 @@ def test_one_index_class_over_shards_here_or_elsewhere(tmp_path):
         return report
 
     assert ppl(remote) == ppl(local) and ppl(local)["tokens"] > 10
-    for call in [lambda: remote.ngram_model(2), lambda: remote.identity()]:
-        with pytest.raises(ValueError, match="files here"):
-            call()
+
+    def ngram(index, estimator):
+        model = index.ngram_model(3, estimator=estimator, alpha=0.5, discount_fallback=[0.5, 1.0, 1.5])
+        report = model.perplexity("the cat sat on the log.")
+        report.pop("seconds")
+        return model.discounts, report
+
+    for estimator in ["mkn", "add_alpha"]:
+        assert ngram(remote, estimator) == ngram(local, estimator), estimator
+    with pytest.raises(ValueError, match="files here"):
+        remote.identity()
     with pytest.raises(ValueError, match="not both"):
         infgram.Index(str(tmp_path / "idx"), ask=local.answer_shard_queries)
     with pytest.raises(ValueError, match="needs ask"):

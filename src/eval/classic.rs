@@ -5,7 +5,7 @@
 //! kept, as `kenlm.Model.score` gives it.
 
 use crate::error::{Error, Result};
-use crate::index::Index;
+use crate::index::partial::Shards;
 use crate::ngram::classic::{ClassicModel, Memo};
 use crate::tokenizer::Tokenizer;
 use rayon::prelude::*;
@@ -51,14 +51,14 @@ pub fn scored_sequences(tok: &dyn Tokenizer, text: &str, sentences: bool) -> Res
 /// Scores `sequences` (each a sentence or document; its first token is context only): each
 /// token with the tokens before it in its sequence. A probability of 0 takes `floor`, or is an
 /// error without one.
-pub fn score<S: AsRef<[u8]> + Sync>(
-    index: &Index<S>,
+pub fn score(
+    corpus: &(impl Shards + Sync + ?Sized),
     model: &ClassicModel,
     sequences: &[Vec<u32>],
     floor: Option<f64>,
 ) -> Result<ClassicReport> {
     let t0 = std::time::Instant::now();
-    let words_kind = crate::ngram::classic::is_words_index(index);
+    let words_kind = crate::ngram::classic::is_words_index(corpus);
     // One slice a thread: each keeps its own memo of contexts, and a context of a large
     // corpus (its continuation counts) is worth computing once per thread, not per slice.
     let chunk = sequences
@@ -75,7 +75,7 @@ pub fn score<S: AsRef<[u8]> + Sync>(
                 let mut sum = 0.0;
                 for i in 1..seq.len() {
                     let w = seq[i];
-                    let mut p = model.prob(index, &mut memo, &seq[..i], w);
+                    let mut p = model.prob(corpus, &mut memo, &seq[..i], w)?;
                     if p <= 0.0 {
                         p = floor.ok_or_else(|| {
                             Error::input(format!(

@@ -146,7 +146,6 @@ impl Index<Mmap> {
             counts: Default::default(),
             // infini-gram's files carry no checksums: nothing is sampled, nothing verified.
             sampled: false,
-            as_local: |index| super::partial::LocalIndex::Mapped(index),
         })
     }
 }

@@ -7,9 +7,10 @@
 //! nest), so the change points cost one binary search per suffix length that occurs, and the
 //! counts are computed only at change points (cached for large, recurring ranges).
 
+use crate::index::counting::tally_union;
 use crate::index::counts_cache::{CacheStats, CountsCache, Lookup};
 use crate::index::query::{merge_counts, tally_sorted_into, Counts, Occ};
-use crate::index::Index;
+use crate::index::{Index, Shard};
 use std::sync::Arc;
 
 /// One kept level.
@@ -65,7 +66,7 @@ pub struct LevelAsk<'a> {
     /// Whether the empty context (the unigram distribution) may end the list.
     pub include_empty: bool,
     /// Whether every level but the first carries its Kneser–Ney continuation counts (the
-    /// smoothed estimator: an index in this process only).
+    /// smoothed estimator).
     pub continuation: bool,
     /// Levels whose counts it refuses are skipped (and not counted towards `k`).
     pub keep: &'a dyn Fn(&Counts) -> bool,
@@ -213,24 +214,49 @@ impl LevelFinder {
         q: &[u32],
         continuation: bool,
     ) -> Arc<Counts> {
-        let mut parts = index
+        let found = index
             .shards()
             .iter()
             .zip(occs)
             .enumerate()
             .filter_map(|(s, (sh, occ))| Some((s, sh, occ?)))
-            .filter(|(_, _, occ)| !occ.is_empty())
-            .map(|(s, sh, occ)| {
-                let (counts, lookup) =
-                    self.cache(index)
-                        .get(s, sh, occ, q, self.keep_end, continuation);
-                match lookup {
-                    Lookup::Hit => self.lookups.0 += 1,
-                    Lookup::Miss => self.lookups.1 += 1,
-                    Lookup::Uncached => {}
-                }
-                counts
-            });
+            .filter(|(_, _, occ)| !occ.is_empty());
+        if !continuation {
+            return self.merged(index, found, q, false);
+        }
+        let found: Vec<_> = found.collect();
+        if found.len() < 2 {
+            return self.merged(index, found.into_iter(), q, true);
+        }
+        // Distinct tokens before a continuation do not add over shards: count the union of
+        // their pairs, as one index of all the documents would.
+        let mut pairs = Vec::new();
+        for (_, sh, occ) in found {
+            pairs.extend(sh.continuation_pairs(occ, q, self.keep_end));
+        }
+        Arc::new(tally_union(pairs))
+    }
+
+    /// The counts (continuation counts with `continuation`) of `q` at each `(shard number,
+    /// shard, occurrences)` of `parts`, through the cache, added over shards.
+    fn merged<'s, S: AsRef<[u8]> + Sync + 's>(
+        &mut self,
+        index: &Index<S>,
+        parts: impl Iterator<Item = (usize, &'s Shard<S>, Occ)>,
+        q: &[u32],
+        continuation: bool,
+    ) -> Arc<Counts> {
+        let mut parts = parts.map(|(s, sh, occ)| {
+            let (counts, lookup) =
+                self.cache(index)
+                    .get(s, sh, occ, q, self.keep_end, continuation);
+            match lookup {
+                Lookup::Hit => self.lookups.0 += 1,
+                Lookup::Miss => self.lookups.1 += 1,
+                Lookup::Uncached => {}
+            }
+            counts
+        });
         // Most indexes have one shard, or the suffix occurs in one: no merge, no list.
         match (parts.next(), parts.next()) {
             (None, _) => Arc::new(Vec::new()),

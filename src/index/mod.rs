@@ -2,13 +2,15 @@
 //! and the whole index ([`Index`]) with its queries ([`query`]), answered shard by shard and
 //! merged ([`partial`]). [`partial::Shards`] is the one trait every reader of a corpus reads
 //! through, an index here or shards held elsewhere: the queries, a context's SBIS levels
-//! ([`levels`]) and the copy guard's spans ([`spans`]).
+//! ([`levels`]), the copy guard's spans ([`spans`]) and what the fixed-order and Kneser–Ney
+//! models count ([`counting`]).
 //!
 //! An [`Index`] is generic over the bytes of its files: [`Index::open`] memory-maps a directory
 //! (`Index<Mmap>`; infgram's format, or infini-gram's read as it is: [`infini_gram`]), [`Index::from_shards`] wraps freshly built bytes (`Index<Vec<u8>>`). The two
 //! answer every query identically; tests check that they do.
 
 pub mod build;
+pub mod counting;
 pub mod counts_cache;
 pub mod format;
 pub mod infini_gram;
@@ -46,9 +48,6 @@ pub struct Index<S> {
     counts: counts_cache::CountsCache,
     /// Whether some file was checked at open by sampled blocks only (a large file).
     sampled: bool,
-    /// The index as the readers that need all of it take it, by how its bytes are held (set
-    /// where the storage is known: [`partial::Shards::local_index`]).
-    as_local: for<'a> fn(&'a Index<S>) -> partial::LocalIndex<'a>,
 }
 
 /// An index shows where it lives and its size (not its bytes).
@@ -233,7 +232,6 @@ impl Index<Mmap> {
             dir: Some(dir.to_path_buf()),
             counts: Default::default(),
             sampled,
-            as_local: |index| partial::LocalIndex::Mapped(index),
         })
     }
 
@@ -331,7 +329,6 @@ impl Index<Vec<u8>> {
             dir: None,
             counts: Default::default(),
             sampled: false,
-            as_local: |index| partial::LocalIndex::Owned(index),
         }
     }
 }

@@ -19,6 +19,7 @@
 //! answer by default through [`Shards::ask`] (the merge of the shards' answers: what shards
 //! held elsewhere give), and [`Index`] answers them with its own fast paths and memos.
 
+use super::counting::{self, SuffixFeeds, SuffixGroup};
 use super::counts_cache::{CacheStats, CountsCache};
 use super::levels::{Level, LevelAsk, Memo};
 use super::query::{
@@ -28,6 +29,7 @@ use super::query::{
 use super::spans::{self, SuffixMatch};
 use super::{Index, Range, Shard};
 use crate::error::{Error, Result};
+use crate::tokenizer::TokenizerSpec;
 use serde::{Deserialize, Serialize};
 
 /// What the merging side knows of each shard without asking it.
@@ -139,6 +141,21 @@ pub enum ShardQuery {
         /// Whether an occurrence at a document's end counts for the separator.
         keep_end: bool,
     },
+    /// The distinct (next token, token before) pairs of the occurrences of `q` (a document's
+    /// start reads as the separator before it): Kneser–Ney continuation counts, which do not
+    /// add over shards, are counted from the union of these.
+    ContinuationPairs {
+        /// The context.
+        q: Vec<u32>,
+        /// Whether an occurrence at a document's end counts for the separator.
+        keep_end: bool,
+    },
+    /// Every suffix of the shard grouped by its first `order` tokens: a fixed-order model's
+    /// counting pass ([`counting`](super::counting)). The answer is as large as the shard.
+    SuffixGroups {
+        /// Tokens of each key at most.
+        order: usize,
+    },
 }
 
 impl ShardQuery {
@@ -202,6 +219,16 @@ pub enum ShardAnswer {
         /// The points.
         points: Vec<LevelPoint>,
     },
+    /// Distinct (next token, token before) pairs, sorted.
+    Pairs {
+        /// The pairs.
+        pairs: Vec<(u32, u32)>,
+    },
+    /// The shard's suffixes grouped by their first tokens, in the keys' order.
+    SuffixGroups {
+        /// The groups.
+        groups: Vec<SuffixGroup>,
+    },
 }
 
 /// A suffix length where a shard's occurrence count of a context's suffixes changes.
@@ -258,14 +285,24 @@ pub trait Shards {
     // fast paths and memos.
 
     /// The levels `ask` asks for, longest first, through `memo` (the reader's own). Over shards
-    /// held elsewhere: one round trip for every shard's change points ([`level_points`]); the
-    /// continuation counts of the smoothed estimator need an index in this process.
+    /// held elsewhere: one round trip for every shard's change points ([`level_points`]), and
+    /// one more for the continuation counts of the smoothed estimator when asked for them.
     fn levels(&self, memo: &mut Memo, ask: LevelAsk<'_>) -> Result<Vec<Level>> {
-        if ask.continuation {
-            return Err(Error::input(IN_PROCESS_ONLY));
-        }
         let keep_end = memo.keep_end();
-        levels_over_with(self, ask.ctx, ask.k, ask.include_empty, ask.keep, keep_end)
+        let mut levels =
+            levels_over_with(self, ask.ctx, ask.k, ask.include_empty, ask.keep, keep_end)?;
+        if ask.continuation && levels.len() > 1 {
+            let ctx = ask.ctx;
+            let hs: Vec<&[u32]> = levels[1..]
+                .iter()
+                .map(|l| &ctx[ctx.len() - l.len..])
+                .collect();
+            let continuations = self.continuation_counts(&hs, keep_end)?;
+            for (level, c) in levels[1..].iter_mut().zip(continuations) {
+                level.continuations = Some(std::sync::Arc::new(c));
+            }
+        }
+        Ok(levels)
     }
 
     /// The first `k` levels of `ctx` (all when `k < 0`) during generation, where `ctx` is the
@@ -322,33 +359,30 @@ pub trait Shards {
         None
     }
 
-    /// The index in this process behind these shards, for the readers that need all of it
-    /// (the classic models' counting pass); `None` for shards held elsewhere.
-    fn local_index(&self) -> Option<LocalIndex<'_>> {
-        None
+    /// The next-token counts of `h` over every shard, documents' ends left out (a fixed-order
+    /// model's counts).
+    fn next_counts(&self, h: &[u32]) -> Result<Counts> {
+        counting::next_counts_over(self, h)
     }
-}
 
-/// Why a reader needs an index in this process.
-pub const IN_PROCESS_ONLY: &str = "over shards held elsewhere the ∞-gram runs SBIS (`infgram` \
-     or `sbis` estimators); the smoothed and classic estimators need an index opened in the \
-     process";
+    /// The Kneser–Ney continuation counts of each context of `hs`: for each next token, the
+    /// distinct tokens seen just before the context followed by it, over all shards (a
+    /// document's start counts as one; with `keep_end`, a document's end counts as the
+    /// separator after the context). Over shards held elsewhere: one round trip.
+    fn continuation_counts(&self, hs: &[&[u32]], keep_end: bool) -> Result<Vec<Counts>> {
+        counting::continuation_counts_over(self, hs, keep_end)
+    }
 
-/// An index in this process, by how its files are held.
-pub enum LocalIndex<'a> {
-    /// Memory-mapped files (an index opened from disk).
-    Mapped(&'a Index<memmap2::Mmap>),
-    /// Bytes in memory (an index built in memory).
-    Owned(&'a Index<Vec<u8>>),
-}
+    /// Every suffix of the corpus by its first `order` tokens, in slices to count on several
+    /// threads: a fixed-order model's counting pass. Over shards held elsewhere each shard
+    /// sends its groups ([`ShardQuery::SuffixGroups`]), merged here.
+    fn suffix_feeds(&self, order: usize) -> Result<SuffixFeeds<'_>> {
+        counting::suffix_feeds_over(self, order)
+    }
 
-impl LocalIndex<'_> {
-    /// The index's header.
-    pub fn header(&self) -> &super::format::Header {
-        match self {
-            LocalIndex::Mapped(index) => index.header(),
-            LocalIndex::Owned(index) => index.header(),
-        }
+    /// The tokenizer the corpus was indexed with, when these shards know it.
+    fn tokenizer(&self) -> Option<TokenizerSpec> {
+        None
     }
 }
 
@@ -364,7 +398,6 @@ impl std::fmt::Debug for dyn Shards + Send + Sync {
         f.debug_struct("Shards")
             .field("shards", &infos.len())
             .field("tokens", &infos.iter().map(|i| i.tokens).sum::<u64>())
-            .field("in_process", &self.local_index().is_some())
             .finish()
     }
 }
@@ -375,7 +408,7 @@ fn ask_all(shards: &(impl Shards + ?Sized), q: ShardQuery) -> Result<Vec<ShardAn
 }
 
 /// The shards' answers must be of the kind their questions ask for.
-fn wrong_answer(what: &str) -> Error {
+pub(crate) fn wrong_answer(what: &str) -> Error {
     Error::input(format!(
         "a shard answered {what} with another kind of answer (a shard of another version?)"
     ))
@@ -471,6 +504,12 @@ fn answer_with<S: AsRef<[u8]>>(
             keep_end,
         } => ShardAnswer::Levels {
             points: shard_level_points(shard, cache, ctx, *include_empty, *keep_end),
+        },
+        ShardQuery::ContinuationPairs { q, keep_end } => ShardAnswer::Pairs {
+            pairs: counting::shard_continuation_pairs(shard, q, *keep_end),
+        },
+        &ShardQuery::SuffixGroups { order } => ShardAnswer::SuffixGroups {
+            groups: counting::shard_suffix_groups(shard, order),
         },
     }
 }
@@ -1395,8 +1434,23 @@ impl<S: AsRef<[u8]> + Sync> Shards for Index<S> {
         spans::follow_local(self, m, (x, full), |t| self.holds_token(t))
     }
 
-    fn local_index(&self) -> Option<LocalIndex<'_>> {
-        Some((self.as_local)(self))
+    fn next_counts(&self, h: &[u32]) -> Result<Counts> {
+        Ok(counting::index_next_counts(self, h))
+    }
+
+    fn continuation_counts(&self, hs: &[&[u32]], keep_end: bool) -> Result<Vec<Counts>> {
+        Ok(hs
+            .iter()
+            .map(|h| counting::index_continuation_counts(self, h, keep_end))
+            .collect())
+    }
+
+    fn suffix_feeds(&self, order: usize) -> Result<SuffixFeeds<'_>> {
+        counting::index_suffix_feeds(self, order)
+    }
+
+    fn tokenizer(&self) -> Option<TokenizerSpec> {
+        Some(self.header().tokenizer.clone())
     }
 }
 
@@ -1458,8 +1512,20 @@ impl<T: Shards + ?Sized> Shards for std::sync::Arc<T> {
         (**self).follow(m, x, full)
     }
 
-    fn local_index(&self) -> Option<LocalIndex<'_>> {
-        (**self).local_index()
+    fn next_counts(&self, h: &[u32]) -> Result<Counts> {
+        (**self).next_counts(h)
+    }
+
+    fn continuation_counts(&self, hs: &[&[u32]], keep_end: bool) -> Result<Vec<Counts>> {
+        (**self).continuation_counts(hs, keep_end)
+    }
+
+    fn suffix_feeds(&self, order: usize) -> Result<SuffixFeeds<'_>> {
+        (**self).suffix_feeds(order)
+    }
+
+    fn tokenizer(&self) -> Option<TokenizerSpec> {
+        (**self).tokenizer()
     }
 }
 

@@ -302,8 +302,8 @@ impl<S: AsRef<[u8]>> Shard<S> {
     /// Kneser–Ney continuation counts of the occurrences `occ` of `ctx`: for each next token
     /// `x`, the number of distinct tokens found just before an occurrence of `ctx·x` (the
     /// start of a document counts as one more such token). Scans every occurrence. Over several
-    /// shards these counts are added, so a pair present in two shards counts twice (the union
-    /// of the shards' [`Shard::continuation_pairs`] counts it once).
+    /// shards these do not add (a pair present in two shards counts once): readers count the
+    /// union of the shards' [`Shard::continuation_pairs`].
     pub fn occ_continuations(&self, occ: Occ, ctx: &[u32], keep_end: bool) -> Counts {
         let pairs = self.continuation_pairs(occ, ctx, keep_end);
         tally_sorted(pairs.into_iter().map(|(x, _)| x))

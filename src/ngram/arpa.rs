@@ -9,9 +9,9 @@
 //! As `lmplz` writes them: `<unk>` is a unigram, `<s>` has log10 probability 0 (it is never
 //! predicted) and n-grams ending in `</s>` or `<unk>` carry no back-off weight.
 
-use super::classic::{for_each_suffix, ClassicModel, Memo, Smoothing};
+use super::classic::{ClassicModel, Memo, Smoothing};
 use crate::error::{Error, Result};
-use crate::index::Index;
+use crate::index::partial::Shards;
 use crate::tokenizer::Tokenizer;
 use std::io::Write;
 
@@ -24,10 +24,11 @@ pub struct ArpaSummary {
     pub seconds: f64,
 }
 
-/// Writes `model` (MKN) over `index` in ARPA format to `out`, words spelled by `tok`.
-pub fn write_arpa<S: AsRef<[u8]> + Sync>(
+/// Writes `model` (MKN) over `corpus` (an index, or shards held elsewhere) in ARPA format to
+/// `out`, words spelled by `tok`.
+pub fn write_arpa(
     model: &ClassicModel,
-    index: &Index<S>,
+    corpus: &(impl Shards + ?Sized),
     tok: &dyn Tokenizer,
     out: &mut dyn Write,
 ) -> Result<ArpaSummary> {
@@ -38,7 +39,7 @@ pub fn write_arpa<S: AsRef<[u8]> + Sync>(
         ));
     }
     let unk = crate::tokenizer::words::UNK;
-    let words_kind = super::classic::is_words_index(index);
+    let words_kind = super::classic::is_words_index(corpus);
     let eos = model.bos().map(|_| crate::tokenizer::words::EOS);
     let spell = |ids: &[u32]| -> Result<String> {
         let words: Result<Vec<String>> = ids
@@ -75,7 +76,7 @@ pub fn write_arpa<S: AsRef<[u8]> + Sync>(
         writeln!(out, "ngram {}={c}", n + 1).map_err(io)?;
     }
     let mut memo = Memo::default();
-    let sep = index.separator();
+    let sep = corpus.separator();
     for n in 1..=order {
         writeln!(out, "\n\\{n}-grams:").map_err(io)?;
         let mut line = |g: &[u32], memo: &mut Memo| -> Result<()> {
@@ -83,7 +84,7 @@ pub fn write_arpa<S: AsRef<[u8]> + Sync>(
             let p = if Some(w[0]) == model.bos() {
                 1.0
             } else {
-                model.prob(index, memo, h, w[0])
+                model.prob(corpus, memo, h, w[0])?
             };
             let words = spell(g)?;
             let lp = log10(p);
@@ -92,7 +93,7 @@ pub fn write_arpa<S: AsRef<[u8]> + Sync>(
                 let bo = if last == unk && words_kind || Some(last) == eos {
                     0.0
                 } else {
-                    log10(model.backoff(index, memo, g))
+                    log10(model.backoff(corpus, memo, g)?)
                 };
                 writeln!(out, "{lp}\t{words}\t{bo}").map_err(io)
             } else {
@@ -106,18 +107,24 @@ pub fn write_arpa<S: AsRef<[u8]> + Sync>(
         }
         let mut prev: Option<Vec<u32>> = None;
         let mut failed: Option<Error> = None;
-        for_each_suffix(index, n, &mut |key, _| {
-            if failed.is_some() || key.contains(&sep) || prev.as_deref() == Some(key) {
-                return;
-            }
-            if n == 1 && Some(key[0]) == model.bos() {
-                return; // written above
-            }
-            if let Err(e) = line(key, &mut memo) {
-                failed = Some(e);
-            }
-            prev = Some(key.to_vec());
-        });
+        let feeds = corpus.suffix_feeds(n)?;
+        if feeds.width < n {
+            continue; // no document is n tokens long
+        }
+        for feed in feeds.feeds {
+            feed(&mut |key, _, _| {
+                if failed.is_some() || key.contains(&sep) || prev.as_deref() == Some(key) {
+                    return;
+                }
+                if n == 1 && Some(key[0]) == model.bos() {
+                    return; // written above
+                }
+                if let Err(e) = line(key, &mut memo) {
+                    failed = Some(e);
+                }
+                prev = Some(key.to_vec());
+            });
+        }
         if let Some(e) = failed {
             return Err(e);
         }

@@ -39,9 +39,10 @@
 //! caller floors it or reports it.
 
 use crate::error::{Error, Result};
+use crate::index::counting::SuffixFeed;
 use crate::index::levels::count_of;
-use crate::index::query::{merge_counts, Counts, Occ};
-use crate::index::Index;
+use crate::index::partial::Shards;
+use crate::index::query::Counts;
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -72,19 +73,29 @@ pub struct ClassicSpec {
     pub smoothing: Smoothing,
 }
 
-/// Whether `index` was built with the `words` tokenizer (KenLM's vocabulary conventions).
-pub fn is_words_index<S: AsRef<[u8]> + Sync>(index: &Index<S>) -> bool {
-    index.header().tokenizer.kind == crate::tokenizer::words::KIND
+/// Whether `corpus` was indexed with the `words` tokenizer (KenLM's vocabulary conventions).
+pub fn is_words_index(corpus: &(impl Shards + ?Sized)) -> bool {
+    corpus
+        .tokenizer()
+        .is_some_and(|t| t.kind == crate::tokenizer::words::KIND)
 }
 
-/// Whether `index` was built in sentence mode: a words index whose first document starts
-/// with `<s>`.
-pub fn is_sentence_index<S: AsRef<[u8]> + Sync>(index: &Index<S>) -> bool {
-    is_words_index(index)
-        && index.shards().first().is_some_and(|s| {
-            let (a, b) = s.doc_span(0);
-            a < b && s.tok(a) == crate::tokenizer::words::BOS
-        })
+/// Whether `corpus` was indexed in sentence mode: a words index whose first document starts
+/// with `<s>` (asked of its first shard).
+pub fn is_sentence_index(corpus: &(impl Shards + ?Sized)) -> Result<bool> {
+    if !is_words_index(corpus) || corpus.infos().first().is_none_or(|i| i.documents == 0) {
+        return Ok(false);
+    }
+    let q = crate::index::partial::ShardQuery::Doc { doc: 0, max_len: 1 };
+    match corpus.ask(vec![(0, q)])?.pop() {
+        Some(crate::index::partial::ShardAnswer::Document(d)) => {
+            Ok(d.document.token_ids.first() == Some(&crate::tokenizer::words::BOS))
+        }
+        _ => Err(Error::input(
+            "a shard answered its first document with another kind of answer (a shard of \
+             another version?)",
+        )),
+    }
 }
 
 /// KenLM's default fallback discounts (`--discount_fallback` with no values).
@@ -212,11 +223,11 @@ fn check_order_bound(order: usize) -> Result<()> {
 }
 
 impl ClassicModel {
-    /// The model of `order` over `index` with `smoothing`, in sentence mode when the index was
-    /// built so ([`is_sentence_index`]; `<s>` = [`crate::tokenizer::words::BOS`]). One pass
-    /// over the suffix array.
-    pub fn new<S: AsRef<[u8]> + Sync>(
-        index: &Index<S>,
+    /// The model of `order` over `corpus` (an index here or shards held elsewhere) with
+    /// `smoothing`, in sentence mode when the index was built so ([`is_sentence_index`];
+    /// `<s>` = [`crate::tokenizer::words::BOS`]). One pass over the suffixes.
+    pub fn new(
+        corpus: &(impl Shards + ?Sized),
         order: usize,
         smoothing: Smoothing,
     ) -> Result<Self> {
@@ -224,23 +235,13 @@ impl ClassicModel {
         spec.check()?;
         let ClassicSpec { order, smoothing } = spec;
         check_order_bound(order)?;
-        if index.shards().iter().any(|s| s.byte_ordered()) {
-            return Err(Error::input(
-                "classic n-gram models need an index built by infgram (this one sorts its \
-                 suffixes by bytes, as infini-gram's u16 indexes do): rebuild it with `infgram index`",
-            ));
-        }
-        let bos = is_sentence_index(index).then_some(crate::tokenizer::words::BOS);
-        let vocab = index.vocab_size().max(1);
-        // No n-gram is longer than the longest document: the orders above it count nothing,
-        // so they are not walked (their statistics are zeros), and the cost stops growing
-        // where the model stops changing.
-        let counted = order.min(index.longest_document() + 1);
-        let mut stats = count_pass(index, counted, bos, vocab);
+        let bos = is_sentence_index(corpus)?.then_some(crate::tokenizer::words::BOS);
+        let vocab = corpus.vocab_size().max(1);
+        let mut stats = count_pass(corpus, order, bos, vocab)?;
         stats.ngrams.resize(order, 0);
         stats.count_of_counts.resize(order, [0; 5]);
         let seen = stats.unigram.iter().filter(|&&a| a > 0).count();
-        let uniform = if is_words_index(index) {
+        let uniform = if is_words_index(corpus) {
             // KenLM's: the types seen and <unk> (<s> is not predicted).
             seen + usize::from(stats.unigram[crate::tokenizer::words::UNK as usize] == 0)
         } else {
@@ -313,26 +314,22 @@ impl ClassicModel {
 
     /// The probability of `w` after `ctx` (the tokens before it in its sentence or document;
     /// only the last `N − 1` count). Add-α at α = 0 gives 0 for an unseen n-gram.
-    pub fn prob<S: AsRef<[u8]> + Sync>(
+    pub fn prob(
         &self,
-        index: &Index<S>,
+        corpus: &(impl Shards + ?Sized),
         memo: &mut Memo,
         ctx: &[u32],
         w: u32,
-    ) -> f64 {
+    ) -> Result<f64> {
         let h = &ctx[ctx.len().saturating_sub(self.order - 1)..];
         match self.smoothing {
             Smoothing::AddAlpha { alpha } => {
-                let (c, total) = match self.context(index, memo, h) {
+                let (c, total) = match self.context(corpus, memo, h)? {
                     Some(st) => (count_of(&st.counts, w) as f64, st.total as f64),
                     None => (0.0, 0.0),
                 };
                 let den = total + alpha * self.uniform as f64;
-                if den > 0.0 {
-                    (c + alpha) / den
-                } else {
-                    0.0
-                }
+                Ok(if den > 0.0 { (c + alpha) / den } else { 0.0 })
             }
             Smoothing::Mkn { .. } => {
                 let mut p = self.unigram.get(w as usize).copied().unwrap_or_else(|| {
@@ -340,32 +337,32 @@ impl ClassicModel {
                     self.unigram[crate::tokenizer::words::UNK as usize]
                 });
                 for j in 1..=h.len() {
-                    let Some(st) = self.context(index, memo, &h[h.len() - j..]) else {
+                    let Some(st) = self.context(corpus, memo, &h[h.len() - j..])? else {
                         break;
                     };
                     let a = count_of(&st.counts, w);
                     p = discounted(&self.discounts[j], a, st.total) + st.gamma * p;
                 }
-                p
+                Ok(p)
             }
         }
     }
 
     /// The whole next-token distribution after `ctx`, dense over the index's ids, into `out`
     /// (`<s>` and the separator get 0). Each entry equals [`ClassicModel::prob`].
-    pub fn distribution_into<S: AsRef<[u8]> + Sync>(
+    pub fn distribution_into(
         &self,
-        index: &Index<S>,
+        corpus: &(impl Shards + ?Sized),
         memo: &mut Memo,
         ctx: &[u32],
         out: &mut Vec<f64>,
-    ) {
-        let vocab = index.vocab_size();
+    ) -> Result<()> {
+        let vocab = corpus.vocab_size();
         let h = &ctx[ctx.len().saturating_sub(self.order - 1)..];
         out.clear();
         match self.smoothing {
             Smoothing::AddAlpha { alpha } => {
-                let st = self.context(index, memo, h);
+                let st = self.context(corpus, memo, h)?;
                 let total = st.as_ref().map_or(0, |s| s.total) as f64;
                 let den = total + alpha * self.uniform as f64;
                 out.resize(vocab, if den > 0.0 { alpha / den } else { 0.0 });
@@ -381,7 +378,7 @@ impl ClassicModel {
                 out.extend_from_slice(&self.unigram[..vocab.min(self.unigram.len())]);
                 out.resize(vocab, self.unigram[crate::tokenizer::words::UNK as usize]);
                 for j in 1..=h.len() {
-                    let Some(st) = self.context(index, memo, &h[h.len() - j..]) else {
+                    let Some(st) = self.context(corpus, memo, &h[h.len() - j..])? else {
                         break;
                     };
                     let d = &self.discounts[j];
@@ -401,6 +398,7 @@ impl ClassicModel {
                 *x = 0.0;
             }
         }
+        Ok(())
     }
 
     /// The context a generation has after `doc` (the tokens of its current document): in
@@ -422,59 +420,57 @@ impl ClassicModel {
 
     /// The back-off weight γ(h) of a context (1 for one that never occurs with a next word),
     /// as ARPA stores it.
-    pub fn backoff<S: AsRef<[u8]> + Sync>(
+    pub fn backoff(
         &self,
-        index: &Index<S>,
+        corpus: &(impl Shards + ?Sized),
         memo: &mut Memo,
         h: &[u32],
-    ) -> f64 {
-        self.context(index, memo, h).map_or(1.0, |st| st.gamma)
+    ) -> Result<f64> {
+        Ok(self.context(corpus, memo, h)?.map_or(1.0, |st| st.gamma))
     }
 
     /// The statistics of context `h` (`|h| < N`; empty only for add-α), memoized; `None` when it never occurs
     /// with a next token.
-    fn context<S: AsRef<[u8]> + Sync>(
+    fn context(
         &self,
-        index: &Index<S>,
+        corpus: &(impl Shards + ?Sized),
         memo: &mut Memo,
         h: &[u32],
-    ) -> Option<Arc<ContextStats>> {
+    ) -> Result<Option<Arc<ContextStats>>> {
         if let Some(st) = memo.contexts.get(h) {
-            return st.clone();
+            return Ok(st.clone());
         }
         if memo.contexts.len() >= MEMO_LIMIT {
             memo.contexts.clear();
         }
-        let st = self.context_stats(index, h).map(Arc::new);
+        let st = self.context_stats(corpus, h)?.map(Arc::new);
         memo.contexts.insert(h.to_vec(), st.clone());
-        st
+        Ok(st)
     }
 
-    fn context_stats<S: AsRef<[u8]> + Sync>(
+    fn context_stats(
         &self,
-        index: &Index<S>,
+        corpus: &(impl Shards + ?Sized),
         h: &[u32],
-    ) -> Option<ContextStats> {
+    ) -> Result<Option<ContextStats>> {
         let order = h.len() + 1;
         let raw = matches!(self.smoothing, Smoothing::AddAlpha { .. })
             || order == self.order
             || self.bos.is_some_and(|b| h[0] == b);
         let counts = if raw {
-            let mut counts = merge_counts(index.shards().iter().map(|s| {
-                let r = s.find(h);
-                s.occ_counts(Occ::Fwd(r), h)
-            }));
+            let mut counts = corpus.next_counts(h)?;
             if let Some(b) = self.bos {
                 // Only the empty context (add-α's unigrams) is followed by <s>: not predicted.
                 counts.retain(|&(x, _)| x != b);
             }
             counts
         } else {
-            continuation_counts(index, h)
+            let mut counts = corpus.continuation_counts(&[h], false)?;
+            counts.pop().unwrap_or_default()
         };
         let total: u64 = counts.iter().map(|&(_, c)| c).sum();
         if total == 0 {
-            return None;
+            return Ok(None);
         }
         let gamma = match self.smoothing {
             Smoothing::Mkn { .. } => discounted_mass(
@@ -484,64 +480,12 @@ impl ClassicModel {
             ),
             Smoothing::AddAlpha { .. } => 0.0,
         };
-        Some(ContextStats {
+        Ok(Some(ContextStats {
             counts,
             total,
             gamma,
-        })
+        }))
     }
-}
-
-/// For each token `x` after an occurrence of `h`: the number of distinct tokens found just
-/// before `h·x` over all shards (a document's start counts as one).
-///
-/// Two ways, the cheaper chosen per context: scan every occurrence of `h` and collect the
-/// distinct (next, previous) pairs, or — one shard with its reversed suffix array — count, for
-/// each distinct next token `x`, the runs of previous tokens in the reversed range of `h·x`
-/// ([`crate::index::Shard::distinct_left`]). A context seen millions of times (`}` in code) is
-/// followed by far fewer distinct tokens, so the second is what makes large corpora fast.
-fn continuation_counts<S: AsRef<[u8]> + Sync>(index: &Index<S>, h: &[u32]) -> Counts {
-    let d = h.len();
-    if let [s] = index.shards() {
-        let r = s.find(h);
-        let occurrences = r.1 - r.0;
-        let next = s.occ_counts(Occ::Fwd(r), h);
-        // A reversed search costs (|h| + 1) binary searches of ~log2(T) probes, and the runs.
-        let probes = (d + 2) * (usize::BITS - s.len().leading_zeros()) as usize;
-        if s.has_reverse() && next.len() * probes < occurrences {
-            return continuation_by_reverse(s, h, next);
-        }
-    }
-    continuation_by_scan(index, h)
-}
-
-/// [`continuation_counts`] on one shard through its reversed suffix array, for the next
-/// tokens `next` of `h`.
-fn continuation_by_reverse<S: AsRef<[u8]>>(
-    s: &crate::index::Shard<S>,
-    h: &[u32],
-    next: Counts,
-) -> Counts {
-    let mut hx = h.to_vec();
-    hx.push(0);
-    next.into_iter()
-        .map(|(x, _)| {
-            hx[h.len()] = x;
-            (x, s.distinct_left(&hx).expect("a reversed suffix array"))
-        })
-        .collect()
-}
-
-/// [`continuation_counts`] by scanning every occurrence of `h` in every shard: the union of
-/// the shards' (next, previous) pairs.
-fn continuation_by_scan<S: AsRef<[u8]> + Sync>(index: &Index<S>, h: &[u32]) -> Counts {
-    let mut pairs: Vec<(u32, u32)> = Vec::new();
-    for s in index.shards() {
-        pairs.extend(s.continuation_pairs(Occ::Fwd(s.find(h)), h, false));
-    }
-    pairs.sort_unstable();
-    pairs.dedup();
-    crate::index::query::tally_sorted(pairs.into_iter().map(|(x, _)| x))
 }
 
 /// `(a − D(a)) / total`: what an adjusted count `a` keeps of its share after discounting with
@@ -585,117 +529,28 @@ fn discounts(t: &[u64; 5], n: usize, fallback: Option<[f64; 3]>) -> Result<[f64;
     Ok(d)
 }
 
-/// The first `order` tokens at a suffix (the separator from the first separator on) and the
-/// token before it (the separator at a document's start).
-fn key_at<S: AsRef<[u8]>>(shard: &crate::index::Shard<S>, p: usize, key: &mut [u32]) -> u32 {
-    let sep = shard.separator();
-    key.fill(sep);
-    for (k, slot) in key.iter_mut().enumerate() {
-        let t = if p + k < shard.len() {
-            shard.tok(p + k)
-        } else {
-            sep
-        };
-        if t == sep {
-            break;
-        }
-        *slot = t;
-    }
-    if p == 0 {
-        sep
-    } else {
-        shard.tok(p - 1)
-    }
-}
-
-/// Calls `f(key, left)` for every suffix in suffix-array order, over all shards merged (their
-/// first `order` tokens as the key, cut at the separator, and the token before).
-pub(crate) fn for_each_suffix<S: AsRef<[u8]> + Sync>(
-    index: &Index<S>,
-    order: usize,
-    f: &mut dyn FnMut(&[u32], u32),
-) {
-    if let [s] = index.shards() {
-        return for_each_suffix_in(s, 0..s.len(), order, f);
-    }
-    let shards = index.shards();
-    // The head of each shard: its next suffix's position in SA, key and token before.
-    let head = |j: usize, i: usize| {
-        let s = &shards[j];
-        (i < s.len()).then(|| {
-            let mut key = vec![0u32; order];
-            let left = key_at(s, s.sa(i), &mut key);
-            (i, key, left)
-        })
-    };
-    // Several shards: a k-way merge of their sorted suffixes by key.
-    let mut heads: Vec<_> = (0..shards.len()).map(|j| head(j, 0)).collect();
-    while let Some(j) = heads
-        .iter()
-        .enumerate()
-        .filter_map(|(j, h)| h.as_ref().map(|(_, key, _)| (j, key)))
-        .min_by(|a, b| a.1.cmp(b.1))
-        .map(|(j, _)| j)
-    {
-        let (i, key, left) = heads[j].take().expect("a head");
-        f(&key, left);
-        heads[j] = head(j, i + 1);
-    }
-}
-
-/// [`for_each_suffix`] over the suffix-array positions `range` of one shard.
-fn for_each_suffix_in<S: AsRef<[u8]>>(
-    s: &crate::index::Shard<S>,
-    range: std::ops::Range<usize>,
-    order: usize,
-    f: &mut dyn FnMut(&[u32], u32),
-) {
-    let mut key = vec![0u32; order];
-    for i in range {
-        let left = key_at(s, s.sa(i), &mut key);
-        f(&key, left);
-    }
-}
-
-/// The pass over the suffix array: distinct n-grams, count-of-counts of adjusted counts per
-/// order, and the unigrams' adjusted counts.
-fn count_pass<S: AsRef<[u8]> + Sync>(
-    index: &Index<S>,
+/// The pass over the corpus's suffixes: distinct n-grams, count-of-counts of adjusted counts
+/// per order, and the unigrams' adjusted counts (the slices of [`Shards::suffix_feeds`] on
+/// several threads, their counts added).
+fn count_pass(
+    corpus: &(impl Shards + ?Sized),
     order: usize,
     bos: Option<u32>,
     vocab: usize,
-) -> CountStats {
-    let sep = index.separator();
-    let parts = rayon::current_num_threads();
-    let s = match index.shards() {
-        [s] if parts > 1 => s,
-        _ => return count_groups(order, bos, vocab, sep, |f| for_each_suffix(index, order, f)),
-    };
-    // One shard on several threads: slices of the suffix array cut where the first token
-    // changes, so that no n-gram's group spans two slices; their counts add up.
-    let first_token = |i: usize| s.tok(s.sa(i));
-    let mut cuts: Vec<usize> = (0..=parts).map(|k| k * s.len() / parts).collect();
-    for c in cuts.iter_mut().take(parts).skip(1) {
-        while *c < s.len() && first_token(*c) == first_token(*c - 1) {
-            *c += 1;
-        }
-    }
-    let partial: Vec<CountStats> = cuts
-        .windows(2)
-        .collect::<Vec<_>>()
+) -> Result<CountStats> {
+    let sep = corpus.separator();
+    let feeds = corpus.suffix_feeds(order)?;
+    let counted = feeds.width;
+    let partial: Vec<CountStats> = feeds
+        .feeds
         .into_par_iter()
-        .map(|w| {
-            let range = w[0]..w[1].max(w[0]);
-            count_groups(order, bos, vocab, sep, |f| {
-                for_each_suffix_in(s, range, order, f)
-            })
-        })
+        .map(|feed| count_groups(counted, bos, vocab, sep, feed))
         .collect();
-    let mut stats = CountStats::zeros(order, vocab);
+    let mut stats = CountStats::zeros(counted, vocab);
     for p in &partial {
         stats.add(p);
     }
-    stats
+    Ok(stats)
 }
 
 /// The count pass's groups over the suffixes `feed` gives (in suffix order): each distinct
@@ -705,7 +560,7 @@ fn count_groups(
     bos: Option<u32>,
     vocab: usize,
     sep: u32,
-    feed: impl FnOnce(&mut dyn FnMut(&[u32], u32)),
+    feed: SuffixFeed<'_>,
 ) -> CountStats {
     let mut stats = CountStats::zeros(order, vocab);
     // Per order: the open group's count and distinct left tokens (stamped by group number).
@@ -729,7 +584,7 @@ fn count_groups(
         }
     };
     let mut first = true;
-    feed(&mut |key: &[u32], left: u32| {
+    feed(&mut |key: &[u32], left: u32, suffixes: u64| {
         let lcp = if first {
             0
         } else {
@@ -756,7 +611,7 @@ fn count_groups(
                 distinct[n] = 0;
                 group[n] = group[n].wrapping_add(1);
             }
-            count[n] += 1;
+            count[n] += suffixes;
             if n + 1 < order {
                 let slot = &mut stamps[n][(left as usize).min(vocab)];
                 if *slot != group[n] {
@@ -775,27 +630,4 @@ fn count_groups(
         }
     }
     stats
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::tokenizer::TokenizerSpec;
-    use proptest::prelude::*;
-
-    proptest! {
-        /// The reversed-suffix-array way of counting continuations equals the scan, documents'
-        /// starts (the text's first one among them) included.
-        #[test]
-        fn continuations_by_reverse_equal_the_scan(
-            docs in prop::collection::vec(prop::collection::vec(0u32..4, 1..12), 1..8),
-            h in prop::collection::vec(0u32..4, 0..3),
-        ) {
-            let index = Index::from_docs(TokenizerSpec::synthetic(4), &docs, docs.len(), true)
-                .unwrap();
-            let s = &index.shards()[0];
-            let next = s.occ_counts(Occ::Fwd(s.find(&h)), &h);
-            prop_assert_eq!(continuation_by_reverse(s, &h, next), continuation_by_scan(&index, &h));
-        }
-    }
 }

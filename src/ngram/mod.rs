@@ -52,7 +52,6 @@ pub use model::{InfgramModel, LevelLog};
 
 use crate::index::levels::{Level, LevelAsk, Memo};
 use crate::index::partial::Shards;
-use crate::index::Index;
 use smoothed::Discounts;
 
 /// What the ∞-gram knew at one position: the longest suffix of the context with a next token
@@ -170,9 +169,9 @@ impl EstimatorSpec {
     /// The classic fixed-order model this spec names, estimated over `index` (in sentence mode
     /// when the index was built so); `None` for the ∞-gram estimators. `discount_fallback`:
     /// KenLM's `--discount_fallback` (without it, discounts the counts cannot give are an error).
-    pub fn classic<S: AsRef<[u8]> + Sync>(
+    pub fn classic(
         &self,
-        index: &Index<S>,
+        index: &(impl crate::index::partial::Shards + ?Sized),
         discount_fallback: Option<[f64; 3]>,
     ) -> crate::Result<Option<classic::ClassicModel>> {
         let Some(mut spec) = self.classic_spec()? else {

@@ -20,7 +20,7 @@ use super::classic::{ClassicModel, Memo as ClassicMemo};
 use super::Estimator;
 use crate::error::{Error, Result};
 use crate::index::levels::{Level, LevelAsk, Memo};
-use crate::index::partial::{LocalIndex, Shards, SharedShards, IN_PROCESS_ONLY};
+use crate::index::partial::{Shards, SharedShards};
 use crate::lm::{LanguageModel, Logits};
 
 /// The levels used at each scored position, for `--stats`: suffix length `n` and total `m`
@@ -108,27 +108,19 @@ impl InfgramModel {
     /// at the last `window` tokens. Its vocabulary is the corpus's ids and the separator, which
     /// is the end token (for a byte index: 256 ids, end token 255). An index of a neural
     /// model's tokens wants [`InfgramModel::with_vocab`]. Over shards held elsewhere each
-    /// position asks every shard once for its change points, and only SBIS runs (the smoothed
-    /// and classic estimators read an index in this process).
+    /// position asks every shard once for its change points (and once more for the smoothed
+    /// estimator's continuation counts); a classic estimator's counting pass asks each shard
+    /// for all its suffixes once, here.
     pub fn new(corpus: SharedShards, estimator: Estimator, window: usize) -> Result<Self> {
         if corpus.infos().iter().all(|i| i.tokens == i.documents) {
             return Err(Error::input(
                 "the index is empty: index a corpus with some text first",
             ));
         }
-        let local = corpus.local_index();
         let classic = match &estimator {
             Estimator::Classic(spec) => {
-                let (order, smoothing) = (spec.order, spec.smoothing.clone());
-                let model = match local {
-                    Some(LocalIndex::Mapped(index)) => ClassicModel::new(index, order, smoothing),
-                    Some(LocalIndex::Owned(index)) => ClassicModel::new(index, order, smoothing),
-                    None => Err(Error::input(IN_PROCESS_ONLY)),
-                }?;
+                let model = ClassicModel::new(&*corpus, spec.order, spec.smoothing.clone())?;
                 Some((model, ClassicMemo::default()))
-            }
-            Estimator::Smoothed(_) if local.is_none() => {
-                return Err(Error::input(IN_PROCESS_ONLY));
             }
             _ => None,
         };
@@ -232,15 +224,7 @@ impl InfgramModel {
     fn row(&mut self) -> Result<Logits> {
         if let Some((model, memo)) = &mut self.classic {
             let ctx = model.context_of(&self.fed[self.doc_start..]);
-            match self.corpus.local_index() {
-                Some(LocalIndex::Mapped(index)) => {
-                    model.distribution_into(index, memo, &ctx, &mut self.dense)
-                }
-                Some(LocalIndex::Owned(index)) => {
-                    model.distribution_into(index, memo, &ctx, &mut self.dense)
-                }
-                None => return Err(Error::input(IN_PROCESS_ONLY)),
-            }
+            model.distribution_into(&*self.corpus, memo, &ctx, &mut self.dense)?;
             self.steps.push(std::iter::empty());
             self.evidence.push(super::Evidence::default());
             self.dist.clear();

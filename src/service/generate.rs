@@ -221,16 +221,17 @@ fn run_generation(
     })
 }
 
-/// Refuses a guard index whose tokenizer is not the generation index's, and one of its own
-/// over shards held elsewhere (whose tokenizer it cannot compare).
+/// Refuses a guard index whose tokenizer is not the generation corpus's, and one of its own
+/// over shards held elsewhere that do not say their tokenizer.
 fn same_tokenizer(corpus: &dyn Shards, guard: &Index<Mmap>) -> Result<()> {
-    let Some(index) = corpus.local_index() else {
+    let Some(a) = corpus.tokenizer() else {
         return Err(Error::input(
-            "over shards held elsewhere the copy guard checks those shards: give no guard \
-             index of its own",
+            "these shards held elsewhere do not say their tokenizer, so a guard index of its \
+             own cannot be checked against them: give no guard index (the copy guard then \
+             checks those shards)",
         ));
     };
-    let (a, b) = (&index.header().tokenizer, &guard.header().tokenizer);
+    let (a, b) = (&a, &guard.header().tokenizer);
     if a.fingerprint != b.fingerprint {
         let at = guard
             .dir()

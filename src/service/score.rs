@@ -6,7 +6,7 @@
 //! mixture's scoring reads (`infgram mix fit`); [`classic_report`] and [`write_arpa_file`]
 //! serve a fixed-order model held by a front end (Python's `NgramModel`).
 
-use crate::index::partial::{LocalIndex, Shards, IN_PROCESS_ONLY};
+use crate::index::partial::Shards;
 use crate::index::Index;
 use crate::ngram::classic::{is_sentence_index, KENLM_FALLBACK};
 use crate::ngram::smoothed::fit_on_train;
@@ -240,26 +240,18 @@ pub fn score(req: &ScoreRequest) -> Result<ScoreReport> {
 /// Scores the request's one text with the ∞-gram or the fixed-order model of `corpus` (an
 /// index open in this process, or shards held elsewhere), tokenized by `tok` (the request's
 /// reference and model are not read): what [`score`] does once it has opened the index. Over
-/// shards held elsewhere the ∞-gram scores with SBIS; the smoothed and fixed-order models,
-/// which read the whole index, say so.
+/// shards held elsewhere every estimator scores as over an index of the same documents; a
+/// fixed-order model's counting pass asks each shard for all its suffixes.
 pub fn score_over(
     corpus: &(impl Shards + Sync + ?Sized),
     tok: &dyn Tokenizer,
     req: &ScoreRequest,
 ) -> Result<ScoreReport> {
     let doc = one_text(req)?;
-    let local = corpus.local_index();
     if req.estimator.is_fixed_order() {
-        return match local {
-            Some(LocalIndex::Mapped(index)) => score_classic(index, tok, req, &doc.text),
-            Some(LocalIndex::Owned(index)) => score_classic(index, tok, req, &doc.text),
-            None => Err(Error::input(IN_PROCESS_ONLY)),
-        };
+        return score_classic(corpus, tok, req, &doc.text);
     }
     check_infgram_settings(req)?;
-    if req.estimator == EstimatorSpec::Smoothed && local.is_none() {
-        return Err(Error::input(IN_PROCESS_ONLY));
-    }
     let discounts = given_discounts(req)?;
     let tokens = tok.encode(&doc.text)?;
     let report = infgram_ppl(corpus, &tokens, req, discounts)?;
@@ -392,13 +384,13 @@ pub fn fallback_discounts(given: Option<&[f64]>) -> Result<Option<[f64; 3]>> {
 
 /// The fixed-order model `spec` names, estimated over `index`; `sentences` must match how the
 /// index was built.
-pub fn classic_model<S: AsRef<[u8]> + Sync>(
+pub fn classic_model(
     spec: &EstimatorSpec,
-    index: &Index<S>,
+    index: &(impl Shards + ?Sized),
     sentences: bool,
     fallback: Option<&[f64]>,
 ) -> Result<ClassicModel> {
-    if sentences != is_sentence_index(index) {
+    if sentences != is_sentence_index(index)? {
         return Err(Error::Field {
             field: "sentences",
             message: if sentences {
@@ -416,8 +408,8 @@ pub fn classic_model<S: AsRef<[u8]> + Sync>(
 
 /// The score of `text` under the fixed-order `model` of `index` (`tok` its tokenizer), as
 /// KenLM's `query` gives it: in sentence mode (an index built so) each line is a sentence.
-pub fn classic_report<S: AsRef<[u8]> + Sync>(
-    index: &Index<S>,
+pub fn classic_report(
+    index: &(impl Shards + Sync + ?Sized),
     model: &ClassicModel,
     tok: &dyn Tokenizer,
     text: &str,
@@ -429,8 +421,8 @@ pub fn classic_report<S: AsRef<[u8]> + Sync>(
 
 /// Writes the modified Kneser–Ney `model` of `index` in ARPA format to `path` (a regular file
 /// beside and renamed into place, or a stream: standard output, a FIFO).
-pub fn write_arpa_file<S: AsRef<[u8]> + Sync>(
-    index: &Index<S>,
+pub fn write_arpa_file(
+    index: &(impl Shards + ?Sized),
     model: &ClassicModel,
     tok: &dyn Tokenizer,
     path: &std::path::Path,
@@ -448,18 +440,18 @@ pub fn write_arpa_file<S: AsRef<[u8]> + Sync>(
 
 /// The modified Kneser–Ney model of `order` over `index`, in sentence mode when the index was
 /// built so (what `export-arpa` writes).
-pub fn mkn_model<S: AsRef<[u8]> + Sync>(
-    index: &Index<S>,
+pub fn mkn_model(
+    index: &(impl Shards + ?Sized),
     order: usize,
     fallback: Option<&[f64]>,
 ) -> Result<ClassicModel> {
-    let sentences = is_sentence_index(index);
+    let sentences = is_sentence_index(index)?;
     classic_model(&EstimatorSpec::Mkn { order }, index, sentences, fallback)
 }
 
 /// A fixed-order model's score of `text` over `index`.
-fn score_classic<S: AsRef<[u8]> + Sync>(
-    index: &Index<S>,
+fn score_classic(
+    index: &(impl Shards + Sync + ?Sized),
     tok: &dyn Tokenizer,
     req: &ScoreRequest,
     text: &str,
