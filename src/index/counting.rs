@@ -250,31 +250,6 @@ pub(crate) fn index_next_counts<S: AsRef<[u8]> + Sync>(index: &Index<S>, h: &[u3
     }))
 }
 
-/// [`Shards::next_counts`] through the shards' answers.
-pub(crate) fn next_counts_over(shards: &(impl Shards + ?Sized), h: &[u32]) -> Result<Counts> {
-    let asks = (0..shards.shard_count())
-        .map(|s| {
-            let q = ShardQuery::NextCounts {
-                q: h.to_vec(),
-                occ: None,
-            };
-            (s, q)
-        })
-        .collect();
-    let parts = shards
-        .ask(asks)?
-        .into_iter()
-        .map(|a| match a {
-            ShardAnswer::NextCounts { counts, .. } => Ok(counts),
-            _ => Err(super::partial::wrong_answer("the next-token counts")),
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let sep = shards.separator();
-    let mut counts = merge_counts(parts.iter());
-    counts.retain(|&(x, _)| x != sep);
-    Ok(counts)
-}
-
 /// Continuation counts from (next, previous) pairs of every shard: their union, tallied by
 /// next token.
 pub(crate) fn tally_union(mut pairs: Vec<(u32, u32)>) -> Counts {

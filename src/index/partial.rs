@@ -151,7 +151,7 @@ pub enum ShardQuery {
         keep_end: bool,
     },
     /// Every suffix of the shard grouped by its first `order` tokens: a fixed-order model's
-    /// counting pass ([`counting`](super::counting)). The answer is as large as the shard.
+    /// counting pass ([`super::counting`]). The answer is as large as the shard.
     SuffixGroups {
         /// Tokens of each key at most.
         order: usize,
@@ -359,10 +359,15 @@ pub trait Shards {
         None
     }
 
-    /// The next-token counts of `h` over every shard, documents' ends left out (a fixed-order
-    /// model's counts).
+    /// The exact next-token counts of `h` over every shard, documents' ends left out (the
+    /// estimators' view; an id outside the vocabulary has none). One round trip.
     fn next_counts(&self, h: &[u32]) -> Result<Counts> {
-        counting::next_counts_over(self, h)
+        let q = ShardQuery::NextCounts {
+            q: h.to_vec(),
+            occ: None,
+        };
+        let parts = next_counts_parts(ask_all(self, q)?)?;
+        Ok(merge_next_counts(&parts, self.separator()))
     }
 
     /// The Kneser–Ney continuation counts of each context of `hs`: for each next token, the
@@ -716,12 +721,6 @@ pub fn ntd(shards: &(impl Shards + ?Sized), prompt: &[u32], eos: Option<u32>) ->
     Ok(merge_ntd(parts, shards.separator(), eos, None))
 }
 
-/// Exact next-token counts of `prompt`, documents' ends left out (the estimators' view).
-pub fn next_counts(shards: &(impl Shards + ?Sized), prompt: &[u32]) -> Result<Counts> {
-    let parts = next_counts_everywhere(shards, prompt)?;
-    Ok(merge_next_counts(&parts, shards.separator()))
-}
-
 /// Round one of the ∞-gram queries: each shard's longest occurring suffix of `prompt`.
 fn suffix_round(shards: &(impl Shards + ?Sized), prompt: &[u32]) -> Result<Vec<(usize, Occ)>> {
     let q = ShardQuery::LongestSuffix {
@@ -944,7 +943,7 @@ pub fn suffix_match_over(
     let len = longest_suffix(shards, window)?;
     let mut next = Vec::new();
     if len == full {
-        let counts = next_counts(shards, &window[window.len() - len..])?;
+        let counts = shards.next_counts(&window[window.len() - len..])?;
         next.extend(
             counts
                 .iter()
@@ -1235,11 +1234,6 @@ impl<S: AsRef<[u8]> + Sync> Index<S> {
     /// `count(prompt·cont) / count(prompt)`.
     pub fn prob(&self, prompt: &[u32], cont: u32) -> Result<ProbResult> {
         prob(self, prompt, cont)
-    }
-
-    /// Exact next-token counts of `prompt`, all shards merged.
-    pub fn next_counts(&self, prompt: &[u32]) -> Result<Counts> {
-        next_counts(self, prompt)
     }
 
     /// Exact next-token distribution of `prompt` as the query API reports it: every occurrence

@@ -17,11 +17,11 @@
 //!   long; 0 means the unigram distribution).
 //!
 //! The estimators need another convention, kept in [`Index::infgram_counts`] and
-//! [`Index::next_counts`]: there an occurrence at a document's end has no next token, and the
+//! [`Shards::next_counts`]: there an occurrence at a document's end has no next token, and the
 //! ∞-gram backs off past a suffix that has only such occurrences.
 //!
 //! [`Index::infgram_counts`]: super::Index::infgram_counts
-//! [`Index::next_counts`]: super::Index::next_counts
+//! [`Shards::next_counts`]: super::partial::Shards::next_counts
 
 use super::{Range, Shard};
 use serde::{Deserialize, Serialize};
