@@ -488,6 +488,42 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    /// The counting pass's suffixes, sent by 3 shards as groups and merged, are the index's
+    /// own walk: the same width, the same keys with the same tokens before them.
+    #[test]
+    fn suffix_groups_merged_are_the_index_walk(
+        docs in prop::collection::vec(prop::collection::vec(0u32..4, 0..10), 1..8),
+        order in 1usize..5,
+    ) {
+        use infgram::index::counting::SuffixFeeds;
+        use infgram::index::partial::AskOnly;
+        let (index, _) = here_and_there(&docs, 4);
+        let walk = |feeds: SuffixFeeds<'_>| {
+            let mut seen: Vec<(Vec<u32>, u32, u64)> = Vec::new();
+            for feed in feeds.feeds {
+                feed(&mut |k: &[u32], l, n| seen.push((k.to_vec(), l, n)));
+            }
+            // Keys come in order; one entry per (key, token before).
+            let in_order = seen.windows(2).all(|w| w[0].0 <= w[1].0);
+            let mut joined: Vec<(Vec<u32>, u32, u64)> = Vec::new();
+            seen.sort();
+            for (k, l, n) in seen {
+                match joined.last_mut() {
+                    Some((k2, l2, m)) if *k2 == k && *l2 == l => *m += n,
+                    _ => joined.push((k, l, n)),
+                }
+            }
+            (feeds.width, in_order, joined)
+        };
+        let here = walk(Shards::suffix_feeds(&*index, order).unwrap());
+        let there = walk(AskOnly(index.clone()).suffix_feeds(order).unwrap());
+        prop_assert!(there.1, "merged groups out of key order");
+        prop_assert_eq!((here.0, &here.2), (there.0, &there.2));
+    }
+}
+
 /// The service's scoring (what Python's `Index.perplexity` runs) reads 3 shards held
 /// elsewhere as the index: every estimator, the fixed-order models among them, gives the
 /// index's report.

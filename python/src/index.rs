@@ -477,3 +477,28 @@ impl Index {
         to_py(py, &v)
     }
 }
+
+/// `RemoteIndex(ask, shard_infos, separator, tokenizer, fingerprint, name="index")`: the
+/// [`Index`] over shards held elsewhere that `Index(ask=..., ...)` makes (kept under its old
+/// name for callers of the Ray router).
+#[pyfunction(name = "RemoteIndex")]
+#[pyo3(signature = (ask, shard_infos, separator, tokenizer, fingerprint, name="index"))]
+pub fn remote_index(
+    py: Python<'_>,
+    ask: Py<PyAny>,
+    shard_infos: Vec<(u64, u64)>,
+    separator: u32,
+    tokenizer: &str,
+    fingerprint: &str,
+    name: &str,
+) -> PyResult<Index> {
+    Index::over_remote(
+        py,
+        ask,
+        &shard_infos,
+        separator,
+        tokenizer,
+        fingerprint,
+        name,
+    )
+}

@@ -152,7 +152,7 @@ fn to_py(py: Python<'_>, v: &serde_json::Value) -> Ans {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<InfiniGramEngine>()?;
     m.add_class::<Index>()?;
-    m.add_function(wrap_pyfunction!(remote::remote_index, m)?)?;
+    m.add_function(wrap_pyfunction!(index::remote_index, m)?)?;
     m.add_class::<NgramModel>()?;
     #[cfg(feature = "neural")]
     m.add_class::<model::Model>()?;

@@ -9,7 +9,6 @@
 //! the callable (a shard that stays down past the router's retries) fails the query with an
 //! `Unavailable` error carrying its message: never a partial answer.
 
-use crate::index::Index;
 use infgram::service::shards::{answer_all, ShardAnswer, ShardInfo, ShardQuery, Shards};
 use infgram::service::TokenizerSpec;
 use infgram::{Error, Result};
@@ -120,29 +119,4 @@ pub fn answer_json<S: AsRef<[u8]> + Sync>(
         .iter()
         .map(|a| serde_json::to_string(a).expect("answers serialize"))
         .collect())
-}
-
-/// `RemoteIndex(ask, shard_infos, separator, tokenizer, fingerprint, name="index")`: the
-/// [`Index`] over shards held elsewhere that `Index(ask=..., ...)` makes (kept under its old
-/// name for callers of the Ray router).
-#[pyfunction(name = "RemoteIndex")]
-#[pyo3(signature = (ask, shard_infos, separator, tokenizer, fingerprint, name="index"))]
-pub fn remote_index(
-    py: Python<'_>,
-    ask: Py<PyAny>,
-    shard_infos: Vec<(u64, u64)>,
-    separator: u32,
-    tokenizer: &str,
-    fingerprint: &str,
-    name: &str,
-) -> PyResult<Index> {
-    Index::over_remote(
-        py,
-        ask,
-        &shard_infos,
-        separator,
-        tokenizer,
-        fingerprint,
-        name,
-    )
 }

@@ -11,8 +11,11 @@
 //! array for continuations, the pass on several threads); shards held elsewhere answer
 //! [`ShardQuery::ContinuationPairs`] and [`ShardQuery::SuffixGroups`] (the whole pass: every
 //! distinct n-gram of the shard and the tokens before it, so an answer as large as the shard).
+//!
+//! [`Index`]: super::Index
+//! [`ShardQuery::ContinuationPairs`]: super::partial::ShardQuery::ContinuationPairs
+//! [`ShardQuery::SuffixGroups`]: super::partial::ShardQuery::SuffixGroups
 
-use super::partial::{ShardAnswer, ShardQuery, Shards};
 use super::query::{merge_counts, tally_sorted, Counts, Occ};
 use super::{Index, Shard};
 use crate::error::{Error, Result};
@@ -33,7 +36,8 @@ pub struct SuffixGroup {
 /// suffixes that share their first token spans two slices.
 pub type SuffixFeed<'a> = Box<dyn FnOnce(&mut dyn FnMut(&[u32], u32, u64)) + Send + 'a>;
 
-/// A corpus's suffixes as slices to count on several threads ([`Shards::suffix_feeds`]).
+/// A corpus's suffixes as slices to count on several threads (what the corpus trait's
+/// `suffix_feeds` gives).
 pub struct SuffixFeeds<'a> {
     /// The keys' width: the order asked for, or one more than the longest document when that
     /// is less (no n-gram is longer than a document).
@@ -108,9 +112,10 @@ fn feed_merged<S: AsRef<[u8]>>(
     }
 }
 
-/// [`Shards::suffix_feeds`] of an index in this process: one shard on as many threads as
-/// rayon has, cut where the first token changes; several shards merged in one slice. An index
-/// that sorts suffixes by bytes (infini-gram's) is refused: its suffix order is not the keys'.
+/// The corpus trait's `suffix_feeds` over an index in this process: one shard on as many
+/// threads as rayon has, cut where the first token changes; several shards merged in one
+/// slice. An index that sorts suffixes by bytes (infini-gram's) is refused: its suffix order
+/// is not the keys'.
 pub(crate) fn index_suffix_feeds<S: AsRef<[u8]> + Sync>(
     index: &Index<S>,
     order: usize,
@@ -148,7 +153,7 @@ pub(crate) fn index_suffix_feeds<S: AsRef<[u8]> + Sync>(
     Ok(SuffixFeeds { width, feeds })
 }
 
-/// A shard's answer to [`ShardQuery::SuffixGroups`]: its suffixes grouped by their first
+/// A shard's answer to a `SuffixGroups` question: its suffixes grouped by their first
 /// `order` tokens (cut before the separator), sorted by those padded with the separator.
 pub(crate) fn shard_suffix_groups<S: AsRef<[u8]>>(
     shard: &Shard<S>,
@@ -197,52 +202,7 @@ fn join_lefts(sorted: Vec<(u32, u64)>) -> Vec<(u32, u64)> {
     out
 }
 
-/// [`Shards::suffix_feeds`] through the shards' answers: every shard's groups, merged by key
-/// in one slice.
-pub(crate) fn suffix_feeds_over(
-    shards: &(impl Shards + ?Sized),
-    order: usize,
-) -> Result<SuffixFeeds<'static>> {
-    let asks = (0..shards.shard_count())
-        .map(|s| (s, ShardQuery::SuffixGroups { order }))
-        .collect();
-    let per_shard = shards
-        .ask(asks)?
-        .into_iter()
-        .map(|a| match a {
-            ShardAnswer::SuffixGroups { groups } => Ok(groups),
-            _ => Err(super::partial::wrong_answer("the suffix groups")),
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let longest = per_shard.iter().flatten().map(|g| g.key.len()).max();
-    let width = order.min(longest.map_or(1, |l| l + 1));
-    let sep = shards.separator();
-    let feed = move |f: &mut dyn FnMut(&[u32], u32, u64)| {
-        let padded = |g: &SuffixGroup| {
-            let mut key = g.key.clone();
-            key.resize(width.max(key.len()), sep);
-            key.truncate(width);
-            key
-        };
-        let mut next: Vec<usize> = vec![0; per_shard.len()];
-        loop {
-            let best = (0..per_shard.len())
-                .filter_map(|j| per_shard[j].get(next[j]).map(|g| (j, padded(g))))
-                .min_by(|a, b| a.1.cmp(&b.1));
-            let Some((j, key)) = best else { break };
-            for &(left, n) in &per_shard[j][next[j]].lefts {
-                f(&key, left, n);
-            }
-            next[j] += 1;
-        }
-    };
-    Ok(SuffixFeeds {
-        width,
-        feeds: vec![Box::new(feed)],
-    })
-}
-
-/// [`Shards::next_counts`] of an index in this process.
+/// The corpus trait's `next_counts` over an index in this process.
 pub(crate) fn index_next_counts<S: AsRef<[u8]> + Sync>(index: &Index<S>, h: &[u32]) -> Counts {
     merge_counts(index.shards().iter().map(|s| {
         let r = s.find(h);
@@ -258,49 +218,7 @@ pub(crate) fn tally_union(mut pairs: Vec<(u32, u32)>) -> Counts {
     tally_sorted(pairs.into_iter().map(|(x, _)| x))
 }
 
-/// [`Shards::continuation_counts`] through the shards' answers: one round trip for every
-/// context.
-pub(crate) fn continuation_counts_over(
-    shards: &(impl Shards + ?Sized),
-    hs: &[&[u32]],
-    keep_end: bool,
-) -> Result<Vec<Counts>> {
-    let n = shards.shard_count();
-    let asks = hs
-        .iter()
-        .flat_map(|h| {
-            (0..n).map(move |s| {
-                let q = ShardQuery::ContinuationPairs {
-                    q: h.to_vec(),
-                    keep_end,
-                };
-                (s, q)
-            })
-        })
-        .collect();
-    let answers = shards.ask(asks)?;
-    if answers.len() != hs.len() * n {
-        return Err(Error::input(
-            "the shards gave another number of answers than questions",
-        ));
-    }
-    answers
-        .chunks(n.max(1))
-        .take(hs.len())
-        .map(|per_shard| {
-            let mut pairs = Vec::new();
-            for a in per_shard {
-                match a {
-                    ShardAnswer::Pairs { pairs: p } => pairs.extend_from_slice(p),
-                    _ => return Err(super::partial::wrong_answer("the continuation pairs")),
-                }
-            }
-            Ok(tally_union(pairs))
-        })
-        .collect()
-}
-
-/// A shard's answer to [`ShardQuery::ContinuationPairs`].
+/// A shard's answer to a `ContinuationPairs` question.
 pub(crate) fn shard_continuation_pairs<S: AsRef<[u8]>>(
     shard: &Shard<S>,
     q: &[u32],
@@ -387,39 +305,6 @@ mod tests {
                 continuation_by_reverse(s, &h, next),
                 continuation_by_scan(index.shards(), &h, false)
             );
-        }
-
-        /// A shard's suffix groups, merged over shards, feed what the index's own walk feeds:
-        /// the same keys with the same tokens before them, however the documents are split.
-        #[test]
-        fn suffix_groups_feed_the_index_walk(
-            docs in prop::collection::vec(prop::collection::vec(0u32..4, 1..10), 1..8),
-            shards in 1usize..4,
-            order in 1usize..5,
-        ) {
-            let per_shard = docs.len().div_ceil(shards).max(1);
-            let index = std::sync::Arc::new(
-                Index::from_docs(TokenizerSpec::synthetic(4), &docs, per_shard, true).unwrap(),
-            );
-            let walk = |feeds: SuffixFeeds<'_>| {
-                let mut seen: Vec<(Vec<u32>, u32, u64)> = Vec::new();
-                for feed in feeds.feeds {
-                    feed(&mut |k: &[u32], l, n| seen.push((k.to_vec(), l, n)));
-                }
-                // One entry per (key, left), in key order.
-                let mut joined: Vec<(Vec<u32>, u32, u64)> = Vec::new();
-                seen.sort();
-                for (k, l, n) in seen {
-                    match joined.last_mut() {
-                        Some((k2, l2, m)) if *k2 == k && *l2 == l => *m += n,
-                        _ => joined.push((k, l, n)),
-                    }
-                }
-                (feeds.width, joined)
-            };
-            let here = walk(index_suffix_feeds(&index, order).unwrap());
-            let there = walk(suffix_feeds_over(&super::super::partial::AskOnly(index.clone()), order).unwrap());
-            prop_assert_eq!(here, there);
         }
     }
 }

@@ -375,14 +375,14 @@ pub trait Shards {
     /// document's start counts as one; with `keep_end`, a document's end counts as the
     /// separator after the context). Over shards held elsewhere: one round trip.
     fn continuation_counts(&self, hs: &[&[u32]], keep_end: bool) -> Result<Vec<Counts>> {
-        counting::continuation_counts_over(self, hs, keep_end)
+        continuation_counts_over(self, hs, keep_end)
     }
 
     /// Every suffix of the corpus by its first `order` tokens, in slices to count on several
     /// threads: a fixed-order model's counting pass. Over shards held elsewhere each shard
     /// sends its groups ([`ShardQuery::SuffixGroups`]), merged here.
     fn suffix_feeds(&self, order: usize) -> Result<SuffixFeeds<'_>> {
-        counting::suffix_feeds_over(self, order)
+        suffix_feeds_over(self, order)
     }
 
     /// The tokenizer the corpus was indexed with, when these shards know it.
@@ -931,6 +931,93 @@ pub fn levels_over_with(
         }
     }
     Ok(kept)
+}
+
+/// [`Shards::suffix_feeds`] through the shards' answers: every shard's groups, merged by key
+/// in one slice.
+fn suffix_feeds_over(
+    shards: &(impl Shards + ?Sized),
+    order: usize,
+) -> Result<SuffixFeeds<'static>> {
+    let asks = (0..shards.shard_count())
+        .map(|s| (s, ShardQuery::SuffixGroups { order }))
+        .collect();
+    let per_shard = shards
+        .ask(asks)?
+        .into_iter()
+        .map(|a| match a {
+            ShardAnswer::SuffixGroups { groups } => Ok(groups),
+            _ => Err(wrong_answer("the suffix groups")),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let longest = per_shard.iter().flatten().map(|g| g.key.len()).max();
+    let width = order.min(longest.map_or(1, |l| l + 1));
+    let sep = shards.separator();
+    let feed = move |f: &mut dyn FnMut(&[u32], u32, u64)| {
+        let padded = |g: &SuffixGroup| {
+            let mut key = g.key.clone();
+            key.resize(width.max(key.len()), sep);
+            key.truncate(width);
+            key
+        };
+        let mut next: Vec<usize> = vec![0; per_shard.len()];
+        loop {
+            let best = (0..per_shard.len())
+                .filter_map(|j| per_shard[j].get(next[j]).map(|g| (j, padded(g))))
+                .min_by(|a, b| a.1.cmp(&b.1));
+            let Some((j, key)) = best else { break };
+            for &(left, n) in &per_shard[j][next[j]].lefts {
+                f(&key, left, n);
+            }
+            next[j] += 1;
+        }
+    };
+    Ok(SuffixFeeds {
+        width,
+        feeds: vec![Box::new(feed)],
+    })
+}
+
+/// [`Shards::continuation_counts`] through the shards' answers: one round trip for every
+/// context.
+fn continuation_counts_over(
+    shards: &(impl Shards + ?Sized),
+    hs: &[&[u32]],
+    keep_end: bool,
+) -> Result<Vec<Counts>> {
+    let n = shards.shard_count();
+    let asks = hs
+        .iter()
+        .flat_map(|h| {
+            (0..n).map(move |s| {
+                let q = ShardQuery::ContinuationPairs {
+                    q: h.to_vec(),
+                    keep_end,
+                };
+                (s, q)
+            })
+        })
+        .collect();
+    let answers = shards.ask(asks)?;
+    if answers.len() != hs.len() * n {
+        return Err(Error::input(
+            "the shards gave another number of answers than questions",
+        ));
+    }
+    answers
+        .chunks(n.max(1))
+        .take(hs.len())
+        .map(|per_shard| {
+            let mut pairs = Vec::new();
+            for a in per_shard {
+                match a {
+                    ShardAnswer::Pairs { pairs: p } => pairs.extend_from_slice(p),
+                    _ => return Err(wrong_answer("the continuation pairs")),
+                }
+            }
+            Ok(counting::tally_union(pairs))
+        })
+        .collect()
 }
 
 /// [`Shards::suffix_match`] through the shards' answers (shards held elsewhere): no
