@@ -3,8 +3,8 @@
 use crate::remote;
 use crate::{cnf_of, error_dict, ids_of, positive, runtime, Ans, Idx};
 use infgram::service::query::defaults;
-use infgram::service::shards::{partial as ask, Shards, SharedShards};
 use infgram::service::shards::{Document, NtdResult, ProbResult};
+use infgram::service::shards::{Shards, SharedShards};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
@@ -181,7 +181,7 @@ impl InfiniGramEngine {
         let shards = &self.shards;
         let (cnt, segs) = py
             .detach(|| match self.held(&q) {
-                true => ask::find(shards, &q).map(|f| (f.cnt, f.segment_by_shard)),
+                true => shards.find(&q).map(|f| (f.cnt, f.segment_by_shard)),
                 false => Ok((0, vec![(0, 0); shards.shard_count()])),
             })
             .map_err(runtime)?;
@@ -297,7 +297,7 @@ impl InfiniGramEngine {
         };
         let r = py
             .detach(|| match self.held(&q) {
-                true => ask::ntd(&self.shards, &q, Some(self.eos)),
+                true => self.shards.ntd(&q, Some(self.eos)),
                 false => Ok(empty_ntd(None)),
             })
             .map_err(runtime)?;
@@ -320,9 +320,9 @@ impl InfiniGramEngine {
         let r = py
             .detach(|| -> infgram::Result<ProbResult> {
                 if self.shards.holds_token(cont) {
-                    return ask::infgram_prob(&self.shards, prompt, cont);
+                    return self.shards.infgram_prob(prompt, cont);
                 }
-                let r = ask::infgram_ntd(&self.shards, prompt, None)?;
+                let r = self.shards.infgram_ntd(prompt, None)?;
                 Ok(ProbResult::new(r.prompt_cnt, 0, r.suffix_len))
             })
             .map_err(runtime)?;
@@ -345,7 +345,7 @@ impl InfiniGramEngine {
         };
         let q = self.after_unheld(&q);
         let r = py
-            .detach(|| ask::infgram_ntd(&self.shards, q, Some(self.eos)))
+            .detach(|| self.shards.infgram_ntd(q, Some(self.eos)))
             .map_err(runtime)?;
         ntd_dict(py, &r)
     }
@@ -702,7 +702,7 @@ impl InfiniGramEngine {
         if !self.held(q) {
             return Ok(0);
         }
-        Ok(ask::count(&self.shards, q)?.count)
+        Ok(self.shards.count(q)?.count)
     }
 
     fn prompt_and_cont(
@@ -775,8 +775,7 @@ impl InfiniGramEngine {
                 ptrs_by_shard: vec![Vec::new(); self.shards.shard_count()],
             });
         }
-        ask::search_docs(
-            &self.shards,
+        self.shards.search_docs(
             &held,
             maxnum,
             max_diff_tokens,
@@ -789,7 +788,10 @@ impl InfiniGramEngine {
     fn rewindow(&self, docs: Vec<Document>, max_disp_len: usize) -> infgram::Result<Vec<Document>> {
         let before = max_disp_len / 2;
         docs.into_iter()
-            .map(|d| ask::window_at(&self.shards, d.s, d.ptr, before, max_disp_len - before))
+            .map(|d| {
+                self.shards
+                    .window_at(d.s, d.ptr, before, max_disp_len - before)
+            })
             .collect()
     }
 
@@ -838,8 +840,8 @@ impl InfiniGramEngine {
     /// The window `[pos − before, pos + after)` of the document at `at`, cut to the document.
     fn window(&self, at: Anchor, before: usize, after: usize) -> Result<Document, String> {
         match at {
-            Anchor::Pos(s, pos) => ask::window_at(&self.shards, s, pos, before, after),
-            Anchor::Rank(s, rank) => ask::window_at_rank(&self.shards, s, rank, before, after),
+            Anchor::Pos(s, pos) => self.shards.window_at(s, pos, before, after),
+            Anchor::Rank(s, rank) => self.shards.window_at_rank(s, rank, before, after),
         }
         .map_err(|e| e.to_string())
     }
@@ -869,7 +871,9 @@ impl InfiniGramEngine {
         if doc_ix < 0 || doc_ix as u64 >= total {
             return Err(format!("doc_ix must be an integer in range [0, {total})"));
         }
-        ask::get_doc_by_ix(&self.shards, doc_ix as u64, len).map_err(|e| e.to_string())
+        self.shards
+            .get_doc_by_ix(doc_ix as u64, len)
+            .map_err(|e| e.to_string())
     }
 
     fn ctx_window(

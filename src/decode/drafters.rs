@@ -17,6 +17,7 @@ use super::gram_chains::GramChains;
 use super::{Draft, Drafter};
 use crate::error::Result;
 use crate::index::levels::{Level, LevelAsk, Memo};
+use crate::index::partial::Shards;
 use crate::index::partial::SharedShards;
 use crate::ngram::sbis::sbis_distribution;
 use std::sync::{Arc, Mutex};
@@ -548,7 +549,7 @@ impl Default for CorpusRule {
 }
 
 /// Drafts from the ∞-gram of a corpus in the model's tokens: an index in this process or
-/// shards held elsewhere ([`Shards`](crate::index::partial::Shards): the same drafts from the same documents, each step one
+/// shards held elsewhere ([`Shards`]: the same drafts from the same documents, each step one
 /// round trip to every shard). It keeps one memo of its reads (the level finder and its counts
 /// cache's counters) across drafts.
 pub struct CorpusDrafter {

@@ -1,7 +1,7 @@
 //! Where a text copies its corpus from: the maximal spans that occur in the corpus with their
 //! counts and documents (attribution, as OLMoTrace shows them), and how much of the text is
 //! *not* covered by long corpus spans (L-uniqueness and the Creativity Index of Lu et al.,
-//! ICLR 2025). Both come from one left-to-right pass, [`partial::longest_match`]: for each
+//! ICLR 2025). Both come from one left-to-right pass, [`Shards::longest_match`]: for each
 //! position `j`, the longest span ending at `j` that occurs.
 //!
 //! A span ending at `j` is maximal (no occurring span contains it) exactly when the span at
@@ -15,7 +15,7 @@
 //! `0.75 n` words. Ids the index does not hold (past its vocabulary, its separator) are never covered.
 
 use crate::error::{Error, Result};
-use crate::index::partial::{self, Shards};
+use crate::index::partial::Shards;
 use crate::index::query::{Document, Match};
 use serde::Serialize;
 
@@ -44,7 +44,7 @@ pub struct Span {
 /// documents per span and the window length asked for. About 2.5 MB of JSON.
 pub const ATTRIBUTION_TOKEN_BUDGET: usize = 1 << 18;
 
-/// The match length of every position of `tokens`: like [`partial::longest_match`], but ids
+/// The match length of every position of `tokens`: like [`Shards::longest_match`], but ids
 /// the index does not hold end spans instead of failing the query (an error: shards held
 /// elsewhere that did not answer).
 pub fn match_lengths(index: &(impl Shards + ?Sized), tokens: &[u32]) -> Result<Vec<Match>> {
@@ -54,7 +54,7 @@ pub fn match_lengths(index: &(impl Shards + ?Sized), tokens: &[u32]) -> Result<V
             Some((&last, head)) if !index.holds_token(last) => (head, true),
             _ => (segment, false),
         };
-        out.extend(partial::longest_match(index, held)?);
+        out.extend(index.longest_match(held)?);
         if barrier {
             out.push(Match { len: 0, count: 0 });
         }
@@ -129,7 +129,7 @@ fn documents(
         return Ok((Vec::new(), max_docs > 0));
     }
     let around = max_disp_len.min(*budget - span.len());
-    let found = partial::span_documents(index, span, max_docs, around)?;
+    let found = index.span_documents(span, max_docs, around)?;
     let mut docs = Vec::with_capacity(found.len());
     for d in found {
         let cost = d.disp_len.max(1);

@@ -389,6 +389,330 @@ pub trait Shards {
     fn tokenizer(&self) -> Option<TokenizerSpec> {
         None
     }
+
+    // The query types, each merged from the shards' answers (`Index` answers them the same
+    // way, through `ask`).
+
+    /// Occurrences of `q` (`count([])` = positions, separators included).
+    fn count(&self, q: &[u32]) -> Result<CountResult> {
+        let shards = self;
+        let count = if q.is_empty() {
+            shards.check_tokens(q)?;
+            shards.infos().iter().map(|i| i.tokens).sum()
+        } else {
+            shards.find(q)?.cnt
+        };
+        Ok(CountResult {
+            count,
+            approx: false,
+        })
+    }
+
+    /// `count(prompt·cont) / count(prompt)`.
+    fn prob(&self, prompt: &[u32], cont: u32) -> Result<ProbResult> {
+        let shards = self;
+        let prompt_cnt = shards.count(prompt)?.count;
+        let mut full = prompt.to_vec();
+        full.push(cont);
+        let cont_cnt = shards.count(&full)?.count;
+        Ok(ProbResult::new(prompt_cnt, cont_cnt, None))
+    }
+
+    /// Suffix-array segments of `q` in every shard.
+    fn find(&self, q: &[u32]) -> Result<FindResult> {
+        let shards = self;
+        shards.check_tokens(q)?;
+        let segs = ask_all(shards, ShardQuery::Find { q: q.to_vec() })?
+            .into_iter()
+            .map(|a| match a {
+                ShardAnswer::Range { range } => Ok(range),
+                _ => Err(wrong_answer("find")),
+            })
+            .collect::<Result<Vec<Range>>>()?;
+        Ok(FindResult {
+            cnt: segs.iter().map(|r| (r.1 - r.0) as u64).sum(),
+            segment_by_shard: segs,
+        })
+    }
+
+    /// Exact next-token distribution of `prompt` as the query API reports it.
+    fn ntd(&self, prompt: &[u32], eos: Option<u32>) -> Result<NtdResult> {
+        let shards = self;
+        let parts = next_counts_everywhere(shards, prompt)?;
+        Ok(merge_ntd(parts, shards.separator(), eos, None))
+    }
+
+    /// The length of the longest suffix of `prompt` that occurs in some shard (round one of the
+    /// ∞-gram queries alone).
+    fn longest_suffix(&self, prompt: &[u32]) -> Result<usize> {
+        let shards = self;
+        shards.check_tokens(prompt)?;
+        Ok(suffix_round(shards, prompt)?
+            .iter()
+            .map(|t| t.0)
+            .max()
+            .unwrap_or(0))
+    }
+
+    /// ∞-gram next-token distribution of the query API: [`Shards::ntd`] of the longest suffix of
+    /// `prompt` that occurs.
+    fn infgram_ntd(&self, prompt: &[u32], eos: Option<u32>) -> Result<NtdResult> {
+        let shards = self;
+        let (l, parts) = occurring_suffix(shards, prompt)?;
+        Ok(merge_ntd(parts, shards.separator(), eos, Some(l)))
+    }
+
+    /// ∞-gram probability of `cont` after `prompt`: [`Shards::prob`] of the longest suffix of `prompt`
+    /// that occurs.
+    fn infgram_prob(&self, prompt: &[u32], cont: u32) -> Result<ProbResult> {
+        let shards = self;
+        shards.check_tokens(&[cont])?;
+        let (l, parts) = occurring_suffix(shards, prompt)?;
+        let prompt_cnt: u64 = parts.iter().map(|p| p.0).sum();
+        let cont_cnt: u64 = parts
+            .iter()
+            .map(|(_, counts)| {
+                counts
+                    .binary_search_by_key(&cont, |c| c.0)
+                    .map_or(0, |i| counts[i].1)
+            })
+            .sum();
+        Ok(ProbResult::new(prompt_cnt, cont_cnt, Some(l)))
+    }
+
+    /// Next-token counts of the ∞-gram: those of the longest suffix of `prompt` followed by a
+    /// token somewhere (a suffix found only at documents' ends is backed off past).
+    fn infgram_counts(&self, prompt: &[u32]) -> Result<(usize, Counts)> {
+        let shards = self;
+        shards.check_tokens(prompt)?;
+        let tops = suffix_round(shards, prompt)?;
+        let mut l = tops.iter().map(|t| t.0).max().unwrap_or(0);
+        let sep = shards.separator();
+        loop {
+            let counts = merge_next_counts(&counts_round(shards, prompt, l, &tops)?, sep);
+            if l == 0 || !counts.is_empty() {
+                return Ok((l, counts));
+            }
+            l -= 1;
+        }
+    }
+
+    /// The window `[pos − before, pos + after)` of the document holding position `pos` of shard
+    /// `s`, cut to the document.
+    fn window_at(&self, s: usize, pos: usize, before: usize, after: usize) -> Result<Document> {
+        let shards = self;
+        let infos = check_position(shards, s, pos, "position")?;
+        fetch_window(shards, s, ShardQuery::Window { pos, before, after }, &infos)
+    }
+
+    /// The first `max_len` tokens of document `doc_ix` (numbered across shards).
+    fn get_doc_by_ix(&self, doc_ix: u64, max_len: usize) -> Result<Document> {
+        let shards = self;
+        let infos = shards.infos();
+        let firsts = first_docs(&infos);
+        let s = (0..infos.len())
+            .find(|&s| doc_ix >= firsts[s] && doc_ix - firsts[s] < infos[s].documents)
+            .ok_or_else(|| {
+                Error::input(format!(
+                    "document {doc_ix} does not exist ({} documents)",
+                    infos.iter().map(|i| i.documents).sum::<u64>()
+                ))
+            })?;
+        let doc = (doc_ix - firsts[s]) as usize;
+        fetch_window(shards, s, ShardQuery::Doc { doc, max_len }, &infos)
+    }
+
+    /// The window `[pos − before, pos + after)` of the document holding the suffix of rank `rank`
+    /// of shard `s` (at position `pos`), cut to the document.
+    fn window_at_rank(
+        &self,
+        s: usize,
+        rank: usize,
+        before: usize,
+        after: usize,
+    ) -> Result<Document> {
+        let shards = self;
+        let infos = check_position(shards, s, rank, "rank")?;
+        let q = ShardQuery::RankWindow {
+            rank,
+            before,
+            after,
+        };
+        fetch_window(shards, s, q, &infos)
+    }
+
+    /// The document around suffix-array rank `rank` of shard `s` (a window of `max_disp_len`).
+    fn get_doc_by_rank(
+        &self,
+        s: usize,
+        rank: usize,
+        needle_len: usize,
+        max_disp_len: usize,
+    ) -> Result<Document> {
+        let shards = self;
+        let half = max_disp_len / 2;
+        shards.window_at_rank(s, rank, half, needle_len + half)
+    }
+
+    /// The document around token position `ptr` of shard `s`.
+    fn get_doc_by_ptr(
+        &self,
+        s: usize,
+        ptr: usize,
+        needle_len: usize,
+        max_disp_len: usize,
+    ) -> Result<Document> {
+        let shards = self;
+        let infos = check_position(shards, s, ptr, "pointer")?;
+        let half = max_disp_len / 2;
+        let q = ShardQuery::Window {
+            pos: ptr,
+            before: half,
+            after: needle_len + half,
+        };
+        fetch_window(shards, s, q, &infos)
+    }
+
+    /// Documents matching a CNF: every clause (an OR of n-grams) has an occurrence within
+    /// `max_diff_tokens` of an occurrence of the rarest clause, in the same document. An n-gram
+    /// with more than `max_clause_freq` occurrences in a shard is sampled, and the count scaled
+    /// back up (`approx`).
+    fn search_docs(
+        &self,
+        cnf: &[Vec<Vec<u32>>],
+        maxnum: usize,
+        max_diff_tokens: usize,
+        max_clause_freq: usize,
+        max_disp_len: usize,
+    ) -> Result<SearchResult> {
+        let shards = self;
+        if cnf.is_empty()
+            || cnf
+                .iter()
+                .any(|c| c.is_empty() || c.iter().any(|g| g.is_empty()))
+        {
+            return Err(Error::input(
+                "search_docs needs at least one clause, and no empty clause or n-gram",
+            ));
+        }
+        for g in cnf.iter().flatten() {
+            shards.check_tokens(g)?;
+        }
+        if max_clause_freq == 0 {
+            return Err(Error::input(
+                "max_clause_freq must be at least 1 (occurrences per n-gram before sampling)",
+            ));
+        }
+        // The anchor: the clause with the fewest occurrences in the whole index (one choice for
+        // all shards, so the count does not depend on how documents are sharded).
+        let anchor = if cnf.len() == 1 {
+            0
+        } else {
+            let mut totals = vec![0u64; cnf.len()];
+            for a in ask_all(shards, ShardQuery::ClauseTotals { cnf: cnf.to_vec() })? {
+                let ShardAnswer::ClauseTotals { totals: t } = a else {
+                    return Err(wrong_answer("clause totals"));
+                };
+                for (sum, x) in totals.iter_mut().zip(t) {
+                    *sum += x;
+                }
+            }
+            (0..cnf.len()).min_by_key(|&i| totals[i]).unwrap_or(0)
+        };
+        let q = ShardQuery::Cnf {
+            cnf: cnf.to_vec(),
+            anchor,
+            max_diff_tokens,
+            max_clause_freq,
+            maxnum,
+            max_disp_len,
+        };
+        let firsts = first_docs(&shards.infos());
+        let mut result = SearchResult {
+            cnt: 0,
+            approx: false,
+            documents: Vec::new(),
+            ptrs_by_shard: Vec::new(),
+        };
+        for (s, a) in ask_all(shards, q)?.into_iter().enumerate() {
+            let ShardAnswer::Cnf(part) = a else {
+                return Err(wrong_answer("a CNF search"));
+            };
+            result.cnt += (part.matched as f64 * part.factor).round() as u64;
+            result.approx |= part.approx;
+            let room = maxnum.saturating_sub(result.documents.len());
+            let placed = part.documents.into_iter().take(room);
+            result
+                .documents
+                .extend(placed.map(|l| place(l, s, &firsts)));
+            result.ptrs_by_shard.push(part.ptrs);
+        }
+        Ok(result)
+    }
+
+    /// Up to `max_docs` distinct documents holding `span`, shard by shard in suffix-array order,
+    /// each a window of `around` tokens around an occurrence (half before it) and the span.
+    fn span_documents(
+        &self,
+        span: &[u32],
+        max_docs: usize,
+        around: usize,
+    ) -> Result<Vec<Document>> {
+        let shards = self;
+        shards.check_tokens(span)?;
+        if span.is_empty() || max_docs == 0 {
+            return Ok(Vec::new());
+        }
+        let q = ShardQuery::SpanDocs {
+            span: span.to_vec(),
+            max_docs,
+            before: around / 2,
+            after: span.len() + around / 2,
+        };
+        let firsts = first_docs(&shards.infos());
+        let mut out = Vec::new();
+        for (s, a) in ask_all(shards, q)?.into_iter().enumerate() {
+            let ShardAnswer::Documents { documents } = a else {
+                return Err(wrong_answer("documents of a span"));
+            };
+            let room = max_docs.saturating_sub(out.len());
+            out.extend(
+                documents
+                    .into_iter()
+                    .take(room)
+                    .map(|l| place(l, s, &firsts)),
+            );
+        }
+        Ok(out)
+    }
+
+    /// For each position `j` of `tokens`, the longest span ending at `j` that occurs in the
+    /// corpus, and its count: each shard's longest, the longest of those, and the counts of the
+    /// shards that have it.
+    fn longest_match(&self, tokens: &[u32]) -> Result<Vec<Match>> {
+        let shards = self;
+        shards.check_tokens(tokens)?;
+        let q = ShardQuery::LongestMatches {
+            tokens: tokens.to_vec(),
+        };
+        let mut out: Vec<Match> = vec![Match { len: 0, count: 0 }; tokens.len()];
+        for a in ask_all(shards, q)? {
+            let ShardAnswer::Matches { matches } = a else {
+                return Err(wrong_answer("longest matches"));
+            };
+            if matches.len() != tokens.len() {
+                return Err(wrong_answer("longest matches"));
+            }
+            for (o, m) in out.iter_mut().zip(matches) {
+                if m.len > o.len {
+                    *o = m;
+                } else if m.len == o.len && m.len > 0 {
+                    o.count += m.count;
+                }
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// Shards to share between threads and owners: an index opened once, or a router over shards
@@ -605,45 +929,6 @@ fn place(located: Located, s: usize, first_docs: &[u64]) -> Document {
     d
 }
 
-/// Occurrences of `q` (`count([])` = positions, separators included).
-pub fn count(shards: &(impl Shards + ?Sized), q: &[u32]) -> Result<CountResult> {
-    let count = if q.is_empty() {
-        shards.check_tokens(q)?;
-        shards.infos().iter().map(|i| i.tokens).sum()
-    } else {
-        find(shards, q)?.cnt
-    };
-    Ok(CountResult {
-        count,
-        approx: false,
-    })
-}
-
-/// `count(prompt·cont) / count(prompt)`.
-pub fn prob(shards: &(impl Shards + ?Sized), prompt: &[u32], cont: u32) -> Result<ProbResult> {
-    let prompt_cnt = count(shards, prompt)?.count;
-    let mut full = prompt.to_vec();
-    full.push(cont);
-    let cont_cnt = count(shards, &full)?.count;
-    Ok(ProbResult::new(prompt_cnt, cont_cnt, None))
-}
-
-/// Suffix-array segments of `q` in every shard.
-pub fn find(shards: &(impl Shards + ?Sized), q: &[u32]) -> Result<FindResult> {
-    shards.check_tokens(q)?;
-    let segs = ask_all(shards, ShardQuery::Find { q: q.to_vec() })?
-        .into_iter()
-        .map(|a| match a {
-            ShardAnswer::Range { range } => Ok(range),
-            _ => Err(wrong_answer("find")),
-        })
-        .collect::<Result<Vec<Range>>>()?;
-    Ok(FindResult {
-        cnt: segs.iter().map(|r| (r.1 - r.0) as u64).sum(),
-        segment_by_shard: segs,
-    })
-}
-
 /// Each shard's occurrences and next-token counts (documents' ends under the separator).
 fn next_counts_parts(answers: Vec<ShardAnswer>) -> Result<Vec<(u64, Counts)>> {
     answers
@@ -715,12 +1000,6 @@ fn next_counts_everywhere(
     next_counts_parts(ask_all(shards, q)?)
 }
 
-/// Exact next-token distribution of `prompt` as the query API reports it.
-pub fn ntd(shards: &(impl Shards + ?Sized), prompt: &[u32], eos: Option<u32>) -> Result<NtdResult> {
-    let parts = next_counts_everywhere(shards, prompt)?;
-    Ok(merge_ntd(parts, shards.separator(), eos, None))
-}
-
 /// Round one of the ∞-gram queries: each shard's longest occurring suffix of `prompt`.
 fn suffix_round(shards: &(impl Shards + ?Sized), prompt: &[u32]) -> Result<Vec<(usize, Occ)>> {
     let q = ShardQuery::LongestSuffix {
@@ -733,17 +1012,6 @@ fn suffix_round(shards: &(impl Shards + ?Sized), prompt: &[u32]) -> Result<Vec<(
             _ => Err(wrong_answer("the longest suffix")),
         })
         .collect()
-}
-
-/// The length of the longest suffix of `prompt` that occurs in some shard (round one of the
-/// ∞-gram queries alone).
-pub fn longest_suffix(shards: &(impl Shards + ?Sized), prompt: &[u32]) -> Result<usize> {
-    shards.check_tokens(prompt)?;
-    Ok(suffix_round(shards, prompt)?
-        .iter()
-        .map(|t| t.0)
-        .max()
-        .unwrap_or(0))
 }
 
 /// Round two: the occurrences and next-token counts of the last `l` tokens of `prompt` in
@@ -779,54 +1047,6 @@ fn occurring_suffix(
     let tops = suffix_round(shards, prompt)?;
     let l = tops.iter().map(|t| t.0).max().unwrap_or(0);
     Ok((l, counts_round(shards, prompt, l, &tops)?))
-}
-
-/// ∞-gram next-token distribution of the query API: [`ntd`] of the longest suffix of
-/// `prompt` that occurs.
-pub fn infgram_ntd(
-    shards: &(impl Shards + ?Sized),
-    prompt: &[u32],
-    eos: Option<u32>,
-) -> Result<NtdResult> {
-    let (l, parts) = occurring_suffix(shards, prompt)?;
-    Ok(merge_ntd(parts, shards.separator(), eos, Some(l)))
-}
-
-/// ∞-gram probability of `cont` after `prompt`: [`prob`] of the longest suffix of `prompt`
-/// that occurs.
-pub fn infgram_prob(
-    shards: &(impl Shards + ?Sized),
-    prompt: &[u32],
-    cont: u32,
-) -> Result<ProbResult> {
-    shards.check_tokens(&[cont])?;
-    let (l, parts) = occurring_suffix(shards, prompt)?;
-    let prompt_cnt: u64 = parts.iter().map(|p| p.0).sum();
-    let cont_cnt: u64 = parts
-        .iter()
-        .map(|(_, counts)| {
-            counts
-                .binary_search_by_key(&cont, |c| c.0)
-                .map_or(0, |i| counts[i].1)
-        })
-        .sum();
-    Ok(ProbResult::new(prompt_cnt, cont_cnt, Some(l)))
-}
-
-/// Next-token counts of the ∞-gram: those of the longest suffix of `prompt` followed by a
-/// token somewhere (a suffix found only at documents' ends is backed off past).
-pub fn infgram_counts(shards: &(impl Shards + ?Sized), prompt: &[u32]) -> Result<(usize, Counts)> {
-    shards.check_tokens(prompt)?;
-    let tops = suffix_round(shards, prompt)?;
-    let mut l = tops.iter().map(|t| t.0).max().unwrap_or(0);
-    let sep = shards.separator();
-    loop {
-        let counts = merge_next_counts(&counts_round(shards, prompt, l, &tops)?, sep);
-        if l == 0 || !counts.is_empty() {
-            return Ok((l, counts));
-        }
-        l -= 1;
-    }
 }
 
 /// The change points of `ctx` over all shards (each shard's [`ShardQuery::Levels`], merged):
@@ -1027,7 +1247,7 @@ pub fn suffix_match_over(
     window: &[u32],
     full: usize,
 ) -> Result<SuffixMatch> {
-    let len = longest_suffix(shards, window)?;
+    let len = shards.longest_suffix(window)?;
     let mut next = Vec::new();
     if len == full {
         let counts = shards.next_counts(&window[window.len() - len..])?;
@@ -1043,19 +1263,6 @@ pub fn suffix_match_over(
         starts: Vec::new(),
         next,
     })
-}
-
-/// The window `[pos − before, pos + after)` of the document holding position `pos` of shard
-/// `s`, cut to the document.
-pub fn window_at(
-    shards: &(impl Shards + ?Sized),
-    s: usize,
-    pos: usize,
-    before: usize,
-    after: usize,
-) -> Result<Document> {
-    let infos = check_position(shards, s, pos, "position")?;
-    fetch_window(shards, s, ShardQuery::Window { pos, before, after }, &infos)
 }
 
 /// The document window shard `s` answers `q` with, numbered across shards (`infos`: every
@@ -1091,340 +1298,6 @@ fn check_position(
         )));
     }
     Ok(infos)
-}
-
-/// The first `max_len` tokens of document `doc_ix` (numbered across shards).
-pub fn get_doc_by_ix(
-    shards: &(impl Shards + ?Sized),
-    doc_ix: u64,
-    max_len: usize,
-) -> Result<Document> {
-    let infos = shards.infos();
-    let firsts = first_docs(&infos);
-    let s = (0..infos.len())
-        .find(|&s| doc_ix >= firsts[s] && doc_ix - firsts[s] < infos[s].documents)
-        .ok_or_else(|| {
-            Error::input(format!(
-                "document {doc_ix} does not exist ({} documents)",
-                infos.iter().map(|i| i.documents).sum::<u64>()
-            ))
-        })?;
-    let doc = (doc_ix - firsts[s]) as usize;
-    fetch_window(shards, s, ShardQuery::Doc { doc, max_len }, &infos)
-}
-
-/// The window `[pos − before, pos + after)` of the document holding the suffix of rank `rank`
-/// of shard `s` (at position `pos`), cut to the document.
-pub fn window_at_rank(
-    shards: &(impl Shards + ?Sized),
-    s: usize,
-    rank: usize,
-    before: usize,
-    after: usize,
-) -> Result<Document> {
-    let infos = check_position(shards, s, rank, "rank")?;
-    let q = ShardQuery::RankWindow {
-        rank,
-        before,
-        after,
-    };
-    fetch_window(shards, s, q, &infos)
-}
-
-/// The document around suffix-array rank `rank` of shard `s` (a window of `max_disp_len`).
-pub fn get_doc_by_rank(
-    shards: &(impl Shards + ?Sized),
-    s: usize,
-    rank: usize,
-    needle_len: usize,
-    max_disp_len: usize,
-) -> Result<Document> {
-    let half = max_disp_len / 2;
-    window_at_rank(shards, s, rank, half, needle_len + half)
-}
-
-/// The document around token position `ptr` of shard `s`.
-pub fn get_doc_by_ptr(
-    shards: &(impl Shards + ?Sized),
-    s: usize,
-    ptr: usize,
-    needle_len: usize,
-    max_disp_len: usize,
-) -> Result<Document> {
-    let infos = check_position(shards, s, ptr, "pointer")?;
-    let half = max_disp_len / 2;
-    let q = ShardQuery::Window {
-        pos: ptr,
-        before: half,
-        after: needle_len + half,
-    };
-    fetch_window(shards, s, q, &infos)
-}
-
-/// Documents matching a CNF: every clause (an OR of n-grams) has an occurrence within
-/// `max_diff_tokens` of an occurrence of the rarest clause, in the same document. An n-gram
-/// with more than `max_clause_freq` occurrences in a shard is sampled, and the count scaled
-/// back up (`approx`).
-pub fn search_docs(
-    shards: &(impl Shards + ?Sized),
-    cnf: &[Vec<Vec<u32>>],
-    maxnum: usize,
-    max_diff_tokens: usize,
-    max_clause_freq: usize,
-    max_disp_len: usize,
-) -> Result<SearchResult> {
-    if cnf.is_empty()
-        || cnf
-            .iter()
-            .any(|c| c.is_empty() || c.iter().any(|g| g.is_empty()))
-    {
-        return Err(Error::input(
-            "search_docs needs at least one clause, and no empty clause or n-gram",
-        ));
-    }
-    for g in cnf.iter().flatten() {
-        shards.check_tokens(g)?;
-    }
-    if max_clause_freq == 0 {
-        return Err(Error::input(
-            "max_clause_freq must be at least 1 (occurrences per n-gram before sampling)",
-        ));
-    }
-    // The anchor: the clause with the fewest occurrences in the whole index (one choice for
-    // all shards, so the count does not depend on how documents are sharded).
-    let anchor = if cnf.len() == 1 {
-        0
-    } else {
-        let mut totals = vec![0u64; cnf.len()];
-        for a in ask_all(shards, ShardQuery::ClauseTotals { cnf: cnf.to_vec() })? {
-            let ShardAnswer::ClauseTotals { totals: t } = a else {
-                return Err(wrong_answer("clause totals"));
-            };
-            for (sum, x) in totals.iter_mut().zip(t) {
-                *sum += x;
-            }
-        }
-        (0..cnf.len()).min_by_key(|&i| totals[i]).unwrap_or(0)
-    };
-    let q = ShardQuery::Cnf {
-        cnf: cnf.to_vec(),
-        anchor,
-        max_diff_tokens,
-        max_clause_freq,
-        maxnum,
-        max_disp_len,
-    };
-    let firsts = first_docs(&shards.infos());
-    let mut result = SearchResult {
-        cnt: 0,
-        approx: false,
-        documents: Vec::new(),
-        ptrs_by_shard: Vec::new(),
-    };
-    for (s, a) in ask_all(shards, q)?.into_iter().enumerate() {
-        let ShardAnswer::Cnf(part) = a else {
-            return Err(wrong_answer("a CNF search"));
-        };
-        result.cnt += (part.matched as f64 * part.factor).round() as u64;
-        result.approx |= part.approx;
-        let room = maxnum.saturating_sub(result.documents.len());
-        let placed = part.documents.into_iter().take(room);
-        result
-            .documents
-            .extend(placed.map(|l| place(l, s, &firsts)));
-        result.ptrs_by_shard.push(part.ptrs);
-    }
-    Ok(result)
-}
-
-/// Up to `max_docs` distinct documents holding `span`, shard by shard in suffix-array order,
-/// each a window of `around` tokens around an occurrence (half before it) and the span.
-pub fn span_documents(
-    shards: &(impl Shards + ?Sized),
-    span: &[u32],
-    max_docs: usize,
-    around: usize,
-) -> Result<Vec<Document>> {
-    shards.check_tokens(span)?;
-    if span.is_empty() || max_docs == 0 {
-        return Ok(Vec::new());
-    }
-    let q = ShardQuery::SpanDocs {
-        span: span.to_vec(),
-        max_docs,
-        before: around / 2,
-        after: span.len() + around / 2,
-    };
-    let firsts = first_docs(&shards.infos());
-    let mut out = Vec::new();
-    for (s, a) in ask_all(shards, q)?.into_iter().enumerate() {
-        let ShardAnswer::Documents { documents } = a else {
-            return Err(wrong_answer("documents of a span"));
-        };
-        let room = max_docs.saturating_sub(out.len());
-        out.extend(
-            documents
-                .into_iter()
-                .take(room)
-                .map(|l| place(l, s, &firsts)),
-        );
-    }
-    Ok(out)
-}
-
-/// For each position `j` of `tokens`, the longest span ending at `j` that occurs in the
-/// corpus, and its count: each shard's longest, the longest of those, and the counts of the
-/// shards that have it.
-pub fn longest_match(shards: &(impl Shards + ?Sized), tokens: &[u32]) -> Result<Vec<Match>> {
-    shards.check_tokens(tokens)?;
-    let q = ShardQuery::LongestMatches {
-        tokens: tokens.to_vec(),
-    };
-    let mut out: Vec<Match> = vec![Match { len: 0, count: 0 }; tokens.len()];
-    for a in ask_all(shards, q)? {
-        let ShardAnswer::Matches { matches } = a else {
-            return Err(wrong_answer("longest matches"));
-        };
-        if matches.len() != tokens.len() {
-            return Err(wrong_answer("longest matches"));
-        }
-        for (o, m) in out.iter_mut().zip(matches) {
-            if m.len > o.len {
-                *o = m;
-            } else if m.len == o.len && m.len > 0 {
-                o.count += m.count;
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// The query types on an in-process index, each through the per-shard path above.
-impl<S: AsRef<[u8]> + Sync> Index<S> {
-    /// Whether `t` is an id of the index's vocabulary (below its size and its separator): only
-    /// those can occur.
-    pub fn holds_token(&self, t: u32) -> bool {
-        Shards::holds_token(self, t)
-    }
-
-    /// Refuses token ids outside the index's vocabulary (the separator and above), which
-    /// every query does first.
-    pub fn check_tokens(&self, q: &[u32]) -> Result<()> {
-        Shards::check_tokens(self, q)
-    }
-
-    /// Occurrences of `q` (`count([])` = positions, separators included).
-    pub fn count(&self, q: &[u32]) -> Result<CountResult> {
-        count(self, q)
-    }
-
-    /// `count(prompt·cont) / count(prompt)`.
-    pub fn prob(&self, prompt: &[u32], cont: u32) -> Result<ProbResult> {
-        prob(self, prompt, cont)
-    }
-
-    /// Exact next-token distribution of `prompt` as the query API reports it: every occurrence
-    /// counted, documents' ends under `eos` (see the module docs).
-    pub fn ntd(&self, prompt: &[u32], eos: Option<u32>) -> Result<NtdResult> {
-        ntd(self, prompt, eos)
-    }
-
-    /// Next-token counts of the ∞-gram: those of the longest suffix of `prompt` that has any.
-    pub fn infgram_counts(&self, prompt: &[u32]) -> Result<(usize, Counts)> {
-        infgram_counts(self, prompt)
-    }
-
-    /// ∞-gram next-token distribution of the query API: [`Index::ntd`] of the longest suffix
-    /// of `prompt` that occurs.
-    pub fn infgram_ntd(&self, prompt: &[u32], eos: Option<u32>) -> Result<NtdResult> {
-        infgram_ntd(self, prompt, eos)
-    }
-
-    /// ∞-gram probability of `cont` after `prompt`: [`Index::prob`] of the longest suffix of
-    /// `prompt` that occurs.
-    pub fn infgram_prob(&self, prompt: &[u32], cont: u32) -> Result<ProbResult> {
-        infgram_prob(self, prompt, cont)
-    }
-
-    /// Suffix-array segments of `q` in every shard.
-    pub fn find(&self, q: &[u32]) -> Result<FindResult> {
-        find(self, q)
-    }
-
-    /// The window `[pos - before, pos + after)` of the document holding position `pos` of
-    /// shard `s`, cut to the document (the infini-gram engine's `*_2` document getters).
-    pub fn window_at(&self, s: usize, pos: usize, before: usize, after: usize) -> Result<Document> {
-        window_at(self, s, pos, before, after)
-    }
-
-    /// Documents in all shards.
-    pub fn num_docs(&self) -> u64 {
-        self.shards().iter().map(|s| s.num_docs() as u64).sum()
-    }
-
-    /// The first `max_len` tokens of document `doc_ix` (numbered across shards).
-    pub fn get_doc_by_ix(&self, doc_ix: u64, max_len: usize) -> Result<Document> {
-        get_doc_by_ix(self, doc_ix, max_len)
-    }
-
-    /// The document around suffix-array rank `rank` of shard `s` (a window of `max_disp_len`).
-    pub fn get_doc_by_rank(
-        &self,
-        s: usize,
-        rank: usize,
-        needle_len: usize,
-        max_disp_len: usize,
-    ) -> Result<Document> {
-        get_doc_by_rank(self, s, rank, needle_len, max_disp_len)
-    }
-
-    /// The document around token position `ptr` of shard `s`.
-    pub fn get_doc_by_ptr(
-        &self,
-        s: usize,
-        ptr: usize,
-        needle_len: usize,
-        max_disp_len: usize,
-    ) -> Result<Document> {
-        get_doc_by_ptr(self, s, ptr, needle_len, max_disp_len)
-    }
-
-    /// Documents matching a CNF: every clause (an OR of n-grams) has an occurrence within
-    /// `max_diff_tokens` of an occurrence of the rarest clause, in the same document.
-    pub fn search_docs(
-        &self,
-        cnf: &[Vec<Vec<u32>>],
-        maxnum: usize,
-        max_diff_tokens: usize,
-        max_clause_freq: usize,
-        max_disp_len: usize,
-    ) -> Result<SearchResult> {
-        search_docs(
-            self,
-            cnf,
-            maxnum,
-            max_diff_tokens,
-            max_clause_freq,
-            max_disp_len,
-        )
-    }
-
-    /// For each position `j` of `tokens`, the longest span ending at `j` that occurs in the
-    /// corpus, and its count.
-    pub fn longest_match(&self, tokens: &[u32]) -> Result<Vec<Match>> {
-        longest_match(self, tokens)
-    }
-
-    /// Up to `max_docs` distinct documents holding `span`, each a window of `around` tokens
-    /// around an occurrence (attribution's documents).
-    pub fn span_documents(
-        &self,
-        span: &[u32],
-        max_docs: usize,
-        around: usize,
-    ) -> Result<Vec<Document>> {
-        span_documents(self, span, max_docs, around)
-    }
 }
 
 /// The in-process shards of an index, asked directly.

@@ -16,11 +16,11 @@
 //! * `infgram_*`: the same on the longest suffix of the prompt that occurs (`suffix_len` tokens
 //!   long; 0 means the unigram distribution).
 //!
-//! The estimators need another convention, kept in [`Index::infgram_counts`] and
+//! The estimators need another convention, kept in [`Shards::infgram_counts`] and
 //! [`Shards::next_counts`]: there an occurrence at a document's end has no next token, and the
 //! ∞-gram backs off past a suffix that has only such occurrences.
 //!
-//! [`Index::infgram_counts`]: super::Index::infgram_counts
+//! [`Shards::infgram_counts`]: super::partial::Shards::infgram_counts
 //! [`Shards::next_counts`]: super::partial::Shards::next_counts
 
 use super::{Range, Shard};
@@ -461,7 +461,7 @@ impl<S: AsRef<[u8]>> Shard<S> {
     }
 
     /// This shard's part of a CNF search anchored at clause `anchor` (see
-    /// [`search_docs`](super::partial::search_docs)): the anchor's occurrences that every other clause has an
+    /// [`search_docs`](super::partial::Shards::search_docs)): the anchor's occurrences that every other clause has an
     /// occurrence near (within `max_diff_tokens`, in the same document), the first `maxnum`
     /// of their documents, and the factor that scales sampled counts back up.
     pub fn cnf_part(

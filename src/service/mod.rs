@@ -76,9 +76,9 @@ pub mod rows {
 
 /// An index's shards as a front end spreads them over processes or hosts (Python's
 /// `RemoteIndex` and `InfiniGramEngine`, the Ray cluster): one shard's typed query and answer,
-/// the [`Shards`](crate::index::partial::Shards) a query is asked of (local or remote), the
-/// queries over them ([`partial`](crate::index::partial): `find`, `ntd`, `infgram_prob`… each merged from the shards' answers), and the
-/// answer shapes the front ends return.
+/// the [`Shards`](crate::index::partial::Shards) a query is asked of (local or remote) with
+/// the queries as its methods (`find`, `ntd`, `infgram_prob`…, each merged from the shards'
+/// answers), and the answer shapes the front ends return.
 pub mod shards {
     pub use crate::index::infini_gram::is_infini_gram_dir;
     pub use crate::index::partial::{

@@ -8,7 +8,7 @@
 
 use crate::error::{Error, Result};
 pub use crate::eval::attribution::{attribute, creativity, Creativity, Span};
-use crate::index::partial::{self as ask, Shards};
+use crate::index::partial::Shards;
 pub use crate::index::query::TokenProb;
 use crate::index::query::{CountResult, Document, FindResult, Match, NtdResult, ProbResult};
 use crate::ngram::batch::{rows_over, Rows, RowsOptions};
@@ -782,20 +782,20 @@ pub fn execute_within(
             max_clause_freq,
             ..
         } => {
-            let r = ask::search_docs(index, cnf, 0, *max_diff_tokens, *max_clause_freq, 0)?;
+            let r = index.search_docs(cnf, 0, *max_diff_tokens, *max_clause_freq, 0)?;
             Answer::Count(CountResult {
                 count: r.cnt,
                 approx: r.approx,
             })
         }
-        Query::Count { .. } => Answer::Count(ask::count(index, &ids)?),
-        Query::Prob { cont, .. } => Answer::Prob(ask::prob(index, &ids, cont.token(tok)?)?),
-        Query::Ntd { eos_token_id, .. } => Answer::Ntd(ask::ntd(index, &ids, *eos_token_id)?),
+        Query::Count { .. } => Answer::Count(index.count(&ids)?),
+        Query::Prob { cont, .. } => Answer::Prob(index.prob(&ids, cont.token(tok)?)?),
+        Query::Ntd { eos_token_id, .. } => Answer::Ntd(index.ntd(&ids, *eos_token_id)?),
         Query::InfgramProb { cont, .. } => {
-            Answer::Prob(ask::infgram_prob(index, &ids, cont.token(tok)?)?)
+            Answer::Prob(index.infgram_prob(&ids, cont.token(tok)?)?)
         }
         Query::InfgramNtd { eos_token_id, .. } => {
-            Answer::Ntd(ask::infgram_ntd(index, &ids, *eos_token_id)?)
+            Answer::Ntd(index.infgram_ntd(&ids, *eos_token_id)?)
         }
         Query::InfgramRows {
             eos_token_id,
@@ -812,9 +812,9 @@ pub fn execute_within(
             };
             Answer::Rows(RowsAnswer::new(&rows_over(index, &ids, &options)?))
         }
-        Query::Find { .. } => Answer::Find(ask::find(index, &ids)?),
+        Query::Find { .. } => Answer::Find(index.find(&ids)?),
         Query::LongestMatch { .. } => Answer::LongestMatch(LongestMatchAnswer {
-            matches: ask::longest_match(index, &ids)?,
+            matches: index.longest_match(&ids)?,
         }),
         Query::Attribute {
             min_len,
@@ -840,8 +840,7 @@ pub fn execute_within(
             ..
         } => {
             let cnf = cnf.clone().unwrap_or_else(|| vec![vec![ids]]);
-            let r = ask::search_docs(
-                index,
+            let r = index.search_docs(
                 &cnf,
                 *maxnum,
                 *max_diff_tokens,
@@ -864,7 +863,7 @@ pub fn execute_within(
             max_disp_len,
             ..
         } => Answer::Document(DocAnswer::new(
-            ask::get_doc_by_rank(index, *s, *rank, ids.len(), *max_disp_len)?,
+            index.get_doc_by_rank(*s, *rank, ids.len(), *max_disp_len)?,
             tok,
         )?),
         Query::GetDocByPtr {
@@ -873,7 +872,7 @@ pub fn execute_within(
             max_disp_len,
             ..
         } => Answer::Document(DocAnswer::new(
-            ask::get_doc_by_ptr(index, *s, *ptr, ids.len(), *max_disp_len)?,
+            index.get_doc_by_ptr(*s, *ptr, ids.len(), *max_disp_len)?,
             tok,
         )?),
     })
