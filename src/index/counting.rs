@@ -16,7 +16,7 @@
 //! [`ShardQuery::ContinuationPairs`]: super::partial::ShardQuery::ContinuationPairs
 //! [`ShardQuery::SuffixGroups`]: super::partial::ShardQuery::SuffixGroups
 
-use super::query::{merge_counts, tally_sorted, Counts, Occ};
+use super::query::{tally_sorted, Counts, Occ};
 use super::{Index, Shard};
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -172,42 +172,20 @@ pub(crate) fn shard_suffix_groups<S: AsRef<[u8]>>(
     // Suffix order is the padded keys' order except at the text's end and in shards sorted
     // by bytes: sort, and join the groups a key's suffixes fell into.
     groups.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut out: Vec<SuffixGroup> = Vec::new();
-    for (k, mut lefts) in groups {
-        let cut = k.iter().position(|&t| t == sep).unwrap_or(k.len());
-        if let Some(last) = out.last_mut().filter(|g| g.key == k[..cut]) {
-            last.lefts.extend(lefts.iter().map(|&l| (l, 1)));
-            last.lefts.sort_unstable();
-            last.lefts = join_lefts(std::mem::take(&mut last.lefts));
-            continue;
+    let mut groups = groups.into_iter().peekable();
+    let mut out = Vec::new();
+    while let Some((mut k, mut lefts)) = groups.next() {
+        while let Some((_, more)) = groups.next_if(|(k2, _)| *k2 == k) {
+            lefts.extend(more);
         }
         lefts.sort_unstable();
+        k.truncate(k.iter().position(|&t| t == sep).unwrap_or(k.len()));
         out.push(SuffixGroup {
-            key: k[..cut].to_vec(),
-            lefts: join_lefts(lefts.into_iter().map(|l| (l, 1)).collect()),
+            key: k,
+            lefts: tally_sorted(lefts),
         });
     }
     out
-}
-
-/// Sorted `(token, n)` with equal tokens joined.
-fn join_lefts(sorted: Vec<(u32, u64)>) -> Vec<(u32, u64)> {
-    let mut out: Vec<(u32, u64)> = Vec::with_capacity(sorted.len());
-    for (t, n) in sorted {
-        match out.last_mut() {
-            Some((u, m)) if *u == t => *m += n,
-            _ => out.push((t, n)),
-        }
-    }
-    out
-}
-
-/// The corpus trait's `next_counts` over an index in this process.
-pub(crate) fn index_next_counts<S: AsRef<[u8]> + Sync>(index: &Index<S>, h: &[u32]) -> Counts {
-    merge_counts(index.shards().iter().map(|s| {
-        let r = s.find(h);
-        s.occ_counts(Occ::Fwd(r), h)
-    }))
 }
 
 /// Continuation counts from (next, previous) pairs of every shard: their union, tallied by
@@ -216,6 +194,20 @@ pub(crate) fn tally_union(mut pairs: Vec<(u32, u32)>) -> Counts {
     pairs.sort_unstable();
     pairs.dedup();
     tally_sorted(pairs.into_iter().map(|(x, _)| x))
+}
+
+/// The continuation counts of `q` from its occurrences `parts` in each of several shards: the
+/// union of their (next, previous) pairs (an index in this process, shards in one place).
+pub(crate) fn continuations_of<'s, S: AsRef<[u8]> + 's>(
+    parts: impl IntoIterator<Item = (&'s Shard<S>, Occ)>,
+    q: &[u32],
+    keep_end: bool,
+) -> Counts {
+    let mut pairs: Vec<(u32, u32)> = Vec::new();
+    for (s, occ) in parts {
+        pairs.extend(s.continuation_pairs(occ, q, keep_end));
+    }
+    tally_union(pairs)
 }
 
 /// A shard's answer to a `ContinuationPairs` question.
@@ -276,11 +268,7 @@ pub(crate) fn continuation_by_scan<S: AsRef<[u8]>>(
     h: &[u32],
     keep_end: bool,
 ) -> Counts {
-    let mut pairs: Vec<(u32, u32)> = Vec::new();
-    for s in shards {
-        pairs.extend(shard_continuation_pairs(s, h, keep_end));
-    }
-    tally_union(pairs)
+    continuations_of(shards.iter().map(|s| (s, Occ::Fwd(s.find(h)))), h, keep_end)
 }
 
 #[cfg(test)]

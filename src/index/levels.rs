@@ -7,7 +7,7 @@
 //! nest), so the change points cost one binary search per suffix length that occurs, and the
 //! counts are computed only at change points (cached for large, recurring ranges).
 
-use crate::index::counting::tally_union;
+use crate::index::counting::continuations_of;
 use crate::index::counts_cache::{CacheStats, CountsCache, Lookup};
 use crate::index::query::{merge_counts, tally_sorted_into, Counts, Occ};
 use crate::index::{Index, Shard};
@@ -230,11 +230,8 @@ impl LevelFinder {
         }
         // Distinct tokens before a continuation do not add over shards: count the union of
         // their pairs, as one index of all the documents would.
-        let mut pairs = Vec::new();
-        for (_, sh, occ) in found {
-            pairs.extend(sh.continuation_pairs(occ, q, self.keep_end));
-        }
-        Arc::new(tally_union(pairs))
+        let parts = found.into_iter().map(|(_, sh, occ)| (sh, occ));
+        Arc::new(continuations_of(parts, q, self.keep_end))
     }
 
     /// The counts (continuation counts with `continuation`) of `q` at each `(shard number,

@@ -362,11 +362,7 @@ pub trait Shards {
     /// The exact next-token counts of `h` over every shard, documents' ends left out (the
     /// estimators' view; an id outside the vocabulary has none). One round trip.
     fn next_counts(&self, h: &[u32]) -> Result<Counts> {
-        let q = ShardQuery::NextCounts {
-            q: h.to_vec(),
-            occ: None,
-        };
-        let parts = next_counts_parts(ask_all(self, q)?)?;
+        let parts = next_counts_unchecked(self, h)?;
         Ok(merge_next_counts(&parts, self.separator()))
     }
 
@@ -395,12 +391,11 @@ pub trait Shards {
 
     /// Occurrences of `q` (`count([])` = positions, separators included).
     fn count(&self, q: &[u32]) -> Result<CountResult> {
-        let shards = self;
         let count = if q.is_empty() {
-            shards.check_tokens(q)?;
-            shards.infos().iter().map(|i| i.tokens).sum()
+            self.check_tokens(q)?;
+            self.infos().iter().map(|i| i.tokens).sum()
         } else {
-            shards.find(q)?.cnt
+            self.find(q)?.cnt
         };
         Ok(CountResult {
             count,
@@ -410,19 +405,17 @@ pub trait Shards {
 
     /// `count(prompt·cont) / count(prompt)`.
     fn prob(&self, prompt: &[u32], cont: u32) -> Result<ProbResult> {
-        let shards = self;
-        let prompt_cnt = shards.count(prompt)?.count;
+        let prompt_cnt = self.count(prompt)?.count;
         let mut full = prompt.to_vec();
         full.push(cont);
-        let cont_cnt = shards.count(&full)?.count;
+        let cont_cnt = self.count(&full)?.count;
         Ok(ProbResult::new(prompt_cnt, cont_cnt, None))
     }
 
     /// Suffix-array segments of `q` in every shard.
     fn find(&self, q: &[u32]) -> Result<FindResult> {
-        let shards = self;
-        shards.check_tokens(q)?;
-        let segs = ask_all(shards, ShardQuery::Find { q: q.to_vec() })?
+        self.check_tokens(q)?;
+        let segs = ask_all(self, ShardQuery::Find { q: q.to_vec() })?
             .into_iter()
             .map(|a| match a {
                 ShardAnswer::Range { range } => Ok(range),
@@ -437,17 +430,15 @@ pub trait Shards {
 
     /// Exact next-token distribution of `prompt` as the query API reports it.
     fn ntd(&self, prompt: &[u32], eos: Option<u32>) -> Result<NtdResult> {
-        let shards = self;
-        let parts = next_counts_everywhere(shards, prompt)?;
-        Ok(merge_ntd(parts, shards.separator(), eos, None))
+        let parts = next_counts_everywhere(self, prompt)?;
+        Ok(merge_ntd(parts, self.separator(), eos, None))
     }
 
     /// The length of the longest suffix of `prompt` that occurs in some shard (round one of the
     /// ∞-gram queries alone).
     fn longest_suffix(&self, prompt: &[u32]) -> Result<usize> {
-        let shards = self;
-        shards.check_tokens(prompt)?;
-        Ok(suffix_round(shards, prompt)?
+        self.check_tokens(prompt)?;
+        Ok(suffix_round(self, prompt)?
             .iter()
             .map(|t| t.0)
             .max()
@@ -457,17 +448,15 @@ pub trait Shards {
     /// ∞-gram next-token distribution of the query API: [`Shards::ntd`] of the longest suffix of
     /// `prompt` that occurs.
     fn infgram_ntd(&self, prompt: &[u32], eos: Option<u32>) -> Result<NtdResult> {
-        let shards = self;
-        let (l, parts) = occurring_suffix(shards, prompt)?;
-        Ok(merge_ntd(parts, shards.separator(), eos, Some(l)))
+        let (l, parts) = occurring_suffix(self, prompt)?;
+        Ok(merge_ntd(parts, self.separator(), eos, Some(l)))
     }
 
     /// ∞-gram probability of `cont` after `prompt`: [`Shards::prob`] of the longest suffix of `prompt`
     /// that occurs.
     fn infgram_prob(&self, prompt: &[u32], cont: u32) -> Result<ProbResult> {
-        let shards = self;
-        shards.check_tokens(&[cont])?;
-        let (l, parts) = occurring_suffix(shards, prompt)?;
+        self.check_tokens(&[cont])?;
+        let (l, parts) = occurring_suffix(self, prompt)?;
         let prompt_cnt: u64 = parts.iter().map(|p| p.0).sum();
         let cont_cnt: u64 = parts
             .iter()
@@ -483,13 +472,12 @@ pub trait Shards {
     /// Next-token counts of the ∞-gram: those of the longest suffix of `prompt` followed by a
     /// token somewhere (a suffix found only at documents' ends is backed off past).
     fn infgram_counts(&self, prompt: &[u32]) -> Result<(usize, Counts)> {
-        let shards = self;
-        shards.check_tokens(prompt)?;
-        let tops = suffix_round(shards, prompt)?;
+        self.check_tokens(prompt)?;
+        let tops = suffix_round(self, prompt)?;
         let mut l = tops.iter().map(|t| t.0).max().unwrap_or(0);
-        let sep = shards.separator();
+        let sep = self.separator();
         loop {
-            let counts = merge_next_counts(&counts_round(shards, prompt, l, &tops)?, sep);
+            let counts = merge_next_counts(&counts_round(self, prompt, l, &tops)?, sep);
             if l == 0 || !counts.is_empty() {
                 return Ok((l, counts));
             }
@@ -500,15 +488,13 @@ pub trait Shards {
     /// The window `[pos − before, pos + after)` of the document holding position `pos` of shard
     /// `s`, cut to the document.
     fn window_at(&self, s: usize, pos: usize, before: usize, after: usize) -> Result<Document> {
-        let shards = self;
-        let infos = check_position(shards, s, pos, "position")?;
-        fetch_window(shards, s, ShardQuery::Window { pos, before, after }, &infos)
+        let infos = check_position(self, s, pos, "position")?;
+        fetch_window(self, s, ShardQuery::Window { pos, before, after }, &infos)
     }
 
     /// The first `max_len` tokens of document `doc_ix` (numbered across shards).
     fn get_doc_by_ix(&self, doc_ix: u64, max_len: usize) -> Result<Document> {
-        let shards = self;
-        let infos = shards.infos();
+        let infos = self.infos();
         let firsts = first_docs(&infos);
         let s = (0..infos.len())
             .find(|&s| doc_ix >= firsts[s] && doc_ix - firsts[s] < infos[s].documents)
@@ -519,7 +505,7 @@ pub trait Shards {
                 ))
             })?;
         let doc = (doc_ix - firsts[s]) as usize;
-        fetch_window(shards, s, ShardQuery::Doc { doc, max_len }, &infos)
+        fetch_window(self, s, ShardQuery::Doc { doc, max_len }, &infos)
     }
 
     /// The window `[pos − before, pos + after)` of the document holding the suffix of rank `rank`
@@ -531,14 +517,13 @@ pub trait Shards {
         before: usize,
         after: usize,
     ) -> Result<Document> {
-        let shards = self;
-        let infos = check_position(shards, s, rank, "rank")?;
+        let infos = check_position(self, s, rank, "rank")?;
         let q = ShardQuery::RankWindow {
             rank,
             before,
             after,
         };
-        fetch_window(shards, s, q, &infos)
+        fetch_window(self, s, q, &infos)
     }
 
     /// The document around suffix-array rank `rank` of shard `s` (a window of `max_disp_len`).
@@ -549,9 +534,8 @@ pub trait Shards {
         needle_len: usize,
         max_disp_len: usize,
     ) -> Result<Document> {
-        let shards = self;
         let half = max_disp_len / 2;
-        shards.window_at_rank(s, rank, half, needle_len + half)
+        self.window_at_rank(s, rank, half, needle_len + half)
     }
 
     /// The document around token position `ptr` of shard `s`.
@@ -562,15 +546,14 @@ pub trait Shards {
         needle_len: usize,
         max_disp_len: usize,
     ) -> Result<Document> {
-        let shards = self;
-        let infos = check_position(shards, s, ptr, "pointer")?;
+        let infos = check_position(self, s, ptr, "pointer")?;
         let half = max_disp_len / 2;
         let q = ShardQuery::Window {
             pos: ptr,
             before: half,
             after: needle_len + half,
         };
-        fetch_window(shards, s, q, &infos)
+        fetch_window(self, s, q, &infos)
     }
 
     /// Documents matching a CNF: every clause (an OR of n-grams) has an occurrence within
@@ -585,7 +568,6 @@ pub trait Shards {
         max_clause_freq: usize,
         max_disp_len: usize,
     ) -> Result<SearchResult> {
-        let shards = self;
         if cnf.is_empty()
             || cnf
                 .iter()
@@ -596,7 +578,7 @@ pub trait Shards {
             ));
         }
         for g in cnf.iter().flatten() {
-            shards.check_tokens(g)?;
+            self.check_tokens(g)?;
         }
         if max_clause_freq == 0 {
             return Err(Error::input(
@@ -609,7 +591,7 @@ pub trait Shards {
             0
         } else {
             let mut totals = vec![0u64; cnf.len()];
-            for a in ask_all(shards, ShardQuery::ClauseTotals { cnf: cnf.to_vec() })? {
+            for a in ask_all(self, ShardQuery::ClauseTotals { cnf: cnf.to_vec() })? {
                 let ShardAnswer::ClauseTotals { totals: t } = a else {
                     return Err(wrong_answer("clause totals"));
                 };
@@ -627,14 +609,14 @@ pub trait Shards {
             maxnum,
             max_disp_len,
         };
-        let firsts = first_docs(&shards.infos());
+        let firsts = first_docs(&self.infos());
         let mut result = SearchResult {
             cnt: 0,
             approx: false,
             documents: Vec::new(),
             ptrs_by_shard: Vec::new(),
         };
-        for (s, a) in ask_all(shards, q)?.into_iter().enumerate() {
+        for (s, a) in ask_all(self, q)?.into_iter().enumerate() {
             let ShardAnswer::Cnf(part) = a else {
                 return Err(wrong_answer("a CNF search"));
             };
@@ -658,8 +640,7 @@ pub trait Shards {
         max_docs: usize,
         around: usize,
     ) -> Result<Vec<Document>> {
-        let shards = self;
-        shards.check_tokens(span)?;
+        self.check_tokens(span)?;
         if span.is_empty() || max_docs == 0 {
             return Ok(Vec::new());
         }
@@ -669,9 +650,9 @@ pub trait Shards {
             before: around / 2,
             after: span.len() + around / 2,
         };
-        let firsts = first_docs(&shards.infos());
+        let firsts = first_docs(&self.infos());
         let mut out = Vec::new();
-        for (s, a) in ask_all(shards, q)?.into_iter().enumerate() {
+        for (s, a) in ask_all(self, q)?.into_iter().enumerate() {
             let ShardAnswer::Documents { documents } = a else {
                 return Err(wrong_answer("documents of a span"));
             };
@@ -690,13 +671,12 @@ pub trait Shards {
     /// corpus, and its count: each shard's longest, the longest of those, and the counts of the
     /// shards that have it.
     fn longest_match(&self, tokens: &[u32]) -> Result<Vec<Match>> {
-        let shards = self;
-        shards.check_tokens(tokens)?;
+        self.check_tokens(tokens)?;
         let q = ShardQuery::LongestMatches {
             tokens: tokens.to_vec(),
         };
         let mut out: Vec<Match> = vec![Match { len: 0, count: 0 }; tokens.len()];
-        for a in ask_all(shards, q)? {
+        for a in ask_all(self, q)? {
             let ShardAnswer::Matches { matches } = a else {
                 return Err(wrong_answer("longest matches"));
             };
@@ -993,6 +973,14 @@ fn next_counts_everywhere(
     prompt: &[u32],
 ) -> Result<Vec<(u64, Counts)>> {
     shards.check_tokens(prompt)?;
+    next_counts_unchecked(shards, prompt)
+}
+
+/// [`next_counts_everywhere`] without the vocabulary check: an id outside it has no counts.
+fn next_counts_unchecked(
+    shards: &(impl Shards + ?Sized),
+    prompt: &[u32],
+) -> Result<Vec<(u64, Counts)>> {
     let q = ShardQuery::NextCounts {
         q: prompt.to_vec(),
         occ: None,
@@ -1162,7 +1150,7 @@ fn suffix_feeds_over(
     let asks = (0..shards.shard_count())
         .map(|s| (s, ShardQuery::SuffixGroups { order }))
         .collect();
-    let per_shard = shards
+    let mut per_shard = shards
         .ask(asks)?
         .into_iter()
         .map(|a| match a {
@@ -1172,24 +1160,25 @@ fn suffix_feeds_over(
         .collect::<Result<Vec<_>>>()?;
     let longest = per_shard.iter().flatten().map(|g| g.key.len()).max();
     let width = order.min(longest.map_or(1, |l| l + 1));
+    // Keys are at most `width` long (no longer than the longest, or the order): pad them once
+    // with the separator, the order the merge compares in.
     let sep = shards.separator();
+    for g in per_shard.iter_mut().flatten() {
+        g.key.resize(width, sep);
+    }
     let feed = move |f: &mut dyn FnMut(&[u32], u32, u64)| {
-        let padded = |g: &SuffixGroup| {
-            let mut key = g.key.clone();
-            key.resize(width.max(key.len()), sep);
-            key.truncate(width);
-            key
-        };
         let mut next: Vec<usize> = vec![0; per_shard.len()];
-        loop {
-            let best = (0..per_shard.len())
-                .filter_map(|j| per_shard[j].get(next[j]).map(|g| (j, padded(g))))
-                .min_by(|a, b| a.1.cmp(&b.1));
-            let Some((j, key)) = best else { break };
-            for &(left, n) in &per_shard[j][next[j]].lefts {
-                f(&key, left, n);
+        while let Some(g) = (0..per_shard.len())
+            .filter_map(|j| per_shard[j].get(next[j]).map(|g| (j, g)))
+            .min_by(|a, b| a.1.key.cmp(&b.1.key))
+            .map(|(j, g)| {
+                next[j] += 1;
+                g
+            })
+        {
+            for &(left, n) in &g.lefts {
+                f(&g.key, left, n);
             }
-            next[j] += 1;
         }
     };
     Ok(SuffixFeeds {
@@ -1388,10 +1377,6 @@ impl<S: AsRef<[u8]> + Sync> Shards for Index<S> {
         spans::follow_local(self, m, (x, full), |t| self.holds_token(t))
     }
 
-    fn next_counts(&self, h: &[u32]) -> Result<Counts> {
-        Ok(counting::index_next_counts(self, h))
-    }
-
     fn continuation_counts(&self, hs: &[&[u32]], keep_end: bool) -> Result<Vec<Counts>> {
         Ok(hs
             .iter()
@@ -1464,10 +1449,6 @@ impl<T: Shards + ?Sized> Shards for std::sync::Arc<T> {
 
     fn follow(&self, m: &SuffixMatch, x: u32, full: usize) -> Option<SuffixMatch> {
         (**self).follow(m, x, full)
-    }
-
-    fn next_counts(&self, h: &[u32]) -> Result<Counts> {
-        (**self).next_counts(h)
     }
 
     fn continuation_counts(&self, hs: &[&[u32]], keep_end: bool) -> Result<Vec<Counts>> {

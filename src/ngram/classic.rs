@@ -81,21 +81,13 @@ pub fn is_words_index(corpus: &(impl Shards + ?Sized)) -> bool {
 }
 
 /// Whether `corpus` was indexed in sentence mode: a words index whose first document starts
-/// with `<s>` (asked of its first shard).
+/// with `<s>`.
 pub fn is_sentence_index(corpus: &(impl Shards + ?Sized)) -> Result<bool> {
-    if !is_words_index(corpus) || corpus.infos().first().is_none_or(|i| i.documents == 0) {
+    if !is_words_index(corpus) || corpus.num_docs() == 0 {
         return Ok(false);
     }
-    let q = crate::index::partial::ShardQuery::Doc { doc: 0, max_len: 1 };
-    match corpus.ask(vec![(0, q)])?.pop() {
-        Some(crate::index::partial::ShardAnswer::Document(d)) => {
-            Ok(d.document.token_ids.first() == Some(&crate::tokenizer::words::BOS))
-        }
-        _ => Err(Error::input(
-            "a shard answered its first document with another kind of answer (a shard of \
-             another version?)",
-        )),
-    }
+    let first = corpus.get_doc_by_ix(0, 1)?;
+    Ok(first.token_ids.first() == Some(&crate::tokenizer::words::BOS))
 }
 
 /// KenLM's default fallback discounts (`--discount_fallback` with no values).
