@@ -62,6 +62,16 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// A failure that an option of the request fixes, named as the request names it
+    /// (`floor`); front ends rename it to their own flag or parameter
+    /// ([`Error::rename_field`]), and the message shows it where it says `{option}`.
+    #[error("{}", .message.replace("{option}", option))]
+    Option {
+        /// The option (a request's name for it, or a front end's own).
+        option: &'static str,
+        /// What went wrong and how the option helps, with `{option}` where it is named.
+        message: String,
+    },
     /// A named resource (an index of a catalog) that is not there.
     #[error("{0}")]
     NotFound(String),
@@ -111,15 +121,24 @@ impl Error {
     pub fn rename_field(self, names: &[(&str, &'static str)]) -> Self {
         match self {
             Error::Field { field, message } => Error::Field {
-                field: names
-                    .iter()
-                    .find(|(from, _)| *from == field)
-                    .map_or(field, |(_, to)| to),
+                field: renamed(names, field),
+                message,
+            },
+            Error::Option { option, message } => Error::Option {
+                option: renamed(names, option),
                 message,
             },
             other => other,
         }
     }
+}
+
+/// `name`'s new name in `names` (`(from, to)` pairs), or `name`.
+fn renamed(names: &[(&str, &'static str)], name: &'static str) -> &'static str {
+    names
+        .iter()
+        .find(|(from, _)| *from == name)
+        .map_or(name, |(_, to)| to)
 }
 
 #[cfg(feature = "neural")]

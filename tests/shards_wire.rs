@@ -16,11 +16,116 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// An index's shards asked through JSON, as a remote router asks them; counts the round trips
-/// and, past `fail_after` of them, fails as a shard that stays down.
+/// and, past `fail_after` of them, fails as a shard that stays down; with `mutation`, alters
+/// one field of one answer on the way back, as a damaged or hostile shard would.
 struct Wire {
     index: Arc<Index<Vec<u8>>>,
     trips: AtomicUsize,
     fail_after: usize,
+    mutation: Option<Mutation>,
+    answers: AtomicUsize,
+    /// Suffixes a page of suffix groups covers, in place of the one asked for.
+    page: Option<usize>,
+}
+
+/// One field of one answer altered: the `answer`-th answer the wire carries, its `leaf`-th
+/// number (counted modulo the answer's numbers) set to a value no true answer of the test's
+/// small corpora holds, or its kind changed.
+#[derive(Clone, Copy, Debug)]
+struct Mutation {
+    answer: usize,
+    leaf: usize,
+    how: How,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum How {
+    /// The number set to this value (past every position, document and id of the corpora).
+    Set(u64),
+    /// A suffix-array range's two ends swapped (where the number is one: another pair of
+    /// numbers swapped can be a true answer).
+    Swap,
+    /// Another kind of answer, its fields kept.
+    Kind,
+}
+
+impl Mutation {
+    /// Applies the mutation to one answer's JSON.
+    fn apply(&self, v: &mut serde_json::Value) {
+        if let How::Kind = self.how {
+            let kinds = [
+                "range",
+                "suffix",
+                "next_counts",
+                "matches",
+                "levels",
+                "pairs",
+            ];
+            let now = v["answer"].as_str().unwrap_or("").to_string();
+            let other = kinds.iter().find(|k| **k != now).unwrap();
+            v["answer"] = serde_json::json!(other);
+            return;
+        }
+        let mut leaves = Vec::new();
+        number_paths(v, &mut Vec::new(), &mut leaves);
+        if leaves.is_empty() {
+            return;
+        }
+        let path = &leaves[self.leaf % leaves.len()];
+        match self.how {
+            How::Set(x) => {
+                let slot = at_path(v, path);
+                *slot = if slot.is_f64() {
+                    serde_json::json!(x as f64)
+                } else {
+                    serde_json::json!(x)
+                };
+            }
+            How::Swap => {
+                let (last, parent) = path.split_last().unwrap();
+                let ranged = ["range", "fwd", "rev"];
+                if !parent.last().is_some_and(|k| ranged.contains(&k.as_str())) {
+                    return;
+                }
+                if let serde_json::Value::Array(a) = at_path(v, parent) {
+                    let i: usize = last.parse().unwrap();
+                    if i + 1 < a.len() {
+                        a.swap(i, i + 1);
+                    }
+                }
+            }
+            How::Kind => unreachable!(),
+        }
+    }
+}
+
+/// The paths (keys and indexes) of every number in `v`.
+fn number_paths(v: &serde_json::Value, path: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+    match v {
+        serde_json::Value::Number(_) => out.push(path.clone()),
+        serde_json::Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                path.push(i.to_string());
+                number_paths(x, path, out);
+                path.pop();
+            }
+        }
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                path.push(k.clone());
+                number_paths(x, path, out);
+                path.pop();
+            }
+        }
+        _ => {}
+    }
+}
+
+fn at_path<'v>(v: &'v mut serde_json::Value, path: &[String]) -> &'v mut serde_json::Value {
+    path.iter().fold(v, |v, k| match v {
+        serde_json::Value::Array(a) => &mut a[k.parse::<usize>().unwrap()],
+        v => &mut v[k.as_str()],
+    })
 }
 
 impl Wire {
@@ -29,6 +134,9 @@ impl Wire {
             index: index.clone(),
             trips: AtomicUsize::new(0),
             fail_after: usize::MAX,
+            mutation: None,
+            answers: AtomicUsize::new(0),
+            page: None,
         }
     }
 
@@ -68,13 +176,29 @@ impl Shards for Wire {
             .collect();
         let received = sent
             .iter()
-            .map(|(s, q)| (*s, serde_json::from_str(q).unwrap()))
+            .map(|(s, q)| {
+                let mut q: ShardQuery = serde_json::from_str(q).unwrap();
+                if let (ShardQuery::SuffixGroups { max_suffixes, .. }, Some(page)) =
+                    (&mut q, self.page)
+                {
+                    *max_suffixes = page;
+                }
+                (*s, q)
+            })
             .collect();
         let answers = self.index.ask(received)?;
-        Ok(answers
+        answers
             .iter()
-            .map(|a| serde_json::from_str(&serde_json::to_string(a).unwrap()).unwrap())
-            .collect())
+            .map(|a| {
+                let mut v = serde_json::to_value(a).unwrap();
+                let i = self.answers.fetch_add(1, Ordering::Relaxed);
+                if let Some(m) = self.mutation.filter(|m| m.answer == i) {
+                    m.apply(&mut v);
+                }
+                serde_json::from_value(v)
+                    .map_err(|e| Error::Unavailable(format!("not a shard answer: {e}")))
+            })
+            .collect()
     }
 }
 
@@ -161,10 +285,13 @@ fn check(docs: &[Vec<u32>], vocab: usize, queries: &[Vec<u32>]) {
     }
 }
 
+/// Documents of ids in the vocabulary (`0..vocab`, as every index of a tokenizer holds), and
+/// queries that may hold the id past it.
 fn corpus_and_queries(vocab: u32) -> impl Strategy<Value = (Vec<Vec<u32>>, Vec<Vec<u32>>)> {
-    let tok = prop_oneof![3 => 0..2u32.min(vocab), 1 => 0..vocab + 1];
-    let docs = prop::collection::vec(prop::collection::vec(tok.clone(), 0..30), 1..8);
-    let qs = prop::collection::vec(prop::collection::vec(tok, 0..5), 1..4);
+    let tok = prop_oneof![3 => 0..2u32.min(vocab), 1 => 0..vocab];
+    let query_tok = prop_oneof![3 => 0..2u32.min(vocab), 1 => 0..vocab + 1];
+    let docs = prop::collection::vec(prop::collection::vec(tok, 0..30), 1..8);
+    let qs = prop::collection::vec(prop::collection::vec(query_tok, 0..5), 1..4);
     (docs, qs).prop_map(|(docs, mut qs)| {
         for d in docs.iter().filter(|d| d.len() >= 3) {
             qs.push(d[1..d.len().min(4)].to_vec());
@@ -398,22 +525,27 @@ proptest! {
     }
 }
 
-/// A draft step chained from the last one (the index here chains, shards elsewhere search
-/// again) refuses an id outside the vocabulary as a step that searches does: the case that
-/// found a chained step reading it unchecked.
+/// A draft step chained from the last one (the index here chains) refuses an id outside the
+/// vocabulary as a step that searches does: the case that found a chained step reading it
+/// unchecked, in an index whose documents hold an id past its tokenizer's vocabulary. Shards
+/// elsewhere that answer with such an id are refused at their answer.
 #[test]
 fn a_chained_draft_step_refuses_an_id_outside_the_vocabulary() {
     use infgram::decode::drafters::{CorpusDrafter, CorpusRule};
     use infgram::decode::Drafter;
     let (index, wire) = here_and_there(&[vec![1, 4, 4]], 4);
     let here: SharedShards = index;
-    for shards in [here, wire] {
-        for rule in [CorpusRule::default(), CorpusRule::MostFrequent] {
-            let mut drafter = CorpusDrafter::with_rule(shards.clone(), rule);
-            assert!(drafter.propose(&[1], 6).is_ok());
-            let e = drafter.propose(&[1, 4], 6).unwrap_err().to_string();
-            assert!(e.contains("token id 4 is outside"), "{e}");
-        }
+    for rule in [CorpusRule::default(), CorpusRule::MostFrequent] {
+        let mut drafter = CorpusDrafter::with_rule(here.clone(), rule);
+        assert!(drafter.propose(&[1], 6).is_ok());
+        let e = drafter.propose(&[1, 4], 6).unwrap_err().to_string();
+        assert!(e.contains("token id 4 is outside"), "{e}");
+        let mut drafter = CorpusDrafter::with_rule(wire.clone(), rule);
+        let e = drafter.propose(&[1], 6).unwrap_err().to_string();
+        assert!(
+            e.contains("answered wrongly (token id 4 is outside the vocabulary)"),
+            "{e}"
+        );
     }
 }
 
@@ -490,20 +622,21 @@ proptest! {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
-    /// The counting pass's suffixes, sent by 3 shards as groups and merged, are the index's
-    /// own walk: the same width, the same keys with the same tokens before them.
+    /// The counting pass's suffixes, sent by 3 shards as groups a page at a time and merged,
+    /// are the index's own walk: the same width, the same keys with the same tokens before
+    /// them.
     #[test]
     fn suffix_groups_merged_are_the_index_walk(
         docs in prop::collection::vec(prop::collection::vec(0u32..4, 0..10), 1..8),
         order in 1usize..5,
+        page in 1usize..6,
     ) {
         use infgram::index::counting::SuffixFeeds;
-        use infgram::index::partial::AskOnly;
         let (index, _) = here_and_there(&docs, 4);
         let walk = |feeds: SuffixFeeds<'_>| {
             let mut seen: Vec<(Vec<u32>, u32, u64)> = Vec::new();
             for feed in feeds.feeds {
-                feed(&mut |k: &[u32], l, n| seen.push((k.to_vec(), l, n)));
+                feed(&mut |k: &[u32], l, n| seen.push((k.to_vec(), l, n))).unwrap();
             }
             // Keys come in order; one entry per (key, token before).
             let in_order = seen.windows(2).all(|w| w[0].0 <= w[1].0);
@@ -518,7 +651,9 @@ proptest! {
             (feeds.width, in_order, joined)
         };
         let here = walk(Shards::suffix_feeds(&*index, order).unwrap());
-        let there = walk(AskOnly(index.clone()).suffix_feeds(order).unwrap());
+        // Pages of a few suffixes each (the wire asks for `page`), so groups come in many.
+        let wire = Wire { page: Some(page), ..Wire::new(&index) };
+        let there = walk(wire.suffix_feeds(order).unwrap());
         prop_assert!(there.1, "merged groups out of key order");
         prop_assert_eq!((here.0, &here.2), (there.0, &there.2));
     }
@@ -636,4 +771,139 @@ fn a_model_generation_drafts_from_shards_held_elsewhere() {
     assert_eq!(remote.token_ids, plain.token_ids);
     let stats = remote.stats.as_ref().unwrap();
     assert!(stats.accepted > 0, "{stats:?}");
+}
+
+/// Every reader of the corpus over `shards`, one outcome each (an answer, or "error: …"): the
+/// query types, generation (SBIS with the guard, the smoothed estimator), the ∞-gram's rows,
+/// the corpus drafter, a fixed-order model and perplexity.
+fn every_reader(shards: &SharedShards, queries: &[Vec<u32>], vocab: usize) -> Vec<String> {
+    use infgram::decode::drafters::{CorpusDrafter, CorpusRule};
+    use infgram::decode::Drafter;
+    use infgram::lm::LanguageModel;
+    fn shown<T: std::fmt::Debug>(r: Result<T>) -> String {
+        match r {
+            Ok(x) => format!("{x:?}"),
+            Err(e) => format!("error: {e}"),
+        }
+    }
+    let mut out = Vec::new();
+    for (i, q) in queries.iter().enumerate() {
+        for request in requests(q, &queries[(i + 1) % queries.len()]) {
+            out.push(answer(&**shards, vocab, &request));
+        }
+    }
+    let prompt: Vec<u32> = queries[0]
+        .iter()
+        .copied()
+        .filter(|&t| t < vocab as u32)
+        .collect();
+    let text: Vec<u32> = queries
+        .concat()
+        .into_iter()
+        .filter(|&t| t < vocab as u32)
+        .collect();
+    for (estimator, guard) in [
+        (Estimator::Sbis { k: -1, decay: 0.1 }, Some(2)),
+        (Estimator::Smoothed(Default::default()), None),
+    ] {
+        let cfg = GenConfig {
+            estimator: estimator.clone(),
+            max_tokens: 12,
+            ..gen_config(-1, guard)
+        };
+        for temperature in [0.0, 0.9] {
+            let g = generate_from_corpus(
+                shards.clone(),
+                &prompt,
+                &cfg,
+                &mut sampler(temperature, 7),
+                |_| {},
+            );
+            out.push(shown(g.map(|g| (g.tokens, g.hit_end))));
+        }
+        let rows = InfgramModel::new(shards.clone(), estimator.clone(), 20)
+            .and_then(|mut m| m.score(&text));
+        out.push(shown(rows));
+        let ppl = infgram::eval::ngram::perplexity(&**shards, &text, &estimator, 20, Some(1e-6));
+        out.push(shown(ppl.map(|r| (r.ppl.to_bits(), r.tokens, r.floored))));
+    }
+    for rule in [CorpusRule::default(), CorpusRule::MostFrequent] {
+        let mut drafter = CorpusDrafter::with_rule(shards.clone(), rule);
+        for q in queries {
+            out.push(shown(
+                drafter.propose(q, 6).map(|d| (d.tokens, d.confidence)),
+            ));
+            out.push(shown(drafter.alternatives(q, 3)));
+        }
+    }
+    let smoothing = infgram::ngram::classic::Smoothing::Mkn {
+        fallback: Some([0.5, 1.0, 1.5]),
+    };
+    let model = infgram::ngram::classic::ClassicModel::new(&**shards, 3, smoothing);
+    out.push(shown(
+        model.map(|m| format!("{:?} {:?}", m.stats(), m.discounts())),
+    ));
+    out
+}
+
+/// Runs `f` on a thread of its own: its value, or what went wrong (a panic, or no answer
+/// within `limit`: a hang).
+fn bounded<T: Send + 'static>(
+    limit: std::time::Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::result::Result<T, String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        let _ = tx.send(r.map_err(|p| {
+            p.downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default()
+        }));
+    });
+    match rx.recv_timeout(limit) {
+        Ok(Ok(x)) => Ok(x),
+        Ok(Err(panic)) => Err(format!("panicked: {panic}")),
+        Err(_) => Err(format!("no answer within {limit:?}: a hang")),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+    /// A shard's answer altered in one field (a number past every position, document and id,
+    /// a range's ends swapped, another kind of answer) never hangs a reader and never panics
+    /// it: each reader gives its true outcome or an error.
+    #[test]
+    fn a_wrong_answer_is_an_error_never_a_hang_a_panic_or_a_wrong_number(
+        (docs, qs) in corpus_and_queries(5),
+        shards in 1usize..4,
+        answer in any::<prop::sample::Index>(),
+        leaf in 0usize..64,
+        how in prop_oneof![
+            Just(How::Set(999_999)),
+            Just(How::Set(1 << 32)),
+            Just(How::Set(u64::MAX)),
+            Just(How::Swap),
+            Just(How::Kind),
+        ],
+    ) {
+        let per_shard = docs.len().div_ceil(shards).max(1);
+        let index = Arc::new(Index::from_docs(TokenizerSpec::synthetic(5), &docs, per_shard, true).unwrap());
+        // Pages of 4 suffixes, so that a counting pass's merge reads several.
+        let clean = Arc::new(Wire { page: Some(4), ..Wire::new(&index) });
+        let shared: SharedShards = clean.clone();
+        let truth = every_reader(&shared, &qs, 5);
+        let carried = clean.answers.load(Ordering::Relaxed).max(1);
+        let mutation = Mutation { answer: answer.index(carried), leaf, how };
+        let wire: SharedShards = Arc::new(Wire { mutation: Some(mutation), page: Some(4), ..Wire::new(&index) });
+        let limit = std::time::Duration::from_secs(60);
+        let seen = bounded(limit, move || every_reader(&wire, &qs, 5));
+        let seen = seen.map_err(|e| TestCaseError::fail(format!("{mutation:?}: {e}")))?;
+        prop_assert_eq!(seen.len(), truth.len());
+        let short = |s: &str| s.chars().take(300).collect::<String>();
+        for (got, want) in seen.iter().zip(&truth) {
+            prop_assert!(got == want || got.starts_with("error: "), "{:?}: {} instead of {}", mutation, short(got), short(want));
+        }
+    }
 }

@@ -1,5 +1,6 @@
 //! Building indexes from Python: files, token ids, and slices of a corpus for a cluster.
 use crate::Ans;
+use crate::Guarded;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -27,7 +28,7 @@ pub(crate) fn build_index(
     docs: Option<(u64, u64)>,
 ) -> Ans {
     let tok = py
-        .detach(|| infgram::service::build_tokenizer(tokenizer, &inputs))
+        .guarded(|| infgram::service::build_tokenizer(tokenizer, &inputs))?
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
     let mut opts = infgram::service::build::BuildOptions {
         reverse,
@@ -41,7 +42,7 @@ pub(crate) fn build_index(
         opts.mem_bytes = (g * (1u64 << 30) as f64) as u64;
     }
     let summary = py
-        .detach(|| infgram::service::build::build_index(&inputs, &out, tok.as_ref(), &opts))
+        .guarded(|| infgram::service::build::build_index(&inputs, &out, tok.as_ref(), &opts))?
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
     let d = PyDict::new(py);
     d.set_item("tokens", summary.tokens)?;
@@ -62,7 +63,7 @@ pub(crate) fn plan_slices(
     n: usize,
 ) -> PyResult<Vec<(u64, u64, u64)>> {
     let slices = py
-        .detach(|| infgram::service::build::plan_slices(&inputs, n))
+        .guarded(|| infgram::service::build::plan_slices(&inputs, n))?
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
     Ok(slices
         .into_iter()
@@ -95,9 +96,9 @@ pub(crate) fn build_index_from_ids(
     let per = docs_per_shard.unwrap_or(docs.len().max(1));
     let meta = metadata.unwrap_or_default();
     let summary = py
-        .detach(|| {
+        .guarded(|| {
             infgram::service::build::build_from_ids(&docs, &meta, vocab_size, per, &out, &opts)
-        })
+        })?
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
     let d = PyDict::new(py);
     d.set_item("tokens", summary.tokens)?;

@@ -3,6 +3,7 @@
 //! drafts ([`infgram::service::drafts::Drafts`]). Thread-safe; every call releases the GIL.
 use crate::index::Index;
 use crate::Ans;
+use crate::Guarded;
 use infgram::service::Tokenizer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -126,7 +127,7 @@ impl Drafter {
             None => (None, None),
         };
         let drafts = py
-            .detach(|| -> infgram::Result<Drafts> {
+            .guarded(|| -> infgram::Result<Drafts> {
                 let past = match past_outputs {
                     None => None,
                     Some(file) => {
@@ -150,7 +151,7 @@ impl Drafter {
                 };
                 let store = SessionStore::new(MAX_SESSIONS, session_bytes);
                 Drafts::with_store(corpus, past, prompt_lookup, corpus_rule, Arc::new(store))
-            })
+            })?
             .map_err(py_err)?;
         Ok(Drafter {
             drafts: Arc::new(drafts),
@@ -159,14 +160,14 @@ impl Drafter {
 
     /// Starts request `request_id` after `prompt_ids` (an open request of that id starts over).
     fn start(&self, py: Python<'_>, request_id: &str, prompt_ids: Vec<u32>) -> PyResult<()> {
-        py.detach(|| self.drafts.start(request_id, &prompt_ids))
+        py.guarded(|| self.drafts.start(request_id, &prompt_ids))?
             .map_err(py_err)
     }
 
     /// The engine kept `new_ids` after the request's context (the accepted draft tokens and
     /// its own next token).
     fn extend(&self, py: Python<'_>, request_id: &str, new_ids: Vec<u32>) -> PyResult<()> {
-        py.detach(|| self.drafts.extend(request_id, &new_ids))
+        py.guarded(|| self.drafts.extend(request_id, &new_ids))?
             .map_err(py_err)
     }
 
@@ -180,7 +181,7 @@ impl Drafter {
         max_tokens: usize,
         tree: bool,
     ) -> PyResult<Draft> {
-        py.detach(|| self.drafts.draft(request_id, max_tokens, tree))
+        py.guarded(|| self.drafts.draft(request_id, max_tokens, tree))?
             .map(Draft::from)
             .map_err(py_err)
     }
@@ -193,12 +194,12 @@ impl Drafter {
         requests: Vec<(String, usize)>,
         tree: bool,
     ) -> PyResult<Vec<Draft>> {
-        py.detach(|| {
+        py.guarded(|| {
             requests
                 .iter()
                 .map(|(id, max)| self.drafts.draft(id, *max, tree).map(Draft::from))
                 .collect::<infgram::Result<Vec<_>>>()
-        })
+        })?
         .map_err(py_err)
     }
 
@@ -211,14 +212,15 @@ impl Drafter {
         max_tokens: usize,
         tree: bool,
     ) -> PyResult<Draft> {
-        py.detach(|| self.drafts.draft_once(&context_ids, max_tokens, tree))
+        py.guarded(|| self.drafts.draft_once(&context_ids, max_tokens, tree))?
             .map(Draft::from)
             .map_err(py_err)
     }
 
     /// Ends the request: its output joins the past outputs (and their file).
     fn finish(&self, py: Python<'_>, request_id: &str) -> PyResult<()> {
-        py.detach(|| self.drafts.finish(request_id)).map_err(py_err)
+        py.guarded(|| self.drafts.finish(request_id))?
+            .map_err(py_err)
     }
 
     /// Requests open.

@@ -1,6 +1,7 @@
 //! `InfiniGramEngine`: the drop-in for infini-gram 2.6.0's engine, over infgram's indexes
 //! and infini-gram's own, local or held elsewhere.
 use crate::remote;
+use crate::Guarded;
 use crate::{cnf_of, error_dict, ids_of, positive, runtime, Ans, Idx};
 use infgram::service::query::defaults;
 use infgram::service::shards::{Document, NtdResult, ProbResult};
@@ -123,13 +124,13 @@ impl InfiniGramEngine {
             max_disp_len,
         ];
         Self::checked(eos_token_id, vocab_size, token_dtype, limits, |width| {
-            let index = py.detach(|| -> PyResult<Idx> {
+            let index = py.guarded(|| -> PyResult<Idx> {
                 let opened = dirs
                     .iter()
                     .map(|d| open_dir(d, width))
                     .collect::<PyResult<Vec<_>>>()?;
                 Idx::merge(opened).map_err(|e| PyValueError::new_err(e.to_string()))
-            })?;
+            })??;
             Ok(Arc::new(index) as SharedShards)
         })
     }
@@ -180,10 +181,10 @@ impl InfiniGramEngine {
         };
         let shards = &self.shards;
         let (cnt, segs) = py
-            .detach(|| match self.held(&q) {
+            .guarded(|| match self.held(&q) {
                 true => shards.find(&q).map(|f| (f.cnt, f.segment_by_shard)),
                 false => Ok((0, vec![(0, 0); shards.shard_count()])),
-            })
+            })?
             .map_err(runtime)?;
         let d = PyDict::new(py);
         d.set_item("cnt", cnt)?;
@@ -208,7 +209,7 @@ impl InfiniGramEngine {
             Ok(x) => x,
             Err(e) => return error_dict(py, e),
         };
-        let r = match py.detach(|| self.search(&cnf, 0, mdt, mcf, 0)) {
+        let r = match py.guarded(|| self.search(&cnf, 0, mdt, mcf, 0))? {
             Ok(r) => r,
             Err(e) => return error_dict(py, e),
         };
@@ -230,7 +231,7 @@ impl InfiniGramEngine {
         let Some(q) = ids_of(input_ids, self.token_id_max, true) else {
             return error_dict(py, self.ids_error("input_ids"));
         };
-        let count = py.detach(|| self.count_ids(&q)).map_err(runtime)?;
+        let count = py.guarded(|| self.count_ids(&q))?.map_err(runtime)?;
         let d = PyDict::new(py);
         d.set_item("count", count)?;
         d.set_item("approx", false)?;
@@ -250,7 +251,7 @@ impl InfiniGramEngine {
             Ok(x) => x,
             Err(e) => return error_dict(py, e),
         };
-        match py.detach(|| self.search(&cnf, 0, mdt, mcf, 0)) {
+        match py.guarded(|| self.search(&cnf, 0, mdt, mcf, 0))? {
             Ok(r) => {
                 let d = PyDict::new(py);
                 d.set_item("count", r.cnt)?;
@@ -274,13 +275,13 @@ impl InfiniGramEngine {
             Err(e) => return error_dict(py, e),
         };
         let r = py
-            .detach(|| -> infgram::Result<ProbResult> {
+            .guarded(|| -> infgram::Result<ProbResult> {
                 let prompt_cnt = self.count_ids(&prompt)?;
                 let mut full = prompt.clone();
                 full.push(cont);
                 let cont_cnt = self.count_ids(&full)?;
                 Ok(ProbResult::new(prompt_cnt, cont_cnt, None))
-            })
+            })?
             .map_err(runtime)?;
         prob_dict(py, &r)
     }
@@ -296,10 +297,10 @@ impl InfiniGramEngine {
             return error_dict(py, self.ids_error("prompt_ids"));
         };
         let r = py
-            .detach(|| match self.held(&q) {
+            .guarded(|| match self.held(&q) {
                 true => self.shards.ntd(&q, Some(self.eos)),
                 false => Ok(empty_ntd(None)),
-            })
+            })?
             .map_err(runtime)?;
         ntd_dict(py, &r)
     }
@@ -318,13 +319,13 @@ impl InfiniGramEngine {
         };
         let prompt = self.after_unheld(&prompt);
         let r = py
-            .detach(|| -> infgram::Result<ProbResult> {
+            .guarded(|| -> infgram::Result<ProbResult> {
                 if self.shards.holds_token(cont) {
                     return self.shards.infgram_prob(prompt, cont);
                 }
                 let r = self.shards.infgram_ntd(prompt, None)?;
                 Ok(ProbResult::new(r.prompt_cnt, 0, r.suffix_len))
-            })
+            })?
             .map_err(runtime)?;
         prob_dict(py, &r)
     }
@@ -345,7 +346,7 @@ impl InfiniGramEngine {
         };
         let q = self.after_unheld(&q);
         let r = py
-            .detach(|| self.shards.infgram_ntd(q, Some(self.eos)))
+            .guarded(|| self.shards.infgram_ntd(q, Some(self.eos)))?
             .map_err(runtime)?;
         ntd_dict(py, &r)
     }
@@ -372,7 +373,7 @@ impl InfiniGramEngine {
             return self.search_answer(py, 0, false, Vec::new());
         }
         let cnf = vec![vec![q]];
-        match py.detach(|| {
+        match py.guarded(|| {
             self.search(
                 &cnf,
                 maxnum,
@@ -380,7 +381,7 @@ impl InfiniGramEngine {
                 self.max_clause_freq,
                 mdl,
             )
-        }) {
+        })? {
             Ok(r) => match self.rewindow(r.documents, mdl) {
                 Ok(docs) => self.search_answer(py, r.cnt, r.approx, docs),
                 Err(e) => error_dict(py, e),
@@ -410,7 +411,7 @@ impl InfiniGramEngine {
             Ok(x) => x,
             Err(e) => return error_dict(py, e),
         };
-        match py.detach(|| self.search(&cnf, maxnum, mdt, mcf, mdl)) {
+        match py.guarded(|| self.search(&cnf, maxnum, mdt, mcf, mdl))? {
             Ok(r) => match self.rewindow(r.documents, mdl) {
                 Ok(docs) => self.search_answer(py, r.cnt, r.approx, docs),
                 Err(e) => error_dict(py, e),
@@ -556,7 +557,7 @@ impl InfiniGramEngine {
             d.set_item("rs", PyList::empty(py))?;
             return Ok(d.into_any().unbind());
         }
-        match py.detach(|| infgram::service::query::creativity(&self.shards, &q, 1, 1)) {
+        match py.guarded(|| infgram::service::query::creativity(&self.shards, &q, 1, 1))? {
             Ok(c) => {
                 let d = PyDict::new(py);
                 d.set_item("rs", c.rs)?;
@@ -593,7 +594,7 @@ impl InfiniGramEngine {
         if max_cnt <= 0 {
             return error_dict(py, "max_cnt must be a positive integer");
         }
-        let spans = match py.detach(|| {
+        let spans = match py.guarded(|| {
             infgram::service::query::attribute(
                 &self.shards,
                 &q,
@@ -601,7 +602,7 @@ impl InfiniGramEngine {
                 max_cnt as usize,
                 0,
             )
-        }) {
+        })? {
             Ok(s) => s,
             Err(e) => return error_dict(py, e),
         };

@@ -1,6 +1,7 @@
 //! `Index`: infgram's own API over one index opened in this process (the typed query
 //! protocol, generation through the service's one door, perplexity, n-gram models).
 use crate::ngram_model::NgramModel;
+use crate::Guarded;
 use crate::{detokenize_with, runtime, to_py, tokenize_with, Ans, Idx};
 use crate::{remote, rows};
 use infgram::service::shards::Layout;
@@ -85,10 +86,10 @@ impl SbisArgs<'_> {
             .map_err(|e| invalid(e.rename_field(PARAMETER_NAMES)))?;
         let opts = infgram::service::RunOptions::default();
         let report = py
-            .detach(|| {
+            .guarded(|| {
                 let mut res = bind(tok.as_ref());
                 infgram::service::run::generate(&checked, &mut res, &opts, |_| {})
-            })
+            })?
             .map_err(|e| match e {
                 infgram::Error::Unavailable(_) => runtime(e),
                 e => invalid(e),
@@ -149,7 +150,7 @@ impl Index {
         name: &str,
     ) -> PyResult<Self> {
         let tok = py
-            .detach(|| infgram::service::load_tokenizer(tokenizer))
+            .guarded(|| infgram::service::load_tokenizer(tokenizer))?
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         if tok.fingerprint() != fingerprint {
             return Err(PyValueError::new_err(format!(
@@ -158,6 +159,7 @@ impl Index {
                 tok.fingerprint()
             )));
         }
+        check_remote_figures(shard_infos, separator, tok.vocab_size())?;
         let shards = remote::RemoteShards::new(ask, shard_infos, separator, tok.vocab_size())
             .with_tokenizer(tok.spec());
         Ok(Index {
@@ -167,6 +169,30 @@ impl Index {
             name: name.to_string(),
         })
     }
+}
+
+/// Positions a shard may hold at most (2⁴⁸: past any index's suffix-array pointers).
+const MAX_SHARD_TOKENS: u64 = 1 << 48;
+
+/// Refuses shard figures and a separator that no index has: a shard with more documents than
+/// positions (each document ends with a separator) or more positions than any index holds,
+/// and a separator inside the tokenizer's vocabulary.
+fn check_remote_figures(shard_infos: &[(u64, u64)], separator: u32, vocab: usize) -> PyResult<()> {
+    if (separator as usize) < vocab {
+        return Err(PyValueError::new_err(format!(
+            "separator {separator} is an id of the tokenizer's vocabulary (0..{vocab}): pass              the index's separator (Index(path).identity()[\"separator\"])"
+        )));
+    }
+    for (s, &(tokens, documents)) in shard_infos.iter().enumerate() {
+        if documents > tokens || tokens > MAX_SHARD_TOKENS {
+            return Err(PyValueError::new_err(format!(
+                "shard_infos[{s}] = ({tokens}, {documents}) is no shard's (positions, \
+                 documents): at most 2**48 positions, and no more documents than positions; \
+                 pass Index(path).identity()[\"shard_infos\"] of the shards"
+            )));
+        }
+    }
+    Ok(())
 }
 
 #[pymethods]
@@ -198,7 +224,7 @@ impl Index {
                     ));
                 }
                 let (index, tok) = py
-                    .detach(|| infgram::service::open_index(&path, tokenizer.as_deref()))
+                    .guarded(|| infgram::service::open_index(&path, tokenizer.as_deref()))?
                     .map_err(|e| PyValueError::new_err(e.to_string()))?;
                 let index = Arc::new(index);
                 Ok(Index {
@@ -235,8 +261,8 @@ impl Index {
     /// Answers one query of the protocol shared with `infgram query --batch` and the server,
     /// given as a JSON string (`{"query_type": "count", "text": "the cat"}`); returns the
     /// answer as a JSON string, or `{"error": ...}`.
-    fn query_json(&self, py: Python<'_>, request: &str) -> String {
-        py.detach(|| {
+    fn query_json(&self, py: Python<'_>, request: &str) -> PyResult<String> {
+        py.guarded(|| {
             let answer = infgram::service::Query::from_json(request)
                 .and_then(|q| infgram::service::execute(&self.corpus, self.tok.as_ref(), &q));
             match answer {
@@ -249,10 +275,10 @@ impl Index {
     /// Answers one body of the infini-gram HTTP API (`POST /` of `infgram serve`, with its
     /// default limits) and returns `(status, json)`: the same shapes, limits and errors (an
     /// `"index"` other than this one's `name` is a 404, as on a server of one index).
-    fn api(&self, py: Python<'_>, body: &[u8]) -> (u16, String) {
+    fn api(&self, py: Python<'_>, body: &[u8]) -> PyResult<(u16, String)> {
         use infgram::service::api;
         let limits = infgram::service::QueryLimits::SERVED;
-        py.detach(|| {
+        let answered = py.guarded(|| {
             let answer = api::read_request(body, &limits).and_then(|r| match &r.index {
                 Some(name) if *name != self.name => Err(api::ApiError {
                     status: 404,
@@ -267,7 +293,16 @@ impl Index {
                     serde_json::json!({ "error": e.message }).to_string(),
                 ),
             }
-        })
+        });
+        // A failure inside is the server's error (a 500, as `infgram serve` answers), not the
+        // caller's; a KeyboardInterrupt or SystemExit of the shards' `ask` goes up as itself.
+        match answered {
+            Err(e) if e.is_instance_of::<PyRuntimeError>(py) => {
+                let message = e.value(py).to_string();
+                Ok((500, serde_json::json!({ "error": message }).to_string()))
+            }
+            answered => answered,
+        }
     }
 
     /// Token ids of `text` with the index's tokenizer.
@@ -333,7 +368,7 @@ impl Index {
         requests: Vec<(usize, String)>,
     ) -> PyResult<Vec<String>> {
         let index = self.local("answering shard queries")?;
-        py.detach(|| remote::answer_json(index, &requests))
+        py.guarded(|| remote::answer_json(index, &requests))?
             .map_err(|e| PyValueError::new_err(e.to_string()))
     }
 
@@ -427,8 +462,8 @@ impl Index {
             }
         };
         let model = py
-            .detach(|| spec.classic(&*self.corpus, discount_fallback))
-            .map_err(|e| PyValueError::new_err(e.to_string()))?
+            .guarded(|| spec.classic(&*self.corpus, discount_fallback))?
+            .map_err(|e| PyValueError::new_err(e.rename_field(crate::PARAMETER_NAMES).to_string()))?
             .ok_or_else(|| PyValueError::new_err("not a fixed-order model"))?;
         Ok(NgramModel {
             corpus: self.corpus.clone(),
@@ -438,10 +473,11 @@ impl Index {
     }
 
     /// Perplexity of `text` under the ∞-gram (SBIS with `k` levels and `decay`), looking at
-    /// `context` tokens, with the agreement analysis: `{ppl, tokens, bits_per_token, seconds,
+    /// `context` tokens (`floor`: the probability of a token the ∞-gram gives none, else that
+    /// is an error), with the agreement analysis: `{ppl, tokens, bits_per_token, seconds,
     /// floored, ...}`. Each left out takes the library's default (as `infgram gen` and the
     /// server do: all levels, decay 0.1, 200 tokens); a bad one is a `ValueError` naming it.
-    #[pyo3(signature = (text, k=None, decay=None, context=None))]
+    #[pyo3(signature = (text, k=None, decay=None, context=None, floor=None))]
     fn perplexity(
         &self,
         py: Python<'_>,
@@ -449,12 +485,14 @@ impl Index {
         k: Option<i64>,
         decay: Option<f64>,
         context: Option<usize>,
+        floor: Option<f64>,
     ) -> Ans {
         use infgram::service::request::defaults;
         use infgram::service::score::{score_over, Document, ScoreReport, ScoreRequest};
         let invalid = |e: infgram::Error| {
             PyValueError::new_err(
                 e.rename_field(&[("estimator.k", "k"), ("estimator.decay", "decay")])
+                    .rename_field(crate::PARAMETER_NAMES)
                     .to_string(),
             )
         };
@@ -464,8 +502,9 @@ impl Index {
         }]);
         req.estimator = infgram::service::request::EstimatorSpec::Sbis { k, decay };
         req.context = context.unwrap_or(defaults::CONTEXT);
+        req.floor = floor;
         let report = py
-            .detach(|| score_over(&*self.corpus, self.tok.as_ref(), &req))
+            .guarded(|| score_over(&*self.corpus, self.tok.as_ref(), &req))?
             .map_err(invalid)?;
         let ScoreReport::Infgram { report, .. } = report else {
             return Err(PyRuntimeError::new_err(

@@ -60,6 +60,42 @@ fn detokenize_with(tok: &dyn Tokenizer, ids: &[u32]) -> PyResult<String> {
         .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
+/// Work run with the GIL released, as `Python::detach` runs it, that never lets a panic or a
+/// Python exception other than an `Exception` be lost on the way back: a panic inside becomes a
+/// `RuntimeError` (PyO3's own `PanicException` is not an `Exception`, so `except Exception`
+/// would not see it), and a `KeyboardInterrupt` or `SystemExit` raised by a callable the work
+/// called (the `ask` of shards held elsewhere) is raised again as itself.
+pub(crate) trait Guarded {
+    /// `f`'s value, or the error that stopped it.
+    fn guarded<T: Send, F: FnOnce() -> T + Send>(self, f: F) -> PyResult<T>;
+}
+
+impl Guarded for Python<'_> {
+    fn guarded<T: Send, F: FnOnce() -> T + Send>(self, f: F) -> PyResult<T> {
+        let done = self.detach(|| std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
+        if let Some(e) = remote::take_held_exception() {
+            return Err(e);
+        }
+        done.map_err(|panic| {
+            let what = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("no message");
+            PyRuntimeError::new_err(format!(
+                "infgram failed inside ({what}); this is a bug: please report it with the call \
+                 that caused it"
+            ))
+        })
+    }
+}
+
+/// The library's names of the options its errors suggest, as Python's keyword arguments.
+pub(crate) const PARAMETER_NAMES: &[(&str, &str)] = &[
+    ("floor", "floor="),
+    ("discount_fallback", "discount_fallback="),
+];
+
 fn runtime(e: infgram::Error) -> PyErr {
     PyRuntimeError::new_err(e.to_string())
 }

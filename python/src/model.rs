@@ -12,6 +12,7 @@
 //! The model sits behind a mutex: calls from several threads run one at a time; each releases
 //! the GIL while it runs.
 use crate::index::Index;
+use crate::Guarded;
 use crate::{detokenize_with, runtime, to_py, tokenize_with, Ans, Idx};
 use infgram::service::Tokenizer;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -76,7 +77,7 @@ fn index_arg(py: Python<'_>, what: &str, obj: &Bound<'_, PyAny>) -> PyResult<Arc
             "{what}: give an index directory or an infgram.Index"
         ))
     })?;
-    py.detach(|| infgram::service::Index::open(&dir))
+    py.guarded(|| infgram::service::Index::open(&dir))?
         .map(Arc::new)
         .map_err(|e| PyValueError::new_err(e.to_string()))
 }
@@ -149,7 +150,7 @@ impl Model {
             .map(|m| load_mixer(mixer_file(&m)))
             .transpose()
             .map_err(invalid)?;
-        let loaded = py.detach(|| load_model(model, &opts)).map_err(invalid)?;
+        let loaded = py.guarded(|| load_model(model, &opts))?.map_err(invalid)?;
         let tok: Arc<dyn Tokenizer> = Arc::new(loaded.tokenizer.clone());
         // Each index is checked against the model's tokenizer once, here.
         let index = index
@@ -265,7 +266,7 @@ impl Model {
             ..Default::default()
         };
         let report = py
-            .detach(|| {
+            .guarded(|| {
                 let mut loaded = self.lock();
                 let LoadedModel {
                     model, tokenizer, ..
@@ -275,7 +276,7 @@ impl Model {
                     .guard_index(self.guard_index.clone())?
                     .past_outputs(self.past.clone());
                 infgram::service::run::generate(&checked, &mut res, &opts, |_| {})
-            })
+            })?
             .map_err(|e| invalid(e.rename_field(PARAMETER_NAMES)))?;
         let value =
             serde_json::to_value(&report).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
@@ -304,7 +305,7 @@ impl Model {
         if new_ids.is_empty() {
             return Err(PyValueError::new_err("forward needs at least one token"));
         }
-        let rows = py.detach(|| {
+        let rows = py.guarded(|| {
             let mut loaded = self.lock();
             let vocab = self.tok.vocab_size().max(loaded.model.vocab_size());
             if let Some(t) = new_ids.iter().find(|&&t| t as usize >= vocab) {
@@ -313,7 +314,7 @@ impl Model {
                 )));
             }
             loaded.model.forward(&new_ids).map_err(runtime)
-        })?;
+        })??;
         let mut bytes = Vec::with_capacity(rows.iter().map(|r| r.len() * 4).sum());
         for row in &rows {
             for x in row {

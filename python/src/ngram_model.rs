@@ -1,5 +1,6 @@
 //! `NgramModel`: a classic fixed-order n-gram model over an index (here or in shards held
 //! elsewhere), scored as KenLM scores.
+use crate::Guarded;
 use crate::{to_py, Ans};
 use infgram::service::Tokenizer;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -58,14 +59,14 @@ impl NgramModel {
     /// Writes the model (mkn) in ARPA format to `path`; returns `{ngrams, seconds}`.
     fn export_arpa(&self, py: Python<'_>, path: PathBuf) -> Ans {
         let summary = py
-            .detach(|| {
+            .guarded(|| {
                 infgram::service::score::write_arpa_file(
                     &*self.corpus,
                     &self.model,
                     self.tok.as_ref(),
                     &path,
                 )
-            })
+            })?
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         let v =
             serde_json::to_value(&summary).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
@@ -80,7 +81,7 @@ impl NgramModel {
         text: &str,
         floor: Option<f64>,
     ) -> PyResult<infgram::service::score::ClassicReport> {
-        py.detach(|| {
+        py.guarded(|| {
             infgram::service::score::classic_report(
                 &*self.corpus,
                 &self.model,
@@ -88,7 +89,7 @@ impl NgramModel {
                 text,
                 floor,
             )
-        })
-        .map_err(|e| PyValueError::new_err(e.to_string()))
+        })?
+        .map_err(|e| PyValueError::new_err(e.rename_field(crate::PARAMETER_NAMES).to_string()))
     }
 }

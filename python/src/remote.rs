@@ -80,7 +80,18 @@ impl Shards for RemoteShards {
             self.ask
                 .call1(py, (requests,))
                 .and_then(|r| r.extract(py))
-                .map_err(|e| Error::Unavailable(e.value(py).to_string()))
+                .map_err(|e| {
+                    let shown = format!(
+                        "the shards' router raised {}",
+                        e.value(py)
+                            .repr()
+                            .map_or_else(|_| e.to_string(), |r| r.to_string())
+                    );
+                    if !e.is_instance_of::<pyo3::exceptions::PyException>(py) {
+                        hold_exception(e);
+                    }
+                    Error::Unavailable(shown)
+                })
         })?;
         if replies.len() != n {
             return Err(Error::Unavailable(format!(
@@ -99,6 +110,22 @@ impl Shards for RemoteShards {
             })
             .collect()
     }
+}
+
+/// An exception that is not an `Exception` (`KeyboardInterrupt`, `SystemExit`) raised by an
+/// `ask`, to raise again as itself when the call that asked returns ([`crate::Guarded`]): the
+/// library carries it as an error meanwhile. One slot for the process, not per thread: a
+/// reader may ask from a worker thread (perplexity's rows are scored on several), and such an
+/// exception stops the program, whichever call it comes out of.
+static HELD: std::sync::Mutex<Option<PyErr>> = std::sync::Mutex::new(None);
+
+fn hold_exception(e: PyErr) {
+    *HELD.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+}
+
+/// The exception an `ask` raised that must be raised again as itself, if any.
+pub(crate) fn take_held_exception() -> Option<PyErr> {
+    HELD.lock().unwrap_or_else(|e| e.into_inner()).take()
 }
 
 /// A shard's side of the wire: the answers of `index`'s own shards to `requests`

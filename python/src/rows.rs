@@ -4,6 +4,7 @@
 //! little-endian bytes; `infgram/__init__.py` wraps them as numpy arrays (no copy). Every call
 //! releases the GIL.
 
+use crate::Guarded;
 use infgram::service::request::EstimatorSpec;
 use infgram::service::rows::{infgram_rows, Mixer, Rows, RowsOptions};
 use pyo3::exceptions::PyValueError;
@@ -77,7 +78,7 @@ pub(crate) fn compute(
     };
     let index = index.clone();
     let rows = py
-        .detach(|| infgram_rows(index, &tokens, &options))
+        .guarded(|| infgram_rows(index, &tokens, &options))?
         .map_err(invalid)?;
     Ok(InfgramRows { rows })
 }
@@ -127,7 +128,7 @@ impl InfgramRows {
     fn lambdas(&self, py: Python<'_>, mixer_json: Option<&str>) -> PyResult<Py<PyAny>> {
         let mixer = mixer_of(mixer_json)?;
         let l = py
-            .detach(|| infgram::service::rows::lambdas(&self.rows, &mixer))
+            .guarded(|| infgram::service::rows::lambdas(&self.rows, &mixer))?
             .map_err(invalid)?;
         Ok(le_bytes(py, &l, f64::to_le_bytes))
     }
@@ -138,7 +139,7 @@ impl InfgramRows {
     fn mix(&self, py: Python<'_>, logits: &[u8], mixer_json: Option<&str>) -> PyResult<Py<PyAny>> {
         let mixer = mixer_of(mixer_json)?;
         let mut logits = values(logits, "logits", f32::from_le_bytes)?;
-        py.detach(|| infgram::service::rows::mix_rows(&self.rows, &mut logits, &mixer))
+        py.guarded(|| infgram::service::rows::mix_rows(&self.rows, &mut logits, &mixer))?
             .map_err(invalid)?;
         Ok(le_bytes(py, &logits, f32::to_le_bytes))
     }
@@ -158,7 +159,7 @@ impl InfgramRows {
         let targets = values(targets, "targets", u32::from_le_bytes)?;
         let neural = values(neural_logprobs, "neural_logprobs", f32::from_le_bytes)?;
         let mixed = py
-            .detach(|| infgram::service::rows::mix_targets(&self.rows, &targets, &neural, &mixer))
+            .guarded(|| infgram::service::rows::mix_targets(&self.rows, &targets, &neural, &mixer))?
             .map_err(invalid)?;
         Ok(le_bytes(py, &mixed, f32::to_le_bytes))
     }

@@ -150,3 +150,186 @@ def test_one_index_class_over_shards_here_or_elsewhere(tmp_path):
                                       "bytes", ident["tokenizer"]["fingerprint"])
     assert isinstance(old, infgram._native.Index) and old.query_json('{"query_type": "count", "text": "cat"}') \
         == local.query_json('{"query_type": "count", "text": "cat"}')
+
+
+def _hostile(tmp_path, alter):
+    """A local index of a small corpus, and an `Index(ask=...)` over its shards whose `ask`
+    passes every answer through `alter(question, answer)` (JSON dicts): a shard that answers
+    wrongly."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("ROMEO: the cat sat on the mat. JULIET: the dog sat on the log. " * 20)
+    infgram.build_index([str(corpus)], str(tmp_path / "idx"), progress=False)
+    local = infgram.Index(str(tmp_path / "idx"))
+    ident = local.identity()
+
+    def ask(requests):
+        answers = local.answer_shard_queries(requests)
+        return [json.dumps(alter(json.loads(q), json.loads(a))) for (_, q), a in zip(requests, answers)]
+
+    remote = infgram.Index(ask=ask, shard_infos=ident["shard_infos"], separator=ident["separator"],
+                           tokenizer="bytes", fingerprint=ident["tokenizer"]["fingerprint"])
+    return local, remote
+
+
+def _within(seconds, f):
+    """`f()`'s value or exception, run on a thread: a call still running after `seconds` fails
+    the test (a hang) instead of holding it."""
+    import threading
+    out = {}
+
+    def run():
+        try:
+            out["value"] = f()
+        except BaseException as e:  # noqa: BLE001 - handed back to the test
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), "the call did not return: a hang"
+    return out
+
+
+def test_a_shard_that_answers_wrongly_is_an_error_never_a_hang_or_a_panic(tmp_path):
+    """Each answer is checked against its question and the shard's figures: a level longer than
+    2**32, a token past the vocabulary, a suffix longer than the prompt, a reversed range, a
+    match longer than the text. Generation, perplexity, queries, the API and attribution end
+    with an `Exception` (the API with a 5xx) naming the shard, in well under a second each."""
+
+    def levels_len(q, a):
+        if a.get("answer") == "levels" and a["of"]["points"]:
+            a["of"]["points"][0]["len"] = 2 ** 32
+        return a
+
+    def levels_token(q, a):
+        if a.get("answer") == "levels" and a["of"]["points"] and a["of"]["points"][0]["counts"]:
+            a["of"]["points"][0]["counts"][0][0] = 999
+        return a
+
+    def suffix_len(q, a):
+        if a.get("answer") == "suffix":
+            a["of"]["len"] = 100
+        return a
+
+    def range_reversed(q, a):
+        if a.get("answer") == "range":
+            a["of"]["range"] = [5, 2]
+        return a
+
+    def matches_len(q, a):
+        if a.get("answer") == "matches" and a["of"]["matches"]:
+            a["of"]["matches"][-1]["len"] = 1000
+        return a
+
+    calls = {
+        "generate": lambda ix: ix.generate("ROMEO:", max_tokens=20, seed=1),
+        "perplexity": lambda ix: {k: v for k, v in ix.perplexity("ROMEO: the cat").items() if k != "seconds"},
+        "infgram_ntd": lambda ix: ix.query({"query_type": "infgram_ntd", "text": "ROMEO: the cat"}),
+        "count": lambda ix: ix.query({"query_type": "count", "text": "the cat"}),
+        "attribute": lambda ix: ix.query({"query_type": "attribute", "text": "the cat sat", "min_len": 2}),
+        "api": lambda ix: ix.api(json.dumps({"query_type": "infgram_prob", "query": "ROMEO: the ca",
+                                             "cont_text": "t"}).encode()),
+    }
+    for alter in [levels_len, levels_token, suffix_len, range_reversed, matches_len]:
+        local, remote = _hostile(tmp_path / alter.__name__, alter)
+        for name, call in calls.items():
+            out = _within(20, lambda: call(remote))
+            err = out.get("error")
+            assert err is None or isinstance(err, Exception), (alter.__name__, name, err)
+            if name == "api":
+                status, text = out["value"]
+                assert status == 200 or status >= 500, (alter.__name__, text)
+                if status != 200:
+                    assert "answered wrongly" in json.loads(text)["error"]
+                continue
+            value = out.get("value")
+            if isinstance(value, dict) and "error" in value:
+                err = value["error"]
+            if err is not None:
+                assert "answered wrongly" in str(err), (alter.__name__, name, err)
+            else:
+                assert value == call(local), (alter.__name__, name, "a wrong answer passed through")
+
+
+def test_a_keyboard_interrupt_in_ask_is_raised_as_itself(tmp_path):
+    """A `KeyboardInterrupt` or `SystemExit` raised inside `ask` comes out of the call as itself,
+    not as an error dict or a `RuntimeError` with an empty message; an ordinary exception is
+    an error naming it."""
+    for raised in [KeyboardInterrupt, SystemExit]:
+        def alter(q, a, raised=raised):
+            raise raised()
+
+        _, remote = _hostile(tmp_path / raised.__name__, alter)
+        for call in [lambda: remote.query({"query_type": "count", "text": "cat"}),
+                     lambda: remote.generate("ROMEO:", max_tokens=5),
+                     lambda: remote.perplexity("the cat"),
+                     lambda: remote.api(b'{"query_type": "count", "query": "cat"}')]:
+            with pytest.raises(raised):
+                call()
+
+    def fails(q, a):
+        raise ConnectionError("shard 0 is down")
+
+    _, remote = _hostile(tmp_path / "down", fails)
+    assert "shard 0 is down" in remote.query({"query_type": "count", "text": "cat"})["error"]
+    with pytest.raises(RuntimeError, match="shard 0 is down"):
+        remote.generate("ROMEO:", max_tokens=5)
+
+
+def test_remote_figures_that_no_index_has_are_refused(tmp_path):
+    """A separator inside the vocabulary and impossible shard figures are refused when the
+    index is made, saying what to pass."""
+    _, _ = _hostile(tmp_path, lambda q, a: a)
+    local = infgram.Index(str(tmp_path / "idx"))
+    ident = local.identity()
+    common = dict(ask=local.answer_shard_queries, tokenizer="bytes", fingerprint=ident["tokenizer"]["fingerprint"])
+    with pytest.raises(ValueError, match="separator 10 is an id of the tokenizer"):
+        infgram.Index(shard_infos=ident["shard_infos"], separator=10, **common)
+    with pytest.raises(ValueError, match="no shard's"):
+        infgram.Index(shard_infos=[(2 ** 63, 2 ** 63)], separator=ident["separator"], **common)
+    with pytest.raises(ValueError, match="no shard's"):
+        infgram.Index(shard_infos=[(5, 9)], separator=ident["separator"], **common)
+
+
+def test_python_errors_name_python_parameters(tmp_path):
+    """The library's suggestions name Python's keyword arguments (`floor=`,
+    `discount_fallback=`), not the command line's flags."""
+    _, _ = _hostile(tmp_path, lambda q, a: a)
+    local = infgram.Index(str(tmp_path / "idx"))
+    with pytest.raises(ValueError, match="floor=") as e:
+        local.perplexity("zzz qqq")
+    assert "--floor" not in str(e.value)
+    assert local.perplexity("zzz qqq", floor=1e-6)["floored"] > 0
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_text("a b")
+    infgram.build_index([str(tiny)], str(tmp_path / "tiny"), progress=False)
+    with pytest.raises(ValueError, match="discount_fallback=") as e:
+        infgram.Index(str(tmp_path / "tiny")).ngram_model(3)
+    assert "--discount-fallback" not in str(e.value)
+
+
+def test_a_fixed_order_model_over_shards_elsewhere_holds_a_page_per_shard(tmp_path):
+    """The counting pass over shards held elsewhere asks each shard for its suffix groups a page
+    at a time: the peak memory of an order-12 model over a 1 MB corpus grows by tens of MB over
+    the index's (5 GB when each shard sent all its groups in one answer)."""
+    import random
+    import subprocess
+    import sys
+    rng = random.Random(5)
+    words = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "log", "of", "king"]
+    (tmp_path / "c.txt").write_text(" ".join(rng.choice(words) for _ in range(250_000))[:1_000_000])
+    infgram.build_index([str(tmp_path / "c.txt")], str(tmp_path / "idx"), progress=False)
+    child = r"""
+import resource, sys, infgram
+local = infgram.Index(sys.argv[1])
+ident = local.identity()
+index = local if sys.argv[2] == "here" else infgram.Index(
+    ask=local.answer_shard_queries, shard_infos=ident["shard_infos"], separator=ident["separator"],
+    tokenizer="bytes", fingerprint=ident["tokenizer"]["fingerprint"])
+index.ngram_model(12, discount_fallback=[0.5, 1.0, 1.5])
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+    peak = {side: int(subprocess.run([sys.executable, "-c", child, str(tmp_path / "idx"), side], check=True,
+                                     capture_output=True, text=True).stdout) for side in ["here", "elsewhere"]}
+    assert peak["elsewhere"] - peak["here"] < 200, peak

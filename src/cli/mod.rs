@@ -182,6 +182,8 @@ pub const FLAG_NAMES: &[(&str, &str)] = &[
     ("guard.max_span", "--guard"),
     ("scorer.estimator.k", "--k"),
     ("scorer.estimator.decay", "--decay"),
+    ("estimator.k", "--k"),
+    ("estimator.decay", "--decay"),
     ("order", "--order"),
     ("alpha", "--alpha"),
     ("estimator.order", "--order"),
@@ -189,6 +191,8 @@ pub const FLAG_NAMES: &[(&str, &str)] = &[
     ("scorer.estimator.order", "--order"),
     ("scorer.estimator.alpha", "--alpha"),
     ("drafters", "--speculative"),
+    ("floor", "--floor"),
+    ("discount_fallback", "--discount-fallback"),
 ];
 
 impl EstimatorArgs {

@@ -102,6 +102,7 @@ const SCORE_FLAGS: &[(&str, &str)] = &[
     ("split", "--split"),
     ("discounts", "--discounts"),
     ("discount_fallback", "--discount-fallback"),
+    ("floor", "--floor"),
     ("sentences", "--sentences"),
     ("context", "--context"),
 ];

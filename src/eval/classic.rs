@@ -52,7 +52,7 @@ pub fn scored_sequences(tok: &dyn Tokenizer, text: &str, sentences: bool) -> Res
 /// token with the tokens before it in its sequence. A probability of 0 takes `floor`, or is an
 /// error without one.
 pub fn score(
-    corpus: &(impl Shards + Sync + ?Sized),
+    corpus: &(impl Shards + ?Sized),
     model: &ClassicModel,
     sequences: &[Vec<u32>],
     floor: Option<f64>,
@@ -77,11 +77,12 @@ pub fn score(
                     let w = seq[i];
                     let mut p = model.prob(corpus, &mut memo, &seq[..i], w)?;
                     if p <= 0.0 {
-                        p = floor.ok_or_else(|| {
-                            Error::input(format!(
+                        p = floor.ok_or_else(|| Error::Option {
+                            option: "floor",
+                            message: format!(
                                 "token {i} of a sequence has probability 0 under this model \
-                                 (an unseen n-gram at α = 0): pass --floor or an α above 0"
-                            ))
+                                 (an unseen n-gram at α = 0): pass {{option}} or an α above 0"
+                            ),
                         })?;
                         floored += 1;
                     }

@@ -73,7 +73,7 @@ struct Partial {
 /// `floor` replaces a zero probability (or a position without any level); without a floor such
 /// a position is an error.
 pub fn perplexity(
-    index: &(impl Shards + Sync + ?Sized),
+    index: &(impl Shards + ?Sized),
     tokens: &[u32],
     estimator: &Estimator,
     context: usize,
@@ -112,9 +112,13 @@ pub fn perplexity(
                     p.floored += 1;
                     f
                 } else {
-                    return Err(Error::input(format!(
-                        "token {i} has probability 0 under this estimator; pass --floor or use --estimator smoothed"
-                    )));
+                    return Err(Error::Option {
+                        option: "floor",
+                        message: format!(
+                            "token {i} has probability 0 under this estimator; pass {{option}} \
+                             or use the smoothed estimator"
+                        ),
+                    });
                 };
                 p.nll -= prob.ln();
                 p.tokens += 1;
@@ -123,7 +127,11 @@ pub fn perplexity(
                     let argmax = crate::index::levels::top_token(&top.counts);
                     let hit = argmax == Some(actual);
                     p.all.add(hit);
-                    if top.counts.len() == 1 { p.sparse.add(hit) } else { p.nonsparse.add(hit) }
+                    if top.counts.len() == 1 {
+                        p.sparse.add(hit)
+                    } else {
+                        p.nonsparse.add(hit)
+                    }
                     p.by_n.entry(top.len + 1).or_default().add(hit);
                 } else {
                     p.all.add(false);

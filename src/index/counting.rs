@@ -34,7 +34,8 @@ pub struct SuffixGroup {
 /// One slice of a corpus's suffixes, fed in order as `(key, token before, suffixes)`: the
 /// key is the first tokens padded with the separator to the feeds' width. No group of
 /// suffixes that share their first token spans two slices.
-pub type SuffixFeed<'a> = Box<dyn FnOnce(&mut dyn FnMut(&[u32], u32, u64)) + Send + 'a>;
+pub type SuffixFeed<'a> =
+    Box<dyn FnOnce(&mut dyn FnMut(&[u32], u32, u64)) -> Result<()> + Send + 'a>;
 
 /// A corpus's suffixes as slices to count on several threads (what the corpus trait's
 /// `suffix_feeds` gives).
@@ -141,36 +142,60 @@ pub(crate) fn index_suffix_feeds<S: AsRef<[u8]> + Sync>(
                 .map(|w| {
                     let range = w[0]..w[1].max(w[0]);
                     Box::new(move |f: &mut dyn FnMut(&[u32], u32, u64)| {
-                        feed_range(s, range, width, f)
+                        feed_range(s, range, width, f);
+                        Ok(())
                     }) as SuffixFeed<'_>
                 })
                 .collect()
         }
         shards => vec![Box::new(move |f: &mut dyn FnMut(&[u32], u32, u64)| {
-            feed_merged(shards, width, f)
+            feed_merged(shards, width, f);
+            Ok(())
         })],
     };
     Ok(SuffixFeeds { width, feeds })
 }
 
-/// A shard's answer to a `SuffixGroups` question: its suffixes grouped by their first
-/// `order` tokens (cut before the separator), sorted by those padded with the separator.
+/// Suffixes a page of a shard's [`ShardQuery::SuffixGroups`] answer covers at least (one
+/// group more may end it): what bounds the memory of a counting pass over shards held
+/// elsewhere, a page per shard at a time.
+///
+/// [`ShardQuery::SuffixGroups`]: super::partial::ShardQuery::SuffixGroups
+pub const SUFFIX_PAGE: usize = 1 << 16;
+
+/// One page of a shard's suffixes grouped by their first `order` tokens (cut before the
+/// separator), in the order of those padded with the separator: the groups of the suffixes
+/// from suffix-array rank `from` on, at least `max_suffixes` of them (whole groups), and the
+/// rank where the next page starts (`None`: the last). A shard whose suffix order is not the
+/// padded keys' order (infini-gram's layout, sorted by bytes or ending without a separator)
+/// gives all its groups in one page.
 pub(crate) fn shard_suffix_groups<S: AsRef<[u8]>>(
     shard: &Shard<S>,
     order: usize,
-) -> Vec<SuffixGroup> {
+    from: usize,
+    max_suffixes: usize,
+) -> (Vec<SuffixGroup>, Option<usize>) {
     let sep = shard.separator();
+    let in_key_order = shard.layout() == super::Layout::Infgram;
+    let (from, stop) = match in_key_order {
+        true => (from.min(shard.len()), max_suffixes.max(1)),
+        false => (0, usize::MAX),
+    };
     let mut groups: Vec<(Vec<u32>, Vec<u32>)> = Vec::new();
     let mut key = vec![0u32; order];
-    for i in 0..shard.len() {
+    let mut i = from;
+    while i < shard.len() {
         let left = key_at(shard, shard.sa(i), &mut key);
         match groups.last_mut() {
             Some((k, lefts)) if *k == key => lefts.push(left),
+            _ if i - from >= stop => break,
             _ => groups.push((key.clone(), vec![left])),
         }
+        i += 1;
     }
-    // Suffix order is the padded keys' order except at the text's end and in shards sorted
-    // by bytes: sort, and join the groups a key's suffixes fell into.
+    let next = (i < shard.len()).then_some(i);
+    // Outside infgram's layout, suffix order is not the padded keys' order: sort, and join
+    // the groups a key's suffixes fell into.
     groups.sort_by(|a, b| a.0.cmp(&b.0));
     let mut groups = groups.into_iter().peekable();
     let mut out = Vec::new();
@@ -185,7 +210,7 @@ pub(crate) fn shard_suffix_groups<S: AsRef<[u8]>>(
             lefts: tally_sorted(lefts),
         });
     }
-    out
+    (out, next)
 }
 
 /// Continuation counts from (next, previous) pairs of every shard: their union, tallied by

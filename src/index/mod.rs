@@ -9,6 +9,7 @@
 //! (`Index<Mmap>`; infgram's format, or infini-gram's read as it is: [`infini_gram`]), [`Index::from_shards`] wraps freshly built bytes (`Index<Vec<u8>>`). The two
 //! answer every query identically; tests check that they do.
 
+pub mod answer_check;
 pub mod build;
 pub mod counting;
 pub mod counts_cache;

@@ -19,6 +19,7 @@
 //! answer by default through [`Shards::ask`] (the merge of the shards' answers: what shards
 //! held elsewhere give), and [`Index`] answers them with its own fast paths and memos.
 
+use super::answer_check::{asked, check_question, padded_cmp};
 use super::counting::{self, SuffixFeeds, SuffixGroup};
 use super::counts_cache::{CacheStats, CountsCache};
 use super::levels::{Level, LevelAsk, Memo};
@@ -150,15 +151,38 @@ pub enum ShardQuery {
         /// Whether an occurrence at a document's end counts for the separator.
         keep_end: bool,
     },
-    /// Every suffix of the shard grouped by its first `order` tokens: a fixed-order model's
-    /// counting pass ([`super::counting`]). The answer is as large as the shard.
+    /// The shard's suffixes grouped by their first `order` tokens, a page at a time: a
+    /// fixed-order model's counting pass ([`super::counting`]).
     SuffixGroups {
         /// Tokens of each key at most.
         order: usize,
+        /// The suffix-array rank the page starts at (0, then the last page's `next`).
+        from: usize,
+        /// Suffixes the page covers at least (whole groups).
+        max_suffixes: usize,
     },
 }
 
 impl ShardQuery {
+    /// What the question asks for, as errors name it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ShardQuery::Find { .. } => "a range",
+            ShardQuery::LongestSuffix { .. } => "the longest suffix",
+            ShardQuery::NextCounts { .. } => "next-token counts",
+            ShardQuery::ClauseTotals { .. } => "clause totals",
+            ShardQuery::Cnf { .. } => "a CNF search",
+            ShardQuery::Window { .. } | ShardQuery::RankWindow { .. } | ShardQuery::Doc { .. } => {
+                "a document window"
+            }
+            ShardQuery::SpanDocs { .. } => "documents of a span",
+            ShardQuery::LongestMatches { .. } => "longest matches",
+            ShardQuery::Levels { .. } => "the levels",
+            ShardQuery::ContinuationPairs { .. } => "the continuation pairs",
+            ShardQuery::SuffixGroups { .. } => "the suffix groups",
+        }
+    }
+
     /// Whether answering takes long enough that several shards are asked in parallel
     /// (waking the thread pool costs more than a point lookup when the index is in memory).
     fn is_heavy(&self) -> bool {
@@ -172,9 +196,12 @@ impl ShardQuery {
     }
 }
 
-/// One shard's answer to a [`ShardQuery`] (the variant that query asks for).
+/// One shard's answer to a [`ShardQuery`] (the variant that query asks for). On the wire the
+/// kind comes first and the fields after it, under `of` (`{"answer": "levels", "of": {...}}`):
+/// read in that order, an answer is parsed as it streams in, never buffered whole first (an
+/// internally tagged form is, at many times its size in memory).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "answer", rename_all = "snake_case")]
+#[serde(tag = "answer", content = "of", rename_all = "snake_case")]
 pub enum ShardAnswer {
     /// A suffix-array range.
     Range {
@@ -224,10 +251,14 @@ pub enum ShardAnswer {
         /// The pairs.
         pairs: Vec<(u32, u32)>,
     },
-    /// The shard's suffixes grouped by their first tokens, in the keys' order.
+    /// A page of the shard's suffixes grouped by their first tokens, in the keys' order.
     SuffixGroups {
         /// The groups.
         groups: Vec<SuffixGroup>,
+        /// The rank the next page starts at; `None` after the last.
+        next: Option<usize>,
+        /// Tokens of the shard's longest document (on the first page; 0 on the others).
+        longest: usize,
     },
 }
 
@@ -243,8 +274,9 @@ pub struct LevelPoint {
     pub counts: Counts,
 }
 
-/// Shards to ask: in this process ([`Index`]) or elsewhere (a Python router's actors).
-pub trait Shards {
+/// Shards to ask: in this process ([`Index`]) or elsewhere (a Python router's actors). Shared
+/// between threads (a counting pass asks shards elsewhere from the thread that counts).
+pub trait Shards: Sync {
     /// How many shards there are.
     fn shard_count(&self) -> usize;
     /// Positions and documents of each shard, in order.
@@ -713,7 +745,10 @@ impl std::fmt::Debug for dyn Shards + Send + Sync {
 
 /// Asks every shard the same question.
 fn ask_all(shards: &(impl Shards + ?Sized), q: ShardQuery) -> Result<Vec<ShardAnswer>> {
-    shards.ask((0..shards.shard_count()).map(|s| (s, q.clone())).collect())
+    asked(
+        shards,
+        (0..shards.shard_count()).map(|s| (s, q.clone())).collect(),
+    )
 }
 
 /// The shards' answers must be of the kind their questions ask for.
@@ -817,9 +852,26 @@ fn answer_with<S: AsRef<[u8]>>(
         ShardQuery::ContinuationPairs { q, keep_end } => ShardAnswer::Pairs {
             pairs: counting::shard_continuation_pairs(shard, q, *keep_end),
         },
-        &ShardQuery::SuffixGroups { order } => ShardAnswer::SuffixGroups {
-            groups: counting::shard_suffix_groups(shard, order),
-        },
+        &ShardQuery::SuffixGroups {
+            order,
+            from,
+            max_suffixes,
+        } => {
+            let (groups, next) = counting::shard_suffix_groups(shard, order, from, max_suffixes);
+            let longest = match from {
+                0 => (0..shard.num_docs())
+                    .map(|d| shard.doc_span(d))
+                    .map(|(a, b)| b - a)
+                    .max()
+                    .unwrap_or(0),
+                _ => 0,
+            };
+            ShardAnswer::SuffixGroups {
+                groups,
+                next,
+                longest,
+            }
+        }
     }
 }
 
@@ -876,6 +928,14 @@ fn answer_all_with<S: AsRef<[u8]> + Sync>(
             "shard {s} does not exist ({} shards)",
             shards.len()
         )));
+    }
+    for (s, q) in &asks {
+        let shard = &shards[*s];
+        let info = ShardInfo {
+            tokens: shard.len() as u64,
+            documents: shard.num_docs() as u64,
+        };
+        check_question(q, info)?;
     }
     let one = |(s, q): &(usize, ShardQuery)| answer_with(&shards[*s], cache.map(|c| (*s, c)), q);
     Ok(
@@ -1022,7 +1082,7 @@ fn counts_round(
             (s, ShardQuery::NextCounts { q, occ })
         })
         .collect();
-    next_counts_parts(shards.ask(asks)?)
+    next_counts_parts(asked(shards, asks)?)
 }
 
 /// The longest suffix of `prompt` that occurs in some shard, and the shards' occurrences and
@@ -1141,43 +1201,64 @@ pub fn levels_over_with(
     Ok(kept)
 }
 
-/// [`Shards::suffix_feeds`] through the shards' answers: every shard's groups, merged by key
-/// in one slice.
-fn suffix_feeds_over(
-    shards: &(impl Shards + ?Sized),
-    order: usize,
-) -> Result<SuffixFeeds<'static>> {
-    let asks = (0..shards.shard_count())
-        .map(|s| (s, ShardQuery::SuffixGroups { order }))
-        .collect();
-    let mut per_shard = shards
-        .ask(asks)?
-        .into_iter()
-        .map(|a| match a {
-            ShardAnswer::SuffixGroups { groups } => Ok(groups),
-            _ => Err(wrong_answer("the suffix groups")),
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let longest = per_shard.iter().flatten().map(|g| g.key.len()).max();
-    let width = order.min(longest.map_or(1, |l| l + 1));
-    // Keys are at most `width` long (no longer than the longest, or the order): pad them once
-    // with the separator, the order the merge compares in.
-    let sep = shards.separator();
-    for g in per_shard.iter_mut().flatten() {
-        g.key.resize(width, sep);
+/// [`Shards::suffix_feeds`] through the shards' answers: every shard's groups, a page of
+/// [`SUFFIX_PAGE`](counting::SUFFIX_PAGE) suffixes at a time, merged by key in one slice (so a
+/// shard's groups are never all held at once).
+fn suffix_feeds_over(shards: &(impl Shards + ?Sized), order: usize) -> Result<SuffixFeeds<'_>> {
+    let page = move |from: usize| ShardQuery::SuffixGroups {
+        order,
+        from,
+        max_suffixes: counting::SUFFIX_PAGE,
+    };
+    let firsts = asked(
+        shards,
+        (0..shards.shard_count()).map(|s| (s, page(0))).collect(),
+    )?;
+    let mut cursors = Vec::with_capacity(firsts.len());
+    let mut longest = 0;
+    for a in firsts {
+        let ShardAnswer::SuffixGroups {
+            groups,
+            next,
+            longest: l,
+        } = a
+        else {
+            return Err(wrong_answer("the suffix groups"));
+        };
+        longest = longest.max(l);
+        cursors.push(PageCursor {
+            groups: groups.into(),
+            next,
+            last: None,
+        });
     }
-    let feed = move |f: &mut dyn FnMut(&[u32], u32, u64)| {
-        let mut next: Vec<usize> = vec![0; per_shard.len()];
-        while let Some(g) = (0..per_shard.len())
-            .filter_map(|j| per_shard[j].get(next[j]).map(|g| (j, g)))
-            .min_by(|a, b| a.1.key.cmp(&b.1.key))
-            .map(|(j, g)| {
-                next[j] += 1;
-                g
-            })
-        {
+    let width = order.min(longest + 1);
+    let sep = shards.separator();
+    let feed = move |f: &mut dyn FnMut(&[u32], u32, u64)| -> Result<()> {
+        let mut key = vec![sep; width];
+        loop {
+            for (s, c) in cursors.iter_mut().enumerate() {
+                c.refill(shards, s, &page)?;
+            }
+            let Some(s) = (0..cursors.len())
+                .filter(|&s| !cursors[s].groups.is_empty())
+                .min_by(|&a, &b| {
+                    let (ka, kb) = (&cursors[a].groups[0].key, &cursors[b].groups[0].key);
+                    padded_cmp(ka, kb, sep)
+                })
+            else {
+                return Ok(());
+            };
+            let g = cursors[s].take(s, sep)?;
+            if g.key.len() > width {
+                return Err(Error::Unavailable(format!(
+                    "shard {s} answered wrongly (a key longer than its longest document)"
+                )));
+            }
+            key.fill(sep);
+            key[..g.key.len()].copy_from_slice(&g.key);
             for &(left, n) in &g.lefts {
-                f(&g.key, left, n);
+                f(&key, left, n);
             }
         }
     };
@@ -1185,6 +1266,58 @@ fn suffix_feeds_over(
         width,
         feeds: vec![Box::new(feed)],
     })
+}
+
+/// One shard's page of suffix groups being merged, and where its next page starts.
+struct PageCursor {
+    groups: std::collections::VecDeque<SuffixGroup>,
+    next: Option<usize>,
+    /// The key last taken, which the next must follow.
+    last: Option<Vec<u32>>,
+}
+
+impl PageCursor {
+    /// Asks shard `s` for its next page when this one is done and there is one.
+    fn refill(
+        &mut self,
+        shards: &(impl Shards + ?Sized),
+        s: usize,
+        page: &dyn Fn(usize) -> ShardQuery,
+    ) -> Result<()> {
+        while self.groups.is_empty() {
+            let Some(from) = self.next else {
+                return Ok(());
+            };
+            match asked(shards, vec![(s, page(from))])?.pop() {
+                Some(ShardAnswer::SuffixGroups { groups, next, .. }) => {
+                    if next.is_some_and(|n| n <= from) {
+                        return Err(Error::Unavailable(format!(
+                            "shard {s} answered wrongly (a page of suffix groups that does \
+                             not advance)"
+                        )));
+                    }
+                    self.groups = groups.into();
+                    self.next = next;
+                }
+                _ => return Err(wrong_answer("the suffix groups")),
+            }
+        }
+        Ok(())
+    }
+
+    /// The next group, which must follow the last one taken (pages in the keys' order).
+    fn take(&mut self, s: usize, sep: u32) -> Result<SuffixGroup> {
+        let g = self.groups.pop_front().expect("a group to take");
+        if let Some(last) = &self.last {
+            if padded_cmp(last, &g.key, sep).is_ge() {
+                return Err(Error::Unavailable(format!(
+                    "shard {s} answered wrongly (suffix groups out of order across pages)"
+                )));
+            }
+        }
+        self.last = Some(g.key.clone());
+        Ok(g)
+    }
 }
 
 /// [`Shards::continuation_counts`] through the shards' answers: one round trip for every
@@ -1207,7 +1340,7 @@ fn continuation_counts_over(
             })
         })
         .collect();
-    let answers = shards.ask(asks)?;
+    let answers = asked(shards, asks)?;
     if answers.len() != hs.len() * n {
         return Err(Error::input(
             "the shards gave another number of answers than questions",
@@ -1262,7 +1395,7 @@ fn fetch_window(
     q: ShardQuery,
     infos: &[ShardInfo],
 ) -> Result<Document> {
-    match shards.ask(vec![(s, q)])?.into_iter().next() {
+    match asked(shards, vec![(s, q)])?.into_iter().next() {
         Some(ShardAnswer::Document(l)) => Ok(place(l, s, &first_docs(infos))),
         _ => Err(wrong_answer("a document window")),
     }
@@ -1394,7 +1527,7 @@ impl<S: AsRef<[u8]> + Sync> Shards for Index<S> {
 }
 
 /// Shards shared by `Arc` (an index opened once and handed around) are asked as they are.
-impl<T: Shards + ?Sized> Shards for std::sync::Arc<T> {
+impl<T: Shards + ?Sized + Send> Shards for std::sync::Arc<T> {
     fn shard_count(&self) -> usize {
         (**self).shard_count()
     }

@@ -123,7 +123,7 @@ pub fn write_arpa(
                     failed = Some(e);
                 }
                 prev = Some(key.to_vec());
-            });
+            })?;
         }
         if let Some(e) = failed {
             return Err(e);

@@ -496,12 +496,15 @@ fn discounts(t: &[u64; 5], n: usize, fallback: Option<[f64; 3]>) -> Result<[f64;
     let fail = |why: String| -> Result<[f64; 4]> {
         match fallback {
             Some(f) => Ok([0.0, f[0], f[1], f[2]]),
-            None => Err(Error::input(format!(
-                "could not estimate Kneser–Ney discounts for {n}-grams: {why} (their adjusted \
-                 counts 1, 2, 3 and 4 occur {}, {}, {} and {} times); the corpus is small or \
-                 artificial (try deduplicating it), or pass --discount-fallback",
-                t[1], t[2], t[3], t[4]
-            ))),
+            None => Err(Error::Option {
+                option: "discount_fallback",
+                message: format!(
+                    "could not estimate Kneser–Ney discounts for {n}-grams: {why} (their \
+                     adjusted counts 1, 2, 3 and 4 occur {}, {}, {} and {} times); the corpus \
+                     is small or artificial (try deduplicating it), or pass {{option}}",
+                    t[1], t[2], t[3], t[4]
+                ),
+            }),
         }
     };
     if let Some(k) = (1..4).find(|&k| t[k] == 0) {
@@ -537,7 +540,7 @@ fn count_pass(
         .feeds
         .into_par_iter()
         .map(|feed| count_groups(counted, bos, vocab, sep, feed))
-        .collect();
+        .collect::<Result<_>>()?;
     let mut stats = CountStats::zeros(counted, vocab);
     for p in &partial {
         stats.add(p);
@@ -553,7 +556,7 @@ fn count_groups(
     vocab: usize,
     sep: u32,
     feed: SuffixFeed<'_>,
-) -> CountStats {
+) -> Result<CountStats> {
     let mut stats = CountStats::zeros(order, vocab);
     // Per order: the open group's count and distinct left tokens (stamped by group number).
     let mut count = vec![0u64; order];
@@ -613,7 +616,7 @@ fn count_groups(
             }
         }
         prev.copy_from_slice(key);
-    });
+    })?;
     if !first {
         for n in (0..order).rev() {
             if prev[n] != sep {
@@ -621,5 +624,5 @@ fn count_groups(
             }
         }
     }
-    stats
+    Ok(stats)
 }

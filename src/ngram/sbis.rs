@@ -36,13 +36,16 @@ pub fn sbis_distribution_into(levels: &[Level], decay: f64, out: &mut Vec<(u32, 
     out.extend(base.counts.iter().map(|&(t, _)| (t, 0.0)));
     let (mut den, mut w) = (0.0, 1.0);
     for lv in levels {
-        // Merge-join of two sorted lists.
+        // Merge-join of two sorted lists (a longer level's tokens are among the shortest's;
+        // one that is not, from levels that do not nest, is left out rather than read past).
         let mut i = 0;
         for &(t, c) in lv.counts.iter() {
-            while out[i].0 < t {
+            while i < out.len() && out[i].0 < t {
                 i += 1;
             }
-            out[i].1 += w * c as f64;
+            if let Some(slot) = out.get_mut(i).filter(|s| s.0 == t) {
+                slot.1 += w * c as f64;
+            }
         }
         den += w * lv.total as f64;
         w *= decay;

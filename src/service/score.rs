@@ -243,7 +243,7 @@ pub fn score(req: &ScoreRequest) -> Result<ScoreReport> {
 /// shards held elsewhere every estimator scores as over an index of the same documents; a
 /// fixed-order model's counting pass asks each shard for all its suffixes.
 pub fn score_over(
-    corpus: &(impl Shards + Sync + ?Sized),
+    corpus: &(impl Shards + ?Sized),
     tok: &dyn Tokenizer,
     req: &ScoreRequest,
 ) -> Result<ScoreReport> {
@@ -303,7 +303,7 @@ fn given_discounts(req: &ScoreRequest) -> Result<Option<Discounts>> {
 /// The ∞-gram's perplexity of `tokens` over `corpus` with the request's estimator (the smoothed
 /// one with `discounts` when given).
 fn infgram_ppl(
-    corpus: &(impl Shards + Sync + ?Sized),
+    corpus: &(impl Shards + ?Sized),
     tokens: &[u32],
     req: &ScoreRequest,
     discounts: Option<Discounts>,
@@ -409,7 +409,7 @@ pub fn classic_model(
 /// The score of `text` under the fixed-order `model` of `index` (`tok` its tokenizer), as
 /// KenLM's `query` gives it: in sentence mode (an index built so) each line is a sentence.
 pub fn classic_report(
-    index: &(impl Shards + Sync + ?Sized),
+    index: &(impl Shards + ?Sized),
     model: &ClassicModel,
     tok: &dyn Tokenizer,
     text: &str,
@@ -451,7 +451,7 @@ pub fn mkn_model(
 
 /// A fixed-order model's score of `text` over `index`.
 fn score_classic(
-    index: &(impl Shards + Sync + ?Sized),
+    index: &(impl Shards + ?Sized),
     tok: &dyn Tokenizer,
     req: &ScoreRequest,
     text: &str,
