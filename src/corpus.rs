@@ -51,10 +51,14 @@ pub fn list_files(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
             for entry in walk {
                 let entry = match entry {
                     Ok(entry) => entry,
+                    // A loop to an ancestor, a dangling link, or a link that points at
+                    // itself (or into a cycle of links: ELOOP).
                     Err(e)
                         if e.loop_ancestor().is_some()
-                            || e.io_error()
-                                .is_some_and(|io| io.kind() == std::io::ErrorKind::NotFound) =>
+                            || e.io_error().is_some_and(|io| {
+                                io.kind() == std::io::ErrorKind::NotFound
+                                    || io.raw_os_error() == Some(libc::ELOOP)
+                            }) =>
                     {
                         let at = e.path().map_or(input.clone(), Path::to_path_buf);
                         crate::diag!("warning: skipping {}: {e}", at.display());
@@ -94,23 +98,84 @@ fn not_an_input(input: &Path) -> Error {
     }
 }
 
+/// A document longer than a build can hold within its memory budget: `bytes` (at least) of
+/// `path`'s `place`, against `limit`.
+fn too_large(path: &Path, place: &str, bytes: u64, limit: u64) -> Error {
+    Error::input(format!(
+        "{}{place}: a document of {} MB, more than the {} MB this build reads within its memory \
+         budget (a document is indexed whole, in one shard); raise --mem to at least {:.1} GB \
+         (a tenth of the budget is the largest document), \
+         or split the text into smaller documents (one per line of a .jsonl file)",
+        path.display(),
+        bytes.div_ceil(1_000_000),
+        limit / 1_000_000,
+        bytes.saturating_mul(DOC_SHARE) as f64 / 1e9 + 0.05,
+    ))
+}
+
+/// A document may take this fraction (1 / `DOC_SHARE`) of a build's memory budget in bytes:
+/// its text and its token ids (4 bytes each, at most one a byte) are held while it is read and
+/// tokenized, beside a shard being built.
+const DOC_SHARE: u64 = 10;
+
+/// The largest document, in bytes, that a build within `mem_bytes` reads (64 KiB at least, as
+/// a shard holds 64 Ki tokens at least).
+pub fn doc_limit(mem_bytes: u64) -> u64 {
+    (mem_bytes / DOC_SHARE).max(1 << 16)
+}
+
 /// Reads the documents of a JSON-lines stream (`path` names it in errors): one object per
 /// non-blank line with a string field `text`; the other fields become the metadata.
 pub fn for_each_jsonl_doc(
     reader: impl Read,
     path: &Path,
+    f: impl FnMut(Doc, u64) -> Result<()>,
+) -> Result<()> {
+    for_each_jsonl_doc_within(reader, path, u64::MAX, f)
+}
+
+/// [`for_each_jsonl_doc`], refusing a line longer than `limit` bytes before it is held whole.
+fn for_each_jsonl_doc_within(
+    reader: impl Read,
+    path: &Path,
+    limit: u64,
     mut f: impl FnMut(Doc, u64) -> Result<()>,
 ) -> Result<()> {
-    for (lineno, line) in BufReader::with_capacity(1 << 16, reader)
-        .lines()
-        .enumerate()
-    {
-        let line = line.map_err(|e| Error::io(path, e))?;
+    let mut reader = BufReader::with_capacity(1 << 16, reader);
+    let mut bytes = Vec::new();
+    for lineno in 0.. {
+        bytes.clear();
+        let n = (&mut reader)
+            .take(limit.saturating_add(1))
+            .read_until(b'\n', &mut bytes)
+            .map_err(|e| Error::io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        if bytes.last() == Some(&b'\n') {
+            bytes.pop();
+        } else if n as u64 > limit {
+            return Err(too_large(
+                path,
+                &format!(":{}", lineno + 1),
+                n as u64,
+                limit,
+            ));
+        }
+        if bytes.last() == Some(&b'\r') {
+            bytes.pop();
+        }
+        let line = std::str::from_utf8(&bytes).map_err(|e| {
+            Error::io(
+                path,
+                std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+            )
+        })?;
         if line.trim().is_empty() {
             continue;
         }
         let n = line.len() as u64 + 1;
-        let mut value: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&line)
+        let mut value: serde_json::Map<String, serde_json::Value> = serde_json::from_str(line)
             .map_err(|e| {
                 Error::input(format!(
                     "{}:{}: not a JSON object ({e})",
@@ -154,15 +219,30 @@ pub fn for_each_doc(
     root_of: impl Fn(&Path) -> String,
     f: impl FnMut(Doc, u64) -> Result<()>,
 ) -> Result<()> {
-    for_each_doc_in(files, 0..u64::MAX, root_of, f)
+    for_each_doc_in(files, 0..u64::MAX, u64::MAX, root_of, f)
+}
+
+/// Refuses, before anything is read, a text file (one document) larger than `limit` bytes.
+pub fn check_text_sizes(files: &[PathBuf], limit: u64) -> Result<()> {
+    for path in files.iter().filter(|p| kind_of(p) == Kind::Text) {
+        let bytes = std::fs::metadata(path)
+            .map_err(|e| Error::io(path, e))?
+            .len();
+        if bytes > limit {
+            return Err(too_large(path, "", bytes, limit));
+        }
+    }
+    Ok(())
 }
 
 /// Reads the documents numbered `docs` of `files` (in the order [`for_each_doc`] reads them),
 /// calling `f(doc, bytes_read)`: one slice of a corpus. Text files before the slice are not
-/// read; JSON-lines files are read up to the slice's end.
+/// read; JSON-lines files are read up to the slice's end. A document longer than `limit`
+/// bytes is refused before it is held whole.
 pub fn for_each_doc_in(
     files: &[PathBuf],
     docs: std::ops::Range<u64>,
+    limit: u64,
     root_of: impl Fn(&Path) -> String,
     mut f: impl FnMut(Doc, u64) -> Result<()>,
 ) -> Result<()> {
@@ -181,8 +261,12 @@ pub fn for_each_doc_in(
             ix += 1;
             let mut bytes = Vec::new();
             BufReader::new(file)
+                .take(limit.saturating_add(1))
                 .read_to_end(&mut bytes)
                 .map_err(|e| Error::io(path, e))?;
+            if bytes.len() as u64 > limit {
+                return Err(too_large(path, "", bytes.len() as u64, limit));
+            }
             let n = bytes.len() as u64;
             let text = match String::from_utf8(bytes) {
                 Ok(s) => s,
@@ -201,7 +285,7 @@ pub fn for_each_doc_in(
             f(Doc { text, meta }, n)?;
             continue;
         }
-        for_each_jsonl_doc(jsonl_reader(path, kind, file)?, path, |doc, n| {
+        for_each_jsonl_doc_within(jsonl_reader(path, kind, file)?, path, limit, |doc, n| {
             ix += 1;
             match docs.contains(&(ix - 1)) {
                 true => f(doc, n),

@@ -1311,8 +1311,8 @@ fn interrupted_builds_leave_nothing_behind() {
     }
 }
 
-/// Symbolic links in an input directory are followed (loops and broken links are skipped with a
-/// warning), and a `.txt` file that is not UTF-8 is indexed with a warning that counts the bytes.
+/// Symbolic links in an input directory are followed (loops, links to themselves and broken
+/// links are skipped with a warning), and a `.txt` file that is not UTF-8 is indexed with a warning that counts the bytes.
 #[cfg(unix)]
 #[test]
 fn symlinks_are_followed_and_lossy_text_is_reported() {
@@ -1327,6 +1327,7 @@ fn symlinks_are_followed_and_lossy_text_is_reported() {
     std::os::unix::fs::symlink(outside.join("linked.txt"), corpus.join("link.txt")).unwrap();
     std::os::unix::fs::symlink(&corpus, corpus.join("sub/loop")).unwrap();
     std::os::unix::fs::symlink(tmp.path().join("nowhere"), corpus.join("broken.txt")).unwrap();
+    std::os::unix::fs::symlink(corpus.join("self.txt"), corpus.join("self.txt")).unwrap();
     let idx = tmp.path().join("idx");
     let out = infgram(&[
         "index",
@@ -1339,6 +1340,7 @@ fn symlinks_are_followed_and_lossy_text_is_reported() {
     assert!(e.contains("binary.txt: 3 bytes are not UTF-8"), "{e}");
     assert!(e.contains("skipping") && e.contains("loop"), "{e}");
     assert!(e.contains("broken.txt"), "{e}");
+    assert!(e.contains("skipping") && e.contains("self.txt"), "{e}");
     let count = json(&infgram(&[
         "query",
         idx.to_str().unwrap(),
@@ -1677,4 +1679,79 @@ fn a_broken_pipe_is_success_only_on_standard_output() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// `index --mem` bounds a build whatever its documents: a text file larger than a tenth of the
+/// budget is refused before anything is read or written (the 300 MB file here is sparse:
+/// reading it would hold 300 MB); so is a JSON line as long, once reached, without holding it;
+/// and a document whose tokens outgrow a shard of the budget is refused once tokenized. Each
+/// error says what to do, and leaves no output.
+#[test]
+fn index_mem_bounds_one_large_document() {
+    let tmp = tempfile::tempdir().unwrap();
+    let big = tmp.path().join("big.txt");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(300_000_000)
+        .unwrap();
+    let out = tmp.path().join("out.idx");
+    let o = out.to_str().unwrap();
+    let started = std::time::Instant::now();
+    let e = err(&infgram(&[
+        "index",
+        "--mem",
+        "0.5",
+        "-o",
+        o,
+        big.to_str().unwrap(),
+    ]));
+    assert!(
+        e.contains("big.txt") && e.contains("300 MB") && e.contains("--mem to at least 3.0 GB"),
+        "{e}"
+    );
+    eprintln!("refused in {:?}", started.elapsed());
+    assert!(!out.exists());
+    // A JSON line of 200 kB with a budget of 1 MB (documents up to 100 kB).
+    let lines = tmp.path().join("lines.jsonl");
+    let long = format!("{{\"text\": \"{}\"}}", "ab ".repeat(70_000));
+    std::fs::write(&lines, format!("{{\"text\": \"short\"}}\n{long}\n")).unwrap();
+    let e = err(&infgram(&[
+        "index",
+        "--mem",
+        "0.001",
+        "-o",
+        o,
+        lines.to_str().unwrap(),
+    ]));
+    assert!(
+        e.contains("lines.jsonl:2") && e.contains("raise --mem"),
+        "{e}"
+    );
+    assert!(!out.exists());
+    // 90 kB of text is read within 1 MB, but its 90,000 byte tokens outgrow a shard of
+    // 71,428 tokens (1 MB at 14 bytes a token).
+    let mid = tmp.path().join("mid.txt");
+    std::fs::write(&mid, "the cat sat ".repeat(7_500)).unwrap();
+    let e = err(&infgram(&[
+        "index",
+        "--mem",
+        "0.001",
+        "-o",
+        o,
+        mid.to_str().unwrap(),
+    ]));
+    assert!(
+        e.contains("90000 tokens") && e.contains("mid.txt") && e.contains("raise --mem"),
+        "{e}"
+    );
+    assert!(!out.exists());
+    // The same text within 2 MB is indexed.
+    ok(&infgram(&[
+        "index",
+        "--mem",
+        "0.002",
+        "-o",
+        o,
+        mid.to_str().unwrap(),
+    ]));
 }

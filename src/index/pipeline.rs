@@ -79,6 +79,23 @@ pub struct BuildSummary {
     pub peak_rss_bytes: Option<u64>,
 }
 
+/// Text read before it is tokenized in parallel (a batch holds more only with one document
+/// larger than this).
+const BATCH_BYTES: usize = 8 << 20;
+
+/// A document of `tokens` tokens (`meta`: its metadata line, which names its file) that no
+/// shard within a budget of `mem` bytes holds (`cap` tokens at most).
+fn doc_outgrows_shard(meta: &str, tokens: usize, cap: usize, mem: u64) -> Error {
+    let need = mem as f64 * (tokens + 1) as f64 / cap as f64;
+    Error::input(format!(
+        "a document of {tokens} tokens ({meta}) is larger than a shard built within the memory \
+         budget holds ({cap} tokens): a document is indexed whole, in one shard; raise --mem \
+         to at least {:.1} GB, or split it into smaller documents (one per line of a .jsonl \
+         file)",
+        need / 1e9 + 0.05
+    ))
+}
+
 /// Largest shard (in tokens) whose build fits `mem` bytes.
 fn shard_capacity(mem: u64, width: u8, reverse: bool) -> usize {
     // Tokens + a converted copy for 2/4-byte alphabets (or the reversed copy) + 32-bit SA
@@ -116,6 +133,11 @@ pub fn build_index(
     let total_in = corpus::total_bytes(&files);
     let width = token_width_for_vocab(tokenizer.vocab_size());
     let cap = shard_capacity(opts.mem_bytes, width, opts.reverse);
+    // A document is read whole and indexed in one shard: one too large for the budget is
+    // refused before it is read (a text file before the build starts), or once tokenized when
+    // its tokens outgrow a shard.
+    let doc_limit = corpus::doc_limit(opts.mem_bytes);
+    corpus::check_text_sizes(&files, doc_limit)?;
     let tmp = TempIndexDir::create(out, opts.overwrite, inputs)?;
     let bar = progress_bar(total_in, opts.progress);
 
@@ -140,6 +162,15 @@ pub fn build_index(
                           writer: &mut ShardWriter,
                           header: &mut Header|
      -> Result<()> {
+        // A large document's tokens (at most one a byte, two with sentence marks) may not fit
+        // beside the shard being filled: build that shard first, so that the document's text
+        // and ids are never held beside a shard's suffix sort.
+        let most_tokens = |d: &corpus::Doc| d.text.len() * (1 + usize::from(marks.is_some())) + 2;
+        let large = batch.iter().map(most_tokens).max().unwrap_or(0);
+        if large > BATCH_BYTES && writer.len() + large > cap && !writer.is_empty() {
+            let full = std::mem::replace(writer, ShardWriter::new(width));
+            flush_shard(full, header)?;
+        }
         let encoded: Vec<Result<Vec<Vec<u32>>>> = batch
             .par_iter()
             .map(|d| match marks {
@@ -149,6 +180,14 @@ pub fn build_index(
             .collect();
         for (doc, parts) in batch.drain(..).zip(encoded) {
             for ids in parts? {
+                if ids.len() + 1 > cap {
+                    return Err(doc_outgrows_shard(
+                        &doc.meta,
+                        ids.len(),
+                        cap,
+                        opts.mem_bytes,
+                    ));
+                }
                 if writer.len() + ids.len() + 1 > cap && !writer.is_empty() {
                     let full = std::mem::replace(writer, ShardWriter::new(width));
                     flush_shard(full, header)?;
@@ -175,11 +214,11 @@ pub fn build_index(
             |n| n.to_string_lossy().into_owned(),
         )
     };
-    corpus::for_each_doc_in(&files, opts.docs.clone(), rel, |doc, n| {
+    corpus::for_each_doc_in(&files, opts.docs.clone(), doc_limit, rel, |doc, n| {
         bar.inc(n);
         batch_bytes += doc.text.len();
         batch.push(doc);
-        if batch_bytes > 8 << 20 || batch.len() >= 4096 {
+        if batch_bytes > BATCH_BYTES || batch.len() >= 4096 {
             tokenize_batch(&mut batch, &mut writer, &mut header)?;
             batch_bytes = 0;
         }
