@@ -364,6 +364,7 @@ pub fn router(data: &[u8]) {
             log_requests: false,
             past_outputs_file: None,
             corpus_rule: Default::default(),
+            allowed_hosts: Vec::new(),
         };
         App {
             runtime: tokio::runtime::Builder::new_current_thread()

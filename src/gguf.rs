@@ -14,7 +14,8 @@
 //!   past the end of the file.
 //!
 //! Only then does candle read the header (its `Content` is what the loaders use), and every
-//! tensor's extent is checked against the file once more with candle's own type sizes.
+//! tensor's extent is checked against the file once more with candle's own type sizes: inside
+//! the file, at an offset that is a multiple of the alignment, over no other tensor's bytes.
 
 use crate::error::{Error, Result};
 use candle_core::quantized::gguf_file::Content;
@@ -25,6 +26,8 @@ use std::path::Path;
 const MAX_ALIGNMENT: u64 = 1 << 16;
 /// Deepest nesting of arrays accepted.
 const MAX_DEPTH: usize = 64;
+/// The data section's alignment when the file does not give one (GGUF's default).
+const DEFAULT_ALIGNMENT: u64 = 32;
 /// The key of the data section's alignment.
 const ALIGNMENT_KEY: &str = "general.alignment";
 
@@ -46,6 +49,15 @@ pub fn read(file: &mut std::fs::File, path: &Path) -> Result<Content> {
     file.seek(SeekFrom::Start(0))
         .map_err(|e| Error::io(path, e))?;
     let content = Content::read(file).map_err(|e| bad(e.to_string()))?;
+    let alignment = match content.metadata.get(ALIGNMENT_KEY) {
+        Some(v) => v.to_u64().ok().or_else(|| v.to_u32().ok().map(u64::from)),
+        None => Some(DEFAULT_ALIGNMENT),
+    }
+    .unwrap_or(DEFAULT_ALIGNMENT)
+    .max(1);
+    // Each tensor at an aligned offset and none overlapping another (llama.cpp lays them out
+    // one after another, each padded to the alignment).
+    let mut extents: Vec<(u64, u64, &str)> = Vec::with_capacity(content.tensor_infos.len());
     for (name, info) in &content.tensor_infos {
         let elems = info.shape.elem_count() as u64;
         let block = info.ggml_dtype.block_size() as u64;
@@ -60,6 +72,25 @@ pub fn read(file: &mut std::fs::File, path: &Path) -> Result<Content> {
                 info.ggml_dtype
             )));
         }
+        if !info.offset.is_multiple_of(alignment) {
+            return Err(bad(format!(
+                "tensor {name} at offset {} of the data, not a multiple of the alignment \
+                 {alignment}",
+                info.offset
+            )));
+        }
+        extents.push((
+            info.offset,
+            info.offset.saturating_add(bytes),
+            name.as_str(),
+        ));
+    }
+    extents.sort_unstable();
+    if let Some(w) = extents.windows(2).find(|w| w[0].1 > w[1].0) {
+        return Err(bad(format!(
+            "tensors {} and {} overlap in the file",
+            w[0].2, w[1].2
+        )));
     }
     Ok(content)
 }
@@ -326,6 +357,40 @@ mod tests {
             let path = file(t.path(), &[(ALIGNMENT_KEY, bad.clone())]);
             let e = read_path(&path).unwrap_err().to_string();
             assert!(e.contains(ALIGNMENT_KEY), "{bad:?}: {e}");
+        }
+    }
+
+    /// A tensor at an offset that is not a multiple of the alignment, or over another
+    /// tensor's bytes, is refused (candle would read it and give garbage).
+    #[test]
+    fn misplaced_tensor_offsets_are_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("two.gguf");
+        let x = Tensor::zeros((2, 32), candle_core::DType::F32, &Device::Cpu).unwrap();
+        let q = QTensor::quantize(&x, GgmlDType::F32).unwrap();
+        let mut f = std::fs::File::create(&path).unwrap();
+        gguf_file::write(&mut f, &[], &[("a", &q), ("b", &q)]).unwrap();
+        drop(f);
+        let sound = std::fs::read(&path).unwrap();
+        assert!(read_path(&path).is_ok());
+        // Each tensor info: name (8 + 1 bytes), 2 dimensions (4 + 16), type (4), offset (8).
+        let info = 8 + 1 + 4 + 16 + 4 + 8;
+        let offset_of = |i: usize| 24 + i * info + info - 8;
+        let at = |b: &[u8], i: usize| {
+            u64::from_le_bytes(b[offset_of(i)..offset_of(i) + 8].try_into().unwrap())
+        };
+        assert_eq!((at(&sound, 0), at(&sound, 1)), (0, 256));
+        for (i, bad, says) in [
+            (1, 0, "overlap"),
+            (1, 128, "overlap"),
+            (0, 1, "alignment"),
+            (1, 260, "alignment"),
+        ] {
+            let mut bytes = sound.clone();
+            bytes[offset_of(i)..offset_of(i) + 8].copy_from_slice(&(bad as u64).to_le_bytes());
+            std::fs::write(&path, &bytes).unwrap();
+            let e = read_path(&path).unwrap_err().to_string();
+            assert!(e.contains(says), "tensor {i} at {bad}: {e}");
         }
     }
 

@@ -197,7 +197,7 @@ fn raw_post(addr: &str, path: &str, body: &str) -> TcpStream {
     let mut s = TcpStream::connect(addr).unwrap();
     write!(
         s,
-        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -883,7 +883,8 @@ fn slow_and_vanishing_clients_do_not_hold_the_server() {
     let mut slow = TcpStream::connect(&server.addr).unwrap();
     slow.set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
-    slow.write_all(b"POST / HTTP/1.1\r\nHost: x\r\n").unwrap();
+    slow.write_all(b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        .unwrap();
     let mut buf = Vec::new();
     let read = slow.read_to_end(&mut buf);
     assert!(read.is_ok(), "the server kept a stalled client: {read:?}");
@@ -891,7 +892,7 @@ fn slow_and_vanishing_clients_do_not_hold_the_server() {
     let mut slow = TcpStream::connect(&server.addr).unwrap();
     slow.set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
-    slow.write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+    slow.write_all(b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{")
         .unwrap();
     let mut buf = String::new();
     let read = slow.read_to_string(&mut buf);
@@ -905,7 +906,7 @@ fn slow_and_vanishing_clients_do_not_hold_the_server() {
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
     trickle
-        .write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
+        .write_all(b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n")
         .unwrap();
     let mut sent = 0;
     while sent < 100 && trickle.write_all(b" ").is_ok() {
@@ -930,7 +931,7 @@ fn slow_and_vanishing_clients_do_not_hold_the_server() {
         let _ = s.read(&mut first);
         drop(s);
         let mut s = TcpStream::connect(&server.addr).unwrap();
-        s.write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{\"query")
+        s.write_all(b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 50\r\n\r\n{\"query")
             .unwrap();
         drop(s);
     }
@@ -1838,4 +1839,183 @@ fn past_output_saves_of_every_route_share_one_health_state() {
         before,
         "{kept} bytes of outputs"
     );
+}
+
+/// Sends `head` (a request line and headers, each line ending in CRLF) and `body` on a new
+/// connection: the status of the answer.
+fn raw_status(addr: &str, head: &str, body: &str) -> u16 {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(s, "{head}Content-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut answer = String::new();
+    let _ = BufReader::new(s).read_line(&mut answer);
+    answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {answer:?}"))
+}
+
+/// A web page cannot reach the server: a `Host` that is not an address, `localhost` or a name
+/// given with --allow-host is refused (DNS rebinding), and so is another site's `Origin`, and
+/// a JSON route's `text/plain` or form body (what a page may send without asking); programs
+/// (no Origin, a JSON body) are answered.
+#[test]
+fn requests_from_web_pages_of_other_sites_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let idx = small_index(tmp.path());
+    let spec = format!("small={}", idx.display());
+    let server = Server::start(&["--index", &spec, "--quiet", "--allow-host", "ngram.test"]);
+    let body = r#"{"query_type": "count", "query": "cat"}"#;
+    let json = "Content-Type: application/json\r\n";
+    let post = |host: &str, extra: &str| format!("POST / HTTP/1.1\r\nHost: {host}\r\n{extra}");
+    for (head, want) in [
+        (post("127.0.0.1", json), 200),
+        (post("localhost:1234", json), 200),
+        (post("ngram.test", json), 200),
+        (post("127.0.0.1", ""), 200),
+        (post("evil.example", json), 403),
+        (post("ngram.test.evil.example:80", json), 403),
+        (
+            post(
+                "127.0.0.1",
+                &format!("{json}Origin: https://evil.example\r\n"),
+            ),
+            403,
+        ),
+        (post("127.0.0.1", &format!("{json}Origin: null\r\n")), 403),
+        (
+            post(
+                "127.0.0.1",
+                &format!("{json}Origin: http://127.0.0.1:8080\r\n"),
+            ),
+            200,
+        ),
+        (post("127.0.0.1", "Content-Type: text/plain\r\n"), 415),
+        (
+            post(
+                "127.0.0.1",
+                "Content-Type: application/x-www-form-urlencoded\r\n",
+            ),
+            415,
+        ),
+    ] {
+        assert_eq!(raw_status(&server.addr, &head, body), want, "{head}");
+    }
+    let completion = r#"{"prompt": "the", "max_tokens": 3}"#;
+    let head = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n";
+    assert_eq!(raw_status(&server.addr, head, completion), 415);
+    let (status, _) = server.post("/v1/completions", completion);
+    assert_eq!(status, 200);
+}
+
+/// A completion whose client leaves before its answer is counted in `/metrics` and logged
+/// (status 499), not lost; and `compare` of a generation stopped by the time limit reports
+/// plain decoding's figures as null (plain decoding never ran to the same end).
+#[cfg(feature = "neural")]
+#[test]
+fn a_request_whose_client_left_is_counted_and_logged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let idx = small_index(tmp.path());
+    let server = Server::start(&[
+        "--index",
+        &format!("small={}", idx.display()),
+        "--model",
+        "smollm2-135m",
+        "--generation-timeout",
+        "0.3",
+    ]);
+    let before = server.request("GET", "/metrics", None).1;
+    let errors = |m: &str| metric(m, "infgram_client_errors_total{endpoint=\"completions\"}");
+    // A long generation holds the worker (until the time limit); a completion queued behind
+    // it is left by its client.
+    let long = r#"{"prompt": "Count from 1 to 1000.", "max_tokens": 2000, "temperature": 1.0, "seed": 3, "compare": true}"#;
+    let held = raw_post(&server.addr, "/v1/completions", long);
+    std::thread::sleep(Duration::from_millis(50));
+    let left = raw_post(&server.addr, "/v1/completions", long);
+    std::thread::sleep(Duration::from_millis(100));
+    drop(left);
+    let mut answer = String::new();
+    held.set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
+    let _ = BufReader::new(held).read_to_string(&mut answer);
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or("");
+    let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer}"));
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    let report = v["infgram"].as_object().unwrap();
+    for field in ["plain_tokens_per_second", "speedup", "identical"] {
+        assert_eq!(report.get(field), Some(&Value::Null), "{field}: {v}");
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let logged = loop {
+        let line = server
+            .log
+            .lock()
+            .unwrap()
+            .recv_timeout(Duration::from_secs(60))
+            .expect("a log line");
+        if line.contains("/v1/completions 499 completions") {
+            break line;
+        }
+        assert!(std::time::Instant::now() < deadline, "no 499 logged");
+    };
+    let after = server.request("GET", "/metrics", None).1;
+    assert!(errors(&after) > errors(&before), "{logged}\n{after}");
+}
+
+/// A request that sends its context is answered from it while other requests' sessions end
+/// it in the store (issue: 82 of 1,920 requests were answered 404 when 32 clients cycled
+/// their request ids under a small byte budget).
+#[test]
+fn draft_requests_with_their_context_are_answered_under_concurrent_eviction() {
+    let tmp = tempfile::tempdir().unwrap();
+    let idx = small_index(tmp.path());
+    let server = Server::start(&[
+        "--index",
+        &format!("small={}", idx.display()),
+        "--draft-session-bytes",
+        "1000000",
+        "--quiet",
+    ]);
+    let server = Arc::new(server);
+    let context: Vec<u32> = ids("the cat sat on the mat the dog ran on a log ").repeat(40);
+    let failures: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..32)
+            .map(|client| {
+                let (server, context) = (server.clone(), &context);
+                scope.spawn(move || {
+                    let mut failed = Vec::new();
+                    for i in 0..60 {
+                        let cut = 100 + (i * 37 + client * 11) % (context.len() - 100);
+                        let body = json!({
+                            "context_ids": &context[..cut],
+                            "max_tokens": 8,
+                            "request_id": format!("c{client}-r{}", i % 4),
+                        });
+                        let (status, v) = server.post("/v1/drafts", &body.to_string());
+                        if status != 200 {
+                            failed.push(format!("client {client} request {i}: {status} {v}"));
+                        }
+                    }
+                    failed
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    assert!(
+        failures.is_empty(),
+        "{} failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+    let (_, metrics) = server.request("GET", "/metrics", None);
+    assert!(
+        metric(&metrics, "infgram_draft_sessions_dropped_total") > 0.0,
+        "no session was evicted: {metrics}"
+    );
+    assert!(metrics.contains("# TYPE infgram_draft_sessions_dropped_total counter"));
 }

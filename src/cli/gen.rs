@@ -462,13 +462,21 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
         lines.extend(r.copying.as_ref().and_then(guard_line));
     }
     if let Some(c) = &r.comparison {
-        lines.push(format!(
-            "plain decoding: {:.1} tokens/s; speculative: {:.1} tokens/s; speed-up {:.2}×; outputs {}",
-            c.plain_tokens_per_second,
-            r.tokens_per_second,
-            c.speedup,
-            if c.identical { "identical" } else { "differ (sampling)" }
-        ));
+        lines.push(match (c.plain_tokens_per_second, c.speedup, c.identical) {
+            (Some(plain), Some(speedup), Some(identical)) => format!(
+                "plain decoding: {plain:.1} tokens/s; speculative: {:.1} tokens/s; speed-up \
+                 {speedup:.2}×; outputs {}",
+                r.tokens_per_second,
+                if identical {
+                    "identical"
+                } else {
+                    "differ (sampling)"
+                }
+            ),
+            _ => "plain decoding not compared: the generation was stopped before its end \
+                  (a time limit, or a client that left)"
+                .to_string(),
+        });
     }
     if args.json {
         lines.clear();

@@ -80,6 +80,11 @@ pub struct ServeArgs {
     /// names its own (`corpus_rule`).
     #[arg(long, value_enum, default_value = "sbis")]
     pub corpus_rule: infgram::service::request::CorpusRule,
+    /// A host name the server answers to (the `Host` of requests, the `Origin` of web pages)
+    /// beside IP addresses and `localhost`: requests naming any other are refused, so that a
+    /// web page cannot reach the server through a name it controls. Repeat for several.
+    #[arg(long = "allow-host", value_name = "NAME")]
+    pub allow_hosts: Vec<String>,
     #[command(flatten)]
     pub model_args: super::ModelArgs,
 }
@@ -165,6 +170,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         log_requests: !args.quiet,
         past_outputs_file: args.past_outputs.clone(),
         corpus_rule: args.corpus_rule,
+        allowed_hosts: args.allow_hosts.clone(),
     };
     infgram::server::serve(config, |server| {
         infgram::diag!(

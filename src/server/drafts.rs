@@ -124,15 +124,15 @@ impl DraftService {
             (None, false) => drafts
                 .draft_once(&req.context_ids, max, req.tree)
                 .map_err(rename)?,
-            (Some(id), finish) => {
-                drafts.sync(id, &req.context_ids).map_err(rename)?;
-                if finish {
-                    drafts.finish(id).map_err(rename)?;
-                    Default::default()
-                } else {
-                    drafts.draft(id, max, req.tree).map_err(rename)?
-                }
+            (Some(id), true) => {
+                drafts
+                    .sync_and_finish(id, &req.context_ids)
+                    .map_err(rename)?;
+                Default::default()
             }
+            (Some(id), false) => drafts
+                .sync_and_draft(id, &req.context_ids, max, req.tree)
+                .map_err(rename)?,
         };
         Ok(serde_json::to_value(draft).expect("a draft serializes"))
     }

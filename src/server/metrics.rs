@@ -72,7 +72,8 @@ impl Metrics {
         self.series.iter().map(|s| s.requests.load(Relaxed)).sum()
     }
 
-    /// The Prometheus text exposition, with `gauges` (name, help, value) appended.
+    /// The Prometheus text exposition, with `gauges` (name, help, value) appended: counters
+    /// where the name ends in `_total`, gauges otherwise.
     pub fn render(&self, gauges: &[(&str, &str, f64)]) -> String {
         let mut out = String::new();
         type Counter = (&'static str, &'static str, fn(&Series) -> u64);
@@ -121,9 +122,14 @@ impl Metrics {
             let _ = writeln!(out, "{name}_count{{endpoint=\"{label}\"}} {count}");
         }
         for (name, help, value) in gauges {
+            // Prometheus's convention: a name ending in `_total` is a counter.
+            let kind = match name.ends_with("_total") {
+                true => "counter",
+                false => "gauge",
+            };
             let _ = writeln!(
                 out,
-                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
             );
         }
         out
@@ -140,7 +146,12 @@ mod tests {
         m.record("count", 200, 0.0002);
         m.record("count", 400, 0.003);
         m.record("nonsense", 500, 100.0);
-        let text = m.render(&[("infgram_queue", "Jobs waiting.", 2.0)]);
+        let text = m.render(&[
+            ("infgram_queue", "Jobs waiting.", 2.0),
+            ("infgram_jobs_total", "Jobs done.", 7.0),
+        ]);
+        assert!(text.contains("# TYPE infgram_queue gauge\ninfgram_queue 2"));
+        assert!(text.contains("# TYPE infgram_jobs_total counter\ninfgram_jobs_total 7"));
         assert!(
             text.contains("infgram_requests_total{endpoint=\"count\"} 2"),
             "{text}"

@@ -21,6 +21,7 @@ pub use crate::service::api;
 pub mod completions;
 pub mod drafts;
 pub mod metrics;
+pub mod origin;
 
 use crate::service::models::ModelOptions;
 use crate::service::query::QueryLimits;
@@ -120,6 +121,8 @@ pub struct ServerConfig {
     pub past_outputs_file: Option<PathBuf>,
     /// How `POST /v1/drafts` drafts from a corpus (a completion names its own rule).
     pub corpus_rule: crate::service::request::CorpusRule,
+    /// Host names the server answers to beside IP addresses and `localhost` ([`origin`]).
+    pub allowed_hosts: Vec<String>,
 }
 
 pub use crate::service::catalog::{CheckState, FullCheck, Indexes, Served};
@@ -135,6 +138,7 @@ struct AppState {
     started: Instant,
     completions: AtomicU64,
     drafts: drafts::DraftService,
+    hosts: origin::AllowedHosts,
 }
 
 /// The endpoint a response answered, for metrics and the log (set by the handlers).
@@ -282,6 +286,10 @@ pub fn router_for(config: &ServerConfig) -> crate::Result<Router> {
 
 /// The server's state and routes for `config`: what [`Server::bind`] serves.
 fn app(config: &ServerConfig) -> crate::Result<(Arc<AppState>, Router)> {
+    #[cfg(feature = "neural")]
+    if config.model.is_some() {
+        crate::service::models::check_device(&config.model_options)?;
+    }
     let indexes = Indexes::open(&config.indexes, &config.tokenizers)?;
     let generator = Generator::start(
         config.model.as_deref(),
@@ -305,6 +313,7 @@ fn app(config: &ServerConfig) -> crate::Result<(Arc<AppState>, Router)> {
             config.corpus_rule,
             config.limits.draft_session_bytes,
         ),
+        hosts: origin::AllowedHosts::new(&config.allowed_hosts),
     });
     let router = router(state.clone());
     Ok((state, router))
@@ -327,8 +336,29 @@ fn router(state: Arc<AppState>) -> Router {
             state.clone(),
             whole_body_in_time,
         ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            check_origin,
+        ))
         .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)
+}
+
+/// Refuses requests from other sites' web pages and JSON routes' bodies of other types
+/// ([`origin`]) before anything is read.
+async fn check_origin(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let json_route = req.method() == axum::http::Method::POST;
+    match state.hosts.check(req.headers(), json_route) {
+        Ok(()) => next.run(req).await,
+        Err(e) => {
+            let mut response = error_response("other", &e);
+            response.headers_mut().insert(
+                header::CONNECTION,
+                header::HeaderValue::from_static("close"),
+            );
+            response
+        }
+    }
 }
 
 /// Reads a request's whole body before its handler runs, within `--client-timeout` counted
@@ -373,29 +403,71 @@ async fn whole_body_in_time(
     response
 }
 
-/// Records every request in the metrics and (unless turned off) logs one line for it.
+/// Records every request in the metrics and (unless turned off) logs one line for it; a
+/// request whose client left before its answer (the connection closed, the handler dropped)
+/// is recorded as status 499, as nginx logs it.
 async fn observe(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    let started = Instant::now();
-    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    let mut seen = Seen {
+        state: state.clone(),
+        started: Instant::now(),
+        method: req.method().to_string(),
+        path: req.uri().path().to_string(),
+        answered: false,
+    };
     let response = next.run(req).await;
-    let seconds = started.elapsed().as_secs_f64();
-    let status = response.status().as_u16();
+    seen.answered = true;
     let endpoint = response
         .extensions()
         .get::<Endpoint>()
         .map_or("other", |e| e.0);
-    state.metrics.record(endpoint, status, seconds);
-    if state.log_requests {
-        let line = format!(
-            "{:.3} {method} {path} {status} {endpoint} {:.3} ms\n",
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0.0, |d| d.as_secs_f64()),
-            seconds * 1e3
-        );
-        let _ = std::io::stderr().lock().write_all(line.as_bytes());
-    }
+    seen.record(endpoint, response.status().as_u16());
     response
+}
+
+/// A request being answered, recorded when its answer is ready or when it is dropped
+/// unanswered.
+struct Seen {
+    state: Arc<AppState>,
+    started: Instant,
+    method: String,
+    path: String,
+    answered: bool,
+}
+
+/// Status of a request whose client closed the connection before the answer (nginx's).
+const CLIENT_LEFT: u16 = 499;
+
+impl Seen {
+    fn record(&self, endpoint: &str, status: u16) {
+        let seconds = self.started.elapsed().as_secs_f64();
+        self.state.metrics.record(endpoint, status, seconds);
+        if self.state.log_requests {
+            let line = format!(
+                "{:.3} {} {} {status} {endpoint} {:.3} ms\n",
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0.0, |d| d.as_secs_f64()),
+                self.method,
+                self.path,
+                seconds * 1e3
+            );
+            let _ = std::io::stderr().lock().write_all(line.as_bytes());
+        }
+    }
+}
+
+impl Drop for Seen {
+    fn drop(&mut self) {
+        if !self.answered {
+            let endpoint = match self.path.as_str() {
+                "/v1/completions" => "completions",
+                "/v1/chat/completions" => "completions",
+                "/v1/drafts" => "drafts",
+                _ => "other",
+            };
+            self.record(endpoint, CLIENT_LEFT);
+        }
+    }
 }
 
 /// A JSON response tagged with its endpoint.
@@ -485,7 +557,6 @@ async fn answer_query(state: &Arc<AppState>, request: api::ApiQuery) -> Result<V
     }
 }
 
-/// `POST /v1/completions`.
 /// `POST /v1/drafts`: a draft for an engine's request ([`drafts`]), on the blocking pool.
 async fn drafts_handler(
     State(state): State<Arc<AppState>>,
@@ -527,6 +598,7 @@ async fn drafts_handler(
     }
 }
 
+/// `POST /v1/completions`.
 async fn completions_handler(
     State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,

@@ -27,6 +27,10 @@ pub const MAX_SESSIONS: usize = 4096;
 /// keep of them, about 30 bytes a token): past it the least recently used end.
 pub const DEFAULT_SESSION_BYTES: usize = 256 << 20;
 
+/// Bytes of a session's entry in the store beside its state and request id (the map's and
+/// the order's slots, the session's allocation).
+const ENTRY_BYTES: usize = 128;
+
 /// The longest draft asked for.
 pub const MAX_DRAFT_TOKENS: usize = 256;
 
@@ -148,7 +152,9 @@ impl SessionStore {
     /// the least recently used others while a bound is passed. A session over the byte bound
     /// alone is ended too, and refused.
     fn account(&self, key: &Key, session: &Arc<Mutex<DraftSession>>) -> Result<()> {
-        let bytes = session.lock().unwrap_or_else(|e| e.into_inner()).bytes();
+        // The session's state, and its request id, held twice (the map's key, the order's).
+        let state = session.lock().unwrap_or_else(|e| e.into_inner()).bytes();
+        let bytes = state + 2 * key.1.len() + ENTRY_BYTES;
         let mut s = self.lock();
         let Some(e) = s
             .map
@@ -265,6 +271,11 @@ impl Drafts {
 
     /// Starts request `id` after `prompt` (a request of that id already open starts over).
     pub fn start(&self, id: &str, prompt: &[u32]) -> Result<()> {
+        self.started(id, prompt).map(drop)
+    }
+
+    /// [`Drafts::start`], giving the session started.
+    fn started(&self, id: &str, prompt: &[u32]) -> Result<(Key, Arc<Mutex<DraftSession>>)> {
         self.check_ids(prompt)?;
         let session = Arc::new(Mutex::new(DraftSession::start(self.drafters()?, prompt)));
         let key = self.key(id);
@@ -274,7 +285,8 @@ impl Drafts {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .observe_prompt();
-        self.store.account(&key, &session)
+        self.store.account(&key, &session)?;
+        Ok((key, session))
     }
 
     /// Request `id`'s session, marked as used now.
@@ -309,11 +321,23 @@ impl Drafts {
     pub fn draft(&self, id: &str, max_tokens: usize, tree: bool) -> Result<SessionDraft> {
         check_max(max_tokens)?;
         let (key, session) = self.session(id)?;
+        self.draft_in(&key, &session, max_tokens, tree)
+    }
+
+    /// A draft from `session`, held by the caller: another request that ends it in the store
+    /// meanwhile (the least recently used, past a bound) does not take it from this one.
+    fn draft_in(
+        &self,
+        key: &Key,
+        session: &Arc<Mutex<DraftSession>>,
+        max_tokens: usize,
+        tree: bool,
+    ) -> Result<SessionDraft> {
         let draft = session
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .draft(max_tokens, tree)?;
-        self.store.account(&key, &session)?;
+        self.store.account(key, session)?;
         Ok(draft)
     }
 
@@ -334,29 +358,58 @@ impl Drafts {
     /// its own context, or started afresh when `context` does not continue it. What a
     /// stateless caller (`POST /v1/drafts` with a `request_id`) sends each time.
     pub fn sync(&self, id: &str, context: &[u32]) -> Result<()> {
-        self.check_ids(context)?;
-        let extended = match self.session(id) {
-            Ok((key, session)) => {
-                let extended = {
-                    let mut s = session.lock().unwrap_or_else(|e| e.into_inner());
-                    let known = s.context().len();
-                    let extends = context.starts_with(s.context());
-                    if extends {
-                        s.extend(&context[known..]);
-                    }
-                    extends
-                };
-                if extended {
-                    self.store.account(&key, &session)?;
-                }
-                extended
-            }
-            Err(_) => false,
-        };
-        if !extended {
-            self.start(id, context)?;
+        self.synced(id, context).map(drop)
+    }
+
+    /// [`Drafts::sync`], then a draft of at most `max_tokens` tokens from the session synced
+    /// (held from one to the other, so that a request that sends its context is answered from
+    /// it even when other requests end its session in the store meanwhile).
+    pub fn sync_and_draft(
+        &self,
+        id: &str,
+        context: &[u32],
+        max_tokens: usize,
+        tree: bool,
+    ) -> Result<SessionDraft> {
+        check_max(max_tokens)?;
+        let (key, session) = self.synced(id, context)?;
+        self.draft_in(&key, &session, max_tokens, tree)
+    }
+
+    /// [`Drafts::sync`], then [`Drafts::finish`] of the session synced (held from one to the
+    /// other, as [`Drafts::sync_and_draft`] holds it).
+    pub fn sync_and_finish(&self, id: &str, context: &[u32]) -> Result<()> {
+        let (key, session) = self.synced(id, context)?;
+        let mut s = self.store.lock();
+        if s.map
+            .get(&key)
+            .is_some_and(|e| Arc::ptr_eq(&e.session, &session))
+        {
+            s.remove(&key);
         }
-        Ok(())
+        drop(s);
+        self.finish_session(&session)
+    }
+
+    /// [`Drafts::sync`], giving the session synced.
+    fn synced(&self, id: &str, context: &[u32]) -> Result<(Key, Arc<Mutex<DraftSession>>)> {
+        self.check_ids(context)?;
+        if let Ok((key, session)) = self.session(id) {
+            let extended = {
+                let mut s = session.lock().unwrap_or_else(|e| e.into_inner());
+                let known = s.context().len();
+                let extends = context.starts_with(s.context());
+                if extends {
+                    s.extend(&context[known..]);
+                }
+                extends
+            };
+            if extended {
+                self.store.account(&key, &session)?;
+                return Ok((key, session));
+            }
+        }
+        self.started(id, context)
     }
 
     /// Ends request `id`: its output goes into the past outputs (saved to their file, if they
@@ -368,6 +421,11 @@ impl Drafts {
         let Some(Entry { session, .. }) = removed else {
             return Err(Error::NotFound(format!("no drafting request {id:?}")));
         };
+        self.finish_session(&session)
+    }
+
+    /// A session's output into the past outputs ([`Drafts::finish`]).
+    fn finish_session(&self, session: &Arc<Mutex<DraftSession>>) -> Result<()> {
         let session = session.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(past) = &self.past {
             remember(&past.outputs, session.output());

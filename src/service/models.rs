@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 /// their logits, cut the cache back).
 pub use crate::lm::LanguageModel;
 #[cfg(feature = "neural")]
-pub use loading::{load_model, LoadedModel};
+pub use loading::{check_device, load_model, LoadedModel};
 
 /// Which forward pass runs a GGUF model.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -138,6 +138,19 @@ mod loading {
         match device {
             Device::Cpu => Ok(candle_core::Device::Cpu),
             Device::Cuda => crate::neural::candle::cuda::device(),
+        }
+    }
+
+    /// Whether `opts.device` can run a model here: a GPU asked of a build without the `cuda`
+    /// feature, or of a machine without CUDA, is refused before anything else is done (a
+    /// server refuses it before it builds its indexes).
+    pub fn check_device(opts: &ModelOptions) -> Result<()> {
+        match opts.device {
+            Device::Cpu => Ok(()),
+            #[cfg(feature = "cuda")]
+            Device::Cuda => crate::neural::candle::cuda::device().map(drop),
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda => Err(crate::neural::candle::cuda::not_built()),
         }
     }
 

@@ -268,14 +268,16 @@ impl From<GuardReport> for Copying {
 }
 
 /// Speculative decoding against plain decoding of the same request (`RunOptions::compare`).
+/// Each is `None` (null in JSON) when either generation was stopped before its end (a time
+/// limit, a client that left): plain decoding did not run, or not to the same end.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Comparison {
     /// Plain decoding's speed.
-    pub plain_tokens_per_second: f64,
+    pub plain_tokens_per_second: Option<f64>,
     /// Speculative tokens per second over plain.
-    pub speedup: f64,
+    pub speedup: Option<f64>,
     /// Whether both wrote the same tokens.
-    pub identical: bool,
+    pub identical: Option<bool>,
 }
 
 /// What a generation produced: one type, which the CLI prints (`--json`), the server maps to
@@ -438,6 +440,11 @@ pub fn generate(
                 .and_then(|saved| saved.err())
                 .map(|e| e.to_string());
             let comparison = match opts.compare {
+                true if g.stats.cancelled => Some(Comparison {
+                    plain_tokens_per_second: None,
+                    speedup: None,
+                    identical: None,
+                }),
                 true => {
                     model_req.assembly.drafters.clear();
                     model_req.assembly.past_outputs = None;
@@ -446,10 +453,11 @@ pub fn generate(
                         generate_with_model(&mut **model, &model_req, &mut req.sampler(), |_| {})?;
                     let tps = g.stats.tokens_per_second();
                     let plain_tps = plain.stats.tokens_per_second();
+                    let ran = !plain.stats.cancelled;
                     Some(Comparison {
-                        plain_tokens_per_second: plain_tps,
-                        speedup: tps / plain_tps,
-                        identical: plain.tokens == g.tokens,
+                        plain_tokens_per_second: ran.then_some(plain_tps),
+                        speedup: ran.then_some(tps / plain_tps),
+                        identical: ran.then_some(plain.tokens == g.tokens),
                     })
                 }
                 false => None,

@@ -151,6 +151,7 @@ fn with_server<T>(model: &str, index: std::path::PathBuf, f: impl FnOnce(&str) -
         log_requests: false,
         past_outputs_file: None,
         corpus_rule: Default::default(),
+        allowed_hosts: Vec::new(),
     };
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
