@@ -743,6 +743,10 @@ fn bad_numbers_bad_lines_and_write_errors() {
         (vec!["gen", "--index", idx, "--decay", "NaN"], "--decay"),
         (vec!["gen", "--index", idx, "--decay", "inf"], "--decay"),
         (
+            vec!["ppl", "--index", idx, "--decay", "NaN", "--text", c],
+            "--decay",
+        ),
+        (
             vec!["gen", "--index", idx, "--temperature", "NaN"],
             "--temperature",
         ),
@@ -1754,4 +1758,36 @@ fn index_mem_bounds_one_large_document() {
         o,
         mid.to_str().unwrap(),
     ]));
+}
+
+/// `serve --model M --device cuda` in a build without CUDA (or on a machine without it) is
+/// refused before the server fetches or indexes anything (it indexed Shakespeare for 14 s
+/// first).
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn serve_refuses_a_missing_device_before_it_builds_indexes() {
+    let cache = tempfile::tempdir().unwrap();
+    let out = infgram_command(&[
+        "serve",
+        "--model",
+        "smollm2-135m",
+        "--device",
+        "cuda",
+        "--addr",
+        "127.0.0.1:0",
+    ])
+    .env("INFGRAM_CACHE", cache.path())
+    .env("INFGRAM_MODELS", infgram::assets::models_dir())
+    .output()
+    .unwrap();
+    let e = err(&out);
+    assert!(e.contains("cuda"), "{e}");
+    assert!(
+        !cache.path().join("corpora").exists(),
+        "the corpus was fetched first"
+    );
+    assert!(
+        !cache.path().join("indexes").exists(),
+        "an index was built first"
+    );
 }

@@ -131,6 +131,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
             );
         }
     }
+    // A device this build or machine lacks is refused before the default index is built.
+    #[cfg(feature = "neural")]
+    if args.model.is_some() {
+        infgram::service::models::check_device(&args.model_args.options())?;
+    }
     let indexes = if args.indexes.is_empty() {
         vec![(
             "shakespeare".to_string(),
