@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 venv="$(cd .. && pwd)/target/python-venv"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-"$venv/bin/python" -m pip install -q --disable-pip-version-check "maturin>=1.5,<2" pytest numpy "infini-gram==2.6.0" "ray[serve]==2.60.0"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check "maturin>=1.5,<2" pytest numpy "infini-gram==2.6.0" "ray[serve]==2.60.0" "openai>=1.50,<3" "jinja2>=3.1"
 wheels="$(cd .. && pwd)/target/wheels"
 rm -rf "$wheels"
 "$venv/bin/maturin" build --release --quiet -o "$wheels"

@@ -650,9 +650,14 @@ fn bad_requests_get_4xx_with_a_message_and_the_server_keeps_serving() {
             "one completion",
         ),
         (
-            r#"{"prompt": "the", "index": "a", "stop": ["\n"]}"#.into(),
+            r#"{"prompt": "the", "index": "a", "stop": [""]}"#.into(),
             400,
             "stop",
+        ),
+        (
+            r#"{"prompt": "the", "index": "a", "stop": ["a", "b", "c", "d", "e"]}"#.into(),
+            400,
+            "at most 4",
         ),
         (
             r#"{"prompt": "the", "index": "a", "guard": 0}"#.into(),
@@ -2018,4 +2023,46 @@ fn draft_requests_with_their_context_are_answered_under_concurrent_eviction() {
         "no session was evicted: {metrics}"
     );
     assert!(metrics.contains("# TYPE infgram_draft_sessions_dropped_total counter"));
+}
+
+/// `stop` ends a completion where a stop sequence first appears, whole or streamed (the stream
+/// never sends the text of a stop sequence); the chat route without a model refuses in
+/// OpenAI's error shape.
+#[test]
+fn stop_sequences_end_completions_and_the_chat_route_needs_a_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let idx = small_index(tmp.path());
+    let server = Server::start(&["--index", &format!("small={}", idx.display()), "--quiet"]);
+    let full = r#"{"prompt": "the", "max_tokens": 300, "seed": 5, "temperature": 1.0}"#;
+    let (status, v) = server.post("/v1/completions", full);
+    assert_eq!(status, 200);
+    let text = v["choices"][0]["text"].as_str().unwrap().to_string();
+    let stop = " dog";
+    let cut = text.find(stop).expect("the text holds the stop sequence");
+    let body = r#"{"prompt": "the", "max_tokens": 300, "seed": 5, "temperature": 1.0, "stop": [" dog", "zzz"]}"#;
+    let (status, v) = server.post("/v1/completions", body);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["text"], json!(text[..cut]));
+    assert_eq!(v["choices"][0]["finish_reason"], json!("stop"));
+    assert_eq!(v["infgram"]["stopped_at_stop_sequence"], json!(true));
+    let streamed = body.replace("\"stop\"", "\"stream\": true, \"stop\"");
+    let (status, sse) = server.request("POST", "/v1/completions", Some(&streamed));
+    assert_eq!(status, 200);
+    let (events, done) = events(&sse);
+    assert!(done);
+    let joined: String = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(joined, text[..cut]);
+    let (status, v) = server.post(
+        "/v1/chat/completions",
+        r#"{"messages": [{"role": "user", "content": "hi"}]}"#,
+    );
+    assert_eq!(status, 400);
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("--model"),
+        "{v}"
+    );
+    assert_eq!(v["error"]["type"], json!("invalid_request_error"));
 }

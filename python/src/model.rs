@@ -14,6 +14,7 @@
 use crate::index::Index;
 use crate::Guarded;
 use crate::{detokenize_with, runtime, to_py, tokenize_with, Ans, Idx};
+use infgram::service::chat::{encode_chat, Message};
 use infgram::service::Tokenizer;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -113,9 +114,10 @@ impl Model {
     /// there); `guard_index`: the guard's own; `mixer`: a `mix.json` (default: the built-in
     /// mixer); `past_outputs`: a file the outputs are kept in across runs (drafted from, added
     /// to after each generation). `threads`, `backend` (`"native"` or `"candle"`), `device`
-    /// (`"cpu"` or `"cuda"`) and `requantize` (`"q8_0"`, `"q4_0"`) are `infgram gen`'s options.
+    /// (`"cpu"` or `"cuda"`), `requantize` (`"q8_0"`, `"q4_0"`) and `tokenizer` (the model's
+    /// `tokenizer.json`, in place of the one its GGUF file carries) are `infgram gen`'s options.
     #[new]
-    #[pyo3(signature = (model, *, index=None, guard_index=None, mixer=None, past_outputs=None, past_outputs_budget=None, threads=0, backend=None, device="cpu", requantize=None))]
+    #[pyo3(signature = (model, *, index=None, guard_index=None, mixer=None, past_outputs=None, past_outputs_budget=None, threads=0, backend=None, device="cpu", requantize=None, tokenizer=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -129,6 +131,7 @@ impl Model {
         backend: Option<&str>,
         device: &str,
         requantize: Option<&str>,
+        tokenizer: Option<PathBuf>,
     ) -> PyResult<Self> {
         let device: Device = named("device", device)?;
         let opts = ModelOptions {
@@ -141,6 +144,7 @@ impl Model {
                 .map(|r| named::<Requantize>("requantize", r))
                 .transpose()?,
             device,
+            tokenizer,
         };
         let invalid = |e: infgram::Error| PyValueError::new_err(e.to_string());
         let guard_index = guard_index
@@ -175,8 +179,10 @@ impl Model {
         })
     }
 
-    /// Generates from `prompt` (text: as the user's turn of the model's chat template unless
-    /// `raw` or a base model) or `prompt_ids`. `speculative`: the model verifies drafts from
+    /// Generates from `prompt` (text: as the user's turn of the model's chat template, after
+    /// `system` if given, unless `raw` or a base model), `prompt_ids`, or `messages` (a list of
+    /// `(role, content)` pairs, through the chat template). Messages' texts stay text: control
+    /// tokens' strings in them are not control tokens unless `parse_special`. `speculative`: the model verifies drafts from
     /// prompt lookup, the past outputs and the index (or the `drafters` named: `"prompt_lookup"`,
     /// `"past_outputs"`, `"corpus"`; `corpus_rule`: how the index drafts, `"sbis"` or
     /// `"longest_suffix"`); `mix`: the mixture of the model and the ∞-gram of the
@@ -184,13 +190,16 @@ impl Model {
     /// `compare`: also decode without drafts and report both speeds and whether the outputs are
     /// the same. Every parameter left out takes the library's default (those of `infgram gen`
     /// and the server). Returns the report `infgram gen --json` prints, as a dict.
-    #[pyo3(signature = (prompt=None, *, prompt_ids=None, max_tokens=None, temperature=None, top_p=None, top_k=None, seed=None, repetition_penalty=None, speculative=false, drafters=None, mix=false, guard=None, guard_ignore_prompt=false, draft_max=None, draft_trees=false, corpus_rule="sbis", compare=false, raw=false))]
+    #[pyo3(signature = (prompt=None, *, prompt_ids=None, messages=None, system=None, parse_special=false, max_tokens=None, temperature=None, top_p=None, top_k=None, seed=None, repetition_penalty=None, speculative=false, drafters=None, mix=false, guard=None, guard_ignore_prompt=false, draft_max=None, draft_trees=false, corpus_rule="sbis", compare=false, raw=false))]
     #[allow(clippy::too_many_arguments)]
     fn generate(
         &self,
         py: Python<'_>,
         prompt: Option<&str>,
         prompt_ids: Option<Vec<u32>>,
+        messages: Option<Vec<(String, String)>>,
+        system: Option<&str>,
+        parse_special: bool,
         max_tokens: Option<usize>,
         temperature: Option<f64>,
         top_p: Option<f64>,
@@ -222,16 +231,23 @@ impl Model {
             (None, true) => defaults::SPECULATIVE_DRAFTERS.to_vec(),
             (None, false) => Vec::new(),
         };
-        let prompt = match (prompt, prompt_ids) {
-            (Some(_), Some(_)) => {
-                return Err(PyValueError::new_err(
-                    "give prompt (text) or prompt_ids, not both",
-                ))
+        let prompt = match (prompt, prompt_ids, messages) {
+            (_, Some(ids), None) if prompt.is_none() => Some(Prompt::Ids(ids)),
+            (None, None, Some(messages)) => {
+                let mut turns = Vec::with_capacity(messages.len() + 1);
+                turns.extend(system.map(|s| Message::new("system", s)));
+                turns.extend(messages.iter().map(|(r, c)| Message::new(r, c)));
+                Some(Prompt::Chat {
+                    messages: turns,
+                    parse_special,
+                })
             }
-            (_, Some(ids)) => Some(Prompt::Ids(ids)),
-            (text, None) => {
-                // The chat template, as `infgram gen` applies it.
-                self.lock().prompt_text(text, raw).map(Prompt::Text)
+            // The chat template, as `infgram gen` applies it.
+            (text, None, None) => self.lock().prompt(text, system, raw, parse_special),
+            _ => {
+                return Err(PyValueError::new_err(
+                    "give one of prompt (text), prompt_ids and messages",
+                ))
             }
         };
         let request = GenerateRequest {
@@ -284,13 +300,26 @@ impl Model {
     }
 
     /// The prompt's token ids as `generate` feeds them: `prompt` through the chat template
-    /// (unless `raw` or a base model), tokenized, after the model's first token if it asks for
-    /// one (Gemma's `<bos>`).
-    #[pyo3(signature = (prompt, raw=false))]
-    fn prompt_ids(&self, prompt: &str, raw: bool) -> PyResult<Vec<u32>> {
+    /// (unless `raw` or a base model; after `system`; the prompt's text as text unless
+    /// `parse_special`), tokenized, after the model's first token if it asks for one (Gemma's
+    /// `<bos>`).
+    #[pyo3(signature = (prompt, raw=false, system=None, parse_special=false))]
+    fn prompt_ids(
+        &self,
+        prompt: &str,
+        raw: bool,
+        system: Option<&str>,
+        parse_special: bool,
+    ) -> PyResult<Vec<u32>> {
         let loaded = self.lock();
-        let text = loaded.prompt_text(Some(prompt), raw).unwrap_or_default();
-        let ids = tokenize_with(self.tok.as_ref(), &text)?;
+        let ids = match loaded.prompt(Some(prompt), system, raw, parse_special) {
+            Some(Prompt::Chat {
+                messages,
+                parse_special,
+            }) => encode_chat(self.tok.as_ref(), &messages, parse_special)
+                .map_err(|e| PyValueError::new_err(e.to_string()))?,
+            _ => tokenize_with(self.tok.as_ref(), prompt)?,
+        };
         Ok(infgram::service::generate::fed_prompt(&*loaded.model, &ids).into_owned())
     }
 
@@ -372,9 +401,16 @@ impl Model {
         self.tok.fingerprint()
     }
 
-    /// Token ids of `text` with the model's tokenizer (no chat template).
+    /// Token ids of `text` with the model's tokenizer (no chat template; control tokens'
+    /// strings are control tokens).
     fn tokenize(&self, text: &str) -> PyResult<Vec<u32>> {
         tokenize_with(self.tok.as_ref(), text)
+    }
+
+    /// The model's own chat template (Jinja), or None for a file without one.
+    #[getter]
+    fn chat_template(&self) -> Option<String> {
+        self.tok.chat_template().map(|t| t.source().to_string())
     }
 
     /// Text of token ids.

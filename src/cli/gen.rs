@@ -106,9 +106,18 @@ pub struct GenArgs {
     /// written as a stream.
     #[arg(long, value_name = "FILE", requires = "model")]
     pub trace: Option<PathBuf>,
-    /// With --model: use the prompt as is, without the chat template.
+    /// With --model: use the prompt as is, without the chat template (its control tokens'
+    /// strings, `<|im_start|>`, are control tokens).
     #[arg(long, requires = "model")]
     pub raw: bool,
+    /// With --model: a system message before the prompt, in the model's chat template.
+    #[arg(long, requires = "model", conflicts_with = "raw")]
+    pub system: Option<String>,
+    /// With --model and a chat template: read control tokens' strings in the prompt and the
+    /// system message as control tokens (by default they are text, so a prompt cannot close
+    /// its turn and open another).
+    #[arg(long, requires = "model", conflicts_with = "raw")]
+    pub parse_special: bool,
     /// Copy guard: the output never repeats more than L consecutive tokens of the guard's
     /// corpus (the prompt's tail counts). Exact: tokens that would make a longer copied span
     /// are masked at each step.
@@ -122,6 +131,10 @@ pub struct GenArgs {
     /// began.
     #[arg(long, requires = "guard")]
     pub guard_ignore_prompt: bool,
+    /// With --model: the model's tokenizer.json, in place of the tokenizer its GGUF file
+    /// carries (for a file whose pre-tokenizer infgram does not read).
+    #[arg(long, value_name = "FILE", requires = "model")]
+    pub tokenizer: Option<PathBuf>,
     #[command(flatten)]
     pub model_args: super::ModelArgs,
 }
@@ -129,13 +142,13 @@ pub struct GenArgs {
 impl GenArgs {
     /// The request the flags make (`prompt`: the text the scorer's tokenizer reads), checked
     /// by the library: no default and no range is the CLI's own.
-    fn request(&self, prompt: Option<String>, scorer: Scorer) -> Result<CheckedRequest> {
+    fn request(&self, prompt: Option<Prompt>, scorer: Scorer) -> Result<CheckedRequest> {
         let drafters = match self.speculative {
             true => defaults::SPECULATIVE_DRAFTERS.to_vec(),
             false => Vec::new(),
         };
         let request = GenerateRequest {
-            prompt: prompt.map(Prompt::Text).unwrap_or_default(),
+            prompt: prompt.unwrap_or_default(),
             scorer,
             drafters,
             corpus_rule: self.corpus_rule,
@@ -301,7 +314,10 @@ fn run_infgram(args: &GenArgs) -> Result<()> {
         None => infgram::service::open_cached_byte_index(&args.corpus)?,
     };
     let estimator = args.est.spec();
-    let req = args.request(args.prompt.clone(), Scorer::Infgram { estimator })?;
+    let req = args.request(
+        args.prompt.clone().map(Prompt::Text),
+        Scorer::Infgram { estimator },
+    )?;
     let shown = args.prompt.as_deref().unwrap_or_default();
     let mut res =
         Resources::corpus(Arc::new(index), tok.as_ref()).guard_index(args.guard_index()?)?;
@@ -366,8 +382,17 @@ fn run_infgram(args: &GenArgs) -> Result<()> {
 #[cfg(feature = "neural")]
 fn run_model(args: &GenArgs, model: &str) -> Result<()> {
     use infgram::service::run::{load_mixer, ModelIndex, PAST_OUTPUTS_BUDGET};
-    let loaded = infgram::service::models::load_model(model, &args.model_args.options())?;
-    let text = loaded.prompt_text(args.prompt.as_deref(), args.raw);
+    let opts = infgram::service::models::ModelOptions {
+        tokenizer: args.tokenizer.clone(),
+        ..args.model_args.options()
+    };
+    let loaded = infgram::service::models::load_model(model, &opts)?;
+    let prompt = loaded.prompt(
+        args.prompt.as_deref(),
+        args.system.as_deref(),
+        args.raw,
+        args.parse_special,
+    );
     let infgram::service::models::LoadedModel {
         model: mut llm,
         tokenizer: tok,
@@ -384,7 +409,7 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
     } else {
         Scorer::Model
     };
-    let req = args.request(text, scorer)?;
+    let req = args.request(prompt, scorer)?;
     let drafting_index = match (&args.index, &mix) {
         (Some(dir), _) => Some(Arc::new(infgram::service::Index::open(dir)?)),
         // The mixture's default ∞-gram: the default corpus in the model's tokens.

@@ -53,6 +53,10 @@ pub struct FitArgs {
     /// Window stride, in tokens.
     #[arg(long, default_value_t = 512)]
     pub stride: usize,
+    /// With --model: the model's tokenizer.json, in place of the tokenizer its GGUF file
+    /// carries (for a file whose pre-tokenizer infgram does not read).
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub model_args: super::ModelArgs,
 }
@@ -88,7 +92,13 @@ fn fit(args: &FitArgs) -> Result<()> {
         model: ModelScoring {
             window: args.window,
             stride: args.stride,
-            ..ModelScoring::new(args.model.clone(), args.model_args.options())
+            ..ModelScoring::new(
+                args.model.clone(),
+                infgram::service::models::ModelOptions {
+                    tokenizer: args.tokenizer.clone(),
+                    ..args.model_args.options()
+                },
+            )
         },
         index: args.index.clone(),
         texts,

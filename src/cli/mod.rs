@@ -326,6 +326,7 @@ impl ModelArgs {
             self.threads
         };
         ModelOptions {
+            tokenizer: None,
             threads,
             backend: self.backend.unwrap_or_default(),
             requantize: self.requantize,

@@ -88,6 +88,10 @@ pub struct PplArgs {
     /// With --model: score only the first N tokens of the text (0: all).
     #[arg(long, default_value_t = 0, requires = "model")]
     pub limit: usize,
+    /// With --model: the model's tokenizer.json, in place of the tokenizer its GGUF file
+    /// carries (for a file whose pre-tokenizer infgram does not read).
+    #[arg(long, value_name = "FILE", requires = "model")]
+    pub tokenizer: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub model_args: super::ModelArgs,
 }
@@ -150,7 +154,13 @@ fn request(args: &PplArgs) -> Result<ScoreRequest> {
             .collect(),
         max_overlap: args.max_overlap,
         infgram_ppl: !args.no_infgram_ppl,
-        ..ModelScoring::new(model.clone(), args.model_args.options())
+        ..ModelScoring::new(
+            model.clone(),
+            infgram::service::models::ModelOptions {
+                tokenizer: args.tokenizer.clone(),
+                ..args.model_args.options()
+            },
+        )
     });
     Ok(req)
 }

@@ -13,8 +13,9 @@ pub struct ServeArgs {
     pub indexes: Vec<(String, PathBuf)>,
     /// The tokenizer of index NAME, as NAME=TOKENIZER (a short model name, `bytes`, or a
     /// tokenizer file): for an index that does not record its own (infini-gram's u16 / u32
-    /// indexes), so that text queries work. Repeat for several.
-    #[arg(long = "tokenizer", value_name = "NAME=TOKENIZER", value_parser = name_and_tokenizer)]
+    /// indexes), so that text queries work. Repeat for several. A FILE alone (no `=`): the
+    /// --model's tokenizer.json, in place of the tokenizer its GGUF file carries.
+    #[arg(long = "tokenizer", value_name = "NAME=TOKENIZER|FILE", value_parser = name_and_tokenizer)]
     pub tokenizers: Vec<(String, String)>,
     /// A neural model for /v1/completions (as `gen --model` takes it), loaded once at start.
     #[arg(long)]
@@ -101,12 +102,13 @@ fn name_and_dir(s: &str) -> Result<(String, PathBuf), String> {
     }
 }
 
-/// Parses `NAME=TOKENIZER`.
+/// Parses `NAME=TOKENIZER`, or a FILE alone (the model's: an empty name).
 fn name_and_tokenizer(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((name, tok)) if !name.is_empty() && !tok.is_empty() => {
             Ok((name.to_string(), tok.to_string()))
         }
+        None if !s.is_empty() => Ok((String::new(), s.to_string())),
         _ => Err(format!(
             "`{s}` is not NAME=TOKENIZER (e.g. --tokenizer pile=llama-2.json)"
         )),
@@ -131,10 +133,26 @@ pub fn run(args: ServeArgs) -> Result<()> {
             );
         }
     }
+    // The model's own tokenizer file, given as --tokenizer FILE (no NAME=).
+    let model_tokenizer = args
+        .tokenizers
+        .iter()
+        .find(|(name, _)| name.is_empty())
+        .map(|(_, file)| PathBuf::from(file));
+    if model_tokenizer.is_some() && args.model.is_none() {
+        anyhow::bail!(
+            "--tokenizer FILE (without NAME=) is the --model's tokenizer: name a model, or give \
+             an index's tokenizer as NAME=TOKENIZER"
+        );
+    }
+    let model_options = infgram::service::models::ModelOptions {
+        tokenizer: model_tokenizer,
+        ..args.model_args.options()
+    };
     // A device this build or machine lacks is refused before the default index is built.
     #[cfg(feature = "neural")]
     if args.model.is_some() {
-        infgram::service::models::check_device(&args.model_args.options())?;
+        infgram::service::models::check_device(&model_options)?;
     }
     let indexes = if args.indexes.is_empty() {
         vec![(
@@ -168,9 +186,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let config = infgram::server::ServerConfig {
         addr: args.addr,
         indexes,
-        tokenizers: args.tokenizers.clone(),
+        tokenizers: args
+            .tokenizers
+            .iter()
+            .filter(|(name, _)| !name.is_empty())
+            .cloned()
+            .collect(),
         model: args.model.clone(),
-        model_options: args.model_args.options(),
+        model_options: model_options.clone(),
         limits,
         log_requests: !args.quiet,
         past_outputs_file: args.past_outputs.clone(),

@@ -1,6 +1,7 @@
 //! `POST /v1/completions`: generation in the OpenAI shape (`prompt`, `max_tokens`,
-//! `temperature`, `top_p`, `seed`, `stream` as server-sent events), with infgram's own options
-//! (`mode`: sbis | neural | speculative | mix; `guard`; `index`; `top_k`; `k`).
+//! `temperature`, `top_p`, `seed`, `stop`, `stream` as server-sent events), with infgram's own
+//! options (`mode`: sbis | neural | speculative | mix; `guard`; `index`; `top_k`; `k`). The
+//! chat route ([`super::chat`]) is a completion whose prompt is a conversation.
 //!
 //! Generation runs on one worker thread that owns the neural model (loaded once, at start) and
 //! takes jobs from a bounded queue: a full queue answers 429, and queries, which run on other
@@ -42,7 +43,8 @@ pub enum Mode {
 }
 
 impl Mode {
-    fn name(self) -> &'static str {
+    /// The mode's name in requests and reports.
+    pub fn name(self) -> &'static str {
         match self {
             Mode::Sbis => "sbis",
             Mode::Neural => "neural",
@@ -53,7 +55,7 @@ impl Mode {
 }
 
 /// A completion request: OpenAI's fields and infgram's.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CompletionRequest {
     /// The prompt: text (tokenized with the generator's tokenizer), or token ids.
@@ -82,7 +84,8 @@ pub struct CompletionRequest {
     /// The model's name (any value: the server has one model).
     #[serde(default)]
     pub model: Option<String>,
-    /// Not supported: given, the request is refused rather than silently ignored.
+    /// Text that ends the completion where it first appears (not included): a string, or up
+    /// to 4.
     #[serde(default)]
     pub stop: Option<Value>,
     /// OpenAI options that change nothing here.
@@ -162,6 +165,8 @@ const FIELD_NAMES: &[(&str, &str)] = &[
 
 struct Job {
     plan: Plan,
+    /// Texts that end the completion.
+    stop: Vec<String>,
     /// The request, its prompt already tokenized (within the server's limits).
     req: CheckedRequest,
     mode: Mode,
@@ -285,10 +290,12 @@ impl Generator {
             Mode::Sbis
         });
         check_openai_options(&req)?;
+        let stop = stop_sequences(req.stop.as_ref())?;
         let (plan, checked) = self.plan(&req, mode, indexes, limits)?;
         let (events, rx) = tokio::sync::mpsc::unbounded_channel();
         let job = Job {
             plan,
+            stop,
             req: checked,
             mode,
             compare: req.compare,
@@ -441,13 +448,94 @@ fn check_openai_options(req: &CompletionRequest) -> Result<(), ApiError> {
             "\"n\": this server returns one completion per request",
         ));
     }
-    if req.stop.as_ref().is_some_and(|s| !s.is_null()) {
-        return Err(ApiError::bad(
-            "\"stop\" sequences are not supported: generation ends at max_tokens, an end \
-             token, or the end of a document",
-        ));
-    }
     Ok(())
+}
+
+/// The stop sequences `stop` names: none (`null`), a string, or a list of at most 4; none
+/// empty.
+fn stop_sequences(stop: Option<&Value>) -> Result<Vec<String>, ApiError> {
+    let bad = || ApiError::bad("\"stop\" is a string or a list of at most 4 strings, none empty");
+    let stops: Vec<String> = match stop {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) if a.len() <= 4 => a
+            .iter()
+            .map(|v| v.as_str().map(str::to_string).ok_or_else(bad))
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(bad()),
+    };
+    match stops.iter().any(String::is_empty) {
+        true => Err(bad()),
+        false => Ok(stops),
+    }
+}
+
+/// A completion's text cut at the first of its stop sequences: text is passed on as soon as
+/// no stop sequence can begin in it.
+#[derive(Default)]
+struct StopAt {
+    stops: Vec<String>,
+    /// The text so far (all of it: a stop sequence may span many tokens).
+    text: String,
+    /// Bytes of `text` passed on.
+    sent: usize,
+    /// Whether a stop sequence was found.
+    hit: bool,
+}
+
+impl StopAt {
+    fn new(stops: Vec<String>) -> Self {
+        StopAt {
+            stops,
+            ..Default::default()
+        }
+    }
+
+    /// `more` text: what may be passed on now.
+    fn push(&mut self, more: &str) -> String {
+        if self.hit {
+            return String::new();
+        }
+        self.text.push_str(more);
+        let longest = self.stops.iter().map(String::len).max().unwrap_or(0);
+        // A stop sequence ending in the new text starts at most `longest` bytes before it.
+        let from = self.sent.saturating_sub(longest);
+        let from = (from..=self.sent)
+            .find(|&i| self.text.is_char_boundary(i))
+            .unwrap_or(self.sent);
+        let found = self
+            .stops
+            .iter()
+            .filter_map(|s| self.text[from..].find(s.as_str()).map(|i| from + i))
+            .min();
+        let upto = match found {
+            Some(at) => {
+                self.hit = true;
+                at.max(self.sent)
+            }
+            // Held back: the longest tail that could begin a stop sequence.
+            None => {
+                let mut safe = self.text.len().saturating_sub(longest.saturating_sub(1));
+                while !self.text.is_char_boundary(safe) {
+                    safe -= 1;
+                }
+                safe.max(self.sent)
+            }
+        };
+        let out = self.text[self.sent..upto].to_string();
+        self.sent = upto;
+        out
+    }
+
+    /// The text held back, at the end (none after a stop sequence).
+    fn finish(&mut self) -> String {
+        if self.hit {
+            return String::new();
+        }
+        let out = self.text[self.sent..].to_string();
+        self.sent = self.text.len();
+        out
+    }
 }
 
 /// The prompt's tokens (the library tokenizes and checks them), within the server's limits.
@@ -622,6 +710,7 @@ fn served_model_name(spec: &str) -> String {
 fn run_job(state: &mut Worker, job: Job) -> Result<Summary, ApiError> {
     let Job {
         plan,
+        stop,
         req,
         mode,
         compare,
@@ -630,11 +719,15 @@ fn run_job(state: &mut Worker, job: Job) -> Result<Summary, ApiError> {
         events,
     } = job;
     let mut stream = Utf8Stream::default();
+    let mut stop = StopAt::new(stop);
     let (mut timed_out, mut client_gone) = (false, false);
     let mut emit = |tok: &dyn Tokenizer, t: u32| {
-        let text = stream.push(&tok.decode_bytes(&[t]).unwrap_or_default());
+        let text = stop.push(&stream.push(&tok.decode_bytes(&[t]).unwrap_or_default()));
         if !text.is_empty() && events.send(Event::Text(text)).is_err() {
             client_gone = true;
+            cancel.cancel();
+        }
+        if stop.hit {
             cancel.cancel();
         }
         if Instant::now() > deadline {
@@ -661,7 +754,7 @@ fn run_job(state: &mut Worker, job: Job) -> Result<Summary, ApiError> {
             report.tokens
         );
     }
-    let rest = stream.finish();
+    let rest = stop.push(&stream.finish()) + &stop.finish();
     if !rest.is_empty() {
         let _ = events.send(Event::Text(rest));
     }
@@ -675,10 +768,11 @@ fn run_job(state: &mut Worker, job: Job) -> Result<Summary, ApiError> {
     }
     infgram["mode"] = json!(mode.name());
     infgram["time_limit_reached"] = json!(timed_out);
+    infgram["stopped_at_stop_sequence"] = json!(stop.hit);
     Ok(Summary {
         prompt_tokens: report.prompt_tokens,
         completion_tokens: report.tokens,
-        finish_reason: if report.natural_end && !timed_out {
+        finish_reason: if (report.natural_end && !timed_out) || stop.hit {
             "stop"
         } else {
             "length"
@@ -796,6 +890,40 @@ mod tests {
         );
         assert_eq!(served_model_name("/home/u/models/m.gguf"), "m.gguf");
         assert_eq!(served_model_name("models/dir/"), "dir");
+    }
+
+    /// Stop sequences cut the text where the first begins, across tokens; text is passed on
+    /// as soon as no stop sequence can begin in it; without one, nothing is held.
+    #[test]
+    fn stop_sequences_cut_the_text() {
+        let run = |stops: &[&str], pieces: &[&str]| {
+            let mut s = StopAt::new(stops.iter().map(|s| s.to_string()).collect());
+            let mut out: Vec<String> = pieces.iter().map(|p| s.push(p)).collect();
+            out.push(s.finish());
+            (out, s.hit)
+        };
+        let (out, hit) = run(&["END"], &["ab", "cE", "N", "Dxyz"]);
+        assert_eq!((out.concat(), hit), ("abc".to_string(), true));
+        let (out, hit) = run(
+            &["\n\n", "```"],
+            &["def f():\n", "  return 1", "\n", "\nmore"],
+        );
+        assert_eq!(
+            (out.concat(), hit),
+            ("def f():\n  return 1".to_string(), true)
+        );
+        let (out, hit) = run(&[], &["a", "b"]);
+        assert_eq!(out, vec!["a", "b", ""]);
+        assert!(!hit);
+        let (out, hit) = run(&["zz"], &["é", "z", "é"]);
+        assert_eq!((out.concat(), hit), ("ézé".to_string(), false));
+        let (out, _) = run(&["STOP"], &["xSTO"]);
+        assert_eq!(out[0], "x", "a tail that may begin a stop sequence waits");
+        assert!(stop_sequences(Some(&json!(["a", "b", "c", "d", "e"]))).is_err());
+        assert!(stop_sequences(Some(&json!([""]))).is_err());
+        assert!(stop_sequences(Some(&json!(7))).is_err());
+        assert_eq!(stop_sequences(Some(&json!("x"))).unwrap(), vec!["x"]);
+        assert!(stop_sequences(Some(&Value::Null)).unwrap().is_empty());
     }
 
     /// A job that panics answers 500 with the panic's message, and the jobs after it run

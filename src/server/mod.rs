@@ -18,6 +18,7 @@
 
 /// The infini-gram API's shapes (moved into the service: Python answers them without a server).
 pub use crate::service::api;
+pub mod chat;
 pub mod completions;
 pub mod drafts;
 pub mod metrics;
@@ -325,6 +326,7 @@ fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/", post(query))
         .route("/v1/completions", post(completions_handler))
+        .route("/v1/chat/completions", post(chat_handler))
         .route("/v1/drafts", post(drafts_handler))
         .route("/health", get(health))
         .route("/metrics", get(metrics_handler))
@@ -608,88 +610,216 @@ async fn completions_handler(
         Ok(b) => b,
         Err(rejection) => return error_response(ENDPOINT, &body_error(&rejection)),
     };
-    let req: CompletionRequest = match serde_json::from_slice(&body) {
-        Ok(r) => r,
+    match serde_json::from_slice::<CompletionRequest>(&body) {
+        Ok(req) => complete(state, req, Shape::Text).await,
+        Err(e) => error_response(
+            ENDPOINT,
+            &ApiError::bad(format!("not a completion request: {e}")),
+        ),
+    }
+}
+
+/// `POST /v1/chat/completions` ([`chat`]): a completion of a conversation.
+async fn chat_handler(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let chat = Shape::Chat {
+        include_usage: false,
+    };
+    let body = match body {
+        Ok(b) => b,
+        Err(rejection) => return chat.error(&body_error(&rejection)),
+    };
+    let req = match serde_json::from_slice::<chat::ChatRequest>(&body) {
+        Ok(req) => req,
         Err(e) => {
-            return error_response(
-                ENDPOINT,
-                &ApiError::bad(format!("not a completion request: {e}")),
-            )
+            return chat.error(&ApiError::bad(format!(
+                "not a chat completion request: {e}"
+            )))
         }
     };
+    let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    match req.completion(state.generator.model_name.is_some()) {
+        Ok(req) => complete(state, req, Shape::Chat { include_usage }).await,
+        Err(e) => Shape::Chat { include_usage }.error(&e),
+    }
+}
+
+/// The OpenAI object a generation is answered as.
+#[derive(Clone, Copy)]
+enum Shape {
+    /// A text completion (`/v1/completions`).
+    Text,
+    /// A chat completion; streamed, with a last usage chunk when asked for.
+    Chat { include_usage: bool },
+}
+
+impl Shape {
+    /// A refusal as this shape's clients read it: `{"error": MESSAGE}` for a text completion
+    /// (as every route of this server), OpenAI's error object for a chat (what its clients
+    /// show: `{"error": {"message", "type", "param", "code"}}`).
+    fn error(self, e: &ApiError) -> Response {
+        match self {
+            Shape::Text => error_response("completions", e),
+            Shape::Chat { .. } => {
+                let kind = match e.status {
+                    500.. => "server_error",
+                    _ => "invalid_request_error",
+                };
+                let body = json!({"error": {
+                    "message": e.message, "type": kind, "param": null, "code": null
+                }});
+                json_response("completions", e.status, &body)
+            }
+        }
+    }
+}
+
+/// A generation answered in `shape`, whole or streamed as server-sent events.
+async fn complete(state: Arc<AppState>, req: CompletionRequest, shape: Shape) -> Response {
+    const ENDPOINT: &str = "completions";
     let stream = req.stream;
-    let (mut events, mode) = match state.generator.submit(req, &state.indexes, &state.limits) {
+    let (events, mode) = match state.generator.submit(req, &state.indexes, &state.limits) {
         Ok(x) => x,
-        Err(e) => return error_response(ENDPOINT, &e),
+        Err(e) => return shape.error(&e),
     };
-    let id = format!("cmpl-{}", state.completions.fetch_add(1, Relaxed));
+    let n = state.completions.fetch_add(1, Relaxed);
+    let id = match shape {
+        Shape::Text => format!("cmpl-{n}"),
+        Shape::Chat { .. } => format!("chatcmpl-{n}"),
+    };
     let created = unix_seconds();
     let model = match (&state.generator.model_name, mode) {
         (Some(m), m2) if m2 != completions::Mode::Sbis => m.clone(),
         _ => "infgram-sbis".to_string(),
     };
+    let answer = Answer {
+        id,
+        created,
+        model,
+        shape,
+    };
     if stream {
-        let body = futures_util::stream::unfold((events, false), move |(mut events, finished)| {
-            let (id, model) = (id.clone(), model.clone());
+        return streamed(answer, events);
+    }
+    let mut events = events;
+    let mut text = String::new();
+    while let Some(event) = events.recv().await {
+        match event {
+            Event::Text(t) => text.push_str(&t),
+            Event::Done(Ok(s)) => return json_response(ENDPOINT, 200, &answer.whole(&text, &s)),
+            Event::Done(Err(e)) => return shape.error(&e),
+        }
+    }
+    shape.error(&ApiError {
+        status: 503,
+        message: "the generation worker stopped before the end".into(),
+    })
+}
+
+/// What every object of one answer carries.
+#[derive(Clone)]
+struct Answer {
+    id: String,
+    created: u64,
+    model: String,
+    shape: Shape,
+}
+
+impl Answer {
+    /// The whole answer.
+    fn whole(&self, text: &str, s: &completions::Summary) -> Value {
+        let (id, created, model) = (&self.id, self.created, &self.model);
+        match self.shape {
+            Shape::Text => {
+                completion_json(id, created, model, text, Some(s.finish_reason), Some(s))
+            }
+            Shape::Chat { .. } => chat::chat_json(id, created, model, text, s),
+        }
+    }
+
+    /// The events of `text` (the first of a chat also opens the assistant's message).
+    fn text_events(&self, text: &str, first: bool) -> String {
+        let (id, created, model) = (&self.id, self.created, &self.model);
+        match self.shape {
+            Shape::Text => sse(&completion_json(id, created, model, text, None, None)),
+            Shape::Chat { .. } => {
+                let mut out = String::new();
+                if first {
+                    let role = json!({"role": "assistant", "content": ""});
+                    out.push_str(&sse(&chat::chat_chunk(id, created, model, role, None)));
+                }
+                if !text.is_empty() {
+                    let delta = json!({ "content": text });
+                    out.push_str(&sse(&chat::chat_chunk(id, created, model, delta, None)));
+                }
+                out
+            }
+        }
+    }
+
+    /// The events that end a stream.
+    fn end_events(&self, s: &completions::Summary, first: bool) -> String {
+        let (id, created, model) = (&self.id, self.created, &self.model);
+        let reason = Some(s.finish_reason);
+        let last = match self.shape {
+            Shape::Text => sse(&completion_json(id, created, model, "", reason, Some(s))),
+            Shape::Chat { include_usage } => {
+                let mut out = self.text_events("", first);
+                out.push_str(&sse(&chat::chat_chunk(
+                    id,
+                    created,
+                    model,
+                    json!({}),
+                    reason,
+                )));
+                if include_usage {
+                    out.push_str(&sse(&chat::usage_chunk(id, created, model, s)));
+                }
+                out
+            }
+        };
+        format!("{last}data: [DONE]\n\n")
+    }
+}
+
+/// An answer streamed as server-sent events, one per piece of text as it comes.
+fn streamed(answer: Answer, events: tokio::sync::mpsc::UnboundedReceiver<Event>) -> Response {
+    let body = futures_util::stream::unfold(
+        (events, false, true),
+        move |(mut events, finished, first)| {
+            let answer = answer.clone();
             async move {
                 if finished {
                     return None;
                 }
                 let (chunk, finished) = match events.recv().await {
-                    Some(Event::Text(t)) => (
-                        sse(&completion_json(&id, created, &model, &t, None, None)),
-                        false,
-                    ),
-                    Some(Event::Done(Ok(s))) => {
-                        let last = completion_json(
-                            &id,
-                            created,
-                            &model,
-                            "",
-                            Some(s.finish_reason),
-                            Some(&s),
-                        );
-                        (format!("{}data: [DONE]\n\n", sse(&last)), true)
-                    }
+                    Some(Event::Text(t)) => (answer.text_events(&t, first), false),
+                    Some(Event::Done(Ok(s))) => (answer.end_events(&s, first), true),
                     Some(Event::Done(Err(e))) => (
                         format!("{}data: [DONE]\n\n", sse(&json!({ "error": e.message }))),
                         true,
                     ),
                     None => return None,
                 };
-                Some((Ok::<_, std::convert::Infallible>(chunk), (events, finished)))
+                Some((
+                    Ok::<_, std::convert::Infallible>(chunk),
+                    (events, finished, false),
+                ))
             }
-        });
-        let mut r = (
-            [
-                (header::CONTENT_TYPE, "text/event-stream"),
-                (header::CACHE_CONTROL, "no-cache"),
-            ],
-            Body::from_stream(body),
-        )
-            .into_response();
-        r.extensions_mut().insert(Endpoint(ENDPOINT));
-        return r;
-    }
-    let mut text = String::new();
-    while let Some(event) = events.recv().await {
-        match event {
-            Event::Text(t) => text.push_str(&t),
-            Event::Done(Ok(s)) => {
-                let v =
-                    completion_json(&id, created, &model, &text, Some(s.finish_reason), Some(&s));
-                return json_response(ENDPOINT, 200, &v);
-            }
-            Event::Done(Err(e)) => return error_response(ENDPOINT, &e),
-        }
-    }
-    error_response(
-        ENDPOINT,
-        &ApiError {
-            status: 503,
-            message: "the generation worker stopped before the end".into(),
         },
+    );
+    let mut r = (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(body),
     )
+        .into_response();
+    r.extensions_mut().insert(Endpoint("completions"));
+    r
 }
 
 /// One server-sent event carrying `v`.

@@ -47,7 +47,7 @@ pub use query::{execute, Answer, Query, QueryLimits};
 // files they write), so that they name `service` alone.
 pub use crate::index::Index;
 pub use crate::output_file as files;
-pub use crate::tokenizer::{Tokenizer, TokenizerSpec, Utf8Stream};
+pub use crate::tokenizer::{chat, Tokenizer, TokenizerSpec, Utf8Stream};
 pub use request::GenerateRequest;
 // The one door of generation (the index-only loops above are what it runs without a model).
 pub use run::{generate, GenerationReport, PastStore, Resources, RunOptions};

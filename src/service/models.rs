@@ -62,6 +62,10 @@ pub struct ModelOptions {
     /// Where the passes run.
     #[serde(default)]
     pub device: Device,
+    /// The model's `tokenizer.json`, in place of the tokenizer its GGUF file carries (for a
+    /// file whose pre-tokenizer infgram does not read); the file's chat template is kept.
+    #[serde(default)]
+    pub tokenizer: Option<std::path::PathBuf>,
 }
 
 /// The loader, in builds with neural models.
@@ -71,7 +75,9 @@ mod loading {
     use crate::error::{Error, Result};
     use crate::lm::LanguageModel;
     use crate::neural::source::ModelSource;
+    use crate::service::request::Prompt;
     use crate::tokenizer::HfTokenizer;
+    use crate::tokenizer::Tokenizer;
     use candle_core::quantized::GgmlDType;
     use std::path::{Path, PathBuf};
 
@@ -190,7 +196,18 @@ mod loading {
                 })?
             }
         };
-        let tokenizer = source.tokenizer()?;
+        let tokenizer = match &opts.tokenizer {
+            Some(file) => source.tokenizer_from(file)?,
+            None => source.tokenizer()?,
+        };
+        if tokenizer.vocab_size() > model.vocab_size() {
+            return Err(Error::input(format!(
+                "the tokenizer has {} ids, more than the model's {}: pass the model's own \
+                 tokenizer.json",
+                tokenizer.vocab_size(),
+                model.vocab_size()
+            )));
+        }
         Ok(LoadedModel {
             model,
             tokenizer,
@@ -199,18 +216,35 @@ mod loading {
     }
 
     impl LoadedModel {
-        /// The text a generation starts from: `prompt` as it is when `raw` or when the model is
-        /// a base model (no chat template in its file), else `prompt` as the user's turn of
-        /// the model's chat template (an empty turn without a prompt); `None`: no prompt, raw.
-        pub fn prompt_text(&self, prompt: Option<&str>, raw: bool) -> Option<String> {
-            let raw = raw || !crate::neural::wants_chat_turns(&self.path);
+        /// Whether the model is prompted in chat turns: a GGUF file with a chat template (base
+        /// models such as the packaged Gemma 3 270M have none, and continue text), or a model
+        /// directory (the hard-coded turns of its vocabulary).
+        pub fn chats(&self) -> bool {
+            self.tokenizer.chat_template().is_some() || self.path.is_dir()
+        }
+
+        /// The prompt a generation starts from: `prompt` as it is when `raw` or when the model
+        /// is a base model, else a conversation of `system` (if any) and `prompt` as the
+        /// user's message (an empty one without a prompt), rendered by the model's chat
+        /// template with the messages' texts as text (`parse_special`: their control tokens'
+        /// strings are control tokens). `None`: no prompt, raw.
+        pub fn prompt(
+            &self,
+            prompt: Option<&str>,
+            system: Option<&str>,
+            raw: bool,
+            parse_special: bool,
+        ) -> Option<Prompt> {
             match prompt {
-                Some(p) if raw => Some(p.to_string()),
-                _ if raw => None,
-                _ => Some(crate::neural::chat_prompt_for(
-                    &self.tokenizer,
-                    prompt.unwrap_or_default(),
-                )),
+                Some(p) if raw || !self.chats() => Some(Prompt::Text(p.to_string())),
+                None if raw || !self.chats() => None,
+                _ => Some(Prompt::Chat {
+                    messages: crate::tokenizer::chat::conversation(
+                        system,
+                        prompt.unwrap_or_default(),
+                    ),
+                    parse_special,
+                }),
             }
         }
     }

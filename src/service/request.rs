@@ -53,7 +53,9 @@ pub const MAX_TEMPERATURE: f64 = 100.0;
 /// filling memory. A server lowers it with its own limit.
 pub const MAX_GEN_TOKENS: usize = 100_000_000;
 
-/// The prompt: text, tokenized with the generator's tokenizer, or token ids.
+/// The prompt: text, tokenized with the generator's tokenizer (its control tokens' strings
+/// are control tokens: the author writes the turns), token ids, or a conversation through the
+/// model's chat template (its messages' texts stay text: [`crate::tokenizer::chat`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Prompt {
@@ -61,6 +63,15 @@ pub enum Prompt {
     Text(String),
     /// Token ids.
     Ids(Vec<u32>),
+    /// A conversation, with the assistant's turn opened after it.
+    Chat {
+        /// The messages.
+        messages: Vec<crate::tokenizer::chat::Message>,
+        /// Whether control tokens' strings in the messages' texts are control tokens (off:
+        /// they are text, so a message cannot open a turn of its own).
+        #[serde(default)]
+        parse_special: bool,
+    },
 }
 
 impl Default for Prompt {
@@ -371,6 +382,10 @@ impl CheckedRequest {
     pub fn prompt_ids(&self, tok: &dyn crate::tokenizer::Tokenizer) -> Result<Vec<u32>> {
         match &self.prompt {
             Prompt::Text(t) => tok.encode(t),
+            Prompt::Chat {
+                messages,
+                parse_special,
+            } => crate::tokenizer::chat::encode_chat(tok, messages, *parse_special),
             Prompt::Ids(ids) => {
                 let vocab = tok.vocab_size();
                 if let Some(t) = ids.iter().find(|&&t| t as usize >= vocab) {
