@@ -367,3 +367,32 @@ fn an_outside_loop_over_infgrams_model_keeps_plain_decodings_output() {
         }
     }
 }
+
+/// A session's request id counts in the store's bytes (60 KB ids held 209 MB while the store
+/// said 1 MB): a session whose id alone passes the budget is refused, and the store's bytes
+/// grow with the ids it holds; a call that syncs its context drafts from the session it synced.
+#[test]
+fn request_ids_count_in_the_sessions_bytes() {
+    use infgram::service::drafts::SessionStore;
+    let store = Arc::new(SessionStore::new(4096, 100_000));
+    let drafts =
+        Drafts::with_store(None, None, true, CorpusRule::default(), store.clone()).unwrap();
+    let prompt: Vec<u32> = ByteTokenizer
+        .encode("the cat sat on the mat. the cat")
+        .unwrap();
+    drafts.start("short", &prompt).unwrap();
+    let small = store.bytes();
+    let long_id = "x".repeat(10_000);
+    drafts.start(&long_id, &prompt).unwrap();
+    assert!(
+        store.bytes() >= small + 2 * 10_000,
+        "{} bytes",
+        store.bytes()
+    );
+    let huge_id = "y".repeat(60_000);
+    let e = drafts.start(&huge_id, &prompt).unwrap_err().to_string();
+    assert!(e.contains("more than all sessions may"), "{e}");
+    assert!(store.bytes() <= 100_000);
+    let draft = drafts.sync_and_draft("short", &prompt, 4, false).unwrap();
+    assert!(draft.token_ids.len() <= 4);
+}

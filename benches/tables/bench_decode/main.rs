@@ -5,7 +5,8 @@
 //! * `mix`: mixing SmolLM2 with the ∞-gram (perplexity, fitted λ, decoding speed);
 //! * `policy`: drafting policies compared free of timing noise;
 //! * `repeated`: the repeated-task workload through one server (past outputs drafting);
-//! * `passes`: what a pass of k tokens costs against a one-token step, on the CPU or a GPU.
+//! * `passes`: what a pass of k tokens costs against a one-token step, on the CPU or a GPU;
+//! * `edits`: code edits with a real coder model, speculative against plain decoding.
 //!
 //! `cargo run --release --example bench_decode -- speculative --repeats 3` (`--help` lists the
 //! options). The tables are those of `BENCHMARKS.md`.
@@ -15,6 +16,7 @@ use infgram::neural::native::kernels::Isa;
 use infgram::service::models::{Backend, Device};
 
 mod ceiling;
+mod edits;
 mod gpu_check;
 mod mix;
 mod passes;
@@ -102,6 +104,22 @@ enum Bench {
         #[arg(long)]
         isa: Option<Isa>,
     },
+    /// Code edits (functions of Python's standard library) and open questions with a coder
+    /// model: speculative against plain decoding, through its chat template.
+    Edits {
+        /// The model: a short name (`qwen2.5-coder-0.5b`, `qwen2.5-coder-1.5b`) or a GGUF file.
+        #[arg(long, default_value = "qwen2.5-coder-0.5b")]
+        model: String,
+        /// Tokens a task generates at most.
+        #[arg(long, default_value_t = 384)]
+        max_tokens: usize,
+        /// Threads of the native pass (0: one per core).
+        #[arg(long, default_value_t = 0)]
+        threads: usize,
+        /// Only write the conversations as JSON lines to FILE (for other engines).
+        #[arg(long)]
+        dump: Option<std::path::PathBuf>,
+    },
     /// The repeated-task workload through one server: past outputs drafting.
     Repeated {
         /// The model: a short name (`smollm2-135m`, `gemma3-270m`) or a GGUF file.
@@ -153,5 +171,11 @@ fn main() {
             isa,
         } => policy::run(measured_costs, isa.unwrap_or_else(Isa::detect)),
         Bench::Repeated { model } => repeated::run(&model),
+        Bench::Edits {
+            model,
+            max_tokens,
+            threads,
+            dump,
+        } => edits::run(&model, max_tokens, threads, dump),
     }
 }

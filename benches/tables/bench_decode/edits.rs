@@ -1,0 +1,258 @@
+//! Code edits with a real coder model: speculative decoding against plain decoding, as a user
+//! of `infgram gen --model M --speculative` (or a greedy chat completion) gets it.
+//!
+//! The tasks: 32 functions of CPython's standard library (the `python3` on this machine; its
+//! version is printed), each with an edit instruction (rename, type hints, a parameter, a
+//! rewrite), asked through the model's own chat template as "INSTRUCTION Answer with the whole
+//! edited function in a Python code block." plus the function in a code block; and the five
+//! open questions of the other benchmarks. Greedy, the service's speculative drafters (prompt
+//! lookup; no index), each task decoded speculatively and then plainly (`compare`): the speed-up,
+//! tokens per pass and whether the two outputs are the same.
+//!
+//! `cargo run --release --example bench_decode -- edits --model qwen2.5-coder-0.5b`;
+//! `--dump FILE` writes the conversations as JSON lines (`{"set", "messages"}`) for
+//! `scripts/llama-server-edits.py`, which runs the same tasks through llama.cpp's server.
+
+use infgram::service::chat::Message;
+use infgram::service::models::{load_model, ModelOptions};
+use infgram::service::request::{defaults, GenLimits, GenerateRequest, Prompt, Sampling, Scorer};
+use infgram::service::run::GenerationReport;
+use infgram::service::{generate, Resources, RunOptions};
+use std::path::{Path, PathBuf};
+
+/// (file of the standard library, function, instruction).
+pub const TASKS: [(&str, &str, &str); 32] = [
+    ("textwrap.py", "indent", "Add type hints to the parameters and the return value."),
+    ("shlex.py", "quote", "Rename the parameter `s` to `text` everywhere in this function."),
+    ("fnmatch.py", "filter", "Rename the variable `result` to `matches` everywhere."),
+    ("posixpath.py", "relpath", "Rename the parameter `start` to `base` everywhere in this function."),
+    ("posixpath.py", "commonpath", "Add a short comment above each `if` statement saying what it checks."),
+    ("glob.py", "glob", "Change the default value of `recursive` to True and update the docstring to say so."),
+    ("heapq.py", "_siftup", "Rename `childpos` to `child` and `rightpos` to `right` everywhere."),
+    ("bisect.py", "bisect_left", "Remove the docstring and keep the code unchanged."),
+    ("colorsys.py", "rgb_to_hls", "Add type hints: the three parameters are floats and the function returns a tuple of three floats."),
+    ("colorsys.py", "hsv_to_rgb", "Rewrite the chain of `if` statements on `i` as a lookup in a tuple of tuples."),
+    ("statistics.py", "median", "Rename the variable `n` to `count` everywhere in this function."),
+    ("statistics.py", "mode", "Rename the variable `pairs` to `counts` everywhere in this function."),
+    ("statistics.py", "multimode", "Add type hints to the parameter and the return value."),
+    ("statistics.py", "covariance", "Rename the parameters `x` and `y` to `xs` and `ys` everywhere."),
+    ("base64.py", "b64decode", "Rename the parameter `validate` to `strict` everywhere, the docstring included."),
+    ("base64.py", "b16decode", "Rename the parameter `casefold` to `ignore_case` everywhere, the docstring included."),
+    ("base64.py", "b85encode", "Add type hints to the parameters and the return value."),
+    ("quopri.py", "unhex", "Add a docstring that says what the function returns."),
+    ("html/__init__.py", "escape", "Add a parameter `apostrophe=True` that says whether single quotes are escaped, and use it."),
+    ("difflib.py", "IS_CHARACTER_JUNK", "Change the default of `ws` to also hold the newline character."),
+    ("difflib.py", "restore", "Rename `which` to `side` everywhere in this function."),
+    ("string.py", "capwords", "Add type hints to the parameters and the return value."),
+    ("genericpath.py", "commonprefix", "Rename `m` to `paths` everywhere in this function."),
+    ("shutil.py", "copyfileobj", "Rename `fsrc` to `source` and `fdst` to `destination` everywhere."),
+    ("shutil.py", "ignore_patterns", "Add type hints to the outer and the inner function."),
+    ("shutil.py", "copy2", "Rename the parameter `follow_symlinks` to `follow_links` everywhere, the docstring included."),
+    ("tokenize.py", "untokenize", "Rename the variable `out` to `result` everywhere in this function."),
+    ("gettext.py", "_expand_lang", "Rename `mask` to `flags` everywhere in this function."),
+    ("mimetypes.py", "guess_extension", "Add type hints to the parameters and the return value."),
+    ("ipaddress.py", "ip_network", "Rename the parameter `strict` to `exact` everywhere, the docstring included."),
+    ("urllib/parse.py", "urldefrag", "Rename the variable `frag` to `fragment` everywhere in this function."),
+    ("urllib/parse.py", "quote_plus", "Rename the parameter `safe` to `allowed` everywhere, the docstring included."),
+];
+
+/// The standard library of the `python3` on this machine, and its version.
+fn stdlib() -> (PathBuf, String) {
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sys, sysconfig; print(sysconfig.get_paths()['stdlib']); print(sys.version.split()[0])",
+        ])
+        .output()
+        .expect("python3 (the standard library's source is the tasks' code)");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut lines = text.lines();
+    (
+        PathBuf::from(lines.next().unwrap()),
+        lines.next().unwrap_or("?").to_string(),
+    )
+}
+
+/// The source of the top-level function `name` of `file`: its `def` line and every line after
+/// it up to the next line that starts at the left margin.
+fn function(file: &Path, name: &str) -> String {
+    let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let lines: Vec<&str> = text.lines().collect();
+    let start = lines
+        .iter()
+        .position(|l| l.starts_with(&format!("def {name}(")))
+        .unwrap_or_else(|| panic!("no function {name} in {}", file.display()));
+    let end = (start + 1..lines.len())
+        .find(|&i| !lines[i].is_empty() && !lines[i].starts_with([' ', '\t', ')']))
+        .unwrap_or(lines.len());
+    let mut body: Vec<&str> = lines[start..end].to_vec();
+    while body.last().is_some_and(|l| l.trim().is_empty()) {
+        body.pop();
+    }
+    body.join("\n") + "\n"
+}
+
+/// The conversations of the benchmark: (set, the user's message).
+pub fn conversations() -> (Vec<(&'static str, String)>, String) {
+    let (lib, version) = stdlib();
+    let mut out: Vec<(&str, String)> = TASKS
+        .iter()
+        .map(|(file, name, instruction)| {
+            let code = function(&lib.join(file), name);
+            let ask = format!(
+                "{instruction} Answer with the whole edited function in a Python code block.\n\n```python\n{code}```"
+            );
+            ("code edits", ask)
+        })
+        .collect();
+    out.extend(
+        crate::prompts::OPEN
+            .iter()
+            .map(|q| ("open questions", q.to_string())),
+    );
+    (out, version)
+}
+
+/// One set's results.
+#[derive(Default)]
+struct Row {
+    ratios: Vec<f64>,
+    plain_tps: Vec<f64>,
+    spec_tps: Vec<f64>,
+    tokens: usize,
+    passes: usize,
+    identical: usize,
+}
+
+impl Row {
+    fn add(&mut self, r: &GenerationReport) {
+        // Decoding speeds (the prompt's pass left out), as `compare` measures both.
+        let c = r.comparison.expect("compare ran");
+        let (plain, speedup) = (
+            c.plain_tokens_per_second.expect("plain decoding ran"),
+            c.speedup.expect("plain decoding ran"),
+        );
+        self.ratios.push(speedup);
+        self.plain_tps.push(plain);
+        self.spec_tps.push(plain * speedup);
+        let stats = r.stats.as_ref().expect("a model's stats");
+        self.tokens += stats.tokens;
+        self.passes += stats.passes;
+        self.identical += usize::from(c.identical == Some(true));
+    }
+
+    fn print(&self, set: &str) {
+        let geo = |v: &[f64]| (v.iter().map(|r| r.ln()).sum::<f64>() / v.len().max(1) as f64).exp();
+        let min = self.ratios.iter().copied().fold(f64::MAX, f64::min);
+        let max = self.ratios.iter().copied().fold(0.0, f64::max);
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+        println!(
+            "| {set} | {} | {:.1} | {:.1} | {:.2}× ({:.2}–{:.2}) | {:.2} | {}/{} |",
+            self.ratios.len(),
+            mean(&self.plain_tps),
+            mean(&self.spec_tps),
+            geo(&self.ratios),
+            min,
+            max,
+            self.tokens as f64 / self.passes.max(1) as f64,
+            self.identical,
+            self.ratios.len()
+        );
+    }
+}
+
+/// Runs the benchmark with `model`, `max_tokens` a task, `threads` threads (0: one per core);
+/// with `dump`, only writes the conversations there.
+pub fn run(model: &str, max_tokens: usize, threads: usize, dump: Option<PathBuf>) {
+    let (tasks, version) = conversations();
+    if let Some(path) = dump {
+        let lines: Vec<String> = tasks
+            .iter()
+            .map(|(set, ask)| {
+                serde_json::json!({"set": set, "messages": [{"role": "user", "content": ask}]})
+                    .to_string()
+            })
+            .collect();
+        std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+        eprintln!(
+            "{} conversations written to {}",
+            tasks.len(),
+            path.display()
+        );
+        return;
+    }
+    let opts = ModelOptions {
+        threads,
+        ..ModelOptions::default()
+    };
+    let mut loaded = load_model(model, &opts).expect("the model");
+    let tok = loaded.tokenizer.clone();
+    println!(
+        "{} code edits from Python {version}'s standard library and {} open questions, \
+         {model}, greedy, at most {max_tokens} tokens, native kernels ({:?}), {} threads",
+        TASKS.len(),
+        crate::prompts::OPEN.len(),
+        infgram::neural::native::kernels::Isa::detect(),
+        if threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            threads
+        }
+    );
+    let mut rows: Vec<(&str, Row)> = Vec::new();
+    for (i, (set, ask)) in tasks.iter().enumerate() {
+        let request = GenerateRequest {
+            prompt: Prompt::Chat {
+                messages: vec![Message::new("user", ask)],
+                parse_special: false,
+            },
+            scorer: Scorer::Model,
+            drafters: defaults::SPECULATIVE_DRAFTERS.to_vec(),
+            sampling: Sampling {
+                temperature: Some(0.0),
+                ..Default::default()
+            },
+            limits: GenLimits {
+                max_tokens: Some(max_tokens),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+        .check(max_tokens)
+        .unwrap();
+        let run = RunOptions {
+            compare: true,
+            ..Default::default()
+        };
+        let mut res = Resources::model(loaded.model.as_mut(), &tok, model);
+        let report = generate(&request, &mut res, &run, |_| {}).unwrap();
+        let c = report.comparison.unwrap();
+        let (plain, speedup) = (
+            c.plain_tokens_per_second.unwrap_or(0.0),
+            c.speedup.unwrap_or(0.0),
+        );
+        eprintln!(
+            "{set} #{i}: {} tokens, plain {plain:.1} tok/s, speculative {:.1} tok/s ({speedup:.2}×), {}",
+            report.tokens,
+            plain * speedup,
+            if c.identical == Some(true) {
+                "identical"
+            } else {
+                "DIFFERENT"
+            }
+        );
+        match rows.iter_mut().find(|r| r.0 == *set) {
+            Some(r) => r.1.add(&report),
+            None => {
+                let mut row = Row::default();
+                row.add(&report);
+                rows.push((set, row));
+            }
+        }
+    }
+    println!("| set | tasks | plain tokens/s | speculative tokens/s | speed-up, geometric mean (min–max) | tokens per pass | identical |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for (set, row) in &rows {
+        row.print(set);
+    }
+}
