@@ -284,13 +284,15 @@ impl Model {
         let report = py
             .guarded(|| {
                 let mut loaded = self.lock();
+                let costs = loaded.pass_costs();
                 let LoadedModel {
                     model, tokenizer, ..
                 } = &mut *loaded;
                 let mut res = Resources::model(model.as_mut(), tokenizer, self.name.clone())
                     .drafting_index(self.index.clone(), self.mixer.clone())
                     .guard_index(self.guard_index.clone())?
-                    .past_outputs(self.past.clone());
+                    .past_outputs(self.past.clone())
+                    .pass_costs(costs);
                 infgram::service::run::generate(&checked, &mut res, &opts, |_| {})
             })?
             .map_err(|e| invalid(e.rename_field(PARAMETER_NAMES)))?;

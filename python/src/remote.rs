@@ -81,12 +81,7 @@ impl Shards for RemoteShards {
                 .call1(py, (requests,))
                 .and_then(|r| r.extract(py))
                 .map_err(|e| {
-                    let shown = format!(
-                        "the shards' router raised {}",
-                        e.value(py)
-                            .repr()
-                            .map_or_else(|_| e.to_string(), |r| r.to_string())
-                    );
+                    let shown = e.value(py).to_string();
                     if !e.is_instance_of::<pyo3::exceptions::PyException>(py) {
                         hold_exception(e);
                     }

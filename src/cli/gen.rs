@@ -393,10 +393,17 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
         args.raw,
         args.parse_special,
     );
+    // The pass costs speculative decoding plans with (measured once per machine and model).
+    let mut loaded = loaded;
+    let costs = match args.speculative {
+        true => Some(loaded.pass_costs()),
+        false => None,
+    };
     let infgram::service::models::LoadedModel {
         model: mut llm,
         tokenizer: tok,
         path,
+        ..
     } = loaded;
     // With --mix the scorer is the mixture of the model and the ∞-gram of --index.
     let mix = match &args.mix {
@@ -441,6 +448,9 @@ fn run_model(args: &GenArgs, model: &str) -> Result<()> {
         .drafting_index(drafting_index, mix)
         .guard_index(guard_index)?
         .past_outputs(past);
+    if let Some(costs) = costs {
+        res = res.pass_costs(costs);
+    }
     let opts = RunOptions {
         trace: args.trace.is_some(),
         trees: args.draft_trees,

@@ -63,6 +63,39 @@ impl Default for CostModel {
     }
 }
 
+/// Pass sizes a calibration times ([`calibrate`]).
+pub const CALIBRATED_SIZES: [usize; 5] = [1, 2, 4, 8, 16];
+
+/// The pass costs of `model` on this machine: the median of `repeats` passes of each of
+/// [`CALIBRATED_SIZES`] new tokens after a 128-token context (after one warm-up pass each), as
+/// `(n, milliseconds)` ([`CostModel::from_ms`] reads them). The model's cache is cleared after.
+/// What the decode loop plans its first drafts with, before its own passes are timed.
+pub fn calibrate(
+    model: &mut dyn crate::lm::LanguageModel,
+    repeats: usize,
+) -> Result<Vec<(usize, f64)>> {
+    let vocab = model.vocab_size().max(1) as u32;
+    let context: Vec<u32> = (0..128u32).map(|i| (i * 7919 + 13) % vocab).collect();
+    model.clear();
+    model.feed(&context)?;
+    let mut out = Vec::with_capacity(CALIBRATED_SIZES.len());
+    for n in CALIBRATED_SIZES {
+        let tokens: Vec<u32> = (0..n as u32).map(|i| (i * 104_729 + 7) % vocab).collect();
+        let mut times = Vec::with_capacity(repeats + 1);
+        for _ in 0..repeats.max(1) + 1 {
+            let t = Instant::now();
+            model.score(&tokens)?;
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+            model.truncate(context.len());
+        }
+        times.remove(0);
+        times.sort_by(f64::total_cmp);
+        out.push((n, times[times.len() / 2]));
+    }
+    model.clear();
+    Ok(out)
+}
+
 impl CostModel {
     /// From measured `(n, milliseconds)` pairs, n ascending from 1.
     pub fn from_ms(points: &[(usize, f64)]) -> CostModel {

@@ -795,10 +795,12 @@ fn model_job(
     let Some(loaded) = state.model.as_mut() else {
         return Err(ApiError::bad("this server has no model"));
     };
+    let costs = loaded.pass_costs();
     let tok: &dyn Tokenizer = &loaded.tokenizer;
     let mut res = Resources::model(loaded.model.as_mut(), tok, state.name.clone())
         .drafting_index(index, None)
-        .past_outputs(past);
+        .past_outputs(past)
+        .pass_costs(costs);
     let report = generate(req, &mut res, opts, |t| emit(tok, t))?;
     // The completion is answered whether or not its output could be kept; the store records
     // the failure for `/health` until a save succeeds.

@@ -72,6 +72,7 @@ pub struct ModelOptions {
 #[cfg(feature = "neural")]
 mod loading {
     use super::{Backend, Device, ModelOptions, Requantize};
+    use crate::decode::policy::{calibrate, CostModel, CALIBRATED_SIZES};
     use crate::error::{Error, Result};
     use crate::lm::LanguageModel;
     use crate::neural::source::ModelSource;
@@ -89,6 +90,10 @@ mod loading {
         pub tokenizer: HfTokenizer,
         /// The GGUF file or model directory it came from.
         pub path: PathBuf,
+        /// How it was loaded (the pass costs' cache key).
+        options: ModelOptions,
+        /// Its pass costs on this machine, once measured or read ([`LoadedModel::pass_costs`]).
+        costs: Option<CostModel>,
     }
 
     /// What a pass over a GGUF file is loaded from.
@@ -212,7 +217,92 @@ mod loading {
             model,
             tokenizer,
             path,
+            options: opts.clone(),
+            costs: None,
         })
+    }
+
+    /// Pass sizes' medians a calibration takes.
+    const CALIBRATION_REPEATS: usize = 5;
+
+    impl LoadedModel {
+        /// What a pass over 1, 2, 4, 8 and 16 new tokens costs with this model on this machine,
+        /// as speculative decoding plans its drafts with: measured once ([`calibrate`], a
+        /// second or two) and kept in the cache (`CACHE/calibration/`, one small file per
+        /// model file, machine and options), read from there afterwards. The decode loop goes
+        /// on measuring its own passes; this is what it plans its first drafts with, where the
+        /// built-in table (measured on SmolLM2) would plan a larger model's too long. A
+        /// calibration that fails leaves the built-in table.
+        pub fn pass_costs(&mut self) -> CostModel {
+            if let Some(c) = &self.costs {
+                return c.clone();
+            }
+            let file = crate::assets::cache_dir()
+                .join("calibration")
+                .join(format!("{}.json", self.calibration_key()));
+            let points: Option<Vec<(usize, f64)>> = std::fs::read(&file)
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok())
+                .filter(|p: &Vec<(usize, f64)>| {
+                    p.len() == CALIBRATED_SIZES.len() && p.iter().all(|x| x.1 > 0.0)
+                });
+            let points = match points {
+                Some(p) => Some(p),
+                None => match calibrate(self.model.as_mut(), CALIBRATION_REPEATS) {
+                    Ok(p) => {
+                        if let Err(e) = write_calibration(&file, &p) {
+                            crate::diag!("warning: the pass costs were not kept: {e}");
+                        }
+                        Some(p)
+                    }
+                    Err(e) => {
+                        crate::diag!("warning: the pass costs could not be measured: {e}");
+                        None
+                    }
+                },
+            };
+            let costs = points.map_or_else(CostModel::default, |p| CostModel::from_ms(&p));
+            self.costs = Some(costs.clone());
+            costs
+        }
+
+        /// What the pass costs depend on: the model file (its path, size and time), the CPU,
+        /// the kernels' ISA and the options it runs with.
+        fn calibration_key(&self) -> String {
+            let meta = std::fs::metadata(&self.path).ok();
+            let cpu = std::fs::read_to_string("/proc/cpuinfo")
+                .ok()
+                .and_then(|c| {
+                    c.lines()
+                        .find(|l| l.starts_with("model name"))
+                        .map(str::to_string)
+                })
+                .unwrap_or_default();
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let key = format!(
+                "{}|{:?}|{:?}|{cpu}|{threads}|{:?}|{:?}",
+                self.path.display(),
+                meta.as_ref().map(|m| m.len()),
+                meta.and_then(|m| m.modified().ok()),
+                crate::neural::native::kernels::Isa::detect(),
+                self.options,
+            );
+            format!("{:016x}", crate::tokenizer::fnv1a64(key.as_bytes()))
+        }
+    }
+
+    /// Writes the pass costs to `file`, beside it under a fresh name and renamed over it.
+    fn write_calibration(file: &Path, points: &[(usize, f64)]) -> Result<()> {
+        let dir = file.parent().expect("a file in the cache");
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let mut tmp = tempfile::Builder::new()
+            .prefix(".calibration.")
+            .tempfile_in(dir)
+            .map_err(|e| Error::io(dir, e))?;
+        let json = serde_json::to_vec(points).expect("numbers serialize");
+        std::io::Write::write_all(&mut tmp, &json).map_err(|e| Error::io(tmp.path(), e))?;
+        tmp.persist(file).map_err(|e| Error::io(file, e.error))?;
+        Ok(())
     }
 
     impl LoadedModel {

@@ -128,6 +128,8 @@ pub struct Resources<'a> {
     mixer: Option<Mixer>,
     guard_index: Option<Arc<Index<Mmap>>>,
     past: Option<PastStore>,
+    /// What the model's passes cost on this machine (default: the built-in table).
+    costs: Option<crate::decode::policy::CostModel>,
 }
 
 impl<'a> Resources<'a> {
@@ -160,7 +162,15 @@ impl<'a> Resources<'a> {
             mixer: None,
             guard_index: None,
             past: None,
+            costs: None,
         }
+    }
+
+    /// What the model's passes cost on this machine, which speculative decoding plans its
+    /// drafts with (`LoadedModel::pass_costs`; default: the built-in table).
+    pub fn pass_costs(mut self, costs: crate::decode::policy::CostModel) -> Self {
+        self.costs = Some(costs);
+        self
     }
 
     /// The index a model drafts from, mixes with (with `mixer`; without one, a mixing request
@@ -422,6 +432,7 @@ pub fn generate(
                 decode: DecodeConfig {
                     max_tokens: req.max_tokens,
                     draft_max: req.draft_max,
+                    cost: res.costs.clone().unwrap_or_default(),
                     cancel: opts.cancel.clone(),
                     trace: opts.trace,
                     trees: opts.trees,

@@ -526,7 +526,7 @@ fn score_with_model(req: &ScoreRequest, m: &ModelScoring) -> Result<ScoreReport>
     let super::models::LoadedModel {
         model: mut llm,
         tokenizer: tok,
-        path: _,
+        ..
     } = super::models::load_model(&m.model, &m.options)?;
     // Each text on its own: its tokens (the first `limit`), after the model's first token
     // when it asks for one (Gemma's <bos>, never scored itself).

@@ -224,7 +224,8 @@ pub fn run(model: &str, max_tokens: usize, threads: usize, dump: Option<PathBuf>
             compare: true,
             ..Default::default()
         };
-        let mut res = Resources::model(loaded.model.as_mut(), &tok, model);
+        let costs = loaded.pass_costs();
+        let mut res = Resources::model(loaded.model.as_mut(), &tok, model).pass_costs(costs);
         let report = generate(&request, &mut res, &run, |_| {}).unwrap();
         let c = report.comparison.unwrap();
         let (plain, speedup) = (
