@@ -3,7 +3,7 @@
 //!
 //! Shards held elsewhere answer over a wire ([`Shards::ask`]): a shard of another build, a
 //! damaged one or a hostile one can send anything that parses. Every merge reads answers
-//! through [`asked`], which refuses an answer of another kind than its question asks for, a
+//! through `asked`, which refuses an answer of another kind than its question asks for, a
 //! range outside the shard or out of order, a length longer than what was asked, a token id
 //! outside the vocabulary, counts out of order or summing past the occurrences they count, a
 //! document past the shard's documents, and so on: the invariants that the merges and the

@@ -9,7 +9,7 @@
 //!   merges. SentencePiece merges, at each step, the adjacent pair whose concatenation is the
 //!   vocabulary's highest-scored piece, and falls back to byte pieces (`<0x41>`) for what no
 //!   piece covers; that is BPE with one merge per (piece, split into two pieces) ranked by the
-//!   piece's score, which [`spm_merges`] lists (as transformers' GGUF converter does).
+//!   piece's score, which `spm_merges` lists (as transformers' GGUF converter does).
 //!
 //! Either is translated into the `tokenizer.json` Hugging Face would ship for the model and
 //! loaded with the `tokenizers` crate.
