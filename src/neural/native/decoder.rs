@@ -19,7 +19,7 @@ use crate::neural::arch::{Activation, Architecture, RopeStyle};
 use crate::neural::load::gguf::Gguf;
 use crate::neural::native::attention::{attend, KvCache};
 use crate::neural::native::gates::{gelu_mul, silu_mul};
-use crate::neural::native::kernels::{matmul, matmul_many, Isa, QMatrix, QRows};
+use crate::neural::native::kernels::{matmul, matmul_into_rows, matmul_many, Isa, QMatrix, QRows};
 use crate::neural::native::pool::{split_mut, stretches, Pool};
 use crate::neural::native::tree::{TreeLayout, MAX_TREE_ROWS};
 use crate::neural::native::weights::to_matrix;
@@ -131,6 +131,9 @@ pub struct Decoder {
     /// ([`LanguageModel::score_more`]), `dim` floats each, from row `held_next` of it on.
     held: Vec<f32>,
     held_next: usize,
+    /// Rows of logits handed back by [`LanguageModel::recycle`], filled again by later
+    /// passes: a fresh row of 150,000 logits costs the kernel a page fault every 4 KiB.
+    spare_rows: Vec<Vec<f32>>,
     /// The last pass's token tree and the cache length before it, until
     /// [`LanguageModel::keep_path`] (or any other change of the cache).
     tree: Option<(usize, TreeLayout)>,
@@ -200,6 +203,7 @@ impl Decoder {
             scratch: Scratch::default(),
             held: Vec::new(),
             held_next: 0,
+            spare_rows: Vec::new(),
             tree: None,
         })
     }
@@ -391,17 +395,21 @@ impl Decoder {
         self.acts
             .quantize_on_pool(self.isa, &mut self.pool, held, dim);
         let output = self.output.as_ref().unwrap_or(&self.embeddings);
-        let mut logits = Vec::new();
-        project(self.isa, &mut self.pool, &self.acts, output, &mut logits);
-        if to - from == 1 {
-            return Ok(vec![logits]);
-        }
-        Ok(logits
-            .chunks_exact(output.rows())
-            .map(<[f32]>::to_vec)
-            .collect())
+        let mut rows: Vec<Vec<f32>> = (from..to)
+            .map(|_| {
+                let mut row = self.spare_rows.pop().unwrap_or_default();
+                row.resize(output.rows(), 0.0);
+                row
+            })
+            .collect();
+        let mut outs: Vec<&mut [f32]> = rows.iter_mut().map(Vec::as_mut_slice).collect();
+        matmul_into_rows(self.isa, output, &self.acts, &mut outs, &mut self.pool);
+        Ok(rows)
     }
 }
+
+/// Rows of logits [`Decoder`] keeps for reuse: a 16-token verification pass's.
+const MAX_SPARE_ROWS: usize = 16;
 
 /// `out = act(gate) · up`, element by element ([`silu_mul`], [`gelu_mul`]); split across
 /// the pool's threads when long enough to pay for the hand-off.
@@ -570,6 +578,17 @@ impl LanguageModel for Decoder {
     /// position): a prompt's logits are not needed.
     fn feed(&mut self, tokens: &[u32]) -> Result<()> {
         self.run(tokens, 0).map(drop)
+    }
+
+    /// Keeps dense rows (up to a pass's worth) for the next passes' logits.
+    fn recycle(&mut self, rows: Vec<Logits>) {
+        for row in rows {
+            if let Logits::Dense(v) = row {
+                if self.spare_rows.len() < MAX_SPARE_ROWS && v.capacity() >= self.vocab_size() {
+                    self.spare_rows.push(v);
+                }
+            }
+        }
     }
 
     fn cache_len(&self) -> usize {

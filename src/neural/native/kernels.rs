@@ -28,8 +28,18 @@ pub const BLOCK: usize = 32;
 /// Weight rows interleaved in one tile (one AVX-512 register of 32-bit lanes).
 pub const TILE_ROWS: usize = 16;
 
-/// Activation rows multiplied with a tile while its unpacked weights sit in registers.
-const ROWS_PER_PASS: usize = 4;
+/// Activation rows multiplied with a tile while its unpacked weights sit in registers, at
+/// most: AVX-512's 32 registers hold a block's eight weight registers and eight rows'
+/// accumulators ([`rows_per_pass`]); 256-bit ISAs, with 16, take four.
+const ROWS_PER_PASS: usize = 8;
+
+/// The activation rows one walk over a tile group multiplies on `isa`.
+fn rows_per_pass(isa: Isa) -> usize {
+    match isa {
+        Isa::Avx512Vnni => ROWS_PER_PASS,
+        _ => 4,
+    }
+}
 
 /// The instruction set the kernels use, chosen once per process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1060,10 +1070,56 @@ pub fn matmul(isa: Isa, w: &QMatrix, a: &QRows, out: &mut [f32], pool: &mut Pool
 /// two). The same bits as separate products.
 pub fn matmul_many(isa: Isa, ws: &[&QMatrix], a: &QRows, outs: &mut [&mut [f32]], pool: &mut Pool) {
     assert_eq!(ws.len(), outs.len(), "matmul: a matrix for every output");
-    let k = a.rows;
     for (w, out) in ws.iter().zip(outs.iter()) {
+        assert_eq!(out.len(), w.rows * a.rows);
+    }
+    let shared: Vec<DisjointOut> = outs.iter_mut().map(|o| DisjointOut::new(o)).collect();
+    products(isa, ws, a, pool, &|i, r, j0, v| {
+        // SAFETY: each (r, j) of output i is written once, by the part that owns its group.
+        unsafe { shared[i].write_slice(r * ws[i].rows + j0, v) }
+    });
+}
+
+/// [`matmul`] with activation row r's outputs in `rows[r]` (`w.rows()` floats each): the
+/// logits of a pass go straight into the rows the caller keeps, with no copy.
+pub fn matmul_into_rows(
+    isa: Isa,
+    w: &QMatrix,
+    a: &QRows,
+    rows: &mut [&mut [f32]],
+    pool: &mut Pool,
+) {
+    assert_eq!(
+        rows.len(),
+        a.rows,
+        "matmul: an output row for every activation row"
+    );
+    assert!(
+        rows.iter().all(|r| r.len() == w.rows),
+        "matmul: rows of w.rows() outputs"
+    );
+    let shared: Vec<DisjointOut> = rows.iter_mut().map(|o| DisjointOut::new(o)).collect();
+    products(isa, &[w], a, pool, &|_, r, j0, v| {
+        // SAFETY: each (r, j) is written once, by the part that owns its group.
+        unsafe { shared[r].write_slice(j0, v) }
+    });
+}
+
+/// Where [`products`] stores outputs: `(matrix, activation row, first weight row, values)`.
+type PutOutputs<'a> = dyn Fn(usize, usize, usize, &[f32]) + Sync + 'a;
+
+/// The products of the activations with every matrix of `ws`, in one parallel section:
+/// `put(i, r, j0, values)` takes the outputs of matrix i's weight rows `j0..` for
+/// activation row r. The concatenated tile groups are split across the pool's threads.
+fn products(
+    isa: Isa,
+    ws: &[&QMatrix],
+    a: &QRows,
+    pool: &mut Pool,
+    put: &PutOutputs,
+) {
+    for w in ws {
         assert_eq!(w.cols, a.cols, "matmul: inner dimensions differ");
-        assert_eq!(out.len(), w.rows * k);
     }
     // Global group g of the concatenation is group g − starts[i] of matrix i.
     let starts: Vec<usize> = ws
@@ -1075,7 +1131,6 @@ pub fn matmul_many(isa: Isa, ws: &[&QMatrix], a: &QRows, outs: &mut [&mut [f32]]
         })
         .collect();
     let groups: usize = ws.iter().map(|w| w.groups()).sum();
-    let shared: Vec<DisjointOut> = outs.iter_mut().map(|o| DisjointOut::new(o)).collect();
     let run = |gs: std::ops::Range<usize>| {
         for (i, w) in ws.iter().enumerate() {
             let (first, n) = (starts[i], w.rows);
@@ -1085,10 +1140,7 @@ pub fn matmul_many(isa: Isa, ws: &[&QMatrix], a: &QRows, outs: &mut [&mut [f32]]
                 continue;
             }
             matmul_groups(isa, w, a, local, &mut |j0, r, v| {
-                let len = TILE_ROWS.min(n - j0);
-                // SAFETY: each (r, j) of output i is written once, by the part that owns
-                // its group.
-                unsafe { shared[i].write_slice(r * n + j0, &v[..len]) }
+                put(i, r, j0, &v[..TILE_ROWS.min(n - j0)])
             });
         }
     };
@@ -1140,11 +1192,12 @@ fn matmul_groups(
     let k = a.rows;
     let rows: Vec<Row> = (0..k).map(|r| a.row(r)).collect();
     let mut o = [[0.0f32; TILE_ROWS]; ROWS_PER_PASS];
+    let per_pass = rows_per_pass(isa);
     for g in gs {
         let tiles = g * nb..(g + 1) * nb;
         let mut r = 0;
         while r < k {
-            let n = (k - r).min(ROWS_PER_PASS);
+            let n = (k - r).min(per_pass);
             let rs = &rows[r..r + n];
             let tiles = match &w.quants {
                 Quants::Q4_1(t) => Tiles::Q4_1(&t[tiles.clone()]),
@@ -1195,6 +1248,10 @@ fn tile_rows(isa: Isa, tiles: Tiles, rows: &[Row], out: &mut [[f32; TILE_ROWS]; 
         }};
     }
     match rows.len() {
+        8 => dispatch!(8),
+        7 => dispatch!(7),
+        6 => dispatch!(6),
+        5 => dispatch!(5),
         4 => dispatch!(4),
         3 => dispatch!(3),
         2 => dispatch!(2),
@@ -2109,7 +2166,8 @@ pub(in crate::neural) mod tests {
         let isas = Isa::available();
         for (mi, w) in mats.iter().enumerate() {
             let cols = w.cols();
-            for k in [1usize, 2, 3, 5, 9] {
+            // Every count of rows one walk over a tile takes, and walks of every size after.
+            for k in [1usize, 2, 3, 4, 5, 7, 8, 9, 17] {
                 let x = pseudo(k * cols, 3 + k as u32);
                 let mut a = QRows::default();
                 a.quantize(&x, cols);
@@ -2176,6 +2234,11 @@ pub(in crate::neural) mod tests {
                     let mut want = vec![0.0; k * w.rows];
                     matmul(isa, w, &a, &mut want, &mut pool);
                     assert_eq!(got, &want, "{isa:?}, {threads} threads, {} rows", w.rows);
+                    // Each activation row's outputs straight into a row of their own.
+                    let mut rows = vec![vec![0.0; w.rows]; k];
+                    let mut outs: Vec<&mut [f32]> = rows.iter_mut().map(|r| &mut r[..]).collect();
+                    matmul_into_rows(isa, w, &a, &mut outs, &mut pool);
+                    assert_eq!(rows.concat(), want, "{isa:?}, {threads} threads, into rows");
                 }
             }
         }
