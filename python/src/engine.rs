@@ -21,7 +21,7 @@ pub(crate) enum Anchor {
 
 /// A drop-in for `infini_gram.engine.InfiniGramEngine`.
 ///
-/// Differences, all documented in the README: distributions are exact (`approx` is always
+/// Differences, all documented in docs/python.md: distributions are exact (`approx` is always
 /// false, whatever `max_support`); `search_docs` returns the first matching documents in
 /// suffix-array order rather than a random sample; ids at or above the separator (2^16 − 1 for
 /// u16) are refused; `attribute` uses infgram's maximal spans.

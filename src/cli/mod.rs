@@ -284,7 +284,7 @@ pub struct ModelArgs {
     #[arg(long, value_enum)]
     pub requantize: Option<Requantize>,
     /// With --model: where the passes run: `cpu`, or `cuda` (an NVIDIA GPU; a binary built
-    /// with the `cuda` feature, see the README's "On a GPU").
+    /// with the `cuda` feature, see docs/gpu.md).
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     pub device: Device,
 }

@@ -84,6 +84,6 @@ pub fn device() -> Result<Device> {
 pub fn not_built() -> Error {
     Error::input(
         "--device cuda: this infgram was built without the `cuda` feature; build one with \
-         `bash scripts/build-cuda.sh` (README: \"On a GPU\"), or leave --device out (the CPU)",
+         `bash scripts/build-cuda.sh` (docs/gpu.md), or leave --device out (the CPU)",
     )
 }
