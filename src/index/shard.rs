@@ -344,26 +344,42 @@ impl<S: AsRef<[u8]>> Shard<S> {
     ///
     /// The sampled keys (when present) narrow the search to a bracket of at most
     /// `SAMPLE_STEP` entries for any query of 8 bytes or more, without touching `SA` or `T`.
-    /// Then one binary search while the probes miss `q`; at the first probe inside the range, the
-    /// search splits into a lower-bound search on its left and an upper-bound search on its
-    /// right. The shared part is probed once, not twice.
+    /// Then `split_search` over the bracket: the shared part of the two bounds probed once.
     pub fn find(&self, q: &[u32]) -> Range {
-        let (mut lo, mut hi) = if q.is_empty() {
+        let bracket = if q.is_empty() {
             (0, self.n)
         } else {
             self.sample_bracket(q)
         };
+        Self::split_search(bracket, |i| self.cmp_suffix(self.sa(i), q))
+    }
+
+    /// Sub-range of `r` where `key(i) == x`, for keys sorted within `r`. One binary search
+    /// until a probe hits `x`; the two bounds are then searched for on either side of it, in
+    /// what is left of the range (fewer probes than two searches over all of `r`).
+    #[inline]
+    fn equal_range(r: Range, x: i64, key: impl Fn(usize) -> i64) -> Range {
+        Self::split_search(r, |i| key(i).cmp(&x))
+    }
+
+    /// The sub-range of `r` whose entries `probe` finds equal to the target (`probe(i)`: entry
+    /// i against it; entries sorted within `r`). One binary search while the probes miss; at
+    /// the first probe inside the range, a lower-bound search on its left and an upper-bound
+    /// search on its right, in what is left of `r`: the shared part is probed once, not twice.
+    #[inline]
+    fn split_search(r: Range, probe: impl Fn(usize) -> Ordering) -> Range {
+        let (mut lo, mut hi) = r;
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            match self.cmp_suffix(self.sa(mid), q) {
+            match probe(mid) {
                 Ordering::Less => lo = mid + 1,
                 Ordering::Greater => hi = mid,
                 Ordering::Equal => {
-                    // First suffix >= q in [lo, mid]; first suffix > q in (mid, hi].
+                    // The first equal entry is in [lo, mid], the last in [mid, hi).
                     let (mut a, mut b) = (lo, mid);
                     while a < b {
                         let m = a + (b - a) / 2;
-                        if self.cmp_suffix(self.sa(m), q) == Ordering::Less {
+                        if probe(m) == Ordering::Less {
                             a = m + 1;
                         } else {
                             b = m;
@@ -372,7 +388,7 @@ impl<S: AsRef<[u8]>> Shard<S> {
                     let (mut c, mut d) = (mid + 1, hi);
                     while c < d {
                         let m = c + (d - c) / 2;
-                        if self.cmp_suffix(self.sa(m), q) == Ordering::Greater {
+                        if probe(m) == Ordering::Greater {
                             d = m;
                         } else {
                             c = m + 1;
@@ -380,45 +396,6 @@ impl<S: AsRef<[u8]>> Shard<S> {
                     }
                     return (a, c);
                 }
-            }
-        }
-        (lo, lo)
-    }
-
-    /// Sub-range of `r` where `key(i) == x`, for keys sorted within `r`. One binary search
-    /// until a probe hits `x`; the two bounds are then searched for on either side of it, in
-    /// what is left of the range (fewer probes than two searches over all of `r`).
-    #[inline]
-    fn equal_range(r: Range, x: i64, key: impl Fn(usize) -> i64) -> Range {
-        let (mut lo, mut hi) = r;
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            let k = key(mid);
-            if k < x {
-                lo = mid + 1;
-            } else if k > x {
-                hi = mid;
-            } else {
-                // The first `x` is in [lo, mid], the last in [mid, hi).
-                let (mut a, mut b) = (lo, mid);
-                while a < b {
-                    let m = a + (b - a) / 2;
-                    if key(m) < x {
-                        a = m + 1;
-                    } else {
-                        b = m;
-                    }
-                }
-                let (mut c, mut d) = (mid + 1, hi);
-                while c < d {
-                    let m = c + (d - c) / 2;
-                    if key(m) <= x {
-                        c = m + 1;
-                    } else {
-                        d = m;
-                    }
-                }
-                return (a, c);
             }
         }
         (lo, lo)
