@@ -1,6 +1,20 @@
 //! The library's one error type. Every I/O or corruption error names the file it
 //! concerns and, where there is one, the action that fixes it.
 
+/// `eprintln!` that never panics: a diagnostic that cannot be written (standard error closed,
+/// full, or a broken pipe) is dropped, and the command's own output and exit status stay what
+/// they would have been. Every note and warning infgram writes goes through it.
+#[macro_export]
+macro_rules! diag {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// The library's modules name it `crate::error::diag!`, beside the error type.
+pub use crate::diag;
+
 use std::path::PathBuf;
 
 /// Errors of the infgram library. The binary wraps them in `anyhow` and prints each with its

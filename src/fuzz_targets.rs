@@ -98,7 +98,7 @@ pub fn corpus_file(data: &[u8]) {
     let _ = crate::corpus::for_each_jsonl_doc(reader.take(1 << 24), path, |doc, _| {
         budget = budget.saturating_sub(doc.text.len());
         if budget == 0 {
-            return Err(crate::Error::input("enough"));
+            return Err(crate::error::Error::input("enough"));
         }
         Ok(())
     });

@@ -26,19 +26,9 @@
 //! server. `fuzz_targets` (hidden) holds what the fuzz targets under `fuzz/` run.
 //! `FORMAT.md` draws the index format.
 
-// Diagnostics go through `diag!`: `eprintln!` panics when standard error cannot be written.
+// Diagnostics go through `diag!` (in `error`): `eprintln!` panics when standard error cannot
+// be written.
 #![deny(clippy::print_stderr)]
-
-/// `eprintln!` that never panics: a diagnostic that cannot be written (standard error closed,
-/// full, or a broken pipe) is dropped, and the command's own output and exit status stay what
-/// they would have been. Every note and warning infgram writes goes through it.
-#[macro_export]
-macro_rules! diag {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
-    }};
-}
 
 pub mod assets;
 pub mod corpus;

@@ -589,7 +589,9 @@ fn tree_rows_are_chain_rows(m: &mut dyn LanguageModel, prefix: &[u32], what: &st
     let (tokens, parents) = a_tree(11);
     assert_eq!(m.max_tree_rows(), 64, "{what}");
     m.feed(prefix).unwrap();
-    let mut rows = m.score_tree_first(&tokens, &parents, 3).unwrap();
+    let mut rows = m
+        .score_tree_first(&tokens, &parents, 3, RowForm::Full)
+        .unwrap();
     while rows.len() < tokens.len() {
         let more = m.score_more(2).unwrap();
         assert!(!more.is_empty(), "{what}");
@@ -604,7 +606,8 @@ fn tree_rows_are_chain_rows(m: &mut dyn LanguageModel, prefix: &[u32], what: &st
         assert_eq!(row.clone().into_dense(), want, "{what}: node {i}");
     }
     m.truncate(prefix.len());
-    m.score_tree_first(&tokens, &parents, 1).unwrap();
+    m.score_tree_first(&tokens, &parents, 1, RowForm::Full)
+        .unwrap();
     m.keep_path(&[0, 1, 6, 7]).unwrap();
     assert_eq!(m.cache_len(), prefix.len() + 4);
     let next = m.forward(&[5, 6]).unwrap();
@@ -613,7 +616,8 @@ fn tree_rows_are_chain_rows(m: &mut dyn LanguageModel, prefix: &[u32], what: &st
     let want = m.forward(&chain).unwrap();
     assert_eq!(next, want[4..], "{what}: after keeping a branch");
     m.truncate(prefix.len());
-    m.score_tree_first(&tokens, &parents, 1).unwrap();
+    m.score_tree_first(&tokens, &parents, 1, RowForm::Full)
+        .unwrap();
     assert!(m.keep_path(&[0, 2]).is_err(), "{what}");
 }
 
@@ -623,11 +627,13 @@ fn tree_picks_are_first_max(m: &mut dyn LanguageModel, prefix: &[u32], what: &st
     let (tokens, parents) = a_tree(11);
     m.truncate(0);
     m.feed(prefix).unwrap();
-    let rows = m.score_tree_first(&tokens, &parents, tokens.len()).unwrap();
+    let rows = m
+        .score_tree_first(&tokens, &parents, tokens.len(), RowForm::Full)
+        .unwrap();
     let dense: Vec<Vec<f32>> = rows.into_iter().map(Logits::into_dense).collect();
     m.truncate(prefix.len());
     let mut picks = m
-        .score_tree_first_as(&tokens, &parents, 3, RowForm::Greedy)
+        .score_tree_first(&tokens, &parents, 3, RowForm::Greedy)
         .unwrap();
     picks.extend(m.score_more(tokens.len()).unwrap());
     assert_eq!(picks, greedy_picks(&dense), "{what}: a tree's greedy picks");
@@ -651,7 +657,7 @@ fn rows_as_asked_are_the_pass_s(
     what: &str,
 ) {
     m.truncate(5);
-    let mut rows = m.score_first(&tokens[5..], 3).unwrap();
+    let mut rows = m.score_first(&tokens[5..], 3, RowForm::Full).unwrap();
     assert_eq!(rows.len(), 3, "{what}");
     loop {
         let more = m.score_more(2).unwrap();
@@ -664,7 +670,7 @@ fn rows_as_asked_are_the_pass_s(
     assert_eq!(rows, full[5..], "{what}: rows as asked");
     // As greedy picks: each row's first_max id and logit.
     m.truncate(5);
-    let mut picks = m.score_first_as(&tokens[5..], 3, RowForm::Greedy).unwrap();
+    let mut picks = m.score_first(&tokens[5..], 3, RowForm::Greedy).unwrap();
     picks.extend(m.score_more(tokens.len()).unwrap());
     assert_eq!(picks, greedy_picks(&full[5..]), "{what}: greedy picks");
     m.truncate(5);

@@ -6,7 +6,7 @@
 
 use infgram::decode::drafters::CorpusDrafter;
 use infgram::decode::{decode, greedy, DecodeConfig, Draft, Drafter, Sampler, SamplerConfig};
-use infgram::lm::{DenseRows, LanguageModel, Logits};
+use infgram::lm::{DenseRows, LanguageModel, Logits, RowForm};
 use infgram::mix::{Interpolated, Mixer};
 use infgram::ngram::EstimatorSpec;
 use infgram::ngram::{Estimator, InfgramModel};
@@ -79,7 +79,7 @@ proptest! {
         let rows = mix.score(&text).unwrap();
         // The same rows asked for a few at a time, as verification asks for them.
         let mut grouped = mixture(&a, &b, Mixer::default());
-        let mut some = grouped.score_first(&text, 2).unwrap();
+        let mut some = grouped.score_first(&text, 2, RowForm::Full).unwrap();
         while some.len() < text.len() {
             let more = grouped.score_more(3).unwrap();
             prop_assert!(!more.is_empty(), "rows stopped at {} of {}", some.len(), text.len());

@@ -253,6 +253,7 @@ impl LanguageModel for Stub {
         tokens: &[u32],
         parents: &[Option<usize>],
         _first: usize,
+        _form: infgram::lm::RowForm,
     ) -> infgram::Result<Vec<infgram::lm::Logits>> {
         assert!(
             parents[0].is_none()

@@ -26,7 +26,7 @@
 //! it has): the native model runs every layer over the whole pass but its output projection (a
 //! fifth of the pass's weights) only over rows that get verified, and the mixture mixes only those;
 //! a draft rejected early costs no logits past the rejection. Greedy decoding with no processors
-//! asks for rows in `RowForm::Greedy` (`LanguageModel::score_first_as`): a model whose rows live
+//! asks for rows in `RowForm::Greedy` (`LanguageModel::score_first`): a model whose rows live
 //! on a GPU then sends back each row's argmax and its logit instead of the row, and the loop
 //! reads nothing else of a row there. Greedy verification accepts a draft
 //! token when it is the argmax, so the output equals plain greedy decoding (the native pass is
@@ -455,12 +455,10 @@ impl Decoding {
             false => RowForm::Full,
         };
         let mut rows = if tree.is_chain() {
-            self.timing(&mut pass, || {
-                model.score_first_as(&self.fed, FIRST_ROWS, form)
-            })?
+            self.timing(&mut pass, || model.score_first(&self.fed, FIRST_ROWS, form))?
         } else {
             self.timing(&mut pass, || {
-                model.score_tree_first_as(&self.fed, &tree.parents, FIRST_ROWS, form)
+                model.score_tree_first(&self.fed, &tree.parents, FIRST_ROWS, form)
             })?
         };
         self.stats.passes += 1;

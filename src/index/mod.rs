@@ -80,7 +80,7 @@ unsafe fn map_file(path: &Path) -> Result<Mmap> {
     let map = unsafe { Mmap::map(&f) }.map_err(|e| Error::io(path, e))?;
     #[cfg(unix)]
     if let Err(e) = map.advise(memmap2::Advice::Random) {
-        crate::diag!("warning: madvise on {}: {e}", path.display());
+        crate::error::diag!("warning: madvise on {}: {e}", path.display());
     }
     Ok(map)
 }

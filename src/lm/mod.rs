@@ -220,7 +220,7 @@ impl<M: LanguageModel> LanguageModel for DenseRows<M> {
     }
 }
 
-/// What a caller reads of the rows of a pass ([`LanguageModel::score_first_as`]).
+/// What a caller reads of the rows of a pass ([`LanguageModel::score_first`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RowForm {
     /// Every logit of every row.
@@ -251,22 +251,12 @@ pub trait LanguageModel {
     /// the rest of the pass's rows then come from [`LanguageModel::score_more`], in order, as
     /// the caller asks. Verification reads rows only up to the first rejected draft token, so a
     /// model whose rows cost something of their own (a neural model's output projection, the
-    /// mixture's mixing) computes no row past it. The rows are the same bits as `score`'s. By
-    /// default, every row at once.
-    fn score_first(&mut self, tokens: &[u32], first: usize) -> Result<Vec<Logits>> {
-        let _ = first;
+    /// mixture's mixing) computes no row past it. The rows are the same bits as `score`'s, and
+    /// they, and those of the pass's `score_more`, may come in `form` ([`RowForm::Full`]: every
+    /// logit). By default, every row at once, in full.
+    fn score_first(&mut self, tokens: &[u32], first: usize, form: RowForm) -> Result<Vec<Logits>> {
+        let _ = (first, form);
         self.score(tokens)
-    }
-    /// [`LanguageModel::score_first`] whose rows, and those of the pass's
-    /// [`LanguageModel::score_more`], may come in `form` (by default, every row in full).
-    fn score_first_as(
-        &mut self,
-        tokens: &[u32],
-        first: usize,
-        form: RowForm,
-    ) -> Result<Vec<Logits>> {
-        let _ = form;
-        self.score_first(tokens, first)
     }
     /// The next at most `count` rows of the last [`LanguageModel::score_first`] pass, after the
     /// ones it and earlier calls returned (in the pass's [`RowForm`]); empty once every row was
@@ -319,35 +309,25 @@ pub trait LanguageModel {
     /// [`LanguageModel::score_first`] for a token tree after the cached tokens: node i holds
     /// `tokens[i]` and follows `parents[i]` (`None`: the cache; node 0 only), in preorder.
     /// Row i is the same bits as feeding node i's branch as a chain would give; the rows
-    /// after the first `first` come from [`LanguageModel::score_more`], in node order. The
-    /// cache then holds the whole tree until [`LanguageModel::keep_path`].
+    /// after the first `first` come from [`LanguageModel::score_more`], in node order, all in
+    /// `form`. The cache then holds the whole tree until [`LanguageModel::keep_path`].
     fn score_tree_first(
-        &mut self,
-        tokens: &[u32],
-        parents: &[Option<usize>],
-        first: usize,
-    ) -> Result<Vec<Logits>> {
-        let _ = (tokens, parents, first);
-        Err(crate::Error::Model(
-            "this model verifies no token trees".into(),
-        ))
-    }
-    /// [`LanguageModel::score_tree_first`] whose rows may come in `form` (by default, in full).
-    fn score_tree_first_as(
         &mut self,
         tokens: &[u32],
         parents: &[Option<usize>],
         first: usize,
         form: RowForm,
     ) -> Result<Vec<Logits>> {
-        let _ = form;
-        self.score_tree_first(tokens, parents, first)
+        let _ = (tokens, parents, first, form);
+        Err(crate::error::Error::Model(
+            "this model verifies no token trees".into(),
+        ))
     }
     /// After a tree pass: keeps of the tree only the nodes `path` (node 0, a child of it, …),
     /// so that the cache holds what feeding them as a chain would have.
     fn keep_path(&mut self, path: &[usize]) -> Result<()> {
         let _ = path;
-        Err(crate::Error::Model(
+        Err(crate::error::Error::Model(
             "this model verifies no token trees".into(),
         ))
     }
@@ -364,16 +344,13 @@ macro_rules! forward_language_model {
             fn score(&mut self, tokens: &[u32]) -> Result<Vec<Logits>> {
                 (**self).score(tokens)
             }
-            fn score_first(&mut self, tokens: &[u32], first: usize) -> Result<Vec<Logits>> {
-                (**self).score_first(tokens, first)
-            }
-            fn score_first_as(
+            fn score_first(
                 &mut self,
                 tokens: &[u32],
                 first: usize,
                 form: RowForm,
             ) -> Result<Vec<Logits>> {
-                (**self).score_first_as(tokens, first, form)
+                (**self).score_first(tokens, first, form)
             }
             fn score_more(&mut self, count: usize) -> Result<Vec<Logits>> {
                 (**self).score_more(count)
@@ -413,17 +390,9 @@ macro_rules! forward_language_model {
                 tokens: &[u32],
                 parents: &[Option<usize>],
                 first: usize,
-            ) -> Result<Vec<Logits>> {
-                (**self).score_tree_first(tokens, parents, first)
-            }
-            fn score_tree_first_as(
-                &mut self,
-                tokens: &[u32],
-                parents: &[Option<usize>],
-                first: usize,
                 form: RowForm,
             ) -> Result<Vec<Logits>> {
-                (**self).score_tree_first_as(tokens, parents, first, form)
+                (**self).score_tree_first(tokens, parents, first, form)
             }
             fn keep_path(&mut self, path: &[usize]) -> Result<()> {
                 (**self).keep_path(path)

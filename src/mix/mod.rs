@@ -46,7 +46,7 @@ pub use open::{
 pub use score::{score_both, MixReport, ScoredMixture, Scoring};
 
 use crate::error::{Error, Result};
-use crate::lm::{LanguageModel, Logits};
+use crate::lm::{LanguageModel, Logits, RowForm};
 use crate::ngram::{EstimatorSpec, Evidence, InfgramModel};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
@@ -457,9 +457,11 @@ impl<N: LanguageModel> LanguageModel for Interpolated<N> {
     /// Mixes the first `first` rows only (a mixed row costs a softmax over the vocabulary,
     /// and the neural model may hold back its own): the others on
     /// [`LanguageModel::score_more`]. The ∞-gram's rows and every λ are computed at once.
-    fn score_first(&mut self, tokens: &[u32], first: usize) -> Result<Vec<Logits>> {
+    /// Its rows are full whatever `form` asks: a mixed row is a distribution.
+    fn score_first(&mut self, tokens: &[u32], first: usize, form: RowForm) -> Result<Vec<Logits>> {
+        let _ = form;
         self.drop_held_rows();
-        let neural = self.neural.score_first(tokens, first)?;
+        let neural = self.neural.score_first(tokens, first, RowForm::Full)?;
         let infgram = self.infgram.score(tokens)?;
         let mixer = &self.mixer;
         self.lambdas.clear();
@@ -476,7 +478,7 @@ impl<N: LanguageModel> LanguageModel for Interpolated<N> {
     }
 
     fn score(&mut self, tokens: &[u32]) -> Result<Vec<Logits>> {
-        self.score_first(tokens, tokens.len())
+        self.score_first(tokens, tokens.len(), RowForm::Full)
     }
 
     fn feed(&mut self, tokens: &[u32]) -> Result<()> {

@@ -581,7 +581,7 @@ pub fn score_both<S: AsRef<[u8]> + Send + Sync + 'static>(
             let end = *neural
                 .eos_tokens()
                 .first()
-                .ok_or_else(|| crate::Error::input("the neural model has no end token"))?;
+                .ok_or_else(|| crate::error::Error::input("the neural model has no end token"))?;
             let ends = (end, neural.vocab_size());
             let (positions, rows_seconds, smoothed_seconds) =
                 tracked_positions(index, tokens, estimator, MIX_CONTEXT, ends, smoothed)?;

@@ -173,7 +173,7 @@ impl EstimatorSpec {
         &self,
         index: &(impl crate::index::partial::Shards + ?Sized),
         discount_fallback: Option<[f64; 3]>,
-    ) -> crate::Result<Option<classic::ClassicModel>> {
+    ) -> crate::error::Result<Option<classic::ClassicModel>> {
         let Some(mut spec) = self.classic_spec()? else {
             return Ok(None);
         };
@@ -187,7 +187,7 @@ impl EstimatorSpec {
     /// `estimator.order` or `estimator.alpha`), with KenLM's fallback discounts for an order
     /// whose count-of-counts cannot give them (a generation runs on any index); `None` for the
     /// ∞-gram estimators.
-    fn classic_spec(&self) -> crate::Result<Option<classic::ClassicSpec>> {
+    fn classic_spec(&self) -> crate::error::Result<Option<classic::ClassicSpec>> {
         let (order, smoothing) = match *self {
             EstimatorSpec::Mkn { order } => (
                 order,
@@ -220,8 +220,8 @@ impl EstimatorSpec {
 
     /// The estimator this spec asks for, its defaults filled in and its numbers checked (an
     /// error names the field: `estimator.k`, `estimator.decay`).
-    pub fn estimator(&self) -> crate::Result<Estimator> {
-        let field = |field, message| crate::Error::Field { field, message };
+    pub fn estimator(&self) -> crate::error::Result<Estimator> {
+        let field = |field, message| crate::error::Error::Field { field, message };
         match *self {
             EstimatorSpec::Infgram => Ok(Estimator::Sbis {
                 k: 1,
@@ -274,7 +274,7 @@ impl Estimator {
         corpus: &(impl Shards + ?Sized),
         memo: &mut Memo,
         ctx: &[u32],
-    ) -> crate::Result<Vec<Level>> {
+    ) -> crate::error::Result<Vec<Level>> {
         match self.level_ask(ctx) {
             Some(ask) => corpus.levels(memo, ask),
             None => Ok(Vec::new()),
@@ -314,9 +314,9 @@ impl Estimator {
     }
 
     /// Refuses a classic model where only level-based estimators can run (`what` says where).
-    pub fn check_levels(&self, what: &str) -> crate::Result<()> {
+    pub fn check_levels(&self, what: &str) -> crate::error::Result<()> {
         match self {
-            Estimator::Classic(_) => Err(crate::Error::Field {
+            Estimator::Classic(_) => Err(crate::error::Error::Field {
                 field: "estimator",
                 message: format!(
                     "{what} runs the ∞-gram estimators (infgram, sbis, smoothed); a fixed-order \

@@ -53,8 +53,8 @@ impl Discounts {
     /// Discounts given as numbers (`--discounts`): three `d1, d2, d3` for every class, or three
     /// per class of level total ([`CLASSES`] × 3); each finite and at least 0 (field
     /// `discounts`).
-    pub fn from_values(values: &[f64]) -> crate::Result<Self> {
-        let field = |message: String| crate::Error::Field {
+    pub fn from_values(values: &[f64]) -> crate::error::Result<Self> {
+        let field = |message: String| crate::error::Error::Field {
             field: "discounts",
             message,
         };
@@ -230,7 +230,7 @@ pub fn fit_on_train(
     train: &[u32],
     spec: crate::tokenizer::TokenizerSpec,
     context: usize,
-) -> crate::Result<Discounts> {
+) -> crate::error::Result<Discounts> {
     let cut = train.len() * 95 / 100;
     let (head, held) = (&train[..cut], &train[cut..]);
     let index = crate::Index::from_docs(spec, &[head.to_vec()], 1, true)?;
@@ -241,6 +241,6 @@ pub fn fit_on_train(
             let ctx = &held[i.saturating_sub(context)..i];
             Ok((est.levels(&index, &mut memo, ctx)?, held[i]))
         })
-        .collect::<crate::Result<Vec<_>>>()?;
+        .collect::<crate::error::Result<Vec<_>>>()?;
     Ok(fit_discounts(&data, index.vocab_size()))
 }

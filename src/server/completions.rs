@@ -204,7 +204,7 @@ impl Generator {
         backlog: usize,
         past_output_tokens: usize,
         past_file: Option<&std::path::Path>,
-    ) -> crate::Result<Self> {
+    ) -> crate::error::Result<Self> {
         let (queue, jobs) = sync_channel::<Job>(backlog);
         let (ready_tx, ready) = std::sync::mpsc::channel();
         let waiting = Arc::new(AtomicUsize::new(0));
@@ -219,10 +219,12 @@ impl Generator {
                 let _running = Running(worker_running);
                 worker(spec, opts, jobs, worker_waiting, ready_tx)
             })
-            .map_err(|e| crate::Error::input(format!("cannot start the generation thread: {e}")))?;
-        let loaded = ready
-            .recv()
-            .map_err(|_| crate::Error::input("the generation thread ended while loading"))??;
+            .map_err(|e| {
+                crate::error::Error::input(format!("cannot start the generation thread: {e}"))
+            })?;
+        let loaded = ready.recv().map_err(|_| {
+            crate::error::Error::input("the generation thread ended while loading")
+        })??;
         let (model_tokenizer, model_name) = match loaded {
             Some((tok, name)) => (Some(tok), Some(name)),
             None => (None, None),
@@ -594,7 +596,7 @@ fn worker(
     opts: ModelOptions,
     jobs: std::sync::mpsc::Receiver<Job>,
     waiting: Arc<AtomicUsize>,
-    ready: std::sync::mpsc::Sender<crate::Result<Option<ModelInfo>>>,
+    ready: std::sync::mpsc::Sender<crate::error::Result<Option<ModelInfo>>>,
 ) {
     crate::service::catalog::lower_priority();
     let mut state = match load(spec.as_deref(), &opts) {
@@ -648,7 +650,7 @@ fn panicked(panic: &(dyn std::any::Any + Send)) -> ApiError {
         .map(|s| s.to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "no message".into());
-    crate::diag!("a generation failed with an internal error: {what}");
+    crate::error::diag!("a generation failed with an internal error: {what}");
     ApiError {
         status: 500,
         message: format!(
@@ -659,7 +661,10 @@ fn panicked(panic: &(dyn std::any::Any + Send)) -> ApiError {
 }
 
 /// Loads the model (with the `neural` feature).
-fn load(spec: Option<&str>, opts: &ModelOptions) -> crate::Result<(Worker, Option<ModelInfo>)> {
+fn load(
+    spec: Option<&str>,
+    opts: &ModelOptions,
+) -> crate::error::Result<(Worker, Option<ModelInfo>)> {
     match spec {
         None => Ok((
             Worker {
@@ -686,7 +691,7 @@ fn load(spec: Option<&str>, opts: &ModelOptions) -> crate::Result<(Worker, Optio
         #[cfg(not(feature = "neural"))]
         Some(_) => {
             let _ = opts;
-            Err(crate::Error::input(
+            Err(crate::error::Error::input(
                 "this infgram was built without neural models (feature `neural`); rebuild with \
                  default features to serve --model",
             ))
@@ -749,7 +754,7 @@ fn run_job(state: &mut Worker, job: Job) -> Result<Summary, ApiError> {
         Plan::Model { index, past } => model_job(state, &req, index, past, &opts, &mut emit)?,
     };
     if client_gone {
-        crate::diag!(
+        crate::error::diag!(
             "generation stopped after {} tokens: the client left",
             report.tokens
         );
@@ -805,7 +810,7 @@ fn model_job(
     // The completion is answered whether or not its output could be kept; the store records
     // the failure for `/health` until a save succeeds.
     if let Some(e) = &report.past_outputs_not_saved {
-        crate::diag!("the past outputs were not saved: {e}");
+        crate::error::diag!("the past outputs were not saved: {e}");
     }
     Ok(report)
 }

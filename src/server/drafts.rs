@@ -114,7 +114,7 @@ impl DraftService {
         let served = indexes.get(req.index.as_deref())?;
         let drafts = self.drafts_for(&served)?;
         let max = req.max_tokens.unwrap_or(DEFAULT_DRAFT_TOKENS);
-        let rename = |e: crate::Error| ApiError::from(e.rename_field(FIELD_NAMES));
+        let rename = |e: crate::error::Error| ApiError::from(e.rename_field(FIELD_NAMES));
         let draft = match (&req.request_id, req.finish) {
             (None, true) => {
                 return Err(ApiError::bad(

@@ -155,12 +155,12 @@ pub struct Server {
 
 impl Server {
     /// Opens the indexes, loads the model (on the generation thread) and binds the address.
-    pub async fn bind(config: ServerConfig) -> crate::Result<Server> {
+    pub async fn bind(config: ServerConfig) -> crate::error::Result<Server> {
         let (state, router) = app(&config)?;
         let listener = tokio::net::TcpListener::bind(config.addr)
             .await
             .map_err(|e| {
-                crate::Error::input(format!(
+                crate::error::Error::input(format!(
                     "cannot listen on {}: {e} (is another server on that port? try --addr \
                      127.0.0.1:0 for any free port)",
                     config.addr
@@ -187,7 +187,10 @@ impl Server {
 
     /// Serves until `shutdown` resolves, then lets open connections finish (for at most
     /// [`SHUTDOWN_GRACE`]).
-    pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> crate::Result<()> {
+    pub async fn run(
+        self,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> crate::error::Result<()> {
         use hyper_util::rt::{TokioIo, TokioTimer};
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
         let client_time = self.state.limits.client_time;
@@ -228,11 +231,11 @@ impl Server {
 
 /// Runs a server on a new tokio runtime until SIGINT or SIGTERM; `ready` is told the address
 /// once it listens.
-pub fn serve(config: ServerConfig, ready: impl FnOnce(&Server)) -> crate::Result<()> {
+pub fn serve(config: ServerConfig, ready: impl FnOnce(&Server)) -> crate::error::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .map_err(|e| crate::Error::input(format!("cannot start the async runtime: {e}")))?;
+        .map_err(|e| crate::error::Error::input(format!("cannot start the async runtime: {e}")))?;
     let served = runtime.block_on(async move {
         let server = Server::bind(config).await?;
         // The handlers are in place before anyone is told the address: a SIGTERM that comes
@@ -281,12 +284,12 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
 
 /// The routes of a server for `config` (its indexes opened, its generation worker started),
 /// without a listener: what the router's fuzz target sends requests to, end to end.
-pub fn router_for(config: &ServerConfig) -> crate::Result<Router> {
+pub fn router_for(config: &ServerConfig) -> crate::error::Result<Router> {
     app(config).map(|(_, router)| router)
 }
 
 /// The server's state and routes for `config`: what [`Server::bind`] serves.
-fn app(config: &ServerConfig) -> crate::Result<(Arc<AppState>, Router)> {
+fn app(config: &ServerConfig) -> crate::error::Result<(Arc<AppState>, Router)> {
     #[cfg(feature = "neural")]
     if config.model.is_some() {
         crate::service::models::check_device(&config.model_options)?;

@@ -31,9 +31,9 @@ impl ApiError {
     }
 }
 
-impl From<crate::Error> for ApiError {
-    fn from(e: crate::Error) -> Self {
-        use crate::Error;
+impl From<crate::error::Error> for ApiError {
+    fn from(e: crate::error::Error) -> Self {
+        use crate::error::Error;
         let status = match &e {
             Error::Input(_)
             | Error::Field { .. }

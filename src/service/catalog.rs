@@ -72,7 +72,7 @@ impl FullCheck {
                         CheckState::Passed
                     }
                     Err(e) => {
-                        crate::diag!(
+                        crate::error::diag!(
                             "index {name:?} failed its full check: {e}; its queries are refused"
                         );
                         CheckState::Failed(e.to_string())

@@ -82,7 +82,7 @@ pub fn record_verified(index: &Index<Mmap>) -> Result<()> {
         return Ok(());
     };
     let parent = path.parent().expect("in the cache");
-    std::fs::create_dir_all(parent).map_err(|e| crate::Error::io(parent, e))?;
+    std::fs::create_dir_all(parent).map_err(|e| crate::error::Error::io(parent, e))?;
     let dir = index.dir().map(|d| d.display().to_string());
     let text = serde_json::json!({ "index": dir, "header_crc32": index.header().header_crc32 });
     crate::output_file::write_bytes(&path, text.to_string().as_bytes())
@@ -101,7 +101,7 @@ fn note_if_unverified(index: &Index<Mmap>) {
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     if !noted.iter().any(|d| d == dir) {
         noted.push(dir.to_path_buf());
-        crate::diag!(
+        crate::error::diag!(
             "note: {} was checked at open by sampled blocks (its files are large) and was never \
              verified whole; `infgram verify {}` reads every byte and records it",
             dir.display(),
@@ -160,7 +160,7 @@ pub fn resolve_tokenizer_name(name: &str) -> Result<String> {
 pub fn tokenizer_json(name: &str) -> Result<String> {
     let path = resolve_tokenizer_name(name)?;
     if path == "bytes" || path == tokenizer::words::KIND {
-        return Err(crate::Error::input(format!(
+        return Err(crate::error::Error::input(format!(
             "{path} is infgram's own tokenizer: it has no tokenizer.json (name it as it is)"
         )));
     }
@@ -168,11 +168,11 @@ pub fn tokenizer_json(name: &str) -> Result<String> {
         #[cfg(feature = "neural")]
         return tokenizer::gguf_tokenizer_json(Path::new(&path));
         #[cfg(not(feature = "neural"))]
-        return Err(crate::Error::input(format!(
+        return Err(crate::error::Error::input(format!(
             "{path}: reading a GGUF file's tokenizer needs the `neural` feature"
         )));
     }
-    let text = std::fs::read_to_string(&path).map_err(|e| crate::Error::io(&path, e))?;
+    let text = std::fs::read_to_string(&path).map_err(|e| crate::error::Error::io(&path, e))?;
     // Refused here when it is no tokenizer, not later where it is read.
     tokenizer::HfTokenizer::from_json_file(Path::new(&path))?;
     Ok(text)
@@ -215,7 +215,7 @@ pub fn open_cached_index(
     } else {
         let mut h = Vec::new();
         for f in crate::corpus::list_files(corpus)? {
-            let bytes = std::fs::read(&f).map_err(|e| crate::Error::io(&f, e))?;
+            let bytes = std::fs::read(&f).map_err(|e| crate::error::Error::io(&f, e))?;
             h.extend_from_slice(&fnv1a64(&bytes).to_le_bytes());
         }
         (
@@ -229,14 +229,16 @@ pub fn open_cached_index(
         // reported to the user as theirs to fix.
         match Index::open(&dir) {
             Ok(index) => return Ok((dir, index)),
-            Err(e @ (crate::Error::Corrupt { .. } | crate::Error::Version { .. })) => {
-                crate::diag!("the cached index is unusable ({e}); rebuilding it");
-                std::fs::remove_dir_all(&dir).map_err(|e| crate::Error::io(&dir, e))?;
+            Err(
+                e @ (crate::error::Error::Corrupt { .. } | crate::error::Error::Version { .. }),
+            ) => {
+                crate::error::diag!("the cached index is unusable ({e}); rebuilding it");
+                std::fs::remove_dir_all(&dir).map_err(|e| crate::error::Error::io(&dir, e))?;
             }
             Err(e) => return Err(e),
         }
     }
-    crate::diag!(
+    crate::error::diag!(
         "indexing {} into {} (first use only) ...",
         inputs
             .iter()
@@ -251,7 +253,7 @@ pub fn open_cached_index(
         ..Default::default()
     };
     let s = build_index(&inputs, &dir, tok, &opts)?;
-    crate::diag!(
+    crate::error::diag!(
         "indexed {} tokens in {} documents ({:.2} s)",
         s.tokens,
         s.documents,

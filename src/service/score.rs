@@ -432,7 +432,7 @@ pub fn write_arpa_file(
         // The writer's I/O errors name the file written (a FIFO whose reader left, a full
         // disk), not the ARPA stream in general.
         crate::ngram::arpa::write_arpa(model, index, tok, out).map_err(|e| match e {
-            crate::Error::Io { source, .. } => crate::Error::io(path, source),
+            crate::error::Error::Io { source, .. } => crate::error::Error::io(path, source),
             e => e,
         })
     })

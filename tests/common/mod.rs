@@ -2,7 +2,7 @@
 // Each test file that includes this module uses some of its helpers.
 #![allow(dead_code)]
 
-use infgram::lm::{argmax, neg_log_prob, LanguageModel, Logits};
+use infgram::lm::{argmax, neg_log_prob, LanguageModel, Logits, RowForm};
 
 /// The `infgram` binary with `args`, in the tests' environment: a cache of their own, the
 /// models where the library fetches them.
@@ -71,7 +71,7 @@ pub fn greedy_gen_json(model: &str, args: &[&str]) -> serde_json::Value {
 /// Scores `ids` after the cached tokens as the decode loop does: the first `first` rows, then
 /// as many again as it has until every row came. Checks that the rows then stop.
 pub fn rows_in_groups(model: &mut dyn LanguageModel, ids: &[u32], first: usize) -> Vec<Logits> {
-    let mut rows = model.score_first(ids, first).unwrap();
+    let mut rows = model.score_first(ids, first, RowForm::Full).unwrap();
     assert!(!rows.is_empty() && rows.len() <= ids.len());
     while rows.len() < ids.len() {
         let more = model.score_more(rows.len()).unwrap();

@@ -88,9 +88,7 @@ fn want_picks(rows: &[Vec<f32>]) -> Vec<Logits> {
 /// after 30, against the picks of the rows of one pass.
 fn picks(m: &mut dyn LanguageModel, prompt: &[u32], full: &[Vec<f32>]) -> bool {
     m.truncate(8);
-    let mut got = m
-        .score_first_as(&prompt[8..24], 8, RowForm::Greedy)
-        .unwrap();
+    let mut got = m.score_first(&prompt[8..24], 8, RowForm::Greedy).unwrap();
     got.extend(m.score_more(8).unwrap());
     let same = got == want_picks(&full[8..24]);
     println!(
@@ -103,7 +101,7 @@ fn picks(m: &mut dyn LanguageModel, prompt: &[u32], full: &[Vec<f32>]) -> bool {
     let tree = [prompt[30], prompt[31], prompt[32], 5];
     let parents = [None, Some(0), Some(1), Some(0)];
     let got = m
-        .score_tree_first_as(&tree, &parents, 4, RowForm::Greedy)
+        .score_tree_first(&tree, &parents, 4, RowForm::Greedy)
         .unwrap();
     let tree_same = got[..3] == want_picks(&full[30..33]);
     println!(
@@ -166,7 +164,7 @@ pub fn run(model: &str) {
     let parents = [None, Some(0), Some(1), Some(2), Some(0), Some(4), Some(5)];
     m.truncate(base);
     let rows: Vec<Vec<f32>> = m
-        .score_tree_first(&tree, &parents, tree.len())
+        .score_tree_first(&tree, &parents, tree.len(), RowForm::Full)
         .unwrap()
         .into_iter()
         .map(|l| l.into_dense())
@@ -176,7 +174,8 @@ pub fn run(model: &str) {
     let chain: Vec<Vec<f32>> = m.forward(&[tree[0], 5, 6, 7]).unwrap();
     ok &= bits("tree, other branch vs its chain", &rows[4..], &chain[1..]);
     m.truncate(base);
-    m.score_tree_first(&tree, &parents, 1).unwrap();
+    m.score_tree_first(&tree, &parents, 1, RowForm::Full)
+        .unwrap();
     m.keep_path(&[0, 4, 5, 6]).unwrap();
     let after = m.forward(&[9]).unwrap();
     m.truncate(base);

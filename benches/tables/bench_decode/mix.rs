@@ -19,7 +19,7 @@
 
 use infgram::decode::drafters::{CorpusDrafter, PromptLookup};
 use infgram::decode::{greedy, CostModel, DecodeConfig, Drafter};
-use infgram::lm::LanguageModel;
+use infgram::lm::{LanguageModel, RowForm};
 use infgram::mix::score::{fitting_data, infgram_positions, neural_probs, MixReport};
 use infgram::mix::{Interpolated, Mixer, TABLE_EDGES};
 use infgram::neural::native::decoder::Decoder;
@@ -276,7 +276,7 @@ pub fn pass_costs(model: &mut dyn LanguageModel, context: &[u32]) -> Vec<(usize,
             let fastest = (0..20)
                 .map(|_| {
                     let t = Instant::now();
-                    model.score_first(tokens, n).unwrap();
+                    model.score_first(tokens, n, RowForm::Full).unwrap();
                     let ms = t.elapsed().as_secs_f64() * 1e3;
                     model.truncate(context.len());
                     ms

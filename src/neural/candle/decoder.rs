@@ -27,7 +27,7 @@
 //! a token tree verified in one pass gives each node the bits of its branch fed as a chain.
 
 use crate::error::Result;
-use crate::lm::{LanguageModel, Logits};
+use crate::lm::{LanguageModel, Logits, RowForm};
 use crate::neural::arch::layers::{rope_frequencies, weights, Backend};
 use crate::neural::arch::{describe, Activation, Architecture, RopeStyle};
 use crate::neural::load::gguf::Gguf;
@@ -536,6 +536,7 @@ impl LanguageModel for CandleDecoder {
         tokens: &[u32],
         parents: &[Option<usize>],
         _first: usize,
+        _form: RowForm,
     ) -> Result<Vec<Logits>> {
         crate::lm::check_tree_within(tokens.len(), parents, MAX_TREE_ROWS)?;
         let base = self.cached;
@@ -546,7 +547,7 @@ impl LanguageModel for CandleDecoder {
 
     fn keep_path(&mut self, path: &[usize]) -> Result<()> {
         let Some((base, parents)) = self.tree.take() else {
-            return Err(crate::Error::Model(
+            return Err(crate::error::Error::Model(
                 "keep_path: no tree pass to keep a path of".into(),
             ));
         };

@@ -250,18 +250,9 @@ impl<P: Pass> LanguageModel for Sequence<P> {
         self.pass.rows(0..0).map(drop)
     }
 
-    fn score_first(&mut self, tokens: &[u32], first: usize) -> Result<Vec<Logits>> {
-        self.score_first_as(tokens, first, RowForm::Full)
-    }
-
     /// A pass of at most [`MAX_ROWS`] copies back its first `first` rows (or their picks); a
     /// longer input runs as `forward`.
-    fn score_first_as(
-        &mut self,
-        tokens: &[u32],
-        first: usize,
-        form: RowForm,
-    ) -> Result<Vec<Logits>> {
+    fn score_first(&mut self, tokens: &[u32], first: usize, form: RowForm) -> Result<Vec<Logits>> {
         if tokens.is_empty() || tokens.len() > MAX_ROWS {
             return self.score(tokens);
         }
@@ -303,15 +294,6 @@ impl<P: Pass> LanguageModel for Sequence<P> {
     }
 
     fn score_tree_first(
-        &mut self,
-        tokens: &[u32],
-        parents: &[Option<usize>],
-        first: usize,
-    ) -> Result<Vec<Logits>> {
-        self.score_tree_first_as(tokens, parents, first, RowForm::Full)
-    }
-
-    fn score_tree_first_as(
         &mut self,
         tokens: &[u32],
         parents: &[Option<usize>],

@@ -13,7 +13,7 @@
 //! tested against.
 
 use crate::error::{Error, Result};
-use crate::lm::{LanguageModel, Logits};
+use crate::lm::{LanguageModel, Logits, RowForm};
 use crate::neural::arch::layers::{check_shape, rope_frequencies, weights, Backend as _};
 use crate::neural::arch::{Activation, Architecture, RopeStyle};
 use crate::neural::load::gguf::Gguf;
@@ -563,8 +563,9 @@ impl LanguageModel for Decoder {
 
     /// Runs every layer over all of `tokens`, and the output projection (a fifth of a pass's
     /// weights) over the first `first` positions only: the others' wait for
-    /// [`LanguageModel::score_more`].
-    fn score_first(&mut self, tokens: &[u32], first: usize) -> Result<Vec<Logits>> {
+    /// [`LanguageModel::score_more`]. Its rows are full in any `form` (they stay in memory).
+    fn score_first(&mut self, tokens: &[u32], first: usize, form: RowForm) -> Result<Vec<Logits>> {
+        let _ = form;
         let rows = self.run(tokens, first.clamp(1, tokens.len().max(1)))?;
         Ok(rows.into_iter().map(Logits::Dense).collect())
     }
@@ -635,7 +636,9 @@ impl LanguageModel for Decoder {
         tokens: &[u32],
         parents: &[Option<usize>],
         first: usize,
+        form: RowForm,
     ) -> Result<Vec<Logits>> {
+        let _ = form;
         if self.max_tree_rows() == 0 {
             return Err(Error::Model(
                 "a sliding window shorter than a token tree: verify chains".into(),

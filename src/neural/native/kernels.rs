@@ -1111,13 +1111,7 @@ type PutOutputs<'a> = dyn Fn(usize, usize, usize, &[f32]) + Sync + 'a;
 /// The products of the activations with every matrix of `ws`, in one parallel section:
 /// `put(i, r, j0, values)` takes the outputs of matrix i's weight rows `j0..` for
 /// activation row r. The concatenated tile groups are split across the pool's threads.
-fn products(
-    isa: Isa,
-    ws: &[&QMatrix],
-    a: &QRows,
-    pool: &mut Pool,
-    put: &PutOutputs,
-) {
+fn products(isa: Isa, ws: &[&QMatrix], a: &QRows, pool: &mut Pool, put: &PutOutputs) {
     for w in ws {
         assert_eq!(w.cols, a.cols, "matmul: inner dimensions differ");
     }
