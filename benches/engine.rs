@@ -4,7 +4,7 @@
 //! `cargo bench --bench engine`
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use infgram::index::partial::Shards;
+use infgram::index::shards::Shards;
 use infgram::tokenizer::{ByteTokenizer, Tokenizer, TokenizerSpec};
 use infgram::Index;
 use std::hint::black_box;

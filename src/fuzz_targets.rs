@@ -4,7 +4,7 @@
 //! of untrusted input (a query line or HTTP body, a CNF, a corpus file, the bytes of an index).
 
 use crate::index::build::{ShardBytes, ShardWriter};
-use crate::index::partial::Shards;
+use crate::index::shards::Shards;
 use crate::index::Index;
 use crate::service::query::{execute, parse_cnf, Query};
 use crate::tokenizer::{ByteTokenizer, Tokenizer};

@@ -5,7 +5,7 @@
 mod common;
 
 use common::infgram_command;
-use infgram::index::partial::Shards;
+use infgram::index::shards::Shards;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

@@ -2,8 +2,8 @@
 //! widths 1, 2 and 4, on 1, 2 and 5 shards (each query answered shard by shard and merged),
 //! with and without the reversed suffix array; plus a table of edge cases.
 
-use infgram::index::partial::Shards;
 use infgram::index::query::Match;
+use infgram::index::shards::Shards;
 use infgram::tokenizer::TokenizerSpec;
 use infgram::Index;
 use proptest::prelude::*;

@@ -2,7 +2,7 @@
 //! query API's `infgram_ntd` of every prefix (brute-force checked elsewhere), on random
 //! corpora of one and several shards.
 
-use infgram::index::partial::Shards;
+use infgram::index::shards::Shards;
 use infgram::ngram::batch::{infgram_rows, rows_over, RowsOptions};
 use infgram::ngram::EstimatorSpec;
 use infgram::tokenizer::TokenizerSpec;

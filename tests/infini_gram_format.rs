@@ -5,8 +5,8 @@
 //! shards), and damaged directories are refused with a clear error. The Python tests compare
 //! against infini-gram's own indexer and engine.
 
-use infgram::index::partial::Shards;
 use infgram::index::query::Document;
+use infgram::index::shards::Shards;
 use infgram::tokenizer::TokenizerSpec;
 use infgram::Index;
 use proptest::prelude::*;

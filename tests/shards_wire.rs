@@ -1,10 +1,10 @@
 //! Shards asked over a wire answer every query type as the in-process index does: the
-//! questions and answers of `index::partial` survive JSON (the form the Python package's Ray
+//! questions and answers of `index::shards` survive JSON (the form the Python package's Ray
 //! router carries to its shard actors), and `service::execute` runs over any `Shards`.
 
 use infgram::decode::{Sampler, SamplerConfig};
 use infgram::index::levels::LevelFinder;
-use infgram::index::partial::{
+use infgram::index::shards::{
     levels_over, ShardAnswer, ShardInfo, ShardQuery, Shards, SharedShards,
 };
 use infgram::ngram::{Estimator, InfgramModel};

@@ -4,7 +4,7 @@
 //! (digits one by one, GPT-2 regex, byte-level with no prefix space, special tokens).
 #![cfg(feature = "neural")]
 
-use infgram::index::partial::Shards;
+use infgram::index::shards::Shards;
 use infgram::tokenizer::{ByteTokenizer, HfTokenizer, Tokenizer};
 
 fn smollm2() -> HfTokenizer {

@@ -7,7 +7,7 @@
 //!
 //! `cargo run --release --example library_queries`
 
-use infgram::index::partial::Shards;
+use infgram::index::shards::Shards;
 use infgram::service::query::{execute, Query};
 use infgram::tokenizer::{ByteTokenizer, Tokenizer};
 use infgram::Index;

@@ -17,8 +17,8 @@ use super::gram_chains::GramChains;
 use super::{Draft, Drafter};
 use crate::error::Result;
 use crate::index::levels::{Level, LevelAsk, Memo};
-use crate::index::partial::Shards;
-use crate::index::partial::SharedShards;
+use crate::index::shards::Shards;
+use crate::index::shards::SharedShards;
 use crate::ngram::sbis::sbis_distribution;
 use std::sync::{Arc, Mutex};
 
@@ -511,7 +511,7 @@ pub enum CorpusRule {
 
 /// Where the longest-suffix rule stands: a sequence drafted from, the length of its level's
 /// suffix, and each shard's forward suffix-array range of that suffix (found on the first step
-/// that needs it, on an index in this process: [`Shards::narrowed_level`](crate::index::partial::Shards::narrowed_level)).
+/// that needs it, on an index in this process: [`Shards::narrowed_level`](crate::index::shards::Shards::narrowed_level)).
 ///
 /// The next step's sequence is this one plus the token drafted, `t`, one of the level's
 /// continuations, so the suffix followed by `t` occurs, and no longer suffix of the new
@@ -739,7 +739,7 @@ impl Drafter for CorpusDrafter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index::partial::AskOnly;
+    use crate::index::shards::AskOnly;
     use crate::index::Index;
 
     /// A xorshift source of small numbers: `next(n)` is below `n`.

@@ -28,7 +28,7 @@
 //! unchecked.
 
 use super::Processor;
-use crate::index::partial::{Shards, SharedShards};
+use crate::index::shards::{Shards, SharedShards};
 use crate::index::spans::SuffixMatch;
 use crate::lm::Logits;
 use std::cell::{Cell, RefCell};

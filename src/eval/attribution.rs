@@ -15,8 +15,8 @@
 //! `0.75 n` words. Ids the index does not hold (past its vocabulary, its separator) are never covered.
 
 use crate::error::{Error, Result};
-use crate::index::partial::Shards;
 use crate::index::query::{Document, Match};
+use crate::index::shards::Shards;
 use serde::Serialize;
 
 /// A maximal span of the text that occurs in the corpus.

@@ -5,7 +5,7 @@
 //! kept, as `kenlm.Model.score` gives it.
 
 use crate::error::{Error, Result};
-use crate::index::partial::Shards;
+use crate::index::shards::Shards;
 use crate::ngram::classic::{ClassicModel, Memo};
 use crate::tokenizer::Tokenizer;
 use rayon::prelude::*;

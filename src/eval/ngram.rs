@@ -5,7 +5,7 @@
 
 use crate::error::{Error, Result};
 use crate::index::levels::Memo;
-use crate::index::partial::Shards;
+use crate::index::shards::Shards;
 use crate::ngram::Estimator;
 use rayon::prelude::*;
 use serde::Serialize;

@@ -15,8 +15,8 @@
 //! rank or document past the shard is refused before the shard reads it.
 
 use super::counting::SuffixGroup;
-use super::partial::{LevelPoint, ShardAnswer, ShardInfo, ShardQuery, Shards};
 use super::query::{CnfPart, Counts, Located, Occ};
+use super::shards::{LevelPoint, ShardAnswer, ShardInfo, ShardQuery, Shards};
 use super::Range;
 use crate::error::{Error, Result};
 

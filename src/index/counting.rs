@@ -13,8 +13,8 @@
 //! distinct n-gram of the shard and the tokens before it, so an answer as large as the shard).
 //!
 //! [`Index`]: super::Index
-//! [`ShardQuery::ContinuationPairs`]: super::partial::ShardQuery::ContinuationPairs
-//! [`ShardQuery::SuffixGroups`]: super::partial::ShardQuery::SuffixGroups
+//! [`ShardQuery::ContinuationPairs`]: super::shards::ShardQuery::ContinuationPairs
+//! [`ShardQuery::SuffixGroups`]: super::shards::ShardQuery::SuffixGroups
 
 use super::query::{tally_sorted, Counts, Occ};
 use super::{Index, Shard};
@@ -160,7 +160,7 @@ pub(crate) fn index_suffix_feeds<S: AsRef<[u8]> + Sync>(
 /// group more may end it): what bounds the memory of a counting pass over shards held
 /// elsewhere, a page per shard at a time.
 ///
-/// [`ShardQuery::SuffixGroups`]: super::partial::ShardQuery::SuffixGroups
+/// [`ShardQuery::SuffixGroups`]: super::shards::ShardQuery::SuffixGroups
 pub const SUFFIX_PAGE: usize = 1 << 16;
 
 /// One page of a shard's suffixes grouped by their first `order` tokens (cut before the

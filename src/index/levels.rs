@@ -56,7 +56,7 @@ impl Tracker {
 }
 
 /// What a reader of a corpus asks for: the first `k` levels of `ctx` (all when `k < 0`) whose
-/// next-token counts pass `keep`, longest first (`Shards::levels` of `index::partial`).
+/// next-token counts pass `keep`, longest first (`Shards::levels` of `index::shards`).
 #[derive(Clone, Copy)]
 pub struct LevelAsk<'a> {
     /// The context.

@@ -1,6 +1,6 @@
 //! The ∞-gram index: build ([`build`]), on-disk format ([`format`](mod@format)), one shard ([`Shard`]),
 //! and the whole index ([`Index`]) with its queries ([`query`]), answered shard by shard and
-//! merged ([`partial`]). [`partial::Shards`] is the one trait every reader of a corpus reads
+//! merged ([`shards`]). [`shards::Shards`] is the one trait every reader of a corpus reads
 //! through, an index here or shards held elsewhere: the queries, a context's SBIS levels
 //! ([`levels`]), the copy guard's spans ([`spans`]) and what the fixed-order and Kneser–Ney
 //! models count ([`counting`]).
@@ -17,10 +17,10 @@ pub mod format;
 pub mod infini_gram;
 pub mod levels;
 pub mod output_dir;
-pub mod partial;
 pub mod pipeline;
 pub mod query;
 mod shard;
+pub mod shards;
 pub mod spans;
 
 pub use shard::{Layout, Range, Shard};

@@ -383,7 +383,7 @@ pub fn build_from_ids(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index::partial::Shards;
+    use crate::index::shards::Shards;
     use crate::index::Index;
     use crate::tokenizer::ByteTokenizer;
 

@@ -2,7 +2,7 @@
 //! `infgram_ntd`, `find`, documents by rank or pointer, `search_docs` (CNF) and
 //! `longest_match`), with the infini-gram Python package's field names, and the one-shard
 //! operations they are computed from. The queries themselves, answered shard by shard and
-//! merged, are [`partial`](super::partial)'s.
+//! merged, are [`shards`](super::shards)'s.
 //!
 //! Semantics (those of infini-gram 2.6.0's engine, compared query by query in the Python
 //! tests), for a corpus of documents each with one separator:
@@ -20,8 +20,8 @@
 //! [`Shards::next_counts`]: there an occurrence at a document's end has no next token, and the
 //! ∞-gram backs off past a suffix that has only such occurrences.
 //!
-//! [`Shards::infgram_counts`]: super::partial::Shards::infgram_counts
-//! [`Shards::next_counts`]: super::partial::Shards::next_counts
+//! [`Shards::infgram_counts`]: super::shards::Shards::infgram_counts
+//! [`Shards::next_counts`]: super::shards::Shards::next_counts
 
 use super::{Range, Shard};
 use serde::{Deserialize, Serialize};
@@ -461,7 +461,7 @@ impl<S: AsRef<[u8]>> Shard<S> {
     }
 
     /// This shard's part of a CNF search anchored at clause `anchor` (see
-    /// [`search_docs`](super::partial::Shards::search_docs)): the anchor's occurrences that every other clause has an
+    /// [`search_docs`](super::shards::Shards::search_docs)): the anchor's occurrences that every other clause has an
     /// occurrence near (within `max_diff_tokens`, in the same document), the first `maxnum`
     /// of their documents, and the factor that scales sampled counts back up.
     pub fn cnf_part(

@@ -2,10 +2,10 @@
 //! window that occurs, its occurrences when they are few (to follow token by token), and the
 //! tokens that follow it when it is as long as the guard allows.
 //!
-//! Two implementations behind `Shards` (`index::partial`): on an index in this process
+//! Two implementations behind `Shards` (`index::shards`): on an index in this process
 //! ([`suffix_match_local`], [`follow_local`]) a search is one narrowing per matched token in the
 //! reversed suffix array ([`crate::index::Shard::suffix_occs`]) and occurrences are read from
-//! the corpus; over shards held elsewhere (`partial::suffix_match_over`) it is one round trip for
+//! the corpus; over shards held elsewhere (`shards::suffix_match_over`) it is one round trip for
 //! the longest occurring suffix and, when it is full length, one for the tokens that follow it,
 //! and no occurrence comes back.
 

@@ -371,7 +371,7 @@ impl<N: LanguageModel> Interpolated<N> {
     /// last `context` tokens.
     pub fn new(
         neural: N,
-        corpus: crate::index::partial::SharedShards,
+        corpus: crate::index::shards::SharedShards,
         mixer: Mixer,
         context: usize,
     ) -> Result<Self> {

@@ -51,7 +51,7 @@ pub fn mixing_needs_an_index() -> Error {
 /// one scorer.
 pub fn mixture_model<N: LanguageModel>(
     neural: N,
-    corpus: crate::index::partial::SharedShards,
+    corpus: crate::index::shards::SharedShards,
     mixer: Mixer,
 ) -> Result<Interpolated<N>> {
     Interpolated::new(neural, corpus, mixer, MIX_CONTEXT)

@@ -11,7 +11,7 @@
 
 use super::classic::{ClassicModel, Memo, Smoothing};
 use crate::error::{Error, Result};
-use crate::index::partial::Shards;
+use crate::index::shards::Shards;
 use crate::tokenizer::Tokenizer;
 use std::io::Write;
 

@@ -20,7 +20,7 @@
 use super::{Estimator, EstimatorSpec, Evidence, InfgramModel};
 use crate::error::{Error, Result};
 
-use crate::index::partial::{self, Shards};
+use crate::index::shards::{self, Shards};
 use crate::index::Index;
 use crate::lm::{LanguageModel, Logits};
 use std::sync::Arc;
@@ -183,7 +183,7 @@ fn push_row(rows: &mut Rows, row: &Logits, evidence: &Evidence) {
 
 /// The rows of `tokens` over any [`Shards`], as [`infgram_rows`] computes them over an index of
 /// the same documents (tested), for the SBIS estimators (`infgram`, `sbis`): each position's
-/// levels searched afresh ([`partial::levels_over`]), the unigram when nothing matches.
+/// levels searched afresh ([`shards::levels_over`]), the unigram when nothing matches.
 pub fn rows_over(
     shards: &(impl Shards + ?Sized),
     tokens: &[u32],
@@ -235,9 +235,9 @@ pub fn rows_over(
         let from = doc_start.max((j + 1).saturating_sub(options.window));
         ctx.clear();
         ctx.extend_from_slice(&tokens[from..=j]);
-        let mut levels = partial::levels_over(shards, &ctx, k, false, &|_| true)?;
+        let mut levels = shards::levels_over(shards, &ctx, k, false, &|_| true)?;
         if levels.is_empty() {
-            levels = partial::levels_over(shards, &[], 1, true, &|_| true)?;
+            levels = shards::levels_over(shards, &[], 1, true, &|_| true)?;
         }
         estimator.distribution_into(&levels, vocab, &mut dist);
         entries.clear();

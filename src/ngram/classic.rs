@@ -41,8 +41,8 @@
 use crate::error::{Error, Result};
 use crate::index::counting::SuffixFeed;
 use crate::index::levels::count_of;
-use crate::index::partial::Shards;
 use crate::index::query::Counts;
+use crate::index::shards::Shards;
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::sync::Arc;

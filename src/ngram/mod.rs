@@ -51,7 +51,7 @@ pub mod smoothed;
 pub use model::{InfgramModel, LevelLog};
 
 use crate::index::levels::{Level, LevelAsk, Memo};
-use crate::index::partial::Shards;
+use crate::index::shards::Shards;
 use smoothed::Discounts;
 
 /// What the ∞-gram knew at one position: the longest suffix of the context with a next token
@@ -171,7 +171,7 @@ impl EstimatorSpec {
     /// KenLM's `--discount_fallback` (without it, discounts the counts cannot give are an error).
     pub fn classic(
         &self,
-        index: &(impl crate::index::partial::Shards + ?Sized),
+        index: &(impl crate::index::shards::Shards + ?Sized),
         discount_fallback: Option<[f64; 3]>,
     ) -> crate::error::Result<Option<classic::ClassicModel>> {
         let Some(mut spec) = self.classic_spec()? else {

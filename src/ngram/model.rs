@@ -20,7 +20,7 @@ use super::classic::{ClassicModel, Memo as ClassicMemo};
 use super::Estimator;
 use crate::error::{Error, Result};
 use crate::index::levels::{Level, LevelAsk, Memo};
-use crate::index::partial::{Shards, SharedShards};
+use crate::index::shards::{Shards, SharedShards};
 use crate::lm::{LanguageModel, Logits};
 
 /// The levels used at each scored position, for `--stats`: suffix length `n` and total `m`

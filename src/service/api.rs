@@ -7,7 +7,7 @@
 //! string with ` AND ` / ` OR ` or from nested `query_ids`; `search_docs` returns one document
 //! unless `maxnum` says more.
 
-use crate::index::partial::Shards;
+use crate::index::shards::Shards;
 use crate::service::query::{execute_within, parse_cnf, Query, QueryLimits, QUERY_TYPES};
 use crate::tokenizer::Tokenizer;
 use serde_json::{json, Map, Value};

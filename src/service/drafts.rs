@@ -9,7 +9,7 @@ use crate::decode::past::remember;
 use crate::decode::session::DraftSession;
 use crate::decode::Drafter;
 use crate::error::{Error, Result};
-use crate::index::partial::SharedShards;
+use crate::index::shards::SharedShards;
 use crate::service::generate::{drafters, AssemblyOptions};
 pub use crate::service::request::CorpusRule;
 use crate::service::request::DrafterSpec;

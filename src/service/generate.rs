@@ -11,7 +11,7 @@ use crate::decode::{
 use crate::error::{Error, Result};
 use crate::eval::attribution::max_copied_span;
 use crate::index::counts_cache::CacheStats;
-use crate::index::partial::{Shards, SharedShards};
+use crate::index::shards::{Shards, SharedShards};
 use crate::index::Index;
 use crate::lm::LanguageModel;
 use crate::mix::mixture_model;

@@ -76,14 +76,14 @@ pub mod rows {
 
 /// An index's shards as a front end spreads them over processes or hosts (Python's
 /// `RemoteIndex` and `InfiniGramEngine`, the Ray cluster): one shard's typed query and answer,
-/// the [`Shards`](crate::index::partial::Shards) a query is asked of (local or remote) with
+/// the [`Shards`](crate::index::shards::Shards) a query is asked of (local or remote) with
 /// the queries as its methods (`find`, `ntd`, `infgram_prob`…, each merged from the shards'
 /// answers), and the answer shapes the front ends return.
 pub mod shards {
     pub use crate::index::infini_gram::is_infini_gram_dir;
-    pub use crate::index::partial::{
+    pub use crate::index::query::{Document, NtdResult, ProbResult, SearchResult, TokenProb};
+    pub use crate::index::shards::{
         self, answer_all, AskOnly, ShardAnswer, ShardInfo, ShardQuery, Shards, SharedShards,
     };
-    pub use crate::index::query::{Document, NtdResult, ProbResult, SearchResult, TokenProb};
     pub use crate::index::Layout;
 }

@@ -8,9 +8,9 @@
 
 use crate::error::{Error, Result};
 pub use crate::eval::attribution::{attribute, creativity, Creativity, Span};
-use crate::index::partial::Shards;
 pub use crate::index::query::TokenProb;
 use crate::index::query::{CountResult, Document, FindResult, Match, NtdResult, ProbResult};
+use crate::index::shards::Shards;
 use crate::ngram::batch::{rows_over, Rows, RowsOptions};
 use crate::ngram::EstimatorSpec;
 use crate::tokenizer::Tokenizer;

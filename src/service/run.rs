@@ -12,7 +12,7 @@ use crate::decode::past::SharedPastOutputs;
 use crate::decode::{DecodeConfig, DecodeStats};
 use crate::error::Result;
 use crate::index::counts_cache::CacheStats;
-use crate::index::partial::{Shards, SharedShards};
+use crate::index::shards::{Shards, SharedShards};
 use crate::index::Index;
 use crate::lm::LanguageModel;
 use crate::mix::check_mixing_index;

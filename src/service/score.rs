@@ -6,7 +6,7 @@
 //! mixture's scoring reads (`infgram mix fit`); [`classic_report`] and [`write_arpa_file`]
 //! serve a fixed-order model held by a front end (Python's `NgramModel`).
 
-use crate::index::partial::Shards;
+use crate::index::shards::Shards;
 use crate::index::Index;
 use crate::ngram::classic::{is_sentence_index, KENLM_FALLBACK};
 use crate::ngram::smoothed::fit_on_train;

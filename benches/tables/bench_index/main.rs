@@ -4,7 +4,7 @@
 //!
 //! `cargo run --release --example bench_index -- INDEX_DIR [QUERIES]`
 
-use infgram::index::partial::Shards;
+use infgram::index::shards::Shards;
 use infgram::Index;
 use std::hint::black_box;
 use std::time::Instant;

@@ -10,7 +10,7 @@
 
 use infgram::decode::{decode, DecodeConfig, Sampler, SamplerConfig};
 use infgram::eval::perplexity;
-use infgram::index::partial::Shards;
+use infgram::index::shards::Shards;
 use infgram::lm::DenseRows;
 use infgram::ngram::{Estimator, InfgramModel};
 use infgram::service::{generate_from_corpus, GenConfig};
