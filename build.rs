@@ -1,11 +1,13 @@
-//! With the `cuda` feature: compiles the GPU step's kernels (`src/neural/gpu/kernels.cu`) into a
-//! fat binary (machine code for the GPU, and PTX for newer ones) with nvcc (`$NVCC`, else
-//! `nvcc` on the PATH; `scripts/build-cuda.sh` sets it to the pinned pip toolchain), for
-//! `CUDA_COMPUTE_CAP` (default 90: H100, H200). Without it, nothing.
+//! With the `cuda` feature: compiles the GPU step's kernels (`src/neural/gpu/kernels.cu` and the
+//! parts it includes from `kernels/`, one translation unit) into a fat binary (machine code for
+//! the GPU, and PTX for newer ones) with nvcc (`$NVCC`, else `nvcc` on the PATH;
+//! `scripts/build-cuda.sh` sets it to the pinned pip toolchain), for `CUDA_COMPUTE_CAP`
+//! (default 90: H100, H200). Without it, nothing.
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=src/neural/gpu/kernels.cu");
+    println!("cargo:rerun-if-changed=src/neural/gpu/kernels");
     println!("cargo:rerun-if-env-changed=NVCC");
     println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
     println!("cargo:rerun-if-env-changed=INFGRAM_CUDA_LINK_DIR");

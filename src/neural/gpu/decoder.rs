@@ -18,15 +18,14 @@
 
 use crate::error::{Error, Result};
 use crate::neural::arch::layers::{rope_frequencies, weights, Backend};
-use crate::neural::arch::{Activation, Architecture, RopeStyle};
+use crate::neural::arch::Architecture;
 use crate::neural::gpu::{
-    gpu_type, Pass, Sequence, ATT_WARPS, CAPACITY, GREEDY_CHUNK, MAX_CHUNKS, MAX_ROWS, PARAMS_LEN,
-    TOKENS,
+    gpu_type, Pass, Sequence, CAPACITY, GREEDY_CHUNK, MAX_CHUNKS, MAX_ROWS, PARAMS_LEN, TOKENS,
 };
 use crate::neural::load::gguf::Gguf;
 use candle_core::cuda_backend::cudarc::driver::{
-    self, sys, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
-    LaunchConfig, PushKernelArg,
+    sys, CudaContext, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DevicePtr,
+    DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -34,6 +33,8 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
+
+mod launches;
 
 /// The kernels, compiled by `build.rs` with the pinned nvcc into a fat binary: machine code for
 /// `CUDA_COMPUTE_CAP` (loaded as it is) and PTX (compiled by the driver on a newer GPU).
@@ -361,6 +362,168 @@ fn attention_blocks(t: usize) -> u32 {
     (64 / t).clamp(2, 32) as u32
 }
 
+impl Kernels {
+    /// The kernels of the fat binary (`kernels_binary`), loaded into `ctx`: the matrix kernels
+    /// for every block of rows, and the attention kernel of heads `head_dim` wide.
+    fn load(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, head_dim: usize) -> Result<Kernels> {
+        let module = ctx
+            .load_module(Ptx::from_binary(kernels_binary()?))
+            .map_err(|e| gpu_err("loading the kernels", e))?;
+        let f = |name: &str| {
+            module
+                .load_function(name)
+                .map_err(|e| gpu_err("loading a kernel", e))
+        };
+        let split = rows_per_warp(&module, stream)?;
+        let products = |rows: usize| -> Result<Products> {
+            let suffix = match rows {
+                TOKENS => String::new(),
+                _ => rows.to_string(),
+            };
+            Ok(Products {
+                rows,
+                per_warp: if rows > 1 { split } else { 1 },
+                matvec: f(&format!("matvec{suffix}"))?,
+                gated: f(&format!("gated{suffix}"))?,
+                qkv_rope: f(&format!("qkv_rope{suffix}"))?,
+            })
+        };
+        Ok(Kernels {
+            products: [products(1)?, products(2)?, products(4)?, products(TOKENS)?],
+            embed: f("embed")?,
+            norm_add: f("norm_add")?,
+            rope_cache: f("rope_cache")?,
+            // One attention kernel per head width (check_shapes admits these).
+            attention: f(&format!("attention_{head_dim}"))?,
+            keep_path: f("keep_path")?,
+            pick_part: f("pick_part")?,
+            pick: f("pick")?,
+            _module: module,
+        })
+    }
+
+    /// Lets every matrix kernel take `smem` bytes of dynamic shared memory.
+    fn allow_shared_memory(&self, smem: i32) -> Result<()> {
+        for f in self
+            .products
+            .iter()
+            .flat_map(|p| [&p.matvec, &p.gated, &p.qkv_rope])
+        {
+            f.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem,
+            )
+            .map_err(|e| gpu_err("the kernels' shared memory", e))?;
+        }
+        Ok(())
+    }
+}
+
+/// A model's weights on the device, with each layer's slice of the KV cache.
+struct Weights {
+    embeddings: Mat,
+    output: Mat,
+    norm: u64,
+    layers: Vec<Layer>,
+    ropes: Vec<(u64, u64)>,
+}
+
+impl Weights {
+    /// Uploads the weights of `gguf` (`cfg` describes it) through `up`, in the file's blocks.
+    fn upload(gguf: &mut Gguf, cfg: &Architecture, up: &mut Upload) -> Result<Weights> {
+        let embd = gguf.tensor("token_embd.weight")?;
+        let embeddings = up.matrix_of(embd)?;
+        let output = match gguf.has("output.weight") {
+            true => up.matrix(gguf, "output.weight")?,
+            false => embeddings,
+        };
+        let w = crate::neural::arch::layers::layers(gguf, cfg, up)?;
+        let norm = up.floats(&weights(
+            gguf,
+            "output_norm.weight",
+            cfg.dim,
+            cfg.norm.weight_offset,
+        )?)?;
+        let ropes = rope_frequencies(gguf, cfg)?
+            .iter()
+            .map(|freqs| {
+                let (cos, sin) = crate::neural::gpu::rope_table(freqs, CAPACITY);
+                Ok((up.floats(&cos)?, up.floats(&sin)?))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let per_layer = cfg.heads.n_kv_head * CAPACITY * cfg.heads.head_dim;
+        let layers = w
+            .into_iter()
+            .map(|w| {
+                Ok(Layer {
+                    w,
+                    kcache: up.zeros(per_layer)?,
+                    vcache: up.zeros(per_layer)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Weights {
+            embeddings,
+            output,
+            norm,
+            layers,
+            ropes,
+        })
+    }
+}
+
+impl Acts {
+    /// Every buffer of a pass, [`MAX_ROWS`] rows each, allocated once at load (`widest`: the
+    /// widest activation, `ffn`: the feed-forward width).
+    fn alloc(
+        up: &mut Upload,
+        cfg: &Architecture,
+        vocab: usize,
+        ffn: usize,
+        widest: usize,
+    ) -> Result<Acts> {
+        let (stream, heads, hd) = (up.stream, cfg.heads, cfg.heads.head_dim);
+        let logits_buf = stream
+            .alloc_zeros::<f32>(MAX_ROWS * vocab)
+            .map_err(|e| gpu_err("allocating logits", e))?;
+        let picks = stream
+            .alloc_zeros::<i32>(2 * MAX_ROWS)
+            .map_err(|e| gpu_err("allocating greedy picks", e))?;
+        let params = stream
+            .alloc_zeros::<i32>(PARAMS_LEN)
+            .map_err(|e| gpu_err("allocating parameters", e))?;
+        stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| gpu_err("binding the context", e))?;
+        let logits_host = LockedHost::new(MAX_ROWS * vocab);
+        Ok(Acts {
+            att_part: up.zeros(MAX_ROWS * heads.n_head * MAX_CHUNKS * (hd + 2))?,
+            att_count: up.zeros(MAX_ROWS * heads.n_head)?,
+            pick_part: up.zeros(2 * MAX_ROWS * vocab.div_ceil(GREEDY_CHUNK))?,
+            picks,
+            logits_host,
+            x: up.zeros(MAX_ROWS * cfg.dim)?,
+            q: up.zeros(MAX_ROWS * heads.q_width())?,
+            k: up.zeros(MAX_ROWS * heads.kv_width())?,
+            v: up.zeros(MAX_ROWS * heads.kv_width())?,
+            att: up.zeros(MAX_ROWS * heads.q_width())?,
+            proj: up.zeros(MAX_ROWS * widest)?,
+            act: up.zeros(MAX_ROWS * ffn)?,
+            logits: {
+                let (p, _s) = logits_buf.device_ptr(stream);
+                p
+            },
+            params_ptr: {
+                let (p, _s) = params.device_ptr(stream);
+                p
+            },
+            logits_buf,
+            params,
+        })
+    }
+}
+
 impl GpuDecoder {
     /// Loads a GGUF file onto GPU 0 (`--device cuda`).
     pub fn load(path: &Path, requantize: Option<GgmlDType>) -> Result<Sequence<Self>> {
@@ -382,132 +545,27 @@ impl GpuDecoder {
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| gpu_err("the multiprocessor count", e))?;
-        let module = ctx
-            .load_module(Ptx::from_binary(kernels_binary()?))
-            .map_err(|e| gpu_err("loading the kernels", e))?;
-        let f = |name: &str| {
-            module
-                .load_function(name)
-                .map_err(|e| gpu_err("loading a kernel", e))
-        };
-        let split = rows_per_warp(&module, &stream)?;
-        let products = |rows: usize| -> Result<Products> {
-            let suffix = match rows {
-                TOKENS => String::new(),
-                _ => rows.to_string(),
-            };
-            Ok(Products {
-                rows,
-                per_warp: if rows > 1 { split } else { 1 },
-                matvec: f(&format!("matvec{suffix}"))?,
-                gated: f(&format!("gated{suffix}"))?,
-                qkv_rope: f(&format!("qkv_rope{suffix}"))?,
-            })
-        };
-        let kernels = Kernels {
-            products: [products(1)?, products(2)?, products(4)?, products(TOKENS)?],
-            embed: f("embed")?,
-            norm_add: f("norm_add")?,
-            rope_cache: f("rope_cache")?,
-            // One attention kernel per head width (check_shapes admits these).
-            attention: f(&format!("attention_{}", cfg.heads.head_dim))?,
-            keep_path: f("keep_path")?,
-            pick_part: f("pick_part")?,
-            pick: f("pick")?,
-            _module: module,
-        };
+        let kernels = Kernels::load(&ctx, &stream, cfg.heads.head_dim)?;
         let mut up = Upload {
             stream: &stream,
             owned: Vec::new(),
             vectors: Vec::new(),
         };
-        let embd = gguf.tensor("token_embd.weight")?;
-        let embeddings = up.matrix_of(embd)?;
+        let Weights {
+            embeddings,
+            output,
+            norm,
+            layers,
+            ropes,
+        } = Weights::upload(&mut gguf, &cfg, &mut up)?;
         let vocab = embeddings.rows as usize;
-        let output = match gguf.has("output.weight") {
-            true => up.matrix(&mut gguf, "output.weight")?,
-            false => embeddings,
-        };
-        let w = crate::neural::arch::layers::layers(&mut gguf, &cfg, &mut up)?;
-        let norm = up.floats(&weights(
-            &mut gguf,
-            "output_norm.weight",
-            cfg.dim,
-            cfg.norm.weight_offset,
-        )?)?;
-        let ropes = rope_frequencies(&mut gguf, &cfg)?
-            .iter()
-            .map(|freqs| {
-                let (cos, sin) = crate::neural::gpu::rope_table(freqs, CAPACITY);
-                Ok((up.floats(&cos)?, up.floats(&sin)?))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let (heads, hd) = (cfg.heads, cfg.heads.head_dim);
-        let per_layer = heads.n_kv_head * CAPACITY * hd;
-        let layers = w
-            .into_iter()
-            .map(|w| {
-                Ok(Layer {
-                    w,
-                    kcache: up.zeros(per_layer)?,
-                    vcache: up.zeros(per_layer)?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let heads = cfg.heads;
         let ffn = layers.first().map_or(0, |l| l.w.w_gate.rows as usize);
         let widest = cfg.dim.max(heads.q_width()).max(ffn);
         // The matrix kernels keep up to TOKENS input rows in shared memory: past the 48 KB a
         // launch gets by default once inputs are wider than about 1,300.
-        let smem = input_bytes(TOKENS, widest) as i32;
-        for f in kernels
-            .products
-            .iter()
-            .flat_map(|p| [&p.matvec, &p.gated, &p.qkv_rope])
-        {
-            f.set_attribute(
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem,
-            )
-            .map_err(|e| gpu_err("the kernels' shared memory", e))?;
-        }
-        let logits_buf = stream
-            .alloc_zeros::<f32>(MAX_ROWS * vocab)
-            .map_err(|e| gpu_err("allocating logits", e))?;
-        let picks = stream
-            .alloc_zeros::<i32>(2 * MAX_ROWS)
-            .map_err(|e| gpu_err("allocating greedy picks", e))?;
-        let params = stream
-            .alloc_zeros::<i32>(PARAMS_LEN)
-            .map_err(|e| gpu_err("allocating parameters", e))?;
-        stream
-            .context()
-            .bind_to_thread()
-            .map_err(|e| gpu_err("binding the context", e))?;
-        let logits_host = LockedHost::new(MAX_ROWS * vocab);
-        let acts = Acts {
-            att_part: up.zeros(MAX_ROWS * heads.n_head * MAX_CHUNKS * (hd + 2))?,
-            att_count: up.zeros(MAX_ROWS * heads.n_head)?,
-            pick_part: up.zeros(2 * MAX_ROWS * vocab.div_ceil(GREEDY_CHUNK))?,
-            picks,
-            logits_host,
-            x: up.zeros(MAX_ROWS * cfg.dim)?,
-            q: up.zeros(MAX_ROWS * heads.q_width())?,
-            k: up.zeros(MAX_ROWS * heads.kv_width())?,
-            v: up.zeros(MAX_ROWS * heads.kv_width())?,
-            att: up.zeros(MAX_ROWS * heads.q_width())?,
-            proj: up.zeros(MAX_ROWS * widest)?,
-            act: up.zeros(MAX_ROWS * ffn)?,
-            logits: {
-                let (p, _s) = logits_buf.device_ptr(&stream);
-                p
-            },
-            params_ptr: {
-                let (p, _s) = params.device_ptr(&stream);
-                p
-            },
-            logits_buf,
-            params,
-        };
+        kernels.allow_shared_memory(input_bytes(TOKENS, widest) as i32)?;
+        let acts = Acts::alloc(&mut up, &cfg, vocab, ffn, widest)?;
         let upload = (up.owned, up.vectors);
         stream
             .synchronize()
@@ -533,261 +591,9 @@ impl GpuDecoder {
     }
 
     /// Launches every kernel of a pass of `t` rows, reading the parameters already on the
-    /// device.
+    /// device ([`launches`]).
     fn launch_pass(&self, t: usize) -> Result<()> {
-        let cfg = &self.cfg;
-        let a = &self.acts;
-        let (heads, eps) = (cfg.heads, cfg.norm.eps);
-        let (nh, nkv, hd) = (
-            heads.n_head as i32,
-            heads.n_kv_head as i32,
-            heads.head_dim as i32,
-        );
-        let (dim, ti, big_t) = (cfg.dim as i32, t as i32, MAX_ROWS as i32);
-        let k = &self.kernels;
-        // The smallest block of rows that holds the pass (`block_rows` past it).
-        let pr = k
-            .products
-            .iter()
-            .find(|p| p.rows >= t.min(self.block_rows))
-            .unwrap_or(&k.products[3]);
-        let token_blocks = t.div_ceil(pr.rows) as u32;
-        // A warp per row (per `per_warp` rows), the grid (both its dimensions) capped at the
-        // blocks of `f` the GPU holds at once (the warps then step through the rows): the
-        // driver's occupancy for its registers and shared memory, so that no block waits for a
-        // second wave and a kernel of few registers keeps more rows' loads in flight.
-        let grid = |f: &CudaFunction, rows: usize, cols: usize| {
-            let smem = input_bytes(pr.rows, cols);
-            let per_sm = f
-                .occupancy_max_active_blocks_per_multiprocessor(THREADS, smem as usize, None)
-                .map_or(2, |b| b.max(1) as usize);
-            LaunchConfig {
-                grid_dim: (
-                    rows.div_ceil(WARPS * pr.per_warp)
-                        .min(per_sm * self.sms / token_blocks as usize)
-                        .max(1) as u32,
-                    token_blocks,
-                    1,
-                ),
-                block_dim: (THREADS, 1, 1),
-                shared_mem_bytes: smem,
-            }
-        };
-        let per_row = |threads: u32| LaunchConfig {
-            grid_dim: (t as u32, 1, 1),
-            block_dim: (threads, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let s = &self.stream;
-        let launched = |r: std::result::Result<_, driver::DriverError>| {
-            r.map(|_| ()).map_err(|e| gpu_err("a kernel launch", e))
-        };
-        // `matvec` over `mats` (`rows` in all) reading `cols`-wide rows of `x`, normed first by
-        // `norm` (0: not), added into the output where `residual` is 1.
-        let matvec = |mats: &Mats, x: u64, cols: usize, norm: u64, residual: i32, rows: usize| {
-            let width = cols as i32;
-            // SAFETY: as for every launch below.
-            unsafe {
-                launched(
-                    s.launch_builder(&pr.matvec)
-                        .arg(mats)
-                        .arg(&x)
-                        .arg(&width)
-                        .arg(&ti)
-                        .arg(&norm)
-                        .arg(&eps)
-                        .arg(&residual)
-                        .launch(grid(&pr.matvec, rows, cols)),
-                )
-            }
-        };
-        // `x += norm(proj)` by `weight` (a norm after a block: Gemma's).
-        let norm_add = |weight: u64| {
-            // SAFETY: as for every launch below.
-            unsafe {
-                launched(
-                    s.launch_builder(&k.norm_add)
-                        .arg(&a.x)
-                        .arg(&a.proj)
-                        .arg(&weight)
-                        .arg(&dim)
-                        .arg(&eps)
-                        .launch(per_row(32)),
-                )
-            }
-        };
-        let scale = cfg.embedding.scale.unwrap_or(0.0);
-        // SAFETY (every launch below): the arguments match the kernels' signatures in
-        // kernels.cu, and every address is a live allocation of this decoder sized for
-        // MAX_ROWS rows (the caller keeps t ≤ MAX_ROWS and the cache within CAPACITY).
-        unsafe {
-            launched(
-                s.launch_builder(&k.embed)
-                    .arg(&self.embeddings)
-                    .arg(&a.params_ptr)
-                    .arg(&scale)
-                    .arg(&a.x)
-                    .launch(per_row(128)),
-            )?;
-        }
-        let null = 0u64;
-        let act = match cfg.activation {
-            Activation::Silu => 0i32,
-            Activation::GeluTanh => 1,
-        };
-        let interleaved = i32::from(cfg.rope.style == RopeStyle::Interleaved);
-        let attn_scale = 1.0 / (heads.head_dim as f32).sqrt();
-        let capacity = CAPACITY as i32;
-        for layer in &self.layers {
-            let w = &layer.w;
-            let biases = w.biases.as_ref().map_or([0; 3], |b| *b);
-            // q, k, v: the rotation and cache writes fused into the product when no per-head
-            // norms come between (`qkv_rope`), else `matvec` then `rope_cache`.
-            let qkv = Mats {
-                m: [w.wq, w.wk, w.wv],
-                out: [a.q, a.k, a.v],
-                bias: biases,
-                n: 3,
-                _pad: 0,
-            };
-            let rows = (w.wq.rows + w.wk.rows + w.wv.rows) as usize;
-            let (qn, kn) = w.qk_norms.map_or((0, 0), |[q, k]| (q, k));
-            let (cos, sin) = self.ropes[w.rope];
-            let window = w.window.map_or(0, |w| w as i32);
-            let post = w.post_norms;
-            // Without norms after the blocks, the products add into x directly.
-            let (into, residual) = match post {
-                Some(_) => (a.proj, 0i32),
-                None => (a.x, 1i32),
-            };
-            let one = |m: Mat| Mats {
-                m: [m, Mat::default(), Mat::default()],
-                out: [into, 0, 0],
-                bias: [0; 3],
-                n: 1,
-                _pad: 0,
-            };
-            let wo = one(w.wo);
-            let down = one(w.w_down);
-            // SAFETY: as above.
-            unsafe {
-                if qn == 0 {
-                    // No per-head norms: the rotation and the cache write ride on the product.
-                    let units =
-                        (heads.n_head + heads.n_kv_head) * heads.head_dim / 2 + heads.kv_width();
-                    launched(
-                        s.launch_builder(&pr.qkv_rope)
-                            .arg(&qkv)
-                            .arg(&a.x)
-                            .arg(&dim)
-                            .arg(&ti)
-                            .arg(&w.attn_norm)
-                            .arg(&eps)
-                            .arg(&a.params_ptr)
-                            .arg(&big_t)
-                            .arg(&nh)
-                            .arg(&nkv)
-                            .arg(&hd)
-                            .arg(&cos)
-                            .arg(&sin)
-                            .arg(&interleaved)
-                            .arg(&a.q)
-                            .arg(&layer.kcache)
-                            .arg(&layer.vcache)
-                            .arg(&capacity)
-                            .launch(grid(&pr.qkv_rope, units, cfg.dim)),
-                    )?;
-                } else {
-                    matvec(&qkv, a.x, cfg.dim, w.attn_norm, 0, rows)?;
-                    launched(
-                        s.launch_builder(&k.rope_cache)
-                            .arg(&a.q)
-                            .arg(&a.k)
-                            .arg(&a.v)
-                            .arg(&a.params_ptr)
-                            .arg(&big_t)
-                            .arg(&nh)
-                            .arg(&nkv)
-                            .arg(&hd)
-                            .arg(&qn)
-                            .arg(&kn)
-                            .arg(&eps)
-                            .arg(&cos)
-                            .arg(&sin)
-                            .arg(&interleaved)
-                            .arg(&layer.kcache)
-                            .arg(&layer.vcache)
-                            .arg(&capacity)
-                            .launch(per_row(THREADS)),
-                    )?;
-                }
-                launched(
-                    s.launch_builder(&k.attention)
-                        .arg(&a.q)
-                        .arg(&layer.kcache)
-                        .arg(&layer.vcache)
-                        .arg(&a.params_ptr)
-                        .arg(&big_t)
-                        .arg(&nh)
-                        .arg(&nkv)
-                        .arg(&capacity)
-                        .arg(&window)
-                        .arg(&attn_scale)
-                        .arg(&a.att)
-                        .arg(&a.att_part)
-                        .arg(&a.att_count)
-                        .launch(LaunchConfig {
-                            grid_dim: (heads.n_head as u32, t as u32, attention_blocks(t)),
-                            block_dim: ((ATT_WARPS * 32) as u32, 1, 1),
-                            shared_mem_bytes: 0,
-                        }),
-                )?;
-                matvec(
-                    &wo,
-                    a.att,
-                    w.wo.cols as usize,
-                    null,
-                    residual,
-                    w.wo.rows as usize,
-                )?;
-                if let Some([post_attention, _]) = post {
-                    norm_add(post_attention)?;
-                }
-                launched(
-                    s.launch_builder(&pr.gated)
-                        .arg(&w.w_gate)
-                        .arg(&w.w_up)
-                        .arg(&a.x)
-                        .arg(&dim)
-                        .arg(&ti)
-                        .arg(&w.ffn_norm)
-                        .arg(&eps)
-                        .arg(&act)
-                        .arg(&a.act)
-                        .launch(grid(&pr.gated, w.w_gate.rows as usize, cfg.dim)),
-                )?;
-                matvec(
-                    &down,
-                    a.act,
-                    w.w_down.cols as usize,
-                    null,
-                    residual,
-                    w.w_down.rows as usize,
-                )?;
-                if let Some([_, post_ffw]) = post {
-                    norm_add(post_ffw)?;
-                }
-            }
-        }
-        let out = Mats {
-            m: [self.output, Mat::default(), Mat::default()],
-            out: [a.logits, 0, 0],
-            bias: [0; 3],
-            n: 1,
-            _pad: 0,
-        };
-        matvec(&out, a.x, cfg.dim, self.norm, 0, self.vocab)?;
-        Ok(())
+        launches::PassLaunches::new(self, t).run()
     }
 
     /// Runs a pass of `t` rows whose parameters are on the device: its graph's replay, once

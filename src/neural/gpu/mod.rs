@@ -341,18 +341,46 @@ fn warp_sum(mut lanes: [f32; WARP]) -> f32 {
 mod tests {
     use super::*;
 
-    /// The sizes `kernels.cu` defines for itself are the ones the decoder allocates and
-    /// launches by (a partials buffer sized for other chunks would be overrun).
+    /// The sizes and GGML type ids the kernels (`kernels.cu` and the parts it includes) define
+    /// for themselves are the ones the decoder allocates, launches and tags matrices by (a
+    /// partials buffer sized for other chunks would be overrun; a matrix tagged with another
+    /// type's id would be decoded as that type).
     #[test]
-    fn the_kernels_sizes_are_the_decoder_s() {
-        let cu = include_str!("kernels.cu");
+    fn the_kernels_sizes_and_type_ids_are_the_decoder_s() {
+        let cu = [
+            include_str!("kernels.cu"),
+            include_str!("kernels/common.cuh"),
+            include_str!("kernels/matvec.cu"),
+            include_str!("kernels/embed_norm.cu"),
+            include_str!("kernels/rope.cu"),
+            include_str!("kernels/attention.cu"),
+            include_str!("kernels/pick.cu"),
+        ]
+        .concat();
+        let types = [
+            ("Q4_0", GgmlDType::Q4_0),
+            ("Q4_1", GgmlDType::Q4_1),
+            ("Q5_0", GgmlDType::Q5_0),
+            ("Q5_1", GgmlDType::Q5_1),
+            ("Q8_0", GgmlDType::Q8_0),
+            ("Q4_K", GgmlDType::Q4K),
+            ("Q5_K", GgmlDType::Q5K),
+            ("Q6_K", GgmlDType::Q6K),
+        ];
+        let type_ids = types.map(|(name, t)| {
+            let id = gpu_type(t).expect("a type the kernels decode");
+            format!("#define {name} {id}")
+        });
         for line in [
             format!("#define TOKENS {TOKENS}"),
             format!("#define CHUNK {CHUNK}"),
             format!("#define ATT_WARPS {ATT_WARPS}"),
             format!("#define MAX_CHUNKS ({CAPACITY} / CHUNK)"),
             format!("#define GREEDY_CHUNK {GREEDY_CHUNK}"),
-        ] {
+        ]
+        .into_iter()
+        .chain(type_ids)
+        {
             assert!(cu.lines().any(|l| l == line), "kernels.cu lacks `{line}`");
         }
     }
