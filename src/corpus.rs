@@ -61,7 +61,7 @@ pub fn list_files(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
                             }) =>
                     {
                         let at = e.path().map_or(input.clone(), Path::to_path_buf);
-                        crate::error::diag!("warning: skipping {}: {e}", at.display());
+                        diag!("warning: skipping {}: {e}", at.display());
                         continue;
                     }
                     Err(e) => return Err(Error::input(format!("{}: {e}", input.display()))),
@@ -272,7 +272,7 @@ pub fn for_each_doc_in(
                 Ok(s) => s,
                 Err(e) => {
                     let bytes = e.into_bytes();
-                    crate::error::diag!(
+                    diag!(
                         "warning: {}: {} bytes are not UTF-8 and are indexed as U+FFFD (a binary \
                          file?)",
                         path.display(),

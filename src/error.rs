@@ -3,17 +3,22 @@
 
 /// `eprintln!` that never panics: a diagnostic that cannot be written (standard error closed,
 /// full, or a broken pipe) is dropped, and the command's own output and exit status stay what
-/// they would have been. Every note and warning infgram writes goes through it.
+/// they would have been. Every note and warning infgram writes goes through it: the library's
+/// modules by its textual scope (`#[macro_use]` on this module, declared first), the binary and
+/// the Python module as `infgram::diag!`.
 #[macro_export]
 macro_rules! diag {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
-    }};
+    ($($arg:tt)*) => {
+        $crate::error::write_diag(format_args!($($arg)*))
+    };
 }
 
-/// The library's modules name it `crate::error::diag!`, beside the error type.
-pub use crate::diag;
+/// Writes `args` and a newline to standard error, or nothing where it cannot be written
+/// ([`diag!`]).
+pub fn write_diag(args: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "{args}");
+}
 
 use std::path::PathBuf;
 

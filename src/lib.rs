@@ -30,10 +30,13 @@
 // be written.
 #![deny(clippy::print_stderr)]
 
+// First: `diag!` is in the textual scope of every module declared after it.
+#[macro_use]
+pub mod error;
+
 pub mod assets;
 pub mod corpus;
 pub mod decode;
-pub mod error;
 pub mod eval;
 #[doc(hidden)]
 pub mod fuzz_targets;

@@ -9,7 +9,6 @@
 //! (`Index<Mmap>`; infgram's format, or infini-gram's read as it is: [`infini_gram`]), [`Index::from_shards`] wraps freshly built bytes (`Index<Vec<u8>>`). The two
 //! answer every query identically; tests check that they do.
 
-pub mod answer_check;
 pub mod build;
 pub mod counting;
 pub mod counts_cache;
@@ -80,7 +79,7 @@ unsafe fn map_file(path: &Path) -> Result<Mmap> {
     let map = unsafe { Mmap::map(&f) }.map_err(|e| Error::io(path, e))?;
     #[cfg(unix)]
     if let Err(e) = map.advise(memmap2::Advice::Random) {
-        crate::error::diag!("warning: madvise on {}: {e}", path.display());
+        diag!("warning: madvise on {}: {e}", path.display());
     }
     Ok(map)
 }

@@ -118,9 +118,7 @@ fn from_hub(spec: &str) -> Result<ModelSource> {
         )));
     }
     // One line even when stderr is not a terminal (no progress bar then): a fetch is never silent.
-    crate::error::diag!(
-        "resolving hf:{spec} on the Hugging Face Hub (files download on first use only) ..."
-    );
+    diag!("resolving hf:{spec} on the Hugging Face Hub (files download on first use only) ...");
     let api = hf_hub::api::sync::ApiBuilder::from_env()
         .with_progress(std::io::stderr().is_terminal())
         .build()

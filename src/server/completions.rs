@@ -650,7 +650,7 @@ fn panicked(panic: &(dyn std::any::Any + Send)) -> ApiError {
         .map(|s| s.to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "no message".into());
-    crate::error::diag!("a generation failed with an internal error: {what}");
+    diag!("a generation failed with an internal error: {what}");
     ApiError {
         status: 500,
         message: format!(
@@ -754,7 +754,7 @@ fn run_job(state: &mut Worker, job: Job) -> Result<Summary, ApiError> {
         Plan::Model { index, past } => model_job(state, &req, index, past, &opts, &mut emit)?,
     };
     if client_gone {
-        crate::error::diag!(
+        diag!(
             "generation stopped after {} tokens: the client left",
             report.tokens
         );
@@ -810,7 +810,7 @@ fn model_job(
     // The completion is answered whether or not its output could be kept; the store records
     // the failure for `/health` until a save succeeds.
     if let Some(e) = &report.past_outputs_not_saved {
-        crate::error::diag!("the past outputs were not saved: {e}");
+        diag!("the past outputs were not saved: {e}");
     }
     Ok(report)
 }

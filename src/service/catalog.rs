@@ -72,9 +72,7 @@ impl FullCheck {
                         CheckState::Passed
                     }
                     Err(e) => {
-                        crate::error::diag!(
-                            "index {name:?} failed its full check: {e}; its queries are refused"
-                        );
+                        diag!("index {name:?} failed its full check: {e}; its queries are refused");
                         CheckState::Failed(e.to_string())
                     }
                 };

@@ -101,7 +101,7 @@ fn note_if_unverified(index: &Index<Mmap>) {
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     if !noted.iter().any(|d| d == dir) {
         noted.push(dir.to_path_buf());
-        crate::error::diag!(
+        diag!(
             "note: {} was checked at open by sampled blocks (its files are large) and was never \
              verified whole; `infgram verify {}` reads every byte and records it",
             dir.display(),
@@ -232,13 +232,13 @@ pub fn open_cached_index(
             Err(
                 e @ (crate::error::Error::Corrupt { .. } | crate::error::Error::Version { .. }),
             ) => {
-                crate::error::diag!("the cached index is unusable ({e}); rebuilding it");
+                diag!("the cached index is unusable ({e}); rebuilding it");
                 std::fs::remove_dir_all(&dir).map_err(|e| crate::error::Error::io(&dir, e))?;
             }
             Err(e) => return Err(e),
         }
     }
-    crate::error::diag!(
+    diag!(
         "indexing {} into {} (first use only) ...",
         inputs
             .iter()
@@ -253,7 +253,7 @@ pub fn open_cached_index(
         ..Default::default()
     };
     let s = build_index(&inputs, &dir, tok, &opts)?;
-    crate::error::diag!(
+    diag!(
         "indexed {} tokens in {} documents ({:.2} s)",
         s.tokens,
         s.documents,

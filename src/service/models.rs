@@ -251,12 +251,12 @@ mod loading {
                 None => match calibrate(self.model.as_mut(), CALIBRATION_REPEATS) {
                     Ok(p) => {
                         if let Err(e) = write_calibration(&file, &p) {
-                            crate::error::diag!("warning: the pass costs were not kept: {e}");
+                            diag!("warning: the pass costs were not kept: {e}");
                         }
                         Some(p)
                     }
                     Err(e) => {
-                        crate::error::diag!("warning: the pass costs could not be measured: {e}");
+                        diag!("warning: the pass costs could not be measured: {e}");
                         None
                     }
                 },

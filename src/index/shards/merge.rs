@@ -3,8 +3,8 @@
 //! at that length), SBIS levels, the counting pass's pages of suffix groups, continuation
 //! counts and suffix matches.
 
+use super::check::padded_cmp;
 use crate::error::{Error, Result};
-use crate::index::answer_check::{asked, padded_cmp};
 use crate::index::counting::{self, SuffixFeeds, SuffixGroup};
 use crate::index::levels::Level;
 use crate::index::query::{

@@ -19,21 +19,26 @@
 //! answer by default through [`Shards::ask`] (the merge of the shards' answers: what shards
 //! held elsewhere give), and [`Index`] answers them with its own fast paths and memos.
 //!
-//! Here: the trait, [`SharedShards`], and [`AskOnly`] (shards that answer only through `ask`,
-//! as a router does). `wire`: the questions, the answers and how a shard answers them.
-//! `merge`: the merges of answers over shards. `local`: [`Index`]'s implementation.
+//! Here: the trait, [`SharedShards`], [`AskOnly`] (shards that answer only through `ask`, as a
+//! router does) and `asked` (the shards' answers, checked: what every merge reads). `wire`:
+//! the questions and answers. `check`: an answer checked against its question, a question
+//! against the shard. `answer`: how a shard answers. `merge`: the merges of answers over
+//! shards. `local`: [`Index`]'s implementation.
 //!
 //! [`Index`]: crate::index::Index
 
+mod answer;
+mod check;
 mod local;
 mod merge;
 mod wire;
 
+pub use answer::*;
+pub use check::check_question;
 pub use merge::*;
 pub use wire::*;
 
 use crate::error::{Error, Result};
-use crate::index::answer_check::asked;
 use crate::index::counting::SuffixFeeds;
 use crate::index::counts_cache::CacheStats;
 use crate::index::levels::{Level, LevelAsk, Memo};
@@ -43,6 +48,7 @@ use crate::index::query::{
 use crate::index::spans::SuffixMatch;
 use crate::index::Range;
 use crate::tokenizer::TokenizerSpec;
+use check::{check_answer, Bounds};
 
 /// Shards to ask: in this process ([`Index`](crate::index::Index)) or elsewhere (a Python router's actors). Shared
 /// between threads (a counting pass asks shards elsewhere from the thread that counts).
@@ -623,4 +629,38 @@ impl<T: Shards> Shards for AskOnly<T> {
     fn ask(&self, asks: Vec<(usize, ShardQuery)>) -> Result<Vec<ShardAnswer>> {
         self.0.ask(asks)
     }
+}
+
+/// The answers to `asks` from `shards.ask`, each checked against its question: what every
+/// merge reads. A wrong answer is an error naming its shard.
+pub(crate) fn asked(
+    shards: &(impl Shards + ?Sized),
+    asks: Vec<(usize, ShardQuery)>,
+) -> Result<Vec<ShardAnswer>> {
+    let infos = shards.infos();
+    if let Some(&(s, _)) = asks.iter().find(|(s, _)| *s >= infos.len()) {
+        return Err(Error::input(format!(
+            "shard {s} does not exist ({} shards)",
+            infos.len()
+        )));
+    }
+    let questions: Vec<(usize, ShardQuery)> = asks.clone();
+    let answers = shards.ask(asks)?;
+    if answers.len() != questions.len() {
+        return Err(Error::Unavailable(format!(
+            "the shards gave {} answers to {} questions",
+            answers.len(),
+            questions.len()
+        )));
+    }
+    for ((s, q), a) in questions.iter().zip(&answers) {
+        let bounds = Bounds::new(infos[*s], shards.separator(), shards.vocab_size());
+        check_answer(q, a, &bounds).map_err(|why| {
+            Error::Unavailable(format!(
+                "shard {s} answered wrongly ({why}); its answer is not used: check that every \
+                 shard holds the index it was built from and runs this infgram"
+            ))
+        })?;
+    }
+    Ok(answers)
 }

@@ -608,9 +608,7 @@ impl GpuDecoder {
             self.launch_pass(t)?;
             let graph = self.capture(t);
             if let Err(e) = &graph {
-                crate::error::diag!(
-                    "infgram: the GPU pass of {t} rows runs without a CUDA graph: {e}"
-                );
+                diag!("infgram: the GPU pass of {t} rows runs without a CUDA graph: {e}");
             }
             self.graphs.insert(t, graph.ok());
             return Ok(());

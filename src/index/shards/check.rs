@@ -1,9 +1,9 @@
 //! A shard's answer checked against its question and the shard's own figures before any merge
 //! reads it.
 //!
-//! Shards held elsewhere answer over a wire ([`Shards::ask`]): a shard of another build, a
+//! Shards held elsewhere answer over a wire (`Shards::ask`): a shard of another build, a
 //! damaged one or a hostile one can send anything that parses. Every merge reads answers
-//! through `asked`, which refuses an answer of another kind than its question asks for, a
+//! through `asked` (in the parent module), which refuses an answer of another kind than its question asks for, a
 //! range outside the shard or out of order, a length longer than what was asked, a token id
 //! outside the vocabulary, counts out of order or summing past the occurrences they count, a
 //! document past the shard's documents, and so on: the invariants that the merges and the
@@ -14,14 +14,14 @@
 //! The same figures bound a question on the answering side ([`check_question`]): a position,
 //! rank or document past the shard is refused before the shard reads it.
 
-use super::counting::SuffixGroup;
-use super::query::{CnfPart, Counts, Located, Occ};
-use super::shards::{LevelPoint, ShardAnswer, ShardInfo, ShardQuery, Shards};
-use super::Range;
+use super::wire::{LevelPoint, ShardAnswer, ShardInfo, ShardQuery};
 use crate::error::{Error, Result};
+use crate::index::counting::SuffixGroup;
+use crate::index::query::{CnfPart, Counts, Located, Occ};
+use crate::index::Range;
 
 /// What an answer of one shard is checked against: its figures and the vocabulary.
-struct Bounds {
+pub(super) struct Bounds {
     /// Positions (tokens, separators included).
     tokens: u64,
     /// Documents.
@@ -33,56 +33,27 @@ struct Bounds {
 }
 
 impl Bounds {
-    fn of(shards: &(impl Shards + ?Sized), info: ShardInfo) -> Bounds {
-        let vocab = shards.vocab_size();
+    /// The bounds of a shard of `info`, in a corpus whose separator is `separator` and whose
+    /// vocabulary holds `vocab` ids (0: unknown).
+    pub(super) fn new(info: ShardInfo, separator: u32, vocab: usize) -> Bounds {
         Bounds {
             tokens: info.tokens,
             documents: info.documents,
-            separator: shards.separator(),
+            separator,
             vocab: (vocab > 0).then(|| u32::try_from(vocab).unwrap_or(u32::MAX)),
         }
     }
 }
 
 /// Why an answer was refused.
-type Wrong = String;
-
-/// The answers to `asks` from `shards.ask`, each checked against its question: what every
-/// merge reads. A wrong answer is an error naming its shard.
-pub(crate) fn asked(
-    shards: &(impl Shards + ?Sized),
-    asks: Vec<(usize, ShardQuery)>,
-) -> Result<Vec<ShardAnswer>> {
-    let infos = shards.infos();
-    if let Some(&(s, _)) = asks.iter().find(|(s, _)| *s >= infos.len()) {
-        return Err(Error::input(format!(
-            "shard {s} does not exist ({} shards)",
-            infos.len()
-        )));
-    }
-    let questions: Vec<(usize, ShardQuery)> = asks.clone();
-    let answers = shards.ask(asks)?;
-    if answers.len() != questions.len() {
-        return Err(Error::Unavailable(format!(
-            "the shards gave {} answers to {} questions",
-            answers.len(),
-            questions.len()
-        )));
-    }
-    for ((s, q), a) in questions.iter().zip(&answers) {
-        let bounds = Bounds::of(shards, infos[*s]);
-        check_answer(q, a, &bounds).map_err(|why| {
-            Error::Unavailable(format!(
-                "shard {s} answered wrongly ({why}); its answer is not used: check that every \
-                 shard holds the index it was built from and runs this infgram"
-            ))
-        })?;
-    }
-    Ok(answers)
-}
+pub(super) type Wrong = String;
 
 /// Whether `a` can be the answer of a shard of `b`'s figures to `q`.
-fn check_answer(q: &ShardQuery, a: &ShardAnswer, b: &Bounds) -> std::result::Result<(), Wrong> {
+pub(super) fn check_answer(
+    q: &ShardQuery,
+    a: &ShardAnswer,
+    b: &Bounds,
+) -> std::result::Result<(), Wrong> {
     match (q, a) {
         (ShardQuery::Find { .. }, ShardAnswer::Range { range }) => b.range(*range, "range"),
         (ShardQuery::LongestSuffix { prompt }, ShardAnswer::Suffix { len, occ }) => {
