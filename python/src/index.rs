@@ -315,21 +315,27 @@ impl Index {
         detokenize_with(self.tok.as_ref(), &ids)
     }
 
-    /// Corpus tokens (separators excluded), documents and shards.
+    /// Corpus tokens (separators excluded), documents and shards; with the index's files here,
+    /// also `token_width`, `reverse` and `format` (over shards held elsewhere, `None`: what the
+    /// shards tell of themselves, their sizes, answers the rest).
     fn stats(&self, py: Python<'_>) -> Ans {
-        let index = self.local("stats")?;
+        let infos = self.corpus.infos();
         let d = PyDict::new(py);
-        d.set_item("tokens", index.total_tokens())?;
-        d.set_item("documents", index.num_docs())?;
-        d.set_item("shards", index.shards().len())?;
-        d.set_item("token_width", index.header().token_width)?;
-        d.set_item("reverse", index.has_reverse())?;
+        d.set_item(
+            "tokens",
+            infos.iter().map(|i| i.tokens - i.documents).sum::<u64>(),
+        )?;
+        d.set_item("documents", infos.iter().map(|i| i.documents).sum::<u64>())?;
+        d.set_item("shards", infos.len())?;
+        let files = self.files.as_ref();
+        d.set_item("token_width", files.map(|i| i.header().token_width))?;
+        d.set_item("reverse", files.map(|i| i.has_reverse()))?;
         d.set_item(
             "format",
-            match index.shards().first().map(|s| s.layout()) {
+            files.map(|i| match i.shards().first().map(|s| s.layout()) {
                 Some(Layout::InfiniGram) => "infini-gram",
                 _ => "infgram",
-            },
+            }),
         )?;
         Ok(d.into_any().unbind())
     }
@@ -360,15 +366,16 @@ impl Index {
     }
 
     /// A shard server's side of `infgram.ray`: the answers of this index's shards to
-    /// `[(shard, query_json), ...]` (shards numbered within this index), as JSON strings.
-    /// Releases the GIL.
+    /// `[(shard, query_json), ...]` (shards numbered within this index), as JSON strings, each
+    /// question checked against its shard first. Over shards held elsewhere, the questions are
+    /// passed on to them (a router that serves as a shard). Releases the GIL.
     fn answer_shard_queries(
         &self,
         py: Python<'_>,
         requests: Vec<(usize, String)>,
     ) -> PyResult<Vec<String>> {
-        let index = self.local("answering shard queries")?;
-        py.guarded(|| remote::answer_json(index, &requests))?
+        let corpus = self.corpus.clone();
+        py.guarded(|| remote::answer_json(corpus.as_ref(), &requests))?
             .map_err(|e| PyValueError::new_err(e.to_string()))
     }
 

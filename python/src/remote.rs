@@ -9,7 +9,7 @@
 //! the callable (a shard that stays down past the router's retries) fails the query with an
 //! `Unavailable` error carrying its message: never a partial answer.
 
-use infgram::service::shards::{answer_all, ShardAnswer, ShardInfo, ShardQuery, Shards};
+use infgram::service::shards::{ShardAnswer, ShardInfo, ShardQuery, Shards};
 use infgram::service::TokenizerSpec;
 use infgram::{Error, Result};
 use pyo3::prelude::*;
@@ -125,8 +125,8 @@ pub(crate) fn take_held_exception() -> Option<PyErr> {
 
 /// A shard's side of the wire: the answers of `index`'s own shards to `requests`
 /// (`(shard, query_json)`, shards numbered within `index`), as JSON strings.
-pub fn answer_json<S: AsRef<[u8]> + Sync>(
-    index: &infgram::service::Index<S>,
+pub fn answer_json(
+    shards: &(dyn Shards + Send + Sync),
     requests: &[(usize, String)],
 ) -> Result<Vec<String>> {
     let asks = requests
@@ -137,7 +137,8 @@ pub fn answer_json<S: AsRef<[u8]> + Sync>(
                 .map_err(|e| Error::input(format!("not a shard query of this infgram: {e}")))
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok(answer_all(index.shards(), asks)?
+    Ok(shards
+        .ask(asks)?
         .iter()
         .map(|a| serde_json::to_string(a).expect("answers serialize"))
         .collect())

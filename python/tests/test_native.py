@@ -99,8 +99,9 @@ def test_generation_errors_name_python_parameters(tmp_path):
 def test_one_index_class_over_shards_here_or_elsewhere(tmp_path):
     """`Index(path)` and `Index(ask=...)` over the same shards (here: a local index's own shard
     server as the callable) answer alike: queries, the infini-gram API, generation, perplexity,
-    fixed-order n-gram models. What needs the files (rows, identity) is refused over shards held
-    elsewhere, naming what to do; the old `RemoteIndex` constructor makes the same class."""
+    fixed-order n-gram models, the sizes of `stats` and answers to shard queries (passed on to
+    the shards). What needs the files (rows, identity, the files' fields of `stats`) is refused
+    or None over shards held elsewhere; the old `RemoteIndex` constructor makes the same class."""
     corpus = tmp_path / "c.txt"
     corpus.write_text("the cat sat on the mat. the dog sat on the log. a cat ate. " * 4)
     infgram.build_index([str(corpus)], str(tmp_path / "idx"), progress=False)
@@ -142,6 +143,14 @@ def test_one_index_class_over_shards_here_or_elsewhere(tmp_path):
         assert ngram(remote, estimator) == ngram(local, estimator), estimator
     with pytest.raises(ValueError, match="files here"):
         remote.identity()
+    here, there = local.stats(), remote.stats()
+    assert {k: there[k] for k in ["tokens", "documents", "shards"]} == {k: here[k] for k in ["tokens", "documents", "shards"]}
+    assert here["tokens"] == 4 * len("the cat sat on the mat. the dog sat on the log. a cat ate. ")
+    assert there["token_width"] is None and there["format"] is None and here["format"] == "infgram"
+    asks = [(0, json.dumps({"ask": "find", "q": list(b"cat")})), (0, json.dumps({"ask": "longest_suffix", "prompt": list(b"a dog")}))]
+    assert remote.answer_shard_queries(asks) == local.answer_shard_queries(asks)
+    with pytest.raises(ValueError, match="shard 3 does not exist"):
+        remote.answer_shard_queries([(3, asks[0][1])])
     with pytest.raises(ValueError, match="not both"):
         infgram.Index(str(tmp_path / "idx"), ask=local.answer_shard_queries)
     with pytest.raises(ValueError, match="needs ask"):
