@@ -14,7 +14,7 @@
 //! `scripts/llama-server-edits.py`, which runs the same tasks through llama.cpp's server.
 
 use infgram::service::chat::Message;
-use infgram::service::models::{load_model, ModelOptions};
+use infgram::service::models::{load_model, Device, ModelOptions};
 use infgram::service::request::{defaults, GenLimits, GenerateRequest, Prompt, Sampling, Scorer};
 use infgram::service::run::GenerationReport;
 use infgram::service::{generate, Resources, RunOptions};
@@ -161,9 +161,9 @@ impl Row {
     }
 }
 
-/// Runs the benchmark with `model`, `max_tokens` a task, `threads` threads (0: one per core);
-/// with `dump`, only writes the conversations there.
-pub fn run(model: &str, max_tokens: usize, threads: usize, dump: Option<PathBuf>) {
+/// Runs the benchmark with `model`, `max_tokens` a task, `threads` threads (0: one per core),
+/// on `device`; with `dump`, only writes the conversations there.
+pub fn run(model: &str, max_tokens: usize, threads: usize, device: Device, dump: Option<PathBuf>) {
     let (tasks, version) = conversations();
     if let Some(path) = dump {
         let lines: Vec<String> = tasks
@@ -183,13 +183,21 @@ pub fn run(model: &str, max_tokens: usize, threads: usize, dump: Option<PathBuf>
     }
     let opts = ModelOptions {
         threads,
+        device,
         ..ModelOptions::default()
     };
-    let mut loaded = load_model(model, &opts).expect("the model");
+    let mut loaded = match load_model(model, &opts) {
+        Ok(loaded) => loaded,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
+    };
     let tok = loaded.tokenizer.clone();
     println!(
         "{} code edits from Python {version}'s standard library and {} open questions, \
-         {model}, greedy, at most {max_tokens} tokens, native kernels ({:?}), {} threads",
+         {model}, greedy, at most {max_tokens} tokens, on {device:?} (CPU kernels: {:?}), {} \
+         threads",
         TASKS.len(),
         crate::prompts::OPEN.len(),
         infgram::neural::native::kernels::Isa::detect(),

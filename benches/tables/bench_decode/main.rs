@@ -116,6 +116,10 @@ enum Bench {
         /// Threads of the native pass (0: one per core).
         #[arg(long, default_value_t = 0)]
         threads: usize,
+        /// `cpu` (the native kernels) or `cuda` (infgram's fused kernels on a GPU, a `cuda`
+        /// build).
+        #[arg(long, value_enum, default_value_t = Device::Cpu)]
+        device: Device,
         /// Only write the conversations as JSON lines to FILE (for other engines).
         #[arg(long)]
         dump: Option<std::path::PathBuf>,
@@ -175,7 +179,8 @@ fn main() {
             model,
             max_tokens,
             threads,
+            device,
             dump,
-        } => edits::run(&model, max_tokens, threads, dump),
+        } => edits::run(&model, max_tokens, threads, device, dump),
     }
 }
