@@ -6,7 +6,7 @@
 //! both backends load through ([`crate::neural::native`], [`crate::neural::candle`]).
 //!
 //! Adding an architecture is a file here with its `describe`, a row of [`ARCHITECTURES`], and
-//! a test against a reference implementation (`tests/architectures.rs`); a block feature no
+//! a test against a reference implementation (`tests/architectures/`); a block feature no
 //! field describes yet is a new field, assembled in [`layers`] and run by both passes
 //! ([`crate::neural::native::decoder::Decoder`],
 //! [`crate::neural::candle::decoder::CandleDecoder`]).

@@ -1,0 +1,495 @@
+//! Completions: SBIS streamed or not against the library's generation, a neural model loaded
+//! once, stop sequences and the chat route.
+
+use super::*;
+
+#[test]
+fn sbis_completions_are_the_library_generation_streamed_or_not() {
+    let tmp = tempfile::tempdir().unwrap();
+    let idx = small_index(tmp.path());
+    let spec = format!("small={}", idx.display());
+    let server = Server::start(&["--index", &spec, "--quiet", "--generation-timeout", "30"]);
+    let (index, tok) = open_index(&idx, None).unwrap();
+    let index = Arc::new(index);
+    for (temperature, seed, guard) in [(0.0, 1u64, None), (1.0, 42, None), (0.8, 7, Some(6usize))] {
+        let cfg = GenConfig {
+            estimator: Estimator::Sbis { k: -1, decay: 0.1 },
+            context: 200,
+            max_tokens: 60,
+            guard: guard.map(infgram::service::GuardConfig::new),
+            cancel: None,
+        };
+        let mut sampler = Sampler::new(
+            SamplerConfig {
+                temperature,
+                top_p: 1.0,
+                top_k: 0,
+            },
+            Some(seed),
+        );
+        let g = generate_from_corpus(
+            index.clone(),
+            &tok.encode("the cat").unwrap(),
+            &cfg,
+            &mut sampler,
+            |_| {},
+        )
+        .unwrap();
+        let want = tok.decode(&g.tokens).unwrap();
+        let body = json!({"prompt": "the cat", "max_tokens": 60, "temperature": temperature, "seed": seed, "guard": guard});
+        let (status, v) = server.post("/v1/completions", &body.to_string());
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["object"], "text_completion");
+        assert_eq!(v["choices"][0]["text"], json!(want));
+        assert_eq!(v["usage"]["completion_tokens"], json!(g.tokens.len()));
+        assert_eq!(v["usage"]["prompt_tokens"], json!(7));
+        let finish = if g.tokens.len() == 60 {
+            "length"
+        } else {
+            "stop"
+        };
+        assert_eq!(v["choices"][0]["finish_reason"], finish);
+        assert_eq!(v["infgram"]["guard"].is_null(), guard.is_none(), "{v}");
+        // Streamed: the same text in pieces, the last event with the finish reason, then [DONE].
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        let (status, text) = server.request("POST", "/v1/completions", Some(&streamed.to_string()));
+        assert_eq!(status, 200);
+        let (chunks, done) = events(&text);
+        assert!(done, "{text}");
+        let joined: String = chunks
+            .iter()
+            .map(|c| c["choices"][0]["text"].as_str().unwrap())
+            .collect();
+        assert_eq!(joined, want);
+        assert_eq!(
+            chunks.last().unwrap()["choices"][0]["finish_reason"],
+            finish
+        );
+        assert!(chunks.len() > 10, "one event per token");
+    }
+    // Token ids as the prompt.
+    let (status, v) = server.post(
+        "/v1/completions",
+        &json!({"prompt": ids("the cat"), "max_tokens": 5, "temperature": 0}).to_string(),
+    );
+    assert_eq!(status, 200, "{v}");
+    // Ids outside the vocabulary are refused as `POST /` refuses them (issue 32, item 10).
+    for bad in [999u64, 4_294_967_295] {
+        let body = json!({"prompt": [116, bad], "max_tokens": 5}).to_string();
+        let e = server.refused("/v1/completions", &body, 400);
+        assert!(e.contains("vocabulary"), "{e}");
+    }
+    // A temperature whose inverse overflows is greedy (issue 32, item 11).
+    let greedy = |t: f64| {
+        let body = json!({"prompt": "the cat", "max_tokens": 20, "temperature": t, "seed": 3});
+        server.post("/v1/completions", &body.to_string())
+    };
+    let (status, tiny) = greedy(1e-320);
+    assert_eq!(status, 200, "{tiny}");
+    assert_eq!(
+        tiny["choices"][0]["text"],
+        greedy(0.0).1["choices"][0]["text"]
+    );
+    let (_, health) = server.request("GET", "/health", None);
+    let health: Value = serde_json::from_str(&health).unwrap();
+    assert_eq!(health["generation_worker"], "running", "{health}");
+    // A generation past the time limit ends with what it has.
+    drop(server);
+    let server = Server::start(&[
+        "--index",
+        &spec,
+        "--quiet",
+        "--generation-timeout",
+        "0.000001",
+    ]);
+    let (status, v) = server.post(
+        "/v1/completions",
+        r#"{"prompt": "the", "max_tokens": 2000}"#,
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["infgram"]["time_limit_reached"], json!(true), "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() < 2000);
+}
+
+/// With SmolLM2 loaded once: neural, speculative and mixed completions are the library's
+/// greedy generations (speculative decoding is lossless), the copy guard holds, and a client
+/// that leaves mid-stream frees the worker at once.
+#[cfg(feature = "neural")]
+#[test]
+fn neural_completions_with_a_model_loaded_once() {
+    use infgram::service::request::{
+        GenLimits, GenerateRequest, GuardSpec, Prompt, Sampling, Scorer, MAX_GEN_TOKENS,
+    };
+    use infgram::service::run::{generate, ModelIndex};
+    use infgram::service::{Resources, RunOptions};
+    let tmp = tempfile::tempdir().unwrap();
+    let (train, _) = infgram::assets::tiny_shakespeare_split().unwrap();
+    let text = tmp.path().join("ts.txt");
+    std::fs::write(&text, &train[..200_000]).unwrap();
+    let idx = tmp.path().join("ts-smol");
+    run(&[
+        "index",
+        "--tokenizer",
+        "smollm2-135m",
+        "-o",
+        idx.to_str().unwrap(),
+        text.to_str().unwrap(),
+    ]);
+    let bytes_idx = small_index(tmp.path());
+    let (spec, bytes_spec) = (
+        format!("ts={}", idx.display()),
+        format!("small={}", bytes_idx.display()),
+    );
+    let past_file = tmp.path().join("past-outputs.bin");
+    let past_arg = past_file.to_str().unwrap();
+    let model_server = |more: &[&str]| {
+        let mut args = vec![
+            "--model",
+            "smollm2-135m",
+            "--index",
+            &spec,
+            "--threads",
+            "1",
+        ];
+        args.extend_from_slice(more);
+        Server::start(&args)
+    };
+    let server = model_server(&["--index", &bytes_spec, "--past-outputs", past_arg]);
+    let drafting = Arc::new(infgram::Index::open(&idx).unwrap());
+    let mut loaded =
+        infgram::service::models::load_model("smollm2-135m", &Default::default()).unwrap();
+    let prompt = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\n";
+    let ids = loaded.tokenizer.encode(prompt).unwrap();
+    // The library's one generation call, as a front end makes it.
+    let library = |loaded: &mut infgram::service::models::LoadedModel,
+                   speculative: bool,
+                   mix: bool,
+                   guard: Option<usize>| {
+        let req = GenerateRequest {
+            prompt: Prompt::Ids(ids.clone()),
+            scorer: if mix { Scorer::Mixture } else { Scorer::Model },
+            drafters: if speculative {
+                vec![DrafterSpec::PromptLookup, DrafterSpec::Corpus]
+            } else {
+                Vec::new()
+            },
+            corpus_rule: Default::default(),
+            guard: guard.map(|max_span| GuardSpec {
+                max_span,
+                ignore_prompt: false,
+            }),
+            sampling: Sampling {
+                temperature: Some(0.0),
+                ..Default::default()
+            },
+            limits: GenLimits {
+                max_tokens: Some(24),
+                ..Default::default()
+            },
+        }
+        .check(MAX_GEN_TOKENS)
+        .unwrap();
+        let index = ModelIndex::check(drafting.clone(), &loaded.tokenizer, mix).unwrap();
+        let mut res = Resources::model(loaded.model.as_mut(), &loaded.tokenizer, "smollm2-135m")
+            .drafting_index(Some(index), None);
+        generate(&req, &mut res, &RunOptions::default(), |_| {})
+            .unwrap()
+            .text
+    };
+    let plain = library(&mut loaded, false, false, None);
+    let mixed = library(&mut loaded, false, true, None);
+    let guarded = library(&mut loaded, false, false, Some(4));
+    // Requests open no index: the server's opened indexes flow to the drafters, the mixture
+    // and the guard (issue 28: a mixed, guarded request opened one up to three times).
+    let counter = |name: &str| {
+        let (_, text) = server.request("GET", "/metrics", None);
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no counter {name}: {text}"))
+            .to_string();
+        line.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<f64>()
+            .unwrap()
+    };
+    let opens = || counter("infgram_index_opens_total");
+    let checks = || counter("infgram_tokenizer_checks_total");
+    let opened_at_start = opens();
+    assert!(opened_at_start >= 2.0, "{opened_at_start}");
+    for (mode, guard, want) in [
+        ("neural", None, &plain),
+        ("speculative", None, &plain),
+        ("mix", None, &mixed),
+        ("neural", Some(4), &guarded),
+        ("speculative", Some(4), &guarded),
+    ] {
+        let body = json!({"prompt": prompt, "max_tokens": 24, "temperature": 0, "mode": mode,
+                          "index": "ts", "guard": guard});
+        // Issue 47: one completion binds its index once: one tokenizer check, no open.
+        let checked_before = checks();
+        let (status, v) = server.post("/v1/completions", &body.to_string());
+        assert_eq!(status, 200, "{mode}: {v}");
+        assert_eq!(
+            checks(),
+            checked_before + 1.0,
+            "{mode}: checks of one completion"
+        );
+        assert_eq!(v["choices"][0]["text"].as_str().unwrap(), want, "{mode}");
+        assert_eq!(v["infgram"]["mode"], mode);
+        assert!(v["model"].as_str().unwrap().contains("smollm2-135m"), "{v}");
+        if guard.is_some() {
+            assert!(
+                v["infgram"]["max_copied_span"].as_u64().unwrap() <= 4,
+                "{v}"
+            );
+        }
+    }
+    assert_eq!(opens(), opened_at_start, "a request opened an index");
+    // Every completion's output went into the server's past outputs; the same task again
+    // drafts from them (output still the plain one), and a guarded request still copies at
+    // most 4 tokens of the corpus though an unguarded answer is among the past outputs.
+    let (_, health) = server.request("GET", "/health", None);
+    let health: Value = serde_json::from_str(&health).unwrap();
+    assert_eq!(health["past_outputs"]["outputs"], 5, "{health}");
+    for (guard, want) in [(None, &plain), (Some(4), &guarded)] {
+        let body = json!({"prompt": prompt, "max_tokens": 24, "temperature": 0,
+                          "mode": "speculative", "index": "ts", "guard": guard});
+        let (status, v) = server.post("/v1/completions", &body.to_string());
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["choices"][0]["text"].as_str().unwrap(), want);
+        let by = &v["infgram"]["stats"]["accepted_by_drafter"];
+        assert!(by["past"].as_u64().unwrap_or(0) > 0, "{v}");
+        if guard.is_some() {
+            assert!(
+                v["infgram"]["max_copied_span"].as_u64().unwrap() <= 4,
+                "{v}"
+            );
+        }
+    }
+    // The past outputs were written after every completion: a server started on the file
+    // drafts from all seven at once.
+    let restarted = model_server(&["--past-outputs", past_arg, "--quiet"]);
+    let (_, health) = restarted.request("GET", "/health", None);
+    let health: Value = serde_json::from_str(&health).unwrap();
+    assert_eq!(health["past_outputs"]["outputs"], 7, "{health}");
+    drop(restarted);
+    // A file that is not a past-outputs file is refused at start and left as it is, and so is
+    // the option without a model.
+    let foreign = tmp.path().join("notes.txt");
+    std::fs::write(&foreign, "my notes\n").unwrap();
+    let e = fails(&[
+        "serve",
+        "--addr",
+        "127.0.0.1:0",
+        "--model",
+        "smollm2-135m",
+        "--past-outputs",
+        foreign.to_str().unwrap(),
+    ]);
+    assert!(
+        e.contains("past outputs") || e.contains("past-outputs"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read_to_string(&foreign).unwrap(), "my notes\n");
+    let e = fails(&["serve", "--addr", "127.0.0.1:0", "--past-outputs", past_arg]);
+    assert!(e.contains("--model"), "{e}");
+    // The index named must be in the model's tokens; sbis still serves the byte index.
+    let e = server.refused(
+        "/v1/completions",
+        r#"{"prompt": "x", "mode": "speculative", "index": "small"}"#,
+        400,
+    );
+    assert!(e.contains("tokenizer"), "{e}");
+    let (status, _) = server.post(
+        "/v1/completions",
+        r#"{"prompt": "the", "mode": "sbis", "index": "small", "max_tokens": 5}"#,
+    );
+    assert_eq!(status, 200);
+    // Drafts are verified by the model: `speculative` with the index alone is refused, named.
+    let e = server.refused(
+        "/v1/completions",
+        r#"{"prompt": "the", "mode": "sbis", "index": "small", "speculative": true}"#,
+        400,
+    );
+    assert!(e.contains("\"speculative\""), "{e}");
+    // Issue 47: the CLI and the server make one service call for a generation and give one
+    // report: the same guarded request has the same fields through both. `how` is the CLI's
+    // flags for the HTTP `mode`; both reports come back, their texts checked equal.
+    let cli_and_http = |how: &[&str], mode: &str| {
+        let idx = idx.to_str().unwrap();
+        let mut args = vec!["gen", "--model", "smollm2-135m", "--index", idx];
+        args.extend(how);
+        args.extend([
+            "--guard",
+            "4",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "24",
+            "--raw",
+            "--threads",
+            "1",
+            "--json",
+            "--prompt",
+            prompt,
+        ]);
+        let out = output(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cli: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let body = json!({"prompt": prompt, "max_tokens": 24, "temperature": 0,
+                          "mode": mode, "index": "ts", "guard": 4});
+        let (status, v) = server.post("/v1/completions", &body.to_string());
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(cli["text"], v["choices"][0]["text"], "{cli} {v}");
+        (cli, v)
+    };
+    let (cli, v) = cli_and_http(&["--speculative"], "speculative");
+    assert_eq!(cli["text"].as_str().unwrap(), guarded);
+    for key in [
+        "token_ids",
+        "tokens",
+        "prompt_tokens",
+        "natural_end",
+        "max_copied_span",
+        "guard_exhausted",
+        "speculative",
+        "mix",
+    ] {
+        assert_eq!(cli[key], v["infgram"][key], "{key}: {cli} {v}");
+    }
+    // … and so does a guarded mixture (the mixer's statistics included).
+    let (cli, v) = cli_and_http(&["--mix", "default"], "mix");
+    assert_eq!(cli["mix"], true, "{cli}");
+    for key in [
+        "token_ids",
+        "tokens",
+        "prompt_tokens",
+        "natural_end",
+        "max_copied_span",
+        "guard_exhausted",
+        "guard_blocked",
+        "mix",
+    ] {
+        assert_eq!(cli[key], v["infgram"][key], "{key}: {cli} {v}");
+    }
+    // A client that leaves mid-stream: its generation stops, and the next one runs at once.
+    let body = json!({"prompt": prompt, "max_tokens": 2048, "stream": true, "temperature": 0.7,
+                      "seed": 3})
+    .to_string();
+    let mut reader = BufReader::new(raw_post(&server.addr, "/v1/completions", &body));
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+    }
+    // While it runs, the queue takes 8 more (the default backlog), and the next is told 429.
+    let queued: Vec<TcpStream> = (0..8)
+        .map(|_| {
+            raw_post(
+                &server.addr,
+                "/v1/completions",
+                r#"{"prompt": "Hi", "max_tokens": 1}"#,
+            )
+        })
+        .collect();
+    let mut health = Value::Null;
+    for _ in 0..300 {
+        health = serde_json::from_str(&server.request("GET", "/health", None).1).unwrap();
+        if health["generation_waiting"] == json!(8) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(health["generation_waiting"], json!(8), "{health}");
+    let e = server.refused(
+        "/v1/completions",
+        r#"{"prompt": "Hi", "max_tokens": 1}"#,
+        429,
+    );
+    assert!(e.contains("queue is full"), "{e}");
+    // Queries are answered meanwhile.
+    let (status, _) = server.post(
+        "/",
+        r#"{"index": "small", "query_type": "count", "query": "cat"}"#,
+    );
+    assert_eq!(status, 200);
+    drop(reader);
+    drop(queued);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut stopped = false;
+    while !stopped && std::time::Instant::now() < deadline {
+        if let Ok(l) = server
+            .log
+            .lock()
+            .unwrap()
+            .recv_timeout(Duration::from_secs(1))
+        {
+            stopped = l.contains("the client left");
+        }
+    }
+    assert!(stopped, "the generation went on after its client left");
+    // The worker skips the queued jobs whose clients left; until it has, the queue may still
+    // be full (429): a bounded number of tries.
+    let mut answer = (0, Value::Null);
+    for _ in 0..100 {
+        answer = server.post(
+            "/v1/completions",
+            r#"{"prompt": "Hello", "max_tokens": 3, "temperature": 0}"#,
+        );
+        if answer.0 != 429 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(answer.0, 200, "{}", answer.1);
+}
+
+/// `stop` ends a completion where a stop sequence first appears, whole or streamed (the stream
+/// never sends the text of a stop sequence); the chat route without a model refuses in
+/// OpenAI's error shape.
+#[test]
+fn stop_sequences_end_completions_and_the_chat_route_needs_a_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let idx = small_index(tmp.path());
+    let server = Server::start(&["--index", &format!("small={}", idx.display()), "--quiet"]);
+    let full = r#"{"prompt": "the", "max_tokens": 300, "seed": 5, "temperature": 1.0}"#;
+    let (status, v) = server.post("/v1/completions", full);
+    assert_eq!(status, 200);
+    let text = v["choices"][0]["text"].as_str().unwrap().to_string();
+    let stop = " dog";
+    let cut = text.find(stop).expect("the text holds the stop sequence");
+    let body = r#"{"prompt": "the", "max_tokens": 300, "seed": 5, "temperature": 1.0, "stop": [" dog", "zzz"]}"#;
+    let (status, v) = server.post("/v1/completions", body);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["text"], json!(text[..cut]));
+    assert_eq!(v["choices"][0]["finish_reason"], json!("stop"));
+    assert_eq!(v["infgram"]["stopped_at_stop_sequence"], json!(true));
+    let streamed = body.replace("\"stop\"", "\"stream\": true, \"stop\"");
+    let (status, sse) = server.request("POST", "/v1/completions", Some(&streamed));
+    assert_eq!(status, 200);
+    let (events, done) = events(&sse);
+    assert!(done);
+    let joined: String = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(joined, text[..cut]);
+    let (status, v) = server.post(
+        "/v1/chat/completions",
+        r#"{"messages": [{"role": "user", "content": "hi"}]}"#,
+    );
+    assert_eq!(status, 400);
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("--model"),
+        "{v}"
+    );
+    assert_eq!(v["error"]["type"], json!("invalid_request_error"));
+}
