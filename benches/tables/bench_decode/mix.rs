@@ -57,11 +57,25 @@ pub fn run(limit: usize, rounds: usize) {
         val.len()
     );
 
+    let table = fit_and_score(&mut model, &index95, &index, &heldout, &val);
+    decode_and_bound(&path, &tok, &mut model, index, table, rounds);
+}
+
+/// Scores held-out and val with the model, fits each estimator's mixers on held-out (with the
+/// first 95% of train indexed) and prints their perplexities on val (against all of train);
+/// returns the SBIS k = 2 table by n, the default mixer's.
+fn fit_and_score(
+    model: &mut Decoder,
+    index95: &Index<Vec<u8>>,
+    index: &Index<Vec<u8>>,
+    heldout: &[u32],
+    val: &[u32],
+) -> Mixer {
     let t = Instant::now();
-    let q_held = neural_probs(&mut model, &heldout, 1024, 512).unwrap();
+    let q_held = neural_probs(model, heldout, 1024, 512).unwrap();
     let held_secs = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    let q_val = neural_probs(&mut model, &val, 1024, 512).unwrap();
+    let q_val = neural_probs(model, val, 1024, 512).unwrap();
     let neural_secs = t.elapsed().as_secs_f64();
     println!("neural scoring: held-out {held_secs:.1} s, val {neural_secs:.1} s");
 
@@ -74,10 +88,10 @@ pub fn run(limit: usize, rounds: usize) {
         EstimatorSpec::sbis(2),
         EstimatorSpec::Smoothed,
     ] {
-        let held = infgram_positions(&index95, &heldout, &est, 100).expect("a valid estimator");
+        let held = infgram_positions(index95, heldout, &est, 100).expect("a valid estimator");
         let fit_data = fitting_data(&held, &q_held);
         let t = Instant::now();
-        let g_val = infgram_positions(&index, &val, &est, 100).expect("a valid estimator");
+        let g_val = infgram_positions(index, val, &est, 100).expect("a valid estimator");
         let inf_secs = t.elapsed().as_secs_f64();
         for (name, edges) in [("two weights", &[][..]), ("table by n", &TABLE_EDGES[..])] {
             let mixer = Mixer::fit(est.clone(), edges, &fit_data);
@@ -112,8 +126,20 @@ pub fn run(limit: usize, rounds: usize) {
     for t in &tables {
         println!("{t}");
     }
-    let table = default_table.unwrap();
+    default_table.expect("the SBIS k = 2 table")
+}
 
+/// Greedy decoding speeds of plain SmolLM2, the mixture (`table`) and the speculative mixture
+/// on three prompts, `rounds` rounds each, then what these drafters could reach (the passes
+/// made, and each output replayed with every draft cut where the mixture leaves it).
+fn decode_and_bound(
+    path: &std::path::Path,
+    tok: &HfTokenizer,
+    model: &mut Decoder,
+    index: Arc<Index<Vec<u8>>>,
+    table: Mixer,
+    rounds: usize,
+) {
     // Decoding speed: plain neural, mixture, speculative mixture (greedy, same prompts).
     let prompts = [
         "Continue this scene from Shakespeare:\n\nROMEO:\nBut soft, what light through yonder window breaks?",
@@ -134,7 +160,7 @@ pub fn run(limit: usize, rounds: usize) {
     println!("\n| prompt | plain SmolLM2 tok/s | mixture tok/s | mixture / plain | speculative mixture tok/s | speculative / mixture | acceptance | identical |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     let mut mixed = Interpolated::new(
-        Box::new(Decoder::from_gguf(&path).unwrap().with_threads(2)),
+        Box::new(Decoder::from_gguf(path).unwrap().with_threads(2)),
         index.clone(),
         table,
         100,
@@ -158,7 +184,7 @@ pub fn run(limit: usize, rounds: usize) {
         let mut identical = true;
         let mut last = None;
         for (r, round) in secs.iter_mut().enumerate() {
-            let (_, plain) = greedy(&mut model, &mut [], &prompt, &cfg).unwrap();
+            let (_, plain) = greedy(model, &mut [], &prompt, &cfg).unwrap();
             let (out_mix, mix) = greedy(&mut mixed, &mut [], &prompt, &cfg).unwrap();
             let (out_spec, spec) = greedy(&mut mixed, &mut new_drafters(), &prompt, &cfg).unwrap();
             identical &= out_spec == out_mix;

@@ -368,17 +368,32 @@ pub fn run(
         path.file_name().unwrap_or_default().to_string_lossy(),
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
+    print_tables(&policies, &rows, &per_prompt, trees);
+}
+
+/// A prompt's row of the per-prompt table: set, number, output tokens, tokens on verbatim
+/// stretches, and each policy's speed-up.
+type PerPrompt<'a> = (&'a str, usize, usize, usize, Vec<f64>);
+
+/// The tables of a run: each set under each policy, each prompt, the corpus drafter's two
+/// rules, and what a token tree's second root candidate could add.
+fn print_tables(
+    policies: &[(&str, bool, bool)],
+    rows: &[(&str, Vec<Row>)],
+    per_prompt: &[PerPrompt],
+    trees: Vec<(&str, TreeRoot)>,
+) {
     println!("| prompt set | drafting | plain tokens/s | speculative tokens/s | ratio, geomean (min–max) | acceptance | accepted per drafted pass | tree passes | tokens per pass on verbatim stretches | identical |");
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for (name, set_rows) in &rows {
-        for (row, (policy, _, _)) in set_rows.iter().zip(&policies) {
+    for (name, set_rows) in rows {
+        for (row, (policy, _, _)) in set_rows.iter().zip(policies) {
             row.print(name, policy);
         }
     }
     println!("\nPer prompt (ratios in policy order):\n");
     println!("| prompt | output tokens | on verbatim stretches | ratios |");
     println!("|---|---:|---:|---|");
-    for (name, i, n, v, ratios) in &per_prompt {
+    for (name, i, n, v, ratios) in per_prompt {
         let r: Vec<String> = ratios.iter().map(|r| format!("{r:.2}×")).collect();
         println!("| {name} #{i} | {n} | {v} | {} |", r.join(" / "));
     }

@@ -20,6 +20,7 @@ use infgram::eval::perplexity;
 use infgram::ngram::Estimator;
 use infgram::service::{generate_from_corpus, GenConfig, GuardConfig};
 use infgram::Index;
+use memmap2::Mmap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -57,7 +58,16 @@ fn main() {
     let prompt: Vec<u32> = b"ROMEO:".iter().map(|&b| u32::from(b)).collect();
     println!("machine: {} threads", rayon::current_num_threads());
 
-    // 1. Speed: ms per 1,000 tokens, plain and guarded runs alternating.
+    guard_speed(&index, &prompt);
+    guard_effect(&index, &prompt);
+    attribution_latency(&index, &prompt, args.large_index.as_deref());
+
+    #[cfg(feature = "neural")]
+    neural::run();
+}
+
+/// The guard's cost: ms per 1,000 tokens, plain and guarded runs alternating.
+fn guard_speed(index: &Arc<Index<Mmap>>, prompt: &[u32]) {
     println!("\n| SBIS, 2,000 tokens × 10 seeds | no guard, ms/1k tokens | --guard 16 | ratio | guard's own time |");
     println!("|---|---:|---:|---:|---:|");
     for k in [2i64, -1] {
@@ -68,7 +78,7 @@ fn main() {
                 let t = Instant::now();
                 let g = generate_from_corpus(
                     index.clone(),
-                    &prompt,
+                    prompt,
                     &cfg(k, None, 2000),
                     &mut sampler(seed),
                     |_| {},
@@ -78,7 +88,7 @@ fn main() {
                 let t = Instant::now();
                 let g = generate_from_corpus(
                     index.clone(),
-                    &prompt,
+                    prompt,
                     &cfg(k, Some(16), 2000),
                     &mut sampler(seed),
                     |_| {},
@@ -96,8 +106,11 @@ fn main() {
             p.1, p.0, p.2, g.1, g.0, g.2, g.1 / p.1, 100.0 * o.1, 100.0 * o.0, 100.0 * o.2
         );
     }
+}
 
-    // 2. What the guard changes over 20 seeds.
+/// What the guard changes over 20 seeds: the longest copied span, the perplexity, the steps
+/// blocked.
+fn guard_effect(index: &Arc<Index<Mmap>>, prompt: &[u32]) {
     println!("\n| 20 seeds, k = −1, 2,000 tokens | longest copied span min / median / max | smoothed ppl min / median / max | steps blocked (median) |");
     println!("|---|---:|---:|---:|");
     let smoothed = Estimator::Smoothed(Default::default());
@@ -106,17 +119,17 @@ fn main() {
         for seed in 0..20 {
             let g = generate_from_corpus(
                 index.clone(),
-                &prompt,
+                prompt,
                 &cfg(-1, guard, 2000),
                 &mut sampler(seed),
                 |_| {},
             )
             .unwrap();
-            let text = [prompt.clone(), g.tokens.clone()].concat();
+            let text = [prompt, &g.tokens[..]].concat();
             spans.push(
-                infgram::eval::attribution::max_copied_span(&index, &g.tokens).unwrap() as f64,
+                infgram::eval::attribution::max_copied_span(index, &g.tokens).unwrap() as f64,
             );
-            ppls.push(perplexity(&index, &text, &smoothed, 200, None).unwrap().ppl);
+            ppls.push(perplexity(index, &text, &smoothed, 200, None).unwrap().ppl);
             blocked.push(g.guard.map_or(0.0, |s| s.blocked as f64));
         }
         let (s, p, b) = (spread(spans), spread(ppls), spread(blocked));
@@ -126,14 +139,20 @@ fn main() {
             s.0, s.1, s.2, p.0, p.1, p.2, b.1
         );
     }
+}
 
-    // 3. Attribution latency.
+/// Attribution's latency on Tiny Shakespeare and, when given, a large index.
+fn attribution_latency(
+    index: &Arc<Index<Mmap>>,
+    prompt: &[u32],
+    large_index: Option<&std::path::Path>,
+) {
     println!("\n| attribute 500 tokens (--min-len 8, 3 docs per span) | index tokens | spans | ms (min–max of 20) |");
     println!("|---|---:|---:|---:|");
     let tiny = infgram::service::tiny_shakespeare_index().unwrap();
     let generated = generate_from_corpus(
         index.clone(),
-        &prompt,
+        prompt,
         &cfg(-1, None, 500),
         &mut sampler(1),
         |_| {},
@@ -170,7 +189,7 @@ fn main() {
             ms.2
         );
     }
-    if let Some(big) = &args.large_index {
+    if let Some(big) = large_index {
         let big = Index::open(big).expect("open INDEX_DIR");
         // A text from the corpus itself, and the same generated text.
         let sh = &big.shards()[0];
@@ -197,9 +216,6 @@ fn main() {
             );
         }
     }
-
-    #[cfg(feature = "neural")]
-    neural::run();
 }
 
 #[cfg(feature = "neural")]
