@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's `llama-bench` with CUDA (sm_90: H100, H200), without a GPU, to measure
-# infgram's GPU step beside llama.cpp's on the same card and GGUF (issue 57, item 4).
+# infgram's GPU step beside llama.cpp's on the same card and GGUF.
 #
 # * nvcc is the pinned pip toolchain of scripts/build-cuda.sh (run that first: this stops
 #   without it); cuBLAS 13.0's headers and libraries come from pip into the same toolchain.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of infgram (issue 46), one command on a machine with an NVIDIA GPU:
+# The GPU check of infgram, one command on a machine with an NVIDIA GPU:
 #
 #   bash scripts/device-check.sh [--bin DIR] MODEL.gguf [MODEL.gguf ...]
 #

@@ -271,7 +271,7 @@ fn edge_cases() {
 
 /// An attribution shows at most `ATTRIBUTION_TOKEN_BUDGET` tokens of documents, whatever the
 /// documents per span and the window length asked for; the spans past the budget say that
-/// their documents were cut (issue 32, item 6: one small request made a 150 MB answer).
+/// their documents were cut (one small request made a 150 MB answer).
 #[test]
 fn attribution_answers_are_bounded() {
     use infgram::eval::attribution::ATTRIBUTION_TOKEN_BUDGET;

@@ -1,4 +1,4 @@
-//! Drafts for other engines (issue 48): a drafting session (`service::drafts::Drafts`) makes
+//! Drafts for other engines: a drafting session (`service::drafts::Drafts`) makes
 //! the decode loop's drafts for the same contexts, and sessions driven from many threads make
 //! the drafts one thread makes.
 

@@ -296,7 +296,7 @@ fn search_docs_cnf() {
         .unwrap();
     assert_eq!(r.cnt, 1 + 4);
     assert!(idx.search_docs(&[], 10, 3, 1000, 20).is_err());
-    // A sampled clause's count is scaled back up by the sampling factor (issue 32, item 9):
+    // A sampled clause's count is scaled back up by the sampling factor:
     // one clause is counted exactly, whatever the sample.
     for max_clause_freq in [1, 2, 3, 4, 1000] {
         let r = idx

@@ -1,4 +1,4 @@
-//! Every feature on a second architecture (issue 30, item 4): Gemma 3 270M Q4_K_M (`gemma3-270m`,
+//! Every feature on a second architecture: Gemma 3 270M Q4_K_M (`gemma3-270m`,
 //! fetched on first use) through the command line and the server, with an index in Gemma's
 //! 262,144-token vocabulary (u32 tokens): speculative decoding gives plain decoding's output,
 //! mixing is fitted and samples, the copy guard holds, perplexity of the model, the ∞-gram

@@ -235,7 +235,7 @@ fn damaged_directories_are_refused() {
     assert!(Index::open(empty.path()).is_err());
 }
 
-/// SBIS generation from an infini-gram directory (issue 32, item 3: it read past the last
+/// SBIS generation from an infini-gram directory (it read past the last
 /// document, which has no separator after it, and panicked): from every prefix of every
 /// document, with several seeds and shardings, it runs and writes tokens of the corpus.
 #[test]

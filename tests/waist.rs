@@ -126,7 +126,7 @@ fn a_stray_path_is_found() {
     assert_eq!(rooms_named(text, "crate::"), vec![]);
 }
 
-/// Issue 58: the speculative drafter set is the service's default
+/// The speculative drafter set is the service's default
 /// (`request::defaults::SPECULATIVE_DRAFTERS`); no front end writes a list of its own, and the
 /// sampling and draft defaults are named, not written again as numbers.
 #[test]

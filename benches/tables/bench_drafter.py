@@ -1,4 +1,4 @@
-"""What drafting costs another engine, and how much it drafts (issue 48).
+"""What drafting costs another engine, and how much it drafts.
 
     python benches/tables/bench_drafter.py INDEX_DIR HELD_OUT_FILE... [--binary target/release/infgram]
         [--model smollm2-135m]

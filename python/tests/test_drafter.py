@@ -1,4 +1,4 @@
-"""infgram.Drafter and infgram.speculative (issue 48): drafts for another engine's loop.
+"""infgram.Drafter and infgram.speculative: drafts for another engine's loop.
 
 The reference loop with a tiny numpy model gives plain decoding's output exactly (greedy) and
 its distribution (sampled); Python's drafts are the HTTP route's; 32 threads drafting for 256
@@ -259,7 +259,7 @@ def test_past_outputs_are_kept_in_their_file(tmp_path):
 
 
 def test_requests_are_bounded_in_bytes_and_a_failed_save_is_an_os_error(tmp_path):
-    """Issue 56, 2 and 4: open requests hold at most `session_bytes` (the least recently used
+    """Open requests hold at most `session_bytes` (the least recently used
     end past it, counted); past outputs that cannot be saved raise OSError, not ValueError."""
     rng = np.random.default_rng(5)
     docs = [[int(t) for t in rng.integers(0, 30, size=100)] for _ in range(3)]

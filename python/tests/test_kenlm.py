@@ -1,4 +1,4 @@
-"""infgram's classic n-gram models against KenLM itself (issue #33's oracle): `lmplz` estimates an
+"""infgram's classic n-gram models against KenLM itself (the oracle): `lmplz` estimates an
 order-5 model of Tiny Shakespeare's train part as words, one sentence a line; infgram's `mkn`
 model of the same text gives the val part's perplexity within 0.01% and every sentence's log10
 probability within 1e-4 of `kenlm.Model`, and infgram's exported ARPA, loaded by `kenlm.Model`,

@@ -1,7 +1,7 @@
 """`infgram.Model`: a neural model (SmolLM2-135M, fetched into the cache by `cargo test` on first
 use) run by infgram from Python. One generation request gives one report through the CLI, the
-HTTP server and Python (issue 47), and the model is a `step` of the reference speculative loop
-whose greedy output is plain decoding's (issue 48)."""
+HTTP server and Python, and the model is a `step` of the reference speculative loop
+whose greedy output is plain decoding's."""
 
 import json
 import subprocess

@@ -75,7 +75,7 @@ def test_one_generation_through_cli_http_and_python(tmp_path):
         cli = json.loads(cli.stdout)
         with served("--index", f"t={idx}") as server:
             http = server.post("/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, "seed": seed})
-        # One generation call, one report (issue 47): the same fields through all three.
+        # One generation call, one report: the same fields through all three.
         report = http["infgram"]
         assert cli["text"] == python["text"] == http["choices"][0]["text"], (seed, cli, python, http)
         assert cli["token_ids"] == python["tokens"] == report["token_ids"], seed

@@ -430,7 +430,7 @@ mod tests {
     use super::*;
 
     /// Lines come without their newline; an overlong one is reported and skipped, not kept,
-    /// and the lines after it are read as usual (issue 32, item 8).
+    /// and the lines after it are read as usual.
     #[test]
     fn batch_lines_are_capped() {
         let long = vec![b'x'; MAX_BATCH_LINE + 10];

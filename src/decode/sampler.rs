@@ -165,7 +165,7 @@ impl Sampler {
 mod tests {
     use super::*;
 
-    /// A temperature whose inverse overflows is greedy (issue 32, item 11): 1e-320 draws the
+    /// A temperature whose inverse overflows is greedy: 1e-320 draws the
     /// argmax as 0 does, instead of finding no token.
     #[test]
     fn a_temperature_that_underflows_is_greedy() {

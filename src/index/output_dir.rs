@@ -563,7 +563,7 @@ mod tests {
         assert_eq!(names(t.path()), ["idx"]);
     }
 
-    /// Issue 56, 7: `--force -o LINK`, LINK a link to an index, replaced the link by a new
+    /// `--force -o LINK`, LINK a link to an index, replaced the link by a new
     /// directory and left the index it named stale. Refused at start and at the swap.
     #[test]
     fn force_refuses_a_link_to_an_index_and_leaves_both() {
@@ -597,7 +597,7 @@ mod tests {
     }
 
     /// `--force` onto a directory whose `index.json` is not infgram's, or an index that holds a
-    /// file of the user's, deletes nothing (the data-loss report of issue 32, item 1).
+    /// file of the user's, deletes nothing (it once deleted such a file).
     #[test]
     fn force_refuses_a_foreign_header_and_an_index_holding_user_files() {
         let t = tempfile::tempdir().unwrap();
@@ -643,7 +643,7 @@ mod tests {
     }
 
     /// Only directories a dead build of the same output marked, holding only index files, are
-    /// removed; names alone never decide (issue 32, item 2).
+    /// removed; names alone never decide.
     #[test]
     fn only_marked_leftovers_of_dead_builds_of_the_same_output_are_removed() {
         let t = tempfile::tempdir().unwrap();

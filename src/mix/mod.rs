@@ -584,7 +584,7 @@ mod tests {
         let mut m = Mixer::default();
         m.dense.pop();
         assert!(m.check().is_err());
-        // SBIS levels as the CLI takes them (issue 32, item 12: a file with k = 0 was taken).
+        // SBIS levels as the CLI takes them (a file with k = 0 was taken).
         for (k, ok) in [(0, false), (-2, false), (-1, true), (1, true), (7, true)] {
             let m = Mixer {
                 features: None,

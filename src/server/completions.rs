@@ -934,7 +934,7 @@ mod tests {
     }
 
     /// A job that panics answers 500 with the panic's message, and the jobs after it run
-    /// (issue 32, item 4: a panic took the worker, and every later completion, down).
+    /// (a panic took the worker, and every later completion, down).
     #[test]
     fn a_panicking_job_fails_alone() {
         let (mut receivers, mut jobs) = (Vec::new(), Vec::new());

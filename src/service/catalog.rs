@@ -266,7 +266,7 @@ mod tests {
     }
 
     /// A byte flipped where opening's sampled blocks do not look is found by the background
-    /// check, which then refuses the index (issue 32, item 16); a whole index passes and is
+    /// check, which then refuses the index; a whole index passes and is
     /// recorded as verified.
     #[test]
     fn the_background_check_finds_what_sampling_missed() {

@@ -447,7 +447,7 @@ fn shapes_that_contradict_the_metadata_are_refused_before_any_pass() {
     );
 }
 
-/// Issue 56, 6: an end-of-sequence id outside the vocabulary was accepted, and generation
+/// An end-of-sequence id outside the vocabulary was accepted, and generation
 /// never ended naturally. Both backends refuse it by its key.
 #[test]
 fn a_special_id_outside_the_vocabulary_is_refused_by_both_backends() {

@@ -182,9 +182,9 @@ fn closed_pipes_and_full_disks() {
     }
 }
 
-/// Two ways of saying one thing are refused, not one of them silently ignored (issue 32, item
-/// 12): a continuation by id and by text, query flags beside `--batch`, a batch line with both
-/// text and ids, a creativity span length past its bound (item 5).
+/// Two ways of saying one thing are refused, not one of them silently ignored: a continuation
+/// by id and by text, query flags beside `--batch`, a batch line with both text and ids, a
+/// creativity span length past its bound.
 #[test]
 fn conflicting_options_are_refused() {
     let tmp = tempfile::tempdir().unwrap();
@@ -233,8 +233,7 @@ fn conflicting_options_are_refused() {
 }
 
 /// Options that do not apply to the request are refused with both named, never accepted and
-/// ignored; orders past the bound, a link loop and a huge temperature give one clear line
-/// (issue 45, items 5 and 11, and the small ones).
+/// ignored; orders past the bound, a link loop and a huge temperature give one clear line.
 #[test]
 fn options_that_do_not_apply_and_numbers_past_their_bounds_are_refused_clearly() {
     let tmp = tempfile::tempdir().unwrap();
@@ -279,7 +278,7 @@ fn options_that_do_not_apply_and_numbers_past_their_bounds_are_refused_clearly()
         let e = err(&infgram(&[&ppl[..], more].concat()));
         assert!(e.contains(named), "{more:?}: {e}");
     }
-    // Issue 56, 5: options that changed nothing were accepted; each is refused, naming the
+    // Options that changed nothing were accepted; each is refused, naming the
     // option it needs.
     for (command, more, needs) in [
         (&ppl[..], &["--limit", "5"][..], "--model"),
@@ -361,7 +360,7 @@ fn options_that_do_not_apply_and_numbers_past_their_bounds_are_refused_clearly()
     assert!(e.contains("1e308") && e.len() < 200, "{e}");
 }
 
-/// Issue 56, 3: a diagnostic that cannot be written (standard error full, or a closed pipe)
+/// A diagnostic that cannot be written (standard error full, or a closed pipe)
 /// panicked (exit 101, the answer lost). It is dropped; the output and the status stay.
 #[test]
 fn diagnostics_that_cannot_be_written_change_nothing() {
@@ -413,7 +412,7 @@ fn diagnostics_that_cannot_be_written_change_nothing() {
     }
 }
 
-/// Issue 56, 9: any broken pipe in an error's causes ended the process with status 0 and no
+/// Any broken pipe in an error's causes ended the process with status 0 and no
 /// word (as a closed standard output does, `| head`). A FIFO output whose reader goes is an
 /// error; standard output's reader going is still not.
 #[test]

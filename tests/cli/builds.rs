@@ -94,8 +94,8 @@ fn force_replaces_only_indexes_and_readers_never_see_a_hole() {
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
 
-/// Inputs that are neither files nor directories are named for what they are (issue 32, item
-/// 13): a FIFO or a device, a loop of symbolic links, a missing path.
+/// Inputs that are neither files nor directories are named for what they are: a FIFO or a
+/// device, a loop of symbolic links, a missing path.
 #[cfg(unix)]
 #[test]
 fn inputs_that_are_not_files_are_named_for_what_they_are() {
@@ -124,7 +124,7 @@ fn inputs_that_are_not_files_are_named_for_what_they_are() {
 /// No build removes a path outside its output and its own temporary directory: not with
 /// `--force` onto a directory whose `index.json` is not infgram's (also as `-o "$PWD"`), not a
 /// user's `OUT.old-2023` beside the output (not even when it is the build's input), and not a
-/// look-alike of a build's temporary after a build was killed with SIGKILL (issue 32, items 1–2).
+/// look-alike of a build's temporary after a build was killed with SIGKILL.
 #[test]
 fn builds_never_remove_a_users_files() {
     let tmp = tempfile::tempdir().unwrap();
@@ -158,7 +158,7 @@ fn builds_never_remove_a_users_files() {
         .unwrap();
     assert!(err(&out).contains("not an infgram index"));
     assert_eq!(snapshot(&root), before, "a failed --force changed files");
-    // Issue 56, 7: `--force -o LINK`, LINK a link to an index, replaced the link by a new
+    // `--force -o LINK`, LINK a link to an index, replaced the link by a new
     // directory and left the index stale. Refused; both left as they were.
     let linked = root.join("linked");
     ok(&infgram(&[

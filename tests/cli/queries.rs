@@ -80,7 +80,7 @@ fn index_then_query_in_other_processes() {
         .unwrap()
         .contains("gz"));
     // A file given itself is named by its file name, never by an absolute path of this
-    // machine (a server shows metadata to its clients: issue 32, item 15).
+    // machine (a server shows metadata to its clients).
     let single = tmp.path().join("single");
     let a = tmp.path().join("corpus").join("a.txt");
     ok(&infgram(&[
@@ -335,7 +335,7 @@ fn sharded_mmap_index_agrees_with_in_memory_index() {
 }
 
 /// A damaged index in the `gen --corpus` cache is rebuilt, with a note, instead of an error
-/// that asks the user to rebuild a cache path (issue 32, item 14).
+/// that asks the user to rebuild a cache path.
 #[test]
 fn a_damaged_cached_index_is_rebuilt() {
     let tmp = tempfile::tempdir().unwrap();

@@ -30,7 +30,7 @@ fn slow_and_vanishing_clients_do_not_hold_the_server() {
     assert!(buf.is_empty() || buf.starts_with("HTTP/1.1 4"), "{buf}");
     // A client that sends its body a byte every 0.1 s: the time limit is for the body as a
     // whole, not from byte to byte, so it is answered 408 long before its 100 bytes are sent
-    // (issue 32, item 7: 200 such clients held their connections).
+    // (200 such clients held their connections).
     let mut trickle = TcpStream::connect(&server.addr).unwrap();
     trickle
         .set_read_timeout(Some(Duration::from_secs(30)))
@@ -194,7 +194,7 @@ fn sigterm_stops_the_server_gracefully() {
     assert!(lines.iter().any(|l| l == "stopped"), "{lines:?}");
 }
 
-/// Issue 56, 3: `serve` panicked at start when standard error could not be written. With
+/// `serve` panicked at start when standard error could not be written. With
 /// 2>/dev/full it serves.
 #[test]
 fn serve_starts_with_standard_error_full() {

@@ -74,13 +74,13 @@ fn sbis_completions_are_the_library_generation_streamed_or_not() {
         &json!({"prompt": ids("the cat"), "max_tokens": 5, "temperature": 0}).to_string(),
     );
     assert_eq!(status, 200, "{v}");
-    // Ids outside the vocabulary are refused as `POST /` refuses them (issue 32, item 10).
+    // Ids outside the vocabulary are refused as `POST /` refuses them.
     for bad in [999u64, 4_294_967_295] {
         let body = json!({"prompt": [116, bad], "max_tokens": 5}).to_string();
         let e = server.refused("/v1/completions", &body, 400);
         assert!(e.contains("vocabulary"), "{e}");
     }
-    // A temperature whose inverse overflows is greedy (issue 32, item 11).
+    // A temperature whose inverse overflows is greedy.
     let greedy = |t: f64| {
         let body = json!({"prompt": "the cat", "max_tokens": 20, "temperature": t, "seed": 3});
         server.post("/v1/completions", &body.to_string())
@@ -202,7 +202,7 @@ fn neural_completions_with_a_model_loaded_once() {
     let mixed = library(&mut loaded, false, true, None);
     let guarded = library(&mut loaded, false, false, Some(4));
     // Requests open no index: the server's opened indexes flow to the drafters, the mixture
-    // and the guard (issue 28: a mixed, guarded request opened one up to three times).
+    // and the guard (a mixed, guarded request opened one up to three times).
     let counter = |name: &str| {
         let (_, text) = server.request("GET", "/metrics", None);
         let line = text
@@ -229,7 +229,7 @@ fn neural_completions_with_a_model_loaded_once() {
     ] {
         let body = json!({"prompt": prompt, "max_tokens": 24, "temperature": 0, "mode": mode,
                           "index": "ts", "guard": guard});
-        // Issue 47: one completion binds its index once: one tokenizer check, no open.
+        // One completion binds its index once: one tokenizer check, no open.
         let checked_before = checks();
         let (status, v) = server.post("/v1/completions", &body.to_string());
         assert_eq!(status, 200, "{mode}: {v}");
@@ -316,7 +316,7 @@ fn neural_completions_with_a_model_loaded_once() {
         400,
     );
     assert!(e.contains("\"speculative\""), "{e}");
-    // Issue 47: the CLI and the server make one service call for a generation and give one
+    // The CLI and the server make one service call for a generation and give one
     // report: the same guarded request has the same fields through both. `how` is the CLI's
     // flags for the HTTP `mode`; both reports come back, their texts checked equal.
     let cli_and_http = |how: &[&str], mode: &str| {

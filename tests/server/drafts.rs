@@ -3,7 +3,7 @@
 
 use super::*;
 
-/// `POST /v1/drafts` (issue 48): the drafts of the library's drafting sessions for the same
+/// `POST /v1/drafts`: the drafts of the library's drafting sessions for the same
 /// contexts, with and without a request id; bad requests get 4xx and the server keeps serving.
 #[test]
 fn drafts_route_answers_the_library_drafts() {
@@ -69,7 +69,7 @@ fn drafts_route_answers_the_library_drafts() {
     assert_eq!(status, 200);
 }
 
-/// Issue 56, 2: drafting sessions had no memory bound (5,000 sessions of 4,000 tokens took a
+/// Drafting sessions had no memory bound (5,000 sessions of 4,000 tokens took a
 /// server from 47 MB to 3.62 GB). A soak of 5,000 sessions, each a context of 4,000 tokens,
 /// stays within the stated budget: resident memory measured, sessions past it dropped and
 /// counted, the newest still drafting.
@@ -153,7 +153,7 @@ fn a_soak_of_draft_sessions_stays_within_the_byte_budget() {
     assert_eq!(metric(&after, "infgram_draft_sessions"), open - 1.0);
     assert!(
         metric(&metrics, "infgram_requests_total{endpoint=\"drafts\"}") >= SESSIONS as f64,
-        "issue 56, 8: /v1/drafts counted under its own endpoint: {metrics}"
+        "/v1/drafts counted under its own endpoint: {metrics}"
     );
 }
 

@@ -109,7 +109,7 @@ fn past_output_files_that_would_fail_are_refused_at_start_and_failed_saves_show_
     assert!(e.contains("does not exist"), "{e}");
 }
 
-/// Issue 56, 4 and 1: a failed save of the past outputs when a drafting request finished was
+/// A failed save of the past outputs when a drafting request finished was
 /// a 400 and left `/health` ok; a good save there did not clear a completion's failure. One
 /// state, whichever route saves; a server fault is 5xx. And a past-outputs file over the
 /// budget is refused at start and kept (it loaded as nothing and the next save emptied it).
@@ -190,7 +190,7 @@ fn past_output_saves_of_every_route_share_one_health_state() {
         "the outputs grew"
     );
     drop(server);
-    // Over the budget: refused at start, the file kept (issue 56, 1).
+    // Over the budget: refused at start, the file kept.
     let before = std::fs::read(&file).unwrap();
     let kept = before.len() - before.iter().position(|&b| b == b'\n').unwrap() - 1;
     let e = fails(

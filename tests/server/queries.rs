@@ -465,7 +465,7 @@ fn bad_requests_get_4xx_with_a_message_and_the_server_keeps_serving() {
             400,
             "unknown variant",
         ),
-        // Issue 56, 5: settings that would change nothing are refused by name.
+        // Settings that would change nothing are refused by name.
         (
             r#"{"prompt": "the", "index": "a", "mode": "sbis", "compare": true}"#.into(),
             400,

@@ -1,6 +1,6 @@
-//! The prompt sets of the `speculative` and `policy` benchmarks (issue #15), fixed before any tuning.
+//! The prompt sets of the `speculative` and `policy` benchmarks, fixed before any tuning.
 
-/// Copy and light-edit prompts as people use them (issue #15; fixed before any tuning): quote
+/// Copy and light-edit prompts as people use them (fixed before any tuning): quote
 /// a passage, copy a paragraph, a story or code, fix typos, rename a variable, reformat a list,
 /// answer with a quotation from a given text.
 pub const COPY_EDIT: [&str; 12] = [

@@ -1,4 +1,4 @@
-//! The repeated-task workload (issue #31): 30 requests of four templates with different data
+//! The repeated-task workload: 30 requests of four templates with different data
 //! (extract fields to JSON, rewrite a SQL query, rename in code, fill a form letter), sent in
 //! sequence to one server on 127.0.0.1, as agentic pipelines send them. Each request goes
 //! twice, greedy: first in `speculative` mode (prompt lookup, the server's past outputs, the

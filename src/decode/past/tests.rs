@@ -98,7 +98,7 @@ fn the_budget_drops_the_oldest_outputs() {
     );
 }
 
-/// Issue 56, 1: a store over the budget was loaded as nothing and emptied by the next
+/// A store over the budget was loaded as nothing and emptied by the next
 /// save; a store at the budget kept only the newest output after one append.
 #[test]
 fn a_store_never_loses_what_it_held_without_saying_so() {
