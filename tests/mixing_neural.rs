@@ -81,20 +81,6 @@ fn mixture_of_smollm2_and_the_infgram() {
 /// `infgram mix fit`, `ppl --model --index --mix` and `gen --mix` end to end, and their errors.
 #[test]
 fn mixing_from_the_command_line() {
-    let run = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_infgram"))
-            .args(args)
-            .output()
-            .unwrap()
-    };
-    let ok = |out: std::process::Output| {
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
     let dir = tempfile::tempdir().unwrap();
     let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
     let (train, val) = infgram::assets::tiny_shakespeare_split().unwrap();
@@ -234,6 +220,19 @@ fn mixing_from_the_command_line() {
     ])))
     .unwrap();
     assert!(g["tokens"].as_u64().unwrap() > 0);
+    documents_the_default_mixer_and_refusals(dir.path(), &train, &v);
+}
+
+/// The second half of `mixing_from_the_command_line`, in its directory `dir` (the index of
+/// `train`'s first 200,000 bytes in `idx`, `val.txt` and the fitted `mix.json`; `v`: the
+/// report of `ppl --mix mix.json` on val.txt): several documents scored on their own with the
+/// overlap check, the default mixer, and the mixer files and indexes refused.
+fn documents_the_default_mixer_and_refusals(
+    dir: &std::path::Path,
+    train: &str,
+    v: &serde_json::Value,
+) {
+    let p = |name: &str| dir.join(name).to_str().unwrap().to_string();
     // Several documents, each scored on its own, with the decontamination check per
     // document: a copy of indexed text is named on stderr and left out with --max-overlap;
     // the headline figures are then exactly those of the other document alone.
@@ -348,6 +347,24 @@ fn mixing_from_the_command_line() {
         !out.status.success() && e.contains("model's tokenizer"),
         "{e}"
     );
+}
+
+/// `infgram ARGS`, its output.
+fn run(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_infgram"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// The standard output of a command that must succeed.
+fn ok(out: std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
 }
 
 /// `gen --model M --mix` without `--index` mixes with the default corpus in the model's

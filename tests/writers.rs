@@ -164,82 +164,91 @@ fn writers(root: &Path) -> Vec<Writer> {
         });
     }
     if cfg!(feature = "neural") {
-        let model = [
-            "--model",
-            "smollm2-135m",
-            "--threads",
-            "1",
-            "--temperature",
-            "0",
-        ];
-        let gen = move |more: &[&str]| {
-            let mut v = s(&["gen"]);
-            v.extend(s(&model));
-            v.extend(s(&[
-                "--prompt",
-                "Say hi",
-                "--max-tokens",
-                "3",
-                "--speculative",
-            ]));
-            v.extend(s(more));
-            v
-        };
-        all.push(Writer {
-            name: "gen --trace",
-            args: Box::new(move |out| gen(&["--trace", &out.display().to_string()])),
-            streams: true,
-            directory: false,
-            replaces_user_files: true,
-        });
-        let (tokens, text) = (p("tokens"), text.clone());
-        all.push(Writer {
-            name: "mix fit -o",
-            args: Box::new(move |out| {
-                let o = out.display().to_string();
-                s(&[
-                    "mix",
-                    "fit",
-                    "--model",
-                    "smollm2-135m",
-                    "--index",
-                    &tokens,
-                    "--text",
-                    &text,
-                    "--window",
-                    "64",
-                    "--stride",
-                    "32",
-                    "-o",
-                    &o,
-                ])
-            }),
-            streams: false,
-            directory: false,
-            replaces_user_files: true,
-        });
-        all.push(Writer {
-            name: "export-tokenizer",
-            args: Box::new(move |out| {
-                s(&[
-                    "export-tokenizer",
-                    "smollm2-135m",
-                    "-o",
-                    &out.display().to_string(),
-                ])
-            }),
-            streams: false,
-            directory: false,
-            replaces_user_files: true,
-        });
-        all.push(Writer {
-            name: "gen --past-outputs",
-            args: Box::new(move |out| gen(&["--past-outputs", &out.display().to_string()])),
-            streams: false,
-            directory: false,
-            replaces_user_files: false,
-        });
+        all.extend(model_writers(root, &text));
     }
+    all
+}
+
+/// The writers of a neural model's subcommands (`text`: the inputs' text file).
+fn model_writers(root: &Path, text: &str) -> Vec<Writer> {
+    let p = |n: &str| root.join(n).display().to_string();
+    let mut all = Vec::new();
+    let model = [
+        "--model",
+        "smollm2-135m",
+        "--threads",
+        "1",
+        "--temperature",
+        "0",
+    ];
+    let gen = move |more: &[&str]| {
+        let mut v = s(&["gen"]);
+        v.extend(s(&model));
+        v.extend(s(&[
+            "--prompt",
+            "Say hi",
+            "--max-tokens",
+            "3",
+            "--speculative",
+        ]));
+        v.extend(s(more));
+        v
+    };
+    all.push(Writer {
+        name: "gen --trace",
+        args: Box::new(move |out| gen(&["--trace", &out.display().to_string()])),
+        streams: true,
+        directory: false,
+        replaces_user_files: true,
+    });
+    let (tokens, text) = (p("tokens"), text.to_string());
+    all.push(Writer {
+        name: "mix fit -o",
+        args: Box::new(move |out| {
+            let o = out.display().to_string();
+            s(&[
+                "mix",
+                "fit",
+                "--model",
+                "smollm2-135m",
+                "--index",
+                &tokens,
+                "--text",
+                &text,
+                "--window",
+                "64",
+                "--stride",
+                "32",
+                "-o",
+                &o,
+            ])
+        }),
+        streams: false,
+        directory: false,
+        replaces_user_files: true,
+    });
+    all.push(Writer {
+        name: "export-tokenizer",
+        args: Box::new(move |out| {
+            s(&[
+                "export-tokenizer",
+                "smollm2-135m",
+                "-o",
+                &out.display().to_string(),
+            ])
+        }),
+        streams: false,
+        directory: false,
+        replaces_user_files: true,
+    });
+    all.push(Writer {
+        name: "gen --past-outputs",
+        args: Box::new(move |out| gen(&["--past-outputs", &out.display().to_string()])),
+        streams: false,
+        directory: false,
+        replaces_user_files: false,
+    });
+
     all
 }
 

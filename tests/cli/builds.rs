@@ -130,67 +130,9 @@ fn builds_never_remove_a_users_files() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().canonicalize().unwrap();
     let text = "the cat sat on the mat and the dog sat on the log";
-    // 1. `--force -o u` where u holds a user's notes and a foreign index.json.
-    let u = root.join("u");
-    std::fs::create_dir(&u).unwrap();
-    std::fs::write(u.join("notes.txt"), "precious").unwrap();
-    std::fs::write(u.join("index.json"), "{}").unwrap();
     let a = root.join("a.txt");
     std::fs::write(&a, text).unwrap();
-    // `index --force -o OUT a.txt`, which must fail: its error.
-    let force = |out: &Path| {
-        err(&infgram(&[
-            "index",
-            "--force",
-            "-o",
-            out.to_str().unwrap(),
-            a.to_str().unwrap(),
-        ]))
-    };
-    let before = snapshot(&root);
-    let e = force(&u);
-    assert!(e.contains("not an infgram index"), "{e}");
-    // The same with the working directory as the output.
-    let out = Command::new(env!("CARGO_BIN_EXE_infgram"))
-        .args(["index", "--force", "-o", u.to_str().unwrap(), "../a.txt"])
-        .current_dir(&u)
-        .output()
-        .unwrap();
-    assert!(err(&out).contains("not an infgram index"));
-    assert_eq!(snapshot(&root), before, "a failed --force changed files");
-    // `--force -o LINK`, LINK a link to an index, replaced the link by a new
-    // directory and left the index stale. Refused; both left as they were.
-    let linked = root.join("linked");
-    ok(&infgram(&[
-        "index",
-        "-o",
-        linked.to_str().unwrap(),
-        a.to_str().unwrap(),
-    ]));
-    std::os::unix::fs::symlink(&linked, root.join("link")).unwrap();
-    let before = snapshot(&root);
-    let e = force(&root.join("link"));
-    assert!(e.contains("symbolic link"), "{e}");
-    assert_eq!(snapshot(&root), before, "--force onto a link changed files");
-    // A real index holding a user's file is not replaced either.
-    let idx = root.join("idx");
-    ok(&infgram(&[
-        "index",
-        "-o",
-        idx.to_str().unwrap(),
-        a.to_str().unwrap(),
-    ]));
-    std::fs::write(idx.join("my-notes.txt"), "mine").unwrap();
-    let e = err(&infgram(&[
-        "index",
-        "--force",
-        "-o",
-        idx.to_str().unwrap(),
-        a.to_str().unwrap(),
-    ]));
-    assert!(e.contains("my-notes.txt"), "{e}");
-    assert!(idx.join("my-notes.txt").exists());
-    std::fs::remove_file(idx.join("my-notes.txt")).unwrap();
+    forced_builds_remove_nothing_of_a_users(&root, &a);
 
     // 2. A user's `data.old-2023` beside `-o data`, given as the input, and a directory named
     // like a dead build's temporary: both survive, and so do they after a killed build.
@@ -292,6 +234,70 @@ fn builds_never_remove_a_users_files() {
             assert_eq!(after.get(path), Some(bytes), "{} changed", path.display());
         }
     }
+}
+
+/// `--force -o u` where u holds a user's notes and a foreign index.json, as the output and
+/// as the working directory; `--force` onto a link to an index; an index holding a user's file
+/// (`a`: a text to index, in `root`).
+fn forced_builds_remove_nothing_of_a_users(root: &Path, a: &Path) {
+    let u = root.join("u");
+    std::fs::create_dir(&u).unwrap();
+    std::fs::write(u.join("notes.txt"), "precious").unwrap();
+    std::fs::write(u.join("index.json"), "{}").unwrap();
+    // `index --force -o OUT a.txt`, which must fail: its error.
+    let force = |out: &Path| {
+        err(&infgram(&[
+            "index",
+            "--force",
+            "-o",
+            out.to_str().unwrap(),
+            a.to_str().unwrap(),
+        ]))
+    };
+    let before = snapshot(root);
+    let e = force(&u);
+    assert!(e.contains("not an infgram index"), "{e}");
+    // The same with the working directory as the output.
+    let out = Command::new(env!("CARGO_BIN_EXE_infgram"))
+        .args(["index", "--force", "-o", u.to_str().unwrap(), "../a.txt"])
+        .current_dir(&u)
+        .output()
+        .unwrap();
+    assert!(err(&out).contains("not an infgram index"));
+    assert_eq!(snapshot(root), before, "a failed --force changed files");
+    // `--force -o LINK`, LINK a link to an index, replaced the link by a new
+    // directory and left the index stale. Refused; both left as they were.
+    let linked = root.join("linked");
+    ok(&infgram(&[
+        "index",
+        "-o",
+        linked.to_str().unwrap(),
+        a.to_str().unwrap(),
+    ]));
+    std::os::unix::fs::symlink(&linked, root.join("link")).unwrap();
+    let before = snapshot(root);
+    let e = force(&root.join("link"));
+    assert!(e.contains("symbolic link"), "{e}");
+    assert_eq!(snapshot(root), before, "--force onto a link changed files");
+    // A real index holding a user's file is not replaced either.
+    let idx = root.join("idx");
+    ok(&infgram(&[
+        "index",
+        "-o",
+        idx.to_str().unwrap(),
+        a.to_str().unwrap(),
+    ]));
+    std::fs::write(idx.join("my-notes.txt"), "mine").unwrap();
+    let e = err(&infgram(&[
+        "index",
+        "--force",
+        "-o",
+        idx.to_str().unwrap(),
+        a.to_str().unwrap(),
+    ]));
+    assert!(e.contains("my-notes.txt"), "{e}");
+    assert!(idx.join("my-notes.txt").exists());
+    std::fs::remove_file(idx.join("my-notes.txt")).unwrap();
 }
 
 /// SIGINT or SIGTERM during a build removes its temporary directory, and the process ends with

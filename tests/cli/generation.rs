@@ -211,6 +211,12 @@ fn copy_guard_attribution_and_creativity_from_the_command_line() {
         plain.contains("[[ what light through yonder window breaks? ]]"),
         "{plain}"
     );
+    creativity_and_the_batch_protocol(tmp.path(), i, t);
+}
+
+/// Creativity from the command line over the index `i` for the text file `t`, and both
+/// attribution and creativity through the batch protocol (files written in `dir`).
+fn creativity_and_the_batch_protocol(dir: &Path, i: &str, t: &str) {
     // Creativity: uniqueness never grows as n shrinks; the index sums it.
     let v = json(&infgram(&[
         "creativity",
@@ -247,7 +253,7 @@ fn copy_guard_attribution_and_creativity_from_the_command_line() {
     ]));
     assert!(e.contains("min n"), "{e}");
     // The batch protocol serves both.
-    let batch = tmp.path().join("q.jsonl");
+    let batch = dir.join("q.jsonl");
     std::fs::write(
         &batch,
         "{\"query_type\": \"attribute\", \"text\": \"what light through yonder\", \"min_len\": 10}\n\

@@ -249,13 +249,62 @@ fn neural_completions_with_a_model_loaded_once() {
         }
     }
     assert_eq!(opens(), opened_at_start, "a request opened an index");
+    past_outputs_of_completions(
+        &server,
+        prompt,
+        [&plain, &guarded],
+        &model_server,
+        past_arg,
+        tmp.path(),
+    );
+    drafting_needs_the_model_s_tokens(&server);
+    cli_and_http_give_one_report(&server, prompt, &idx, &guarded);
+    a_client_that_leaves_frees_the_queue(&server, prompt);
+}
+
+/// The index a model's completion drafts from must be in the model's tokens (SBIS still serves
+/// the byte index), and drafts need the model to verify them.
+fn drafting_needs_the_model_s_tokens(server: &Server) {
+    // The index named must be in the model's tokens; sbis still serves the byte index.
+    let e = server.refused(
+        "/v1/completions",
+        r#"{"prompt": "x", "mode": "speculative", "index": "small"}"#,
+        400,
+    );
+    assert!(e.contains("tokenizer"), "{e}");
+    let (status, _) = server.post(
+        "/v1/completions",
+        r#"{"prompt": "the", "mode": "sbis", "index": "small", "max_tokens": 5}"#,
+    );
+    assert_eq!(status, 200);
+    // Drafts are verified by the model: `speculative` with the index alone is refused, named.
+    let e = server.refused(
+        "/v1/completions",
+        r#"{"prompt": "the", "mode": "sbis", "index": "small", "speculative": true}"#,
+        400,
+    );
+    assert!(e.contains("\"speculative\""), "{e}");
+}
+
+/// The server's past outputs after `neural_completions_…`'s five completions: the same task
+/// drafts from them (`want`: the plain and the guarded output), a guarded request still copies
+/// at most 4 tokens, a restarted server (`model_server`) reads all seven from `past_arg`, and a
+/// file that is not one (in `dir`) is refused at start, as is the option without a model.
+fn past_outputs_of_completions(
+    server: &Server,
+    prompt: &str,
+    [plain, guarded]: [&String; 2],
+    model_server: &dyn Fn(&[&str]) -> Server,
+    past_arg: &str,
+    dir: &Path,
+) {
     // Every completion's output went into the server's past outputs; the same task again
     // drafts from them (output still the plain one), and a guarded request still copies at
     // most 4 tokens of the corpus though an unguarded answer is among the past outputs.
     let (_, health) = server.request("GET", "/health", None);
     let health: Value = serde_json::from_str(&health).unwrap();
     assert_eq!(health["past_outputs"]["outputs"], 5, "{health}");
-    for (guard, want) in [(None, &plain), (Some(4), &guarded)] {
+    for (guard, want) in [(None, plain), (Some(4), guarded)] {
         let body = json!({"prompt": prompt, "max_tokens": 24, "temperature": 0,
                           "mode": "speculative", "index": "ts", "guard": guard});
         let (status, v) = server.post("/v1/completions", &body.to_string());
@@ -279,7 +328,7 @@ fn neural_completions_with_a_model_loaded_once() {
     drop(restarted);
     // A file that is not a past-outputs file is refused at start and left as it is, and so is
     // the option without a model.
-    let foreign = tmp.path().join("notes.txt");
+    let foreign = dir.join("notes.txt");
     std::fs::write(&foreign, "my notes\n").unwrap();
     let e = fails(&[
         "serve",
@@ -297,27 +346,13 @@ fn neural_completions_with_a_model_loaded_once() {
     assert_eq!(std::fs::read_to_string(&foreign).unwrap(), "my notes\n");
     let e = fails(&["serve", "--addr", "127.0.0.1:0", "--past-outputs", past_arg]);
     assert!(e.contains("--model"), "{e}");
-    // The index named must be in the model's tokens; sbis still serves the byte index.
-    let e = server.refused(
-        "/v1/completions",
-        r#"{"prompt": "x", "mode": "speculative", "index": "small"}"#,
-        400,
-    );
-    assert!(e.contains("tokenizer"), "{e}");
-    let (status, _) = server.post(
-        "/v1/completions",
-        r#"{"prompt": "the", "mode": "sbis", "index": "small", "max_tokens": 5}"#,
-    );
-    assert_eq!(status, 200);
-    // Drafts are verified by the model: `speculative` with the index alone is refused, named.
-    let e = server.refused(
-        "/v1/completions",
-        r#"{"prompt": "the", "mode": "sbis", "index": "small", "speculative": true}"#,
-        400,
-    );
-    assert!(e.contains("\"speculative\""), "{e}");
-    // The CLI and the server make one service call for a generation and give one
-    // report: the same guarded request has the same fields through both. `how` is the CLI's
+}
+
+/// The CLI and the server make one service call for a generation and give one report: the
+/// same guarded request (`guarded`: its text) has the same fields through both, on the index
+/// `idx` (served as `ts`).
+fn cli_and_http_give_one_report(server: &Server, prompt: &str, idx: &Path, guarded: &str) {
+    // `how` is the CLI's
     // flags for the HTTP `mode`; both reports come back, their texts checked equal.
     let cli_and_http = |how: &[&str], mode: &str| {
         let idx = idx.to_str().unwrap();
@@ -380,7 +415,11 @@ fn neural_completions_with_a_model_loaded_once() {
     ] {
         assert_eq!(cli[key], v["infgram"][key], "{key}: {cli} {v}");
     }
-    // A client that leaves mid-stream: its generation stops, and the next one runs at once.
+}
+
+/// A client that leaves mid-stream: its generation stops, and the next one runs at once; while
+/// it runs the queue takes 8 more and the next is told 429, and queries are answered.
+fn a_client_that_leaves_frees_the_queue(server: &Server, prompt: &str) {
     let body = json!({"prompt": prompt, "max_tokens": 2048, "stream": true, "temperature": 0.7,
                       "seed": 3})
     .to_string();

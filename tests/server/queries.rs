@@ -134,9 +134,17 @@ fn every_query_type_answers_as_the_library_does() {
             "{qt}"
         );
     }
+    rows_documents_and_the_service_routes(&server, &idx);
+}
+
+/// The second half of `every_query_type_answers_as_the_library_does`: infgram_rows, document
+/// search and fetches, attribution and creativity, the API's own fields, and the health,
+/// metrics and models routes, on `server` over the index `idx`.
+fn rows_documents_and_the_service_routes(server: &Server, idx: &Path) {
+    let subject = |s: &str| Subject::ids(ids(s));
     // infgram_rows with its parameters: a window, an end token read back from the text, SBIS.
     let want = library(
-        &idx,
+        idx,
         Query::InfgramRows {
             subject: subject("the cat. the dog"),
             eos_token_id: Some(b'.' as u32),
@@ -165,17 +173,17 @@ fn every_query_type_answers_as_the_library_does() {
     };
     assert_eq!(
         server.query(json!({"query_type": "search_docs", "query": "cat sat", "max_disp_len": 30})),
-        library(&idx, q(1))
+        library(idx, q(1))
     );
     let three = server.query(
         json!({"query_type": "search_docs", "query": "cat sat", "maxnum": 3, "max_disp_len": 30}),
     );
-    assert_eq!(three, library(&idx, q(3)));
+    assert_eq!(three, library(idx, q(3)));
     assert_eq!(three["documents"].as_array().unwrap().len(), 3);
     // attribute and creativity.
     let text = "the cat sat on the mat and the dog ran on a log";
     let want = library(
-        &idx,
+        idx,
         Query::Attribute {
             subject: subject(text),
             min_len: 6,
@@ -185,7 +193,7 @@ fn every_query_type_answers_as_the_library_does() {
     );
     assert_eq!(server.query(json!({"query_type": "attribute", "query": text, "min_len": 6, "maxnum": 2, "max_disp_len": 20})), want);
     let want = library(
-        &idx,
+        idx,
         Query::Creativity {
             subject: subject(text),
             min_n: 5,
@@ -198,7 +206,7 @@ fn every_query_type_answers_as_the_library_does() {
     );
     // Documents by rank and by pointer.
     let want = library(
-        &idx,
+        idx,
         Query::GetDocByRank {
             subject: subject(""),
             s: 0,
@@ -213,7 +221,7 @@ fn every_query_type_answers_as_the_library_does() {
         want
     );
     let want = library(
-        &idx,
+        idx,
         Query::GetDocByPtr {
             subject: subject(""),
             s: 0,
@@ -266,9 +274,59 @@ fn bad_requests_get_4xx_with_a_message_and_the_server_keeps_serving() {
         "--max-maxnum",
         "5",
     ]);
+    let cases = bad_requests();
+    for (i, (body, status, says)) in cases.iter().enumerate() {
+        let path = if body.contains("\"prompt\"") || body.contains("frobnicate") {
+            "/v1/completions"
+        } else {
+            "/"
+        };
+        if *status == 200 {
+            assert_eq!(server.post(path, body).0, 200, "{body}");
+            continue;
+        }
+        let e = server.refused(path, body, *status);
+        assert!(
+            e.contains(says),
+            "case {i}: {body} → {e:?} should say {says:?}"
+        );
+        // Between bad requests, good ones are still answered.
+        assert_eq!(
+            server.query(json!({"index": "b", "query_type": "count", "query": "cat"}))["approx"],
+            json!(false)
+        );
+    }
+    // Wrong methods and paths: JSON errors too.
+    let (status, text) = server.request("GET", "/", None);
+    assert_eq!(status, 405, "{text}");
+    assert!(text.contains("\"error\""));
+    let (status, text) = server.request("GET", "/nowhere", None);
+    assert_eq!(status, 404, "{text}");
+    // One log line per request, none a panic.
+    std::thread::sleep(Duration::from_millis(200));
+    let lines: Vec<String> = server.log.lock().unwrap().try_iter().collect();
+    assert!(lines.len() >= 2 * cases.len(), "{} log lines", lines.len());
+    assert!(
+        lines.iter().any(|l| l.contains("POST / 404 count")),
+        "{lines:?}"
+    );
+    assert!(!lines.iter().any(|l| l.contains("panicked")), "{lines:?}");
+    let (_, metrics) = server.request("GET", "/metrics", None);
+    assert!(
+        !metrics
+            .lines()
+            .any(|l| l.starts_with("infgram_server_errors_total") && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+}
+
+/// Malformed or refused requests to the server of `bad_requests_get_4xx_…` (indexes `a` and
+/// `b`, `--max-body 2000`, `--max-maxnum 5`): each body, the status it gets, and what its
+/// message says (200: a request near a limit that passes).
+fn bad_requests() -> Vec<(String, u16, &'static str)> {
     let long = "x".repeat(1001);
     let many: Vec<u32> = vec![1; 501];
-    let cases: Vec<(String, u16, &str)> = vec![
+    vec![
         ("{not json".into(), 400, "not valid JSON"),
         ("[1, 2]".into(), 400, "JSON object"),
         (r#"{"index": "a"}"#.into(), 400, "query_type"),
@@ -409,7 +467,15 @@ fn bad_requests_get_4xx_with_a_message_and_the_server_keeps_serving() {
             413,
             "larger than",
         ),
-        // Completions.
+    ]
+    .into_iter()
+    .chain(bad_completions())
+    .collect()
+}
+
+/// The completion requests of [`bad_requests`].
+fn bad_completions() -> Vec<(String, u16, &'static str)> {
+    vec![
         (
             r#"{"prompt": "the", "index": "a", "max_tokens": 0}"#.into(),
             400,
@@ -493,48 +559,5 @@ fn bad_requests_get_4xx_with_a_message_and_the_server_keeps_serving() {
             400,
             "not a completion request",
         ),
-    ];
-    for (i, (body, status, says)) in cases.iter().enumerate() {
-        let path = if body.contains("\"prompt\"") || body.contains("frobnicate") {
-            "/v1/completions"
-        } else {
-            "/"
-        };
-        if *status == 200 {
-            assert_eq!(server.post(path, body).0, 200, "{body}");
-            continue;
-        }
-        let e = server.refused(path, body, *status);
-        assert!(
-            e.contains(says),
-            "case {i}: {body} → {e:?} should say {says:?}"
-        );
-        // Between bad requests, good ones are still answered.
-        assert_eq!(
-            server.query(json!({"index": "b", "query_type": "count", "query": "cat"}))["approx"],
-            json!(false)
-        );
-    }
-    // Wrong methods and paths: JSON errors too.
-    let (status, text) = server.request("GET", "/", None);
-    assert_eq!(status, 405, "{text}");
-    assert!(text.contains("\"error\""));
-    let (status, text) = server.request("GET", "/nowhere", None);
-    assert_eq!(status, 404, "{text}");
-    // One log line per request, none a panic.
-    std::thread::sleep(Duration::from_millis(200));
-    let lines: Vec<String> = server.log.lock().unwrap().try_iter().collect();
-    assert!(lines.len() >= 2 * cases.len(), "{} log lines", lines.len());
-    assert!(
-        lines.iter().any(|l| l.contains("POST / 404 count")),
-        "{lines:?}"
-    );
-    assert!(!lines.iter().any(|l| l.contains("panicked")), "{lines:?}");
-    let (_, metrics) = server.request("GET", "/metrics", None);
-    assert!(
-        !metrics
-            .lines()
-            .any(|l| l.starts_with("infgram_server_errors_total") && !l.ends_with(" 0")),
-        "{metrics}"
-    );
+    ]
 }
