@@ -16,7 +16,8 @@
 #    variant of the kernels, then the built-in ones again (the same binary, run after run);
 # 3. `bench_decode speculative` on the GPU: plain against speculative decoding on the copy /
 #    edit, Shakespeare and open prompt sets, with whether every output equals plain decoding's
-#    (the "identical" column: lossless on the device);
+#    (the "identical" column: lossless on the device); for a coder model (a file named
+#    *coder*, such as qwen2.5-coder-0.5b-instruct-q4_k_m.gguf), `bench_decode edits` too;
 # 4. llama.cpp's llama-bench on the same file (tg128, pp16; from scripts/build-llama-bench.sh,
 #    its folder in LLAMA_BENCH_DIR), and the same prompts through Hugging Face transformers on
 #    the same GPU, where PyTorch, transformers and gguf are installed (scripts/hf_baseline.py).
@@ -97,6 +98,14 @@ for model in "$@"; do
         [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "(did not finish in ${limit} s; last lines:)"; tail -3 "$log"; }
         rm -f "$log"
     done
+    # A coder model (a file named *coder*): the code-edit set through its chat template,
+    # speculative against plain decoding, on the GPU (the summary table).
+    case "${name,,}" in
+    *coder*)
+        section "$name: code edits, speculative against plain decoding (GPU)"
+        timeout 420 "$bench" edits --model "$model" --device cuda 2>&1 | tail -4
+        ;;
+    esac
     # The other decoders on the device, each against plain decoding (`identical`), and the
     # model's perplexity: a Shakespeare passage the prompts quote.
     section "$name: the other decoders and ppl on the GPU (speculative vs plain, greedy)"
