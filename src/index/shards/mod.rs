@@ -653,8 +653,9 @@ pub(crate) fn asked(
             questions.len()
         )));
     }
+    let (separator, vocab) = (shards.separator(), shards.vocab_size());
     for ((s, q), a) in questions.iter().zip(&answers) {
-        let bounds = Bounds::new(infos[*s], shards.separator(), shards.vocab_size());
+        let bounds = Bounds::new(infos[*s], separator, vocab);
         check_answer(q, a, &bounds).map_err(|why| {
             Error::Unavailable(format!(
                 "shard {s} answered wrongly ({why}); its answer is not used: check that every \
