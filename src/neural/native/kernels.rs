@@ -304,6 +304,8 @@ trait NibbleTile: Copy + 'static {
     /// What a stored quant exceeds the signed one by (Q5_0: 16), subtracted in integers; 0
     /// where the tile keeps offsets `m` instead.
     const CENTER: i32;
+    /// The [`QRows`] start that takes `CENTER·Σq_a` out (none where `CENTER` is 0).
+    const START: Option<Start>;
     /// Scales come from super-blocks (K-quants).
     const K: bool;
     fn qs(&self) -> &[[u8; 64]; 4];
@@ -314,6 +316,7 @@ trait NibbleTile: Copy + 'static {
 
 impl NibbleTile for Q4Tile {
     const CENTER: i32 = 0;
+    const START: Option<Start> = None;
     const K: bool = false;
     #[inline(always)]
     fn qs(&self) -> &[[u8; 64]; 4] {
@@ -334,6 +337,7 @@ impl NibbleTile for Q4Tile {
 
 impl NibbleTile for Q5Tile {
     const CENTER: i32 = 0;
+    const START: Option<Start> = None;
     const K: bool = false;
     #[inline(always)]
     fn qs(&self) -> &[[u8; 64]; 4] {
@@ -351,6 +355,7 @@ impl NibbleTile for Q5Tile {
 
 impl NibbleTile for Q5_0Tile {
     const CENTER: i32 = 16;
+    const START: Option<Start> = Some(Start::Q5_0);
     const K: bool = false;
     #[inline(always)]
     fn qs(&self) -> &[[u8; 64]; 4] {
@@ -372,6 +377,7 @@ impl NibbleTile for Q5_0Tile {
 
 impl NibbleTile for Q4KTile {
     const CENTER: i32 = 0;
+    const START: Option<Start> = None;
     const K: bool = true;
     #[inline(always)]
     fn qs(&self) -> &[[u8; 64]; 4] {
@@ -393,6 +399,7 @@ impl NibbleTile for Q4KTile {
 
 impl NibbleTile for Q5KTile {
     const CENTER: i32 = 0;
+    const START: Option<Start> = None;
     const K: bool = true;
     #[inline(always)]
     fn qs(&self) -> &[[u8; 64]; 4] {
@@ -886,21 +893,46 @@ fn quantize_blocks(
 const PARALLEL_QUANTIZE: usize = 4096;
 
 /// [`quantize_blocks`] with `isa`'s vectors.
-fn quantize_blocks_on(
-    isa: Isa,
-    x: &[f32],
-    d: &mut [f32],
-    s: &mut [f32],
-    qs: &mut [[i8; 32]],
-    sums: &mut [[i32; 2]],
-) {
-    #[cfg(target_arch = "x86_64")]
-    if isa != Isa::Scalar {
+fn quantize_blocks_on(isa: Isa, x: &[f32], out: BlocksOut) {
+    let BlocksOut {
+        d,
+        s,
+        qs,
+        sums,
+        starts,
+    } = out;
+    match isa {
+        #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::detect` saw AVX2 and FMA before choosing a vector ISA.
-        return unsafe { quantize_blocks_avx2(x, d, s, qs, sums) };
+        Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni => unsafe {
+            quantize_blocks_avx2(x, d, s, qs, sums)
+        },
+        _ => quantize_blocks(x, d, s, qs, sums),
     }
-    let _ = isa;
-    quantize_blocks(x, d, s, qs, sums)
+    for (start, &[h0, h1]) in starts.iter_mut().zip(sums.iter()) {
+        *start = [-16 * (h0 + h1), -128 * (h0 + h1), -32 * h0, -32 * h1];
+    }
+}
+
+/// Where [`quantize_blocks_on`] writes a stretch of blocks (the fields of [`QRows`]).
+struct BlocksOut<'a> {
+    d: &'a mut [f32],
+    s: &'a mut [f32],
+    qs: &'a mut [[i8; 32]],
+    sums: &'a mut [[i32; 2]],
+    starts: &'a mut [[i32; 4]],
+}
+
+/// Which of a block's [`QRows`] `starts` a weight type's integer sums begin from.
+#[derive(Clone, Copy)]
+enum Start {
+    /// Q5_0's quants exceed the signed ones by 16: `−16·Σq_a`.
+    Q5_0 = 0,
+    /// Q8_0's stored `q + 128`: `−128·Σq_a`.
+    Q8_0 = 1,
+    /// Half h of a Q6_K block (quants exceed the signed ones by 32): `−32·Σq_a` of that half.
+    Q6KHalf0 = 2,
+    Q6KHalf1 = 3,
 }
 
 /// [`quantize_blocks`] in AVX2 intrinsics: the same float operations (a multiply, then the
@@ -978,6 +1010,10 @@ pub struct QRows {
     /// `Σq` of each block's two halves: what the byte tiles' `q + 128` weights add (times
     /// 128) to a product, for the VNNI kernels to take back out.
     sums: Vec<[i32; 2]>,
+    /// What each block's integer sums start from for the weight types that store unsigned
+    /// quants above a center ([`Start`]): the centers' products with `Σq_a`, taken out by
+    /// starting the sum there instead of by a subtraction per row and block.
+    starts: Vec<[i32; 4]>,
 }
 
 impl QRows {
@@ -989,8 +1025,7 @@ impl QRows {
     /// [`QRows::quantize`] with `isa`'s vectors (the same bits on every ISA).
     pub fn quantize_on(&mut self, isa: Isa, x: &[f32], cols: usize) {
         self.resize_for(x, cols);
-        let (d, s, qs, sums) = (&mut self.d, &mut self.s, &mut self.qs, &mut self.sums);
-        quantize_blocks_on(isa, x, d, s, qs, sums)
+        quantize_blocks_on(isa, x, self.blocks_out())
     }
 
     /// [`QRows::quantize_on`], split across `pool`'s threads when `x` is long enough to pay
@@ -1010,11 +1045,30 @@ impl QRows {
             .zip(split_mut(&mut self.s, &parts))
             .zip(split_mut(&mut self.qs, &parts))
             .zip(split_mut(&mut self.sums, &parts))
+            .zip(split_mut(&mut self.starts, &parts))
             .zip(xs)
             .collect();
-        pool.run_each(items, &|((((d, s), qs), sums), r)| {
-            quantize_blocks_on(isa, &x[r], d, s, qs, sums)
+        pool.run_each(items, &|(((((d, s), qs), sums), starts), r)| {
+            let out = BlocksOut {
+                d,
+                s,
+                qs,
+                sums,
+                starts,
+            };
+            quantize_blocks_on(isa, &x[r], out)
         });
+    }
+
+    /// All blocks' slots, for [`quantize_blocks_on`].
+    fn blocks_out(&mut self) -> BlocksOut<'_> {
+        BlocksOut {
+            d: &mut self.d,
+            s: &mut self.s,
+            qs: &mut self.qs,
+            sums: &mut self.sums,
+            starts: &mut self.starts,
+        }
     }
 
     /// Sizes the buffers for `x` (`cols` a multiple of the block).
@@ -1027,6 +1081,7 @@ impl QRows {
         self.s.resize(blocks, 0.0);
         self.qs.resize(blocks, [0; 32]);
         self.sums.resize(blocks, [0; 2]);
+        self.starts.resize(blocks, [0; 4]);
     }
 
     /// Number of rows.
@@ -1041,7 +1096,8 @@ impl QRows {
             d: &self.d[span.clone()],
             s: &self.s[span.clone()],
             qs: &self.qs[span.clone()],
-            sums: &self.sums[span],
+            sums: &self.sums[span.clone()],
+            starts: &self.starts[span],
         }
     }
 }
@@ -1052,6 +1108,7 @@ struct Row<'a> {
     s: &'a [f32],
     qs: &'a [[i8; 32]],
     sums: &'a [[i32; 2]],
+    starts: &'a [[i32; 4]],
 }
 
 /// Below this many tile groups (of 16 weight rows) per thread a product is not split.
@@ -1329,7 +1386,7 @@ mod x86 {
     //! SIMD versions of [`super::tile_scalar`]: the same integer sums and the same float
     //! operations in the same order, 16 (AVX-512) or 8 (AVX2) weight rows per register.
     use super::{
-        super_of, NibbleTile, Q6KTile, Q8_0Tile, Row, Scales, SuperScales, Tiles, TILE_ROWS,
+        super_of, NibbleTile, Q6KTile, Q8_0Tile, Row, Scales, Start, SuperScales, Tiles, TILE_ROWS,
     };
     use std::arch::x86_64::*;
 
@@ -1414,6 +1471,60 @@ mod x86 {
         }
     }
 
+    /// Block b of every row times a block's eight registers of weight quads: one chain of
+    /// `vpdpbusd` per row, the rows' chains interleaved so that no instruction waits on the
+    /// one before it (integer sums: any order gives the same values).
+    #[inline(always)]
+    unsafe fn dot_rows<const N: usize>(
+        w: &[__m512i; 8],
+        rows: &[Row; N],
+        b: usize,
+        start: Option<Start>,
+    ) -> [__m512i; N] {
+        let mut sums = starts(rows, b, start);
+        for (t, &w) in w.iter().enumerate() {
+            for (s, row) in sums.iter_mut().zip(rows) {
+                *s = _mm512_dpbusd_epi32(*s, w, _mm512_set1_epi32(quad(&row.qs[b], t)));
+            }
+        }
+        sums
+    }
+
+    /// Each row's [`Start`] of block b broadcast (one load each), or zeros.
+    #[inline(always)]
+    unsafe fn starts<const N: usize>(
+        rows: &[Row; N],
+        b: usize,
+        start: Option<Start>,
+    ) -> [__m512i; N] {
+        let mut sums = [_mm512_setzero_si512(); N];
+        if let Some(which) = start {
+            // (A loop, not `array::from_fn`: closures do not inherit the target features.)
+            for (s, row) in sums.iter_mut().zip(rows) {
+                *s = _mm512_set1_epi32(row.starts[b][which as usize]);
+            }
+        }
+        sums
+    }
+
+    /// [`dot_rows`] of quads `4h..4h + 4` alone (half h of a Q6_K block).
+    #[inline(always)]
+    unsafe fn dot_rows_half<const N: usize>(
+        w: &[__m512i; 8],
+        rows: &[Row; N],
+        b: usize,
+        h: usize,
+    ) -> [__m512i; N] {
+        let half = [Start::Q6KHalf0, Start::Q6KHalf1][h];
+        let mut sums = starts(rows, b, Some(half));
+        for (t, &w) in w.iter().enumerate().skip(4 * h).take(4) {
+            for (s, row) in sums.iter_mut().zip(rows) {
+                *s = _mm512_dpbusd_epi32(*s, w, _mm512_set1_epi32(quad(&row.qs[b], t)));
+            }
+        }
+        sums
+    }
+
     #[inline(always)]
     unsafe fn nibbles_avx512<T: NibbleTile, const N: usize>(
         tiles: &[T],
@@ -1455,18 +1566,9 @@ mod x86 {
                 }
             }
             let (dw, mw) = scales16(tile.scales(super_of::<T>(supers, b)));
+            let sums = dot_rows(&w, rows, b, T::START);
             for i in 0..N {
-                let a = &rows[i].qs[b];
-                let (mut s0, mut s1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
-                for t in (0..8).step_by(2) {
-                    s0 = _mm512_dpbusd_epi32(s0, w[t], _mm512_set1_epi32(quad(a, t)));
-                    s1 = _mm512_dpbusd_epi32(s1, w[t + 1], _mm512_set1_epi32(quad(a, t + 1)));
-                }
-                let mut isum = _mm512_add_epi32(s0, s1);
-                if T::CENTER != 0 {
-                    let [h0, h1] = rows[i].sums[b];
-                    isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(T::CENTER * (h0 + h1)));
-                }
+                let isum = sums[i];
                 let t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(rows[i].d[b]));
                 acc[i] = _mm512_fmadd_ps(t, dw, acc[i]);
                 if T::CENTER == 0 {
@@ -1487,17 +1589,10 @@ mod x86 {
             let w: [__m512i; 8] =
                 std::array::from_fn(|t| _mm512_loadu_si512(tile.qs[t].as_ptr() as *const __m512i));
             let dw = halves16(&tile.d);
+            // Weights q + 128 against signed activations: the sums start at −128·Σq_a.
+            let sums = dot_rows(&w, rows, b, Some(Start::Q8_0));
             for i in 0..N {
-                // Weights q + 128 against signed activations: take 128·Σq_a back out.
-                let a = &rows[i].qs[b];
-                let (mut s0, mut s1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
-                for t in (0..8).step_by(2) {
-                    s0 = _mm512_dpbusd_epi32(s0, w[t], _mm512_set1_epi32(quad(a, t)));
-                    s1 = _mm512_dpbusd_epi32(s1, w[t + 1], _mm512_set1_epi32(quad(a, t + 1)));
-                }
-                let [h0, h1] = rows[i].sums[b];
-                let bias = _mm512_set1_epi32(128 * (h0 + h1));
-                let isum = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), bias);
+                let isum = sums[i];
                 let t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(rows[i].d[b]));
                 acc[i] = _mm512_fmadd_ps(t, dw, acc[i]);
             }
@@ -1547,19 +1642,13 @@ mod x86 {
                 _mm512_mul_ps(d, bytes16(tile.sc[0].as_ptr() as *const u8, true)),
                 _mm512_mul_ps(d, bytes16(tile.sc[1].as_ptr() as *const u8, true)),
             ];
-            for i in 0..N {
-                let a = &rows[i].qs[b];
-                let (mut s0, mut s1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
-                for t in 0..4 {
-                    s0 = _mm512_dpbusd_epi32(s0, w[t], _mm512_set1_epi32(quad(a, t)));
-                    s1 = _mm512_dpbusd_epi32(s1, w[t + 4], _mm512_set1_epi32(quad(a, t + 4)));
-                }
-                let da = _mm512_set1_ps(rows[i].d[b]);
-                let sums = rows[i].sums[b];
-                for (h, s) in [s0, s1].into_iter().enumerate() {
-                    let isum = _mm512_sub_epi32(s, _mm512_set1_epi32(32 * sums[h]));
-                    let t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), da);
-                    acc[i] = _mm512_fmadd_ps(t, dw[h], acc[i]);
+            // Half h of every row, then the next: each row's two terms keep their order.
+            for (h, dw) in dw.into_iter().enumerate() {
+                let sums = dot_rows_half(&w, rows, b, h);
+                for i in 0..N {
+                    let t =
+                        _mm512_mul_ps(_mm512_cvtepi32_ps(sums[i]), _mm512_set1_ps(rows[i].d[b]));
+                    acc[i] = _mm512_fmadd_ps(t, dw, acc[i]);
                 }
             }
         }
