@@ -909,8 +909,8 @@ fn quantize_blocks_on(isa: Isa, x: &[f32], out: BlocksOut) {
         },
         _ => quantize_blocks(x, d, s, qs, sums),
     }
-    for (start, &[h0, h1]) in starts.iter_mut().zip(sums.iter()) {
-        *start = [-16 * (h0 + h1), -128 * (h0 + h1), -32 * h0, -32 * h1];
+    for (start, &halves) in starts.iter_mut().zip(sums.iter()) {
+        *start = Start::of(halves);
     }
 }
 
@@ -933,6 +933,14 @@ enum Start {
     /// Half h of a Q6_K block (quants exceed the signed ones by 32): `−32·Σq_a` of that half.
     Q6KHalf0 = 2,
     Q6KHalf1 = 3,
+}
+
+impl Start {
+    /// A block's starts, indexed by [`Start`], from its halves' `Σq_a`.
+    fn of([h0, h1]: [i32; 2]) -> [i32; 4] {
+        let center = Q5_0Tile::CENTER;
+        [-center * (h0 + h1), -128 * (h0 + h1), -32 * h0, -32 * h1]
+    }
 }
 
 /// [`quantize_blocks`] in AVX2 intrinsics: the same float operations (a multiply, then the
@@ -1008,7 +1016,7 @@ pub struct QRows {
     s: Vec<f32>,
     qs: Vec<[i8; 32]>,
     /// `Σq` of each block's two halves: what the byte tiles' `q + 128` weights add (times
-    /// 128) to a product, for the VNNI kernels to take back out.
+    /// 128) to a product, for the scalar and 256-bit kernels to take back out.
     sums: Vec<[i32; 2]>,
     /// What each block's integer sums start from for the weight types that store unsigned
     /// quants above a center ([`Start`]): the centers' products with `Σq_a`, taken out by
@@ -1471,28 +1479,14 @@ mod x86 {
         }
     }
 
-    /// Block b of every row times a block's eight registers of weight quads: one chain of
-    /// `vpdpbusd` per row, the rows' chains interleaved so that no instruction waits on the
-    /// one before it (integer sums: any order gives the same values).
+    /// Block b of every row times the weight quads `quads` of a block's eight registers: one
+    /// chain of `vpdpbusd` per row from the row's [`Start`] (or zero), the rows' chains
+    /// interleaved so that no instruction waits on the one before it (integer sums: any order
+    /// gives the same values).
     #[inline(always)]
     unsafe fn dot_rows<const N: usize>(
         w: &[__m512i; 8],
-        rows: &[Row; N],
-        b: usize,
-        start: Option<Start>,
-    ) -> [__m512i; N] {
-        let mut sums = starts(rows, b, start);
-        for (t, &w) in w.iter().enumerate() {
-            for (s, row) in sums.iter_mut().zip(rows) {
-                *s = _mm512_dpbusd_epi32(*s, w, _mm512_set1_epi32(quad(&row.qs[b], t)));
-            }
-        }
-        sums
-    }
-
-    /// Each row's [`Start`] of block b broadcast (one load each), or zeros.
-    #[inline(always)]
-    unsafe fn starts<const N: usize>(
+        quads: std::ops::Range<usize>,
         rows: &[Row; N],
         b: usize,
         start: Option<Start>,
@@ -1504,22 +1498,9 @@ mod x86 {
                 *s = _mm512_set1_epi32(row.starts[b][which as usize]);
             }
         }
-        sums
-    }
-
-    /// [`dot_rows`] of quads `4h..4h + 4` alone (half h of a Q6_K block).
-    #[inline(always)]
-    unsafe fn dot_rows_half<const N: usize>(
-        w: &[__m512i; 8],
-        rows: &[Row; N],
-        b: usize,
-        h: usize,
-    ) -> [__m512i; N] {
-        let half = [Start::Q6KHalf0, Start::Q6KHalf1][h];
-        let mut sums = starts(rows, b, Some(half));
-        for (t, &w) in w.iter().enumerate().skip(4 * h).take(4) {
+        for t in quads {
             for (s, row) in sums.iter_mut().zip(rows) {
-                *s = _mm512_dpbusd_epi32(*s, w, _mm512_set1_epi32(quad(&row.qs[b], t)));
+                *s = _mm512_dpbusd_epi32(*s, w[t], _mm512_set1_epi32(quad(&row.qs[b], t)));
             }
         }
         sums
@@ -1566,7 +1547,7 @@ mod x86 {
                 }
             }
             let (dw, mw) = scales16(tile.scales(super_of::<T>(supers, b)));
-            let sums = dot_rows(&w, rows, b, T::START);
+            let sums = dot_rows(&w, 0..8, rows, b, T::START);
             for i in 0..N {
                 let isum = sums[i];
                 let t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(rows[i].d[b]));
@@ -1590,7 +1571,7 @@ mod x86 {
                 std::array::from_fn(|t| _mm512_loadu_si512(tile.qs[t].as_ptr() as *const __m512i));
             let dw = halves16(&tile.d);
             // Weights q + 128 against signed activations: the sums start at −128·Σq_a.
-            let sums = dot_rows(&w, rows, b, Some(Start::Q8_0));
+            let sums = dot_rows(&w, 0..8, rows, b, Some(Start::Q8_0));
             for i in 0..N {
                 let isum = sums[i];
                 let t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(rows[i].d[b]));
@@ -1643,8 +1624,9 @@ mod x86 {
                 _mm512_mul_ps(d, bytes16(tile.sc[1].as_ptr() as *const u8, true)),
             ];
             // Half h of every row, then the next: each row's two terms keep their order.
-            for (h, dw) in dw.into_iter().enumerate() {
-                let sums = dot_rows_half(&w, rows, b, h);
+            let halves = [(0..4, Start::Q6KHalf0), (4..8, Start::Q6KHalf1)];
+            for ((quads, start), dw) in halves.into_iter().zip(dw) {
+                let sums = dot_rows(&w, quads, rows, b, Some(start));
                 for i in 0..N {
                     let t =
                         _mm512_mul_ps(_mm512_cvtepi32_ps(sums[i]), _mm512_set1_ps(rows[i].d[b]));
