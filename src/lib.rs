@@ -3,7 +3,8 @@
 //! Layers, bottom to top (a module imports only modules of its own layer or below; drawn in
 //! `ARCHITECTURE.md`):
 //!
-//! 1. [`error`] (and [`diag!`], the notes and warnings that never panic), [`assets`] (the
+//! 1. [`error`] (and [`diag!`], the notes and warnings that never panic), [`isolate`] (work
+//!    on hostile input in a child process bounded in time and memory), [`assets`] (the
 //!    in-tree Tiny Shakespeare; fetching the default corpus and model from package
 //!    registries), [`corpus`] (reading `.txt` / `.jsonl[.gz|.zst]` inputs),
 //!    [`tokenizer`] (bytes, `tokenizer.json`, the tokenizer of a GGUF file), `gguf` (feature
@@ -43,6 +44,7 @@ pub mod fuzz_targets;
 #[cfg(feature = "neural")]
 pub mod gguf;
 pub mod index;
+pub mod isolate;
 pub mod lm;
 pub mod mix;
 #[cfg(feature = "neural")]

@@ -102,3 +102,29 @@ fn ordinary_conversations_tokenize_as_the_rendered_prompt() {
         }
     }
 }
+
+/// The templates models ship fit their fuel with room to spare: SmolLM2's and Qwen2.5's
+/// (with its tool-call branches) over one message and over the most a conversation may
+/// hold, each well under the steps [`infgram::tokenizer::chat::FUEL_BASE`] and
+/// [`infgram::tokenizer::chat::FUEL_PER_MESSAGE`] allow.
+#[test]
+fn real_templates_fit_their_fuel() {
+    use infgram::tokenizer::chat::{FUEL_BASE, FUEL_PER_MESSAGE, MAX_MESSAGES, ROLES};
+    for name in ["smollm2-135m", "qwen2.5-coder-0.5b"] {
+        let tok = tokenizer(name);
+        let template = tok.chat_template().unwrap();
+        for n in [1, 2, MAX_MESSAGES] {
+            let messages: Vec<Message> = (0..n)
+                .map(|i| Message::new(ROLES[i % 3], &format!("message {i}")))
+                .collect();
+            let steps = template.steps(&messages, true).unwrap();
+            let fuel = FUEL_BASE + FUEL_PER_MESSAGE * n as u64;
+            eprintln!("{name}: {n} messages, {steps} steps of {fuel}");
+            assert!(steps * 4 < fuel, "{name}: {n} messages take {steps} steps");
+        }
+        let many: Vec<Message> = (0..MAX_MESSAGES)
+            .map(|i| Message::new(ROLES[1 + i % 2], "hi"))
+            .collect();
+        assert!(encode_chat(&tok, &many, false).unwrap().len() > MAX_MESSAGES);
+    }
+}

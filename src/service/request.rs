@@ -259,6 +259,9 @@ impl GenerateRequest {
     /// Fills in the defaults and checks every field; `max_tokens_limit` is the most tokens the
     /// caller lets one generation write ([`MAX_GEN_TOKENS`], or a server's lower limit).
     pub fn check(&self, max_tokens_limit: usize) -> Result<CheckedRequest> {
+        if let Prompt::Chat { messages, .. } = &self.prompt {
+            crate::tokenizer::chat::check_messages(messages)?;
+        }
         let s = &self.sampling;
         let temperature = s.temperature.unwrap_or(defaults::TEMPERATURE);
         if !(temperature.is_finite() && (0.0..=MAX_TEMPERATURE).contains(&temperature)) {
