@@ -546,14 +546,24 @@ fn prompt_ids(
     tok: &dyn Tokenizer,
     limits: &Limits,
 ) -> Result<Vec<u32>, ApiError> {
-    if let request::Prompt::Text(t) = &req.prompt {
-        let chars = t.chars().count();
-        if chars > limits.prompt_chars {
-            return Err(ApiError::bad(format!(
-                "the prompt is {chars} characters; this server takes at most {}",
-                limits.prompt_chars
-            )));
+    // A conversation's messages together are held to a prompt's bound (their count to the
+    // library's, checked with their roles before the template renders).
+    let chars = match &req.prompt {
+        request::Prompt::Text(t) => t.chars().count(),
+        request::Prompt::Chat { messages, .. } => {
+            messages.iter().map(|m| m.content.chars().count()).sum()
         }
+        request::Prompt::Ids(_) => 0,
+    };
+    if chars > limits.prompt_chars {
+        let what = match req.prompt {
+            request::Prompt::Chat { .. } => "the messages are",
+            _ => "the prompt is",
+        };
+        return Err(ApiError::bad(format!(
+            "{what} {chars} characters; this server takes at most {}",
+            limits.prompt_chars
+        )));
     }
     let ids = req
         .prompt_ids(tok)

@@ -244,6 +244,8 @@ pub fn serve(config: ServerConfig, ready: impl FnOnce(&Server)) -> crate::error:
         ready(&server);
         server.run(shutdown).await
     });
+    // Work still running on the blocking pool past the grace period is not waited for.
+    runtime.shutdown_timeout(Duration::from_secs(1));
     // A save of the past outputs that the exit cuts short leaves no temporary file.
     crate::service::build::remove_unfinished();
     served
@@ -356,7 +358,7 @@ async fn check_origin(State(state): State<Arc<AppState>>, req: Request, next: Ne
     match state.hosts.check(req.headers(), json_route) {
         Ok(()) => next.run(req).await,
         Err(e) => {
-            let mut response = error_response("other", &e);
+            let mut response = refusal(req.uri().path(), &e);
             response.headers_mut().insert(
                 header::CONNECTION,
                 header::HeaderValue::from_static("close"),
@@ -376,6 +378,7 @@ async fn whole_body_in_time(
     next: Next,
 ) -> Response {
     let (parts, body) = req.into_parts();
+    let path = parts.uri.path().to_string();
     let limits = &state.limits;
     let read = axum::body::to_bytes(body, limits.body_bytes);
     let refused = match tokio::time::timeout(limits.client_time, read).await {
@@ -400,12 +403,24 @@ async fn whole_body_in_time(
             ),
         },
     };
-    let mut response = error_response("other", &refused);
+    let mut response = refusal(&path, &refused);
     response.headers_mut().insert(
         header::CONNECTION,
         header::HeaderValue::from_static("close"),
     );
     response
+}
+
+/// A refusal before a request reaches its handler, in the shape of the route it asked for:
+/// OpenAI's error object on the chat route, `{"error": MESSAGE}` elsewhere.
+fn refusal(path: &str, e: &ApiError) -> Response {
+    match path {
+        "/v1/chat/completions" => Shape::Chat {
+            include_usage: false,
+        }
+        .error(e),
+        _ => error_response("other", e),
+    }
 }
 
 /// Records every request in the metrics and (unless turned off) logs one line for it; a
@@ -663,17 +678,21 @@ impl Shape {
     /// (as every route of this server), OpenAI's error object for a chat (what its clients
     /// show: `{"error": {"message", "type", "param", "code"}}`).
     fn error(self, e: &ApiError) -> Response {
+        json_response("completions", e.status, &self.error_body(e))
+    }
+
+    /// The body of a refusal in this shape (also the event that ends a stream cut short).
+    fn error_body(self, e: &ApiError) -> Value {
         match self {
-            Shape::Text => error_response("completions", e),
+            Shape::Text => json!({ "error": e.message }),
             Shape::Chat { .. } => {
                 let kind = match e.status {
                     500.. => "server_error",
                     _ => "invalid_request_error",
                 };
-                let body = json!({"error": {
+                json!({"error": {
                     "message": e.message, "type": kind, "param": null, "code": null
-                }});
-                json_response("completions", e.status, &body)
+                }})
             }
         }
     }
@@ -683,9 +702,26 @@ impl Shape {
 async fn complete(state: Arc<AppState>, req: CompletionRequest, shape: Shape) -> Response {
     const ENDPOINT: &str = "completions";
     let stream = req.stream;
-    let (events, mode) = match state.generator.submit(req, &state.indexes, &state.limits) {
-        Ok(x) => x,
-        Err(e) => return shape.error(&e),
+    // Rendering a chat template and tokenizing a prompt take the blocking pool, never an I/O
+    // thread: a slow one holds neither `/health` nor the shutdown signal.
+    let task_state = state.clone();
+    let submitted = tokio::task::spawn_blocking(move || {
+        task_state
+            .generator
+            .submit(req, &task_state.indexes, &task_state.limits)
+    })
+    .await;
+    let (events, mode) = match submitted {
+        Ok(Ok(x)) => x,
+        Ok(Err(e)) => return shape.error(&e),
+        Err(_panicked) => {
+            return shape.error(&ApiError {
+                status: 500,
+                message: "reading the prompt failed inside the engine (a bug: please report it \
+                          with the request)"
+                    .into(),
+            })
+        }
     };
     let n = state.completions.fetch_add(1, Relaxed);
     let id = match shape {
@@ -801,7 +837,7 @@ fn streamed(answer: Answer, events: tokio::sync::mpsc::UnboundedReceiver<Event>)
                     Some(Event::Text(t)) => (answer.text_events(&t, first), false),
                     Some(Event::Done(Ok(s))) => (answer.end_events(&s, first), true),
                     Some(Event::Done(Err(e))) => (
-                        format!("{}data: [DONE]\n\n", sse(&json!({ "error": e.message }))),
+                        format!("{}data: [DONE]\n\n", sse(&answer.shape.error_body(&e))),
                         true,
                     ),
                     None => return None,
