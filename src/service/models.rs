@@ -72,7 +72,7 @@ pub struct ModelOptions {
 #[cfg(feature = "neural")]
 mod loading {
     use super::{Backend, Device, ModelOptions, Requantize};
-    use crate::decode::policy::{calibrate, CostModel, CALIBRATED_SIZES};
+    use crate::decode::policy::{calibrate, plausible_costs, CostModel};
     use crate::error::{Error, Result};
     use crate::lm::LanguageModel;
     use crate::neural::source::ModelSource;
@@ -205,6 +205,20 @@ mod loading {
             Some(file) => source.tokenizer_from(file)?,
             None => source.tokenizer()?,
         };
+        // A GGUF file's vocabulary and its embedding's rows are one list (llama.cpp pads the
+        // vocabulary to the rows): a shorter one would load, decode greedily, and fail in the
+        // middle of a sampled generation at the first id past it.
+        let own_vocabulary = opts.tokenizer.is_none() && matches!(source, ModelSource::Gguf(_));
+        if own_vocabulary && tokenizer.vocab_size() != model.vocab_size() {
+            return Err(Error::input(format!(
+                "{}: its vocabulary has {} tokens and its embedding {} rows, which a model file \
+                 has as many of (the file is damaged or was converted wrongly); fetch or \
+                 convert it again, or pass the model's tokenizer.json with --tokenizer FILE",
+                path.display(),
+                tokenizer.vocab_size(),
+                model.vocab_size()
+            )));
+        }
         if tokenizer.vocab_size() > model.vocab_size() {
             return Err(Error::input(format!(
                 "the tokenizer has {} ids, more than the model's {}: pass the model's own \
@@ -232,7 +246,8 @@ mod loading {
         /// model file, machine and options), read from there afterwards. The decode loop goes
         /// on measuring its own passes; this is what it plans its first drafts with, where the
         /// built-in table (measured on SmolLM2) would plan a larger model's too long. A
-        /// calibration that fails leaves the built-in table.
+        /// calibration that fails leaves the built-in table; a file whose figures no machine
+        /// measures ([`plausible_costs`]: absurd times, free drafts) is measured again.
         pub fn pass_costs(&mut self) -> CostModel {
             if let Some(c) = &self.costs {
                 return c.clone();
@@ -243,9 +258,7 @@ mod loading {
             let points: Option<Vec<(usize, f64)>> = std::fs::read(&file)
                 .ok()
                 .and_then(|b| serde_json::from_slice(&b).ok())
-                .filter(|p: &Vec<(usize, f64)>| {
-                    p.len() == CALIBRATED_SIZES.len() && p.iter().all(|x| x.1 > 0.0)
-                });
+                .filter(|p: &Vec<(usize, f64)>| plausible_costs(p));
             let points = match points {
                 Some(p) => Some(p),
                 None => match calibrate(self.model.as_mut(), CALIBRATION_REPEATS) {

@@ -232,18 +232,25 @@ fn byte_level_pre_tokenizer(pre: &str) -> Option<(serde_json::Value, bool)> {
 }
 
 /// The chat template of GGUF metadata (`tokenizer.chat_template`), with the texts of its
-/// first and end tokens; `None` for a file without one (a base model).
+/// first and end tokens; `None` for a file without one (a base model). A template that is not
+/// text (a number, an array) is refused: the file is damaged, and an instruct model prompted
+/// without its turns would answer as garbage without a word.
 pub fn chat_template_of(
     content: &Content,
     path: &Path,
 ) -> Result<Option<super::chat::ChatTemplate>> {
-    let Some(source) = content
-        .metadata
-        .get("tokenizer.chat_template")
-        .and_then(|v| v.to_string().ok())
-    else {
+    let Some(value) = content.metadata.get("tokenizer.chat_template") else {
         return Ok(None);
     };
+    let source = value.to_string().map_err(|_| {
+        Error::Tokenizer(format!(
+            "{}: tokenizer.chat_template is a {:?}, not text (the file is damaged); pass the \
+             model's tokenizer.json with --tokenizer FILE, whose turns are ChatML's or \
+             Gemma's",
+            path.display(),
+            value.value_type()
+        ))
+    })?;
     let tokens = strings(content, "tokenizer.ggml.tokens", path)?;
     let token = |key: &str| {
         content

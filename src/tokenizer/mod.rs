@@ -223,9 +223,9 @@ pub struct HfTokenizer {
 type Controls = (aho_corasick::AhoCorasick, Vec<u32>);
 
 impl HfTokenizer {
-    /// Loads a `tokenizer.json`.
+    /// Loads a `tokenizer.json` (of at most [`MAX_TOKENIZER_BYTES`]).
     pub fn from_json_file(path: &Path) -> Result<Self> {
-        let json = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let json = read_capped(path, MAX_TOKENIZER_BYTES)?;
         Self::from_json_str(&json, "hf", path)
     }
 
@@ -256,6 +256,7 @@ impl HfTokenizer {
             .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
         let vocab = inner.get_vocab(true);
         let size = vocab.values().map(|&v| v as usize + 1).max().unwrap_or(0);
+        check_id_range(size, vocab.len(), path)?;
         let mut id_to_token = vec![String::new(); size];
         for (tok, id) in vocab {
             id_to_token[id as usize] = tok;
@@ -343,6 +344,59 @@ impl HfTokenizer {
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
     }
+}
+
+/// Bytes of a `tokenizer.json` at most (the largest vocabularies' files are tens of
+/// megabytes).
+pub const MAX_TOKENIZER_BYTES: u64 = 256 << 20;
+
+/// Ids a vocabulary may span: one past its largest id at most (the largest vocabularies
+/// models ship have about a quarter of a million tokens).
+pub const MAX_VOCAB_IDS: usize = 1 << 24;
+
+/// The text of `path`, refused past `limit` bytes before they are read (a device or FIFO is
+/// read up to the limit and no further).
+pub fn read_capped(path: &Path, limit: u64) -> Result<String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let too_big = || {
+        Error::input(format!(
+            "{}: larger than the {} MiB infgram reads of such a file; is it the right file? \
+             (a tokenizer.json, a model's config)",
+            path.display(),
+            limit >> 20
+        ))
+    };
+    if file
+        .metadata()
+        .is_ok_and(|m| m.is_file() && m.len() > limit)
+    {
+        return Err(too_big());
+    }
+    let mut bytes = Vec::new();
+    file.take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(path, e))?;
+    if bytes.len() as u64 > limit {
+        return Err(too_big());
+    }
+    String::from_utf8(bytes)
+        .map_err(|e| Error::Tokenizer(format!("{}: not UTF-8 text: {e}", path.display())))
+}
+
+/// Refuses a vocabulary whose ids span `size` (its largest id + 1) with `entries` tokens when
+/// the span is past [`MAX_VOCAB_IDS`] or mostly holes: the table of tokens by id is allocated
+/// for the span.
+fn check_id_range(size: usize, entries: usize, path: &Path) -> Result<()> {
+    if size > MAX_VOCAB_IDS || size > 2 * entries + 1024 {
+        return Err(Error::Tokenizer(format!(
+            "{}: a token id of {} in a vocabulary of {entries} tokens; ids run from 0 with few \
+             gaps, below {MAX_VOCAB_IDS} (the file is damaged, or not a tokenizer of a model)",
+            path.display(),
+            size - 1
+        )));
+    }
+    Ok(())
 }
 
 /// The parts of a tokenizer.json that decide ids, serialized canonically (keys sorted), so

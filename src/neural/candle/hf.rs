@@ -30,9 +30,12 @@ pub struct HfLlama {
     device: Device,
 }
 
+/// Bytes of a model directory's JSON files (`config.json`, the shards' index) at most.
+const MAX_JSON_BYTES: u64 = 16 << 20;
+
 /// The shard file names a `model.safetensors.index.json` lists, sorted, each once.
 pub(crate) fn shard_names(index: &Path) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(index).map_err(|e| Error::io(index, e))?;
+    let text = crate::tokenizer::read_capped(index, MAX_JSON_BYTES)?;
     let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| model_err(index, e))?;
     let map = json["weight_map"]
         .as_object()
@@ -76,7 +79,7 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
 /// Reads `config.json` and refuses architectures other than llama.
 fn read_config(dir: &Path) -> Result<LlamaConfig> {
     let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let text = crate::tokenizer::read_capped(&path, MAX_JSON_BYTES)?;
     let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| model_err(&path, e))?;
     let kind = json["model_type"].as_str().unwrap_or("(none)");
     if kind != "llama" {
