@@ -96,6 +96,24 @@ pub fn calibrate(
     Ok(out)
 }
 
+/// Whether `(n, milliseconds)` pairs read back from a file are ones [`calibrate`] could have
+/// measured: the [`CALIBRATED_SIZES`] in order, each time finite and between a microsecond
+/// and a minute, and each pass neither cheaper than half a single step nor dearer than
+/// `2·n` of them (n steps do the work of a pass of n). Anything else plans drafts on what no
+/// machine does (a pass of 16 tokens for free, or single steps dearer than any draft), and is
+/// measured again.
+pub fn plausible_costs(points: &[(usize, f64)]) -> bool {
+    let sizes_match = points.len() == CALIBRATED_SIZES.len()
+        && points.iter().zip(CALIBRATED_SIZES).all(|(p, n)| p.0 == n);
+    if !sizes_match || !points.iter().all(|p| (1e-3..=60_000.0).contains(&p.1)) {
+        return false;
+    }
+    let step = points[0].1;
+    points
+        .iter()
+        .all(|&(n, ms)| ms >= 0.5 * step && ms <= 2.0 * n as f64 * step)
+}
+
 impl CostModel {
     /// From measured `(n, milliseconds)` pairs, n ascending from 1.
     pub fn from_ms(points: &[(usize, f64)]) -> CostModel {
@@ -593,6 +611,51 @@ impl DraftPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Pass costs read back from a calibration file are taken only when a machine could have
+    /// measured them: the built-in table, a GPU's flat costs and a slow machine's pass; not
+    /// absurd times, free drafts, steps dearer than drafts, other sizes or NaN.
+    #[test]
+    fn implausible_pass_costs_are_measured_again() {
+        let table = [(1, 5.7), (2, 6.1), (4, 8.6), (8, 14.0), (16, 25.6)];
+        assert!(plausible_costs(&table));
+        assert!(plausible_costs(&[
+            (1, 0.2),
+            (2, 0.2),
+            (4, 0.21),
+            (8, 0.2),
+            (16, 0.22)
+        ]));
+        assert!(plausible_costs(&[
+            (1, 900.0),
+            (2, 1000.0),
+            (4, 1300.0),
+            (8, 2e3),
+            (16, 4e3)
+        ]));
+        let with = |i: usize, ms: f64| {
+            let mut p = table;
+            p[i].1 = ms;
+            p
+        };
+        for (i, ms) in [
+            (0, 1e30),
+            (4, 1e30),
+            (4, 1e-9),
+            (4, 0.1),
+            (0, 100.0),
+            (2, f64::NAN),
+            (1, f64::INFINITY),
+            (3, -1.0),
+        ] {
+            assert!(!plausible_costs(&with(i, ms)), "{i} {ms}");
+        }
+        assert!(!plausible_costs(&table[..4]));
+        let mut sizes = table;
+        sizes[4].0 = 32;
+        assert!(!plausible_costs(&sizes));
+        assert!(!plausible_costs(&[(1, 1e30); 5]));
+    }
 
     #[test]
     fn calibration_follows_recent_passes_and_never_locks() {
