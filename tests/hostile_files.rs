@@ -99,8 +99,10 @@ fn with_template(md: &mut Vec<(String, Value)>, value: Value) {
 const LOOPS: &str =
     "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
 const WRITES: &str = "{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}";
+const HOARDS: &str = "{% set ns = namespace(s='xx') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}";
 
-/// `gen` with a template that loops, or writes 10 GB, or is a number: a clear error each,
+/// `gen` with a template that loops, writes 10 GB, doubles a string forty times or is a
+/// number: a clear error each,
 /// within the test's bound, with the way out (`--raw`, or the model's tokenizer.json); with
 /// `--raw` the looping file still generates.
 #[test]
@@ -114,6 +116,7 @@ fn gen_refuses_hostile_templates() {
             "writes more than",
         ),
         ("number.gguf", Value::U32(7), "not text"),
+        ("hoards.gguf", Value::String(HOARDS.into()), "MiB of memory"),
     ] {
         let model = rewrite(tmp.path(), name, |md| with_template(md, template));
         let model = model.to_str().unwrap();

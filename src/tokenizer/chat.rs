@@ -18,9 +18,9 @@
 //! (minijinja's fuel, [`FUEL_BASE`] and [`FUEL_PER_MESSAGE`]), in what it writes
 //! ([`MAX_RENDERED_BYTES`] beside the messages' own bytes), in its source
 //! ([`MAX_TEMPLATE_BYTES`]), and, since one step can still loop over a long list or double a
-//! string, in CPU time and memory: on Linux it renders in a child process with limits of its
-//! own ([`crate::isolate`], [`RENDER_CPU`], [`RENDER_MEMORY`]), which a template that runs
-//! past them takes down alone. Past any bound the render ends with an error that says to pass
+//! string, in CPU time and memory: on Linux it renders in a worker process with limits of its
+//! own for each render ([`crate::isolate`], [`RENDER_CPU`], [`RENDER_MEMORY`]), which a
+//! template that runs past them takes down alone. Past any bound the render ends with an error that says to pass
 //! the prompt raw. A conversation is input too: at most [`MAX_MESSAGES`] messages, each of a
 //! role the turns know ([`ROLES`]), since a role is written into the template's own text.
 
@@ -95,12 +95,12 @@ pub const FUEL_BASE: u64 = 50_000;
 /// Steps a render may take for each message, beside [`FUEL_BASE`].
 pub const FUEL_PER_MESSAGE: u64 = 2_000;
 
-/// CPU time a render may take (in a child process, [`crate::isolate`]): the templates models
+/// CPU time a render may take (in the render worker, [`crate::isolate`]): the templates models
 /// ship take milliseconds over the most messages a conversation may hold.
 pub const RENDER_CPU: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Memory a render may take beside 16 bytes for each byte of the messages' text (in a child
-/// process, [`crate::isolate`]).
+/// Memory a render may take beside 16 bytes for each byte of the messages' text (in the
+/// render worker, [`crate::isolate`]).
 pub const RENDER_MEMORY: u64 = 256 << 20;
 
 /// Bytes a render may write beside twice the messages' own (a template writes each message
@@ -239,16 +239,15 @@ impl ChatTemplate {
             cpu: RENDER_CPU,
             memory: RENDER_MEMORY + 16 * texts,
         };
-        type Rendered = std::result::Result<Vec<(String, u64)>, String>;
-        let bytes = crate::isolate::run(bounds, || {
-            let out: Rendered = conversations
-                .iter()
-                .map(|c| self.render_counted(c, add_generation_prompt))
-                .collect::<Result<_>>()
-                .map_err(|e| e.to_string());
-            serde_json::to_vec(&out).unwrap_or_default()
-        })
-        .map_err(|stopped| {
+        let request = RenderRequest {
+            source: &self.source,
+            bos_token: &self.bos_token,
+            eos_token: &self.eos_token,
+            conversations,
+            add_generation_prompt,
+        };
+        let request = serde_json::to_vec(&request).expect("strings serialize");
+        let bytes = crate::isolate::call(bounds, render_served, &request).map_err(|stopped| {
             Error::input(format!(
                 "the model's chat template was stopped: {stopped}; pass the prompt as it is \
                  (--raw, /v1/completions)"
@@ -327,6 +326,44 @@ fn bad_template(e: &minijinja::Error) -> Error {
     Error::input(format!(
         "the model's chat template: {msg}; pass the prompt as it is (--raw, /v1/completions)"
     ))
+}
+
+/// What a render apart is sent ([`ChatTemplate::render_apart`]).
+#[derive(Serialize)]
+struct RenderRequest<'a> {
+    source: &'a str,
+    bos_token: &'a str,
+    eos_token: &'a str,
+    conversations: &'a [&'a [Message]],
+    add_generation_prompt: bool,
+}
+
+/// The texts and steps of each render, or the error of the first that failed.
+type Rendered = std::result::Result<Vec<(String, u64)>, String>;
+
+/// What the render worker runs ([`crate::isolate`]): a [`RenderRequest`] as JSON in, a
+/// [`Rendered`] as JSON out.
+fn render_served(request: &[u8]) -> Vec<u8> {
+    #[derive(Deserialize)]
+    struct Owned {
+        source: String,
+        bos_token: String,
+        eos_token: String,
+        conversations: Vec<Vec<Message>>,
+        add_generation_prompt: bool,
+    }
+    let out: Rendered = serde_json::from_slice::<Owned>(request)
+        .map_err(|e| e.to_string())
+        .and_then(|r| {
+            let t = ChatTemplate::new(&r.source, &r.bos_token, &r.eos_token)
+                .map_err(|e| e.to_string())?;
+            r.conversations
+                .iter()
+                .map(|c| t.render_counted(c, r.add_generation_prompt))
+                .collect::<Result<_>>()
+                .map_err(|e| e.to_string())
+        });
+    serde_json::to_vec(&out).unwrap_or_default()
 }
 
 /// A piece of a template rendered over placeholders.
