@@ -271,7 +271,8 @@ fn a_damaged_cached_model_is_fetched_again_or_refused() {
         ] {
             let mut cmd = infgram(args);
             cmd.env("INFGRAM_MODELS", tmp.path())
-                .env("PIP_NO_INDEX", "1");
+                .env("PIP_NO_INDEX", "1")
+                .env_remove("PIP_FIND_LINKS");
             let e = fails(cmd, "damaged cache");
             assert!(
                 e.contains("is damaged") && e.contains(says),

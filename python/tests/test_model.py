@@ -35,11 +35,14 @@ def model_index(tmp_path_factory):
     return idx
 
 
-# The report's fields that do not depend on timing.
+# The report's fields that do not depend on timing. How drafts are planned does: the decode
+# loop learns what its passes cost from their times (after three of a size), so the passes,
+# drafts and acceptance of the same greedy text can differ between two runs of one front end
+# (seen with the server: 10 passes and 17 drafted tokens, or 11 and 16), and are checked for
+# sense rather than equality.
 SAME = ["text", "token_ids", "tokens", "prompt_tokens", "natural_end", "cancelled", "guard_exhausted",
-        "max_copied_span", "guard_blocked", "speculative", "mix", "identical", "acceptance_rate",
-        "mean_accepted", "context_tokens"]
-SAME_STATS = ["passes", "drafted", "accepted", "accepted_by_drafter", "exhausted"]
+        "max_copied_span", "guard_blocked", "speculative", "mix", "identical", "context_tokens"]
+SAME_STATS = ["exhausted"]
 
 
 def test_one_model_generation_through_cli_http_and_python(model_index, tmp_path):
@@ -75,6 +78,10 @@ def test_one_model_generation_through_cli_http_and_python(model_index, tmp_path)
             assert p.get(key) == c.get(key) == h.get(key, p["text"] if key == "text" else None), (run, key, p, c, h)
         for key in SAME_STATS:
             assert p["stats"][key] == c["stats"][key] == h["stats"][key], (run, key)
+        for r in (p, c, h):
+            s = r["stats"]
+            assert 0 < s["accepted"] <= s["drafted"] and s["passes"] <= s["tokens"], r
+            assert s["accepted"] == sum(s["accepted_by_drafter"].values()), r
         assert p["speculative"] and p["mix"] and p["identical"], p
     # The second run drafted from the first's output (kept by each front end).
     assert python[1]["stats"]["accepted_by_drafter"].get("past", 0) > 0, python[1]

@@ -294,27 +294,31 @@ fn attend_portable<const SB: usize, const VC: usize>(
     let group = n_head / cfg.n_kv_head;
     // Every row sees at most `width` positions; each pair's scores get a stretch that long.
     let width = pos + q.len() / cfg.q_width();
-    SCRATCH.with_borrow_mut(|(pairs, scores)| {
-        for g in 0..cfg.n_kv_head {
-            pairs.clear();
-            pairs.extend(
-                units
-                    .clone()
-                    .map(|u| (u / n_head, u % n_head))
-                    .filter(|&(_, h)| h / group == g)
-                    .map(|(row, head)| at.pair(row, head)),
-            );
-            if pairs.is_empty() {
-                continue;
-            }
-            // Whole sets of `HEADS_TOGETHER` stretches, for the softmax sums.
-            scores.clear();
-            scores.resize(pairs.len().next_multiple_of(HEADS_TOGETHER) * width, 0.0);
-            score_pairs::<SB>(cfg, cache, g, q, pairs, scores, width);
-            softmax_pairs(pairs, scores, width);
-            weigh_pairs::<VC>(cfg, cache, g, pairs, scores, width, out);
+    // The scratch is taken out of its thread-local and put back after, so that the work runs
+    // here, inlined into the entry point with its target features: in a closure passed to
+    // `LocalKey::with` it was inlined or not as LLVM chose, and where it was not, every
+    // `mul_add` became a call of `fmaf` (a completion of SmolLM2 three times slower).
+    let (mut pairs, mut scores) = SCRATCH.with_borrow_mut(std::mem::take);
+    for g in 0..cfg.n_kv_head {
+        pairs.clear();
+        pairs.extend(
+            units
+                .clone()
+                .map(|u| (u / n_head, u % n_head))
+                .filter(|&(_, h)| h / group == g)
+                .map(|(row, head)| at.pair(row, head)),
+        );
+        if pairs.is_empty() {
+            continue;
         }
-    });
+        // Whole sets of `HEADS_TOGETHER` stretches, for the softmax sums.
+        scores.clear();
+        scores.resize(pairs.len().next_multiple_of(HEADS_TOGETHER) * width, 0.0);
+        score_pairs::<SB>(cfg, cache, g, q, &pairs, &mut scores, width);
+        softmax_pairs(&pairs, &mut scores, width);
+        weigh_pairs::<VC>(cfg, cache, g, &pairs, &scores, width, out);
+    }
+    SCRATCH.set((pairs, scores));
 }
 
 thread_local! {
