@@ -128,9 +128,8 @@ for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "architectures":
         print(m["executable"])')
-    # Stripped copies to carry to a GPU machine, and all of it in one gzip'd tar (about 33 MB:
-    # one call of the device tool), with bench_decode's Shakespeare corpus for a machine
-    # without network.
+    # Stripped copies to carry to a GPU machine, and all of it in one gzip'd tar (about 33 MB,
+    # one file to copy), with bench_decode's Shakespeare corpus for a machine without network.
     dist=$CARGO_TARGET_DIR/dist
     mkdir -p "$dist"
     for f in release/infgram release/examples/bench_decode; do

@@ -10,7 +10,7 @@
 #   pool; decoding is unaffected).
 # * The result is target/llama/dist (the binary and ggml's shared libraries, each once, with an
 #   rpath of $ORIGIN; scripts/device-check.sh runs it from there) and the same packed in
-#   target/llama/llama-bench.tar.gz (45 MB: one call of the device tool). On the GPU machine
+#   target/llama/llama-bench.tar.gz (45 MB, one file to copy). On the GPU machine
 #   put PyTorch's CUDA 13 libraries (libcudart, libcublas) on LD_LIBRARY_PATH, as
 #   device-check.sh does.
 #

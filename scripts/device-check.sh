@@ -6,7 +6,7 @@
 # DIR holds `infgram` and `bench_decode` built with the `cuda` feature (default:
 # target/cuda/release, what `bash scripts/build-cuda.sh` makes; DIR/examples is looked in
 # too; target/cuda/dist has them stripped, with the benchmark's corpus, to carry). The models are GGUF files on this machine (SmolLM2-135M-Instruct Q4_1 and
-# gemma-3-270m Q4_K_M are the issue's; no network is needed). For each model it prints:
+# gemma-3-270m Q4_K_M are the ones BENCHMARKS.md measures; no network is needed). For each model it prints:
 # 1. a short generation on the GPU, and the same on the CPU;
 # 2. the fused kernels (`--backend native`, the default on a GPU) against their CPU reference
 #    and the native CPU pass, and their batch invariance (`bench_decode gpu-check`); the cost

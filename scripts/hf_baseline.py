@@ -4,7 +4,7 @@ prompt lookup decoding (`prompt_lookup_num_tokens`), tokens per second per promp
 Reads the prompt sets from `bench_decode prompts` (JSON lines on standard input) and the
 model from a GGUF file (transformers dequantizes it; needs the `gguf` package). Prints one
 Markdown table; prints why and exits 0 where transformers, gguf or a GPU is missing, so that
-the device check goes on.
+scripts/device-check.sh goes on to its next step.
 
     bench_decode prompts | python3 scripts/hf_baseline.py MODEL.gguf [--per-set N]
 """

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # A variant of the GPU kernels as a fat binary, for `INFGRAM_CUDA_KERNELS=FILE` (one infgram
-# binary then measures the built-in kernels against the variant on the same GPU, in one lease):
-# src/neural/gpu/kernels.cu with PATCH applied (a file of scripts/kernel-variants/, or `-` for
-# none), compiled as build.rs compiles it, with the nvcc of scripts/build-cuda.sh (run it once
-# first) and any further nvcc flags (-DMANY_MIN_BLOCKS=1, -DLOAD_BATCH=4, …).
+# binary then measures the built-in kernels against the variant on the same GPU, run after
+# run): src/neural/gpu/kernels.cu and the files it includes (kernels/*.cu, *.cuh) with PATCH
+# applied (a patch of paths under src/neural/gpu/, or `-` for none), compiled as build.rs
+# compiles it, with the nvcc of scripts/build-cuda.sh (run it once first) and any further nvcc
+# flags (-DMANY_MIN_BLOCKS=1, -DLOAD_BATCH=4, …). Needs no GPU to build; the fat binary runs on
+# a machine with one (scripts/device-check.sh, INFGRAM_VARIANTS).
 #
 #   bash scripts/kernel-variant.sh scripts/kernel-variants/scatter-sums.patch scatter.fatbin
 set -euo pipefail
@@ -20,11 +22,11 @@ cuda=$("$toolchain/venv/bin/python" -c 'import nvidia, os; print(os.path.join(li
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/src/neural/gpu"
-cp "$root/src/neural/gpu/kernels.cu" "$work/src/neural/gpu/"
+cp -R "$root/src/neural/gpu/kernels.cu" "$root/src/neural/gpu/kernels" "$work/src/neural/gpu/"
 if [ "$patch" != - ]; then
     patch_file=$(cd "$(dirname "$patch")" && pwd)/$(basename "$patch")
     (cd "$work" && patch -s -p1 <"$patch_file") || {
-        echo "kernel-variant: $patch does not apply to this kernels.cu" >&2
+        echo "kernel-variant: $patch does not apply to src/neural/gpu/ as it is now" >&2
         exit 1
     }
 fi

@@ -1,4 +1,4 @@
-"""The Linux interpolation protocol of issue #34 (BENCHMARKS.md, "Interpolation at scale").
+"""The Linux interpolation protocol (BENCHMARKS.md, "Interpolation at scale").
 
 Reference: Debian's Linux 6.1 source tree (`apt-get install linux-source-6.1`, then
 `tar xf /usr/src/linux-source-6.1.tar.xz -C DIR`), indexed in SmolLM2 tokens, minus a held-out
@@ -23,7 +23,7 @@ identical, and the speed-up is the ratio of the two in each round.
 paper's two weights, the λ table and the λ model with features on the fit files, and scores the
 scored files (each on its own, in 1,024-token windows moved by 512; files above 80% 13-gram
 overlap left out of the headline, given beside it) with each mixer and with today's built-in
-table. Each file is cut to its first --chars characters (the issue's sample: 4,000).
+table. Each file is cut to its first --chars characters (the protocol's sample: 4,000).
 """
 
 import argparse

@@ -1,4 +1,4 @@
-"""llama.cpp's answers on a GGUF file, for infgram to be compared with (issue 30's oracle).
+"""llama.cpp's answers on a GGUF file, for infgram to be compared with (the oracle of its K-quant passes).
 
     python python/bench/llamacpp_oracle.py MODEL.gguf TEXT.txt OUT.json [--threads 1,2]
 

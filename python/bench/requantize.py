@@ -1,4 +1,4 @@
-"""Re-quantize a GGUF file with llama.cpp's own quantizer (issue 30's SmolLM2 Q4_K_M file).
+"""Re-quantize a GGUF file with llama.cpp's own quantizer (the SmolLM2 Q4_K_M file of the K-quant tests).
 
     python python/bench/requantize.py IN.gguf OUT.gguf [--ftype Q4_K_M]
 

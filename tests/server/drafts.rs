@@ -158,7 +158,7 @@ fn a_soak_of_draft_sessions_stays_within_the_byte_budget() {
 }
 
 /// A request that sends its context is answered from it while other requests' sessions end
-/// it in the store (issue: 82 of 1,920 requests were answered 404 when 32 clients cycled
+/// it in the store (once: 82 of 1,920 requests were answered 404 when 32 clients cycled
 /// their request ids under a small byte budget).
 #[test]
 fn draft_requests_with_their_context_are_answered_under_concurrent_eviction() {

@@ -1,4 +1,4 @@
-//! Mixing SmolLM2-135M with the ∞-gram on Tiny Shakespeare, the protocol: the index is
+//! Mixing SmolLM2-135M with the ∞-gram on Tiny Shakespeare, the protocol of BENCHMARKS.md: the index is
 //! the train split (first 90%) in SmolLM2 tokens; λ is fitted on the last 5% of train with the
 //! first 95% indexed; everything is scored on val. Prints, for each ∞-gram distribution mixed
 //! in (the paper's sparse ∞-gram, SBIS k = 2, the smoothed estimator) and each λ model (the

@@ -1,4 +1,4 @@
-//! Speculative decoding benchmark (issues #5 and #15): twelve copy / light-edit prompts, five
+//! Speculative decoding benchmark: twelve copy / light-edit prompts, five
 //! Shakespeare openings and five open questions, 256 new tokens, greedy, SmolLM2-135M or
 //! `--model` (native kernels, 2 threads). For each prompt: plain decoding, then speculative decoding with the live
 //! prompt index and an index of Shakespeare's complete works in the model's tokens drafting,
