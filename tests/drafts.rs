@@ -89,6 +89,7 @@ fn a_session_drafts_what_the_decode_loop_drafts() {
             repetition_penalty: 1.0,
             guard: None,
             past_outputs: None,
+            vocabulary: None,
         };
         let mut loop_drafters = drafters(&opts).unwrap();
         let estimator = Estimator::Sbis { k: -1, decay: 0.1 };

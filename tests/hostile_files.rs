@@ -488,3 +488,75 @@ fn the_chat_route_is_bounded_and_guarded() {
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert!(openai_error(&v).contains("another site"), "{v}");
 }
+
+/// A `--tokenizer` of fewer ids than the model's embedding rows: the ids past it are never
+/// sampled (at a temperature that reaches every id), where they failed the generation in its
+/// middle ("token id … is outside the vocabulary").
+#[test]
+fn a_smaller_tokenizer_is_never_handed_ids_past_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let full = tmp.path().join("full.json");
+    let out = infgram(&[
+        "export-tokenizer",
+        "smollm2-135m",
+        "-o",
+        full.to_str().unwrap(),
+    ])
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&full).unwrap()).unwrap();
+    const KEEP: u64 = 47_000;
+    let model = &mut json["model"];
+    let vocab = model["vocab"].as_object_mut().unwrap();
+    vocab.retain(|_, id| id.as_u64().unwrap() < KEEP);
+    let kept: std::collections::HashSet<String> = vocab.keys().cloned().collect();
+    let spelled = |a: &str, b: &str| {
+        kept.contains(a) && kept.contains(b) && kept.contains(&format!("{a}{b}"))
+    };
+    model["merges"].as_array_mut().unwrap().retain(|m| match m {
+        serde_json::Value::String(m) => m.split_once(' ').is_some_and(|(a, b)| spelled(a, b)),
+        serde_json::Value::Array(p) => spelled(p[0].as_str().unwrap(), p[1].as_str().unwrap()),
+        _ => false,
+    });
+    json["added_tokens"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|t| t["id"].as_u64().unwrap() < KEEP);
+    let small = tmp.path().join("small.json");
+    std::fs::write(&small, json.to_string()).unwrap();
+    let model = infgram::assets::ensure_model("smollm2-135m").unwrap();
+    let out = infgram(&[
+        "gen",
+        "--model",
+        model.to_str().unwrap(),
+        "--tokenizer",
+        small.to_str().unwrap(),
+        "--prompt",
+        "Once upon a time",
+        "--raw",
+        "--temperature",
+        "8",
+        "--seed",
+        "3",
+        "--max-tokens",
+        "96",
+        "--json",
+    ])
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ids = report["token_ids"].as_array().unwrap();
+    assert_eq!(ids.len(), 96, "{report}");
+    assert!(ids.iter().all(|t| t.as_u64().unwrap() < KEEP), "{report}");
+}

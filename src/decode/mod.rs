@@ -131,6 +131,33 @@ pub trait Processor {
     }
 }
 
+/// Gives probability 0 to the ids at and past `ids`: a model whose embedding has more rows than
+/// its tokenizer has tokens (a `--tokenizer` of fewer ids, a padded vocabulary) never writes
+/// an id its tokenizer cannot read, sampled or drafted.
+pub struct VocabularyLimit {
+    /// The tokenizer's ids: `0..ids`.
+    pub ids: usize,
+}
+
+impl Processor for VocabularyLimit {
+    fn process(&mut self, _context: &[u32], logits: &mut Logits) {
+        match logits {
+            Logits::Dense(v) => {
+                for x in v.iter_mut().skip(self.ids) {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+            Logits::Sparse { entries, .. } => entries.retain(|e| (e.0 as usize) < self.ids),
+        }
+    }
+    fn admit(&mut self, _context: &[u32], draft: &[u32]) -> usize {
+        draft
+            .iter()
+            .position(|&t| t as usize >= self.ids)
+            .unwrap_or(draft.len())
+    }
+}
+
 /// Divides positive logits (multiplies negative ones) of tokens seen in the last `window`
 /// tokens by `penalty` (the CTRL / llama.cpp repetition penalty).
 pub struct RepetitionPenalty {

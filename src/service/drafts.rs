@@ -247,6 +247,7 @@ impl Drafts {
             repetition_penalty: 1.0,
             guard: None,
             past_outputs: self.past.as_ref().map(|p| p.outputs.clone()),
+            vocabulary: None,
         })
     }
 

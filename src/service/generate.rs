@@ -7,6 +7,7 @@ use crate::decode::guard::{CopyGuard, GuardStats};
 use crate::decode::past::{remember, PastOutputDrafter, SharedPastOutputs};
 use crate::decode::{
     decode, Cancel, DecodeConfig, DecodeStats, Drafter, Processor, RepetitionPenalty, Sampler,
+    VocabularyLimit,
 };
 use crate::error::{Error, Result};
 use crate::eval::attribution::max_copied_span;
@@ -263,6 +264,9 @@ pub struct AssemblyOptions {
     /// Past outputs to draft from (with [`DrafterSpec::PastOutputs`]); the generation's output
     /// is appended to them when it ends.
     pub past_outputs: Option<SharedPastOutputs>,
+    /// The ids the tokenizer can read, where the model scores more (its embedding padded, or a
+    /// `--tokenizer` of fewer ids): the rest are never sampled ([`VocabularyLimit`]).
+    pub vocabulary: Option<usize>,
 }
 
 /// A neural generation's copy guard: its corpus (for the longest copied span afterwards), its
@@ -333,11 +337,15 @@ pub fn drafters(opts: &AssemblyOptions) -> Result<Vec<Box<dyn Drafter>>> {
 /// The processors of a decode loop, applied in order.
 pub type Processors = Vec<Box<dyn Processor>>;
 
-/// The processors of a neural generation: the repetition penalty when it is not 1, then the
+/// The processors of a neural generation: the tokenizer's vocabulary where the model scores
+/// more ids, the repetition penalty when it is not 1, then the
 /// copy guard (its index checked when bound, [`crate::service::Resources`]), with a handle on
 /// the guard.
 pub fn processors(opts: &AssemblyOptions) -> Result<(Processors, Option<GuardHandle>)> {
     let mut processors: Vec<Box<dyn Processor>> = Vec::new();
+    if let Some(ids) = opts.vocabulary {
+        processors.push(Box::new(VocabularyLimit { ids }));
+    }
     if opts.repetition_penalty != 1.0 {
         processors.push(Box::new(RepetitionPenalty {
             penalty: opts.repetition_penalty,

@@ -427,6 +427,8 @@ pub fn generate(
                     repetition_penalty: req.repetition_penalty,
                     guard: guard(res.guard_index.clone()),
                     past_outputs: res.past.as_ref().map(|p| p.outputs.clone()),
+                    vocabulary: Some(res.tokenizer.vocab_size())
+                        .filter(|&ids| ids < model.vocab_size()),
                 },
                 mix: req.mix.then(|| res.mixer.clone().unwrap_or_default()),
                 decode: DecodeConfig {

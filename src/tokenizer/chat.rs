@@ -119,7 +119,7 @@ pub fn check_messages(messages: &[Message]) -> Result<()> {
         return Err(Error::Field {
             field: "messages",
             message: format!(
-                "{} messages; a conversation holds at most {MAX_MESSAGES}",
+                "holds {}; a conversation holds at most {MAX_MESSAGES} messages",
                 messages.len()
             ),
         });
@@ -128,7 +128,7 @@ pub fn check_messages(messages: &[Message]) -> Result<()> {
         return Err(Error::Field {
             field: "messages",
             message: format!(
-                "a message's role is system, user or assistant, not {:?}",
+                "holds a message of the role {:?}; a message's role is system, user or assistant",
                 m.role
             ),
         });

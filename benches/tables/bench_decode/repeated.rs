@@ -265,6 +265,7 @@ fn print_ceiling(
         repetition_penalty: 1.0,
         guard: None,
         past_outputs: Some(past.clone()),
+        vocabulary: None,
     };
     let (mut ceiling, mut perfect) = (Vec::new(), Vec::new());
     for (p, (spec, _)) in prompts.iter().zip(results) {
