@@ -1,0 +1,331 @@
+//! The AVX2 and AVX-VNNI kernels: 8 weight rows per register, four activation rows per walk;
+//! the same integer sums and float operations, in the same order, as the scalar kernel.
+
+use super::x86::*;
+use super::*;
+use std::arch::x86_64::*;
+
+/// 8 f16 values from `s` as floats.
+#[inline(always)]
+unsafe fn halves8(s: &[half::f16]) -> __m256 {
+    _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr() as *const __m128i))
+}
+
+/// 8 bytes from `b` as floats, unsigned or signed.
+#[inline(always)]
+unsafe fn bytes8(b: *const u8, signed: bool) -> __m256 {
+    let x = _mm_loadl_epi64(b as *const __m128i);
+    let x = if signed {
+        _mm256_cvtepi8_epi32(x)
+    } else {
+        _mm256_cvtepu8_epi32(x)
+    };
+    _mm256_cvtepi32_ps(x)
+}
+
+/// [`scales16`] of rows `8h..8h + 8`.
+#[inline(always)]
+unsafe fn scales8(s: Scales, h: usize) -> (__m256, __m256) {
+    let r = 8 * h;
+    match s {
+        Scales::Kept { d, m } => (halves8(&d[r..]), halves8(&m[r..])),
+        Scales::Factors { sc, mn, sup } => (
+            _mm256_mul_ps(halves8(&sup.d[r..]), bytes8(sc[r..].as_ptr(), false)),
+            _mm256_mul_ps(halves8(&sup.m[r..]), bytes8(mn[r..].as_ptr(), false)),
+        ),
+    }
+}
+
+/// `acc + Σ` of four u8 × i8 products per lane (AVX2: no overflow while |u·s| ≤ 128·127,
+/// which nibbles and |Q8_0 weights| ≤ 127 satisfy).
+#[inline(always)]
+unsafe fn dot_avx2(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    let pairs = _mm256_maddubs_epi16(u, s);
+    _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+}
+
+/// One nibble block's eight quads `w` times activation block `a`, summed per lane.
+/// The 16-bit pair sums are added before widening: a pair is at most 2·15·127 = 3,810 in
+/// magnitude, eight of them 30,480 < 2¹⁵, so the sum is exact and one `madd` widens it,
+/// instead of one per quad (both instructions use the same multiply ports).
+#[inline(always)]
+unsafe fn dot_q4_avx2(w: &[__m256i; 8], a: &[i8; 32]) -> __m256i {
+    let p: [__m256i; 8] =
+        std::array::from_fn(|t| _mm256_maddubs_epi16(w[t], _mm256_set1_epi32(quad(a, t))));
+    let low = _mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3]));
+    let high = _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7]));
+    _mm256_madd_epi16(_mm256_add_epi16(low, high), _mm256_set1_epi16(1))
+}
+
+/// [`dot_q4_avx2`] for five-bit quants: a pair reaches 2·31·127 = 7,874, so four pairs
+/// (31,496 < 2¹⁵) are added before each of two widenings.
+#[inline(always)]
+unsafe fn dot_q5_avx2(w: &[__m256i; 8], a: &[i8; 32]) -> __m256i {
+    let p: [__m256i; 8] =
+        std::array::from_fn(|t| _mm256_maddubs_epi16(w[t], _mm256_set1_epi32(quad(a, t))));
+    let low = _mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3]));
+    let high = _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7]));
+    let ones = _mm256_set1_epi16(1);
+    _mm256_add_epi32(_mm256_madd_epi16(low, ones), _mm256_madd_epi16(high, ones))
+}
+
+/// Rows `8h..8h + 8` of a five-bit tile's quants as eight registers of bytes
+/// (`put_five_bits`): register t < 4 is chunk t's low five bits, register t + 4 its top
+/// three bits with the plane's two above them.
+#[inline(always)]
+unsafe fn five_bits_256(qs: &[[u8; 64]; 4], high: &super::TopBits, h: usize) -> [__m256i; 8] {
+    let top = _mm256_loadu_si256(high.as_ptr().add(32 * h) as *const __m256i);
+    let tops = [
+        _mm256_slli_epi16(top, 3),
+        _mm256_slli_epi16(top, 1),
+        _mm256_srli_epi16(top, 1),
+        _mm256_srli_epi16(top, 3),
+    ];
+    let (five, seven) = (_mm256_set1_epi8(31), _mm256_set1_epi8(7));
+    let top_mask = _mm256_set1_epi8(0x18);
+    let mut w = [_mm256_setzero_si256(); 8];
+    // (A loop, not a closure: closures do not inherit the target features.)
+    for t in 0..4 {
+        let x = _mm256_loadu_si256(qs[t].as_ptr().add(32 * h) as *const __m256i);
+        w[t] = _mm256_and_si256(x, five);
+        let low3 = _mm256_and_si256(_mm256_srli_epi16(x, 5), seven);
+        w[t + 4] = _mm256_or_si256(low3, _mm256_and_si256(tops[t], top_mask));
+    }
+    w
+}
+
+#[inline(always)]
+unsafe fn dot_q4_vnni(w: &[__m256i; 8], a: &[i8; 32]) -> __m256i {
+    let mut s = _mm256_setzero_si256();
+    for (t, &w) in w.iter().enumerate() {
+        s = _mm256_dpbusd_avx_epi32(s, w, _mm256_set1_epi32(quad(a, t)));
+    }
+    s
+}
+
+/// Byte-tile weights `w` times signed activation quad `q`. AVX2 takes the weights signed
+/// (`q_w = (q_w + 128) ^ 0x80`, flipped once per tile) and moves their signs onto the
+/// activations; VNNI takes them unsigned as stored and leaves `128·Σq_a` to subtract.
+/// (Moving q's signs onto the weights instead, against a precomputed `|q|`, keeps half
+/// the registers and spills nothing with four rows, but its second broadcast per quad
+/// made a 16-row product 5–10% slower on an AVX2 EPYC.)
+#[inline(always)]
+unsafe fn dot_q8_avx2(acc: __m256i, w: __m256i, q: i32) -> __m256i {
+    let a = _mm256_sign_epi8(_mm256_set1_epi32(q), w);
+    dot_avx2(acc, _mm256_abs_epi8(w), a)
+}
+
+#[inline(always)]
+unsafe fn dot_q8_vnni(acc: __m256i, w: __m256i, q: i32) -> __m256i {
+    _mm256_dpbusd_avx_epi32(acc, w, _mm256_set1_epi32(q))
+}
+
+/// A byte tile's 32 bytes at `at` as the `dot_q8` of the ISA takes them: unsigned as
+/// stored for VNNI (`unsigned`), signed otherwise.
+#[inline(always)]
+unsafe fn byte_quads(at: *const u8, unsigned: bool) -> __m256i {
+    let w = _mm256_loadu_si256(at as *const __m256i);
+    if unsigned {
+        w
+    } else {
+        _mm256_xor_si256(w, _mm256_set1_epi8(0x80u8 as i8))
+    }
+}
+
+/// Quads `4k..4k + 4` of six-bit weights `w` times activation block `a`, summed per
+/// lane: a pair reaches 2·63·127 = 16,002, so two pairs (32,004 < 2¹⁵) are added before
+/// each of two widenings.
+#[inline(always)]
+unsafe fn dot_q6_avx2(w: &[__m256i; 8], a: &[i8; 32], k: usize) -> __m256i {
+    let p: [__m256i; 4] = std::array::from_fn(|t| {
+        _mm256_maddubs_epi16(w[4 * k + t], _mm256_set1_epi32(quad(a, 4 * k + t)))
+    });
+    let ones = _mm256_set1_epi16(1);
+    _mm256_add_epi32(
+        _mm256_madd_epi16(_mm256_add_epi16(p[0], p[1]), ones),
+        _mm256_madd_epi16(_mm256_add_epi16(p[2], p[3]), ones),
+    )
+}
+
+#[inline(always)]
+unsafe fn dot_q6_vnni(w: &[__m256i; 8], a: &[i8; 32], k: usize) -> __m256i {
+    let mut s = _mm256_setzero_si256();
+    for (t, &w) in w.iter().enumerate().skip(4 * k).take(4) {
+        s = _mm256_dpbusd_avx_epi32(s, w, _mm256_set1_epi32(quad(a, t)));
+    }
+    s
+}
+
+/// Rows `8h..8h + 8` of a Q6_K tile's six-bit quants as eight registers of bytes (as
+/// `six_bits_avx512`).
+#[inline(always)]
+unsafe fn six_bits_256(tile: &Q6KTile, h: usize) -> [__m256i; 8] {
+    let half = |bytes: &[u8; 64]| bytes.as_ptr().add(32 * h) as *const __m256i;
+    let (mask, top) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+    let mut w = [_mm256_setzero_si256(); 8];
+    for t in 0..4 {
+        let x = _mm256_loadu_si256(half(&tile.qs[t]));
+        w[t] = _mm256_and_si256(x, mask);
+        w[t + 4] = _mm256_and_si256(_mm256_srli_epi16(x, 4), mask);
+    }
+    for p in 0..2 {
+        let x = _mm256_loadu_si256(half(&tile.high[p]));
+        let shifted = [
+            _mm256_slli_epi16(x, 4),
+            _mm256_slli_epi16(x, 2),
+            x,
+            _mm256_srli_epi16(x, 2),
+        ];
+        for (k, x) in shifted.into_iter().enumerate() {
+            w[4 * p + k] = _mm256_or_si256(w[4 * p + k], _mm256_and_si256(x, top));
+        }
+    }
+    w
+}
+
+macro_rules! tile_256 {
+    ($name:ident, $dot_q4:ident, $dot_q5:ident, $dot_q6:ident, $dot_q8:ident, $q8_bias:literal, $features:literal) => {
+        /// Two halves of 8 weight rows, each a 256-bit register of lanes.
+        #[target_feature(enable = $features)]
+        pub unsafe fn $name<const N: usize>(
+            tiles: Tiles,
+            rows: &[Row; N],
+            out: &mut [[f32; TILE_ROWS]; N],
+        ) {
+            /// A nibble tile group's rows `8h..8h + 8`.
+            #[inline(always)]
+            unsafe fn nibbles<T: NibbleTile, const N: usize>(
+                tiles: &[T],
+                supers: &[SuperScales],
+                rows: &[Row; N],
+                h: usize,
+                acc: &mut [__m256; N],
+            ) {
+                let half = |bytes: *const u8| bytes.add(32 * h) as *const __m256i;
+                let mask = _mm256_set1_epi8(0x0F);
+                for (b, tile) in tiles.iter().enumerate() {
+                    // The second half reads the lines the first brought in.
+                    if h == 0 {
+                        prefetch_ahead(tile);
+                    }
+                    let w = match tile.high() {
+                        Some(high) => five_bits_256(tile.qs(), high, h),
+                        None => {
+                            let mut w = [_mm256_setzero_si256(); 8];
+                            for t in 0..4 {
+                                let x = _mm256_loadu_si256(half(tile.qs()[t].as_ptr()));
+                                w[t] = _mm256_and_si256(x, mask);
+                                w[t + 4] = _mm256_and_si256(_mm256_srli_epi16(x, 4), mask);
+                            }
+                            w
+                        }
+                    };
+                    let (dw, mw) = scales8(tile.scales(super_of::<T>(supers, b)), h);
+                    for i in 0..N {
+                        let mut s = match tile.high() {
+                            None => $dot_q4(&w, &rows[i].qs[b]),
+                            Some(_) => $dot_q5(&w, &rows[i].qs[b]),
+                        };
+                        if T::CENTER != 0 {
+                            let [h0, h1] = rows[i].sums[b];
+                            let center = _mm256_set1_epi32(T::CENTER * (h0 + h1));
+                            s = _mm256_sub_epi32(s, center);
+                        }
+                        let t = _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(rows[i].d[b]));
+                        acc[i] = _mm256_fmadd_ps(t, dw, acc[i]);
+                        if T::CENTER == 0 {
+                            acc[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(rows[i].s[b]), acc[i]);
+                        }
+                    }
+                }
+            }
+
+            for h in 0..2 {
+                let mut acc = [_mm256_setzero_ps(); N];
+                let half = |bytes: *const u8| bytes.add(32 * h) as *const __m256i;
+                match tiles {
+                    Tiles::Q4_1(tiles) => nibbles(tiles, &[], rows, h, &mut acc),
+                    Tiles::Q5_0(tiles) => nibbles(tiles, &[], rows, h, &mut acc),
+                    Tiles::Q5(tiles) => nibbles(tiles, &[], rows, h, &mut acc),
+                    Tiles::Q4K(tiles, supers) => nibbles(tiles, supers, rows, h, &mut acc),
+                    Tiles::Q5K(tiles, supers) => nibbles(tiles, supers, rows, h, &mut acc),
+                    Tiles::Q8_0(tiles) => {
+                        for (b, tile) in tiles.iter().enumerate() {
+                            if h == 0 {
+                                prefetch_ahead(tile);
+                            }
+                            let w: [__m256i; 8] = std::array::from_fn(|t| {
+                                byte_quads(half(tile.qs[t].as_ptr()) as *const u8, $q8_bias)
+                            });
+                            let dw = halves8(&tile.d[8 * h..]);
+                            for i in 0..N {
+                                let q = &rows[i].qs[b];
+                                let mut s = _mm256_setzero_si256();
+                                for t in 0..8 {
+                                    s = $dot_q8(s, w[t], quad(q, t));
+                                }
+                                if $q8_bias {
+                                    let [h0, h1] = rows[i].sums[b];
+                                    let bias = _mm256_set1_epi32(128 * (h0 + h1));
+                                    s = _mm256_sub_epi32(s, bias);
+                                }
+                                let t = _mm256_mul_ps(
+                                    _mm256_cvtepi32_ps(s),
+                                    _mm256_set1_ps(rows[i].d[b]),
+                                );
+                                acc[i] = _mm256_fmadd_ps(t, dw, acc[i]);
+                            }
+                        }
+                    }
+                    Tiles::Q6K(tiles, supers) => {
+                        for (b, tile) in tiles.iter().enumerate() {
+                            if h == 0 {
+                                prefetch_ahead(tile);
+                            }
+                            let w = six_bits_256(tile, h);
+                            let d = halves8(&supers[b / 8].d[8 * h..]);
+                            let sc = |k: usize| tile.sc[k][8 * h..].as_ptr() as *const u8;
+                            let dw = [
+                                _mm256_mul_ps(d, bytes8(sc(0), true)),
+                                _mm256_mul_ps(d, bytes8(sc(1), true)),
+                            ];
+                            for i in 0..N {
+                                let q = &rows[i].qs[b];
+                                let da = _mm256_set1_ps(rows[i].d[b]);
+                                for k in 0..2 {
+                                    let s = $dot_q6(&w, q, k);
+                                    let center = 32 * rows[i].sums[b][k];
+                                    let s = _mm256_sub_epi32(s, _mm256_set1_epi32(center));
+                                    let t = _mm256_mul_ps(_mm256_cvtepi32_ps(s), da);
+                                    acc[i] = _mm256_fmadd_ps(t, dw[k], acc[i]);
+                                }
+                            }
+                        }
+                    }
+                }
+                for i in 0..N {
+                    _mm256_storeu_ps(out[i][8 * h..].as_mut_ptr(), acc[i]);
+                }
+            }
+        }
+    };
+}
+
+tile_256!(
+    tile_avx2,
+    dot_q4_avx2,
+    dot_q5_avx2,
+    dot_q6_avx2,
+    dot_q8_avx2,
+    false,
+    "avx2,fma,f16c"
+);
+tile_256!(
+    tile_vnni,
+    dot_q4_vnni,
+    dot_q4_vnni,
+    dot_q6_vnni,
+    dot_q8_vnni,
+    true,
+    "avx2,fma,f16c,avxvnni"
+);

@@ -1,0 +1,133 @@
+//! Which instruction set the kernels use (detected once per process, or named for a
+//! measurement), and the dispatch of one group of tiles to that set's kernel.
+
+use super::*;
+
+/// The instruction set the kernels use, chosen once per process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    Scalar,
+    Avx2,
+    AvxVnni,
+    /// AVX-512 with VNNI: two blocks per instruction.
+    Avx512Vnni,
+}
+
+impl Isa {
+    /// The instruction sets this CPU can run, best last.
+    pub fn available() -> Vec<Isa> {
+        let best = Isa::detect();
+        [Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512Vnni]
+            .into_iter()
+            .filter(|&isa| match isa {
+                Isa::Scalar => true,
+                Isa::Avx2 => best != Isa::Scalar,
+                Isa::AvxVnni => best == Isa::AvxVnni || (best == Isa::Avx512Vnni && has_avxvnni()),
+                Isa::Avx512Vnni => best == Isa::Avx512Vnni,
+            })
+            .collect()
+    }
+
+    /// The best instruction set this CPU supports.
+    pub fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512vnni")
+                && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c")
+                && std::arch::is_x86_feature_detected!("avx2")
+            {
+                return Isa::Avx512Vnni;
+            }
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c")
+            {
+                if std::arch::is_x86_feature_detected!("avxvnni") {
+                    return Isa::AvxVnni;
+                }
+                return Isa::Avx2;
+            }
+        }
+        Isa::Scalar
+    }
+}
+
+impl std::str::FromStr for Isa {
+    type Err = String;
+
+    /// `scalar`, `avx2`, `avxvnni` or `avx512vnni`, if this CPU runs it.
+    fn from_str(name: &str) -> Result<Isa, String> {
+        let isa = match name {
+            "scalar" => Isa::Scalar,
+            "avx2" => Isa::Avx2,
+            "avxvnni" => Isa::AvxVnni,
+            "avx512vnni" => Isa::Avx512Vnni,
+            other => {
+                return Err(format!(
+                    "{other}: expected scalar, avx2, avxvnni or avx512vnni"
+                ))
+            }
+        };
+        if !Isa::available().contains(&isa) {
+            return Err(format!("this CPU cannot run {isa:?}"));
+        }
+        Ok(isa)
+    }
+}
+
+pub(super) fn has_avxvnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return std::arch::is_x86_feature_detected!("avxvnni");
+    #[allow(unreachable_code)]
+    false
+}
+
+/// The tiles of one group (16 weight rows, all blocks), with their super-blocks' scales.
+#[derive(Clone, Copy)]
+pub(super) enum Tiles<'a> {
+    Q4_1(&'a [Q4Tile]),
+    Q5_0(&'a [Q5_0Tile]),
+    Q5(&'a [Q5Tile]),
+    Q8_0(&'a [Q8_0Tile]),
+    Q4K(&'a [Q4KTile], &'a [SuperScales]),
+    Q5K(&'a [Q5KTile], &'a [SuperScales]),
+    Q6K(&'a [Q6KTile], &'a [SuperScales]),
+}
+
+/// One group of tiles times `rows` (at most [`ROWS_PER_PASS`]) into `out[..rows.len()]`.
+pub(super) fn tile_rows(
+    isa: Isa,
+    tiles: Tiles,
+    rows: &[Row],
+    out: &mut [[f32; TILE_ROWS]; ROWS_PER_PASS],
+) {
+    macro_rules! dispatch {
+        ($n:literal) => {{
+            let rows: &[Row; $n] = rows.try_into().expect("row count");
+            let out: &mut [[f32; TILE_ROWS]; $n] = (&mut out[..$n]).try_into().expect("rows");
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `Isa::detect` chose these only after checking the CPU features.
+                Isa::Avx512Vnni => unsafe { avx512::tile_avx512::<$n>(tiles, rows, out) },
+                #[cfg(target_arch = "x86_64")]
+                Isa::AvxVnni => unsafe { avx2::tile_vnni::<$n>(tiles, rows, out) },
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => unsafe { avx2::tile_avx2::<$n>(tiles, rows, out) },
+                _ => tile_scalar::<$n>(tiles, rows, out),
+            }
+        }};
+    }
+    match rows.len() {
+        8 => dispatch!(8),
+        7 => dispatch!(7),
+        6 => dispatch!(6),
+        5 => dispatch!(5),
+        4 => dispatch!(4),
+        3 => dispatch!(3),
+        2 => dispatch!(2),
+        _ => dispatch!(1),
+    }
+}

@@ -1,0 +1,68 @@
+//! Quantized matrix kernels for the native forward pass.
+//!
+//! Weights keep the GGUF file's values (`arch::weights` decodes each ggml block type; others
+//! are re-quantized to Q8_0 at load), repacked at load into *tiles* of 16 weight rows × one
+//! block of 32 columns: nibbles (Q4_0, Q4_1: 5 bits a weight; Q4_K: 4.6), five-bit quants
+//! (Q5_0: 5.5; Q5_1: 6; Q5_K: 5.6), six-bit quants (Q6_K: 6.6) and bytes (Q8_0: 8.5), each at
+//! its file's size or within 0.13 bits of it. K-quant tiles keep each row's small integer
+//! factors, and the f16 scales of their super-blocks of 256 columns are kept once per 16 rows
+//! beside the tiles; the kernels multiply the two, exactly, once per tile. In a tile
+//! the rows are interleaved four columns at a time, so one 64-byte load holds the same four
+//! columns of 16 rows: a single `vpdpbusd` against four broadcast activation bytes advances 16
+//! dot products at once, and a block's integer sums land in one register, one lane per weight
+//! row. The per-block float work (convert, scale, accumulate) is then one instruction per 16
+//! outputs instead of one per output, which is what made multi-row passes compute-bound.
+//!
+//! Activations are quantized per row to blocks of 32 signed bytes with a scale `d` and `d·Σq`
+//! (ggml's Q8_1). Every ISA computes each block's dot product exactly in integers and then
+//! applies the same float operations in the same order (the scalar reference), so every ISA
+//! gives the same bits, and an output does not depend on the other rows in the pass: a k-token
+//! verification pass gives each position bit-for-bit the logits of a single-token step.
+//!
+//! The files, by role: `isa` (detection and dispatch), `formats` (the tiles), `repack`
+//! (GGUF blocks into tiles), `activations` (quantizing the rows multiplied), `schedule` (a
+//! product over threads), and the kernels: `scalar` (the reference),
+//! `avx2` (AVX2 and AVX-VNNI) and `avx512` (AVX-512 VNNI), with what the x86 ones share in
+//! `x86`.
+
+/// Weights and activations are quantized in blocks of this many values.
+pub const BLOCK: usize = 32;
+
+/// Weight rows interleaved in one tile (one AVX-512 register of 32-bit lanes).
+pub const TILE_ROWS: usize = 16;
+
+/// Activation rows multiplied with a tile while its unpacked weights sit in registers, at
+/// most: AVX-512's 32 registers hold a block's eight weight registers and eight rows'
+/// accumulators ([`rows_per_pass`]); 256-bit ISAs, with 16, take four.
+const ROWS_PER_PASS: usize = 8;
+
+/// The activation rows one walk over a tile group multiplies on `isa`.
+fn rows_per_pass(isa: Isa) -> usize {
+    match isa {
+        Isa::Avx512Vnni => ROWS_PER_PASS,
+        _ => 4,
+    }
+}
+
+mod activations;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod formats;
+mod isa;
+mod repack;
+mod scalar;
+mod schedule;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+pub use activations::*;
+pub use formats::*;
+pub use isa::*;
+
+use scalar::*;
+pub use schedule::*;
+
+#[cfg(test)]
+pub(in crate::neural) mod tests;

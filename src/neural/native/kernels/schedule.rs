@@ -1,0 +1,171 @@
+//! A product scheduled over the pool's threads: tile groups split by bytes, each output
+//! computed by one thread the same way, so the result does not depend on the split.
+
+use super::*;
+use crate::neural::native::pool::{DisjointOut, Pool};
+
+#[derive(Clone, Copy)]
+pub(super) struct Row<'a> {
+    pub(super) d: &'a [f32],
+    pub(super) s: &'a [f32],
+    pub(super) qs: &'a [[i8; 32]],
+    pub(super) sums: &'a [[i32; 2]],
+    pub(super) starts: &'a [[i32; 4]],
+}
+
+/// Below this many tile groups (of 16 weight rows) per thread a product is not split.
+pub(super) const MIN_GROUPS_PER_THREAD: usize = 4;
+
+/// `out[r·n + j] = Σ_c a[r][c]·w[j][c]` for every activation row r and weight row j, where
+/// `n = w.rows()`. The tile groups are split across the pool's threads; each output is
+/// computed by one thread in the same way, so the result is the same bit for bit.
+pub fn matmul(isa: Isa, w: &QMatrix, a: &QRows, out: &mut [f32], pool: &mut Pool) {
+    matmul_many(isa, &[w], a, &mut [out], pool)
+}
+
+/// [`matmul`] of the same activations with several matrices (`outs[i]` for `ws[i]`) in one
+/// parallel section: their tile groups, taken in order, are split across the threads, so a
+/// layer's q, k and v (or gate and up) cost one hand-off and one wait instead of three (or
+/// two). The same bits as separate products.
+pub fn matmul_many(isa: Isa, ws: &[&QMatrix], a: &QRows, outs: &mut [&mut [f32]], pool: &mut Pool) {
+    assert_eq!(ws.len(), outs.len(), "matmul: a matrix for every output");
+    for (w, out) in ws.iter().zip(outs.iter()) {
+        assert_eq!(out.len(), w.rows * a.rows);
+    }
+    let shared: Vec<DisjointOut> = outs.iter_mut().map(|o| DisjointOut::new(o)).collect();
+    products(isa, ws, a, pool, &|i, r, j0, v| {
+        // SAFETY: each (r, j) of output i is written once, by the part that owns its group.
+        unsafe { shared[i].write_slice(r * ws[i].rows + j0, v) }
+    });
+}
+
+/// [`matmul`] with activation row r's outputs in `rows[r]` (`w.rows()` floats each): the
+/// logits of a pass go straight into the rows the caller keeps, with no copy.
+pub fn matmul_into_rows(
+    isa: Isa,
+    w: &QMatrix,
+    a: &QRows,
+    rows: &mut [&mut [f32]],
+    pool: &mut Pool,
+) {
+    assert_eq!(
+        rows.len(),
+        a.rows,
+        "matmul: an output row for every activation row"
+    );
+    assert!(
+        rows.iter().all(|r| r.len() == w.rows),
+        "matmul: rows of w.rows() outputs"
+    );
+    let shared: Vec<DisjointOut> = rows.iter_mut().map(|o| DisjointOut::new(o)).collect();
+    products(isa, &[w], a, pool, &|_, r, j0, v| {
+        // SAFETY: each (r, j) is written once, by the part that owns its group.
+        unsafe { shared[r].write_slice(j0, v) }
+    });
+}
+
+/// Where [`products`] stores outputs: `(matrix, activation row, first weight row, values)`.
+pub(super) type PutOutputs<'a> = dyn Fn(usize, usize, usize, &[f32]) + Sync + 'a;
+
+/// The products of the activations with every matrix of `ws`, in one parallel section:
+/// `put(i, r, j0, values)` takes the outputs of matrix i's weight rows `j0..` for
+/// activation row r. The concatenated tile groups are split across the pool's threads.
+pub(super) fn products(isa: Isa, ws: &[&QMatrix], a: &QRows, pool: &mut Pool, put: &PutOutputs) {
+    for w in ws {
+        assert_eq!(w.cols, a.cols, "matmul: inner dimensions differ");
+    }
+    // Global group g of the concatenation is group g − starts[i] of matrix i.
+    let starts: Vec<usize> = ws
+        .iter()
+        .scan(0, |at, w| {
+            let start = *at;
+            *at += w.groups();
+            Some(start)
+        })
+        .collect();
+    let groups: usize = ws.iter().map(|w| w.groups()).sum();
+    let run = |gs: std::ops::Range<usize>| {
+        for (i, w) in ws.iter().enumerate() {
+            let (first, n) = (starts[i], w.rows);
+            let local =
+                gs.start.max(first) - first..gs.end.min(first + w.groups()).max(first) - first;
+            if local.is_empty() {
+                continue;
+            }
+            matmul_groups(isa, w, a, local, &mut |j0, r, v| {
+                put(i, r, j0, &v[..TILE_ROWS.min(n - j0)])
+            });
+        }
+    };
+    let parts = pool.threads().min(groups / MIN_GROUPS_PER_THREAD).max(1);
+    if parts == 1 {
+        return run(0..groups);
+    }
+    let bounds = split_by_bytes(ws, parts);
+    // The pool runs a part per thread; those past `parts` have nothing to do.
+    pool.run(&|part| {
+        if part < parts {
+            run(bounds[part]..bounds[part + 1])
+        }
+    });
+}
+
+/// Where `parts` threads' shares of the concatenated tile groups of `ws` begin and end
+/// (`parts + 1` bounds): each share about the same bytes, since a step streams its weights
+/// and groups of different types differ in size (a layer's q and k in Q5_0 beside v in Q8_0).
+pub(super) fn split_by_bytes(ws: &[&QMatrix], parts: usize) -> Vec<usize> {
+    let total: usize = ws.iter().map(|w| w.bytes()).sum();
+    let mut bounds = vec![0];
+    let (mut group, mut bytes) = (0, 0);
+    for w in ws {
+        let per_group = w.bytes() / w.groups();
+        for _ in 0..w.groups() {
+            group += 1;
+            bytes += per_group;
+            // Close share p once its bytes reach p/parts of the total.
+            if bounds.len() < parts && bytes * parts >= total * bounds.len() {
+                bounds.push(group);
+            }
+        }
+    }
+    bounds.resize(parts + 1, group);
+    bounds
+}
+
+/// Tile groups `gs` times all activation rows; `put(j0, r, values)` stores the outputs of
+/// weight rows `j0..j0 + 16` for activation row r.
+pub(super) fn matmul_groups(
+    isa: Isa,
+    w: &QMatrix,
+    a: &QRows,
+    gs: std::ops::Range<usize>,
+    put: &mut impl FnMut(usize, usize, &[f32; TILE_ROWS]),
+) {
+    let nb = w.blocks_per_row();
+    let k = a.rows;
+    let rows: Vec<Row> = (0..k).map(|r| a.row(r)).collect();
+    let mut o = [[0.0f32; TILE_ROWS]; ROWS_PER_PASS];
+    let per_pass = rows_per_pass(isa);
+    for g in gs {
+        let tiles = g * nb..(g + 1) * nb;
+        let mut r = 0;
+        while r < k {
+            let n = (k - r).min(per_pass);
+            let rs = &rows[r..r + n];
+            let tiles = match &w.quants {
+                Quants::Q4_1(t) => Tiles::Q4_1(&t[tiles.clone()]),
+                Quants::Q5_0(t) => Tiles::Q5_0(&t[tiles.clone()]),
+                Quants::Q5(t) => Tiles::Q5(&t[tiles.clone()]),
+                Quants::Q8_0(t) => Tiles::Q8_0(&t[tiles.clone()]),
+                Quants::Q4K(k) => Tiles::Q4K(&k.tiles[tiles.clone()], k.group_supers(g, nb)),
+                Quants::Q5K(k) => Tiles::Q5K(&k.tiles[tiles.clone()], k.group_supers(g, nb)),
+                Quants::Q6K(k) => Tiles::Q6K(&k.tiles[tiles.clone()], k.group_supers(g, nb)),
+            };
+            tile_rows(isa, tiles, rs, &mut o);
+            for (i, v) in o[..n].iter().enumerate() {
+                put(g * TILE_ROWS, r + i, v);
+            }
+            r += n;
+        }
+    }
+}
