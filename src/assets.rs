@@ -69,18 +69,7 @@ pub fn ensure_tiny_shakespeare() -> Result<PathBuf> {
             ("val.txt", val),
             ("tinyshakespeare.txt", &text),
         ] {
-            // Written beside under a fresh name (created exclusively, never a planted link)
-            // and renamed, so a reader never sees half a file. (This layer lies below
-            // `output_file`; the cache is never inside an index.)
-            let dest = dir.join(name);
-            let mut tmp = tempfile::Builder::new()
-                .prefix(&format!(".{name}."))
-                .tempfile_in(&dir)
-                .map_err(|e| Error::io(&dir, e))?;
-            std::io::Write::write_all(&mut tmp, part.as_bytes())
-                .and_then(|_| tmp.as_file().sync_all())
-                .map_err(|e| Error::io(tmp.path(), e))?;
-            tmp.persist(&dest).map_err(|e| Error::io(&dest, e.error))?;
+            write_beside(&dir.join(name), part.as_bytes())?;
         }
     }
     Ok(whole)
@@ -482,15 +471,28 @@ pub fn check_cached(model: &KnownModel, path: &Path) -> Result<Option<Damage>> {
     Ok(None)
 }
 
-/// Writes `bytes` to `dest` beside it under a fresh name (created exclusively, never a planted
-/// link) and renames it into place.
+/// Writes `bytes` to the cache file `dest`: beside it under a fresh name (created exclusively,
+/// never a planted link), synced, and renamed into place, so a reader never sees half a file;
+/// renamed only over a regular file or nothing (a link or a directory there is refused). This
+/// layer lies below `output_file`; the cache is never inside an index.
 fn write_beside(dest: &Path, bytes: &[u8]) -> Result<()> {
+    if std::fs::symlink_metadata(dest).is_ok_and(|m| !m.is_file()) {
+        return Err(Error::input(format!(
+            "{}: not a regular file; remove it, and infgram writes it again",
+            dest.display()
+        )));
+    }
     let dir = dest.parent().unwrap_or(Path::new("."));
+    let name = dest
+        .file_name()
+        .map_or_else(Default::default, |n| n.to_string_lossy());
     let mut tmp = tempfile::Builder::new()
-        .prefix(".stamp.")
+        .prefix(&format!(".{name}."))
         .tempfile_in(dir)
         .map_err(|e| Error::io(dir, e))?;
-    std::io::Write::write_all(&mut tmp, bytes).map_err(|e| Error::io(tmp.path(), e))?;
+    std::io::Write::write_all(&mut tmp, bytes)
+        .and_then(|_| tmp.as_file().sync_all())
+        .map_err(|e| Error::io(tmp.path(), e))?;
     tmp.persist(dest).map_err(|e| Error::io(dest, e.error))?;
     Ok(())
 }
@@ -725,5 +727,20 @@ for i, data in enumerate([b"first part ", b"second part"]):
         std::fs::write(&path, &flipped).unwrap();
         std::fs::write(stamp_path(&path), format!("100000 1 {sha}\n")).unwrap();
         assert!(check_cached(&model, &path).unwrap().is_some());
+        // A link where the stamp goes is left as it is (the check still holds).
+        #[cfg(unix)]
+        {
+            std::fs::write(&path, &data).unwrap();
+            let elsewhere = tmp.path().join("elsewhere");
+            std::fs::write(&elsewhere, b"kept").unwrap();
+            std::fs::remove_file(stamp_path(&path)).unwrap();
+            std::os::unix::fs::symlink(&elsewhere, stamp_path(&path)).unwrap();
+            assert_eq!(check_cached(&model, &path).unwrap(), None);
+            assert!(std::fs::symlink_metadata(stamp_path(&path))
+                .unwrap()
+                .file_type()
+                .is_symlink());
+            assert_eq!(std::fs::read(&elsewhere).unwrap(), b"kept");
+        }
     }
 }

@@ -9,24 +9,15 @@
 
 #![cfg(all(feature = "neural", feature = "server"))]
 
+mod common;
+
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::QTensor;
+use common::infgram_command as infgram;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-/// The `infgram` binary with the tests' cache and the library's models directory.
-fn infgram(args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_infgram"));
-    c.args(args)
-        .env(
-            "INFGRAM_CACHE",
-            std::env::temp_dir().join("infgram-test-cache"),
-        )
-        .env("INFGRAM_MODELS", infgram::assets::models_dir());
-    c
-}
 
 /// Waits for `child` at most `limit`; past it the child is killed and the test fails.
 fn finish(mut child: Child, limit: Duration, what: &str) -> Output {
@@ -56,6 +47,17 @@ fn fails(mut cmd: Command, what: &str) -> String {
     assert_eq!(out.status.code(), Some(1), "{what}: {e}");
     assert!(!e.contains("panicked"), "{what}: {e}");
     e
+}
+
+/// Runs `cmd`, which must succeed: what it printed.
+fn succeeds(mut cmd: Command) -> Output {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
 }
 
 /// SmolLM2's GGUF rewritten into `dir/name` with its metadata edited by `edit` (the tensors
@@ -139,7 +141,7 @@ fn gen_refuses_hostile_templates() {
         );
     }
     let looping = tmp.path().join("loops.gguf");
-    let out = infgram(&[
+    succeeds(infgram(&[
         "gen",
         "--model",
         looping.to_str().unwrap(),
@@ -150,14 +152,7 @@ fn gen_refuses_hostile_templates() {
         "2",
         "--temperature",
         "0",
-    ])
-    .output()
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ]));
 }
 
 /// A GGUF whose vocabulary is shorter than its embedding is refused at load (it would fail in
@@ -496,19 +491,12 @@ fn the_chat_route_is_bounded_and_guarded() {
 fn a_smaller_tokenizer_is_never_handed_ids_past_it() {
     let tmp = tempfile::tempdir().unwrap();
     let full = tmp.path().join("full.json");
-    let out = infgram(&[
+    succeeds(infgram(&[
         "export-tokenizer",
         "smollm2-135m",
         "-o",
         full.to_str().unwrap(),
-    ])
-    .output()
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ]));
     let mut json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&full).unwrap()).unwrap();
     const KEEP: u64 = 47_000;
@@ -531,7 +519,7 @@ fn a_smaller_tokenizer_is_never_handed_ids_past_it() {
     let small = tmp.path().join("small.json");
     std::fs::write(&small, json.to_string()).unwrap();
     let model = infgram::assets::ensure_model("smollm2-135m").unwrap();
-    let out = infgram(&[
+    let out = succeeds(infgram(&[
         "gen",
         "--model",
         model.to_str().unwrap(),
@@ -547,14 +535,7 @@ fn a_smaller_tokenizer_is_never_handed_ids_past_it() {
         "--max-tokens",
         "96",
         "--json",
-    ])
-    .output()
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ]));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let ids = report["token_ids"].as_array().unwrap();
     assert_eq!(ids.len(), 96, "{report}");

@@ -37,20 +37,20 @@ impl AllowedHosts {
 
     /// Whether `host` (a `Host` header's host, without its port) is one of them.
     fn allows(&self, host: &str) -> bool {
-        let host = host.to_ascii_lowercase();
-        let bare = host.trim_start_matches('[').trim_end_matches(']');
-        bare.parse::<std::net::IpAddr>().is_ok()
-            || host == "localhost"
-            || self.names.contains(&host)
+        self.names_or_ip(host, |_| true)
     }
 
     /// Whether a page of `origin_host` may call: one of this machine's (a loopback address,
     /// `localhost`) or of an allowed name. Any other address is another machine's site.
     fn allows_page(&self, origin_host: &str) -> bool {
-        let host = origin_host.to_ascii_lowercase();
+        self.names_or_ip(origin_host, std::net::IpAddr::is_loopback)
+    }
+
+    /// Whether `host` is `localhost`, an allowed name, or an IP address that `ip` takes.
+    fn names_or_ip(&self, host: &str, ip: impl Fn(&std::net::IpAddr) -> bool) -> bool {
+        let host = host.to_ascii_lowercase();
         let bare = host.trim_start_matches('[').trim_end_matches(']');
-        bare.parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+        bare.parse::<std::net::IpAddr>().is_ok_and(|a| ip(&a))
             || host == "localhost"
             || self.names.contains(&host)
     }
