@@ -12,7 +12,8 @@
 #   it is linked into the binary.
 #
 # Usage: bash scripts/build-cuda.sh [--check]   (--check: compile and start it, as CI does, in the
-#   default target folder, whose release/infgram it leaves as it found it)
+#   default target folder, whose release/infgram it leaves as it found it; and apply and compile
+#   each of scripts/kernel-variants/, about 90 s each)
 # Environment: CUDA_COMPUTE_CAP (default 90: H100, H200), CARGO_BUILD_JOBS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -104,6 +105,12 @@ if [ "$mode" = check ]; then
         1) echo "$out" | grep -q "^error: --device cuda" || exit 1 ;;
         *) echo "build-cuda: --device cuda crashed (exit $rc)" >&2; exit 1 ;;
     esac
+    # The kernel variants (scripts/kernel-variants/) still apply to the kernels as they are
+    # and compile: a change to the kernels that breaks one fails here, not on a GPU machine.
+    for variant in scripts/kernel-variants/*.patch; do
+        bash scripts/kernel-variant.sh "$variant" "$toolchain/variant-check.fatbin"
+    done
+    rm -f "$toolchain/variant-check.fatbin"
     # The shared folder's release/infgram is now the cuda build's: put the default one back (a
     # copy of the already-built binary) where it was there before.
     # It runs in the environment this script was given: build.rs watches the CUDA variables

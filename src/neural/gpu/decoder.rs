@@ -40,7 +40,7 @@ mod launches;
 /// `CUDA_COMPUTE_CAP` (loaded as it is) and PTX (compiled by the driver on a newer GPU).
 const KERNELS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/infgram_kernels.fatbin"));
 
-/// A matrix as the kernels read it (`struct Mat` in `kernels.cu`).
+/// A matrix as the kernels read it (`struct Mat` in `kernels/common.cuh`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 struct Mat {
@@ -203,7 +203,7 @@ struct Graph(CudaGraph);
 // bound (cudarc binds it on every launch).
 unsafe impl Send for Graph {}
 
-/// The kernels of `kernels.cu`.
+/// The kernels of `kernels.cu` (the files of `kernels/` it includes).
 struct Kernels {
     _module: Arc<CudaModule>,
     /// The products for 1, 2, 4 and TOKENS rows a block, in that order.
@@ -217,7 +217,7 @@ struct Kernels {
     pick: CudaFunction,
 }
 
-/// The matrix kernels for `rows` rows of a pass a block (`kernels.cu` instantiates each for
+/// The matrix kernels for `rows` rows of a pass a block (`kernels/matvec.cu` instantiates each for
 /// 1, 2, 4 and TOKENS: a block runs every one of its rows' chains, so a pass takes the
 /// smallest that holds it; a row's arithmetic is the same in all).
 struct Products {
@@ -296,7 +296,7 @@ const WARPS: usize = (THREADS / 32) as usize;
 
 /// The shared memory the matrix kernels of `rows` rows a block take for `cols` inputs: a row
 /// of input per row the block runs (rows past the pass's are zeros), each padded by 4 floats
-/// per 32 (`padded` in kernels.cu).
+/// per 32 (`padded` in kernels/common.cuh).
 fn input_bytes(rows: usize, cols: usize) -> u32 {
     (rows * (cols + cols / 32 * 4) * 4) as u32
 }
@@ -338,7 +338,8 @@ fn rows_per_warp(module: &Arc<CudaModule>, stream: &Arc<CudaStream>) -> Result<u
 }
 
 /// `INFGRAM_CUDA_BLOCK_ROWS`: the most rows of a pass a block of the matrix kernels takes (1,
-/// 2, 4 or TOKENS, the products `kernels.cu` instantiates; TOKENS when unset). A row's arithmetic is the same in every one (`kernels.cu`), so
+/// 2, 4 or TOKENS, the products `kernels/matvec.cu` instantiates; TOKENS when unset). A row's arithmetic is
+/// the same in every one, so
 /// this trades the blocks' count against their paths without changing a bit. Measured on an
 /// H200 (BENCHMARKS.md): 4 makes SmolLM2's 8- and 16-row passes 4–6% faster and Gemma 3's
 /// 16-row pass 5% slower (its 262k-row output product decodes each weight for fewer rows);

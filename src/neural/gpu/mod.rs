@@ -28,10 +28,10 @@ use std::ops::Range;
 pub const CAPACITY: usize = 8192;
 /// Rows one pass takes (a token tree's nodes, or a chunk of a longer prompt).
 pub const MAX_ROWS: usize = 64;
-/// Rows of a pass the widest matrix-kernel block takes together (`TOKENS` in `kernels.cu`;
-/// blocks of 1, 2 and 4 rows serve shorter passes).
+/// Rows of a pass the widest matrix-kernel block takes together (`TOKENS` in
+/// `kernels/common.cuh`; blocks of 1, 2 and 4 rows serve shorter passes).
 pub const TOKENS: usize = 8;
-/// Positions of one attention block's chunk (`CHUNK` in `kernels.cu`).
+/// Positions of one attention block's chunk (`CHUNK` in `kernels/common.cuh`).
 pub const CHUNK: usize = 32;
 /// Warps of an attention block (`ATT_WARPS`): warp w takes a chunk's positions w, w + 8, ….
 pub const ATT_WARPS: usize = 8;

@@ -1,5 +1,5 @@
 //! [`ReferenceDecoder`]: the GPU pass on the CPU, operation for operation in the order the
-//! kernels of `kernels.cu` take them: a matrix row is 32 lanes each chaining fused
+//! kernels of `kernels.cu` (and `kernels/`) take them: a matrix row is 32 lanes each chaining fused
 //! multiply-adds over its groups of 32 columns, then the warp's butterfly; a norm's sum of
 //! squares the same; attention's sums the block's fixed trees and its values summed by the
 //! kernel's groups of threads. Weights are dequantized by candle (ggml's arithmetic), which the
@@ -107,7 +107,7 @@ fn matvec(m: &Matrix, input: &[f32], bias: Option<&[f32]>) -> Vec<f32> {
         .collect()
 }
 
-/// One head's attention for one row, in the kernel's order (`attend` in kernels.cu): the
+/// One head's attention for one row, in the kernel's order (`attend` in kernels/attention.cu): the
 /// positions `first..n` in chunks of [`CHUNK`], warp w of a chunk taking its positions w, w + 8,
 /// …; a score is the lanes' chains over their dimensions and the warp's butterfly; the chunk's
 /// max, weights, per-warp sums and value chains, the warps added in order; then the chunks

@@ -88,7 +88,7 @@ impl<'a> PassLaunches<'a> {
         let (d, a) = (self.d, &self.d.acts);
         let scale = d.cfg.embedding.scale.unwrap_or(0.0);
         // SAFETY (every launch of this type): the arguments match the kernels' signatures in
-        // kernels.cu, and every address is a live allocation of the decoder sized for
+        // kernels/*.cu, and every address is a live allocation of the decoder sized for
         // MAX_ROWS rows (the caller keeps t ≤ MAX_ROWS and the cache within CAPACITY).
         unsafe {
             launched(
