@@ -10,11 +10,11 @@
 //! its [`Cancel`] flag.
 
 use super::api::ApiError;
+use super::openai::Completion;
 use super::{Limits, Served};
 use crate::service::models::ModelOptions;
 use crate::service::request::{
-    self, CheckedRequest, EstimatorSpec, GenLimits, GenerateRequest, GuardSpec, Prompt, Sampling,
-    Scorer,
+    self, CheckedRequest, EstimatorSpec, GenLimits, GenerateRequest, GuardSpec, Sampling, Scorer,
 };
 use crate::service::run::{generate, GenerationReport, ModelIndex};
 use crate::service::run::{Cancel, PastOutputs, PastStats};
@@ -52,68 +52,6 @@ impl Mode {
             Mode::Mix => "mix",
         }
     }
-}
-
-/// A completion request: OpenAI's fields and infgram's.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CompletionRequest {
-    /// The prompt: text (tokenized with the generator's tokenizer), or token ids.
-    pub prompt: Prompt,
-    /// Tokens to generate at most (default: the library's, within the server's limit).
-    #[serde(default)]
-    pub max_tokens: Option<usize>,
-    /// Sampling temperature (0: greedy; default: the library's).
-    #[serde(default)]
-    pub temperature: Option<f64>,
-    /// Nucleus mass, in (0, 1].
-    #[serde(default)]
-    pub top_p: Option<f64>,
-    /// Keep the k most likely tokens (0: all).
-    #[serde(default)]
-    pub top_k: Option<usize>,
-    /// Random seed (same seed, same text).
-    #[serde(default)]
-    pub seed: Option<u64>,
-    /// Stream the text as server-sent events.
-    #[serde(default)]
-    pub stream: bool,
-    /// Completions per prompt: only 1.
-    #[serde(default)]
-    pub n: Option<usize>,
-    /// The model's name (any value: the server has one model).
-    #[serde(default)]
-    pub model: Option<String>,
-    /// Text that ends the completion where it first appears (not included): a string, or up
-    /// to 4.
-    #[serde(default)]
-    pub stop: Option<Value>,
-    /// OpenAI options that change nothing here.
-    #[serde(default)]
-    pub user: Option<String>,
-    /// How to generate (default: `neural` with a model, else `sbis`).
-    #[serde(default)]
-    pub mode: Option<Mode>,
-    /// The served index to generate from (sbis) or to draft, mix and guard with.
-    #[serde(default)]
-    pub index: Option<String>,
-    /// The copy guard: the output never repeats more than this many tokens of the index.
-    #[serde(default)]
-    pub guard: Option<usize>,
-    /// SBIS levels (−1: all).
-    #[serde(default)]
-    pub k: Option<i64>,
-    /// Verify drafts (prompt lookup, past outputs, the index) with mode `neural` or `mix`
-    /// (mode `speculative` is `neural` with this set; `false` there is refused).
-    #[serde(default)]
-    pub speculative: Option<bool>,
-    /// Also decode without drafts and report both speeds and whether the outputs are the same
-    /// (`infgram gen --compare`; the job takes twice as long).
-    #[serde(default)]
-    pub compare: bool,
-    /// How the index drafts: `sbis` (default) or `longest_suffix`.
-    #[serde(default)]
-    pub corpus_rule: request::CorpusRule,
 }
 
 /// What the worker sends back while it generates.
@@ -282,17 +220,20 @@ impl Generator {
     /// the queue is full).
     pub fn submit(
         &self,
-        req: CompletionRequest,
+        req: Completion,
         indexes: &super::Indexes,
         limits: &Limits,
     ) -> Result<(tokio::sync::mpsc::UnboundedReceiver<Event>, Mode), ApiError> {
-        let mode = req.mode.unwrap_or(if self.model_tokenizer.is_some() {
-            Mode::Neural
-        } else {
-            Mode::Sbis
-        });
+        let mode = req
+            .options
+            .mode
+            .unwrap_or(if self.model_tokenizer.is_some() {
+                Mode::Neural
+            } else {
+                Mode::Sbis
+            });
         check_openai_options(&req)?;
-        let stop = stop_sequences(req.stop.as_ref())?;
+        let stop = stop_sequences(req.options.stop.as_ref())?;
         let (plan, checked) = self.plan(&req, mode, indexes, limits)?;
         let (events, rx) = tokio::sync::mpsc::unbounded_channel();
         let job = Job {
@@ -300,7 +241,7 @@ impl Generator {
             stop,
             req: checked,
             mode,
-            compare: req.compare,
+            compare: req.options.compare,
             deadline: Instant::now() + limits.generation_time,
             cancel: Cancel::default(),
             events,
@@ -329,11 +270,7 @@ impl Generator {
 
     /// The library's request for `req` in `mode`, checked (within the server's token limit),
     /// its errors in the server's field names.
-    fn request(
-        req: &CompletionRequest,
-        mode: Mode,
-        limits: &Limits,
-    ) -> Result<CheckedRequest, ApiError> {
+    fn request(req: &Completion, mode: Mode, limits: &Limits) -> Result<CheckedRequest, ApiError> {
         let scorer = match mode {
             Mode::Sbis => Scorer::Infgram {
                 estimator: EstimatorSpec::Sbis {
@@ -344,19 +281,19 @@ impl Generator {
             Mode::Neural | Mode::Speculative => Scorer::Model,
             Mode::Mix => Scorer::Mixture,
         };
-        if mode == Mode::Speculative && req.speculative == Some(false) {
+        if mode == Mode::Speculative && req.options.speculative == Some(false) {
             return Err(ApiError::bad(
                 "mode \"speculative\" is speculative decoding, and \"speculative\": false \
                  asks for none: leave \"speculative\" out, or ask for mode \"neural\"",
             ));
         }
-        if mode == Mode::Sbis && req.compare {
+        if mode == Mode::Sbis && req.options.compare {
             return Err(ApiError::bad(
                 "\"compare\" compares speculative with plain decoding of a model; mode \
                  \"sbis\" has neither: leave it out, or ask for mode \"speculative\"",
             ));
         }
-        let drafters = match mode == Mode::Speculative || req.speculative == Some(true) {
+        let drafters = match mode == Mode::Speculative || req.options.speculative == Some(true) {
             true => request::defaults::SPECULATIVE_DRAFTERS.to_vec(),
             false => Vec::new(),
         };
@@ -364,20 +301,20 @@ impl Generator {
             prompt: req.prompt.clone(),
             scorer,
             drafters,
-            corpus_rule: req.corpus_rule,
-            guard: req.guard.map(|max_span| GuardSpec {
+            corpus_rule: req.options.corpus_rule,
+            guard: req.options.guard.map(|max_span| GuardSpec {
                 max_span,
                 ignore_prompt: false,
             }),
             sampling: Sampling {
-                temperature: req.temperature,
-                top_p: req.top_p,
-                top_k: req.top_k,
-                seed: req.seed,
+                temperature: req.options.temperature,
+                top_p: req.options.top_p,
+                top_k: req.options.top_k,
+                seed: req.options.seed,
                 repetition_penalty: None,
             },
             limits: GenLimits {
-                max_tokens: req.max_tokens,
+                max_tokens: req.options.max_tokens,
                 context: None,
                 draft_max: None,
             },
@@ -391,14 +328,14 @@ impl Generator {
     /// with its prompt tokenized (within the server's limits).
     fn plan(
         &self,
-        req: &CompletionRequest,
+        req: &Completion,
         mode: Mode,
         indexes: &super::Indexes,
         limits: &Limits,
     ) -> Result<(Plan, CheckedRequest), ApiError> {
         let mut checked = Self::request(req, mode, limits)?;
         if mode == Mode::Sbis {
-            let served = indexes.get(req.index.as_deref())?;
+            let served = indexes.get(req.options.index.as_deref())?;
             let prompt = prompt_ids(&checked, served.tokenizer.as_ref(), limits)?;
             checked.prompt = request::Prompt::Ids(prompt);
             return Ok((Plan::Sbis { served }, checked));
@@ -412,7 +349,7 @@ impl Generator {
         };
         // The index to draft, mix and guard with: the named one, else the first built with
         // the model's tokenizer.
-        let index = match &req.index {
+        let index = match &req.options.index {
             Some(name) => Some(indexes.get(Some(name))?),
             None => indexes.with_tokenizer(model_tok.as_ref()),
         };
@@ -444,8 +381,8 @@ impl Generator {
 }
 
 /// Refuses OpenAI options this server does not implement (rather than ignoring them).
-fn check_openai_options(req: &CompletionRequest) -> Result<(), ApiError> {
-    if req.n.is_some_and(|n| n != 1) {
+fn check_openai_options(req: &Completion) -> Result<(), ApiError> {
+    if req.options.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad(
             "\"n\": this server returns one completion per request",
         ));

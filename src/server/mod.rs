@@ -22,6 +22,7 @@ pub mod chat;
 pub mod completions;
 pub mod drafts;
 pub mod metrics;
+pub mod openai;
 pub mod origin;
 
 use crate::service::models::ModelOptions;
@@ -35,8 +36,9 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use completions::{completion_json, unix_seconds, CompletionRequest, Event, Generator};
+use completions::{completion_json, unix_seconds, Event, Generator};
 use metrics::Metrics;
+use openai::{ChatRequest, Completion, CompletionRequest};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::net::SocketAddr;
@@ -629,7 +631,7 @@ async fn completions_handler(
         Err(rejection) => return error_response(ENDPOINT, &body_error(&rejection)),
     };
     match serde_json::from_slice::<CompletionRequest>(&body) {
-        Ok(req) => complete(state, req, Shape::Text).await,
+        Ok(req) => complete(state, req.completion(), Shape::Text).await,
         Err(e) => error_response(
             ENDPOINT,
             &ApiError::bad(format!("not a completion request: {e}")),
@@ -649,7 +651,7 @@ async fn chat_handler(
         Ok(b) => b,
         Err(rejection) => return chat.error(&body_error(&rejection)),
     };
-    let req = match serde_json::from_slice::<chat::ChatRequest>(&body) {
+    let req = match serde_json::from_slice::<ChatRequest>(&body) {
         Ok(req) => req,
         Err(e) => {
             return chat.error(&ApiError::bad(format!(
@@ -699,9 +701,9 @@ impl Shape {
 }
 
 /// A generation answered in `shape`, whole or streamed as server-sent events.
-async fn complete(state: Arc<AppState>, req: CompletionRequest, shape: Shape) -> Response {
+async fn complete(state: Arc<AppState>, req: Completion, shape: Shape) -> Response {
     const ENDPOINT: &str = "completions";
-    let stream = req.stream;
+    let stream = req.options.stream;
     // Rendering a chat template and tokenizing a prompt take the blocking pool, never an I/O
     // thread: a slow one holds neither `/health` nor the shutdown signal.
     let task_state = state.clone();

@@ -727,16 +727,15 @@ pub fn attribute_spans(
     tok: &dyn Tokenizer,
     query: &Query,
 ) -> Result<Attribution> {
-    let Query::Attribute { min_len, .. } = query else {
-        return Err(Error::input("attribute_spans runs an attribute query"));
-    };
-    match execute(index, tok, query)? {
-        Answer::Attribute(answer) => Ok(Attribution {
-            answer,
-            min_len: *min_len,
-        }),
-        _ => Err(Error::input("an attribute query was answered otherwise")),
-    }
+    typed_answer(index, tok, query, "attribute", |query, answer| {
+        match (query, answer) {
+            (Query::Attribute { min_len, .. }, Answer::Attribute(answer)) => Some(Attribution {
+                answer,
+                min_len: *min_len,
+            }),
+            _ => None,
+        }
+    })
 }
 
 /// Runs `query` (built by [`Query::creativity`]) over `index`: its typed answer.
@@ -745,13 +744,28 @@ pub fn creativity_of(
     tok: &dyn Tokenizer,
     query: &Query,
 ) -> Result<Creativity> {
-    if !matches!(query, Query::Creativity { .. }) {
-        return Err(Error::input("creativity_of runs a creativity query"));
+    typed_answer(index, tok, query, "creativity", |_, answer| match answer {
+        Answer::Creativity(c) => Some(c),
+        _ => None,
+    })
+}
+
+/// Runs `query`, which must be of type `kind`, and returns what `pick` takes from its answer.
+fn typed_answer<T>(
+    index: &(impl Shards + ?Sized),
+    tok: &dyn Tokenizer,
+    query: &Query,
+    kind: &str,
+    pick: impl FnOnce(&Query, Answer) -> Option<T>,
+) -> Result<T> {
+    if query.query_type() != kind {
+        return Err(Error::input(format!(
+            "this runs a {kind} query, not {}",
+            query.query_type()
+        )));
     }
-    match execute(index, tok, query)? {
-        Answer::Creativity(c) => Ok(c),
-        _ => Err(Error::input("a creativity query was answered otherwise")),
-    }
+    pick(query, execute(index, tok, query)?)
+        .ok_or_else(|| Error::input(format!("a {kind} query was answered otherwise")))
 }
 
 /// Answers one query, unbounded but for the protocol's own limits ([`execute_within`]).
