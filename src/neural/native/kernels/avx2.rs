@@ -5,37 +5,6 @@ use super::x86::*;
 use super::*;
 use std::arch::x86_64::*;
 
-/// 8 f16 values from `s` as floats.
-#[inline(always)]
-unsafe fn halves8(s: &[half::f16]) -> __m256 {
-    _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr() as *const __m128i))
-}
-
-/// 8 bytes from `b` as floats, unsigned or signed.
-#[inline(always)]
-unsafe fn bytes8(b: *const u8, signed: bool) -> __m256 {
-    let x = _mm_loadl_epi64(b as *const __m128i);
-    let x = if signed {
-        _mm256_cvtepi8_epi32(x)
-    } else {
-        _mm256_cvtepu8_epi32(x)
-    };
-    _mm256_cvtepi32_ps(x)
-}
-
-/// [`scales16`] of rows `8h..8h + 8`.
-#[inline(always)]
-unsafe fn scales8(s: Scales, h: usize) -> (__m256, __m256) {
-    let r = 8 * h;
-    match s {
-        Scales::Kept { d, m } => (halves8(&d[r..]), halves8(&m[r..])),
-        Scales::Factors { sc, mn, sup } => (
-            _mm256_mul_ps(halves8(&sup.d[r..]), bytes8(sc[r..].as_ptr(), false)),
-            _mm256_mul_ps(halves8(&sup.m[r..]), bytes8(mn[r..].as_ptr(), false)),
-        ),
-    }
-}
-
 /// `acc + Σ` of four u8 × i8 products per lane (AVX2: no overflow while |u·s| ≤ 128·127,
 /// which nibbles and |Q8_0 weights| ≤ 127 satisfy).
 #[inline(always)]
@@ -67,31 +36,6 @@ unsafe fn dot_q5_avx2(w: &[__m256i; 8], a: &[i8; 32]) -> __m256i {
     let high = _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7]));
     let ones = _mm256_set1_epi16(1);
     _mm256_add_epi32(_mm256_madd_epi16(low, ones), _mm256_madd_epi16(high, ones))
-}
-
-/// Rows `8h..8h + 8` of a five-bit tile's quants as eight registers of bytes
-/// (`put_five_bits`): register t < 4 is chunk t's low five bits, register t + 4 its top
-/// three bits with the plane's two above them.
-#[inline(always)]
-unsafe fn five_bits_256(qs: &[[u8; 64]; 4], high: &super::TopBits, h: usize) -> [__m256i; 8] {
-    let top = _mm256_loadu_si256(high.as_ptr().add(32 * h) as *const __m256i);
-    let tops = [
-        _mm256_slli_epi16(top, 3),
-        _mm256_slli_epi16(top, 1),
-        _mm256_srli_epi16(top, 1),
-        _mm256_srli_epi16(top, 3),
-    ];
-    let (five, seven) = (_mm256_set1_epi8(31), _mm256_set1_epi8(7));
-    let top_mask = _mm256_set1_epi8(0x18);
-    let mut w = [_mm256_setzero_si256(); 8];
-    // (A loop, not a closure: closures do not inherit the target features.)
-    for t in 0..4 {
-        let x = _mm256_loadu_si256(qs[t].as_ptr().add(32 * h) as *const __m256i);
-        w[t] = _mm256_and_si256(x, five);
-        let low3 = _mm256_and_si256(_mm256_srli_epi16(x, 5), seven);
-        w[t + 4] = _mm256_or_si256(low3, _mm256_and_si256(tops[t], top_mask));
-    }
-    w
 }
 
 #[inline(always)]
@@ -156,33 +100,6 @@ unsafe fn dot_q6_vnni(w: &[__m256i; 8], a: &[i8; 32], k: usize) -> __m256i {
     s
 }
 
-/// Rows `8h..8h + 8` of a Q6_K tile's six-bit quants as eight registers of bytes (as
-/// `six_bits_avx512`).
-#[inline(always)]
-unsafe fn six_bits_256(tile: &Q6KTile, h: usize) -> [__m256i; 8] {
-    let half = |bytes: &[u8; 64]| bytes.as_ptr().add(32 * h) as *const __m256i;
-    let (mask, top) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
-    let mut w = [_mm256_setzero_si256(); 8];
-    for t in 0..4 {
-        let x = _mm256_loadu_si256(half(&tile.qs[t]));
-        w[t] = _mm256_and_si256(x, mask);
-        w[t + 4] = _mm256_and_si256(_mm256_srli_epi16(x, 4), mask);
-    }
-    for p in 0..2 {
-        let x = _mm256_loadu_si256(half(&tile.high[p]));
-        let shifted = [
-            _mm256_slli_epi16(x, 4),
-            _mm256_slli_epi16(x, 2),
-            x,
-            _mm256_srli_epi16(x, 2),
-        ];
-        for (k, x) in shifted.into_iter().enumerate() {
-            w[4 * p + k] = _mm256_or_si256(w[4 * p + k], _mm256_and_si256(x, top));
-        }
-    }
-    w
-}
-
 macro_rules! tile_256 {
     ($name:ident, $dot_q4:ident, $dot_q5:ident, $dot_q6:ident, $dot_q8:ident, $q8_bias:literal, $features:literal) => {
         /// Two halves of 8 weight rows, each a 256-bit register of lanes.
@@ -201,26 +118,17 @@ macro_rules! tile_256 {
                 h: usize,
                 acc: &mut [__m256; N],
             ) {
-                let half = |bytes: *const u8| bytes.add(32 * h) as *const __m256i;
-                let mask = _mm256_set1_epi8(0x0F);
                 for (b, tile) in tiles.iter().enumerate() {
                     // The second half reads the lines the first brought in.
                     if h == 0 {
                         prefetch_ahead(tile);
                     }
                     let w = match tile.high() {
-                        Some(high) => five_bits_256(tile.qs(), high, h),
-                        None => {
-                            let mut w = [_mm256_setzero_si256(); 8];
-                            for t in 0..4 {
-                                let x = _mm256_loadu_si256(half(tile.qs()[t].as_ptr()));
-                                w[t] = _mm256_and_si256(x, mask);
-                                w[t + 4] = _mm256_and_si256(_mm256_srli_epi16(x, 4), mask);
-                            }
-                            w
-                        }
+                        Some(high) => five_bit_quads::<Lanes256>(tile.qs(), high, 32 * h),
+                        None => nibble_quads::<Lanes256>(tile.qs(), 32 * h),
                     };
-                    let (dw, mw) = scales8(tile.scales(super_of::<T>(supers, b)), h);
+                    let scales = tile.scales(super_of::<T>(supers, b));
+                    let (dw, mw) = scales_of::<Lanes256>(scales, 8 * h);
                     for i in 0..N {
                         let mut s = match tile.high() {
                             None => $dot_q4(&w, &rows[i].qs[b]),
@@ -257,7 +165,7 @@ macro_rules! tile_256 {
                             let w: [__m256i; 8] = std::array::from_fn(|t| {
                                 byte_quads(half(tile.qs[t].as_ptr()) as *const u8, $q8_bias)
                             });
-                            let dw = halves8(&tile.d[8 * h..]);
+                            let dw = Lanes256::halves(tile.d[8 * h..].as_ptr());
                             for i in 0..N {
                                 let q = &rows[i].qs[b];
                                 let mut s = _mm256_setzero_si256();
@@ -282,12 +190,12 @@ macro_rules! tile_256 {
                             if h == 0 {
                                 prefetch_ahead(tile);
                             }
-                            let w = six_bits_256(tile, h);
-                            let d = halves8(&supers[b / 8].d[8 * h..]);
+                            let w = six_bit_quads::<Lanes256>(tile, 32 * h);
+                            let d = Lanes256::halves(supers[b / 8].d[8 * h..].as_ptr());
                             let sc = |k: usize| tile.sc[k][8 * h..].as_ptr() as *const u8;
                             let dw = [
-                                _mm256_mul_ps(d, bytes8(sc(0), true)),
-                                _mm256_mul_ps(d, bytes8(sc(1), true)),
+                                _mm256_mul_ps(d, Lanes256::bytes(sc(0), true)),
+                                _mm256_mul_ps(d, Lanes256::bytes(sc(1), true)),
                             ];
                             for i in 0..N {
                                 let q = &rows[i].qs[b];
