@@ -13,6 +13,7 @@
 
 use crate::error::{Error, Result};
 
+pub mod batch;
 pub mod exp;
 
 /// One position's next-token scores: natural-log-scale logits, softmax-normalized by the user.
@@ -331,6 +332,39 @@ pub trait LanguageModel {
             "this model verifies no token trees".into(),
         ))
     }
+    /// The model's sequences, where it holds several and scores rows of several in one pass
+    /// ([`Sequences`]; `None`, the default, for a model of one sequence).
+    fn sequences(&mut self) -> Option<&mut dyn Sequences> {
+        None
+    }
+}
+
+/// A model that holds several sequences, each with its own cache, and scores the new tokens
+/// of several in one pass: what serving many requests at once needs ([`batch`]). The
+/// [`LanguageModel`] methods act on the selected sequence.
+pub trait Sequences {
+    /// Sequences held (at least one: number 0, selected until [`Sequences::select`]).
+    fn sequence_count(&self) -> usize;
+    /// Adds an empty sequence; returns its number.
+    fn add_sequence(&mut self) -> usize;
+    /// Makes `seq` the sequence the [`LanguageModel`] methods act on.
+    fn select(&mut self, seq: usize) -> Result<()>;
+    /// One pass over several sequences' new tokens (each sequence at most once): for each
+    /// part, what [`LanguageModel::score_first`] of its tokens with `first` would return on
+    /// its sequence alone, bit for bit, its other rows held for [`LanguageModel::score_more`]
+    /// (after selecting it).
+    fn score_parts(&mut self, parts: &[SeqPart]) -> Result<Vec<Vec<Logits>>>;
+}
+
+/// One sequence's new tokens in a [`Sequences::score_parts`] pass.
+#[derive(Clone, Copy, Debug)]
+pub struct SeqPart<'a> {
+    /// The sequence.
+    pub seq: usize,
+    /// Its new tokens.
+    pub tokens: &'a [u32],
+    /// Rows whose logits come back now (0: the tokens are fed, none scored).
+    pub first: usize,
 }
 
 /// Implements [`LanguageModel`] for a pointer type by forwarding every method to the model it
@@ -396,6 +430,9 @@ macro_rules! forward_language_model {
             }
             fn keep_path(&mut self, path: &[usize]) -> Result<()> {
                 (**self).keep_path(path)
+            }
+            fn sequences(&mut self) -> Option<&mut dyn Sequences> {
+                (**self).sequences()
             }
         }
     };

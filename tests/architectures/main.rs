@@ -513,4 +513,5 @@ fn gemma3_270m_tokenizes_and_continues_as_llama_cpp_does() {
     );
 }
 
+mod batch;
 mod passes;

@@ -330,10 +330,10 @@ fn sampled_decoding_keeps_the_rows_distribution(m: &mut dyn LanguageModel, what:
 }
 
 /// Drafts from the text that full-row decoding gave, wrong at every `wrong`-th token.
-struct Scripted {
-    prompt_len: usize,
-    script: Vec<u32>,
-    wrong: usize,
+pub(crate) struct Scripted {
+    pub(crate) prompt_len: usize,
+    pub(crate) script: Vec<u32>,
+    pub(crate) wrong: usize,
 }
 
 impl Drafter for Scripted {

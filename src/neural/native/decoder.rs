@@ -13,7 +13,7 @@
 //! tested against.
 
 use crate::error::{Error, Result};
-use crate::lm::{LanguageModel, Logits, RowForm};
+use crate::lm::{LanguageModel, Logits, RowForm, SeqPart, Sequences};
 use crate::neural::arch::layers::{check_shape, rope_frequencies, weights, Backend as _};
 use crate::neural::arch::{Activation, Architecture, RopeStyle};
 use crate::neural::load::gguf::Gguf;
@@ -26,14 +26,56 @@ use crate::neural::native::weights::to_matrix;
 use candle_core::quantized::GgmlDType;
 use std::path::Path;
 
-/// A block: its weights (assembled by [`crate::neural::arch::layers`]) and its KV cache.
-struct Layer {
-    w: Blocks,
-    cache: KvCache,
+/// A block's weights in the kernels' tiles (assembled by [`crate::neural::arch::layers`]).
+type Blocks = crate::neural::arch::layers::Layer<QMatrix, Vec<f32>>;
+
+/// One sequence the decoder holds ([`Sequences`]): a KV cache per layer, its length, the
+/// final-normed rows of its last pass whose logits are still to come
+/// ([`LanguageModel::score_more`]), `dim` floats each, from row `held_next` on, and its last
+/// token tree with the cache length before it, until [`LanguageModel::keep_path`] (or any
+/// other change of the cache).
+struct Sequence {
+    caches: Vec<KvCache>,
+    cached: usize,
+    held: Vec<f32>,
+    held_next: usize,
+    tree: Option<(usize, TreeLayout)>,
 }
 
-/// A block's weights in the kernels' tiles.
-type Blocks = crate::neural::arch::layers::Layer<QMatrix, Vec<f32>>;
+impl Sequence {
+    fn new(cfg: &Architecture) -> Self {
+        let heads = cfg.heads;
+        Sequence {
+            caches: (0..cfg.n_layer)
+                .map(|_| KvCache::new(heads.n_kv_head, heads.head_dim))
+                .collect(),
+            cached: 0,
+            held: Vec::new(),
+            held_next: 0,
+            tree: None,
+        }
+    }
+
+    /// Keeps the first `len` positions (and no held rows or tree).
+    fn truncate(&mut self, len: usize) {
+        self.held.clear();
+        self.tree = None;
+        let len = len.min(self.cached);
+        for cache in &mut self.caches {
+            cache.truncate(len);
+        }
+        self.cached = len;
+    }
+}
+
+/// One sequence's rows in a pass: its new tokens, how many of their rows' logits come out
+/// now (the others are held), and their placement as a token tree.
+struct Part<'a> {
+    seq: usize,
+    tokens: &'a [u32],
+    rows: usize,
+    tree: Option<&'a TreeLayout>,
+}
 
 /// The native backend's form of a file's tensors: matrices in the kernels' tiles
 /// (re-quantized to Q8_0 when `requant`), vectors as they are.
@@ -118,25 +160,23 @@ pub struct Decoder {
     /// Token embeddings, also the output projection when the file ties them (SmolLM2 does).
     embeddings: QMatrix,
     output: Option<QMatrix>,
-    layers: Vec<Layer>,
+    layers: Vec<Blocks>,
     norm: Vec<f32>,
     /// The rotary tables: the global base's, and the windowed layers' when they differ.
     ropes: Vec<RopeTable>,
-    cached: usize,
+    /// The sequences held (one until [`Sequences::add_sequence`]), and the one the
+    /// [`LanguageModel`] methods act on.
+    seqs: Vec<Sequence>,
+    current: usize,
     /// Reused buffer for quantized activations.
     acts: QRows,
     /// Reused buffers of a pass's activations.
     scratch: Scratch,
-    /// The last pass's final-normed rows whose logits are still to come
-    /// ([`LanguageModel::score_more`]), `dim` floats each, from row `held_next` of it on.
-    held: Vec<f32>,
-    held_next: usize,
+    /// Held rows of several sequences gathered for one output projection.
+    gathered: Vec<f32>,
     /// Rows of logits handed back by [`LanguageModel::recycle`], filled again by later
     /// passes: a fresh row of 150,000 logits costs the kernel a page fault every 4 KiB.
     spare_rows: Vec<Vec<f32>>,
-    /// The last pass's token tree and the cache length before it, until
-    /// [`LanguageModel::keep_path`] (or any other change of the cache).
-    tree: Option<(usize, TreeLayout)>,
 }
 
 impl Decoder {
@@ -159,7 +199,7 @@ impl Decoder {
         let mut gguf = Gguf::open(path)?;
         let cfg = crate::neural::arch::describe(&gguf)?;
         crate::neural::arch::check_blocks(&gguf, &cfg)?;
-        let (dim, heads) = (cfg.dim, cfg.heads);
+        let dim = cfg.dim;
         let mut tiles = Tiles { path, requant };
         let embeddings = tiles.matrix(&mut gguf, "token_embd.weight")?;
         let vocab = embeddings.rows();
@@ -177,19 +217,15 @@ impl Decoder {
         } else {
             None
         };
-        let layers = crate::neural::arch::layers::layers(&mut gguf, &cfg, &mut tiles)?
-            .into_iter()
-            .map(|w| Layer {
-                w,
-                cache: KvCache::new(heads.n_kv_head, heads.head_dim),
-            })
-            .collect();
+        let layers = crate::neural::arch::layers::layers(&mut gguf, &cfg, &mut tiles)?;
         let norm = weights(&mut gguf, "output_norm.weight", dim, cfg.norm.weight_offset)?;
         let ropes = rope_frequencies(&mut gguf, &cfg)?
             .into_iter()
             .map(RopeTable::new)
             .collect();
         Ok(Decoder {
+            seqs: vec![Sequence::new(&cfg)],
+            current: 0,
             cfg,
             isa: Isa::detect(),
             pool: Pool::new(1),
@@ -198,13 +234,10 @@ impl Decoder {
             layers,
             norm,
             ropes,
-            cached: 0,
             acts: QRows::default(),
             scratch: Scratch::default(),
-            held: Vec::new(),
-            held_next: 0,
+            gathered: Vec::new(),
             spare_rows: Vec::new(),
-            tree: None,
         })
     }
 
@@ -214,17 +247,7 @@ impl Decoder {
         let layers: usize = self
             .layers
             .iter()
-            .flat_map(|l| {
-                [
-                    &l.w.wq,
-                    &l.w.wk,
-                    &l.w.wv,
-                    &l.w.wo,
-                    &l.w.w_gate,
-                    &l.w.w_up,
-                    &l.w.w_down,
-                ]
-            })
+            .flat_map(|w| [&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down])
             .map(QMatrix::bytes)
             .sum();
         layers + self.output.as_ref().unwrap_or(&self.embeddings).bytes()
@@ -255,11 +278,11 @@ impl Decoder {
         self.isa
     }
 
-    /// Feeds `tokens` through every layer into the cache and returns the logits of the first
-    /// `rows` positions; the final-normed rows of the others are held for
-    /// [`Decoder::held_logits`].
+    /// Feeds `tokens` through every layer into the current sequence's cache and returns the
+    /// logits of the first `rows` positions; the final-normed rows of the others are held for
+    /// [`LanguageModel::score_more`].
     fn run(&mut self, tokens: &[u32], rows: usize) -> Result<Vec<Vec<f32>>> {
-        self.tree = None;
+        self.seqs[self.current].tree = None;
         self.run_placed(tokens, rows, None)
     }
 
@@ -271,19 +294,57 @@ impl Decoder {
         rows: usize,
         tree: Option<&TreeLayout>,
     ) -> Result<Vec<Vec<f32>>> {
-        self.held.clear();
-        self.held_next = 0;
-        if tokens.is_empty() {
-            return Ok(Vec::new());
-        }
+        let seq = self.current;
+        let part = Part {
+            seq,
+            tokens,
+            rows,
+            tree,
+        };
+        Ok(self.run_parts(&[part])?.pop().unwrap_or_default())
+    }
+
+    /// One pass over the new tokens of several sequences (each at most once): the matrix
+    /// products take every part's rows together, rotation, the cache and attention each
+    /// part's own. A row's logits are the same bits whatever else the pass holds (the
+    /// products are batch-invariant, everything else is per row or per sequence).
+    fn run_parts(&mut self, parts: &[Part]) -> Result<Vec<Vec<Vec<f32>>>> {
         let vocab = self.vocab_size();
-        crate::lm::check_vocab(tokens, vocab)?;
-        let (t, pos, dim, eps) = (tokens.len(), self.cached, self.cfg.dim, self.cfg.norm.eps);
+        for (i, part) in parts.iter().enumerate() {
+            if part.seq >= self.seqs.len() || parts[..i].iter().any(|p| p.seq == part.seq) {
+                return Err(Error::Model(format!(
+                    "a pass takes each of the {} sequences at most once (sequence {} again)",
+                    self.seqs.len(),
+                    part.seq
+                )));
+            }
+            crate::lm::check_vocab(part.tokens, vocab)?;
+            let seq = &mut self.seqs[part.seq];
+            seq.held.clear();
+            seq.held_next = 0;
+        }
+        let t: usize = parts.iter().map(|p| p.tokens.len()).sum();
+        if t == 0 {
+            return Ok(parts.iter().map(|_| Vec::new()).collect());
+        }
+        // Each part's first row in the pass, and the position it starts at.
+        let mut starts = Vec::with_capacity(parts.len() + 1);
+        starts.push(0);
+        for p in parts {
+            starts.push(starts.last().copied().unwrap_or(0) + p.tokens.len());
+        }
+        let places: Vec<usize> = parts.iter().map(|p| self.seqs[p.seq].cached).collect();
+        let (dim, eps) = (self.cfg.dim, self.cfg.norm.eps);
+        let end = parts
+            .iter()
+            .zip(&places)
+            .map(|(p, pos)| pos + p.tokens.len())
+            .max();
         for table in &mut self.ropes {
-            table.ensure(pos + t);
+            table.ensure(end.unwrap_or(0));
         }
         let (isa, pool, cfg, acts) = (self.isa, &mut self.pool, &self.cfg, &mut self.acts);
-        let (heads, ropes) = (cfg.heads, &self.ropes);
+        let (heads, ropes, seqs) = (cfg.heads, &self.ropes, &mut self.seqs);
         let Scratch {
             x,
             normed,
@@ -297,105 +358,124 @@ impl Decoder {
             act,
         } = &mut self.scratch;
         sized(x, t * dim);
+        let tokens = parts.iter().flat_map(|p| p.tokens);
         for (row, &tok) in x.chunks_exact_mut(dim).zip(tokens) {
             self.embeddings.dequantize_row(tok as usize, row);
             if let Some(scale) = cfg.embedding.scale {
                 row.iter_mut().for_each(|v| *v *= scale);
             }
         }
-        for layer in &mut self.layers {
-            rms_norm(x, &layer.w.attn_norm, eps, normed);
+        let (qw, kw, hd, style) = (
+            heads.q_width(),
+            heads.kv_width(),
+            heads.head_dim,
+            cfg.rope.style,
+        );
+        for (l, w) in self.layers.iter().enumerate() {
+            rms_norm(x, &w.attn_norm, eps, normed);
             acts.quantize_on_pool(isa, pool, normed, dim);
-            project_many(
-                isa,
-                pool,
-                acts,
-                [&layer.w.wq, &layer.w.wk, &layer.w.wv],
-                [q, k, v],
-            );
-            if let Some([bq, bk, bv]) = &layer.w.biases {
+            project_many(isa, pool, acts, [&w.wq, &w.wk, &w.wv], [q, k, v]);
+            if let Some([bq, bk, bv]) = &w.biases {
                 add_rows(q, bq);
                 add_rows(k, bk);
                 add_rows(v, bv);
             }
-            if let Some([nq, nk]) = &layer.w.qk_norms {
+            if let Some([nq, nk]) = &w.qk_norms {
                 rms_norm_in_place(q, nq, eps);
                 rms_norm_in_place(k, nk, eps);
             }
-            let table = &ropes[layer.w.rope];
-            let (hd, style) = (heads.head_dim, cfg.rope.style);
-            let depth = tree.map(|t| t.depth.as_slice());
-            rope(q, heads.q_width(), hd, (pos, depth), table, style);
-            rope(k, heads.kv_width(), hd, (pos, depth), table, style);
-            layer.cache.append(k, v);
+            let table = &ropes[w.rope];
             let out = sized(attended, q.len());
-            let placed = (pos, tree.map(TreeLayout::rows));
-            attend(
-                isa,
-                pool,
-                &heads,
-                &layer.cache,
-                q,
-                placed,
-                layer.w.window,
-                out,
-            );
-            acts.quantize_on_pool(isa, pool, attended, heads.q_width());
-            project(isa, pool, acts, &layer.w.wo, projected);
-            if let Some([post_attention, _]) = &layer.w.post_norms {
+            for (i, part) in parts.iter().enumerate() {
+                let (r0, r1, pos) = (starts[i], starts[i + 1], places[i]);
+                let depth = part.tree.map(|t| t.depth.as_slice());
+                let (q, out) = (&mut q[r0 * qw..r1 * qw], &mut out[r0 * qw..r1 * qw]);
+                rope(q, qw, hd, (pos, depth), table, style);
+                rope(&mut k[r0 * kw..r1 * kw], kw, hd, (pos, depth), table, style);
+                let cache = &mut seqs[part.seq].caches[l];
+                cache.append(&k[r0 * kw..r1 * kw], &v[r0 * kw..r1 * kw]);
+                let placed = (pos, part.tree.map(TreeLayout::rows));
+                attend(isa, pool, &heads, cache, q, placed, w.window, out);
+            }
+            acts.quantize_on_pool(isa, pool, attended, qw);
+            project(isa, pool, acts, &w.wo, projected);
+            if let Some([post_attention, _]) = &w.post_norms {
                 rms_norm_in_place(projected, post_attention, eps);
             }
             add_in_place(x, projected);
-            rms_norm(x, &layer.w.ffn_norm, eps, normed);
+            rms_norm(x, &w.ffn_norm, eps, normed);
             acts.quantize_on_pool(isa, pool, normed, dim);
-            project_many(
-                isa,
-                pool,
-                acts,
-                [&layer.w.w_gate, &layer.w.w_up],
-                [gate, up],
-            );
+            project_many(isa, pool, acts, [&w.w_gate, &w.w_up], [gate, up]);
             gated(isa, pool, cfg.activation, gate, up, act);
-            acts.quantize_on_pool(isa, pool, act, layer.w.w_up.rows());
-            project(isa, pool, acts, &layer.w.w_down, projected);
-            if let Some([_, post_ffw]) = &layer.w.post_norms {
+            acts.quantize_on_pool(isa, pool, act, w.w_up.rows());
+            project(isa, pool, acts, &w.w_down, projected);
+            if let Some([_, post_ffw]) = &w.post_norms {
                 rms_norm_in_place(projected, post_ffw, eps);
             }
             add_in_place(x, projected);
         }
-        self.cached += t;
-        if rows == 0 {
-            return Ok(Vec::new());
-        }
-        rms_norm(x, &self.norm, eps, &mut self.held);
-        if let Some(t) = tree.filter(|t| t.padding.contains(&true)) {
-            // Padding rows' logits are never asked for: drop their rows.
-            let mut kept = 0;
-            for (s, _) in t.padding.iter().enumerate().filter(|p| !*p.1) {
-                self.held.copy_within(s * dim..(s + 1) * dim, kept * dim);
-                kept += 1;
+        for (i, part) in parts.iter().enumerate() {
+            let seq = &mut seqs[part.seq];
+            seq.cached += part.tokens.len();
+            if part.rows == 0 {
+                continue;
             }
-            self.held.truncate(kept * dim);
+            rms_norm(
+                &x[starts[i] * dim..starts[i + 1] * dim],
+                &self.norm,
+                eps,
+                &mut seq.held,
+            );
+            if let Some(t) = part.tree.filter(|t| t.padding.contains(&true)) {
+                // Padding rows' logits are never asked for: drop their rows.
+                let mut kept = 0;
+                for (s, _) in t.padding.iter().enumerate().filter(|p| !*p.1) {
+                    seq.held.copy_within(s * dim..(s + 1) * dim, kept * dim);
+                    kept += 1;
+                }
+                seq.held.truncate(kept * dim);
+            }
         }
-        self.held_logits(rows)
+        let wants: Vec<(usize, usize)> = parts.iter().map(|p| (p.seq, p.rows)).collect();
+        self.held_logits(&wants)
     }
 
-    /// The logits of the next `rows` held rows (fewer when fewer are held). Each row's are the
-    /// same bits however the rows are grouped: activations are quantized row by row and the
-    /// kernels are batch-invariant.
-    fn held_logits(&mut self, rows: usize) -> Result<Vec<Vec<f32>>> {
+    /// The logits of the next `rows` held rows of each `(sequence, rows)` (fewer when fewer
+    /// are held), in one output projection. Each row's are the same bits however the rows are
+    /// grouped: activations are quantized row by row and the kernels are batch-invariant.
+    fn held_logits(&mut self, wants: &[(usize, usize)]) -> Result<Vec<Vec<Vec<f32>>>> {
         let dim = self.cfg.dim;
-        let from = self.held_next.min(self.held.len() / dim);
-        let to = (from + rows).min(self.held.len() / dim);
-        if from == to {
-            return Ok(Vec::new());
+        let mut counts = Vec::with_capacity(wants.len());
+        self.gathered.clear();
+        for &(seq, rows) in wants {
+            let seq = &mut self.seqs[seq];
+            let from = seq.held_next.min(seq.held.len() / dim);
+            let to = (from + rows).min(seq.held.len() / dim);
+            seq.held_next = to;
+            counts.push(to - from);
+            if wants.len() > 1 {
+                self.gathered
+                    .extend_from_slice(&seq.held[from * dim..to * dim]);
+            } else {
+                // One sequence: its rows as they lie (no copy).
+                self.acts.quantize_on_pool(
+                    self.isa,
+                    &mut self.pool,
+                    &seq.held[from * dim..to * dim],
+                    dim,
+                );
+            }
         }
-        self.held_next = to;
-        let held = &self.held[from * dim..to * dim];
-        self.acts
-            .quantize_on_pool(self.isa, &mut self.pool, held, dim);
+        let total: usize = counts.iter().sum();
+        if total == 0 {
+            return Ok(wants.iter().map(|_| Vec::new()).collect());
+        }
+        if wants.len() > 1 {
+            self.acts
+                .quantize_on_pool(self.isa, &mut self.pool, &self.gathered, dim);
+        }
         let output = self.output.as_ref().unwrap_or(&self.embeddings);
-        let mut rows: Vec<Vec<f32>> = (from..to)
+        let mut rows: Vec<Vec<f32>> = (0..total)
             .map(|_| {
                 let mut row = self.spare_rows.pop().unwrap_or_default();
                 row.resize(output.rows(), 0.0);
@@ -404,7 +484,11 @@ impl Decoder {
             .collect();
         let mut outs: Vec<&mut [f32]> = rows.iter_mut().map(Vec::as_mut_slice).collect();
         matmul_into_rows(self.isa, output, &self.acts, &mut outs, &mut self.pool);
-        Ok(rows)
+        let mut rows = rows.into_iter();
+        Ok(counts
+            .into_iter()
+            .map(|n| rows.by_ref().take(n).collect())
+            .collect())
     }
 }
 
@@ -571,7 +655,8 @@ impl LanguageModel for Decoder {
     }
 
     fn score_more(&mut self, count: usize) -> Result<Vec<Logits>> {
-        let rows = self.held_logits(count)?;
+        let rows = self.held_logits(&[(self.current, count)])?;
+        let rows = rows.into_iter().next().unwrap_or_default();
         Ok(rows.into_iter().map(Logits::Dense).collect())
     }
 
@@ -593,17 +678,11 @@ impl LanguageModel for Decoder {
     }
 
     fn cache_len(&self) -> usize {
-        self.cached
+        self.seqs[self.current].cached
     }
 
     fn truncate(&mut self, len: usize) {
-        self.held.clear();
-        self.tree = None;
-        let len = len.min(self.cached);
-        for layer in &mut self.layers {
-            layer.cache.truncate(len);
-        }
-        self.cached = len;
+        self.seqs[self.current].truncate(len);
     }
 
     fn vocab_size(&self) -> usize {
@@ -623,7 +702,7 @@ impl LanguageModel for Decoder {
         let windows_fit = self
             .layers
             .iter()
-            .all(|l| l.w.window.is_none_or(|w| w > MAX_TREE_ROWS));
+            .all(|l| l.window.is_none_or(|w| w > MAX_TREE_ROWS));
         if windows_fit {
             MAX_TREE_ROWS
         } else {
@@ -645,25 +724,74 @@ impl LanguageModel for Decoder {
             ));
         }
         let layout = TreeLayout::new(tokens, parents)?;
-        let base = self.cached;
+        let base = self.cache_len();
         let rows = first.clamp(1, tokens.len());
         let out = self.run_placed(&layout.tokens, rows, Some(&layout))?;
-        self.tree = Some((base, layout));
+        self.seqs[self.current].tree = Some((base, layout));
         Ok(out.into_iter().map(Logits::Dense).collect())
     }
 
+    fn sequences(&mut self) -> Option<&mut dyn Sequences> {
+        Some(self)
+    }
+
     fn keep_path(&mut self, path: &[usize]) -> Result<()> {
-        let Some((base, layout)) = self.tree.take() else {
+        let seq = &mut self.seqs[self.current];
+        let Some((base, layout)) = seq.tree.take() else {
             return Err(Error::Model(
                 "keep_path: no tree pass to keep a path of".into(),
             ));
         };
         let slots = layout.slots_of(path)?;
-        for layer in &mut self.layers {
-            layer.cache.keep_slots(base, &slots);
+        for cache in &mut seq.caches {
+            cache.keep_slots(base, &slots);
         }
-        self.held.clear();
-        self.cached = base + slots.len();
+        seq.held.clear();
+        seq.cached = base + slots.len();
         Ok(())
+    }
+}
+
+impl Sequences for Decoder {
+    fn sequence_count(&self) -> usize {
+        self.seqs.len()
+    }
+
+    fn add_sequence(&mut self) -> usize {
+        self.seqs.push(Sequence::new(&self.cfg));
+        self.seqs.len() - 1
+    }
+
+    fn select(&mut self, seq: usize) -> Result<()> {
+        if seq >= self.seqs.len() {
+            return Err(Error::Model(format!(
+                "sequence {seq} of {}: add it first",
+                self.seqs.len()
+            )));
+        }
+        self.current = seq;
+        Ok(())
+    }
+
+    fn score_parts(&mut self, parts: &[SeqPart]) -> Result<Vec<Vec<Logits>>> {
+        for p in parts {
+            if let Some(seq) = self.seqs.get_mut(p.seq) {
+                seq.tree = None;
+            }
+        }
+        let parts: Vec<Part> = parts
+            .iter()
+            .map(|p| Part {
+                seq: p.seq,
+                tokens: p.tokens,
+                rows: p.first.min(p.tokens.len()),
+                tree: None,
+            })
+            .collect();
+        let rows = self.run_parts(&parts)?;
+        Ok(rows
+            .into_iter()
+            .map(|r| r.into_iter().map(Logits::Dense).collect())
+            .collect())
     }
 }

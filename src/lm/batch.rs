@@ -1,0 +1,436 @@
+//! Several generations on one model at once (continuous batching): a [`Batcher`] owns a model
+//! that holds several sequences ([`Sequences`]) on its own thread and hands out
+//! [`SequenceModel`]s, each a [`LanguageModel`] over one sequence. Each generation runs its own
+//! decode loop (speculative decoding, trees, sampling, stop strings, the guard: every mode as
+//! it is) on its own thread; when the loops ask for passes at the same time, their new tokens
+//! go through the model in one pass, each sequence attending to its own cache.
+//!
+//! The pass of several sequences gives every row the bits of the same row scored alone (the
+//! model's promise, [`Sequences::score_parts`]), so a generation's tokens do not depend on the
+//! others that share its passes: an answer is the same under any load.
+//!
+//! When to run a pass: the batcher takes the first request for a pass, then waits until every
+//! live sequence has asked for one, or for [`Batcher::window`] at most (a loop that samples or
+//! drafts between its passes asks again within microseconds; one that does slower work is not
+//! waited for). Operations on one sequence (cutting its cache back, the held rows of a pass, a
+//! token tree) run between passes, in the order each sequence sent them.
+
+use super::{LanguageModel, Logits, RowForm, SeqPart};
+use crate::error::{Error, Result};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What a sequence's operation answers: its rows (none for most), and the sequence's cache
+/// length after it.
+type Answer = (Result<Vec<Logits>>, usize);
+
+/// An operation on one sequence, run between passes on the selected sequence.
+type Op = Box<dyn FnOnce(&mut dyn LanguageModel) -> Result<Vec<Logits>> + Send>;
+
+enum Call {
+    /// New tokens of a sequence for the next pass; `first` rows' logits back now.
+    Score {
+        seq: usize,
+        tokens: Vec<u32>,
+        first: usize,
+        reply: Sender<Answer>,
+    },
+    /// Anything else, on the sequence alone; answered when `reply` is given.
+    Alone {
+        seq: usize,
+        op: Op,
+        reply: Option<Sender<Answer>>,
+    },
+    /// A free sequence (a new one when none is free).
+    Acquire(Sender<Result<usize>>),
+    /// The sequence is free again (its cache emptied).
+    Release(usize),
+}
+
+/// How the passes went: their count and the sequences they took together.
+#[derive(Debug, Default)]
+pub struct BatchStats {
+    /// Passes run over the sequences' new tokens.
+    pub passes: AtomicU64,
+    /// The sequences those passes took, summed (over `passes`: the mean batch).
+    pub sequences: AtomicU64,
+    /// Sequences held by a live [`SequenceModel`].
+    pub live: AtomicUsize,
+}
+
+/// The owner of a model of several sequences, on its own thread; cheap to clone.
+#[derive(Clone)]
+pub struct Batcher {
+    calls: Sender<Call>,
+    stats: Arc<BatchStats>,
+    about: Arc<About>,
+}
+
+/// What a sequence's model says of itself without a pass.
+struct About {
+    vocab: usize,
+    eos: Vec<u32>,
+    bos: Option<u32>,
+    max_tree_rows: usize,
+}
+
+impl Batcher {
+    /// How long a pass waits for the live sequences that have not asked yet.
+    pub const WINDOW: Duration = Duration::from_millis(1);
+
+    /// Moves `model` onto the batcher's thread; an error if it holds one sequence only.
+    pub fn start(model: Box<dyn LanguageModel + Send>) -> Result<Batcher> {
+        Self::with_window(model, Self::WINDOW)
+    }
+
+    /// [`Batcher::start`] with another wait for the sequences that have not asked yet.
+    pub fn with_window(
+        mut model: Box<dyn LanguageModel + Send>,
+        window: Duration,
+    ) -> Result<Batcher> {
+        if model.sequences().is_none() {
+            return Err(Error::Model(
+                "this backend runs one sequence at a time; serve one request at a time with it \
+                 (the native CPU backend batches)"
+                    .into(),
+            ));
+        }
+        let about = Arc::new(About {
+            vocab: model.vocab_size(),
+            eos: model.eos_tokens().to_vec(),
+            bos: model.bos_token(),
+            max_tree_rows: model.max_tree_rows(),
+        });
+        let (calls, inbox) = channel();
+        let stats = Arc::new(BatchStats::default());
+        let thread_stats = stats.clone();
+        std::thread::Builder::new()
+            .name("infgram-batch".into())
+            .spawn(move || serve(model.as_mut(), inbox, window, &thread_stats))
+            .map_err(|e| Error::Model(format!("cannot start the batching thread: {e}")))?;
+        Ok(Batcher {
+            calls,
+            stats,
+            about,
+        })
+    }
+
+    /// How the passes went so far.
+    pub fn stats(&self) -> &BatchStats {
+        &self.stats
+    }
+
+    /// A sequence of its own, empty: a [`LanguageModel`] whose passes share the model's with
+    /// the other live sequences'. Dropping it frees the sequence.
+    pub fn sequence(&self) -> Result<SequenceModel> {
+        let (tx, rx) = channel();
+        self.calls.send(Call::Acquire(tx)).map_err(|_| stopped())?;
+        let seq = rx.recv().map_err(|_| stopped())??;
+        let (reply, answers) = channel();
+        Ok(SequenceModel {
+            seq,
+            len: 0,
+            calls: self.calls.clone(),
+            reply,
+            answers,
+            about: self.about.clone(),
+        })
+    }
+}
+
+fn stopped() -> Error {
+    Error::Model("the batching thread has stopped".into())
+}
+
+/// A sequence's new tokens waiting for the next pass.
+struct Pending {
+    seq: usize,
+    tokens: Vec<u32>,
+    first: usize,
+    reply: Sender<Answer>,
+}
+
+/// The batcher's thread: sequence operations as they come, passes over whoever asked.
+fn serve(
+    model: &mut dyn LanguageModel,
+    inbox: Receiver<Call>,
+    window: Duration,
+    stats: &BatchStats,
+) {
+    // Sequence 0 is the model's own; every sequence is handed out from the free list.
+    let mut free = vec![0];
+    let mut pending: Vec<Pending> = Vec::new();
+    while let Ok(call) = inbox.recv() {
+        let mut next = Some(call);
+        let mut deadline: Option<Instant> = None;
+        while let Some(call) = next.take() {
+            take(model, call, &mut free, &mut pending, stats);
+            let live = stats.live.load(Relaxed);
+            next = match (pending.is_empty(), pending.len() >= live) {
+                // Nothing to pass yet: the next call, however long it takes.
+                (true, _) => match inbox.recv() {
+                    Ok(call) => Some(call),
+                    Err(_) => return,
+                },
+                // Every live sequence asked: pass now.
+                (false, true) => None,
+                // Wait for the others, within the window.
+                (false, false) => {
+                    let d = *deadline.get_or_insert_with(|| Instant::now() + window);
+                    match inbox.recv_timeout(d.saturating_duration_since(Instant::now())) {
+                        Ok(call) => Some(call),
+                        Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => None,
+                    }
+                }
+            };
+        }
+        if !pending.is_empty() {
+            run_pass(model, std::mem::take(&mut pending), stats);
+        }
+    }
+}
+
+/// Takes one call: a sequence's tokens wait for the pass, everything else runs now.
+fn take(
+    model: &mut dyn LanguageModel,
+    call: Call,
+    free: &mut Vec<usize>,
+    pending: &mut Vec<Pending>,
+    stats: &BatchStats,
+) {
+    match call {
+        Call::Score {
+            seq,
+            tokens,
+            first,
+            reply,
+        } => pending.push(Pending {
+            seq,
+            tokens,
+            first,
+            reply,
+        }),
+        Call::Alone { seq, op, reply } => {
+            let answer = run_alone(model, seq, op);
+            if let Some(reply) = reply {
+                let _ = reply.send(answer);
+            }
+        }
+        Call::Acquire(reply) => {
+            let seq = match free.pop() {
+                Some(seq) => Ok(seq),
+                None => model
+                    .sequences()
+                    .map(|s| s.add_sequence())
+                    .ok_or_else(stopped),
+            };
+            if seq.is_ok() {
+                stats.live.fetch_add(1, Relaxed);
+            }
+            let _ = reply.send(seq);
+        }
+        Call::Release(seq) => {
+            let _ = run_alone(
+                model,
+                seq,
+                Box::new(|m| {
+                    m.truncate(0);
+                    Ok(Vec::new())
+                }),
+            );
+            free.push(seq);
+            stats.live.fetch_sub(1, Relaxed);
+        }
+    }
+}
+
+/// Runs `op` on sequence `seq`: its rows and the sequence's cache length after.
+fn run_alone(model: &mut dyn LanguageModel, seq: usize, op: Op) -> Answer {
+    if let Err(e) = select(model, seq) {
+        return (Err(e), 0);
+    }
+    let rows = op(&mut *model);
+    (rows, model.cache_len())
+}
+
+fn select(model: &mut dyn LanguageModel, seq: usize) -> Result<()> {
+    match model.sequences() {
+        Some(s) => s.select(seq),
+        None => Err(stopped()),
+    }
+}
+
+/// One pass over every pending sequence's new tokens; each answered with its rows.
+fn run_pass(model: &mut dyn LanguageModel, mut pending: Vec<Pending>, stats: &BatchStats) {
+    // A sequence's bad tokens fail its own call, not the pass.
+    let vocab = model.vocab_size();
+    pending.retain(|p| match super::check_vocab(&p.tokens, vocab) {
+        Ok(()) => true,
+        Err(e) => {
+            let _ = p.reply.send((Err(e), cache_len(model, p.seq)));
+            false
+        }
+    });
+    if pending.is_empty() {
+        return;
+    }
+    stats.passes.fetch_add(1, Relaxed);
+    stats.sequences.fetch_add(pending.len() as u64, Relaxed);
+    let parts: Vec<SeqPart> = pending
+        .iter()
+        .map(|p| SeqPart {
+            seq: p.seq,
+            tokens: &p.tokens,
+            first: p.first,
+        })
+        .collect();
+    let result = match model.sequences() {
+        Some(s) => s.score_parts(&parts),
+        None => Err(stopped()),
+    };
+    match result {
+        Ok(rows) => {
+            for (p, rows) in pending.into_iter().zip(rows) {
+                let _ = p.reply.send((Ok(rows), cache_len(model, p.seq)));
+            }
+        }
+        Err(e) => {
+            for p in pending {
+                let e = Error::Model(e.to_string());
+                let _ = p.reply.send((Err(e), cache_len(model, p.seq)));
+            }
+        }
+    }
+}
+
+/// Sequence `seq`'s cache length (0 when there is no such sequence).
+fn cache_len(model: &mut dyn LanguageModel, seq: usize) -> usize {
+    select(model, seq).map_or(0, |()| model.cache_len())
+}
+
+/// One sequence of a [`Batcher`]'s model, as a [`LanguageModel`] of its own (`Send`: a
+/// generation thread owns it).
+pub struct SequenceModel {
+    seq: usize,
+    /// The sequence's cache length, as the last answer gave it (cut back at once by
+    /// `truncate`, which is not waited for).
+    len: usize,
+    calls: Sender<Call>,
+    reply: Sender<Answer>,
+    answers: Receiver<Answer>,
+    about: Arc<About>,
+}
+
+impl SequenceModel {
+    /// The sequence's number in the model.
+    pub fn sequence(&self) -> usize {
+        self.seq
+    }
+
+    fn ask(&mut self, call: Call) -> Result<Vec<Logits>> {
+        self.calls.send(call).map_err(|_| stopped())?;
+        let (rows, len) = self.answers.recv().map_err(|_| stopped())?;
+        self.len = len;
+        rows
+    }
+
+    fn alone(&mut self, op: Op) -> Result<Vec<Logits>> {
+        let reply = Some(self.reply.clone());
+        self.ask(Call::Alone {
+            seq: self.seq,
+            op,
+            reply,
+        })
+    }
+
+    fn score(&mut self, tokens: &[u32], first: usize) -> Result<Vec<Logits>> {
+        let reply = self.reply.clone();
+        self.ask(Call::Score {
+            seq: self.seq,
+            tokens: tokens.to_vec(),
+            first,
+            reply,
+        })
+    }
+}
+
+impl Drop for SequenceModel {
+    fn drop(&mut self) {
+        let _ = self.calls.send(Call::Release(self.seq));
+    }
+}
+
+impl LanguageModel for SequenceModel {
+    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+        let rows = self.score(tokens, tokens.len())?;
+        Ok(rows.into_iter().map(Logits::into_dense).collect())
+    }
+
+    fn score_first(&mut self, tokens: &[u32], first: usize, _form: RowForm) -> Result<Vec<Logits>> {
+        self.score(tokens, first.clamp(1, tokens.len().max(1)))
+    }
+
+    fn score_more(&mut self, count: usize) -> Result<Vec<Logits>> {
+        self.alone(Box::new(move |m| m.score_more(count)))
+    }
+
+    fn feed(&mut self, tokens: &[u32]) -> Result<()> {
+        self.score(tokens, 0).map(drop)
+    }
+
+    fn cache_len(&self) -> usize {
+        self.len
+    }
+
+    /// Cuts the sequence back before its next pass (not waited for).
+    fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+        let op: Op = Box::new(move |m| {
+            m.truncate(len);
+            Ok(Vec::new())
+        });
+        let _ = self.calls.send(Call::Alone {
+            seq: self.seq,
+            op,
+            reply: None,
+        });
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.about.vocab
+    }
+
+    fn eos_tokens(&self) -> &[u32] {
+        &self.about.eos
+    }
+
+    fn bos_token(&self) -> Option<u32> {
+        self.about.bos
+    }
+
+    fn max_tree_rows(&self) -> usize {
+        self.about.max_tree_rows
+    }
+
+    /// A token tree runs as a pass of its own sequence alone.
+    fn score_tree_first(
+        &mut self,
+        tokens: &[u32],
+        parents: &[Option<usize>],
+        first: usize,
+        form: RowForm,
+    ) -> Result<Vec<Logits>> {
+        let (tokens, parents) = (tokens.to_vec(), parents.to_vec());
+        self.alone(Box::new(move |m| {
+            m.score_tree_first(&tokens, &parents, first, form)
+        }))
+    }
+
+    fn keep_path(&mut self, path: &[usize]) -> Result<()> {
+        let path = path.to_vec();
+        self.alone(Box::new(move |m| m.keep_path(&path).map(|()| Vec::new())))
+            .map(drop)
+    }
+}

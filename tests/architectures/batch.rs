@@ -1,0 +1,214 @@
+//! Several sequences in one model: a pass over several sequences' new tokens gives each the
+//! bits of its sequence scored alone, and generations that share passes through a
+//! [`Batcher`] (plain, speculative, token trees, sampled) write the tokens each writes alone.
+
+use super::passes::Scripted;
+use super::*;
+use infgram::lm::batch::Batcher;
+use infgram::lm::SeqPart;
+
+/// Three sequences' prefixes and new tokens (of 1, 4 and 2 tokens).
+fn three_sequences() -> Vec<(Vec<u32>, Vec<u32>)> {
+    vec![
+        (ids(3, 31), ids(1, 32)),
+        (ids(7, 33), ids(4, 34)),
+        (ids(5, 35), ids(2, 36)),
+    ]
+}
+
+#[test]
+fn a_pass_over_several_sequences_is_each_sequence_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    for family in &FAMILIES {
+        let path = write_model(dir.path(), family, false);
+        for threads in [1, 2] {
+            let what = format!("{} with {threads} threads", family.name);
+            let load = || Decoder::from_gguf(&path).unwrap().with_threads(threads);
+            let cases = three_sequences();
+            let alone: Vec<Vec<Logits>> = cases
+                .iter()
+                .map(|(prefix, new)| {
+                    let mut m = load();
+                    m.feed(prefix).unwrap();
+                    m.score_first(new, new.len(), RowForm::Full).unwrap()
+                })
+                .collect();
+            let mut m = load();
+            let seqs = m.sequences().unwrap();
+            assert_eq!(seqs.sequence_count(), 1, "{what}");
+            for (i, (prefix, _)) in cases.iter().enumerate() {
+                let seq = if i == 0 { 0 } else { seqs.add_sequence() };
+                seqs.select(seq).unwrap();
+                // (The sequences' prefixes fed in one pass of their own each.)
+                let part = [SeqPart {
+                    seq,
+                    tokens: prefix,
+                    first: 0,
+                }];
+                assert!(seqs.score_parts(&part).unwrap()[0].is_empty(), "{what}");
+            }
+            let parts: Vec<SeqPart> = cases
+                .iter()
+                .enumerate()
+                .map(|(seq, (_, new))| SeqPart {
+                    seq,
+                    tokens: new,
+                    first: new.len(),
+                })
+                .collect();
+            let together = seqs.score_parts(&parts).unwrap();
+            assert_eq!(together, alone, "{what}: rows of a pass of three sequences");
+            // Each sequence's cache holds its own tokens: the next pass goes on from them,
+            // one after a rollback.
+            seqs.select(1).unwrap();
+            m.truncate(8);
+            let next = ids(2, 37);
+            let seqs = m.sequences().unwrap();
+            let parts = [
+                SeqPart {
+                    seq: 2,
+                    tokens: &next,
+                    first: 2,
+                },
+                SeqPart {
+                    seq: 1,
+                    tokens: &next,
+                    first: 1,
+                },
+            ];
+            let rows = seqs.score_parts(&parts).unwrap();
+            let mut solo = load();
+            solo.feed(&[cases[1].0.clone(), cases[1].1[..1].to_vec()].concat())
+                .unwrap();
+            let want = solo.score_first(&next, 1, RowForm::Full).unwrap();
+            assert_eq!(rows[1], want, "{what}: after a rollback");
+            let mut solo = load();
+            solo.feed(&[cases[2].0.clone(), cases[2].1.clone()].concat())
+                .unwrap();
+            let want = solo.score_first(&next, 2, RowForm::Full).unwrap();
+            assert_eq!(rows[0], want, "{what}: a sequence beside it");
+            // A sequence twice in one pass, or one that is not held, is refused.
+            let twice = [parts[0], parts[0]];
+            assert!(seqs.score_parts(&twice).is_err(), "{what}");
+            let missing = [SeqPart {
+                seq: 9,
+                tokens: &next,
+                first: 1,
+            }];
+            assert!(seqs.score_parts(&missing).is_err(), "{what}");
+        }
+    }
+}
+
+/// How a generation of the test decodes.
+#[derive(Clone, Copy, Debug)]
+enum Way {
+    Plain,
+    Drafted,
+    Trees,
+    Sampled(u64),
+}
+
+fn generate(m: &mut dyn LanguageModel, prompt: &[u32], way: Way, script: &[u32]) -> Vec<u32> {
+    let cfg = DecodeConfig {
+        max_tokens: 20,
+        trees: matches!(way, Way::Trees),
+        cost: infgram::decode::CostModel::from_ms(&[(1, 1.0), (64, 1.0)]).frozen(),
+        ..DecodeConfig::default()
+    };
+    let scripted = |wrong| -> Box<dyn Drafter> {
+        Box::new(Scripted {
+            prompt_len: prompt.len(),
+            script: script.to_vec(),
+            wrong,
+        })
+    };
+    let mut drafters: Vec<Box<dyn Drafter>> = match way {
+        Way::Plain | Way::Sampled(_) => Vec::new(),
+        Way::Drafted => vec![scripted(3)],
+        Way::Trees => vec![scripted(3), scripted(4)],
+    };
+    let mut sampler = match way {
+        Way::Sampled(seed) => Sampler::new(SamplerConfig::default(), Some(seed)),
+        _ => Sampler::greedy(),
+    };
+    let (out, _) = decode(
+        m,
+        &mut drafters,
+        &mut [],
+        &mut sampler,
+        prompt,
+        &cfg,
+        |_| {},
+    )
+    .unwrap();
+    out
+}
+
+#[test]
+fn generations_sharing_passes_write_what_each_writes_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    for family in &FAMILIES[..3] {
+        let path = write_model(dir.path(), family, false);
+        let ways = [
+            Way::Plain,
+            Way::Drafted,
+            Way::Trees,
+            Way::Sampled(5),
+            Way::Plain,
+            Way::Sampled(6),
+        ];
+        let prompts: Vec<Vec<u32>> = (0..ways.len() as u64)
+            .map(|i| ids(4 + i as usize, 40 + i))
+            .collect();
+        let load = || Decoder::from_gguf(&path).unwrap().with_threads(2);
+        // Alone: each on a model of its own (the greedy output scripts the drafters).
+        let mut solo = load();
+        let greedy: Vec<Vec<u32>> = prompts
+            .iter()
+            .map(|p| generate(&mut solo, p, Way::Plain, &[]))
+            .collect();
+        let want: Vec<Vec<u32>> = ways
+            .iter()
+            .zip(&prompts)
+            .zip(&greedy)
+            .map(|((&way, p), g)| generate(&mut solo, p, way, g))
+            .collect();
+        // Together: a thread each, twice over (the second round reuses freed sequences).
+        let batcher = Batcher::start(Box::new(load())).unwrap();
+        for round in 0..2 {
+            let got: Vec<Vec<u32>> = std::thread::scope(|s| {
+                let handles: Vec<_> = ways
+                    .iter()
+                    .zip(&prompts)
+                    .zip(&greedy)
+                    .map(|((&way, p), g)| {
+                        let mut m = batcher.sequence().unwrap();
+                        s.spawn(move || generate(&mut m, p, way, g))
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            for (i, (got, want)) in got.iter().zip(&want).enumerate() {
+                let what = format!("{} round {round}, {:?} #{i}", family.name, ways[i]);
+                assert_eq!(got, want, "{what}");
+            }
+        }
+        let stats = batcher.stats();
+        let passes = stats.passes.load(std::sync::atomic::Ordering::Relaxed);
+        let sequences = stats.sequences.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            passes > 0 && sequences >= passes,
+            "{passes} passes, {sequences}"
+        );
+    }
+}
+
+#[test]
+fn a_model_of_one_sequence_is_refused_by_the_batcher() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_model(dir.path(), &FAMILIES[0], false);
+    let candle = CandleDecoder::from_gguf(&path).unwrap();
+    let e = Batcher::start(Box::new(candle)).err().unwrap();
+    assert!(e.to_string().contains("one sequence"), "{e}");
+}
