@@ -56,9 +56,14 @@ pub struct ServeArgs {
     /// Seconds a client has to send a request's headers, and again its body.
     #[arg(long, default_value_t = 10.0, value_parser = seconds)]
     pub client_timeout: f64,
-    /// Generations that may wait for the worker (more are answered 429).
+    /// Generations that may wait for a worker (more are answered 429).
     #[arg(long, default_value_t = 8)]
     pub backlog: usize,
+    /// Generations run at once: their new tokens share the model's passes (the native CPU
+    /// backend; a backend of one sequence serves one at a time), each answer the same as
+    /// the request's alone. 1: one at a time.
+    #[arg(long, default_value_t = 4, value_parser = super::positive)]
+    pub parallel: usize,
     /// Queries that run at once (more wait their turn).
     #[arg(long, default_value_t = 64, value_parser = super::positive)]
     pub concurrent_queries: usize,
@@ -177,6 +182,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         generation_time: std::time::Duration::from_secs_f64(args.generation_timeout),
         client_time: std::time::Duration::from_secs_f64(args.client_timeout),
         backlog: args.backlog,
+        parallel: args.parallel,
         concurrent_queries: args.concurrent_queries,
         past_output_tokens: args.past_output_tokens,
         draft_session_bytes: args.draft_session_bytes,

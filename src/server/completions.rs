@@ -12,6 +12,7 @@
 use super::api::ApiError;
 use super::openai::Completion;
 use super::{Limits, Served};
+use crate::lm::batch::{BatchStats, Batcher};
 use crate::service::models::ModelOptions;
 use crate::service::request::{
     self, CheckedRequest, EstimatorSpec, GenLimits, GenerateRequest, GuardSpec, Sampling, Scorer,
@@ -119,6 +120,12 @@ struct Job {
 pub struct Generator {
     queue: SyncSender<Job>,
     waiting: Arc<AtomicUsize>,
+    /// Jobs running now.
+    running_jobs: Arc<AtomicUsize>,
+    /// Generations run at once at most (`--parallel`, where the model batches).
+    parallel: usize,
+    /// The passes of the batched model (none run without one).
+    batch: Arc<BatchStats>,
     /// Cleared when the worker thread ends, however it ends.
     running: Arc<AtomicBool>,
     backlog: usize,
@@ -139,23 +146,30 @@ impl Generator {
     pub fn start(
         model: Option<&str>,
         opts: &ModelOptions,
-        backlog: usize,
-        past_output_tokens: usize,
+        limits: &Limits,
         past_file: Option<&std::path::Path>,
     ) -> crate::error::Result<Self> {
+        let (backlog, past_output_tokens) = (limits.backlog, limits.past_output_tokens);
+        let parallel = limits.parallel.max(1);
         let (queue, jobs) = sync_channel::<Job>(backlog);
         let (ready_tx, ready) = std::sync::mpsc::channel();
         let waiting = Arc::new(AtomicUsize::new(0));
+        let running_jobs = Arc::new(AtomicUsize::new(0));
+        let batch = Arc::new(BatchStats::default());
+        let shared = Queue {
+            jobs: std::sync::Mutex::new(jobs),
+            waiting: waiting.clone(),
+            running: running_jobs.clone(),
+        };
         let spec = model.map(str::to_string);
         let opts = opts.clone();
-        let worker_waiting = waiting.clone();
         let running = Arc::new(AtomicBool::new(true));
-        let worker_running = running.clone();
+        let flags = (running.clone(), batch.clone());
         std::thread::Builder::new()
             .name("infgram-generate".into())
             .spawn(move || {
-                let _running = Running(worker_running);
-                worker(spec, opts, jobs, worker_waiting, ready_tx)
+                let _running = Running(flags.0.clone());
+                worker(spec, opts, parallel, shared, flags, ready_tx)
             })
             .map_err(|e| {
                 crate::error::Error::input(format!("cannot start the generation thread: {e}"))
@@ -179,6 +193,9 @@ impl Generator {
         Ok(Generator {
             queue,
             waiting,
+            running_jobs,
+            parallel,
+            batch,
             running,
             backlog,
             past,
@@ -206,9 +223,24 @@ impl Generator {
             .map(|p| p.outputs.read().unwrap_or_else(|e| e.into_inner()).stats())
     }
 
-    /// Jobs waiting for the worker.
+    /// Jobs waiting for a worker.
     pub fn waiting(&self) -> usize {
         self.waiting.load(Relaxed)
+    }
+
+    /// Jobs running now.
+    pub fn running_jobs(&self) -> usize {
+        self.running_jobs.load(Relaxed)
+    }
+
+    /// Generations run at once at most.
+    pub fn parallel(&self) -> usize {
+        self.parallel
+    }
+
+    /// How the batched model's passes went: passes, and the sequences they took.
+    pub fn batch_stats(&self) -> &BatchStats {
+        &self.batch
     }
 
     /// Whether the worker thread still runs (`/health` reports it).
@@ -255,8 +287,9 @@ impl Generator {
                     TrySendError::Full(_) => ApiError {
                         status: 429,
                         message: format!(
-                            "the generation queue is full ({} waiting, one running); retry later",
-                            self.backlog
+                            "the generation queue is full ({} waiting, {} running); retry later",
+                            self.backlog,
+                            self.running_jobs()
                         ),
                     },
                     TrySendError::Disconnected(_) => ApiError {
@@ -528,35 +561,126 @@ impl Drop for Running {
     }
 }
 
-/// What the worker owns: the model, if any, and where the past outputs are kept.
+/// The model as a worker holds it: the model itself (one worker), or a sequence of the
+/// batcher's for each job (several workers, their passes shared).
+#[cfg(feature = "neural")]
+enum ServedModel {
+    Own(crate::service::models::LoadedModel),
+    Shared {
+        batcher: Batcher,
+        tokenizer: crate::tokenizer::HfTokenizer,
+        costs: crate::decode::policy::CostModel,
+    },
+}
+
+/// What a worker holds: the model, if any, and its name.
 struct Worker {
     #[cfg(feature = "neural")]
-    model: Option<crate::service::models::LoadedModel>,
+    model: Option<ServedModel>,
     /// The model's name in reports.
     #[cfg_attr(not(feature = "neural"), allow(dead_code))]
     name: String,
 }
 
-/// The worker thread: loads the model, reports, then runs jobs until the queue closes.
+/// What the workers share: the queue, its count, and the jobs running now.
+struct Queue<J = Job> {
+    jobs: std::sync::Mutex<std::sync::mpsc::Receiver<J>>,
+    waiting: Arc<AtomicUsize>,
+    running: Arc<AtomicUsize>,
+}
+
+/// The generation thread: loads the model, reports, starts the other workers (`parallel` in
+/// all when the model batches or there is none), then runs jobs until the queue closes.
 fn worker(
     spec: Option<String>,
     opts: ModelOptions,
-    jobs: std::sync::mpsc::Receiver<Job>,
-    waiting: Arc<AtomicUsize>,
+    parallel: usize,
+    queue: Queue,
+    flags: (Arc<AtomicBool>, Arc<BatchStats>),
     ready: std::sync::mpsc::Sender<crate::error::Result<Option<ModelInfo>>>,
 ) {
     crate::service::catalog::lower_priority();
-    let mut state = match load(spec.as_deref(), &opts) {
-        Ok((w, info)) => {
+    let (running, stats) = flags;
+    let workers =
+        load(spec.as_deref(), &opts).and_then(|(w, info)| Ok((share(w, parallel, stats)?, info)));
+    let mut workers = match workers {
+        Ok((workers, info)) => {
             let _ = ready.send(Ok(info));
-            w
+            workers
         }
         Err(e) => {
             let _ = ready.send(Err(e));
             return;
         }
     };
-    run_jobs(jobs, &waiting, |job| run_job(&mut state, job));
+    let Some(mut first) = workers.pop() else {
+        return;
+    };
+    let queue = Arc::new(queue);
+    for (i, mut state) in workers.into_iter().enumerate() {
+        let (queue, running) = (queue.clone(), Running(running.clone()));
+        let spawned = std::thread::Builder::new()
+            .name(format!("infgram-generate-{}", i + 1))
+            .spawn(move || {
+                let _running = running;
+                crate::service::catalog::lower_priority();
+                run_jobs(&queue, |job| run_job(&mut state, job));
+            });
+        if let Err(e) = spawned {
+            diag!("a generation worker did not start ({e}); serving with fewer");
+        }
+    }
+    run_jobs(&queue, |job| run_job(&mut first, job));
+}
+
+/// The workers for `state`: `parallel` of them sharing a batcher when its model holds several
+/// sequences, or with no model; one when its model holds one sequence (a backend that does
+/// not batch is served one request at a time).
+fn share(
+    state: Worker,
+    parallel: usize,
+    stats: Arc<BatchStats>,
+) -> crate::error::Result<Vec<Worker>> {
+    let parallel = parallel.max(1);
+    let name = state.name.clone();
+    #[cfg(feature = "neural")]
+    let model = match state.model {
+        Some(ServedModel::Own(mut loaded)) if parallel > 1 => {
+            if loaded.model.sequences().is_none() {
+                diag!("this model's backend runs one sequence at a time: --parallel {parallel} serves one request at a time");
+                return Ok(vec![Worker {
+                    model: Some(ServedModel::Own(loaded)),
+                    name,
+                }]);
+            }
+            let costs = loaded.pass_costs();
+            let tokenizer = loaded.tokenizer.clone();
+            let batcher = Batcher::with(loaded.model, Batcher::WINDOW, stats)?;
+            Some((batcher, tokenizer, costs))
+        }
+        Some(own) => {
+            return Ok(vec![Worker {
+                model: Some(own),
+                name,
+            }])
+        }
+        None => None,
+    };
+    #[cfg(not(feature = "neural"))]
+    let _ = (state, stats);
+    Ok((0..parallel)
+        .map(|_| Worker {
+            #[cfg(feature = "neural")]
+            model: model
+                .clone()
+                .map(|(batcher, tokenizer, costs)| ServedModel::Shared {
+                    batcher,
+                    tokenizer,
+                    costs,
+                }),
+            name: name.clone(),
+        })
+        .collect())
 }
 
 /// A job on the queue: where its events go.
@@ -573,19 +697,25 @@ impl Queued for Job {
 /// Runs the queue's jobs in turn until it closes, skipping those whose client left while they
 /// waited. A panic fails its job (500), never the worker: the next job starts afresh (the
 /// decode loop resets the model's cache at its start).
-fn run_jobs<J: Queued>(
-    jobs: impl IntoIterator<Item = J>,
-    waiting: &AtomicUsize,
-    mut run: impl FnMut(J) -> Result<Summary, ApiError>,
-) {
-    for job in jobs {
-        waiting.fetch_sub(1, Relaxed);
+fn run_jobs<J: Queued>(queue: &Queue<J>, mut run: impl FnMut(J) -> Result<Summary, ApiError>) {
+    let next = || {
+        queue
+            .jobs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .recv()
+            .ok()
+    };
+    while let Some(job) = next() {
+        queue.waiting.fetch_sub(1, Relaxed);
         if job.events().is_closed() {
             continue;
         }
         let events = job.events().clone();
+        queue.running.fetch_add(1, Relaxed);
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(job)))
             .unwrap_or_else(|panic| Err(panicked(panic.as_ref())));
+        queue.running.fetch_sub(1, Relaxed);
         let _ = events.send(Event::Done(result));
     }
 }
@@ -629,7 +759,7 @@ fn load(
             let name = served_model_name(spec);
             Ok((
                 Worker {
-                    model: Some(loaded),
+                    model: Some(ServedModel::Own(loaded)),
                     name: name.clone(),
                 },
                 Some((tok, name)),
@@ -744,12 +874,25 @@ fn model_job(
     opts: &RunOptions,
     emit: &mut dyn FnMut(&dyn Tokenizer, u32),
 ) -> Result<GenerationReport, ApiError> {
-    let Some(loaded) = state.model.as_mut() else {
-        return Err(ApiError::bad("this server has no model"));
-    };
-    let costs = loaded.pass_costs();
-    let tok: &dyn Tokenizer = &loaded.tokenizer;
-    let mut res = Resources::model(loaded.model.as_mut(), tok, state.name.clone())
+    let mut sequence = None;
+    let (model, tok, costs): (&mut dyn crate::lm::LanguageModel, &dyn Tokenizer, _) =
+        match state.model.as_mut() {
+            None => return Err(ApiError::bad("this server has no model")),
+            Some(ServedModel::Own(loaded)) => {
+                let costs = loaded.pass_costs();
+                (loaded.model.as_mut(), &loaded.tokenizer, costs)
+            }
+            Some(ServedModel::Shared {
+                batcher,
+                tokenizer,
+                costs,
+            }) => {
+                // A sequence of the model's for this job, freed when it ends.
+                let sequence = sequence.insert(batcher.sequence()?);
+                (sequence, tokenizer, costs.clone())
+            }
+        };
+    let mut res = Resources::model(model, tok, state.name.clone())
         .drafting_index(index, None)
         .past_outputs(past)
         .pass_costs(costs);
@@ -890,8 +1033,15 @@ mod tests {
             receivers.push(rx);
             jobs.push(Probe { events, panics });
         }
-        let waiting = AtomicUsize::new(jobs.len());
-        run_jobs(jobs, &waiting, |job| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let queue = Queue {
+            waiting: Arc::new(AtomicUsize::new(jobs.len())),
+            running: Arc::default(),
+            jobs: std::sync::Mutex::new(rx),
+        };
+        jobs.into_iter().for_each(|job| tx.send(job).unwrap());
+        drop(tx);
+        run_jobs(&queue, |job| {
             assert!(!job.panics, "index out of bounds (a test's panic)");
             Ok(Summary {
                 prompt_tokens: 1,
@@ -900,7 +1050,8 @@ mod tests {
                 infgram: Value::Null,
             })
         });
-        assert_eq!(waiting.load(Relaxed), 0);
+        assert_eq!(queue.waiting.load(Relaxed), 0);
+        assert_eq!(queue.running.load(Relaxed), 0);
         let ends: Vec<Result<usize, (u16, String)>> = receivers
             .iter_mut()
             .map(|rx| match rx.try_recv() {

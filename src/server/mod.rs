@@ -73,6 +73,11 @@ pub struct Limits {
     pub client_time: Duration,
     /// Generations waiting at most (429 past it).
     pub backlog: usize,
+    /// Generations run at once at most: with a model whose backend holds several sequences
+    /// (the native CPU one), their tokens share the model's passes ([`crate::lm::batch`]);
+    /// without a model, SBIS generations run side by side. Each answer is the one the
+    /// request gets alone.
+    pub parallel: usize,
     /// Queries running at once at most (more wait their turn).
     pub concurrent_queries: usize,
     /// Tokens of past outputs the model's generations draft from (speculative mode); the
@@ -95,6 +100,7 @@ impl Default for Limits {
             generation_time: completions::DEFAULT_GENERATION_TIME,
             client_time: Duration::from_secs(10),
             backlog: 8,
+            parallel: 4,
             concurrent_queries: 64,
             past_output_tokens: crate::service::run::PAST_OUTPUTS_BUDGET,
             draft_session_bytes: crate::service::drafts::DEFAULT_SESSION_BYTES,
@@ -302,8 +308,7 @@ fn app(config: &ServerConfig) -> crate::error::Result<(Arc<AppState>, Router)> {
     let generator = Generator::start(
         config.model.as_deref(),
         &config.model_options,
-        config.limits.backlog,
-        config.limits.past_output_tokens,
+        &config.limits,
         config.past_outputs_file.as_deref(),
     )?;
     let generator_past = generator.past_store();
@@ -904,6 +909,8 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
         "indexes": indexes,
         "model": state.generator.model_name,
         "generation_waiting": state.generator.waiting(),
+        "generation_running": state.generator.running_jobs(),
+        "parallel": state.generator.parallel(),
         "past_outputs": state.generator.past_output_stats(),
         "past_outputs_not_saved": unsaved,
         "uptime_seconds": state.started.elapsed().as_secs_f64(),
@@ -919,6 +926,21 @@ async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
             "infgram_generation_waiting",
             "Generations waiting for the worker.",
             state.generator.waiting() as f64,
+        ),
+        (
+            "infgram_generation_running",
+            "Generations running now (at most --parallel).",
+            state.generator.running_jobs() as f64,
+        ),
+        (
+            "infgram_batch_passes_total",
+            "Passes of the model over the new tokens of the generations running (one or more each).",
+            state.generator.batch_stats().passes.load(Relaxed) as f64,
+        ),
+        (
+            "infgram_batch_sequences_total",
+            "Generations those passes took, summed (over the passes: the mean batch).",
+            state.generator.batch_stats().sequences.load(Relaxed) as f64,
         ),
         (
             "infgram_uptime_seconds",

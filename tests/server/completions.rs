@@ -152,6 +152,9 @@ fn neural_completions_with_a_model_loaded_once() {
             &spec,
             "--threads",
             "1",
+            // One generation at a time: the queue test below fills the queue behind it.
+            "--parallel",
+            "1",
         ];
         args.extend_from_slice(more);
         Server::start(&args)
@@ -531,4 +534,86 @@ fn stop_sequences_end_completions_and_the_chat_route_needs_a_model() {
         "{v}"
     );
     assert_eq!(v["error"]["type"], json!("invalid_request_error"));
+}
+
+/// `--parallel 4` with the native CPU backend: four requests at once (greedy speculative,
+/// greedy plain, seeded sampling, a chat) share the model's passes, and each answer is the
+/// one the request gets alone, twice over; `/health` and `/metrics` report the batching.
+#[test]
+fn concurrent_completions_share_passes_and_answer_as_alone() {
+    let server = Server::start(&[
+        "--model",
+        "smollm2-135m",
+        "--threads",
+        "2",
+        "--parallel",
+        "4",
+    ]);
+    let prompt = "First Citizen:\nBefore we proceed any further, hear me speak.\n";
+    let requests = [
+        (
+            "/v1/completions",
+            json!({"prompt": prompt, "max_tokens": 40, "temperature": 0,
+                                   "mode": "speculative"}),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "The capital of France is", "max_tokens": 40,
+                                   "temperature": 0}),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": prompt, "max_tokens": 40, "temperature": 0.8,
+                                   "seed": 11}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user",
+                                        "content": "Name three colours."}],
+                                        "max_tokens": 40, "temperature": 0}),
+        ),
+    ];
+    let text = |v: &Value| {
+        let choice = &v["choices"][0];
+        choice["text"]
+            .as_str()
+            .or_else(|| choice["message"]["content"].as_str())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let alone: Vec<String> = requests
+        .iter()
+        .map(|(path, body)| {
+            let (status, v) = server.post(path, &body.to_string());
+            assert_eq!(status, 200, "{v}");
+            text(&v)
+        })
+        .collect();
+    assert!(alone.iter().all(|t| !t.is_empty()), "{alone:?}");
+    for round in 0..2 {
+        let together: Vec<String> = std::thread::scope(|s| {
+            let handles: Vec<_> = requests
+                .iter()
+                .map(|(path, body)| {
+                    let server = &server;
+                    s.spawn(move || {
+                        let (status, v) = server.post(path, &body.to_string());
+                        assert_eq!(status, 200, "{v}");
+                        text(&v)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(together, alone, "round {round}");
+    }
+    let (_, health) = server.request("GET", "/health", None);
+    let health: Value = serde_json::from_str(&health).unwrap();
+    assert_eq!(health["parallel"], 4, "{health}");
+    let (_, metrics) = server.request("GET", "/metrics", None);
+    let passes = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("infgram_batch_passes_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    assert!(passes.is_some_and(|p| p > 0.0), "{metrics}");
 }

@@ -6,7 +6,8 @@
 //! * `policy`: drafting policies compared free of timing noise;
 //! * `repeated`: the repeated-task workload through one server (past outputs drafting);
 //! * `passes`: what a pass of k tokens costs against a one-token step, on the CPU or a GPU;
-//! * `edits`: code edits with a real coder model, speculative against plain decoding.
+//! * `edits`: code edits with a real coder model, speculative against plain decoding;
+//! * `batch`: several clients at once on one model, their passes shared.
 //!
 //! `cargo run --release --example bench_decode -- speculative --repeats 3` (`--help` lists the
 //! options). The tables are those of `BENCHMARKS.md`.
@@ -15,6 +16,7 @@ use clap::{Parser, Subcommand};
 use infgram::neural::native::kernels::Isa;
 use infgram::service::models::{Backend, Device};
 
+mod batch;
 mod ceiling;
 mod edits;
 mod gpu_check;
@@ -59,6 +61,21 @@ enum Bench {
         /// On CUDA: `native` (infgram's fused kernels) or `candle` (the candle pass).
         #[arg(long, value_enum, default_value_t = Backend::Native)]
         backend: Backend,
+    },
+    /// Several clients decoding at once on one model, their passes shared, against one.
+    Batch {
+        /// The model: a short name or a GGUF file (the native CPU backend).
+        #[arg(long, default_value = "smollm2-135m")]
+        model: String,
+        /// Client counts to run, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+        clients: Vec<usize>,
+        /// Tokens each client generates at most.
+        #[arg(long, default_value_t = 64)]
+        max_tokens: usize,
+        /// Threads of the model's passes.
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
     },
     /// What a pass over k new tokens costs against a one-token step (after a 256-token prompt).
     Passes {
@@ -158,6 +175,12 @@ fn main() {
             backend,
         } => passes::run(&model, device, backend, repeats),
         Bench::GpuCheck { model } => gpu_check::run(&model),
+        Bench::Batch {
+            model,
+            clients,
+            max_tokens,
+            threads,
+        } => batch::run(&model, &clients, max_tokens, threads),
         Bench::Prompts => {
             for (set, prompts, chat) in prompts::SETS {
                 for p in prompts {
