@@ -340,6 +340,8 @@ pub fn decode(
             run.stats.cancelled = true;
             break;
         }
+        // A model serving several sequences at once: drafts cost what they add to its pass.
+        run.policy.beside(model.rows_beside());
         let planned = run.plan(drafters, processors, cfg, tree_rows)?;
         let tree = DraftTree::of(&planned);
         let pass = run.pass(model, processors, sampler, &tree, cfg, &mut on_token)?;

@@ -46,6 +46,8 @@ pub struct CostModel {
     observed: Vec<(f64, u32)>,
     /// Whether it keeps its table whatever the passes cost ([`CostModel::frozen`]).
     frozen: bool,
+    /// Rows of other sequences expected in the next pass ([`CostModel::beside`]).
+    beside: usize,
 }
 
 /// Timed passes of a size (and of single steps) before its measured cost replaces the prior.
@@ -122,6 +124,7 @@ impl CostModel {
             points: points.iter().map(|&(n, ms)| (n, ms / base)).collect(),
             observed: Vec::new(),
             frozen: false,
+            beside: 0,
         }
     }
 
@@ -139,9 +142,21 @@ impl CostModel {
         self.frozen
     }
 
-    /// Records that a pass over `n` tokens took `seconds` (nothing when frozen).
+    /// Plans the next passes beside `rows` rows of other sequences (a model serving several
+    /// at once, [`crate::lm::LanguageModel::rows_beside`]), for the tokens of all of them: a
+    /// pass of `b` others' rows and one of this sequence's gives `b + 1` tokens in `T(b + 1)`;
+    /// with `n` rows of this one it takes `T(b + n)`, and its draft must make up for what
+    /// every sequence lost, so `n` rows cost `(b + 1)·T(b + n)/T(b + 1) − b` steps (`T(n)/T(1)`
+    /// alone). So drafts shrink as a batch fills where rows cost more as they grow (a CPU
+    /// past four rows), and stay where they cost nothing (a GPU). 0: a pass of its own.
+    pub fn beside(&mut self, rows: usize) {
+        self.beside = rows;
+    }
+
+    /// Records that a pass over `n` tokens took `seconds` (nothing when frozen, or when the
+    /// pass was shared: its time is the other sequences' too).
     pub fn observe(&mut self, n: usize, seconds: f64) {
-        if self.frozen {
+        if self.frozen || self.beside > 0 {
             return;
         }
         if self.observed.len() <= n {
@@ -156,9 +171,22 @@ impl CostModel {
         *count += 1;
     }
 
-    /// Relative cost of a pass over `n` tokens: measured if timed enough, else the prior, but
-    /// never below the measured cost of a smaller pass (the prior's scale may be off).
+    /// Relative cost of a pass over `n` tokens of this sequence: measured if timed enough,
+    /// else the prior, but never below the measured cost of a smaller pass (the prior's scale
+    /// may be off); beside other sequences' rows, what the `n` rows cost them all
+    /// ([`CostModel::beside`]).
     pub fn cost(&self, n: usize) -> f64 {
+        match self.beside {
+            0 => self.alone(n),
+            b => {
+                let b1 = (b + 1) as f64;
+                (b1 * self.alone(b + n) / self.alone(b + 1) - b as f64).max(1.0)
+            }
+        }
+    }
+
+    /// [`CostModel::cost`] of a pass of this sequence alone.
+    fn alone(&self, n: usize) -> f64 {
         if let Some(c) = self.measured(n) {
             return c;
         }
@@ -394,6 +422,11 @@ impl DraftPolicy {
             cost,
             step: f64::INFINITY,
         }
+    }
+
+    /// Plans beside `rows` rows of other sequences ([`CostModel::beside`]).
+    pub(super) fn beside(&mut self, rows: usize) {
+        self.cost.beside(rows);
     }
 
     /// Asks the drafters in order and keeps the draft (cut to its best length) with the
@@ -736,5 +769,36 @@ mod tests {
         assert_eq!(cost.cost(16), CostModel::default().cost(16));
         assert_eq!(CostModel::default().best_length(&[0.9; 3]).0, 3);
         assert_eq!(cost.best_length(&[0.9; 3]).0, 2);
+    }
+
+    /// Beside other sequences' rows a draft costs what it takes from all of them: on the
+    /// CPU's table (8 rows 2.5 steps, 16 rows 4.5) a draft of 3 that pays alone does not
+    /// beside 7 rows; on a flat table (a GPU) it costs nothing more beside them; passes
+    /// shared with others teach the table nothing.
+    #[test]
+    fn drafts_beside_other_sequences_pay_for_what_they_add() {
+        let mut cost = CostModel::default();
+        let alone = cost.best_length(&[0.8; 3]);
+        cost.beside(7);
+        let prior = CostModel::default();
+        assert!((cost.cost(1) - 1.0).abs() < 1e-12);
+        let want = 8.0 * prior.cost(11) / prior.cost(8) - 7.0;
+        assert!((cost.cost(4) - want).abs() < 1e-12, "{}", cost.cost(4));
+        let shared = cost.best_length(&[0.8; 3]);
+        assert_eq!(alone.0, 3);
+        assert_eq!(shared.0, 0, "{shared:?} beside 7 rows, {alone:?} alone");
+        let mut flat = CostModel::from_ms(&[(1, 1.0), (64, 1.0)]);
+        flat.beside(7);
+        assert_eq!(flat.best_length(&[0.8; 3]).0, 3);
+        for _ in 0..MIN_TIMED {
+            cost.observe(1, 0.010);
+            cost.observe(4, 0.011);
+        }
+        cost.beside(0);
+        assert_eq!(
+            cost.cost(4),
+            prior.cost(4),
+            "a shared pass's time was learned"
+        );
     }
 }

@@ -22,9 +22,9 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// What a sequence's operation answers: its rows (none for most), and the sequence's cache
-/// length after it.
-type Answer = (Result<Vec<Logits>>, usize);
+/// What a sequence's operation answers: its rows (none for most), the sequence's cache length
+/// after it, and for a pass the rows of the other sequences in it.
+type Answer = (Result<Vec<Logits>>, usize, Option<usize>);
 
 /// An operation on one sequence, run between passes on the selected sequence.
 type Op = Box<dyn FnOnce(&mut dyn LanguageModel) -> Result<Vec<Logits>> + Send>;
@@ -82,13 +82,15 @@ impl Batcher {
 
     /// Moves `model` onto the batcher's thread; an error if it holds one sequence only.
     pub fn start(model: Box<dyn LanguageModel + Send>) -> Result<Batcher> {
-        Self::with_window(model, Self::WINDOW)
+        Self::with(model, Self::WINDOW, Arc::default())
     }
 
-    /// [`Batcher::start`] with another wait for the sequences that have not asked yet.
-    pub fn with_window(
+    /// [`Batcher::start`] with another wait for the sequences that have not asked yet, its
+    /// statistics kept in `stats` (a server reports them).
+    pub fn with(
         mut model: Box<dyn LanguageModel + Send>,
         window: Duration,
+        stats: Arc<BatchStats>,
     ) -> Result<Batcher> {
         if model.sequences().is_none() {
             return Err(Error::Model(
@@ -104,7 +106,6 @@ impl Batcher {
             max_tree_rows: model.max_tree_rows(),
         });
         let (calls, inbox) = channel();
-        let stats = Arc::new(BatchStats::default());
         let thread_stats = stats.clone();
         std::thread::Builder::new()
             .name("infgram-batch".into())
@@ -132,6 +133,7 @@ impl Batcher {
         Ok(SequenceModel {
             seq,
             len: 0,
+            beside: 0,
             calls: self.calls.clone(),
             reply,
             answers,
@@ -249,10 +251,10 @@ fn take(
 /// Runs `op` on sequence `seq`: its rows and the sequence's cache length after.
 fn run_alone(model: &mut dyn LanguageModel, seq: usize, op: Op) -> Answer {
     if let Err(e) = select(model, seq) {
-        return (Err(e), 0);
+        return (Err(e), 0, None);
     }
     let rows = op(&mut *model);
-    (rows, model.cache_len())
+    (rows, model.cache_len(), None)
 }
 
 fn select(model: &mut dyn LanguageModel, seq: usize) -> Result<()> {
@@ -269,7 +271,7 @@ fn run_pass(model: &mut dyn LanguageModel, mut pending: Vec<Pending>, stats: &Ba
     pending.retain(|p| match super::check_vocab(&p.tokens, vocab) {
         Ok(()) => true,
         Err(e) => {
-            let _ = p.reply.send((Err(e), cache_len(model, p.seq)));
+            let _ = p.reply.send((Err(e), cache_len(model, p.seq), None));
             false
         }
     });
@@ -290,16 +292,18 @@ fn run_pass(model: &mut dyn LanguageModel, mut pending: Vec<Pending>, stats: &Ba
         Some(s) => s.score_parts(&parts),
         None => Err(stopped()),
     };
+    let total: usize = pending.iter().map(|p| p.tokens.len()).sum();
     match result {
         Ok(rows) => {
             for (p, rows) in pending.into_iter().zip(rows) {
-                let _ = p.reply.send((Ok(rows), cache_len(model, p.seq)));
+                let beside = Some(total - p.tokens.len());
+                let _ = p.reply.send((Ok(rows), cache_len(model, p.seq), beside));
             }
         }
         Err(e) => {
             for p in pending {
                 let e = Error::Model(e.to_string());
-                let _ = p.reply.send((Err(e), cache_len(model, p.seq)));
+                let _ = p.reply.send((Err(e), cache_len(model, p.seq), None));
             }
         }
     }
@@ -317,6 +321,8 @@ pub struct SequenceModel {
     /// The sequence's cache length, as the last answer gave it (cut back at once by
     /// `truncate`, which is not waited for).
     len: usize,
+    /// Rows of the other sequences in its last pass.
+    beside: usize,
     calls: Sender<Call>,
     reply: Sender<Answer>,
     answers: Receiver<Answer>,
@@ -331,8 +337,11 @@ impl SequenceModel {
 
     fn ask(&mut self, call: Call) -> Result<Vec<Logits>> {
         self.calls.send(call).map_err(|_| stopped())?;
-        let (rows, len) = self.answers.recv().map_err(|_| stopped())?;
+        let (rows, len, beside) = self.answers.recv().map_err(|_| stopped())?;
         self.len = len;
+        if let Some(beside) = beside {
+            self.beside = beside;
+        }
         rows
     }
 
@@ -412,6 +421,10 @@ impl LanguageModel for SequenceModel {
 
     fn max_tree_rows(&self) -> usize {
         self.about.max_tree_rows
+    }
+
+    fn rows_beside(&self) -> usize {
+        self.beside
     }
 
     /// A token tree runs as a pass of its own sequence alone.

@@ -337,6 +337,12 @@ pub trait LanguageModel {
     fn sequences(&mut self) -> Option<&mut dyn Sequences> {
         None
     }
+    /// Rows of other sequences that shared this sequence's last pass (0, the default, for a
+    /// model that runs one sequence): a draft's rows cost less beside them, and the decode
+    /// loop plans its drafts with that ([`crate::decode::policy::CostModel::beside`]).
+    fn rows_beside(&self) -> usize {
+        0
+    }
 }
 
 /// A model that holds several sequences, each with its own cache, and scores the new tokens
@@ -433,6 +439,9 @@ macro_rules! forward_language_model {
             }
             fn sequences(&mut self) -> Option<&mut dyn Sequences> {
                 (**self).sequences()
+            }
+            fn rows_beside(&self) -> usize {
+                (**self).rows_beside()
             }
         }
     };
