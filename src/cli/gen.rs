@@ -135,6 +135,15 @@ pub struct GenArgs {
     /// carries (for a file whose pre-tokenizer infgram does not read).
     #[arg(long, value_name = "FILE", requires = "model")]
     pub tokenizer: Option<PathBuf>,
+    /// With --model: many generations at once from FILE (`-`: standard input), a request a
+    /// line in JSON (`{"prompt": "…", "sampling": {"temperature": 0}, "limits":
+    /// {"max_tokens": 64}, "drafters": ["prompt_lookup"]}`, a chat as `{"prompt":
+    /// {"messages": […]}}`); the reports come out as JSON lines in the file's order.
+    #[arg(long, value_name = "FILE", requires = "model", conflicts_with_all = ["prompt", "index", "guard", "past_outputs", "mix", "trace", "compare", "speculative", "stream"])]
+    pub batch: Option<PathBuf>,
+    /// With --batch: generations run at once, sharing the model's passes.
+    #[arg(long, default_value_t = 4, requires = "batch", value_parser = super::positive)]
+    pub parallel: usize,
     #[command(flatten)]
     pub model_args: super::ModelArgs,
 }
@@ -300,7 +309,10 @@ pub fn run(args: GenArgs) -> Result<()> {
     }
     match args.model.clone() {
         #[cfg(feature = "neural")]
-        Some(model) => run_model(&args, &model),
+        Some(model) => match &args.batch {
+            Some(file) => super::gen_batch::run_batch(&args, &model, file),
+            None => run_model(&args, &model),
+        },
         #[cfg(not(feature = "neural"))]
         Some(_) => Err(super::no_neural()),
         None => run_infgram(&args),

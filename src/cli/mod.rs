@@ -12,6 +12,8 @@ macro_rules! outln {
 pub mod arpa;
 pub mod attribute;
 pub mod gen;
+#[cfg(feature = "neural")]
+pub mod gen_batch;
 pub mod index;
 pub mod mix;
 #[cfg(feature = "plot")]

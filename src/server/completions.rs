@@ -12,8 +12,7 @@
 use super::api::ApiError;
 use super::openai::Completion;
 use super::{Limits, Served};
-use crate::lm::batch::{BatchStats, Batcher};
-use crate::service::models::ModelOptions;
+use crate::service::models::{BatchStats, Batcher, ModelOptions};
 use crate::service::request::{
     self, CheckedRequest, EstimatorSpec, GenLimits, GenerateRequest, GuardSpec, Sampling, Scorer,
 };
@@ -565,11 +564,11 @@ impl Drop for Running {
 /// batcher's for each job (several workers, their passes shared).
 #[cfg(feature = "neural")]
 enum ServedModel {
-    Own(crate::service::models::LoadedModel),
+    Own(Box<crate::service::models::LoadedModel>),
     Shared {
         batcher: Batcher,
-        tokenizer: crate::tokenizer::HfTokenizer,
-        costs: crate::decode::policy::CostModel,
+        tokenizer: Arc<dyn Tokenizer>,
+        costs: crate::service::run::CostModel,
     },
 }
 
@@ -654,7 +653,7 @@ fn share(
                 }]);
             }
             let costs = loaded.pass_costs();
-            let tokenizer = loaded.tokenizer.clone();
+            let tokenizer: Arc<dyn Tokenizer> = Arc::new(loaded.tokenizer.clone());
             let batcher = Batcher::with(loaded.model, Batcher::WINDOW, stats)?;
             Some((batcher, tokenizer, costs))
         }
@@ -759,7 +758,7 @@ fn load(
             let name = served_model_name(spec);
             Ok((
                 Worker {
-                    model: Some(ServedModel::Own(loaded)),
+                    model: Some(ServedModel::Own(Box::new(loaded))),
                     name: name.clone(),
                 },
                 Some((tok, name)),
@@ -875,23 +874,26 @@ fn model_job(
     emit: &mut dyn FnMut(&dyn Tokenizer, u32),
 ) -> Result<GenerationReport, ApiError> {
     let mut sequence = None;
-    let (model, tok, costs): (&mut dyn crate::lm::LanguageModel, &dyn Tokenizer, _) =
-        match state.model.as_mut() {
-            None => return Err(ApiError::bad("this server has no model")),
-            Some(ServedModel::Own(loaded)) => {
-                let costs = loaded.pass_costs();
-                (loaded.model.as_mut(), &loaded.tokenizer, costs)
-            }
-            Some(ServedModel::Shared {
-                batcher,
-                tokenizer,
-                costs,
-            }) => {
-                // A sequence of the model's for this job, freed when it ends.
-                let sequence = sequence.insert(batcher.sequence()?);
-                (sequence, tokenizer, costs.clone())
-            }
-        };
+    let (model, tok, costs): (
+        &mut dyn crate::service::models::LanguageModel,
+        &dyn Tokenizer,
+        _,
+    ) = match state.model.as_mut() {
+        None => return Err(ApiError::bad("this server has no model")),
+        Some(ServedModel::Own(loaded)) => {
+            let costs = loaded.pass_costs();
+            (loaded.model.as_mut(), &loaded.tokenizer, costs)
+        }
+        Some(ServedModel::Shared {
+            batcher,
+            tokenizer,
+            costs,
+        }) => {
+            // A sequence of the model's for this job, freed when it ends.
+            let sequence = sequence.insert(batcher.sequence()?);
+            (sequence, &**tokenizer, costs.clone())
+        }
+    };
     let mut res = Resources::model(model, tok, state.name.clone())
         .drafting_index(index, None)
         .past_outputs(past)

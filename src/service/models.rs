@@ -6,6 +6,8 @@ use serde::{Deserialize, Serialize};
 /// The model interface a front end drives directly (Python's `Model.step`: feed tokens, read
 /// their logits, cut the cache back).
 pub use crate::lm::LanguageModel;
+// Several generations sharing one model's passes (`serve --parallel`, `gen --batch`).
+pub use crate::lm::batch::{BatchStats, Batcher, SequenceModel};
 #[cfg(feature = "neural")]
 pub use loading::{check_device, load_model, LoadedModel};
 

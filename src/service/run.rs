@@ -30,6 +30,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 pub use crate::decode::past::{PastOutputs, PastStats, DEFAULT_BUDGET as PAST_OUTPUTS_BUDGET};
+pub use crate::decode::policy::CostModel;
 pub use crate::decode::Cancel;
 pub use crate::mix::{load_mixer, Mixer};
 

@@ -334,3 +334,53 @@ fn serve_refuses_a_missing_device_before_it_builds_indexes() {
         "an index was built first"
     );
 }
+
+/// `gen --batch FILE`: a request a line (text, a seeded sample, drafts, a chat), answered as
+/// JSON lines in the file's order; with `--parallel 3` the passes are shared and every answer
+/// is the one `--parallel 1` gives; a malformed line is refused, by its number, before any
+/// generation runs.
+#[cfg(feature = "neural")]
+#[test]
+fn gen_batch_answers_each_line_as_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("requests.jsonl");
+    let lines = [
+        r#"{"prompt": "The capital of France is", "sampling": {"temperature": 0}, "limits": {"max_tokens": 24}}"#,
+        r#"{"prompt": "Once upon a time", "sampling": {"temperature": 0.8, "seed": 5}, "limits": {"max_tokens": 24}}"#,
+        r#"{"prompt": "one two three one two three one two", "sampling": {"temperature": 0}, "limits": {"max_tokens": 24}, "drafters": ["prompt_lookup"]}"#,
+        r#"{"prompt": {"messages": [{"role": "user", "content": "Name a colour."}]}, "sampling": {"temperature": 0}, "limits": {"max_tokens": 16}}"#,
+    ];
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let f = file.to_str().unwrap();
+    let run = |parallel: &str| -> Vec<serde_json::Value> {
+        let args = [
+            "gen",
+            "--model",
+            "smollm2-135m",
+            "--threads",
+            "2",
+            "--batch",
+            f,
+        ];
+        let out = ok(&infgram(&[&args[..], &["--parallel", parallel]].concat()));
+        out.lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let one = run("1");
+    assert_eq!(one.len(), lines.len());
+    let texts = |v: &[serde_json::Value]| -> Vec<String> {
+        v.iter()
+            .map(|a| a["text"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert!(
+        one.iter().all(|a| a["tokens"].as_u64().unwrap() > 0),
+        "{one:?}"
+    );
+    assert_eq!(texts(&run("3")), texts(&one));
+    std::fs::write(&file, format!("{}\n{{\"prompt\": 7}}\n", lines[0])).unwrap();
+    let out = infgram(&["gen", "--model", "smollm2-135m", "--batch", f]);
+    assert!(!out.status.success());
+    assert!(err(&out).contains("line 2"), "{}", err(&out));
+}
