@@ -134,6 +134,7 @@ impl Batcher {
             seq,
             len: 0,
             beside: 0,
+            held: std::collections::VecDeque::new(),
             calls: self.calls.clone(),
             reply,
             answers,
@@ -323,6 +324,11 @@ pub struct SequenceModel {
     len: usize,
     /// Rows of the other sequences in its last pass.
     beside: usize,
+    /// Rows of its last pass not asked for yet ([`LanguageModel::score_more`]): a pass
+    /// computes every row's logits, in the one output projection of all the sequences'
+    /// rows, rather than a projection of its own for each later ask (each reads the whole
+    /// output matrix again; the rows' bits are the same either way).
+    held: std::collections::VecDeque<Logits>,
     calls: Sender<Call>,
     reply: Sender<Answer>,
     answers: Receiver<Answer>,
@@ -336,6 +342,7 @@ impl SequenceModel {
     }
 
     fn ask(&mut self, call: Call) -> Result<Vec<Logits>> {
+        self.held.clear();
         self.calls.send(call).map_err(|_| stopped())?;
         let (rows, len, beside) = self.answers.recv().map_err(|_| stopped())?;
         self.len = len;
@@ -377,12 +384,17 @@ impl LanguageModel for SequenceModel {
         Ok(rows.into_iter().map(Logits::into_dense).collect())
     }
 
+    /// Every row's logits come out of the shared pass; those past `first` wait here.
     fn score_first(&mut self, tokens: &[u32], first: usize, _form: RowForm) -> Result<Vec<Logits>> {
-        self.score(tokens, first.clamp(1, tokens.len().max(1)))
+        let mut rows = self.score(tokens, tokens.len())?;
+        let first = first.clamp(1, rows.len().max(1)).min(rows.len());
+        self.held = rows.split_off(first).into();
+        Ok(rows)
     }
 
     fn score_more(&mut self, count: usize) -> Result<Vec<Logits>> {
-        self.alone(Box::new(move |m| m.score_more(count)))
+        let n = count.min(self.held.len());
+        Ok(self.held.drain(..n).collect())
     }
 
     fn feed(&mut self, tokens: &[u32]) -> Result<()> {
@@ -395,6 +407,7 @@ impl LanguageModel for SequenceModel {
 
     /// Cuts the sequence back before its next pass (not waited for).
     fn truncate(&mut self, len: usize) {
+        self.held.clear();
         self.len = self.len.min(len);
         let op: Op = Box::new(move |m| {
             m.truncate(len);
@@ -427,7 +440,8 @@ impl LanguageModel for SequenceModel {
         self.beside
     }
 
-    /// A token tree runs as a pass of its own sequence alone.
+    /// A token tree runs as a pass of its own sequence alone (every row's logits at once, as
+    /// [`LanguageModel::score_first`]).
     fn score_tree_first(
         &mut self,
         tokens: &[u32],
@@ -436,9 +450,13 @@ impl LanguageModel for SequenceModel {
         form: RowForm,
     ) -> Result<Vec<Logits>> {
         let (tokens, parents) = (tokens.to_vec(), parents.to_vec());
-        self.alone(Box::new(move |m| {
-            m.score_tree_first(&tokens, &parents, first, form)
-        }))
+        let all = tokens.len();
+        let mut rows = self.alone(Box::new(move |m| {
+            m.score_tree_first(&tokens, &parents, all, form)
+        }))?;
+        let first = first.clamp(1, rows.len().max(1)).min(rows.len());
+        self.held = rows.split_off(first).into();
+        Ok(rows)
     }
 
     fn keep_path(&mut self, path: &[usize]) -> Result<()> {
