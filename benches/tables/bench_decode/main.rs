@@ -17,6 +17,7 @@ use infgram::neural::native::kernels::Isa;
 use infgram::service::models::{Backend, Device};
 
 mod batch;
+mod bound;
 mod ceiling;
 mod edits;
 mod gpu_check;
@@ -91,6 +92,11 @@ enum Bench {
         /// On CUDA: `native` (infgram's fused kernels) or `candle` (the candle pass).
         #[arg(long, value_enum, default_value_t = Backend::Native)]
         backend: Backend,
+        /// On the CPU: the kernels' instruction set (`scalar`, `avx2`, `avxvnni`,
+        /// `avx512vnni`; any this CPU runs; default: its best), so that one machine measures
+        /// every ISA's walk.
+        #[arg(long)]
+        isa: Option<Isa>,
     },
     /// The GPU's fused kernels checked on a real model (a `cuda` build on a GPU): against
     /// their CPU reference, against the native CPU pass, and for batch invariance (k-token
@@ -173,7 +179,8 @@ fn main() {
             device,
             repeats,
             backend,
-        } => passes::run(&model, device, backend, repeats),
+            isa,
+        } => passes::run(&model, device, backend, repeats, isa),
         Bench::GpuCheck { model } => gpu_check::run(&model),
         Bench::Batch {
             model,

@@ -40,15 +40,29 @@ pub fn load(path: &Path, device: Device, isa: Isa, backend: Backend) -> Box<dyn 
     }
 }
 
-/// Times passes of 1, 2, 4, 8 and 16 tokens after a 256-token prompt.
-pub fn run(model: &str, device: Device, backend: Backend, repeats: usize) {
+/// Times passes of 1, 2, 4, 8 and 16 tokens after a 256-token prompt; on the CPU, with the
+/// kernels of `isa` (default: the best this CPU has) and beside the compute bound of each
+/// pass on it ([`super::bound`]).
+pub fn run(model: &str, device: Device, backend: Backend, repeats: usize, isa: Option<Isa>) {
     let source = infgram::neural::source::ModelSource::resolve(model).expect("the model");
-    let mut lm = load(source.path(), device, Isa::detect(), backend);
+    // (`--isa` names only an ISA this CPU runs: `Isa::from_str` checks.)
+    let isa = isa.unwrap_or_else(Isa::detect);
+    let mut lm = load(source.path(), device, isa, backend);
+    // The compute bound: the model's multiply-adds a row over the rate of the ISA's loop.
+    let bound = match device {
+        Device::Cpu => {
+            let macs = Decoder::from_gguf(source.path())
+                .unwrap()
+                .multiply_adds_per_row();
+            super::bound::int8_rate(isa, 2).map(|rate| (macs, rate))
+        }
+        Device::Cuda => None,
+    };
     let vocab = lm.vocab_size() as u32;
     let prompt: Vec<u32> = (0..256u32).map(|i| (i * 7919 + 13) % vocab).collect();
     lm.feed(&prompt).unwrap();
     println!(
-        "{} on {device:?} ({backend:?}{}): median of {repeats} passes after a {}-token prompt\n",
+        "{} on {device:?} ({backend:?}{}{}): median of {repeats} passes after a {}-token prompt\n",
         source
             .path()
             .file_name()
@@ -58,10 +72,22 @@ pub fn run(model: &str, device: Device, backend: Backend, repeats: usize) {
             Ok("0") => ", no CUDA graphs",
             _ => "",
         },
+        match device {
+            Device::Cpu => format!(", {isa:?}, 2 threads"),
+            Device::Cuda => String::new(),
+        },
         prompt.len()
     );
-    println!("| new tokens | pass, ms | per token, ms | pass / one-token step |");
-    println!("|---:|---:|---:|---:|");
+    if let Some((macs, rate)) = bound {
+        println!(
+            "compute bound: {:.1} G 8-bit multiply-adds/s on 2 threads ({isa:?} loop, \
+             bench_decode/bound.rs); {:.3} G a row of this model\n",
+            rate / 1e9,
+            macs as f64 / 1e9
+        );
+    }
+    println!("| new tokens | pass, ms | per token, ms | pass / one-token step | bound, ms | of the bound |");
+    println!("|---:|---:|---:|---:|---:|---:|");
     let mut step = 0.0;
     for k in [1usize, 2, 4, 8, 16] {
         let draft: Vec<u32> = (0..k as u32).map(|i| (i * 104_729 + 7) % vocab).collect();
@@ -78,8 +104,18 @@ pub fn run(model: &str, device: Device, backend: Backend, repeats: usize) {
         if k == 1 {
             step = median;
         }
+        let (floor, share) = match bound {
+            Some((macs, rate)) => {
+                let floor = (k * macs) as f64 / rate * 1e3;
+                (
+                    format!("{floor:.2}"),
+                    format!("{:.0}%", 100.0 * floor / median),
+                )
+            }
+            None => ("–".into(), "–".into()),
+        };
         println!(
-            "| {k} | {median:.2} | {:.3} | {:.2}× |",
+            "| {k} | {median:.2} | {:.3} | {:.2}× | {floor} | {share} |",
             median / k as f64,
             median / step
         );

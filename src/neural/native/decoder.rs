@@ -253,6 +253,20 @@ impl Decoder {
         layers + self.output.as_ref().unwrap_or(&self.embeddings).bytes()
     }
 
+    /// The multiply-adds of the matrix products a row of a pass costs: every layer's
+    /// matrices and the output projection (what the kernels' compute bound counts; attention
+    /// and the rest are a small share at short contexts).
+    pub fn multiply_adds_per_row(&self) -> usize {
+        let size = |m: &QMatrix| m.rows() * m.cols();
+        let layers: usize = self
+            .layers
+            .iter()
+            .flat_map(|w| [&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down])
+            .map(size)
+            .sum();
+        layers + size(self.output.as_ref().unwrap_or(&self.embeddings))
+    }
+
     /// The description this model runs.
     pub fn architecture(&self) -> &Architecture {
         &self.cfg
