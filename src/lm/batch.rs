@@ -80,6 +80,12 @@ impl Batcher {
     /// How long a pass waits for the live sequences that have not asked yet.
     pub const WINDOW: Duration = Duration::from_millis(1);
 
+    /// Tokens of one sequence a pass takes at most: a long prompt goes through in passes of
+    /// this many, and the other sequences' tokens go on between them instead of waiting for
+    /// the whole prompt (the same bits: a position's logits do not depend on how its
+    /// sequence was fed).
+    pub const CHUNK: usize = 64;
+
     /// Moves `model` onto the batcher's thread; an error if it holds one sequence only.
     pub fn start(model: Box<dyn LanguageModel + Send>) -> Result<Batcher> {
         Self::with(model, Self::WINDOW, Arc::default())
@@ -361,14 +367,22 @@ impl SequenceModel {
         })
     }
 
-    fn score(&mut self, tokens: &[u32], first: usize) -> Result<Vec<Logits>> {
-        let reply = self.reply.clone();
-        self.ask(Call::Score {
-            seq: self.seq,
-            tokens: tokens.to_vec(),
-            first,
-            reply,
-        })
+    /// Feeds `tokens` (every row's logits back, or none when `all` is false) in passes of
+    /// at most [`Batcher::CHUNK`] of them, checked first as one pass would check them.
+    fn score(&mut self, tokens: &[u32], all: bool) -> Result<Vec<Logits>> {
+        super::check_vocab(tokens, self.about.vocab)?;
+        self.held.clear();
+        let mut rows = Vec::new();
+        for chunk in tokens.chunks(Batcher::CHUNK) {
+            let reply = self.reply.clone();
+            rows.extend(self.ask(Call::Score {
+                seq: self.seq,
+                tokens: chunk.to_vec(),
+                first: if all { chunk.len() } else { 0 },
+                reply,
+            })?);
+        }
+        Ok(rows)
     }
 }
 
@@ -380,13 +394,13 @@ impl Drop for SequenceModel {
 
 impl LanguageModel for SequenceModel {
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
-        let rows = self.score(tokens, tokens.len())?;
+        let rows = self.score(tokens, true)?;
         Ok(rows.into_iter().map(Logits::into_dense).collect())
     }
 
     /// Every row's logits come out of the shared pass; those past `first` wait here.
     fn score_first(&mut self, tokens: &[u32], first: usize, _form: RowForm) -> Result<Vec<Logits>> {
-        let mut rows = self.score(tokens, tokens.len())?;
+        let mut rows = self.score(tokens, true)?;
         let first = first.clamp(1, rows.len().max(1)).min(rows.len());
         self.held = rows.split_off(first).into();
         Ok(rows)
@@ -398,7 +412,7 @@ impl LanguageModel for SequenceModel {
     }
 
     fn feed(&mut self, tokens: &[u32]) -> Result<()> {
-        self.score(tokens, 0).map(drop)
+        self.score(tokens, false).map(drop)
     }
 
     fn cache_len(&self) -> usize {
