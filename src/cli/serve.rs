@@ -64,6 +64,11 @@ pub struct ServeArgs {
     /// the request's alone. 1: one at a time.
     #[arg(long, default_value_t = 4, value_parser = super::positive)]
     pub parallel: usize,
+    /// MiB of KV cache the running generations may hold together (with --parallel > 1 on the
+    /// native backend): a generation waits while the others leave too little for what its
+    /// prompt and max_tokens may need, and one that could never fit is answered 413.
+    #[arg(long, default_value_t = 4096, value_parser = super::positive)]
+    pub kv_cache_mib: usize,
     /// Queries that run at once (more wait their turn).
     #[arg(long, default_value_t = 64, value_parser = super::positive)]
     pub concurrent_queries: usize,
@@ -183,6 +188,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         client_time: std::time::Duration::from_secs_f64(args.client_timeout),
         backlog: args.backlog,
         parallel: args.parallel,
+        kv_cache_bytes: args.kv_cache_mib << 20,
         concurrent_queries: args.concurrent_queries,
         past_output_tokens: args.past_output_tokens,
         draft_session_bytes: args.draft_session_bytes,

@@ -74,6 +74,7 @@ struct About {
     eos: Vec<u32>,
     bos: Option<u32>,
     max_tree_rows: usize,
+    cache_bytes_per_token: usize,
 }
 
 impl Batcher {
@@ -98,18 +99,20 @@ impl Batcher {
         window: Duration,
         stats: Arc<BatchStats>,
     ) -> Result<Batcher> {
-        if model.sequences().is_none() {
+        let Some(cache_bytes_per_token) = model.sequences().map(|s| s.cache_bytes_per_token())
+        else {
             return Err(Error::Model(
                 "this backend runs one sequence at a time; serve one request at a time with it \
                  (the native CPU backend batches)"
                     .into(),
             ));
-        }
+        };
         let about = Arc::new(About {
             vocab: model.vocab_size(),
             eos: model.eos_tokens().to_vec(),
             bos: model.bos_token(),
             max_tree_rows: model.max_tree_rows(),
+            cache_bytes_per_token,
         });
         let (calls, inbox) = channel();
         let thread_stats = stats.clone();
@@ -122,6 +125,11 @@ impl Batcher {
             stats,
             about,
         })
+    }
+
+    /// Bytes of cache a token of a sequence takes ([`super::Sequences::cache_bytes_per_token`]).
+    pub fn cache_bytes_per_token(&self) -> usize {
+        self.about.cache_bytes_per_token
     }
 
     /// How the passes went so far.
@@ -241,14 +249,9 @@ fn take(
             let _ = reply.send(seq);
         }
         Call::Release(seq) => {
-            let _ = run_alone(
-                model,
-                seq,
-                Box::new(|m| {
-                    m.truncate(0);
-                    Ok(Vec::new())
-                }),
-            );
+            if let Some(s) = model.sequences() {
+                s.release(seq);
+            }
             free.push(seq);
             stats.live.fetch_sub(1, Relaxed);
         }

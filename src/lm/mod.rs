@@ -355,6 +355,10 @@ pub trait Sequences {
     fn add_sequence(&mut self) -> usize;
     /// Makes `seq` the sequence the [`LanguageModel`] methods act on.
     fn select(&mut self, seq: usize) -> Result<()>;
+    /// Empties sequence `seq` and gives back the memory its cache held.
+    fn release(&mut self, seq: usize);
+    /// Bytes of cache a token of a sequence takes (every layer's keys and values).
+    fn cache_bytes_per_token(&self) -> usize;
     /// One pass over several sequences' new tokens (each sequence at most once): for each
     /// part, what [`LanguageModel::score_first`] of its tokens with `first` would return on
     /// its sequence alone, bit for bit, its other rows held for [`LanguageModel::score_more`]

@@ -103,6 +103,8 @@ const FIELD_NAMES: &[(&str, &str)] = &[
 
 struct Job {
     plan: Plan,
+    /// The KV cache bytes it may hold ([`CacheBudget`]).
+    cache: usize,
     /// Texts that end the completion.
     stop: Vec<String>,
     /// The request, its prompt already tokenized (within the server's limits).
@@ -125,6 +127,8 @@ pub struct Generator {
     parallel: usize,
     /// The passes of the batched model (none run without one).
     batch: Arc<BatchStats>,
+    /// The KV cache the running generations may hold.
+    cache: Arc<CacheBudget>,
     /// Cleared when the worker thread ends, however it ends.
     running: Arc<AtomicBool>,
     backlog: usize,
@@ -155,10 +159,12 @@ impl Generator {
         let waiting = Arc::new(AtomicUsize::new(0));
         let running_jobs = Arc::new(AtomicUsize::new(0));
         let batch = Arc::new(BatchStats::default());
+        let cache = Arc::new(CacheBudget::new(limits.kv_cache_bytes));
         let shared = Queue {
             jobs: std::sync::Mutex::new(jobs),
             waiting: waiting.clone(),
             running: running_jobs.clone(),
+            cache: cache.clone(),
         };
         let spec = model.map(str::to_string);
         let opts = opts.clone();
@@ -195,6 +201,7 @@ impl Generator {
             running_jobs,
             parallel,
             batch,
+            cache,
             running,
             backlog,
             past,
@@ -242,6 +249,11 @@ impl Generator {
         &self.batch
     }
 
+    /// The KV cache the running generations may hold, and hold now.
+    pub fn cache_budget(&self) -> &CacheBudget {
+        &self.cache
+    }
+
     /// Whether the worker thread still runs (`/health` reports it).
     pub fn is_running(&self) -> bool {
         self.running.load(Relaxed)
@@ -266,9 +278,17 @@ impl Generator {
         check_openai_options(&req)?;
         let stop = stop_sequences(req.options.stop.as_ref())?;
         let (plan, checked) = self.plan(&req, mode, indexes, limits)?;
+        let prompt_tokens = match &checked.prompt {
+            request::Prompt::Ids(ids) => ids.len(),
+            _ => 0,
+        };
+        let cache = self
+            .cache
+            .admit(prompt_tokens + checked.max_tokens + checked.draft_max + 1)?;
         let (events, rx) = tokio::sync::mpsc::unbounded_channel();
         let job = Job {
             plan,
+            cache,
             stop,
             req: checked,
             mode,
@@ -550,6 +570,81 @@ fn prompt_ids(
 /// A loaded model's tokenizer and name, for the handlers.
 type ModelInfo = (Arc<dyn Tokenizer>, String);
 
+/// The KV cache the running generations may hold together (`--kv-cache-mib`): a job holds
+/// what its sequence may grow to while it runs, and waits while the others' leave too little;
+/// a job that could never fit is refused when it is submitted, never by running out.
+pub struct CacheBudget {
+    /// Bytes in all.
+    bytes: usize,
+    /// Bytes a token's keys and values take (0: the model holds one sequence, or none).
+    per_token: AtomicUsize,
+    held: std::sync::Mutex<usize>,
+    freed: std::sync::Condvar,
+}
+
+impl CacheBudget {
+    fn new(bytes: usize) -> Self {
+        CacheBudget {
+            bytes,
+            per_token: AtomicUsize::new(0),
+            held: std::sync::Mutex::new(0),
+            freed: std::sync::Condvar::new(),
+        }
+    }
+
+    /// What a sequence of `tokens` may hold at most: its caches grow by doubling.
+    fn need(&self, tokens: usize) -> usize {
+        2 * tokens * self.per_token.load(Relaxed)
+    }
+
+    /// Refuses a job whose cache could never fit; else what it may hold.
+    fn admit(&self, tokens: usize) -> Result<usize, ApiError> {
+        let need = self.need(tokens);
+        if need > self.bytes {
+            return Err(ApiError {
+                status: 413,
+                message: format!(
+                    "this request's prompt and max_tokens ({tokens} tokens) may need {} MiB of \
+                     KV cache; this server holds {} MiB for all its generations \
+                     (--kv-cache-mib): ask for fewer tokens",
+                    need.div_ceil(1 << 20),
+                    self.bytes >> 20
+                ),
+            });
+        }
+        Ok(need)
+    }
+
+    /// Holds `need` bytes until the returned guard drops, waiting while they do not fit.
+    fn hold(&self, need: usize) -> HeldCache<'_> {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        while *held + need > self.bytes && *held > 0 {
+            held = self.freed.wait(held).unwrap_or_else(|e| e.into_inner());
+        }
+        *held += need;
+        HeldCache { budget: self, need }
+    }
+
+    /// Bytes held now by the running generations.
+    pub fn held(&self) -> usize {
+        *self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A running job's share of the [`CacheBudget`], given back when dropped.
+struct HeldCache<'a> {
+    budget: &'a CacheBudget,
+    need: usize,
+}
+
+impl Drop for HeldCache<'_> {
+    fn drop(&mut self) {
+        let mut held = self.budget.held.lock().unwrap_or_else(|e| e.into_inner());
+        *held -= self.need;
+        self.budget.freed.notify_all();
+    }
+}
+
 /// Clears its flag when dropped: the worker thread holds one, so the flag says whether the
 /// thread still runs, even after a panic outside a job.
 struct Running(Arc<AtomicBool>);
@@ -586,6 +681,7 @@ struct Queue<J = Job> {
     jobs: std::sync::Mutex<std::sync::mpsc::Receiver<J>>,
     waiting: Arc<AtomicUsize>,
     running: Arc<AtomicUsize>,
+    cache: Arc<CacheBudget>,
 }
 
 /// The generation thread: loads the model, reports, starts the other workers (`parallel` in
@@ -600,8 +696,8 @@ fn worker(
 ) {
     crate::service::catalog::lower_priority();
     let (running, stats) = flags;
-    let workers =
-        load(spec.as_deref(), &opts).and_then(|(w, info)| Ok((share(w, parallel, stats)?, info)));
+    let workers = load(spec.as_deref(), &opts)
+        .and_then(|(w, info)| Ok((share(w, parallel, stats, &queue.cache)?, info)));
     let mut workers = match workers {
         Ok((workers, info)) => {
             let _ = ready.send(Ok(info));
@@ -639,6 +735,7 @@ fn share(
     state: Worker,
     parallel: usize,
     stats: Arc<BatchStats>,
+    cache: &CacheBudget,
 ) -> crate::error::Result<Vec<Worker>> {
     let parallel = parallel.max(1);
     let name = state.name.clone();
@@ -655,6 +752,9 @@ fn share(
             let costs = loaded.pass_costs();
             let tokenizer: Arc<dyn Tokenizer> = Arc::new(loaded.tokenizer.clone());
             let batcher = Batcher::with(loaded.model, Batcher::WINDOW, stats)?;
+            cache
+                .per_token
+                .store(batcher.cache_bytes_per_token(), Relaxed);
             Some((batcher, tokenizer, costs))
         }
         Some(own) => {
@@ -666,7 +766,7 @@ fn share(
         None => None,
     };
     #[cfg(not(feature = "neural"))]
-    let _ = (state, stats);
+    let _ = (state, stats, cache);
     Ok((0..parallel)
         .map(|_| Worker {
             #[cfg(feature = "neural")]
@@ -682,14 +782,18 @@ fn share(
         .collect())
 }
 
-/// A job on the queue: where its events go.
+/// A job on the queue: where its events go, and the KV cache it may hold.
 trait Queued {
     fn events(&self) -> &UnboundedSender<Event>;
+    fn cache(&self) -> usize;
 }
 
 impl Queued for Job {
     fn events(&self) -> &UnboundedSender<Event> {
         &self.events
+    }
+    fn cache(&self) -> usize {
+        self.cache
     }
 }
 
@@ -711,6 +815,7 @@ fn run_jobs<J: Queued>(queue: &Queue<J>, mut run: impl FnMut(J) -> Result<Summar
             continue;
         }
         let events = job.events().clone();
+        let _cache = queue.cache.hold(job.cache());
         queue.running.fetch_add(1, Relaxed);
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(job)))
             .unwrap_or_else(|panic| Err(panicked(panic.as_ref())));
@@ -791,6 +896,7 @@ fn served_model_name(spec: &str) -> String {
 fn run_job(state: &mut Worker, job: Job) -> Result<Summary, ApiError> {
     let Job {
         plan,
+        cache: _,
         stop,
         req,
         mode,
@@ -977,6 +1083,9 @@ mod tests {
         fn events(&self) -> &UnboundedSender<Event> {
             &self.events
         }
+        fn cache(&self) -> usize {
+            1
+        }
     }
 
     #[test]
@@ -1039,6 +1148,7 @@ mod tests {
         let queue = Queue {
             waiting: Arc::new(AtomicUsize::new(jobs.len())),
             running: Arc::default(),
+            cache: Arc::new(CacheBudget::new(1)),
             jobs: std::sync::Mutex::new(rx),
         };
         jobs.into_iter().for_each(|job| tx.send(job).unwrap());
@@ -1054,6 +1164,7 @@ mod tests {
         });
         assert_eq!(queue.waiting.load(Relaxed), 0);
         assert_eq!(queue.running.load(Relaxed), 0);
+        assert_eq!(queue.cache.held(), 0, "every job gave its cache back");
         let ends: Vec<Result<usize, (u16, String)>> = receivers
             .iter_mut()
             .map(|rx| match rx.try_recv() {

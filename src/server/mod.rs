@@ -74,10 +74,15 @@ pub struct Limits {
     /// Generations waiting at most (429 past it).
     pub backlog: usize,
     /// Generations run at once at most: with a model whose backend holds several sequences
-    /// (the native CPU one), their tokens share the model's passes ([`crate::service::models::Batcher`]);
+    /// (the native CPU one), their tokens share the model's passes
+    /// ([`crate::service::models::Batcher`]);
     /// without a model, SBIS generations run side by side. Each answer is the one the
     /// request gets alone.
     pub parallel: usize,
+    /// Bytes of KV cache the running generations may hold together: a generation holds what
+    /// its prompt and `max_tokens` may need before it runs (it waits while the others leave
+    /// too little), and one that could never fit is answered 413.
+    pub kv_cache_bytes: usize,
     /// Queries running at once at most (more wait their turn).
     pub concurrent_queries: usize,
     /// Tokens of past outputs the model's generations draft from (speculative mode); the
@@ -101,6 +106,7 @@ impl Default for Limits {
             client_time: Duration::from_secs(10),
             backlog: 8,
             parallel: 4,
+            kv_cache_bytes: 4 << 30,
             concurrent_queries: 64,
             past_output_tokens: crate::service::run::PAST_OUTPUTS_BUDGET,
             draft_session_bytes: crate::service::drafts::DEFAULT_SESSION_BYTES,
@@ -911,6 +917,7 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
         "generation_waiting": state.generator.waiting(),
         "generation_running": state.generator.running_jobs(),
         "parallel": state.generator.parallel(),
+        "kv_cache_bytes_held": state.generator.cache_budget().held(),
         "past_outputs": state.generator.past_output_stats(),
         "past_outputs_not_saved": unsaved,
         "uptime_seconds": state.started.elapsed().as_secs_f64(),
@@ -931,6 +938,11 @@ async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
             "infgram_generation_running",
             "Generations running now (at most --parallel).",
             state.generator.running_jobs() as f64,
+        ),
+        (
+            "infgram_kv_cache_bytes_held",
+            "KV cache bytes the running generations hold (what their prompts and max_tokens may need).",
+            state.generator.cache_budget().held() as f64,
         ),
         (
             "infgram_batch_passes_total",

@@ -617,3 +617,33 @@ fn concurrent_completions_share_passes_and_answer_as_alone() {
         .and_then(|v| v.trim().parse::<f64>().ok());
     assert!(passes.is_some_and(|p| p > 0.0), "{metrics}");
 }
+
+/// `--kv-cache-mib`: a generation whose prompt and `max_tokens` could never fit the KV cache
+/// budget is answered 413 before it runs (and says which option), one that fits is served,
+/// and the budget held is back to 0 after it.
+#[test]
+fn a_generation_whose_cache_cannot_fit_is_refused_before_it_runs() {
+    // SmolLM2: 30 layers of 3 KV heads of 64, f32: 46,080 bytes a token (doubled for growth).
+    let server = Server::start(&[
+        "--model",
+        "smollm2-135m",
+        "--threads",
+        "2",
+        "--kv-cache-mib",
+        "2",
+    ]);
+    let e = server.refused(
+        "/v1/completions",
+        r#"{"prompt": "Hello", "max_tokens": 400, "temperature": 0}"#,
+        413,
+    );
+    assert!(e.contains("--kv-cache-mib"), "{e}");
+    let (status, v) = server.post(
+        "/v1/completions",
+        r#"{"prompt": "Hello", "max_tokens": 4, "temperature": 0, "speculative": false}"#,
+    );
+    assert_eq!(status, 200, "{v}");
+    let (_, health) = server.request("GET", "/health", None);
+    let health: Value = serde_json::from_str(&health).unwrap();
+    assert_eq!(health["kv_cache_bytes_held"], 0, "{health}");
+}

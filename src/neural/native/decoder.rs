@@ -787,6 +787,17 @@ impl Sequences for Decoder {
         Ok(())
     }
 
+    fn release(&mut self, seq: usize) {
+        if let Some(s) = self.seqs.get_mut(seq) {
+            *s = Sequence::new(&self.cfg);
+        }
+    }
+
+    fn cache_bytes_per_token(&self) -> usize {
+        // Keys and values, f32, every layer.
+        2 * self.cfg.heads.kv_width() * std::mem::size_of::<f32>() * self.cfg.n_layer
+    }
+
     fn score_parts(&mut self, parts: &[SeqPart]) -> Result<Vec<Vec<Logits>>> {
         for p in parts {
             if let Some(seq) = self.seqs.get_mut(p.seq) {
