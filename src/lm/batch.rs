@@ -1,16 +1,16 @@
 //! Several generations on one model at once (continuous batching): a [`Batcher`] owns a model
-//! that holds several sequences ([`Sequences`]) on its own thread and hands out
+//! that holds several sequences ([`super::Sequences`]) on its own thread and hands out
 //! [`SequenceModel`]s, each a [`LanguageModel`] over one sequence. Each generation runs its own
 //! decode loop (speculative decoding, trees, sampling, stop strings, the guard: every mode as
 //! it is) on its own thread; when the loops ask for passes at the same time, their new tokens
 //! go through the model in one pass, each sequence attending to its own cache.
 //!
 //! The pass of several sequences gives every row the bits of the same row scored alone (the
-//! model's promise, [`Sequences::score_parts`]), so a generation's tokens do not depend on the
+//! model's promise, [`super::Sequences::score_parts`]), so a generation's tokens do not depend on the
 //! others that share its passes: an answer is the same under any load.
 //!
 //! When to run a pass: the batcher takes the first request for a pass, then waits until every
-//! live sequence has asked for one, or for [`Batcher::window`] at most (a loop that samples or
+//! live sequence has asked for one, or for [`Batcher::WINDOW`] at most (a loop that samples or
 //! drafts between its passes asks again within microseconds; one that does slower work is not
 //! waited for). Operations on one sequence (cutting its cache back, the held rows of a pass, a
 //! token tree) run between passes, in the order each sequence sent them.

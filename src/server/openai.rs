@@ -1,6 +1,6 @@
 //! The requests of the two OpenAI routes, `/v1/completions` and `/v1/chat/completions`: the
 //! fields both read (OpenAI's sampling, stop, stream and limits, and infgram's own) are listed
-//! once, in [`shared_fields!`], and written into each route's struct beside its own fields.
+//! once, in `shared_fields!`, and written into each route's struct beside its own fields.
 //! Each struct refuses a field it does not name, as OpenAI's API does; `#[serde(flatten)]` of
 //! one shared struct could not (serde ignores `deny_unknown_fields` across a flatten). Each
 //! route turns its request into one [`Completion`], which the generation worker runs.
