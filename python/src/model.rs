@@ -10,7 +10,10 @@
 //!   another engine's hook run on infgram's own model.
 //!
 //! The model sits behind a mutex: calls from several threads run one at a time; each releases
-//! the GIL while it runs.
+//! the GIL while it runs. With `Model(..., parallel=N)` (N > 1, the native CPU backend) the
+//! model runs on a batcher's thread instead: `generate` called from several Python threads
+//! runs the generations at once, their new tokens sharing the model's passes, each answer the
+//! one it gets alone; `step` and the other calls keep one sequence of their own.
 use crate::index::Index;
 use crate::Guarded;
 use crate::{detokenize_with, runtime, to_py, tokenize_with, Ans, Idx};
@@ -22,7 +25,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use infgram::service::models::{
-    load_model, Backend, Device, LanguageModel, LoadedModel, ModelOptions, Requantize,
+    load_model, Backend, Batcher, Device, LanguageModel, LoadedModel, ModelOptions, Requantize,
 };
 use infgram::service::request::{
     defaults, DrafterSpec, GenLimits, GenerateRequest, GuardSpec, Prompt, Sampling, Scorer,
@@ -97,6 +100,8 @@ pub struct Model {
     guard_index: Option<Arc<Idx>>,
     mixer: Option<Mixer>,
     past: Option<PastStore>,
+    /// With `parallel` > 1: the batcher whose sequences the generations run on.
+    batcher: Option<Batcher>,
 }
 
 impl Model {
@@ -116,8 +121,10 @@ impl Model {
     /// to after each generation). `threads`, `backend` (`"native"` or `"candle"`), `device`
     /// (`"cpu"` or `"cuda"`), `requantize` (`"q8_0"`, `"q4_0"`) and `tokenizer` (the model's
     /// `tokenizer.json`, in place of the one its GGUF file carries) are `infgram gen`'s options.
+    /// `parallel`: with more than 1 (the native CPU backend), `generate` called from that
+    /// many Python threads at once shares the model's passes (`serve --parallel`).
     #[new]
-    #[pyo3(signature = (model, *, index=None, guard_index=None, mixer=None, past_outputs=None, past_outputs_budget=None, threads=0, backend=None, device="cpu", requantize=None, tokenizer=None))]
+    #[pyo3(signature = (model, *, index=None, guard_index=None, mixer=None, past_outputs=None, past_outputs_budget=None, threads=0, backend=None, device="cpu", requantize=None, tokenizer=None, parallel=1))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -132,6 +139,7 @@ impl Model {
         device: &str,
         requantize: Option<&str>,
         tokenizer: Option<PathBuf>,
+        parallel: usize,
     ) -> PyResult<Self> {
         let device: Device = named("device", device)?;
         let opts = ModelOptions {
@@ -154,7 +162,11 @@ impl Model {
             .map(|m| load_mixer(mixer_file(&m)))
             .transpose()
             .map_err(invalid)?;
-        let loaded = py.guarded(|| load_model(model, &opts))?.map_err(invalid)?;
+        let mut loaded = py.guarded(|| load_model(model, &opts))?.map_err(invalid)?;
+        let batcher = match parallel {
+            0 | 1 => None,
+            _ => Some(py.guarded(|| loaded.batch())?.map_err(invalid)?),
+        };
         let tok: Arc<dyn Tokenizer> = Arc::new(loaded.tokenizer.clone());
         // Each index is checked against the model's tokenizer once, here.
         let index = index
@@ -176,6 +188,7 @@ impl Model {
             guard_index,
             mixer,
             past,
+            batcher,
         })
     }
 
@@ -283,12 +296,15 @@ impl Model {
         };
         let report = py
             .guarded(|| {
-                let mut loaded = self.lock();
-                let costs = loaded.pass_costs();
-                let LoadedModel {
-                    model, tokenizer, ..
-                } = &mut *loaded;
-                let mut res = Resources::model(model.as_mut(), tokenizer, self.name.clone())
+                // With a batcher, a sequence of its own (the lock only for the costs).
+                let mut sequence = None;
+                let mut loaded = None;
+                let costs = self.lock().pass_costs();
+                let model: &mut dyn LanguageModel = match &self.batcher {
+                    Some(b) => sequence.insert(b.sequence()?),
+                    None => loaded.insert(self.lock()).model.as_mut(),
+                };
+                let mut res = Resources::model(model, self.tok.as_ref(), self.name.clone())
                     .drafting_index(self.index.clone(), self.mixer.clone())
                     .guard_index(self.guard_index.clone())?
                     .past_outputs(self.past.clone())

@@ -161,3 +161,33 @@ def test_infgram_model_steps_the_reference_loop(model_index):
     assert model.cache_len == 1
     with pytest.raises(ValueError, match="cache holds"):
         model.rollback(5)
+
+
+def test_generations_from_several_threads_share_the_batch_and_answer_as_alone():
+    """`Model(parallel=4)`: `generate` from four Python threads at once (greedy, seeded
+    sampling, speculative, a chat) gives each the text it gives alone, on a model of one
+    sequence at a time; `step`'s own calls still work beside the batcher."""
+    import threading
+
+    calls = [
+        dict(prompt=PROMPT, raw=True, max_tokens=24, temperature=0),
+        dict(prompt=PROMPT, raw=True, max_tokens=24, temperature=0.8, seed=3),
+        dict(prompt=PROMPT, raw=True, max_tokens=24, temperature=0, speculative=True),
+        dict(messages=[("user", "Name three colours.")], max_tokens=16, temperature=0),
+    ]
+    alone = infgram.Model(MODEL, threads=2)
+    want = [alone.generate(**c)["text"] for c in calls]
+    shared = infgram.Model(MODEL, threads=2, parallel=4)
+    got = [None] * len(calls)
+
+    def run(i):
+        got[i] = shared.generate(**calls[i])["text"]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert got == want
+    ids = shared.prompt_ids(PROMPT, raw=True)
+    assert shared.step(ids).shape[0] == len(ids)

@@ -76,6 +76,7 @@ mod loading {
     use super::{Backend, Device, ModelOptions, Requantize};
     use crate::decode::policy::{calibrate, plausible_costs, CostModel};
     use crate::error::{Error, Result};
+    use crate::lm::batch::Batcher;
     use crate::lm::LanguageModel;
     use crate::neural::source::ModelSource;
     use crate::service::request::Prompt;
@@ -320,7 +321,47 @@ mod loading {
         Ok(())
     }
 
+    /// What a [`LoadedModel`] holds for the instant its model moves onto a batcher's thread.
+    struct Moved;
+
+    impl LanguageModel for Moved {
+        fn forward(&mut self, _: &[u32]) -> Result<Vec<Vec<f32>>> {
+            Err(Error::Model(
+                "the model moved onto its batcher's thread".into(),
+            ))
+        }
+        fn cache_len(&self) -> usize {
+            0
+        }
+        fn truncate(&mut self, _: usize) {}
+        fn vocab_size(&self) -> usize {
+            0
+        }
+        fn eos_tokens(&self) -> &[u32] {
+            &[]
+        }
+    }
+
     impl LoadedModel {
+        /// Moves the model onto a [`Batcher`]'s thread, so that generations on several threads
+        /// share its passes (`Batcher::sequence` each), and puts a sequence of it in its place
+        /// (this `LoadedModel` goes on working, on one sequence of its own). Its pass costs
+        /// are measured first, on the model alone. An error, the model left as it was, when
+        /// its backend holds one sequence.
+        pub fn batch(&mut self) -> Result<Batcher> {
+            if self.model.sequences().is_none() {
+                return Err(Error::input(
+                    "this backend runs one sequence at a time: several generations at once \
+                     need the native CPU backend",
+                ));
+            }
+            self.pass_costs();
+            let model = std::mem::replace(&mut self.model, Box::new(Moved));
+            let batcher = Batcher::start(model)?;
+            self.model = Box::new(batcher.sequence()?);
+            Ok(batcher)
+        }
+
         /// Whether the model is prompted in chat turns: a GGUF file with a chat template (base
         /// models such as the packaged Gemma 3 270M have none, and continue text), or a model
         /// directory (the hard-coded turns of its vocabulary).
