@@ -647,3 +647,59 @@ fn a_generation_whose_cache_cannot_fit_is_refused_before_it_runs() {
     let health: Value = serde_json::from_str(&health).unwrap();
     assert_eq!(health["kv_cache_bytes_held"], 0, "{health}");
 }
+
+/// Clients that leave mid-generation, in waves, with `--parallel 4`: every running
+/// generation stops and frees its sequence and its share of the KV cache, the queue drains,
+/// and the server goes on answering (a bounded number of waves and requests).
+#[test]
+fn clients_that_leave_mid_generation_free_their_sequences() {
+    let server = Server::start(&[
+        "--model",
+        "smollm2-135m",
+        "--threads",
+        "2",
+        "--parallel",
+        "4",
+        "--backlog",
+        "64",
+    ]);
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 400, "temperature": 0.7,
+                      "seed": 1, "stream": true})
+    .to_string();
+    for _wave in 0..3 {
+        let streams: Vec<TcpStream> = (0..24)
+            .map(|_| raw_post(&server.addr, "/v1/completions", &body))
+            .collect();
+        // Half wait for their first text, the rest leave without reading.
+        for s in streams.iter().step_by(2).take(4) {
+            s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+            let mut reader = BufReader::new(s);
+            let mut line = String::new();
+            while !line.starts_with("data: ") {
+                line.clear();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    break;
+                }
+            }
+        }
+        drop(streams);
+    }
+    let mut health = Value::Null;
+    for _ in 0..600 {
+        health = serde_json::from_str(&server.request("GET", "/health", None).1).unwrap();
+        let idle = |k: &str| health[k] == json!(0);
+        if idle("generation_running") && idle("generation_waiting") && idle("kv_cache_bytes_held") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(health["generation_running"], 0, "{health}");
+    assert_eq!(health["generation_waiting"], 0, "{health}");
+    assert_eq!(health["kv_cache_bytes_held"], 0, "{health}");
+    assert_eq!(health["status"], "ok", "{health}");
+    let (status, v) = server.post(
+        "/v1/completions",
+        r#"{"prompt": "Hello", "max_tokens": 4, "temperature": 0}"#,
+    );
+    assert_eq!(status, 200, "{v}");
+}
