@@ -165,7 +165,10 @@ impl Model {
         let mut loaded = py.guarded(|| load_model(model, &opts))?.map_err(invalid)?;
         let batcher = match parallel {
             0 | 1 => None,
-            _ => Some(py.guarded(|| loaded.batch())?.map_err(invalid)?),
+            _ => Some(
+                py.guarded(|| loaded.batch(Default::default()))?
+                    .map_err(invalid)?,
+            ),
         };
         let tok: Arc<dyn Tokenizer> = Arc::new(loaded.tokenizer.clone());
         // Each index is checked against the model's tokenizer once, here.

@@ -10,9 +10,10 @@
 //! others that share its passes: an answer is the same under any load.
 //!
 //! When to run a pass: the batcher takes the first request for a pass, then waits until every
-//! live sequence has asked for one, or for [`Batcher::WINDOW`] at most (a loop that samples or
-//! drafts between its passes asks again within microseconds; one that does slower work is not
-//! waited for). Operations on one sequence (cutting its cache back, the held rows of a pass, a
+//! sequence of the last pass that is still held has asked again (every held sequence, before
+//! a first pass), or for [`Batcher::WINDOW`] at most: a loop that samples or drafts between
+//! its passes asks again within microseconds; one that does slower work, or a sequence held
+//! but idle, is not waited for again once a pass went without it. Operations on one sequence (cutting its cache back, the held rows of a pass, a
 //! token tree) run between passes, in the order each sequence sent them.
 
 use super::{LanguageModel, Logits, RowForm, SeqPart};
@@ -78,7 +79,7 @@ struct About {
 }
 
 impl Batcher {
-    /// How long a pass waits for the live sequences that have not asked yet.
+    /// How long a pass waits for the sequences of the last pass that have not asked yet.
     pub const WINDOW: Duration = Duration::from_millis(1);
 
     /// Tokens of one sequence a pass takes at most: a long prompt goes through in passes of
@@ -179,19 +180,27 @@ fn serve(
     // Sequence 0 is the model's own; every sequence is handed out from the free list.
     let mut free = vec![0];
     let mut pending: Vec<Pending> = Vec::new();
+    // The sequences of the last pass still held: those a pass waits for.
+    let mut recent: Vec<usize> = Vec::new();
     while let Ok(call) = inbox.recv() {
         let mut next = Some(call);
         let mut deadline: Option<Instant> = None;
         while let Some(call) = next.take() {
+            if let Call::Release(seq) = &call {
+                recent.retain(|s| s != seq);
+            }
             take(model, call, &mut free, &mut pending, stats);
-            let live = stats.live.load(Relaxed);
-            next = match (pending.is_empty(), pending.len() >= live) {
+            let all_asked = match recent.is_empty() {
+                true => pending.len() >= stats.live.load(Relaxed),
+                false => recent.iter().all(|s| pending.iter().any(|p| p.seq == *s)),
+            };
+            next = match (pending.is_empty(), all_asked) {
                 // Nothing to pass yet: the next call, however long it takes.
                 (true, _) => match inbox.recv() {
                     Ok(call) => Some(call),
                     Err(_) => return,
                 },
-                // Every live sequence asked: pass now.
+                // Every sequence waited for asked: pass now.
                 (false, true) => None,
                 // Wait for the others, within the window.
                 (false, false) => {
@@ -204,6 +213,7 @@ fn serve(
             };
         }
         if !pending.is_empty() {
+            recent = pending.iter().map(|p| p.seq).collect();
             run_pass(model, std::mem::take(&mut pending), stats);
         }
     }

@@ -749,9 +749,9 @@ fn share(
                     name,
                 }]);
             }
-            let costs = loaded.pass_costs();
-            let tokenizer: Arc<dyn Tokenizer> = Arc::new(loaded.tokenizer.clone());
-            let batcher = Batcher::with(loaded.model, Batcher::WINDOW, stats)?;
+            let batcher = loaded.batch(stats)?;
+            let (costs, tokenizer) = (loaded.pass_costs(), loaded.tokenizer.clone());
+            let tokenizer: Arc<dyn Tokenizer> = Arc::new(tokenizer);
             cache
                 .per_token
                 .store(batcher.cache_bytes_per_token(), Relaxed);

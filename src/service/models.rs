@@ -76,7 +76,7 @@ mod loading {
     use super::{Backend, Device, ModelOptions, Requantize};
     use crate::decode::policy::{calibrate, plausible_costs, CostModel};
     use crate::error::{Error, Result};
-    use crate::lm::batch::Batcher;
+    use crate::lm::batch::{BatchStats, Batcher};
     use crate::lm::LanguageModel;
     use crate::neural::source::ModelSource;
     use crate::service::request::Prompt;
@@ -84,6 +84,7 @@ mod loading {
     use crate::tokenizer::Tokenizer;
     use candle_core::quantized::GgmlDType;
     use std::path::{Path, PathBuf};
+    use std::sync::Arc;
 
     /// A loaded neural model with its tokenizer.
     pub struct LoadedModel {
@@ -346,9 +347,9 @@ mod loading {
         /// Moves the model onto a [`Batcher`]'s thread, so that generations on several threads
         /// share its passes (`Batcher::sequence` each), and puts a sequence of it in its place
         /// (this `LoadedModel` goes on working, on one sequence of its own). Its pass costs
-        /// are measured first, on the model alone. An error, the model left as it was, when
-        /// its backend holds one sequence.
-        pub fn batch(&mut self) -> Result<Batcher> {
+        /// are measured first, on the model alone. `stats`: where the batcher counts its
+        /// passes. An error, the model left as it was, when its backend holds one sequence.
+        pub fn batch(&mut self, stats: Arc<BatchStats>) -> Result<Batcher> {
             if self.model.sequences().is_none() {
                 return Err(Error::input(
                     "this backend runs one sequence at a time: several generations at once \
@@ -357,7 +358,7 @@ mod loading {
             }
             self.pass_costs();
             let model = std::mem::replace(&mut self.model, Box::new(Moved));
-            let batcher = Batcher::start(model)?;
+            let batcher = Batcher::with(model, Batcher::WINDOW, stats)?;
             self.model = Box::new(batcher.sequence()?);
             Ok(batcher)
         }
