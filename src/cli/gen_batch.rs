@@ -9,7 +9,7 @@
 
 use super::gen::GenArgs;
 use anyhow::{Context, Result};
-use infgram::service::models::{Batcher, LanguageModel};
+use infgram::service::models::LanguageModel;
 use infgram::service::request::CheckedRequest;
 use infgram::service::{generate, GenerateRequest, Resources, RunOptions};
 use serde_json::Value;
@@ -59,18 +59,19 @@ pub fn run_batch(args: &GenArgs, model: &str, file: &Path) -> Result<()> {
         ..args.model_args.options()
     };
     let mut loaded = infgram::service::models::load_model(model, &opts)?;
-    let costs = loaded.pass_costs();
-    let tok = loaded.tokenizer.clone();
-    let name = loaded.path.display().to_string();
-    let batches = loaded.model.sequences().is_some();
-    let (workers, batcher, mut own) = match batches {
-        true => (
-            args.parallel.max(1),
-            Some(Batcher::start(loaded.model)?),
-            None,
-        ),
-        false => (1, None, Some(loaded.model)),
+    let batcher = match loaded.model.sequences().is_some() {
+        true => Some(loaded.batch(Default::default())?),
+        false => None,
     };
+    let (costs, tok) = (loaded.pass_costs(), loaded.tokenizer.clone());
+    let name = loaded.path.display().to_string();
+    // Without a batcher, one worker owns the model.
+    let workers = if batcher.is_some() {
+        args.parallel.max(1)
+    } else {
+        1
+    };
+    let mut own = batcher.is_none().then_some(loaded.model);
     let next = AtomicUsize::new(0);
     let (done, answers) = channel::<(usize, Value)>();
     let failed = std::thread::scope(|s| -> Result<usize> {
