@@ -467,27 +467,16 @@ impl Decoder {
             let to = (from + rows).min(seq.held.len() / dim);
             seq.held_next = to;
             counts.push(to - from);
-            if wants.len() > 1 {
-                self.gathered
-                    .extend_from_slice(&seq.held[from * dim..to * dim]);
-            } else {
-                // One sequence: its rows as they lie (no copy).
-                self.acts.quantize_on_pool(
-                    self.isa,
-                    &mut self.pool,
-                    &seq.held[from * dim..to * dim],
-                    dim,
-                );
-            }
+            // (A copy of `dim` floats a row: nothing beside the row's output projection.)
+            self.gathered
+                .extend_from_slice(&seq.held[from * dim..to * dim]);
         }
         let total: usize = counts.iter().sum();
         if total == 0 {
             return Ok(wants.iter().map(|_| Vec::new()).collect());
         }
-        if wants.len() > 1 {
-            self.acts
-                .quantize_on_pool(self.isa, &mut self.pool, &self.gathered, dim);
-        }
+        self.acts
+            .quantize_on_pool(self.isa, &mut self.pool, &self.gathered, dim);
         let output = self.output.as_ref().unwrap_or(&self.embeddings);
         let mut rows: Vec<Vec<f32>> = (0..total)
             .map(|_| {
