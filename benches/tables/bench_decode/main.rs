@@ -7,7 +7,8 @@
 //! * `repeated`: the repeated-task workload through one server (past outputs drafting);
 //! * `passes`: what a pass of k tokens costs against a one-token step, on the CPU or a GPU;
 //! * `edits`: code edits with a real coder model, speculative against plain decoding;
-//! * `batch`: several clients at once on one model, their passes shared.
+//! * `batch`: several clients at once on one model, their passes shared;
+//! * `products`: the quantized products alone per ISA and row count, beside the bound.
 //!
 //! `cargo run --release --example bench_decode -- speculative --repeats 3` (`--help` lists the
 //! options). The tables are those of `BENCHMARKS.md`.
@@ -24,6 +25,7 @@ mod gpu_check;
 mod mix;
 mod passes;
 mod policy;
+mod products;
 mod prompts;
 mod repeated;
 mod speculative;
@@ -97,6 +99,16 @@ enum Bench {
         /// every ISA's walk.
         #[arg(long)]
         isa: Option<Isa>,
+    },
+    /// The quantized products alone (a layer's feed-forward shapes) per ISA and row count,
+    /// beside the compute bound.
+    Products {
+        /// Only this instruction set (default: every one this CPU runs but the scalar).
+        #[arg(long)]
+        isa: Option<Isa>,
+        /// Timed products per shape and row count (the median is printed).
+        #[arg(long, default_value_t = 21)]
+        repeats: usize,
     },
     /// The GPU's fused kernels checked on a real model (a `cuda` build on a GPU): against
     /// their CPU reference, against the native CPU pass, and for batch invariance (k-token
@@ -204,6 +216,16 @@ fn main() {
             measured_costs,
             isa,
         } => policy::run(measured_costs, isa.unwrap_or_else(Isa::detect)),
+        Bench::Products { isa, repeats } => {
+            let isas: Vec<Isa> = match isa {
+                Some(isa) => vec![isa],
+                None => Isa::available()
+                    .into_iter()
+                    .filter(|&i| i != Isa::Scalar)
+                    .collect(),
+            };
+            products::run(&isas, repeats)
+        }
         Bench::Repeated { model } => repeated::run(&model),
         Bench::Edits {
             model,

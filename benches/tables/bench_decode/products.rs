@@ -1,0 +1,115 @@
+//! The quantized products alone, per instruction set and row count, beside the compute
+//! bound ([`super::bound`]): matrices of the weight types and shapes of a Qwen2.5 0.5B layer
+//! (4864 × 896 in Q4_1, Q5_0, Q8_0; 896 × 4864 in Q4_K, Q6_K), multiplied with 1, 2, 4, 8
+//! and 16 activation rows on two threads. What a several-row pass
+//! spends in its products, free of attention, norms and the output projection's size.
+//!
+//! `cargo run --release --example bench_decode -- products [--isa avx2]`
+
+use half::f16;
+use infgram::neural::native::kernels::{matmul, Isa, KBlock, KQuant, QMatrix, QRows, RowBlock};
+use infgram::neural::native::pool::Pool;
+use std::time::Instant;
+
+/// A fixed pseudo-random sequence (a multiplicative hash of `i` and `seed`).
+fn hash(i: u64, seed: u64) -> u64 {
+    (i ^ seed.wrapping_mul(0x9E37_79B9)).wrapping_mul(0x2545_F491_4F6C_DD1D) >> 32
+}
+
+/// `n` values in [−1, 1).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    (0..n as u64)
+        .map(|i| (hash(i, seed) >> 8) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0)
+        .collect()
+}
+
+/// Block `b` of weight row `r`: quants below `levels`, a small scale and offset.
+fn block(r: usize, b: usize, levels: u64) -> RowBlock<u8> {
+    let at = (r * 1000 + b) as u64 * 32;
+    RowBlock {
+        d: 0.01 + (hash(at, 7) % 100) as f32 * 1e-4,
+        m: -0.05,
+        q: std::array::from_fn(|c| (hash(at + c as u64, 3) % levels) as u8),
+    }
+}
+
+/// A K-quant block of row `r`: quants below `levels`, factors in 0..64 (Q6_K's signed).
+fn k_block(r: usize, b: usize, levels: u64) -> KBlock {
+    let at = (r * 1000 + b) as u64 * 32;
+    KBlock {
+        sc: [(hash(at, 5) % 64) as i8 - 32, (hash(at, 6) % 64) as i8 - 32],
+        mn: (hash(at, 8) % 64) as u8,
+        q: std::array::from_fn(|c| (hash(at + c as u64, 3) % levels) as u8),
+    }
+}
+
+/// The matrices: the types and shapes of the Qwen2.5 0.5B GGUF's layers (Q5_0 gate and up,
+/// Q8_0 values and output, Q4_K and Q6_K down).
+fn matrices() -> Vec<(&'static str, QMatrix)> {
+    let sup = |_r: usize, _s: usize| (f16::from_f32(0.002), f16::from_f32(-0.001));
+    let byte = |r: usize, b: usize| {
+        let nb = block(r, b, 255);
+        RowBlock {
+            d: nb.d,
+            m: 0.0,
+            q: nb.q.map(|q| q as i8 - 127),
+        }
+    };
+    vec![
+        (
+            "4864×896 Q4_1",
+            QMatrix::from_nibble_blocks(4864, 896, |r, b| block(r, b, 16)),
+        ),
+        (
+            "4864×896 Q5_0",
+            QMatrix::from_q5_0_blocks(4864, 896, |r, b| block(r, b, 32)),
+        ),
+        (
+            "4864×896 Q8_0",
+            QMatrix::from_byte_blocks(4864, 896, byte),
+        ),
+        (
+            "896×4864 Q4_K",
+            QMatrix::from_k_blocks(KQuant::Q4K, 896, 4864, sup, |r, b| k_block(r, b, 16)),
+        ),
+        (
+            "896×4864 Q6_K",
+            QMatrix::from_k_blocks(KQuant::Q6K, 896, 4864, sup, |r, b| k_block(r, b, 64)),
+        ),
+    ]
+}
+
+pub fn run(isas: &[Isa], repeats: usize) {
+    let matrices = matrices();
+    let mut pool = Pool::new(2);
+    println!("median of {repeats} products, two threads; G = 10⁹ 8-bit multiply-adds\n");
+    println!("| matrix | ISA | rows | ms | G/s | of the bound |");
+    println!("|---|---|---:|---:|---:|---:|");
+    for isa in isas.iter().copied() {
+        let rate = super::bound::int8_rate(isa, 2);
+        for (name, w) in &matrices {
+            let (rows, cols) = (w.rows(), w.cols());
+            for k in [1usize, 2, 4, 8, 16] {
+                let mut a = QRows::default();
+                a.quantize_on(isa, &values(k * cols, 2), cols);
+                let mut out = vec![0.0; k * rows];
+                let mut times: Vec<f64> = (0..repeats + 3)
+                    .map(|_| {
+                        let t = Instant::now();
+                        matmul(isa, w, &a, &mut out, &mut pool);
+                        t.elapsed().as_secs_f64()
+                    })
+                    .skip(3)
+                    .collect();
+                times.sort_by(f64::total_cmp);
+                let median = times[times.len() / 2];
+                let g = (k * rows * cols) as f64 / median / 1e9;
+                let share = rate.map_or("–".into(), |r| format!("{:.0}%", 100.0 * g * 1e9 / r));
+                println!(
+                    "| {name} | {isa:?} | {k} | {:.3} | {g:.1} | {share} |",
+                    median * 1e3
+                );
+            }
+        }
+    }
+}
