@@ -64,10 +64,7 @@ fn matrices() -> Vec<(&'static str, QMatrix)> {
             "4864×896 Q5_0",
             QMatrix::from_q5_0_blocks(4864, 896, |r, b| block(r, b, 32)),
         ),
-        (
-            "4864×896 Q8_0",
-            QMatrix::from_byte_blocks(4864, 896, byte),
-        ),
+        ("4864×896 Q8_0", QMatrix::from_byte_blocks(4864, 896, byte)),
         (
             "896×4864 Q4_K",
             QMatrix::from_k_blocks(KQuant::Q4K, 896, 4864, sup, |r, b| k_block(r, b, 16)),

@@ -134,10 +134,9 @@ macro_rules! tile_256 {
                             None => $dot_q4(&w, &rows[i].qs[b]),
                             Some(_) => $dot_q5(&w, &rows[i].qs[b]),
                         };
-                        if T::CENTER != 0 {
-                            let [h0, h1] = rows[i].sums[b];
-                            let center = _mm256_set1_epi32(T::CENTER * (h0 + h1));
-                            s = _mm256_sub_epi32(s, center);
+                        if let Some(which) = T::START {
+                            let start = rows[i].starts[b][which as usize];
+                            s = _mm256_add_epi32(s, _mm256_set1_epi32(start));
                         }
                         let t = _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(rows[i].d[b]));
                         acc[i] = _mm256_fmadd_ps(t, dw, acc[i]);
@@ -173,9 +172,8 @@ macro_rules! tile_256 {
                                     s = $dot_q8(s, w[t], quad(q, t));
                                 }
                                 if $q8_bias {
-                                    let [h0, h1] = rows[i].sums[b];
-                                    let bias = _mm256_set1_epi32(128 * (h0 + h1));
-                                    s = _mm256_sub_epi32(s, bias);
+                                    let start = rows[i].starts[b][Start::Q8_0 as usize];
+                                    s = _mm256_add_epi32(s, _mm256_set1_epi32(start));
                                 }
                                 let t = _mm256_mul_ps(
                                     _mm256_cvtepi32_ps(s),
@@ -202,8 +200,8 @@ macro_rules! tile_256 {
                                 let da = _mm256_set1_ps(rows[i].d[b]);
                                 for k in 0..2 {
                                     let s = $dot_q6(&w, q, k);
-                                    let center = 32 * rows[i].sums[b][k];
-                                    let s = _mm256_sub_epi32(s, _mm256_set1_epi32(center));
+                                    let start = rows[i].starts[b][Start::Q6KHalf0 as usize + k];
+                                    let s = _mm256_add_epi32(s, _mm256_set1_epi32(start));
                                     let t = _mm256_mul_ps(_mm256_cvtepi32_ps(s), da);
                                     acc[i] = _mm256_fmadd_ps(t, dw[k], acc[i]);
                                 }
