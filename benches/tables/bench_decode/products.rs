@@ -39,7 +39,7 @@ fn k_block(r: usize, b: usize, levels: u64) -> KBlock {
     KBlock {
         sc: [(hash(at, 5) % 64) as i8 - 32, (hash(at, 6) % 64) as i8 - 32],
         mn: (hash(at, 8) % 64) as u8,
-        q: std::array::from_fn(|c| (hash(at + c as u64, 3) % levels) as u8),
+        q: block(r, b, levels).q,
     }
 }
 
