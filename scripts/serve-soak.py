@@ -8,26 +8,26 @@ one it served before the load; the script exits 1 otherwise.
     cargo build --release
     python3 scripts/serve-soak.py --model qwen2.5-coder-0.5b [--clients 200] [--seconds 60]
 
-The server runs on 127.0.0.1 and is stopped by the script; every request has a time limit.
+The server runs on 127.0.0.1 (started as scripts/serve-clients.py starts it: --backlog 64)
+and is stopped by the script; every request has a time limit.
 Standard library only (Linux: memory from /proc).
 """
 import argparse
 import http.client
+import importlib.util
 import json
 import os
 import random
-import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# The server is started as serve-clients.py starts it (its start_infgram).
+_spec = importlib.util.spec_from_file_location(
+    "serve_clients", os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve-clients.py"))
+serve_clients = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(serve_clients)
 
 
 def rss_mib(pid):
@@ -88,23 +88,10 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--parallel", type=int, default=8)
     args = ap.parse_args()
-    binary = os.path.join(os.path.dirname(__file__), "..", "target", "release", "infgram")
-    port = free_port()
-    proc = subprocess.Popen([binary, "serve", "--model", args.model, "--threads",
-                             str(args.threads), "--parallel", str(args.parallel), "--addr",
-                             f"127.0.0.1:{port}", "--backlog", "64", "--quiet"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc, url = serve_clients.start_infgram(args.model, args.threads, args.parallel)
+    port = int(url.rsplit(":", 1)[1])
     ok = True
     try:
-        deadline = time.time() + 600
-        while True:
-            try:
-                if health(port)[0] == 200:
-                    break
-            except OSError:
-                if time.time() > deadline:
-                    sys.exit("the server did not start within 600 s")
-                time.sleep(0.5)
         before = complete(port, "Write a haiku about rust.")
         start_rss = rss_mib(proc.pid)
         print(f"{args.model}: {args.clients} clients for {args.seconds:.0f} s, --parallel "
@@ -156,7 +143,7 @@ def main():
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
-    sys.exit(0 if ok else 1)
+    raise SystemExit(0 if ok else 1)
 
 
 if __name__ == "__main__":
