@@ -815,11 +815,14 @@ fn run_jobs<J: Queued>(queue: &Queue<J>, mut run: impl FnMut(J) -> Result<Summar
             continue;
         }
         let events = job.events().clone();
-        let _cache = queue.cache.hold(job.cache());
+        let cache = queue.cache.hold(job.cache());
         queue.running.fetch_add(1, Relaxed);
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(job)))
             .unwrap_or_else(|panic| Err(panicked(panic.as_ref())));
         queue.running.fetch_sub(1, Relaxed);
+        // Its share of the cache is given back before the answer goes out, so a client that
+        // asks /health after its answer sees the job gone from the budget too.
+        drop(cache);
         let _ = events.send(Event::Done(result));
     }
 }
