@@ -1,11 +1,11 @@
 //! The compute bound of a several-row pass on this CPU: the 8-bit multiply-adds a second the
 //! kernels' instructions can reach, measured with a tight loop of independent chains (AVX2:
 //! `vpmaddubsw` + `vpmaddwd` + `vpaddd`, 12 chains; AVX-VNNI and AVX-512 VNNI: `vpdpbusd`, 8
-//! chains; each chain's accumulator is its next input, so nothing is hoisted or merged) on
-//! every thread of the pass at once. A pass of k rows does k × (the model's multiply-adds a
+//! chains; AMX: four `tdpbusd` into four sum tiles; each chain's accumulator is its next
+//! input, so nothing is hoisted or merged) on every thread of the pass at once. A pass of k rows does k × (the model's multiply-adds a
 //! row) of them, so it cannot take less than that over the rate.
 
-use infgram::neural::native::kernels::Isa;
+use infgram::neural::native::kernels::{amx_bound_loop, Isa, AMX_BOUND_ROUND};
 use std::time::Instant;
 
 /// Multiply-adds a second of `isa`'s dot-product loop on `threads` threads together
@@ -16,15 +16,21 @@ pub fn int8_rate(isa: Isa, threads: usize) -> Option<f64> {
         Isa::Avx2 => 12 * 32,
         Isa::AvxVnni => 8 * 32,
         Isa::Avx512Vnni => 8 * 64,
+        Isa::Amx => AMX_BOUND_ROUND,
     };
-    const ITERS: usize = 20_000_000;
+    // An AMX round is 64 times a VNNI one's work.
+    let iters = match isa {
+        Isa::Amx => 1_000_000,
+        _ => 20_000_000,
+    };
     let run = || -> i32 {
         // SAFETY: `isa` is one this CPU runs (the caller took it from `Isa::available`).
         unsafe {
             match isa {
-                Isa::Avx2 => avx2(ITERS),
-                Isa::AvxVnni => avx_vnni(ITERS),
-                _ => avx512_vnni(ITERS),
+                Isa::Avx2 => avx2(iters),
+                Isa::AvxVnni => avx_vnni(iters),
+                Isa::Amx => i32::from(amx_bound_loop(iters)),
+                _ => avx512_vnni(iters),
             }
         }
     };
@@ -39,7 +45,7 @@ pub fn int8_rate(isa: Isa, threads: usize) -> Option<f64> {
     });
     let seconds = t.elapsed().as_secs_f64();
     std::hint::black_box(sink);
-    Some((ITERS * per_call * threads.max(1)) as f64 / seconds)
+    Some((iters * per_call * threads.max(1)) as f64 / seconds)
 }
 
 #[target_feature(enable = "avx2")]

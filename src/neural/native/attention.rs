@@ -233,7 +233,9 @@ fn attend_heads(
     {
         // SAFETY: `Isa::detect` saw these features before choosing the ISA.
         match isa {
-            Isa::Avx512Vnni => return unsafe { attend_avx512(cfg, cache, q, pos, units, out) },
+            Isa::Avx512Vnni | Isa::Amx => {
+                return unsafe { attend_avx512(cfg, cache, q, pos, units, out) }
+            }
             Isa::Avx2 | Isa::AvxVnni => {
                 return unsafe { attend_avx2(cfg, cache, q, pos, units, out) }
             }

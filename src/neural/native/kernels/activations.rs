@@ -59,7 +59,7 @@ pub(super) fn quantize_blocks_on(isa: Isa, x: &[f32], out: BlocksOut) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::detect` saw AVX2 and FMA before choosing a vector ISA.
-        Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni => unsafe {
+        Isa::Avx2 | Isa::AvxVnni | Isa::Avx512Vnni | Isa::Amx => unsafe {
             quantize_blocks_avx2(x, d, s, qs, sums)
         },
         _ => quantize_blocks(x, d, s, qs, sums),

@@ -11,21 +11,32 @@ pub enum Isa {
     AvxVnni,
     /// AVX-512 with VNNI: two blocks per instruction.
     Avx512Vnni,
+    /// AMX-INT8 for the products (16 activation rows per tile instruction), AVX-512 VNNI for
+    /// the rest; chosen only after its self-check passes (the `amx` module).
+    Amx,
 }
 
 impl Isa {
     /// The instruction sets this CPU can run, best last.
     pub fn available() -> Vec<Isa> {
         let best = Isa::detect();
-        [Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512Vnni]
-            .into_iter()
-            .filter(|&isa| match isa {
-                Isa::Scalar => true,
-                Isa::Avx2 => best != Isa::Scalar,
-                Isa::AvxVnni => best == Isa::AvxVnni || (best == Isa::Avx512Vnni && has_avxvnni()),
-                Isa::Avx512Vnni => best == Isa::Avx512Vnni,
-            })
-            .collect()
+        let avx512 = matches!(best, Isa::Avx512Vnni | Isa::Amx);
+        [
+            Isa::Scalar,
+            Isa::Avx2,
+            Isa::AvxVnni,
+            Isa::Avx512Vnni,
+            Isa::Amx,
+        ]
+        .into_iter()
+        .filter(|&isa| match isa {
+            Isa::Scalar => true,
+            Isa::Avx2 => best != Isa::Scalar,
+            Isa::AvxVnni => best == Isa::AvxVnni || (avx512 && has_avxvnni()),
+            Isa::Avx512Vnni => avx512,
+            Isa::Amx => best == Isa::Amx,
+        })
+        .collect()
     }
 
     /// The best instruction set this CPU supports.
@@ -39,6 +50,9 @@ impl Isa {
                 && std::arch::is_x86_feature_detected!("f16c")
                 && std::arch::is_x86_feature_detected!("avx2")
             {
+                if amx::usable() {
+                    return Isa::Amx;
+                }
                 return Isa::Avx512Vnni;
             }
             if std::arch::is_x86_feature_detected!("avx2")
@@ -58,16 +72,17 @@ impl Isa {
 impl std::str::FromStr for Isa {
     type Err = String;
 
-    /// `scalar`, `avx2`, `avxvnni` or `avx512vnni`, if this CPU runs it.
+    /// `scalar`, `avx2`, `avxvnni`, `avx512vnni` or `amx`, if this CPU runs it.
     fn from_str(name: &str) -> Result<Isa, String> {
         let isa = match name {
             "scalar" => Isa::Scalar,
             "avx2" => Isa::Avx2,
             "avxvnni" => Isa::AvxVnni,
             "avx512vnni" => Isa::Avx512Vnni,
+            "amx" => Isa::Amx,
             other => {
                 return Err(format!(
-                    "{other}: expected scalar, avx2, avxvnni or avx512vnni"
+                    "{other}: expected scalar, avx2, avxvnni, avx512vnni or amx"
                 ))
             }
         };
@@ -97,13 +112,19 @@ pub(super) enum Tiles<'a> {
     Q6K(&'a [Q6KTile], &'a [SuperScales]),
 }
 
-/// One group of tiles times `rows` (at most [`ROWS_PER_PASS`]) into `out[..rows.len()]`.
+/// One group of tiles times `rows` (at most [`rows_per_pass`] of `isa`) into
+/// `out[..rows.len()]`.
 pub(super) fn tile_rows(
     isa: Isa,
     tiles: Tiles,
     rows: &[Row],
     out: &mut [[f32; TILE_ROWS]; ROWS_PER_PASS],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Amx {
+        // SAFETY: `Isa::detect` chose AMX only after its self-check passed.
+        return unsafe { amx::tile_rows_amx::<amx::Amx>(tiles, rows, out) };
+    }
     macro_rules! dispatch {
         ($n:literal) => {{
             let rows: &[Row; $n] = rows.try_into().expect("row count");
@@ -111,7 +132,9 @@ pub(super) fn tile_rows(
             match isa {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: `Isa::detect` chose these only after checking the CPU features.
-                Isa::Avx512Vnni => unsafe { avx512::tile_avx512::<$n>(tiles, rows, out) },
+                Isa::Avx512Vnni | Isa::Amx => unsafe {
+                    avx512::tile_avx512::<$n>(tiles, rows, out)
+                },
                 #[cfg(target_arch = "x86_64")]
                 Isa::AvxVnni => unsafe { avx2::tile_vnni::<$n>(tiles, rows, out) },
                 #[cfg(target_arch = "x86_64")]

@@ -22,8 +22,9 @@
 //! The files, by role: `isa` (detection and dispatch), `formats` (the tiles), `repack`
 //! (GGUF blocks into tiles), `activations` (quantizing the rows multiplied), `schedule` (a
 //! product over threads), and the kernels: `scalar` (the reference),
-//! `avx2` (AVX2 and AVX-VNNI) and `avx512` (AVX-512 VNNI), with what the x86 ones share in
-//! `x86`.
+//! `avx2` (AVX2 and AVX-VNNI), `avx512` (AVX-512 VNNI) and `amx` (AMX-INT8, with the
+//! self-check that decides whether it is used), with what the x86 ones share in `x86`; `probe`
+//! makes matrices of every weight type for the self-check and the tests.
 
 /// Weights and activations are quantized in blocks of this many values.
 pub const BLOCK: usize = 32;
@@ -31,26 +32,31 @@ pub const BLOCK: usize = 32;
 /// Weight rows interleaved in one tile (one AVX-512 register of 32-bit lanes).
 pub const TILE_ROWS: usize = 16;
 
-/// Activation rows multiplied with a tile while its unpacked weights sit in registers, at
-/// most: AVX-512's 32 registers hold a block's eight weight registers and eight rows'
-/// accumulators ([`rows_per_pass`]); 256-bit ISAs, with 16, take four.
-const ROWS_PER_PASS: usize = 8;
+/// Activation rows multiplied with a tile group in one walk over it, at most: an AMX tile
+/// register's 16 rows ([`rows_per_pass`]).
+const ROWS_PER_PASS: usize = 16;
 
-/// The activation rows one walk over a tile group multiplies on `isa`.
+/// The activation rows one walk over a tile group multiplies on `isa`: AMX, a tile register's
+/// 16; AVX-512, whose 32 registers hold a block's eight weight registers and eight rows'
+/// accumulators, eight; 256-bit ISAs, with 16 registers, four.
 fn rows_per_pass(isa: Isa) -> usize {
     match isa {
-        Isa::Avx512Vnni => ROWS_PER_PASS,
+        Isa::Amx => ROWS_PER_PASS,
+        Isa::Avx512Vnni => 8,
         _ => 4,
     }
 }
 
 mod activations;
 #[cfg(target_arch = "x86_64")]
+mod amx;
+#[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod formats;
 mod isa;
+mod probe;
 mod repack;
 mod scalar;
 mod schedule;
@@ -58,6 +64,8 @@ mod schedule;
 mod x86;
 
 pub use activations::*;
+#[cfg(target_arch = "x86_64")]
+pub use amx::{bound_loop as amx_bound_loop, BOUND_ROUND as AMX_BOUND_ROUND};
 pub use formats::*;
 pub use isa::*;
 

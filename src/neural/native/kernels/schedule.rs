@@ -141,31 +141,36 @@ pub(super) fn matmul_groups(
     gs: std::ops::Range<usize>,
     put: &mut impl FnMut(usize, usize, &[f32; TILE_ROWS]),
 ) {
-    let nb = w.blocks_per_row();
     let k = a.rows;
     let rows: Vec<Row> = (0..k).map(|r| a.row(r)).collect();
     let mut o = [[0.0f32; TILE_ROWS]; ROWS_PER_PASS];
     let per_pass = rows_per_pass(isa);
     for g in gs {
-        let tiles = g * nb..(g + 1) * nb;
         let mut r = 0;
         while r < k {
             let n = (k - r).min(per_pass);
-            let rs = &rows[r..r + n];
-            let tiles = match &w.quants {
-                Quants::Q4_1(t) => Tiles::Q4_1(&t[tiles.clone()]),
-                Quants::Q5_0(t) => Tiles::Q5_0(&t[tiles.clone()]),
-                Quants::Q5(t) => Tiles::Q5(&t[tiles.clone()]),
-                Quants::Q8_0(t) => Tiles::Q8_0(&t[tiles.clone()]),
-                Quants::Q4K(k) => Tiles::Q4K(&k.tiles[tiles.clone()], k.group_supers(g, nb)),
-                Quants::Q5K(k) => Tiles::Q5K(&k.tiles[tiles.clone()], k.group_supers(g, nb)),
-                Quants::Q6K(k) => Tiles::Q6K(&k.tiles[tiles.clone()], k.group_supers(g, nb)),
-            };
-            tile_rows(isa, tiles, rs, &mut o);
+            tile_rows(isa, w.group(g), &rows[r..r + n], &mut o);
             for (i, v) in o[..n].iter().enumerate() {
                 put(g * TILE_ROWS, r + i, v);
             }
             r += n;
+        }
+    }
+}
+
+impl QMatrix {
+    /// Tile group g: weight rows `16g..16g + 16`, every block.
+    pub(super) fn group(&self, g: usize) -> Tiles<'_> {
+        let nb = self.blocks_per_row();
+        let tiles = g * nb..(g + 1) * nb;
+        match &self.quants {
+            Quants::Q4_1(t) => Tiles::Q4_1(&t[tiles]),
+            Quants::Q5_0(t) => Tiles::Q5_0(&t[tiles]),
+            Quants::Q5(t) => Tiles::Q5(&t[tiles]),
+            Quants::Q8_0(t) => Tiles::Q8_0(&t[tiles]),
+            Quants::Q4K(k) => Tiles::Q4K(&k.tiles[tiles], k.group_supers(g, nb)),
+            Quants::Q5K(k) => Tiles::Q5K(&k.tiles[tiles], k.group_supers(g, nb)),
+            Quants::Q6K(k) => Tiles::Q6K(&k.tiles[tiles], k.group_supers(g, nb)),
         }
     }
 }

@@ -1,0 +1,558 @@
+//! The AMX-INT8 kernel (Intel Xeon since Sapphire Rapids): one `tdpbsud` multiplies a tile's
+//! block (16 weight rows × 32 columns) with the same block of up to 16 activation rows, where
+//! the AVX-512 kernel spends eight `vpdpbusd` per activation row.
+//!
+//! A tile's quants are already in the layout AMX reads its second operand in (each 64-byte
+//! chunk holds four columns of the 16 weight rows), so a block's unpacked registers are
+//! stored as they are and loaded as one tile; the activation rows of a [`QRows`] lie at one
+//! stride, so block b of every row loads as the other tile. The integer sums are exact, as
+//! the VNNI kernels' are; they are stored and taken by the AVX-512 kernel's float operations
+//! in the same order (start, convert, scale, accumulate), so the output has the same bits as
+//! every other ISA's.
+//!
+//! The tile instructions are reached through [`TileUnit`]: [`Amx`] issues them; the tests
+//! run the same kernel over [`Emulated`], which computes what `tdpbsud` is specified to, so
+//! every part but the instructions themselves is checked on any AVX-512 machine. Because
+//! few machines have AMX, the kernel also checks itself when the ISA is first chosen
+//! ([`usable`]): it multiplies the probe matrices of every weight type and compares the
+//! bits with the AVX-512 VNNI kernel's; on any difference (or when Linux does not grant the
+//! tile state) it is not used, and one warning says why.
+
+use super::probe::every_type;
+use super::x86::*;
+use super::*;
+use std::arch::x86_64::*;
+
+/// What the kernel asks of the tile registers.
+pub(super) trait TileUnit {
+    /// Readies this thread's tiles for products of `m` activation rows (1..=16).
+    unsafe fn begin(m: usize);
+    /// `c[i][j] = Σ_{k < 4·quads} a[i·stride + k]·b[k / 4][4j + k % 4]` for the `m` rows of
+    /// [`TileUnit::begin`]: signed activation bytes times unsigned weight quads laid out as a
+    /// tile keeps them, `tdpbsud`'s product. `quads` is 8 (a block) or 4 (half a block).
+    unsafe fn dot(a: *const i8, stride: isize, b: *const [u8; 64], quads: usize, c: &mut Sums);
+    /// Gives the tile registers back (their state is large to save on a context switch).
+    unsafe fn end();
+}
+
+/// The integer sums of one product: activation row i, weight row j.
+#[repr(C, align(64))]
+pub(super) struct Sums([[i32; TILE_ROWS]; ROWS_PER_PASS]);
+
+/// A block's unpacked weight quads, stored for the tile load.
+#[repr(C, align(64))]
+struct Quads([[u8; 64]; 8]);
+
+/// The tile registers themselves.
+pub(super) struct Amx;
+
+/// `ldtilecfg`'s operand (palette 1): rows and bytes a row of each tile register.
+#[repr(C, align(64))]
+struct TileConfig {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    colsb: [u16; 16],
+    rows: [u8; 16],
+}
+
+/// The tile registers the kernel uses: the sums, and a block's and a half block's operands.
+const SUMS: usize = 0;
+const A_BLOCK: usize = 1;
+const B_BLOCK: usize = 2;
+const A_HALF: usize = 3;
+const B_HALF: usize = 4;
+
+impl TileUnit for Amx {
+    #[inline(always)]
+    unsafe fn begin(m: usize) {
+        let mut cfg = TileConfig {
+            palette: 1,
+            start_row: 0,
+            reserved: [0; 14],
+            colsb: [0; 16],
+            rows: [0; 16],
+        };
+        for (tile, rows, bytes) in [
+            (SUMS, m, 64),
+            (A_BLOCK, m, BLOCK),
+            (B_BLOCK, 8, 64),
+            (A_HALF, m, BLOCK / 2),
+            (B_HALF, 4, 64),
+        ] {
+            cfg.rows[tile] = rows as u8;
+            cfg.colsb[tile] = bytes as u16;
+        }
+        // SAFETY (caller): the CPU has AMX and Linux granted the tile state ([`usable`]).
+        std::arch::asm!("ldtilecfg [{cfg}]", cfg = in(reg) &cfg, options(nostack, readonly));
+    }
+
+    #[inline(always)]
+    unsafe fn dot(a: *const i8, stride: isize, b: *const [u8; 64], quads: usize, c: &mut Sums) {
+        if quads == 8 {
+            std::arch::asm!(
+                "tilezero tmm0",
+                "tileloadd tmm1, [{a} + {stride} * 1]",
+                "tileloadd tmm2, [{b} + {row} * 1]",
+                "tdpbsud tmm0, tmm1, tmm2",
+                "tilestored [{c} + {row} * 1], tmm0",
+                a = in(reg) a, stride = in(reg) stride, b = in(reg) b,
+                c = in(reg) c.0.as_mut_ptr(), row = in(reg) 64usize,
+                options(nostack),
+            );
+        } else {
+            std::arch::asm!(
+                "tilezero tmm0",
+                "tileloadd tmm3, [{a} + {stride} * 1]",
+                "tileloadd tmm4, [{b} + {row} * 1]",
+                "tdpbsud tmm0, tmm3, tmm4",
+                "tilestored [{c} + {row} * 1], tmm0",
+                a = in(reg) a, stride = in(reg) stride, b = in(reg) b,
+                c = in(reg) c.0.as_mut_ptr(), row = in(reg) 64usize,
+                options(nostack),
+            );
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn end() {
+        std::arch::asm!("tilerelease", options(nostack, nomem));
+    }
+}
+
+/// `tdpbsud` in plain integers, with the rows of the last [`TileUnit::begin`] (for tests of
+/// the kernel on machines without AMX, and of the self-check).
+#[cfg(test)]
+pub(super) struct Emulated;
+
+#[cfg(test)]
+thread_local! {
+    static EMULATED_ROWS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+#[cfg(test)]
+impl TileUnit for Emulated {
+    unsafe fn begin(m: usize) {
+        EMULATED_ROWS.with(|rows| rows.set(m));
+    }
+
+    unsafe fn dot(a: *const i8, stride: isize, b: *const [u8; 64], quads: usize, c: &mut Sums) {
+        for i in 0..EMULATED_ROWS.with(|rows| rows.get()) {
+            let a = a.offset(i as isize * stride);
+            for j in 0..TILE_ROWS {
+                c.0[i][j] = (0..4 * quads)
+                    .map(|k| *a.add(k) as i32 * (*b.add(k / 4))[4 * j + k % 4] as i32)
+                    .sum();
+            }
+        }
+    }
+
+    unsafe fn end() {}
+}
+
+/// Where block b of the walk's activation rows lies for the tile load: at one stride in
+/// their [`QRows`], or copied to a buffer when rows come from elsewhere.
+struct Blocks<'a, const N: usize> {
+    rows: &'a [Row<'a>; N],
+    stride: Option<isize>,
+    copy: [[i8; BLOCK]; ROWS_PER_PASS],
+}
+
+impl<'a, const N: usize> Blocks<'a, N> {
+    fn new(rows: &'a [Row<'a>; N]) -> Self {
+        let at = |i: usize| rows[i].qs.as_ptr() as isize;
+        let stride = if N > 1 { at(1) - at(0) } else { BLOCK as isize };
+        let even = (0..N).all(|i| at(i) == at(0) + i as isize * stride);
+        Blocks {
+            rows,
+            stride: even.then_some(stride),
+            copy: [[0; BLOCK]; ROWS_PER_PASS],
+        }
+    }
+
+    /// Block b of the first row, and the stride to the next row's.
+    #[inline(always)]
+    fn block(&mut self, b: usize) -> (*const i8, isize) {
+        match self.stride {
+            Some(stride) => (self.rows[0].qs[b].as_ptr(), stride),
+            None => {
+                for (copy, row) in self.copy.iter_mut().zip(self.rows) {
+                    *copy = row.qs[b];
+                }
+                (self.copy[0].as_ptr(), BLOCK as isize)
+            }
+        }
+    }
+}
+
+/// Row i's integer sums of block b, from its [`Start`] (if any), as floats times `d_a`: the
+/// VNNI kernels' `t`, the same bits.
+#[inline(always)]
+unsafe fn scaled_sums(c: &Sums, i: usize, row: &Row, b: usize, start: Option<Start>) -> __m512 {
+    let mut isum = _mm512_load_si512(c.0[i].as_ptr() as *const __m512i);
+    if let Some(which) = start {
+        isum = _mm512_add_epi32(isum, _mm512_set1_epi32(row.starts[b][which as usize]));
+    }
+    _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(row.d[b]))
+}
+
+#[inline(always)]
+unsafe fn nibbles_amx<U: TileUnit, T: NibbleTile, const N: usize>(
+    tiles: &[T],
+    supers: &[SuperScales],
+    rows: &[Row; N],
+    acc: &mut [__m512; N],
+) {
+    let mut blocks = Blocks::new(rows);
+    let (mut w, mut c) = (Quads([[0; 64]; 8]), Sums([[0; TILE_ROWS]; ROWS_PER_PASS]));
+    for (b, tile) in tiles.iter().enumerate() {
+        prefetch_ahead(tile);
+        let quads = match tile.high() {
+            Some(high) => five_bit_quads::<Lanes512>(tile.qs(), high, 0),
+            None => nibble_quads::<Lanes512>(tile.qs(), 0),
+        };
+        for (to, q) in w.0.iter_mut().zip(quads) {
+            _mm512_store_si512(to.as_mut_ptr() as *mut __m512i, q);
+        }
+        let (a, stride) = blocks.block(b);
+        U::dot(a, stride, w.0.as_ptr(), 8, &mut c);
+        let (dw, mw) = scales_of::<Lanes512>(tile.scales(super_of::<T>(supers, b)), 0);
+        for (i, (acc, row)) in acc.iter_mut().zip(rows).enumerate() {
+            let t = scaled_sums(&c, i, row, b, T::START);
+            *acc = _mm512_fmadd_ps(t, dw, *acc);
+            if T::CENTER == 0 {
+                *acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(row.s[b]), *acc);
+            }
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn q8_0_amx<U: TileUnit, const N: usize>(
+    tiles: &[Q8_0Tile],
+    rows: &[Row; N],
+    acc: &mut [__m512; N],
+) {
+    let mut blocks = Blocks::new(rows);
+    let mut c = Sums([[0; TILE_ROWS]; ROWS_PER_PASS]);
+    for (b, tile) in tiles.iter().enumerate() {
+        prefetch_ahead(tile);
+        // The stored `q + 128` load as they are; the sums start at −128·Σq_a.
+        let (a, stride) = blocks.block(b);
+        U::dot(a, stride, tile.qs.as_ptr(), 8, &mut c);
+        let dw = Lanes512::halves(tile.d.as_ptr());
+        for (i, (acc, row)) in acc.iter_mut().zip(rows).enumerate() {
+            let t = scaled_sums(&c, i, row, b, Some(Start::Q8_0));
+            *acc = _mm512_fmadd_ps(t, dw, *acc);
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn q6k_amx<U: TileUnit, const N: usize>(
+    tiles: &[Q6KTile],
+    supers: &[SuperScales],
+    rows: &[Row; N],
+    acc: &mut [__m512; N],
+) {
+    let mut blocks = Blocks::new(rows);
+    let (mut w, mut c) = (Quads([[0; 64]; 8]), Sums([[0; TILE_ROWS]; ROWS_PER_PASS]));
+    for (b, tile) in tiles.iter().enumerate() {
+        prefetch_ahead(tile);
+        for (to, q) in w.0.iter_mut().zip(six_bit_quads::<Lanes512>(tile, 0)) {
+            _mm512_store_si512(to.as_mut_ptr() as *mut __m512i, q);
+        }
+        let d = Lanes512::halves(supers[b / 8].d.as_ptr());
+        let (a, stride) = blocks.block(b);
+        // Half h of every row, then the next, as the VNNI kernels take them.
+        for (h, start) in [(0, Start::Q6KHalf0), (1, Start::Q6KHalf1)] {
+            let dw = _mm512_mul_ps(d, Lanes512::bytes(tile.sc[h].as_ptr() as *const u8, true));
+            U::dot(a.add(16 * h), stride, w.0[4 * h..].as_ptr(), 4, &mut c);
+            for (i, (acc, row)) in acc.iter_mut().zip(rows).enumerate() {
+                let t = scaled_sums(&c, i, row, b, Some(start));
+                *acc = _mm512_fmadd_ps(t, dw, *acc);
+            }
+        }
+    }
+}
+
+/// One tile group times `N` activation rows (at most 16) on the tile unit `U`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
+unsafe fn tile_amx<U: TileUnit, const N: usize>(
+    tiles: Tiles,
+    rows: &[Row; N],
+    out: &mut [[f32; TILE_ROWS]; N],
+) {
+    let mut acc = [_mm512_setzero_ps(); N];
+    U::begin(N);
+    match tiles {
+        Tiles::Q4_1(tiles) => nibbles_amx::<U, _, N>(tiles, &[], rows, &mut acc),
+        Tiles::Q5_0(tiles) => nibbles_amx::<U, _, N>(tiles, &[], rows, &mut acc),
+        Tiles::Q5(tiles) => nibbles_amx::<U, _, N>(tiles, &[], rows, &mut acc),
+        Tiles::Q4K(tiles, supers) => nibbles_amx::<U, _, N>(tiles, supers, rows, &mut acc),
+        Tiles::Q5K(tiles, supers) => nibbles_amx::<U, _, N>(tiles, supers, rows, &mut acc),
+        Tiles::Q8_0(tiles) => q8_0_amx::<U, N>(tiles, rows, &mut acc),
+        Tiles::Q6K(tiles, supers) => q6k_amx::<U, N>(tiles, supers, rows, &mut acc),
+    }
+    U::end();
+    for (out, acc) in out.iter_mut().zip(acc) {
+        _mm512_storeu_ps(out.as_mut_ptr(), acc);
+    }
+}
+
+/// One tile group times `rows` (1 to 16) into `out[..rows.len()]` on the tile unit `U`.
+///
+/// # Safety
+/// The CPU runs AVX-512 VNNI, and `U` is [`Amx`] only where [`usable`] said so.
+pub(super) unsafe fn tile_rows_amx<U: TileUnit>(
+    tiles: Tiles,
+    rows: &[Row],
+    out: &mut [[f32; TILE_ROWS]; ROWS_PER_PASS],
+) {
+    macro_rules! walk {
+        ($($n:literal)*) => {
+            match rows.len() {
+                $($n => tile_amx::<U, $n>(
+                    tiles,
+                    rows.try_into().expect("row count"),
+                    (&mut out[..$n]).try_into().expect("rows"),
+                ),)*
+                n => panic!("an AMX walk takes 1 to 16 rows, not {n}"),
+            }
+        };
+    }
+    walk!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16)
+}
+
+/// Multiply-adds of one round of [`bound_loop`]: four `tdpbusd` of 16 × 16 × 64.
+pub const BOUND_ROUND: usize = 4 * 16 * 16 * 64;
+
+/// `rounds` rounds of four independent `tdpbusd` into four sum tiles, nothing else: the tile
+/// unit's multiply-add rate, for `bench_decode`'s bound. `false` (nothing run) where the
+/// kernels do not use AMX.
+pub fn bound_loop(rounds: usize) -> bool {
+    if !usable() || rounds == 0 {
+        return false;
+    }
+    let mut cfg = TileConfig {
+        palette: 1,
+        start_row: 0,
+        reserved: [0; 14],
+        colsb: [64; 16],
+        rows: [16; 16],
+    };
+    cfg.colsb[8..].fill(0);
+    cfg.rows[8..].fill(0);
+    let zeros = [0u8; 16 * 64];
+    // SAFETY: `usable` saw AMX and had the tile state granted; the loads read `zeros`.
+    unsafe {
+        std::arch::asm!(
+            "ldtilecfg [{cfg}]",
+            "tileloadd tmm4, [{z} + {row} * 1]",
+            "tileloadd tmm5, [{z} + {row} * 1]",
+            "tileloadd tmm6, [{z} + {row} * 1]",
+            "tileloadd tmm7, [{z} + {row} * 1]",
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            "2:",
+            "tdpbusd tmm0, tmm4, tmm6",
+            "tdpbusd tmm1, tmm4, tmm7",
+            "tdpbusd tmm2, tmm5, tmm6",
+            "tdpbusd tmm3, tmm5, tmm7",
+            "dec {n}",
+            "jnz 2b",
+            "tilerelease",
+            cfg = in(reg) &cfg, z = in(reg) zeros.as_ptr(), row = in(reg) 64usize,
+            n = inout(reg) rounds => _,
+            options(nostack),
+        );
+    }
+    true
+}
+
+/// Whether the kernels may use AMX: the CPU has AMX-INT8 (and AVX-512 VNNI for the float
+/// work), Linux grants this process the tile state, and the kernel passes its self-check.
+/// Decided once per process; a refusal is said once on standard error.
+pub(super) fn usable() -> bool {
+    static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *USABLE.get_or_init(|| {
+        if !cpu_has_amx() {
+            return false;
+        }
+        let verdict = request_tile_state().and_then(|()| {
+            // SAFETY: the CPU has AMX and the tile state is granted.
+            unsafe { self_check::<Amx>() }
+        });
+        match verdict {
+            Ok(()) => true,
+            Err(why) => {
+                crate::diag!("warning: not using AMX: {why}; the products use AVX-512 VNNI");
+                false
+            }
+        }
+    })
+}
+
+/// CPUID: AMX-TILE and AMX-INT8 (leaf 7, EDX bits 24 and 25), with the AVX-512 VNNI the
+/// kernel's float work and its self-check need.
+fn cpu_has_amx() -> bool {
+    // (Leaf 7 reads as zeros on CPUs too old to have it.)
+    let leaf7 = __cpuid_count(7, 0);
+    let amx = leaf7.edx & (1 << 24) != 0 && leaf7.edx & (1 << 25) != 0;
+    amx && std::arch::is_x86_feature_detected!("avx512vnni")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("fma")
+}
+
+/// Asks Linux for the tile data state (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`),
+/// without which the first tile instruction faults.
+fn request_tile_state() -> Result<(), String> {
+    #[cfg(target_os = "linux")]
+    {
+        const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+        const XFEATURE_XTILEDATA: libc::c_long = 18;
+        // SAFETY: a request for a permission; it changes nothing else.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_arch_prctl,
+                ARCH_REQ_XCOMP_PERM,
+                XFEATURE_XTILEDATA,
+            )
+        };
+        if rc != 0 {
+            return Err(format!(
+                "Linux did not grant the tile state ({})",
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(())
+    }
+    #[cfg(not(target_os = "linux"))]
+    Err("the tile state is requested only on Linux".into())
+}
+
+/// Multiplies the probe matrices of every weight type (one group of 16 weight rows each)
+/// with 1 to 16 activation rows on `U` and on the AVX-512 VNNI kernel: `Err` names the
+/// first output whose bits differ.
+///
+/// # Safety
+/// The CPU runs AVX-512 VNNI, and `U` can run here.
+pub(super) unsafe fn self_check<U: TileUnit>() -> Result<(), String> {
+    let names = ["Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"];
+    for (w, name) in every_type(TILE_ROWS, 41).iter().zip(names) {
+        let cols = w.cols();
+        let mut a = QRows::default();
+        a.quantize(&super::probe::pseudo(ROWS_PER_PASS * cols, 43), cols);
+        let rows: Vec<Row> = (0..ROWS_PER_PASS).map(|r| a.row(r)).collect();
+        let mut want = [[0.0f32; TILE_ROWS]; ROWS_PER_PASS];
+        for (r, chunk) in rows.chunks(rows_per_pass(Isa::Avx512Vnni)).enumerate() {
+            let mut o = [[0.0f32; TILE_ROWS]; ROWS_PER_PASS];
+            tile_rows(Isa::Avx512Vnni, w.group(0), chunk, &mut o);
+            let at = r * rows_per_pass(Isa::Avx512Vnni);
+            want[at..at + chunk.len()].copy_from_slice(&o[..chunk.len()]);
+        }
+        for n in 1..=ROWS_PER_PASS {
+            let mut got = [[0.0f32; TILE_ROWS]; ROWS_PER_PASS];
+            tile_rows_amx::<U>(w.group(0), &rows[..n], &mut got);
+            for (i, (g, e)) in got[..n].iter().zip(&want).enumerate() {
+                if let Some(j) = (0..TILE_ROWS).find(|&j| g[j].to_bits() != e[j].to_bits()) {
+                    return Err(format!(
+                        "its probe product differs from the AVX-512 VNNI kernel's ({name}, \
+                         {n} rows: row {i}, output {j}: {} against {})",
+                        g[j], e[j]
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `tdpbsud` with one product's sign turned: what a wrong tile layout would give.
+    struct Faulty;
+
+    impl TileUnit for Faulty {
+        unsafe fn begin(m: usize) {
+            Emulated::begin(m)
+        }
+        unsafe fn dot(a: *const i8, stride: isize, b: *const [u8; 64], quads: usize, c: &mut Sums) {
+            Emulated::dot(a, stride, b, quads, c);
+            c.0[0][TILE_ROWS - 1] += 1;
+        }
+        unsafe fn end() {}
+    }
+
+    fn has_avx512() -> bool {
+        Isa::available().contains(&Isa::Avx512Vnni)
+    }
+
+    #[test]
+    fn the_kernel_over_the_emulated_tiles_gives_the_scalar_bits() {
+        if !has_avx512() {
+            crate::diag!("skipped: the AMX kernel's float work needs AVX-512 VNNI");
+            return;
+        }
+        for w in every_type(3 * TILE_ROWS + 5, 51) {
+            let cols = w.cols();
+            let mut a = QRows::default();
+            a.quantize(&super::super::probe::pseudo(ROWS_PER_PASS * cols, 53), cols);
+            let rows: Vec<Row> = (0..ROWS_PER_PASS).map(|r| a.row(r)).collect();
+            for g in 0..w.groups() {
+                for n in 1..=ROWS_PER_PASS {
+                    let mut want = [[0.0f32; TILE_ROWS]; ROWS_PER_PASS];
+                    let mut got = want;
+                    for (r, row) in rows[..n].iter().enumerate() {
+                        let mut one = [[0.0f32; TILE_ROWS]; ROWS_PER_PASS];
+                        tile_rows(Isa::Scalar, w.group(g), std::slice::from_ref(row), &mut one);
+                        want[r] = one[0];
+                    }
+                    // SAFETY: AVX-512 VNNI is here; the emulated unit runs anywhere.
+                    unsafe { tile_rows_amx::<Emulated>(w.group(g), &rows[..n], &mut got) };
+                    assert_eq!(got[..n], want[..n], "group {g}, {n} rows");
+                    // Rows that do not lie at one stride (copied block by block).
+                    let mut shuffled = rows[..n].to_vec();
+                    shuffled.reverse();
+                    let mut back = [[0.0f32; TILE_ROWS]; ROWS_PER_PASS];
+                    unsafe { tile_rows_amx::<Emulated>(w.group(g), &shuffled, &mut back) };
+                    let mut reversed = want[..n].to_vec();
+                    reversed.reverse();
+                    assert_eq!(back[..n], reversed[..], "group {g}, {n} rows reversed");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_self_check_passes_a_right_unit_and_refuses_a_wrong_one() {
+        if !has_avx512() {
+            crate::diag!("skipped: the self-check compares with the AVX-512 VNNI kernel");
+            return;
+        }
+        // SAFETY: AVX-512 VNNI is here; the emulated units run anywhere.
+        assert_eq!(unsafe { self_check::<Emulated>() }, Ok(()));
+        let refused = unsafe { self_check::<Faulty>() }.unwrap_err();
+        assert!(
+            refused.contains("Q4_1, 1 rows: row 0, output 15"),
+            "{refused}"
+        );
+    }
+
+    #[test]
+    fn amx_is_chosen_only_where_the_cpu_has_it_and_it_checks_out() {
+        let chosen = Isa::detect() == Isa::Amx;
+        assert_eq!(chosen, cpu_has_amx() && usable());
+        if cpu_has_amx() {
+            // Where the CPU has AMX, the real instructions must pass the check.
+            assert!(usable(), "the AMX kernel failed its self-check on this CPU");
+        } else {
+            assert!(!Isa::available().contains(&Isa::Amx));
+            assert!("amx".parse::<Isa>().is_err());
+        }
+    }
+}
