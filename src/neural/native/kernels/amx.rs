@@ -14,9 +14,10 @@
 //! run the same kernel over [`Emulated`], which computes what `tdpbsud` is specified to, so
 //! every part but the instructions themselves is checked on any AVX-512 machine. Because
 //! few machines have AMX, the kernel also checks itself when the ISA is first chosen
-//! ([`usable`]): it multiplies the probe matrices of every weight type and compares the
-//! bits with the AVX-512 VNNI kernel's; on any difference (or when Linux does not grant the
-//! tile state) it is not used, and one warning says why.
+//! ([`usable`]): it multiplies the probe matrices of every weight type, first in a forked
+//! child (tile instructions that fault stop the child, not the server), then here, and
+//! compares the bits with the AVX-512 VNNI kernel's; on any difference (or a fault, or when
+//! Linux does not grant the tile state) it is not used, and one warning says why.
 
 use super::probe::every_type;
 use super::x86::*;
@@ -381,10 +382,11 @@ pub(super) fn usable() -> bool {
         if !cpu_has_amx() {
             return false;
         }
-        let verdict = request_tile_state().and_then(|()| {
-            // SAFETY: the CPU has AMX and the tile state is granted.
-            unsafe { self_check::<Amx>() }
-        });
+        // SAFETY: the CPU has AMX and, once `request_tile_state` returns, the tile state is
+        // granted; the self-check runs in this process only after it ran in a child.
+        let verdict = request_tile_state()
+            .and_then(|()| unsafe { runs_in_a_child::<Amx>() })
+            .and_then(|()| unsafe { self_check::<Amx>() });
         match verdict {
             Ok(()) => true,
             Err(why) => {
@@ -433,6 +435,66 @@ fn request_tile_state() -> Result<(), String> {
     Err("the tile state is requested only on Linux".into())
 }
 
+/// Runs the probe products on `U` in a forked child first, so that tile instructions that
+/// fault (a CPU or hypervisor that reports AMX and does not run it) stop the child, not this
+/// process. Everything the child touches is made before the fork: it allocates nothing, takes
+/// no lock and leaves by `_exit`.
+///
+/// # Safety
+/// The CPU runs AVX-512 VNNI.
+pub(super) unsafe fn runs_in_a_child<U: TileUnit>() -> Result<(), String> {
+    #[cfg(target_os = "linux")]
+    {
+        let mats = every_type(TILE_ROWS, 41);
+        let probes: Vec<QRows> = mats.iter().map(|w| probe_rows(w.cols())).collect();
+        let rows: Vec<Vec<Row>> = probes
+            .iter()
+            .map(|a| (0..ROWS_PER_PASS).map(|r| a.row(r)).collect())
+            .collect();
+        let mut out = [[0.0f32; TILE_ROWS]; ROWS_PER_PASS];
+        let pid = libc::fork();
+        if pid == 0 {
+            for (w, rows) in mats.iter().zip(&rows) {
+                for n in 1..=ROWS_PER_PASS {
+                    tile_rows_amx::<U>(w.group(0), &rows[..n], &mut out);
+                }
+            }
+            std::hint::black_box(&out);
+            libc::_exit(0);
+        }
+        if pid < 0 {
+            return Err(format!(
+                "no child process to try it in ({})",
+                std::io::Error::last_os_error()
+            ));
+        }
+        let mut status = 0;
+        while libc::waitpid(pid, &mut status, 0) < 0 {
+            let error = std::io::Error::last_os_error();
+            if error.kind() != std::io::ErrorKind::Interrupted {
+                return Err(format!("its trial process was lost ({error})"));
+            }
+        }
+        match (libc::WIFEXITED(status), libc::WIFSIGNALED(status)) {
+            (true, _) if libc::WEXITSTATUS(status) == 0 => Ok(()),
+            (_, true) => Err(format!(
+                "its tile instructions stopped a trial process (signal {})",
+                libc::WTERMSIG(status)
+            )),
+            _ => Err(format!("its trial process failed (status {status})")),
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    Err("it is tried only on Linux".into())
+}
+
+/// The probe's 16 activation rows of `cols` columns.
+fn probe_rows(cols: usize) -> QRows {
+    let mut a = QRows::default();
+    a.quantize(&super::probe::pseudo(ROWS_PER_PASS * cols, 43), cols);
+    a
+}
+
 /// Multiplies the probe matrices of every weight type (one group of 16 weight rows each)
 /// with 1 to 16 activation rows on `U` and on the AVX-512 VNNI kernel: `Err` names the
 /// first output whose bits differ.
@@ -442,9 +504,7 @@ fn request_tile_state() -> Result<(), String> {
 pub(super) unsafe fn self_check<U: TileUnit>() -> Result<(), String> {
     let names = ["Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"];
     for (w, name) in every_type(TILE_ROWS, 41).iter().zip(names) {
-        let cols = w.cols();
-        let mut a = QRows::default();
-        a.quantize(&super::probe::pseudo(ROWS_PER_PASS * cols, 43), cols);
+        let a = probe_rows(w.cols());
         let rows: Vec<Row> = (0..ROWS_PER_PASS).map(|r| a.row(r)).collect();
         let mut want = [[0.0f32; TILE_ROWS]; ROWS_PER_PASS];
         for (r, chunk) in rows.chunks(rows_per_pass(Isa::Avx512Vnni)).enumerate() {
@@ -486,6 +546,32 @@ mod tests {
             c.0[0][TILE_ROWS - 1] += 1;
         }
         unsafe fn end() {}
+    }
+
+    /// A tile unit whose instructions fault.
+    struct Faulting;
+
+    impl TileUnit for Faulting {
+        unsafe fn begin(_: usize) {}
+        unsafe fn dot(_: *const i8, _: isize, _: *const [u8; 64], _: usize, _: &mut Sums) {
+            libc::abort()
+        }
+        unsafe fn end() {}
+    }
+
+    #[test]
+    fn tile_instructions_that_fault_stop_a_trial_process_not_this_one() {
+        if !has_avx512() {
+            crate::diag!("skipped: the trial runs the AVX-512 float work");
+            return;
+        }
+        // SAFETY: AVX-512 VNNI is here; the emulated units run anywhere.
+        assert_eq!(unsafe { runs_in_a_child::<Emulated>() }, Ok(()));
+        let refused = unsafe { runs_in_a_child::<Faulting>() }.unwrap_err();
+        assert!(
+            refused.contains("stopped a trial process (signal 6)"),
+            "{refused}"
+        );
     }
 
     fn has_avx512() -> bool {
