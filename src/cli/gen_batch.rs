@@ -67,7 +67,9 @@ pub fn run_batch(args: &GenArgs, model: &str, file: &Path) -> Result<()> {
     let name = loaded.path.display().to_string();
     // Without a batcher, one worker owns the model.
     let workers = if batcher.is_some() {
-        args.parallel.max(1)
+        args.parallel
+            .unwrap_or_else(|| costs.rows_worth_batching())
+            .max(1)
     } else {
         1
     };

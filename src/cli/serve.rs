@@ -61,9 +61,13 @@ pub struct ServeArgs {
     pub backlog: usize,
     /// Generations run at once: their new tokens share the model's passes (the native CPU
     /// backend; a backend of one sequence serves one at a time), each answer the same as
-    /// the request's alone. 1: one at a time.
-    #[arg(long, default_value_t = 4, value_parser = super::positive)]
-    pub parallel: usize,
+    /// the request's alone. 1: one at a time. Default: as many rows as the model's passes
+    /// still pay for on this machine (of 1, 2, 4, 8 and 16, the fewest that give 90% of the
+    /// best tokens/s, from the measured pass costs), at most as many of the longest
+    /// requests (--max-prompt-tokens plus --max-tokens) as --kv-cache-mib holds; 4 without
+    /// a model. The server says the number when it starts, and /health shows it.
+    #[arg(long, value_parser = super::positive)]
+    pub parallel: Option<usize>,
     /// MiB of KV cache the running generations may hold together (with --parallel > 1 on the
     /// native backend): a generation waits while the others leave too little for what its
     /// prompt and max_tokens may need, and one that could never fit is answered 413.
@@ -187,7 +191,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         generation_time: std::time::Duration::from_secs_f64(args.generation_timeout),
         client_time: std::time::Duration::from_secs_f64(args.client_timeout),
         backlog: args.backlog,
-        parallel: args.parallel,
+        parallel: args.parallel.unwrap_or(0),
         kv_cache_bytes: args.kv_cache_mib << 20,
         concurrent_queries: args.concurrent_queries,
         past_output_tokens: args.past_output_tokens,
@@ -214,10 +218,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
     };
     infgram::server::serve(config, |server| {
         infgram::diag!(
-            "listening on http://{} (indexes: {}; model: {}); Ctrl-C stops",
+            "listening on http://{} (indexes: {}; model: {}; {} generations at once); Ctrl-C \
+             stops",
             server.local_addr(),
             names.join(", "),
-            server.model_name().unwrap_or("none, sbis only")
+            server.model_name().unwrap_or("none, sbis only"),
+            server.parallel()
         );
     })?;
     infgram::diag!("stopped");

@@ -153,7 +153,10 @@ impl Generator {
         past_file: Option<&std::path::Path>,
     ) -> crate::error::Result<Self> {
         let (backlog, past_output_tokens) = (limits.backlog, limits.past_output_tokens);
-        let parallel = limits.parallel.max(1);
+        let slots = Slots {
+            asked: limits.parallel,
+            request_tokens: limits.prompt_tokens + limits.max_tokens,
+        };
         let (queue, jobs) = sync_channel::<Job>(backlog);
         let (ready_tx, ready) = std::sync::mpsc::channel();
         let waiting = Arc::new(AtomicUsize::new(0));
@@ -174,7 +177,7 @@ impl Generator {
             .name("infgram-generate".into())
             .spawn(move || {
                 let _running = Running(flags.0.clone());
-                worker(spec, opts, parallel, shared, flags, ready_tx)
+                worker(spec, opts, slots, shared, flags, ready_tx)
             })
             .map_err(|e| {
                 crate::error::Error::input(format!("cannot start the generation thread: {e}"))
@@ -182,6 +185,7 @@ impl Generator {
         let loaded = ready.recv().map_err(|_| {
             crate::error::Error::input("the generation thread ended while loading")
         })??;
+        let (loaded, parallel) = loaded;
         let (model_tokenizer, model_name) = match loaded {
             Some((tok, name)) => (Some(tok), Some(name)),
             None => (None, None),
@@ -684,23 +688,51 @@ struct Queue<J = Job> {
     cache: Arc<CacheBudget>,
 }
 
-/// The generation thread: loads the model, reports, starts the other workers (`parallel` in
-/// all when the model batches or there is none), then runs jobs until the queue closes.
+/// How many generations run at once: `asked` (`--parallel`; 0: [`Slots::chosen`]), and the
+/// longest request, prompt and `max_tokens` (what the KV budget must hold for each).
+#[derive(Clone, Copy)]
+struct Slots {
+    asked: usize,
+    request_tokens: usize,
+}
+
+/// Generations at once without a model, where `--parallel` is not given: SBIS generations
+/// side by side, as many as before the default was chosen per model.
+const UNBATCHED_PARALLEL: usize = 4;
+
+impl Slots {
+    /// The generations a batched model runs at once where none were asked for: the rows its
+    /// passes still pay for (`CostModel::rows_worth_batching`; 8 on a 2-vCPU Zen 4 with
+    /// Qwen2.5-Coder 0.5B), and no more than the KV budget holds at the longest request
+    /// each (so that every one admitted can run at once).
+    #[cfg(feature = "neural")]
+    fn chosen(&self, costs: &crate::service::run::CostModel, cache: &CacheBudget) -> usize {
+        if self.asked > 0 {
+            return self.asked;
+        }
+        let each = cache.need(self.request_tokens).max(1);
+        costs.rows_worth_batching().min(cache.bytes / each).max(1)
+    }
+}
+
+/// The generation thread: loads the model, reports it and the generations run at once,
+/// starts the other workers (that many when the model batches or there is none), then runs
+/// jobs until the queue closes.
 fn worker(
     spec: Option<String>,
     opts: ModelOptions,
-    parallel: usize,
+    slots: Slots,
     queue: Queue,
     flags: (Arc<AtomicBool>, Arc<BatchStats>),
-    ready: std::sync::mpsc::Sender<crate::error::Result<Option<ModelInfo>>>,
+    ready: std::sync::mpsc::Sender<crate::error::Result<(Option<ModelInfo>, usize)>>,
 ) {
     crate::service::catalog::lower_priority();
     let (running, stats) = flags;
     let workers = load(spec.as_deref(), &opts)
-        .and_then(|(w, info)| Ok((share(w, parallel, stats, &queue.cache)?, info)));
+        .and_then(|(w, info)| Ok((share(w, slots, stats, &queue.cache)?, info)));
     let mut workers = match workers {
         Ok((workers, info)) => {
-            let _ = ready.send(Ok(info));
+            let _ = ready.send(Ok((info, workers.len())));
             workers
         }
         Err(e) => {
@@ -728,22 +760,27 @@ fn worker(
     run_jobs(&queue, |job| run_job(&mut first, job));
 }
 
-/// The workers for `state`: `parallel` of them sharing a batcher when its model holds several
-/// sequences, or with no model; one when its model holds one sequence (a backend that does
-/// not batch is served one request at a time).
+/// The workers for `state`: [`Slots::chosen`] of them sharing a batcher when its model holds
+/// several sequences, or as many as asked with no model; one when its model holds one
+/// sequence (a backend that does not batch is served one request at a time).
 fn share(
     state: Worker,
-    parallel: usize,
+    slots: Slots,
     stats: Arc<BatchStats>,
     cache: &CacheBudget,
 ) -> crate::error::Result<Vec<Worker>> {
-    let parallel = parallel.max(1);
+    let mut parallel = match slots.asked {
+        0 => UNBATCHED_PARALLEL,
+        n => n,
+    };
     let name = state.name.clone();
     #[cfg(feature = "neural")]
     let model = match state.model {
-        Some(ServedModel::Own(mut loaded)) if parallel > 1 => {
+        Some(ServedModel::Own(mut loaded)) if slots.asked != 1 => {
             if loaded.model.sequences().is_none() {
-                diag!("this model's backend runs one sequence at a time: --parallel {parallel} serves one request at a time");
+                if slots.asked > 1 {
+                    diag!("this model's backend runs one sequence at a time: --parallel {parallel} serves one request at a time");
+                }
                 return Ok(vec![Worker {
                     model: Some(ServedModel::Own(loaded)),
                     name,
@@ -755,6 +792,7 @@ fn share(
             cache
                 .per_token
                 .store(batcher.cache_bytes_per_token(), Relaxed);
+            parallel = slots.chosen(&costs, cache);
             Some((batcher, tokenizer, costs))
         }
         Some(own) => {

@@ -77,7 +77,9 @@ pub struct Limits {
     /// (the native CPU one), their tokens share the model's passes
     /// ([`crate::service::models::Batcher`]);
     /// without a model, SBIS generations run side by side. Each answer is the one the
-    /// request gets alone.
+    /// request gets alone. 0: chosen when the model is loaded ([`Generator`]'s rule:
+    /// the rows its passes still pay for, as many full-length requests as the KV cache
+    /// bytes hold).
     pub parallel: usize,
     /// Bytes of KV cache the running generations may hold together: a generation holds what
     /// its prompt and `max_tokens` may need before it runs (it waits while the others leave
@@ -197,6 +199,11 @@ impl Server {
     /// The model the server generates with, if any.
     pub fn model_name(&self) -> Option<&str> {
         self.state.generator.model_name.as_deref()
+    }
+
+    /// Generations it runs at once (`Limits::parallel`, or the number chosen for its model).
+    pub fn parallel(&self) -> usize {
+        self.state.generator.parallel()
     }
 
     /// Serves until `shutdown` resolves, then lets open connections finish (for at most

@@ -536,6 +536,25 @@ fn stop_sequences_end_completions_and_the_chat_route_needs_a_model() {
     assert_eq!(v["error"]["type"], json!("invalid_request_error"));
 }
 
+/// Without `--parallel`, a batched model runs as many generations at once as its passes still
+/// pay for (one of the calibrated pass sizes), and no more than the KV cache holds at the
+/// longest request each.
+#[test]
+fn the_generations_at_once_are_chosen_from_the_pass_costs_and_the_cache() {
+    let parallel = |more: &[&str]| {
+        let args = [&["--model", "smollm2-135m", "--threads", "2"][..], more].concat();
+        let server = Server::start(&args);
+        let (_, health) = server.request("GET", "/health", None);
+        let health: Value = serde_json::from_str(&health).unwrap();
+        health["parallel"].as_u64().expect("a number")
+    };
+    // 512-token requests: SmolLM2's 46 KB a token, held twice over, fit 91 times in 4 GiB.
+    let chosen = parallel(&["--max-prompt-tokens", "256", "--max-tokens", "256"]);
+    assert!([1, 2, 4, 8, 16].contains(&chosen), "{chosen}");
+    // The longest request (4,096 + 2,048 tokens) may hold 566 MB: one fits in 600 MiB.
+    assert_eq!(parallel(&["--kv-cache-mib", "600"]), 1);
+}
+
 /// `--parallel 4` with the native CPU backend: four requests at once (greedy speculative,
 /// greedy plain, seeded sampling, a chat) share the model's passes, and each answer is the
 /// one the request gets alone, twice over; `/health` and `/metrics` report the batching.
