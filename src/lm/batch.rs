@@ -44,8 +44,9 @@ enum Call {
         op: Op,
         reply: Option<Sender<Answer>>,
     },
-    /// A free sequence (a new one when none is free).
-    Acquire(Sender<Result<usize>>),
+    /// A free sequence (a new one when none is free), with room for this many positions of
+    /// its cache set aside ([`super::Sequences::reserve`]; 0: none).
+    Acquire(usize, Sender<Result<usize>>),
     /// The sequence is free again (its cache emptied).
     Release(usize),
 }
@@ -76,6 +77,7 @@ struct About {
     bos: Option<u32>,
     max_tree_rows: usize,
     cache_bytes_per_token: usize,
+    cache_slack_tokens: usize,
 }
 
 impl Batcher {
@@ -100,7 +102,9 @@ impl Batcher {
         window: Duration,
         stats: Arc<BatchStats>,
     ) -> Result<Batcher> {
-        let Some(cache_bytes_per_token) = model.sequences().map(|s| s.cache_bytes_per_token())
+        let Some((cache_bytes_per_token, cache_slack_tokens)) = model
+            .sequences()
+            .map(|s| (s.cache_bytes_per_token(), s.cache_slack_tokens()))
         else {
             return Err(Error::Model(
                 "this backend runs one sequence at a time; serve one request at a time with it \
@@ -114,6 +118,7 @@ impl Batcher {
             bos: model.bos_token(),
             max_tree_rows: model.max_tree_rows(),
             cache_bytes_per_token,
+            cache_slack_tokens,
         });
         let (calls, inbox) = channel();
         let thread_stats = stats.clone();
@@ -133,6 +138,12 @@ impl Batcher {
         self.about.cache_bytes_per_token
     }
 
+    /// Positions' worth of bytes a sequence from [`Batcher::sequence_for`] may hold beyond
+    /// the room it was given ([`super::Sequences::cache_slack_tokens`]).
+    pub fn cache_slack_tokens(&self) -> usize {
+        self.about.cache_slack_tokens
+    }
+
     /// How the passes went so far.
     pub fn stats(&self) -> &BatchStats {
         &self.stats
@@ -141,8 +152,18 @@ impl Batcher {
     /// A sequence of its own, empty: a [`LanguageModel`] whose passes share the model's with
     /// the other live sequences'. Dropping it frees the sequence.
     pub fn sequence(&self) -> Result<SequenceModel> {
+        self.sequence_for(0)
+    }
+
+    /// [`Batcher::sequence`] with room for `tokens` positions of its cache set aside at once
+    /// (a request's prompt, `max_tokens` and drafts): while it stays within them it holds at
+    /// most `tokens` plus [`Batcher::cache_slack_tokens`] positions' bytes, instead of up to
+    /// twice what it holds as a cache grows.
+    pub fn sequence_for(&self, tokens: usize) -> Result<SequenceModel> {
         let (tx, rx) = channel();
-        self.calls.send(Call::Acquire(tx)).map_err(|_| stopped())?;
+        self.calls
+            .send(Call::Acquire(tokens, tx))
+            .map_err(|_| stopped())?;
         let seq = rx.recv().map_err(|_| stopped())??;
         let (reply, answers) = channel();
         Ok(SequenceModel {
@@ -245,7 +266,7 @@ fn take(
                 let _ = reply.send(answer);
             }
         }
-        Call::Acquire(reply) => {
+        Call::Acquire(tokens, reply) => {
             let seq = match free.pop() {
                 Some(seq) => Ok(seq),
                 None => model
@@ -253,6 +274,9 @@ fn take(
                     .map(|s| s.add_sequence())
                     .ok_or_else(stopped),
             };
+            if let (Ok(seq), Some(s)) = (&seq, model.sequences()) {
+                s.reserve(*seq, tokens);
+            }
             if seq.is_ok() {
                 stats.live.fetch_add(1, Relaxed);
             }

@@ -359,6 +359,16 @@ pub trait Sequences {
     fn release(&mut self, seq: usize);
     /// Bytes of cache a token of a sequence takes (every layer's keys and values).
     fn cache_bytes_per_token(&self) -> usize;
+    /// Sets aside room for `tokens` positions of sequence `seq`'s cache now, exactly: the
+    /// cache does not grow (by doubling) while it stays within them, and holds at most
+    /// `(tokens + cache_slack_tokens()) · cache_bytes_per_token()` bytes meanwhile (what a
+    /// server admits a request by). Nothing by default.
+    fn reserve(&mut self, _seq: usize, _tokens: usize) {}
+    /// Positions' worth of bytes a cache with room reserved for some tokens may hold beyond
+    /// them (its room rounded up for its kernels; [`Sequences::reserve`]).
+    fn cache_slack_tokens(&self) -> usize {
+        0
+    }
     /// One pass over several sequences' new tokens (each sequence at most once): for each
     /// part, what [`LanguageModel::score_first`] of its tokens with `first` would return on
     /// its sequence alone, bit for bit, its other rows held for [`LanguageModel::score_more`]

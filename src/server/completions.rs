@@ -286,9 +286,7 @@ impl Generator {
             request::Prompt::Ids(ids) => ids.len(),
             _ => 0,
         };
-        let cache = self
-            .cache
-            .admit(prompt_tokens + checked.max_tokens + checked.draft_max + 1)?;
+        let cache = self.cache.admit(cache_tokens(prompt_tokens, &checked))?;
         let (events, rx) = tokio::sync::mpsc::unbounded_channel();
         let job = Job {
             plan,
@@ -582,6 +580,9 @@ pub struct CacheBudget {
     bytes: usize,
     /// Bytes a token's keys and values take (0: the model holds one sequence, or none).
     per_token: AtomicUsize,
+    /// Positions' worth of bytes a sequence's cache may hold beyond the room it was given
+    /// ([`crate::lm::Sequences::cache_slack_tokens`]).
+    slack: AtomicUsize,
     held: std::sync::Mutex<usize>,
     freed: std::sync::Condvar,
 }
@@ -591,14 +592,16 @@ impl CacheBudget {
         CacheBudget {
             bytes,
             per_token: AtomicUsize::new(0),
+            slack: AtomicUsize::new(0),
             held: std::sync::Mutex::new(0),
             freed: std::sync::Condvar::new(),
         }
     }
 
-    /// What a sequence of `tokens` may hold at most: its caches grow by doubling.
+    /// What a sequence given room for `tokens` positions holds at most: the room, set aside
+    /// when the job starts ([`crate::lm::batch::Batcher::sequence_for`]), and its rounding.
     fn need(&self, tokens: usize) -> usize {
-        2 * tokens * self.per_token.load(Relaxed)
+        (tokens + self.slack.load(Relaxed)) * self.per_token.load(Relaxed)
     }
 
     /// Refuses a job whose cache could never fit; else what it may hold.
@@ -633,6 +636,12 @@ impl CacheBudget {
     pub fn held(&self) -> usize {
         *self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// The cache positions a job may fill: its prompt, `max_tokens`, and the draft rows of its
+/// last pass beyond them.
+fn cache_tokens(prompt_tokens: usize, req: &CheckedRequest) -> usize {
+    prompt_tokens + req.max_tokens + req.draft_max + 1
 }
 
 /// A running job's share of the [`CacheBudget`], given back when dropped.
@@ -792,6 +801,7 @@ fn share(
             cache
                 .per_token
                 .store(batcher.cache_bytes_per_token(), Relaxed);
+            cache.slack.store(batcher.cache_slack_tokens(), Relaxed);
             parallel = slots.chosen(&costs, cache);
             Some((batcher, tokenizer, costs))
         }
@@ -1036,8 +1046,14 @@ fn model_job(
             tokenizer,
             costs,
         }) => {
-            // A sequence of the model's for this job, freed when it ends.
-            let sequence = sequence.insert(batcher.sequence()?);
+            // A sequence of the model's for this job, with room for what it was admitted
+            // with, freed when it ends.
+            let prompt = match &req.prompt {
+                request::Prompt::Ids(ids) => ids.len(),
+                _ => 0,
+            };
+            let tokens = cache_tokens(prompt, req);
+            let sequence = sequence.insert(batcher.sequence_for(tokens)?);
             (sequence, &**tokenizer, costs.clone())
         }
     };

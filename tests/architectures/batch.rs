@@ -178,7 +178,8 @@ fn generations_sharing_passes_write_what_each_writes_alone() {
             .zip(&greedy)
             .map(|((&way, p), g)| generate(&mut solo, p, way, g))
             .collect();
-        // Together: a thread each, twice over (the second round reuses freed sequences).
+        // Together: a thread each, twice over (the second round reuses freed sequences, given
+        // room for their prompts and outputs at once, as a server admits them).
         let batcher = Batcher::start(Box::new(load())).unwrap();
         for round in 0..2 {
             let got: Vec<Vec<u32>> = std::thread::scope(|s| {
@@ -187,7 +188,10 @@ fn generations_sharing_passes_write_what_each_writes_alone() {
                     .zip(&prompts)
                     .zip(&greedy)
                     .map(|((&way, p), g)| {
-                        let mut m = batcher.sequence().unwrap();
+                        let mut m = match round {
+                            0 => batcher.sequence().unwrap(),
+                            _ => batcher.sequence_for(p.len() + 200).unwrap(),
+                        };
                         s.spawn(move || generate(&mut m, p, way, g))
                     })
                     .collect();

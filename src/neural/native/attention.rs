@@ -105,6 +105,27 @@ impl KvCache {
         self.len = base + slots.len();
     }
 
+    /// Positions' worth of bytes beyond `n` that the room [`KvCache::reserve_exact`] makes
+    /// for `n` positions may hold: the keys' room rounded up to the score block, and their
+    /// padding (half a position's bytes each: keys and values take a position's bytes
+    /// together).
+    pub const SLACK_TOKENS: usize = (SCORE_BLOCK + LANE_PAD).div_ceil(2);
+
+    /// Makes room for `need` positions at once, exactly (rounded up to the score block): the
+    /// cache then holds `need` positions without growing, and no more bytes than
+    /// `(need + SLACK_TOKENS)` positions take.
+    pub fn reserve_exact(&mut self, need: usize) {
+        let lanes = self.kv_heads * self.head_dim;
+        self.values
+            .reserve_exact((need * lanes).saturating_sub(self.values.len()));
+        self.regrow(need.next_multiple_of(SCORE_BLOCK));
+    }
+
+    /// Bytes the cache holds (its room, not only its positions).
+    pub fn bytes(&self) -> usize {
+        (self.keys_t.capacity() + self.values.capacity()) * std::mem::size_of::<f32>()
+    }
+
     /// Grows the transposed keys to hold `need` positions (doubling, to amortize the copy).
     fn reserve(&mut self, need: usize) {
         if need <= self.capacity {
@@ -112,7 +133,15 @@ impl KvCache {
         }
         // A multiple of the score block: a block that starts before `len` ends inside the
         // lanes, so the last, partial block is scored as a whole one ([`score`]).
-        let capacity = need.max(2 * self.capacity).next_multiple_of(SCORE_BLOCK);
+        self.regrow(need.max(2 * self.capacity).next_multiple_of(SCORE_BLOCK));
+    }
+
+    /// Moves the transposed keys to lanes of `capacity` positions (a multiple of the score
+    /// block), if that is more than they have.
+    fn regrow(&mut self, capacity: usize) {
+        if capacity <= self.capacity {
+            return;
+        }
         let (lanes, old_stride) = (self.kv_heads * self.head_dim, self.stride());
         let stride = capacity + LANE_PAD;
         let mut grown = vec![0.0f32; lanes * stride];
@@ -707,6 +736,45 @@ fn exp_nonpositive(x: f32) -> f32 {
 mod tests {
     use super::*;
     use crate::neural::native::kernels::tests::pseudo;
+
+    /// A cache given room for n positions holds them without growing, within
+    /// `(n + SLACK_TOKENS)` positions' bytes; past them it grows as before, keeping what it
+    /// held.
+    #[test]
+    fn a_reserved_cache_holds_its_positions_without_growing() {
+        let (heads, hd) = (2, 64);
+        let position_bytes = 2 * heads * hd * std::mem::size_of::<f32>();
+        for n in [1, 127, 128, 300, 1000] {
+            let mut cache = KvCache::new(heads, hd);
+            cache.reserve_exact(n);
+            let room = cache.bytes();
+            assert!(
+                room <= (n + KvCache::SLACK_TOKENS) * position_bytes,
+                "{n}: {room}"
+            );
+            let rows = pseudo(n * heads * hd, n as u32);
+            for row in rows.chunks(heads * hd) {
+                cache.append(row, row);
+                assert_eq!(
+                    cache.bytes(),
+                    room,
+                    "{n} positions reserved, {}",
+                    cache.len()
+                );
+            }
+            cache.append(&rows[..heads * hd], &rows[..heads * hd]);
+            assert!(cache.bytes() > room);
+            assert_eq!(cache.len(), n + 1);
+            assert_eq!(
+                cache.value(n - 1, 1),
+                &rows[(n - 1) * heads * hd + hd..][..hd]
+            );
+            assert_eq!(
+                cache.key_block::<1>(1, 3, n - 1)[0],
+                rows[(n - 1) * heads * hd + hd + 3]
+            );
+        }
+    }
 
     /// Causal attention in f64, one query row and head at a time.
     fn naive(

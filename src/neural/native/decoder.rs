@@ -787,6 +787,18 @@ impl Sequences for Decoder {
         2 * self.cfg.heads.kv_width() * std::mem::size_of::<f32>() * self.cfg.n_layer
     }
 
+    fn reserve(&mut self, seq: usize, tokens: usize) {
+        if let Some(s) = self.seqs.get_mut(seq) {
+            for cache in &mut s.caches {
+                cache.reserve_exact(tokens);
+            }
+        }
+    }
+
+    fn cache_slack_tokens(&self) -> usize {
+        KvCache::SLACK_TOKENS
+    }
+
     fn score_parts(&mut self, parts: &[SeqPart]) -> Result<Vec<Vec<Logits>>> {
         for p in parts {
             if let Some(seq) = self.seqs.get_mut(p.seq) {
