@@ -153,6 +153,7 @@ impl Model {
                 .transpose()?,
             device,
             tokenizer,
+            isa: None,
         };
         let invalid = |e: infgram::Error| PyValueError::new_err(e.to_string());
         let guard_index = guard_index

@@ -289,6 +289,11 @@ pub struct ModelArgs {
     /// with the `cuda` feature, see docs/gpu.md).
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     pub device: Device,
+    /// With --model: the native CPU kernels' instruction set (`scalar`, `avx2`, `avxvnni`,
+    /// `avx512vnni`, `amx`; one this CPU runs) instead of the best: the same outputs, bit
+    /// for bit, on every one (for measuring, or to step around a kernel).
+    #[arg(long)]
+    pub isa: Option<String>,
 }
 
 impl ModelArgs {
@@ -302,6 +307,7 @@ impl ModelArgs {
             ("--backend", self.backend.is_some()),
             ("--requantize", self.requantize.is_some()),
             ("--device", self.device != Device::Cpu),
+            ("--isa", self.isa.is_some()),
         ] {
             if given {
                 anyhow::bail!(
@@ -333,6 +339,7 @@ impl ModelArgs {
             backend: self.backend.unwrap_or_default(),
             requantize: self.requantize,
             device: self.device,
+            isa: self.isa.clone(),
         }
     }
 }

@@ -68,6 +68,11 @@ pub struct ModelOptions {
     /// file whose pre-tokenizer infgram does not read); the file's chat template is kept.
     #[serde(default)]
     pub tokenizer: Option<std::path::PathBuf>,
+    /// The instruction set of the native CPU kernels (`scalar`, `avx2`, `avxvnni`,
+    /// `avx512vnni`, `amx`; one this CPU runs), in place of the best one: the outputs are
+    /// the same bits on every one, so this measures or works around a kernel, nothing more.
+    #[serde(default)]
+    pub isa: Option<String>,
 }
 
 /// The loader, in builds with neural models.
@@ -78,6 +83,7 @@ mod loading {
     use crate::error::{Error, Result};
     use crate::lm::batch::{BatchStats, Batcher};
     use crate::lm::LanguageModel;
+    use crate::neural::native::kernels::Isa;
     use crate::neural::source::ModelSource;
     use crate::service::request::Prompt;
     use crate::tokenizer::HfTokenizer;
@@ -106,6 +112,8 @@ mod loading {
         requantize: Option<GgmlDType>,
         threads: usize,
         device: Device,
+        /// The native CPU kernels' instruction set.
+        isa: Isa,
     }
 
     type Loaded = Result<Box<dyn LanguageModel + Send>>;
@@ -125,7 +133,7 @@ mod loading {
     /// infgram's CPU kernels.
     fn native_cpu(g: &Gguf) -> Loaded {
         let decoder = crate::neural::native::decoder::Decoder::load(g.path, g.requantize)?;
-        Ok(Box::new(decoder.with_threads(g.threads)))
+        Ok(Box::new(decoder.with_threads(g.threads).with_isa(g.isa)))
     }
 
     /// infgram's fused GPU kernels (a build with the `cuda` feature).
@@ -182,6 +190,15 @@ mod loading {
             n => n,
         };
         let path = source.path().to_path_buf();
+        let native_cpu = matches!(source, ModelSource::Gguf(_))
+            && opts.backend == Backend::Native
+            && opts.device == Device::Cpu;
+        if opts.isa.is_some() && !native_cpu {
+            return Err(Error::input(
+                "--isa chooses the native CPU kernels' instruction set: it applies to a GGUF \
+                 model on --backend native --device cpu (the defaults)",
+            ));
+        }
         let model = match &source {
             ModelSource::Safetensors(_) if requantize.is_some() => {
                 return Err(Error::input("--requantize applies to GGUF models only"))
@@ -202,6 +219,7 @@ mod loading {
                     requantize,
                     threads,
                     device: opts.device,
+                    isa: kernels_isa(opts)?,
                 })?
             }
         };
@@ -301,10 +319,24 @@ mod loading {
                 self.path.display(),
                 meta.as_ref().map(|m| m.len()),
                 meta.and_then(|m| m.modified().ok()),
-                crate::neural::native::kernels::Isa::detect(),
+                kernels_isa(&self.options).unwrap_or_else(|_| Isa::detect()),
                 self.options,
             );
             format!("{:016x}", crate::tokenizer::fnv1a64(key.as_bytes()))
+        }
+    }
+
+    /// The native kernels' instruction set `opts` names (`--isa`), or the best this CPU runs.
+    fn kernels_isa(opts: &ModelOptions) -> Result<Isa> {
+        match &opts.isa {
+            None => Ok(Isa::detect()),
+            Some(name) => name.parse().map_err(|e: String| {
+                let runs: Vec<String> = Isa::available()
+                    .iter()
+                    .map(|i| format!("{i:?}").to_lowercase())
+                    .collect();
+                Error::input(format!("--isa {e}; this CPU runs {}", runs.join(", ")))
+            }),
         }
     }
 

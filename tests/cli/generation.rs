@@ -295,12 +295,49 @@ fn device_cuda_without_a_gpu_says_what_to_do() {
         ("--device", "cuda"),
         ("--backend", "candle"),
         ("--threads", "1"),
+        ("--isa", "scalar"),
     ] {
         let e = err(&infgram(
             &[&gen[..], &["--index", idx, flag, value]].concat(),
         ));
         assert!(e.contains(flag) && e.contains("--model"), "{flag}: {e}");
     }
+}
+
+/// `--isa`: every instruction set this CPU runs gives the same greedy text, bit for bit
+/// (the default, the best, is one of them); one it cannot run, a name it does not know, or a
+/// backend without the native CPU kernels is refused with what to do.
+#[cfg(feature = "neural")]
+#[test]
+fn every_instruction_set_writes_the_same_text() {
+    let gen = [
+        "gen",
+        "--model",
+        "smollm2-135m",
+        "--prompt",
+        "ROMEO:",
+        "--max-tokens",
+        "12",
+        "--temperature",
+        "0",
+        "--json",
+    ];
+    let text = |more: &[&str]| {
+        let out = ok(&infgram(&[&gen[..], more].concat()));
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        v["text"].as_str().expect("a text").to_string()
+    };
+    let best = text(&[]);
+    for isa in infgram::neural::native::kernels::Isa::available() {
+        let name = format!("{isa:?}").to_lowercase();
+        assert_eq!(text(&["--isa", &name]), best, "{name}");
+    }
+    let e = err(&infgram(&[&gen[..], &["--isa", "sse9"]].concat()));
+    assert!(e.contains("--isa") && e.contains("this CPU runs"), "{e}");
+    let e = err(&infgram(
+        &[&gen[..], &["--isa", "scalar", "--backend", "candle"]].concat(),
+    ));
+    assert!(e.contains("--isa") && e.contains("native"), "{e}");
 }
 
 /// `serve --model M --device cuda` in a build without CUDA (or on a machine without it) is

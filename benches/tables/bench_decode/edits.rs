@@ -162,8 +162,16 @@ impl Row {
 }
 
 /// Runs the benchmark with `model`, `max_tokens` a task, `threads` threads (0: one per core),
-/// on `device`; with `dump`, only writes the conversations there.
-pub fn run(model: &str, max_tokens: usize, threads: usize, device: Device, dump: Option<PathBuf>) {
+/// on `device` (on the CPU with the kernels' instruction set `isa`, default the best); with
+/// `dump`, only writes the conversations there.
+pub fn run(
+    model: &str,
+    max_tokens: usize,
+    threads: usize,
+    device: Device,
+    dump: Option<PathBuf>,
+    isa: Option<String>,
+) {
     let (tasks, version) = conversations();
     if let Some(path) = dump {
         let lines: Vec<String> = tasks
@@ -184,6 +192,7 @@ pub fn run(model: &str, max_tokens: usize, threads: usize, device: Device, dump:
     let opts = ModelOptions {
         threads,
         device,
+        isa,
         ..ModelOptions::default()
     };
     let mut loaded = match load_model(model, &opts) {

@@ -158,6 +158,10 @@ enum Bench {
         /// Only write the conversations as JSON lines to FILE (for other engines).
         #[arg(long)]
         dump: Option<std::path::PathBuf>,
+        /// On the CPU: the kernels' instruction set (`avx2`, `avx512vnni`…; default: the
+        /// best this CPU has), so that one machine measures the sets per ISA.
+        #[arg(long)]
+        isa: Option<String>,
     },
     /// The repeated-task workload through one server: past outputs drafting.
     Repeated {
@@ -233,6 +237,7 @@ fn main() {
             threads,
             device,
             dump,
-        } => edits::run(&model, max_tokens, threads, device, dump),
+            isa,
+        } => edits::run(&model, max_tokens, threads, device, dump, isa),
     }
 }
