@@ -581,7 +581,7 @@ pub struct CacheBudget {
     /// Bytes a token's keys and values take (0: the model holds one sequence, or none).
     per_token: AtomicUsize,
     /// Positions' worth of bytes a sequence's cache may hold beyond the room it was given
-    /// ([`crate::lm::Sequences::cache_slack_tokens`]).
+    /// (its rounding, as the batcher reports it).
     slack: AtomicUsize,
     held: std::sync::Mutex<usize>,
     freed: std::sync::Condvar,
@@ -599,7 +599,7 @@ impl CacheBudget {
     }
 
     /// What a sequence given room for `tokens` positions holds at most: the room, set aside
-    /// when the job starts ([`crate::lm::batch::Batcher::sequence_for`]), and its rounding.
+    /// when the job starts (the batcher's `sequence_for`), and its rounding.
     fn need(&self, tokens: usize) -> usize {
         (tokens + self.slack.load(Relaxed)) * self.per_token.load(Relaxed)
     }
