@@ -57,6 +57,24 @@ struct TileConfig {
     rows: [u8; 16],
 }
 
+impl TileConfig {
+    /// Palette 1 with tile registers `(number, rows, bytes a row)`, the others unused.
+    fn new(tiles: &[(usize, usize, usize)]) -> Self {
+        let mut cfg = TileConfig {
+            palette: 1,
+            start_row: 0,
+            reserved: [0; 14],
+            colsb: [0; 16],
+            rows: [0; 16],
+        };
+        for &(tile, rows, bytes) in tiles {
+            cfg.rows[tile] = rows as u8;
+            cfg.colsb[tile] = bytes as u16;
+        }
+        cfg
+    }
+}
+
 /// The tile registers the kernel uses: the sums, and a block's and a half block's operands.
 const SUMS: usize = 0;
 const A_BLOCK: usize = 1;
@@ -67,23 +85,13 @@ const B_HALF: usize = 4;
 impl TileUnit for Amx {
     #[inline(always)]
     unsafe fn begin(m: usize) {
-        let mut cfg = TileConfig {
-            palette: 1,
-            start_row: 0,
-            reserved: [0; 14],
-            colsb: [0; 16],
-            rows: [0; 16],
-        };
-        for (tile, rows, bytes) in [
+        let cfg = TileConfig::new(&[
             (SUMS, m, 64),
             (A_BLOCK, m, BLOCK),
             (B_BLOCK, 8, 64),
             (A_HALF, m, BLOCK / 2),
             (B_HALF, 4, 64),
-        ] {
-            cfg.rows[tile] = rows as u8;
-            cfg.colsb[tile] = bytes as u16;
-        }
+        ]);
         // SAFETY (caller): the CPU has AMX and Linux granted the tile state ([`usable`]).
         std::arch::asm!("ldtilecfg [{cfg}]", cfg = in(reg) &cfg, options(nostack, readonly));
     }
@@ -197,6 +205,32 @@ unsafe fn scaled_sums(c: &Sums, i: usize, row: &Row, b: usize, start: Option<Sta
     _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(row.d[b]))
 }
 
+/// `acc[i] += t_i·dw` for every row i: each row's block sums from its `start`, scaled
+/// ([`scaled_sums`]), times the weights' scales, the VNNI kernels' fused multiply-add.
+#[inline(always)]
+unsafe fn accumulate<const N: usize>(
+    c: &Sums,
+    rows: &[Row; N],
+    b: usize,
+    start: Option<Start>,
+    dw: __m512,
+    acc: &mut [__m512; N],
+) {
+    for (i, (acc, row)) in acc.iter_mut().zip(rows).enumerate() {
+        *acc = _mm512_fmadd_ps(scaled_sums(c, i, row, b, start), dw, *acc);
+    }
+}
+
+impl Quads {
+    /// Stores a block's eight unpacked registers for the tile load.
+    #[inline(always)]
+    unsafe fn store(&mut self, regs: [__m512i; 8]) {
+        for (to, q) in self.0.iter_mut().zip(regs) {
+            _mm512_store_si512(to.as_mut_ptr() as *mut __m512i, q);
+        }
+    }
+}
+
 #[inline(always)]
 unsafe fn nibbles_amx<U: TileUnit, T: NibbleTile, const N: usize>(
     tiles: &[T],
@@ -208,20 +242,17 @@ unsafe fn nibbles_amx<U: TileUnit, T: NibbleTile, const N: usize>(
     let (mut w, mut c) = (Quads([[0; 64]; 8]), Sums([[0; TILE_ROWS]; ROWS_PER_PASS]));
     for (b, tile) in tiles.iter().enumerate() {
         prefetch_ahead(tile);
-        let quads = match tile.high() {
+        w.store(match tile.high() {
             Some(high) => five_bit_quads::<Lanes512>(tile.qs(), high, 0),
             None => nibble_quads::<Lanes512>(tile.qs(), 0),
-        };
-        for (to, q) in w.0.iter_mut().zip(quads) {
-            _mm512_store_si512(to.as_mut_ptr() as *mut __m512i, q);
-        }
+        });
         let (a, stride) = blocks.block(b);
         U::dot(a, stride, w.0.as_ptr(), 8, &mut c);
         let (dw, mw) = scales_of::<Lanes512>(tile.scales(super_of::<T>(supers, b)), 0);
-        for (i, (acc, row)) in acc.iter_mut().zip(rows).enumerate() {
-            let t = scaled_sums(&c, i, row, b, T::START);
-            *acc = _mm512_fmadd_ps(t, dw, *acc);
-            if T::CENTER == 0 {
+        accumulate(&c, rows, b, T::START, dw, acc);
+        // Each row's offset term after its scaled sums, as the VNNI kernels add them.
+        if T::CENTER == 0 {
+            for (acc, row) in acc.iter_mut().zip(rows) {
                 *acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(row.s[b]), *acc);
             }
         }
@@ -242,10 +273,7 @@ unsafe fn q8_0_amx<U: TileUnit, const N: usize>(
         let (a, stride) = blocks.block(b);
         U::dot(a, stride, tile.qs.as_ptr(), 8, &mut c);
         let dw = Lanes512::halves(tile.d.as_ptr());
-        for (i, (acc, row)) in acc.iter_mut().zip(rows).enumerate() {
-            let t = scaled_sums(&c, i, row, b, Some(Start::Q8_0));
-            *acc = _mm512_fmadd_ps(t, dw, *acc);
-        }
+        accumulate(&c, rows, b, Some(Start::Q8_0), dw, acc);
     }
 }
 
@@ -260,19 +288,14 @@ unsafe fn q6k_amx<U: TileUnit, const N: usize>(
     let (mut w, mut c) = (Quads([[0; 64]; 8]), Sums([[0; TILE_ROWS]; ROWS_PER_PASS]));
     for (b, tile) in tiles.iter().enumerate() {
         prefetch_ahead(tile);
-        for (to, q) in w.0.iter_mut().zip(six_bit_quads::<Lanes512>(tile, 0)) {
-            _mm512_store_si512(to.as_mut_ptr() as *mut __m512i, q);
-        }
+        w.store(six_bit_quads::<Lanes512>(tile, 0));
         let d = Lanes512::halves(supers[b / 8].d.as_ptr());
         let (a, stride) = blocks.block(b);
         // Half h of every row, then the next, as the VNNI kernels take them.
         for (h, start) in [(0, Start::Q6KHalf0), (1, Start::Q6KHalf1)] {
             let dw = _mm512_mul_ps(d, Lanes512::bytes(tile.sc[h].as_ptr() as *const u8, true));
             U::dot(a.add(16 * h), stride, w.0[4 * h..].as_ptr(), 4, &mut c);
-            for (i, (acc, row)) in acc.iter_mut().zip(rows).enumerate() {
-                let t = scaled_sums(&c, i, row, b, Some(start));
-                *acc = _mm512_fmadd_ps(t, dw, *acc);
-            }
+            accumulate(&c, rows, b, Some(start), dw, acc);
         }
     }
 }
@@ -335,15 +358,8 @@ pub fn bound_loop(rounds: usize) -> bool {
     if !usable() || rounds == 0 {
         return false;
     }
-    let mut cfg = TileConfig {
-        palette: 1,
-        start_row: 0,
-        reserved: [0; 14],
-        colsb: [64; 16],
-        rows: [16; 16],
-    };
-    cfg.colsb[8..].fill(0);
-    cfg.rows[8..].fill(0);
+    // Four sum tiles, two tiles of activations and two of weights, all 16 rows of 64 bytes.
+    let cfg = TileConfig::new(&std::array::from_fn::<_, 8, _>(|tile| (tile, 16, 64)));
     let zeros = [0u8; 16 * 64];
     // SAFETY: `usable` saw AMX and had the tile state granted; the loads read `zeros`.
     unsafe {
@@ -382,11 +398,12 @@ pub(super) fn usable() -> bool {
         if !cpu_has_amx() {
             return false;
         }
+        let probe = Probe::new();
         // SAFETY: the CPU has AMX and, once `request_tile_state` returns, the tile state is
         // granted; the self-check runs in this process only after it ran in a child.
         let verdict = request_tile_state()
-            .and_then(|()| unsafe { runs_in_a_child::<Amx>() })
-            .and_then(|()| unsafe { self_check::<Amx>() });
+            .and_then(|()| unsafe { runs_in_a_child::<Amx>(&probe) })
+            .and_then(|()| unsafe { self_check::<Amx>(&probe) });
         match verdict {
             Ok(()) => true,
             Err(why) => {
@@ -442,19 +459,14 @@ fn request_tile_state() -> Result<(), String> {
 ///
 /// # Safety
 /// The CPU runs AVX-512 VNNI.
-pub(super) unsafe fn runs_in_a_child<U: TileUnit>() -> Result<(), String> {
+pub(super) unsafe fn runs_in_a_child<U: TileUnit>(probe: &Probe) -> Result<(), String> {
     #[cfg(target_os = "linux")]
     {
-        let mats = every_type(TILE_ROWS, 41);
-        let probes: Vec<QRows> = mats.iter().map(|w| probe_rows(w.cols())).collect();
-        let rows: Vec<Vec<Row>> = probes
-            .iter()
-            .map(|a| (0..ROWS_PER_PASS).map(|r| a.row(r)).collect())
-            .collect();
+        let rows = probe.rows();
         let mut out = [[0.0f32; TILE_ROWS]; ROWS_PER_PASS];
         let pid = libc::fork();
         if pid == 0 {
-            for (w, rows) in mats.iter().zip(&rows) {
+            for (w, rows) in probe.mats.iter().zip(&rows) {
                 for n in 1..=ROWS_PER_PASS {
                     tile_rows_amx::<U>(w.group(0), &rows[..n], &mut out);
                 }
@@ -485,14 +497,46 @@ pub(super) unsafe fn runs_in_a_child<U: TileUnit>() -> Result<(), String> {
         }
     }
     #[cfg(not(target_os = "linux"))]
-    Err("it is tried only on Linux".into())
+    {
+        let _ = probe;
+        Err("it is tried only on Linux".into())
+    }
 }
 
-/// The probe's 16 activation rows of `cols` columns.
-fn probe_rows(cols: usize) -> QRows {
-    let mut a = QRows::default();
-    a.quantize(&super::probe::pseudo(ROWS_PER_PASS * cols, 43), cols);
-    a
+/// What the self-check multiplies: a group of 16 weight rows of every weight type, and 16
+/// activation rows of each one's width.
+pub(super) struct Probe {
+    mats: [QMatrix; 7],
+    acts: Vec<QRows>,
+}
+
+impl Probe {
+    /// The types' names, in the order of [`every_type`].
+    const NAMES: [&'static str; 7] = ["Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"];
+
+    pub(super) fn new() -> Self {
+        let mats = every_type(TILE_ROWS, 41);
+        let acts = mats
+            .iter()
+            .map(|w| {
+                let mut a = QRows::default();
+                a.quantize(
+                    &super::probe::pseudo(ROWS_PER_PASS * w.cols(), 43),
+                    w.cols(),
+                );
+                a
+            })
+            .collect();
+        Probe { mats, acts }
+    }
+
+    /// Each matrix's activation rows.
+    fn rows(&self) -> Vec<Vec<Row<'_>>> {
+        self.acts
+            .iter()
+            .map(|a| (0..ROWS_PER_PASS).map(|r| a.row(r)).collect())
+            .collect()
+    }
 }
 
 /// Multiplies the probe matrices of every weight type (one group of 16 weight rows each)
@@ -501,11 +545,8 @@ fn probe_rows(cols: usize) -> QRows {
 ///
 /// # Safety
 /// The CPU runs AVX-512 VNNI, and `U` can run here.
-pub(super) unsafe fn self_check<U: TileUnit>() -> Result<(), String> {
-    let names = ["Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"];
-    for (w, name) in every_type(TILE_ROWS, 41).iter().zip(names) {
-        let a = probe_rows(w.cols());
-        let rows: Vec<Row> = (0..ROWS_PER_PASS).map(|r| a.row(r)).collect();
+pub(super) unsafe fn self_check<U: TileUnit>(probe: &Probe) -> Result<(), String> {
+    for ((w, rows), name) in probe.mats.iter().zip(probe.rows()).zip(Probe::NAMES) {
         let mut want = [[0.0f32; TILE_ROWS]; ROWS_PER_PASS];
         for (r, chunk) in rows.chunks(rows_per_pass(Isa::Avx512Vnni)).enumerate() {
             let mut o = [[0.0f32; TILE_ROWS]; ROWS_PER_PASS];
@@ -609,13 +650,22 @@ mod tests {
             return;
         }
         // SAFETY: AVX-512 VNNI is here; the emulated units run anywhere.
-        let (checked, tried) = unsafe { (self_check::<Emulated>(), runs_in_a_child::<Emulated>()) };
+        let probe = Probe::new();
+        let (checked, tried) = unsafe {
+            (
+                self_check::<Emulated>(&probe),
+                runs_in_a_child::<Emulated>(&probe),
+            )
+        };
         assert_eq!((checked, tried), (Ok(()), Ok(())));
         let refusals = unsafe {
             [
-                (self_check::<Faulty>(), "Q4_1, 1 rows: row 0, output 15"),
                 (
-                    runs_in_a_child::<Faulting>(),
+                    self_check::<Faulty>(&probe),
+                    "Q4_1, 1 rows: row 0, output 15",
+                ),
+                (
+                    runs_in_a_child::<Faulting>(&probe),
                     "stopped a trial process (signal 6)",
                 ),
             ]
