@@ -282,11 +282,7 @@ impl Generator {
         check_openai_options(&req)?;
         let stop = stop_sequences(req.options.stop.as_ref())?;
         let (plan, checked) = self.plan(&req, mode, indexes, limits)?;
-        let prompt_tokens = match &checked.prompt {
-            request::Prompt::Ids(ids) => ids.len(),
-            _ => 0,
-        };
-        let cache = self.cache.admit(cache_tokens(prompt_tokens, &checked))?;
+        let cache = self.cache.admit(cache_tokens(&checked))?;
         let (events, rx) = tokio::sync::mpsc::unbounded_channel();
         let job = Job {
             plan,
@@ -639,9 +635,13 @@ impl CacheBudget {
 }
 
 /// The cache positions a job may fill: its prompt, `max_tokens`, and the draft rows of its
-/// last pass beyond them.
-fn cache_tokens(prompt_tokens: usize, req: &CheckedRequest) -> usize {
-    prompt_tokens + req.max_tokens + req.draft_max + 1
+/// last pass beyond them (what it is admitted with, and the room its sequence is given).
+fn cache_tokens(req: &CheckedRequest) -> usize {
+    let prompt = match &req.prompt {
+        request::Prompt::Ids(ids) => ids.len(),
+        _ => 0,
+    };
+    prompt + req.max_tokens + req.draft_max + 1
 }
 
 /// A running job's share of the [`CacheBudget`], given back when dropped.
@@ -1048,12 +1048,7 @@ fn model_job(
         }) => {
             // A sequence of the model's for this job, with room for what it was admitted
             // with, freed when it ends.
-            let prompt = match &req.prompt {
-                request::Prompt::Ids(ids) => ids.len(),
-                _ => 0,
-            };
-            let tokens = cache_tokens(prompt, req);
-            let sequence = sequence.insert(batcher.sequence_for(tokens)?);
+            let sequence = sequence.insert(batcher.sequence_for(cache_tokens(req))?);
             (sequence, &**tokenizer, costs.clone())
         }
     };
