@@ -57,12 +57,12 @@ pub fn run(model: &str, clients: &[usize], max_tokens: usize, threads: usize) {
     let tok = &loaded.tokenizer;
     let most = clients.iter().copied().max().unwrap_or(1);
     // The prompt sets' texts, a chat's through the model's chat template.
-    let texts: Vec<(&str, bool)> = super::prompts::SETS
-        .iter()
-        .flat_map(|(_, prompts, chat)| prompts.iter().map(|p| (*p, *chat)))
+    let texts: Vec<(String, bool)> = super::prompts::sets()
+        .into_iter()
+        .flat_map(|set| set.prompts.into_iter().map(move |p| (p, set.chat)))
         .collect();
     let prompts: Vec<Vec<u32>> = (0..most)
-        .map(|i| match texts[i % texts.len()] {
+        .map(|i| match &texts[i % texts.len()] {
             (text, true) => encode_chat(tok, &[Message::new("user", text)], false),
             (text, false) => tok.encode(text),
         })

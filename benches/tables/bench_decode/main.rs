@@ -58,7 +58,7 @@ enum Bench {
         /// a build with the `cuda` feature).
         #[arg(long, value_enum, default_value_t = Device::Cpu)]
         device: Device,
-        /// Only the prompt sets whose names start with this (`copy`, `Shakespeare`, `open`).
+        /// Only the prompt sets whose names start with this (`copy`, `Shakespeare`, `open`, `questions`).
         #[arg(long)]
         set: Option<String>,
         /// On CUDA: `native` (infgram's fused kernels) or `candle` (the candle pass).
@@ -135,6 +135,11 @@ enum Bench {
         /// Plan and weigh with this machine's pass costs (and print a perfect drafter's bound).
         #[arg(long)]
         measured_costs: bool,
+        /// Plan and weigh with this table instead: the milliseconds of passes of 1, 2, 4, 8
+        /// and 16 rows, comma-separated (a table measured once, so that two builds are
+        /// compared on the same costs).
+        #[arg(long, value_delimiter = ',', conflicts_with = "measured_costs")]
+        costs: Option<Vec<f64>>,
         /// The kernels' instruction set (`avx2`, `avx512vnni`…; default: the best this CPU has).
         #[arg(long)]
         isa: Option<Isa>,
@@ -205,9 +210,9 @@ fn main() {
             threads,
         } => batch::run(&model, &clients, max_tokens, threads),
         Bench::Prompts => {
-            for (set, prompts, chat) in prompts::SETS {
-                for p in prompts {
-                    let line = serde_json::json!({"set": set, "chat": chat, "prompt": p});
+            for set in prompts::sets() {
+                for p in &set.prompts {
+                    let line = serde_json::json!({"set": set.name, "chat": set.chat, "prompt": p});
                     println!("{line}");
                 }
             }
@@ -218,8 +223,16 @@ fn main() {
         } => mix::run(max_val_tokens, rounds),
         Bench::Policy {
             measured_costs,
+            costs,
             isa,
-        } => policy::run(measured_costs, isa.unwrap_or_else(Isa::detect)),
+        } => {
+            let costs = match (measured_costs, costs) {
+                (true, _) => policy::Costs::Measured,
+                (false, Some(ms)) => policy::Costs::Given(ms),
+                (false, None) => policy::Costs::Prior,
+            };
+            policy::run(costs, isa.unwrap_or_else(Isa::detect))
+        }
         Bench::Products { isa, repeats } => {
             let isas: Vec<Isa> = match isa {
                 Some(isa) => vec![isa],

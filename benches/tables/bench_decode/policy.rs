@@ -16,10 +16,14 @@
 //! frozen) instead of the prior table, and adds a perfect drafter's bound (16 right tokens
 //! every pass): what no drafter passes here.
 //!
+//! `--costs 7.31,10.41,12.81,23.29,43.33` plans and weighs with a given table (milliseconds
+//! of passes of 1, 2, 4, 8 and 16 rows), also with the perfect drafter's bound: two builds
+//! compared on one machine's measured costs without measuring them again.
+//!
 //! `cargo run --release --example bench_decode -- policy` (about a minute on 2 cores)
 
 use crate::ceiling::ceiling;
-use crate::prompts::SETS;
+use crate::prompts::sets;
 use infgram::decode::drafters::{CorpusDrafter, PromptLookup};
 use infgram::decode::{greedy, CostModel, DecodeConfig, Drafter};
 use infgram::neural::chat_prompt;
@@ -27,8 +31,18 @@ use infgram::neural::native::decoder::Decoder;
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 use std::sync::Arc;
 
-/// Runs the comparison on the `isa` kernels, with this machine's pass costs when `measured`.
-pub fn run(measured: bool, isa: infgram::neural::native::kernels::Isa) {
+/// The pass costs drafts are planned and weighed with.
+pub enum Costs {
+    /// The built-in table ([`CostModel::default`]).
+    Prior,
+    /// This machine's, measured first.
+    Measured,
+    /// Milliseconds of passes of 1, 2, 4, 8 and 16 rows.
+    Given(Vec<f64>),
+}
+
+/// Runs the comparison on the `isa` kernels, with the pass costs `costs`.
+pub fn run(costs: Costs, isa: infgram::neural::native::kernels::Isa) {
     let path = infgram::assets::ensure_model("smollm2-135m").expect("fetch the model");
     let tok = HfTokenizer::from_gguf(&path).unwrap();
     let index_dir = infgram::service::cached_index(&[], &tok)
@@ -38,16 +52,27 @@ pub fn run(measured: bool, isa: infgram::neural::native::kernels::Isa) {
         .unwrap()
         .with_threads(2)
         .with_isa(isa);
-    let cost = if measured {
-        let context: Vec<u32> = (0..256).map(|i| 100 + i).collect();
-        let ms = crate::mix::pass_costs(&mut model, &context);
-        println!(
-            "Pass costs measured here (kernels {isa:?}): {}\n",
-            crate::ceiling::describe_costs(&ms)
-        );
-        CostModel::from_ms(&ms).frozen()
-    } else {
-        CostModel::default().frozen()
+    let measured = !matches!(costs, Costs::Prior);
+    let given = |ms: &[(usize, f64)], how: &str| {
+        println!("Pass costs {how}: {}\n", crate::ceiling::describe_costs(ms));
+        CostModel::from_ms(ms).frozen()
+    };
+    let cost = match costs {
+        Costs::Measured => {
+            let context: Vec<u32> = (0..256).map(|i| 100 + i).collect();
+            let ms = crate::mix::pass_costs(&mut model, &context);
+            given(&ms, &format!("measured here (kernels {isa:?})"))
+        }
+        Costs::Given(ms) => {
+            assert_eq!(
+                ms.len(),
+                5,
+                "--costs: five times, of 1, 2, 4, 8 and 16 rows"
+            );
+            let ms: Vec<(usize, f64)> = [1, 2, 4, 8, 16].into_iter().zip(ms).collect();
+            given(&ms, "given")
+        }
+        Costs::Prior => CostModel::default().frozen(),
     };
     let new_drafters = || -> Vec<Box<dyn Drafter>> {
         vec![
@@ -57,17 +82,18 @@ pub fn run(measured: bool, isa: infgram::neural::native::kernels::Isa) {
     };
     println!("| prompt set | drafting | modeled speed-up, geomean | per prompt (passes) |");
     println!("|---|---|---:|---|");
-    for (name, prompts, chat) in SETS {
+    for set in sets() {
+        let (name, chat) = (set.name, set.chat);
         let mut outputs = Vec::new();
         for (policy, local) in [("run-wide calibration", false), ("+ local evidence", true)] {
             let mut runs = Vec::new();
             outputs.clear();
-            for p in prompts {
-                let text = if chat { chat_prompt(p) } else { p.to_string() };
+            for p in &set.prompts {
+                let text = if chat { chat_prompt(p) } else { p.clone() };
                 let prompt = tok.encode(&text).unwrap();
                 let mut drafters = new_drafters();
                 let cfg = DecodeConfig {
-                    max_tokens: 256,
+                    max_tokens: set.max_tokens,
                     trace: true,
                     local_evidence: local,
                     cost: cost.clone(),

@@ -66,6 +66,10 @@ fn matrices() -> Vec<(&'static str, QMatrix)> {
         ),
         ("4864×896 Q8_0", QMatrix::from_byte_blocks(4864, 896, byte)),
         (
+            "151936×896 Q8_0 (output)",
+            QMatrix::from_byte_blocks(151_936, 896, byte),
+        ),
+        (
             "896×4864 Q4_K",
             QMatrix::from_k_blocks(KQuant::Q4K, 896, 4864, sup, |r, b| k_block(r, b, 16)),
         ),

@@ -34,10 +34,73 @@ pub const OPEN: [&str; 5] = [
     "Write a short poem about autumn leaves.",
 ];
 
-/// The sets as the benchmarks run them: (name, prompts, whether each goes through the chat
-/// template).
-pub const SETS: [(&str, &[&str], bool); 3] = [
-    ("copy / light edit", &COPY_EDIT, true),
-    ("Shakespeare continuation", &SHAKESPEARE, false),
-    ("open questions", &OPEN, true),
+/// Retrieval-style questions over a passage of about 700 tokens: the answer draws on a long
+/// context the drafters can copy from, but is mostly not a copy of it, so drafts are short
+/// and often wrong. Each is asked about its own stretch of Tiny Shakespeare.
+pub const PASSAGE_QUESTIONS: [&str; 5] = [
+    "Who speaks in this passage, and what does each of them want?",
+    "Summarize this passage in a few sentences.",
+    "What is the mood of this passage? Explain briefly.",
+    "Which names and places are mentioned in this passage?",
+    "What happens in this passage, in plain modern English?",
 ];
+
+/// Where the passages of [`PASSAGE_QUESTIONS`] start in Tiny Shakespeare (bytes; each runs
+/// from the next speech on for [`PASSAGE_BYTES`], cut at a line's end).
+const PASSAGE_STARTS: [usize; 5] = [40_000, 250_000, 480_000, 700_000, 930_000];
+
+/// About 700 tokens of SmolLM2's or Qwen's tokenizer.
+const PASSAGE_BYTES: usize = 2_600;
+
+/// A prompt set as the benchmarks run it.
+pub struct Set {
+    pub name: &'static str,
+    pub prompts: Vec<String>,
+    /// Whether each prompt goes through the model's chat template.
+    pub chat: bool,
+    /// New tokens at most.
+    pub max_tokens: usize,
+}
+
+/// The sets, in order: copy / light edit, Shakespeare continuation, open questions, and
+/// questions over a passage (128 new tokens).
+pub fn sets() -> Vec<Set> {
+    let fixed = |name, prompts: &[&str], chat| Set {
+        name,
+        prompts: prompts.iter().map(|p| p.to_string()).collect(),
+        chat,
+        max_tokens: 256,
+    };
+    vec![
+        fixed("copy / light edit", &COPY_EDIT, true),
+        fixed("Shakespeare continuation", &SHAKESPEARE, false),
+        fixed("open questions", &OPEN, true),
+        Set {
+            name: "questions over a passage",
+            prompts: passage_questions(),
+            chat: true,
+            max_tokens: 128,
+        },
+    ]
+}
+
+/// The [`PASSAGE_QUESTIONS`], each after its passage.
+pub fn passage_questions() -> Vec<String> {
+    let text = infgram::assets::tiny_shakespeare().expect("the built-in Tiny Shakespeare");
+    PASSAGE_STARTS
+        .iter()
+        .zip(PASSAGE_QUESTIONS)
+        .map(|(&at, question)| {
+            // From the first speech after `at` (a blank line) to the last line's end.
+            let from = at + text[at..].find("\n\n").expect("a speech") + 2;
+            let to = from
+                + text[from..from + PASSAGE_BYTES]
+                    .rfind('\n')
+                    .expect("a line");
+            format!(
+                "Here is a passage from a play.\n\n{}\n\n{question}",
+                &text[from..to]
+            )
+        })
+        .collect()
+}

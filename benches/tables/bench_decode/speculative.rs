@@ -1,5 +1,6 @@
 //! Speculative decoding benchmark: twelve copy / light-edit prompts, five
-//! Shakespeare openings and five open questions, 256 new tokens, greedy, SmolLM2-135M or
+//! Shakespeare openings and five open questions, 256 new tokens, and five questions over a
+//! passage of about 700 tokens, 128 new tokens; greedy, SmolLM2-135M or
 //! `--model` (native kernels, 2 threads). For each prompt: plain decoding, then speculative decoding with the live
 //! prompt index and an index of Shakespeare's complete works in the model's tokens drafting,
 //! once with the drafters trusted by their run-wide calibration only and once with local
@@ -20,7 +21,7 @@ use infgram::service::models::{Backend, Device};
 use infgram::tokenizer::{HfTokenizer, Tokenizer};
 use std::path::Path;
 
-use crate::prompts::SETS;
+use crate::prompts::sets;
 
 /// One prompt set's results for one drafting policy.
 #[derive(Default)]
@@ -271,19 +272,24 @@ pub fn run(
     let mut rows = Vec::new();
     let mut trees = Vec::new();
     let mut per_prompt = Vec::new();
-    for (name, prompts, chat) in SETS {
+    for set in sets() {
+        let (name, chat) = (set.name, set.chat);
         if only.is_some_and(|o| !name.to_lowercase().starts_with(&o.to_lowercase())) {
             continue;
         }
         let mut set_rows: Vec<Row> = policies.iter().map(|_| Row::default()).collect();
         let mut tree = TreeRoot::default();
-        for (i, p) in prompts.iter().enumerate() {
+        for (i, p) in set.prompts.iter().enumerate() {
             let text = match chat && chat_turns {
                 true => chat_prompt_for(&tok, p),
-                false => p.to_string(),
+                false => p.clone(),
             };
             let mut prompt: Vec<u32> = model.bos_token().into_iter().collect();
             prompt.extend(tok.encode(&text).unwrap());
+            let base = DecodeConfig {
+                max_tokens: set.max_tokens,
+                ..base.clone()
+            };
             let plain_cfg = DecodeConfig {
                 trace: false,
                 ..base.clone()
@@ -364,7 +370,7 @@ pub fn run(
         trees.push((name, tree));
     }
     println!(
-        "Greedy, 256 new tokens at most, {} on {} cores, {on}; ratios are speculative / plain tokens per second in the same run (fastest of {repeats} alternating runs each), geometric mean over the prompts (min–max); every output is compared with plain decoding's.\n",
+        "Greedy, 256 new tokens at most (128 for questions over a passage), {} on {} cores, {on}; ratios are speculative / plain tokens per second in the same run (fastest of {repeats} alternating runs each), geometric mean over the prompts (min–max); every output is compared with plain decoding's.\n",
         path.file_name().unwrap_or_default().to_string_lossy(),
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
