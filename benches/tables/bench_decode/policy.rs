@@ -25,6 +25,7 @@
 use crate::ceiling::ceiling;
 use crate::prompts::sets;
 use infgram::decode::drafters::{CorpusDrafter, PromptLookup};
+use infgram::decode::policy::{plausible_costs, CALIBRATED_SIZES};
 use infgram::decode::{greedy, CostModel, DecodeConfig, Drafter};
 use infgram::neural::chat_prompt;
 use infgram::neural::native::decoder::Decoder;
@@ -64,12 +65,12 @@ pub fn run(costs: Costs, isa: infgram::neural::native::kernels::Isa) {
             given(&ms, &format!("measured here (kernels {isa:?})"))
         }
         Costs::Given(ms) => {
-            assert_eq!(
-                ms.len(),
-                5,
-                "--costs: five times, of 1, 2, 4, 8 and 16 rows"
+            let ms: Vec<(usize, f64)> = CALIBRATED_SIZES.into_iter().zip(ms).collect();
+            assert!(
+                plausible_costs(&ms),
+                "--costs: the milliseconds of passes of {CALIBRATED_SIZES:?} rows, each one a \
+                 machine could measure (`plausible_costs`)"
             );
-            let ms: Vec<(usize, f64)> = [1, 2, 4, 8, 16].into_iter().zip(ms).collect();
             given(&ms, "given")
         }
         Costs::Prior => CostModel::default().frozen(),

@@ -85,7 +85,7 @@ pub fn sets() -> Vec<Set> {
 }
 
 /// The [`PASSAGE_QUESTIONS`], each after its passage.
-pub fn passage_questions() -> Vec<String> {
+fn passage_questions() -> Vec<String> {
     let text = infgram::assets::tiny_shakespeare().expect("the built-in Tiny Shakespeare");
     PASSAGE_STARTS
         .iter()

@@ -258,7 +258,6 @@ pub fn run(
         (Device::Cuda, Backend::Candle) => "the candle pass on CUDA".to_string(),
     };
     let base = DecodeConfig {
-        max_tokens: 256,
         trace: true,
         ..DecodeConfig::default()
     };
@@ -277,6 +276,10 @@ pub fn run(
         if only.is_some_and(|o| !name.to_lowercase().starts_with(&o.to_lowercase())) {
             continue;
         }
+        let base = DecodeConfig {
+            max_tokens: set.max_tokens,
+            ..base.clone()
+        };
         let mut set_rows: Vec<Row> = policies.iter().map(|_| Row::default()).collect();
         let mut tree = TreeRoot::default();
         for (i, p) in set.prompts.iter().enumerate() {
@@ -286,10 +289,6 @@ pub fn run(
             };
             let mut prompt: Vec<u32> = model.bos_token().into_iter().collect();
             prompt.extend(tok.encode(&text).unwrap());
-            let base = DecodeConfig {
-                max_tokens: set.max_tokens,
-                ..base.clone()
-            };
             let plain_cfg = DecodeConfig {
                 trace: false,
                 ..base.clone()
