@@ -15,13 +15,13 @@ pub struct QMatrix {
 /// `rows` (padding of the last group) are zero.
 pub(super) enum Quants {
     /// Nibbles with f16 scales and offsets (Q4_1, Q4_0).
-    Q4_1(Vec<Q4Tile>),
+    Q4_1(PageBuf<Q4Tile>),
     /// Five-bit quants with f16 scales and no offsets (Q5_0: `d·(q − 16)`).
-    Q5_0(Vec<Q5_0Tile>),
+    Q5_0(PageBuf<Q5_0Tile>),
     /// Five-bit quants with f16 scales and offsets (Q5_1).
-    Q5(Vec<Q5Tile>),
+    Q5(PageBuf<Q5Tile>),
     /// Bytes with one f16 scale per block (Q8_0).
-    Q8_0(Vec<Q8_0Tile>),
+    Q8_0(PageBuf<Q8_0Tile>),
     /// Q4_K: nibbles with integer factors of the super-block's scales.
     Q4K(KTiles<Q4KTile>),
     /// Q5_K: five-bit quants with integer factors of the super-block's scales.
@@ -33,12 +33,12 @@ pub(super) enum Quants {
 /// A K-quant matrix: its tiles, and the f16 scales of each group's super-blocks (entry
 /// `g·nb/8 + b/8` for tile `g·nb + b`), kept once per 8 tiles as the file keeps them once
 /// per 256 columns.
-pub(super) struct KTiles<T> {
-    pub(super) tiles: Vec<T>,
+pub(super) struct KTiles<T: Copy> {
+    pub(super) tiles: PageBuf<T>,
     pub(super) supers: Vec<SuperScales>,
 }
 
-impl<T> KTiles<T> {
+impl<T: Copy> KTiles<T> {
     /// Group g's super-blocks, for `nb` blocks a row.
     pub(super) fn group_supers(&self, g: usize, nb: usize) -> &[SuperScales] {
         &self.supers[g * nb / 8..(g + 1) * nb / 8]

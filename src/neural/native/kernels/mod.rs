@@ -19,12 +19,12 @@
 //! gives the same bits, and an output does not depend on the other rows in the pass: a k-token
 //! verification pass gives each position bit-for-bit the logits of a single-token step.
 //!
-//! The files, by role: `isa` (detection and dispatch), `formats` (the tiles), `repack`
-//! (GGUF blocks into tiles), `activations` (quantizing the rows multiplied), `schedule` (a
-//! product over threads), and the kernels: `scalar` (the reference),
-//! `avx2` (AVX2 and AVX-VNNI), `avx512` (AVX-512 VNNI) and `amx` (AMX-INT8, with the
-//! self-check that decides whether it is used), with what the x86 ones share in `x86`; `probe`
-//! makes matrices of every weight type for the self-check and the tests.
+//! The files, by role: `isa` (detection and dispatch), `formats` (the tiles), `pages` (the
+//! huge pages they live in), `repack` (GGUF blocks into tiles), `activations` (quantizing the
+//! rows multiplied), `schedule` (a product over threads), and the kernels: `scalar` (the
+//! reference), `avx2` (AVX2 and AVX-VNNI), `avx512` (AVX-512 VNNI) and `amx` (AMX-INT8, with
+//! the self-check that decides whether it is used), with what the x86 ones share in `x86`;
+//! `probe` makes matrices of every weight type for the self-check and the tests.
 
 /// Weights and activations are quantized in blocks of this many values.
 pub const BLOCK: usize = 32;
@@ -56,6 +56,7 @@ mod avx2;
 mod avx512;
 mod formats;
 mod isa;
+mod pages;
 mod probe;
 mod repack;
 mod scalar;
@@ -68,6 +69,7 @@ pub use activations::*;
 pub use amx::{bound_loop as amx_bound_loop, BOUND_ROUND as AMX_BOUND_ROUND};
 pub use formats::*;
 pub use isa::*;
+use pages::PageBuf;
 
 use scalar::*;
 pub use schedule::*;

@@ -20,14 +20,14 @@ impl QMatrix {
     /// The bytes its tiles (and super-block scales) take: what a pass over all its rows
     /// reads from memory.
     pub fn bytes(&self) -> usize {
-        fn k<T>(k: &KTiles<T>) -> usize {
-            std::mem::size_of_val(k.tiles.as_slice()) + std::mem::size_of_val(k.supers.as_slice())
+        fn k<T: Copy>(k: &KTiles<T>) -> usize {
+            std::mem::size_of_val(&k.tiles[..]) + std::mem::size_of_val(k.supers.as_slice())
         }
         match &self.quants {
-            Quants::Q4_1(t) => std::mem::size_of_val(t.as_slice()),
-            Quants::Q5_0(t) => std::mem::size_of_val(t.as_slice()),
-            Quants::Q5(t) => std::mem::size_of_val(t.as_slice()),
-            Quants::Q8_0(t) => std::mem::size_of_val(t.as_slice()),
+            Quants::Q4_1(t) => std::mem::size_of_val(&t[..]),
+            Quants::Q5_0(t) => std::mem::size_of_val(&t[..]),
+            Quants::Q5(t) => std::mem::size_of_val(&t[..]),
+            Quants::Q8_0(t) => std::mem::size_of_val(&t[..]),
             Quants::Q4K(t) => k(t),
             Quants::Q5K(t) => k(t),
             Quants::Q6K(t) => k(t),
@@ -45,10 +45,10 @@ impl QMatrix {
         block: impl Fn(usize, usize) -> B,
         empty: T,
         put: impl Fn(&mut T, usize, &B),
-    ) -> Vec<T> {
+    ) -> PageBuf<T> {
         let nb = cols / BLOCK;
         let groups = rows.div_ceil(TILE_ROWS);
-        let mut tiles = vec![empty; groups * nb];
+        let mut tiles = PageBuf::filled(groups * nb, empty);
         for (t, tile) in tiles.iter_mut().enumerate() {
             let (g, b) = (t / nb, t % nb);
             for i in 0..TILE_ROWS {
