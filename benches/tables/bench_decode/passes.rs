@@ -1,7 +1,9 @@
 //! What a pass over k new tokens costs against a one-token step: the price of verifying a
 //! k-token draft. On the CPU's native kernels a 16-token pass costs 2.6–5 steps; on a GPU a
 //! pass should cost about one. Prints the median of `repeats` timed passes per k, after a
-//! 256-token prompt, each pass rolled back before the next.
+//! 256-token prompt, each pass rolled back before the next. Passes of 32 and 64 tokens are
+//! read as a prompt is (`feed`: no row's logits; a batch reads prompts 64 tokens a pass), so
+//! their per-token column is what a prompt token costs.
 //!
 //! `cargo run --release --example bench_decode -- passes --device cuda` (a `cuda` build).
 
@@ -51,9 +53,11 @@ pub fn run(model: &str, device: Device, backend: Backend, repeats: usize, isa: O
     // The compute bound: the model's multiply-adds a row over the rate of the ISA's loop.
     let bound = match device {
         Device::Cpu => {
-            let macs = Decoder::from_gguf(source.path())
-                .unwrap()
-                .multiply_adds_per_row();
+            let model = Decoder::from_gguf(source.path()).unwrap();
+            let macs = (
+                model.multiply_adds_per_row(),
+                model.layer_multiply_adds_per_row(),
+            );
             super::bound::int8_rate(isa, 2).map(|rate| (macs, rate))
         }
         Device::Cuda => None,
@@ -78,23 +82,29 @@ pub fn run(model: &str, device: Device, backend: Backend, repeats: usize, isa: O
         },
         prompt.len()
     );
-    if let Some((macs, rate)) = bound {
+    if let Some(((macs, prompt_macs), rate)) = bound {
         println!(
             "compute bound: {:.1} G 8-bit multiply-adds/s on 2 threads ({isa:?} loop, \
-             bench_decode/bound.rs); {:.3} G a row of this model\n",
+             bench_decode/bound.rs); {:.3} G a row of this model, {:.3} G a prompt's row (no \
+             logits)\n",
             rate / 1e9,
-            macs as f64 / 1e9
+            macs as f64 / 1e9,
+            prompt_macs as f64 / 1e9
         );
     }
     println!("| new tokens | pass, ms | per token, ms | pass / one-token step | bound, ms | of the bound |");
     println!("|---:|---:|---:|---:|---:|---:|");
     let mut step = 0.0;
-    for k in [1usize, 2, 4, 8, 16] {
+    for k in [1usize, 2, 4, 8, 16, 32, 64] {
         let draft: Vec<u32> = (0..k as u32).map(|i| (i * 104_729 + 7) % vocab).collect();
+        let prompt_like = k > 16;
         let mut times = Vec::with_capacity(repeats);
         for _ in 0..repeats.max(1) + 2 {
             let t = Instant::now();
-            lm.forward(&draft).unwrap();
+            match prompt_like {
+                true => lm.feed(&draft).unwrap(),
+                false => drop(lm.forward(&draft).unwrap()),
+            }
             times.push(t.elapsed().as_secs_f64() * 1e3);
             lm.truncate(prompt.len());
         }
@@ -105,7 +115,8 @@ pub fn run(model: &str, device: Device, backend: Backend, repeats: usize, isa: O
             step = median;
         }
         let (floor, share) = match bound {
-            Some((macs, rate)) => {
+            Some(((macs, prompt_macs), rate)) => {
+                let macs = if prompt_like { prompt_macs } else { macs };
                 let floor = (k * macs) as f64 / rate * 1e3;
                 (
                     format!("{floor:.2}"),
@@ -114,8 +125,12 @@ pub fn run(model: &str, device: Device, backend: Backend, repeats: usize, isa: O
             }
             None => ("–".into(), "–".into()),
         };
+        let label = match prompt_like {
+            true => format!("{k}, a prompt's"),
+            false => k.to_string(),
+        };
         println!(
-            "| {k} | {median:.2} | {:.3} | {:.2}× | {floor} | {share} |",
+            "| {label} | {median:.2} | {:.3} | {:.2}× | {floor} | {share} |",
             median / k as f64,
             median / step
         );

@@ -257,14 +257,18 @@ impl Decoder {
     /// matrices and the output projection (what the kernels' compute bound counts; attention
     /// and the rest are a small share at short contexts).
     pub fn multiply_adds_per_row(&self) -> usize {
-        let size = |m: &QMatrix| m.rows() * m.cols();
-        let layers: usize = self
-            .layers
+        let output = self.output.as_ref().unwrap_or(&self.embeddings);
+        self.layer_multiply_adds_per_row() + output.rows() * output.cols()
+    }
+
+    /// [`Decoder::multiply_adds_per_row`] without the output projection: what a row of a
+    /// prompt costs (its logits are not computed).
+    pub fn layer_multiply_adds_per_row(&self) -> usize {
+        self.layers
             .iter()
             .flat_map(|w| [&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down])
-            .map(size)
-            .sum();
-        layers + size(self.output.as_ref().unwrap_or(&self.embeddings))
+            .map(|m| m.rows() * m.cols())
+            .sum()
     }
 
     /// The description this model runs.
