@@ -100,6 +100,65 @@ fn a_pass_over_several_sequences_is_each_sequence_alone() {
     }
 }
 
+#[test]
+fn a_prompt_read_beside_other_rows_leaves_each_sequence_as_alone() {
+    // A pass's last layer stops after its keys and values for the rows no logits are asked
+    // of (a prompt read); the rows asked for close up, and the prompt's cache is whole.
+    let dir = tempfile::tempdir().unwrap();
+    for family in &FAMILIES {
+        let path = write_model(dir.path(), family, false);
+        let what = family.name;
+        let load = || Decoder::from_gguf(&path).unwrap().with_threads(2);
+        let (prefix, new) = (ids(6, 41), ids(3, 42));
+        let (prompt, next) = (ids(9, 43), ids(2, 44));
+        let alone = |fed: &[u32], scored: &[u32]| {
+            let mut m = load();
+            m.feed(fed).unwrap();
+            m.score_first(scored, scored.len(), RowForm::Full).unwrap()
+        };
+        let mut m = load();
+        let seqs = m.sequences().unwrap();
+        let other = seqs.add_sequence();
+        let fed = [SeqPart {
+            seq: 0,
+            tokens: &prefix,
+            first: 0,
+        }];
+        assert!(seqs.score_parts(&fed).unwrap()[0].is_empty(), "{what}");
+        // The prompt's rows first, so the rows asked for move up in the last layer.
+        let parts = [
+            SeqPart {
+                seq: other,
+                tokens: &prompt,
+                first: 0,
+            },
+            SeqPart {
+                seq: 0,
+                tokens: &new,
+                first: new.len(),
+            },
+        ];
+        let rows = seqs.score_parts(&parts).unwrap();
+        assert!(rows[0].is_empty(), "{what}: a prompt read has no rows");
+        assert_eq!(
+            rows[1],
+            alone(&prefix, &new),
+            "{what}: rows beside a prompt read"
+        );
+        let after = [SeqPart {
+            seq: other,
+            tokens: &next,
+            first: next.len(),
+        }];
+        let rows = seqs.score_parts(&after).unwrap();
+        assert_eq!(
+            rows[0],
+            alone(&prompt, &next),
+            "{what}: after its prompt was read"
+        );
+    }
+}
+
 /// How a generation of the test decodes.
 #[derive(Clone, Copy, Debug)]
 enum Way {

@@ -351,6 +351,17 @@ impl Decoder {
         for p in parts {
             starts.push(starts.last().copied().unwrap_or(0) + p.tokens.len());
         }
+        // The last layer's work past its keys and values only feeds the logits: rows of the
+        // parts that want none (a prompt read) stop there, and the others' rows close up
+        // (`kept` says where each part's rows sit after that).
+        let wanted: Vec<bool> = parts.iter().map(|p| p.rows > 0).collect();
+        let mut kept = Vec::with_capacity(parts.len() + 1);
+        kept.push(0);
+        for (p, &want) in parts.iter().zip(&wanted) {
+            kept.push(kept.last().copied().unwrap_or(0) + if want { p.tokens.len() } else { 0 });
+        }
+        let trim_last = wanted.contains(&false);
+        let last = self.layers.len().saturating_sub(1);
         let places: Vec<usize> = parts.iter().map(|p| self.seqs[p.seq].cached).collect();
         let (dim, eps) = (self.cfg.dim, self.cfg.norm.eps);
         let end = parts
@@ -403,17 +414,28 @@ impl Decoder {
                 rms_norm_in_place(k, nk, eps);
             }
             let table = &ropes[w.rope];
+            let trim = trim_last && l == last;
             let out = sized(attended, q.len());
             for (i, part) in parts.iter().enumerate() {
                 let (r0, r1, pos) = (starts[i], starts[i + 1], places[i]);
                 let depth = part.tree.map(|t| t.depth.as_slice());
-                let (q, out) = (&mut q[r0 * qw..r1 * qw], &mut out[r0 * qw..r1 * qw]);
-                rope(q, qw, hd, (pos, depth), table, style);
                 rope(&mut k[r0 * kw..r1 * kw], kw, hd, (pos, depth), table, style);
                 let cache = &mut seqs[part.seq].caches[l];
                 cache.append(&k[r0 * kw..r1 * kw], &v[r0 * kw..r1 * kw]);
+                if trim && !wanted[i] {
+                    continue;
+                }
+                let (q, out) = (&mut q[r0 * qw..r1 * qw], &mut out[r0 * qw..r1 * qw]);
+                rope(q, qw, hd, (pos, depth), table, style);
                 let placed = (pos, part.tree.map(TreeLayout::rows));
                 attend(isa, pool, &heads, cache, q, placed, w.window, out);
+            }
+            if trim {
+                close_up(x, dim, &starts, &wanted);
+                close_up(attended, qw, &starts, &wanted);
+                if x.is_empty() {
+                    continue;
+                }
             }
             acts.quantize_on_pool(isa, pool, attended, qw);
             project(isa, pool, acts, &w.wo, projected);
@@ -439,7 +461,7 @@ impl Decoder {
                 continue;
             }
             rms_norm(
-                &x[starts[i] * dim..starts[i + 1] * dim],
+                &x[kept[i] * dim..kept[i + 1] * dim],
                 &self.norm,
                 eps,
                 &mut seq.held,
@@ -588,6 +610,18 @@ fn project_many<const N: usize>(
 
 /// `v` resized to `len` floats, as a slice. Its old values stay (every user overwrites all of
 /// them), so a buffer reused at the same size costs nothing.
+/// Keeps the rows (`width` floats each) of the parts that `wanted` says, in order, at the
+/// front of `v`: part i's rows are `starts[i]..starts[i + 1]`.
+fn close_up(v: &mut Vec<f32>, width: usize, starts: &[usize], wanted: &[bool]) {
+    let mut to = 0;
+    for (i, _) in wanted.iter().enumerate().filter(|w| *w.1) {
+        let (r0, r1) = (starts[i], starts[i + 1]);
+        v.copy_within(r0 * width..r1 * width, to);
+        to += (r1 - r0) * width;
+    }
+    v.truncate(to);
+}
+
 fn sized(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
     v.resize(len, 0.0);
     v
