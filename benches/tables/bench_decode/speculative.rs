@@ -271,11 +271,13 @@ pub fn run(
     let mut rows = Vec::new();
     let mut trees = Vec::new();
     let mut per_prompt = Vec::new();
+    let mut lengths = Vec::new();
     for set in sets() {
         let (name, chat) = (set.name, set.chat);
         if only.is_some_and(|o| !name.to_lowercase().starts_with(&o.to_lowercase())) {
             continue;
         }
+        lengths.push(format!("{} for {name}", set.max_tokens));
         let base = DecodeConfig {
             max_tokens: set.max_tokens,
             ..base.clone()
@@ -369,7 +371,8 @@ pub fn run(
         trees.push((name, tree));
     }
     println!(
-        "Greedy, 256 new tokens at most (128 for questions over a passage), {} on {} cores, {on}; ratios are speculative / plain tokens per second in the same run (fastest of {repeats} alternating runs each), geometric mean over the prompts (min–max); every output is compared with plain decoding's.\n",
+        "Greedy, new tokens at most: {}; {} on {} cores, {on}; ratios are speculative / plain tokens per second in the same run (fastest of {repeats} alternating runs each), geometric mean over the prompts (min–max); every output is compared with plain decoding's.\n",
+        lengths.join(", "),
         path.file_name().unwrap_or_default().to_string_lossy(),
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
