@@ -608,8 +608,6 @@ fn project_many<const N: usize>(
     matmul_many(isa, &ws, acts, &mut slices, pool);
 }
 
-/// `v` resized to `len` floats, as a slice. Its old values stay (every user overwrites all of
-/// them), so a buffer reused at the same size costs nothing.
 /// Keeps the rows (`width` floats each) of the parts that `wanted` says, in order, at the
 /// front of `v`: part i's rows are `starts[i]..starts[i + 1]`.
 fn close_up(v: &mut Vec<f32>, width: usize, starts: &[usize], wanted: &[bool]) {
@@ -622,6 +620,8 @@ fn close_up(v: &mut Vec<f32>, width: usize, starts: &[usize], wanted: &[bool]) {
     v.truncate(to);
 }
 
+/// `v` resized to `len` floats, as a slice. Its old values stay (every user overwrites all of
+/// them), so a buffer reused at the same size costs nothing.
 fn sized(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
     v.resize(len, 0.0);
     v

@@ -4,10 +4,12 @@
 //! A step streams every weight once, hundreds of megabytes, and with 4 KiB pages it walks a
 //! page table entry every 4 KiB: the TLB misses and page walks sit on the stream's critical
 //! path. With 2 MiB pages the same stream takes 512 times fewer. Measured on a 2-vCPU AMD
-//! EPYC Zen 4 (AVX-512 VNNI; `bench_decode products`, the 151,936 × 896 Q8_0 output
-//! projection of Qwen2.5 0.5B, alternating runs): one row 2.68–2.70 ms against 3.04–3.82 ms
-//! with small pages, eight rows 5.5–5.6 against 6.4–6.8. Where the system gives no huge pages
-//! (`transparent_hugepage` set to `never`, or no Linux), the buffer is ordinary memory.
+//! EPYC Zen 4 (AVX-512 VNNI), the builds with and without alternating: one-token steps 9–11%
+//! faster for SmolLM2-135M and Qwen2.5-Coder 0.5B and 1.5B (`bench_decode passes`, medians
+//! of five runs; the compute-bound passes of 8 and 16 rows unchanged), the 151,936 × 896
+//! Q8_0 output projection alone (`bench_decode products`) one row 2.68–2.70 ms against
+//! 3.04–3.82 ms. Where the system gives no huge pages (`transparent_hugepage` set to `never`,
+//! or no Linux), the buffer is ordinary memory.
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
