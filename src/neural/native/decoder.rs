@@ -346,20 +346,17 @@ impl Decoder {
             return Ok(parts.iter().map(|_| Vec::new()).collect());
         }
         // Each part's first row in the pass, and the position it starts at.
-        let mut starts = Vec::with_capacity(parts.len() + 1);
-        starts.push(0);
-        for p in parts {
-            starts.push(starts.last().copied().unwrap_or(0) + p.tokens.len());
-        }
+        let starts = row_starts(parts.iter().map(|p| p.tokens.len()));
         // The last layer's work past its keys and values only feeds the logits: rows of the
         // parts that want none (a prompt read) stop there, and the others' rows close up
         // (`kept` says where each part's rows sit after that).
         let wanted: Vec<bool> = parts.iter().map(|p| p.rows > 0).collect();
-        let mut kept = Vec::with_capacity(parts.len() + 1);
-        kept.push(0);
-        for (p, &want) in parts.iter().zip(&wanted) {
-            kept.push(kept.last().copied().unwrap_or(0) + if want { p.tokens.len() } else { 0 });
-        }
+        let kept = row_starts(
+            parts
+                .iter()
+                .zip(&wanted)
+                .map(|(p, &w)| if w { p.tokens.len() } else { 0 }),
+        );
         let trim_last = wanted.contains(&false);
         let last = self.layers.len().saturating_sub(1);
         let places: Vec<usize> = parts.iter().map(|p| self.seqs[p.seq].cached).collect();
@@ -606,6 +603,16 @@ fn project_many<const N: usize>(
         .map(|(o, w)| sized(o, acts.rows() * w.rows()))
         .collect();
     matmul_many(isa, &ws, acts, &mut slices, pool);
+}
+
+/// Where each part's rows begin, and the end of the last: `0` and the running sums of `rows`.
+fn row_starts(rows: impl Iterator<Item = usize>) -> Vec<usize> {
+    std::iter::once(0)
+        .chain(rows.scan(0, |at, n| {
+            *at += n;
+            Some(*at)
+        }))
+        .collect()
 }
 
 /// Keeps the rows (`width` floats each) of the parts that `wanted` says, in order, at the
