@@ -18,12 +18,7 @@ use std::time::Instant;
 /// CUDA, `backend`'s pass (native: the fused kernels; candle: the candle ops).
 pub fn load(path: &Path, device: Device, isa: Isa, backend: Backend) -> Box<dyn LanguageModel> {
     match device {
-        Device::Cpu => Box::new(
-            Decoder::from_gguf(path)
-                .unwrap()
-                .with_threads(2)
-                .with_isa(isa),
-        ),
+        Device::Cpu => Box::new(cpu_decoder(path, isa)),
         Device::Cuda => {
             let opts = ModelOptions {
                 backend,
@@ -42,25 +37,34 @@ pub fn load(path: &Path, device: Device, isa: Isa, backend: Backend) -> Box<dyn 
     }
 }
 
-/// Times passes of 1, 2, 4, 8 and 16 tokens after a 256-token prompt; on the CPU, with the
-/// kernels of `isa` (default: the best this CPU has) and beside the compute bound of each
-/// pass on it ([`super::bound`]).
+/// The native kernels' model at `path`: two threads, the kernels of `isa`.
+fn cpu_decoder(path: &Path, isa: Isa) -> Decoder {
+    Decoder::from_gguf(path)
+        .unwrap()
+        .with_threads(2)
+        .with_isa(isa)
+}
+
+/// Times passes of 1, 2, 4, 8 and 16 tokens, and prompts of 32 and 64, after a 256-token
+/// prompt; on the CPU, with the kernels of `isa` (default: the best this CPU has) and beside
+/// the compute bound of each pass on it ([`super::bound`]).
 pub fn run(model: &str, device: Device, backend: Backend, repeats: usize, isa: Option<Isa>) {
     let source = infgram::neural::source::ModelSource::resolve(model).expect("the model");
     // (`--isa` names only an ISA this CPU runs: `Isa::from_str` checks.)
     let isa = isa.unwrap_or_else(Isa::detect);
-    let mut lm = load(source.path(), device, isa, backend);
-    // The compute bound: the model's multiply-adds a row over the rate of the ISA's loop.
-    let bound = match device {
+    // The compute bound: the model's multiply-adds a row over the rate of the ISA's loop
+    // (read from the model timed, not a second copy of it).
+    let (mut lm, bound): (Box<dyn LanguageModel>, _) = match device {
         Device::Cpu => {
-            let model = Decoder::from_gguf(source.path()).unwrap();
+            let model = cpu_decoder(source.path(), isa);
             let macs = (
                 model.multiply_adds_per_row(),
                 model.layer_multiply_adds_per_row(),
             );
-            super::bound::int8_rate(isa, 2).map(|rate| (macs, rate))
+            let bound = super::bound::int8_rate(isa, 2).map(|rate| (macs, rate));
+            (Box::new(model), bound)
         }
-        Device::Cuda => None,
+        Device::Cuda => (load(source.path(), device, isa, backend), None),
     };
     let vocab = lm.vocab_size() as u32;
     let prompt: Vec<u32> = (0..256u32).map(|i| (i * 7919 + 13) % vocab).collect();
