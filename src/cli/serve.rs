@@ -73,6 +73,12 @@ pub struct ServeArgs {
     /// prompt and max_tokens may need, and one that could never fit is answered 413.
     #[arg(long, default_value_t = 4096, value_parser = super::positive)]
     pub kv_cache_mib: usize,
+    /// MiB of KV cache kept of ended generations (with --parallel > 1 on the native
+    /// backend): a request whose prompt starts with a kept generation's tokens (a chat's
+    /// next turn, a shared system prompt) reads only the rest, with the same answer. The
+    /// oldest go past the bound; 0: none kept. /metrics counts the tokens not read again.
+    #[arg(long, default_value_t = 256)]
+    pub prompt_cache_mib: usize,
     /// Queries that run at once (more wait their turn).
     #[arg(long, default_value_t = 64, value_parser = super::positive)]
     pub concurrent_queries: usize,
@@ -193,6 +199,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         backlog: args.backlog,
         parallel: args.parallel.unwrap_or(0),
         kv_cache_bytes: args.kv_cache_mib << 20,
+        prompt_cache_bytes: args.prompt_cache_mib << 20,
         concurrent_queries: args.concurrent_queries,
         past_output_tokens: args.past_output_tokens,
         draft_session_bytes: args.draft_session_bytes,

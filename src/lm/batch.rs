@@ -9,6 +9,14 @@
 //! model's promise, [`super::Sequences::score_parts`]), so a generation's tokens do not depend on the
 //! others that share its passes: an answer is the same under any load.
 //!
+//! Kept prompts (prefix caching): a sequence that ends keeps its cache, cut to the tokens it
+//! is known to hold, within a bound of bytes ([`Batcher::keep_prompts`]; the oldest go first).
+//! A new sequence's first tokens read start from a copy of the kept cache that shares the
+//! most of them, and only the rest are read: a chat's next turn rereads none of the conversation, and
+//! requests that share a system prompt read it once. The kept positions are the bits the
+//! sequence would compute (a position's keys and values do not depend on the pass that
+//! computed them), so a generation's tokens are the same with or without them.
+//!
 //! When to run a pass: the batcher takes the first request for a pass, then waits until every
 //! sequence of the last pass that is still held has asked again (every held sequence, before
 //! a first pass), or for [`Batcher::WINDOW`] at most: a loop that samples or drafts between
@@ -47,8 +55,18 @@ enum Call {
     /// A free sequence (a new one when none is free), with room for this many positions of
     /// its cache set aside ([`super::Sequences::reserve`]; 0: none).
     Acquire(usize, Sender<Result<usize>>),
-    /// The sequence is free again (its cache emptied).
-    Release(usize),
+    /// Sequence `seq`, empty, reads `tokens` first: it starts from a copy of the positions
+    /// of them a kept cache holds (answered with their count).
+    Adopt {
+        seq: usize,
+        tokens: Vec<u32>,
+        reply: Sender<Answer>,
+    },
+    /// The sequence is free again; its cache holds these tokens (kept within the bound, or
+    /// emptied).
+    Release(usize, Vec<u32>),
+    /// Bytes the kept caches may hold together.
+    Keep(usize),
 }
 
 /// How the passes went: their count and the sequences they took together.
@@ -60,6 +78,10 @@ pub struct BatchStats {
     pub sequences: AtomicU64,
     /// Sequences held by a live [`SequenceModel`].
     pub live: AtomicUsize,
+    /// Tokens that sequences did not read because a kept cache held them.
+    pub reused_tokens: AtomicU64,
+    /// Tokens the kept caches hold now.
+    pub kept_tokens: AtomicUsize,
 }
 
 /// The owner of a model of several sequences, on its own thread; cheap to clone.
@@ -89,6 +111,10 @@ impl Batcher {
     /// the whole prompt (the same bits: a position's logits do not depend on how its
     /// sequence was fed).
     pub const CHUNK: usize = 64;
+
+    /// Bytes the caches of ended sequences may hold together by default
+    /// ([`Batcher::keep_prompts`]).
+    pub const KEPT_BYTES: usize = 256 << 20;
 
     /// Moves `model` onto the batcher's thread; an error if it holds one sequence only.
     pub fn start(model: Box<dyn LanguageModel + Send>) -> Result<Batcher> {
@@ -124,7 +150,10 @@ impl Batcher {
         let thread_stats = stats.clone();
         std::thread::Builder::new()
             .name("infgram-batch".into())
-            .spawn(move || serve(model.as_mut(), inbox, window, &thread_stats))
+            .spawn(move || {
+                let spare = Spare::new(cache_bytes_per_token, cache_slack_tokens);
+                serve(model.as_mut(), inbox, window, &thread_stats, spare)
+            })
             .map_err(|e| Error::Model(format!("cannot start the batching thread: {e}")))?;
         Ok(Batcher {
             calls,
@@ -149,6 +178,13 @@ impl Batcher {
         &self.stats
     }
 
+    /// Keeps the caches of ended sequences, `bytes` of them at most (the oldest go first; 0:
+    /// none), for new sequences whose first tokens they start ([`Batcher::KEPT_BYTES`]
+    /// until set).
+    pub fn keep_prompts(&self, bytes: usize) -> Result<()> {
+        self.calls.send(Call::Keep(bytes)).map_err(|_| stopped())
+    }
+
     /// A sequence of its own, empty: a [`LanguageModel`] whose passes share the model's with
     /// the other live sequences'. Dropping it frees the sequence.
     pub fn sequence(&self) -> Result<SequenceModel> {
@@ -169,6 +205,10 @@ impl Batcher {
         Ok(SequenceModel {
             seq,
             len: 0,
+            cached: 0,
+            known: Vec::new(),
+            tree: None,
+            fresh: true,
             beside: 0,
             held: std::collections::VecDeque::new(),
             calls: self.calls.clone(),
@@ -191,15 +231,59 @@ struct Pending {
     reply: Sender<Answer>,
 }
 
+/// The sequences no [`SequenceModel`] holds: empty ones, and kept ones whose caches hold the
+/// tokens an ended sequence left (oldest first), within `bound` bytes together.
+struct Spare {
+    empty: Vec<usize>,
+    kept: Vec<(usize, Vec<u32>)>,
+    bound: usize,
+    /// The room each held sequence was given when acquired, by number.
+    rooms: Vec<usize>,
+    token_bytes: usize,
+    slack: usize,
+}
+
+impl Spare {
+    /// Sequence 0, the model's own, empty.
+    fn new(token_bytes: usize, slack: usize) -> Self {
+        Spare {
+            empty: vec![0],
+            kept: Vec::new(),
+            bound: Batcher::KEPT_BYTES,
+            rooms: Vec::new(),
+            token_bytes,
+            slack,
+        }
+    }
+
+    /// What a kept cache of `tokens` positions holds at most.
+    fn bytes(&self, tokens: usize) -> usize {
+        (tokens + self.slack) * self.token_bytes
+    }
+
+    /// Empties kept caches, the oldest first, until they fit the bound.
+    fn evict(&mut self, seqs: &mut dyn super::Sequences, stats: &BatchStats) {
+        let mut held: usize = self.kept.iter().map(|(_, t)| self.bytes(t.len())).sum();
+        while !self.kept.is_empty() && held > self.bound {
+            let (seq, tokens) = self.kept.remove(0);
+            held -= self.bytes(tokens.len());
+            seqs.release(seq);
+            self.empty.push(seq);
+        }
+        stats
+            .kept_tokens
+            .store(self.kept.iter().map(|(_, t)| t.len()).sum(), Relaxed);
+    }
+}
+
 /// The batcher's thread: sequence operations as they come, passes over whoever asked.
 fn serve(
     model: &mut dyn LanguageModel,
     inbox: Receiver<Call>,
     window: Duration,
     stats: &BatchStats,
+    mut spare: Spare,
 ) {
-    // Sequence 0 is the model's own; every sequence is handed out from the free list.
-    let mut free = vec![0];
     let mut pending: Vec<Pending> = Vec::new();
     // The sequences of the last pass still held: those a pass waits for.
     let mut recent: Vec<usize> = Vec::new();
@@ -207,10 +291,10 @@ fn serve(
         let mut next = Some(call);
         let mut deadline: Option<Instant> = None;
         while let Some(call) = next.take() {
-            if let Call::Release(seq) = &call {
+            if let Call::Release(seq, _) = &call {
                 recent.retain(|s| s != seq);
             }
-            take(model, call, &mut free, &mut pending, stats);
+            take(model, call, &mut spare, &mut pending, stats);
             let all_asked = match recent.is_empty() {
                 true => pending.len() >= stats.live.load(Relaxed),
                 false => recent.iter().all(|s| pending.iter().any(|p| p.seq == *s)),
@@ -244,7 +328,7 @@ fn serve(
 fn take(
     model: &mut dyn LanguageModel,
     call: Call,
-    free: &mut Vec<usize>,
+    spare: &mut Spare,
     pending: &mut Vec<Pending>,
     stats: &BatchStats,
 ) {
@@ -267,29 +351,104 @@ fn take(
             }
         }
         Call::Acquire(tokens, reply) => {
-            let seq = match free.pop() {
-                Some(seq) => Ok(seq),
-                None => model
-                    .sequences()
-                    .map(|s| s.add_sequence())
-                    .ok_or_else(stopped),
-            };
-            if let (Ok(seq), Some(s)) = (&seq, model.sequences()) {
-                s.reserve(*seq, tokens);
-            }
+            let seq = acquire(model, spare, tokens);
             if seq.is_ok() {
                 stats.live.fetch_add(1, Relaxed);
             }
             let _ = reply.send(seq);
         }
-        Call::Release(seq) => {
-            if let Some(s) = model.sequences() {
-                s.release(seq);
-            }
-            free.push(seq);
+        Call::Adopt { seq, tokens, reply } => {
+            let answer = adopt(model, spare, seq, &tokens, stats);
+            let _ = reply.send(answer);
+        }
+        Call::Release(seq, tokens) => {
+            release(model, spare, seq, tokens, stats);
             stats.live.fetch_sub(1, Relaxed);
         }
+        Call::Keep(bytes) => {
+            spare.bound = bytes;
+            if let Some(s) = model.sequences() {
+                spare.evict(s, stats);
+            }
+        }
     }
+}
+
+/// An empty sequence (a new one when none is), with room for `tokens` positions.
+fn acquire(model: &mut dyn LanguageModel, spare: &mut Spare, tokens: usize) -> Result<usize> {
+    let s = model.sequences().ok_or_else(stopped)?;
+    let seq = spare.empty.pop().unwrap_or_else(|| s.add_sequence());
+    s.reserve(seq, tokens);
+    if spare.rooms.len() <= seq {
+        spare.rooms.resize(seq + 1, 0);
+    }
+    spare.rooms[seq] = tokens;
+    Ok(seq)
+}
+
+/// Gives empty sequence `seq` the start of the kept cache that starts with the most of
+/// `tokens` (the most recent of equals, which becomes the most recent kept): a copy of those
+/// positions, in the room `seq` was given.
+fn adopt(
+    model: &mut dyn LanguageModel,
+    spare: &mut Spare,
+    seq: usize,
+    tokens: &[u32],
+    stats: &BatchStats,
+) -> Answer {
+    let shared = |kept: &[u32]| kept.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+    let best = (spare.kept.iter().enumerate())
+        .map(|(i, (_, kept))| (shared(kept), i))
+        .max()
+        .filter(|&(n, _)| n > 0);
+    let (Some((n, i)), 0) = (best, cache_len(model, seq)) else {
+        return (Ok(Vec::new()), cache_len(model, seq), None);
+    };
+    let kept = spare.kept.remove(i);
+    let copied = match model.sequences() {
+        Some(s) => s.copy_cache(kept.0, seq, n),
+        None => Err(stopped()),
+    };
+    spare.kept.push(kept);
+    if copied.is_ok() {
+        stats.reused_tokens.fetch_add(n as u64, Relaxed);
+    }
+    (copied.map(|()| Vec::new()), cache_len(model, seq), None)
+}
+
+/// Frees sequence `seq`, whose cache holds `tokens` first: kept, cut to them, while the kept
+/// caches fit their bound (a kept cache that starts the same tokens goes), else emptied.
+fn release(
+    model: &mut dyn LanguageModel,
+    spare: &mut Spare,
+    seq: usize,
+    mut tokens: Vec<u32>,
+    stats: &BatchStats,
+) {
+    tokens.truncate(cache_len(model, seq));
+    let keep = !tokens.is_empty() && spare.bytes(tokens.len()) <= spare.bound;
+    if keep {
+        model.truncate(tokens.len());
+    }
+    let Some(s) = model.sequences() else {
+        return;
+    };
+    if !keep {
+        s.release(seq);
+        spare.empty.push(seq);
+        return;
+    }
+    s.fit(seq);
+    let (starts, others): (Vec<_>, Vec<_>) = std::mem::take(&mut spare.kept)
+        .into_iter()
+        .partition(|(_, kept)| tokens.starts_with(kept));
+    for (old, _) in starts {
+        s.release(old);
+        spare.empty.push(old);
+    }
+    spare.kept = others;
+    spare.kept.push((seq, tokens));
+    spare.evict(s, stats);
 }
 
 /// Runs `op` on sequence `seq`: its rows and the sequence's cache length after.
@@ -362,9 +521,19 @@ fn cache_len(model: &mut dyn LanguageModel, seq: usize) -> usize {
 /// generation thread owns it).
 pub struct SequenceModel {
     seq: usize,
-    /// The sequence's cache length, as the last answer gave it (cut back at once by
-    /// `truncate`, which is not waited for).
+    /// The sequence's cache length: what the last answer gave, cut back by `truncate`.
     len: usize,
+    /// The positions the model's cache holds, as the last answer gave them: more than `len`
+    /// after a `truncate`, whose cut waits for the next operation (the tokens read next may
+    /// be the ones cut, still there).
+    cached: usize,
+    /// The tokens at the cache's first positions, as far as they are known (never more than
+    /// `cached`): what a new sequence may start from when this one ends.
+    known: Vec<u32>,
+    /// The cache length before the last token tree, and its tokens (until `keep_path`).
+    tree: Option<(usize, Vec<u32>)>,
+    /// Nothing read yet: the first tokens fed may start from a kept cache.
+    fresh: bool,
     /// Rows of the other sequences in its last pass.
     beside: usize,
     /// Rows of its last pass not asked for yet ([`LanguageModel::score_more`]): a pass
@@ -384,15 +553,37 @@ impl SequenceModel {
         self.seq
     }
 
+    /// Sends `call` after the cut a `truncate` left waiting, and waits for its answer.
     fn ask(&mut self, call: Call) -> Result<Vec<Logits>> {
         self.held.clear();
+        self.settle();
         self.calls.send(call).map_err(|_| stopped())?;
         let (rows, len, beside) = self.answers.recv().map_err(|_| stopped())?;
-        self.len = len;
+        (self.len, self.cached) = (len, len);
+        self.known.truncate(len);
         if let Some(beside) = beside {
             self.beside = beside;
         }
         rows
+    }
+
+    /// Cuts the model's cache to `len`, if a `truncate` left it longer (not waited for).
+    fn settle(&mut self) {
+        if self.cached <= self.len {
+            return;
+        }
+        let len = self.len;
+        (self.cached, self.tree) = (len, None);
+        self.known.truncate(len);
+        let op: Op = Box::new(move |m| {
+            m.truncate(len);
+            Ok(Vec::new())
+        });
+        let _ = self.calls.send(Call::Alone {
+            seq: self.seq,
+            op,
+            reply: None,
+        });
     }
 
     fn alone(&mut self, op: Op) -> Result<Vec<Logits>> {
@@ -404,20 +595,58 @@ impl SequenceModel {
         })
     }
 
+    /// How many of `tokens`, read after the first `len` positions, the cache already holds:
+    /// the start of a kept cache copied when the sequence reads its first tokens, or its own
+    /// positions still there after a `truncate`.
+    fn held_already(&mut self, tokens: &[u32]) -> Result<usize> {
+        if std::mem::take(&mut self.fresh) && self.cached == 0 && !tokens.is_empty() {
+            let reply = self.reply.clone();
+            let tokens = tokens.to_vec();
+            self.calls
+                .send(Call::Adopt {
+                    seq: self.seq,
+                    tokens: tokens.clone(),
+                    reply,
+                })
+                .map_err(|_| stopped())?;
+            let (answer, len, _) = self.answers.recv().map_err(|_| stopped())?;
+            answer?;
+            self.cached = len;
+            self.known = tokens[..len.min(tokens.len())].to_vec();
+        }
+        let known = self.known.get(self.len..).unwrap_or_default();
+        Ok(known.iter().zip(tokens).take_while(|(a, b)| a == b).count())
+    }
+
     /// Feeds `tokens` (every row's logits back, or none when `all` is false) in passes of
-    /// at most [`Batcher::CHUNK`] of them, checked first as one pass would check them.
+    /// at most [`Batcher::CHUNK`] of them, checked first as one pass would check them. Fed
+    /// without logits, those the cache already holds are not read again.
     fn score(&mut self, tokens: &[u32], all: bool) -> Result<Vec<Logits>> {
         super::check_vocab(tokens, self.about.vocab)?;
         self.held.clear();
+        let tokens = match all {
+            true => tokens,
+            false => {
+                let skip = self.held_already(tokens)?;
+                self.len += skip;
+                &tokens[skip..]
+            }
+        };
         let mut rows = Vec::new();
         for chunk in tokens.chunks(Batcher::CHUNK) {
             let reply = self.reply.clone();
-            rows.extend(self.ask(Call::Score {
+            self.settle();
+            let before = (self.len, self.known.len());
+            let answer = self.ask(Call::Score {
                 seq: self.seq,
                 tokens: chunk.to_vec(),
                 first: if all { chunk.len() } else { 0 },
                 reply,
-            })?);
+            });
+            if before.0 == before.1 && self.cached == before.0 + chunk.len() {
+                self.known.extend_from_slice(chunk);
+            }
+            rows.extend(answer?);
         }
         Ok(rows)
     }
@@ -425,7 +654,8 @@ impl SequenceModel {
 
 impl Drop for SequenceModel {
     fn drop(&mut self) {
-        let _ = self.calls.send(Call::Release(self.seq));
+        let known = std::mem::take(&mut self.known);
+        let _ = self.calls.send(Call::Release(self.seq, known));
     }
 }
 
@@ -456,19 +686,14 @@ impl LanguageModel for SequenceModel {
         self.len
     }
 
-    /// Cuts the sequence back before its next pass (not waited for).
+    /// Cuts the sequence back before its next operation (not waited for; at once after a
+    /// token tree, which the cut ends).
     fn truncate(&mut self, len: usize) {
         self.held.clear();
         self.len = self.len.min(len);
-        let op: Op = Box::new(move |m| {
-            m.truncate(len);
-            Ok(Vec::new())
-        });
-        let _ = self.calls.send(Call::Alone {
-            seq: self.seq,
-            op,
-            reply: None,
-        });
+        if self.tree.is_some() {
+            self.settle();
+        }
     }
 
     fn vocab_size(&self) -> usize {
@@ -500,19 +725,33 @@ impl LanguageModel for SequenceModel {
         first: usize,
         form: RowForm,
     ) -> Result<Vec<Logits>> {
-        let (tokens, parents) = (tokens.to_vec(), parents.to_vec());
+        let (nodes, parents) = (tokens.to_vec(), parents.to_vec());
         let all = tokens.len();
-        let mut rows = self.alone(Box::new(move |m| {
-            m.score_tree_first(&tokens, &parents, all, form)
-        }))?;
+        let base = self.len;
+        let rows = self.alone(Box::new(move |m| {
+            m.score_tree_first(&nodes, &parents, all, form)
+        }));
+        self.tree = Some((base, tokens.to_vec()));
+        let mut rows = rows?;
         let first = first.clamp(1, rows.len().max(1)).min(rows.len());
         self.held = rows.split_off(first).into();
         Ok(rows)
     }
 
     fn keep_path(&mut self, path: &[usize]) -> Result<()> {
-        let path = path.to_vec();
-        self.alone(Box::new(move |m| m.keep_path(&path).map(|()| Vec::new())))
-            .map(drop)
+        let tree = self.tree.take();
+        let nodes = path.to_vec();
+        self.alone(Box::new(move |m| m.keep_path(&nodes).map(|()| Vec::new())))?;
+        // The path's tokens follow the known ones, when those reached the tree.
+        if let Some((base, tokens)) = tree {
+            let kept: Option<Vec<u32>> = path.iter().map(|&n| tokens.get(n).copied()).collect();
+            match kept {
+                Some(kept) if self.known.len() == base && self.cached == base + kept.len() => {
+                    self.known.extend(kept)
+                }
+                _ => self.known.truncate(base),
+            }
+        }
+        Ok(())
     }
 }

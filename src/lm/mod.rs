@@ -369,6 +369,13 @@ pub trait Sequences {
     fn cache_slack_tokens(&self) -> usize {
         0
     }
+    /// Gives back the room of sequence `seq`'s cache beyond its positions: it then holds at
+    /// most `(cached + cache_slack_tokens()) · cache_bytes_per_token()` bytes (a prompt kept
+    /// for a later request, [`batch`]). Nothing by default.
+    fn fit(&mut self, _seq: usize) {}
+    /// Sets sequence `to`'s cache to the first `len` positions of sequence `from`'s (the
+    /// batcher gives a new request the start of a kept prompt, [`batch`]).
+    fn copy_cache(&mut self, from: usize, to: usize, len: usize) -> Result<()>;
     /// One pass over several sequences' new tokens (each sequence at most once): for each
     /// part, what [`LanguageModel::score_first`] of its tokens with `first` would return on
     /// its sequence alone, bit for bit, its other rows held for [`LanguageModel::score_more`]

@@ -156,6 +156,7 @@ impl Generator {
         let slots = Slots {
             asked: limits.parallel,
             request_tokens: limits.prompt_tokens + limits.max_tokens,
+            kept_bytes: limits.prompt_cache_bytes,
         };
         let (queue, jobs) = sync_channel::<Job>(backlog);
         let (ready_tx, ready) = std::sync::mpsc::channel();
@@ -698,11 +699,13 @@ struct Queue<J = Job> {
 }
 
 /// How many generations run at once: `asked` (`--parallel`; 0: [`Slots::chosen`]), and the
-/// longest request, prompt and `max_tokens` (what the KV budget must hold for each).
+/// longest request, prompt and `max_tokens` (what the KV budget must hold for each); and the
+/// bytes of the caches of ended generations kept for the next (`--prompt-cache-mib`).
 #[derive(Clone, Copy)]
 struct Slots {
     asked: usize,
     request_tokens: usize,
+    kept_bytes: usize,
 }
 
 /// Generations at once without a model, where `--parallel` is not given: SBIS generations
@@ -796,6 +799,7 @@ fn share(
                 }]);
             }
             let batcher = loaded.batch(stats)?;
+            batcher.keep_prompts(slots.kept_bytes)?;
             let (costs, tokenizer) = (loaded.pass_costs(), loaded.tokenizer.clone());
             let tokenizer: Arc<dyn Tokenizer> = Arc::new(tokenizer);
             cache

@@ -85,6 +85,10 @@ pub struct Limits {
     /// its prompt and `max_tokens` may need before it runs (it waits while the others leave
     /// too little), and one that could never fit is answered 413.
     pub kv_cache_bytes: usize,
+    /// Bytes of KV cache kept of ended generations (prompt caching, with a batched model):
+    /// a request whose tokens start with a kept generation's reads only the rest; the oldest
+    /// go past it; 0: none kept ([`crate::service::models::Batcher::keep_prompts`]).
+    pub prompt_cache_bytes: usize,
     /// Queries running at once at most (more wait their turn).
     pub concurrent_queries: usize,
     /// Tokens of past outputs the model's generations draft from (speculative mode); the
@@ -109,6 +113,7 @@ impl Default for Limits {
             backlog: 8,
             parallel: 4,
             kv_cache_bytes: 4 << 30,
+            prompt_cache_bytes: crate::service::models::Batcher::KEPT_BYTES,
             concurrent_queries: 64,
             past_output_tokens: crate::service::run::PAST_OUTPUTS_BUDGET,
             draft_session_bytes: crate::service::drafts::DEFAULT_SESSION_BYTES,
@@ -960,6 +965,16 @@ async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
             "infgram_batch_sequences_total",
             "Generations those passes took, summed (over the passes: the mean batch).",
             state.generator.batch_stats().sequences.load(Relaxed) as f64,
+        ),
+        (
+            "infgram_prompt_cache_tokens",
+            "Tokens the kept caches of ended generations hold (bounded by --prompt-cache-mib).",
+            state.generator.batch_stats().kept_tokens.load(Relaxed) as f64,
+        ),
+        (
+            "infgram_prompt_cache_reused_tokens_total",
+            "Prompt tokens not read again because a kept cache held them.",
+            state.generator.batch_stats().reused_tokens.load(Relaxed) as f64,
         ),
         (
             "infgram_uptime_seconds",

@@ -261,6 +261,8 @@ fn generations_sharing_passes_write_what_each_writes_alone() {
                 assert_eq!(got, want, "{what}");
             }
         }
+        // (The second round started from the first round's kept caches.)
+        assert!(reused(&batcher) > 0, "{}", family.name);
         let stats = batcher.stats();
         let passes = stats.passes.load(std::sync::atomic::Ordering::Relaxed);
         let sequences = stats.sequences.load(std::sync::atomic::Ordering::Relaxed);
@@ -268,6 +270,81 @@ fn generations_sharing_passes_write_what_each_writes_alone() {
             passes > 0 && sequences >= passes,
             "{passes} passes, {sequences}"
         );
+    }
+}
+
+/// Tokens not read again because a kept cache held them, so far.
+fn reused(batcher: &Batcher) -> u64 {
+    batcher
+        .stats()
+        .reused_tokens
+        .load(std::sync::atomic::Ordering::Relaxed)
+}
+
+#[test]
+fn kept_prompts_are_read_once_and_every_generation_writes_its_tokens_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    for family in &FAMILIES {
+        let path = write_model(dir.path(), family, false);
+        let load = || Decoder::from_gguf(&path).unwrap().with_threads(2);
+        let mut solo = load();
+        // A prompt longer than a pass takes, one that shares its first 40 tokens, the first
+        // one's conversation going on after its answer, the first one again, and the
+        // conversation's third turn (after an answer written with token trees).
+        let base = ids(Batcher::CHUNK + 6, 60);
+        let first = [base.clone(), ids(5, 61)].concat();
+        let answer = generate(&mut solo, &first, Way::Plain, &[]);
+        let second_turn = [first.clone(), answer.clone(), ids(6, 63)].concat();
+        let second_answer = generate(&mut solo, &second_turn, Way::Plain, &[]);
+        let prompts = [
+            first.clone(),
+            [&base[..40], &ids(9, 62)].concat(),
+            second_turn.clone(),
+            first.clone(),
+            [second_turn.clone(), second_answer.clone(), ids(4, 64)].concat(),
+        ];
+        // (Row: the prompt, how it decodes, the tokens a kept cache must spare it at least.)
+        let cases = [
+            (0, Way::Plain, 0),
+            (1, Way::Drafted, 40),
+            (2, Way::Trees, first.len() + answer.len() - 1),
+            (3, Way::Plain, first.len() - 1),
+            (4, Way::Plain, second_turn.len() + second_answer.len() - 1),
+            (2, Way::Drafted, prompts[2].len() - 1),
+        ];
+        let batcher = Batcher::start(Box::new(load())).unwrap();
+        for (i, &(p, way, spared)) in cases.iter().enumerate() {
+            let what = format!("{} #{i}: prompt {p}, {way:?}", family.name);
+            let prompt = &prompts[p];
+            let greedy = generate(&mut solo, prompt, Way::Plain, &[]);
+            let want = generate(&mut solo, prompt, way, &greedy);
+            let before = reused(&batcher);
+            let mut m = batcher.sequence_for(prompt.len() + 200).unwrap();
+            assert_eq!(generate(&mut m, prompt, way, &greedy), want, "{what}");
+            drop(m);
+            let got = (reused(&batcher) - before) as usize;
+            assert!(got >= spared && got < prompt.len(), "{what}: {got} reused");
+        }
+        // Within the bound (two kept prompts' worth), the oldest gone first; none at 0.
+        let stats = batcher.stats();
+        let position = batcher.cache_bytes_per_token();
+        let bound = 2 * (prompts[2].len() + batcher.cache_slack_tokens()) * position;
+        batcher.keep_prompts(bound).unwrap();
+        for prompt in &prompts {
+            let mut m = batcher.sequence().unwrap();
+            generate(&mut m, prompt, Way::Plain, &[]);
+        }
+        let kept = stats.kept_tokens.load(std::sync::atomic::Ordering::Relaxed);
+        let slack = batcher.cache_slack_tokens();
+        assert!(kept > 0 && (kept + 2 * slack) * position <= bound, "{kept} kept");
+        batcher.keep_prompts(0).unwrap();
+        let before = reused(&batcher);
+        for prompt in [&first, &first] {
+            let mut m = batcher.sequence().unwrap();
+            generate(&mut m, prompt, Way::Plain, &[]);
+        }
+        assert_eq!(reused(&batcher), before, "{}: nothing kept", family.name);
+        assert_eq!(stats.kept_tokens.load(std::sync::atomic::Ordering::Relaxed), 0);
     }
 }
 

@@ -81,6 +81,23 @@ impl KvCache {
         self.len += rows;
     }
 
+    /// Holds the first `len` positions of `other` (a cache of the same shape) instead of its
+    /// own.
+    pub fn copy_from(&mut self, other: &KvCache, len: usize) {
+        let len = len.min(other.len);
+        let lanes = self.kv_heads * self.head_dim;
+        self.len = 0;
+        self.reserve(len);
+        let (stride, from) = (self.stride(), other.stride());
+        for c in 0..lanes {
+            self.keys_t[c * stride..c * stride + len]
+                .copy_from_slice(&other.keys_t[c * from..c * from + len]);
+        }
+        self.values.clear();
+        self.values.extend_from_slice(&other.values[..len * lanes]);
+        self.len = len;
+    }
+
     /// Keeps the first `len` positions.
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
@@ -121,6 +138,18 @@ impl KvCache {
         self.regrow(need.next_multiple_of(SCORE_BLOCK));
     }
 
+    /// Gives back the room beyond the cached positions: the cache then holds no more bytes
+    /// than `(len + SLACK_TOKENS)` positions take (a prompt kept for a later request).
+    pub fn fit(&mut self) {
+        let lanes = self.kv_heads * self.head_dim;
+        self.values.truncate(self.len * lanes);
+        self.values.shrink_to_fit();
+        let capacity = self.len.next_multiple_of(SCORE_BLOCK);
+        if capacity < self.capacity {
+            self.relayout(capacity);
+        }
+    }
+
     /// Bytes the cache holds (its room, not only its positions).
     pub fn bytes(&self) -> usize {
         (self.keys_t.capacity() + self.values.capacity()) * std::mem::size_of::<f32>()
@@ -139,17 +168,22 @@ impl KvCache {
     /// Moves the transposed keys to lanes of `capacity` positions (a multiple of the score
     /// block), if that is more than they have.
     fn regrow(&mut self, capacity: usize) {
-        if capacity <= self.capacity {
-            return;
+        if capacity > self.capacity {
+            self.relayout(capacity);
         }
+    }
+
+    /// Moves the transposed keys to lanes of `capacity` positions (a multiple of the score
+    /// block, at least `len`).
+    fn relayout(&mut self, capacity: usize) {
         let (lanes, old_stride) = (self.kv_heads * self.head_dim, self.stride());
         let stride = capacity + LANE_PAD;
-        let mut grown = vec![0.0f32; lanes * stride];
+        let mut moved = vec![0.0f32; lanes * stride];
         for c in (0..lanes).filter(|_| self.len > 0) {
             let old = &self.keys_t[c * old_stride..c * old_stride + self.len];
-            grown[c * stride..c * stride + self.len].copy_from_slice(old);
+            moved[c * stride..c * stride + self.len].copy_from_slice(old);
         }
-        self.keys_t = grown;
+        self.keys_t = moved;
         self.capacity = capacity;
     }
 
@@ -773,6 +807,34 @@ mod tests {
                 cache.key_block::<1>(1, 3, n - 1)[0],
                 rows[(n - 1) * heads * hd + hd + 3]
             );
+        }
+    }
+
+    /// A cache cut back and fitted keeps its first positions' keys and values and holds no
+    /// more than `(len + SLACK_TOKENS)` positions' bytes; it grows again from there.
+    #[test]
+    fn a_fitted_cache_keeps_its_positions_in_its_own_room() {
+        let (heads, hd) = (2, 64);
+        let (width, position_bytes) = (heads * hd, 2 * heads * hd * std::mem::size_of::<f32>());
+        for (n, kept) in [(300, 0), (300, 1), (300, 129), (1000, 256), (5, 5)] {
+            let mut cache = KvCache::new(heads, hd);
+            let rows = pseudo(n * width, n as u32 + 7);
+            cache.append(&rows, &rows);
+            cache.truncate(kept);
+            cache.fit();
+            assert!(
+                cache.bytes() <= (kept + KvCache::SLACK_TOKENS) * position_bytes,
+                "{n} cut to {kept}: {} bytes",
+                cache.bytes()
+            );
+            cache.append(&rows[..width], &rows[..width]);
+            assert_eq!(cache.len(), kept + 1);
+            for j in 0..kept {
+                assert_eq!(cache.value(j, 1), &rows[j * width + hd..][..hd], "{n}/{kept}");
+                assert_eq!(cache.key_block::<1>(1, 3, j)[0], rows[j * width + hd + 3]);
+            }
+            assert_eq!(cache.value(kept, 0), &rows[..hd]);
+            assert_eq!(cache.key_block::<1>(0, 5, kept)[0], rows[5]);
         }
     }
 

@@ -844,6 +844,36 @@ impl Sequences for Decoder {
         KvCache::SLACK_TOKENS
     }
 
+    fn fit(&mut self, seq: usize) {
+        if let Some(s) = self.seqs.get_mut(seq) {
+            s.truncate(s.cached);
+            s.held.shrink_to_fit();
+            for cache in &mut s.caches {
+                cache.fit();
+            }
+        }
+    }
+
+    fn copy_cache(&mut self, from: usize, to: usize, len: usize) -> Result<()> {
+        let count = self.seqs.len();
+        if from.max(to) >= count || from == to {
+            return Err(Error::Model(format!(
+                "a cache copied from sequence {from} to {to} of {count}: two sequences held"
+            )));
+        }
+        let (low, high) = self.seqs.split_at_mut(from.max(to));
+        let (source, target) = match from < to {
+            true => (&low[from], &mut high[0]),
+            false => (&high[0], &mut low[to]),
+        };
+        target.truncate(0);
+        for (cache, source) in target.caches.iter_mut().zip(&source.caches) {
+            cache.copy_from(source, len);
+        }
+        target.cached = len.min(source.cached);
+        Ok(())
+    }
+
     fn score_parts(&mut self, parts: &[SeqPart]) -> Result<Vec<Vec<Logits>>> {
         for p in parts {
             if let Some(seq) = self.seqs.get_mut(p.seq) {
