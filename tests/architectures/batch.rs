@@ -336,7 +336,10 @@ fn kept_prompts_are_read_once_and_every_generation_writes_its_tokens_alone() {
         }
         let kept = stats.kept_tokens.load(std::sync::atomic::Ordering::Relaxed);
         let slack = batcher.cache_slack_tokens();
-        assert!(kept > 0 && (kept + 2 * slack) * position <= bound, "{kept} kept");
+        assert!(
+            kept > 0 && (kept + 2 * slack) * position <= bound,
+            "{kept} kept"
+        );
         batcher.keep_prompts(0).unwrap();
         let before = reused(&batcher);
         for prompt in [&first, &first] {
@@ -344,7 +347,10 @@ fn kept_prompts_are_read_once_and_every_generation_writes_its_tokens_alone() {
             generate(&mut m, prompt, Way::Plain, &[]);
         }
         assert_eq!(reused(&batcher), before, "{}: nothing kept", family.name);
-        assert_eq!(stats.kept_tokens.load(std::sync::atomic::Ordering::Relaxed), 0);
+        assert_eq!(
+            stats.kept_tokens.load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
     }
 }
 

@@ -636,6 +636,65 @@ fn concurrent_completions_share_passes_and_answer_as_alone() {
         .find_map(|l| l.strip_prefix("infgram_batch_passes_total "))
         .and_then(|v| v.trim().parse::<f64>().ok());
     assert!(passes.is_some_and(|p| p > 0.0), "{metrics}");
+    // (The repeated prompts started from the kept caches of the earlier ones.)
+    assert!(metric(&metrics, "infgram_prompt_cache_reused_tokens_total") > 0.0);
+}
+
+/// A metric's value in `/metrics` text (0 when absent).
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Kept prompts (`--prompt-cache-mib`): a chat's second turn, sent with the first turn's
+/// answer, and a chat that shares only the template's start, read from the kept caches, and
+/// their answers are the ones a server that keeps nothing gives.
+#[test]
+fn a_chat_s_next_turn_reads_only_its_new_tokens_with_the_same_answer() {
+    let turns = |server: &Server| {
+        let ask = |messages: Value| {
+            let body = json!({"messages": messages, "max_tokens": 24, "temperature": 0});
+            let (status, v) = server.post("/v1/chat/completions", &body.to_string());
+            assert_eq!(status, 200, "{v}");
+            let answer = v["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap_or_default();
+            (
+                answer.to_string(),
+                v["usage"]["prompt_tokens"].as_f64().unwrap_or(0.0),
+            )
+        };
+        let first = json!({"role": "user", "content": "Name three colours."});
+        let (one, _) = ask(json!([first]));
+        let (two, prompt) = ask(json!([first, {"role": "assistant", "content": one},
+                                       {"role": "user", "content": "And three more?"}]));
+        let (three, _) = ask(json!([{"role": "user", "content": "Count to five."}]));
+        let (_, metrics) = server.request("GET", "/metrics", None);
+        let reused = metric(&metrics, "infgram_prompt_cache_reused_tokens_total");
+        ((one, two, three), prompt, reused)
+    };
+    let start = |kept: &str| {
+        Server::start(&[
+            "--model",
+            "smollm2-135m",
+            "--threads",
+            "2",
+            "--parallel",
+            "2",
+            "--prompt-cache-mib",
+            kept,
+        ])
+    };
+    let (cold, _, none) = turns(&start("0"));
+    assert_eq!(none, 0.0, "nothing kept");
+    let (kept, second_prompt, reused) = turns(&start("64"));
+    assert_eq!(kept, cold, "answers with kept prompts");
+    assert!(!cold.1.is_empty(), "{cold:?}");
+    // The second turn rereads none of the first (its prompt and answer); the third shares
+    // the template's start.
+    assert!(reused > second_prompt / 2.0, "{reused} of {second_prompt}");
 }
 
 /// `--kv-cache-mib`: a generation whose prompt and `max_tokens` could never fit the KV cache

@@ -830,7 +830,11 @@ mod tests {
             cache.append(&rows[..width], &rows[..width]);
             assert_eq!(cache.len(), kept + 1);
             for j in 0..kept {
-                assert_eq!(cache.value(j, 1), &rows[j * width + hd..][..hd], "{n}/{kept}");
+                assert_eq!(
+                    cache.value(j, 1),
+                    &rows[j * width + hd..][..hd],
+                    "{n}/{kept}"
+                );
                 assert_eq!(cache.key_block::<1>(1, 3, j)[0], rows[j * width + hd + 3]);
             }
             assert_eq!(cache.value(kept, 0), &rows[..hd]);
