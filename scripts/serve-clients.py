@@ -33,13 +33,14 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_infgram(model, threads, parallel):
-    """`infgram serve --model MODEL` on a free port of 127.0.0.1; (process, url)."""
+def start_infgram(model, threads, parallel, extra=()):
+    """`infgram serve --model MODEL` (and `extra` arguments) on a free port of 127.0.0.1;
+    (process, url)."""
     binary = os.path.join(os.path.dirname(__file__), "..", "target", "release", "infgram")
     port = free_port()
     proc = subprocess.Popen([binary, "serve", "--model", model, "--threads", str(threads),
                              "--parallel", str(parallel), "--addr", f"127.0.0.1:{port}",
-                             "--backlog", "64", "--quiet"],
+                             "--backlog", "64", "--quiet", *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 600
@@ -55,9 +56,11 @@ def start_infgram(model, threads, parallel):
 
 
 def chat(url, content, max_tokens, plain, timeout=300):
-    """One streamed greedy chat completion: (text, tokens, seconds to the first token,
-    seconds from the first token to the last)."""
-    body = {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+    """One streamed greedy chat completion of a user's message `content` (or a list of
+    messages): (text, tokens, seconds to the first token, seconds from the first token to
+    the last, prompt tokens)."""
+    messages = content if isinstance(content, list) else [{"role": "user", "content": content}]
+    body = {"messages": messages, "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     if plain:
         body["speculative"] = False
@@ -65,7 +68,7 @@ def chat(url, content, max_tokens, plain, timeout=300):
                                  headers={"Content-Type": "application/json"})
     start = time.time()
     first = last = None
-    text, tokens = [], 0
+    text, tokens, prompt = [], 0, 0
     with urllib.request.urlopen(req, timeout=timeout) as r:
         for line in r:
             line = line.decode().strip()
@@ -82,9 +85,10 @@ def chat(url, content, max_tokens, plain, timeout=300):
             usage = event.get("usage")
             if usage:
                 tokens = usage.get("completion_tokens", tokens)
+                prompt = usage.get("prompt_tokens", prompt)
     first = first or time.time()
     last = last or first
-    return "".join(text), tokens, first - start, last - first
+    return "".join(text), tokens, first - start, last - first, prompt
 
 
 def percentile(xs, p):
@@ -101,13 +105,19 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--plain", action="store_true")
+    ap.add_argument("--prompt-cache-mib", type=int,
+                    help="infgram serve's --prompt-cache-mib (0: every prompt read whole; the "
+                         "default keeps ended generations' caches, so a round's prompts sent "
+                         "in an earlier round are not read again)")
     args = ap.parse_args()
     counts = [int(c) for c in args.clients.split(",")]
     with open(args.prompts) as f:
         prompts = [json.loads(line)["prompt"] for line in f if line.strip()]
     proc = None
     if args.model:
-        proc, url = start_infgram(args.model, args.threads, max(counts))
+        extra = [] if args.prompt_cache_mib is None else ["--prompt-cache-mib",
+                                                          str(args.prompt_cache_mib)]
+        proc, url = start_infgram(args.model, args.threads, max(counts), extra)
     elif args.url:
         url = args.url.rstrip("/")
     else:
