@@ -283,6 +283,8 @@ pub struct DecodeStats {
     pub model_seconds: f64,
     /// Seconds spent reading the prompt (the first pass).
     pub prompt_seconds: f64,
+    /// Prompt tokens the model's cache already held (a kept prompt), not read again.
+    pub cached_prompt_tokens: usize,
     /// Seconds in all.
     pub seconds: f64,
     /// Positions where the processors masked every candidate and the model's wider
@@ -415,10 +417,11 @@ impl Decoding {
             p.start(prompt);
         }
         model.clear();
+        let mut stats = DecodeStats::default();
         if !head.is_empty() {
             model.feed(head)?;
+            stats.cached_prompt_tokens = model.fed_from_cache();
         }
-        let mut stats = DecodeStats::default();
         stats.prompt_seconds = started.elapsed().as_secs_f64();
         stats.model_seconds = stats.prompt_seconds;
         Ok(Decoding {

@@ -209,6 +209,7 @@ impl Batcher {
             known: Vec::new(),
             tree: None,
             fresh: true,
+            fed_from_cache: 0,
             beside: 0,
             held: std::collections::VecDeque::new(),
             calls: self.calls.clone(),
@@ -534,6 +535,8 @@ pub struct SequenceModel {
     tree: Option<(usize, Vec<u32>)>,
     /// Nothing read yet: the first tokens fed may start from a kept cache.
     fresh: bool,
+    /// Tokens of the last `feed` the cache already held.
+    fed_from_cache: usize,
     /// Rows of the other sequences in its last pass.
     beside: usize,
     /// Rows of its last pass not asked for yet ([`LanguageModel::score_more`]): a pass
@@ -629,6 +632,7 @@ impl SequenceModel {
             false => {
                 let skip = self.held_already(tokens)?;
                 self.len += skip;
+                self.fed_from_cache = skip;
                 &tokens[skip..]
             }
         };
@@ -684,6 +688,10 @@ impl LanguageModel for SequenceModel {
 
     fn cache_len(&self) -> usize {
         self.len
+    }
+
+    fn fed_from_cache(&self) -> usize {
+        self.fed_from_cache
     }
 
     /// Cuts the sequence back before its next operation (not waited for; at once after a

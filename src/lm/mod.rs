@@ -278,6 +278,11 @@ pub trait LanguageModel {
     fn clear(&mut self) {
         self.truncate(0);
     }
+    /// Tokens of the last [`LanguageModel::feed`] that the cache already held, so not read
+    /// again (a [`batch`] sequence that started from a kept prompt); 0 by default.
+    fn fed_from_cache(&self) -> usize {
+        0
+    }
     /// Number of logits per position.
     fn vocab_size(&self) -> usize;
     /// Ids that end a generation.
@@ -427,6 +432,9 @@ macro_rules! forward_language_model {
             }
             fn clear(&mut self) {
                 (**self).clear()
+            }
+            fn fed_from_cache(&self) -> usize {
+                (**self).fed_from_cache()
             }
             fn vocab_size(&self) -> usize {
                 (**self).vocab_size()

@@ -7,7 +7,7 @@
 //! decodes speculatively unless it says `"speculative": false`: the same tokens, sooner.
 
 use super::api::ApiError;
-use super::completions::{Mode, Summary};
+use super::completions::{usage, Mode, Summary};
 use super::openai::{ChatMessage, ChatRequest, Completion, Content};
 use crate::service::chat::Message;
 use crate::service::request::Prompt;
@@ -151,13 +151,5 @@ pub fn usage_chunk(id: &str, created: u64, model: &str, summary: &Summary) -> Va
         "choices": [],
         "usage": usage(summary),
         "infgram": summary.infgram,
-    })
-}
-
-fn usage(s: &Summary) -> Value {
-    json!({
-        "prompt_tokens": s.prompt_tokens,
-        "completion_tokens": s.completion_tokens,
-        "total_tokens": s.prompt_tokens + s.completion_tokens,
     })
 }

@@ -68,6 +68,8 @@ pub enum Event {
 pub struct Summary {
     /// Tokens of the prompt.
     pub prompt_tokens: usize,
+    /// Of them, those a kept cache held (not read again).
+    pub cached_tokens: usize,
     /// Tokens generated.
     pub completion_tokens: usize,
     /// `length` (max_tokens reached, or the time limit) or `stop` (an end token, a
@@ -1013,6 +1015,7 @@ fn run_job(state: &mut Worker, job: Job) -> Result<Summary, ApiError> {
     infgram["stopped_at_stop_sequence"] = json!(stop.hit);
     Ok(Summary {
         prompt_tokens: report.prompt_tokens,
+        cached_tokens: report.stats.as_ref().map_or(0, |s| s.cached_prompt_tokens),
         completion_tokens: report.tokens,
         finish_reason: if (report.natural_end && !timed_out) || stop.hit {
             "stop"
@@ -1106,14 +1109,20 @@ pub fn completion_json(
         }],
     });
     if let Some(s) = summary {
-        v["usage"] = json!({
-            "prompt_tokens": s.prompt_tokens,
-            "completion_tokens": s.completion_tokens,
-            "total_tokens": s.prompt_tokens + s.completion_tokens,
-        });
+        v["usage"] = usage(s);
         v["infgram"] = s.infgram.clone();
     }
     v
+}
+
+/// OpenAI's `usage` of a completion: its tokens, and those of the prompt a kept cache held.
+pub fn usage(s: &Summary) -> Value {
+    json!({
+        "prompt_tokens": s.prompt_tokens,
+        "completion_tokens": s.completion_tokens,
+        "total_tokens": s.prompt_tokens + s.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": s.cached_tokens},
+    })
 }
 
 /// Seconds since the Unix epoch.
@@ -1213,6 +1222,7 @@ mod tests {
             assert!(!job.panics, "index out of bounds (a test's panic)");
             Ok(Summary {
                 prompt_tokens: 1,
+                cached_tokens: 0,
                 completion_tokens: 2,
                 finish_reason: "length",
                 infgram: Value::Null,

@@ -661,19 +661,22 @@ fn a_chat_s_next_turn_reads_only_its_new_tokens_with_the_same_answer() {
             let answer = v["choices"][0]["message"]["content"]
                 .as_str()
                 .unwrap_or_default();
-            (
-                answer.to_string(),
-                v["usage"]["prompt_tokens"].as_f64().unwrap_or(0.0),
-            )
+            let usage = &v["usage"];
+            let cached = usage["prompt_tokens_details"]["cached_tokens"].as_f64();
+            let tokens = (
+                usage["prompt_tokens"].as_f64(),
+                cached.expect("cached tokens"),
+            );
+            (answer.to_string(), tokens)
         };
         let first = json!({"role": "user", "content": "Name three colours."});
         let (one, _) = ask(json!([first]));
-        let (two, prompt) = ask(json!([first, {"role": "assistant", "content": one},
+        let (two, tokens) = ask(json!([first, {"role": "assistant", "content": one},
                                        {"role": "user", "content": "And three more?"}]));
         let (three, _) = ask(json!([{"role": "user", "content": "Count to five."}]));
         let (_, metrics) = server.request("GET", "/metrics", None);
         let reused = metric(&metrics, "infgram_prompt_cache_reused_tokens_total");
-        ((one, two, three), prompt, reused)
+        ((one, two, three), tokens, reused)
     };
     let start = |kept: &str| {
         Server::start(&[
@@ -687,14 +690,22 @@ fn a_chat_s_next_turn_reads_only_its_new_tokens_with_the_same_answer() {
             kept,
         ])
     };
-    let (cold, _, none) = turns(&start("0"));
-    assert_eq!(none, 0.0, "nothing kept");
-    let (kept, second_prompt, reused) = turns(&start("64"));
+    let (cold, (_, none_cached), none) = turns(&start("0"));
+    assert_eq!((none, none_cached), (0.0, 0.0), "nothing kept");
+    let (kept, (prompt, cached), reused) = turns(&start("64"));
     assert_eq!(kept, cold, "answers with kept prompts");
     assert!(!cold.1.is_empty(), "{cold:?}");
-    // The second turn rereads none of the first (its prompt and answer); the third shares
-    // the template's start.
-    assert!(reused > second_prompt / 2.0, "{reused} of {second_prompt}");
+    // The second turn rereads none of the first (its prompt and answer), as its usage says;
+    // the third shares the template's start.
+    let prompt = prompt.expect("prompt tokens");
+    assert!(
+        cached > prompt / 2.0 && cached < prompt,
+        "{cached} of {prompt}"
+    );
+    assert!(
+        reused > cached,
+        "{reused} reused, {cached} in the second turn"
+    );
 }
 
 /// `--kv-cache-mib`: a generation whose prompt and `max_tokens` could never fit the KV cache
