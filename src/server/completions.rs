@@ -10,6 +10,7 @@
 //! its [`Cancel`] flag.
 
 use super::api::ApiError;
+use super::metrics::TokenMeter;
 use super::openai::Completion;
 use super::{Limits, Served};
 use crate::service::models::{BatchStats, Batcher, ModelOptions};
@@ -117,6 +118,8 @@ struct Job {
     deadline: Instant,
     cancel: Cancel,
     events: UnboundedSender<Event>,
+    /// Where its tokens are counted.
+    meter: Arc<TokenMeter>,
 }
 
 /// The generation worker: its queue and what it serves.
@@ -129,6 +132,8 @@ pub struct Generator {
     parallel: usize,
     /// The passes of the batched model (none run without one).
     batch: Arc<BatchStats>,
+    /// The tokens the generations wrote and read.
+    meter: Arc<TokenMeter>,
     /// The KV cache the running generations may hold.
     cache: Arc<CacheBudget>,
     /// Cleared when the worker thread ends, however it ends.
@@ -208,6 +213,7 @@ impl Generator {
             running_jobs,
             parallel,
             batch,
+            meter: Arc::default(),
             cache,
             running,
             backlog,
@@ -256,6 +262,11 @@ impl Generator {
         &self.batch
     }
 
+    /// The tokens the generations wrote and read.
+    pub fn tokens(&self) -> &TokenMeter {
+        &self.meter
+    }
+
     /// The KV cache the running generations may hold, and hold now.
     pub fn cache_budget(&self) -> &CacheBudget {
         &self.cache
@@ -297,6 +308,7 @@ impl Generator {
             deadline: Instant::now() + limits.generation_time,
             cancel: Cancel::default(),
             events,
+            meter: self.meter.clone(),
         };
         self.waiting.fetch_add(1, Relaxed);
         match self.queue.try_send(job) {
@@ -961,11 +973,13 @@ fn run_job(state: &mut Worker, job: Job) -> Result<Summary, ApiError> {
         deadline,
         cancel,
         events,
+        meter,
     } = job;
     let mut stream = Utf8Stream::default();
     let mut stop = StopAt::new(stop);
     let (mut timed_out, mut client_gone) = (false, false);
     let mut emit = |tok: &dyn Tokenizer, t: u32| {
+        meter.generated();
         let text = stop.push(&stream.push(&tok.decode_bytes(&[t]).unwrap_or_default()));
         if !text.is_empty() && events.send(Event::Text(text)).is_err() {
             client_gone = true;
@@ -1013,9 +1027,11 @@ fn run_job(state: &mut Worker, job: Job) -> Result<Summary, ApiError> {
     infgram["mode"] = json!(mode.name());
     infgram["time_limit_reached"] = json!(timed_out);
     infgram["stopped_at_stop_sequence"] = json!(stop.hit);
+    let cached_tokens = report.stats.as_ref().map_or(0, |s| s.cached_prompt_tokens);
+    meter.read(report.prompt_tokens.saturating_sub(cached_tokens));
     Ok(Summary {
         prompt_tokens: report.prompt_tokens,
-        cached_tokens: report.stats.as_ref().map_or(0, |s| s.cached_prompt_tokens),
+        cached_tokens,
         completion_tokens: report.tokens,
         finish_reason: if (report.natural_end && !timed_out) || stop.hit {
             "stop"

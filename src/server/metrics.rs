@@ -1,8 +1,8 @@
 //! The server's counters, served as Prometheus text at `GET /metrics`: requests and errors,
 //! and a latency histogram, per endpoint: each query type of `POST /`, then `completions`,
 //! `drafts`, `health`, `metrics`, `models`, and `other` for requests that named no valid query
-//! type.
-//! Lock-free: one set of atomics per label.
+//! type. Lock-free: one set of atomics per label. And the generations' tokens
+//! ([`TokenMeter`]): written and read, and the rate written over the last ten seconds.
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -136,6 +136,74 @@ impl Metrics {
     }
 }
 
+/// Seconds over which [`TokenMeter::per_second`] averages (ten).
+pub const RATE_SECONDS: u64 = 10;
+
+/// The tokens the server's generations wrote and read: totals, and the generated tokens of
+/// each of the last whole seconds (for the rate `/metrics` reports beside the totals).
+#[derive(Default)]
+pub struct TokenMeter {
+    generated: AtomicU64,
+    read: AtomicU64,
+    /// (second since the meter began, tokens generated in it), the newest last.
+    recent: std::sync::Mutex<std::collections::VecDeque<(u64, u64)>>,
+    began: std::sync::OnceLock<std::time::Instant>,
+}
+
+impl TokenMeter {
+    /// Counts a token generated now.
+    pub fn generated(&self) {
+        self.generated_in(self.second());
+    }
+
+    /// Counts prompt tokens read by the model (those a kept cache held excluded).
+    pub fn read(&self, tokens: usize) {
+        self.read.fetch_add(tokens as u64, Relaxed);
+    }
+
+    /// Tokens generated so far.
+    pub fn generated_total(&self) -> u64 {
+        self.generated.load(Relaxed)
+    }
+
+    /// Prompt tokens read so far.
+    pub fn read_total(&self) -> u64 {
+        self.read.load(Relaxed)
+    }
+
+    /// Tokens generated a second over the last ten whole seconds.
+    pub fn per_second(&self) -> f64 {
+        self.per_second_at(self.second())
+    }
+
+    fn generated_in(&self, second: u64) {
+        self.generated.fetch_add(1, Relaxed);
+        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        match recent.back_mut() {
+            Some((s, n)) if *s == second => *n += 1,
+            _ => recent.push_back((second, 1)),
+        }
+        while (recent.front()).is_some_and(|&(s, _)| s + RATE_SECONDS < second) {
+            recent.pop_front();
+        }
+    }
+
+    /// The rate in the [`RATE_SECONDS`] whole seconds before second `now`.
+    fn per_second_at(&self, now: u64) -> f64 {
+        let recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        let tokens: u64 = (recent.iter())
+            .filter(|&&(s, _)| s < now && s + RATE_SECONDS >= now)
+            .map(|&(_, n)| n)
+            .sum();
+        tokens as f64 / RATE_SECONDS as f64
+    }
+
+    fn second(&self) -> u64 {
+        let began = self.began.get_or_init(std::time::Instant::now);
+        began.elapsed().as_secs()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,5 +239,23 @@ mod tests {
             .contains("infgram_request_duration_seconds_bucket{endpoint=\"other\",le=\"+Inf\"} 1"));
         assert!(text.contains("infgram_queue 2"));
         assert_eq!(m.total_requests(), 3);
+    }
+
+    /// The totals count every token; the rate averages the last ten whole seconds (not the
+    /// one under way), and older seconds go.
+    #[test]
+    fn the_meter_counts_tokens_and_averages_the_last_whole_seconds() {
+        let meter = TokenMeter::default();
+        // 50 tokens in second 3, 30 in second 9, 20 in second 15.
+        for (second, tokens) in [(3, 50), (9, 30), (15, 20)] {
+            (0..tokens).for_each(|_| meter.generated_in(second));
+        }
+        meter.read(7);
+        assert_eq!((meter.generated_total(), meter.read_total()), (100, 7));
+        assert_eq!(meter.per_second_at(15), 3.0, "seconds 5-14: 30 tokens");
+        assert_eq!(meter.per_second_at(16), 5.0, "seconds 6-15: 50 tokens");
+        assert_eq!(meter.per_second_at(30), 0.0);
+        // Second 3 went when second 15 came.
+        assert_eq!(meter.recent.lock().unwrap().len(), 2);
     }
 }

@@ -967,6 +967,21 @@ async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
             state.generator.batch_stats().sequences.load(Relaxed) as f64,
         ),
         (
+            "infgram_generated_tokens_total",
+            "Tokens the generations wrote.",
+            state.generator.tokens().generated_total() as f64,
+        ),
+        (
+            "infgram_prompt_tokens_read_total",
+            "Prompt tokens the model read (those a kept cache held excluded).",
+            state.generator.tokens().read_total() as f64,
+        ),
+        (
+            "infgram_generated_tokens_per_second",
+            "Tokens the generations wrote a second, over the last ten whole seconds.",
+            state.generator.tokens().per_second(),
+        ),
+        (
             "infgram_prompt_cache_tokens",
             "Tokens the kept caches of ended generations hold (bounded by --prompt-cache-mib).",
             state.generator.batch_stats().kept_tokens.load(Relaxed) as f64,

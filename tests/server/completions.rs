@@ -638,6 +638,13 @@ fn concurrent_completions_share_passes_and_answer_as_alone() {
     assert!(passes.is_some_and(|p| p > 0.0), "{metrics}");
     // (The repeated prompts started from the kept caches of the earlier ones.)
     assert!(metric(&metrics, "infgram_prompt_cache_reused_tokens_total") > 0.0);
+    // Every answer's tokens counted (12 answers of at most 40 tokens).
+    let generated = metric(&metrics, "infgram_generated_tokens_total");
+    assert!(generated > 12.0 && generated <= 480.0, "{generated}");
+    assert!(
+        metrics.contains("infgram_generated_tokens_per_second "),
+        "{metrics}"
+    );
 }
 
 /// A metric's value in `/metrics` text (0 when absent).
@@ -676,7 +683,8 @@ fn a_chat_s_next_turn_reads_only_its_new_tokens_with_the_same_answer() {
         let (three, _) = ask(json!([{"role": "user", "content": "Count to five."}]));
         let (_, metrics) = server.request("GET", "/metrics", None);
         let reused = metric(&metrics, "infgram_prompt_cache_reused_tokens_total");
-        ((one, two, three), tokens, reused)
+        let read = metric(&metrics, "infgram_prompt_tokens_read_total");
+        ((one, two, three), tokens, (reused, read))
     };
     let start = |kept: &str| {
         Server::start(&[
@@ -690,9 +698,10 @@ fn a_chat_s_next_turn_reads_only_its_new_tokens_with_the_same_answer() {
             kept,
         ])
     };
-    let (cold, (_, none_cached), none) = turns(&start("0"));
+    let (cold, (_, none_cached), (none, all_read)) = turns(&start("0"));
     assert_eq!((none, none_cached), (0.0, 0.0), "nothing kept");
-    let (kept, (prompt, cached), reused) = turns(&start("64"));
+    let (kept, (prompt, cached), (reused, read)) = turns(&start("64"));
+    assert_eq!(read + reused, all_read, "prompt tokens read or not");
     assert_eq!(kept, cold, "answers with kept prompts");
     assert!(!cold.1.is_empty(), "{cold:?}");
     // The second turn rereads none of the first (its prompt and answer), as its usage says;
