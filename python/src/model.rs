@@ -10,10 +10,12 @@
 //!   another engine's hook run on infgram's own model.
 //!
 //! The model sits behind a mutex: calls from several threads run one at a time; each releases
-//! the GIL while it runs. With `Model(..., parallel=N)` (N > 1, the native CPU backend) the
-//! model runs on a batcher's thread instead: `generate` called from several Python threads
-//! runs the generations at once, their new tokens sharing the model's passes, each answer the
-//! one it gets alone; `step` and the other calls keep one sequence of their own.
+//! the GIL while it runs. On the native CPU backend the model runs on a batcher's thread, the
+//! mutex holding one sequence of it, so that the caches of ended generations are kept (a
+//! prompt that starts as an earlier one reads only the rest). With `Model(..., parallel=N)`
+//! (N > 1) `generate` called from several Python threads runs the generations at once on
+//! sequences of their own, their new tokens sharing the model's passes, each answer the one it
+//! gets alone; `step` and the other calls keep the one sequence.
 use crate::index::Index;
 use crate::Guarded;
 use crate::{detokenize_with, runtime, to_py, tokenize_with, Ans, Idx};
@@ -164,13 +166,17 @@ impl Model {
             .transpose()
             .map_err(invalid)?;
         let mut loaded = py.guarded(|| load_model(model, &opts))?.map_err(invalid)?;
-        let batcher = match parallel {
-            0 | 1 => None,
+        // A model of several sequences runs on a batcher's thread even at one generation at a
+        // time: the sequences keep what they read, so a prompt that starts as an earlier one
+        // reads only the rest.
+        let batched = match (parallel, loaded.model.sequences().is_some()) {
+            (0 | 1, false) => None,
             _ => Some(
                 py.guarded(|| loaded.batch(Default::default()))?
                     .map_err(invalid)?,
             ),
         };
+        let batcher = batched.filter(|_| parallel > 1);
         let tok: Arc<dyn Tokenizer> = Arc::new(loaded.tokenizer.clone());
         // Each index is checked against the model's tokenizer once, here.
         let index = index

@@ -191,3 +191,22 @@ def test_generations_from_several_threads_share_the_batch_and_answer_as_alone():
     assert got == want
     ids = shared.prompt_ids(PROMPT, raw=True)
     assert shared.step(ids).shape[0] == len(ids)
+
+
+def test_a_prompt_that_starts_as_an_earlier_one_reads_only_the_rest():
+    """On the native backend a model keeps the caches of its ended generations: the same
+    prompt again reads only its last token, and one that goes on after an earlier answer reads
+    only what follows it; each answer is the one a fresh model gives."""
+    model = infgram.Model(MODEL, threads=2)
+    ask = dict(raw=True, max_tokens=16, temperature=0)
+    first = model.generate(prompt=PROMPT, **ask)
+    assert first["stats"]["cached_prompt_tokens"] == 0
+    again = model.generate(prompt=PROMPT, **ask)
+    assert again["text"] == first["text"]
+    assert again["stats"]["cached_prompt_tokens"] == again["prompt_tokens"] - 1
+    longer = PROMPT + first["text"] + "\n\nFirst Citizen:\n"
+    cold = infgram.Model(MODEL, threads=2).generate(prompt=longer, **ask)
+    warm = model.generate(prompt=longer, **ask)
+    assert warm["text"] == cold["text"]
+    assert cold["stats"]["cached_prompt_tokens"] == 0
+    assert warm["prompt_tokens"] - 1 > warm["stats"]["cached_prompt_tokens"] >= first["prompt_tokens"]

@@ -68,13 +68,13 @@ pub struct ServeArgs {
     /// a model. The server says the number when it starts, and /health shows it.
     #[arg(long, value_parser = super::positive)]
     pub parallel: Option<usize>,
-    /// MiB of KV cache the running generations may hold together (with --parallel > 1 on the
-    /// native backend): a generation waits while the others leave too little for what its
+    /// MiB of KV cache the running generations may hold together (on the native backend,
+    /// whose generations share one model's passes): a generation waits while the others leave too little for what its
     /// prompt and max_tokens may need, and one that could never fit is answered 413.
     #[arg(long, default_value_t = 4096, value_parser = super::positive)]
     pub kv_cache_mib: usize,
-    /// MiB of KV cache kept of ended generations (with --parallel > 1 on the native
-    /// backend): a request whose prompt starts with a kept generation's tokens (a chat's
+    /// MiB of KV cache kept of ended generations (on the native backend, at any --parallel):
+    /// a request whose prompt starts with a kept generation's tokens (a chat's
     /// next turn, a shared system prompt) reads only the rest, with the same answer. The
     /// oldest go past the bound; 0: none kept. /metrics counts the tokens not read again.
     #[arg(long, default_value_t = 256)]

@@ -802,7 +802,9 @@ fn share(
     let name = state.name.clone();
     #[cfg(feature = "neural")]
     let model = match state.model {
-        Some(ServedModel::Own(mut loaded)) if slots.asked != 1 => {
+        // (Batched at `--parallel 1` too: its one worker's ended generations leave their
+        // caches to the next.)
+        Some(ServedModel::Own(mut loaded)) => {
             if loaded.model.sequences().is_none() {
                 if slots.asked > 1 {
                     diag!("this model's backend runs one sequence at a time: --parallel {parallel} serves one request at a time");
@@ -823,9 +825,9 @@ fn share(
             parallel = slots.chosen(&costs, cache);
             Some((batcher, tokenizer, costs))
         }
-        Some(own) => {
+        Some(shared) => {
             return Ok(vec![Worker {
-                model: Some(own),
+                model: Some(shared),
                 name,
             }])
         }

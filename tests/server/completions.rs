@@ -655,9 +655,9 @@ fn metric(text: &str, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Kept prompts (`--prompt-cache-mib`): a chat's second turn, sent with the first turn's
-/// answer, and a chat that shares only the template's start, read from the kept caches, and
-/// their answers are the ones a server that keeps nothing gives.
+/// Kept prompts (`--prompt-cache-mib`, also at `--parallel 1`): a chat's second turn, sent
+/// with the first turn's answer, and a chat that shares only the template's start, read from
+/// the kept caches, and their answers are the ones a server that keeps nothing gives.
 #[test]
 fn a_chat_s_next_turn_reads_only_its_new_tokens_with_the_same_answer() {
     let turns = |server: &Server| {
@@ -686,21 +686,22 @@ fn a_chat_s_next_turn_reads_only_its_new_tokens_with_the_same_answer() {
         let read = metric(&metrics, "infgram_prompt_tokens_read_total");
         ((one, two, three), tokens, (reused, read))
     };
-    let start = |kept: &str| {
+    let start = |parallel: &str, kept: &str| {
         Server::start(&[
             "--model",
             "smollm2-135m",
             "--threads",
             "2",
             "--parallel",
-            "2",
+            parallel,
             "--prompt-cache-mib",
             kept,
         ])
     };
-    let (cold, (_, none_cached), (none, all_read)) = turns(&start("0"));
+    let (cold, (_, none_cached), (none, all_read)) = turns(&start("2", "0"));
     assert_eq!((none, none_cached), (0.0, 0.0), "nothing kept");
-    let (kept, (prompt, cached), (reused, read)) = turns(&start("64"));
+    // (One generation at a time keeps them too.)
+    let (kept, (prompt, cached), (reused, read)) = turns(&start("1", "64"));
     assert_eq!(read + reused, all_read, "prompt tokens read or not");
     assert_eq!(kept, cold, "answers with kept prompts");
     assert!(!cold.1.is_empty(), "{cold:?}");
