@@ -10,7 +10,8 @@ Measures `infgram serve` (started here with --model) or any server at --url (lla
     python3 scripts/serve-clients.py --url http://127.0.0.1:8081 --prompts /tmp/prompts.jsonl
 
 Each client sends one streamed greedy chat completion (the prompt set's chats, in turn) and
-all of a round start together; a round's answers must each equal the same prompt's answer
+all of a round start together; infgram reads every prompt whole (`--prompt-cache-mib 0`
+unless given: a round repeats earlier rounds' prompts); a round's answers must each equal the same prompt's answer
 with one client (greedy: an answer does not depend on the load), which the last column says.
 With --plain, infgram is asked for plain decoding ("speculative": false); by default a
 greedy chat decodes speculatively. Every request has a time limit; the script stops the
@@ -105,18 +106,18 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--plain", action="store_true")
-    ap.add_argument("--prompt-cache-mib", type=int,
-                    help="infgram serve's --prompt-cache-mib (0: every prompt read whole; the "
-                         "default keeps ended generations' caches, so a round's prompts sent "
-                         "in an earlier round are not read again)")
+    ap.add_argument("--prompt-cache-mib", type=int, default=0,
+                    help="infgram serve's --prompt-cache-mib; 0 (here the default): every "
+                         "prompt read whole, as a fresh server reads new prompts (with kept "
+                         "caches a round's prompts sent in an earlier round, or by the checks "
+                         "of its answers, are not read again)")
     args = ap.parse_args()
     counts = [int(c) for c in args.clients.split(",")]
     with open(args.prompts) as f:
         prompts = [json.loads(line)["prompt"] for line in f if line.strip()]
     proc = None
     if args.model:
-        extra = [] if args.prompt_cache_mib is None else ["--prompt-cache-mib",
-                                                          str(args.prompt_cache_mib)]
+        extra = ["--prompt-cache-mib", str(args.prompt_cache_mib)]
         proc, url = start_infgram(args.model, args.threads, max(counts), extra)
     elif args.url:
         url = args.url.rstrip("/")

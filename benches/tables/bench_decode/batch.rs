@@ -69,6 +69,9 @@ pub fn run(model: &str, clients: &[usize], max_tokens: usize, threads: usize) {
         .collect::<infgram::Result<_>>()
         .expect("the prompts");
     let batcher = Batcher::start(loaded.model).expect("a batching model");
+    // Every run reads its prompts whole: kept caches of the earlier runs' prompts would
+    // spare the later runs their prompts (scripts/chat-turns.py measures what they spare).
+    batcher.keep_prompts(0).expect("the batcher");
     println!(
         "{model}, {threads} threads, greedy, {max_tokens} tokens a client, a prompt each\n\n\
          | decoding | clients | tokens | seconds | aggregate tokens/s | x one client | mean batch | as alone |\n\
