@@ -12,8 +12,8 @@
 //! Kept prompts (prefix caching): a sequence that ends keeps its cache, cut to the tokens it
 //! is known to hold, within a bound of bytes ([`Batcher::keep_prompts`]; the oldest go first).
 //! A new sequence's first tokens read start from a copy of the kept cache that shares the
-//! most of them, and only the rest are read: a chat's next turn rereads none of the conversation, and
-//! requests that share a system prompt read it once. The kept positions are the bits the
+//! most of them, and only the rest are read: a chat's next turn rereads none of the
+//! conversation, and requests that share a system prompt read it once. The kept positions are the bits the
 //! sequence would compute (a position's keys and values do not depend on the pass that
 //! computed them), so a generation's tokens are the same with or without them.
 //!
@@ -238,8 +238,6 @@ struct Spare {
     empty: Vec<usize>,
     kept: Vec<(usize, Vec<u32>)>,
     bound: usize,
-    /// The room each held sequence was given when acquired, by number.
-    rooms: Vec<usize>,
     token_bytes: usize,
     slack: usize,
 }
@@ -251,7 +249,6 @@ impl Spare {
             empty: vec![0],
             kept: Vec::new(),
             bound: Batcher::KEPT_BYTES,
-            rooms: Vec::new(),
             token_bytes,
             slack,
         }
@@ -380,10 +377,6 @@ fn acquire(model: &mut dyn LanguageModel, spare: &mut Spare, tokens: usize) -> R
     let s = model.sequences().ok_or_else(stopped)?;
     let seq = spare.empty.pop().unwrap_or_else(|| s.add_sequence());
     s.reserve(seq, tokens);
-    if spare.rooms.len() <= seq {
-        spare.rooms.resize(seq + 1, 0);
-    }
-    spare.rooms[seq] = tokens;
     Ok(seq)
 }
 
@@ -604,11 +597,10 @@ impl SequenceModel {
     fn held_already(&mut self, tokens: &[u32]) -> Result<usize> {
         if std::mem::take(&mut self.fresh) && self.cached == 0 && !tokens.is_empty() {
             let reply = self.reply.clone();
-            let tokens = tokens.to_vec();
             self.calls
                 .send(Call::Adopt {
                     seq: self.seq,
-                    tokens: tokens.clone(),
+                    tokens: tokens.to_vec(),
                     reply,
                 })
                 .map_err(|_| stopped())?;
