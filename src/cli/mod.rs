@@ -101,6 +101,22 @@ pub fn positive(s: &str) -> Result<usize, String> {
     }
 }
 
+/// A size in MiB whose bytes fit in memory's addresses (at most 2^40 MiB); 0 allowed.
+pub fn mib(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n <= 1 << 40 => Ok(n),
+        _ => Err(format!("{s}: give a whole number of MiB, at most 2^40")),
+    }
+}
+
+/// [`mib`], at least 1.
+pub fn positive_mib(s: &str) -> Result<usize, String> {
+    match mib(s) {
+        Ok(0) => Err(format!("{s}: give a whole number of MiB ≥ 1")),
+        other => other,
+    }
+}
+
 /// SBIS levels: −1 (all) or at least 1.
 pub fn levels(s: &str) -> Result<i64, String> {
     match s.parse::<i64>() {

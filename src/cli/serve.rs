@@ -71,13 +71,13 @@ pub struct ServeArgs {
     /// MiB of KV cache the running generations may hold together (on the native backend,
     /// whose generations share one model's passes): a generation waits while the others leave too little for what its
     /// prompt and max_tokens may need, and one that could never fit is answered 413.
-    #[arg(long, default_value_t = 4096, value_parser = super::positive)]
+    #[arg(long, default_value_t = 4096, value_parser = super::positive_mib)]
     pub kv_cache_mib: usize,
     /// MiB of KV cache kept of ended generations (on the native backend, at any --parallel):
     /// a request whose prompt starts with a kept generation's tokens (a chat's
     /// next turn, a shared system prompt) reads only the rest, with the same answer. The
     /// oldest go past the bound; 0: none kept. /metrics counts the tokens not read again.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = super::mib)]
     pub prompt_cache_mib: usize,
     /// Queries that run at once (more wait their turn).
     #[arg(long, default_value_t = 64, value_parser = super::positive)]

@@ -29,6 +29,11 @@ fn bad_numbers_bad_lines_and_write_errors() {
         (vec!["gen", "--index", idx, "--k", "-5"], "--k"),
         (vec!["gen", "--index", idx, "--context", "0"], "--context"),
         (
+            vec!["serve", "--prompt-cache-mib", "99999999999999999"],
+            "--prompt-cache-mib",
+        ),
+        (vec!["serve", "--kv-cache-mib", "0"], "--kv-cache-mib"),
+        (
             vec!["gen", "--index", idx, "--max-tokens", "1000000000"],
             "--max-tokens",
         ),
