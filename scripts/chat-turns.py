@@ -15,7 +15,6 @@ import argparse
 import importlib.util
 import json
 import os
-import subprocess
 
 spec = importlib.util.spec_from_file_location(
     "serve_clients", os.path.join(os.path.dirname(__file__), "serve-clients.py"))
@@ -36,11 +35,7 @@ def conversation(model, threads, kept_mib, prompts, turns, max_tokens):
             out.append((prompt, ttft, text))
         return out
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        clients.stop_infgram(proc)
 
 
 def main():

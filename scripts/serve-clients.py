@@ -56,6 +56,15 @@ def start_infgram(model, threads, parallel, extra=()):
     sys.exit("the server did not start within 600 s")
 
 
+def stop_infgram(proc):
+    """Stops a server `start_infgram` started (killed past 20 s)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def chat(url, content, max_tokens, plain, timeout=300):
     """One streamed greedy chat completion of a user's message `content` (or a list of
     messages): (text, tokens, seconds to the first token, seconds from the first token to
@@ -161,11 +170,7 @@ def main():
                   f"{'yes' if same else 'NO'} |")
     finally:
         if proc:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_infgram(proc)
 
 
 if __name__ == "__main__":
