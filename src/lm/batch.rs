@@ -210,6 +210,7 @@ impl Batcher {
             tree: None,
             fresh: true,
             fed_from_cache: 0,
+            shared: true,
             beside: 0,
             held: std::collections::VecDeque::new(),
             calls: self.calls.clone(),
@@ -530,6 +531,8 @@ pub struct SequenceModel {
     fresh: bool,
     /// Tokens of the last `feed` the cache already held.
     fed_from_cache: usize,
+    /// Its cache is kept when it ends ([`SequenceModel::unshared`]: not).
+    shared: bool,
     /// Rows of the other sequences in its last pass.
     beside: usize,
     /// Rows of its last pass not asked for yet ([`LanguageModel::score_more`]): a pass
@@ -547,6 +550,13 @@ impl SequenceModel {
     /// The sequence's number in the model.
     pub fn sequence(&self) -> usize {
         self.seq
+    }
+
+    /// The sequence, starting from no kept cache and leaving its own to none when it ends
+    /// (a request that asks its prompt not to be kept).
+    pub fn unshared(mut self) -> Self {
+        (self.fresh, self.shared) = (false, false);
+        self
     }
 
     /// Sends `call` after the cut a `truncate` left waiting, and waits for its answer.
@@ -650,7 +660,10 @@ impl SequenceModel {
 
 impl Drop for SequenceModel {
     fn drop(&mut self) {
-        let known = std::mem::take(&mut self.known);
+        let known = match self.shared {
+            true => std::mem::take(&mut self.known),
+            false => Vec::new(),
+        };
         let _ = self.calls.send(Call::Release(self.seq, known));
     }
 }

@@ -89,6 +89,8 @@ enum Plan {
     Model {
         index: Option<ModelIndex>,
         past: Option<PastStore>,
+        /// Start from a kept prompt, and keep this one (`cache_prompt`).
+        kept: bool,
     },
 }
 
@@ -440,8 +442,8 @@ impl Generator {
         };
         let prompt = prompt_ids(&checked, model_tok.as_ref(), limits)?;
         checked.prompt = request::Prompt::Ids(prompt);
-        let past = self.past.clone();
-        Ok((Plan::Model { index, past }, checked))
+        let (past, kept) = (self.past.clone(), req.options.cache_prompt != Some(false));
+        Ok((Plan::Model { index, past, kept }, checked))
     }
 }
 
@@ -1006,7 +1008,10 @@ fn run_job(state: &mut Worker, job: Job) -> Result<Summary, ApiError> {
             let mut res = Resources::corpus(served.index.clone(), tok.as_ref());
             generate(&req, &mut res, &opts, |t| emit(tok.as_ref(), t))?
         }
-        Plan::Model { index, past } => model_job(state, &req, index, past, &opts, &mut emit)?,
+        Plan::Model { index, past, kept } => {
+            let resources = (index, past, kept);
+            model_job(state, &req, resources, &opts, &mut emit)?
+        }
     };
     if client_gone {
         diag!(
@@ -1050,8 +1055,7 @@ fn run_job(state: &mut Worker, job: Job) -> Result<Summary, ApiError> {
 fn model_job(
     state: &mut Worker,
     req: &CheckedRequest,
-    index: Option<ModelIndex>,
-    past: Option<PastStore>,
+    (index, past, kept): (Option<ModelIndex>, Option<PastStore>, bool),
     opts: &RunOptions,
     emit: &mut dyn FnMut(&dyn Tokenizer, u32),
 ) -> Result<GenerationReport, ApiError> {
@@ -1073,7 +1077,8 @@ fn model_job(
         }) => {
             // A sequence of the model's for this job, with room for what it was admitted
             // with, freed when it ends.
-            let sequence = sequence.insert(batcher.sequence_for(cache_tokens(req))?);
+            let own = batcher.sequence_for(cache_tokens(req))?;
+            let sequence = sequence.insert(if kept { own } else { own.unshared() });
             (sequence, &**tokenizer, costs.clone())
         }
     };
@@ -1095,8 +1100,7 @@ fn model_job(
 fn model_job(
     _state: &mut Worker,
     _req: &CheckedRequest,
-    _index: Option<ModelIndex>,
-    _past: Option<PastStore>,
+    _resources: (Option<ModelIndex>, Option<PastStore>, bool),
     _opts: &RunOptions,
     _emit: &mut dyn FnMut(&dyn Tokenizer, u32),
 ) -> Result<GenerationReport, ApiError> {

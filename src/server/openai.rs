@@ -51,6 +51,9 @@ macro_rules! shared_fields {
             compare: bool,
             /// How the index drafts: `sbis` (default) or `longest_suffix`.
             corpus_rule: CorpusRule,
+            /// With a model: `false` reads the prompt whole and keeps nothing of this
+            /// request's cache for later ones (`--prompt-cache-mib`); default true.
+            cache_prompt: Option<bool>,
         }
     };
 }

@@ -655,36 +655,48 @@ fn metric(text: &str, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// A greedy chat turn of 24 tokens: its answer, its prompt tokens and those a kept cache held
+/// (`cache_prompt`: the request's field).
+fn chat_turn(server: &Server, messages: &Value, cache_prompt: bool) -> (String, f64, f64) {
+    let body = json!({"messages": messages, "max_tokens": 24, "temperature": 0,
+                      "cache_prompt": cache_prompt});
+    let (status, v) = server.post("/v1/chat/completions", &body.to_string());
+    assert_eq!(status, 200, "{v}");
+    let answer = v["choices"][0]["message"]["content"].as_str();
+    let usage = &v["usage"];
+    (
+        answer.unwrap_or_default().to_string(),
+        usage["prompt_tokens"].as_f64().expect("prompt tokens"),
+        usage["prompt_tokens_details"]["cached_tokens"]
+            .as_f64()
+            .expect("cached tokens"),
+    )
+}
+
 /// Kept prompts (`--prompt-cache-mib`, also at `--parallel 1`): a chat's second turn, sent
 /// with the first turn's answer, and a chat that shares only the template's start, read from
-/// the kept caches, and their answers are the ones a server that keeps nothing gives.
+/// the kept caches, and their answers are the ones a server that keeps nothing gives; a
+/// request with `"cache_prompt": false` reads its prompt whole and leaves nothing kept.
 #[test]
 fn a_chat_s_next_turn_reads_only_its_new_tokens_with_the_same_answer() {
+    let first = json!({"role": "user", "content": "Name three colours."});
+    let second = |one: &str| {
+        json!([first, {"role": "assistant", "content": one},
+               {"role": "user", "content": "And three more?"}])
+    };
+    let metrics =
+        |server: &Server, name: &str| metric(&server.request("GET", "/metrics", None).1, name);
     let turns = |server: &Server| {
-        let ask = |messages: Value| {
-            let body = json!({"messages": messages, "max_tokens": 24, "temperature": 0});
-            let (status, v) = server.post("/v1/chat/completions", &body.to_string());
-            assert_eq!(status, 200, "{v}");
-            let answer = v["choices"][0]["message"]["content"]
-                .as_str()
-                .unwrap_or_default();
-            let usage = &v["usage"];
-            let cached = usage["prompt_tokens_details"]["cached_tokens"].as_f64();
-            let tokens = (
-                usage["prompt_tokens"].as_f64(),
-                cached.expect("cached tokens"),
-            );
-            (answer.to_string(), tokens)
-        };
-        let first = json!({"role": "user", "content": "Name three colours."});
-        let (one, _) = ask(json!([first]));
-        let (two, tokens) = ask(json!([first, {"role": "assistant", "content": one},
-                                       {"role": "user", "content": "And three more?"}]));
-        let (three, _) = ask(json!([{"role": "user", "content": "Count to five."}]));
-        let (_, metrics) = server.request("GET", "/metrics", None);
-        let reused = metric(&metrics, "infgram_prompt_cache_reused_tokens_total");
-        let read = metric(&metrics, "infgram_prompt_tokens_read_total");
-        ((one, two, three), tokens, (reused, read))
+        let (one, ..) = chat_turn(server, &json!([first]), true);
+        let (two, prompt, cached) = chat_turn(server, &second(&one), true);
+        let (three, ..) = chat_turn(
+            server,
+            &json!([{"role": "user", "content": "Count to five."}]),
+            true,
+        );
+        let reused = metrics(server, "infgram_prompt_cache_reused_tokens_total");
+        let read = metrics(server, "infgram_prompt_tokens_read_total");
+        ((one, two, three), (prompt, cached), (reused, read))
     };
     let start = |parallel: &str, kept: &str| {
         Server::start(&[
@@ -701,13 +713,13 @@ fn a_chat_s_next_turn_reads_only_its_new_tokens_with_the_same_answer() {
     let (cold, (_, none_cached), (none, all_read)) = turns(&start("2", "0"));
     assert_eq!((none, none_cached), (0.0, 0.0), "nothing kept");
     // (One generation at a time keeps them too.)
-    let (kept, (prompt, cached), (reused, read)) = turns(&start("1", "64"));
+    let server = start("1", "64");
+    let (kept, (prompt, cached), (reused, read)) = turns(&server);
     assert_eq!(read + reused, all_read, "prompt tokens read or not");
     assert_eq!(kept, cold, "answers with kept prompts");
     assert!(!cold.1.is_empty(), "{cold:?}");
     // The second turn rereads none of the first (its prompt and answer), as its usage says;
     // the third shares the template's start.
-    let prompt = prompt.expect("prompt tokens");
     assert!(
         cached > prompt / 2.0 && cached < prompt,
         "{cached} of {prompt}"
@@ -716,6 +728,24 @@ fn a_chat_s_next_turn_reads_only_its_new_tokens_with_the_same_answer() {
         reused > cached,
         "{reused} reused, {cached} in the second turn"
     );
+    // Not kept: read whole, the same answer, and the kept caches as they were (counted after
+    // the first: an answer goes out before its sequence is handed back).
+    let (two, _, none) = chat_turn(&server, &second(&kept.0), false);
+    assert_eq!((two.as_str(), none), (kept.1.as_str(), 0.0));
+    let held = metrics(&server, "infgram_prompt_cache_tokens");
+    let (_, _, none) = chat_turn(&server, &second(&kept.0), false);
+    assert_eq!(none, 0.0);
+    assert_eq!(metrics(&server, "infgram_prompt_cache_tokens"), held);
+    assert_eq!(
+        metrics(&server, "infgram_prompt_cache_reused_tokens_total"),
+        reused
+    );
+    // A new chat sent not kept, then kept: the second reads its message again.
+    let new = json!([{"role": "user", "content": "Spell the word cat."}]);
+    let (private, _, none) = chat_turn(&server, &new, false);
+    let (public, prompt, cached) = chat_turn(&server, &new, true);
+    assert_eq!((private, none), (public, 0.0));
+    assert!(cached + 4.0 < prompt, "{cached} of {prompt} kept");
 }
 
 /// `--kv-cache-mib`: a generation whose prompt and `max_tokens` could never fit the KV cache
