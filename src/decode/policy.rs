@@ -562,7 +562,7 @@ impl DraftPolicy {
         let mut out: Vec<Branch> = Vec::new();
         for o in offers.iter().filter(|o| o.drafter != main.drafter) {
             let t = &o.draft.tokens;
-            let a = m.iter().zip(t).take_while(|(x, y)| x == y).count();
+            let a = crate::lm::common_start(m, t);
             if a >= m.len()
                 || a >= t.len()
                 || out.iter().any(|b| b.at == a && b.draft.tokens[0] == t[a])

@@ -391,9 +391,8 @@ fn adopt(
     tokens: &[u32],
     stats: &BatchStats,
 ) -> Answer {
-    let shared = |kept: &[u32]| kept.iter().zip(tokens).take_while(|(a, b)| a == b).count();
     let best = (spare.kept.iter().enumerate())
-        .map(|(i, (_, kept))| (shared(kept), i))
+        .map(|(i, (_, kept))| (super::common_start(kept, tokens), i))
         .max()
         .filter(|&(n, _)| n > 0);
     let (Some((n, i)), 0) = (best, cache_len(model, seq)) else {
@@ -620,7 +619,7 @@ impl SequenceModel {
             self.known = tokens[..len.min(tokens.len())].to_vec();
         }
         let known = self.known.get(self.len..).unwrap_or_default();
-        Ok(known.iter().zip(tokens).take_while(|(a, b)| a == b).count())
+        Ok(super::common_start(known, tokens))
     }
 
     /// Feeds `tokens` (every row's logits back, or none when `all` is false) in passes of
@@ -785,7 +784,6 @@ mod tests {
     /// a position for other tokens than the sequence's shows in every later row. Cut caches
     /// keep their states past the cut until the next tokens overwrite them, as
     /// `attention::KvCache` does.
-    #[derive(Default)]
     struct Chain {
         seqs: Vec<(Vec<u64>, usize)>,
         current: usize,

@@ -481,6 +481,11 @@ macro_rules! forward_language_model {
 forward_language_model!(&mut M);
 forward_language_model!(Box<M>);
 
+/// How many tokens `a` and `b` share from their start.
+pub fn common_start(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
 /// Refuses token ids at or beyond `vocab` (every model's forward pass checks its input).
 pub fn check_vocab(tokens: &[u32], vocab: usize) -> Result<()> {
     match tokens.iter().find(|&&t| t as usize >= vocab) {
