@@ -123,8 +123,9 @@ impl Model {
     /// to after each generation). `threads`, `backend` (`"native"` or `"candle"`), `device`
     /// (`"cpu"` or `"cuda"`), `requantize` (`"q8_0"`, `"q4_0"`) and `tokenizer` (the model's
     /// `tokenizer.json`, in place of the one its GGUF file carries) are `infgram gen`'s options.
-    /// `parallel`: with more than 1 (the native CPU backend), `generate` called from that
-    /// many Python threads at once shares the model's passes (`serve --parallel`).
+    /// `parallel`: with more than 1 (the native backend, on the CPU or a GPU), `generate`
+    /// called from that many Python threads at once shares the model's passes (`serve
+    /// --parallel`).
     #[new]
     #[pyo3(signature = (model, *, index=None, guard_index=None, mixer=None, past_outputs=None, past_outputs_budget=None, threads=0, backend=None, device="cpu", requantize=None, tokenizer=None, parallel=1))]
     #[allow(clippy::too_many_arguments)]

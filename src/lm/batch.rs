@@ -134,7 +134,7 @@ impl Batcher {
         else {
             return Err(Error::Model(
                 "this backend runs one sequence at a time; serve one request at a time with it \
-                 (the native CPU backend batches)"
+                 (the native backend batches, on the CPU or a GPU)"
                     .into(),
             ));
         };
@@ -350,7 +350,7 @@ fn take(
             }
         }
         Call::Acquire(tokens, reply) => {
-            let seq = acquire(model, spare, tokens);
+            let seq = acquire(model, spare, tokens, stats);
             if seq.is_ok() {
                 stats.live.fetch_add(1, Relaxed);
             }
@@ -373,10 +373,28 @@ fn take(
     }
 }
 
-/// An empty sequence (a new one when none is), with room for `tokens` positions.
-fn acquire(model: &mut dyn LanguageModel, spare: &mut Spare, tokens: usize) -> Result<usize> {
+/// An empty sequence (a new one when none is; the oldest kept one, emptied, when the model
+/// has no room for a new one), with room for `tokens` positions.
+fn acquire(
+    model: &mut dyn LanguageModel,
+    spare: &mut Spare,
+    tokens: usize,
+    stats: &BatchStats,
+) -> Result<usize> {
     let s = model.sequences().ok_or_else(stopped)?;
-    let seq = spare.empty.pop().unwrap_or_else(|| s.add_sequence());
+    let seq = match spare.empty.pop() {
+        Some(seq) => seq,
+        None => match s.add_sequence() {
+            Ok(seq) => seq,
+            Err(e) if spare.kept.is_empty() => return Err(e),
+            Err(_) => {
+                let (seq, _) = spare.kept.remove(0);
+                s.release(seq);
+                spare.evict(s, stats);
+                seq
+            }
+        },
+    };
     s.reserve(seq, tokens);
     Ok(seq)
 }
@@ -787,6 +805,8 @@ mod tests {
     struct Chain {
         seqs: Vec<(Vec<u64>, usize)>,
         current: usize,
+        /// Sequences it has room for (a GPU's caches).
+        rooms: usize,
     }
 
     fn next_state(state: u64, token: u32) -> u64 {
@@ -815,9 +835,14 @@ mod tests {
 
     impl Chain {
         fn new() -> Self {
+            Chain::with_rooms(usize::MAX)
+        }
+
+        fn with_rooms(rooms: usize) -> Self {
             Chain {
                 seqs: vec![(Vec::new(), 0)],
                 current: 0,
+                rooms,
             }
         }
 
@@ -863,9 +888,12 @@ mod tests {
         fn sequence_count(&self) -> usize {
             self.seqs.len()
         }
-        fn add_sequence(&mut self) -> usize {
+        fn add_sequence(&mut self) -> Result<usize> {
+            if self.seqs.len() >= self.rooms {
+                return Err(Error::input("no room for another sequence"));
+            }
             self.seqs.push((Vec::new(), 0));
-            self.seqs.len() - 1
+            Ok(self.seqs.len() - 1)
         }
         fn select(&mut self, seq: usize) -> Result<()> {
             if seq >= self.seqs.len() {
@@ -976,6 +1004,34 @@ mod tests {
         let rows = m.forward(&[3]).unwrap();
         let want = oracle(&[first.clone(), vec![3]].concat());
         assert_eq!(rows.last(), want.last());
+    }
+
+    /// A model with room for two sequences: a third is refused while no ended one is kept,
+    /// and takes the oldest kept one's place (emptied) once one is.
+    #[test]
+    fn a_model_out_of_room_gives_a_new_sequence_the_oldest_kept_one() {
+        let batcher = Batcher::start(Box::new(Chain::with_rooms(2))).unwrap();
+        let (mut a, mut b) = (batcher.sequence().unwrap(), batcher.sequence().unwrap());
+        let e = batcher.sequence().err().expect("no room for a third");
+        assert!(e.to_string().contains("no room"), "{e}");
+        a.feed(&[1, 2, 3]).unwrap();
+        b.feed(&[4, 5]).unwrap();
+        drop(a);
+        drop(b);
+        // Both rooms are taken by kept caches (their 5 tokens): the new sequences take them,
+        // the oldest first. (A sequence is answered after the ends sent before it.)
+        let kept = |b: &Batcher| b.stats().kept_tokens.load(Relaxed);
+        let mut c = batcher.sequence().unwrap();
+        assert_eq!((c.sequence(), kept(&batcher)), (0, 2));
+        let rows = c.forward(&[4, 5, 6]).unwrap();
+        assert_eq!(
+            rows,
+            oracle(&[4, 5, 6]),
+            "its own tokens, not the kept ones'"
+        );
+        let d = batcher.sequence().unwrap();
+        assert_eq!((d.sequence(), kept(&batcher)), (1, 0));
+        assert!(batcher.sequence().is_err());
     }
 
     proptest! {

@@ -356,8 +356,9 @@ pub trait LanguageModel {
 pub trait Sequences {
     /// Sequences held (at least one: number 0, selected until [`Sequences::select`]).
     fn sequence_count(&self) -> usize;
-    /// Adds an empty sequence; returns its number.
-    fn add_sequence(&mut self) -> usize;
+    /// Adds an empty sequence; returns its number (an error where the model has no room for
+    /// another: a GPU out of memory).
+    fn add_sequence(&mut self) -> Result<usize>;
     /// Makes `seq` the sequence the [`LanguageModel`] methods act on.
     fn select(&mut self, seq: usize) -> Result<()>;
     /// Empties sequence `seq` and gives back the memory its cache held.

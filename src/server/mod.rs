@@ -74,7 +74,7 @@ pub struct Limits {
     /// Generations waiting at most (429 past it).
     pub backlog: usize,
     /// Generations run at once at most: with a model whose backend holds several sequences
-    /// (the native CPU one), their tokens share the model's passes
+    /// (the native one, on the CPU or a GPU), their tokens share the model's passes
     /// ([`crate::service::models::Batcher`]);
     /// without a model, SBIS generations run side by side. Each answer is the one the
     /// request gets alone. 0: chosen when the model is loaded ([`Generator`]'s rule:

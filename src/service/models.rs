@@ -385,7 +385,7 @@ mod loading {
             if self.model.sequences().is_none() {
                 return Err(Error::input(
                     "this backend runs one sequence at a time: several generations at once \
-                     need the native CPU backend",
+                     need the native backend (--backend native, on the CPU or --device cuda)",
                 ));
             }
             self.pass_costs();

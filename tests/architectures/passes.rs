@@ -215,6 +215,77 @@ fn the_gpu_pass_s_cpu_reference_is_batch_invariant_and_agrees_with_the_other_pas
     }
 }
 
+/// Several sequences' rows in one pass of the GPU pass's CPU reference, each sequence at its
+/// own place in the cache (`gpu::params_of`): every row the bits of its sequence run alone,
+/// prompts read together, then one sequence's next tokens beside another's token tree.
+#[test]
+fn the_gpu_pass_s_rows_of_several_sequences_are_each_sequence_s_alone() {
+    use infgram::neural::gpu::reference::ReferenceDecoder;
+    use infgram::neural::gpu::{params_of, Pass, PassPart};
+    let dir = tempfile::tempdir().unwrap();
+    for family in &FAMILIES {
+        let path = write_model(dir.path(), family, false);
+        let (a, b, a_next) = (ids(6, 1), ids(9, 2), ids(3, 5));
+        let (tree, parents) = a_tree(11);
+        let mut alone = ReferenceDecoder::load(&path).unwrap();
+        let want_a = alone
+            .forward(&[a.clone(), a_next.clone()].concat())
+            .unwrap();
+        alone.truncate(0);
+        let want_b = alone.forward(&b).unwrap();
+        let want_tree: Vec<Vec<f32>> = alone
+            .score_tree_first(&tree, &parents, tree.len(), RowForm::Full)
+            .unwrap()
+            .into_iter()
+            .map(Logits::into_dense)
+            .collect();
+        let mut joint = ReferenceDecoder::load(&path).unwrap();
+        let pass = joint.pass_mut();
+        let part = |base, cached, tokens, parents| PassPart {
+            base,
+            cached,
+            tokens,
+            parents,
+        };
+        let parts = [part(0, 0, &a[..], None), part(4000, 0, &b[..], None)];
+        pass.run(
+            &params_of(&parts).unwrap(),
+            &[a.clone(), b.clone()].concat(),
+        )
+        .unwrap();
+        let rows = pass.rows(0..a.len() + b.len()).unwrap();
+        assert_eq!(
+            rows[..a.len()],
+            want_a[..a.len()],
+            "{}: a's prompt",
+            family.name
+        );
+        assert_eq!(rows[a.len()..], want_b[..], "{}: b's prompt", family.name);
+        let parts = [
+            part(4000, b.len(), &tree[..], Some(&parents[..])),
+            part(0, a.len(), &a_next[..], None),
+        ];
+        pass.run(
+            &params_of(&parts).unwrap(),
+            &[tree.clone(), a_next.clone()].concat(),
+        )
+        .unwrap();
+        let rows = pass.rows(0..tree.len() + a_next.len()).unwrap();
+        assert_eq!(
+            rows[..tree.len()],
+            want_tree[..],
+            "{}: b's tree",
+            family.name
+        );
+        assert_eq!(
+            rows[tree.len()..],
+            want_a[a.len()..],
+            "{}: a's next",
+            family.name
+        );
+    }
+}
+
 /// The distribution check the GPU test runs on the fused kernels' rows
 /// (`sampled_decoding_keeps_the_rows_distribution`), here on the native pass's rows (the
 /// reference's, which follow the kernels' order one operation at a time, take minutes).

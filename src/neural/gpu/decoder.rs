@@ -10,17 +10,20 @@
 //! a block (a pass takes the smallest that holds it), each compiled per weight type, and each
 //! launch's grid is what the GPU holds of that kernel at once. The weights stay in the file's
 //! blocks on the device; activations are f32, and a pass's rows of logits stay on the device
-//! until [`Pass::rows`] copies the ones the caller reads. Every buffer is allocated at load
-//! (the KV cache for [`CAPACITY`] positions), and what varies between passes of one row count
-//! (the cached length, the tokens, each row's position and the slots of its branch) lives in a
-//! parameter array in device memory, so a graph captured for `t` rows replays any pass of `t`
-//! rows. Rolling back is a length change, as on the CPU.
+//! until [`Pass::rows`] copies the ones the caller reads. Every buffer is allocated at load,
+//! the KV cache with a room of [`CAPACITY`] positions for one sequence (more rooms as sequences
+//! are added: the cache doubles, its positions copied, and the graphs are captured again), and
+//! what varies between passes of one row count (each row's token, position, sequence room and
+//! cached length, and the slots of its branch) lives in a parameter array in device memory, so
+//! a graph captured for `t` rows replays any pass of `t` rows, of one sequence or several.
+//! Rolling back is a length change, as on the CPU.
 
 use crate::error::{Error, Result};
 use crate::neural::arch::layers::{rope_frequencies, weights, Backend};
 use crate::neural::arch::Architecture;
 use crate::neural::gpu::{
-    gpu_type, Pass, Sequence, CAPACITY, GREEDY_CHUNK, MAX_CHUNKS, MAX_ROWS, PARAMS_LEN, TOKENS,
+    gpu_type, Pass, Sequence, BRANCHES, CAPACITY, GREEDY_CHUNK, MAX_CHUNKS, MAX_ROWS, PARAMS_LEN,
+    TOKENS,
 };
 use crate::neural::load::gguf::Gguf;
 use candle_core::cuda_backend::cudarc::driver::{
@@ -74,7 +77,7 @@ fn gpu_err(what: &str, e: impl std::fmt::Display) -> Error {
 /// A device allocation and its address (taken once: kernels get raw addresses, so that a
 /// captured graph never meets candle's or cudarc's per-use events).
 struct Buffer<T> {
-    _slice: CudaSlice<T>,
+    slice: CudaSlice<T>,
     ptr: u64,
 }
 
@@ -84,7 +87,7 @@ impl<T: DeviceRepr> Buffer<T> {
             let (ptr, _sync) = slice.device_ptr(stream);
             ptr
         };
-        Buffer { _slice: slice, ptr }
+        Buffer { slice, ptr }
     }
 }
 
@@ -165,11 +168,43 @@ impl Backend for Upload<'_> {
     }
 }
 
-/// A layer's weights on the device, and its slice of the KV cache.
+/// A layer's weights on the device, and its slice of the KV cache (`GpuDecoder::caches`).
 struct Layer {
     w: crate::neural::arch::layers::Layer<Mat, u64>,
     kcache: u64,
     vcache: u64,
+}
+
+/// Every layer's keys and values for `rooms` sequences of [`CAPACITY`] positions each: layer
+/// l's keys `buffers[2l]`, values `buffers[2l + 1]`, each kv head's `rooms · CAPACITY` slots
+/// of head_dim floats one after another.
+struct Caches {
+    buffers: Vec<Buffer<f32>>,
+    rooms: usize,
+}
+
+impl Caches {
+    /// Zeroed caches of `rooms` rooms for `layers`, pointed at by them.
+    fn alloc(
+        stream: &Arc<CudaStream>,
+        cfg: &Architecture,
+        layers: &mut [Layer],
+        rooms: usize,
+    ) -> Result<Caches> {
+        let per_layer = cfg.heads.n_kv_head * rooms * CAPACITY * cfg.heads.head_dim;
+        let mut buffers = Vec::with_capacity(2 * layers.len());
+        for layer in layers {
+            for ptr in [&mut layer.kcache, &mut layer.vcache] {
+                let slice = stream
+                    .alloc_zeros::<f32>(per_layer)
+                    .map_err(|e| gpu_err("allocating the KV cache", e))?;
+                let buffer = Buffer::new(slice, stream);
+                *ptr = buffer.ptr;
+                buffers.push(buffer);
+            }
+        }
+        Ok(Caches { buffers, rooms })
+    }
 }
 
 /// The activations of a pass, [`MAX_ROWS`] rows each.
@@ -273,6 +308,7 @@ pub struct GpuDecoder {
     output: Mat,
     norm: u64,
     layers: Vec<Layer>,
+    caches: Caches,
     /// `(cos, sin)` per rotary table, [`CAPACITY`] × head_dim/2 each.
     ropes: Vec<(u64, u64)>,
     acts: Acts,
@@ -420,7 +456,7 @@ impl Kernels {
     }
 }
 
-/// A model's weights on the device, with each layer's slice of the KV cache.
+/// A model's weights on the device (each layer's KV cache comes after: [`Caches`]).
 struct Weights {
     embeddings: Mat,
     output: Mat,
@@ -452,17 +488,14 @@ impl Weights {
                 Ok((up.floats(&cos)?, up.floats(&sin)?))
             })
             .collect::<Result<Vec<_>>>()?;
-        let per_layer = cfg.heads.n_kv_head * CAPACITY * cfg.heads.head_dim;
         let layers = w
             .into_iter()
-            .map(|w| {
-                Ok(Layer {
-                    w,
-                    kcache: up.zeros(per_layer)?,
-                    vcache: up.zeros(per_layer)?,
-                })
+            .map(|w| Layer {
+                w,
+                kcache: 0,
+                vcache: 0,
             })
-            .collect::<Result<Vec<_>>>()?;
+            .collect();
         Ok(Weights {
             embeddings,
             output,
@@ -556,7 +589,7 @@ impl GpuDecoder {
             embeddings,
             output,
             norm,
-            layers,
+            mut layers,
             ropes,
         } = Weights::upload(&mut gguf, &cfg, &mut up)?;
         let vocab = embeddings.rows as usize;
@@ -568,6 +601,7 @@ impl GpuDecoder {
         kernels.allow_shared_memory(input_bytes(TOKENS, widest) as i32)?;
         let acts = Acts::alloc(&mut up, &cfg, vocab, ffn, widest)?;
         let upload = (up.owned, up.vectors);
+        let caches = Caches::alloc(&stream, &cfg, &mut layers, 1)?;
         stream
             .synchronize()
             .map_err(|e| gpu_err("loading the model", e))?;
@@ -580,6 +614,7 @@ impl GpuDecoder {
             output,
             norm,
             layers,
+            caches,
             ropes,
             acts,
             vocab,
@@ -589,6 +624,11 @@ impl GpuDecoder {
             sms: sms.max(1) as usize,
             last_rows: 0,
         }))
+    }
+
+    /// Slots of each kv head's cache: [`CAPACITY`] a room.
+    fn capacity(&self) -> usize {
+        self.caches.rooms * CAPACITY
     }
 
     /// Launches every kernel of a pass of `t` rows, reading the parameters already on the
@@ -749,10 +789,10 @@ impl Pass for GpuDecoder {
 
     /// Copies the parameters up and queues the pass (its graph's replay); the logits stay on
     /// the device.
-    fn run(&mut self, params: &[i32], _pos: usize, tokens: &[u32]) -> Result<()> {
+    fn run(&mut self, params: &[i32], tokens: &[u32]) -> Result<()> {
         let t = tokens.len();
         // What rows past t would read is never read: the copy stops at row t's branch.
-        let len = 1 + 2 * MAX_ROWS + t * MAX_ROWS;
+        let len = BRANCHES + t * MAX_ROWS;
         self.stream
             .memcpy_htod(&params[..len], &mut self.acts.params.slice_mut(0..len))
             .map_err(|e| gpu_err("copying a pass's parameters", e))?;
@@ -787,8 +827,57 @@ impl Pass for GpuDecoder {
         self.launch_picks(first, self.vocab, n, part, &self.acts.picks)
     }
 
-    fn move_path(&mut self, base: usize, path: &[usize]) -> Result<()> {
-        let slots: Vec<i32> = path.iter().map(|&n| (base + n) as i32).collect();
+    /// `keep_path` over every layer, [`PARAMS_LEN`] slots a launch (the slots go up in the
+    /// parameters' buffer, queued behind the passes before).
+    fn move_slots(&mut self, from: &[usize], to: usize) -> Result<()> {
+        for (k, chunk) in from.chunks(PARAMS_LEN).enumerate() {
+            self.keep_path(chunk, to + k * PARAMS_LEN)?;
+        }
+        Ok(())
+    }
+
+    fn rooms(&self) -> usize {
+        self.caches.rooms
+    }
+
+    /// New caches of twice the rooms (or `rooms`, if more), the old positions copied into
+    /// their first rooms; the captured graphs, which name the old caches, are dropped.
+    fn add_rooms(&mut self, rooms: usize) -> Result<()> {
+        let old = self.caches.rooms;
+        if rooms <= old {
+            return Ok(());
+        }
+        let rooms = rooms.max(2 * old);
+        let heads = self.cfg.heads;
+        let mut grown =
+            Caches::alloc(&self.stream, &self.cfg, &mut self.layers, rooms).map_err(|e| {
+                Error::input(format!(
+                    "--device cuda: no GPU memory for the caches of {rooms} sequences ({e}); \
+                     serve fewer at once (--parallel)"
+                ))
+            })?;
+        let stretch = |rooms: usize| rooms * CAPACITY * heads.head_dim;
+        for (from, to) in self.caches.buffers.iter().zip(grown.buffers.iter_mut()) {
+            for kh in 0..heads.n_kv_head {
+                let (a, b) = (kh * stretch(old), kh * stretch(rooms));
+                self.stream
+                    .memcpy_dtod(
+                        &from.slice.slice(a..a + stretch(old)),
+                        &mut to.slice.slice_mut(b..b + stretch(old)),
+                    )
+                    .map_err(|e| gpu_err("copying the KV cache", e))?;
+            }
+        }
+        self.caches = grown;
+        self.graphs.clear();
+        Ok(())
+    }
+}
+
+impl GpuDecoder {
+    /// Moves the keys and values at slots `slots[i]` to `base + i` in every layer.
+    fn keep_path(&mut self, slots: &[usize], base: usize) -> Result<()> {
+        let slots: Vec<i32> = slots.iter().map(|&n| n as i32).collect();
         self.stream
             .memcpy_htod(&slots, &mut self.acts.params.slice_mut(0..slots.len()))
             .map_err(|e| gpu_err("copying a path", e))?;
@@ -796,11 +885,11 @@ impl Pass for GpuDecoder {
         let (len, base_i) = (slots.len() as i32, base as i32);
         let (kv_heads, capacity, hd) = (
             heads.n_kv_head as i32,
-            CAPACITY as i32,
+            self.capacity() as i32,
             heads.head_dim as i32,
         );
         for layer in &self.layers {
-            // SAFETY: keep_path's signature; the slots lie in the cache (base + nodes).
+            // SAFETY: keep_path's signature; the slots lie in the cache (rooms of sequences).
             unsafe {
                 self.stream
                     .launch_builder(&self.kernels.keep_path)

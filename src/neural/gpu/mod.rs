@@ -10,16 +10,17 @@
 //!   and, tested here, batch-invariant and in agreement with the native pass.
 //!
 //! What the two share is here: the shapes the kernels take, the pass's parameters
-//! ([`params`]), the model around a pass ([`Sequence`]: cache length, chunks, token trees,
-//! rows of logits handed out as asked, or only their greedy picks), the rotary tables, the
-//! weight types the kernels read.
+//! ([`params_of`]: each row's token, position, sequence and cache slots), the model around a
+//! pass ([`Sequence`]: one sequence or several, each in a room of the cache, with its length,
+//! chunks, token trees, rows of logits handed out as asked, or only their greedy picks), the
+//! rotary tables, the weight types the kernels read.
 
 #[cfg(feature = "cuda")]
 pub mod decoder;
 pub mod reference;
 
 use crate::error::{Error, Result};
-use crate::lm::{LanguageModel, Logits, RowForm};
+use crate::lm::{LanguageModel, Logits, RowForm, SeqPart, Sequences};
 use crate::neural::arch::Architecture;
 use candle_core::quantized::GgmlDType;
 use std::ops::Range;
@@ -91,46 +92,124 @@ pub fn check_shapes(cfg: &Architecture) -> Result<()> {
     Ok(())
 }
 
-/// The length of a pass's parameter array ([`params`]).
-pub const PARAMS_LEN: usize = 1 + 2 * MAX_ROWS + MAX_ROWS * MAX_ROWS;
+/// The length of a pass's parameter array ([`params_of`]).
+pub const PARAMS_LEN: usize = BRANCHES + MAX_ROWS * MAX_ROWS;
 
-/// How a pass of `tokens` after `pos` cached positions, a chain or the tree of `parents`, is
-/// described to the kernels: `params[0]` the cached positions before it; `params[1 + i]` row
-/// i's token; `params[1 + T + i]` its position; `params[1 + 2T + i·T + d]` the cache slot of the
-/// node at depth d of its branch (T = [`MAX_ROWS`]). Row i is written at slot `pos + i` and
-/// sees positions `0..=position` (slots `0..pos`, then its branch).
+/// Where each array of a pass's parameters starts ([`params_of`]; the kernels' `row_*` in
+/// `kernels/common.cuh`).
+const TOKENS_AT: usize = 1;
+const POSITIONS_AT: usize = TOKENS_AT + MAX_ROWS;
+const CACHED_AT: usize = POSITIONS_AT + MAX_ROWS;
+const BASES_AT: usize = CACHED_AT + MAX_ROWS;
+const SLOTS_AT: usize = BASES_AT + MAX_ROWS;
+/// Where the rows' branches start: what a pass of t rows uploads ends at `BRANCHES + t·T`.
+pub const BRANCHES: usize = SLOTS_AT + MAX_ROWS;
+
+/// One sequence's rows in a pass: `tokens` after the `cached` positions of the sequence whose
+/// position 0 is cache slot `base`, a chain or the tree of `parents`.
+#[derive(Clone, Copy, Debug)]
+pub struct PassPart<'a> {
+    pub base: usize,
+    pub cached: usize,
+    pub tokens: &'a [u32],
+    pub parents: Option<&'a [Option<usize>]>,
+}
+
+/// [`params_of`] for one sequence whose position 0 is slot 0.
 pub fn params(pos: usize, tokens: &[u32], parents: Option<&[Option<usize>]>) -> Result<Vec<i32>> {
-    let t = tokens.len();
+    params_of(&[PassPart {
+        base: 0,
+        cached: pos,
+        tokens,
+        parents,
+    }])
+}
+
+/// How a pass of several sequences' rows (`parts`, their rows in order) is described to the
+/// kernels, T = [`MAX_ROWS`]: `params[0]` the rows of the pass; for row i, `params[1 + i]` its
+/// token, `params[1 + T + i]` its position in its sequence, `params[1 + 2T + i]` the positions
+/// its sequence held before the pass (`cached`), `params[1 + 3T + i]` the slot of its
+/// sequence's position 0 (`base`), `params[1 + 4T + i]` the slot it is written at, and
+/// `params[1 + 5T + i·T + d]` the slot of the node at depth d of its branch. A part's row i is
+/// written at slot `base + cached + i` and sees its sequence's positions `0..=position`: slots
+/// `base..base + cached`, then its branch. Rows of different parts see nothing of each other.
+pub fn params_of(parts: &[PassPart]) -> Result<Vec<i32>> {
+    let t: usize = parts.iter().map(|p| p.tokens.len()).sum();
     if t == 0 || t > MAX_ROWS {
         return Err(Error::Model(format!("a GPU pass of {t} rows")));
     }
-    if pos + t > CAPACITY {
-        return Err(Error::input(format!(
-            "--device cuda: the GPU cache holds {CAPACITY} positions and this sequence \
-             needs {}; shorten the prompt or --max-tokens",
-            pos + t
-        )));
-    }
     let mut params = vec![0i32; PARAMS_LEN];
-    params[0] = pos as i32;
-    let mut depth = vec![0usize; t];
-    for i in 0..t {
-        params[1 + i] = tokens[i] as i32;
-        let parent = match parents {
-            None => i.checked_sub(1),
-            Some(p) => p[i],
-        };
-        let base = 1 + 2 * MAX_ROWS;
-        if let Some(p) = parent {
-            depth[i] = depth[p] + 1;
-            for d in 0..depth[p] + 1 {
-                params[base + i * MAX_ROWS + d] = params[base + p * MAX_ROWS + d];
-            }
+    params[0] = t as i32;
+    let mut at = 0;
+    for part in parts {
+        let (base, pos, n) = (part.base, part.cached, part.tokens.len());
+        if pos + n > CAPACITY {
+            return Err(Error::input(format!(
+                "--device cuda: the GPU cache holds {CAPACITY} positions a sequence and this \
+                 sequence needs {}; shorten the prompt or --max-tokens",
+                pos + n
+            )));
         }
-        params[base + i * MAX_ROWS + depth[i]] = (pos + i) as i32;
-        params[1 + MAX_ROWS + i] = (pos + depth[i]) as i32;
+        let mut depth = vec![0usize; n];
+        for i in 0..n {
+            let row = at + i;
+            params[TOKENS_AT + row] = part.tokens[i] as i32;
+            let parent = match part.parents {
+                None => i.checked_sub(1),
+                Some(p) => p[i],
+            };
+            let branch = BRANCHES + row * MAX_ROWS;
+            if let Some(p) = parent {
+                depth[i] = depth[p] + 1;
+                let from = BRANCHES + (at + p) * MAX_ROWS;
+                params.copy_within(from..from + depth[p] + 1, branch);
+            }
+            let slot = (base + pos + i) as i32;
+            params[branch + depth[i]] = slot;
+            params[POSITIONS_AT + row] = (pos + depth[i]) as i32;
+            params[CACHED_AT + row] = pos as i32;
+            params[BASES_AT + row] = base as i32;
+            params[SLOTS_AT + row] = slot;
+        }
+        at += n;
     }
     Ok(params)
+}
+
+/// A row of a pass as its parameters place it ([`params_of`]), read as the kernels read them.
+#[derive(Clone, Copy)]
+pub(crate) struct RowParams<'a> {
+    params: &'a [i32],
+    row: usize,
+}
+
+impl<'a> RowParams<'a> {
+    pub(crate) fn new(params: &'a [i32], row: usize) -> Self {
+        RowParams { params, row }
+    }
+
+    fn at(&self, array: usize) -> usize {
+        self.params[array + self.row] as usize
+    }
+
+    /// The row's position in its sequence.
+    pub(crate) fn position(&self) -> usize {
+        self.at(POSITIONS_AT)
+    }
+
+    /// The cache slot the row's keys and values are written at.
+    pub(crate) fn slot(&self) -> usize {
+        self.at(SLOTS_AT)
+    }
+
+    /// The cache slot the row reads for position `j` of its sequence (`j ≤ position`).
+    pub(crate) fn slot_of(&self, j: usize) -> usize {
+        let cached = self.at(CACHED_AT);
+        match j < cached {
+            true => self.at(BASES_AT) + j,
+            false => self.params[BRANCHES + self.row * MAX_ROWS + (j - cached)] as usize,
+        }
+    }
 }
 
 /// One pass of the plan above, on the device (`decoder::GpuDecoder`) or on the CPU
@@ -140,10 +219,10 @@ pub trait Pass {
     fn architecture(&self) -> &Architecture;
     /// Rows of the output projection.
     fn vocab(&self) -> usize;
-    /// Runs a pass of `tokens` (at most [`MAX_ROWS`]) after `pos` cached positions, placed by
-    /// `params` ([`params`]). Its rows of logits stay with the pass (on the device) until
-    /// [`Pass::rows`] asks for them or the next pass replaces them.
-    fn run(&mut self, params: &[i32], pos: usize, tokens: &[u32]) -> Result<()>;
+    /// Runs a pass of `tokens` (at most [`MAX_ROWS`]), placed by `params` ([`params_of`]). Its
+    /// rows of logits stay with the pass (on the device) until [`Pass::rows`] asks for them or
+    /// the next pass replaces them.
+    fn run(&mut self, params: &[i32], tokens: &[u32]) -> Result<()>;
     /// Rows `rows` of the last pass's logits (each asked for at most once); an empty range
     /// waits for the pass and reports its errors.
     fn rows(&mut self, rows: Range<usize>) -> Result<Vec<Vec<f32>>>;
@@ -151,34 +230,56 @@ pub trait Pass {
     /// picks it from the row (id and logit; `None` where no logit is above −∞), without
     /// copying the rows back (each row asked for at most once, as [`Pass::rows`]).
     fn picks(&mut self, rows: Range<usize>) -> Result<Vec<Option<(u32, f32)>>>;
-    /// Moves the keys and values at slots `base + path[i]` to `base + i`, in order.
-    fn move_path(&mut self, base: usize, path: &[usize]) -> Result<()>;
+    /// Moves the keys and values at slots `from[i]` to `to + i`, in order, in every layer (a
+    /// later slot never reads one an earlier move wrote, where `from` ascends or lies apart).
+    fn move_slots(&mut self, from: &[usize], to: usize) -> Result<()>;
+    /// Sequences the cache has rooms for ([`CAPACITY`] slots each; sequence s: slots
+    /// `s·CAPACITY..`).
+    fn rooms(&self) -> usize;
+    /// Gives the cache rooms for at least `rooms` sequences, the positions it holds kept.
+    fn add_rooms(&mut self, rooms: usize) -> Result<()>;
 }
 
-/// A [`Pass`] as a language model: the cached length (a rollback is a length change), long
-/// inputs in passes of [`MAX_ROWS`], token trees (the last tree kept until a path of it is, or
-/// anything else changes the cache), and rows of logits copied back only as they are asked
-/// for: `score_first`'s first rows, then `score_more`'s as verification accepts (a 16-row
-/// pass whose draft fails early copies 8 of SmolLM2's 49,152-logit rows, not 16), and none
-/// for a prompt (`feed`); a pass asked for in [`RowForm::Greedy`] copies back each row's
-/// greedy pick ([`Pass::picks`]) instead of the row.
+/// A [`Pass`] as a language model of one sequence or several ([`Sequences`]), each in its own
+/// room of the cache: its cached length (a rollback is a length change), long inputs in passes
+/// of [`MAX_ROWS`], token trees (the last tree kept until a path of it is, or anything else
+/// changes the cache), and rows of logits copied back only as they are asked for:
+/// `score_first`'s first rows, then `score_more`'s as verification accepts (a 16-row pass
+/// whose draft fails early copies 8 of SmolLM2's 49,152-logit rows, not 16), and none for a
+/// prompt (`feed`); a pass asked for in [`RowForm::Greedy`] copies back each row's greedy pick
+/// ([`Pass::picks`]) instead of the row. Several sequences' new tokens go through one pass
+/// ([`Sequences::score_parts`]): each row reads only its sequence's room, and the kernels give
+/// a row the same bits whatever else the pass holds.
 pub struct Sequence<P> {
     pass: P,
-    cached: usize,
-    tree: Option<(usize, Vec<Option<usize>>)>,
-    /// Rows of the last pass not handed out yet (after `score_first`), and in what form.
+    seqs: Vec<SeqState>,
+    /// The sequence the [`LanguageModel`] methods act on.
+    current: usize,
+    /// Rows of the last pass not handed out yet (after `score_first`), whose sequence they
+    /// are, and in what form.
     held: Range<usize>,
+    held_by: usize,
     form: RowForm,
 }
 
+/// One sequence of a [`Sequence`]: its cached positions, its last token tree (the cached
+/// length before it, its parents), and rows of a several-sequence pass not handed out yet.
+#[derive(Default)]
+struct SeqState {
+    cached: usize,
+    tree: Option<(usize, Vec<Option<usize>>)>,
+    rows: std::collections::VecDeque<Logits>,
+}
+
 impl<P: Pass> Sequence<P> {
-    /// `pass` with an empty cache.
+    /// `pass` with one empty sequence.
     pub fn new(pass: P) -> Self {
         Sequence {
             pass,
-            cached: 0,
-            tree: None,
+            seqs: vec![SeqState::default()],
+            current: 0,
             held: 0..0,
+            held_by: 0,
             form: RowForm::Full,
         }
     }
@@ -188,18 +289,41 @@ impl<P: Pass> Sequence<P> {
         &mut self.pass
     }
 
-    /// One pass after the cache: a chain, or the tree of `parents`; its rows held.
+    /// The selected sequence.
+    fn seq(&mut self) -> &mut SeqState {
+        &mut self.seqs[self.current]
+    }
+
+    /// The slot of sequence `seq`'s position 0.
+    fn base(seq: usize) -> usize {
+        seq * CAPACITY
+    }
+
+    /// One pass after the selected sequence's cache: a chain, or the tree of `parents`; its
+    /// rows held.
     fn step(&mut self, tokens: &[u32], parents: Option<&[Option<usize>]>) -> Result<()> {
-        let params = params(self.cached, tokens, parents)?;
+        let current = self.current;
+        let part = PassPart {
+            base: Self::base(current),
+            cached: self.seqs[current].cached,
+            tokens,
+            parents,
+        };
+        let params = params_of(&[part])?;
         (self.held, self.form) = (0..0, RowForm::Full);
-        self.pass.run(&params, self.cached, tokens)?;
-        self.cached += tokens.len();
-        self.held = 0..tokens.len();
+        self.seq().rows.clear();
+        self.pass.run(&params, tokens)?;
+        self.seq().cached += tokens.len();
+        (self.held, self.held_by) = (0..tokens.len(), current);
         Ok(())
     }
 
-    /// The next at most `count` held rows' range, no longer held.
+    /// The next at most `count` held rows' range, no longer held (none when the last pass
+    /// was another sequence's).
     fn next_held(&mut self, count: usize) -> Range<usize> {
+        if self.held_by != self.current {
+            return 0..0;
+        }
         let end = self.held.end.min(self.held.start + count);
         let next = self.held.start..end;
         self.held.start = end;
@@ -212,8 +336,14 @@ impl<P: Pass> Sequence<P> {
         self.pass.rows(next)
     }
 
-    /// The next at most `count` held rows as the decode loop's rows, in the pass's form.
+    /// The next at most `count` held rows as the decode loop's rows, in the pass's form
+    /// (first those a several-sequence pass left the sequence).
     fn take_logits(&mut self, count: usize) -> Result<Vec<Logits>> {
+        let kept = &mut self.seqs[self.current].rows;
+        if !kept.is_empty() {
+            let n = count.min(kept.len());
+            return Ok(kept.drain(..n).collect());
+        }
         if self.form == RowForm::Full {
             return Ok(self.take(count)?.into_iter().map(Logits::Dense).collect());
         }
@@ -225,12 +355,31 @@ impl<P: Pass> Sequence<P> {
             .map(|p| Logits::of_pick(vocab, p))
             .collect())
     }
+
+    /// Forgets the selected sequence's tree and held rows (its cache changes).
+    fn changed(&mut self) {
+        let current = self.current;
+        let s = self.seq();
+        s.tree = None;
+        s.rows.clear();
+        if self.held_by == current {
+            self.held = 0..0;
+        }
+    }
+
+    /// Sequence `seq`, or an error naming it.
+    fn check_seq(&self, seq: usize) -> Result<()> {
+        match seq < self.seqs.len() {
+            true => Ok(()),
+            false => Err(Error::Model(format!("no sequence {seq}"))),
+        }
+    }
 }
 
 impl<P: Pass> LanguageModel for Sequence<P> {
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
         crate::lm::check_vocab(tokens, self.pass.vocab())?;
-        self.tree = None;
+        self.changed();
         let mut rows = Vec::with_capacity(tokens.len());
         for chunk in tokens.chunks(MAX_ROWS) {
             self.step(chunk, None)?;
@@ -242,7 +391,7 @@ impl<P: Pass> LanguageModel for Sequence<P> {
     /// The passes of `tokens`, no row copied back.
     fn feed(&mut self, tokens: &[u32]) -> Result<()> {
         crate::lm::check_vocab(tokens, self.pass.vocab())?;
-        self.tree = None;
+        self.changed();
         for chunk in tokens.chunks(MAX_ROWS) {
             self.step(chunk, None)?;
         }
@@ -257,7 +406,7 @@ impl<P: Pass> LanguageModel for Sequence<P> {
             return self.score(tokens);
         }
         crate::lm::check_vocab(tokens, self.pass.vocab())?;
-        self.tree = None;
+        self.changed();
         self.step(tokens, None)?;
         self.form = form;
         self.take_logits(first.max(1))
@@ -268,13 +417,13 @@ impl<P: Pass> LanguageModel for Sequence<P> {
     }
 
     fn cache_len(&self) -> usize {
-        self.cached
+        self.seqs[self.current].cached
     }
 
     fn truncate(&mut self, len: usize) {
-        self.cached = len.min(self.cached);
-        self.tree = None;
-        self.held = 0..0;
+        self.changed();
+        let s = self.seq();
+        s.cached = len.min(s.cached);
     }
 
     fn vocab_size(&self) -> usize {
@@ -302,25 +451,164 @@ impl<P: Pass> LanguageModel for Sequence<P> {
     ) -> Result<Vec<Logits>> {
         crate::lm::check_tree_within(tokens.len(), parents, MAX_ROWS)?;
         crate::lm::check_vocab(tokens, self.pass.vocab())?;
-        let base = self.cached;
+        self.changed();
+        let base = self.seq().cached;
         self.step(tokens, Some(parents))?;
-        self.tree = Some((base, parents.to_vec()));
+        self.seq().tree = Some((base, parents.to_vec()));
         self.form = form;
         self.take_logits(first.max(1))
     }
 
     fn keep_path(&mut self, path: &[usize]) -> Result<()> {
-        let Some((base, parents)) = self.tree.take() else {
+        let Some((base, parents)) = self.seq().tree.take() else {
             return Err(Error::Model(
                 "keep_path: no tree pass to keep a path of".into(),
             ));
         };
         crate::lm::check_path(path, &parents)?;
-        self.held = 0..0;
-        self.pass.move_path(base, path)?;
-        self.cached = base + path.len();
+        self.changed();
+        let at = Self::base(self.current) + base;
+        let from: Vec<usize> = path.iter().map(|&n| at + n).collect();
+        self.pass.move_slots(&from, at)?;
+        self.seq().cached = base + path.len();
         Ok(())
     }
+
+    fn sequences(&mut self) -> Option<&mut dyn Sequences> {
+        Some(self)
+    }
+}
+
+impl<P: Pass> Sequences for Sequence<P> {
+    fn sequence_count(&self) -> usize {
+        self.seqs.len()
+    }
+
+    /// A new sequence in a room of its own (the cache grows when every room is taken).
+    fn add_sequence(&mut self) -> Result<usize> {
+        let n = self.seqs.len() + 1;
+        if n > self.pass.rooms() {
+            self.pass.add_rooms(n)?;
+        }
+        self.seqs.push(SeqState::default());
+        Ok(n - 1)
+    }
+
+    fn select(&mut self, seq: usize) -> Result<()> {
+        self.check_seq(seq)?;
+        self.current = seq;
+        Ok(())
+    }
+
+    /// Empties sequence `seq`; its room stays with it (the cache does not shrink).
+    fn release(&mut self, seq: usize) {
+        if let Some(s) = self.seqs.get_mut(seq) {
+            *s = SeqState::default();
+            if self.held_by == seq {
+                self.held = 0..0;
+            }
+        }
+    }
+
+    fn cache_bytes_per_token(&self) -> usize {
+        let cfg = self.pass.architecture();
+        2 * cfg.heads.kv_width() * std::mem::size_of::<f32>() * cfg.n_layer
+    }
+
+    /// A sequence holds its whole room, however few positions it uses.
+    fn cache_slack_tokens(&self) -> usize {
+        CAPACITY
+    }
+
+    fn copy_cache(&mut self, from: usize, to: usize, len: usize) -> Result<()> {
+        self.check_seq(from)?;
+        self.check_seq(to)?;
+        if len > self.seqs[from].cached || from == to {
+            return Err(Error::Model(format!(
+                "copy_cache: {len} positions of sequence {from} into {to}"
+            )));
+        }
+        let slots: Vec<usize> = (0..len).map(|j| Self::base(from) + j).collect();
+        self.pass.move_slots(&slots, Self::base(to))?;
+        self.release(to);
+        self.seqs[to].cached = len;
+        Ok(())
+    }
+
+    /// The parts' rows in passes of at most [`MAX_ROWS`] (a long part goes on in the next),
+    /// each part's rows copied back whole when it asks for any.
+    fn score_parts(&mut self, parts: &[SeqPart]) -> Result<Vec<Vec<Logits>>> {
+        let vocab = self.pass.vocab();
+        for (i, part) in parts.iter().enumerate() {
+            self.check_seq(part.seq)?;
+            crate::lm::check_vocab(part.tokens, vocab)?;
+            if parts[..i].iter().any(|p| p.seq == part.seq) {
+                return Err(Error::Model(format!(
+                    "score_parts: sequence {} twice in one pass",
+                    part.seq
+                )));
+            }
+        }
+        self.held = 0..0;
+        let mut rows: Vec<Vec<Logits>> = vec![Vec::new(); parts.len()];
+        // Tokens of each part already passed.
+        let mut done = vec![0usize; parts.len()];
+        for part in parts {
+            let s = &mut self.seqs[part.seq];
+            s.tree = None;
+            s.rows.clear();
+        }
+        while let Some(pass) = next_pass(parts, &done) {
+            let pieces: Vec<PassPart> = pass
+                .iter()
+                .map(|(i, r)| PassPart {
+                    base: Self::base(parts[*i].seq),
+                    cached: self.seqs[parts[*i].seq].cached,
+                    tokens: &parts[*i].tokens[r.clone()],
+                    parents: None,
+                })
+                .collect();
+            let tokens: Vec<u32> = pieces.iter().flat_map(|p| p.tokens).copied().collect();
+            self.pass.run(&params_of(&pieces)?, &tokens)?;
+            let mut at = 0;
+            for (i, r) in pass {
+                let n = r.len();
+                if parts[i].first > 0 {
+                    let got = self.pass.rows(at..at + n)?;
+                    rows[i].extend(got.into_iter().map(Logits::Dense));
+                }
+                self.seqs[parts[i].seq].cached += n;
+                done[i] = r.end;
+                at += n;
+            }
+            self.pass.rows(0..0)?;
+        }
+        for (part, rows) in parts.iter().zip(rows.iter_mut()) {
+            if part.first > 0 {
+                let first = part.first.min(rows.len());
+                self.seqs[part.seq].rows = rows.split_off(first).into();
+            }
+        }
+        Ok(rows)
+    }
+}
+
+/// The parts' tokens the next pass of [`Sequence::score_parts`] takes, as (part, range of its
+/// tokens): from each part in order, what is left of it, until [`MAX_ROWS`] rows; `None` when
+/// every part is done (`done[i]`: tokens of part i already passed).
+fn next_pass(parts: &[SeqPart], done: &[usize]) -> Option<Vec<(usize, Range<usize>)>> {
+    let mut room = MAX_ROWS;
+    let mut pass = Vec::new();
+    for (i, part) in parts.iter().enumerate() {
+        let left = part.tokens.len() - done[i];
+        if left == 0 || room == 0 {
+            continue;
+        }
+        let n = left.min(room);
+        pass.push((i, done[i]..done[i] + n));
+        room -= n;
+    }
+    (!pass.is_empty()).then_some(pass)
 }
 
 /// The sum of one value per lane as the warp's butterfly forms it (every lane ends with
@@ -371,6 +659,32 @@ mod tests {
             let id = gpu_type(t).expect("a type the kernels decode");
             format!("#define {name} {id}")
         });
+        // The parameters' arrays where `params_of` puts them (T = MAX_ROWS).
+        let t = MAX_ROWS;
+        assert_eq!(
+            [
+                TOKENS_AT,
+                POSITIONS_AT,
+                CACHED_AT,
+                BASES_AT,
+                SLOTS_AT,
+                BRANCHES
+            ],
+            [1, 1 + t, 1 + 2 * t, 1 + 3 * t, 1 + 4 * t, 1 + 5 * t]
+        );
+        for line in [
+            "return params[1 + row]; }",
+            "return params[1 + T + row]; }",
+            "return params[1 + 2 * T + row]; }",
+            "return params[1 + 3 * T + row]; }",
+            "return params[1 + 4 * T + row]; }",
+            "return params + 1 + 5 * T + row * T; }",
+        ] {
+            assert!(
+                cu.lines().any(|l| l.ends_with(line)),
+                "kernels.cu lacks `{line}`"
+            );
+        }
         for line in [
             format!("#define TOKENS {TOKENS}"),
             format!("#define CHUNK {CHUNK}"),

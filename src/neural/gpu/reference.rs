@@ -14,7 +14,7 @@
 use crate::error::{Error, Result};
 use crate::neural::arch::layers::{rope_frequencies, weights, Backend};
 use crate::neural::arch::{Activation, Architecture, RopeStyle};
-use crate::neural::gpu::{gpu_type, warp_sum, Pass, Sequence, ATT_WARPS, CHUNK, MAX_ROWS, WARP};
+use crate::neural::gpu::{gpu_type, warp_sum, Pass, RowParams, Sequence, ATT_WARPS, CHUNK, WARP};
 use crate::neural::load::gguf::Gguf;
 use candle_core::quantized::{GgmlDType, QTensor};
 use std::ops::Range;
@@ -196,6 +196,8 @@ pub struct ReferenceDecoder {
     freqs: Vec<Vec<f32>>,
     /// The last pass's rows of logits, until [`Pass::rows`] hands them out.
     logits: Vec<Vec<f32>>,
+    /// Sequences it holds ([`Pass::rooms`]).
+    rooms: usize,
 }
 
 impl ReferenceDecoder {
@@ -234,6 +236,7 @@ impl ReferenceDecoder {
             layers,
             freqs,
             logits: Vec::new(),
+            rooms: 1,
         }))
     }
 }
@@ -248,16 +251,13 @@ impl Pass for ReferenceDecoder {
     }
 
     /// One pass, as the kernels run it.
-    fn run(&mut self, params: &[i32], pos: usize, tokens: &[u32]) -> Result<()> {
+    fn run(&mut self, params: &[i32], tokens: &[u32]) -> Result<()> {
         let cfg = &self.cfg;
         let (t, eps) = (tokens.len(), cfg.norm.eps);
         let heads = cfg.heads;
         let (nh, nkv, hd) = (heads.n_head, heads.n_kv_head, heads.head_dim);
-        let position = |i: usize| params[1 + MAX_ROWS + i] as usize;
-        let slot_of = |i: usize, j: usize| match j < pos {
-            true => j,
-            false => params[1 + 2 * MAX_ROWS + i * MAX_ROWS + (j - pos)] as usize,
-        };
+        let row = |i: usize| RowParams::new(params, i);
+        let position = |i: usize| row(i).position();
         let mut x: Vec<Vec<f32>> = tokens
             .iter()
             .map(|&tok| {
@@ -268,7 +268,7 @@ impl Pass for ReferenceDecoder {
                 }
             })
             .collect();
-        let end = pos + t;
+        let end = (0..t).map(|i| row(i).slot() + 1).max().unwrap_or(0);
         for layer in &mut self.layers {
             for kv in layer.keys.iter_mut().chain(layer.values.iter_mut()) {
                 if kv.len() < end * hd {
@@ -297,7 +297,7 @@ impl Pass for ReferenceDecoder {
                 for head in k.chunks_exact_mut(hd) {
                     rotate(head, kn, eps, freqs, p, cfg.rope.style);
                 }
-                let slot = pos + i;
+                let slot = row(i).slot();
                 for kh in 0..nkv {
                     layer.keys[kh][slot * hd..(slot + 1) * hd]
                         .copy_from_slice(&k[kh * hd..(kh + 1) * hd]);
@@ -314,7 +314,7 @@ impl Pass for ReferenceDecoder {
                 for h in 0..nh {
                     let kh = h / (nh / nkv);
                     let (keys, values) = (&layer.keys[kh], &layer.values[kh]);
-                    let at = |j: usize| slot_of(i, j) * hd;
+                    let at = |j: usize| row(i).slot_of(j) * hd;
                     let head = attend(
                         &q[h * hd..(h + 1) * hd],
                         |j| &keys[at(j)..at(j) + hd],
@@ -364,16 +364,30 @@ impl Pass for ReferenceDecoder {
             .collect())
     }
 
-    fn move_path(&mut self, base: usize, path: &[usize]) -> Result<()> {
+    fn move_slots(&mut self, from: &[usize], to: usize) -> Result<()> {
         let hd = self.cfg.heads.head_dim;
+        let end = (to + from.len()).max(from.iter().map(|&f| f + 1).max().unwrap_or(0));
         for layer in &mut self.layers {
             for kv in layer.keys.iter_mut().chain(layer.values.iter_mut()) {
-                for (i, &n) in path.iter().enumerate() {
-                    let (from, to) = ((base + n) * hd, (base + i) * hd);
+                if kv.len() < end * hd {
+                    kv.resize(end * hd, 0.0);
+                }
+                for (i, &f) in from.iter().enumerate() {
+                    let (from, to) = (f * hd, (to + i) * hd);
                     kv.copy_within(from..from + hd, to);
                 }
             }
         }
+        Ok(())
+    }
+
+    fn rooms(&self) -> usize {
+        self.rooms
+    }
+
+    /// The reference's cache grows as slots are written: rooms are only counted.
+    fn add_rooms(&mut self, rooms: usize) -> Result<()> {
+        self.rooms = self.rooms.max(rooms);
         Ok(())
     }
 }

@@ -805,9 +805,9 @@ impl Sequences for Decoder {
         self.seqs.len()
     }
 
-    fn add_sequence(&mut self) -> usize {
+    fn add_sequence(&mut self) -> Result<usize> {
         self.seqs.push(Sequence::new(&self.cfg));
-        self.seqs.len() - 1
+        Ok(self.seqs.len() - 1)
     }
 
     fn select(&mut self, seq: usize) -> Result<()> {

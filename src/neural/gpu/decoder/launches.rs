@@ -7,7 +7,7 @@ use super::{attention_blocks, gpu_err, input_bytes, GpuDecoder, Layer, Mat, Mats
 use super::{THREADS, WARPS};
 use crate::error::Result;
 use crate::neural::arch::{Activation, RopeStyle};
-use crate::neural::gpu::{ATT_WARPS, CAPACITY, MAX_ROWS};
+use crate::neural::gpu::{ATT_WARPS, MAX_ROWS};
 use candle_core::cuda_backend::cudarc::driver::{self, CudaFunction, LaunchConfig, PushKernelArg};
 
 /// What every launch of a pass of `t` rows reads.
@@ -89,7 +89,7 @@ impl<'a> PassLaunches<'a> {
         let scale = d.cfg.embedding.scale.unwrap_or(0.0);
         // SAFETY (every launch of this type): the arguments match the kernels' signatures in
         // kernels/*.cu, and every address is a live allocation of the decoder sized for
-        // MAX_ROWS rows (the caller keeps t ≤ MAX_ROWS and the cache within CAPACITY).
+        // MAX_ROWS rows (the caller keeps t ≤ MAX_ROWS and each row within its room of the cache).
         unsafe {
             launched(
                 d.stream
@@ -210,7 +210,7 @@ impl<'a> PassLaunches<'a> {
         let (d, a, w) = (self.d, &self.d.acts, &layer.w);
         let heads = d.cfg.heads;
         let (dim, ti, eps) = (d.cfg.dim as i32, self.t as i32, d.cfg.norm.eps);
-        let (big_t, capacity) = (MAX_ROWS as i32, CAPACITY as i32);
+        let (big_t, capacity) = (MAX_ROWS as i32, d.capacity() as i32);
         let (nh, nkv, hd) = self.head_counts();
         let (cos, sin) = d.ropes[w.rope];
         let interleaved = self.interleaved();
@@ -246,7 +246,7 @@ impl<'a> PassLaunches<'a> {
     /// q and k normed per head by `[qn, kn]`, rotated; k and v written to the cache.
     fn rope_cache(&self, layer: &Layer, [qn, kn]: [u64; 2]) -> Result<()> {
         let (d, a, w) = (self.d, &self.d.acts, &layer.w);
-        let (big_t, capacity, eps) = (MAX_ROWS as i32, CAPACITY as i32, d.cfg.norm.eps);
+        let (big_t, capacity, eps) = (MAX_ROWS as i32, d.capacity() as i32, d.cfg.norm.eps);
         let (nh, nkv, hd) = self.head_counts();
         let (cos, sin) = d.ropes[w.rope];
         let interleaved = self.interleaved();
@@ -281,7 +281,7 @@ impl<'a> PassLaunches<'a> {
     fn attention(&self, layer: &Layer) -> Result<()> {
         let (d, a) = (self.d, &self.d.acts);
         let heads = d.cfg.heads;
-        let (big_t, capacity) = (MAX_ROWS as i32, CAPACITY as i32);
+        let (big_t, capacity) = (MAX_ROWS as i32, d.capacity() as i32);
         let (nh, nkv, _) = self.head_counts();
         let window = layer.w.window.map_or(0, |w| w as i32);
         let attn_scale = 1.0 / (heads.head_dim as f32).sqrt();

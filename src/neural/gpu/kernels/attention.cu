@@ -13,8 +13,8 @@
 // in warp order. The last block of (head, row) to finish (a counter) combines the chunks in
 // chunk order: M = max m_c, S = Σ s_c · e^(m_c − M), out = Σ o_c · e^(m_c − M) / S. No order
 // depends on the pass's other rows, nor on gridDim.z (which block takes a chunk changes
-// nothing of its arithmetic). Positions before the pass's are slot j = position j; the row's
-// branch has its slots in the parameters.
+// nothing of its arithmetic). Position j before the pass's is slot base + j of the row's
+// sequence; the row's branch has its slots in the parameters (`row_branch`).
 #define CHUNK 32
 #define ATT_WARPS 8
 #define ATT_THREADS (ATT_WARPS * WARP)
@@ -36,12 +36,12 @@ __device__ __forceinline__ void attend(const float *q, const float *kcache, cons
     int h = blockIdx.x, row = blockIdx.y;
     int tid = threadIdx.x, lane = tid % WARP, warp = tid / WARP;
     int kh = h / (nh / nkv);
-    int pos = params[0];
-    int n = params[1 + T + row] + 1;
+    int pos = row_cached(params, T, row), base = row_base(params, T, row);
+    int n = row_position(params, T, row) + 1;
     int first = window > 0 ? max(0, n - window) : 0;
     int chunks = (n - first + CHUNK - 1) / CHUNK;
     if ((int)blockIdx.z >= chunks) return;
-    const int *branch = params + 1 + 2 * T + row * T;
+    const int *branch = row_branch(params, T, row);
     const float *K = kcache + (size_t)kh * capacity * hd, *V = vcache + (size_t)kh * capacity * hd;
     size_t rh = (size_t)row * nh + h;
     float *mine = part + rh * MAX_CHUNKS * (hd + 2);
@@ -54,12 +54,12 @@ __device__ __forceinline__ void attend(const float *q, const float *kcache, cons
         // arithmetic: no load waits behind a branch, so a warp's PER_WARP go out together.
         int slot[PER_WARP];
         bool valid[PER_WARP];
-        int start_slot = start < pos ? start : branch[start - pos];
+        int start_slot = start < pos ? base + start : branch[start - pos];
 #pragma unroll
         for (int u = 0; u < PER_WARP; u++) {
             int j = start + warp + ATT_WARPS * u;
             valid[u] = j < n;
-            slot[u] = !valid[u] ? start_slot : j < pos ? j : branch[j - pos];
+            slot[u] = !valid[u] ? start_slot : j < pos ? base + j : branch[j - pos];
         }
         float sc[PER_WARP], mx = -INFINITY;
 #pragma unroll

@@ -221,6 +221,20 @@ __device__ __forceinline__ void decode32(int type, const uint8_t *row, int g, fl
     }
 }
 
+// A pass's parameters in device memory (so a captured graph replays any pass of its row count),
+// T the most rows a pass takes: params[0] = the pass's rows; for row i, params[1 + i] = its
+// token, params[1 + T + i] = its position in its sequence, params[1 + 2T + i] = the positions its
+// sequence held before the pass, params[1 + 3T + i] = the slot of its sequence's position 0,
+// params[1 + 4T + i] = the slot it is written at, params[1 + 5T + i·T + d] = the slot of the
+// node at depth d of its branch (`gpu::params_of`). Rows of several sequences share a pass:
+// each row reads only its own sequence's slots.
+__device__ __forceinline__ int row_token(const int *params, int row) { return params[1 + row]; }
+__device__ __forceinline__ int row_position(const int *params, int T, int row) { return params[1 + T + row]; }
+__device__ __forceinline__ int row_cached(const int *params, int T, int row) { return params[1 + 2 * T + row]; }
+__device__ __forceinline__ int row_base(const int *params, int T, int row) { return params[1 + 3 * T + row]; }
+__device__ __forceinline__ int row_slot(const int *params, int T, int row) { return params[1 + 4 * T + row]; }
+__device__ __forceinline__ const int *row_branch(const int *params, int T, int row) { return params + 1 + 5 * T + row * T; }
+
 // A warp's sum of one value per lane: a butterfly, which leaves the same bits in every lane.
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

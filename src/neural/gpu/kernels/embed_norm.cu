@@ -5,7 +5,7 @@
 // x[row] = dequantized embedding of tokens[row] (· scale, when scale ≠ 0).
 extern "C" __global__ void embed(Mat table, const int *params, float scale, float *x) {
     int row = blockIdx.x;
-    int token = params[1 + row];
+    int token = row_token(params, row);
     const uint8_t *w = table.w + (size_t)token * table.row_bytes;
     for (int g = threadIdx.x; g < table.cols / 32; g += blockDim.x) {
         float v[32];

@@ -233,7 +233,6 @@ __device__ __forceinline__ void qkv_rope_typed(Mats mats, const float *x, int st
         }
     }
     load_input<TK>(xs, x + (size_t)first * stride, stride, mats.m[0].cols, ntok, norm, eps);
-    int pos = params[0];
     for (int u = u0; u < total; u += step) {
         float acc_a[TK], acc_b[TK];
         if (u >= rotated) {  // a value row, to the cache as it is
@@ -242,7 +241,7 @@ __device__ __forceinline__ void qkv_rope_typed(Mats mats, const float *x, int st
             if (lane < ntok) {
                 float v = lane_row<TK>(acc_a, lane);
                 if (mats.bias[2]) v = add(v, mats.bias[2][r]);
-                vcache[((size_t)kh * capacity + pos + first + lane) * hd + e] = v;
+                vcache[((size_t)kh * capacity + row_slot(params, T, first + lane)) * hd + e] = v;
             }
             continue;
         }
@@ -260,7 +259,7 @@ __device__ __forceinline__ void qkv_rope_typed(Mats mats, const float *x, int st
         float c[TK], sn[TK];
 #pragma unroll
         for (int n = 0; n < TK; n++) {
-            int p = params[1 + T + first + min(n, ntok - 1)];
+            int p = row_position(params, T, first + min(n, ntok - 1));
             c[n] = cos_t[(size_t)p * half + i];
             sn[n] = sin_t[(size_t)p * half + i];
         }
@@ -274,7 +273,7 @@ __device__ __forceinline__ void qkv_rope_typed(Mats mats, const float *x, int st
             }
             int row = first + lane;
             float *dst = is_q ? q + (size_t)row * nh * hd + h * hd
-                              : kcache + ((size_t)h * capacity + pos + row) * hd;
+                              : kcache + ((size_t)h * capacity + row_slot(params, T, row)) * hd;
             dst[a_i] = sub(mul(a, cn), mul(b, sn_n));
             dst[b_i] = add(mul(a, sn_n), mul(b, cn));
         }

@@ -2,13 +2,9 @@
 //
 // Included by kernels.cu (one translation unit), in the order kernels.cu names.
 
-// The pass's parameters in device memory (so a captured graph replays any pass of its row
-// count): params[0] = cached positions before the pass (pos); params[1 + i] = token of row i;
-// params[1 + T + i] = position of row i; params[1 + 2T + i·T + d] = the cache slot of the node at
-// depth d of row i's branch (d ≤ its depth). T is the most rows a pass takes.
-
 // Per row: q/k normed per head (when qnorm), rotated by the row's position, q kept in place and
-// k, v written to the cache at slot pos + row. Block per row, a warp per head.
+// k, v written to the cache at the row's slot (the parameters: `row_slot` in common.cuh). Block
+// per row, a warp per head.
 extern "C" __global__ void rope_cache(float *q, const float *k, const float *v, const int *params,
                                       int T, int nh, int nkv, int hd, const float *qnorm,
                                       const float *knorm, float eps, const float *cos_t,
@@ -16,7 +12,7 @@ extern "C" __global__ void rope_cache(float *q, const float *k, const float *v, 
                                       float *vcache, int capacity) {
     int row = blockIdx.x, lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     int warps = blockDim.x / WARP, half = hd / 2;
-    int p = params[1 + T + row], slot = params[0] + row;
+    int p = row_position(params, T, row), slot = row_slot(params, T, row);
     const float *c = cos_t + (size_t)p * half, *s = sin_t + (size_t)p * half;
     for (int h = warp; h < nh + 2 * nkv; h += warps) {
         if (h >= nh + nkv) {  // a value head: to the cache as it is
