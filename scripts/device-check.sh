@@ -17,7 +17,8 @@
 # 3. `bench_decode speculative` on the GPU: plain against speculative decoding on the copy /
 #    edit, Shakespeare and open prompt sets, with whether every output equals plain decoding's
 #    (the "identical" column: lossless on the device); for a coder model (a file named
-#    *coder*, such as qwen2.5-coder-0.5b-instruct-q4_k_m.gguf), `bench_decode edits` too;
+#    *coder*, such as qwen2.5-coder-0.5b-instruct-q4_k_m.gguf), `bench_decode edits` too; and
+#    `bench_decode batch`: 1, 4 and 16 clients at once, their passes shared on the GPU;
 # 4. llama.cpp's llama-bench on the same file (tg128, pp16; from scripts/build-llama-bench.sh,
 #    its folder in LLAMA_BENCH_DIR), and the same prompts through Hugging Face transformers on
 #    the same GPU, where PyTorch, transformers and gguf are installed (scripts/hf_baseline.py).
@@ -98,6 +99,11 @@ for model in "$@"; do
         [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "(did not finish in ${limit} s; last lines:)"; tail -3 "$log"; }
         rm -f "$log"
     done
+    # Several clients at once on the GPU, their passes shared (every client's tokens checked
+    # against the same prompt decoded alone: the "as alone" column).
+    section "$name: several clients at once, their passes shared (GPU)"
+    timeout 240 "$bench" batch --model "$model" --device cuda --clients 1,4,16 --max-tokens 96 \
+        2>&1 | tail -8
     # A coder model (a file named *coder*): the code-edit set through its chat template,
     # speculative against plain decoding, on the GPU (the summary table).
     case "${name,,}" in

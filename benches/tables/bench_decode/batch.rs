@@ -4,13 +4,13 @@
 //! sets' (a chat's through the model's chat template), the copy/edit set first. Every
 //! client's tokens are checked against the same prompt decoded alone on a model of its own.
 //!
-//! `cargo run --release --example bench_decode -- batch --model qwen2.5-coder-0.5b`
+//! `cargo run --release --example bench_decode -- batch --model qwen2.5-coder-0.5b [--device cuda]`
 
 use infgram::decode::drafters::PromptLookup;
 use infgram::decode::{decode, DecodeConfig, Drafter, Sampler};
 use infgram::lm::batch::Batcher;
 use infgram::lm::LanguageModel;
-use infgram::service::models::{load_model, ModelOptions};
+use infgram::service::models::{load_model, Device, ModelOptions};
 use infgram::tokenizer::chat::{encode_chat, Message};
 use infgram::tokenizer::Tokenizer;
 use std::sync::atomic::Ordering::Relaxed;
@@ -46,10 +46,11 @@ fn generate(
     .0
 }
 
-/// Runs the table for `clients` counts of `threads`-thread passes.
-pub fn run(model: &str, clients: &[usize], max_tokens: usize, threads: usize) {
+/// Runs the table for `clients` counts of `threads`-thread passes on `device`.
+pub fn run(model: &str, device: Device, clients: &[usize], max_tokens: usize, threads: usize) {
     let opts = ModelOptions {
         threads,
+        device,
         ..ModelOptions::default()
     };
     let loaded = load_model(model, &opts).expect("the model");
@@ -73,7 +74,7 @@ pub fn run(model: &str, clients: &[usize], max_tokens: usize, threads: usize) {
     // spare the later runs their prompts (scripts/chat-turns.py measures what they spare).
     batcher.keep_prompts(0).expect("the batcher");
     println!(
-        "{model}, {threads} threads, greedy, {max_tokens} tokens a client, a prompt each\n\n\
+        "{model} on {device:?}, {threads} threads, greedy, {max_tokens} tokens a client, a prompt each\n\n\
          | decoding | clients | tokens | seconds | aggregate tokens/s | x one client | mean batch | as alone |\n\
          |---|---:|---:|---:|---:|---:|---:|---|"
     );

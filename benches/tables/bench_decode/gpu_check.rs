@@ -5,7 +5,9 @@
 //! 3. batch invariance on the GPU: a prompt in one pass against k-token passes and one token at
 //!    a time, and a token tree against its branches fed as chains, bit for bit;
 //! 4. CUDA graphs against launches one by one, bit for bit;
-//! 5. the device's greedy picks (`RowForm::Greedy`) against `lm::first_max` of the same rows.
+//! 5. the device's greedy picks (`RowForm::Greedy`) against `lm::first_max` of the same rows;
+//! 6. several sequences in one pass (each in its own room of the cache, the cache grown as they
+//!    are added, one started from a copy of another's positions) against each alone.
 //!
 //! `bench_decode gpu-check --model smollm2-135m` (`scripts/device-check.sh` runs it).
 
@@ -111,6 +113,48 @@ fn picks(m: &mut dyn LanguageModel, prompt: &[u32], full: &[Vec<f32>]) -> bool {
     same && tree_same
 }
 
+/// Sequence 0 after 20 tokens; two sequences added (the cache grows to four rooms, its
+/// positions copied); one starts from a copy of sequence 0's first 10 positions; then one
+/// pass of the three sequences' next rows, each against the same positions of one pass.
+fn several(m: &mut dyn LanguageModel, prompt: &[u32], full: &[Vec<f32>]) -> bool {
+    m.truncate(0);
+    m.feed(&prompt[..20]).unwrap();
+    let Some(s) = m.sequences() else {
+        println!("| several sequences in one pass | – | NOT HELD |");
+        return false;
+    };
+    let (a, b) = (s.add_sequence().unwrap(), s.add_sequence().unwrap());
+    s.copy_cache(0, a, 10).unwrap();
+    fn part(seq: usize, tokens: &[u32]) -> infgram::lm::SeqPart<'_> {
+        infgram::lm::SeqPart {
+            seq,
+            tokens,
+            first: tokens.len(),
+        }
+    }
+    let parts = [
+        part(0, &prompt[20..30]),
+        part(a, &prompt[10..24]),
+        part(b, &prompt[..16]),
+    ];
+    let rows: Vec<Vec<Vec<f32>>> = s
+        .score_parts(&parts)
+        .unwrap()
+        .into_iter()
+        .map(|rows| rows.into_iter().map(Logits::into_dense).collect())
+        .collect();
+    let mut ok = bits(
+        "3 sequences in one pass: the first",
+        &rows[0],
+        &full[20..30],
+    );
+    ok &= bits("… one from a copied start", &rows[1], &full[10..24]);
+    ok &= bits("… one from nothing", &rows[2], &full[..16]);
+    s.select(0).unwrap();
+    let next = m.forward(&prompt[30..34]).unwrap();
+    ok & bits("the first sequence's next pass", &next, &full[30..34])
+}
+
 /// Runs the checks; exits 1 when a bit-for-bit one fails.
 pub fn run(model: &str) {
     let source = infgram::neural::source::ModelSource::resolve(model).expect("the model");
@@ -182,6 +226,7 @@ pub fn run(model: &str) {
     let want = m.forward(&[tree[0], 5, 6, 7, 9]).unwrap();
     ok &= bits("after keeping a branch", &after, &want[4..]);
     ok &= picks(&mut *m, &prompt, &full);
+    ok &= several(&mut *m, &prompt, &full);
     m.truncate(0);
     ok &= bits(
         "40-row graph replay vs first launch",

@@ -67,9 +67,12 @@ enum Bench {
     },
     /// Several clients decoding at once on one model, their passes shared, against one.
     Batch {
-        /// The model: a short name or a GGUF file (the native CPU backend).
+        /// The model: a short name or a GGUF file (the native backend).
         #[arg(long, default_value = "smollm2-135m")]
         model: String,
+        /// `cpu` (the native kernels) or `cuda` (infgram's fused GPU kernels).
+        #[arg(long, value_enum, default_value_t = Device::Cpu)]
+        device: Device,
         /// Client counts to run, comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
         clients: Vec<usize>,
@@ -205,10 +208,11 @@ fn main() {
         Bench::GpuCheck { model } => gpu_check::run(&model),
         Bench::Batch {
             model,
+            device,
             clients,
             max_tokens,
             threads,
-        } => batch::run(&model, &clients, max_tokens, threads),
+        } => batch::run(&model, device, &clients, max_tokens, threads),
         Bench::Prompts => {
             for set in prompts::sets() {
                 for p in &set.prompts {
