@@ -39,11 +39,12 @@ type Answer = (Result<Vec<Logits>>, usize, Option<usize>);
 type Op = Box<dyn FnOnce(&mut dyn LanguageModel) -> Result<Vec<Logits>> + Send>;
 
 enum Call {
-    /// New tokens of a sequence for the next pass; `first` rows' logits back now.
+    /// New tokens of a sequence for the next pass; `first` rows' logits back now, in `form`.
     Score {
         seq: usize,
         tokens: Vec<u32>,
         first: usize,
+        form: RowForm,
         reply: Sender<Answer>,
     },
     /// Anything else, on the sequence alone; answered when `reply` is given.
@@ -230,6 +231,7 @@ struct Pending {
     seq: usize,
     tokens: Vec<u32>,
     first: usize,
+    form: RowForm,
     reply: Sender<Answer>,
 }
 
@@ -336,11 +338,13 @@ fn take(
             seq,
             tokens,
             first,
+            form,
             reply,
         } => pending.push(Pending {
             seq,
             tokens,
             first,
+            form,
             reply,
         }),
         Call::Alone { seq, op, reply } => {
@@ -501,6 +505,7 @@ fn run_pass(model: &mut dyn LanguageModel, mut pending: Vec<Pending>, stats: &Ba
             seq: p.seq,
             tokens: &p.tokens,
             first: p.first,
+            form: p.form,
         })
         .collect();
     let result = match model.sequences() {
@@ -643,7 +648,7 @@ impl SequenceModel {
     /// Feeds `tokens` (every row's logits back, or none when `all` is false) in passes of
     /// at most [`Batcher::CHUNK`] of them, checked first as one pass would check them. Fed
     /// without logits, those the cache already holds are not read again.
-    fn score(&mut self, tokens: &[u32], all: bool) -> Result<Vec<Logits>> {
+    fn score(&mut self, tokens: &[u32], all: bool, form: RowForm) -> Result<Vec<Logits>> {
         super::check_vocab(tokens, self.about.vocab)?;
         self.held.clear();
         let tokens = match all {
@@ -664,6 +669,7 @@ impl SequenceModel {
                 seq: self.seq,
                 tokens: chunk.to_vec(),
                 first: if all { chunk.len() } else { 0 },
+                form,
                 reply,
             });
             if before.0 == before.1 && self.cached == before.0 + chunk.len() {
@@ -687,13 +693,13 @@ impl Drop for SequenceModel {
 
 impl LanguageModel for SequenceModel {
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
-        let rows = self.score(tokens, true)?;
+        let rows = self.score(tokens, true, RowForm::Full)?;
         Ok(rows.into_iter().map(Logits::into_dense).collect())
     }
 
     /// Every row's logits come out of the shared pass; those past `first` wait here.
-    fn score_first(&mut self, tokens: &[u32], first: usize, _form: RowForm) -> Result<Vec<Logits>> {
-        let mut rows = self.score(tokens, true)?;
+    fn score_first(&mut self, tokens: &[u32], first: usize, form: RowForm) -> Result<Vec<Logits>> {
+        let mut rows = self.score(tokens, true, form)?;
         let first = first.clamp(1, rows.len().max(1)).min(rows.len());
         self.held = rows.split_off(first).into();
         Ok(rows)
@@ -705,7 +711,7 @@ impl LanguageModel for SequenceModel {
     }
 
     fn feed(&mut self, tokens: &[u32]) -> Result<()> {
-        self.score(tokens, false).map(drop)
+        self.score(tokens, false, RowForm::Full).map(drop)
     }
 
     fn cache_len(&self) -> usize {

@@ -398,6 +398,8 @@ pub struct SeqPart<'a> {
     pub tokens: &'a [u32],
     /// Rows whose logits come back now (0: the tokens are fed, none scored).
     pub first: usize,
+    /// The form they and the rows held may come in (a model may give full rows for any).
+    pub form: RowForm,
 }
 
 /// Implements [`LanguageModel`] for a pointer type by forwarding every method to the model it

@@ -49,9 +49,54 @@ fn the_gpu_pass_s_sequences_batch_as_the_native_pass_s() {
         };
         let what = format!("{} on the GPU pass's reference", family.name);
         several_sequences_in_a_pass_are_each_alone(&load, &what);
+        greedy_picks_beside_full_rows(&load, &what);
         generations_sharing_passes(&load, &what);
         kept_prompts(&load, &what);
     }
+}
+
+/// A part of a several-sequence pass that asks for greedy picks gets each row's pick (the
+/// rows stay with the pass); the part beside it its first full row, the rest held for
+/// `score_more`.
+fn greedy_picks_beside_full_rows(load: Load, what: &str) {
+    let (a, b) = (ids(5, 71), ids(4, 72));
+    let mut solo = load();
+    let want_a: Vec<Logits> = (solo.forward(&a).unwrap().iter())
+        .map(|r| Logits::of_pick(r.len(), greedy_pick(r)))
+        .collect();
+    solo.truncate(0);
+    let want_b: Vec<Logits> = solo
+        .forward(&b)
+        .unwrap()
+        .into_iter()
+        .map(Logits::Dense)
+        .collect();
+    let mut m = load();
+    let s = m.sequences().unwrap();
+    let other = s.add_sequence().unwrap();
+    let parts = [
+        SeqPart {
+            seq: 0,
+            tokens: &a,
+            first: a.len(),
+            form: RowForm::Greedy,
+        },
+        SeqPart {
+            seq: other,
+            tokens: &b,
+            first: 1,
+            form: RowForm::Full,
+        },
+    ];
+    let rows = s.score_parts(&parts).unwrap();
+    assert_eq!(rows[0], want_a, "{what}: greedy picks");
+    assert_eq!(rows[1], want_b[..1], "{what}: a full row beside them");
+    s.select(other).unwrap();
+    assert_eq!(
+        m.score_more(9).unwrap(),
+        want_b[1..],
+        "{what}: its rows held"
+    );
 }
 
 fn several_sequences_in_a_pass_are_each_alone(load: Load, what: &str) {
@@ -79,6 +124,7 @@ fn several_sequences_in_a_pass_are_each_alone(load: Load, what: &str) {
             seq,
             tokens: prefix,
             first: 0,
+            form: RowForm::Full,
         }];
         assert!(seqs.score_parts(&part).unwrap()[0].is_empty(), "{what}");
     }
@@ -89,6 +135,7 @@ fn several_sequences_in_a_pass_are_each_alone(load: Load, what: &str) {
             seq,
             tokens: new,
             first: new.len(),
+            form: RowForm::Full,
         })
         .collect();
     let together = seqs.score_parts(&parts).unwrap();
@@ -104,11 +151,13 @@ fn several_sequences_in_a_pass_are_each_alone(load: Load, what: &str) {
             seq: 2,
             tokens: &next,
             first: 2,
+            form: RowForm::Full,
         },
         SeqPart {
             seq: 1,
             tokens: &next,
             first: 1,
+            form: RowForm::Full,
         },
     ];
     let rows = seqs.score_parts(&parts).unwrap();
@@ -129,6 +178,7 @@ fn several_sequences_in_a_pass_are_each_alone(load: Load, what: &str) {
         seq: 9,
         tokens: &next,
         first: 1,
+        form: RowForm::Full,
     }];
     assert!(seqs.score_parts(&missing).is_err(), "{what}");
 }
@@ -156,6 +206,7 @@ fn a_prompt_read_beside_other_rows_leaves_each_sequence_as_alone() {
             seq: 0,
             tokens: &prefix,
             first: 0,
+            form: RowForm::Full,
         }];
         assert!(seqs.score_parts(&fed).unwrap()[0].is_empty(), "{what}");
         // The prompt's rows first, so the rows asked for move up in the last layer.
@@ -164,11 +215,13 @@ fn a_prompt_read_beside_other_rows_leaves_each_sequence_as_alone() {
                 seq: other,
                 tokens: &prompt,
                 first: 0,
+                form: RowForm::Full,
             },
             SeqPart {
                 seq: 0,
                 tokens: &new,
                 first: new.len(),
+                form: RowForm::Full,
             },
         ];
         let rows = seqs.score_parts(&parts).unwrap();
@@ -182,6 +235,7 @@ fn a_prompt_read_beside_other_rows_leaves_each_sequence_as_alone() {
             seq: other,
             tokens: &next,
             first: next.len(),
+            form: RowForm::Full,
         }];
         let rows = seqs.score_parts(&after).unwrap();
         assert_eq!(

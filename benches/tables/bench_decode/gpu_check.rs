@@ -130,6 +130,7 @@ fn several(m: &mut dyn LanguageModel, prompt: &[u32], full: &[Vec<f32>]) -> bool
             seq,
             tokens,
             first: tokens.len(),
+            form: RowForm::Full,
         }
     }
     let parts = [

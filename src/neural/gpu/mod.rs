@@ -536,7 +536,8 @@ impl<P: Pass> Sequences for Sequence<P> {
     }
 
     /// The parts' rows in passes of at most [`MAX_ROWS`] (a long part goes on in the next),
-    /// each part's rows copied back whole when it asks for any.
+    /// each part's rows copied back whole when it asks for any (only their greedy picks in
+    /// [`RowForm::Greedy`]).
     fn score_parts(&mut self, parts: &[SeqPart]) -> Result<Vec<Vec<Logits>>> {
         let vocab = self.pass.vocab();
         for (i, part) in parts.iter().enumerate() {
@@ -573,9 +574,16 @@ impl<P: Pass> Sequences for Sequence<P> {
             let mut at = 0;
             for (i, r) in pass {
                 let n = r.len();
-                if parts[i].first > 0 {
-                    let got = self.pass.rows(at..at + n)?;
-                    rows[i].extend(got.into_iter().map(Logits::Dense));
+                match (parts[i].first, parts[i].form) {
+                    (0, _) => {}
+                    (_, RowForm::Full) => {
+                        let got = self.pass.rows(at..at + n)?;
+                        rows[i].extend(got.into_iter().map(Logits::Dense));
+                    }
+                    (_, RowForm::Greedy) => {
+                        let got = self.pass.picks(at..at + n)?;
+                        rows[i].extend(got.into_iter().map(|p| Logits::of_pick(vocab, p)));
+                    }
                 }
                 self.seqs[parts[i].seq].cached += n;
                 done[i] = r.end;
