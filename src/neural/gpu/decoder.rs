@@ -184,26 +184,25 @@ struct Caches {
 }
 
 impl Caches {
-    /// Zeroed caches of `rooms` rooms for `layers`, pointed at by them.
-    fn alloc(
-        stream: &Arc<CudaStream>,
-        cfg: &Architecture,
-        layers: &mut [Layer],
-        rooms: usize,
-    ) -> Result<Caches> {
+    /// Zeroed caches of `rooms` rooms for `cfg`'s layers.
+    fn alloc(stream: &Arc<CudaStream>, cfg: &Architecture, rooms: usize) -> Result<Caches> {
         let per_layer = cfg.heads.n_kv_head * rooms * CAPACITY * cfg.heads.head_dim;
-        let mut buffers = Vec::with_capacity(2 * layers.len());
-        for layer in layers {
-            for ptr in [&mut layer.kcache, &mut layer.vcache] {
+        let buffers = (0..2 * cfg.n_layer)
+            .map(|_| {
                 let slice = stream
                     .alloc_zeros::<f32>(per_layer)
                     .map_err(|e| gpu_err("allocating the KV cache", e))?;
-                let buffer = Buffer::new(slice, stream);
-                *ptr = buffer.ptr;
-                buffers.push(buffer);
-            }
-        }
+                Ok(Buffer::new(slice, stream))
+            })
+            .collect::<Result<_>>()?;
         Ok(Caches { buffers, rooms })
+    }
+
+    /// Points each of `layers` at its keys and values here.
+    fn point(&self, layers: &mut [Layer]) {
+        for (layer, kv) in layers.iter_mut().zip(self.buffers.chunks_exact(2)) {
+            (layer.kcache, layer.vcache) = (kv[0].ptr, kv[1].ptr);
+        }
     }
 }
 
@@ -601,7 +600,8 @@ impl GpuDecoder {
         kernels.allow_shared_memory(input_bytes(TOKENS, widest) as i32)?;
         let acts = Acts::alloc(&mut up, &cfg, vocab, ffn, widest)?;
         let upload = (up.owned, up.vectors);
-        let caches = Caches::alloc(&stream, &cfg, &mut layers, 1)?;
+        let caches = Caches::alloc(&stream, &cfg, 1)?;
+        caches.point(&mut layers);
         stream
             .synchronize()
             .map_err(|e| gpu_err("loading the model", e))?;
@@ -849,13 +849,13 @@ impl Pass for GpuDecoder {
         }
         let rooms = rooms.max(2 * old);
         let heads = self.cfg.heads;
-        let mut grown =
-            Caches::alloc(&self.stream, &self.cfg, &mut self.layers, rooms).map_err(|e| {
-                Error::input(format!(
-                    "--device cuda: no GPU memory for the caches of {rooms} sequences ({e}); \
-                     serve fewer at once (--parallel)"
-                ))
-            })?;
+        // (On failure nothing changed: the layers still point at the caches they had.)
+        let mut grown = Caches::alloc(&self.stream, &self.cfg, rooms).map_err(|e| {
+            Error::Unavailable(format!(
+                "--device cuda: no GPU memory for the KV caches of {rooms} sequences ({e}); \
+                 serve fewer at once (--parallel)"
+            ))
+        })?;
         let stretch = |rooms: usize| rooms * CAPACITY * heads.head_dim;
         for (from, to) in self.caches.buffers.iter().zip(grown.buffers.iter_mut()) {
             for kh in 0..heads.n_kv_head {
@@ -868,6 +868,7 @@ impl Pass for GpuDecoder {
                     .map_err(|e| gpu_err("copying the KV cache", e))?;
             }
         }
+        grown.point(&mut self.layers);
         self.caches = grown;
         self.graphs.clear();
         Ok(())
