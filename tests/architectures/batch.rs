@@ -19,6 +19,14 @@ fn three_sequences() -> Vec<(Vec<u32>, Vec<u32>)> {
 /// A model of several sequences, loaded anew for each use.
 type Load<'a> = &'a dyn Fn() -> Box<dyn LanguageModel + Send>;
 
+/// The native pass of the model at `path` on `threads` threads, as a [`Load`].
+fn native(
+    path: &std::path::Path,
+    threads: usize,
+) -> impl Fn() -> Box<dyn LanguageModel + Send> + '_ {
+    move || Box::new(Decoder::from_gguf(path).unwrap().with_threads(threads))
+}
+
 #[test]
 fn a_pass_over_several_sequences_is_each_sequence_alone() {
     let dir = tempfile::tempdir().unwrap();
@@ -26,9 +34,7 @@ fn a_pass_over_several_sequences_is_each_sequence_alone() {
         let path = write_model(dir.path(), family, false);
         for threads in [1, 2] {
             let what = format!("{} with {threads} threads", family.name);
-            let load = || -> Box<dyn LanguageModel + Send> {
-                Box::new(Decoder::from_gguf(&path).unwrap().with_threads(threads))
-            };
+            let load = native(&path, threads);
             several_sequences_in_a_pass_are_each_alone(&load, &what);
         }
     }
@@ -296,9 +302,7 @@ fn generations_sharing_passes_write_what_each_writes_alone() {
     let dir = tempfile::tempdir().unwrap();
     for family in &FAMILIES[..3] {
         let path = write_model(dir.path(), family, false);
-        let load = || -> Box<dyn LanguageModel + Send> {
-            Box::new(Decoder::from_gguf(&path).unwrap().with_threads(2))
-        };
+        let load = native(&path, 2);
         generations_sharing_passes(&load, family.name);
     }
 }
@@ -379,9 +383,7 @@ fn kept_prompts_are_read_once_and_every_generation_writes_its_tokens_alone() {
     let dir = tempfile::tempdir().unwrap();
     for family in &FAMILIES {
         let path = write_model(dir.path(), family, false);
-        let load = || -> Box<dyn LanguageModel + Send> {
-            Box::new(Decoder::from_gguf(&path).unwrap().with_threads(2))
-        };
+        let load = native(&path, 2);
         kept_prompts(&load, family.name);
     }
 }

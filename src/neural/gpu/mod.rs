@@ -115,16 +115,6 @@ pub struct PassPart<'a> {
     pub parents: Option<&'a [Option<usize>]>,
 }
 
-/// [`params_of`] for one sequence whose position 0 is slot 0.
-pub fn params(pos: usize, tokens: &[u32], parents: Option<&[Option<usize>]>) -> Result<Vec<i32>> {
-    params_of(&[PassPart {
-        base: 0,
-        cached: pos,
-        tokens,
-        parents,
-    }])
-}
-
 /// How a pass of several sequences' rows (`parts`, their rows in order) is described to the
 /// kernels, T = [`MAX_ROWS`]: `params[0]` the rows of the pass; for row i, `params[1 + i]` its
 /// token, `params[1 + T + i]` its position in its sequence, `params[1 + 2T + i]` the positions
@@ -271,6 +261,14 @@ struct SeqState {
     rows: std::collections::VecDeque<Logits>,
 }
 
+impl SeqState {
+    /// Forgets the tree and the rows held of the sequence's last pass (its cache changes).
+    fn forget(&mut self) {
+        self.tree = None;
+        self.rows.clear();
+    }
+}
+
 impl<P: Pass> Sequence<P> {
     /// `pass` with one empty sequence.
     pub fn new(pass: P) -> Self {
@@ -299,8 +297,8 @@ impl<P: Pass> Sequence<P> {
         seq * CAPACITY
     }
 
-    /// One pass after the selected sequence's cache: a chain, or the tree of `parents`; its
-    /// rows held.
+    /// One pass after the selected sequence's cache (whose last pass the caller forgot:
+    /// `changed`): a chain, or the tree of `parents`; its rows held.
     fn step(&mut self, tokens: &[u32], parents: Option<&[Option<usize>]>) -> Result<()> {
         let current = self.current;
         let part = PassPart {
@@ -311,7 +309,6 @@ impl<P: Pass> Sequence<P> {
         };
         let params = params_of(&[part])?;
         (self.held, self.form) = (0..0, RowForm::Full);
-        self.seq().rows.clear();
         self.pass.run(&params, tokens)?;
         self.seq().cached += tokens.len();
         (self.held, self.held_by) = (0..tokens.len(), current);
@@ -359,9 +356,7 @@ impl<P: Pass> Sequence<P> {
     /// Forgets the selected sequence's tree and held rows (its cache changes).
     fn changed(&mut self) {
         let current = self.current;
-        let s = self.seq();
-        s.tree = None;
-        s.rows.clear();
+        self.seq().forget();
         if self.held_by == current {
             self.held = 0..0;
         }
@@ -555,9 +550,7 @@ impl<P: Pass> Sequences for Sequence<P> {
         // Tokens of each part already passed.
         let mut done = vec![0usize; parts.len()];
         for part in parts {
-            let s = &mut self.seqs[part.seq];
-            s.tree = None;
-            s.rows.clear();
+            self.seqs[part.seq].forget();
         }
         while let Some(pass) = next_pass(parts, &done) {
             let pieces: Vec<PassPart> = pass
