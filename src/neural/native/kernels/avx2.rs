@@ -131,17 +131,17 @@ macro_rules! tile_256 {
                     let (dw, mw) = scales_of::<Lanes256>(scales, 8 * h);
                     for i in 0..N {
                         let mut s = match tile.high() {
-                            None => $dot_q4(&w, &rows[i].qs[b]),
-                            Some(_) => $dot_q5(&w, &rows[i].qs[b]),
+                            None => $dot_q4(&w, rows[i].q(b)),
+                            Some(_) => $dot_q5(&w, rows[i].q(b)),
                         };
                         if let Some(which) = T::START {
-                            let start = rows[i].starts[b][which as usize];
+                            let start = rows[i].start(b, which as usize);
                             s = _mm256_add_epi32(s, _mm256_set1_epi32(start));
                         }
-                        let t = _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(rows[i].d[b]));
+                        let t = _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(rows[i].d(b)));
                         acc[i] = _mm256_fmadd_ps(t, dw, acc[i]);
                         if T::CENTER == 0 {
-                            acc[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(rows[i].s[b]), acc[i]);
+                            acc[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(rows[i].s(b)), acc[i]);
                         }
                     }
                 }
@@ -166,18 +166,18 @@ macro_rules! tile_256 {
                             });
                             let dw = Lanes256::halves(tile.d[8 * h..].as_ptr());
                             for i in 0..N {
-                                let q = &rows[i].qs[b];
+                                let q = rows[i].q(b);
                                 let mut s = _mm256_setzero_si256();
                                 for t in 0..8 {
                                     s = $dot_q8(s, w[t], quad(q, t));
                                 }
                                 if $q8_bias {
-                                    let start = rows[i].starts[b][Start::Q8_0 as usize];
+                                    let start = rows[i].start(b, Start::Q8_0 as usize);
                                     s = _mm256_add_epi32(s, _mm256_set1_epi32(start));
                                 }
                                 let t = _mm256_mul_ps(
                                     _mm256_cvtepi32_ps(s),
-                                    _mm256_set1_ps(rows[i].d[b]),
+                                    _mm256_set1_ps(rows[i].d(b)),
                                 );
                                 acc[i] = _mm256_fmadd_ps(t, dw, acc[i]);
                             }
@@ -196,11 +196,11 @@ macro_rules! tile_256 {
                                 _mm256_mul_ps(d, Lanes256::bytes(sc(1), true)),
                             ];
                             for i in 0..N {
-                                let q = &rows[i].qs[b];
-                                let da = _mm256_set1_ps(rows[i].d[b]);
+                                let q = rows[i].q(b);
+                                let da = _mm256_set1_ps(rows[i].d(b));
                                 for k in 0..2 {
                                     let s = $dot_q6(&w, q, k);
-                                    let start = rows[i].starts[b][Start::Q6KHalf0 as usize + k];
+                                    let start = rows[i].start(b, Start::Q6KHalf0 as usize + k);
                                     let s = _mm256_add_epi32(s, _mm256_set1_epi32(start));
                                     let t = _mm256_mul_ps(_mm256_cvtepi32_ps(s), da);
                                     acc[i] = _mm256_fmadd_ps(t, dw[k], acc[i]);

@@ -22,12 +22,12 @@ unsafe fn dot_rows<const N: usize>(
     if let Some(which) = start {
         // (A loop, not `array::from_fn`: closures do not inherit the target features.)
         for (s, row) in sums.iter_mut().zip(rows) {
-            *s = _mm512_set1_epi32(row.starts[b][which as usize]);
+            *s = _mm512_set1_epi32(row.start(b, which as usize));
         }
     }
     for t in quads {
         for (s, row) in sums.iter_mut().zip(rows) {
-            *s = _mm512_dpbusd_epi32(*s, w[t], _mm512_set1_epi32(quad(&row.qs[b], t)));
+            *s = _mm512_dpbusd_epi32(*s, w[t], _mm512_set1_epi32(quad(row.q(b), t)));
         }
     }
     sums
@@ -50,10 +50,10 @@ unsafe fn nibbles_avx512<T: NibbleTile, const N: usize>(
         let sums = dot_rows(&w, 0..8, rows, b, T::START);
         for i in 0..N {
             let isum = sums[i];
-            let t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(rows[i].d[b]));
+            let t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(rows[i].d(b)));
             acc[i] = _mm512_fmadd_ps(t, dw, acc[i]);
             if T::CENTER == 0 {
-                acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(rows[i].s[b]), acc[i]);
+                acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(rows[i].s(b)), acc[i]);
             }
         }
     }
@@ -70,7 +70,7 @@ unsafe fn q8_0_avx512<const N: usize>(tiles: &[Q8_0Tile], rows: &[Row; N], acc: 
         let sums = dot_rows(&w, 0..8, rows, b, Some(Start::Q8_0));
         for i in 0..N {
             let isum = sums[i];
-            let t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(rows[i].d[b]));
+            let t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(rows[i].d(b)));
             acc[i] = _mm512_fmadd_ps(t, dw, acc[i]);
         }
     }
@@ -97,7 +97,7 @@ unsafe fn q6k_avx512<const N: usize>(
         for ((quads, start), dw) in halves.into_iter().zip(dw) {
             let sums = dot_rows(&w, quads, rows, b, Some(start));
             for i in 0..N {
-                let t = _mm512_mul_ps(_mm512_cvtepi32_ps(sums[i]), _mm512_set1_ps(rows[i].d[b]));
+                let t = _mm512_mul_ps(_mm512_cvtepi32_ps(sums[i]), _mm512_set1_ps(rows[i].d(b)));
                 acc[i] = _mm512_fmadd_ps(t, dw, acc[i]);
             }
         }

@@ -112,6 +112,21 @@ pub(super) enum Tiles<'a> {
     Q6K(&'a [Q6KTile], &'a [SuperScales]),
 }
 
+impl Tiles<'_> {
+    /// The group's blocks (one tile a block).
+    fn blocks(&self) -> usize {
+        match self {
+            Tiles::Q4_1(t) => t.len(),
+            Tiles::Q5_0(t) => t.len(),
+            Tiles::Q5(t) => t.len(),
+            Tiles::Q8_0(t) => t.len(),
+            Tiles::Q4K(t, _) => t.len(),
+            Tiles::Q5K(t, _) => t.len(),
+            Tiles::Q6K(t, _) => t.len(),
+        }
+    }
+}
+
 /// One group of tiles times `rows` (at most [`rows_per_pass`] of `isa`) into
 /// `out[..rows.len()]`.
 pub(super) fn tile_rows(
@@ -120,6 +135,11 @@ pub(super) fn tile_rows(
     rows: &[Row],
     out: &mut [[f32; TILE_ROWS]; ROWS_PER_PASS],
 ) {
+    // The x86 walks index the rows' blocks unchecked (`Row::q` and the rest).
+    assert!(
+        rows.iter().all(|row| row.holds(tiles.blocks())),
+        "tile_rows: an activation row shorter than the tiles"
+    );
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Amx {
         // SAFETY: `Isa::detect` chose AMX only after its self-check passed.
@@ -131,7 +151,8 @@ pub(super) fn tile_rows(
             let out: &mut [[f32; TILE_ROWS]; $n] = (&mut out[..$n]).try_into().expect("rows");
             match isa {
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: `Isa::detect` chose these only after checking the CPU features.
+                // SAFETY: `Isa::detect` chose these only after checking the CPU features, and
+                // every row holds the tiles' blocks (checked above).
                 Isa::Avx512Vnni | Isa::Amx => unsafe {
                     avx512::tile_avx512::<$n>(tiles, rows, out)
                 },
