@@ -180,13 +180,16 @@ impl<'a, const N: usize> Blocks<'a, N> {
     }
 
     /// Block b of the first row, and the stride to the next row's.
+    ///
+    /// # Safety
+    /// Every row holds block b (`tile_rows` checks the rows against the tiles).
     #[inline(always)]
-    fn block(&mut self, b: usize) -> (*const i8, isize) {
+    unsafe fn block(&mut self, b: usize) -> (*const i8, isize) {
         match self.stride {
-            Some(stride) => (self.rows[0].qs[b].as_ptr(), stride),
+            Some(stride) => (self.rows[0].q(b).as_ptr(), stride),
             None => {
                 for (copy, row) in self.copy.iter_mut().zip(self.rows) {
-                    *copy = row.qs[b];
+                    *copy = *row.q(b);
                 }
                 (self.copy[0].as_ptr(), BLOCK as isize)
             }
@@ -200,9 +203,9 @@ impl<'a, const N: usize> Blocks<'a, N> {
 unsafe fn scaled_sums(c: &Sums, i: usize, row: &Row, b: usize, start: Option<Start>) -> __m512 {
     let mut isum = _mm512_load_si512(c.0[i].as_ptr() as *const __m512i);
     if let Some(which) = start {
-        isum = _mm512_add_epi32(isum, _mm512_set1_epi32(row.starts[b][which as usize]));
+        isum = _mm512_add_epi32(isum, _mm512_set1_epi32(row.start(b, which as usize)));
     }
-    _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(row.d[b]))
+    _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(row.d(b)))
 }
 
 /// `acc[i] += t_i·dw` for every row i: each row's block sums from its `start`, scaled
@@ -253,7 +256,7 @@ unsafe fn nibbles_amx<U: TileUnit, T: NibbleTile, const N: usize>(
         // Each row's offset term after its scaled sums, as the VNNI kernels add them.
         if T::CENTER == 0 {
             for (acc, row) in acc.iter_mut().zip(rows) {
-                *acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(row.s[b]), *acc);
+                *acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(row.s(b)), *acc);
             }
         }
     }
@@ -327,7 +330,9 @@ unsafe fn tile_amx<U: TileUnit, const N: usize>(
 /// One tile group times `rows` (1 to 16) into `out[..rows.len()]` on the tile unit `U`.
 ///
 /// # Safety
-/// The CPU runs AVX-512 VNNI, and `U` is [`Amx`] only where [`usable`] said so.
+/// The CPU runs AVX-512 VNNI, `U` is [`Amx`] only where [`usable`] said so, and every row
+/// holds the tiles' blocks ([`Row::holds`]; `tile_rows` checks it, the probes' rows are
+/// quantized for their matrix).
 pub(super) unsafe fn tile_rows_amx<U: TileUnit>(
     tiles: Tiles,
     rows: &[Row],

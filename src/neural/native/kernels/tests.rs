@@ -273,3 +273,15 @@ fn products_together_are_products_apart() {
         }
     }
 }
+
+#[test]
+#[should_panic(expected = "shorter than the tiles")]
+fn a_walk_refuses_activation_rows_shorter_than_its_tiles() {
+    // The x86 walks index a row's blocks unchecked, so `tile_rows` checks every row first:
+    // here 2 blocks of activations against a group of 4 blocks' tiles.
+    let w = QMatrix::quantize_q8_0(16, 128, &pseudo(16 * 128, 3)).unwrap();
+    let mut a = QRows::default();
+    a.quantize(&pseudo(64, 4), 64);
+    let mut out = [[0.0f32; TILE_ROWS]; ROWS_PER_PASS];
+    tile_rows(Isa::detect(), w.group(0), &[a.row(0)], &mut out);
+}
