@@ -2,8 +2,9 @@
 //! kernels' instructions can reach, measured with a tight loop of independent chains (AVX2:
 //! `vpmaddubsw` + `vpmaddwd` + `vpaddd`, 12 chains; AVX-VNNI and AVX-512 VNNI: `vpdpbusd`, 8
 //! chains; AMX: four `tdpbusd` into four sum tiles; each chain's accumulator is its next
-//! input, so nothing is hoisted or merged) on every thread of the pass at once, the best of three runs. A pass of k rows does k × (the
-//! model's multiply-adds a row) of them, so it cannot take less than that over the rate.
+//! input, so nothing is hoisted or merged) on every thread of the pass at once, the best of
+//! three runs. A pass of k rows does k × (the model's multiply-adds a row) of them, so it
+//! cannot take less than that over the rate.
 
 use infgram::neural::native::kernels::{amx_bound_loop, Isa, AMX_BOUND_ROUND};
 use std::time::Instant;
@@ -35,8 +36,9 @@ pub fn int8_rate(isa: Isa, threads: usize) -> Option<f64> {
         }
     };
     run(); // warm-up: the clock and the units
-           // The best of three: on a shared machine other tenants only ever slow a run down (one
-           // 2-vCPU Xeon gave 245 and 480 G/s for the same AVX-512 loop a minute apart).
+
+    // The best of three: on a shared machine other tenants only ever slow a run down (one
+    // 2-vCPU Xeon gave 245 and 480 G/s for the same AVX-512 loop a minute apart).
     let seconds = (0..3)
         .map(|_| {
             let t = Instant::now();
