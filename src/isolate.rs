@@ -20,8 +20,68 @@
 //! socket closed), and leaves with `_exit` when the parent closes the socket, so nothing of the
 //! parent's (its buffers, its destructors, its listening sockets) lives on in it. Elsewhere
 //! than Linux the work runs in the calling thread, bounded by the caller's own limits alone.
+//!
+//! A fork copies the parent's locks as they stand, and another thread may hold one: the
+//! standard library's report of a failed allocation takes its backtrace lock, which a thread
+//! printing a panic holds. A worker forked at that moment hung on its first failed allocation
+//! until its deadline (`cargo test --release --lib` with `RUST_BACKTRACE=1`: 2 runs in 5, a
+//! hoard reported as `Time`). So the crate's allocator ([`Allocator`], the system's) ends a
+//! worker whose allocation fails with `abort` at once, before any of that runs. A panic in the
+//! worker still runs the panic hook, which can meet the same lock: such a worker is killed at
+//! its deadline and the caller gets `Time`.
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+/// Set in a worker process, before its first request.
+static IN_WORKER: AtomicBool = AtomicBool::new(false);
+
+/// The allocator of every process built from this crate: the system's, except that in a
+/// worker an allocation that fails aborts at once (the parent reads `SIGABRT` as
+/// [`Stopped::Memory`]) instead of reporting through the standard library, whose report takes
+/// a lock a thread of the parent may have held when the worker was forked (the module docs).
+/// Allocations that succeed cost what the system's do.
+pub struct Allocator;
+
+#[global_allocator]
+static ALLOCATOR: Allocator = Allocator;
+
+impl Allocator {
+    /// `ptr`, or the end of a worker whose allocation failed.
+    #[inline]
+    fn checked(ptr: *mut u8) -> *mut u8 {
+        if ptr.is_null() && IN_WORKER.load(Ordering::Relaxed) {
+            // abort ends the process at once; it takes no lock of the parent's.
+            std::process::abort()
+        }
+        ptr
+    }
+}
+
+// SAFETY: every call is the system allocator's, with the caller's arguments; a null it
+// returns is passed on, or ends the process.
+unsafe impl GlobalAlloc for Allocator {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        Self::checked(System.alloc(layout))
+    }
+
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        Self::checked(System.alloc_zeroed(layout))
+    }
+
+    #[inline]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        Self::checked(System.realloc(ptr, layout, new_size))
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout)
+    }
+}
 
 /// What one request may use.
 #[derive(Clone, Copy, Debug)]
@@ -209,6 +269,7 @@ mod linux {
     /// The worker: every descriptor but its socket closed, then requests until the socket
     /// closes, each under the limits it names.
     fn worker(fd: i32, serve: fn(&[u8]) -> Vec<u8>) -> ! {
+        super::IN_WORKER.store(true, std::sync::atomic::Ordering::Relaxed);
         close_all_but(fd);
         loop {
             let Some(head) = read_exact(fd, 24) else {
@@ -437,6 +498,36 @@ mod tests {
             assert_eq!(hog, Err(Stopped::Memory(256 << 20)));
             assert!(call(BOUNDS, serve, b"panic").is_err());
             assert_eq!(call(BOUNDS, serve, &big).unwrap(), big);
+        }
+    }
+
+    /// A worker forked while another thread holds the standard library's backtrace lock (as a
+    /// thread printing a panic does) still reports a failed allocation as memory, at once.
+    /// Before the crate's allocator ended such workers itself, this test hung on its first
+    /// forks until their deadlines and got `Time`.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_worker_forked_beside_a_printed_backtrace_reports_its_memory() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        let stop = Arc::new(AtomicBool::new(false));
+        let capturing = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let start = std::time::Instant::now();
+                while !stop.load(Ordering::Relaxed) && start.elapsed() < Duration::from_secs(120) {
+                    drop(std::hint::black_box(
+                        std::backtrace::Backtrace::force_capture(),
+                    ));
+                }
+            })
+        };
+        // Each hoard ends its worker, so each call forks a new one.
+        let hogs: Vec<_> = (0..20).map(|_| call(BOUNDS, serve, b"hoard")).collect();
+        stop.store(true, Ordering::Relaxed);
+        capturing.join().unwrap();
+        for hog in hogs {
+            assert_eq!(hog, Err(Stopped::Memory(256 << 20)));
         }
     }
 }
