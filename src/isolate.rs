@@ -462,8 +462,7 @@ mod tests {
             },
             b"hoard" => {
                 // Address space taken, not written: the bound is on address space, and
-                // faulting the pages in depended on the machine (a clean-clone CI run, just
-                // after its compile, spent the 10 s of CPU faulting 256 MiB in).
+                // faulting pages in takes time that depends on the machine.
                 let mut v: Vec<Vec<u8>> = Vec::new();
                 for _ in 0..64 {
                     v.push(std::hint::black_box(Vec::with_capacity(64 << 20)));
@@ -488,8 +487,7 @@ mod tests {
             assert_eq!(spin, Err(Stopped::Time(Duration::from_secs(1))));
             assert_eq!(call(BOUNDS, serve, b"after").unwrap(), b"after");
             // The memory bound is the one this work must meet: its time (and so its wall-clock
-            // deadline, 2·cpu + 1 s) leaves room for a machine busy with other tests, on which
-            // faulting in 320 MiB once took past the 3 s deadline of BOUNDS.
+            // deadline, 2·cpu + 1 s) leaves room for a machine busy with other tests.
             let roomy = Bounds {
                 cpu: Duration::from_secs(10),
                 memory: BOUNDS.memory,
