@@ -302,7 +302,7 @@ mod loading {
         }
 
         /// What the pass costs depend on: the model file (its path, size and time), the CPU,
-        /// the kernels' ISA and the options it runs with.
+        /// the kernels' ISA and the options it runs with (and how they were timed).
         fn calibration_key(&self) -> String {
             let meta = std::fs::metadata(&self.path).ok();
             let cpu = std::fs::read_to_string("/proc/cpuinfo")
@@ -314,8 +314,10 @@ mod loading {
                 })
                 .unwrap_or_default();
             let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+            // How `calibrate` times the passes: a file measured another way is measured again.
+            let method = "sizes in rounds";
             let key = format!(
-                "{}|{:?}|{:?}|{cpu}|{threads}|{:?}|{:?}",
+                "{}|{:?}|{:?}|{cpu}|{threads}|{:?}|{:?}|{method}",
                 self.path.display(),
                 meta.as_ref().map(|m| m.len()),
                 meta.and_then(|m| m.modified().ok()),
