@@ -79,7 +79,7 @@ pub struct ModelOptions {
 #[cfg(feature = "neural")]
 mod loading {
     use super::{Backend, Device, ModelOptions, Requantize};
-    use crate::decode::policy::{calibrate, plausible_costs, CostModel};
+    use crate::decode::policy::{calibrate, plausible_costs, CostModel, CALIBRATION_METHOD};
     use crate::error::{Error, Result};
     use crate::lm::batch::{BatchStats, Batcher};
     use crate::lm::LanguageModel;
@@ -314,10 +314,8 @@ mod loading {
                 })
                 .unwrap_or_default();
             let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-            // How `calibrate` times the passes: a file measured another way is measured again.
-            let method = "sizes in rounds";
             let key = format!(
-                "{}|{:?}|{:?}|{cpu}|{threads}|{:?}|{:?}|{method}",
+                "{}|{:?}|{:?}|{cpu}|{threads}|{:?}|{:?}|{CALIBRATION_METHOD}",
                 self.path.display(),
                 meta.as_ref().map(|m| m.len()),
                 meta.and_then(|m| m.modified().ok()),
