@@ -1,6 +1,10 @@
 //! The AMX-INT8 kernel (Intel Xeon since Sapphire Rapids): one `tdpbsud` multiplies a tile's
 //! block (16 weight rows × 32 columns) with the same block of up to 16 activation rows, where
-//! the AVX-512 kernel spends eight `vpdpbusd` per activation row.
+//! the AVX-512 kernel spends eight `vpdpbusd` per activation row. Four blocks' products are
+//! in flight at once, each in its own sum tile ([`IN_FLIGHT`]); the tile unit still waits on
+//! each product's store for the block's float work, so `tile_rows` sends it only the weight
+//! types and row counts for which it measured faster than the AVX-512 walk
+//! (`isa::amx_min_rows`; BENCHMARKS.md, "AMX").
 //!
 //! A tile's quants are already in the layout AMX reads its second operand in (each 64-byte
 //! chunk holds four columns of the 16 weight rows), so a block's unpacked registers are
@@ -24,14 +28,34 @@ use super::x86::*;
 use super::*;
 use std::arch::x86_64::*;
 
+/// Products a tile unit keeps in flight, each in its own sum tile, so that one product's
+/// latency overlaps the next ones' instead of every block waiting for the last one's sums.
+pub(super) const IN_FLIGHT: usize = 4;
+
 /// What the kernel asks of the tile registers.
 pub(super) trait TileUnit {
-    /// Readies this thread's tiles for products of `m` activation rows (1..=16).
-    unsafe fn begin(m: usize);
+    /// Readies this thread's tiles for products of `m` activation rows (1..=16) by `quads`
+    /// weight quads: 8 (a block) or 4 (half a block).
+    unsafe fn begin(m: usize, quads: usize);
     /// `c[i][j] = Σ_{k < 4·quads} a[i·stride + k]·b[k / 4][4j + k % 4]` for the `m` rows of
     /// [`TileUnit::begin`]: signed activation bytes times unsigned weight quads laid out as a
-    /// tile keeps them, `tdpbsud`'s product. `quads` is 8 (a block) or 4 (half a block).
+    /// tile keeps them, `tdpbsud`'s product.
     unsafe fn dot(a: *const i8, stride: isize, b: *const [u8; 64], quads: usize, c: &mut Sums);
+    /// [`TileUnit::dot`] of `a[j]` and `b[j]` into `c[j]` for each `j < k` (at most
+    /// [`IN_FLIGHT`]), the rows of every `a[j]` at one `stride`.
+    #[inline(always)]
+    unsafe fn dots(
+        a: &[*const i8; IN_FLIGHT],
+        stride: isize,
+        b: &[*const [u8; 64]; IN_FLIGHT],
+        quads: usize,
+        k: usize,
+        c: &mut [Sums; IN_FLIGHT],
+    ) {
+        for j in 0..k {
+            Self::dot(a[j], stride, b[j], quads, &mut c[j]);
+        }
+    }
     /// Gives the tile registers back (their state is large to save on a context switch).
     unsafe fn end();
 }
@@ -40,9 +64,20 @@ pub(super) trait TileUnit {
 #[repr(C, align(64))]
 pub(super) struct Sums([[i32; TILE_ROWS]; ROWS_PER_PASS]);
 
+impl Sums {
+    const ZERO: Sums = Sums([[0; TILE_ROWS]; ROWS_PER_PASS]);
+}
+
+// `Amx::dots` stores the sum tiles 1,024 bytes apart.
+const _: () = assert!(std::mem::size_of::<Sums>() == 1024);
+
 /// A block's unpacked weight quads, stored for the tile load.
 #[repr(C, align(64))]
 struct Quads([[u8; 64]; 8]);
+
+impl Quads {
+    const ZERO: Quads = Quads([[0; 64]; 8]);
+}
 
 /// The tile registers themselves.
 pub(super) struct Amx;
@@ -75,52 +110,94 @@ impl TileConfig {
     }
 }
 
-/// The tile registers the kernel uses: the sums, and a block's and a half block's operands.
-const SUMS: usize = 0;
-const A_BLOCK: usize = 1;
-const B_BLOCK: usize = 2;
-const A_HALF: usize = 3;
-const B_HALF: usize = 4;
+/// The tile registers the kernel uses: [`IN_FLIGHT`] sum tiles (0 to 3), then two of
+/// activations and two of weights, used in turn (a product's operands load while the last
+/// one's multiply).
+const A_TILES: usize = 4;
+const B_TILES: usize = 6;
 
 impl TileUnit for Amx {
     #[inline(always)]
-    unsafe fn begin(m: usize) {
+    unsafe fn begin(m: usize, quads: usize) {
         let cfg = TileConfig::new(&[
-            (SUMS, m, 64),
-            (A_BLOCK, m, BLOCK),
-            (B_BLOCK, 8, 64),
-            (A_HALF, m, BLOCK / 2),
-            (B_HALF, 4, 64),
+            (0, m, 64),
+            (1, m, 64),
+            (2, m, 64),
+            (3, m, 64),
+            (A_TILES, m, 4 * quads),
+            (A_TILES + 1, m, 4 * quads),
+            (B_TILES, quads, 64),
+            (B_TILES + 1, quads, 64),
         ]);
         // SAFETY (caller): the CPU has AMX and Linux granted the tile state ([`usable`]).
         std::arch::asm!("ldtilecfg [{cfg}]", cfg = in(reg) &cfg, options(nostack, readonly));
     }
 
+    /// One product in sum tile 0 (the operands' shapes as [`TileUnit::begin`] set them).
     #[inline(always)]
-    unsafe fn dot(a: *const i8, stride: isize, b: *const [u8; 64], quads: usize, c: &mut Sums) {
-        if quads == 8 {
-            std::arch::asm!(
-                "tilezero tmm0",
-                "tileloadd tmm1, [{a} + {stride} * 1]",
-                "tileloadd tmm2, [{b} + {row} * 1]",
-                "tdpbsud tmm0, tmm1, tmm2",
-                "tilestored [{c} + {row} * 1], tmm0",
-                a = in(reg) a, stride = in(reg) stride, b = in(reg) b,
-                c = in(reg) c.0.as_mut_ptr(), row = in(reg) 64usize,
-                options(nostack),
-            );
-        } else {
-            std::arch::asm!(
-                "tilezero tmm0",
-                "tileloadd tmm3, [{a} + {stride} * 1]",
-                "tileloadd tmm4, [{b} + {row} * 1]",
-                "tdpbsud tmm0, tmm3, tmm4",
-                "tilestored [{c} + {row} * 1], tmm0",
-                a = in(reg) a, stride = in(reg) stride, b = in(reg) b,
-                c = in(reg) c.0.as_mut_ptr(), row = in(reg) 64usize,
-                options(nostack),
-            );
+    unsafe fn dot(a: *const i8, stride: isize, b: *const [u8; 64], _: usize, c: &mut Sums) {
+        std::arch::asm!(
+            "tilezero tmm0",
+            "tileloadd tmm4, [{a} + {stride} * 1]",
+            "tileloadd tmm6, [{b} + {row} * 1]",
+            "tdpbsud tmm0, tmm4, tmm6",
+            "tilestored [{c} + {row} * 1], tmm0",
+            a = in(reg) a, stride = in(reg) stride, b = in(reg) b,
+            c = in(reg) c.0.as_mut_ptr(), row = in(reg) 64usize,
+            options(nostack),
+        );
+    }
+
+    /// Four products in sum tiles 0 to 3, their operands loaded in turn into tiles 4 and 6,
+    /// then 5 and 7; stored after the last (a `Sums` is 1,024 bytes, `c` an array of them).
+    #[inline(always)]
+    unsafe fn dots(
+        a: &[*const i8; IN_FLIGHT],
+        stride: isize,
+        b: &[*const [u8; 64]; IN_FLIGHT],
+        quads: usize,
+        k: usize,
+        c: &mut [Sums; IN_FLIGHT],
+    ) {
+        if k < IN_FLIGHT {
+            for j in 0..k {
+                Self::dot(a[j], stride, b[j], quads, &mut c[j]);
+            }
+            return;
         }
+        std::arch::asm!(
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            "mov {t}, [{pa}]",
+            "tileloadd tmm4, [{t} + {stride} * 1]",
+            "mov {t}, [{pb}]",
+            "tileloadd tmm6, [{t} + {row} * 1]",
+            "tdpbsud tmm0, tmm4, tmm6",
+            "mov {t}, [{pa} + 8]",
+            "tileloadd tmm5, [{t} + {stride} * 1]",
+            "mov {t}, [{pb} + 8]",
+            "tileloadd tmm7, [{t} + {row} * 1]",
+            "tdpbsud tmm1, tmm5, tmm7",
+            "mov {t}, [{pa} + 16]",
+            "tileloadd tmm4, [{t} + {stride} * 1]",
+            "mov {t}, [{pb} + 16]",
+            "tileloadd tmm6, [{t} + {row} * 1]",
+            "tdpbsud tmm2, tmm4, tmm6",
+            "mov {t}, [{pa} + 24]",
+            "tileloadd tmm5, [{t} + {stride} * 1]",
+            "mov {t}, [{pb} + 24]",
+            "tileloadd tmm7, [{t} + {row} * 1]",
+            "tdpbsud tmm3, tmm5, tmm7",
+            "tilestored [{c} + {row} * 1], tmm0",
+            "tilestored [{c} + {row} * 1 + 1024], tmm1",
+            "tilestored [{c} + {row} * 1 + 2048], tmm2",
+            "tilestored [{c} + {row} * 1 + 3072], tmm3",
+            pa = in(reg) a.as_ptr(), pb = in(reg) b.as_ptr(), stride = in(reg) stride,
+            c = in(reg) c.as_mut_ptr(), row = in(reg) 64usize, t = out(reg) _,
+            options(nostack),
+        );
     }
 
     #[inline(always)]
@@ -141,7 +218,7 @@ thread_local! {
 
 #[cfg(test)]
 impl TileUnit for Emulated {
-    unsafe fn begin(m: usize) {
+    unsafe fn begin(m: usize, _: usize) {
         EMULATED_ROWS.with(|rows| rows.set(m));
     }
 
@@ -160,11 +237,12 @@ impl TileUnit for Emulated {
 }
 
 /// Where block b of the walk's activation rows lies for the tile load: at one stride in
-/// their [`QRows`], or copied to a buffer when rows come from elsewhere.
+/// their [`QRows`], or copied to a buffer (one for each product in flight) when rows come
+/// from elsewhere.
 struct Blocks<'a, const N: usize> {
     rows: &'a [Row<'a>; N],
     stride: Option<isize>,
-    copy: [[i8; BLOCK]; ROWS_PER_PASS],
+    copy: [[[i8; BLOCK]; ROWS_PER_PASS]; IN_FLIGHT],
 }
 
 impl<'a, const N: usize> Blocks<'a, N> {
@@ -175,23 +253,30 @@ impl<'a, const N: usize> Blocks<'a, N> {
         Blocks {
             rows,
             stride: even.then_some(stride),
-            copy: [[0; BLOCK]; ROWS_PER_PASS],
+            copy: [[[0; BLOCK]; ROWS_PER_PASS]; IN_FLIGHT],
         }
     }
 
-    /// Block b of the first row, and the stride to the next row's.
+    /// The stride from a row's block to the next row's, as [`Blocks::block`] gives them.
+    fn stride(&self) -> isize {
+        self.stride.unwrap_or(BLOCK as isize)
+    }
+
+    /// Block b of the first row (the others at [`Blocks::stride`]), copied if need be into
+    /// buffer `slot` (< [`IN_FLIGHT`]).
     ///
     /// # Safety
     /// Every row holds block b (`tile_rows` checks the rows against the tiles).
     #[inline(always)]
-    unsafe fn block(&mut self, b: usize) -> (*const i8, isize) {
+    unsafe fn block(&mut self, b: usize, slot: usize) -> *const i8 {
         match self.stride {
-            Some(stride) => (self.rows[0].q(b).as_ptr(), stride),
+            Some(_) => self.rows[0].q(b).as_ptr(),
             None => {
-                for (copy, row) in self.copy.iter_mut().zip(self.rows) {
+                let copy = &mut self.copy[slot];
+                for (copy, row) in copy.iter_mut().zip(self.rows) {
                     *copy = *row.q(b);
                 }
-                (self.copy[0].as_ptr(), BLOCK as isize)
+                copy[0].as_ptr()
             }
         }
     }
@@ -234,6 +319,8 @@ impl Quads {
     }
 }
 
+/// The nibble and five-bit walks: [`IN_FLIGHT`] blocks unpacked and multiplied at a time,
+/// then each block's sums scaled and accumulated in block order.
 #[inline(always)]
 unsafe fn nibbles_amx<U: TileUnit, T: NibbleTile, const N: usize>(
     tiles: &[T],
@@ -242,26 +329,34 @@ unsafe fn nibbles_amx<U: TileUnit, T: NibbleTile, const N: usize>(
     acc: &mut [__m512; N],
 ) {
     let mut blocks = Blocks::new(rows);
-    let (mut w, mut c) = (Quads([[0; 64]; 8]), Sums([[0; TILE_ROWS]; ROWS_PER_PASS]));
-    for (b, tile) in tiles.iter().enumerate() {
-        prefetch_ahead(tile);
-        w.store(match tile.high() {
-            Some(high) => five_bit_quads::<Lanes512>(tile.qs(), high, 0),
-            None => nibble_quads::<Lanes512>(tile.qs(), 0),
-        });
-        let (a, stride) = blocks.block(b);
-        U::dot(a, stride, w.0.as_ptr(), 8, &mut c);
-        let (dw, mw) = scales_of::<Lanes512>(tile.scales(super_of::<T>(supers, b)), 0);
-        accumulate(&c, rows, b, T::START, dw, acc);
-        // Each row's offset term after its scaled sums, as the VNNI kernels add them.
-        if T::CENTER == 0 {
-            for (acc, row) in acc.iter_mut().zip(rows) {
-                *acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(row.s(b)), *acc);
+    let (mut w, mut c) = ([Quads::ZERO; IN_FLIGHT], [Sums::ZERO; IN_FLIGHT]);
+    let (mut a, mut q) = ([std::ptr::null(); IN_FLIGHT], [std::ptr::null(); IN_FLIGHT]);
+    for (g, group) in tiles.chunks(IN_FLIGHT).enumerate() {
+        for (j, tile) in group.iter().enumerate() {
+            prefetch_ahead(tile);
+            w[j].store(match tile.high() {
+                Some(high) => five_bit_quads::<Lanes512>(tile.qs(), high, 0),
+                None => nibble_quads::<Lanes512>(tile.qs(), 0),
+            });
+            a[j] = blocks.block(g * IN_FLIGHT + j, j);
+            q[j] = w[j].0.as_ptr();
+        }
+        U::dots(&a, blocks.stride(), &q, 8, group.len(), &mut c);
+        for (j, tile) in group.iter().enumerate() {
+            let b = g * IN_FLIGHT + j;
+            let (dw, mw) = scales_of::<Lanes512>(tile.scales(super_of::<T>(supers, b)), 0);
+            accumulate(&c[j], rows, b, T::START, dw, acc);
+            // Each row's offset term after its scaled sums, as the VNNI kernels add them.
+            if T::CENTER == 0 {
+                for (acc, row) in acc.iter_mut().zip(rows) {
+                    *acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(row.s(b)), *acc);
+                }
             }
         }
     }
 }
 
+/// The Q8_0 walk: the stored `q + 128` load as they are; the sums start at −128·Σq_a.
 #[inline(always)]
 unsafe fn q8_0_amx<U: TileUnit, const N: usize>(
     tiles: &[Q8_0Tile],
@@ -269,17 +364,24 @@ unsafe fn q8_0_amx<U: TileUnit, const N: usize>(
     acc: &mut [__m512; N],
 ) {
     let mut blocks = Blocks::new(rows);
-    let mut c = Sums([[0; TILE_ROWS]; ROWS_PER_PASS]);
-    for (b, tile) in tiles.iter().enumerate() {
-        prefetch_ahead(tile);
-        // The stored `q + 128` load as they are; the sums start at −128·Σq_a.
-        let (a, stride) = blocks.block(b);
-        U::dot(a, stride, tile.qs.as_ptr(), 8, &mut c);
-        let dw = Lanes512::halves(tile.d.as_ptr());
-        accumulate(&c, rows, b, Some(Start::Q8_0), dw, acc);
+    let mut c = [Sums::ZERO; IN_FLIGHT];
+    let (mut a, mut q) = ([std::ptr::null(); IN_FLIGHT], [std::ptr::null(); IN_FLIGHT]);
+    for (g, group) in tiles.chunks(IN_FLIGHT).enumerate() {
+        for (j, tile) in group.iter().enumerate() {
+            prefetch_ahead(tile);
+            a[j] = blocks.block(g * IN_FLIGHT + j, j);
+            q[j] = tile.qs.as_ptr();
+        }
+        U::dots(&a, blocks.stride(), &q, 8, group.len(), &mut c);
+        for (j, tile) in group.iter().enumerate() {
+            let dw = Lanes512::halves(tile.d.as_ptr());
+            accumulate(&c[j], rows, g * IN_FLIGHT + j, Some(Start::Q8_0), dw, acc);
+        }
     }
 }
 
+/// The Q6_K walk: half blocks, [`IN_FLIGHT`] halves (two blocks) at a time; half h of a
+/// block, then the next, as the VNNI kernels take them.
 #[inline(always)]
 unsafe fn q6k_amx<U: TileUnit, const N: usize>(
     tiles: &[Q6KTile],
@@ -287,18 +389,28 @@ unsafe fn q6k_amx<U: TileUnit, const N: usize>(
     rows: &[Row; N],
     acc: &mut [__m512; N],
 ) {
+    const BLOCKS: usize = IN_FLIGHT / 2;
     let mut blocks = Blocks::new(rows);
-    let (mut w, mut c) = (Quads([[0; 64]; 8]), Sums([[0; TILE_ROWS]; ROWS_PER_PASS]));
-    for (b, tile) in tiles.iter().enumerate() {
-        prefetch_ahead(tile);
-        w.store(six_bit_quads::<Lanes512>(tile, 0));
-        let d = Lanes512::halves(supers[b / 8].d.as_ptr());
-        let (a, stride) = blocks.block(b);
-        // Half h of every row, then the next, as the VNNI kernels take them.
-        for (h, start) in [(0, Start::Q6KHalf0), (1, Start::Q6KHalf1)] {
-            let dw = _mm512_mul_ps(d, Lanes512::bytes(tile.sc[h].as_ptr() as *const u8, true));
-            U::dot(a.add(16 * h), stride, w.0[4 * h..].as_ptr(), 4, &mut c);
-            accumulate(&c, rows, b, Some(start), dw, acc);
+    let (mut w, mut c) = ([Quads::ZERO; BLOCKS], [Sums::ZERO; IN_FLIGHT]);
+    let (mut a, mut q) = ([std::ptr::null(); IN_FLIGHT], [std::ptr::null(); IN_FLIGHT]);
+    for (g, group) in tiles.chunks(BLOCKS).enumerate() {
+        for (j, tile) in group.iter().enumerate() {
+            prefetch_ahead(tile);
+            w[j].store(six_bit_quads::<Lanes512>(tile, 0));
+            let block = blocks.block(g * BLOCKS + j, j);
+            for h in 0..2 {
+                a[2 * j + h] = block.add(16 * h);
+                q[2 * j + h] = w[j].0[4 * h..].as_ptr();
+            }
+        }
+        U::dots(&a, blocks.stride(), &q, 4, 2 * group.len(), &mut c);
+        for (j, tile) in group.iter().enumerate() {
+            let b = g * BLOCKS + j;
+            let d = Lanes512::halves(supers[b / 8].d.as_ptr());
+            for (h, start) in [(0, Start::Q6KHalf0), (1, Start::Q6KHalf1)] {
+                let dw = _mm512_mul_ps(d, Lanes512::bytes(tile.sc[h].as_ptr() as *const u8, true));
+                accumulate(&c[2 * j + h], rows, b, Some(start), dw, acc);
+            }
         }
     }
 }
@@ -311,7 +423,14 @@ unsafe fn tile_amx<U: TileUnit, const N: usize>(
     out: &mut [[f32; TILE_ROWS]; N],
 ) {
     let mut acc = [_mm512_setzero_ps(); N];
-    U::begin(N);
+    U::begin(
+        N,
+        if matches!(tiles, Tiles::Q6K(..)) {
+            4
+        } else {
+            8
+        },
+    );
     match tiles {
         Tiles::Q4_1(tiles) => nibbles_amx::<U, _, N>(tiles, &[], rows, &mut acc),
         Tiles::Q5_0(tiles) => nibbles_amx::<U, _, N>(tiles, &[], rows, &mut acc),
@@ -584,8 +703,8 @@ mod tests {
     struct Faulty;
 
     impl TileUnit for Faulty {
-        unsafe fn begin(m: usize) {
-            Emulated::begin(m)
+        unsafe fn begin(m: usize, quads: usize) {
+            Emulated::begin(m, quads)
         }
         unsafe fn dot(a: *const i8, stride: isize, b: *const [u8; 64], quads: usize, c: &mut Sums) {
             Emulated::dot(a, stride, b, quads, c);
@@ -598,7 +717,7 @@ mod tests {
     struct Faulting;
 
     impl TileUnit for Faulting {
-        unsafe fn begin(_: usize) {}
+        unsafe fn begin(_: usize, _: usize) {}
         unsafe fn dot(_: *const i8, _: isize, _: *const [u8; 64], _: usize, _: &mut Sums) {
             libc::abort()
         }

@@ -11,8 +11,9 @@ pub enum Isa {
     AvxVnni,
     /// AVX-512 with VNNI: two blocks per instruction.
     Avx512Vnni,
-    /// AMX-INT8 for the products (16 activation rows per tile instruction), AVX-512 VNNI for
-    /// the rest; chosen only after its self-check passes (the `amx` module).
+    /// AMX-INT8 for the products where it pays (16 activation rows per tile instruction;
+    /// `amx_min_rows`), AVX-512 VNNI for the rest; chosen only after its self-check passes
+    /// (the `amx` module).
     Amx,
 }
 
@@ -127,8 +128,25 @@ impl Tiles<'_> {
     }
 }
 
+/// The fewest activation rows for which the AMX walk of `tiles`' weight type is used
+/// (`None`: never; the AVX-512 VNNI walk, the same bits, takes them). Measured with
+/// `bench_decode products --isa amx` against `--isa avx512vnni` on a 16-core Intel Xeon with
+/// AMX-INT8 (2 threads; that host's figures moved by up to half between runs of one build,
+/// so only what held across five pairs of runs is taken): at 16 rows the Q4_K walk was ahead
+/// in four pairs of five (0.17–0.37 ms against 0.22–0.37), Q4_1 and Q6_K in two or three with
+/// losses up to 2×, Q5_0 and Q8_0 in none; at 8 rows or fewer AMX never paid (one row:
+/// 0.12 ms against 0.05 for Q4_K), since each block's tile product is stored and read back
+/// for its float work, and a step costs what the products' unpacking and that work cost.
+fn amx_min_rows(tiles: Tiles) -> Option<usize> {
+    match tiles {
+        Tiles::Q4K(..) => Some(ROWS_PER_PASS),
+        _ => None,
+    }
+}
+
 /// One group of tiles times `rows` (at most [`rows_per_pass`] of `isa`) into
-/// `out[..rows.len()]`.
+/// `out[..rows.len()]`; on AMX, the AMX walk only for the weight types and row counts where
+/// it pays ([`amx_min_rows`]), the AVX-512 VNNI walk elsewhere.
 pub(super) fn tile_rows(
     isa: Isa,
     tiles: Tiles,
@@ -142,9 +160,23 @@ pub(super) fn tile_rows(
     );
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Amx {
-        // SAFETY: `Isa::detect` chose AMX only after its self-check passed.
-        return unsafe { amx::tile_rows_amx::<amx::Amx>(tiles, rows, out) };
+        if amx_min_rows(tiles).is_some_and(|min| rows.len() >= min) {
+            // SAFETY: `Isa::detect` chose AMX only after its self-check passed.
+            return unsafe { amx::tile_rows_amx::<amx::Amx>(tiles, rows, out) };
+        }
+        // The AVX-512 VNNI walk, eight rows at a time (the same bits).
+        let per_walk = rows_per_pass(Isa::Avx512Vnni);
+        for (c, chunk) in rows.chunks(per_walk).enumerate() {
+            walk(Isa::Avx512Vnni, tiles, chunk, &mut out[c * per_walk..]);
+        }
+        return;
     }
+    walk(isa, tiles, rows, out);
+}
+
+/// [`tile_rows`] on the walk of `isa` that takes them all at once (at most 8 rows; AMX's
+/// products go through [`tile_rows`]), once the rows were checked against the tiles.
+fn walk(isa: Isa, tiles: Tiles, rows: &[Row], out: &mut [[f32; TILE_ROWS]]) {
     macro_rules! dispatch {
         ($n:literal) => {{
             let rows: &[Row; $n] = rows.try_into().expect("row count");
@@ -152,7 +184,7 @@ pub(super) fn tile_rows(
             match isa {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: `Isa::detect` chose these only after checking the CPU features, and
-                // every row holds the tiles' blocks (checked above).
+                // every row holds the tiles' blocks (`tile_rows` checked).
                 Isa::Avx512Vnni | Isa::Amx => unsafe {
                     avx512::tile_avx512::<$n>(tiles, rows, out)
                 },
