@@ -217,6 +217,10 @@ pub struct PassTrace {
     pub drafter: Option<String>,
     /// Draft tokens verified.
     pub drafted: usize,
+    /// The drafter's confidence in each token of the main draft, as it gave them (before the
+    /// policy's calibration): what `gen --trace` offers for checking a drafter's confidences
+    /// against what the model accepted.
+    pub confidence: Vec<f64>,
     /// Draft tokens accepted.
     pub accepted: usize,
     /// Tokens this pass added (accepted drafts, plus the model's own token unless the pass
@@ -274,6 +278,10 @@ pub struct DecodeStats {
     pub tree_passes: usize,
     /// Draft tokens verified.
     pub drafted: usize,
+    /// The drafter's confidence in each token of the main draft, as it gave them (before the
+    /// policy's calibration): what `gen --trace` offers for checking a drafter's confidences
+    /// against what the model accepted.
+    pub confidence: Vec<f64>,
     /// Draft tokens accepted.
     pub accepted: usize,
     /// Seconds in the drafters.
@@ -593,6 +601,7 @@ impl Decoding {
                 at: pass.tokens_before,
                 drafter: planned.chosen.map(|d| drafters[d].name().to_string()),
                 drafted,
+                confidence: planned.draft.confidence.clone(),
                 accepted: pass.accepted,
                 emitted: self.stats.tokens - pass.tokens_before,
                 seconds: pass.seconds,
