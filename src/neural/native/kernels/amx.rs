@@ -764,6 +764,38 @@ mod tests {
         }
     }
 
+    /// On `Isa::Amx`, the products the tile unit does not take (`amx_min_rows`) run on the
+    /// AVX-512 VNNI walk, eight rows at a time, with the scalar bits: checked with no tile
+    /// instruction, so on any AVX-512 machine.
+    #[test]
+    fn products_the_tile_unit_does_not_take_give_the_scalar_bits() {
+        if !has_avx512() {
+            crate::diag!("skipped: the AVX-512 VNNI walk needs AVX-512 VNNI");
+            return;
+        }
+        let mut checked = 0;
+        for w in every_type(TILE_ROWS, 61) {
+            let cols = w.cols();
+            let mut a = QRows::default();
+            a.quantize(&super::super::probe::pseudo(ROWS_PER_PASS * cols, 67), cols);
+            let rows: Vec<Row> = (0..ROWS_PER_PASS).map(|r| a.row(r)).collect();
+            let tiles = w.group(0);
+            let min = super::super::isa::amx_min_rows(tiles).unwrap_or(usize::MAX);
+            for n in (1..=ROWS_PER_PASS).filter(|&n| n < min) {
+                let mut got = [[0.0f32; TILE_ROWS]; ROWS_PER_PASS];
+                tile_rows(Isa::Amx, tiles, &rows[..n], &mut got);
+                for (r, row) in rows[..n].iter().enumerate() {
+                    let mut one = [[0.0f32; TILE_ROWS]; ROWS_PER_PASS];
+                    tile_rows(Isa::Scalar, tiles, std::slice::from_ref(row), &mut one);
+                    assert_eq!(got[r], one[0], "{n} rows, row {r}");
+                }
+                checked += 1;
+            }
+        }
+        // Every type below its threshold, the ones AMX never takes at 9 to 16 rows too.
+        assert!(checked > 7 * 8, "{checked}");
+    }
+
     /// The self-check passes the emulated tiles and refuses a unit that gets one sum wrong;
     /// the trial in a child passes them and reports a unit whose instructions fault, this
     /// process going on.

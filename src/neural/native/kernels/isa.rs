@@ -137,7 +137,7 @@ impl Tiles<'_> {
 /// losses up to 2×, Q5_0 and Q8_0 in none; at 8 rows or fewer AMX never paid (one row:
 /// 0.12 ms against 0.05 for Q4_K), since each block's tile product is stored and read back
 /// for its float work, and a step costs what the products' unpacking and that work cost.
-fn amx_min_rows(tiles: Tiles) -> Option<usize> {
+pub(super) fn amx_min_rows(tiles: Tiles) -> Option<usize> {
     match tiles {
         Tiles::Q4K(..) => Some(ROWS_PER_PASS),
         _ => None,
