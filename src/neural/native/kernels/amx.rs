@@ -41,23 +41,43 @@ pub(super) trait TileUnit {
     /// [`TileUnit::begin`]: signed activation bytes times unsigned weight quads laid out as a
     /// tile keeps them, `tdpbsud`'s product.
     unsafe fn dot(a: *const i8, stride: isize, b: *const [u8; 64], quads: usize, c: &mut Sums);
-    /// [`TileUnit::dot`] of `a[j]` and `b[j]` into `c[j]` for each `j < k` (at most
-    /// [`IN_FLIGHT`]), the rows of every `a[j]` at one `stride`.
+    /// [`TileUnit::dot`] of each of `ops`' products into `c[j]`.
     #[inline(always)]
-    unsafe fn dots(
-        a: &[*const i8; IN_FLIGHT],
-        stride: isize,
-        b: &[*const [u8; 64]; IN_FLIGHT],
-        quads: usize,
-        k: usize,
-        c: &mut [Sums; IN_FLIGHT],
-    ) {
-        for j in 0..k {
-            Self::dot(a[j], stride, b[j], quads, &mut c[j]);
-        }
+    unsafe fn dots(ops: &Operands, c: &mut [Sums; IN_FLIGHT]) {
+        in_turn::<Self>(ops, c)
     }
     /// Gives the tile registers back (their state is large to save on a context switch).
     unsafe fn end();
+}
+
+/// The operands of up to [`IN_FLIGHT`] products: `a[j]` times `b[j]` for `j < k`, the rows
+/// of every `a[j]` at one `stride`, `quads` weight quads each ([`TileUnit::dot`]).
+pub(super) struct Operands {
+    a: [*const i8; IN_FLIGHT],
+    b: [*const [u8; 64]; IN_FLIGHT],
+    stride: isize,
+    quads: usize,
+    k: usize,
+}
+
+impl Operands {
+    fn new(stride: isize, quads: usize) -> Self {
+        Operands {
+            a: [std::ptr::null(); IN_FLIGHT],
+            b: [std::ptr::null(); IN_FLIGHT],
+            stride,
+            quads,
+            k: 0,
+        }
+    }
+}
+
+/// `ops`' products one at a time, each through [`TileUnit::dot`].
+#[inline(always)]
+unsafe fn in_turn<U: TileUnit + ?Sized>(ops: &Operands, c: &mut [Sums; IN_FLIGHT]) {
+    for (j, c) in c.iter_mut().enumerate().take(ops.k) {
+        U::dot(ops.a[j], ops.stride, ops.b[j], ops.quads, c);
+    }
 }
 
 /// The integer sums of one product: activation row i, weight row j.
@@ -151,19 +171,9 @@ impl TileUnit for Amx {
     /// Four products in sum tiles 0 to 3, their operands loaded in turn into tiles 4 and 6,
     /// then 5 and 7; stored after the last (a `Sums` is 1,024 bytes, `c` an array of them).
     #[inline(always)]
-    unsafe fn dots(
-        a: &[*const i8; IN_FLIGHT],
-        stride: isize,
-        b: &[*const [u8; 64]; IN_FLIGHT],
-        quads: usize,
-        k: usize,
-        c: &mut [Sums; IN_FLIGHT],
-    ) {
-        if k < IN_FLIGHT {
-            for j in 0..k {
-                Self::dot(a[j], stride, b[j], quads, &mut c[j]);
-            }
-            return;
+    unsafe fn dots(ops: &Operands, c: &mut [Sums; IN_FLIGHT]) {
+        if ops.k < IN_FLIGHT {
+            return in_turn::<Self>(ops, c);
         }
         std::arch::asm!(
             "tilezero tmm0",
@@ -194,7 +204,7 @@ impl TileUnit for Amx {
             "tilestored [{c} + {row} * 1 + 1024], tmm1",
             "tilestored [{c} + {row} * 1 + 2048], tmm2",
             "tilestored [{c} + {row} * 1 + 3072], tmm3",
-            pa = in(reg) a.as_ptr(), pb = in(reg) b.as_ptr(), stride = in(reg) stride,
+            pa = in(reg) ops.a.as_ptr(), pb = in(reg) ops.b.as_ptr(), stride = in(reg) ops.stride,
             c = in(reg) c.as_mut_ptr(), row = in(reg) 64usize, t = out(reg) _,
             options(nostack),
         );
@@ -330,7 +340,7 @@ unsafe fn nibbles_amx<U: TileUnit, T: NibbleTile, const N: usize>(
 ) {
     let mut blocks = Blocks::new(rows);
     let (mut w, mut c) = ([Quads::ZERO; IN_FLIGHT], [Sums::ZERO; IN_FLIGHT]);
-    let (mut a, mut q) = ([std::ptr::null(); IN_FLIGHT], [std::ptr::null(); IN_FLIGHT]);
+    let mut ops = Operands::new(blocks.stride(), 8);
     for (g, group) in tiles.chunks(IN_FLIGHT).enumerate() {
         for (j, tile) in group.iter().enumerate() {
             prefetch_ahead(tile);
@@ -338,10 +348,11 @@ unsafe fn nibbles_amx<U: TileUnit, T: NibbleTile, const N: usize>(
                 Some(high) => five_bit_quads::<Lanes512>(tile.qs(), high, 0),
                 None => nibble_quads::<Lanes512>(tile.qs(), 0),
             });
-            a[j] = blocks.block(g * IN_FLIGHT + j, j);
-            q[j] = w[j].0.as_ptr();
+            ops.a[j] = blocks.block(g * IN_FLIGHT + j, j);
+            ops.b[j] = w[j].0.as_ptr();
         }
-        U::dots(&a, blocks.stride(), &q, 8, group.len(), &mut c);
+        ops.k = group.len();
+        U::dots(&ops, &mut c);
         for (j, tile) in group.iter().enumerate() {
             let b = g * IN_FLIGHT + j;
             let (dw, mw) = scales_of::<Lanes512>(tile.scales(super_of::<T>(supers, b)), 0);
@@ -365,14 +376,15 @@ unsafe fn q8_0_amx<U: TileUnit, const N: usize>(
 ) {
     let mut blocks = Blocks::new(rows);
     let mut c = [Sums::ZERO; IN_FLIGHT];
-    let (mut a, mut q) = ([std::ptr::null(); IN_FLIGHT], [std::ptr::null(); IN_FLIGHT]);
+    let mut ops = Operands::new(blocks.stride(), 8);
     for (g, group) in tiles.chunks(IN_FLIGHT).enumerate() {
         for (j, tile) in group.iter().enumerate() {
             prefetch_ahead(tile);
-            a[j] = blocks.block(g * IN_FLIGHT + j, j);
-            q[j] = tile.qs.as_ptr();
+            ops.a[j] = blocks.block(g * IN_FLIGHT + j, j);
+            ops.b[j] = tile.qs.as_ptr();
         }
-        U::dots(&a, blocks.stride(), &q, 8, group.len(), &mut c);
+        ops.k = group.len();
+        U::dots(&ops, &mut c);
         for (j, tile) in group.iter().enumerate() {
             let dw = Lanes512::halves(tile.d.as_ptr());
             accumulate(&c[j], rows, g * IN_FLIGHT + j, Some(Start::Q8_0), dw, acc);
@@ -392,18 +404,19 @@ unsafe fn q6k_amx<U: TileUnit, const N: usize>(
     const BLOCKS: usize = IN_FLIGHT / 2;
     let mut blocks = Blocks::new(rows);
     let (mut w, mut c) = ([Quads::ZERO; BLOCKS], [Sums::ZERO; IN_FLIGHT]);
-    let (mut a, mut q) = ([std::ptr::null(); IN_FLIGHT], [std::ptr::null(); IN_FLIGHT]);
+    let mut ops = Operands::new(blocks.stride(), 4);
     for (g, group) in tiles.chunks(BLOCKS).enumerate() {
         for (j, tile) in group.iter().enumerate() {
             prefetch_ahead(tile);
             w[j].store(six_bit_quads::<Lanes512>(tile, 0));
             let block = blocks.block(g * BLOCKS + j, j);
             for h in 0..2 {
-                a[2 * j + h] = block.add(16 * h);
-                q[2 * j + h] = w[j].0[4 * h..].as_ptr();
+                ops.a[2 * j + h] = block.add(16 * h);
+                ops.b[2 * j + h] = w[j].0[4 * h..].as_ptr();
             }
         }
-        U::dots(&a, blocks.stride(), &q, 4, 2 * group.len(), &mut c);
+        ops.k = 2 * group.len();
+        U::dots(&ops, &mut c);
         for (j, tile) in group.iter().enumerate() {
             let b = g * BLOCKS + j;
             let d = Lanes512::halves(supers[b / 8].d.as_ptr());
