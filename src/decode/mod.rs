@@ -278,10 +278,6 @@ pub struct DecodeStats {
     pub tree_passes: usize,
     /// Draft tokens verified.
     pub drafted: usize,
-    /// The drafter's confidence in each token of the main draft, as it gave them (before the
-    /// policy's calibration): what `gen --trace` offers for checking a drafter's confidences
-    /// against what the model accepted.
-    pub confidence: Vec<f64>,
     /// Draft tokens accepted.
     pub accepted: usize,
     /// Seconds in the drafters.
