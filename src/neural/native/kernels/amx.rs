@@ -436,14 +436,13 @@ unsafe fn tile_amx<U: TileUnit, const N: usize>(
     out: &mut [[f32; TILE_ROWS]; N],
 ) {
     let mut acc = [_mm512_setzero_ps(); N];
-    U::begin(
-        N,
-        if matches!(tiles, Tiles::Q6K(..)) {
-            4
-        } else {
-            8
-        },
-    );
+    // Q6_K's products take half blocks.
+    let quads = if matches!(tiles, Tiles::Q6K(..)) {
+        4
+    } else {
+        8
+    };
+    U::begin(N, quads);
     match tiles {
         Tiles::Q4_1(tiles) => nibbles_amx::<U, _, N>(tiles, &[], rows, &mut acc),
         Tiles::Q5_0(tiles) => nibbles_amx::<U, _, N>(tiles, &[], rows, &mut acc),
@@ -685,12 +684,7 @@ impl Probe {
 pub(super) unsafe fn self_check<U: TileUnit>(probe: &Probe) -> Result<(), String> {
     for ((w, rows), name) in probe.mats.iter().zip(probe.rows()).zip(Probe::NAMES) {
         let mut want = [[0.0f32; TILE_ROWS]; ROWS_PER_PASS];
-        for (r, chunk) in rows.chunks(rows_per_pass(Isa::Avx512Vnni)).enumerate() {
-            let mut o = [[0.0f32; TILE_ROWS]; ROWS_PER_PASS];
-            tile_rows(Isa::Avx512Vnni, w.group(0), chunk, &mut o);
-            let at = r * rows_per_pass(Isa::Avx512Vnni);
-            want[at..at + chunk.len()].copy_from_slice(&o[..chunk.len()]);
-        }
+        tile_rows(Isa::Avx512Vnni, w.group(0), &rows, &mut want);
         for n in 1..=ROWS_PER_PASS {
             let mut got = [[0.0f32; TILE_ROWS]; ROWS_PER_PASS];
             tile_rows_amx::<U>(w.group(0), &rows[..n], &mut got);

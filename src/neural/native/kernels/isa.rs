@@ -144,9 +144,9 @@ pub(super) fn amx_min_rows(tiles: Tiles) -> Option<usize> {
     }
 }
 
-/// One group of tiles times `rows` (at most [`rows_per_pass`] of `isa`) into
-/// `out[..rows.len()]`; on AMX, the AMX walk only for the weight types and row counts where
-/// it pays ([`amx_min_rows`]), the AVX-512 VNNI walk elsewhere.
+/// One group of tiles times `rows` (at most [`ROWS_PER_PASS`]) into `out[..rows.len()]`, in
+/// walks of [`rows_per_pass`] rows; on AMX, the AMX walk only for the weight types and row
+/// counts where it pays ([`amx_min_rows`]), the AVX-512 VNNI walk's eight rows elsewhere.
 pub(super) fn tile_rows(
     isa: Isa,
     tiles: Tiles,
@@ -159,22 +159,23 @@ pub(super) fn tile_rows(
         "tile_rows: an activation row shorter than the tiles"
     );
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Amx {
-        if amx_min_rows(tiles).is_some_and(|min| rows.len() >= min) {
-            // SAFETY: `Isa::detect` chose AMX only after its self-check passed.
-            return unsafe { amx::tile_rows_amx::<amx::Amx>(tiles, rows, out) };
-        }
-        // The AVX-512 VNNI walk, eight rows at a time (the same bits).
-        let per_walk = rows_per_pass(Isa::Avx512Vnni);
-        for (c, chunk) in rows.chunks(per_walk).enumerate() {
-            walk(Isa::Avx512Vnni, tiles, chunk, &mut out[c * per_walk..]);
-        }
-        return;
+    if isa == Isa::Amx && amx_min_rows(tiles).is_some_and(|min| rows.len() >= min) {
+        // SAFETY: `Isa::detect` chose AMX only after its self-check passed.
+        return unsafe { amx::tile_rows_amx::<amx::Amx>(tiles, rows, out) };
     }
-    walk(isa, tiles, rows, out);
+    // The products AMX does not take run on the AVX-512 VNNI walk (the same bits).
+    let isa = if isa == Isa::Amx {
+        Isa::Avx512Vnni
+    } else {
+        isa
+    };
+    let per_walk = rows_per_pass(isa);
+    for (c, chunk) in rows.chunks(per_walk).enumerate() {
+        walk(isa, tiles, chunk, &mut out[c * per_walk..]);
+    }
 }
 
-/// [`tile_rows`] on the walk of `isa` that takes them all at once (at most 8 rows; AMX's
+/// One walk of `isa` over the tiles with `rows` (at most [`rows_per_pass`] of `isa`; AMX's
 /// products go through [`tile_rows`]), once the rows were checked against the tiles.
 fn walk(isa: Isa, tiles: Tiles, rows: &[Row], out: &mut [[f32; TILE_ROWS]]) {
     macro_rules! dispatch {
