@@ -145,7 +145,7 @@ pub(super) fn amx_min_rows(tiles: Tiles) -> Option<usize> {
 }
 
 /// One group of tiles times `rows` (at most [`ROWS_PER_PASS`]) into `out[..rows.len()]`, in
-/// walks of [`rows_per_pass`] rows; on AMX, the AMX walk only for the weight types and row
+/// walks of [`walk_rows`] rows; on AMX, the AMX walk only for the weight types and row
 /// counts where it pays ([`amx_min_rows`]), the AVX-512 VNNI walk's eight rows elsewhere.
 pub(super) fn tile_rows(
     isa: Isa,
@@ -169,13 +169,26 @@ pub(super) fn tile_rows(
     } else {
         isa
     };
-    let per_walk = rows_per_pass(isa);
+    let per_walk = walk_rows(isa, tiles);
     for (c, chunk) in rows.chunks(per_walk).enumerate() {
         walk(isa, tiles, chunk, &mut out[c * per_walk..]);
     }
 }
 
-/// One walk of `isa` over the tiles with `rows` (at most [`rows_per_pass`] of `isa`; AMX's
+/// The rows one walk of `isa` takes over `tiles`: [`rows_per_pass`], but four for Q6_K on
+/// AVX-512, whose eight-row walk (two planes unpacked, two sums a block for every row) cost
+/// more per row than two walks of four on a Zen 5 (`bench_decode products --isa avx512vnni`,
+/// 896×4864 Q6_K, three alternating pairs: 8 rows 0.089–0.107 → 0.080–0.096 ms, 16 rows
+/// 0.181–0.203 → 0.155–0.181), as its eight rows already did on a Zen 4 (48% of the bound
+/// against 60% at four rows).
+fn walk_rows(isa: Isa, tiles: Tiles) -> usize {
+    match (isa, tiles) {
+        (Isa::Avx512Vnni, Tiles::Q6K(..)) => 4,
+        _ => rows_per_pass(isa),
+    }
+}
+
+/// One walk of `isa` over the tiles with `rows` (at most [`walk_rows`]; AMX's
 /// products go through [`tile_rows`]), once the rows were checked against the tiles.
 fn walk(isa: Isa, tiles: Tiles, rows: &[Row], out: &mut [[f32; TILE_ROWS]]) {
     macro_rules! dispatch {
