@@ -104,3 +104,107 @@ unsafe fn avx512_vnni(iters: usize) -> i32 {
     }
     acc.iter().fold(0, |s, a| s ^ _mm512_reduce_add_epi32(*a))
 }
+
+/// What a block costs on AVX-512 after its `vpdpbusd`: the float work the kernels do per
+/// activation row and block so that every ISA gives the scalar kernel's bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockFloats {
+    /// Convert the block's sum, times the row's scale, add times the weights' scales: three
+    /// instructions (Q5_0, Q8_0).
+    Centred,
+    /// The same and the block's minimum times the row's sum: four (Q4_1, Q4_K).
+    WithMin,
+    /// Two halves of four quads, each converted and scaled: six (Q6_K).
+    Halves,
+}
+
+/// Multiply-adds a second of the AVX-512 walk's arithmetic with its operands in registers:
+/// eight rows, each block eight `vpdpbusd` a row (the rows' chains interleaved, as
+/// `kernels/avx512.rs` does) and then `floats`' instructions a row, on `threads` threads. No
+/// walk that keeps the scalar kernel's bits can beat it on this CPU: it leaves out only the
+/// weights' loads and unpacking. `None` where the CPU lacks AVX-512 VNNI.
+pub fn block_rate(floats: BlockFloats, threads: usize) -> Option<f64> {
+    if !Isa::available().contains(&Isa::Avx512Vnni) {
+        return None;
+    }
+    const ROUND: usize = 8 * 8 * 64;
+    let iters = 4_000_000;
+    let run = || -> f32 {
+        // SAFETY: the CPU runs AVX-512 VNNI (checked above).
+        unsafe {
+            match floats {
+                BlockFloats::Centred => avx512_blocks::<3>(iters),
+                BlockFloats::WithMin => avx512_blocks::<4>(iters),
+                BlockFloats::Halves => avx512_blocks::<6>(iters),
+            }
+        }
+    };
+    run();
+    let seconds = (0..3)
+        .map(|_| {
+            let t = Instant::now();
+            let sink: f32 = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..threads.max(1)).map(|_| s.spawn(run)).collect();
+                handles.into_iter().map(|h| h.join().unwrap()).sum()
+            });
+            std::hint::black_box(sink);
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min);
+    Some((iters * ROUND * threads.max(1)) as f64 / seconds)
+}
+
+/// `iters` blocks of eight rows: `FLOATS` is 3 ([`BlockFloats::Centred`]), 4 (`WithMin`) or
+/// 6 (`Halves`). The rows' quads and scales come from a small table indexed by the block, as
+/// the kernels' broadcasts come from the activation rows, so nothing is hoisted.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
+unsafe fn avx512_blocks<const FLOATS: usize>(iters: usize) -> f32 {
+    use std::arch::x86_64::*;
+    const ROWS: usize = 8;
+    // Sixteen blocks of every row's eight quads, start, scale and sum.
+    let mut quads = [[[0i32; 8]; ROWS]; 16];
+    let mut scales = [[0f32; ROWS]; 16];
+    for (b, block) in quads.iter_mut().enumerate() {
+        for (i, row) in block.iter_mut().enumerate() {
+            for (t, q) in row.iter_mut().enumerate() {
+                *q = (b * 131 + i * 17 + t * 3) as i32 & 0x3f3f_3f3f;
+            }
+            scales[b][i] = 1e-3 * (1 + b + i) as f32;
+        }
+    }
+    let (quads, scales) = std::hint::black_box((&quads, &scales));
+    let mut w = [_mm512_setzero_si512(); 8];
+    for (t, w) in w.iter_mut().enumerate() {
+        *w = _mm512_set1_epi8(3 + t as i8);
+    }
+    let (dw, mw) = (_mm512_set1_ps(0.5), _mm512_set1_ps(-0.25));
+    let mut acc = [_mm512_setzero_ps(); ROWS];
+    // The quads each sum covers: a block's eight, or Q6_K's two halves of four.
+    let spans: &[(usize, usize)] = if FLOATS == 6 {
+        &[(0, 4), (4, 8)]
+    } else {
+        &[(0, 8)]
+    };
+    for k in 0..iters {
+        let (q, d) = (&quads[k & 15], &scales[k & 15]);
+        for &(from, to) in spans {
+            let mut sums = [_mm512_setzero_si512(); ROWS];
+            for (s, row) in sums.iter_mut().zip(q) {
+                *s = _mm512_set1_epi32(row[0] >> 8);
+            }
+            for t in from..to {
+                for (s, row) in sums.iter_mut().zip(q) {
+                    *s = _mm512_dpbusd_epi32(*s, w[t], _mm512_set1_epi32(row[t]));
+                }
+            }
+            for i in 0..ROWS {
+                let t = _mm512_mul_ps(_mm512_cvtepi32_ps(sums[i]), _mm512_set1_ps(d[i]));
+                acc[i] = _mm512_fmadd_ps(t, dw, acc[i]);
+                if FLOATS == 4 {
+                    acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(d[i]), acc[i]);
+                }
+            }
+        }
+    }
+    acc.iter().map(|a| _mm512_reduce_add_ps(*a)).sum()
+}

@@ -6,6 +6,7 @@
 //!
 //! `cargo run --release --example bench_decode -- products [--isa avx2]`
 
+use super::bound::BlockFloats;
 use half::f16;
 use infgram::neural::native::kernels::{matmul, Isa, KBlock, KQuant, QMatrix, QRows, RowBlock};
 use infgram::neural::native::pool::Pool;
@@ -80,12 +81,41 @@ fn matrices() -> Vec<(&'static str, QMatrix)> {
     ]
 }
 
+/// The float work a block of matrix `name`'s type costs (its name ends in the type).
+fn block_floats(name: &str) -> BlockFloats {
+    if name.contains("Q6_K") {
+        BlockFloats::Halves
+    } else if name.contains("Q4_1") || name.contains("Q4_K") {
+        BlockFloats::WithMin
+    } else {
+        BlockFloats::Centred
+    }
+}
+
 pub fn run(isas: &[Isa], repeats: usize) {
     let matrices = matrices();
     let mut pool = Pool::new(2);
     println!("median of {repeats} products, two threads; G = 10⁹ 8-bit multiply-adds\n");
-    println!("| matrix | ISA | rows | ms | G/s | of the bound |");
-    println!("|---|---|---:|---:|---:|---:|");
+    // AVX-512's walk beside its own arithmetic as well (`bound::block_rate`).
+    let blocks = [
+        BlockFloats::Centred,
+        BlockFloats::WithMin,
+        BlockFloats::Halves,
+    ]
+    .map(|floats| (floats, super::bound::block_rate(floats, 2)));
+    if isas.contains(&Isa::Avx512Vnni) {
+        for (floats, rate) in blocks {
+            if let Some(rate) = rate {
+                println!(
+                    "AVX-512 blocks of eight rows, {floats:?}: {:.1} G/s",
+                    rate / 1e9
+                );
+            }
+        }
+        println!();
+    }
+    println!("| matrix | ISA | rows | ms | G/s | of the bound | of the block loop |");
+    println!("|---|---|---:|---:|---:|---:|---:|");
     for isa in isas.iter().copied() {
         let rate = super::bound::int8_rate(isa, 2);
         for (name, w) in &matrices {
@@ -106,8 +136,15 @@ pub fn run(isas: &[Isa], repeats: usize) {
                 let median = times[times.len() / 2];
                 let g = (k * rows * cols) as f64 / median / 1e9;
                 let share = rate.map_or("–".into(), |r| format!("{:.0}%", 100.0 * g * 1e9 / r));
+                let floats = block_floats(name);
+                let block = blocks
+                    .iter()
+                    .find(|(f, _)| *f == floats)
+                    .and_then(|(_, rate)| *rate)
+                    .filter(|_| isa == Isa::Avx512Vnni)
+                    .map_or("–".into(), |r| format!("{:.0}%", 100.0 * g * 1e9 / r));
                 println!(
-                    "| {name} | {isa:?} | {k} | {:.3} | {g:.1} | {share} |",
+                    "| {name} | {isa:?} | {k} | {:.3} | {g:.1} | {share} | {block} |",
                     median * 1e3
                 );
             }
