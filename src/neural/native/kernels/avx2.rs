@@ -1,4 +1,5 @@
-//! The AVX2 and AVX-VNNI kernels: 8 weight rows per register, four activation rows per walk;
+//! The AVX2 and AVX-VNNI kernels: 8 weight rows per register, four activation rows per walk
+//! (eight for Q8_0 on AVX2);
 //! the same integer sums and float operations, in the same order, as the scalar kernel.
 
 use super::x86::*;
@@ -161,16 +162,21 @@ macro_rules! tile_256 {
                             if h == 0 {
                                 prefetch_ahead(tile);
                             }
-                            let w: [__m256i; 8] = std::array::from_fn(|t| {
-                                byte_quads(half(tile.qs[t].as_ptr()) as *const u8, $q8_bias)
-                            });
+                            // Quads outer, rows inner: one quad's weights (and on AVX2
+                            // their magnitudes) live at a time, so every row's sum stays in
+                            // a register; holding the block's eight quads and eight
+                            // magnitudes took all 16 and spilled.
+                            let mut sums = [_mm256_setzero_si256(); N];
+                            for t in 0..8 {
+                                let at = half(tile.qs[t].as_ptr()) as *const u8;
+                                let w = byte_quads(at, $q8_bias);
+                                for (s, row) in sums.iter_mut().zip(rows) {
+                                    *s = $dot_q8(*s, w, quad(row.q(b), t));
+                                }
+                            }
                             let dw = Lanes256::halves(tile.d[8 * h..].as_ptr());
                             for i in 0..N {
-                                let q = rows[i].q(b);
-                                let mut s = _mm256_setzero_si256();
-                                for t in 0..8 {
-                                    s = $dot_q8(s, w[t], quad(q, t));
-                                }
+                                let mut s = sums[i];
                                 if $q8_bias {
                                     let start = rows[i].start(b, Start::Q8_0 as usize);
                                     s = _mm256_add_epi32(s, _mm256_set1_epi32(start));

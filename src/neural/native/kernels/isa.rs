@@ -175,15 +175,20 @@ pub(super) fn tile_rows(
     }
 }
 
-/// The rows one walk of `isa` takes over `tiles`: [`rows_per_pass`], but four for Q6_K on
-/// AVX-512, whose eight-row walk (two planes unpacked, two sums a block for every row) cost
-/// more per row than two walks of four on a Zen 5 (`bench_decode products --isa avx512vnni`,
-/// 896×4864 Q6_K, three alternating pairs: 8 rows 0.089–0.107 → 0.080–0.096 ms, 16 rows
-/// 0.181–0.203 → 0.155–0.181), as its eight rows already did on a Zen 4 (48% of the bound
-/// against 60% at four rows).
+/// The rows one walk of `isa` takes over `tiles`: [`rows_per_pass`], with two exceptions
+/// measured on a 2-vCPU AMD EPYC Zen 5 (`bench_decode products`, alternating builds):
+/// - Q6_K on AVX-512, four: its eight-row walk (two planes unpacked, two sums a block for
+///   every row) cost more per row than two walks of four (896×4864, three pairs: 8 rows
+///   0.089–0.107 → 0.080–0.096 ms, 16 rows 0.181–0.203 → 0.155–0.181), as its eight rows
+///   already did on a Zen 4 (48% of the bound against 60% at four rows);
+/// - Q8_0 on AVX2, eight: its walk keeps one quad's weights live at a time (see
+///   `avx2.rs`), so eight rows' sums fit, and the unpacking and magnitudes are paid once for
+///   eight (4864×896, three pairs: 16 rows 0.532–0.879 → 0.498–0.534 ms; the 151,936-row
+///   output matrix 21.2–23.2 → 19.4–24.2).
 fn walk_rows(isa: Isa, tiles: Tiles) -> usize {
     match (isa, tiles) {
         (Isa::Avx512Vnni, Tiles::Q6K(..)) => 4,
+        (Isa::Avx2, Tiles::Q8_0(..)) => 8,
         _ => rows_per_pass(isa),
     }
 }

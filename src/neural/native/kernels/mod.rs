@@ -38,7 +38,8 @@ const ROWS_PER_PASS: usize = 16;
 
 /// The activation rows one walk over a tile group multiplies on `isa`: AMX, a tile register's
 /// 16; AVX-512, whose 32 registers hold a block's eight weight registers and eight rows'
-/// accumulators, eight; 256-bit ISAs, with 16 registers, four.
+/// accumulators, eight; 256-bit ISAs, with 16 registers, four (`isa::walk_rows` makes
+/// exceptions per weight type).
 fn rows_per_pass(isa: Isa) -> usize {
     match isa {
         Isa::Amx => ROWS_PER_PASS,

@@ -193,11 +193,11 @@ pub(super) fn matmul_groups(
     let k = a.rows;
     let rows: Vec<Row> = (0..k).map(|r| a.row(r)).collect();
     let mut o = [[0.0f32; TILE_ROWS]; ROWS_PER_PASS];
-    let per_pass = rows_per_pass(isa);
+    // `tile_rows` splits each call into its ISA's walks over the group.
     for g in gs {
         let mut r = 0;
         while r < k {
-            let n = (k - r).min(per_pass);
+            let n = (k - r).min(ROWS_PER_PASS);
             tile_rows(isa, w.group(g), &rows[r..r + n], &mut o);
             for (i, v) in o[..n].iter().enumerate() {
                 put(g * TILE_ROWS, r + i, v);
