@@ -182,8 +182,8 @@ pub(super) fn tile_rows(
 ///   0.089–0.107 → 0.080–0.096 ms, 16 rows 0.181–0.203 → 0.155–0.181), as its eight rows
 ///   already did on a Zen 4 (48% of the bound against 60% at four rows);
 /// - Q8_0 on AVX2, eight: its walk keeps one quad's weights live at a time (see
-///   `avx2.rs`), so eight rows' sums fit, and the unpacking and magnitudes are paid once for
-///   eight (4864×896, three pairs: 16 rows 0.532–0.879 → 0.498–0.534 ms; the 151,936-row
+///   `avx2.rs`), so eight rows' sums fit, and the weights' sign flip and magnitudes are paid
+///   once for eight (4864×896, three pairs: 16 rows 0.532–0.879 → 0.498–0.534 ms; the 151,936-row
 ///   output matrix 21.2–23.2 → 19.4–24.2).
 fn walk_rows(isa: Isa, tiles: Tiles) -> usize {
     match (isa, tiles) {
