@@ -219,7 +219,7 @@ mod loading {
                     requantize,
                     threads,
                     device: opts.device,
-                    isa: kernels_isa(opts)?,
+                    isa: opts.kernels_isa()?,
                 })?
             }
         };
@@ -319,24 +319,27 @@ mod loading {
                 self.path.display(),
                 meta.as_ref().map(|m| m.len()),
                 meta.and_then(|m| m.modified().ok()),
-                kernels_isa(&self.options).unwrap_or_else(|_| Isa::detect()),
+                self.options.kernels_isa().unwrap_or_else(|_| Isa::detect()),
                 self.options,
             );
             format!("{:016x}", crate::tokenizer::fnv1a64(key.as_bytes()))
         }
     }
 
-    /// The native kernels' instruction set `opts` names (`--isa`), or the best this CPU runs.
-    fn kernels_isa(opts: &ModelOptions) -> Result<Isa> {
-        match &opts.isa {
-            None => Ok(Isa::detect()),
-            Some(name) => name.parse().map_err(|e: String| {
-                let runs: Vec<String> = Isa::available()
-                    .iter()
-                    .map(|i| format!("{i:?}").to_lowercase())
-                    .collect();
-                Error::input(format!("--isa {e}; this CPU runs {}", runs.join(", ")))
-            }),
+    impl ModelOptions {
+        /// The native kernels' instruction set these options name (`--isa`), or the best
+        /// this CPU runs.
+        pub fn kernels_isa(&self) -> Result<Isa> {
+            match &self.isa {
+                None => Ok(Isa::detect()),
+                Some(name) => name.parse().map_err(|e: String| {
+                    let runs: Vec<String> = Isa::available()
+                        .iter()
+                        .map(|i| format!("{i:?}").to_lowercase())
+                        .collect();
+                    Error::input(format!("--isa {e}; this CPU runs {}", runs.join(", ")))
+                }),
+            }
         }
     }
 

@@ -13,7 +13,6 @@
 //! `--dump FILE` writes the conversations as JSON lines (`{"set", "messages"}`) for
 //! `scripts/llama-server-edits.py`, which runs the same tasks through llama.cpp's server.
 
-use infgram::neural::native::kernels::Isa;
 use infgram::service::chat::Message;
 use infgram::service::models::{load_model, Device, ModelOptions};
 use infgram::service::request::{defaults, GenLimits, GenerateRequest, Prompt, Sampling, Scorer};
@@ -196,13 +195,6 @@ pub fn run(
         isa,
         ..ModelOptions::default()
     };
-    // The instruction set the kernels run: the one asked for, else the best this CPU has.
-    let kernels = match opts.isa.as_deref() {
-        Some(name) => name
-            .parse::<Isa>()
-            .map_or_else(|_| name.to_string(), |isa| format!("{isa:?}")),
-        None => format!("{:?}", Isa::detect()),
-    };
     let mut loaded = match load_model(model, &opts) {
         Ok(loaded) => loaded,
         Err(e) => {
@@ -211,6 +203,10 @@ pub fn run(
         }
     };
     let tok = loaded.tokenizer.clone();
+    // The instruction set the kernels run (the load took `--isa`, so it names one).
+    let kernels = opts
+        .kernels_isa()
+        .map_or_else(|e| e.to_string(), |isa| format!("{isa:?}"));
     println!(
         "{} code edits from Python {version}'s standard library and {} open questions, \
          {model}, greedy, at most {max_tokens} tokens, on {device:?} (CPU kernels: {kernels}), {} \
