@@ -35,25 +35,28 @@ pub fn int8_rate(isa: Isa, threads: usize) -> Option<f64> {
             }
         }
     };
-    run(); // warm-up: the clock and the units
+    Some(best_rate(iters * per_call, threads, run))
+}
 
-    // The best of three: on a shared machine other tenants only ever slow a run down (one
-    // 2-vCPU Xeon gave 245 and 480 G/s for the same AVX-512 loop a minute apart).
+/// Multiply-adds a second of `run` (which does `per_run` of them) on `threads` threads at
+/// once: a warm-up run (the clock and the units), then the best of three. On a shared
+/// machine other tenants only ever slow a run down (one 2-vCPU Xeon gave 245 and 480 G/s for
+/// the same AVX-512 loop a minute apart).
+fn best_rate<T: Send>(per_run: usize, threads: usize, run: impl Fn() -> T + Sync) -> f64 {
+    run();
     let seconds = (0..3)
         .map(|_| {
             let t = Instant::now();
-            let sink: i32 = std::thread::scope(|s| {
-                let handles: Vec<_> = (0..threads.max(1)).map(|_| s.spawn(run)).collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().unwrap())
-                    .fold(0, i32::wrapping_add)
+            std::thread::scope(|s| {
+                let handles: Vec<_> = (0..threads.max(1)).map(|_| s.spawn(&run)).collect();
+                for h in handles {
+                    std::hint::black_box(h.join().unwrap());
+                }
             });
-            std::hint::black_box(sink);
             t.elapsed().as_secs_f64()
         })
         .fold(f64::INFINITY, f64::min);
-    Some((iters * per_call * threads.max(1)) as f64 / seconds)
+    (per_run * threads.max(1)) as f64 / seconds
 }
 
 #[target_feature(enable = "avx2")]
@@ -139,19 +142,7 @@ pub fn block_rate(floats: BlockFloats, threads: usize) -> Option<f64> {
             }
         }
     };
-    run();
-    let seconds = (0..3)
-        .map(|_| {
-            let t = Instant::now();
-            let sink: f32 = std::thread::scope(|s| {
-                let handles: Vec<_> = (0..threads.max(1)).map(|_| s.spawn(run)).collect();
-                handles.into_iter().map(|h| h.join().unwrap()).sum()
-            });
-            std::hint::black_box(sink);
-            t.elapsed().as_secs_f64()
-        })
-        .fold(f64::INFINITY, f64::min);
-    Some((iters * ROUND * threads.max(1)) as f64 / seconds)
+    Some(best_rate(iters * ROUND, threads, run))
 }
 
 /// `iters` blocks of eight rows: `FLOATS` is 3 ([`BlockFloats::Centred`]), 4 (`WithMin`) or
@@ -161,7 +152,7 @@ pub fn block_rate(floats: BlockFloats, threads: usize) -> Option<f64> {
 unsafe fn avx512_blocks<const FLOATS: usize>(iters: usize) -> f32 {
     use std::arch::x86_64::*;
     const ROWS: usize = 8;
-    // Sixteen blocks of every row's eight quads, start, scale and sum.
+    // Sixteen blocks of every row's eight quads and scale (its start is a quad shifted).
     let mut quads = [[[0i32; 8]; ROWS]; 16];
     let mut scales = [[0f32; ROWS]; 16];
     for (b, block) in quads.iter_mut().enumerate() {
