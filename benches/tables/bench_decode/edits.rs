@@ -7,7 +7,10 @@
 //! edited function in a Python code block." plus the function in a code block; and the five
 //! open questions of the other benchmarks. Greedy, the service's speculative drafters (prompt
 //! lookup; no index), each task decoded speculatively and then plainly (`compare`): the speed-up,
-//! tokens per pass and whether the two outputs are the same.
+//! tokens per pass and whether the two outputs are the same. A second table sets each draft
+//! token's confidence, as its drafter gave it, against whether the model accepted it: per set
+//! and band of confidence, the tokens tried (those up to a pass's first rejection) and the
+//! share accepted, for all of them and for a draft's first token alone.
 //!
 //! `cargo run --release --example bench_decode -- edits --model qwen2.5-coder-0.5b`;
 //! `--dump FILE` writes the conversations as JSON lines (`{"set", "messages"}`) for
@@ -122,6 +125,8 @@ struct Row {
     tokens: usize,
     passes: usize,
     identical: usize,
+    /// Per tenth of confidence: (tokens tried, accepted, first tokens tried, accepted).
+    bands: [[usize; 4]; 10],
 }
 
 impl Row {
@@ -139,6 +144,43 @@ impl Row {
         self.tokens += stats.tokens;
         self.passes += stats.passes;
         self.identical += usize::from(c.identical == Some(true));
+        for pass in &stats.trace {
+            // Token i was tried only if the ones before it were accepted.
+            let tried = (pass.accepted + 1).min(pass.confidence.len());
+            for (i, &c) in pass.confidence[..tried].iter().enumerate() {
+                let band = &mut self.bands[((c * 10.0) as usize).min(9)];
+                let accepted = usize::from(i < pass.accepted);
+                band[0] += 1;
+                band[1] += accepted;
+                if i == 0 {
+                    band[2] += 1;
+                    band[3] += accepted;
+                }
+            }
+        }
+    }
+
+    /// The confidence table's rows of this set.
+    fn print_bands(&self, set: &str) {
+        let share = |a: usize, n: usize| {
+            if n == 0 {
+                "–".to_string()
+            } else {
+                format!("{:.2}", a as f64 / n as f64)
+            }
+        };
+        for (b, [tried, accepted, first, first_accepted]) in self.bands.iter().enumerate() {
+            if *tried == 0 {
+                continue;
+            }
+            println!(
+                "| {set} | {:.1}–{:.1} | {tried} | {} | {first} | {} |",
+                b as f64 / 10.0,
+                (b + 1) as f64 / 10.0,
+                share(*accepted, *tried),
+                share(*first_accepted, *first)
+            );
+        }
     }
 
     fn print(&self, set: &str) {
@@ -242,6 +284,7 @@ pub fn run(
         .unwrap();
         let run = RunOptions {
             compare: true,
+            trace: true,
             ..Default::default()
         };
         let costs = loaded.pass_costs();
@@ -275,5 +318,11 @@ pub fn run(
     println!("|---|---:|---:|---:|---:|---:|---:|");
     for (set, row) in &rows {
         row.print(set);
+    }
+    println!("\nDraft tokens by the confidence their drafter gave them (tried: up to a pass's first rejection):\n");
+    println!("| set | confidence | tokens tried | accepted | first tokens tried | accepted |");
+    println!("|---|---|---:|---:|---:|---:|");
+    for (set, row) in &rows {
+        row.print_bands(set);
     }
 }
