@@ -10,12 +10,15 @@
 //! tokens per pass and whether the two outputs are the same. A second table sets each draft
 //! token's confidence, as its drafter gave it, against whether the model accepted it: per set
 //! and band of confidence, the tokens tried (those up to a pass's first rejection) and the
-//! share accepted, for all of them and for a draft's first token alone.
+//! share accepted, for all of them and for a draft's first token alone. A third gives what
+//! the speculative passes cost as decoding timed them, per rows fed, in steps (the mean of
+//! the set's one-row passes), beside the load-time calibration the drafts start from.
 //!
 //! `cargo run --release --example bench_decode -- edits --model qwen2.5-coder-0.5b`;
 //! `--dump FILE` writes the conversations as JSON lines (`{"set", "messages"}`) for
 //! `scripts/llama-server-edits.py`, which runs the same tasks through llama.cpp's server.
 
+use crate::confidences::Confidences;
 use infgram::service::chat::Message;
 use infgram::service::models::{load_model, Device, ModelOptions};
 use infgram::service::request::{defaults, GenLimits, GenerateRequest, Prompt, Sampling, Scorer};
@@ -125,8 +128,9 @@ struct Row {
     tokens: usize,
     passes: usize,
     identical: usize,
-    /// Per tenth of confidence: (tokens tried, accepted, first tokens tried, accepted).
-    bands: [[usize; 4]; 10],
+    confidences: Confidences,
+    /// Per rows fed (index), the speculative passes' seconds and count.
+    pass_seconds: Vec<(f64, usize)>,
 }
 
 impl Row {
@@ -145,42 +149,36 @@ impl Row {
         self.passes += stats.passes;
         self.identical += usize::from(c.identical == Some(true));
         for pass in &stats.trace {
-            // Token i was tried only if the ones before it were accepted.
-            let tried = (pass.accepted + 1).min(pass.confidence.len());
-            for (i, &c) in pass.confidence[..tried].iter().enumerate() {
-                let band = &mut self.bands[((c * 10.0) as usize).min(9)];
-                let accepted = usize::from(i < pass.accepted);
-                band[0] += 1;
-                band[1] += accepted;
-                if i == 0 {
-                    band[2] += 1;
-                    band[3] += accepted;
-                }
+            let rows = pass.drafted + 1;
+            if self.pass_seconds.len() <= rows {
+                self.pass_seconds.resize(rows + 1, (0.0, 0));
             }
+            self.pass_seconds[rows].0 += pass.seconds;
+            self.pass_seconds[rows].1 += 1;
         }
+        self.confidences.add(&stats.trace);
     }
 
-    /// The confidence table's rows of this set.
-    fn print_bands(&self, set: &str) {
-        let share = |a: usize, n: usize| {
-            if n == 0 {
-                "–".to_string()
-            } else {
-                format!("{:.2}", a as f64 / n as f64)
-            }
+    /// The pass-cost table's row of this set: rows fed, passes and their mean cost in steps,
+    /// for every size timed at least three times.
+    fn print_costs(&self, set: &str) {
+        let mean = |(s, n): (f64, usize)| s / n.max(1) as f64;
+        let Some(&step) = self.pass_seconds.get(1) else {
+            return;
         };
-        for (b, [tried, accepted, first, first_accepted]) in self.bands.iter().enumerate() {
-            if *tried == 0 {
-                continue;
-            }
-            println!(
-                "| {set} | {:.1}–{:.1} | {tried} | {} | {first} | {} |",
-                b as f64 / 10.0,
-                (b + 1) as f64 / 10.0,
-                share(*accepted, *tried),
-                share(*first_accepted, *first)
-            );
-        }
+        let cells: Vec<String> = self
+            .pass_seconds
+            .iter()
+            .enumerate()
+            .filter(|(rows, &(_, n))| *rows > 1 && n >= 3)
+            .map(|(rows, &t)| format!("{rows}: {:.2} ({})", mean(t) / mean(step), t.1))
+            .collect();
+        println!(
+            "| {set} | {:.2} ms ({}) | {} |",
+            mean(step) * 1e3,
+            step.1,
+            cells.join(", ")
+        );
     }
 
     fn print(&self, set: &str) {
@@ -261,6 +259,7 @@ pub fn run(
             threads
         }
     );
+    let calibration = loaded.pass_costs();
     let mut rows: Vec<(&str, Row)> = Vec::new();
     for (i, (set, ask)) in tasks.iter().enumerate() {
         let request = GenerateRequest {
@@ -319,10 +318,22 @@ pub fn run(
     for (set, row) in &rows {
         row.print(set);
     }
-    println!("\nDraft tokens by the confidence their drafter gave them (tried: up to a pass's first rejection):\n");
-    println!("| set | confidence | tokens tried | accepted | first tokens tried | accepted |");
-    println!("|---|---|---:|---:|---:|---:|");
+    Confidences::print_header();
     for (set, row) in &rows {
-        row.print_bands(set);
+        row.confidences.print_rows(set);
+    }
+    println!(
+        "\nSpeculative passes as decoding timed them, in steps (passes in brackets); the drafts \
+         start from the load-time calibration: {}\n",
+        infgram::decode::policy::CALIBRATED_SIZES
+            .iter()
+            .map(|&n| format!("{n} rows {:.2}", calibration.cost(n)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!("| set | step | rows fed: steps (passes) |");
+    println!("|---|---:|---|");
+    for (set, row) in &rows {
+        row.print_costs(set);
     }
 }

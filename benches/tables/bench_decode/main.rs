@@ -20,6 +20,7 @@ use infgram::service::models::{Backend, Device};
 mod batch;
 mod bound;
 mod ceiling;
+mod confidences;
 mod edits;
 mod gpu_check;
 mod mix;

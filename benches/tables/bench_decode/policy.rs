@@ -20,9 +20,13 @@
 //! of passes of 1, 2, 4, 8 and 16 rows), also with the perfect drafter's bound: two builds
 //! compared on one machine's measured costs without measuring them again.
 //!
+//! After the table, the drafters' confidences against what the model accepted in the
+//! passes of the run-wide calibration (`confidences`).
+//!
 //! `cargo run --release --example bench_decode -- policy` (about a minute on 2 cores)
 
 use crate::ceiling::ceiling;
+use crate::confidences::Confidences;
 use crate::prompts::sets;
 use infgram::decode::drafters::{CorpusDrafter, PromptLookup};
 use infgram::decode::policy::{plausible_costs, CALIBRATED_SIZES};
@@ -83,6 +87,7 @@ pub fn run(costs: Costs, isa: infgram::neural::native::kernels::Isa) {
     };
     println!("| prompt set | drafting | modeled speed-up, geomean | per prompt (passes) |");
     println!("|---|---|---:|---|");
+    let mut confidences: Vec<(&str, Confidences)> = Vec::new();
     for set in sets() {
         let (name, chat) = (set.name, set.chat);
         let mut outputs = Vec::new();
@@ -101,6 +106,16 @@ pub fn run(costs: Costs, isa: infgram::neural::native::kernels::Isa) {
                     ..DecodeConfig::default()
                 };
                 let (ids, stats) = greedy(&mut model, &mut drafters, &prompt, &cfg).unwrap();
+                if !local {
+                    match confidences.iter_mut().find(|c| c.0 == name) {
+                        Some(c) => c.1.add(&stats.trace),
+                        None => {
+                            let mut c = Confidences::default();
+                            c.add(&stats.trace);
+                            confidences.push((name, c));
+                        }
+                    }
+                }
                 let modeled: f64 = stats.trace.iter().map(|t| cost.cost(t.drafted + 1)).sum();
                 runs.push((ids.len(), modeled, stats.trace.len()));
                 outputs.push((prompt, ids));
@@ -129,6 +144,10 @@ pub fn run(costs: Costs, isa: infgram::neural::native::kernels::Isa) {
                 .collect();
             print_row(name, "bound: a perfect drafter (16 right a pass)", &perfect);
         }
+    }
+    Confidences::print_header();
+    for (set, c) in &confidences {
+        c.print_rows(set);
     }
 }
 
