@@ -1,10 +1,11 @@
 //! Criterion benches of the quantized matrix product on every instruction set this CPU has,
 //! for the shapes of SmolLM2-135M's feed-forward (1536 × 576, Q4_1) and output (49152 × 576,
 //! Q8_0) at 1 and 8 activation rows. The scalar kernel is the baseline of the same run; each
-//! ISA is first checked to give the scalar result bit for bit. Beside them, the greedy pick over
-//! a row of logits. `cargo bench --bench kernels`
+//! ISA is first checked to give the scalar result bit for bit. Beside them, attention with
+//! SmolLM2's heads, and the greedy pick over a row of logits. `cargo bench --bench kernels`
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use infgram::neural::native::attention::{attend, Heads, KvCache};
 use infgram::neural::native::kernels::{matmul, Isa, QMatrix, QRows};
 use infgram::neural::native::pool::Pool;
 use rand::rngs::StdRng;
@@ -52,6 +53,60 @@ fn products(c: &mut Criterion) {
     }
 }
 
+/// Causal attention of 1 and 16 new rows after 256 cached positions (272 in all: the last
+/// score block partly used), SmolLM2's heads (9 query heads, 3 kv heads of 64), on every
+/// instruction set, each first checked to give the scalar bits; 2 threads, as the passes run
+/// here. `cargo bench --bench kernels -- attention`
+fn attention(c: &mut Criterion) {
+    let heads = Heads {
+        n_head: 9,
+        n_kv_head: 3,
+        head_dim: 64,
+    };
+    let kv = heads.n_kv_head * heads.head_dim;
+    let mut pool = Pool::new(2);
+    let mut g = c.benchmark_group("attention 9x64 heads after 256");
+    for rows in [1usize, 16] {
+        let pos = 256;
+        let mut cache = KvCache::new(heads.n_kv_head, heads.head_dim);
+        let n = pos + rows;
+        cache.append(&values(n * kv, 5), &values(n * kv, 6));
+        let q = values(rows * heads.q_width(), 7);
+        let mut want = vec![0.0; q.len()];
+        let at = (pos, None);
+        attend(
+            Isa::Scalar,
+            &mut pool,
+            &heads,
+            &cache,
+            &q,
+            at,
+            None,
+            &mut want,
+        );
+        for isa in Isa::available() {
+            let mut out = vec![0.0; q.len()];
+            attend(isa, &mut pool, &heads, &cache, &q, at, None, &mut out);
+            assert_eq!(out, want, "{isa:?} gives the scalar bits");
+            g.bench_with_input(BenchmarkId::new(format!("{isa:?}"), rows), &rows, |b, _| {
+                b.iter(|| {
+                    attend(
+                        isa,
+                        &mut pool,
+                        &heads,
+                        black_box(&cache),
+                        &q,
+                        at,
+                        None,
+                        &mut out,
+                    )
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
 /// The greedy pick over a row of logits (`lm::first_max`) against the one-pass loop it
 /// replaced (the baseline of the same run), for SmolLM2's 49,152 and Gemma 3's 262,144 ids.
 /// `cargo bench --bench kernels -- argmax`
@@ -80,5 +135,5 @@ fn argmax(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, products, argmax);
+criterion_group!(benches, products, attention, argmax);
 criterion_main!(benches);

@@ -10,8 +10,9 @@
 //! Every score and every output element is a fixed sequence of fused multiply-adds (over
 //! dimensions, then over positions), the same whether a row is computed alone or in a k-token
 //! pass, on any thread split and any ISA, which keeps the pass batch-invariant. The key lanes
-//! run on to a multiple of the score block, so the last, partial block is scored as a whole
-//! one; the softmax sums (chains of dependent adds, in position order) run four side by side;
+//! run on to a multiple of the score block, so a partial block is scored as a whole one (its
+//! extra scores dropped); on AVX-512, where at most half a block is left, it is scored as a
+//! block half as wide; the softmax sums (chains of dependent adds, in position order) run four side by side;
 //! threads take even stretches of (row, head) pairs.
 
 pub use crate::neural::arch::Heads;
@@ -307,15 +308,15 @@ fn attend_heads(
     }
     let _ = isa;
     // Baseline x86-64 has sixteen 4-lane registers: 2 × 16 scores or 2 × 2 × 8 value lanes.
-    attend_portable::<16, 8>(cfg, cache, q, pos, units, out)
+    attend_portable::<16, 16, 8>(cfg, cache, q, pos, units, out)
 }
 
 /// Entry points compiled with wider vectors; each is [`attend_portable`] inlined.
-/// `$block` positions are scored together and `$lanes` columns of a value summed together,
+/// `$block` positions are scored together (`$tail` where at most half a block is left) and `$lanes` columns of a value summed together,
 /// for two pairs at once: as many accumulators as half the registers (the other half hold
 /// broadcasts and loads).
 macro_rules! attend_entry {
-    ($name:ident, $features:literal, $block:literal, $lanes:literal) => {
+    ($name:ident, $features:literal, $block:literal, $tail:literal, $lanes:literal) => {
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $features)]
         unsafe fn $name(
@@ -326,28 +327,32 @@ macro_rules! attend_entry {
             units: std::ops::Range<usize>,
             out: DisjointOut,
         ) {
-            attend_portable::<$block, $lanes>(cfg, cache, q, pos, units, out)
+            attend_portable::<$block, $tail, $lanes>(cfg, cache, q, pos, units, out)
         }
     };
 }
 
-// 32 registers of 16 lanes: 2 × 8 of scores, or 2 × 2 × 4 of value sums (two pairs at once).
-attend_entry!(attend_avx512, "avx512f,avx2,fma", 128, 64);
-// 16 registers of 8 lanes: 2 × 4 of scores, or 2 × 2 × 2 of value sums.
-attend_entry!(attend_avx2, "avx2,fma", 32, 16);
+// 32 registers of 16 lanes: 2 × 8 of scores, or 2 × 2 × 4 of value sums (two pairs at once);
+// a last half block of 2 × 4 registers of scores: eight FMA chains still, where 2 × 2 (blocks
+// of 32) left the FMAs waiting on each other and a one-row pass's attention 30% slower
+// (`cargo bench --bench kernels -- attention`, a 2-vCPU Zen 5).
+attend_entry!(attend_avx512, "avx512f,avx2,fma", 128, 64, 64);
+// 16 registers of 8 lanes: 2 × 4 of scores, or 2 × 2 × 2 of value sums; no narrower last
+// block (2 × 2 registers would leave the FMAs waiting on each other).
+attend_entry!(attend_avx2, "avx2,fma", 32, 32, 16);
 
 /// Attention for the (row, head) pairs `units` (numbered row by row: `r · n_head + h`),
 /// written into their columns of `out`. Plain loops over fixed-size blocks, inlined into the
 /// entry points above so they vectorize there. `SB` positions are scored at a time and `VC`
-/// columns of the values summed at a time; neither changes any score's or output's sequence
-/// of operations.
+/// columns of the values summed at a time (`TB` positions at a time where at most half of `SB`
+/// is left); none of them changes any score's or output's sequence of operations.
 ///
 /// The pairs that read the same kv head (a group's query heads, of every row of this part)
 /// are taken together, a block of positions at a time: a block of keys or values is read from
 /// memory once and then from L1 by each of them, where one pair at a time streamed a head's
 /// 64 KiB of keys and 64 KiB of values (at 256 positions) from L2 for every pair.
 #[inline(always)]
-fn attend_portable<const SB: usize, const VC: usize>(
+fn attend_portable<const SB: usize, const TB: usize, const VC: usize>(
     cfg: &Heads,
     cache: &KvCache,
     q: &[f32],
@@ -379,7 +384,7 @@ fn attend_portable<const SB: usize, const VC: usize>(
         // Whole sets of `HEADS_TOGETHER` stretches, for the softmax sums.
         scores.clear();
         scores.resize(pairs.len().next_multiple_of(HEADS_TOGETHER) * width, 0.0);
-        score_pairs::<SB>(cfg, cache, g, q, &pairs, &mut scores, width);
+        score_pairs::<SB, TB>(cfg, cache, g, q, &pairs, &mut scores, width);
         softmax_pairs(&pairs, &mut scores, width);
         weigh_pairs::<VC>(cfg, cache, g, &pairs, &scores, width, out);
     }
@@ -416,12 +421,13 @@ const VALUE_BLOCK: usize = 64;
 
 /// The scores of every pair of kv head `g` into its stretch of `scores` (stretch `i` at
 /// `i · width`): `s[j] = scale · Σ_d q[d]·key_j[d]` for `j < seen`, by blocks of `SB`
-/// positions (a divisor of [`SCORE_BLOCK`]), each summed over d in order. Blocks are the outer
-/// loop, so that a block of keys is read from L1 by every pair after the first. The last,
-/// partial block of a pair is scored as a whole one (the lanes run on to a multiple of
-/// `SCORE_BLOCK`) and its extra scores dropped: the same operations for the positions kept.
+/// positions (a divisor of [`SCORE_BLOCK`]), and where at most half of one is left, by blocks
+/// of `TB` (a divisor of `SB`); each score summed over d in order, whatever its block. A
+/// partial block is scored as a whole one (the lanes run on to a multiple of `SCORE_BLOCK`)
+/// and its extra scores dropped: the same operations for the positions kept. (At 272
+/// positions, AVX-512's last block of 128 scored 16 positions; a block of 64 scores them now.)
 #[inline(always)]
-fn score_pairs<const SB: usize>(
+fn score_pairs<const SB: usize, const TB: usize>(
     cfg: &Heads,
     cache: &KvCache,
     g: usize,
@@ -430,40 +436,64 @@ fn score_pairs<const SB: usize>(
     scores: &mut [f32],
     width: usize,
 ) {
+    let most = pairs.iter().map(|p| p.seen).max().unwrap_or(0);
+    let mut j0 = 0;
+    while j0 < most {
+        if most - j0 > SB / 2 {
+            score_block::<SB>(cfg, cache, g, q, pairs, scores, width, j0);
+            j0 += SB;
+        } else {
+            score_block::<TB>(cfg, cache, g, q, pairs, scores, width, j0);
+            j0 += TB;
+        }
+    }
+}
+
+/// The scores of the block of `N` positions from `j0` (a multiple of `N`), for every pair
+/// whose row sees it: blocks are the outer loop, so that a block of keys is read from L1 by
+/// every pair after the first, and two pairs at a time share each load.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn score_block<const N: usize>(
+    cfg: &Heads,
+    cache: &KvCache,
+    g: usize,
+    q: &[f32],
+    pairs: &[Pair],
+    scores: &mut [f32],
+    width: usize,
+    j0: usize,
+) {
     let hd = cfg.head_dim;
     let scale = 1.0 / (hd as f32).sqrt();
-    let most = pairs.iter().map(|p| p.seen).max().unwrap_or(0);
     let query = |pair: &Pair| &q[pair.row * cfg.q_width() + pair.head * hd..][..hd];
-    for j0 in (0..most).step_by(SB) {
-        // The pairs whose rows see this block; two at a time share each load of the keys.
-        let live: Vec<usize> = (0..pairs.len()).filter(|&i| pairs[i].seen > j0).collect();
-        let mut twos = live.chunks_exact(2);
-        for two in twos.by_ref() {
-            let (qa, qb) = (query(&pairs[two[0]]), query(&pairs[two[1]]));
-            let (mut a, mut b) = ([0.0f32; SB], [0.0f32; SB]);
-            for d in 0..hd {
-                let lane = cache.key_block::<SB>(g, d, j0);
-                let (x, y) = (qa[d], qb[d]);
-                for i in 0..SB {
-                    a[i] = x.mul_add(lane[i], a[i]);
-                    b[i] = y.mul_add(lane[i], b[i]);
-                }
-            }
-            for (&i, acc) in two.iter().zip([a, b]) {
-                keep_scores(&mut scores[i * width..], j0, pairs[i].seen, &acc, scale);
+    let live: Vec<usize> = (0..pairs.len()).filter(|&i| pairs[i].seen > j0).collect();
+    let mut twos = live.chunks_exact(2);
+    for two in twos.by_ref() {
+        let (qa, qb) = (query(&pairs[two[0]]), query(&pairs[two[1]]));
+        let (mut a, mut b) = ([0.0f32; N], [0.0f32; N]);
+        for d in 0..hd {
+            let lane = cache.key_block::<N>(g, d, j0);
+            let (x, y) = (qa[d], qb[d]);
+            for i in 0..N {
+                a[i] = x.mul_add(lane[i], a[i]);
+                b[i] = y.mul_add(lane[i], b[i]);
             }
         }
-        for &i in twos.remainder() {
-            let qa = query(&pairs[i]);
-            let mut a = [0.0f32; SB];
-            for (d, &x) in qa.iter().enumerate() {
-                let lane = cache.key_block::<SB>(g, d, j0);
-                for i in 0..SB {
-                    a[i] = x.mul_add(lane[i], a[i]);
-                }
-            }
-            keep_scores(&mut scores[i * width..], j0, pairs[i].seen, &a, scale);
+        for (&i, acc) in two.iter().zip([a, b]) {
+            keep_scores(&mut scores[i * width..], j0, pairs[i].seen, &acc, scale);
         }
+    }
+    for &i in twos.remainder() {
+        let qa = query(&pairs[i]);
+        let mut a = [0.0f32; N];
+        for (d, &x) in qa.iter().enumerate() {
+            let lane = cache.key_block::<N>(g, d, j0);
+            for i in 0..N {
+                a[i] = x.mul_add(lane[i], a[i]);
+            }
+        }
+        keep_scores(&mut scores[i * width..], j0, pairs[i].seen, &a, scale);
     }
 }
 
@@ -905,6 +935,7 @@ mod tests {
                 (127, 5),
                 (128, 1),
                 (200, 9),
+                (150, 20),
                 (0, 70),
             ] {
                 let n = pos + rows;
