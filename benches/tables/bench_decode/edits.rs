@@ -14,11 +14,19 @@
 //! the speculative passes cost as decoding timed them, per rows fed, in steps (the mean of
 //! the set's one-row passes), beside the load-time calibration the drafts start from.
 //!
+//! With `--modeled`, drafts are planned from the load-time calibration frozen
+//! (`CostModel::frozen`; `--costs MS,…` a given table instead) and plain decoding is not run:
+//! every run makes the same passes, and each task's speed-up is modeled as its tokens over
+//! the table cost of its passes, as `bench_decode policy` does with SmolLM2: drafting
+//! policies compared on this model free of timing noise.
+//!
 //! `cargo run --release --example bench_decode -- edits --model qwen2.5-coder-0.5b`;
 //! `--dump FILE` writes the conversations as JSON lines (`{"set", "messages"}`) for
 //! `scripts/llama-server-edits.py`, which runs the same tasks through llama.cpp's server.
 
 use crate::confidences::Confidences;
+use infgram::decode::policy::{plausible_costs, CALIBRATED_SIZES};
+use infgram::decode::CostModel;
 use infgram::service::chat::Message;
 use infgram::service::models::{load_model, Device, ModelOptions};
 use infgram::service::request::{defaults, GenLimits, GenerateRequest, Prompt, Sampling, Scorer};
@@ -134,20 +142,27 @@ struct Row {
 }
 
 impl Row {
-    fn add(&mut self, r: &GenerationReport) {
-        // Decoding speeds (the prompt's pass left out), as `compare` measures both.
-        let c = r.comparison.expect("compare ran");
-        let (plain, speedup) = (
-            c.plain_tokens_per_second.expect("plain decoding ran"),
-            c.speedup.expect("plain decoding ran"),
-        );
-        self.ratios.push(speedup);
-        self.plain_tps.push(plain);
-        self.spec_tps.push(plain * speedup);
+    /// Adds a task's report: timed against plain decoding, or with `modeled`, its speed-up
+    /// modeled with that frozen table.
+    fn add(&mut self, r: &GenerationReport, modeled: Option<&CostModel>) {
         let stats = r.stats.as_ref().expect("a model's stats");
         self.tokens += stats.tokens;
         self.passes += stats.passes;
-        self.identical += usize::from(c.identical == Some(true));
+        if let Some(cost) = modeled {
+            let passes: f64 = stats.trace.iter().map(|t| cost.cost(t.drafted + 1)).sum();
+            self.ratios.push(stats.tokens as f64 / passes.max(1.0));
+        } else {
+            // Decoding speeds (the prompt's pass left out), as `compare` measures both.
+            let c = r.comparison.expect("compare ran");
+            let (plain, speedup) = (
+                c.plain_tokens_per_second.expect("plain decoding ran"),
+                c.speedup.expect("plain decoding ran"),
+            );
+            self.ratios.push(speedup);
+            self.plain_tps.push(plain);
+            self.spec_tps.push(plain * speedup);
+            self.identical += usize::from(c.identical == Some(true));
+        }
         for pass in &stats.trace {
             let rows = pass.drafted + 1;
             if self.pass_seconds.len() <= rows {
@@ -181,29 +196,44 @@ impl Row {
         );
     }
 
-    fn print(&self, set: &str) {
+    /// The set's row of the main table (with `modeled`, the speed-ups modeled and each
+    /// task's listed after the row; no speeds or comparison).
+    fn print(&self, set: &str, modeled: bool) {
         let geo = |v: &[f64]| (v.iter().map(|r| r.ln()).sum::<f64>() / v.len().max(1) as f64).exp();
         let min = self.ratios.iter().copied().fold(f64::MAX, f64::min);
         let max = self.ratios.iter().copied().fold(0.0, f64::max);
-        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+        let mean = |v: &[f64]| format!("{:.1}", v.iter().sum::<f64>() / v.len().max(1) as f64);
+        let (plain, spec, identical) = match modeled {
+            true => ("–".into(), "–".into(), "–".into()),
+            false => (
+                mean(&self.plain_tps),
+                mean(&self.spec_tps),
+                format!("{}/{}", self.identical, self.ratios.len()),
+            ),
+        };
         println!(
-            "| {set} | {} | {:.1} | {:.1} | {:.2}× ({:.2}–{:.2}) | {:.2} | {}/{} |",
+            "| {set} | {} | {plain} | {spec} | {:.2}× ({:.2}–{:.2}) | {:.2} | {identical} |",
             self.ratios.len(),
-            mean(&self.plain_tps),
-            mean(&self.spec_tps),
             geo(&self.ratios),
             min,
             max,
             self.tokens as f64 / self.passes.max(1) as f64,
-            self.identical,
-            self.ratios.len()
         );
     }
 }
 
+/// How the drafts are planned and the speed-ups measured.
+pub enum Plan {
+    /// The live cost model; timed against plain decoding.
+    Timed,
+    /// A frozen table, the load-time calibration's or the milliseconds of passes of 1, 2, 4,
+    /// 8 and 16 rows given; speed-ups modeled with it.
+    Modeled(Option<Vec<f64>>),
+}
+
 /// Runs the benchmark with `model`, `max_tokens` a task, `threads` threads (0: one per core),
-/// on `device` (on the CPU with the kernels' instruction set `isa`, default the best); with
-/// `dump`, only writes the conversations there.
+/// on `device` (on the CPU with the kernels' instruction set `isa`, default the best), as
+/// `plan` says; with `dump`, only writes the conversations there.
 pub fn run(
     model: &str,
     max_tokens: usize,
@@ -211,6 +241,7 @@ pub fn run(
     device: Device,
     dump: Option<PathBuf>,
     isa: Option<String>,
+    plan: Plan,
 ) {
     let (tasks, version) = conversations();
     if let Some(path) = dump {
@@ -260,6 +291,25 @@ pub fn run(
         }
     );
     let calibration = loaded.pass_costs();
+    let modeled = match plan {
+        Plan::Timed => None,
+        Plan::Modeled(None) => Some(calibration.clone().frozen()),
+        Plan::Modeled(Some(ms)) => {
+            let ms: Vec<(usize, f64)> = CALIBRATED_SIZES.into_iter().zip(ms).collect();
+            assert!(
+                plausible_costs(&ms),
+                "--costs: the milliseconds of passes of {CALIBRATED_SIZES:?} rows, each one a \
+                 machine could measure"
+            );
+            Some(CostModel::from_ms(&ms).frozen())
+        }
+    };
+    if let Some(cost) = &modeled {
+        println!(
+            "Drafts planned and weighed with a frozen table: {}",
+            describe(cost)
+        );
+    }
     let mut rows: Vec<(&str, Row)> = Vec::new();
     for (i, (set, ask)) in tasks.iter().enumerate() {
         let request = GenerateRequest {
@@ -282,33 +332,34 @@ pub fn run(
         .check(max_tokens)
         .unwrap();
         let run = RunOptions {
-            compare: true,
+            compare: modeled.is_none(),
             trace: true,
             ..Default::default()
         };
-        let costs = loaded.pass_costs();
+        let costs = modeled.clone().unwrap_or_else(|| loaded.pass_costs());
         let mut res = Resources::model(loaded.model.as_mut(), &tok, model).pass_costs(costs);
         let report = generate(&request, &mut res, &run, |_| {}).unwrap();
-        let c = report.comparison.unwrap();
-        let (plain, speedup) = (
-            c.plain_tokens_per_second.unwrap_or(0.0),
-            c.speedup.unwrap_or(0.0),
-        );
-        eprintln!(
-            "{set} #{i}: {} tokens, plain {plain:.1} tok/s, speculative {:.1} tok/s ({speedup:.2}×), {}",
-            report.tokens,
-            plain * speedup,
-            if c.identical == Some(true) {
-                "identical"
-            } else {
-                "DIFFERENT"
-            }
-        );
+        if let Some(c) = report.comparison {
+            let (plain, speedup) = (
+                c.plain_tokens_per_second.unwrap_or(0.0),
+                c.speedup.unwrap_or(0.0),
+            );
+            eprintln!(
+                "{set} #{i}: {} tokens, plain {plain:.1} tok/s, speculative {:.1} tok/s ({speedup:.2}×), {}",
+                report.tokens,
+                plain * speedup,
+                if c.identical == Some(true) {
+                    "identical"
+                } else {
+                    "DIFFERENT"
+                }
+            );
+        }
         match rows.iter_mut().find(|r| r.0 == *set) {
-            Some(r) => r.1.add(&report),
+            Some(r) => r.1.add(&report, modeled.as_ref()),
             None => {
                 let mut row = Row::default();
-                row.add(&report);
+                row.add(&report, modeled.as_ref());
                 rows.push((set, row));
             }
         }
@@ -316,7 +367,14 @@ pub fn run(
     println!("| set | tasks | plain tokens/s | speculative tokens/s | speed-up, geometric mean (min–max) | tokens per pass | identical |");
     println!("|---|---:|---:|---:|---:|---:|---:|");
     for (set, row) in &rows {
-        row.print(set);
+        row.print(set, modeled.is_some());
+    }
+    if modeled.is_some() {
+        println!("\nModeled speed-up of each task, in order:\n");
+        for (set, row) in &rows {
+            let each: Vec<String> = row.ratios.iter().map(|r| format!("{r:.2}")).collect();
+            println!("- {set}: {}", each.join(", "));
+        }
     }
     Confidences::print_header();
     for (set, row) in &rows {
@@ -325,15 +383,20 @@ pub fn run(
     println!(
         "\nSpeculative passes as decoding timed them, in steps (passes in brackets); the drafts \
          start from the load-time calibration: {}\n",
-        infgram::decode::policy::CALIBRATED_SIZES
-            .iter()
-            .map(|&n| format!("{n} rows {:.2}", calibration.cost(n)))
-            .collect::<Vec<_>>()
-            .join(", ")
+        describe(&calibration)
     );
     println!("| set | step | rows fed: steps (passes) |");
     println!("|---|---:|---|");
     for (set, row) in &rows {
         row.print_costs(set);
     }
+}
+
+/// A cost table's passes of [`CALIBRATED_SIZES`] rows, in steps.
+fn describe(cost: &CostModel) -> String {
+    CALIBRATED_SIZES
+        .iter()
+        .map(|&n| format!("{n} rows {:.2}", cost.cost(n)))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -171,6 +171,14 @@ enum Bench {
         /// best this CPU has), so that one machine measures the sets per ISA.
         #[arg(long)]
         isa: Option<String>,
+        /// Plan from the load-time calibration frozen and model the speed-ups with it, plain
+        /// decoding not run: the same passes in every run (policies compared free of noise).
+        #[arg(long)]
+        modeled: bool,
+        /// With `--modeled`: this table instead, the milliseconds of passes of 1, 2, 4, 8 and
+        /// 16 rows, comma-separated.
+        #[arg(long, value_delimiter = ',', requires = "modeled")]
+        costs: Option<Vec<f64>>,
     },
     /// The repeated-task workload through one server: past outputs drafting.
     Repeated {
@@ -256,6 +264,14 @@ fn main() {
             device,
             dump,
             isa,
-        } => edits::run(&model, max_tokens, threads, device, dump, isa),
+            modeled,
+            costs,
+        } => {
+            let plan = match modeled {
+                false => edits::Plan::Timed,
+                true => edits::Plan::Modeled(costs),
+            };
+            edits::run(&model, max_tokens, threads, device, dump, isa, plan)
+        }
     }
 }
