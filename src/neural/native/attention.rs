@@ -384,7 +384,15 @@ fn attend_portable<const SB: usize, const TB: usize, const VC: usize>(
         // Whole sets of `HEADS_TOGETHER` stretches, for the softmax sums.
         scores.clear();
         scores.resize(pairs.len().next_multiple_of(HEADS_TOGETHER) * width, 0.0);
-        score_pairs::<SB, TB>(cfg, cache, g, q, &pairs, &mut scores, width);
+        let head = KvHead {
+            cfg,
+            cache,
+            g,
+            q,
+            pairs: &pairs,
+            width,
+        };
+        score_pairs::<SB, TB>(&head, &mut scores);
         softmax_pairs(&pairs, &mut scores, width);
         weigh_pairs::<VC>(cfg, cache, g, &pairs, &scores, width, out);
     }
@@ -427,43 +435,44 @@ const VALUE_BLOCK: usize = 64;
 /// and its extra scores dropped: the same operations for the positions kept. (At 272
 /// positions, AVX-512's last block of 128 scored 16 positions; a block of 64 scores them now.)
 #[inline(always)]
-fn score_pairs<const SB: usize, const TB: usize>(
-    cfg: &Heads,
-    cache: &KvCache,
-    g: usize,
-    q: &[f32],
-    pairs: &[Pair],
-    scores: &mut [f32],
-    width: usize,
-) {
-    let most = pairs.iter().map(|p| p.seen).max().unwrap_or(0);
+fn score_pairs<const SB: usize, const TB: usize>(head: &KvHead, scores: &mut [f32]) {
+    let most = head.pairs.iter().map(|p| p.seen).max().unwrap_or(0);
     let mut j0 = 0;
     while j0 < most {
         if most - j0 > SB / 2 {
-            score_block::<SB>(cfg, cache, g, q, pairs, scores, width, j0);
+            score_block::<SB>(head, scores, j0);
             j0 += SB;
         } else {
-            score_block::<TB>(cfg, cache, g, q, pairs, scores, width, j0);
+            score_block::<TB>(head, scores, j0);
             j0 += TB;
         }
     }
 }
 
+/// What the scores of one kv head's pairs read: the queries `q` of the pass, the pairs of kv
+/// head `g`, and the width of each pair's stretch of scores.
+struct KvHead<'a> {
+    cfg: &'a Heads,
+    cache: &'a KvCache,
+    g: usize,
+    q: &'a [f32],
+    pairs: &'a [Pair],
+    width: usize,
+}
+
 /// The scores of the block of `N` positions from `j0` (a multiple of `N`), for every pair
 /// whose row sees it: blocks are the outer loop, so that a block of keys is read from L1 by
 /// every pair after the first, and two pairs at a time share each load.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn score_block<const N: usize>(
-    cfg: &Heads,
-    cache: &KvCache,
-    g: usize,
-    q: &[f32],
-    pairs: &[Pair],
-    scores: &mut [f32],
-    width: usize,
-    j0: usize,
-) {
+fn score_block<const N: usize>(head: &KvHead, scores: &mut [f32], j0: usize) {
+    let KvHead {
+        cfg,
+        cache,
+        g,
+        q,
+        pairs,
+        width,
+    } = *head;
     let hd = cfg.head_dim;
     let scale = 1.0 / (hd as f32).sqrt();
     let query = |pair: &Pair| &q[pair.row * cfg.q_width() + pair.head * hd..][..hd];
