@@ -2,6 +2,7 @@
 //! policy that knew the output would reach with them; and a perfect drafter's bound, what no
 //! drafter passes with the pass costs.
 
+use infgram::decode::policy::{plausible_costs, CALIBRATED_SIZES};
 use infgram::decode::{CostModel, Drafter};
 
 /// The table cost and passes of writing `output` after `prompt` when each pass drafts exactly
@@ -42,6 +43,19 @@ pub fn perfect(cost: &CostModel, len: usize) -> (f64, usize) {
         full as f64 * cost.cost(17) + last,
         full + usize::from(rest > 0),
     )
+}
+
+/// A table given on the command line (`--costs`): the milliseconds of passes of
+/// [`CALIBRATED_SIZES`] rows, as `(n, milliseconds)`; each must be one a machine could
+/// measure ([`plausible_costs`]).
+pub fn given_costs(ms: Vec<f64>) -> Vec<(usize, f64)> {
+    let ms: Vec<(usize, f64)> = CALIBRATED_SIZES.into_iter().zip(ms).collect();
+    assert!(
+        plausible_costs(&ms),
+        "--costs: the milliseconds of passes of {CALIBRATED_SIZES:?} rows, each one a \
+         machine could measure (`plausible_costs`)"
+    );
+    ms
 }
 
 /// Measured pass costs as a line: "1 rows 2.65 ms, 2 rows …".

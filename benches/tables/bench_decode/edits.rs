@@ -25,7 +25,7 @@
 //! `scripts/llama-server-edits.py`, which runs the same tasks through llama.cpp's server.
 
 use crate::confidences::Confidences;
-use infgram::decode::policy::{plausible_costs, CALIBRATED_SIZES};
+use infgram::decode::policy::CALIBRATED_SIZES;
 use infgram::decode::CostModel;
 use infgram::service::chat::Message;
 use infgram::service::models::{load_model, Device, ModelOptions};
@@ -295,13 +295,7 @@ pub fn run(
         Plan::Timed => None,
         Plan::Modeled(None) => Some(calibration.clone().frozen()),
         Plan::Modeled(Some(ms)) => {
-            let ms: Vec<(usize, f64)> = CALIBRATED_SIZES.into_iter().zip(ms).collect();
-            assert!(
-                plausible_costs(&ms),
-                "--costs: the milliseconds of passes of {CALIBRATED_SIZES:?} rows, each one a \
-                 machine could measure"
-            );
-            Some(CostModel::from_ms(&ms).frozen())
+            Some(CostModel::from_ms(&crate::ceiling::given_costs(ms)).frozen())
         }
     };
     if let Some(cost) = &modeled {
@@ -336,7 +330,7 @@ pub fn run(
             trace: true,
             ..Default::default()
         };
-        let costs = modeled.clone().unwrap_or_else(|| loaded.pass_costs());
+        let costs = modeled.clone().unwrap_or_else(|| calibration.clone());
         let mut res = Resources::model(loaded.model.as_mut(), &tok, model).pass_costs(costs);
         let report = generate(&request, &mut res, &run, |_| {}).unwrap();
         if let Some(c) = report.comparison {

@@ -29,7 +29,6 @@ use crate::ceiling::ceiling;
 use crate::confidences::Confidences;
 use crate::prompts::sets;
 use infgram::decode::drafters::{CorpusDrafter, PromptLookup};
-use infgram::decode::policy::{plausible_costs, CALIBRATED_SIZES};
 use infgram::decode::{greedy, CostModel, DecodeConfig, Drafter};
 use infgram::neural::chat_prompt;
 use infgram::neural::native::decoder::Decoder;
@@ -68,15 +67,7 @@ pub fn run(costs: Costs, isa: infgram::neural::native::kernels::Isa) {
             let ms = crate::mix::pass_costs(&mut model, &context);
             given(&ms, &format!("measured here (kernels {isa:?})"))
         }
-        Costs::Given(ms) => {
-            let ms: Vec<(usize, f64)> = CALIBRATED_SIZES.into_iter().zip(ms).collect();
-            assert!(
-                plausible_costs(&ms),
-                "--costs: the milliseconds of passes of {CALIBRATED_SIZES:?} rows, each one a \
-                 machine could measure (`plausible_costs`)"
-            );
-            given(&ms, "given")
-        }
+        Costs::Given(ms) => given(&crate::ceiling::given_costs(ms), "given"),
         Costs::Prior => CostModel::default().frozen(),
     };
     let new_drafters = || -> Vec<Box<dyn Drafter>> {
@@ -90,6 +81,7 @@ pub fn run(costs: Costs, isa: infgram::neural::native::kernels::Isa) {
     let mut confidences: Vec<(&str, Confidences)> = Vec::new();
     for set in sets() {
         let (name, chat) = (set.name, set.chat);
+        let mut seen = Confidences::default();
         let mut outputs = Vec::new();
         for (policy, local) in [("run-wide calibration", false), ("+ local evidence", true)] {
             let mut runs = Vec::new();
@@ -107,14 +99,7 @@ pub fn run(costs: Costs, isa: infgram::neural::native::kernels::Isa) {
                 };
                 let (ids, stats) = greedy(&mut model, &mut drafters, &prompt, &cfg).unwrap();
                 if !local {
-                    match confidences.iter_mut().find(|c| c.0 == name) {
-                        Some(c) => c.1.add(&stats.trace),
-                        None => {
-                            let mut c = Confidences::default();
-                            c.add(&stats.trace);
-                            confidences.push((name, c));
-                        }
-                    }
+                    seen.add(&stats.trace);
                 }
                 let modeled: f64 = stats.trace.iter().map(|t| cost.cost(t.drafted + 1)).sum();
                 runs.push((ids.len(), modeled, stats.trace.len()));
@@ -122,6 +107,7 @@ pub fn run(costs: Costs, isa: infgram::neural::native::kernels::Isa) {
             }
             print_row(name, policy, &runs);
         }
+        confidences.push((name, seen));
         let runs: Vec<_> = outputs
             .iter()
             .map(|(prompt, ids)| {

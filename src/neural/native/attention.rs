@@ -12,8 +12,8 @@
 //! pass, on any thread split and any ISA, which keeps the pass batch-invariant. The key lanes
 //! run on to a multiple of the score block, so a partial block is scored as a whole one (its
 //! extra scores dropped); on AVX-512, where at most half a block is left, it is scored as a
-//! block half as wide; the softmax sums (chains of dependent adds, in position order) run four side by side;
-//! threads take even stretches of (row, head) pairs.
+//! block half as wide; the softmax sums (chains of dependent adds, in position order) run four
+//! side by side; threads take even stretches of (row, head) pairs.
 
 pub use crate::neural::arch::Heads;
 use crate::neural::native::kernels::Isa;
@@ -312,9 +312,9 @@ fn attend_heads(
 }
 
 /// Entry points compiled with wider vectors; each is [`attend_portable`] inlined.
-/// `$block` positions are scored together (`$tail` where at most half a block is left) and `$lanes` columns of a value summed together,
-/// for two pairs at once: as many accumulators as half the registers (the other half hold
-/// broadcasts and loads).
+/// `$block` positions are scored together (`$tail` where at most half a block is left) and
+/// `$lanes` columns of a value summed together, for two pairs at once: as many accumulators as
+/// half the registers (the other half hold broadcasts and loads).
 macro_rules! attend_entry {
     ($name:ident, $features:literal, $block:literal, $tail:literal, $lanes:literal) => {
         #[cfg(target_arch = "x86_64")]
