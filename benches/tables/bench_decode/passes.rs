@@ -45,6 +45,40 @@ fn cpu_decoder(path: &Path, isa: Isa) -> Decoder {
         .with_isa(isa)
 }
 
+/// The pass sizes timed: those up to 16 with every row's logits, 32 and 64 as a prompt.
+const SIZES: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
+
+/// The median milliseconds of a pass of each of [`SIZES`] after the `cached` tokens of `lm`,
+/// each rolled back after: timed in rounds of one pass of each size (after two untimed
+/// rounds), so that a slow spell of a shared machine falls on every size alike and the
+/// ratios to the step hold (timed one size after another, the same run's ratios moved by a
+/// tenth between runs on a 2-vCPU VM).
+fn time_in_rounds(lm: &mut dyn LanguageModel, cached: usize, repeats: usize) -> Vec<f64> {
+    let vocab = lm.vocab_size() as u32;
+    let mut times = vec![Vec::with_capacity(repeats); SIZES.len()];
+    for round in 0..repeats.max(1) + 2 {
+        for (&k, times) in SIZES.iter().zip(times.iter_mut()) {
+            let draft: Vec<u32> = (0..k as u32).map(|i| (i * 104_729 + 7) % vocab).collect();
+            let t = Instant::now();
+            match k > 16 {
+                true => lm.feed(&draft).unwrap(),
+                false => drop(lm.forward(&draft).unwrap()),
+            }
+            if round >= 2 {
+                times.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            lm.truncate(cached);
+        }
+    }
+    times
+        .into_iter()
+        .map(|mut t| {
+            t.sort_by(f64::total_cmp);
+            t[t.len() / 2]
+        })
+        .collect()
+}
+
 /// Times passes of 1, 2, 4, 8 and 16 tokens, and prompts of 32 and 64, after a 256-token
 /// prompt; on the CPU, with the kernels of `isa` (default: the best this CPU has) and beside
 /// the compute bound of each pass on it ([`super::bound`]).
@@ -98,26 +132,10 @@ pub fn run(model: &str, device: Device, backend: Backend, repeats: usize, isa: O
     }
     println!("| new tokens | pass, ms | per token, ms | pass / one-token step | bound, ms | of the bound |");
     println!("|---:|---:|---:|---:|---:|---:|");
-    let mut step = 0.0;
-    for k in [1usize, 2, 4, 8, 16, 32, 64] {
-        let draft: Vec<u32> = (0..k as u32).map(|i| (i * 104_729 + 7) % vocab).collect();
+    let medians = time_in_rounds(lm.as_mut(), prompt.len(), repeats);
+    let step = medians[0];
+    for (k, median) in SIZES.into_iter().zip(medians) {
         let prompt_like = k > 16;
-        let mut times = Vec::with_capacity(repeats);
-        for _ in 0..repeats.max(1) + 2 {
-            let t = Instant::now();
-            match prompt_like {
-                true => lm.feed(&draft).unwrap(),
-                false => drop(lm.forward(&draft).unwrap()),
-            }
-            times.push(t.elapsed().as_secs_f64() * 1e3);
-            lm.truncate(prompt.len());
-        }
-        times.drain(..2); // warm-up
-        times.sort_by(f64::total_cmp);
-        let median = times[times.len() / 2];
-        if k == 1 {
-            step = median;
-        }
         let (floor, share) = match bound {
             Some(((macs, prompt_macs), rate)) => {
                 let macs = if prompt_like { prompt_macs } else { macs };

@@ -2,7 +2,9 @@
 //! bound ([`super::bound`]): matrices of the weight types and shapes of a Qwen2.5 0.5B layer
 //! (4864 × 896 in Q4_1, Q5_0, Q8_0; 896 × 4864 in Q4_K, Q6_K), multiplied with 1, 2, 4, 8
 //! and 16 activation rows on two threads. What a several-row pass
-//! spends in its products, free of attention, norms and the output projection's size.
+//! spends in its products, free of attention, norms and the output projection's size. Each
+//! matrix's row counts are timed in rounds (one product of each a round, after three untimed
+//! rounds), so a slow spell of the machine falls on all of them alike.
 //!
 //! `cargo run --release --example bench_decode -- products [--isa avx2]`
 
@@ -92,6 +94,44 @@ fn block_floats(name: &str) -> BlockFloats {
     }
 }
 
+/// The activation row counts multiplied.
+const ROW_COUNTS: [usize; 5] = [1, 2, 4, 8, 16];
+
+/// Untimed rounds before the timed ones: the matrix in the caches, the threads spinning
+/// and the clock up (a first matrix timed without them came out at half its speed).
+const WARM_ROUNDS: usize = 3;
+
+/// The median seconds of `w`'s product with each of [`ROW_COUNTS`] activation rows, timed
+/// in rounds of one product per row count (after [`WARM_ROUNDS`]), so that a slow spell of
+/// a shared machine falls on every row count alike instead of on the one being timed.
+fn time_in_rounds(isa: Isa, w: &QMatrix, repeats: usize, pool: &mut Pool) -> Vec<f64> {
+    let (rows, cols) = (w.rows(), w.cols());
+    let mut cells: Vec<(QRows, Vec<f32>, Vec<f64>)> = ROW_COUNTS
+        .iter()
+        .map(|&k| {
+            let mut a = QRows::default();
+            a.quantize_on(isa, &values(k * cols, 2), cols);
+            (a, vec![0.0; k * rows], Vec::with_capacity(repeats))
+        })
+        .collect();
+    for round in 0..WARM_ROUNDS + repeats.max(1) {
+        for (a, out, times) in &mut cells {
+            let t = Instant::now();
+            matmul(isa, w, a, out, pool);
+            if round >= WARM_ROUNDS {
+                times.push(t.elapsed().as_secs_f64());
+            }
+        }
+    }
+    cells
+        .into_iter()
+        .map(|(_, _, mut times)| {
+            times.sort_by(f64::total_cmp);
+            times[times.len() / 2]
+        })
+        .collect()
+}
+
 pub fn run(isas: &[Isa], repeats: usize) {
     let matrices = matrices();
     let mut pool = Pool::new(2);
@@ -128,20 +168,8 @@ pub fn run(isas: &[Isa], repeats: usize) {
         let rate = super::bound::int8_rate(isa, 2);
         for (name, w) in &matrices {
             let (rows, cols) = (w.rows(), w.cols());
-            for k in [1usize, 2, 4, 8, 16] {
-                let mut a = QRows::default();
-                a.quantize_on(isa, &values(k * cols, 2), cols);
-                let mut out = vec![0.0; k * rows];
-                let mut times: Vec<f64> = (0..repeats + 3)
-                    .map(|_| {
-                        let t = Instant::now();
-                        matmul(isa, w, &a, &mut out, &mut pool);
-                        t.elapsed().as_secs_f64()
-                    })
-                    .skip(3)
-                    .collect();
-                times.sort_by(f64::total_cmp);
-                let median = times[times.len() / 2];
+            let medians = time_in_rounds(isa, w, repeats, &mut pool);
+            for (k, median) in ROW_COUNTS.into_iter().zip(medians) {
                 let g = (k * rows * cols) as f64 / median / 1e9;
                 let share = rate.map_or("–".into(), |r| format!("{:.0}%", 100.0 * g * 1e9 / r));
                 let floats = block_floats(name);
