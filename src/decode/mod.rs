@@ -27,7 +27,8 @@
 //! fifth of the pass's weights) only over rows that get verified, and the mixture mixes only those;
 //! a draft rejected early costs no logits past the rejection. Greedy decoding with no processors
 //! asks for rows in `RowForm::Greedy` (`LanguageModel::score_first`): a model whose rows live
-//! on a GPU then sends back each row's argmax and its logit instead of the row, and the loop
+//! on a GPU then sends back each row's argmax and its logit instead of the row, the native CPU
+//! pass finds them as its output projection goes and never writes the row, and the loop
 //! reads nothing else of a row there. Greedy verification accepts a draft
 //! token when it is the argmax, so the output equals plain greedy decoding (the native pass is
 //! batch-invariant). Sampled verification is rejection sampling: accept draft x with probability

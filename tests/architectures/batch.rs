@@ -36,6 +36,7 @@ fn a_pass_over_several_sequences_is_each_sequence_alone() {
             let what = format!("{} with {threads} threads", family.name);
             let load = native(&path, threads);
             several_sequences_in_a_pass_are_each_alone(&load, &what);
+            greedy_picks_beside_full_rows(&load, &what);
         }
     }
 }

@@ -57,6 +57,37 @@ fn a_token_tree_in_one_pass_is_every_branch_fed_as_a_chain() {
     }
 }
 
+/// The native pass hands out greedy picks (`RowForm::Greedy`, found as its output projection
+/// goes) that are each full row's first_max id and logit, as asked (`score_first`, then
+/// `score_more`) and in a tree pass, on every family, ISA and thread count; and greedy
+/// decoding on picks, plain, speculative and with trees, writes what it writes on full rows.
+#[test]
+fn the_native_pass_s_greedy_picks_are_its_rows_first_max() {
+    let dir = tempfile::tempdir().unwrap();
+    for family in &FAMILIES {
+        let family = Family {
+            window: family.window.map(|_| 80),
+            ..*family
+        };
+        let path = write_model(dir.path(), &family, false);
+        let (tokens, prefix) = (ids(14, 7), ids(9, 3));
+        for isa in Isa::available() {
+            for threads in [1, 2] {
+                let what = format!("{} {isa:?} {threads} threads", family.name);
+                let mut m = Decoder::from_gguf(&path)
+                    .unwrap()
+                    .with_isa(isa)
+                    .with_threads(threads);
+                let full = m.forward(&tokens).unwrap();
+                rows_as_asked_are_the_pass_s(&mut m, &tokens, &full, &what);
+                tree_picks_are_first_max(&mut m, &prefix, &what);
+            }
+        }
+        let mut m = Decoder::from_gguf(&path).unwrap().with_threads(2);
+        greedy_picks_decode_as_full_rows(&mut m, family.name);
+    }
+}
+
 /// The candle pass (the one `--device cuda` runs) verifies token trees too: every node gets the
 /// bits of its branch fed as a chain, sliding windows shorter than the tree included (the
 /// tiny Gemma's 4), and keeping a branch leaves the chain's cache.

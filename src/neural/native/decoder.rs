@@ -13,13 +13,15 @@
 //! tested against.
 
 use crate::error::{Error, Result};
-use crate::lm::{LanguageModel, Logits, RowForm, SeqPart, Sequences};
+use crate::lm::{greedy_pick, LanguageModel, Logits, RowForm, SeqPart, Sequences};
 use crate::neural::arch::layers::{check_shape, rope_frequencies, weights, Backend as _};
 use crate::neural::arch::{Activation, Architecture, RopeStyle};
 use crate::neural::load::gguf::Gguf;
 use crate::neural::native::attention::{attend, KvCache};
 use crate::neural::native::gates::{gelu_mul, silu_mul};
-use crate::neural::native::kernels::{matmul, matmul_into_rows, matmul_many, Isa, QMatrix, QRows};
+use crate::neural::native::kernels::{
+    matmul, matmul_into_rows, matmul_many, matmul_picks, Isa, QMatrix, QRows,
+};
 use crate::neural::native::pool::{split_mut, stretches, Pool};
 use crate::neural::native::tree::{TreeLayout, MAX_TREE_ROWS};
 use crate::neural::native::weights::to_matrix;
@@ -31,14 +33,15 @@ type Blocks = crate::neural::arch::layers::Layer<QMatrix, Vec<f32>>;
 
 /// One sequence the decoder holds ([`Sequences`]): a KV cache per layer, its length, the
 /// final-normed rows of its last pass whose logits are still to come
-/// ([`LanguageModel::score_more`]), `dim` floats each, from row `held_next` on, and its last
-/// token tree with the cache length before it, until [`LanguageModel::keep_path`] (or any
-/// other change of the cache).
+/// ([`LanguageModel::score_more`]), `dim` floats each, from row `held_next` on, the form
+/// its last pass's rows come in, and its last token tree with the cache length before it,
+/// until [`LanguageModel::keep_path`] (or any other change of the cache).
 struct Sequence {
     caches: Vec<KvCache>,
     cached: usize,
     held: Vec<f32>,
     held_next: usize,
+    form: RowForm,
     tree: Option<(usize, TreeLayout)>,
 }
 
@@ -52,6 +55,7 @@ impl Sequence {
             cached: 0,
             held: Vec::new(),
             held_next: 0,
+            form: RowForm::Full,
             tree: None,
         }
     }
@@ -69,11 +73,12 @@ impl Sequence {
 }
 
 /// One sequence's rows in a pass: its new tokens, how many of their rows' logits come out
-/// now (the others are held), and their placement as a token tree.
+/// now (the others are held), in what form, and their placement as a token tree.
 struct Part<'a> {
     seq: usize,
     tokens: &'a [u32],
     rows: usize,
+    form: RowForm,
     tree: Option<&'a TreeLayout>,
 }
 
@@ -297,11 +302,11 @@ impl Decoder {
     }
 
     /// Feeds `tokens` through every layer into the current sequence's cache and returns the
-    /// logits of the first `rows` positions; the final-normed rows of the others are held for
-    /// [`LanguageModel::score_more`].
-    fn run(&mut self, tokens: &[u32], rows: usize) -> Result<Vec<Vec<f32>>> {
+    /// logits of the first `rows` positions in `form`; the final-normed rows of the others
+    /// are held for [`LanguageModel::score_more`].
+    fn run(&mut self, tokens: &[u32], rows: usize, form: RowForm) -> Result<Vec<Logits>> {
         self.seqs[self.current].tree = None;
-        self.run_placed(tokens, rows, None)
+        self.run_placed(tokens, rows, None, form)
     }
 
     /// [`Decoder::run`] with the rows placed as `tree` says (its padding rows' logits never
@@ -311,12 +316,14 @@ impl Decoder {
         tokens: &[u32],
         rows: usize,
         tree: Option<&TreeLayout>,
-    ) -> Result<Vec<Vec<f32>>> {
+        form: RowForm,
+    ) -> Result<Vec<Logits>> {
         let seq = self.current;
         let part = Part {
             seq,
             tokens,
             rows,
+            form,
             tree,
         };
         Ok(self.run_parts(&[part])?.pop().unwrap_or_default())
@@ -326,7 +333,7 @@ impl Decoder {
     /// products take every part's rows together, rotation, the cache and attention each
     /// part's own. A row's logits are the same bits whatever else the pass holds (the
     /// products are batch-invariant, everything else is per row or per sequence).
-    fn run_parts(&mut self, parts: &[Part]) -> Result<Vec<Vec<Vec<f32>>>> {
+    fn run_parts(&mut self, parts: &[Part]) -> Result<Vec<Vec<Logits>>> {
         let vocab = self.vocab_size();
         for (i, part) in parts.iter().enumerate() {
             if part.seq >= self.seqs.len() || parts[..i].iter().any(|p| p.seq == part.seq) {
@@ -340,6 +347,7 @@ impl Decoder {
             let seq = &mut self.seqs[part.seq];
             seq.held.clear();
             seq.held_next = 0;
+            seq.form = part.form;
         }
         let t: usize = parts.iter().map(|p| p.tokens.len()).sum();
         if t == 0 {
@@ -480,7 +488,10 @@ impl Decoder {
     /// The logits of the next `rows` held rows of each `(sequence, rows)` (fewer when fewer
     /// are held), in one output projection. Each row's are the same bits however the rows are
     /// grouped: activations are quantized row by row and the kernels are batch-invariant.
-    fn held_logits(&mut self, wants: &[(usize, usize)]) -> Result<Vec<Vec<Vec<f32>>>> {
+    /// Rows of a pass asked for in [`RowForm::Greedy`] come as their greedy picks: found as
+    /// the projection goes ([`matmul_picks`]: no logit is written out) when every sequence's
+    /// pass asked for them, else picked from the full rows.
+    fn held_logits(&mut self, wants: &[(usize, usize)]) -> Result<Vec<Vec<Logits>>> {
         let dim = self.cfg.dim;
         let mut counts = Vec::with_capacity(wants.len());
         self.gathered.clear();
@@ -501,6 +512,47 @@ impl Decoder {
         self.acts
             .quantize_on_pool(self.isa, &mut self.pool, &self.gathered, dim);
         let output = self.output.as_ref().unwrap_or(&self.embeddings);
+        let greedy = wants
+            .iter()
+            .all(|&(seq, _)| self.seqs[seq].form == RowForm::Greedy);
+        let rows: Vec<Logits> = if greedy {
+            let vocab = output.rows();
+            matmul_picks(self.isa, output, &self.acts, &mut self.pool)
+                .into_iter()
+                .map(|pick| Logits::of_pick(vocab, pick))
+                .collect()
+        } else {
+            self.dense_rows(total)
+        };
+        let mut rows = rows.into_iter();
+        let forms: Vec<RowForm> = wants.iter().map(|&(seq, _)| self.seqs[seq].form).collect();
+        Ok(counts
+            .into_iter()
+            .zip(forms)
+            .map(|(n, form)| {
+                let part = rows.by_ref().take(n);
+                match form {
+                    RowForm::Greedy if !greedy => part.map(|row| self.picked(row)).collect(),
+                    _ => part.collect(),
+                }
+            })
+            .collect())
+    }
+
+    /// A full row as its greedy pick, the row kept for reuse.
+    fn picked(&mut self, row: Logits) -> Logits {
+        let Logits::Dense(v) = row else {
+            return row;
+        };
+        let pick = Logits::of_pick(v.len(), greedy_pick(&v));
+        self.recycle(vec![Logits::Dense(v)]);
+        pick
+    }
+
+    /// The full logits of the `total` rows quantized in `acts`, into spare rows where some
+    /// are kept.
+    fn dense_rows(&mut self, total: usize) -> Vec<Logits> {
+        let output = self.output.as_ref().unwrap_or(&self.embeddings);
         let mut rows: Vec<Vec<f32>> = (0..total)
             .map(|_| {
                 let mut row = self.spare_rows.pop().unwrap_or_default();
@@ -510,11 +562,7 @@ impl Decoder {
             .collect();
         let mut outs: Vec<&mut [f32]> = rows.iter_mut().map(Vec::as_mut_slice).collect();
         matmul_into_rows(self.isa, output, &self.acts, &mut outs, &mut self.pool);
-        let mut rows = rows.into_iter();
-        Ok(counts
-            .into_iter()
-            .map(|n| rows.by_ref().take(n).collect())
-            .collect())
+        rows.into_iter().map(Logits::Dense).collect()
     }
 }
 
@@ -690,28 +738,27 @@ fn add_in_place(x: &mut [f32], y: &[f32]) {
 
 impl LanguageModel for Decoder {
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
-        self.run(tokens, tokens.len())
+        let rows = self.run(tokens, tokens.len(), RowForm::Full)?;
+        Ok(rows.into_iter().map(Logits::into_dense).collect())
     }
 
     /// Runs every layer over all of `tokens`, and the output projection (a fifth of a pass's
     /// weights) over the first `first` positions only: the others' wait for
-    /// [`LanguageModel::score_more`]. Its rows are full in any `form` (they stay in memory).
+    /// [`LanguageModel::score_more`]. In [`RowForm::Greedy`] its rows (and those
+    /// `score_more` gives after) are each row's greedy pick, found as the projection goes.
     fn score_first(&mut self, tokens: &[u32], first: usize, form: RowForm) -> Result<Vec<Logits>> {
-        let _ = form;
-        let rows = self.run(tokens, first.clamp(1, tokens.len().max(1)))?;
-        Ok(rows.into_iter().map(Logits::Dense).collect())
+        self.run(tokens, first.clamp(1, tokens.len().max(1)), form)
     }
 
     fn score_more(&mut self, count: usize) -> Result<Vec<Logits>> {
         let rows = self.held_logits(&[(self.current, count)])?;
-        let rows = rows.into_iter().next().unwrap_or_default();
-        Ok(rows.into_iter().map(Logits::Dense).collect())
+        Ok(rows.into_iter().next().unwrap_or_default())
     }
 
     /// Skips the output projection (a fifth of a pass's weights, and 49,152 logits per
     /// position): a prompt's logits are not needed.
     fn feed(&mut self, tokens: &[u32]) -> Result<()> {
-        self.run(tokens, 0).map(drop)
+        self.run(tokens, 0, RowForm::Full).map(drop)
     }
 
     /// Keeps dense rows (up to a pass's worth) for the next passes' logits.
@@ -765,7 +812,6 @@ impl LanguageModel for Decoder {
         first: usize,
         form: RowForm,
     ) -> Result<Vec<Logits>> {
-        let _ = form;
         if self.max_tree_rows() == 0 {
             return Err(Error::Model(
                 "a sliding window shorter than a token tree: verify chains".into(),
@@ -774,9 +820,9 @@ impl LanguageModel for Decoder {
         let layout = TreeLayout::new(tokens, parents)?;
         let base = self.cache_len();
         let rows = first.clamp(1, tokens.len());
-        let out = self.run_placed(&layout.tokens, rows, Some(&layout))?;
+        let out = self.run_placed(&layout.tokens, rows, Some(&layout), form)?;
         self.seqs[self.current].tree = Some((base, layout));
-        Ok(out.into_iter().map(Logits::Dense).collect())
+        Ok(out)
     }
 
     fn sequences(&mut self) -> Option<&mut dyn Sequences> {
@@ -886,13 +932,10 @@ impl Sequences for Decoder {
                 seq: p.seq,
                 tokens: p.tokens,
                 rows: p.first.min(p.tokens.len()),
+                form: p.form,
                 tree: None,
             })
             .collect();
-        let rows = self.run_parts(&parts)?;
-        Ok(rows
-            .into_iter()
-            .map(|r| r.into_iter().map(Logits::Dense).collect())
-            .collect())
+        self.run_parts(&parts)
     }
 }

@@ -21,7 +21,7 @@
 //!
 //! The files, by role: `isa` (detection and dispatch), `formats` (the tiles), `pages` (the
 //! huge pages they live in), `repack` (GGUF blocks into tiles), `activations` (quantizing the
-//! rows multiplied), `schedule` (a product over threads), and the kernels: `scalar` (the
+//! rows multiplied), `schedule` (a product over threads, or each row's greedy pick of it), and the kernels: `scalar` (the
 //! reference), `avx2` (AVX2 and AVX-VNNI), `avx512` (AVX-512 VNNI) and `amx` (AMX-INT8, with
 //! the self-check that decides whether it is used), with what the x86 ones share in `x86`;
 //! `probe` makes matrices of every weight type for the self-check and the tests.

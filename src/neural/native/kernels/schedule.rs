@@ -1,5 +1,7 @@
 //! A product scheduled over the pool's threads: tile groups split by bytes, each output
-//! computed by one thread the same way, so the result does not depend on the split.
+//! computed by one thread the same way, so the result does not depend on the split. Or, for
+//! greedy decoding, each row's greedy pick of the product, found as it goes
+//! ([`matmul_picks`]).
 
 use super::*;
 use crate::neural::native::pool::{DisjointOut, Pool};
@@ -111,6 +113,103 @@ pub fn matmul_into_rows(
         // SAFETY: each (r, j) is written once, by the part that owns its group.
         unsafe { shared[r].write_slice(j0, v) }
     });
+}
+
+/// Each activation row's greedy pick of its product with `w`: the first largest output above
+/// −∞ (NaN never counts) and its value, or `None` — [`crate::lm::greedy_pick`] of the row
+/// [`matmul_into_rows`] would write, without writing it. A greedy pass's output projection
+/// reads the picks alone, so its rows (151,936 floats each for Qwen2.5) never go to memory
+/// and back. The tile groups are split across the threads as [`matmul`] splits them; each
+/// thread keeps its groups' picks ([`PickLanes`]), and the threads' picks are merged in the
+/// order of their groups.
+pub fn matmul_picks(isa: Isa, w: &QMatrix, a: &QRows, pool: &mut Pool) -> Picks {
+    assert_eq!(w.cols, a.cols, "matmul: inner dimensions differ");
+    let groups = w.groups();
+    let parts = pool.threads().min(groups / MIN_GROUPS_PER_THREAD).max(1);
+    let bounds = split_by_bytes(&[w], parts);
+    let picks_of = |part: usize| {
+        let mut lanes = vec![PickLanes::EMPTY; a.rows];
+        matmul_groups(
+            isa,
+            w,
+            a,
+            bounds[part]..bounds[part + 1],
+            &mut |j0, r, v| {
+                lanes[r].add(j0, v, w.rows - j0);
+            },
+        );
+        lanes.iter().map(PickLanes::pick).collect::<Vec<_>>()
+    };
+    if parts == 1 {
+        return picks_of(0);
+    }
+    let found: Vec<std::sync::Mutex<Picks>> = (0..parts).map(|_| Default::default()).collect();
+    pool.run(&|part| {
+        if let Some(slot) = found.get(part) {
+            *slot.lock().unwrap_or_else(|e| e.into_inner()) = picks_of(part);
+        }
+    });
+    let mut picks = vec![None; a.rows];
+    for part in found {
+        let part = part.into_inner().unwrap_or_else(|e| e.into_inner());
+        for (pick, found) in picks.iter_mut().zip(part) {
+            // A later part's pick counts only if larger: ties keep the smaller id.
+            if found.is_some_and(|f| pick.is_none_or(|p: (u32, f32)| f.1 > p.1)) {
+                *pick = found;
+            }
+        }
+    }
+    picks
+}
+
+/// Each row's greedy pick: its id and value, or `None` (no output above −∞).
+pub type Picks = Vec<Option<(u32, f32)>>;
+
+/// A row's greedy pick over the outputs of tile groups taken in id order, kept per lane of a
+/// group: each lane's largest output and the id where it first came (a comparison and two
+/// blends per group, no horizontal work); [`PickLanes::pick`] takes the largest of the
+/// lanes, the smallest id among ties, which is the row's first largest output.
+#[derive(Clone, Copy)]
+struct PickLanes {
+    top: [f32; TILE_ROWS],
+    at: [u32; TILE_ROWS],
+}
+
+impl PickLanes {
+    const EMPTY: PickLanes = PickLanes {
+        top: [f32::NEG_INFINITY; TILE_ROWS],
+        at: [0; TILE_ROWS],
+    };
+
+    /// The outputs `values` of weight rows `first..`, the first `valid` of them real (the
+    /// last group of a matrix whose rows are not a multiple of [`TILE_ROWS`] has fewer).
+    #[inline]
+    fn add(&mut self, first: usize, values: &[f32; TILE_ROWS], valid: usize) {
+        let lanes = self.top.iter_mut().zip(&mut self.at).zip(values);
+        for (l, ((top, at), &x)) in lanes.enumerate().take(valid) {
+            // (NaN is never above: it never counts, as in `first_max`.)
+            if x > *top {
+                *top = x;
+                *at = (first + l) as u32;
+            }
+        }
+    }
+
+    /// The largest output above −∞ and its first id, or `None`.
+    fn pick(&self) -> Option<(u32, f32)> {
+        let mut best: Option<(u32, f32)> = None;
+        for (&x, &at) in self.top.iter().zip(&self.at) {
+            let better = match best {
+                None => x > f32::NEG_INFINITY,
+                // (Equal values, +0 and −0 among them, go to the smaller id.)
+                Some((id, top)) => x > top || (x == top && at < id),
+            };
+            if better {
+                best = Some((at, x));
+            }
+        }
+        best
+    }
 }
 
 /// Where [`products`] stores outputs: `(matrix, activation row, first weight row, values)`.

@@ -274,6 +274,49 @@ fn products_together_are_products_apart() {
     }
 }
 
+/// Each row's greedy pick of a product, found as the product goes, is `greedy_pick` of the
+/// row the product writes: every weight type, ISA, row count and thread split; and where
+/// outputs tie (weight rows repeated every three, so every thread's share holds the largest
+/// value), the smallest id.
+#[test]
+fn greedy_picks_are_the_first_largest_output_of_each_row() {
+    let repeated = |w: &QMatrix| {
+        let mut row = vec![0.0; w.cols()];
+        let values: Vec<f32> = (0..w.rows())
+            .flat_map(|j| {
+                w.dequantize_row(j % 3, &mut row);
+                row.clone()
+            })
+            .collect();
+        QMatrix::quantize_q8_0(w.rows(), w.cols(), &values).unwrap()
+    };
+    let mats = every_type(150, 11);
+    let tied = repeated(&mats[0]);
+    for (mi, w) in mats.iter().chain([&tied]).enumerate() {
+        let (rows, cols) = (w.rows(), w.cols());
+        for k in [1usize, 3, 9, 17] {
+            let mut a = QRows::default();
+            a.quantize(&pseudo(k * cols, 40 + k as u32), cols);
+            for &isa in &Isa::available() {
+                for threads in [1, 2, 3] {
+                    let mut pool = Pool::new(threads);
+                    let mut full = vec![0.0; k * rows];
+                    matmul(isa, w, &a, &mut full, &mut pool);
+                    let want: Vec<_> = full.chunks(rows).map(crate::lm::greedy_pick).collect();
+                    let got = matmul_picks(isa, w, &a, &mut pool);
+                    assert_eq!(
+                        got, want,
+                        "{isa:?}, matrix {mi}, {k} rows, {threads} threads"
+                    );
+                    if mi == mats.len() {
+                        assert!(got.iter().all(|p| p.is_some_and(|p| p.0 < 3)), "ties");
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 #[should_panic(expected = "shorter than the tiles")]
 fn a_walk_refuses_activation_rows_shorter_than_its_tiles() {
