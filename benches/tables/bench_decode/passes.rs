@@ -3,11 +3,13 @@
 //! pass should cost about one. Prints the median of `repeats` timed passes per k, after a
 //! 256-token prompt, each pass rolled back before the next. Passes of 32 and 64 tokens are
 //! read as a prompt is (`feed`: no row's logits; a batch reads prompts 64 tokens a pass), so
-//! their per-token column is what a prompt token costs.
+//! their per-token column is what a prompt token costs. The last column times each pass as
+//! greedy decoding asks for it (`RowForm::Greedy`: every row's greedy pick, no row of logits
+//! written out), in the same rounds.
 //!
 //! `cargo run --release --example bench_decode -- passes --device cuda` (a `cuda` build).
 
-use infgram::lm::LanguageModel;
+use infgram::lm::{LanguageModel, Logits, RowForm};
 use infgram::neural::native::decoder::Decoder;
 use infgram::neural::native::kernels::Isa;
 use infgram::service::models::{Backend, Device, ModelOptions};
@@ -49,33 +51,49 @@ fn cpu_decoder(path: &Path, isa: Isa) -> Decoder {
 const SIZES: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
 
 /// The median milliseconds of a pass of each of [`SIZES`] after the `cached` tokens of `lm`,
-/// each rolled back after: timed in rounds of one pass of each size (after two untimed
-/// rounds), so that a slow spell of a shared machine falls on every size alike and the
-/// ratios to the step hold (timed one size after another, the same run's ratios moved by a
-/// tenth between runs on a 2-vCPU VM).
-fn time_in_rounds(lm: &mut dyn LanguageModel, cached: usize, repeats: usize) -> Vec<f64> {
+/// each rolled back after, and for those with logits the same pass as greedy decoding asks
+/// for it (`RowForm::Greedy`, every row's pick read): timed in rounds of one pass of each
+/// (after two untimed rounds), so that a slow spell of a shared machine falls on every size
+/// alike and the ratios to the step hold (timed one size after another, the same run's
+/// ratios moved by a tenth between runs on a 2-vCPU VM).
+fn time_in_rounds(
+    lm: &mut dyn LanguageModel,
+    cached: usize,
+    repeats: usize,
+) -> Vec<(f64, Option<f64>)> {
     let vocab = lm.vocab_size() as u32;
-    let mut times = vec![Vec::with_capacity(repeats); SIZES.len()];
+    let mut times = vec![(Vec::with_capacity(repeats), Vec::new()); SIZES.len()];
+    let timed = |round: usize, times: &mut Vec<f64>, pass: &mut dyn FnMut()| {
+        let t = Instant::now();
+        pass();
+        if round >= 2 {
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+    };
     for round in 0..repeats.max(1) + 2 {
-        for (&k, times) in SIZES.iter().zip(times.iter_mut()) {
+        for (&k, (full, greedy)) in SIZES.iter().zip(times.iter_mut()) {
             let draft: Vec<u32> = (0..k as u32).map(|i| (i * 104_729 + 7) % vocab).collect();
-            let t = Instant::now();
-            match k > 16 {
+            timed(round, full, &mut || match k > 16 {
                 true => lm.feed(&draft).unwrap(),
                 false => drop(lm.forward(&draft).unwrap()),
-            }
-            if round >= 2 {
-                times.push(t.elapsed().as_secs_f64() * 1e3);
-            }
+            });
             lm.truncate(cached);
+            if k <= 16 {
+                timed(round, greedy, &mut || {
+                    let rows = lm.score_first(&draft, k, RowForm::Greedy).unwrap();
+                    std::hint::black_box(rows.iter().map(Logits::argmax).count());
+                });
+                lm.truncate(cached);
+            }
         }
     }
+    let median = |mut t: Vec<f64>| {
+        t.sort_by(f64::total_cmp);
+        t.get(t.len() / 2).copied()
+    };
     times
         .into_iter()
-        .map(|mut t| {
-            t.sort_by(f64::total_cmp);
-            t[t.len() / 2]
-        })
+        .map(|(full, greedy)| (median(full).unwrap_or(0.0), median(greedy)))
         .collect()
 }
 
@@ -130,11 +148,11 @@ pub fn run(model: &str, device: Device, backend: Backend, repeats: usize, isa: O
             prompt_macs as f64 / 1e9
         );
     }
-    println!("| new tokens | pass, ms | per token, ms | pass / one-token step | bound, ms | of the bound |");
-    println!("|---:|---:|---:|---:|---:|---:|");
+    println!("| new tokens | pass, ms | per token, ms | pass / one-token step | bound, ms | of the bound | greedy picks, ms |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
     let medians = time_in_rounds(lm.as_mut(), prompt.len(), repeats);
-    let step = medians[0];
-    for (k, median) in SIZES.into_iter().zip(medians) {
+    let step = medians[0].0;
+    for (k, (median, greedy)) in SIZES.into_iter().zip(medians) {
         let prompt_like = k > 16;
         let (floor, share) = match bound {
             Some(((macs, prompt_macs), rate)) => {
@@ -152,9 +170,10 @@ pub fn run(model: &str, device: Device, backend: Backend, repeats: usize, isa: O
             false => k.to_string(),
         };
         println!(
-            "| {label} | {median:.2} | {:.3} | {:.2}× | {floor} | {share} |",
+            "| {label} | {median:.2} | {:.3} | {:.2}× | {floor} | {share} | {} |",
             median / k as f64,
-            median / step
+            median / step,
+            greedy.map_or("–".into(), |ms| format!("{ms:.2}"))
         );
     }
 }
