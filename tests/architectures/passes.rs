@@ -30,20 +30,17 @@ fn branch(parents: &[Option<usize>], i: usize) -> Vec<usize> {
     path
 }
 
-/// A token tree verified in one pass gives every node the bits of its branch fed as a chain,
-/// on every family and ISA, with 1 and 2 threads; after keeping one branch the cache is that
-/// chain's (the next token's row is the same bits).
-#[test]
-fn a_token_tree_in_one_pass_is_every_branch_fed_as_a_chain() {
+/// Runs `check` on the native pass of every family (windows longer than a tree is deep: the
+/// tiny Gemma's 4 would cut inside it), on every ISA, with 1 and 2 threads; `once` on each
+/// family's model with 2 threads and the best ISA.
+fn on_every_native_pass(check: impl Fn(&mut Decoder, &str), once: impl Fn(&mut Decoder, &str)) {
     let dir = tempfile::tempdir().unwrap();
     for family in &FAMILIES {
-        // Windows longer than a tree is deep (the tiny Gemma's 4 would cut inside it).
         let family = Family {
             window: family.window.map(|_| 80),
             ..*family
         };
         let path = write_model(dir.path(), &family, false);
-        let prefix = ids(9, 3);
         for isa in Isa::available() {
             for threads in [1, 2] {
                 let what = format!("{} {isa:?} {threads} threads", family.name);
@@ -51,10 +48,26 @@ fn a_token_tree_in_one_pass_is_every_branch_fed_as_a_chain() {
                     .unwrap()
                     .with_isa(isa)
                     .with_threads(threads);
-                tree_rows_are_chain_rows(&mut m, &prefix, &what);
+                check(&mut m, &what);
             }
         }
+        once(
+            &mut Decoder::from_gguf(&path).unwrap().with_threads(2),
+            family.name,
+        );
     }
+}
+
+/// A token tree verified in one pass gives every node the bits of its branch fed as a chain,
+/// on every family and ISA, with 1 and 2 threads; after keeping one branch the cache is that
+/// chain's (the next token's row is the same bits).
+#[test]
+fn a_token_tree_in_one_pass_is_every_branch_fed_as_a_chain() {
+    let prefix = ids(9, 3);
+    on_every_native_pass(
+        |m, what| tree_rows_are_chain_rows(m, &prefix, what),
+        |_, _| {},
+    );
 }
 
 /// The native pass hands out greedy picks (`RowForm::Greedy`, found as its output projection
@@ -63,29 +76,15 @@ fn a_token_tree_in_one_pass_is_every_branch_fed_as_a_chain() {
 /// decoding on picks, plain, speculative and with trees, writes what it writes on full rows.
 #[test]
 fn the_native_pass_s_greedy_picks_are_its_rows_first_max() {
-    let dir = tempfile::tempdir().unwrap();
-    for family in &FAMILIES {
-        let family = Family {
-            window: family.window.map(|_| 80),
-            ..*family
-        };
-        let path = write_model(dir.path(), &family, false);
-        let (tokens, prefix) = (ids(14, 7), ids(9, 3));
-        for isa in Isa::available() {
-            for threads in [1, 2] {
-                let what = format!("{} {isa:?} {threads} threads", family.name);
-                let mut m = Decoder::from_gguf(&path)
-                    .unwrap()
-                    .with_isa(isa)
-                    .with_threads(threads);
-                let full = m.forward(&tokens).unwrap();
-                rows_as_asked_are_the_pass_s(&mut m, &tokens, &full, &what);
-                tree_picks_are_first_max(&mut m, &prefix, &what);
-            }
-        }
-        let mut m = Decoder::from_gguf(&path).unwrap().with_threads(2);
-        greedy_picks_decode_as_full_rows(&mut m, family.name);
-    }
+    let (tokens, prefix) = (ids(14, 7), ids(9, 3));
+    on_every_native_pass(
+        |m, what| {
+            let full = m.forward(&tokens).unwrap();
+            rows_as_asked_are_the_pass_s(m, &tokens, &full, what);
+            tree_picks_are_first_max(m, &prefix, what);
+        },
+        |m, what| greedy_picks_decode_as_full_rows(m, what),
+    );
 }
 
 /// The candle pass (the one `--device cuda` runs) verifies token trees too: every node gets the

@@ -120,8 +120,8 @@ pub fn matmul_into_rows(
 /// [`matmul_into_rows`] would write, without writing it. A greedy pass's output projection
 /// reads the picks alone, so its rows (151,936 floats each for Qwen2.5) never go to memory
 /// and back. The tile groups are split across the threads as [`matmul`] splits them; each
-/// thread keeps its groups' picks ([`PickLanes`]), and the threads' picks are merged in the
-/// order of their groups.
+/// thread keeps its groups' picks (lane by lane: `PickLanes`), and the threads' picks are
+/// merged in the order of their groups.
 pub fn matmul_picks(isa: Isa, w: &QMatrix, a: &QRows, pool: &mut Pool) -> Picks {
     assert_eq!(w.cols, a.cols, "matmul: inner dimensions differ");
     let groups = w.groups();
