@@ -21,10 +21,11 @@
 //!
 //! The files, by role: `isa` (detection and dispatch), `formats` (the tiles), `pages` (the
 //! huge pages they live in), `repack` (GGUF blocks into tiles), `activations` (quantizing the
-//! rows multiplied), `schedule` (a product over threads, or each row's greedy pick of it), and the kernels: `scalar` (the
-//! reference), `avx2` (AVX2 and AVX-VNNI), `avx512` (AVX-512 VNNI) and `amx` (AMX-INT8, with
-//! the self-check that decides whether it is used), with what the x86 ones share in `x86`;
-//! `probe` makes matrices of every weight type for the self-check and the tests.
+//! rows multiplied), `schedule` (a product over threads, or each row's greedy pick of it),
+//! and the kernels: `scalar` (the reference), `avx2` (AVX2 and AVX-VNNI), `avx512` (AVX-512
+//! VNNI) and `amx` (AMX-INT8, with the self-check that decides whether it is used), with what
+//! the x86 ones share in `x86`; `probe` makes matrices of every weight type for the
+//! self-check and the tests.
 
 /// Weights and activations are quantized in blocks of this many values.
 pub const BLOCK: usize = 32;
