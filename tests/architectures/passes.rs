@@ -31,9 +31,8 @@ fn branch(parents: &[Option<usize>], i: usize) -> Vec<usize> {
 }
 
 /// Runs `check` on the native pass of every family (windows longer than a tree is deep: the
-/// tiny Gemma's 4 would cut inside it), on every ISA, with 1 and 2 threads; `once` on each
-/// family's model with 2 threads and the best ISA.
-fn on_every_native_pass(check: impl Fn(&mut Decoder, &str), once: impl Fn(&mut Decoder, &str)) {
+/// tiny Gemma's 4 would cut inside it), on every ISA, with 1 and 2 threads.
+fn on_every_native_pass(check: impl Fn(&mut Decoder, &str)) {
     let dir = tempfile::tempdir().unwrap();
     for family in &FAMILIES {
         let family = Family {
@@ -51,10 +50,6 @@ fn on_every_native_pass(check: impl Fn(&mut Decoder, &str), once: impl Fn(&mut D
                 check(&mut m, &what);
             }
         }
-        once(
-            &mut Decoder::from_gguf(&path).unwrap().with_threads(2),
-            family.name,
-        );
     }
 }
 
@@ -64,27 +59,22 @@ fn on_every_native_pass(check: impl Fn(&mut Decoder, &str), once: impl Fn(&mut D
 #[test]
 fn a_token_tree_in_one_pass_is_every_branch_fed_as_a_chain() {
     let prefix = ids(9, 3);
-    on_every_native_pass(
-        |m, what| tree_rows_are_chain_rows(m, &prefix, what),
-        |_, _| {},
-    );
+    on_every_native_pass(|m, what| tree_rows_are_chain_rows(m, &prefix, what));
 }
 
 /// The native pass hands out greedy picks (`RowForm::Greedy`, found as its output projection
 /// goes) that are each full row's first_max id and logit, as asked (`score_first`, then
-/// `score_more`) and in a tree pass, on every family, ISA and thread count; and greedy
-/// decoding on picks, plain, speculative and with trees, writes what it writes on full rows.
+/// `score_more`) and in a tree pass; and greedy decoding on picks, plain, speculative and
+/// with trees, writes what it writes on full rows: on every family, ISA and thread count.
 #[test]
 fn the_native_pass_s_greedy_picks_are_its_rows_first_max() {
     let (tokens, prefix) = (ids(14, 7), ids(9, 3));
-    on_every_native_pass(
-        |m, what| {
-            let full = m.forward(&tokens).unwrap();
-            rows_as_asked_are_the_pass_s(m, &tokens, &full, what);
-            tree_picks_are_first_max(m, &prefix, what);
-        },
-        |m, what| greedy_picks_decode_as_full_rows(m, what),
-    );
+    on_every_native_pass(|m, what| {
+        let full = m.forward(&tokens).unwrap();
+        rows_as_asked_are_the_pass_s(m, &tokens, &full, what);
+        tree_picks_are_first_max(m, &prefix, what);
+        greedy_picks_decode_as_full_rows(m, what);
+    });
 }
 
 /// The candle pass (the one `--device cuda` runs) verifies token trees too: every node gets the

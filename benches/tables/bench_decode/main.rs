@@ -275,3 +275,9 @@ fn main() {
         }
     }
 }
+
+/// The median of timed values (the upper one of an even count); `None` when none were timed.
+fn median(mut times: Vec<f64>) -> Option<f64> {
+    times.sort_by(f64::total_cmp);
+    times.get(times.len() / 2).copied()
+}

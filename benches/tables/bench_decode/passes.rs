@@ -87,13 +87,15 @@ fn time_in_rounds(
             }
         }
     }
-    let median = |mut t: Vec<f64>| {
-        t.sort_by(f64::total_cmp);
-        t.get(t.len() / 2).copied()
-    };
+    let median = super::median;
     times
         .into_iter()
-        .map(|(full, greedy)| (median(full).unwrap_or(0.0), median(greedy)))
+        .map(|(full, greedy)| {
+            (
+                median(full).expect("at least one round timed"),
+                median(greedy),
+            )
+        })
         .collect()
 }
 

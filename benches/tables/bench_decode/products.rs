@@ -125,10 +125,7 @@ fn time_in_rounds(isa: Isa, w: &QMatrix, repeats: usize, pool: &mut Pool) -> Vec
     }
     cells
         .into_iter()
-        .map(|(_, _, mut times)| {
-            times.sort_by(f64::total_cmp);
-            times[times.len() / 2]
-        })
+        .map(|(_, _, times)| super::median(times).expect("at least one round timed"))
         .collect()
 }
 

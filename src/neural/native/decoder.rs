@@ -512,9 +512,8 @@ impl Decoder {
         self.acts
             .quantize_on_pool(self.isa, &mut self.pool, &self.gathered, dim);
         let output = self.output.as_ref().unwrap_or(&self.embeddings);
-        let greedy = wants
-            .iter()
-            .all(|&(seq, _)| self.seqs[seq].form == RowForm::Greedy);
+        let forms: Vec<RowForm> = wants.iter().map(|&(seq, _)| self.seqs[seq].form).collect();
+        let greedy = forms.iter().all(|&form| form == RowForm::Greedy);
         let rows: Vec<Logits> = if greedy {
             let vocab = output.rows();
             matmul_picks(self.isa, output, &self.acts, &mut self.pool)
@@ -525,7 +524,6 @@ impl Decoder {
             self.dense_rows(total)
         };
         let mut rows = rows.into_iter();
-        let forms: Vec<RowForm> = wants.iter().map(|&(seq, _)| self.seqs[seq].form).collect();
         Ok(counts
             .into_iter()
             .zip(forms)

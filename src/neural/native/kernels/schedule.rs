@@ -124,30 +124,16 @@ pub fn matmul_into_rows(
 /// merged in the order of their groups.
 pub fn matmul_picks(isa: Isa, w: &QMatrix, a: &QRows, pool: &mut Pool) -> Picks {
     assert_eq!(w.cols, a.cols, "matmul: inner dimensions differ");
-    let groups = w.groups();
-    let parts = pool.threads().min(groups / MIN_GROUPS_PER_THREAD).max(1);
-    let bounds = split_by_bytes(&[w], parts);
-    let picks_of = |part: usize| {
+    // Each part's picks, in the order of the parts' groups.
+    let found: Vec<std::sync::Mutex<Picks>> =
+        (0..pool.threads()).map(|_| Default::default()).collect();
+    over_threads(&[w], pool, &|part, gs| {
         let mut lanes = vec![PickLanes::EMPTY; a.rows];
-        matmul_groups(
-            isa,
-            w,
-            a,
-            bounds[part]..bounds[part + 1],
-            &mut |j0, r, v| {
-                lanes[r].add(j0, v, w.rows - j0);
-            },
-        );
-        lanes.iter().map(PickLanes::pick).collect::<Vec<_>>()
-    };
-    if parts == 1 {
-        return picks_of(0);
-    }
-    let found: Vec<std::sync::Mutex<Picks>> = (0..parts).map(|_| Default::default()).collect();
-    pool.run(&|part| {
-        if let Some(slot) = found.get(part) {
-            *slot.lock().unwrap_or_else(|e| e.into_inner()) = picks_of(part);
-        }
+        matmul_groups(isa, w, a, gs, &mut |j0, r, v| {
+            lanes[r].add(j0, v, w.rows - j0);
+        });
+        *found[part].lock().unwrap_or_else(|e| e.into_inner()) =
+            lanes.iter().map(PickLanes::pick).collect();
     });
     let mut picks = vec![None; a.rows];
     for part in found {
@@ -231,8 +217,7 @@ pub(super) fn products(isa: Isa, ws: &[&QMatrix], a: &QRows, pool: &mut Pool, pu
             Some(start)
         })
         .collect();
-    let groups: usize = ws.iter().map(|w| w.groups()).sum();
-    let run = |gs: std::ops::Range<usize>| {
+    over_threads(ws, pool, &|_, gs| {
         for (i, w) in ws.iter().enumerate() {
             let (first, n) = (starts[i], w.rows);
             let local =
@@ -244,16 +229,28 @@ pub(super) fn products(isa: Isa, ws: &[&QMatrix], a: &QRows, pool: &mut Pool, pu
                 put(i, r, j0, &v[..TILE_ROWS.min(n - j0)])
             });
         }
-    };
+    });
+}
+
+/// Runs `run(part, groups)` over the concatenated tile groups of `ws`, split into shares of
+/// about the same bytes ([`split_by_bytes`]) among the pool's threads, part `p` on thread `p`
+/// (one part, on this thread, when there are too few groups to split), in one parallel
+/// section.
+fn over_threads(
+    ws: &[&QMatrix],
+    pool: &mut Pool,
+    run: &(dyn Fn(usize, std::ops::Range<usize>) + Sync),
+) {
+    let groups: usize = ws.iter().map(|w| w.groups()).sum();
     let parts = pool.threads().min(groups / MIN_GROUPS_PER_THREAD).max(1);
     if parts == 1 {
-        return run(0..groups);
+        return run(0, 0..groups);
     }
     let bounds = split_by_bytes(ws, parts);
     // The pool runs a part per thread; those past `parts` have nothing to do.
     pool.run(&|part| {
         if part < parts {
-            run(bounds[part]..bounds[part + 1])
+            run(part, bounds[part]..bounds[part + 1])
         }
     });
 }
