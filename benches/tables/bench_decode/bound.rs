@@ -38,6 +38,23 @@ pub fn int8_rate(isa: Isa, threads: usize) -> Option<f64> {
     Some(best_rate(iters * per_call, threads, run))
 }
 
+/// One thread's slice of `isa`'s loop, as [`int8_rate`] times it: `iters` rounds, returning
+/// the multiply-adds done (`None` for the scalar kernels and AMX, which the products below
+/// do not time against a slice). For timing the loop beside other work in the same round.
+pub fn int8_slice(isa: Isa, iters: usize) -> Option<usize> {
+    // SAFETY: `isa` is one this CPU runs (the caller took it from `Isa::available`).
+    let (done, per_call) = unsafe {
+        match isa {
+            Isa::Avx2 => (avx2(iters), 12 * 32),
+            Isa::AvxVnni => (avx_vnni(iters), 8 * 32),
+            Isa::Avx512Vnni => (avx512_vnni(iters), 8 * 64),
+            Isa::Scalar | Isa::Amx => return None,
+        }
+    };
+    std::hint::black_box(done);
+    Some(iters * per_call)
+}
+
 /// Multiply-adds a second of `run` (which does `per_run` of them) on `threads` threads at
 /// once: a warm-up run (the clock and the units), then the best of three. On a shared
 /// machine other tenants only ever slow a run down (one 2-vCPU Xeon gave 245 and 480 G/s for

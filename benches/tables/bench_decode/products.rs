@@ -4,7 +4,8 @@
 //! and 16 activation rows on two threads. What a several-row pass
 //! spends in its products, free of attention, norms and the output projection's size. Each
 //! matrix's row counts are timed in rounds (one product of each a round, after three untimed
-//! rounds), so a slow spell of the machine falls on all of them alike.
+//! rounds), so a slow spell of the machine falls on all of them alike, and each product is
+//! also weighed against a slice of the loop timed just before it ("of the loop, same round").
 //!
 //! `cargo run --release --example bench_decode -- products [--isa avx2]`
 
@@ -101,31 +102,86 @@ const ROW_COUNTS: [usize; 5] = [1, 2, 4, 8, 16];
 /// and the clock up (a first matrix timed without them came out at half its speed).
 const WARM_ROUNDS: usize = 3;
 
-/// The median seconds of `w`'s product with each of [`ROW_COUNTS`] activation rows, timed
-/// in rounds of one product per row count (after [`WARM_ROUNDS`]), so that a slow spell of
-/// a shared machine falls on every row count alike instead of on the one being timed.
-fn time_in_rounds(isa: Isa, w: &QMatrix, repeats: usize, pool: &mut Pool) -> Vec<f64> {
+/// Rounds of [`super::bound::int8_slice`] timed before each product: about 0.1–0.2 ms of
+/// the loop on every thread, the machine's rate of the moment.
+const SLICE_ITERS: usize = 50_000;
+
+/// What [`time_in_rounds`] measures for one row count.
+struct Cell {
+    /// The median seconds of a product.
+    seconds: f64,
+    /// The median, over rounds, of the product's multiply-adds a second over the loop's
+    /// timed just before it (`None` where the ISA has no such loop).
+    of_loop: Option<f64>,
+}
+
+/// `w`'s product with each of [`ROW_COUNTS`] activation rows, timed in rounds of one product
+/// per row count (after [`WARM_ROUNDS`]), so that a slow spell of a shared machine falls on
+/// every row count alike instead of on the one being timed; before each product a slice of
+/// the ISA's loop on the same threads, so that each product is also weighed against the
+/// bound of its own moment (on a VM whose loop rate moves 1.5× from minute to minute, a
+/// share of a bound measured once says little).
+fn time_in_rounds(isa: Isa, w: &QMatrix, repeats: usize, pool: &mut Pool) -> Vec<Cell> {
     let (rows, cols) = (w.rows(), w.cols());
-    let mut cells: Vec<(QRows, Vec<f32>, Vec<f64>)> = ROW_COUNTS
+    /// A row count's activations, output, and what its rounds timed.
+    struct Timed {
+        a: QRows,
+        out: Vec<f32>,
+        times: Vec<f64>,
+        shares: Vec<f64>,
+    }
+    let mut cells: Vec<Timed> = ROW_COUNTS
         .iter()
         .map(|&k| {
             let mut a = QRows::default();
             a.quantize_on(isa, &values(k * cols, 2), cols);
-            (a, vec![0.0; k * rows], Vec::with_capacity(repeats))
+            Timed {
+                a,
+                out: vec![0.0; k * rows],
+                times: Vec::new(),
+                shares: Vec::new(),
+            }
         })
         .collect();
+    let threads = pool.threads();
+    let per_slice = super::bound::int8_slice(isa, SLICE_ITERS);
+    let slice = |pool: &mut Pool| -> Option<f64> {
+        let per_slice = per_slice?;
+        let t = Instant::now();
+        pool.run(&|_| {
+            super::bound::int8_slice(isa, SLICE_ITERS);
+        });
+        Some((threads * per_slice) as f64 / t.elapsed().as_secs_f64())
+    };
     for round in 0..WARM_ROUNDS + repeats.max(1) {
-        for (a, out, times) in &mut cells {
+        for (
+            &k,
+            Timed {
+                a,
+                out,
+                times,
+                shares,
+            },
+        ) in ROW_COUNTS.iter().zip(&mut cells)
+        {
+            let rate = slice(pool);
             let t = Instant::now();
             matmul(isa, w, a, out, pool);
+            let seconds = t.elapsed().as_secs_f64();
             if round >= WARM_ROUNDS {
-                times.push(t.elapsed().as_secs_f64());
+                times.push(seconds);
+                if let Some(rate) = rate {
+                    shares.push((k * rows * cols) as f64 / seconds / rate);
+                }
             }
         }
     }
     cells
         .into_iter()
-        .map(|(_, _, times)| super::median(times).expect("at least one round timed"))
+        .map(|Timed { times, shares, .. }| Cell {
+            seconds: super::median(times).expect("at least one round timed"),
+            of_loop: super::median(shares),
+        })
         .collect()
 }
 
@@ -159,15 +215,21 @@ pub fn run(isas: &[Isa], repeats: usize) {
     if avx512 {
         println!();
     }
-    println!("| matrix | ISA | rows | ms | G/s | of the bound | of the block loop |");
-    println!("|---|---|---:|---:|---:|---:|---:|");
+    println!(
+        "| matrix | ISA | rows | ms | G/s | of the bound | of the loop, same round | of the block loop |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|");
     for isa in isas.iter().copied() {
         let rate = super::bound::int8_rate(isa, 2);
         for (name, w) in &matrices {
             let (rows, cols) = (w.rows(), w.cols());
-            let medians = time_in_rounds(isa, w, repeats, &mut pool);
-            for (k, median) in ROW_COUNTS.into_iter().zip(medians) {
+            let cells = time_in_rounds(isa, w, repeats, &mut pool);
+            for (k, cell) in ROW_COUNTS.into_iter().zip(cells) {
+                let median = cell.seconds;
                 let g = (k * rows * cols) as f64 / median / 1e9;
+                let of_loop = cell
+                    .of_loop
+                    .map_or("–".into(), |r| format!("{:.0}%", 100.0 * r));
                 let share = rate.map_or("–".into(), |r| format!("{:.0}%", 100.0 * g * 1e9 / r));
                 let floats = block_floats(name);
                 let block = blocks
@@ -177,7 +239,7 @@ pub fn run(isas: &[Isa], repeats: usize) {
                     .filter(|_| isa == Isa::Avx512Vnni)
                     .map_or("–".into(), |r| format!("{:.0}%", 100.0 * g * 1e9 / r));
                 println!(
-                    "| {name} | {isa:?} | {k} | {:.3} | {g:.1} | {share} | {block} |",
+                    "| {name} | {isa:?} | {k} | {:.3} | {g:.1} | {share} | {of_loop} | {block} |",
                     median * 1e3
                 );
             }
