@@ -491,11 +491,10 @@ impl Decoding {
             true => RowForm::Greedy,
             false => RowForm::Full,
         };
+        let first = rows_to_ask(0, self.fed.len());
         let mut rows = if tree.is_chain() {
-            let first = rows_to_ask(0, self.fed.len());
             self.timing(&mut pass, || model.score_first(&self.fed, first, form))?
         } else {
-            let first = rows_to_ask(0, self.fed.len());
             self.timing(&mut pass, || {
                 model.score_tree_first(&self.fed, &tree.parents, first, form)
             })?
