@@ -86,12 +86,11 @@ patch=(--config "patch.crates-io.candle-core.path=\"$patched\"")
 # lack (an H100 image had none), and the binary would not start there.
 features=(--no-default-features --features cli,server,cuda)
 if [ "$mode" = check ]; then
-    # The crates the cuda feature rebuilds anyway are compiled without optimization or line
-    # tables: the check proves they compile, link and start, not how fast they run.
+    # The crates the cuda feature rebuilds anyway are compiled without optimization: the check
+    # proves they compile, link and start, not how fast they run.
     quick=()
     for p in infgram candle-core candle-nn candle-transformers; do
-        quick+=(--config "profile.release.package.$p.opt-level=0"
-            --config "profile.release.package.$p.debug=0")
+        quick+=(--config "profile.release.package.$p.opt-level=0")
     done
     cargo build --release "${features[@]}" --bin infgram "${patch[@]}" "${quick[@]}"
     # It starts without CUDA and answers --device cuda with what is missing.
