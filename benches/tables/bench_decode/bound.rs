@@ -12,47 +12,53 @@ use std::time::Instant;
 /// Multiply-adds a second of `isa`'s dot-product loop on `threads` threads together
 /// (`None` for the scalar kernels, which have no such loop).
 pub fn int8_rate(isa: Isa, threads: usize) -> Option<f64> {
-    let per_call = match isa {
-        Isa::Scalar => return None,
-        Isa::Avx2 => 12 * 32,
-        Isa::AvxVnni => 8 * 32,
-        Isa::Avx512Vnni => 8 * 64,
-        Isa::Amx => AMX_BOUND_ROUND,
-    };
+    let per_round = per_round(isa)?;
     // An AMX round is 64 times a VNNI one's work.
     let iters = match isa {
         Isa::Amx => 1_000_000,
         _ => 20_000_000,
     };
-    let run = || -> i32 {
-        // SAFETY: `isa` is one this CPU runs (the caller took it from `Isa::available`).
-        unsafe {
-            match isa {
-                Isa::Avx2 => avx2(iters),
-                Isa::AvxVnni => avx_vnni(iters),
-                Isa::Amx => i32::from(amx_bound_loop(iters)),
-                _ => avx512_vnni(iters),
-            }
-        }
-    };
-    Some(best_rate(iters * per_call, threads, run))
+    // SAFETY: `isa` is one this CPU runs (the caller took it from `Isa::available`).
+    let run = || unsafe { run_loop(isa, iters) };
+    Some(best_rate(iters * per_round, threads, run))
 }
 
 /// One thread's slice of `isa`'s loop, as [`int8_rate`] times it: `iters` rounds, returning
 /// the multiply-adds done (`None` for the scalar kernels and AMX, which the products below
 /// do not time against a slice). For timing the loop beside other work in the same round.
 pub fn int8_slice(isa: Isa, iters: usize) -> Option<usize> {
-    // SAFETY: `isa` is one this CPU runs (the caller took it from `Isa::available`).
-    let (done, per_call) = unsafe {
-        match isa {
-            Isa::Avx2 => (avx2(iters), 12 * 32),
-            Isa::AvxVnni => (avx_vnni(iters), 8 * 32),
-            Isa::Avx512Vnni => (avx512_vnni(iters), 8 * 64),
-            Isa::Scalar | Isa::Amx => return None,
-        }
-    };
-    std::hint::black_box(done);
-    Some(iters * per_call)
+    if isa == Isa::Amx {
+        return None;
+    }
+    let per_round = per_round(isa)?;
+    // SAFETY: as in `int8_rate`.
+    std::hint::black_box(unsafe { run_loop(isa, iters) });
+    Some(iters * per_round)
+}
+
+/// The multiply-adds of one round of `isa`'s loop (`None`: the scalar kernels have none).
+fn per_round(isa: Isa) -> Option<usize> {
+    Some(match isa {
+        Isa::Scalar => return None,
+        Isa::Avx2 => 12 * 32,
+        Isa::AvxVnni => 8 * 32,
+        Isa::Avx512Vnni => 8 * 64,
+        Isa::Amx => AMX_BOUND_ROUND,
+    })
+}
+
+/// `iters` rounds of `isa`'s loop on this thread (the scalar kernels: none).
+///
+/// # Safety
+/// The CPU must run `isa`.
+unsafe fn run_loop(isa: Isa, iters: usize) -> i32 {
+    match isa {
+        Isa::Scalar => 0,
+        Isa::Avx2 => avx2(iters),
+        Isa::AvxVnni => avx_vnni(iters),
+        Isa::Avx512Vnni => avx512_vnni(iters),
+        Isa::Amx => i32::from(amx_bound_loop(iters)),
+    }
 }
 
 /// Multiply-adds a second of `run` (which does `per_run` of them) on `threads` threads at
