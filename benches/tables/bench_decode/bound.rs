@@ -6,7 +6,9 @@
 //! three runs. A pass of k rows does k × (the model's multiply-adds a row) of them, so it
 //! cannot take less than that over the rate.
 
-use infgram::neural::native::kernels::{amx_bound_loop, Isa, AMX_BOUND_ROUND};
+use infgram::neural::native::kernels::{
+    amx_block_loop, amx_bound_loop, Isa, AMX_BLOCK_ROUND, AMX_BOUND_ROUND,
+};
 use std::time::Instant;
 
 /// Multiply-adds a second of `isa`'s dot-product loop on `threads` threads together
@@ -166,6 +168,24 @@ pub fn block_rate(floats: BlockFloats, threads: usize) -> Option<f64> {
         }
     };
     Some(best_rate(iters * ROUND, threads, run))
+}
+
+/// The AMX walk's own work with its operands in L1 (`amx_block_loop`: four blocks' tile
+/// products of 16 rows, their sums stored, and each row's float work, which keeping the VNNI
+/// kernels' bits fixes), in multiply-adds a second on `threads` threads: the rate no AMX walk
+/// of these blocks can pass. `None` where the kernels do not use AMX, and for Q6_K's halves.
+pub fn amx_block_rate(floats: BlockFloats, threads: usize) -> Option<f64> {
+    let with_min = match floats {
+        BlockFloats::Centred => false,
+        BlockFloats::WithMin => true,
+        BlockFloats::Halves => return None,
+    };
+    if !Isa::available().contains(&Isa::Amx) {
+        return None;
+    }
+    let rounds = 100_000;
+    let run = || amx_block_loop(rounds, with_min);
+    Some(best_rate(rounds * AMX_BLOCK_ROUND, threads, run))
 }
 
 /// `iters` blocks of eight rows: `FLOATS` is 3 ([`BlockFloats::Centred`]), 4 (`WithMin`) or

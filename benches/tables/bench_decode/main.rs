@@ -107,9 +107,10 @@ enum Bench {
     /// The quantized products alone (a layer's feed-forward shapes) per ISA and row count,
     /// beside the compute bound.
     Products {
-        /// Only this instruction set (default: every one this CPU runs but the scalar).
-        #[arg(long)]
-        isa: Option<Isa>,
+        /// Only these instruction sets, comma-separated, timed in the same rounds (default:
+        /// every one this CPU runs but the scalar).
+        #[arg(long, value_delimiter = ',')]
+        isa: Vec<Isa>,
         /// Timed products per shape and row count (the median is printed).
         #[arg(long, default_value_t = 21)]
         repeats: usize,
@@ -247,12 +248,13 @@ fn main() {
             policy::run(costs, isa.unwrap_or_else(Isa::detect))
         }
         Bench::Products { isa, repeats } => {
-            let isas: Vec<Isa> = match isa {
-                Some(isa) => vec![isa],
-                None => Isa::available()
+            let isas: Vec<Isa> = if isa.is_empty() {
+                Isa::available()
                     .into_iter()
                     .filter(|&i| i != Isa::Scalar)
-                    .collect(),
+                    .collect()
+            } else {
+                isa
             };
             products::run(&isas, repeats)
         }

@@ -6,8 +6,10 @@
 //! matrix's row counts are timed in rounds (one product of each a round, after three untimed
 //! rounds), so a slow spell of the machine falls on all of them alike, and each product is
 //! also weighed against a slice of the loop timed just before it ("of the loop, same round").
+//! With several ISAs (the default: every one this CPU runs but the scalar) each round takes
+//! every ISA in turn, so their figures come from the same minutes of a shared machine.
 //!
-//! `cargo run --release --example bench_decode -- products [--isa avx2]`
+//! `cargo run --release --example bench_decode -- products [--isa avx2[,avx512vnni…]]`
 
 use super::bound::BlockFloats;
 use half::f16;
@@ -115,27 +117,36 @@ struct Cell {
     of_loop: Option<f64>,
 }
 
-/// `w`'s product with each of [`ROW_COUNTS`] activation rows, timed in rounds of one product
-/// per row count (after [`WARM_ROUNDS`]), so that a slow spell of a shared machine falls on
-/// every row count alike instead of on the one being timed; before each product a slice of
-/// the ISA's loop on the same threads, so that each product is also weighed against the
-/// bound of its own moment (on a VM whose loop rate moves 1.5× from minute to minute, a
-/// share of a bound measured once says little).
-fn time_in_rounds(isa: Isa, w: &QMatrix, repeats: usize, pool: &mut Pool) -> Vec<Cell> {
+/// `w`'s product on each of `isas` with each of [`ROW_COUNTS`] activation rows, timed in
+/// rounds of one product per ISA and row count (after [`WARM_ROUNDS`]), so that a slow spell
+/// of a shared machine falls on every ISA and row count alike instead of on the one being
+/// timed (two ISAs timed one after the other on such a machine differ by the minute they ran
+/// in as much as by their kernels); before each product a slice of the ISA's loop on the same
+/// threads, so that each product is also weighed against the bound of its own moment (on a
+/// VM whose loop rate moves 1.5× from minute to minute, a share of a bound measured once says
+/// little). `cells[i][j]`: ISA i, row count j.
+fn time_in_rounds(isas: &[Isa], w: &QMatrix, repeats: usize, pool: &mut Pool) -> Vec<Vec<Cell>> {
     let (rows, cols) = (w.rows(), w.cols());
-    /// A row count's activations, output, and what its rounds timed.
+    /// An ISA's row count: its activations, output, and what its rounds timed.
     struct Timed {
+        isa: Isa,
+        k: usize,
+        per_slice: Option<usize>,
         a: QRows,
         out: Vec<f32>,
         times: Vec<f64>,
         shares: Vec<f64>,
     }
-    let mut cells: Vec<Timed> = ROW_COUNTS
+    let mut cells: Vec<Timed> = isas
         .iter()
-        .map(|&k| {
+        .flat_map(|&isa| ROW_COUNTS.iter().map(move |&k| (isa, k)))
+        .map(|(isa, k)| {
             let mut a = QRows::default();
             a.quantize_on(isa, &values(k * cols, 2), cols);
             Timed {
+                isa,
+                k,
+                per_slice: super::bound::int8_slice(isa, SLICE_ITERS),
                 a,
                 out: vec![0.0; k * rows],
                 times: Vec::new(),
@@ -144,44 +155,35 @@ fn time_in_rounds(isa: Isa, w: &QMatrix, repeats: usize, pool: &mut Pool) -> Vec
         })
         .collect();
     let threads = pool.threads();
-    let per_slice = super::bound::int8_slice(isa, SLICE_ITERS);
-    let slice = |pool: &mut Pool| -> Option<f64> {
-        let per_slice = per_slice?;
-        let t = Instant::now();
-        pool.run(&|_| {
-            super::bound::int8_slice(isa, SLICE_ITERS);
-        });
-        Some((threads * per_slice) as f64 / t.elapsed().as_secs_f64())
-    };
     for round in 0..WARM_ROUNDS + repeats.max(1) {
-        for (
-            &k,
-            Timed {
-                a,
-                out,
-                times,
-                shares,
-            },
-        ) in ROW_COUNTS.iter().zip(&mut cells)
-        {
-            let rate = slice(pool);
+        for cell in &mut cells {
+            let isa = cell.isa;
+            // The loop's rate of this moment on the same threads (`None`: no loop to slice).
+            let rate = cell.per_slice.map(|per_slice| {
+                let t = Instant::now();
+                pool.run(&|_| {
+                    super::bound::int8_slice(isa, SLICE_ITERS);
+                });
+                (threads * per_slice) as f64 / t.elapsed().as_secs_f64()
+            });
             let t = Instant::now();
-            matmul(isa, w, a, out, pool);
+            matmul(isa, w, &cell.a, &mut cell.out, pool);
             let seconds = t.elapsed().as_secs_f64();
             if round >= WARM_ROUNDS {
-                times.push(seconds);
+                cell.times.push(seconds);
                 if let Some(rate) = rate {
-                    shares.push((k * rows * cols) as f64 / seconds / rate);
+                    cell.shares
+                        .push((cell.k * rows * cols) as f64 / seconds / rate);
                 }
             }
         }
     }
-    cells
-        .into_iter()
-        .map(|Timed { times, shares, .. }| Cell {
-            seconds: super::median(times).expect("at least one round timed"),
-            of_loop: super::median(shares),
-        })
+    let mut cells = cells.into_iter().map(|timed| Cell {
+        seconds: super::median(timed.times).expect("at least one round timed"),
+        of_loop: super::median(timed.shares),
+    });
+    isas.iter()
+        .map(|_| cells.by_ref().take(ROW_COUNTS.len()).collect())
         .collect()
 }
 
@@ -212,18 +214,31 @@ pub fn run(isas: &[Isa], repeats: usize) {
             );
         }
     }
-    if avx512 {
+    // The AMX walk's own work likewise (`bound::amx_block_rate`): its ceiling.
+    let amx = isas.contains(&Isa::Amx);
+    for floats in [BlockFloats::Centred, BlockFloats::WithMin] {
+        if let Some(rate) = amx
+            .then(|| super::bound::amx_block_rate(floats, 2))
+            .flatten()
+        {
+            println!("AMX blocks of 16 rows, {floats:?}: {:.1} G/s", rate / 1e9);
+        }
+    }
+    if avx512 || amx {
         println!();
     }
     println!(
         "| matrix | ISA | rows | ms | G/s | of the bound | of the loop, same round | of the block loop |"
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|");
-    for isa in isas.iter().copied() {
-        let rate = super::bound::int8_rate(isa, 2);
-        for (name, w) in &matrices {
-            let (rows, cols) = (w.rows(), w.cols());
-            let cells = time_in_rounds(isa, w, repeats, &mut pool);
+    let rates: Vec<Option<f64>> = isas
+        .iter()
+        .map(|&isa| super::bound::int8_rate(isa, 2))
+        .collect();
+    for (name, w) in &matrices {
+        let (rows, cols) = (w.rows(), w.cols());
+        let timed = time_in_rounds(isas, w, repeats, &mut pool);
+        for ((&isa, rate), cells) in isas.iter().zip(&rates).zip(timed) {
             for (k, cell) in ROW_COUNTS.into_iter().zip(cells) {
                 let median = cell.seconds;
                 let g = (k * rows * cols) as f64 / median / 1e9;

@@ -525,6 +525,72 @@ pub fn bound_loop(rounds: usize) -> bool {
     true
 }
 
+/// Multiply-adds of one round of [`block_loop`]: [`IN_FLIGHT`] blocks of 16 activation rows
+/// times 16 weight rows.
+pub const BLOCK_ROUND: usize = IN_FLIGHT * 16 * TILE_ROWS * BLOCK;
+
+/// `rounds` rounds of the AMX walk's own work with its operands in L1: [`IN_FLIGHT`] blocks'
+/// tile products of 16 rows ([`TileUnit::dots`], their sums stored) and every row's float work
+/// on them (`with_min`: Q4_1's, the scaled sums and the minimum's term; else Q8_0's, the sums
+/// from their start), as the kernel does them, without unpacking or streaming weights. The
+/// issue's rule that AMX keep the VNNI kernels' bits fixes that float work, so this loop's
+/// rate bounds every AMX walk of our blocks; `bench_decode products` shows it beside them.
+/// `false` (nothing run) where the kernels do not use AMX.
+pub fn block_loop(rounds: usize, with_min: bool) -> bool {
+    if !usable() || rounds == 0 {
+        return false;
+    }
+    let mut a = QRows::default();
+    a.quantize(
+        &super::probe::pseudo(ROWS_PER_PASS * IN_FLIGHT * BLOCK, 71),
+        IN_FLIGHT * BLOCK,
+    );
+    let rows: Vec<Row> = (0..ROWS_PER_PASS).map(|r| a.row(r)).collect();
+    let rows: &[Row; ROWS_PER_PASS] = rows[..].try_into().expect("16 rows");
+    // SAFETY: `usable` saw AMX and AVX-512 VNNI and had the tile state granted; the rows
+    // hold the blocks the loop reads.
+    let out = unsafe { block_loop_on(rounds, rows, with_min) };
+    std::hint::black_box(out);
+    true
+}
+
+/// [`block_loop`] on `rows`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
+unsafe fn block_loop_on(rounds: usize, rows: &[Row; ROWS_PER_PASS], with_min: bool) -> f32 {
+    let mut w = Quads::ZERO;
+    for (t, quad) in w.0.iter_mut().enumerate() {
+        for (i, q) in quad.iter_mut().enumerate() {
+            *q = (t * 37 + i * 11) as u8 & 0x0f;
+        }
+    }
+    let blocks = Blocks::new(rows);
+    let mut ops = Operands::new(blocks.stride(), 8);
+    for j in 0..IN_FLIGHT {
+        ops.a[j] = rows[0].q(j).as_ptr();
+        ops.b[j] = w.0.as_ptr();
+    }
+    ops.k = IN_FLIGHT;
+    let mut c = [Sums::ZERO; IN_FLIGHT];
+    let mut acc = [_mm512_setzero_ps(); ROWS_PER_PASS];
+    let (dw, mw) = (_mm512_set1_ps(0.5), _mm512_set1_ps(-0.25));
+    Amx::begin(ROWS_PER_PASS, 8);
+    for _ in 0..rounds {
+        Amx::dots(&ops, &mut c);
+        for (b, c) in c.iter().enumerate() {
+            if with_min {
+                accumulate(c, rows, b, None, dw, &mut acc);
+                for (acc, row) in acc.iter_mut().zip(rows) {
+                    *acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(row.s(b)), *acc);
+                }
+            } else {
+                accumulate(c, rows, b, Some(Start::Q8_0), dw, &mut acc);
+            }
+        }
+    }
+    Amx::end();
+    acc.iter().map(|&a| _mm512_reduce_add_ps(a)).sum()
+}
+
 /// Whether the kernels may use AMX: the CPU has AMX-INT8 (and AVX-512 VNNI for the float
 /// work), Linux grants this process the tile state, and the kernel passes its self-check.
 /// Decided once per process; a refusal is said once on standard error.
@@ -843,6 +909,11 @@ mod tests {
     fn amx_is_chosen_only_where_the_cpu_has_it_and_it_checks_out() {
         let chosen = Isa::detect() == Isa::Amx;
         assert_eq!(chosen, cpu_has_amx() && usable());
+        // The bench loops run exactly where the kernels use AMX (on the real tiles).
+        assert_eq!(
+            (bound_loop(2), block_loop(2, false), block_loop(2, true)),
+            (chosen, chosen, chosen)
+        );
         if cpu_has_amx() {
             // Where the CPU has AMX, the real instructions must pass the check.
             assert!(usable(), "the AMX kernel failed its self-check on this CPU");

@@ -68,7 +68,10 @@ mod x86;
 
 pub use activations::*;
 #[cfg(target_arch = "x86_64")]
-pub use amx::{bound_loop as amx_bound_loop, BOUND_ROUND as AMX_BOUND_ROUND};
+pub use amx::{
+    block_loop as amx_block_loop, bound_loop as amx_bound_loop, BLOCK_ROUND as AMX_BLOCK_ROUND,
+    BOUND_ROUND as AMX_BOUND_ROUND,
+};
 pub use formats::*;
 pub use isa::*;
 use pages::PageBuf;
