@@ -4,7 +4,11 @@
 //! in flight at once, each in its own sum tile ([`IN_FLIGHT`]); the tile unit still waits on
 //! each product's store for the block's float work, so `tile_rows` sends it only the weight
 //! types and row counts for which it measured faster than the AVX-512 walk
-//! (`isa::amx_min_rows`; BENCHMARKS.md, "AMX").
+//! (`isa::amx_min_rows`; BENCHMARKS.md, "AMX"). What bounds it is that float work, which the
+//! VNNI kernels' bits fix at three or four vector instructions per 16 outputs of a row and
+//! block and which does not overlap the tile unit's products and stores: [`block_loop`], the
+//! walk's own work with its operands in L1, ran 1.2–1.5× the AVX-512 walk's on a 2-vCPU
+//! Sapphire Rapids, where the bare `tdpbusd` loop runs 5–9× the `vpdpbusd` one.
 //!
 //! A tile's quants are already in the layout AMX reads its second operand in (each 64-byte
 //! chunk holds four columns of the 16 weight rows), so a block's unpacked registers are

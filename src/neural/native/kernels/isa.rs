@@ -137,6 +137,9 @@ impl Tiles<'_> {
 /// losses up to 2×, Q5_0 and Q8_0 in none; at 8 rows or fewer AMX never paid (one row:
 /// 0.12 ms against 0.05 for Q4_K), since each block's tile product is stored and read back
 /// for its float work, and a step costs what the products' unpacking and that work cost.
+/// On a 2-vCPU Xeon with AMX, timing both walks in the same rounds (`products --isa
+/// avx512vnni,amx`, BENCHMARKS.md), Q4_K at 16 rows was again the one product ahead in both
+/// runs (0.424 and 0.563 ms against 0.446 and 0.760), every other type behind at 8 and 16.
 pub(super) fn amx_min_rows(tiles: Tiles) -> Option<usize> {
     match tiles {
         Tiles::Q4K(..) => Some(ROWS_PER_PASS),
