@@ -139,14 +139,18 @@ fn time_in_rounds(isas: &[Isa], w: &QMatrix, repeats: usize, pool: &mut Pool) ->
     }
     let mut cells: Vec<Timed> = isas
         .iter()
-        .flat_map(|&isa| ROW_COUNTS.iter().map(move |&k| (isa, k)))
-        .map(|(isa, k)| {
+        .flat_map(|&isa| {
+            // One slice of the ISA's loop run here, which also says its multiply-adds.
+            let per_slice = super::bound::int8_slice(isa, SLICE_ITERS);
+            ROW_COUNTS.iter().map(move |&k| (isa, per_slice, k))
+        })
+        .map(|(isa, per_slice, k)| {
             let mut a = QRows::default();
             a.quantize_on(isa, &values(k * cols, 2), cols);
             Timed {
                 isa,
                 k,
-                per_slice: super::bound::int8_slice(isa, SLICE_ITERS),
+                per_slice,
                 a,
                 out: vec![0.0; k * rows],
                 times: Vec::new(),

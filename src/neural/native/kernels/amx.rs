@@ -323,6 +323,20 @@ unsafe fn accumulate<const N: usize>(
     }
 }
 
+/// `acc[i] += mw·s_i` for every row i: the offset term of the types with a minimum, after
+/// the row's scaled sums of block b, as the VNNI kernels add them.
+#[inline(always)]
+unsafe fn add_offsets<const N: usize>(
+    rows: &[Row; N],
+    b: usize,
+    mw: __m512,
+    acc: &mut [__m512; N],
+) {
+    for (acc, row) in acc.iter_mut().zip(rows) {
+        *acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(row.s(b)), *acc);
+    }
+}
+
 impl Quads {
     /// Stores a block's eight unpacked registers for the tile load.
     #[inline(always)]
@@ -361,11 +375,8 @@ unsafe fn nibbles_amx<U: TileUnit, T: NibbleTile, const N: usize>(
             let b = g * IN_FLIGHT + j;
             let (dw, mw) = scales_of::<Lanes512>(tile.scales(super_of::<T>(supers, b)), 0);
             accumulate(&c[j], rows, b, T::START, dw, acc);
-            // Each row's offset term after its scaled sums, as the VNNI kernels add them.
             if T::CENTER == 0 {
-                for (acc, row) in acc.iter_mut().zip(rows) {
-                    *acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(row.s(b)), *acc);
-                }
+                add_offsets(rows, b, mw, acc);
             }
         }
     }
@@ -567,10 +578,10 @@ unsafe fn block_loop_on(rounds: usize, rows: &[Row; ROWS_PER_PASS], with_min: bo
             *q = (t * 37 + i * 11) as u8 & 0x0f;
         }
     }
-    let blocks = Blocks::new(rows);
+    let mut blocks = Blocks::new(rows);
     let mut ops = Operands::new(blocks.stride(), 8);
     for j in 0..IN_FLIGHT {
-        ops.a[j] = rows[0].q(j).as_ptr();
+        ops.a[j] = blocks.block(j, j);
         ops.b[j] = w.0.as_ptr();
     }
     ops.k = IN_FLIGHT;
@@ -583,9 +594,7 @@ unsafe fn block_loop_on(rounds: usize, rows: &[Row; ROWS_PER_PASS], with_min: bo
         for (b, c) in c.iter().enumerate() {
             if with_min {
                 accumulate(c, rows, b, None, dw, &mut acc);
-                for (acc, row) in acc.iter_mut().zip(rows) {
-                    *acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(row.s(b)), *acc);
-                }
+                add_offsets(rows, b, mw, &mut acc);
             } else {
                 accumulate(c, rows, b, Some(Start::Q8_0), dw, &mut acc);
             }
