@@ -54,18 +54,25 @@ fn products(c: &mut Criterion) {
 }
 
 /// Causal attention of 1 and 16 new rows after 256 cached positions (272 in all: the last
-/// score block partly used), SmolLM2's heads (9 query heads, 3 kv heads of 64), on every
-/// instruction set, each first checked to give the scalar bits; 2 threads, as the passes run
-/// here. `cargo bench --bench kernels -- attention`
+/// score block partly used), with SmolLM2's heads (9 query heads, 3 kv heads of 64) and with
+/// Qwen2.5 0.5B's (14 query heads, 2 kv heads of 64: groups of seven, where attention takes
+/// about a tenth of a 16-row pass), on every instruction set, each first checked to give the
+/// scalar bits; 2 threads, as the passes run here. `cargo bench --bench kernels -- attention`
 fn attention(c: &mut Criterion) {
-    let heads = Heads {
-        n_head: 9,
-        n_kv_head: 3,
-        head_dim: 64,
-    };
+    for (name, n_head, n_kv_head) in [("9x64 heads", 9, 3), ("14x64 heads, 2 kv", 14, 2)] {
+        let heads = Heads {
+            n_head,
+            n_kv_head,
+            head_dim: 64,
+        };
+        attention_of(c, &format!("attention {name} after 256"), &heads);
+    }
+}
+
+fn attention_of(c: &mut Criterion, group: &str, heads: &Heads) {
     let kv = heads.n_kv_head * heads.head_dim;
     let mut pool = Pool::new(2);
-    let mut g = c.benchmark_group("attention 9x64 heads after 256");
+    let mut g = c.benchmark_group(group);
     for rows in [1usize, 16] {
         let pos = 256;
         let mut cache = KvCache::new(heads.n_kv_head, heads.head_dim);
@@ -77,7 +84,7 @@ fn attention(c: &mut Criterion) {
         attend(
             Isa::Scalar,
             &mut pool,
-            &heads,
+            heads,
             &cache,
             &q,
             at,
@@ -86,14 +93,14 @@ fn attention(c: &mut Criterion) {
         );
         for isa in Isa::available() {
             let mut out = vec![0.0; q.len()];
-            attend(isa, &mut pool, &heads, &cache, &q, at, None, &mut out);
+            attend(isa, &mut pool, heads, &cache, &q, at, None, &mut out);
             assert_eq!(out, want, "{isa:?} gives the scalar bits");
             g.bench_with_input(BenchmarkId::new(format!("{isa:?}"), rows), &rows, |b, _| {
                 b.iter(|| {
                     attend(
                         isa,
                         &mut pool,
-                        &heads,
+                        heads,
                         black_box(&cache),
                         &q,
                         at,
