@@ -540,15 +540,15 @@ pub fn bound_loop(rounds: usize) -> bool {
     true
 }
 
-/// Multiply-adds of one round of [`block_loop`]: [`IN_FLIGHT`] blocks of 16 activation rows
+/// Multiply-adds of one round of [`block_loop`]: `IN_FLIGHT` blocks of 16 activation rows
 /// times 16 weight rows.
 pub const BLOCK_ROUND: usize = IN_FLIGHT * 16 * TILE_ROWS * BLOCK;
 
-/// `rounds` rounds of the AMX walk's own work with its operands in L1: [`IN_FLIGHT`] blocks'
-/// tile products of 16 rows ([`TileUnit::dots`], their sums stored) and every row's float work
+/// `rounds` rounds of the AMX walk's own work with its operands in L1: `IN_FLIGHT` blocks'
+/// tile products of 16 rows (`TileUnit::dots`, their sums stored) and every row's float work
 /// on them (`with_min`: Q4_1's, the scaled sums and the minimum's term; else Q8_0's, the sums
 /// from their start), as the kernel does them, without unpacking or streaming weights. The
-/// issue's rule that AMX keep the VNNI kernels' bits fixes that float work, so this loop's
+/// AMX walk keeps the VNNI kernels' bits, which fixes that float work, so this loop's
 /// rate bounds every AMX walk of our blocks; `bench_decode products` shows it beside them.
 /// `false` (nothing run) where the kernels do not use AMX.
 pub fn block_loop(rounds: usize, with_min: bool) -> bool {

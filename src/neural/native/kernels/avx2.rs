@@ -1,6 +1,12 @@
 //! The AVX2 and AVX-VNNI kernels: 8 weight rows per register, four activation rows per walk
-//! (eight for Q8_0 on AVX2);
-//! the same integer sums and float operations, in the same order, as the scalar kernel.
+//! (eight for Q8_0 on AVX2); the same integer sums and float operations, in the same order,
+//! as the scalar kernel.
+//!
+//! A walk unpacks each block of its tiles into registers for its four rows, so a 16-row
+//! product unpacks every block four times. Where that unpacking costs most (Q6_K's two
+//! planes, the five-bit types, Q4_K's scale products; `isa::unpacked_min_rows`), the
+//! several-row walk [`unpacked`](avx2_walks::unpacked) unpacks each block once into an L1
+//! buffer and walks the rows over the buffer four at a time instead.
 
 use super::x86::*;
 use super::*;
@@ -101,122 +107,287 @@ unsafe fn dot_q6_vnni(w: &[__m256i; 8], a: &[i8; 32], k: usize) -> __m256i {
     s
 }
 
+/// Blocks unpacked into the buffer of a several-row walk at a time: 16 blocks of two
+/// [`Unpacked`] halves, 10 KiB, in L1 beside the rows' blocks.
+const CHUNK: usize = 16;
+
+/// Half a tile unpacked: its eight quad registers and the rows' scales (nibble types: the
+/// scale and the offset's; Q6_K: its two halves' scales).
+#[derive(Clone, Copy)]
+struct Unpacked {
+    w: [__m256i; 8],
+    scales: [__m256; 2],
+}
+
+/// Half h (weight rows `8h..8h + 8`) of nibble tile `tile`, block b of its group: its quads
+/// and its rows' scale and offset's scale.
+#[inline(always)]
+unsafe fn unpack_nibbles<T: NibbleTile>(
+    tile: &T,
+    supers: &[SuperScales],
+    b: usize,
+    h: usize,
+) -> Unpacked {
+    let w = match tile.high() {
+        Some(high) => five_bit_quads::<Lanes256>(tile.qs(), high, 32 * h),
+        None => nibble_quads::<Lanes256>(tile.qs(), 32 * h),
+    };
+    let (dw, mw) = scales_of::<Lanes256>(tile.scales(super_of::<T>(supers, b)), 8 * h);
+    Unpacked {
+        w,
+        scales: [dw, mw],
+    }
+}
+
+/// Half h of Q6_K tile `tile`, block b of its group: its quads and the scales of its two
+/// halves of 16 columns.
+#[inline(always)]
+unsafe fn unpack_six_bits(tile: &Q6KTile, supers: &[SuperScales], b: usize, h: usize) -> Unpacked {
+    let w = six_bit_quads::<Lanes256>(tile, 32 * h);
+    let d = Lanes256::halves(supers[b / 8].d[8 * h..].as_ptr());
+    let sc = |k: usize| tile.sc[k][8 * h..].as_ptr() as *const u8;
+    let dw = [
+        _mm256_mul_ps(d, Lanes256::bytes(sc(0), true)),
+        _mm256_mul_ps(d, Lanes256::bytes(sc(1), true)),
+    ];
+    Unpacked { w, scales: dw }
+}
+
+/// The rows of a several-row walk over `tiles` in chunks of `CHUNK` blocks: for each chunk,
+/// both halves of each block unpacked by `$unpack` into `$buf` (`$buf[k]`: the chunk's block
+/// k), then `$walk` run for rows `r..r + N` (`rs`), four at a time. (Macros, not closures,
+/// which would not inherit the target features; and each walk's row count a constant.)
+macro_rules! over_chunks {
+    ($tiles:expr, $supers:expr, $unpack:ident, $buf:ident, $rows:expr, |$chunk:ident, $n:ident, $rs:ident, $r:ident| $walk:expr) => {{
+        let rows: &[Row] = $rows;
+        let mut start = 0;
+        while start < $tiles.len() {
+            let $chunk = start..(start + CHUNK).min($tiles.len());
+            for (k, b) in $chunk.clone().enumerate() {
+                let tile = &$tiles[b];
+                prefetch_ahead(tile);
+                $buf[k] = [$unpack(tile, $supers, b, 0), $unpack(tile, $supers, b, 1)];
+            }
+            let mut $r = 0;
+            while $r < rows.len() {
+                let n = (rows.len() - $r).min(4);
+                macro_rules! rows_of {
+                    ($k:literal) => {{
+                        const $n: usize = $k;
+                        let $rs: &[Row; $k] = rows[$r..$r + $k].try_into().expect("rows");
+                        $walk
+                    }};
+                }
+                match n {
+                    4 => rows_of!(4),
+                    3 => rows_of!(3),
+                    2 => rows_of!(2),
+                    _ => rows_of!(1),
+                }
+                $r += n;
+            }
+            start += CHUNK;
+        }
+    }};
+}
+
 macro_rules! tile_256 {
-    ($name:ident, $dot_q4:ident, $dot_q5:ident, $dot_q6:ident, $dot_q8:ident, $q8_bias:literal, $features:literal) => {
-        /// Two halves of 8 weight rows, each a 256-bit register of lanes.
-        #[target_feature(enable = $features)]
-        pub unsafe fn $name<const N: usize>(
-            tiles: Tiles,
-            rows: &[Row; N],
-            out: &mut [[f32; TILE_ROWS]; N],
-        ) {
-            /// A nibble tile group's rows `8h..8h + 8`.
+    ($walks:ident, $dot_q4:ident, $dot_q5:ident, $dot_q6:ident, $dot_q8:ident, $q8_bias:literal, $features:literal) => {
+        pub mod $walks {
+            use super::*;
+
+            /// Block b of every row against half h of the block's nibble tiles, unpacked
+            /// (`u`): each row's integer sum, scaled, into its accumulators.
             #[inline(always)]
-            unsafe fn nibbles<T: NibbleTile, const N: usize>(
-                tiles: &[T],
-                supers: &[SuperScales],
+            unsafe fn nibble_block<T: NibbleTile, const N: usize>(
+                u: &Unpacked,
                 rows: &[Row; N],
-                h: usize,
+                b: usize,
                 acc: &mut [__m256; N],
             ) {
-                for (b, tile) in tiles.iter().enumerate() {
-                    // The second half reads the lines the first brought in.
-                    if h == 0 {
-                        prefetch_ahead(tile);
-                    }
-                    let w = match tile.high() {
-                        Some(high) => five_bit_quads::<Lanes256>(tile.qs(), high, 32 * h),
-                        None => nibble_quads::<Lanes256>(tile.qs(), 32 * h),
+                // (Copied out of the buffer, so that they stay in registers for every row.)
+                let (w, [dw, mw]) = (u.w, u.scales);
+                for i in 0..N {
+                    let mut s = match T::FIVE_BITS {
+                        false => $dot_q4(&w, rows[i].q(b)),
+                        true => $dot_q5(&w, rows[i].q(b)),
                     };
-                    let scales = tile.scales(super_of::<T>(supers, b));
-                    let (dw, mw) = scales_of::<Lanes256>(scales, 8 * h);
-                    for i in 0..N {
-                        let mut s = match tile.high() {
-                            None => $dot_q4(&w, rows[i].q(b)),
-                            Some(_) => $dot_q5(&w, rows[i].q(b)),
-                        };
-                        if let Some(which) = T::START {
-                            let start = rows[i].start(b, which as usize);
-                            s = _mm256_add_epi32(s, _mm256_set1_epi32(start));
-                        }
-                        let t = _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(rows[i].d(b)));
-                        acc[i] = _mm256_fmadd_ps(t, dw, acc[i]);
-                        if T::CENTER == 0 {
-                            acc[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(rows[i].s(b)), acc[i]);
-                        }
+                    if let Some(which) = T::START {
+                        let start = rows[i].start(b, which as usize);
+                        s = _mm256_add_epi32(s, _mm256_set1_epi32(start));
+                    }
+                    let t = _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(rows[i].d(b)));
+                    acc[i] = _mm256_fmadd_ps(t, dw, acc[i]);
+                    if T::CENTER == 0 {
+                        acc[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(rows[i].s(b)), acc[i]);
                     }
                 }
             }
 
-            for h in 0..2 {
-                let mut acc = [_mm256_setzero_ps(); N];
-                let half = |bytes: *const u8| bytes.add(32 * h) as *const __m256i;
-                match tiles {
-                    Tiles::Q4_1(tiles) => nibbles(tiles, &[], rows, h, &mut acc),
-                    Tiles::Q5_0(tiles) => nibbles(tiles, &[], rows, h, &mut acc),
-                    Tiles::Q5(tiles) => nibbles(tiles, &[], rows, h, &mut acc),
-                    Tiles::Q4K(tiles, supers) => nibbles(tiles, supers, rows, h, &mut acc),
-                    Tiles::Q5K(tiles, supers) => nibbles(tiles, supers, rows, h, &mut acc),
-                    Tiles::Q8_0(tiles) => {
-                        for (b, tile) in tiles.iter().enumerate() {
-                            if h == 0 {
-                                prefetch_ahead(tile);
-                            }
-                            // Quads outer, rows inner: one quad's weights (and on AVX2
-                            // their magnitudes) live at a time, so every row's sum stays in
-                            // a register; holding the block's eight quads and eight
-                            // magnitudes took all 16 and spilled.
-                            let mut sums = [_mm256_setzero_si256(); N];
-                            for t in 0..8 {
-                                let at = half(tile.qs[t].as_ptr()) as *const u8;
-                                let w = byte_quads(at, $q8_bias);
-                                for (s, row) in sums.iter_mut().zip(rows) {
-                                    *s = $dot_q8(*s, w, quad(row.q(b), t));
-                                }
-                            }
-                            let dw = Lanes256::halves(tile.d[8 * h..].as_ptr());
-                            for i in 0..N {
-                                let mut s = sums[i];
-                                if $q8_bias {
-                                    let start = rows[i].start(b, Start::Q8_0 as usize);
-                                    s = _mm256_add_epi32(s, _mm256_set1_epi32(start));
-                                }
-                                let t = _mm256_mul_ps(
-                                    _mm256_cvtepi32_ps(s),
-                                    _mm256_set1_ps(rows[i].d(b)),
-                                );
-                                acc[i] = _mm256_fmadd_ps(t, dw, acc[i]);
-                            }
-                        }
-                    }
-                    Tiles::Q6K(tiles, supers) => {
-                        for (b, tile) in tiles.iter().enumerate() {
-                            if h == 0 {
-                                prefetch_ahead(tile);
-                            }
-                            let w = six_bit_quads::<Lanes256>(tile, 32 * h);
-                            let d = Lanes256::halves(supers[b / 8].d[8 * h..].as_ptr());
-                            let sc = |k: usize| tile.sc[k][8 * h..].as_ptr() as *const u8;
-                            let dw = [
-                                _mm256_mul_ps(d, Lanes256::bytes(sc(0), true)),
-                                _mm256_mul_ps(d, Lanes256::bytes(sc(1), true)),
-                            ];
-                            for i in 0..N {
-                                let q = rows[i].q(b);
-                                let da = _mm256_set1_ps(rows[i].d(b));
-                                for k in 0..2 {
-                                    let s = $dot_q6(&w, q, k);
-                                    let start = rows[i].start(b, Start::Q6KHalf0 as usize + k);
-                                    let s = _mm256_add_epi32(s, _mm256_set1_epi32(start));
-                                    let t = _mm256_mul_ps(_mm256_cvtepi32_ps(s), da);
-                                    acc[i] = _mm256_fmadd_ps(t, dw[k], acc[i]);
-                                }
-                            }
-                        }
+            /// [`nibble_block`] for a Q6_K block: two sums a row, one for each half of
+            /// 16 columns, each scaled by its own factor.
+            #[inline(always)]
+            unsafe fn six_bit_block<const N: usize>(
+                u: &Unpacked,
+                rows: &[Row; N],
+                b: usize,
+                acc: &mut [__m256; N],
+            ) {
+                let (w, dw) = (u.w, u.scales);
+                for i in 0..N {
+                    let q = rows[i].q(b);
+                    let da = _mm256_set1_ps(rows[i].d(b));
+                    for k in 0..2 {
+                        let s = $dot_q6(&w, q, k);
+                        let start = rows[i].start(b, Start::Q6KHalf0 as usize + k);
+                        let s = _mm256_add_epi32(s, _mm256_set1_epi32(start));
+                        let t = _mm256_mul_ps(_mm256_cvtepi32_ps(s), da);
+                        acc[i] = _mm256_fmadd_ps(t, dw[k], acc[i]);
                     }
                 }
-                for i in 0..N {
-                    _mm256_storeu_ps(out[i][8 * h..].as_mut_ptr(), acc[i]);
+            }
+
+            /// One walk: N rows over a tile group, two halves of 8 weight rows, each a
+            /// 256-bit register of lanes.
+            #[target_feature(enable = $features)]
+            pub unsafe fn tile<const N: usize>(
+                tiles: Tiles,
+                rows: &[Row; N],
+                out: &mut [[f32; TILE_ROWS]; N],
+            ) {
+                for h in 0..2 {
+                    let mut acc = [_mm256_setzero_ps(); N];
+                    // (Loops, not closures: closures do not inherit the target features.)
+                    macro_rules! blocks {
+                        ($tiles:expr, $supers:expr, $unpack:ident, $block:expr) => {
+                            for (b, tile) in $tiles.iter().enumerate() {
+                                // The second half reads the lines the first brought in.
+                                if h == 0 {
+                                    prefetch_ahead(tile);
+                                }
+                                $block(&$unpack(tile, $supers, b, h), rows, b, &mut acc);
+                            }
+                        };
+                    }
+                    let half = |bytes: *const u8| bytes.add(32 * h) as *const __m256i;
+                    match tiles {
+                        Tiles::Q4_1(t) => {
+                            blocks!(t, &[], unpack_nibbles, nibble_block::<Q4Tile, N>)
+                        }
+                        Tiles::Q5_0(t) => {
+                            blocks!(t, &[], unpack_nibbles, nibble_block::<Q5_0Tile, N>)
+                        }
+                        Tiles::Q5(t) => blocks!(t, &[], unpack_nibbles, nibble_block::<Q5Tile, N>),
+                        Tiles::Q4K(t, supers) => {
+                            blocks!(t, supers, unpack_nibbles, nibble_block::<Q4KTile, N>)
+                        }
+                        Tiles::Q5K(t, supers) => {
+                            blocks!(t, supers, unpack_nibbles, nibble_block::<Q5KTile, N>)
+                        }
+                        Tiles::Q6K(t, supers) => {
+                            blocks!(t, supers, unpack_six_bits, six_bit_block::<N>)
+                        }
+                        Tiles::Q8_0(tiles) => {
+                            for (b, tile) in tiles.iter().enumerate() {
+                                if h == 0 {
+                                    prefetch_ahead(tile);
+                                }
+                                // Quads outer, rows inner: one quad's weights (and on AVX2
+                                // their magnitudes) live at a time, so every row's sum stays in
+                                // a register; holding the block's eight quads and eight
+                                // magnitudes took all 16 and spilled.
+                                let mut sums = [_mm256_setzero_si256(); N];
+                                for t in 0..8 {
+                                    let at = half(tile.qs[t].as_ptr()) as *const u8;
+                                    let w = byte_quads(at, $q8_bias);
+                                    for (s, row) in sums.iter_mut().zip(rows) {
+                                        *s = $dot_q8(*s, w, quad(row.q(b), t));
+                                    }
+                                }
+                                let dw = Lanes256::halves(tile.d[8 * h..].as_ptr());
+                                for i in 0..N {
+                                    let mut s = sums[i];
+                                    if $q8_bias {
+                                        let start = rows[i].start(b, Start::Q8_0 as usize);
+                                        s = _mm256_add_epi32(s, _mm256_set1_epi32(start));
+                                    }
+                                    let t = _mm256_mul_ps(
+                                        _mm256_cvtepi32_ps(s),
+                                        _mm256_set1_ps(rows[i].d(b)),
+                                    );
+                                    acc[i] = _mm256_fmadd_ps(t, dw, acc[i]);
+                                }
+                            }
+                        }
+                    }
+                    for i in 0..N {
+                        _mm256_storeu_ps(out[i][8 * h..].as_mut_ptr(), acc[i]);
+                    }
+                }
+            }
+
+            /// A tile group times any number of rows: each block's two halves unpacked
+            /// once into an L1 buffer, [`CHUNK`] blocks at a time, then the rows walked
+            /// over the buffer four at a time as [`tile`] walks the tiles, each row's
+            /// accumulators carried from one chunk to the next in `out`. The same float
+            /// operations in the same order, so the same bits. Byte tiles are not unpacked
+            /// (their walk reads them as they are): they go through [`tile`].
+            #[target_feature(enable = $features)]
+            pub unsafe fn unpacked(tiles: Tiles, rows: &[Row], out: &mut [[f32; TILE_ROWS]]) {
+                let out = &mut out[..rows.len()];
+                out.fill([0.0; TILE_ROWS]);
+                // (`over_chunks!` writes a chunk's entries before its walks read them.)
+                let mut buf = [[Unpacked {
+                    w: [_mm256_setzero_si256(); 8],
+                    scales: [_mm256_setzero_ps(); 2],
+                }; 2]; CHUNK];
+                /// Rows `rs` (from row r) over the buffer's blocks `chunk`, by `$block`.
+                macro_rules! walk {
+                    ($n:ident, $rs:ident, $r:ident, $chunk:ident, $block:expr) => {
+                        for h in 0..2 {
+                            let out = &mut out[$r..$r + $n];
+                            let mut acc = [_mm256_setzero_ps(); $n];
+                            for i in 0..$n {
+                                acc[i] = _mm256_loadu_ps(out[i][8 * h..].as_ptr());
+                            }
+                            for (k, b) in $chunk.clone().enumerate() {
+                                $block(&buf[k][h], $rs, b, &mut acc);
+                            }
+                            for i in 0..$n {
+                                _mm256_storeu_ps(out[i][8 * h..].as_mut_ptr(), acc[i]);
+                            }
+                        }
+                    };
+                }
+                macro_rules! nibbles {
+                    ($tiles:expr, $supers:expr, $t:ty) => {
+                        over_chunks!(
+                            $tiles,
+                            $supers,
+                            unpack_nibbles,
+                            buf,
+                            rows,
+                            |chunk, N, rs, r| { walk!(N, rs, r, chunk, nibble_block::<$t, N>) }
+                        )
+                    };
+                }
+                match tiles {
+                    Tiles::Q4_1(t) => nibbles!(t, &[], Q4Tile),
+                    Tiles::Q5_0(t) => nibbles!(t, &[], Q5_0Tile),
+                    Tiles::Q5(t) => nibbles!(t, &[], Q5Tile),
+                    Tiles::Q4K(t, supers) => nibbles!(t, supers, Q4KTile),
+                    Tiles::Q5K(t, supers) => nibbles!(t, supers, Q5KTile),
+                    Tiles::Q6K(t, supers) => {
+                        over_chunks!(t, supers, unpack_six_bits, buf, rows, |chunk, N, rs, r| {
+                            walk!(N, rs, r, chunk, six_bit_block::<N>)
+                        })
+                    }
+                    // Never sent here (`unpacked_min_rows`); the same bits all the same.
+                    Tiles::Q8_0(_) => {
+                        for (row, o) in rows.iter().zip(out.iter_mut()) {
+                            tile::<1>(tiles, &[*row], std::array::from_mut(o));
+                        }
+                    }
                 }
             }
         }
@@ -224,7 +395,7 @@ macro_rules! tile_256 {
 }
 
 tile_256!(
-    tile_avx2,
+    avx2_walks,
     dot_q4_avx2,
     dot_q5_avx2,
     dot_q6_avx2,
@@ -233,7 +404,7 @@ tile_256!(
     "avx2,fma,f16c"
 );
 tile_256!(
-    tile_vnni,
+    vnni_walks,
     dot_q4_vnni,
     dot_q4_vnni,
     dot_q6_vnni,

@@ -1,6 +1,7 @@
 //! The AVX-512 VNNI kernel: 16 weight rows per register, up to eight activation rows per
-//! walk over a tile group; the same integer sums and float operations, in the same order,
-//! as the scalar kernel.
+//! walk over a tile group (four for Q6_K); the same integer sums and float operations, in
+//! the same order, as the scalar kernel. Q6_K's several-row products unpack each block once
+//! into an L1 buffer and walk the rows over it ([`q6k_unpacked`]).
 
 use super::x86::*;
 use super::*;
@@ -76,6 +77,48 @@ unsafe fn q8_0_avx512<const N: usize>(tiles: &[Q8_0Tile], rows: &[Row; N], acc: 
     }
 }
 
+/// Block b of a Q6_K tile group, unpacked: its eight quad registers and the scales of its
+/// two halves of 16 columns.
+#[derive(Clone, Copy)]
+struct SixBits {
+    w: [__m512i; 8],
+    dw: [__m512; 2],
+}
+
+#[inline(always)]
+unsafe fn unpack_six_bits(tile: &Q6KTile, supers: &[SuperScales], b: usize) -> SixBits {
+    let w = six_bit_quads::<Lanes512>(tile, 0);
+    let d = Lanes512::halves(supers[b / 8].d.as_ptr());
+    // (No closure here: it would not inherit the target features.)
+    let dw = [
+        _mm512_mul_ps(d, Lanes512::bytes(tile.sc[0].as_ptr() as *const u8, true)),
+        _mm512_mul_ps(d, Lanes512::bytes(tile.sc[1].as_ptr() as *const u8, true)),
+    ];
+    SixBits { w, dw }
+}
+
+/// Block b of every row against the block's unpacked weights `u`: two sums a row, one for
+/// each half of 16 columns, each scaled by its own factor, into the row's accumulators.
+#[inline(always)]
+unsafe fn six_bit_block<const N: usize>(
+    u: &SixBits,
+    rows: &[Row; N],
+    b: usize,
+    acc: &mut [__m512; N],
+) {
+    // (Copied out of the buffer, so that they stay in registers for every row.)
+    let w = u.w;
+    // Half h of every row, then the next: each row's two terms keep their order.
+    let halves = [(0..4, Start::Q6KHalf0), (4..8, Start::Q6KHalf1)];
+    for ((quads, start), dw) in halves.into_iter().zip(u.dw) {
+        let sums = dot_rows(&w, quads, rows, b, Some(start));
+        for i in 0..N {
+            let t = _mm512_mul_ps(_mm512_cvtepi32_ps(sums[i]), _mm512_set1_ps(rows[i].d(b)));
+            acc[i] = _mm512_fmadd_ps(t, dw, acc[i]);
+        }
+    }
+}
+
 #[inline(always)]
 unsafe fn q6k_avx512<const N: usize>(
     tiles: &[Q6KTile],
@@ -85,22 +128,70 @@ unsafe fn q6k_avx512<const N: usize>(
 ) {
     for (b, tile) in tiles.iter().enumerate() {
         prefetch_ahead(tile);
-        let w = six_bit_quads::<Lanes512>(tile, 0);
-        let d = Lanes512::halves(supers[b / 8].d.as_ptr());
-        // (No closure here: it would not inherit the target features.)
-        let dw = [
-            _mm512_mul_ps(d, Lanes512::bytes(tile.sc[0].as_ptr() as *const u8, true)),
-            _mm512_mul_ps(d, Lanes512::bytes(tile.sc[1].as_ptr() as *const u8, true)),
-        ];
-        // Half h of every row, then the next: each row's two terms keep their order.
-        let halves = [(0..4, Start::Q6KHalf0), (4..8, Start::Q6KHalf1)];
-        for ((quads, start), dw) in halves.into_iter().zip(dw) {
-            let sums = dot_rows(&w, quads, rows, b, Some(start));
-            for i in 0..N {
-                let t = _mm512_mul_ps(_mm512_cvtepi32_ps(sums[i]), _mm512_set1_ps(rows[i].d(b)));
-                acc[i] = _mm512_fmadd_ps(t, dw, acc[i]);
-            }
+        six_bit_block(&unpack_six_bits(tile, supers, b), rows, b, acc);
+    }
+}
+
+/// Blocks unpacked into [`q6k_unpacked`]'s buffer at a time: 16 of 640 bytes, in L1 beside
+/// the rows' blocks.
+const CHUNK: usize = 16;
+
+/// A Q6_K tile group times any number of rows: each block unpacked once into an L1 buffer,
+/// [`CHUNK`] blocks at a time, then the rows walked over the buffer four at a time (as
+/// [`walk_rows`](super::isa) takes them on the tiles), each row's accumulators carried from
+/// one chunk to the next in `out`. The same float operations in the same order, so the same
+/// bits as [`tile_avx512`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
+pub unsafe fn q6k_unpacked(
+    tiles: &[Q6KTile],
+    supers: &[SuperScales],
+    rows: &[Row],
+    out: &mut [[f32; TILE_ROWS]],
+) {
+    let out = &mut out[..rows.len()];
+    out.fill([0.0; TILE_ROWS]);
+    // Every entry a walk reads was written for its chunk first.
+    let mut buf = [SixBits {
+        w: [_mm512_setzero_si512(); 8],
+        dw: [_mm512_setzero_ps(); 2],
+    }; CHUNK];
+    let mut start = 0;
+    while start < tiles.len() {
+        let chunk = start..(start + CHUNK).min(tiles.len());
+        for (k, b) in chunk.clone().enumerate() {
+            let tile = &tiles[b];
+            prefetch_ahead(tile);
+            buf[k] = unpack_six_bits(tile, supers, b);
         }
+        let mut r = 0;
+        while r < rows.len() {
+            let n = (rows.len() - r).min(4);
+            // (A macro, not a closure, which would not inherit the target features.)
+            macro_rules! walk {
+                ($n:literal) => {{
+                    let rows: &[Row; $n] = rows[r..r + $n].try_into().expect("rows");
+                    let out = &mut out[r..r + $n];
+                    let mut acc = [_mm512_setzero_ps(); $n];
+                    for i in 0..$n {
+                        acc[i] = _mm512_loadu_ps(out[i].as_ptr());
+                    }
+                    for (k, b) in chunk.clone().enumerate() {
+                        six_bit_block(&buf[k], rows, b, &mut acc);
+                    }
+                    for i in 0..$n {
+                        _mm512_storeu_ps(out[i].as_mut_ptr(), acc[i]);
+                    }
+                }};
+            }
+            match n {
+                4 => walk!(4),
+                3 => walk!(3),
+                2 => walk!(2),
+                _ => walk!(1),
+            }
+            r += n;
+        }
+        start += CHUNK;
     }
 }
 

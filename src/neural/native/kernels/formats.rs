@@ -189,6 +189,9 @@ pub(super) trait NibbleTile: Copy + 'static {
     const START: Option<Start>;
     /// Scales come from super-blocks (K-quants).
     const K: bool;
+    /// Quants of five bits ([`NibbleTile::high`] is `Some`), whose 16-bit pair sums the
+    /// AVX2 walk widens twice a block instead of once.
+    const FIVE_BITS: bool;
     fn qs(&self) -> &[[u8; 64]; 4];
     fn high(&self) -> Option<&TopBits>;
     /// The rows' scales, `sup` being the tile's super-block's (never read unless [`NibbleTile::K`]).
@@ -199,6 +202,7 @@ impl NibbleTile for Q4Tile {
     const CENTER: i32 = 0;
     const START: Option<Start> = None;
     const K: bool = false;
+    const FIVE_BITS: bool = false;
     #[inline(always)]
     fn qs(&self) -> &[[u8; 64]; 4] {
         &self.qs
@@ -220,6 +224,7 @@ impl NibbleTile for Q5Tile {
     const CENTER: i32 = 0;
     const START: Option<Start> = None;
     const K: bool = false;
+    const FIVE_BITS: bool = true;
     #[inline(always)]
     fn qs(&self) -> &[[u8; 64]; 4] {
         &self.low.qs
@@ -238,6 +243,7 @@ impl NibbleTile for Q5_0Tile {
     const CENTER: i32 = 16;
     const START: Option<Start> = Some(Start::Q5_0);
     const K: bool = false;
+    const FIVE_BITS: bool = true;
     #[inline(always)]
     fn qs(&self) -> &[[u8; 64]; 4] {
         &self.qs
@@ -260,6 +266,7 @@ impl NibbleTile for Q4KTile {
     const CENTER: i32 = 0;
     const START: Option<Start> = None;
     const K: bool = true;
+    const FIVE_BITS: bool = false;
     #[inline(always)]
     fn qs(&self) -> &[[u8; 64]; 4] {
         &self.qs
@@ -282,6 +289,7 @@ impl NibbleTile for Q5KTile {
     const CENTER: i32 = 0;
     const START: Option<Start> = None;
     const K: bool = true;
+    const FIVE_BITS: bool = true;
     #[inline(always)]
     fn qs(&self) -> &[[u8; 64]; 4] {
         &self.qs

@@ -148,8 +148,10 @@ pub(super) fn amx_min_rows(tiles: Tiles) -> Option<usize> {
 }
 
 /// One group of tiles times `rows` (at most [`ROWS_PER_PASS`]) into `out[..rows.len()]`, in
-/// walks of [`walk_rows`] rows; on AMX, the AMX walk only for the weight types and row
-/// counts where it pays ([`amx_min_rows`]), the AVX-512 VNNI walk's eight rows elsewhere.
+/// walks of [`walk_rows`] rows, or, for the weight types and row counts where unpacking each
+/// block again for every walk costs most, one unpacked walk ([`unpacked_min_rows`]); on AMX,
+/// the AMX walk only for the weight types and row counts where it pays ([`amx_min_rows`]),
+/// the AVX-512 VNNI walks elsewhere.
 pub(super) fn tile_rows(
     isa: Isa,
     tiles: Tiles,
@@ -172,6 +174,19 @@ pub(super) fn tile_rows(
     } else {
         isa
     };
+    #[cfg(target_arch = "x86_64")]
+    if unpacked_min_rows(isa, tiles).is_some_and(|min| rows.len() >= min) {
+        // SAFETY: as in `walk`; every unpacked walk gives every ISA's bits, and the AVX2
+        // one runs on every x86 ISA but the scalar, for which there is none.
+        unsafe {
+            match (isa, tiles) {
+                (Isa::AvxVnni, _) => avx2::vnni_walks::unpacked(tiles, rows, out),
+                (Isa::Avx512Vnni, Tiles::Q6K(t, s)) => avx512::q6k_unpacked(t, s, rows, out),
+                _ => avx2::avx2_walks::unpacked(tiles, rows, out),
+            }
+        }
+        return;
+    }
     let per_walk = walk_rows(isa, tiles);
     for (c, chunk) in rows.chunks(per_walk).enumerate() {
         walk(isa, tiles, chunk, &mut out[c * per_walk..]);
@@ -196,6 +211,32 @@ fn walk_rows(isa: Isa, tiles: Tiles) -> usize {
     }
 }
 
+/// The fewest activation rows for which `isa` takes a product of `tiles`' weight type
+/// through its unpacked walk (`None`: never), which unpacks each block once into an L1
+/// buffer and walks the rows over it four at a time, instead of unpacking it again for each
+/// walk of [`walk_rows`] rows. Measured on a 2-vCPU Intel Xeon with AMX (Sapphire Rapids;
+/// 4864×896 and 896×4864 products on two threads, the two walks alternating in one
+/// process, 25th percentiles of 40 products, two or three runs; BENCHMARKS.md), the unpacked
+/// walk's time over the other's:
+/// - Q6_K, whose two planes cost the most to unpack: AVX2 and AVX-VNNI 0.80–0.90 at 5, 9, 12
+///   and 16 rows; AVX-512, whose Q6_K walks take four rows, 0.89–1.02 from nine rows (and
+///   1.17 at five, where the buffer cost more than the one unpacking it saved);
+/// - Q5_0: AVX2 and AVX-VNNI 0.90–1.02 at 9, 12 and 16 rows (from five to eight rows a row
+///   group is walked once or twice);
+/// - Q5_1, Q5_K and Q4_K: AVX2 0.90–0.99 at 9–16 rows; AVX-VNNI 0.99–1.10, as Q4_1 (the
+///   cheapest to unpack) on every ISA; AVX-512's nibble walks take eight rows, so they
+///   unpack once for eight (unpacked, 1.04–1.50);
+/// - Q8_0 never: its walks read the tiles as they are.
+fn unpacked_min_rows(isa: Isa, tiles: Tiles) -> Option<usize> {
+    match (isa, tiles) {
+        (Isa::Avx2 | Isa::AvxVnni, Tiles::Q6K(..)) => Some(5),
+        (Isa::Avx512Vnni, Tiles::Q6K(..)) => Some(9),
+        (Isa::Avx2 | Isa::AvxVnni, Tiles::Q5_0(_)) => Some(9),
+        (Isa::Avx2, Tiles::Q5(_) | Tiles::Q5K(..) | Tiles::Q4K(..)) => Some(9),
+        _ => None,
+    }
+}
+
 /// One walk of `isa` over the tiles with `rows` (at most [`walk_rows`]; AMX's
 /// products go through [`tile_rows`]), once the rows were checked against the tiles.
 fn walk(isa: Isa, tiles: Tiles, rows: &[Row], out: &mut [[f32; TILE_ROWS]]) {
@@ -211,9 +252,9 @@ fn walk(isa: Isa, tiles: Tiles, rows: &[Row], out: &mut [[f32; TILE_ROWS]]) {
                     avx512::tile_avx512::<$n>(tiles, rows, out)
                 },
                 #[cfg(target_arch = "x86_64")]
-                Isa::AvxVnni => unsafe { avx2::tile_vnni::<$n>(tiles, rows, out) },
+                Isa::AvxVnni => unsafe { avx2::vnni_walks::tile::<$n>(tiles, rows, out) },
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 => unsafe { avx2::tile_avx2::<$n>(tiles, rows, out) },
+                Isa::Avx2 => unsafe { avx2::avx2_walks::tile::<$n>(tiles, rows, out) },
                 _ => tile_scalar::<$n>(tiles, rows, out),
             }
         }};

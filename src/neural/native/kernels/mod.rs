@@ -25,7 +25,10 @@
 //! and the kernels: `scalar` (the reference), `avx2` (AVX2 and AVX-VNNI), `avx512` (AVX-512
 //! VNNI) and `amx` (AMX-INT8, with the self-check that decides whether it is used), with what
 //! the x86 ones share in `x86`; `probe` makes matrices of every weight type for the
-//! self-check and the tests.
+//! self-check and the tests. A walk multiplies a tile group with up to `rows_per_pass`
+//! rows; a product with more walks the group again, unpacking its tiles again, except where
+//! `isa::unpacked_min_rows` sends the rows to an unpacked walk (each block unpacked once
+//! into an L1 buffer, the rows walked over it).
 
 /// Weights and activations are quantized in blocks of this many values.
 pub const BLOCK: usize = 32;

@@ -48,6 +48,8 @@ fn the_largest_quants_stay_exact_on_every_isa() {
     // Q4_1 blocks whose quants are 15 but for one 0 (the minimum), against activations of
     // ±127: the AVX2 kernel's 16-bit sums of a block reach 2·15·127 per pair, 8 pairs
     // deep (30,480 of 32,767). Q8_0 weights of ±127 reach `vpmaddubsw`'s limit per pair.
+    // Nine activation rows: the unpacked walks take every type at nine (`unpacked_min_rows`).
+    const ROWS: usize = 9;
     let (rows, cols) = (32, 64);
     let w: Vec<f32> = (0..rows * cols)
         .map(|i| if i % 32 == 0 { 0.0 } else { 1.0 })
@@ -107,12 +109,12 @@ fn the_largest_quants_stay_exact_on_every_isa() {
         six_bits(&|_, _| 0, [127, 127]),
     ];
     for x in [
-        vec![1.0f32; 5 * SUPER_BLOCK],
-        vec![-1.0f32; 5 * SUPER_BLOCK],
+        vec![1.0f32; ROWS * SUPER_BLOCK],
+        vec![-1.0f32; ROWS * SUPER_BLOCK],
         signed
             .iter()
             .cycle()
-            .take(5 * SUPER_BLOCK)
+            .take(ROWS * SUPER_BLOCK)
             .copied()
             .collect(),
     ] {
@@ -126,14 +128,14 @@ fn the_largest_quants_stay_exact_on_every_isa() {
             let mut a = QRows::default();
             a.quantize(&x, cols);
             let mut pool = Pool::new(1);
-            let mut scalar = vec![0.0; 5 * rows];
+            let mut scalar = vec![0.0; ROWS * rows];
             matmul(Isa::Scalar, w, &a, &mut scalar, &mut pool);
             let want = reference(w, &x, cols);
             for (g, e) in scalar.iter().zip(&want) {
                 assert!((g - e).abs() < 0.05 + 0.01 * e.abs(), "scalar: {g} vs {e}");
             }
             for isa in Isa::available() {
-                let mut got = vec![0.0; 5 * rows];
+                let mut got = vec![0.0; ROWS * rows];
                 matmul(isa, w, &a, &mut got, &mut pool);
                 assert_eq!(got, scalar, "{isa:?}");
             }
@@ -227,6 +229,36 @@ fn every_isa_gives_the_scalar_bits_matches_the_dequantized_product_and_is_batch_
                     matmul(isa, w, &one, &mut alone, &mut pool);
                     assert_eq!(alone[..], got[r * rows..], "{isa:?} k={k}");
                 }
+            }
+        }
+    }
+}
+
+/// The unpacked walks carry each row's sums from one buffer of blocks to the next: every
+/// weight type over 40 blocks (two full buffers and part of a third), with the row counts
+/// that take them on some ISA, gives the scalar bits on every ISA.
+#[test]
+fn unpacked_walks_over_several_buffers_give_the_scalar_bits() {
+    let (rows, cols) = (40, 5 * SUPER_BLOCK);
+    let mats = [
+        QMatrix::quantize_q4_1(rows, cols, &pseudo(rows * cols, 61)).unwrap(),
+        five_bits(rows, cols, 62, "q5_0"),
+        five_bits(rows, cols, 63, "q5_1"),
+        k_quants(KQuant::Q4K, rows, cols, 64),
+        k_quants(KQuant::Q5K, rows, cols, 65),
+        k_quants(KQuant::Q6K, rows, cols, 66),
+    ];
+    let mut pool = Pool::new(2);
+    for w in &mats {
+        for k in [5, 9, 12, 16] {
+            let mut a = QRows::default();
+            a.quantize(&pseudo(k * cols, 67 + k as u32), cols);
+            let mut scalar = vec![0.0; k * rows];
+            matmul(Isa::Scalar, w, &a, &mut scalar, &mut pool);
+            for isa in Isa::available() {
+                let mut got = vec![0.0; k * rows];
+                matmul(isa, w, &a, &mut got, &mut pool);
+                assert_eq!(got, scalar, "{isa:?}, {k} rows");
             }
         }
     }
