@@ -107,10 +107,6 @@ unsafe fn dot_q6_vnni(w: &[__m256i; 8], a: &[i8; 32], k: usize) -> __m256i {
     s
 }
 
-/// Blocks unpacked into the buffer of a several-row walk at a time: 16 blocks of two
-/// [`Unpacked`] halves, 10 KiB, in L1 beside the rows' blocks.
-const CHUNK: usize = 16;
-
 /// Half a tile unpacked: its eight quad registers and the rows' scales (nibble types: the
 /// scale and the offset's; Q6_K: its two halves' scales).
 #[derive(Clone, Copy)]
@@ -151,44 +147,6 @@ unsafe fn unpack_six_bits(tile: &Q6KTile, supers: &[SuperScales], b: usize, h: u
         _mm256_mul_ps(d, Lanes256::bytes(sc(1), true)),
     ];
     Unpacked { w, scales: dw }
-}
-
-/// The rows of a several-row walk over `tiles` in chunks of `CHUNK` blocks: for each chunk,
-/// both halves of each block unpacked by `$unpack` into `$buf` (`$buf[k]`: the chunk's block
-/// k), then `$walk` run for rows `r..r + N` (`rs`), four at a time. (Macros, not closures,
-/// which would not inherit the target features; and each walk's row count a constant.)
-macro_rules! over_chunks {
-    ($tiles:expr, $supers:expr, $unpack:ident, $buf:ident, $rows:expr, |$chunk:ident, $n:ident, $rs:ident, $r:ident| $walk:expr) => {{
-        let rows: &[Row] = $rows;
-        let mut start = 0;
-        while start < $tiles.len() {
-            let $chunk = start..(start + CHUNK).min($tiles.len());
-            for (k, b) in $chunk.clone().enumerate() {
-                let tile = &$tiles[b];
-                prefetch_ahead(tile);
-                $buf[k] = [$unpack(tile, $supers, b, 0), $unpack(tile, $supers, b, 1)];
-            }
-            let mut $r = 0;
-            while $r < rows.len() {
-                let n = (rows.len() - $r).min(4);
-                macro_rules! rows_of {
-                    ($k:literal) => {{
-                        const $n: usize = $k;
-                        let $rs: &[Row; $k] = rows[$r..$r + $k].try_into().expect("rows");
-                        $walk
-                    }};
-                }
-                match n {
-                    4 => rows_of!(4),
-                    3 => rows_of!(3),
-                    2 => rows_of!(2),
-                    _ => rows_of!(1),
-                }
-                $r += n;
-            }
-            start += CHUNK;
-        }
-    }};
 }
 
 macro_rules! tile_256 {
@@ -327,7 +285,7 @@ macro_rules! tile_256 {
             }
 
             /// A tile group times any number of rows: each block's two halves unpacked
-            /// once into an L1 buffer, [`CHUNK`] blocks at a time, then the rows walked
+            /// once into an L1 buffer, [`CHUNK`] blocks at a time (`over_chunks!`), then the rows walked
             /// over the buffer four at a time as [`tile`] walks the tiles, each row's
             /// accumulators carried from one chunk to the next in `out`. The same float
             /// operations in the same order, so the same bits. Byte tiles are not unpacked
@@ -336,22 +294,17 @@ macro_rules! tile_256 {
             pub unsafe fn unpacked(tiles: Tiles, rows: &[Row], out: &mut [[f32; TILE_ROWS]]) {
                 let out = &mut out[..rows.len()];
                 out.fill([0.0; TILE_ROWS]);
-                // (`over_chunks!` writes a chunk's entries before its walks read them.)
-                let mut buf = [[Unpacked {
-                    w: [_mm256_setzero_si256(); 8],
-                    scales: [_mm256_setzero_ps(); 2],
-                }; 2]; CHUNK];
-                /// Rows `rs` (from row r) over the buffer's blocks `chunk`, by `$block`.
+                /// Rows `rs` (from row r) over a chunk's unpacked blocks, by `$block`.
                 macro_rules! walk {
-                    ($n:ident, $rs:ident, $r:ident, $chunk:ident, $block:expr) => {
+                    ($n:ident, $rs:ident, $r:ident, $units:ident, $blocks:ident, $block:expr) => {
                         for h in 0..2 {
                             let out = &mut out[$r..$r + $n];
                             let mut acc = [_mm256_setzero_ps(); $n];
                             for i in 0..$n {
                                 acc[i] = _mm256_loadu_ps(out[i][8 * h..].as_ptr());
                             }
-                            for (k, b) in $chunk.clone().enumerate() {
-                                $block(&buf[k][h], $rs, b, &mut acc);
+                            for (u, b) in $units.iter().zip($blocks.clone()) {
+                                $block(&u[h], $rs, b, &mut acc);
                             }
                             for i in 0..$n {
                                 _mm256_storeu_ps(out[i][8 * h..].as_mut_ptr(), acc[i]);
@@ -359,15 +312,24 @@ macro_rules! tile_256 {
                         }
                     };
                 }
+                /// Both halves of block b of `$tiles`, unpacked by `$unpack`.
+                macro_rules! halves {
+                    ($tiles:expr, $supers:expr, $unpack:ident, $b:ident) => {{
+                        let tile = &$tiles[$b];
+                        prefetch_ahead(tile);
+                        [$unpack(tile, $supers, $b, 0), $unpack(tile, $supers, $b, 1)]
+                    }};
+                }
                 macro_rules! nibbles {
                     ($tiles:expr, $supers:expr, $t:ty) => {
                         over_chunks!(
-                            $tiles,
-                            $supers,
-                            unpack_nibbles,
-                            buf,
+                            $tiles.len(),
                             rows,
-                            |chunk, N, rs, r| { walk!(N, rs, r, chunk, nibble_block::<$t, N>) }
+                            [Unpacked; 2],
+                            |b| halves!($tiles, $supers, unpack_nibbles, b),
+                            |units, blocks, N, rs, r| {
+                                walk!(N, rs, r, units, blocks, nibble_block::<$t, N>)
+                            }
                         )
                     };
                 }
@@ -377,11 +339,15 @@ macro_rules! tile_256 {
                     Tiles::Q5(t) => nibbles!(t, &[], Q5Tile),
                     Tiles::Q4K(t, supers) => nibbles!(t, supers, Q4KTile),
                     Tiles::Q5K(t, supers) => nibbles!(t, supers, Q5KTile),
-                    Tiles::Q6K(t, supers) => {
-                        over_chunks!(t, supers, unpack_six_bits, buf, rows, |chunk, N, rs, r| {
-                            walk!(N, rs, r, chunk, six_bit_block::<N>)
-                        })
-                    }
+                    Tiles::Q6K(t, supers) => over_chunks!(
+                        t.len(),
+                        rows,
+                        [Unpacked; 2],
+                        |b| halves!(t, supers, unpack_six_bits, b),
+                        |units, blocks, N, rs, r| {
+                            walk!(N, rs, r, units, blocks, six_bit_block::<N>)
+                        }
+                    ),
                     // Never sent here (`unpacked_min_rows`); the same bits all the same.
                     Tiles::Q8_0(_) => {
                         for (row, o) in rows.iter().zip(out.iter_mut()) {

@@ -132,12 +132,8 @@ unsafe fn q6k_avx512<const N: usize>(
     }
 }
 
-/// Blocks unpacked into [`q6k_unpacked`]'s buffer at a time: 16 of 640 bytes, in L1 beside
-/// the rows' blocks.
-const CHUNK: usize = 16;
-
 /// A Q6_K tile group times any number of rows: each block unpacked once into an L1 buffer,
-/// [`CHUNK`] blocks at a time, then the rows walked over the buffer four at a time (as
+/// [`CHUNK`] blocks at a time (`over_chunks!`), then the rows walked over the buffer four at a time (as
 /// [`walk_rows`](super::isa) takes them on the tiles), each row's accumulators carried from
 /// one chunk to the next in `out`. The same float operations in the same order, so the same
 /// bits as [`tile_avx512`].
@@ -150,49 +146,29 @@ pub unsafe fn q6k_unpacked(
 ) {
     let out = &mut out[..rows.len()];
     out.fill([0.0; TILE_ROWS]);
-    // Every entry a walk reads was written for its chunk first.
-    let mut buf = [SixBits {
-        w: [_mm512_setzero_si512(); 8],
-        dw: [_mm512_setzero_ps(); 2],
-    }; CHUNK];
-    let mut start = 0;
-    while start < tiles.len() {
-        let chunk = start..(start + CHUNK).min(tiles.len());
-        for (k, b) in chunk.clone().enumerate() {
+    over_chunks!(
+        tiles.len(),
+        rows,
+        SixBits,
+        |b| {
             let tile = &tiles[b];
             prefetch_ahead(tile);
-            buf[k] = unpack_six_bits(tile, supers, b);
-        }
-        let mut r = 0;
-        while r < rows.len() {
-            let n = (rows.len() - r).min(4);
-            // (A macro, not a closure, which would not inherit the target features.)
-            macro_rules! walk {
-                ($n:literal) => {{
-                    let rows: &[Row; $n] = rows[r..r + $n].try_into().expect("rows");
-                    let out = &mut out[r..r + $n];
-                    let mut acc = [_mm512_setzero_ps(); $n];
-                    for i in 0..$n {
-                        acc[i] = _mm512_loadu_ps(out[i].as_ptr());
-                    }
-                    for (k, b) in chunk.clone().enumerate() {
-                        six_bit_block(&buf[k], rows, b, &mut acc);
-                    }
-                    for i in 0..$n {
-                        _mm512_storeu_ps(out[i].as_mut_ptr(), acc[i]);
-                    }
-                }};
+            unpack_six_bits(tile, supers, b)
+        },
+        |units, blocks, N, rs, r| {
+            let out = &mut out[r..r + N];
+            let mut acc = [_mm512_setzero_ps(); N];
+            for i in 0..N {
+                acc[i] = _mm512_loadu_ps(out[i].as_ptr());
             }
-            match n {
-                4 => walk!(4),
-                3 => walk!(3),
-                2 => walk!(2),
-                _ => walk!(1),
+            for (u, b) in units.iter().zip(blocks.clone()) {
+                six_bit_block(u, rs, b, &mut acc);
             }
-            r += n;
+            for i in 0..N {
+                _mm512_storeu_ps(out[i].as_mut_ptr(), acc[i]);
+            }
         }
-        start += CHUNK;
-    }
+    )
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]

@@ -233,3 +233,56 @@ pub(super) unsafe fn scales_of<V: Lanes>(s: Scales, r: usize) -> (V::F, V::F) {
         ),
     }
 }
+
+/// Blocks a several-row walk unpacks into its L1 buffer at a time (`over_chunks!`): 16, so
+/// that the buffer (10 KiB for both widths) stays in L1 beside the rows' blocks.
+pub(super) const CHUNK: usize = 16;
+
+/// The rows of a several-row walk over `$count` blocks in chunks of [`CHUNK`]: for each chunk,
+/// block `$b` unpacked by `$fill` (a `$t`) into the walk's buffer, then `$walk` run for rows
+/// `$r..$r + $n` (`$rs`, four at a time, `$n` a constant) with `$units` (the chunk's unpacked
+/// blocks) and `$blocks` (their indices). The buffer is never zeroed (it is rewritten for
+/// every chunk, and a call is one tile group): every entry a walk reads was written for its
+/// chunk first. (A macro, not a function taking closures, which would not inherit the target
+/// features; and each walk's row count a constant.)
+macro_rules! over_chunks {
+    (
+        $count:expr, $rows:expr, $t:ty,
+        |$b:ident| $fill:expr,
+        |$units:ident, $blocks:ident, $n:ident, $rs:ident, $r:ident| $walk:expr
+    ) => {{
+        let rows: &[Row] = $rows;
+        let count: usize = $count;
+        let mut buf = std::mem::MaybeUninit::<[$t; CHUNK]>::uninit();
+        let slots = buf.as_mut_ptr() as *mut $t;
+        let mut start = 0;
+        while start < count {
+            let $blocks = start..(start + CHUNK).min(count);
+            for (k, $b) in $blocks.clone().enumerate() {
+                slots.add(k).write($fill);
+            }
+            // SAFETY: entries 0..len were written just above.
+            let $units: &[$t] = std::slice::from_raw_parts(slots, $blocks.len());
+            let mut $r = 0;
+            while $r < rows.len() {
+                let n = (rows.len() - $r).min(4);
+                macro_rules! rows_of {
+                    ($k:literal) => {{
+                        const $n: usize = $k;
+                        let $rs: &[Row; $k] = rows[$r..$r + $k].try_into().expect("rows");
+                        $walk
+                    }};
+                }
+                match n {
+                    4 => rows_of!(4),
+                    3 => rows_of!(3),
+                    2 => rows_of!(2),
+                    _ => rows_of!(1),
+                }
+                $r += n;
+            }
+            start += CHUNK;
+        }
+    }};
+}
+pub(super) use over_chunks;
