@@ -45,13 +45,18 @@ unsafe fn dot_q5_avx2(w: &[__m256i; 8], a: &[i8; 32]) -> __m256i {
     _mm256_add_epi32(_mm256_madd_epi16(low, ones), _mm256_madd_epi16(high, ones))
 }
 
+/// [`dot_q4_avx2`] on AVX-VNNI: the even and the odd quads in two chains of `vpdpbusd`,
+/// added at the end, so that a row's eight do not each wait for the one before (integer
+/// sums: the same values). On a Sapphire Rapids core two chains took 0.82–0.96 of one
+/// chain's time in products of one to four rows, and whole passes of four to 16 rows
+/// 0.92–0.98 (BENCHMARKS.md, "Two chains a row"); Q6_K's chains of four gained nothing.
 #[inline(always)]
 unsafe fn dot_q4_vnni(w: &[__m256i; 8], a: &[i8; 32]) -> __m256i {
-    let mut s = _mm256_setzero_si256();
+    let mut s = [_mm256_setzero_si256(); 2];
     for (t, &w) in w.iter().enumerate() {
-        s = _mm256_dpbusd_avx_epi32(s, w, _mm256_set1_epi32(quad(a, t)));
+        s[t % 2] = _mm256_dpbusd_avx_epi32(s[t % 2], w, _mm256_set1_epi32(quad(a, t)));
     }
-    s
+    _mm256_add_epi32(s[0], s[1])
 }
 
 /// Byte-tile weights `w` times signed activation quad `q`. AVX2 takes the weights signed

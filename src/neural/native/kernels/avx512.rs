@@ -10,7 +10,9 @@ use std::arch::x86_64::*;
 /// Block b of every row times the weight quads `quads` of a block's eight registers: one
 /// chain of `vpdpbusd` per row from the row's [`Start`] (or zero), the rows' chains
 /// interleaved so that no instruction waits on the one before it (integer sums: any order
-/// gives the same values).
+/// gives the same values). With `split`, the odd quads go to a second chain a row, added at
+/// the end: with four rows or fewer, one chain of eight a row left the multiply units
+/// waiting (`nibbles_avx512`; Q6_K's chains are four long, and Q8_0's gained nothing).
 #[inline(always)]
 unsafe fn dot_rows<const N: usize>(
     w: &[__m512i; 8],
@@ -18,6 +20,7 @@ unsafe fn dot_rows<const N: usize>(
     rows: &[Row; N],
     b: usize,
     start: Option<Start>,
+    split: bool,
 ) -> [__m512i; N] {
     let mut sums = [_mm512_setzero_si512(); N];
     if let Some(which) = start {
@@ -26,9 +29,22 @@ unsafe fn dot_rows<const N: usize>(
             *s = _mm512_set1_epi32(row.start(b, which as usize));
         }
     }
+    let mut odd = [_mm512_setzero_si512(); N];
     for t in quads {
-        for (s, row) in sums.iter_mut().zip(rows) {
-            *s = _mm512_dpbusd_epi32(*s, w[t], _mm512_set1_epi32(quad(row.q(b), t)));
+        // (Two loops, not a reference to either array: the arrays stay in registers.)
+        if split && t % 2 == 1 {
+            for (s, row) in odd.iter_mut().zip(rows) {
+                *s = _mm512_dpbusd_epi32(*s, w[t], _mm512_set1_epi32(quad(row.q(b), t)));
+            }
+        } else {
+            for (s, row) in sums.iter_mut().zip(rows) {
+                *s = _mm512_dpbusd_epi32(*s, w[t], _mm512_set1_epi32(quad(row.q(b), t)));
+            }
+        }
+    }
+    if split {
+        for (s, odd) in sums.iter_mut().zip(odd) {
+            *s = _mm512_add_epi32(*s, odd);
         }
     }
     sums
@@ -48,7 +64,10 @@ unsafe fn nibbles_avx512<T: NibbleTile, const N: usize>(
             None => nibble_quads::<Lanes512>(tile.qs(), 0),
         };
         let (dw, mw) = scales_of::<Lanes512>(tile.scales(super_of::<T>(supers, b)), 0);
-        let sums = dot_rows(&w, 0..8, rows, b, T::START);
+        // Two chains a row up to four rows: 0.86–0.96 of one chain's time in products of one
+        // to four rows on a Sapphire Rapids core, no clear difference at eight and 16
+        // (BENCHMARKS.md, "Two chains a row").
+        let sums = dot_rows(&w, 0..8, rows, b, T::START, N <= 4);
         for i in 0..N {
             let isum = sums[i];
             let t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(rows[i].d(b)));
@@ -68,7 +87,7 @@ unsafe fn q8_0_avx512<const N: usize>(tiles: &[Q8_0Tile], rows: &[Row; N], acc: 
             std::array::from_fn(|t| _mm512_loadu_si512(tile.qs[t].as_ptr() as *const __m512i));
         let dw = Lanes512::halves(tile.d.as_ptr());
         // Weights q + 128 against signed activations: the sums start at −128·Σq_a.
-        let sums = dot_rows(&w, 0..8, rows, b, Some(Start::Q8_0));
+        let sums = dot_rows(&w, 0..8, rows, b, Some(Start::Q8_0), false);
         for i in 0..N {
             let isum = sums[i];
             let t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(rows[i].d(b)));
@@ -111,7 +130,7 @@ unsafe fn six_bit_block<const N: usize>(
     // Half h of every row, then the next: each row's two terms keep their order.
     let halves = [(0..4, Start::Q6KHalf0), (4..8, Start::Q6KHalf1)];
     for ((quads, start), dw) in halves.into_iter().zip(u.dw) {
-        let sums = dot_rows(&w, quads, rows, b, Some(start));
+        let sums = dot_rows(&w, quads, rows, b, Some(start), false);
         for i in 0..N {
             let t = _mm512_mul_ps(_mm512_cvtepi32_ps(sums[i]), _mm512_set1_ps(rows[i].d(b)));
             acc[i] = _mm512_fmadd_ps(t, dw, acc[i]);
