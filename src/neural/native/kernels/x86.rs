@@ -1,6 +1,7 @@
 //! What the x86 kernels share: activation quads for broadcasting, prefetching ahead of the
-//! weight stream, and the shapes written once for both register widths ([`Lanes`]): unpacking
-//! a tile's quants into eight registers of bytes and reading its rows' scales.
+//! weight stream, the shapes written once for both register widths ([`Lanes`]): unpacking
+//! a tile's quants into eight registers of bytes and reading its rows' scales, and the chunk
+//! loop of the unpacked walks (`over_chunks!`).
 
 use super::formats::{Q6KTile, Scales, TopBits};
 use half::f16;
