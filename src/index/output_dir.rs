@@ -22,6 +22,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 /// Name of the marker file in a directory that a build created beside its output.
 pub const MARKER_FILE: &str = ".infgram-build.json";
 
+/// The name a build marker is written under before it is renamed to [`MARKER_FILE`].
+const MARKER_PART: &str = ".infgram-build.json.part";
+
 /// The files of one shard directory, as [`write_shard`](super::build::write_shard) writes them.
 const SHARD_FILES: [&str; 7] = [
     "tokens.bin",
@@ -53,11 +56,16 @@ impl Marker {
         };
         let path = dir.join(MARKER_FILE);
         let text = serde_json::to_string(&marker).expect("marker serializes");
+        // Written under another name and renamed, so that the marker is whole or absent: a
+        // build killed between creating the file and writing it left an empty marker, and
+        // with it a directory no later build could prove was a build's (kept for ever).
+        let part = dir.join(MARKER_PART);
         std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
-            .open(&path)
+            .open(&part)
             .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))
+            .and_then(|()| std::fs::rename(&part, &path))
             .map_err(|e| Error::io(&path, e))
     }
 
@@ -513,6 +521,27 @@ mod tests {
 
     /// No process has this id (above Linux's pid_max).
     const DEAD: u32 = 4_294_967;
+
+    /// A build's marker is whole when it can be seen (written aside and renamed); a
+    /// directory whose marker was never renamed into place proves nothing and is kept.
+    #[test]
+    fn markers_are_whole_or_absent() {
+        let t = tempfile::tempdir().unwrap();
+        let parent = t.path().canonicalize().unwrap();
+        let out = parent.join("idx");
+        let half_written = parent.join("idx.tmp-4294967");
+        std::fs::create_dir(&half_written).unwrap();
+        std::fs::write(half_written.join(MARKER_PART), "{\"role\": \"tm").unwrap();
+        let tmp = TempIndexDir::create(&out, false, &[]).unwrap();
+        assert_eq!(names(tmp.path()), [MARKER_FILE]);
+        let marker = Marker::read(tmp.path()).expect("a whole marker");
+        assert_eq!((marker.pid, marker.out), (std::process::id(), out));
+        assert!(
+            half_written.join(MARKER_PART).exists(),
+            "an unproven leftover was removed"
+        );
+        drop(tmp);
+    }
 
     #[test]
     fn a_directory_that_appears_during_the_build_is_left_alone() {
