@@ -58,7 +58,10 @@ impl Marker {
         let text = serde_json::to_string(&marker).expect("marker serializes");
         // Written under another name and renamed, so that the marker is whole or absent: a
         // build killed between creating the file and writing it left an empty marker, and
-        // with it a directory no later build could prove was a build's (kept for ever).
+        // with it a directory no later build could prove was a build's (kept for ever). Not
+        // `output_file::write_bytes`: this runs while `unfinished()` is held (see
+        // `TempIndexDir::create`), which that writer takes too; the directory is this
+        // build's own, just created, so a fixed name created exclusively is enough.
         let part = dir.join(MARKER_PART);
         std::fs::OpenOptions::new()
             .write(true)
@@ -531,7 +534,12 @@ mod tests {
         let out = parent.join("idx");
         let half_written = parent.join("idx.tmp-4294967");
         std::fs::create_dir(&half_written).unwrap();
-        std::fs::write(half_written.join(MARKER_PART), "{\"role\": \"tm").unwrap();
+        let mut part = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(half_written.join(MARKER_PART))
+            .unwrap();
+        std::io::Write::write_all(&mut part, b"{\"role\": \"tm").unwrap();
         let tmp = TempIndexDir::create(&out, false, &[]).unwrap();
         assert_eq!(names(tmp.path()), [MARKER_FILE]);
         let marker = Marker::read(tmp.path()).expect("a whole marker");

@@ -290,9 +290,9 @@ macro_rules! tile_256 {
             }
 
             /// A tile group times any number of rows: each block's two halves unpacked
-            /// once into an L1 buffer, [`CHUNK`] blocks at a time (`over_chunks!`), then the rows walked
-            /// over the buffer four at a time as [`tile`] walks the tiles, each row's
-            /// accumulators carried from one chunk to the next in `out`. The same float
+            /// once into an L1 buffer, [`CHUNK`] blocks at a time (`over_chunks!`), then
+            /// the rows walked over the buffer four at a time as [`tile`] walks the tiles,
+            /// each row's accumulators carried from one chunk to the next in `out`. The same float
             /// operations in the same order, so the same bits. Byte tiles are not unpacked
             /// (their walk reads them as they are): they go through [`tile`].
             #[target_feature(enable = $features)]
