@@ -1,10 +1,17 @@
 //! The compute bound of a several-row pass on this CPU: the 8-bit multiply-adds a second the
 //! kernels' instructions can reach, measured with a tight loop of independent chains (AVX2:
-//! `vpmaddubsw` + `vpmaddwd` + `vpaddd`, 12 chains; AVX-VNNI and AVX-512 VNNI: `vpdpbusd`, 8
-//! chains; AMX: four `tdpbusd` into four sum tiles; each chain's accumulator is its next
+//! `vpmaddubsw` + `vpmaddwd` + `vpaddd`; AVX-VNNI and AVX-512 VNNI: `vpdpbusd`; 12 chains
+//! each; AMX: four `tdpbusd` into four sum tiles; each chain's accumulator is its next
 //! input, so nothing is hoisted or merged) on every thread of the pass at once, the best of
 //! three runs. A pass of k rows does k × (the model's multiply-adds a row) of them, so it
 //! cannot take less than that over the rate.
+//!
+//! The chains must outnumber what the multiply units hold in flight, or the loop measures the
+//! instruction's latency instead of its throughput. On a 2-vCPU Sapphire Rapids (2026-12-03,
+//! one thread, best of five) `vpdpbusd` on 512 bits gave 107, 210, 311 and 302–325 G/s with 4,
+//! 8, 12 and 16 chains (each `vpdpbusd` waits about six cycles for the one before, and two
+//! issue a cycle), and on 256 bits 126–131, 163–164 and 161–164 with 8, 12 and 16: with the
+//! eight chains used until then, this file's bound was two-thirds of the real one there.
 
 use infgram::neural::native::kernels::{
     amx_block_loop, amx_bound_loop, Isa, AMX_BLOCK_ROUND, AMX_BOUND_ROUND,
@@ -42,9 +49,9 @@ pub fn int8_slice(isa: Isa, iters: usize) -> Option<usize> {
 fn per_round(isa: Isa) -> Option<usize> {
     Some(match isa {
         Isa::Scalar => return None,
-        Isa::Avx2 => 12 * 32,
-        Isa::AvxVnni => 8 * 32,
-        Isa::Avx512Vnni => 8 * 64,
+        Isa::Avx2 => CHAINS * 32,
+        Isa::AvxVnni => CHAINS * 32,
+        Isa::Avx512Vnni => CHAINS * 64,
         Isa::Amx => AMX_BOUND_ROUND,
     })
 }
@@ -84,11 +91,15 @@ fn best_rate<T: Send>(per_run: usize, threads: usize, run: impl Fn() -> T + Sync
     (per_run * threads.max(1)) as f64 / seconds
 }
 
+/// Independent chains in each loop: enough to keep two multiply units busy through a
+/// six-cycle latency, and few enough for AVX2's 16 registers (12 sums and the operands).
+const CHAINS: usize = 12;
+
 #[target_feature(enable = "avx2")]
 unsafe fn avx2(iters: usize) -> i32 {
     use std::arch::x86_64::*;
     let (b, ones) = (_mm256_set1_epi8(3), _mm256_set1_epi16(1));
-    let mut acc = [_mm256_setzero_si256(); 12];
+    let mut acc = [_mm256_setzero_si256(); CHAINS];
     for (c, a) in acc.iter_mut().enumerate() {
         *a = _mm256_set1_epi32(c as i32);
     }
@@ -105,7 +116,7 @@ unsafe fn avx2(iters: usize) -> i32 {
 unsafe fn avx_vnni(iters: usize) -> i32 {
     use std::arch::x86_64::*;
     let (a, b) = (_mm256_set1_epi8(3), _mm256_set1_epi8(5));
-    let mut acc = [_mm256_setzero_si256(); 8];
+    let mut acc = [_mm256_setzero_si256(); CHAINS];
     for (c, s) in acc.iter_mut().enumerate() {
         *s = _mm256_set1_epi32(c as i32);
     }
@@ -121,7 +132,7 @@ unsafe fn avx_vnni(iters: usize) -> i32 {
 unsafe fn avx512_vnni(iters: usize) -> i32 {
     use std::arch::x86_64::*;
     let (a, b) = (_mm512_set1_epi8(3), _mm512_set1_epi8(5));
-    let mut acc = [_mm512_setzero_si512(); 8];
+    let mut acc = [_mm512_setzero_si512(); CHAINS];
     for (c, s) in acc.iter_mut().enumerate() {
         *s = _mm512_set1_epi32(c as i32);
     }
@@ -149,8 +160,10 @@ pub enum BlockFloats {
 /// Multiply-adds a second of the AVX-512 walk's arithmetic with its operands in registers:
 /// eight rows, each block eight `vpdpbusd` a row (the rows' chains interleaved, as
 /// `kernels/avx512.rs` does) and then `floats`' instructions a row, on `threads` threads. No
-/// walk that keeps the scalar kernel's bits can beat it on this CPU: it leaves out only the
-/// weights' loads and unpacking. `None` where the CPU lacks AVX-512 VNNI.
+/// walk of that shape (a broadcast quad per row and a chain a row) that keeps the scalar
+/// kernel's bits can beat it on this CPU: it leaves out only the weights' loads and
+/// unpacking. (Two chains a row did not lift it on a Sapphire Rapids: BENCHMARKS.md, "The
+/// bound loop's chains".) `None` where the CPU lacks AVX-512 VNNI.
 pub fn block_rate(floats: BlockFloats, threads: usize) -> Option<f64> {
     if !Isa::available().contains(&Isa::Avx512Vnni) {
         return None;
