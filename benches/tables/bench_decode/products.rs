@@ -104,7 +104,7 @@ const ROW_COUNTS: [usize; 5] = [1, 2, 4, 8, 16];
 /// and the clock up (a first matrix timed without them came out at half its speed).
 const WARM_ROUNDS: usize = 3;
 
-/// Rounds of [`super::bound::int8_slice`] timed before each product: about 0.1–0.2 ms of
+/// Rounds of [`super::bound::int8_slice`] timed before each product: about 0.1–0.3 ms of
 /// the loop on every thread, the machine's rate of the moment.
 const SLICE_ITERS: usize = 50_000;
 
