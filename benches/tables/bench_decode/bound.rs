@@ -8,8 +8,8 @@
 //!
 //! The chains must outnumber what the multiply units hold in flight, or the loop measures the
 //! instruction's latency instead of its throughput. On a 2-vCPU Sapphire Rapids (2026-12-03,
-//! one thread, best of five) `vpdpbusd` on 512 bits gave 107, 210, 311 and 302–325 G/s with 4,
-//! 8, 12 and 16 chains (each `vpdpbusd` waits about six cycles for the one before, and two
+//! one thread, best of five) `vpdpbusd` on 512 bits gave 107, 210, 311 and 302–326 G/s with 4,
+//! 8, 12 and 16 chains (each `vpdpbusd` waits five to six cycles for the one before, and two
 //! issue a cycle), and on 256 bits 126–131, 163–164 and 161–164 with 8, 12 and 16: with the
 //! eight chains used until then, this file's bound was two-thirds of the real one there.
 
@@ -92,7 +92,7 @@ fn best_rate<T: Send>(per_run: usize, threads: usize, run: impl Fn() -> T + Sync
 }
 
 /// Independent chains in each loop: enough to keep two multiply units busy through a
-/// six-cycle latency, and few enough for AVX2's 16 registers (12 sums and the operands).
+/// five- to six-cycle latency, and few enough for AVX2's 16 registers (12 sums and the operands).
 const CHAINS: usize = 12;
 
 #[target_feature(enable = "avx2")]
